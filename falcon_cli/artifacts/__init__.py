@@ -1,0 +1,1 @@
+"""Artifacts: the run directory, versioned schemas, atomic writers and validating readers."""

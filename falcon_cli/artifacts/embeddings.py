@@ -1,0 +1,148 @@
+"""``embeddings.h5``: L2-normalised image and text embeddings of a dataset's pairs.
+
+Datasets ``image`` [N, D] and ``text`` [N, D] (fp16 or fp32), ``pair_id`` [N] int64;
+attributes ``schema_version``, ``model``, ``checkpoint``, ``dataset``, ``split``, ``epoch``.
+:class:`EmbeddingsWriter` writes in chunks (a 5M-pair dataset never sits in memory) to a
+temporary file that is renamed into place when complete; :func:`read_embeddings`
+validates everything it reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from falcon_cli.artifacts.atomic import atomic_path
+from falcon_cli.errors import FalconError
+
+EMBEDDINGS_SCHEMA_VERSION = 1
+REQUIRED_ATTRS = ("model", "checkpoint", "dataset", "split", "epoch")
+NORM_TOLERANCE = 1e-2  # fp16 storage keeps norms within ~1e-3 of 1
+
+
+@dataclass
+class Embeddings:
+    """Embeddings read from ``embeddings.h5`` (arrays in memory)."""
+
+    image: np.ndarray
+    text: np.ndarray
+    pair_id: np.ndarray
+    attrs: dict[str, Any]
+
+
+class EmbeddingsWriter:
+    """Write ``embeddings.h5`` chunk by chunk; the file appears only when :meth:`close` succeeds.
+
+    >>> with EmbeddingsWriter(path, n=10, dim=256, attrs=dict(model="albef-tiny", checkpoint="", dataset="shapes", split="train", epoch=0)) as w:
+    ...     w.write(0, image_chunk, text_chunk, pair_ids)
+    """
+
+    def __init__(self, path: str | Path, *, n: int, dim: int, attrs: dict[str, Any], dtype: str = "float16"):
+        missing = [k for k in REQUIRED_ATTRS if k not in attrs]
+        if missing:
+            raise ValueError(f"embeddings attrs missing {missing}")
+        if dtype not in ("float16", "float32"):
+            raise ValueError(f"dtype must be float16 or float32, got {dtype}")
+        self.path, self.n, self.dim = Path(path), n, dim
+        self._atomic = atomic_path(self.path)
+        self._tmp = self._atomic.__enter__()
+        self._file = h5py.File(self._tmp, "w")
+        chunk = (min(max(n, 1), 4096), dim)
+        self._file.create_dataset("image", shape=(n, dim), dtype=dtype, chunks=chunk)
+        self._file.create_dataset("text", shape=(n, dim), dtype=dtype, chunks=chunk)
+        self._file.create_dataset("pair_id", shape=(n,), dtype="int64")
+        self._file.attrs["schema_version"] = EMBEDDINGS_SCHEMA_VERSION
+        for key, value in attrs.items():
+            self._file.attrs[key] = "" if value is None else value
+        self._written = np.zeros(n, dtype=bool)
+
+    def write(self, start: int, image: np.ndarray, text: np.ndarray, pair_id: np.ndarray) -> None:
+        """Write rows ``start : start + len(image)``; inputs are normalised here if they are not already."""
+        image = np.asarray(image, dtype=np.float32)
+        text = np.asarray(text, dtype=np.float32)
+        stop = start + len(image)
+        if image.shape != text.shape or image.shape[1:] != (self.dim,) or len(pair_id) != len(image) or stop > self.n:
+            raise ValueError(f"chunk shapes image {image.shape}, text {text.shape}, pair_id {len(pair_id)} do not fit rows {start}:{stop} of [{self.n}, {self.dim}]")
+        self._file["image"][start:stop] = image / np.maximum(np.linalg.norm(image, axis=1, keepdims=True), 1e-12)
+        self._file["text"][start:stop] = text / np.maximum(np.linalg.norm(text, axis=1, keepdims=True), 1e-12)
+        self._file["pair_id"][start:stop] = np.asarray(pair_id, dtype=np.int64)
+        self._written[start:stop] = True
+
+    def close(self) -> Path:
+        """Finish the file and move it into place (fails if any row was never written)."""
+        self._file.close()
+        if not self._written.all():
+            self._atomic.__exit__(ValueError, ValueError("incomplete"), None)
+            raise ValueError(f"{self.path}: rows {np.flatnonzero(~self._written)[:5].tolist()}... were never written")
+        self._atomic.__exit__(None, None, None)
+        return self.path
+
+    def abort(self) -> None:
+        """Discard the temporary file; the target is left untouched."""
+        self._file.close()
+        self._atomic.__exit__(RuntimeError, RuntimeError("aborted"), None)
+
+    def __enter__(self) -> "EmbeddingsWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+def write_embeddings(path: str | Path, image: np.ndarray, text: np.ndarray, pair_id: np.ndarray,
+                     attrs: dict[str, Any], dtype: str = "float16") -> Path:
+    """Write a whole ``embeddings.h5`` at once (see :class:`EmbeddingsWriter`)."""
+    with EmbeddingsWriter(path, n=len(image), dim=np.shape(image)[1], attrs=attrs, dtype=dtype) as writer:
+        writer.write(0, image, text, pair_id)
+    return Path(path)
+
+
+def read_embeddings(path: str | Path) -> Embeddings:
+    """Read and validate ``embeddings.h5``: schema version, shapes, dtypes, unique ids, unit norms."""
+    path = Path(path)
+    if not path.exists():
+        raise FalconError(f"{path}: not found")
+    try:
+        handle = h5py.File(path, "r")
+    except OSError as exc:
+        raise FalconError(f"{path}: not a readable HDF5 file ({exc})") from None
+    with handle:
+        version = handle.attrs.get("schema_version")
+        if version is None or int(version) != EMBEDDINGS_SCHEMA_VERSION:
+            raise FalconError(f"{path}: embeddings schema_version {version}, this falcon reads {EMBEDDINGS_SCHEMA_VERSION}")
+        for name in ("image", "text", "pair_id"):
+            if name not in handle:
+                raise FalconError(f"{path}: dataset '{name}' is missing")
+        image, text, pair_id = handle["image"], handle["text"], handle["pair_id"]
+        if image.ndim != 2 or image.shape != text.shape:
+            raise FalconError(f"{path}: 'image' {image.shape} and 'text' {text.shape} must both be [N, D]")
+        if pair_id.shape != (image.shape[0],):
+            raise FalconError(f"{path}: 'pair_id' has shape {pair_id.shape}, expected ({image.shape[0]},)")
+        for name, ds in (("image", image), ("text", text)):
+            if ds.dtype not in (np.float16, np.float32):
+                raise FalconError(f"{path}: '{name}' has dtype {ds.dtype}, expected float16 or float32")
+        if pair_id.dtype != np.int64:
+            raise FalconError(f"{path}: 'pair_id' has dtype {pair_id.dtype}, expected int64")
+        missing = [k for k in REQUIRED_ATTRS if k not in handle.attrs]
+        if missing:
+            raise FalconError(f"{path}: attributes {missing} are missing")
+        attrs = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in handle.attrs.items()}
+        result = Embeddings(image[...], text[...], pair_id[...], attrs)
+    if len(np.unique(result.pair_id)) != len(result.pair_id):
+        raise FalconError(f"{path}: 'pair_id' has duplicates")
+    for name in ("image", "text"):
+        norms = np.linalg.norm(getattr(result, name).astype(np.float32), axis=1)
+        bad = np.flatnonzero(np.abs(norms - 1) > NORM_TOLERANCE)
+        if len(bad):
+            raise FalconError(f"{path}: '{name}' row {bad[0]} has norm {norms[bad[0]]:.4f}; embeddings must be L2-normalised")
+    return result
+
+
+__all__ = ["Embeddings", "EmbeddingsWriter", "write_embeddings", "read_embeddings", "EMBEDDINGS_SCHEMA_VERSION"]

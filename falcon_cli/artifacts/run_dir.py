@@ -1,0 +1,194 @@
+"""The run directory: ``manifest.json``, ``config.yaml``, ``log.txt`` and the artifacts.
+
+A :class:`RunDirectory` records what produced a run (command line, resolved config, git
+SHA and dirty flag, package versions, seed, host, world size, start/end) and every
+artifact with its schema, version and sha256. The manifest is rewritten atomically
+after each change, so it is always complete on disk. Only rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from falcon_cli.artifacts.atomic import write_json, write_text
+from falcon_cli.artifacts.provenance import git_state, host_info, package_versions
+from falcon_cli.errors import FalconError
+from falcon_cli.runtime.distributed import is_main_process, world_size
+
+MANIFEST_SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+CONFIG = "config.yaml"
+LOG = "log.txt"
+
+
+def now() -> str:
+    """The current UTC time, ISO 8601 with seconds."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _flatten(mapping: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(mapping, dict):
+        return {prefix: mapping}
+    flat: dict[str, Any] = {}
+    for key, value in mapping.items():
+        flat.update(_flatten(value, f"{prefix}{key}."if isinstance(value, dict) else f"{prefix}{key}"))
+    return flat
+
+
+def config_differences(old: dict, new: dict) -> list[str]:
+    """``["key: old -> new", ...]`` for every leaf that differs between two config mappings."""
+    a, b = _flatten(old), _flatten(new)
+    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+class RunDirectory:
+    """One run's directory and its manifest.
+
+    Use :meth:`open` to start (or continue) a run; :meth:`add_artifact` for every file a
+    stage writes; :meth:`stage` as a context manager around each stage; :meth:`close` at the end.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.manifest: dict[str, Any] = {}
+        self._log_handler: logging.Handler | None = None
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: str | Path, *, config: dict, seed: int, command: list[str] | None = None,
+             overwrite: bool = False) -> "RunDirectory":
+        """Create the run directory (or continue one made with the same config) and write its manifest.
+
+        A directory that already holds a run with a different resolved config is refused
+        (with the keys that differ) unless ``overwrite`` is set, so two experiments never
+        mix their artifacts.
+        """
+        run = cls(path)
+        manifest_path = run.path / MANIFEST
+        previous: dict[str, Any] = {}
+        if manifest_path.exists():
+            previous = read_manifest(run.path)
+            diffs = config_differences(previous.get("config", {}), config)
+            if diffs and not overwrite:
+                shown = "; ".join(diffs[:3]) + (f"; and {len(diffs) - 3} more" if len(diffs) > 3 else "")
+                raise FalconError(
+                    f"{run.path} holds a run with a different config ({shown}); "
+                    "use another --run-dir, or pass --overwrite to replace its config"
+                )
+        elif run.path.exists() and any(run.path.iterdir()):
+            if not overwrite:
+                raise FalconError(f"{run.path} exists, is not empty and is not a falcon run; choose another --run-dir")
+        command = list(command if command is not None else sys.argv)
+        run.manifest = {
+            "schema_version": MANIFEST_SCHEMA_VERSION,
+            "name": run.path.name,
+            "status": "running",
+            "command": command,
+            "config": config,
+            "seed": seed,
+            "world_size": world_size(),
+            "git": git_state(),
+            "packages": package_versions(),
+            "host": host_info(),
+            "created": previous.get("created", now()),
+            "start": now(),
+            "end": None,
+            "stages": previous.get("stages", {}),
+            "artifacts": previous.get("artifacts", {}),
+            "history": previous.get("history", []),
+        }
+        if is_main_process():
+            run.path.mkdir(parents=True, exist_ok=True)
+            write_text(run.path / CONFIG, yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+            run._attach_log()
+            run.save()
+        return run
+
+    def close(self, status: str = "completed") -> None:
+        """Record the end time and final status (``completed`` or ``failed``)."""
+        self.manifest["status"] = status
+        self.manifest["end"] = now()
+        self.manifest["history"].append(
+            {"command": self.manifest["command"], "start": self.manifest["start"], "end": self.manifest["end"], "status": status}
+        )
+        self.save()
+        if self._log_handler is not None:
+            logging.getLogger("falcon").removeHandler(self._log_handler)
+            self._log_handler.close()
+            self._log_handler = None
+
+    def save(self) -> None:
+        """Rewrite ``manifest.json`` atomically (rank 0 only)."""
+        if is_main_process():
+            write_json(self.path / MANIFEST, self.manifest)
+
+    def _attach_log(self) -> None:
+        handler = logging.FileHandler(self.path / LOG, encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger = logging.getLogger("falcon")
+        logger.setLevel(logging.INFO)
+        logger.addHandler(handler)
+        self._log_handler = handler
+
+    # -- stages and artifacts ----------------------------------------------------------------
+
+    def record_stage(self, name: str, *, start: str, status: str, result: dict | None = None) -> None:
+        """Record one stage's start, end, status and result summary in the manifest."""
+        self.manifest["stages"][name] = {"start": start, "end": now(), "status": status, "result": result or {}}
+        self.save()
+
+    def add_artifact(self, path: str | Path, *, schema: str, schema_version: int, meta: dict | None = None) -> None:
+        """Record a written file (relative to the run directory) with its schema, version, size and sha256."""
+        path = Path(path)
+        full = path if path.is_absolute() else self.path / path
+        try:
+            rel = full.resolve().relative_to(self.path.resolve()).as_posix()
+        except ValueError:
+            rel = str(full.resolve())
+        entry = {"schema": schema, "schema_version": schema_version}
+        if full.is_dir():
+            files = sorted(p for p in full.rglob("*") if p.is_file())
+            digest = hashlib.sha256()
+            for f in files:
+                digest.update(f.relative_to(full).as_posix().encode())
+                digest.update(sha256_file(f).encode())
+            entry.update({"sha256": digest.hexdigest(), "bytes": sum(f.stat().st_size for f in files), "files": len(files)})
+        else:
+            entry.update({"sha256": sha256_file(full), "bytes": full.stat().st_size})
+        if meta:
+            entry["meta"] = meta
+        self.manifest["artifacts"][rel] = entry
+        self.save()
+
+
+def read_manifest(run_dir: str | Path) -> dict[str, Any]:
+    """Read and check a run's ``manifest.json`` (one-line error if missing, malformed or of another version)."""
+    path = Path(run_dir) / MANIFEST
+    if not path.exists():
+        raise FalconError(f"{path}: not found; is {run_dir} a falcon run directory?")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise FalconError(f"{path}: line {exc.lineno}, column {exc.colno}: invalid JSON ({exc.msg})") from None
+    version = manifest.get("schema_version") if isinstance(manifest, dict) else None
+    if version != MANIFEST_SCHEMA_VERSION:
+        raise FalconError(f"{path}: manifest schema_version {version!r}, this falcon reads {MANIFEST_SCHEMA_VERSION}")
+    return manifest

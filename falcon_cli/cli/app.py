@@ -1,0 +1,71 @@
+"""The ``falcon`` command: a Typer app with one module per command group.
+
+Commands only parse, validate and call a stage or a library function; no ML lives here.
+Any :class:`~falcon_cli.errors.FalconError` becomes one ``error:`` line and a non-zero
+exit; ``--debug`` (or ``FALCON_DEBUG=1``) shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+from rich.console import Console
+
+from falcon_cli import __version__
+from falcon_cli.cli import data, recipes, run
+from falcon_cli.errors import FalconError
+
+app = typer.Typer(
+    name="falcon",
+    help="False-negative-aware vision-language pretraining: FALCON and its baselines.\n\n"
+    "Example: falcon run --recipe shapes-demo --run-dir runs/demo",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+app.add_typer(data.app, name="data")
+app.add_typer(recipes.app, name="recipes")
+app.command(name="run", context_settings={"allow_extra_args": False})(run.run_recipe)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"falcon {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    debug: bool = typer.Option(False, "--debug", help="Show full tracebacks instead of one-line errors."),
+) -> None:
+    """False-negative-aware vision-language pretraining: FALCON and its baselines.
+
+    Example: falcon run --recipe shapes-demo --run-dir runs/demo
+    """
+    if debug:
+        os.environ["FALCON_DEBUG"] = "1"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: run the app, turning user errors into one line and exit code 2."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--debug" in argv:
+        os.environ["FALCON_DEBUG"] = "1"
+    try:
+        app(args=argv, prog_name="falcon")
+    except FalconError as exc:
+        if os.environ.get("FALCON_DEBUG") == "1":
+            raise
+        Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {exc}")
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        Console(stderr=True).print("[bold red]interrupted[/]")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

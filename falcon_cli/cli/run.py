@@ -1,0 +1,39 @@
+"""``falcon run``: run a recipe's stages in order into one run directory."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+from falcon_cli.artifacts.run_dir import RunDirectory
+from falcon_cli.config.recipes import load_recipe
+from falcon_cli.runtime.distributed import is_main_process
+
+console = Console(highlight=False, soft_wrap=True)
+
+
+def run_recipe(
+    recipe: str = typer.Option(..., "--recipe", "-r", help="Recipe name (e.g. shapes-demo) or path to a YAML file."),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", "-o", help="Run directory (default: runs/<recipe name>)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Reuse a run directory that holds a run with a different config."),
+    overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides, e.g. data.shapes.images=500", show_default=False),
+) -> None:
+    """Run a recipe: every stage it lists, in order, into one run directory.
+
+    Example: falcon run --recipe shapes-demo --run-dir runs/demo data.shapes.images=500
+    """
+    from stages import run_stages  # stages import heavy libraries; keep `falcon --help` fast
+
+    config, path = load_recipe(recipe, overrides or [])
+    run_dir = run_dir or Path("runs") / config.name
+    run = RunDirectory.open(run_dir, config=config.model_dump(mode="json"), seed=config.seed,
+                            command=["falcon", *sys.argv[1:]], overwrite=overwrite)
+    if is_main_process():
+        console.print(f"[bold]falcon run[/] {config.name} ({path}) → {run_dir}  stages: {' → '.join(config.stages)}")
+    run_stages(config, run)
+    if is_main_process():
+        console.print(f"[green]done[/]: {run_dir}/manifest.json")

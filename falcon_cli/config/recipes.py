@@ -1,0 +1,244 @@
+"""Recipes: find them by name or path, apply ``key=value`` overrides, validate to a :class:`Recipe`.
+
+Every problem becomes one :class:`FalconError` line: an unknown recipe lists the valid
+names, an unknown key names the nearest valid key, a wrong type names the expected type
+and the value given.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from falcon_cli.config.schema import Recipe
+from falcon_cli.errors import FalconError
+
+RECIPE_DIR = Path(__file__).resolve().parents[2] / "recipes"
+"""The recipes shipped with falcon (``recipes/`` at the repository root)."""
+
+
+def recipe_dirs() -> list[Path]:
+    """Directories searched for recipes by name: ``$FALCON_RECIPE_PATH`` (os.pathsep-separated), then the shipped ones."""
+    extra = [Path(p) for p in os.environ.get("FALCON_RECIPE_PATH", "").split(os.pathsep) if p]
+    return [*extra, RECIPE_DIR]
+
+
+def list_recipes() -> dict[str, Path]:
+    """All recipes found by name, ``{name: path}``, sorted by name (earlier directories win)."""
+    found: dict[str, Path] = {}
+    for directory in recipe_dirs():
+        for path in sorted(directory.glob("*.yaml")):
+            found.setdefault(path.stem, path)
+    return dict(sorted(found.items()))
+
+
+def find_recipe(name_or_path: str | Path) -> Path:
+    """Resolve a recipe name (file stem) or a path to a YAML file."""
+    text = str(name_or_path)
+    path = Path(text).expanduser()
+    if path.suffix in {".yaml", ".yml"} or os.sep in text:
+        if path.is_file():
+            return path
+        raise FalconError(f"recipe file {path} not found")
+    recipes = list_recipes()
+    if text in recipes:
+        return recipes[text]
+    near = difflib.get_close_matches(text, recipes, n=1)
+    hint = f"did you mean '{near[0]}'? " if near else ""
+    raise FalconError(f"unknown recipe '{text}': {hint}valid recipes: {', '.join(recipes) or '(none)'}")
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """Read a YAML mapping, turning syntax errors into one line with file, line and column."""
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}:" if mark else ""
+        raise FalconError(f"{path}:{where} invalid YAML ({getattr(exc, 'problem', None) or exc})") from None
+    except OSError as exc:
+        raise FalconError(f"{path}: cannot read ({exc.strerror})") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise FalconError(f"{path}: a recipe must be a mapping of sections, got a {type(raw).__name__}")
+    return raw
+
+
+# ---------------------------------------------------------------------------------------------
+# Walking the schema: valid keys, nested sections, nearest-key suggestions.
+
+
+def _section_type(annotation: Any) -> type[BaseModel] | None:
+    """The BaseModel class inside an annotation such as ``ShapesConfig | None``, else None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            found = _section_type(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def valid_keys(model: type[BaseModel] = Recipe, prefix: str = "") -> list[str]:
+    """Every dotted key the schema accepts (sections and leaves), e.g. ``data.shapes.images``."""
+    keys = []
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{name}"
+        keys.append(key)
+        sub = _section_type(field.annotation)
+        if sub is not None:
+            keys.extend(valid_keys(sub, key + "."))
+    return keys
+
+
+def _unknown_key_error(key: str, source: str, model: type[BaseModel] = Recipe) -> FalconError:
+    candidates = valid_keys(model)
+    near = difflib.get_close_matches(key, candidates, n=1, cutoff=0.5)
+    if not near:  # fall back to the closest key at the same depth's last component
+        leaf = key.rsplit(".", 1)[-1]
+        near = [k for k in candidates if k.rsplit(".", 1)[-1] in difflib.get_close_matches(leaf, [c.rsplit(".", 1)[-1] for c in candidates], n=1)]
+    hint = f"; did you mean '{near[0]}'?" if near else ""
+    return FalconError(f"{source}: unknown key '{key}'{hint} (`falcon recipes show NAME` lists the keys)")
+
+
+def check_keys(raw: dict[str, Any], source: str, model: type[BaseModel] = Recipe, prefix: str = "") -> None:
+    """Reject any key the schema does not know, naming the nearest valid key."""
+    for name, value in raw.items():
+        key = f"{prefix}{name}"
+        if name not in model.model_fields:
+            raise _unknown_key_error(key, source, model)
+        sub = _section_type(model.model_fields[name].annotation)
+        if sub is not None and isinstance(value, dict):
+            check_keys(value, source, sub, key + ".")
+
+
+# ---------------------------------------------------------------------------------------------
+# Overrides.
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Split ``key=value``; the value is parsed as a YAML scalar/list (``3``, ``true``, ``[a, b]``, ``null``)."""
+    if "=" not in text:
+        raise FalconError(f"override '{text}' is not of the form key=value (e.g. data.shapes.images=500)")
+    key, _, value = text.partition("=")
+    key = key.strip()
+    if not key:
+        raise FalconError(f"override '{text}' has an empty key")
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else ""
+    except yaml.YAMLError:
+        parsed = value  # not YAML: keep the literal string; the schema decides whether it fits
+    return key, parsed
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str], model: type[BaseModel] = Recipe) -> tuple[dict[str, Any], dict[str, str]]:
+    """Set each ``key=value`` into a copy of ``raw`` (keys checked against ``model``).
+
+    Returns the new mapping and ``{key: override text}`` so errors can point at the override.
+    """
+    import copy
+
+    result = copy.deepcopy(raw)
+    given: dict[str, str] = {}
+    for text in overrides:
+        key, value = parse_override(text)
+        if key not in valid_keys(model):
+            raise _unknown_key_error(key, f"override '{text}'", model)
+        node = result
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = {}
+                node[part] = child
+            node = child
+        node[parts[-1]] = value
+        given[key] = text
+    return result, given
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation.
+
+_EXPECTED = {
+    "int_parsing": "an integer",
+    "int_type": "an integer",
+    "int_from_float": "an integer",
+    "float_parsing": "a number",
+    "float_type": "a number",
+    "bool_parsing": "true or false",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "list_type": "a list",
+    "dict_type": "a mapping",
+    "model_type": "a mapping of keys",
+    "path_type": "a path",
+}
+
+
+def _describe(err: dict[str, Any]) -> str:
+    expected = _EXPECTED.get(err["type"])
+    if err["type"] == "literal_error":
+        expected = "one of " + err.get("ctx", {}).get("expected", "").replace("'", "")
+    if expected:
+        return f"expected {expected}, got {err.get('input')!r}"
+    return err["msg"][0].lower() + err["msg"][1:]
+
+
+def _error_key(err: dict[str, Any]) -> str:
+    parts = []
+    for part in err["loc"]:
+        if isinstance(part, int):
+            parts[-1] = f"{parts[-1]}[{part}]" if parts else f"[{part}]"
+        elif part in {"function-after", "function-before"} or "[" in str(part):
+            continue  # pydantic union/validator markers, not user keys
+        else:
+            parts.append(str(part))
+    return ".".join(parts)
+
+
+def validate_config(raw: dict[str, Any], source: str, overridden: dict[str, str] | None = None,
+                    model: type[BaseModel] = Recipe) -> Any:
+    """Validate a raw mapping into ``model``; errors name the key (or the override) and the problem."""
+    check_keys(raw, source, model)
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = _error_key(err)
+        where = f"override '{overridden[key]}'" if overridden and key in overridden else source
+        label = f"key '{key}'" if key else "recipe"
+        raise FalconError(f"{where}: {label}: {_describe(err)}") from None
+
+
+def load_recipe(name_or_path: str | Path, overrides: list[str] | None = None) -> tuple[Recipe, Path]:
+    """Find, read, override and validate a recipe. Returns the recipe and its file."""
+    path = find_recipe(name_or_path)
+    raw = read_yaml(path)
+    raw.setdefault("name", path.stem)
+    raw, overridden = apply_overrides(raw, list(overrides or []))
+    return validate_config(raw, str(path), overridden), path
+
+
+def recipe_header(path: Path) -> str:
+    """The comment block at the top of a recipe (its documentation and exact command)."""
+    lines = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line[1:].strip())
+    return "\n".join(lines).strip()
+
+
+def resolved_yaml(recipe: Recipe) -> str:
+    """The resolved config as YAML, the way it is written into a run directory."""
+    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False, allow_unicode=True)

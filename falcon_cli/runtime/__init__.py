@@ -1,0 +1,1 @@
+"""Runtime helpers: progress display, logging, distributed rank information."""

@@ -1,0 +1,63 @@
+"""Progress bars: rich on rank 0 when stderr is a terminal, silent otherwise.
+
+Every long step wraps its loop in :func:`track`. In CI, in pipes and on ranks other than 0
+nothing is drawn, so logs stay clean.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Iterable, Iterator, TypeVar
+
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from falcon_cli.runtime.distributed import is_main_process
+
+T = TypeVar("T")
+
+
+def progress_enabled() -> bool:
+    """Whether progress bars should be drawn: rank 0, a TTY on stderr, FALCON_PROGRESS != 0."""
+    if os.environ.get("FALCON_PROGRESS", "") == "0":
+        return False
+    if os.environ.get("FALCON_PROGRESS", "") == "1":
+        return is_main_process()
+    return is_main_process() and sys.stderr.isatty()
+
+
+def make_progress() -> Progress:
+    """A rich Progress with the columns every falcon bar uses (description, bar, n/N, ETA)."""
+    from rich.console import Console
+
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=False,
+        disable=not progress_enabled(),
+    )
+
+
+def track(iterable: Iterable[T], description: str, total: int | None = None) -> Iterator[T]:
+    """Iterate over ``iterable`` with a progress bar (drawn only when :func:`progress_enabled`)."""
+    if total is None and hasattr(iterable, "__len__"):
+        total = len(iterable)  # type: ignore[arg-type]
+    if not progress_enabled():
+        yield from iterable
+        return
+    with make_progress() as bar:
+        task = bar.add_task(description, total=total)
+        for item in iterable:
+            yield item
+            bar.advance(task)

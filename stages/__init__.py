@@ -1,0 +1,48 @@
+"""Pipeline stages, one module each, meeting only through artifacts in the run directory.
+
+Each stage module has ``run(config: Recipe, run: RunDirectory) -> dict``: it validates
+its inputs before heavy work, writes only through the artifacts layer (rank 0), and
+returns a small JSON-able summary that goes into the manifest. :func:`run_stages` is
+the one place that runs stages in order and records them, used by ``falcon run`` and by
+every single-stage command.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from typing import Callable
+
+from falcon_cli.artifacts.run_dir import RunDirectory, now
+from falcon_cli.config.schema import Recipe
+
+log = logging.getLogger("falcon")
+
+
+def stage_function(name: str) -> Callable[[Recipe, RunDirectory], dict]:
+    """The ``run`` function of stage ``name`` (imported lazily: stages pull in heavy libraries)."""
+    return importlib.import_module(f"stages.{name}").run
+
+
+def run_stages(config: Recipe, run: RunDirectory, stages: list[str] | None = None) -> dict[str, dict]:
+    """Run ``stages`` (default: the recipe's) in order, recording each in the manifest.
+
+    The run is marked ``failed`` (and the error re-raised) if a stage raises, ``completed`` otherwise.
+    """
+    results: dict[str, dict] = {}
+    try:
+        for name in stages or list(config.stages):
+            start = now()
+            log.info("stage %s: start", name)
+            try:
+                results[name] = stage_function(name)(config, run)
+            except BaseException:
+                run.record_stage(name, start=start, status="failed")
+                raise
+            run.record_stage(name, start=start, status="completed", result=results[name])
+            log.info("stage %s: done", name)
+    except BaseException:
+        run.close("failed")
+        raise
+    run.close("completed")
+    return results

@@ -1,0 +1,29 @@
+"""Shared test helpers: run the real CLI in a subprocess, tiny shapes worlds built once per session."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, check: bool = False) -> subprocess.CompletedProcess:
+    """Run ``falcon ARGS`` as a user would (a fresh process), capturing output."""
+    full_env = {**os.environ, "FALCON_PROGRESS": "0", "PYTHONPATH": str(REPO), **(env or {})}
+    full_env.pop("FALCON_DEBUG", None)
+    proc = subprocess.run([sys.executable, "-m", "falcon_cli", *map(str, args)], cwd=cwd or REPO,
+                          capture_output=True, text=True, env=full_env, timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"falcon {' '.join(map(str, args))} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture
+def cli():
+    """The :func:`run_cli` helper as a fixture."""
+    return run_cli

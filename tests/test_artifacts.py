@@ -1,0 +1,213 @@
+"""Artifacts: atomic writes, versioned Parquet tables, embeddings.h5, the run directory and manifest."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import h5py
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from falcon_cli.artifacts.atomic import atomic_open, write_json
+from falcon_cli.artifacts.embeddings import EmbeddingsWriter, read_embeddings, write_embeddings
+from falcon_cli.artifacts.run_dir import RunDirectory, config_differences, read_manifest, sha256_file
+from falcon_cli.artifacts.tables import BATCHES, SEARCH_SPACES, read_table, write_table
+from falcon_cli.errors import FalconError
+
+ATTRS = dict(model="albef-tiny", checkpoint="ckpt/10", dataset="shapes", split="train", epoch=1)
+
+
+# -- atomic writes -------------------------------------------------------------------------
+
+
+def test_atomic_write_keeps_old_file_on_failure(tmp_path):
+    target = tmp_path / "a.json"
+    write_json(target, {"v": 1})
+    with pytest.raises(RuntimeError):
+        with atomic_open(target) as handle:
+            handle.write('{"v": 2, "half')
+            raise RuntimeError("killed mid-write")
+    assert json.loads(target.read_text()) == {"v": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["a.json"], "temporary file must be cleaned up"
+
+
+def test_killed_writer_leaves_no_partial_artifact(tmp_path):
+    target = tmp_path / "big.txt"
+    script = textwrap.dedent(f"""
+        import os
+        from falcon_cli.artifacts.atomic import atomic_open
+        with atomic_open({str(target)!r}) as f:
+            f.write("x" * 1000)
+            f.flush()
+            os._exit(9)  # the process dies before the rename
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert proc.returncode == 9
+    assert not target.exists()
+
+
+# -- Parquet tables ------------------------------------------------------------------------
+
+
+def spaces_frame(n=6):
+    return pd.DataFrame({"pair_id": np.arange(n), "space_id": np.arange(n) // 3, "position": np.arange(n) % 3,
+                         "epoch": 1, "method": "random", "seed": 0})
+
+
+def test_table_roundtrip_and_metadata(tmp_path):
+    path = write_table(tmp_path / "search_spaces.parquet", spaces_frame(), SEARCH_SPACES)
+    frame = read_table(path, SEARCH_SPACES)
+    assert list(frame.columns) == SEARCH_SPACES.names
+    assert frame["pair_id"].tolist() == list(range(6))
+    assert pq.read_schema(path).metadata[b"falcon.schema_version"] == b"1"
+
+
+def test_table_writer_rejects_wrong_columns_and_duplicates(tmp_path):
+    with pytest.raises(FalconError, match=r"missing \['seed'\]"):
+        write_table(tmp_path / "s.parquet", spaces_frame().drop(columns="seed"), SEARCH_SPACES)
+    dup = spaces_frame()
+    dup.loc[1, "pair_id"] = 0
+    with pytest.raises(FalconError, match=r"duplicate rows for \(epoch=1, pair_id=0\)"):
+        write_table(tmp_path / "s.parquet", dup, SEARCH_SPACES)
+    assert not (tmp_path / "s.parquet").exists()
+
+
+def test_table_reader_names_file_and_problem(tmp_path):
+    path = write_table(tmp_path / "s.parquet", spaces_frame(), SEARCH_SPACES)
+    with pytest.raises(FalconError, match=r"s.parquet: holds a 'search_spaces' table, expected 'batches'"):
+        read_table(path, BATCHES)
+    # a table written by something else (no falcon metadata, wrong version, wrong dtype)
+    plain = tmp_path / "plain.parquet"
+    pq.write_table(pa.Table.from_pandas(spaces_frame(), preserve_index=False), plain)
+    with pytest.raises(FalconError, match=r"plain.parquet: holds a 'None' table"):
+        read_table(plain, SEARCH_SPACES)
+    old = tmp_path / "old.parquet"
+    table = pa.Table.from_pandas(spaces_frame(), schema=SEARCH_SPACES.arrow, preserve_index=False)
+    pq.write_table(table.replace_schema_metadata({b"falcon.schema": b"search_spaces", b"falcon.schema_version": b"0"}), old)
+    with pytest.raises(FalconError, match=r"schema version 0, this falcon reads version 1"):
+        read_table(old, SEARCH_SPACES)
+    wrong = tmp_path / "wrong.parquet"
+    frame = spaces_frame().astype({"pair_id": "float64"})
+    arrow = pa.Table.from_pandas(frame, preserve_index=False).replace_schema_metadata(SEARCH_SPACES.arrow.metadata)
+    pq.write_table(arrow, wrong)
+    with pytest.raises(FalconError, match=r"column 'pair_id' has type double, expected int64"):
+        read_table(wrong, SEARCH_SPACES)
+    garbage = tmp_path / "garbage.parquet"
+    garbage.write_bytes(b"not parquet")
+    with pytest.raises(FalconError, match="garbage.parquet: not a readable Parquet file"):
+        read_table(garbage, SEARCH_SPACES)
+
+
+# -- embeddings.h5 -------------------------------------------------------------------------
+
+
+def random_unit(n, d, seed):
+    x = np.random.default_rng(seed).normal(size=(n, d)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_embeddings_roundtrip(tmp_path, dtype):
+    image, text = random_unit(10, 8, 0), random_unit(10, 8, 1)
+    path = write_embeddings(tmp_path / "embeddings.h5", image, text, np.arange(100, 110), ATTRS, dtype=dtype)
+    emb = read_embeddings(path)
+    assert emb.image.dtype == np.dtype(dtype)
+    np.testing.assert_allclose(emb.image.astype(np.float32), image, atol=1e-3)
+    np.testing.assert_allclose(emb.text.astype(np.float32), text, atol=1e-3)
+    assert emb.pair_id.tolist() == list(range(100, 110))
+    assert emb.attrs["schema_version"] == 1 and emb.attrs["model"] == "albef-tiny" and emb.attrs["epoch"] == 1
+
+
+def test_embeddings_writer_in_chunks_normalises_and_is_atomic(tmp_path):
+    path = tmp_path / "embeddings.h5"
+    with EmbeddingsWriter(path, n=6, dim=4, attrs=ATTRS, dtype="float32") as writer:
+        writer.write(0, np.ones((3, 4)) * 2, np.ones((3, 4)), [0, 1, 2])
+        assert not path.exists(), "the file must appear only when complete"
+        writer.write(3, np.ones((3, 4)), np.ones((3, 4)) * 5, [3, 4, 5])
+    emb = read_embeddings(path)
+    np.testing.assert_allclose(emb.image, 0.5)
+    with pytest.raises(ValueError, match="never written"):
+        with EmbeddingsWriter(tmp_path / "partial.h5", n=4, dim=4, attrs=ATTRS) as writer:
+            writer.write(0, np.ones((2, 4)), np.ones((2, 4)), [0, 1])
+    assert not (tmp_path / "partial.h5").exists()
+
+
+def test_embeddings_reader_validates(tmp_path):
+    path = tmp_path / "e.h5"
+
+    def make(**changes):
+        with h5py.File(path, "w") as f:
+            f["image"] = changes.get("image", random_unit(4, 3, 0))
+            f["text"] = changes.get("text", random_unit(4, 3, 1))
+            f["pair_id"] = changes.get("pair_id", np.arange(4, dtype=np.int64))
+            f.attrs["schema_version"] = changes.get("version", 1)
+            for k, v in ATTRS.items():
+                f.attrs[k] = v
+        return path
+
+    with pytest.raises(FalconError, match=r"e.h5: embeddings schema_version 2"):
+        read_embeddings(make(version=2))
+    with pytest.raises(FalconError, match=r"'image' \(4, 3\) and 'text' \(5, 3\)"):
+        read_embeddings(make(text=random_unit(5, 3, 1)))
+    with pytest.raises(FalconError, match="'pair_id' has duplicates"):
+        read_embeddings(make(pair_id=np.array([0, 1, 1, 2], dtype=np.int64)))
+    with pytest.raises(FalconError, match="'pair_id' has dtype int32"):
+        read_embeddings(make(pair_id=np.arange(4, dtype=np.int32)))
+    with pytest.raises(FalconError, match=r"'image' row 0 has norm 2.0000"):
+        read_embeddings(make(image=random_unit(4, 3, 0) * 2))
+    (tmp_path / "junk.h5").write_bytes(b"junk")
+    with pytest.raises(FalconError, match="junk.h5: not a readable HDF5 file"):
+        read_embeddings(tmp_path / "junk.h5")
+
+
+# -- run directory -------------------------------------------------------------------------
+
+
+def test_run_directory_manifest(tmp_path):
+    run = RunDirectory.open(tmp_path / "run", config={"seed": 3, "data": {"dataset": "x"}}, seed=3, command=["falcon", "run"])
+    (run.path / "out.txt").write_text("hello")
+    run.add_artifact("out.txt", schema="text", schema_version=1)
+    run.record_stage("data", start="t0", status="completed", result={"n": 1})
+    run.close()
+    manifest = read_manifest(run.path)
+    assert manifest["status"] == "completed" and manifest["end"] is not None
+    assert manifest["command"] == ["falcon", "run"] and manifest["seed"] == 3 and manifest["world_size"] == 1
+    assert manifest["config"] == {"seed": 3, "data": {"dataset": "x"}}
+    assert manifest["artifacts"]["out.txt"]["sha256"] == sha256_file(run.path / "out.txt")
+    assert manifest["stages"]["data"]["result"] == {"n": 1}
+    assert manifest["packages"]["numpy"] == np.__version__
+    assert {"sha", "dirty"} <= set(manifest["git"]) and manifest["host"]["hostname"]
+    assert (run.path / "config.yaml").read_text().startswith("seed: 3")
+    assert (run.path / "log.txt").exists()
+
+
+def test_run_directory_refuses_a_different_config(tmp_path):
+    RunDirectory.open(tmp_path / "run", config={"seed": 1}, seed=1).close()
+    again = RunDirectory.open(tmp_path / "run", config={"seed": 1}, seed=1)  # same config: continue
+    again.close()
+    assert len(read_manifest(tmp_path / "run")["history"]) == 2
+    with pytest.raises(FalconError, match=r"different config \(seed: 1 -> 2\).*--overwrite"):
+        RunDirectory.open(tmp_path / "run", config={"seed": 2}, seed=2)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "thesis.tex").write_text("precious")
+    with pytest.raises(FalconError, match="not a falcon run"):
+        RunDirectory.open(tmp_path / "other", config={}, seed=0)
+
+
+def test_read_manifest_errors(tmp_path):
+    with pytest.raises(FalconError, match="manifest.json: not found"):
+        read_manifest(tmp_path)
+    (tmp_path / "manifest.json").write_text('{"schema_version": 1,')
+    with pytest.raises(FalconError, match=r"manifest.json: line 1, column \d+: invalid JSON"):
+        read_manifest(tmp_path)
+
+
+def test_config_differences():
+    assert config_differences({"a": {"b": 1}, "c": 2}, {"a": {"b": 2}, "c": 2}) == ["a.b: 1 -> 2"]

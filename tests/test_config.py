@@ -1,0 +1,112 @@
+"""Recipes and overrides: lookup, key checking with suggestions, typed parsing, one-line errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from falcon_cli.config.recipes import (
+    apply_overrides, find_recipe, list_recipes, load_recipe, parse_override, recipe_header, valid_keys,
+)
+from falcon_cli.config.schema import Recipe
+from falcon_cli.errors import FalconError
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_every_shipped_recipe_validates_and_documents_its_command():
+    recipes = list_recipes()
+    assert "shapes-demo" in recipes
+    for name, path in recipes.items():
+        config, _ = load_recipe(name)
+        assert isinstance(config, Recipe) and config.name == name
+        header = recipe_header(path)
+        assert f"--recipe {name}" in header, f"{path} must start with a comment showing the exact command"
+
+
+def test_every_config_field_has_a_docstring():
+    from falcon_cli.config.recipes import _section_type
+
+    def walk(model):
+        for name, field in model.model_fields.items():
+            assert field.description, f"{model.__name__}.{name} has no docstring"
+            sub = _section_type(field.annotation)
+            if sub is not None:
+                walk(sub)
+
+    walk(Recipe)
+
+
+def test_find_recipe_by_name_path_and_unknown(tmp_path):
+    assert find_recipe("shapes-demo").name == "shapes-demo.yaml"
+    custom = write(tmp_path / "mine.yaml", "data: {dataset: x}\n")
+    assert find_recipe(str(custom)) == custom
+    with pytest.raises(FalconError, match=r"unknown recipe 'shapes-dmo': did you mean 'shapes-demo'\? valid recipes: .*shapes-demo"):
+        find_recipe("shapes-dmo")
+    with pytest.raises(FalconError, match="not found"):
+        find_recipe(str(tmp_path / "missing.yaml"))
+
+
+def test_recipe_path_env(tmp_path, monkeypatch):
+    write(tmp_path / "lab-recipe.yaml", "data: {dataset: x}\n")
+    monkeypatch.setenv("FALCON_RECIPE_PATH", str(tmp_path))
+    assert "lab-recipe" in list_recipes()
+    config, _ = load_recipe("lab-recipe")
+    assert config.name == "lab-recipe"
+
+
+def test_overrides_are_parsed_to_the_field_type():
+    config, _ = load_recipe("shapes-demo", ["data.shapes.images=500", "seed=7", "data.verify_images=false", "data.tokenizer=bert-base-uncased"])
+    assert config.data.shapes.images == 500 and isinstance(config.data.shapes.images, int)
+    assert config.seed == 7
+    assert config.data.verify_images is False
+    assert config.data.tokenizer == "bert-base-uncased"
+
+
+def test_parse_override_values():
+    assert parse_override("a.b=3") == ("a.b", 3)
+    assert parse_override("a=[1, 2]") == ("a", [1, 2])
+    assert parse_override("a=null") == ("a", None)
+    assert parse_override("a=x=y") == ("a", "x=y")
+    with pytest.raises(FalconError, match="not of the form key=value"):
+        parse_override("images500")
+
+
+def test_unknown_override_key_names_nearest_valid_key():
+    with pytest.raises(FalconError, match=r"unknown key 'data.shape.images'; did you mean 'data.shapes.images'\?"):
+        load_recipe("shapes-demo", ["data.shape.images=5"])
+    with pytest.raises(FalconError, match=r"unknown key 'sed'; did you mean 'seed'\?"):
+        apply_overrides({}, ["sed=1"])
+
+
+def test_wrong_type_names_expected_type_and_value():
+    with pytest.raises(FalconError) as err:
+        load_recipe("shapes-demo", ["data.shapes.images=many"])
+    message = str(err.value)
+    assert "override 'data.shapes.images=many'" in message and "expected an integer, got 'many'" in message
+    with pytest.raises(FalconError, match=r"key 'data.on_missing': expected one of fail, skip, got 'maybe'"):
+        load_recipe("shapes-demo", ["data.on_missing=maybe"])
+
+
+def test_recipe_file_errors_name_the_file(tmp_path):
+    bad_key = write(tmp_path / "k.yaml", "data:\n  datset: x\n")
+    with pytest.raises(FalconError, match=r"k.yaml: unknown key 'data.datset'; did you mean 'data.dataset'\?"):
+        load_recipe(bad_key)
+    bad_yaml = write(tmp_path / "y.yaml", "data: [unclosed\n")
+    with pytest.raises(FalconError, match=r"y.yaml: line \d+, column \d+: invalid YAML"):
+        load_recipe(bad_yaml)
+    missing = write(tmp_path / "m.yaml", "seed: 1\n")
+    with pytest.raises(FalconError, match=r"m.yaml: key 'data': field required"):
+        load_recipe(missing)
+    order = write(tmp_path / "o.yaml", "stages: [data, data]\ndata: {dataset: x}\n")
+    with pytest.raises(FalconError, match="pipeline order"):
+        load_recipe(order)
+
+
+def test_valid_keys_cover_nested_sections():
+    keys = valid_keys()
+    assert {"seed", "data.dataset", "data.shapes.images", "data.shapes.seed"} <= set(keys)
