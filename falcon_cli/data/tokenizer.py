@@ -1,0 +1,172 @@
+"""Text tokenizers: load a BERT WordPiece tokenizer, or train a small one offline.
+
+``load_tokenizer("bert-base-uncased")`` loads from the Hugging Face hub or its local
+cache; ``load_tokenizer(path)`` loads a saved directory. With no network and nothing
+cached, :func:`train_wordpiece_tokenizer` builds a BERT-compatible uncased WordPiece
+tokenizer from the captions themselves (what tests and the shapes world use).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import string
+import tempfile
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from falcon_cli.errors import FalconError
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+"""BERT's special tokens; a trained vocabulary starts with them (``[PAD]`` = 0)."""
+BASE_ALPHABET = string.ascii_lowercase + string.digits + string.punctuation
+"""Characters always in a trained vocabulary, so digits and punctuation never become ``[UNK]``."""
+MODEL_MAX_LENGTH = 512
+"""Longest sequence a BERT position table allows."""
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1 or os.sep in name and os.sep != "/"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _usable(tokenizer) -> bool:
+    """Whether a loaded tokenizer has a real vocabulary with BERT's special tokens.
+
+    transformers 5 returns a tokenizer holding only the special tokens when it finds no
+    files (offline, unknown id, empty directory) instead of raising; this catches that.
+    """
+    vocab = tokenizer.get_vocab()
+    return len(vocab) > len(SPECIAL_TOKENS) and all(token in vocab for token in SPECIAL_TOKENS)
+
+
+def _from_pretrained(source: str, **kwargs):
+    """``BertTokenizerFast.from_pretrained`` that returns ``(tokenizer or None, reason)``."""
+    from transformers import BertTokenizerFast
+
+    try:
+        tokenizer = BertTokenizerFast.from_pretrained(source, **kwargs)
+    except Exception as exc:  # OSError offline / unknown repo, ValueError on bad files, ...
+        return None, _first_line(exc)
+    if not _usable(tokenizer):
+        return None, "no vocabulary found"
+    return tokenizer, ""
+
+
+def load_tokenizer(name_or_path: str | os.PathLike):
+    """A ``BertTokenizerFast`` from a local directory or a hub id (``bert-base-uncased``).
+
+    A directory that exists is loaded from disk; anything else is treated as a hub id,
+    looked up in the local Hugging Face cache first and then on the hub (unless
+    ``HF_HUB_OFFLINE=1``). Failure is a one-line :class:`FalconError`.
+    """
+    import huggingface_hub.constants
+
+    name = str(name_or_path)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        tokenizer, reason = _from_pretrained(str(path))
+        if tokenizer is None:
+            raise FalconError(
+                f"{path}: not a tokenizer directory ({reason}); it needs tokenizer.json or vocab.txt "
+                "(train one with train_wordpiece_tokenizer)"
+            )
+        return tokenizer
+    if path.exists() or _looks_like_path(name):
+        raise FalconError(f"{path}: tokenizer directory not found (give a saved tokenizer directory or a hub id)")
+    tokenizer, reason = _from_pretrained(name, local_files_only=True)
+    if tokenizer is None and not huggingface_hub.constants.HF_HUB_OFFLINE:
+        tokenizer, reason = _from_pretrained(name)
+    if tokenizer is None:
+        raise FalconError(
+            f"tokenizer '{name}' could not be loaded ({reason}): it is not a local directory and not in the "
+            "Hugging Face cache; download it once with network access, or pass a saved tokenizer directory"
+        )
+    return tokenizer
+
+
+@contextlib.contextmanager
+def _atomic_dir(out_dir: Path):
+    """Yield a temporary directory beside ``out_dir`` and swap it into place on success."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    try:
+        yield tmp
+        old = None
+        if out_dir.exists():
+            old = out_dir.with_name(f".{out_dir.name}.old.{os.getpid()}")
+            os.replace(out_dir, old)
+        os.replace(tmp, out_dir)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def train_wordpiece_tokenizer(
+    texts: Iterable[str],
+    out_dir: str | os.PathLike,
+    *,
+    vocab_size: int = 8000,
+    min_frequency: int = 1,
+):
+    """Train a BERT-compatible uncased WordPiece tokenizer on ``texts`` and save it to ``out_dir``.
+
+    The tokenizer has BERT's normaliser (lower-case and accent stripping, like ``bert-base-uncased``)
+    and pre-tokenizer, the special tokens ``[PAD] [UNK] [CLS] [SEP] [MASK]``
+    (ids 0-4), every lower-case ASCII letter, digit and punctuation mark,
+    ``[CLS] A [SEP]`` / ``[CLS] A [SEP] B [SEP]`` post-processing and a ``##``
+    WordPiece decoder. ``out_dir`` gets ``tokenizer.json``, ``tokenizer_config.json`` and
+    ``vocab.txt``, written into a temporary directory and renamed into place. Returns the
+    tokenizer as :func:`load_tokenizer` would load it.
+    """
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import BertTokenizerFast
+
+    if vocab_size <= len(SPECIAL_TOKENS):
+        raise FalconError(f"vocab_size must exceed the {len(SPECIAL_TOKENS)} special tokens, got {vocab_size}")
+    out_dir = Path(out_dir).expanduser()
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
+    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        continuing_subword_prefix="##",
+        initial_alphabet=list(BASE_ALPHABET),
+        show_progress=False,
+    )
+    counted = 0
+
+    def checked() -> Iterator[str]:
+        nonlocal counted
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise FalconError(f"cannot train a tokenizer: text {i} is a {type(text).__name__}, expected a string")
+            if text.strip():
+                counted += 1
+                yield text
+
+    tok.train_from_iterator(checked(), trainer)
+    if counted == 0:
+        raise FalconError("cannot train a tokenizer: the texts given were empty")
+    cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
+    )
+    tok.decoder = decoders.WordPiece(prefix="##")
+    bert = BertTokenizerFast(tokenizer_object=tok, do_lower_case=True, model_max_length=MODEL_MAX_LENGTH)
+    with _atomic_dir(out_dir) as tmp:
+        bert.save_pretrained(str(tmp))
+        vocab = sorted(tok.get_vocab().items(), key=lambda item: item[1])
+        (tmp / "vocab.txt").write_text("".join(f"{token}\n" for token, _ in vocab), encoding="utf-8")
+    return load_tokenizer(out_dir)
