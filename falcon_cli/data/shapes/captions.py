@@ -1,0 +1,219 @@
+"""Captions: sample true logical forms for a scene, and render a logical form as text.
+
+Sampling picks caption kinds (attribute, combination, position, relation, count, full) by
+the configured weights and builds a logical form from the scene's actual objects, so every
+caption is true of its image by construction (the world generator still checks each one
+with the oracle). Rendering turns a logical form into English; each word slot (colour,
+shape noun, size, position phrase, relation phrase, number, opening words) independently
+uses a synonym with probability ``paraphrase_prob``. ``parser.parse_caption`` inverts it.
+"""
+
+from __future__ import annotations
+
+import random
+
+from falcon_cli.data.shapes import logical_forms as lfs
+from falcon_cli.data.shapes.config import CAPTION_KINDS
+from falcon_cli.data.shapes.vocabulary import (
+    COLOR_WORDS,
+    GENERIC_WORDS,
+    POSITION_PHRASES,
+    RELATION_PHRASES,
+    SHAPE_WORDS,
+    SIZE_WORDS,
+    article,
+    number_word,
+)
+
+# --- rendering --------------------------------------------------------------------------
+
+
+class _WordChooser:
+    """Picks the canonical word, or (with probability ``prob``) one of its synonyms; remembers if it did."""
+
+    def __init__(self, rng: random.Random | None, prob: float):
+        self.rng = rng
+        self.prob = prob if rng is not None else 0.0
+        self.paraphrased = False
+
+    def pick(self, options: list):
+        if self.prob > 0 and len(options) > 1 and self.rng.random() < self.prob:
+            self.paraphrased = True
+            return options[1 + self.rng.randrange(len(options) - 1)]
+        return options[0]
+
+
+def _noun(obj: dict, plural: bool, chooser: _WordChooser) -> str:
+    forms = SHAPE_WORDS[obj["shape"]] if "shape" in obj else GENERIC_WORDS
+    return chooser.pick(forms)[1 if plural else 0]
+
+
+def _bare_phrase(obj: dict, plural: bool, chooser: _WordChooser) -> str:
+    """Size, colour, noun and position of an object description, without a determiner."""
+    words = []
+    if "size" in obj:
+        words.append(chooser.pick(SIZE_WORDS[obj["size"]]))
+    if "color" in obj:
+        words.append(chooser.pick(COLOR_WORDS[obj["color"]]))
+    words.append(_noun(obj, plural, chooser))
+    if "position" in obj:
+        words.append(chooser.pick(POSITION_PHRASES[obj["position"]]))
+    return " ".join(words)
+
+
+def noun_phrase(obj: dict, chooser: _WordChooser) -> str:
+    """"a small red circle in the top left" (singular, with article)."""
+    bare = _bare_phrase(obj, False, chooser)
+    return f"{article(bare)} {bare}"
+
+
+def _number(n: int, chooser: _WordChooser) -> str:
+    # Digits are the paraphrase; "no" (zero) has no digit form in captions.
+    return chooser.pick([number_word(n), str(n)]) if n > 0 else number_word(n)
+
+
+def counted_phrase(n: int, obj: dict, chooser: _WordChooser) -> str:
+    """"three red circles", "one square" (number agreement from ``n``)."""
+    return f"{_number(n, chooser)} {_bare_phrase(obj, n != 1, chooser)}"
+
+
+def render_caption_detailed(lf: dict, rng: random.Random | None = None, paraphrase_prob: float = 0.0) -> tuple[str, bool]:
+    """Text of a logical form, and whether any synonym was used (see :func:`render_caption`)."""
+    chooser = _WordChooser(rng, paraphrase_prob)
+    kind = lf["type"]
+    if kind == "exists":
+        text = chooser.pick(["", "there is "]) + noun_phrase(lf["object"], chooser)
+    elif kind == "count":
+        n = lf["count"]
+        opening = chooser.pick(["", "exactly ", "there is " if n == 1 else "there are "])
+        text = opening + counted_phrase(n, lf["object"], chooser)
+    elif kind == "relation":
+        subject = noun_phrase(lf["subject"], chooser)
+        rel = chooser.pick(RELATION_PHRASES[lf["relation"]])
+        text = f"{subject} {rel} {noun_phrase(lf['object'], chooser)}"
+    elif kind == "scene":
+        objects = lf["objects"]
+        head = counted_phrase(len(objects), {}, chooser)
+        parts = [noun_phrase(obj, chooser) for obj in objects]
+        body = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+        text = f"{head}: {body}"
+    else:
+        raise ValueError(f"unknown logical form type {kind!r}")
+    return text, chooser.paraphrased
+
+
+def render_caption(lf: dict, rng: random.Random | None = None, paraphrase_prob: float = 0.0) -> str:
+    """English text of a logical form.
+
+    Without ``rng`` (or with ``paraphrase_prob=0``) the canonical wording is used ("a small
+    red circle in the top left"); otherwise each word slot uses a synonym with probability
+    ``paraphrase_prob`` ("a tiny crimson ball in the upper left").
+    """
+    return render_caption_detailed(lf, rng, paraphrase_prob)[0]
+
+
+# --- sampling ---------------------------------------------------------------------------
+
+_ATTRIBUTES = ("size", "color", "shape")
+
+
+def _pick(rng: random.Random, items: list):
+    return items[rng.randrange(len(items))]
+
+
+def _weighted(rng: random.Random, values: list[int], weights: list[float]) -> int:
+    return rng.choices(values, weights=weights)[0]
+
+
+def _subset_description(obj: dict, k: int, rng: random.Random, with_position: bool = False) -> dict:
+    """Description of ``obj`` by ``k`` of its size/colour/shape attributes (random), plus its cell if asked."""
+    chosen = rng.sample(_ATTRIBUTES, k) if k else ()
+    values = {name: obj[name] for name in chosen}
+    if with_position:
+        values["position"] = obj["position"]
+    return lfs.describe(**values)
+
+
+def _matches(obj: dict, description: dict) -> bool:
+    return all(obj[key] == value for key, value in description.items())
+
+
+def _relations_between(a: dict, b: dict) -> list[str]:
+    rels = []
+    if a["col"] < b["col"]:
+        rels.append("left_of")
+    if a["col"] > b["col"]:
+        rels.append("right_of")
+    if a["row"] < b["row"]:
+        rels.append("above")
+    if a["row"] > b["row"]:
+        rels.append("below")
+    return rels
+
+
+def sample_form(kind: str, objects: list[dict], rng: random.Random) -> dict:
+    """A logical form of the given kind that is true of the scene ``objects`` (needs >= 2 objects for relations)."""
+    if kind == "attribute":
+        return lfs.exists(_subset_description(_pick(rng, objects), 1, rng))
+    if kind == "combination":
+        return lfs.exists(_subset_description(_pick(rng, objects), _weighted(rng, [2, 3], [0.6, 0.4]), rng))
+    if kind == "position":
+        k = _weighted(rng, [0, 1, 2, 3], [0.1, 0.35, 0.35, 0.2])
+        return lfs.exists(_subset_description(_pick(rng, objects), k, rng, with_position=True))
+    if kind == "relation":
+        a, b = rng.sample(objects, 2)
+        rel = _pick(rng, _relations_between(a, b))  # distinct cells always differ in row or column
+        subject = _subset_description(a, _weighted(rng, [1, 2, 3], [0.45, 0.45, 0.1]), rng)
+        other = _subset_description(b, _weighted(rng, [1, 2, 3], [0.45, 0.45, 0.1]), rng)
+        return lfs.relation(rel, subject, other)
+    if kind == "count":
+        description = _subset_description(_pick(rng, objects), _weighted(rng, [0, 1, 2], [0.3, 0.4, 0.3]), rng)
+        return lfs.count(sum(_matches(obj, description) for obj in objects), description)
+    if kind == "full":
+        return lfs.scene([lfs.describe(o["size"], o["color"], o["shape"], o["position"]) for o in objects])
+    raise ValueError(f"unknown caption kind {kind!r}")
+
+
+def _kind_schedule(n: int, weights: list[float], rng: random.Random) -> list[int]:
+    """``n`` kind indices: weighted draws without replacement, refilled when the kinds run out."""
+    schedule: list[int] = []
+    while len(schedule) < n:
+        remaining = [k for k, w in enumerate(weights) if w > 0]
+        while remaining and len(schedule) < n:
+            k = rng.choices(remaining, weights=[weights[r] for r in remaining])[0]
+            schedule.append(k)
+            remaining.remove(k)
+    return schedule
+
+
+def sample_captions(
+    objects: list[dict],
+    rng: random.Random,
+    *,
+    count: int,
+    kind_weights: list[float],
+    paraphrase_prob: float,
+) -> list[dict]:
+    """``count`` captions true of one scene: ``{"kind", "logical_form", "key", "text", "paraphrased"}`` each.
+
+    Kinds follow ``kind_weights`` (in ``CAPTION_KINDS`` order); relations are skipped for
+    one-object scenes. Logical forms are distinct within an image while possible.
+    """
+    weights = [float(w) for w in kind_weights]
+    if len(objects) < 2:
+        weights[CAPTION_KINDS.index("relation")] = 0.0
+        if sum(weights) <= 0:  # only relations enabled: fall back to single-object kinds
+            weights = [0.0 if kind == "relation" else 1.0 for kind in CAPTION_KINDS]
+    captions: list[dict] = []
+    seen: set[str] = set()
+    for kind_index in _kind_schedule(count, weights, rng):
+        kind = CAPTION_KINDS[kind_index]
+        for _attempt in range(12):
+            lf = sample_form(kind, objects, rng)
+            key = lfs.form_key(lf)
+            if key not in seen:
+                break
+        seen.add(key)
+        text, paraphrased = render_caption_detailed(lf, rng, paraphrase_prob)
+        captions.append({"kind": kind, "logical_form": lf, "key": key, "text": text, "paraphrased": paraphrased})
+    return captions
