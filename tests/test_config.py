@@ -88,7 +88,7 @@ def test_wrong_type_names_expected_type_and_value():
         load_recipe("shapes-demo", ["data.shapes.images=many"])
     message = str(err.value)
     assert "override 'data.shapes.images=many'" in message and "expected an integer, got 'many'" in message
-    with pytest.raises(FalconError, match=r"key 'data.on_missing': expected one of fail, skip, got 'maybe'"):
+    with pytest.raises(FalconError, match=r"key 'data.on_missing': expected one of fail or skip, got 'maybe'"):
         load_recipe("shapes-demo", ["data.on_missing=maybe"])
 
 

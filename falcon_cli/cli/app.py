@@ -11,7 +11,7 @@ import os
 import sys
 
 import typer
-from rich.console import Console
+from falcon_cli.runtime.console import make_console
 
 from falcon_cli import __version__
 from falcon_cli.cli import data, recipes, run
@@ -60,10 +60,10 @@ def main(argv: list[str] | None = None) -> None:
     except FalconError as exc:
         if os.environ.get("FALCON_DEBUG") == "1":
             raise
-        Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {exc}")
+        make_console(stderr=True).print(f"[bold red]error:[/] {exc}")
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        Console(stderr=True).print("[bold red]interrupted[/]")
+        make_console(stderr=True).print("[bold red]interrupted[/]")
         sys.exit(130)
 
 

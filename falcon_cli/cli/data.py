@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
+from falcon_cli.runtime.console import make_console
 from rich.table import Table
 
 from falcon_cli.artifacts.atomic import write_json
@@ -15,7 +15,7 @@ from falcon_cli.errors import FalconError
 
 app = typer.Typer(help="Generate the shapes world; check a dataset.\n\nExample: falcon data shapes --out data/shapes --images 300 --seed 1",
                   no_args_is_help=True)
-console = Console(highlight=False, soft_wrap=True)
+console = make_console()
 
 
 @app.command("shapes")
@@ -26,7 +26,7 @@ def shapes(
     size: int = typer.Option(64, "--size", help="Image side in pixels."),
     preview: bool = typer.Option(False, "--preview", help="Also write preview.png, a contact sheet of images and captions."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing world made with other settings."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="More knobs as key=value, e.g. max_objects=3 n_colors=8", show_default=False),
+    overrides: Optional[List[str]] = typer.Argument(None, help="More knobs as key=value, e.g. max_objects=3 num_colors=8", show_default=False),
 ) -> None:
     """Generate the shapes world: images, scene graphs, captions with logical forms, the oracle's
     compatibility table, and retrieval / pretraining / VQA / NLVR2 files in the real formats.

@@ -5,14 +5,14 @@ from __future__ import annotations
 from typing import List, Optional
 
 import typer
-from rich.console import Console
+from falcon_cli.runtime.console import make_console
 from rich.table import Table
 
 from falcon_cli.config.recipes import find_recipe, list_recipes, load_recipe, read_yaml, recipe_header, resolved_yaml
 from falcon_cli.errors import FalconError
 
 app = typer.Typer(help="List, show and validate recipes.\n\nExample: falcon recipes show shapes-demo", no_args_is_help=True)
-console = Console(highlight=False, soft_wrap=True)
+console = make_console()
 
 
 @app.command("list")

@@ -7,13 +7,13 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
+from falcon_cli.runtime.console import make_console
 
 from falcon_cli.artifacts.run_dir import RunDirectory
 from falcon_cli.config.recipes import load_recipe
 from falcon_cli.runtime.distributed import is_main_process
 
-console = Console(highlight=False, soft_wrap=True)
+console = make_console()
 
 
 def run_recipe(

@@ -100,12 +100,10 @@ def valid_keys(model: type[BaseModel] = Recipe, prefix: str = "") -> list[str]:
     return keys
 
 
-def _unknown_key_error(key: str, source: str, model: type[BaseModel] = Recipe) -> FalconError:
-    candidates = valid_keys(model)
-    near = difflib.get_close_matches(key, candidates, n=1, cutoff=0.5)
-    if not near:  # fall back to the closest key at the same depth's last component
-        leaf = key.rsplit(".", 1)[-1]
-        near = [k for k in candidates if k.rsplit(".", 1)[-1] in difflib.get_close_matches(leaf, [c.rsplit(".", 1)[-1] for c in candidates], n=1)]
+def _unknown_key_error(key: str, source: str, model: type[BaseModel] = Recipe, prefix: str = "") -> FalconError:
+    """The error for an unknown dotted ``key``; ``model`` is the section at ``prefix``."""
+    candidates = [prefix + k for k in valid_keys(model)]
+    near = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
     hint = f"; did you mean '{near[0]}'?" if near else ""
     return FalconError(f"{source}: unknown key '{key}'{hint} (`falcon recipes show NAME` lists the keys)")
 
@@ -115,7 +113,7 @@ def check_keys(raw: dict[str, Any], source: str, model: type[BaseModel] = Recipe
     for name, value in raw.items():
         key = f"{prefix}{name}"
         if name not in model.model_fields:
-            raise _unknown_key_error(key, source, model)
+            raise _unknown_key_error(key, source, model, prefix)
         sub = _section_type(model.model_fields[name].annotation)
         if sub is not None and isinstance(value, dict):
             check_keys(value, source, sub, key + ".")

@@ -1,0 +1,83 @@
+"""The data stage: make sure the dataset exists and is sound, and fix the tokenizer.
+
+Reads top to bottom:
+1. generate the shapes world when the recipe asks for one and it is missing;
+2. check every source of the dataset spec (entries, images, captions, ids, labels) and
+   stop on any problem before later stages spend hours on broken data;
+3. load the pretraining pairs with the missing-image policy, so the manifest records how
+   many pairs a run actually has and how many were skipped;
+4. train the offline WordPiece tokenizer on the training captions (or load the named one)
+   and save it into the run, so every later stage tokenises the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from falcon_cli.runtime.console import make_console
+
+from falcon_cli.artifacts.atomic import write_json
+from falcon_cli.artifacts.run_dir import RunDirectory
+from falcon_cli.config.schema import Recipe
+from falcon_cli.data.check import check_dataset
+from falcon_cli.data.datasets import pretrain_dataset
+from falcon_cli.data.spec import load_spec
+from falcon_cli.data.tokenizer import load_tokenizer, train_wordpiece_tokenizer
+from falcon_cli.errors import FalconError
+from falcon_cli.runtime.distributed import is_main_process
+
+log = logging.getLogger("falcon")
+console = make_console(stderr=True)
+
+CHECK_REPORT = Path("data/check.json")
+TOKENIZER_DIR = Path("data/tokenizer")
+
+
+def run(config: Recipe, run: RunDirectory) -> dict:
+    """Run the data stage; returns the summary recorded in the manifest."""
+    data = config.data
+    result: dict = {"dataset": str(data.dataset)}
+
+    # 1. The shapes world is generated on demand; an identical existing world is reused.
+    if data.shapes is not None:
+        from falcon_cli.data.shapes import generate_world
+
+        summary = generate_world(data.shapes, data.dataset)
+        result["shapes_world"] = summary.to_dict()
+        log.info("shapes world at %s: %s", data.dataset, summary.to_dict().get("splits"))
+
+    # 2. Check everything once, up front; the report goes into the run either way.
+    spec = load_spec(data.dataset)
+    if data.on_missing is not None:
+        spec.on_missing = data.on_missing
+    report = check_dataset(spec, verify_images=data.verify_images)
+    if is_main_process():
+        report.render(console)
+        write_json(run.path / CHECK_REPORT, report.to_dict())
+        run.add_artifact(CHECK_REPORT, schema="data_check", schema_version=1)
+    if not report.ok:
+        raise FalconError(
+            f"{spec.base_dir}: {len(report.problems)} data problem(s), first: {report.problems[0]} "
+            f"(full report: {run.path / CHECK_REPORT})"
+        )
+
+    # 3. The pretraining pairs as a run will see them (missing images failed or skipped).
+    pairs = pretrain_dataset(spec, transform=None)
+    result["pretrain_pairs"] = len(pairs)
+    result["load"] = pairs.load_summary()
+    if pairs.dropped:
+        log.warning("skipped %d pretraining pairs whose images are missing (on_missing=skip)", pairs.dropped)
+
+    # 4. One tokenizer for the whole run, saved inside it.
+    if is_main_process():
+        target = run.path / TOKENIZER_DIR
+        if data.tokenizer == "wordpiece":
+            captions = [caption for record in pairs.records for caption in record.captions]
+            tokenizer = train_wordpiece_tokenizer(captions, target, vocab_size=data.tokenizer_vocab_size)
+        else:
+            tokenizer = load_tokenizer(data.tokenizer)
+            tokenizer.save_pretrained(str(target))
+        run.add_artifact(TOKENIZER_DIR, schema="tokenizer", schema_version=1, meta={"source": data.tokenizer})
+        result["tokenizer"] = {"source": data.tokenizer, "vocab_size": len(tokenizer)}
+    return result
