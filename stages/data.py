@@ -17,7 +17,7 @@ from pathlib import Path
 
 from falcon_cli.runtime.console import make_console
 
-from falcon_cli.artifacts.atomic import write_json
+from falcon_cli.artifacts.atomic import atomic_dir, write_json
 from falcon_cli.artifacts.run_dir import RunDirectory
 from falcon_cli.config.schema import Recipe
 from falcon_cli.data.check import check_dataset
@@ -44,8 +44,9 @@ def run(config: Recipe, run: RunDirectory) -> dict:
         from falcon_cli.data.shapes import generate_world
 
         summary = generate_world(data.shapes, data.dataset)
-        result["shapes_world"] = summary.to_dict()
-        log.info("shapes world at %s: %s", data.dataset, summary.to_dict().get("splits"))
+        result["shapes_world"] = {k: v for k, v in summary.to_dict().items() if k != "config"}
+        if is_main_process():
+            summary.render(console)
 
     # 2. Check everything once, up front; the report goes into the run either way.
     spec = load_spec(data.dataset)
@@ -77,7 +78,8 @@ def run(config: Recipe, run: RunDirectory) -> dict:
             tokenizer = train_wordpiece_tokenizer(captions, target, vocab_size=data.tokenizer_vocab_size)
         else:
             tokenizer = load_tokenizer(data.tokenizer)
-            tokenizer.save_pretrained(str(target))
+            with atomic_dir(target) as tmp:
+                tokenizer.save_pretrained(str(tmp))
         run.add_artifact(TOKENIZER_DIR, schema="tokenizer", schema_version=1, meta={"source": data.tokenizer})
         result["tokenizer"] = {"source": data.tokenizer, "vocab_size": len(tokenizer)}
     return result

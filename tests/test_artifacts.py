@@ -17,7 +17,8 @@ import pytest
 
 from falcon_cli.artifacts.atomic import atomic_open, write_json
 from falcon_cli.artifacts.embeddings import EmbeddingsWriter, read_embeddings, write_embeddings
-from falcon_cli.artifacts.run_dir import RunDirectory, config_differences, read_manifest, sha256_file
+from falcon_cli.artifacts.run_dir import RunDirectory, read_manifest, sha256_file
+from falcon_cli.config.diff import config_differences
 from falcon_cli.artifacts.tables import BATCHES, SEARCH_SPACES, read_table, write_table
 from falcon_cli.errors import FalconError
 
@@ -211,3 +212,4 @@ def test_read_manifest_errors(tmp_path):
 
 def test_config_differences():
     assert config_differences({"a": {"b": 1}, "c": 2}, {"a": {"b": 2}, "c": 2}) == ["a.b: 1 -> 2"]
+    assert config_differences({"a": {"b": 1}}, {"a": 3, "d": None}) == ["a: {'b': 1} -> 3"]

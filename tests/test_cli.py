@@ -8,7 +8,6 @@ import pytest
 import yaml
 
 from falcon_cli import __version__
-from tests.conftest import run_cli
 
 COMMANDS = [
     [], ["data"], ["data", "shapes"], ["data", "check"], ["recipes"], ["recipes", "list"],

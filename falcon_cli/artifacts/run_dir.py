@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from falcon_cli.artifacts.atomic import write_json, write_text
+from falcon_cli.config.diff import config_differences
 from falcon_cli.artifacts.provenance import git_state, host_info, package_versions
 from falcon_cli.errors import FalconError
 from falcon_cli.runtime.distributed import is_main_process, world_size
@@ -41,21 +42,6 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
         while block := handle.read(chunk):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _flatten(mapping: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(mapping, dict):
-        return {prefix: mapping}
-    flat: dict[str, Any] = {}
-    for key, value in mapping.items():
-        flat.update(_flatten(value, f"{prefix}{key}."if isinstance(value, dict) else f"{prefix}{key}"))
-    return flat
-
-
-def config_differences(old: dict, new: dict) -> list[str]:
-    """``["key: old -> new", ...]`` for every leaf that differs between two config mappings."""
-    a, b = _flatten(old), _flatten(new)
-    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
 class RunDirectory:

@@ -7,7 +7,6 @@ from typing import List, Optional
 
 import typer
 from falcon_cli.runtime.console import make_console
-from rich.table import Table
 
 from falcon_cli.artifacts.atomic import write_json
 from falcon_cli.config.recipes import apply_overrides, validate_config
@@ -39,20 +38,8 @@ def shapes(
     raw, given = apply_overrides(raw, overrides or [], model=ShapesConfig)
     config = validate_config(raw, "falcon data shapes", given, model=ShapesConfig)
     summary = generate_world(config, out, preview=preview, overwrite=overwrite)
-    render_world_summary(summary.to_dict())
+    summary.render(console)
     console.print(f"[green]wrote[/] {out}  (check it with: falcon data check {out})")
-
-
-def render_world_summary(summary: dict) -> None:
-    """Print a shapes world's split sizes and false-negative density."""
-    table = Table("split", "images", "captions", "captions/img described: mean", "median", "max",
-                  title="shapes world", box=None, header_style="bold")
-    density = summary.get("fn_density", {})
-    for split, counts in summary.get("splits", {}).items():
-        d = density.get(split, {})
-        table.add_row(split, str(counts.get("images")), str(counts.get("captions")),
-                      f"{d.get('mean', float('nan')):.2f}", f"{d.get('median', float('nan')):g}", str(d.get("max")))
-    console.print(table)
 
 
 @app.command("check")

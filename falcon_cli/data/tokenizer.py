@@ -8,14 +8,12 @@ tokenizer from the captions themselves (what tests and the shapes world use).
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
 import string
-import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from falcon_cli.artifacts.atomic import atomic_dir
 from falcon_cli.errors import FalconError
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -90,25 +88,6 @@ def load_tokenizer(name_or_path: str | os.PathLike):
     return tokenizer
 
 
-@contextlib.contextmanager
-def _atomic_dir(out_dir: Path):
-    """Yield a temporary directory beside ``out_dir`` and swap it into place on success."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
-    try:
-        yield tmp
-        old = None
-        if out_dir.exists():
-            old = out_dir.with_name(f".{out_dir.name}.old.{os.getpid()}")
-            os.replace(out_dir, old)
-        os.replace(tmp, out_dir)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
 def train_wordpiece_tokenizer(
     texts: Iterable[str],
     out_dir: str | os.PathLike,
@@ -165,7 +144,7 @@ def train_wordpiece_tokenizer(
     )
     tok.decoder = decoders.WordPiece(prefix="##")
     bert = BertTokenizerFast(tokenizer_object=tok, do_lower_case=True, model_max_length=MODEL_MAX_LENGTH)
-    with _atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir) as tmp:
         bert.save_pretrained(str(tmp))
         vocab = sorted(tok.get_vocab().items(), key=lambda item: item[1])
         (tmp / "vocab.txt").write_text("".join(f"{token}\n" for token, _ in vocab), encoding="utf-8")

@@ -9,14 +9,13 @@ renamed onto ``out_dir`` at the end, so a killed run never leaves a half-written
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from falcon_cli.artifacts.atomic import atomic_dir
+from falcon_cli.config.diff import config_differences
 from falcon_cli.errors import FalconError
 from falcon_cli.data.shapes.config import ShapesConfig
 from falcon_cli.data.shapes.generation import generate_content
@@ -49,6 +48,28 @@ class WorldSummary:
             }
             for split in ("train", "val", "test")
         }
+
+    def render(self, console) -> None:
+        """Print split sizes and the false-negative density (per split, and per caption kind on test)."""
+        from rich.table import Table
+
+        def row(d: dict) -> list[str]:
+            return [f"{d['mean']:.1f}", f"{d['median']:g}", f"{d['max']:,}", f"{100 * d['fraction_with_false_negatives']:.0f}%"]
+
+        density = ("images a caption describes: mean", "median", "max", "captions with FNs")
+        table = Table("split", "images", "captions", *density, box=None, header_style="bold",
+                      title=f"shapes world {self.out_dir}" + (" (reused)" if self.reused else ""))
+        for split, counts in self.splits.items():
+            table.add_row(split, f"{counts['images']:,}", f"{counts['captions']:,}", *row(self.false_negative_density[split]))
+        for column in table.columns[1:]:
+            column.justify = "right"
+        console.print(table)
+        kinds = Table("test captions by kind", "captions", *density, box=None, header_style="bold")
+        for kind, d in self.false_negative_density["test"].get("by_kind", {}).items():
+            kinds.add_row(kind, f"{d['captions']:,}", *row(d))
+        for column in kinds.columns[1:]:
+            column.justify = "right"
+        console.print(kinds)
 
     def to_dict(self) -> dict:
         """JSON-ready form: ``out_dir``, ``reused``, ``splits`` (per-split counts), ``fn_density``
@@ -97,17 +118,6 @@ def load_world_summary(out_dir: str | Path) -> WorldSummary:
     )
 
 
-def _config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
-    diffs = []
-    for key in sorted(set(old) | set(new)):
-        a, b = old.get(key), new.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            diffs.extend(_config_differences(a, b, f"{prefix}{key}."))
-        elif a != b:
-            diffs.append(f"{prefix}{key}: {a!r} -> {b!r}")
-    return diffs
-
-
 def _check_target(out_dir: Path, config: ShapesConfig, overwrite: bool) -> WorldSummary | None:
     """Return the existing world's summary if it matches ``config``; raise if it is something else.
 
@@ -127,7 +137,7 @@ def _check_target(out_dir: Path, config: ShapesConfig, overwrite: bool) -> World
         else:
             if summary.config == wanted:
                 return summary
-            diffs = _config_differences(summary.config, wanted)
+            diffs = config_differences(summary.config, wanted)
             reason = f"it holds a shapes world with a different config ({'; '.join(diffs[:4])})"
     if reason is None:
         reason = "it exists and is not a shapes world"
@@ -140,17 +150,6 @@ def _check_target(out_dir: Path, config: ShapesConfig, overwrite: bool) -> World
 def _build(config: ShapesConfig, root: Path, workers: int) -> dict:
     """Generate every file of a world into ``root``; return the world.json content."""
     return write_world(generate_content(config, root, workers), root)
-
-
-def _replace_dir(new: Path, target: Path) -> None:
-    """Move the finished world ``new`` onto ``target`` (setting any old content aside first)."""
-    if target.exists() and not (target.is_dir() and not any(target.iterdir())):
-        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-        os.replace(target, old / "world")
-        os.replace(new, target)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(new, target)
 
 
 def generate_world(
@@ -179,23 +178,12 @@ def generate_world(
         return existing
     if workers is None:
         workers = min(2, os.cpu_count() or 1)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    building = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
+    with atomic_dir(out_dir) as building:
         world = _build(config, building, workers)
         if preview:
             from falcon_cli.data.shapes.preview import write_preview
 
             write_preview(building)
-        # mkdtemp makes the directory 0700; give the world the usual permissions.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(building, 0o777 & ~umask)
-        _replace_dir(building, out_dir)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            shutil.rmtree(building)
-        raise
     return WorldSummary(
         out_dir=out_dir,
         counts=world["counts"],
