@@ -7,6 +7,7 @@ progress bar.
 
 from __future__ import annotations
 
+import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from enum import Enum
@@ -27,8 +28,13 @@ class ImageStatus(str, Enum):
     UNREADABLE = "unreadable"
 
 
+@functools.lru_cache(maxsize=1 << 18)
 def resolve_image_path(ref: str, root: Path) -> Path:
-    """An image path from an annotation file: absolute paths as they are, others under ``root``."""
+    """An image path from an annotation file: absolute paths as they are, others under ``root``.
+
+    Memoised: annotation files name each image many times (5 captions, several questions),
+    and building ``Path`` objects dominated loading and checking large files.
+    """
     path = Path(ref).expanduser()
     return path if path.is_absolute() else root / path
 
