@@ -36,7 +36,8 @@ def run_stages(config: Recipe, run: RunDirectory, stages: list[str] | None = Non
             log.info("stage %s: start", name)
             try:
                 results[name] = stage_function(name)(config, run)
-            except BaseException:
+            except BaseException as exc:
+                log.error("stage %s failed: %s", name, exc or type(exc).__name__)
                 run.record_stage(name, start=start, status="failed")
                 raise
             run.record_stage(name, start=start, status="completed", result=results[name])
