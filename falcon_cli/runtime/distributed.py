@@ -18,3 +18,50 @@ def world_size() -> int:
 def is_main_process() -> bool:
     """True on rank 0, the only rank that draws progress bars and writes artifacts."""
     return rank() == 0
+
+
+def local_rank() -> int:
+    """Rank of this process on its node (selects the CUDA device)."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def init_distributed(device_type: str) -> bool:
+    """Join the process group torchrun set up (NCCL on CUDA, gloo on CPU); False when single-process."""
+    import torch
+    import torch.distributed as dist
+
+    if world_size() <= 1:
+        return False
+    if not dist.is_initialized():
+        if device_type == "cuda":
+            torch.cuda.set_device(local_rank())
+        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+    return True
+
+
+def barrier() -> None:
+    """Wait for every rank (no-op when single-process)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def all_gather_cat(tensor):
+    """Concatenate ``tensor`` from every rank along dim 0, in rank order (same shape on every rank)."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return tensor
+    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, tensor.contiguous())
+    return torch.cat(parts)
+
+
+def shutdown() -> None:
+    """Leave the process group if one was joined."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,1 @@
+"""Evaluation: retrieval recall (and later FN-aware metrics, VQA and NLVR2 accuracy)."""

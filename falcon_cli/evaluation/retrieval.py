@@ -1,0 +1,55 @@
+"""Image-text retrieval recall, ALBEF's protocol, computed from a score matrix.
+
+Text retrieval (``i2t``): for each image, rank all texts; the image's rank is the best
+rank of any of its captions. Image retrieval (``t2i``): for each text, the rank of its
+image. Values are percentages with explicit keys (``i2t_R@1``, ``t2i_R@5``, ``mean_R``).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+KS = (1, 5, 10)
+
+
+def retrieval_ranks(scores_i2t: torch.Tensor, img2txt: Sequence[Sequence[int]], txt2img: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """0-based ranks: per image, the best rank of its captions; per text, the rank of its image.
+
+    ``scores_i2t`` is [n_images, n_texts] (higher = more similar); ties are broken in favour
+    of the lower index, as ``argsort(descending)`` does in the reference code.
+    """
+    n_images, n_texts = scores_i2t.shape
+    scores = scores_i2t.float()
+    # Rank of every text for every image: position in the descending sort.
+    order_i2t = scores.argsort(dim=1, descending=True, stable=True)
+    rank_i2t = torch.empty_like(order_i2t)
+    rank_i2t.scatter_(1, order_i2t, torch.arange(n_texts, device=scores.device).expand(n_images, -1))
+    positives = torch.zeros(n_images, n_texts, dtype=torch.bool, device=scores.device)
+    for i, texts in enumerate(img2txt):
+        positives[i, list(texts)] = True
+    big = torch.iinfo(rank_i2t.dtype).max
+    image_ranks = torch.where(positives, rank_i2t, torch.full_like(rank_i2t, big)).min(dim=1).values
+
+    order_t2i = scores.t().argsort(dim=1, descending=True, stable=True)
+    rank_t2i = torch.empty_like(order_t2i)
+    rank_t2i.scatter_(1, order_t2i, torch.arange(n_images, device=scores.device).expand(n_texts, -1))
+    target = torch.as_tensor(list(txt2img), device=scores.device)
+    text_ranks = rank_t2i.gather(1, target[:, None]).squeeze(1)
+    return image_ranks, text_ranks
+
+
+def recall_at_k(scores_i2t: torch.Tensor, img2txt: Sequence[Sequence[int]], txt2img: Sequence[int],
+                ks: Sequence[int] = KS) -> dict[str, float]:
+    """``{"i2t_R@1": …, "t2i_R@1": …, "i2t_mean": …, "t2i_mean": …, "mean_R": …}`` in percent."""
+    image_ranks, text_ranks = retrieval_ranks(scores_i2t, img2txt, txt2img)
+    result: dict[str, float] = {}
+    for k in ks:
+        result[f"i2t_R@{k}"] = 100.0 * (image_ranks < k).double().mean().item()
+    for k in ks:
+        result[f"t2i_R@{k}"] = 100.0 * (text_ranks < k).double().mean().item()
+    result["i2t_mean"] = sum(result[f"i2t_R@{k}"] for k in ks) / len(ks)
+    result["t2i_mean"] = sum(result[f"t2i_R@{k}"] for k in ks) / len(ks)
+    result["mean_R"] = (result["i2t_mean"] + result["t2i_mean"]) / 2
+    return result

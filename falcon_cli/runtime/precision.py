@@ -1,0 +1,55 @@
+"""Device and mixed precision: bf16 or fp16 autocast on CUDA, fp32 on CPU.
+
+``precision`` vocabulary follows open_clip/torchtune: ``fp32``, ``bf16`` (autocast, no
+scaler), ``fp16`` (autocast + GradScaler), ``auto`` (bf16 where the GPU supports it, else
+fp16 on CUDA, fp32 on CPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Literal
+
+import torch
+
+from falcon_cli.errors import FalconError
+
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
+
+
+def pick_device(requested: str = "auto") -> torch.device:
+    """``auto`` → the local CUDA device (LOCAL_RANK) when there is one, else CPU."""
+    import os
+
+    if requested == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cpu")
+    device = torch.device(requested)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise FalconError(f"device '{requested}' requested but CUDA is not available; use device=cpu or device=auto")
+    return device
+
+
+def resolve_precision(precision: Precision, device: torch.device) -> str:
+    """The concrete precision for a device (``auto`` resolved; fp16/bf16 on CPU refused)."""
+    if precision == "auto":
+        if device.type != "cuda":
+            return "fp32"
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    if precision in ("bf16", "fp16") and device.type != "cuda":
+        raise FalconError(f"precision={precision} needs a CUDA device (this run is on {device}); use precision=fp32 or auto")
+    return precision
+
+
+def autocast(precision: str, device: torch.device):
+    """The autocast context for a resolved precision (a no-op for fp32)."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
+    """A GradScaler that is enabled only for fp16."""
+    return torch.amp.GradScaler(device.type, enabled=(precision == "fp16"))
