@@ -386,3 +386,24 @@ def test_albef_randaugment_ops_keep_colours():
     torch.manual_seed(0)
     for _ in range(20):
         assert augment(img).size == (32, 32)
+
+
+def test_pretrain_augmentation_is_per_item_deterministic(tmp_path):
+    """Same (seed, epoch, pair_id) -> same augmented tensor, whatever was drawn before; next epoch differs."""
+    import torch
+    from PIL import Image
+
+    from falcon_cli.data.pretrain import PretrainDataset, PretrainRecord
+    from falcon_cli.data.transforms import build_transform
+
+    path = tmp_path / "img.png"
+    Image.fromarray((torch.rand(32, 32, 3) * 255).to(torch.uint8).numpy()).save(path)
+    records = [PretrainRecord(pair_id=i, image=path, captions=("a red circle",)) for i in range(3)]
+    data = PretrainDataset(records, build_transform("pretrain", 24), seed=1)
+    first = data[1]["image"]
+    torch.rand(100)  # unrelated draws from the global RNG must not matter
+    data[0], data[2]
+    assert torch.equal(data[1]["image"], first)
+    assert not torch.equal(data[0]["image"], first), "different pairs get different augmentations"
+    data.set_epoch(1)
+    assert not torch.equal(data[1]["image"], first), "a new epoch gets a new augmentation"

@@ -15,10 +15,10 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from falcon_cli.data.shapes.config import ShapesConfig
 
-StageName = Literal["data"]
+StageName = Literal["data", "pretrain"]
 """The stages a recipe can chain, in the order they may run."""
 
-STAGE_ORDER: tuple[str, ...] = ("data",)
+STAGE_ORDER: tuple[str, ...] = ("data", "pretrain")
 
 
 class Section(BaseModel):
@@ -53,6 +53,88 @@ class DataConfig(Section):
     """Vocabulary size when ``tokenizer`` is ``wordpiece``."""
 
 
+class PretrainConfig(Section):
+    """ALBEF pretraining: model, objectives, batch composition, optimisation, checkpoints."""
+
+    # -- model ---------------------------------------------------------------------------
+    model: str = "albef-tiny"
+    """Model config name from the registry (``albef-base``, ``albef-tiny``; see falcon_cli/models/configs)."""
+    image_size: int | None = None
+    """Input resolution in pixels (default: the model config's; albef-base pretrains at 256)."""
+    vision_weights: str | None = None
+    """Image-encoder weights: a timm name (``timm:deit_base_patch16_224.fb_in1k``) or a local file; None = random init."""
+    text_weights: str | None = None
+    """Text/fusion weights: a hub id (``bert-base-uncased``) or a local directory; None = random init."""
+
+    # -- objectives ------------------------------------------------------------------------
+    itc: Literal["grit", "momentum"] = "grit"
+    """ITC variant: ``grit`` (in-batch, soft pseudo targets, FALCON's default) or ``momentum`` (ALBEF's distillation)."""
+    itc_consistency_weight: float = 0.2
+    """Weight of GRIT's consistency (soft pseudo target) term."""
+    momentum: float = 0.995
+    """EMA momentum of the momentum encoders (``itc: momentum``)."""
+    queue_size: int = 65536
+    """Feature-queue length (``itc: momentum``); must be a multiple of the global batch."""
+    distill_alpha: float = 0.4
+    """Distillation weight α, ramped linearly over epoch 0 (``itc: momentum``)."""
+    itm_negatives: Literal["hardest", "sample"] = "hardest"
+    """ITM negatives: the hardest in-batch negative per anchor (GRIT/FALCON) or ALBEF's multinomial sampling."""
+    mlm_probability: float = 0.5
+    """MLM masking probability (0.5 in GRIT/FALCON, 0.15 in ALBEF)."""
+    max_text_length: int = 25
+    """Token limit of captions (the reference uses 25)."""
+
+    # -- batches ---------------------------------------------------------------------------
+    composer: Literal["uniform", "grit"] = "grit"
+    """How mini-batches are composed: ``uniform`` random, or ``grit`` (GRIT-VLP's hardest-negative chain)."""
+    batch_size: int = 32
+    """Batch size PER PROCESS (the global batch = batch_size × world size, printed at start)."""
+    search_space_size: int = 1920
+    """GRIT search-space size |M| (pairs grouped together; a multiple of batch_size is natural)."""
+    drop_last: bool = False
+    """Drop each rank's last partial batch (GRIT's code does; falcon keeps it by default so every pair is seen)."""
+
+    # -- optimisation ----------------------------------------------------------------------
+    epochs: int = 3
+    """Training epochs (epoch 0 is uniform for every composer)."""
+    max_steps_per_epoch: int | None = None
+    """Cut each epoch after this many steps (smoke tests); None = the whole epoch."""
+    lr: float = 1e-4
+    """Peak learning rate (AdamW)."""
+    min_lr: float = 1e-5
+    """Final learning rate of the cosine."""
+    warmup_lr: float = 1e-5
+    """Learning rate at step 0 of the warm-up."""
+    warmup_steps: int = 2000
+    """Linear warm-up length in optimizer steps (the reference: 20 × 100 iterations)."""
+    cosine_epochs: int | None = None
+    """Epochs the per-epoch cosine spans (GRIT builds it for 30 and trains 20); None = ``epochs``."""
+    weight_decay: float = 0.02
+    """AdamW weight decay (not applied to biases, norms and other 1-D tensors)."""
+    grad_clip: float | None = None
+    """Clip the global gradient norm to this value; None = no clipping (the reference)."""
+
+    # -- runtime ---------------------------------------------------------------------------
+    device: str = "auto"
+    """``auto`` (the local GPU if any, else CPU), ``cpu`` or ``cuda[:n]``."""
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    """``auto`` = bf16 autocast on GPUs that support it (fp16 + GradScaler otherwise), fp32 on CPU."""
+    num_workers: int = 2
+    """DataLoader worker processes per rank."""
+    augment: Literal["pretrain", "test"] = "pretrain"
+    """Image transform: ALBEF's pretraining augmentation, or ``test`` (resize only; shapes recipes, whose captions name sizes and positions)."""
+    hflip: bool = True
+    """Random horizontal flips in ``augment: pretrain`` (flips swap "left of" and "right of")."""
+    log_every: int = 10
+    """Write a metrics.jsonl record every N steps."""
+    checkpoint_every: int = 0
+    """Also checkpoint every N steps (0 = only at the end of each epoch)."""
+    keep_last: int = 3
+    """How many checkpoints to keep."""
+    eval_split: Literal["val", "test"] | None = "test"
+    """Zero-shot ITC retrieval on this retrieval split at the end (None = skip)."""
+
+
 class Recipe(Section):
     """A recipe: which stages to run, in order, and one config section per stage."""
 
@@ -70,6 +152,9 @@ class Recipe(Section):
 
     data: DataConfig
     """The ``data`` stage: dataset spec, optional shapes-world generation, check and tokenizer."""
+
+    pretrain: PretrainConfig = PretrainConfig()
+    """The ``pretrain`` stage."""
 
     @model_validator(mode="after")
     def _stages_in_order(self) -> "Recipe":
