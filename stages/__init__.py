@@ -10,6 +10,7 @@ every single-stage command.
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 from typing import Callable
 
@@ -24,8 +25,10 @@ def stage_function(name: str) -> Callable[[Recipe, RunDirectory], dict]:
     return importlib.import_module(f"stages.{name}").run
 
 
-def run_stages(config: Recipe, run: RunDirectory, stages: list[str] | None = None) -> dict[str, dict]:
+def run_stages(config: Recipe, run: RunDirectory, stages: list[str] | None = None, **options) -> dict[str, dict]:
     """Run ``stages`` (default: the recipe's) in order, recording each in the manifest.
+
+    ``options`` (e.g. ``resume=True``) go to every stage that accepts them.
 
     The run is marked ``failed`` (and the error re-raised) if a stage raises, ``completed`` otherwise.
     """
@@ -35,7 +38,9 @@ def run_stages(config: Recipe, run: RunDirectory, stages: list[str] | None = Non
             start = now()
             log.info("stage %s: start", name)
             try:
-                results[name] = stage_function(name)(config, run)
+                function = stage_function(name)
+                accepted = inspect.signature(function).parameters
+                results[name] = function(config, run, **{k: v for k, v in options.items() if k in accepted})
             except BaseException as exc:
                 log.error("stage %s failed: %s", name, exc or type(exc).__name__)
                 run.record_stage(name, start=start, status="failed")

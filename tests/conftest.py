@@ -14,7 +14,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, check: bool = False) -> subprocess.CompletedProcess:
     """Run ``falcon ARGS`` as a user would (a fresh process), capturing output."""
-    full_env = {**os.environ, "FALCON_PROGRESS": "0", "PYTHONPATH": str(REPO), **(env or {})}
+    # One intra-op thread: the suite already keeps both cores busy, and oversubscribed OpenMP
+    # threads make tiny CPU steps several times slower.
+    full_env = {**os.environ, "FALCON_PROGRESS": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})}
     full_env.pop("FALCON_DEBUG", None)
     proc = subprocess.run([sys.executable, "-m", "falcon_cli", *map(str, args)], cwd=cwd or REPO,
                           capture_output=True, text=True, env=full_env, timeout=600)

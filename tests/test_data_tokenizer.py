@@ -96,3 +96,19 @@ def test_load_tokenizer_unknown_hub_id_offline(monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     message = _one_line_error("falcon-tests/definitely-not-a-tokenizer")
     assert "'falcon-tests/definitely-not-a-tokenizer'" in message and "could not be loaded" in message
+
+
+def test_training_is_deterministic_across_processes(tmp_path):
+    """Two processes building from the same captions write byte-identical tokenizers (runs are reproducible)."""
+    import subprocess
+    import sys
+
+    script = ("import sys; from falcon_cli.data.tokenizer import train_wordpiece_tokenizer as t; "
+              "t([f'a red circle left of a blue square {i % 7}' for i in range(300)] + ['crimson ball', 'tiny box'], "
+              "sys.argv[1], vocab_size=400)")
+    for name in ("a", "b"):
+        subprocess.run([sys.executable, "-c", script, str(tmp_path / name)], check=True)
+    for file in ("vocab.txt", "tokenizer.json"):
+        assert (tmp_path / "a" / file).read_bytes() == (tmp_path / "b" / file).read_bytes(), file
+    tokenizer = load_tokenizer(tmp_path / "a")
+    assert tokenizer.tokenize("a crimson zebra") == ["a", "crimson", "z", "##e", "##b", "##r", "##a"]

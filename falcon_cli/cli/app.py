@@ -14,7 +14,7 @@ import typer
 from falcon_cli.runtime.console import make_console
 
 from falcon_cli import __version__
-from falcon_cli.cli import data, recipes, run
+from falcon_cli.cli import data, pretrain, recipes, run
 from falcon_cli.errors import FalconError
 
 app = typer.Typer(
@@ -28,7 +28,8 @@ app = typer.Typer(
 )
 app.add_typer(data.app, name="data")
 app.add_typer(recipes.app, name="recipes")
-app.command(name="run", context_settings={"allow_extra_args": False})(run.run_recipe)
+app.command(name="run")(run.run_recipe)
+app.command(name="pretrain")(pretrain.pretrain)
 
 
 def _version(value: bool) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import string
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable
 
 from falcon_cli.artifacts.atomic import atomic_dir
 from falcon_cli.errors import FalconError
@@ -95,7 +95,12 @@ def train_wordpiece_tokenizer(
     vocab_size: int = 8000,
     min_frequency: int = 1,
 ):
-    """Train a BERT-compatible uncased WordPiece tokenizer on ``texts`` and save it to ``out_dir``.
+    """Build a BERT-compatible uncased WordPiece tokenizer from ``texts`` and save it to ``out_dir``.
+
+    Deterministic: the same texts give byte-identical files in any process. The vocabulary
+    holds every character seen (plus ASCII letters, digits and punctuation) as a word start
+    and as a ``##`` continuation, then the most frequent whole words (ties by spelling) up
+    to ``vocab_size`` (which the characters alone may already exceed for tiny sizes).
 
     The tokenizer has BERT's normaliser (lower-case and accent stripping, like ``bert-base-uncased``)
     and pre-tokenizer, the special tokens ``[PAD] [UNK] [CLS] [SEP] [MASK]``
@@ -105,37 +110,43 @@ def train_wordpiece_tokenizer(
     ``vocab.txt``, written into a temporary directory and renamed into place. Returns the
     tokenizer as :func:`load_tokenizer` would load it.
     """
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from collections import Counter
+
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from transformers import BertTokenizerFast
 
     if vocab_size <= len(SPECIAL_TOKENS):
         raise FalconError(f"vocab_size must exceed the {len(SPECIAL_TOKENS)} special tokens, got {vocab_size}")
     out_dir = Path(out_dir).expanduser()
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
-    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size,
-        min_frequency=min_frequency,
-        special_tokens=list(SPECIAL_TOKENS),
-        continuing_subword_prefix="##",
-        initial_alphabet=list(BASE_ALPHABET),
-        show_progress=False,
-    )
+    normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, lowercase=True)
+    pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+
+    # Count words exactly as the tokenizer will see them (normalised, pre-tokenised).
+    counts: Counter[str] = Counter()
     counted = 0
-
-    def checked() -> Iterator[str]:
-        nonlocal counted
-        for i, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise FalconError(f"cannot train a tokenizer: text {i} is a {type(text).__name__}, expected a string")
-            if text.strip():
-                counted += 1
-                yield text
-
-    tok.train_from_iterator(checked(), trainer)
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise FalconError(f"cannot train a tokenizer: text {i} is a {type(text).__name__}, expected a string")
+        if text.strip():
+            counted += 1
+            counts.update(word for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(text)))
     if counted == 0:
         raise FalconError("cannot train a tokenizer: the texts given were empty")
+
+    # A deterministic WordPiece vocabulary (the library's trainer breaks ties in hash-map order, so
+    # two processes could build different vocabularies from the same captions): every character as
+    # a word start and as a "##" continuation, so any word can be spelled, then whole words by
+    # (frequency desc, word asc) while there is room.
+    chars = sorted(set(BASE_ALPHABET) | {c for word in counts for c in word})
+    vocab = list(SPECIAL_TOKENS) + chars + [f"##{c}" for c in chars]
+    if min_frequency > 1:
+        counts = Counter({w: n for w, n in counts.items() if n >= min_frequency})
+    words = [w for w, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0])) if len(w) > 1]
+    vocab += words[: max(0, vocab_size - len(vocab))]
+    tok = Tokenizer(models.WordPiece({token: i for i, token in enumerate(vocab)}, unk_token="[UNK]",
+                                     continuing_subword_prefix="##", max_input_chars_per_word=100))
+    tok.normalizer = normalizer
+    tok.pre_tokenizer = pre_tokenizer
     cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",

@@ -1,0 +1,147 @@
+"""ALBEF without a momentum model: image encoder, text encoder, fusion encoder and heads.
+
+The model computes representations only; losses live in :mod:`falcon_cli.objectives`.
+A training step composes the methods below::
+
+    image_tokens, image_feat = model.encode_image(images)           # ITC features
+    text_tokens, text_feat = model.encode_text(input_ids, attention_mask)
+    sim = image_feat @ text_feat.T / model.temperature()
+    fused = model.fuse(text_tokens, attention_mask, image_tokens)    # also for negatives
+    itm = model.itm_logits(fused)                                    # [B, 2]
+    fused_mlm = model.fuse(masked_text_tokens, attention_mask, image_tokens)
+    mlm = model.mlm_logits(fused_mlm)                                # [B, L, vocab]
+
+``model(images, input_ids, attention_mask)`` runs both encoders and, like ALBEF's forward,
+first clamps the temperature in place; a loop that calls the methods directly calls
+:meth:`ALBEF.clamp_temperature_` once per step (e.g. after ``optimizer.step()``).
+
+All methods are device- and dtype-agnostic (CPU, CUDA, ``torch.autocast``), and nothing
+branches on tensor values, so they work under ``torch.compile``. Features are returned
+in float32 (normalised after upcasting) whatever the autocast dtype.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from falcon_cli.models.bert import FusionEncoder, MLMHead, TextEncoder, init_bert_weights
+from falcon_cli.models.config import AlbefConfig
+from falcon_cli.models.vision import build_vision_encoder
+
+
+class Encodings(NamedTuple):
+    """What :meth:`ALBEF.forward` returns (a tuple, so DDP and ``torch.compile`` handle it)."""
+
+    image_tokens: torch.Tensor
+    """[B, 1 + N, vision_width] ViT tokens, [CLS] first."""
+    image_feat: torch.Tensor
+    """[B, embed_dim] L2-normalised float32 image features."""
+    text_tokens: torch.Tensor
+    """[B, L, text_width] text-encoder tokens."""
+    text_feat: torch.Tensor
+    """[B, embed_dim] L2-normalised float32 text features."""
+    temperature: torch.Tensor
+    """[] the clamped ITC temperature."""
+
+
+class ALBEF(nn.Module):
+    """ALBEF (no momentum encoder) with stable, plain parameter names.
+
+    Submodules: ``visual_encoder`` (timm ViT), ``text_encoder`` (BERT embeddings + text layers),
+    ``fusion_encoder`` (BERT layers with cross-attention), ``vision_proj``/``text_proj``
+    (width -> ``embed_dim``), ``itm_head`` (Linear(text_width, 2)), ``mlm_head`` (decoder tied to
+    ``text_encoder.embeddings.word.weight``), and ``temp`` (the ITC temperature parameter).
+    """
+
+    def __init__(self, config: AlbefConfig):
+        super().__init__()
+        self.config = config
+        self.visual_encoder = build_vision_encoder(config)
+        self.text_encoder = TextEncoder(config)
+        self.fusion_encoder = FusionEncoder(config)
+        self.mlm_head = MLMHead(config)
+        init_bert_weights(self.text_encoder)
+        init_bert_weights(self.fusion_encoder)
+        init_bert_weights(self.mlm_head)
+        # Created outside BERT in ALBEF, so PyTorch's default Linear init.
+        self.vision_proj = nn.Linear(config.vision_width, config.embed_dim)
+        self.text_proj = nn.Linear(config.text_width, config.embed_dim)
+        self.itm_head = nn.Linear(config.text_width, 2)
+        self.temp = nn.Parameter(torch.tensor(float(config.temp_init)))
+
+    # --- temperature ---------------------------------------------------------------------------
+    def temperature(self) -> torch.Tensor:
+        """The ITC temperature clamped to ``[temp_min, temp_max]``; safe to call any number of times.
+
+        The gradient passes straight through to ``temp`` (as in ALBEF, which uses the in-place
+        clamped parameter itself), so a temperature sitting on a bound can still move back.
+        """
+        clamped = self.temp.clamp(self.config.temp_min, self.config.temp_max)
+        return self.temp + (clamped - self.temp).detach()
+
+    @torch.no_grad()
+    def clamp_temperature_(self) -> None:
+        """Clamp the ``temp`` parameter itself in place, as ALBEF does at the start of each forward.
+
+        Call it once per step, before the temperature is used in the step's graph (or after
+        ``optimizer.step()``), so the raw parameter never drifts outside the range.
+        """
+        self.temp.clamp_(self.config.temp_min, self.config.temp_max)
+
+    # --- encoders ------------------------------------------------------------------------------
+    def encode_image(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``images`` [B, 3, H, W] -> (image tokens [B, 1 + N, vision_width], image features [B, embed_dim])."""
+        tokens = self.visual_encoder.forward_features(images)
+        feat = F.normalize(self.vision_proj(tokens[:, 0]).float(), dim=-1)
+        return tokens, feat
+
+    def encode_text(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Text encoder only (for ITC): -> (text tokens [B, L, text_width], text features [B, embed_dim]).
+
+        ``attention_mask`` [B, L] is the padding mask (1 = token, 0 = padding).
+        """
+        tokens = self.text_encoder(input_ids, attention_mask)
+        feat = F.normalize(self.text_proj(tokens[:, 0]).float(), dim=-1)
+        return tokens, feat
+
+    def fuse(self, text_tokens: torch.Tensor, attention_mask: torch.Tensor,
+             image_tokens: torch.Tensor) -> torch.Tensor:
+        """Fusion encoder: text tokens self-attend (bidirectionally, padding masked) and cross-attend
+        to all image tokens -> fused tokens [B, L, text_width]."""
+        return self.fusion_encoder(text_tokens, attention_mask, image_tokens)
+
+    # --- heads ---------------------------------------------------------------------------------
+    def itm_logits(self, fused: torch.Tensor) -> torch.Tensor:
+        """ITM logits [B, 2] (index 1 = matched) from the fused [CLS] token."""
+        return self.itm_head(fused[:, 0])
+
+    def mlm_logits(self, fused: torch.Tensor) -> torch.Tensor:
+        """MLM logits ``[..., vocab_size]`` for fused tokens ``[..., text_width]`` (pass ``fused[mask]``
+        to score only the masked positions)."""
+        return self.mlm_head(fused, self.text_encoder.embeddings.word.weight)
+
+    def forward(self, images: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Encodings:
+        """Clamp the temperature in place (ALBEF), then encode images and texts.
+
+        Call it once per step: a second call after the temperature entered the step's graph
+        would modify a tensor saved for backward. Further encodings in the same step (masked
+        texts for MLM, ...) use :meth:`encode_text`/:meth:`encode_image` directly.
+        """
+        self.clamp_temperature_()
+        image_tokens, image_feat = self.encode_image(images)
+        text_tokens, text_feat = self.encode_text(input_ids, attention_mask)
+        return Encodings(image_tokens, image_feat, text_tokens, text_feat, self.temperature())
+
+    # --- bookkeeping ---------------------------------------------------------------------------
+    def num_parameters(self, trainable_only: bool = False) -> int:
+        """Number of (distinct) parameters."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
+
+    @property
+    def num_image_tokens(self) -> int:
+        """Tokens per image: patches plus [CLS]."""
+        return (self.config.image_size // self.config.patch_size) ** 2 + 1

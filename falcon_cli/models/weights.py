@@ -1,0 +1,332 @@
+"""Weights in and out of an ALBEF model.
+
+In: :func:`load_vision_weights` (timm model name or a local ViT state-dict file, position
+embeddings resized to the model's image size) and :func:`load_bert_weights` (a transformers
+BERT checkpoint: hub id or ``save_pretrained`` directory). Out and back:
+:func:`save_weights` / :func:`load_weights` / :func:`model_from_weights` (safetensors, the
+model config in the file's metadata), and :func:`clean_state_dict` for state dicts taken
+from DDP- or ``torch.compile``-wrapped models.
+
+Nothing here unpickles arbitrary objects: ``.pth``/``.bin`` files are read with
+``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from collections import OrderedDict
+from pathlib import Path
+from typing import Iterator, Mapping
+
+import torch
+from torch import nn
+
+from falcon_cli.errors import FalconError
+from falcon_cli.models.config import AlbefConfig, make_config
+
+log = logging.getLogger("falcon.models")
+
+CONFIG_METADATA_KEY = "falcon.model_config"
+"""safetensors metadata key holding the model's :class:`AlbefConfig` as JSON."""
+
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _names(keys, limit: int = 4) -> str:
+    keys = sorted(keys)
+    if not keys:
+        return "none"
+    shown = ", ".join(keys[:limit])
+    return f"{len(keys)} ({shown}{', ...' if len(keys) > limit else ''})"
+
+
+def clean_state_dict(state_dict: Mapping[str, torch.Tensor]) -> "OrderedDict[str, torch.Tensor]":
+    """The state dict with wrapper prefixes removed: leading ``module.`` (DDP) and ``_orig_mod.``
+    (``torch.compile``) in any order and nesting, and ``_orig_mod.`` of compiled submodules."""
+    out: OrderedDict[str, torch.Tensor] = OrderedDict()
+    for key, value in state_dict.items():
+        stripped = True
+        while stripped:
+            stripped = False
+            for prefix in _WRAPPER_PREFIXES:
+                if key.startswith(prefix):
+                    key, stripped = key[len(prefix):], True
+        out[key.replace("._orig_mod.", ".")] = value
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading plain state-dict files.
+
+def read_state_dict(path: str | os.PathLike, what: str = "weights") -> dict[str, torch.Tensor]:
+    """Tensors from a ``.safetensors`` file, a ``.pth``/``.pt``/``.bin`` file (``weights_only`` load,
+    unwrapping ``{"model": ...}``/``{"state_dict": ...}``), or a directory holding
+    ``model.safetensors`` or ``pytorch_model.bin``."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        for name in ("model.safetensors", "pytorch_model.bin"):
+            if (path / name).is_file():
+                path = path / name
+                break
+        else:
+            raise FalconError(f"{what} '{path}': directory holds no model.safetensors or pytorch_model.bin")
+    if not path.is_file():
+        raise FalconError(f"{what} '{path}': no such file (give a .safetensors/.pth/.bin file or a directory)")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            sd = load_file(str(path), device="cpu")
+        elif path.suffix in (".pth", ".pt", ".bin", ".ckpt"):
+            sd = torch.load(path, map_location="cpu", weights_only=True)
+        else:
+            raise FalconError(f"{what} '{path}': unknown file type '{path.suffix}' "
+                              "(use .safetensors, .pth, .pt or .bin)")
+    except FalconError:
+        raise
+    except Exception as exc:  # corrupt file, pickled code refused by weights_only, ...
+        raise FalconError(f"{what} '{path}': cannot read weights ({_first_line(exc)})") from None
+    for wrapper in ("model", "state_dict", "module"):
+        if isinstance(sd, dict) and isinstance(sd.get(wrapper), dict):
+            sd = sd[wrapper]
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise FalconError(f"{what} '{path}': not a state dict of tensors")
+    return dict(clean_state_dict(sd))
+
+
+# ---------------------------------------------------------------------------------------------
+# Image encoder.
+
+def _timm_state_dict(name: str, what: str) -> dict[str, torch.Tensor]:
+    import timm
+
+    try:
+        source = timm.create_model(name, pretrained=True, num_classes=0)
+    except Exception as exc:  # unknown name, offline without cache, ...
+        raise FalconError(f"{what} 'timm:{name}': cannot load pretrained timm weights ({_first_line(exc)}); "
+                          "check the name with timm.list_pretrained(), or give a local .safetensors/.pth file") from None
+    return source.state_dict()
+
+
+def load_vision_weights(encoder: nn.Module, source: str, what: str = "vision_weights") -> None:
+    """Load ViT weights into ``encoder`` (a timm VisionTransformer) from ``source``.
+
+    ``source`` is ``timm:<model name>`` (pretrained weights via timm: hub or its cache) or a local
+    file/directory (see :func:`read_state_dict`); checkpoints with a ``visual_encoder.`` prefix
+    (ALBEF) are accepted. Position embeddings are resampled to the encoder's grid (and patch
+    embeddings to its patch size) with timm's checkpoint filter; the classifier head is dropped.
+    Missing/unexpected keys are logged on one line; an incompatible source is a FalconError.
+    """
+    from timm.models.vision_transformer import checkpoint_filter_fn
+
+    if source.startswith("timm:"):
+        sd = _timm_state_dict(source[len("timm:"):], what)
+    else:
+        sd = read_state_dict(source, what)
+    if any(k.startswith("visual_encoder.") for k in sd):
+        sd = {k[len("visual_encoder."):]: v for k, v in sd.items() if k.startswith("visual_encoder.")}
+    try:
+        sd = checkpoint_filter_fn(sd, encoder)
+    except Exception as exc:
+        raise FalconError(f"{what} '{source}': not a compatible ViT checkpoint ({_first_line(exc)})") from None
+    target = encoder.state_dict()
+    dropped = sorted(k for k in sd if k.startswith(("head.", "head_dist.", "fc_norm.")) and k not in target)
+    sd = {k: v for k, v in sd.items() if k not in dropped}
+    mismatched = [f"{k} {tuple(v.shape)} vs {tuple(target[k].shape)}" for k, v in sd.items()
+                  if k in target and v.shape != target[k].shape]
+    if mismatched:
+        raise FalconError(f"{what} '{source}': shapes do not match the model's image encoder "
+                          f"(checkpoint vs model: {mismatched[0]}); set vision_width/vision_layers/vision_heads/"
+                          "patch_size to the checkpoint's architecture")
+    if not any(k in target for k in sd):
+        raise FalconError(f"{what} '{source}': no ViT parameter names found (first keys: {_names(sd)})")
+    result = encoder.load_state_dict(sd, strict=False)
+    level = logging.WARNING if result.missing_keys or result.unexpected_keys else logging.INFO
+    log.log(level, "vision weights from %s: loaded %d tensors; missing %s; unexpected %s; dropped head %s",
+            source, len(sd) - len(result.unexpected_keys), _names(result.missing_keys),
+            _names(result.unexpected_keys), _names(dropped))
+
+
+# ---------------------------------------------------------------------------------------------
+# Text and fusion encoders.
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """Silence transformers' load report and progress bars (we log our own one line)."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _read_bert(source: str, what: str):
+    """``(state_dict, bert_config, missing_keys)`` of a transformers BERT checkpoint."""
+    from transformers import BertForMaskedLM
+
+    path = Path(source).expanduser()
+    looks_local = source.startswith(("/", "./", "../", "~")) or source.count("/") > 1 or path.exists()
+    if looks_local and not path.is_dir():
+        raise FalconError(f"{what} '{source}': no such directory (give a hub id like bert-base-uncased or a "
+                          "directory written by save_pretrained)")
+    try:
+        with _quiet_transformers():
+            model, info = BertForMaskedLM.from_pretrained(str(path) if looks_local else source,
+                                                          output_loading_info=True)
+    except Exception as exc:  # offline and not cached, unknown id, bad files, ...
+        raise FalconError(f"{what} '{source}': cannot load BERT weights ({_first_line(exc)}); offline, give a "
+                          "local directory saved with BertForMaskedLM.save_pretrained or fill the hub cache "
+                          "while online") from None
+    return model.state_dict(), model.config, set(info.get("missing_keys", ()))
+
+
+def _bert_mapping(config: AlbefConfig) -> dict[str, str]:
+    """ALBEF parameter name -> transformers ``BertForMaskedLM`` parameter name."""
+    emb = {"word": "word_embeddings", "position": "position_embeddings", "token_type": "token_type_embeddings",
+           "norm": "LayerNorm"}
+    mapping = {}
+    for ours, theirs in emb.items():
+        for p in ("weight", "bias") if ours == "norm" else ("weight",):
+            mapping[f"text_encoder.embeddings.{ours}.{p}"] = f"bert.embeddings.{theirs}.{p}"
+    layer = {"self_attn.query": "attention.self.query", "self_attn.key": "attention.self.key",
+             "self_attn.value": "attention.self.value", "self_attn.out": "attention.output.dense",
+             "self_attn_norm": "attention.output.LayerNorm", "ffn_in": "intermediate.dense",
+             "ffn_out": "output.dense", "ffn_norm": "output.LayerNorm"}
+    stacks = [("text_encoder", i, i) for i in range(config.text_layers)]
+    stacks += [("fusion_encoder", i, config.text_layers + i) for i in range(config.fusion_layers)]
+    for stack, ours_i, bert_i in stacks:
+        for ours, theirs in layer.items():
+            for p in ("weight", "bias"):
+                mapping[f"{stack}.layers.{ours_i}.{ours}.{p}"] = f"bert.encoder.layer.{bert_i}.{theirs}.{p}"
+    for ours, theirs in {"dense": "transform.dense", "norm": "transform.LayerNorm"}.items():
+        for p in ("weight", "bias"):
+            mapping[f"mlm_head.{ours}.{p}"] = f"cls.predictions.{theirs}.{p}"
+    mapping["mlm_head.bias"] = "cls.predictions.bias"
+    return mapping
+
+
+_BERT_CONFIG_FIELDS = {"hidden_size": "text_width", "num_attention_heads": "text_heads",
+                       "intermediate_size": "intermediate_size", "vocab_size": "vocab_size",
+                       "max_position_embeddings": "max_position_embeddings", "type_vocab_size": "type_vocab_size"}
+
+
+def load_bert_weights(model: nn.Module, source: str, what: str = "text_weights") -> None:
+    """Map a transformers BERT checkpoint onto ``model`` (an :class:`~falcon_cli.models.albef.ALBEF`).
+
+    Embeddings and layers ``0 .. text_layers-1`` go to the text encoder; the self-attention and
+    feed-forward of the next ``fusion_layers`` layers go to the fusion layers (their
+    cross-attention keeps its fresh BERT init); ``cls.predictions`` goes to the MLM head (its
+    decoder is tied to the word embeddings). ``source``: a hub id or a ``save_pretrained``
+    directory of ``BertForMaskedLM`` or ``BertModel`` (then the MLM head stays newly initialised).
+    """
+    config: AlbefConfig = model.config
+    sd, bert_config, missing = _read_bert(source, what)
+    for theirs, ours in _BERT_CONFIG_FIELDS.items():
+        value = getattr(bert_config, theirs, None)
+        if value is not None and value != getattr(config, ours):
+            raise FalconError(f"{what} '{source}': the checkpoint has {theirs}={value} but the model config has "
+                              f"{ours}={getattr(config, ours)}; set {ours}={value}"
+                              + (" and use the checkpoint's tokenizer" if ours == "vocab_size" else ""))
+    needed = config.text_layers + config.fusion_layers
+    if bert_config.num_hidden_layers < needed:
+        raise FalconError(f"{what} '{source}': the checkpoint has {bert_config.num_hidden_layers} layers but "
+                          f"text_layers + fusion_layers = {needed}; lower them to fit")
+    if getattr(bert_config, "hidden_act", "gelu") != "gelu":
+        raise FalconError(f"{what} '{source}': hidden_act '{bert_config.hidden_act}' is not supported (need gelu)")
+    if getattr(bert_config, "layer_norm_eps", config.layer_norm_eps) != config.layer_norm_eps:
+        log.warning("text weights from %s: checkpoint layer_norm_eps %s differs from the model's %s",
+                    source, bert_config.layer_norm_eps, config.layer_norm_eps)
+    mapping = _bert_mapping(config)
+    skipped_head = sorted(k for k, v in mapping.items() if v in missing)  # e.g. a BertModel: no MLM head
+    mapped = {ours: sd[theirs] for ours, theirs in mapping.items() if ours not in skipped_head}
+    result = model.load_state_dict(mapped, strict=False)
+    assert not result.unexpected_keys, result.unexpected_keys  # mapping targets are our own names
+    unused_layers = list(range(needed, bert_config.num_hidden_layers))
+    log.log(logging.WARNING if skipped_head else logging.INFO,
+            "text weights from %s: loaded %d tensors (BERT layers 0-%d -> text, %d-%d -> fusion, cross-attention "
+            "newly initialised); not in checkpoint, kept fresh: %s; unused BERT layers: %s",
+            source, len(mapped), config.text_layers - 1, config.text_layers, needed - 1,
+            _names(skipped_head), unused_layers or "none")
+
+
+# ---------------------------------------------------------------------------------------------
+# Saving and loading whole models.
+
+def save_weights(model: nn.Module, path: str | os.PathLike) -> Path:
+    """Write the model's cleaned state dict to ``path`` (safetensors, atomically) with its config in the metadata."""
+    from safetensors.torch import save_file
+
+    from falcon_cli.artifacts.atomic import atomic_path
+
+    sd = {k: v.detach().contiguous() for k, v in clean_state_dict(model.state_dict()).items()}
+    config = getattr(model, "config", None)
+    metadata = {"format": "pt"}
+    if isinstance(config, AlbefConfig):
+        metadata[CONFIG_METADATA_KEY] = config.model_dump_json()
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        save_file(sd, str(tmp), metadata=metadata)
+    return path
+
+
+def load_weights(model: nn.Module, path: str | os.PathLike, strict: bool = True) -> None:
+    """Load a state dict file (see :func:`read_state_dict`) into ``model``; with ``strict`` every key must match."""
+    sd = read_state_dict(path, "model weights")
+    target = model.state_dict()
+    mismatched = [f"{k} {tuple(v.shape)} vs {tuple(target[k].shape)}" for k, v in sd.items()
+                  if k in target and v.shape != target[k].shape]
+    if mismatched:
+        raise FalconError(f"model weights '{path}': shapes differ from the model (file vs model: {mismatched[0]}); "
+                          "build the model with the config the weights were saved with")
+    result = model.load_state_dict(sd, strict=False)
+    if strict and (result.missing_keys or result.unexpected_keys):
+        raise FalconError(f"model weights '{path}': keys do not match the model: missing {_names(result.missing_keys)}, "
+                          f"unexpected {_names(result.unexpected_keys)}")
+    if result.missing_keys or result.unexpected_keys:
+        log.warning("model weights from %s: missing %s; unexpected %s", path,
+                    _names(result.missing_keys), _names(result.unexpected_keys))
+
+
+def read_weights_config(path: str | os.PathLike) -> AlbefConfig:
+    """The :class:`AlbefConfig` stored by :func:`save_weights` in a safetensors file's metadata."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+    except Exception as exc:
+        raise FalconError(f"model weights '{path}': cannot read safetensors header ({_first_line(exc)})") from None
+    if CONFIG_METADATA_KEY not in metadata:
+        raise FalconError(f"model weights '{path}': no model config in the metadata (not written by save_weights); "
+                          "build the model with create_model and use load_weights")
+    try:
+        values = json.loads(metadata[CONFIG_METADATA_KEY])
+    except json.JSONDecodeError as exc:
+        raise FalconError(f"model weights '{path}': model config metadata is not JSON ({exc})") from None
+    return make_config(values, f"model weights '{path}'")
+
+
+def model_from_weights(path: str | os.PathLike) -> nn.Module:
+    """Rebuild the model saved by :func:`save_weights` (config from the metadata; no pretrained sources read)."""
+    from falcon_cli.models.albef import ALBEF
+
+    config = read_weights_config(path).model_copy(update={"vision_weights": None, "text_weights": None})
+    model = ALBEF(config)
+    load_weights(model, path)
+    return model

@@ -1,0 +1,133 @@
+"""The whole ALBEF / GRIT-VLP pretraining objective as one module: L = ITC + ITM + MLM.
+
+:class:`VlpObjective` wraps the model so that the entire loss computation happens inside
+one ``forward``. That is what DistributedDataParallel needs (it synchronises gradients
+only for work done inside the wrapped module's forward), and it keeps the training loop
+a few lines long. The MLM mask is sampled outside and passed in, because FALCON scores
+the same batch with the identical mask before and after an update.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from falcon_cli.objectives.itc import (
+    MomentumQueue, copy_to_momentum, itc_grit, itc_momentum_distillation, momentum_update,
+)
+from falcon_cli.objectives.itm import hardest_negatives, itm_loss, itm_pair_indices, sample_negatives
+from falcon_cli.objectives.mlm import MlmMask, mlm_loss
+
+
+class VlpLosses(NamedTuple):
+    """What one forward returns (a tuple, so DDP handles it). Features are detached, float32."""
+
+    loss: Tensor
+    itc: Tensor
+    itm: Tensor
+    mlm: Tensor
+    image_feat: Tensor
+    text_feat: Tensor
+    temperature: Tensor
+
+
+class _MomentumEncoders(nn.Module):
+    """Frozen EMA copies of the unimodal encoders and projections (``itc: momentum``)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.visual_encoder = copy.deepcopy(model.visual_encoder)
+        self.vision_proj = copy.deepcopy(model.vision_proj)
+        self.text_encoder = copy.deepcopy(model.text_encoder)
+        self.text_proj = copy.deepcopy(model.text_proj)
+        copy_to_momentum(self.online_parts(model), self)
+
+    @staticmethod
+    def online_parts(model: nn.Module) -> nn.ModuleList:
+        """The online modules, in the same order as this module's children."""
+        return nn.ModuleList([model.visual_encoder, model.vision_proj, model.text_encoder, model.text_proj])
+
+    @torch.no_grad()
+    def features(self, images: Tensor, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+        image_tokens = self.visual_encoder.forward_features(images)
+        text_tokens = self.text_encoder(input_ids, attention_mask)
+        image = nn.functional.normalize(self.vision_proj(image_tokens[:, 0]).float(), dim=-1)
+        text = nn.functional.normalize(self.text_proj(text_tokens[:, 0]).float(), dim=-1)
+        return image, text
+
+
+class VlpObjective(nn.Module):
+    """ALBEF model + its pretraining losses.
+
+    Args:
+        model: an :class:`~falcon_cli.models.albef.ALBEF`.
+        itc: ``grit`` (in-batch, soft pseudo targets; the default, as FALCON) or ``momentum``
+            (ALBEF's momentum encoders, feature queue and distillation for ITC).
+        consistency_weight: GRIT's consistency weight (0.2).
+        itm_negatives: ``hardest`` in-batch negative per anchor, or ALBEF's ``sample``.
+        momentum, queue_size: for ``itc: momentum``.
+    """
+
+    def __init__(self, model: nn.Module, *, itc: str = "grit", consistency_weight: float = 0.2,
+                 itm_negatives: str = "hardest", momentum: float = 0.995, queue_size: int = 65536):
+        super().__init__()
+        self.model = model
+        self.itc_kind = itc
+        self.consistency_weight = consistency_weight
+        self.itm_negatives = itm_negatives
+        self.momentum = momentum
+        if itc == "momentum":
+            self.momentum_encoders = _MomentumEncoders(model)
+            self.queue = MomentumQueue(model.config.embed_dim, queue_size)
+
+    def forward(self, images: Tensor, input_ids: Tensor, attention_mask: Tensor, mask: MlmMask,
+                distill_alpha: float = 0.0, itm_generator: torch.Generator | None = None) -> VlpLosses:
+        """Losses of one batch. ``mask`` comes from :meth:`MlmMask.sample` on ``input_ids``."""
+        model = self.model
+        enc = model(images, input_ids, attention_mask)
+        b = images.shape[0]
+
+        # ITC: in-batch with GRIT's consistency targets, or against the momentum queue.
+        if self.itc_kind == "momentum":
+            momentum_update(_MomentumEncoders.online_parts(model), self.momentum_encoders, self.momentum)
+            image_m, text_m = self.momentum_encoders.features(images, input_ids, attention_mask)
+            itc = itc_momentum_distillation(enc.image_feat, enc.text_feat, image_m, text_m, self.queue,
+                                            enc.temperature, distill_alpha)
+            from falcon_cli.runtime.distributed import all_gather_cat
+
+            self.queue.enqueue(all_gather_cat(image_m), all_gather_cat(text_m))
+        else:
+            itc = itc_grit(enc.image_feat, enc.text_feat, enc.temperature, consistency_weight=self.consistency_weight)
+
+        # ITM: one negative text per image and one negative image per text, from this batch.
+        with torch.no_grad():
+            sim_i2t, sim_t2i = itc.sim_i2t[:, :b].detach(), itc.sim_t2i[:, :b].detach()
+            if self.itm_negatives == "sample":
+                neg_text, neg_image = sample_negatives(sim_i2t, sim_t2i, itm_generator)
+            else:
+                neg_text, neg_image = hardest_negatives(sim_i2t, sim_t2i)
+        pairs = itm_pair_indices(neg_text, neg_image)
+        fused = model.fuse(enc.text_tokens[pairs.text_index], attention_mask[pairs.text_index],
+                           enc.image_tokens[pairs.image_index])
+        logits = model.itm_logits(fused)
+        itm = itm_loss(logits[:b], logits[b:])
+
+        # MLM: the masked caption through the text encoder, fused with its own image.
+        mlm = self.mlm_loss(enc.image_tokens, attention_mask, mask)
+
+        loss = itc.loss + itm + mlm
+        return VlpLosses(loss, itc.loss.detach(), itm.detach(), mlm.detach(),
+                         enc.image_feat.detach(), enc.text_feat.detach(), enc.temperature.detach())
+
+    def mlm_loss(self, image_tokens: Tensor, attention_mask: Tensor, mask: MlmMask, per_sample: bool = False) -> Tensor:
+        """MLM loss of ``mask`` given image tokens (FALCON's reward re-evaluates exactly this)."""
+        model = self.model
+        masked_tokens, _ = model.encode_text(mask.masked_ids, attention_mask)
+        fused = model.fuse(masked_tokens, attention_mask, image_tokens)
+        if per_sample:
+            return mlm_loss(model.mlm_logits(fused), mask.labels, per_sample=True)
+        selected = mask.selected
+        return mlm_loss(model.mlm_logits(fused[selected]), mask.labels[selected])

@@ -1,0 +1,268 @@
+"""The pretrain stage: ALBEF pretraining with ITC + ITM + MLM and a batch composer.
+
+Reads top to bottom:
+1. processes, device, precision and seeds (torchrun or a plain process);
+2. data, the run's tokenizer, the model and its objective, optimizer and scaler;
+3. the batch composer (uniform or GRIT), the embedding cache it reads, the batch log;
+4. resume from the latest checkpoint if asked: every piece of state, so the run continues
+   exactly where it stopped;
+5. the epoch loop: compose the epoch's batches from the cache of the previous epoch,
+   train on them, fill the cache from the training forward itself (no extra pass),
+   checkpoint, write the cache to ``embeddings/epoch_<e>.h5``;
+6. zero-shot ITC retrieval on the test split, before and after training.
+
+Single process: ``falcon pretrain --recipe shapes-demo``. Several: ``torchrun
+--nproc_per_node 4 -m falcon_cli pretrain --recipe coco-albef`` (multi-node: add
+``--nnodes N --node_rank R --rdzv_endpoint HOST:PORT``). Batch size is per process.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+
+from falcon_cli.artifacts.atomic import write_json, write_text
+from falcon_cli.artifacts.run_dir import RunDirectory
+from falcon_cli.config.schema import Recipe
+from falcon_cli.data.collate import PretrainCollate
+from falcon_cli.data.datasets import pretrain_dataset, retrieval_dataset
+from falcon_cli.data.spec import load_spec
+from falcon_cli.data.tokenizer import load_tokenizer
+from falcon_cli.data.transforms import build_transform
+from falcon_cli.errors import FalconError
+from falcon_cli.evaluation.zero_shot import zero_shot_retrieval
+from falcon_cli.models.registry import create_model
+from falcon_cli.objectives.itc import alpha_ramp
+from falcon_cli.objectives.mlm import MlmMask
+from falcon_cli.objectives.vlp import VlpObjective
+from falcon_cli.runtime import distributed as D
+from falcon_cli.runtime.checkpoint import latest_checkpoint, load_training_state, load_weights, save_checkpoint
+from falcon_cli.runtime.console import make_console
+from falcon_cli.runtime.metrics import MetricsLog
+from falcon_cli.runtime.optim import build_optimizer, learning_rate, set_learning_rate
+from falcon_cli.runtime.precision import autocast, grad_scaler, pick_device, resolve_precision
+from falcon_cli.runtime.progress import track
+from falcon_cli.runtime.seeding import rng_state, seed_everything, set_rng_state
+from falcon_cli.sampling.batch_log import BatchLog
+from falcon_cli.sampling.cache import EmbeddingCache
+from falcon_cli.sampling.composers import GritComposer, UniformComposer, batches_from_state, batches_state, shard_pair_ids
+
+log = logging.getLogger("falcon")
+console = make_console(stderr=True)
+
+TOKENIZER_DIR = Path("data/tokenizer")
+RESULTS = Path("results")
+
+
+def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
+    """Pretrain according to ``config.pretrain``; returns the summary recorded in the manifest."""
+    p = config.pretrain
+
+    # 1. Processes, device, precision, seeds. Every rank draws its own randomness (seed + rank).
+    device = pick_device(p.device)
+    distributed = D.init_distributed(device.type)
+    rank, world = D.rank(), D.world_size()
+    precision = resolve_precision(p.precision, device)
+    seed_everything(config.seed + rank)
+    main = D.is_main_process()
+
+    # 2. Data, tokenizer, model. The tokenizer is the one the data stage saved in this run.
+    spec = load_spec(config.data.dataset)
+    if config.data.on_missing is not None:
+        spec.on_missing = config.data.on_missing
+    tokenizer_dir = run.path / TOKENIZER_DIR
+    if not tokenizer_dir.exists():
+        raise FalconError(f"{tokenizer_dir}: not found; run the data stage first (falcon run --recipe {config.name} --run-dir {run.path})")
+    tokenizer = load_tokenizer(tokenizer_dir)
+    overrides = {"vocab_size": len(tokenizer), "vision_weights": p.vision_weights, "text_weights": p.text_weights}
+    if p.image_size is not None:
+        overrides["image_size"] = p.image_size
+    model = create_model(p.model, **overrides)
+    resolution = model.config.image_size
+    dataset = pretrain_dataset(spec, build_transform(p.augment, resolution, hflip=p.hflip), seed=config.seed)
+    objective = VlpObjective(model, itc=p.itc, consistency_weight=p.itc_consistency_weight,
+                             itm_negatives=p.itm_negatives, momentum=p.momentum, queue_size=p.queue_size).to(device)
+    optimizer = build_optimizer(objective, p.lr, p.weight_decay)
+    scaler = grad_scaler(precision, device)
+    trainer = torch.nn.parallel.DistributedDataParallel(objective, device_ids=[device.index] if device.type == "cuda" else None) \
+        if distributed else objective
+    collate = PretrainCollate(tokenizer, p.max_text_length)
+    special = dict(vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id,
+                   pad_token_id=tokenizer.pad_token_id, cls_token_id=tokenizer.cls_token_id)
+
+    # 3. Batches. The shard generator is identical on every rank (so shards are disjoint);
+    # the composition, masking and ITM generators are per rank.
+    composer = (GritComposer(p.batch_size, p.search_space_size, drop_last=p.drop_last) if p.composer == "grit"
+                else UniformComposer(p.batch_size, drop_last=p.drop_last))
+    all_ids = torch.tensor(dataset.pair_ids, dtype=torch.long)
+    cache = EmbeddingCache(all_ids, model.config.embed_dim, device=device)
+    generators = {name: torch.Generator().manual_seed(config.seed + offset)
+                  for name, offset in (("shard", 0), ("compose", 1000 + rank), ("mask", 2000 + rank))}
+    itm_generator = torch.Generator(device=device).manual_seed(config.seed + 3000 + rank)
+    batch_log = BatchLog(run.path / "batches.parquet", part_rank=rank)
+    metrics = MetricsLog(run.path / "metrics.jsonl")
+    steps_per_epoch = math.ceil(len(all_ids) / world / p.batch_size)
+    if p.max_steps_per_epoch:
+        steps_per_epoch = min(steps_per_epoch, p.max_steps_per_epoch)
+    if main:
+        console.print(f"[bold]pretrain[/] {p.model} ({model.num_parameters() / 1e6:.1f}M parameters) on {device}, "
+                      f"{precision}; {len(dataset):,} pairs; batch {p.batch_size} × {world} processes = "
+                      f"global batch {p.batch_size * world}; composer {p.composer}; {p.epochs} epochs")
+
+    # 4. Resume: model, optimizer, scaler, every RNG, the composer, the epoch's batches, the cache.
+    start_epoch, start_index, global_step, pending = 0, 0, 0, None
+    checkpoint_dir = run.path / "checkpoints"
+    results: dict = {}
+    checkpoint = latest_checkpoint(checkpoint_dir) if resume else None
+    if checkpoint is not None:
+        state = load_training_state(checkpoint)
+        if state["world_size"] != world:
+            raise FalconError(f"{checkpoint}: saved with {state['world_size']} processes, resuming with {world}; resume with the same number")
+        load_weights(objective, checkpoint)
+        optimizer.load_state_dict(state["optimizer"])
+        scaler.load_state_dict(state["scaler"])
+        composer.load_state_dict(state["composer"])
+        cache.load_state_dict(state["cache"])
+        mine = state["ranks"][rank]
+        set_rng_state(mine["rng"])
+        for name, generator in generators.items():
+            generator.set_state(mine["generators"][name])
+        itm_generator.set_state(mine["itm_generator"])
+        start_epoch, start_index, global_step = state["epoch"], state["batch_index"], state["global_step"]
+        pending = batches_from_state(mine["batches"]) if mine["batches"] is not None else None
+        results = state.get("results", {})
+        metrics.truncate_after(global_step)
+        if main:
+            console.print(f"resumed from {checkpoint} (epoch {start_epoch}, step {global_step})")
+    elif resume and main:
+        console.print(f"nothing to resume in {checkpoint_dir}: starting from scratch")
+
+    def save(epoch: int, batch_index: int, batches) -> Path | None:
+        """Checkpoint everything needed to continue at (epoch, batch_index)."""
+        mine = {"rng": rng_state(), "generators": {n: g.get_state() for n, g in generators.items()},
+                "itm_generator": itm_generator.get_state(),
+                "batches": batches_state(batches) if batches is not None else None}
+        ranks = [None] * world if main else None
+        if distributed:
+            dist.gather_object(mine, ranks, dst=0)
+        else:
+            ranks = [mine]
+        if not main:
+            return None
+        state = {"world_size": world, "epoch": epoch, "batch_index": batch_index, "global_step": global_step,
+                 "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(), "composer": composer.state_dict(),
+                 "cache": cache.state_dict(), "ranks": ranks, "results": results}
+        return save_checkpoint(checkpoint_dir, global_step, objective, state,
+                               {"epoch": epoch, "batch_index": batch_index, "model": p.model, "image_size": resolution},
+                               keep_last=p.keep_last)
+
+    eval_split = retrieval_dataset(spec, p.eval_split, build_transform("test", resolution)) if p.eval_split else None
+    if eval_split is not None and checkpoint is None and main:
+        results["untrained"] = zero_shot_retrieval(model, eval_split, tokenizer, device, max_length=p.max_text_length)
+    D.barrier()
+
+    # 5. Train.
+    for epoch in range(start_epoch, p.epochs):
+        dataset.set_epoch(epoch)
+        if pending is None:
+            # Epoch 0 (or an empty cache) is uniform; later epochs group by last epoch's embeddings.
+            shard = shard_pair_ids(all_ids, rank, world, generators["shard"])
+            batches = composer.compose_epoch(epoch, shard, cache if epoch > 0 else None, generators["compose"])
+            batches = batches[:steps_per_epoch]
+            batch_log.extend(epoch, batches, rank=rank)
+            batch_log.write(epoch)
+            cache.reset()  # `filled` now tracks this epoch; features stay until overwritten
+            start_index = 0
+        else:
+            batches, pending = pending, None
+        # The loader gets its own generator: a fresh iterator must not draw from the global RNG,
+        # or a resumed run's dropout would drift from the uninterrupted run's. (Augmentation is
+        # seeded per item, so the workers' seeds do not matter.)
+        loader = DataLoader(dataset, batch_sampler=[[dataset.index_of(int(i)) for i in b.pair_ids] for b in batches[start_index:]],
+                            collate_fn=collate, num_workers=p.num_workers, pin_memory=device.type == "cuda",
+                            generator=torch.Generator().manual_seed(config.seed + epoch))
+        tick, seen = time.perf_counter(), 0
+        for index, batch in enumerate(track(loader, f"epoch {epoch}", total=len(batches) - start_index), start=start_index):
+            lr = learning_rate(global_step, epoch, lr=p.lr, min_lr=p.min_lr, warmup_lr=p.warmup_lr,
+                               warmup_steps=p.warmup_steps, cosine_epochs=p.cosine_epochs or p.epochs)
+            set_learning_rate(optimizer, lr)
+            images = batch["images"].to(device, non_blocking=True)
+            input_ids = batch["input_ids"].to(device, non_blocking=True)
+            attention_mask = batch["attention_mask"].to(device, non_blocking=True)
+            mask = MlmMask.sample(input_ids, attention_mask, probability=p.mlm_probability,
+                                  generator=generators["mask"], **special)
+            alpha = alpha_ramp(p.distill_alpha, index, len(batches), epoch)
+            with autocast(precision, device):
+                out = trainer(images, input_ids, attention_mask, mask, alpha, itm_generator)
+            if not torch.isfinite(out.loss):
+                where = save(epoch, index, batches)
+                raise FalconError(f"loss is {out.loss.item()} at epoch {epoch}, step {global_step} "
+                                  f"(itc {out.itc.item():.4g}, itm {out.itm.item():.4g}, mlm {out.mlm.item():.4g}); "
+                                  f"checkpoint saved at {where}; lower pretrain.lr or use precision=fp32")
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(out.loss).backward()
+            if p.grad_clip is not None:
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(objective.parameters(), p.grad_clip)
+            scaler.step(optimizer)
+            scaler.update()
+            # The cache holds every rank's features: each rank composes next epoch from it.
+            pair_ids = batch["pair_ids"].to(device)
+            cache.update(D.all_gather_cat(pair_ids), D.all_gather_cat(out.image_feat), D.all_gather_cat(out.text_feat))
+            global_step += 1
+            seen += len(pair_ids) * world
+
+            if global_step % p.log_every == 0 or index == len(batches) - 1:
+                losses = torch.stack([out.loss.detach(), out.itc, out.itm, out.mlm]).float()
+                if distributed:
+                    dist.all_reduce(losses)
+                    losses /= world
+                elapsed = time.perf_counter() - tick
+                peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+                metrics.write(step=global_step, epoch=epoch, loss=losses[0], itc=losses[1], itm=losses[2], mlm=losses[3],
+                              lr=lr, temperature=out.temperature, pairs_per_s=seen / max(elapsed, 1e-9),
+                              peak_memory_mib=peak, sampler=batches[index].sampler)
+            if p.checkpoint_every and global_step % p.checkpoint_every == 0 and index + 1 < len(batches):
+                save(epoch, index + 1, batches)
+
+        if main:
+            path = cache.save(run.path / "embeddings" / f"epoch_{epoch:03d}.h5",
+                              {"model": p.model, "checkpoint": f"step {global_step}", "dataset": spec.name,
+                               "split": "pretrain", "epoch": epoch})
+            run.add_artifact(path, schema="embeddings", schema_version=1)
+        save(epoch + 1, 0, None)
+
+    # 6. Zero-shot retrieval with the trained model (ITC only; ITM re-ranking is `falcon evaluate`).
+    if eval_split is not None and main:
+        results["trained"] = zero_shot_retrieval(model, eval_split, tokenizer, device, max_length=p.max_text_length)
+        write_results(run, results, split=p.eval_split, resolution=resolution, step=global_step)
+    D.barrier()
+    if main:
+        run.add_artifact("batches.parquet", schema="batches", schema_version=1)
+        run.add_artifact("metrics.jsonl", schema="metrics", schema_version=1)
+    D.shutdown()
+    return {"steps": global_step, "epochs": p.epochs, "pairs": len(dataset), "world_size": world,
+            "precision": precision, "device": str(device), "retrieval": results}
+
+
+def write_results(run: RunDirectory, results: dict, *, split: str, resolution: int, step: int) -> None:
+    """``results/retrieval_zeroshot.{json,csv,md}``: explicit keys, percent, with what produced them."""
+    meta = {"split": split, "checkpoint": f"step {step}", "resolution": resolution, "scoring": "itc", "k": None,
+            "units": "percent"}
+    write_json(run.path / RESULTS / "retrieval_zeroshot.json", {"meta": meta, **results})
+    keys = list(next(iter(results.values())))
+    rows = [["model", *keys]] + [[name, *(f"{values[k]:.2f}" for k in keys)] for name, values in results.items()]
+    write_text(run.path / RESULTS / "retrieval_zeroshot.csv", "\n".join(",".join(r) for r in rows) + "\n")
+    md = [f"Zero-shot retrieval on `{split}` (ITC similarity, percent, {resolution}px, step {step})", "",
+          "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    md += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+    write_text(run.path / RESULTS / "retrieval_zeroshot.md", "\n".join(md) + "\n")
+    for name in ("json", "csv", "md"):
+        run.add_artifact(RESULTS / f"retrieval_zeroshot.{name}", schema="retrieval_results", schema_version=1)
+    console.print("\n".join(md))
