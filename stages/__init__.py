@@ -32,6 +32,12 @@ def run_stages(config: Recipe, run: RunDirectory, stages: list[str] | None = Non
 
     The run is marked ``failed`` (and the error re-raised) if a stage raises, ``completed`` otherwise.
     """
+    from falcon_cli.runtime import distributed as D
+    from falcon_cli.runtime.precision import pick_device
+
+    # Under torchrun every rank runs the stages: join the process group first, so stages can
+    # leave shared work (generating data, writing artifacts) to rank 0 and wait at a barrier.
+    D.init_distributed(pick_device(config.pretrain.device).type)
     results: dict[str, dict] = {}
     try:
         for name in stages or list(config.stages):
@@ -50,5 +56,7 @@ def run_stages(config: Recipe, run: RunDirectory, stages: list[str] | None = Non
     except BaseException:
         run.close("failed")
         raise
+    finally:
+        D.shutdown()
     run.close("completed")
     return results

@@ -25,7 +25,7 @@ from falcon_cli.data.datasets import pretrain_dataset
 from falcon_cli.data.spec import load_spec
 from falcon_cli.data.tokenizer import load_tokenizer, train_wordpiece_tokenizer
 from falcon_cli.errors import FalconError
-from falcon_cli.runtime.distributed import is_main_process
+from falcon_cli.runtime.distributed import barrier, is_main_process
 
 log = logging.getLogger("falcon")
 console = make_console(stderr=True)
@@ -35,7 +35,17 @@ TOKENIZER_DIR = Path("data/tokenizer")
 
 
 def run(config: Recipe, run: RunDirectory) -> dict:
-    """Run the data stage; returns the summary recorded in the manifest."""
+    """Run the data stage (rank 0 works, other ranks wait); returns the summary recorded in the manifest."""
+    if not is_main_process():
+        barrier()
+        return {}
+    try:
+        return _prepare(config, run)
+    finally:
+        barrier()
+
+
+def _prepare(config: Recipe, run: RunDirectory) -> dict:
     data = config.data
     result: dict = {"dataset": str(data.dataset)}
 
@@ -45,18 +55,16 @@ def run(config: Recipe, run: RunDirectory) -> dict:
 
         summary = generate_world(data.shapes, data.dataset)
         result["shapes_world"] = {k: v for k, v in summary.to_dict().items() if k != "config"}
-        if is_main_process():
-            summary.render(console)
+        summary.render(console)
 
     # 2. Check everything once, up front; the report goes into the run either way.
     spec = load_spec(data.dataset)
     if data.on_missing is not None:
         spec.on_missing = data.on_missing
     report = check_dataset(spec, verify_images=data.verify_images)
-    if is_main_process():
-        report.render(console)
-        write_json(run.path / CHECK_REPORT, report.to_dict())
-        run.add_artifact(CHECK_REPORT, schema="data_check", schema_version=1)
+    report.render(console)
+    write_json(run.path / CHECK_REPORT, report.to_dict())
+    run.add_artifact(CHECK_REPORT, schema="data_check", schema_version=1)
     if not report.ok:
         raise FalconError(
             f"{spec.base_dir}: {len(report.problems)} data problem(s), first: {report.problems[0]} "
@@ -71,15 +79,14 @@ def run(config: Recipe, run: RunDirectory) -> dict:
         log.warning("skipped %d pretraining pairs whose images are missing (on_missing=skip)", pairs.dropped)
 
     # 4. One tokenizer for the whole run, saved inside it.
-    if is_main_process():
-        target = run.path / TOKENIZER_DIR
-        if data.tokenizer == "wordpiece":
-            captions = [caption for record in pairs.records for caption in record.captions]
-            tokenizer = train_wordpiece_tokenizer(captions, target, vocab_size=data.tokenizer_vocab_size)
-        else:
-            tokenizer = load_tokenizer(data.tokenizer)
-            with atomic_dir(target) as tmp:
-                tokenizer.save_pretrained(str(tmp))
-        run.add_artifact(TOKENIZER_DIR, schema="tokenizer", schema_version=1, meta={"source": data.tokenizer})
-        result["tokenizer"] = {"source": data.tokenizer, "vocab_size": len(tokenizer)}
+    target = run.path / TOKENIZER_DIR
+    if data.tokenizer == "wordpiece":
+        captions = [caption for record in pairs.records for caption in record.captions]
+        tokenizer = train_wordpiece_tokenizer(captions, target, vocab_size=data.tokenizer_vocab_size)
+    else:
+        tokenizer = load_tokenizer(data.tokenizer)
+        with atomic_dir(target) as tmp:
+            tokenizer.save_pretrained(str(tmp))
+    run.add_artifact(TOKENIZER_DIR, schema="tokenizer", schema_version=1, meta={"source": data.tokenizer})
+    result["tokenizer"] = {"source": data.tokenizer, "vocab_size": len(tokenizer)}
     return result

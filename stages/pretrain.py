@@ -66,7 +66,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
 
     # 1. Processes, device, precision, seeds. Every rank draws its own randomness (seed + rank).
     device = pick_device(p.device)
-    distributed = D.init_distributed(device.type)
+    distributed = D.init_distributed(device.type)  # already joined by run_stages under torchrun
     rank, world = D.rank(), D.world_size()
     precision = resolve_precision(p.precision, device)
     seed_everything(config.seed + rank)
@@ -246,7 +246,6 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
     if main:
         run.add_artifact("batches.parquet", schema="batches", schema_version=1)
         run.add_artifact("metrics.jsonl", schema="metrics", schema_version=1)
-    D.shutdown()
     return {"steps": global_step, "epochs": p.epochs, "pairs": len(dataset), "world_size": world,
             "precision": precision, "device": str(device), "retrieval": results}
 

@@ -70,7 +70,9 @@ class RunDirectory:
         run = cls(path)
         manifest_path = run.path / MANIFEST
         previous: dict[str, Any] = {}
-        if manifest_path.exists():
+        if not is_main_process():
+            pass  # rank 0 alone checks and writes the run directory; other ranks keep an unsaved copy
+        elif manifest_path.exists():
             previous = read_manifest(run.path)
             diffs = config_differences(previous.get("config", {}), config)
             if diffs and not overwrite:
@@ -143,6 +145,8 @@ class RunDirectory:
 
     def add_artifact(self, path: str | Path, *, schema: str, schema_version: int, meta: dict | None = None) -> None:
         """Record a written file (relative to the run directory) with its schema, version, size and sha256."""
+        if not is_main_process():
+            return
         path = Path(path)
         full = path if path.is_absolute() else self.path / path
         try:

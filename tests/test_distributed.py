@@ -1,0 +1,53 @@
+"""Two gloo processes on CPU under torchrun: the same command, sharded search spaces, one set of artifacts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from falcon_cli.runtime.metrics import read_metrics
+from tests.conftest import REPO
+from tests.test_pretrain import TINY
+
+
+def test_two_process_ddp_run(tmp_path):
+    run_dir, world = tmp_path / "run", tmp_path / "world"
+    env = {**os.environ, "FALCON_PROGRESS": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            "-m", "falcon_cli", "pretrain", "--recipe", "shapes-demo", "--run-dir", str(run_dir),
+            f"data.dataset={world}", *TINY, "pretrain.batch_size=8"]
+    proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "global batch 16" in proc.stderr
+
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "completed" and manifest["world_size"] == 2
+    assert manifest["stages"]["pretrain"]["result"]["world_size"] == 2
+    assert sorted(p.name for p in run_dir.glob("*.json")) == ["manifest.json"], "one set of artifacts"
+
+    from falcon_cli.sampling.batch_log import read_batch_log
+
+    log = read_batch_log(run_dir / "batches.parquet")
+    assert set(log["rank"]) == {0, 1}
+    for epoch, rows in log.groupby("epoch"):
+        # Each rank composed from its own shard; together they cover every pair exactly once.
+        assert sorted(rows["pair_id"]) == list(range(160)), epoch
+        shards = [set(rows[rows["rank"] == r]["pair_id"]) for r in (0, 1)]
+        assert not shards[0] & shards[1]
+        assert len(rows[rows["rank"] == 0].groupby("step")) == len(rows[rows["rank"] == 1].groupby("step"))
+    grit = log[log["sampler"] == "grit"]
+    for (_, rank), rows in grit.groupby(["epoch", "rank"]):
+        anchors = rows["anchor_pair_id"][rows["anchor_pair_id"] >= 0]
+        assert set(anchors) <= set(rows["pair_id"]), "chains stay inside the rank's own search spaces"
+
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, 21)), "160 pairs / 2 ranks / batch 8 = 10 steps per epoch"
+    assert np.isfinite([r["loss"] for r in records]).all()
+    from falcon_cli.artifacts.embeddings import read_embeddings
+
+    emb = read_embeddings(run_dir / "embeddings" / "epoch_001.h5")
+    assert emb.image.shape[0] == 160, "the cache holds both ranks' features"
