@@ -42,7 +42,7 @@ from falcon_cli.objectives.itc import alpha_ramp
 from falcon_cli.objectives.mlm import MlmMask
 from falcon_cli.objectives.vlp import VlpObjective
 from falcon_cli.runtime import distributed as D
-from falcon_cli.runtime.checkpoint import latest_checkpoint, load_training_state, load_weights, save_checkpoint
+from falcon_cli.runtime.checkpoint import latest_checkpoint, load_checkpoint_weights, load_training_state, save_checkpoint
 from falcon_cli.runtime.console import make_console
 from falcon_cli.runtime.metrics import MetricsLog
 from falcon_cli.runtime.optim import build_optimizer, learning_rate, set_learning_rate
@@ -92,6 +92,10 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
     scaler = grad_scaler(precision, device)
     trainer = torch.nn.parallel.DistributedDataParallel(objective, device_ids=[device.index] if device.type == "cuda" else None) \
         if distributed else objective
+    # Checkpoint files: the model alone (loadable by every later stage), and the momentum parts.
+    weight_files = {"model": model}
+    if p.itc == "momentum":
+        weight_files["momentum"] = torch.nn.ModuleDict({"encoders": objective.momentum_encoders, "queue": objective.queue})
     collate = PretrainCollate(tokenizer, p.max_text_length)
     special = dict(vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id,
                    pad_token_id=tokenizer.pad_token_id, cls_token_id=tokenizer.cls_token_id)
@@ -124,7 +128,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
         state = load_training_state(checkpoint)
         if state["world_size"] != world:
             raise FalconError(f"{checkpoint}: saved with {state['world_size']} processes, resuming with {world}; resume with the same number")
-        load_weights(objective, checkpoint)
+        load_checkpoint_weights(checkpoint, weight_files)
         optimizer.load_state_dict(state["optimizer"])
         scaler.load_state_dict(state["scaler"])
         composer.load_state_dict(state["composer"])
@@ -158,7 +162,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
         state = {"world_size": world, "epoch": epoch, "batch_index": batch_index, "global_step": global_step,
                  "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(), "composer": composer.state_dict(),
                  "cache": cache.state_dict(), "ranks": ranks, "results": results}
-        return save_checkpoint(checkpoint_dir, global_step, objective, state,
+        return save_checkpoint(checkpoint_dir, global_step, weight_files, state,
                                {"epoch": epoch, "batch_index": batch_index, "model": p.model, "image_size": resolution},
                                keep_last=p.keep_last)
 

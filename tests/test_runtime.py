@@ -12,7 +12,7 @@ from torch import nn
 
 from falcon_cli.errors import FalconError
 from falcon_cli.runtime.checkpoint import (
-    clean_key, latest_checkpoint, load_training_state, load_weights, save_checkpoint,
+    latest_checkpoint, load_checkpoint_weights, load_training_state, save_checkpoint,
 )
 from falcon_cli.runtime.metrics import MetricsLog, read_metrics
 from falcon_cli.runtime.optim import learning_rate, parameter_groups
@@ -51,7 +51,6 @@ class Tiny(nn.Module):
         self.linear = nn.Linear(4, 4)
         self.norm = nn.LayerNorm(4)
         self.head = nn.Linear(4, 10, bias=False)
-        self.head.weight = self.embed.weight  # tied, like an MLM decoder
         self.temp = nn.Parameter(torch.tensor(0.07))
 
 
@@ -64,33 +63,31 @@ def test_parameter_groups_exempt_biases_and_norms():
     assert decay["weight_decay"] == 0.02 and no_decay["weight_decay"] == 0.0
 
 
-def test_clean_key():
-    assert clean_key("module._orig_mod.encoder.layer.0.weight") == "encoder.layer.0.weight"
-    assert clean_key("text._orig_mod.weight") == "text.weight"
-
-
 def test_checkpoint_roundtrip_latest_and_keep_last(tmp_path):
     model = Tiny()
+    extra = nn.Linear(2, 2)
     for step in (10, 20, 30, 40):
-        save_checkpoint(tmp_path, step, model, {"step": step, "rng": rng_state()}, {"epoch": 0}, keep_last=2)
+        save_checkpoint(tmp_path, step, {"model": model, "momentum": extra}, {"step": step, "rng": rng_state()},
+                        {"epoch": 0}, keep_last=2)
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["00000030", "00000040"]
     latest = latest_checkpoint(tmp_path)
     assert latest.name == "00000040"
     assert json.loads((latest / "meta.json").read_text()) == {"step": 40, "epoch": 0}
-    other = Tiny()
-    load_weights(other, latest)
-    for a, b in zip(model.state_dict().values(), other.state_dict().values()):
+    other, other_extra = Tiny(), nn.Linear(2, 2)
+    load_checkpoint_weights(latest, {"model": other, "momentum": other_extra})
+    for a, b in zip([*model.state_dict().values(), *extra.state_dict().values()],
+                    [*other.state_dict().values(), *other_extra.state_dict().values()]):
         assert torch.equal(a, b)
-    assert other.head.weight is other.embed.weight, "tied weights stay tied"
     assert load_training_state(latest)["step"] == 40
 
 
 def test_checkpoint_errors(tmp_path):
     assert latest_checkpoint(tmp_path) is None
-    save_checkpoint(tmp_path, 1, Tiny(), {}, {})
-    wrong = nn.Linear(3, 3)
-    with pytest.raises(FalconError, match="weights do not fit the model"):
-        load_weights(wrong, latest_checkpoint(tmp_path))
+    save_checkpoint(tmp_path, 1, {"model": Tiny()}, {}, {})
+    with pytest.raises(FalconError, match="keys do not match the model"):
+        load_checkpoint_weights(latest_checkpoint(tmp_path), {"model": nn.Linear(3, 3)})
+    with pytest.raises(FalconError, match="momentum.safetensors: not found"):
+        load_checkpoint_weights(latest_checkpoint(tmp_path), {"momentum": nn.Linear(3, 3)})
     (tmp_path / "latest").write_text("00000099\n")
     with pytest.raises(FalconError, match="points to 00000099"):
         latest_checkpoint(tmp_path)
@@ -101,7 +98,7 @@ def test_training_state_refuses_pickled_code(tmp_path):
         def __reduce__(self):
             return (print, ("pwned",))
 
-    save_checkpoint(tmp_path, 1, Tiny(), {}, {})
+    save_checkpoint(tmp_path, 1, {"model": Tiny()}, {}, {})
     torch.save({"x": Evil()}, tmp_path / "00000001" / "training_state.pt")
     with pytest.raises(Exception, match="(?i)weights_only|unsupported global"):
         load_training_state(tmp_path / "00000001")
