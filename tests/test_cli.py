@@ -119,7 +119,7 @@ def test_recipes_list_show_validate(cli, tmp_path):
 
 def test_run_recipe_end_to_end(cli, tmp_path):
     run_dir, world = tmp_path / "run", tmp_path / "world"
-    args = ["run", "--recipe", "shapes-demo", "--run-dir", run_dir, f"data.dataset={world}",
+    args = ["run", "--recipe", "shapes-demo", "--run-dir", run_dir, f"data.dataset={world}", "stages=[data]",
             "data.shapes.images=60", "data.tokenizer_vocab_size=200"]
     proc = cli(*args)
     assert proc.returncode == 0, proc.stdout + proc.stderr

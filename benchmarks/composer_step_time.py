@@ -1,0 +1,90 @@
+"""Benchmark: per-step wall time of `uniform` vs `grit` batches on albef-tiny (CPU), measured in one run.
+
+The training step itself is the same for every composer; what differs is the time to compose
+an epoch (GRIT chains every search space through the embedding cache), amortised over the
+epoch's steps. This script times both parts on the same process and prints the ratio.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/composer_step_time.py                 # shapes-demo scale
+    PYTHONPATH=. .venv/bin/python benchmarks/composer_step_time.py --pairs 566747 --batch 96 --space 1920 --steps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from falcon_cli.models.registry import create_model  # noqa: E402
+from falcon_cli.objectives.mlm import MlmMask  # noqa: E402
+from falcon_cli.objectives.vlp import VlpObjective  # noqa: E402
+from falcon_cli.sampling.cache import EmbeddingCache  # noqa: E402
+from falcon_cli.sampling.composers import GritComposer, UniformComposer  # noqa: E402
+
+
+def timed(fn, repeats: int) -> float:
+    """Median wall seconds of ``repeats`` calls (one warm-up call first)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=4000, help="pairs in the epoch (default: the 1,000-image demo world)")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--space", type=int, default=320, help="GRIT search-space size |M|")
+    parser.add_argument("--steps", type=int, default=8, help="timed training steps")
+    parser.add_argument("--tokens", type=int, default=14, help="caption length in tokens")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+
+    # Composition: one epoch for each composer from the same cache.
+    ids = torch.arange(args.pairs)
+    cache = EmbeddingCache(ids)
+    feats = torch.nn.functional.normalize(torch.randn(args.pairs, 256), dim=1)
+    cache.update(ids, feats, feats + 0.1 * torch.randn_like(feats))
+    compose = {}
+    for composer in (UniformComposer(args.batch), GritComposer(args.batch, args.space)):
+        generator = torch.Generator().manual_seed(0)
+        compose[composer.name] = timed(lambda c=composer: c.compose_epoch(1, ids, cache, generator), 3)
+    steps_per_epoch = -(-args.pairs // args.batch)
+
+    # One training step of albef-tiny on a synthetic batch (identical for both composers).
+    vocab = 300
+    objective = VlpObjective(create_model("albef-tiny", vocab_size=vocab))
+    optimizer = torch.optim.AdamW(objective.parameters(), lr=1e-4)
+    images = torch.randn(args.batch, 3, 64, 64)
+    input_ids = torch.randint(5, vocab, (args.batch, args.tokens))
+    input_ids[:, 0] = 2
+    attention = torch.ones_like(input_ids)
+    mask = MlmMask.sample(input_ids, attention, vocab_size=vocab, mask_token_id=4, pad_token_id=0, cls_token_id=2)
+
+    def step():
+        out = objective(images, input_ids, attention, mask)
+        optimizer.zero_grad()
+        out.loss.backward()
+        optimizer.step()
+
+    step_time = timed(step, args.steps)
+    print(f"pairs {args.pairs:,}, batch {args.batch}, |M| {args.space}, {steps_per_epoch} steps/epoch, "
+          f"torch threads {torch.get_num_threads()}")
+    print(f"training step (albef-tiny): {step_time * 1000:.1f} ms")
+    per_step = {}
+    for name, seconds in compose.items():
+        per_step[name] = step_time + seconds / steps_per_epoch
+        print(f"{name:8s} compose epoch {seconds * 1000:8.1f} ms -> {per_step[name] * 1000:.1f} ms per step")
+    print(f"grit / uniform per-step time: {per_step['grit'] / per_step['uniform']:.4f}")
+
+
+if __name__ == "__main__":
+    main()
