@@ -35,6 +35,13 @@ class WorldSummary:
     reused: bool = False
     """True when an existing world with the same config was returned instead of regenerating."""
 
+    @classmethod
+    def from_world_json(cls, out_dir: Path, world: dict, *, reused: bool) -> "WorldSummary":
+        """The summary of a world from the content of its ``world.json``."""
+        return cls(out_dir=out_dir, counts=world["counts"],
+                   false_negative_density=world["statistics"]["false_negative_density"],
+                   config=world["config"], reused=reused)
+
     @property
     def splits(self) -> dict[str, dict[str, int]]:
         """Per split (train / val / test): images, captions, VQA questions, NLVR2 statements."""
@@ -109,13 +116,7 @@ def load_world_summary(out_dir: str | Path) -> WorldSummary:
     """The summary of an existing world, read from its ``world.json``."""
     out_dir = Path(out_dir)
     data = _read_world_json(out_dir)
-    return WorldSummary(
-        out_dir=out_dir,
-        counts=data["counts"],
-        false_negative_density=data["statistics"]["false_negative_density"],
-        config=data["config"],
-        reused=True,
-    )
+    return WorldSummary.from_world_json(out_dir, data, reused=True)
 
 
 def _check_target(out_dir: Path, config: ShapesConfig, overwrite: bool) -> WorldSummary | None:
@@ -184,10 +185,4 @@ def generate_world(
             from falcon_cli.data.shapes.preview import write_preview
 
             write_preview(building)
-    return WorldSummary(
-        out_dir=out_dir,
-        counts=world["counts"],
-        false_negative_density=world["statistics"]["false_negative_density"],
-        config=world["config"],
-        reused=False,
-    )
+    return WorldSummary.from_world_json(out_dir, world, reused=False)
