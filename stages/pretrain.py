@@ -166,8 +166,9 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
                                {"epoch": epoch, "batch_index": batch_index, "model": p.model, "image_size": resolution},
                                keep_last=p.keep_last)
 
-    eval_split = retrieval_dataset(spec, p.eval_split, build_transform("test", resolution)) if p.eval_split else None
-    if eval_split is not None and checkpoint is None and main:
+    # Only rank 0 evaluates, so only rank 0 loads the eval split.
+    eval_split = retrieval_dataset(spec, p.eval_split, build_transform("test", resolution)) if p.eval_split and main else None
+    if eval_split is not None and checkpoint is None:
         results["untrained"] = zero_shot_retrieval(model, eval_split, tokenizer, device, max_length=p.max_text_length)
     D.barrier()
 
@@ -243,7 +244,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
         save(epoch + 1, 0, None)
 
     # 6. Zero-shot retrieval with the trained model (ITC only; ITM re-ranking is `falcon evaluate`).
-    if eval_split is not None and main:
+    if eval_split is not None:
         results["trained"] = zero_shot_retrieval(model, eval_split, tokenizer, device, max_length=p.max_text_length)
         write_results(run, results, split=p.eval_split, resolution=resolution, step=global_step)
     D.barrier()

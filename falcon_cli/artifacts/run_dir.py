@@ -68,22 +68,8 @@ class RunDirectory:
         mix their artifacts.
         """
         run = cls(path)
-        manifest_path = run.path / MANIFEST
-        previous: dict[str, Any] = {}
-        if not is_main_process():
-            pass  # rank 0 alone checks and writes the run directory; other ranks keep an unsaved copy
-        elif manifest_path.exists():
-            previous = read_manifest(run.path)
-            diffs = config_differences(previous.get("config", {}), config)
-            if diffs and not overwrite:
-                shown = "; ".join(diffs[:3]) + (f"; and {len(diffs) - 3} more" if len(diffs) > 3 else "")
-                raise FalconError(
-                    f"{run.path} holds a run with a different config ({shown}); "
-                    "use another --run-dir, or pass --overwrite to replace its config"
-                )
-        elif run.path.exists() and any(run.path.iterdir()):
-            if not overwrite:
-                raise FalconError(f"{run.path} exists, is not empty and is not a falcon run; choose another --run-dir")
+        # Rank 0 alone checks and writes the run directory; other ranks keep an unsaved copy.
+        previous = run._check_reusable(config, overwrite) if is_main_process() else {}
         command = list(command if command is not None else sys.argv)
         run.manifest = {
             "schema_version": MANIFEST_SCHEMA_VERSION,
@@ -109,6 +95,22 @@ class RunDirectory:
             run._attach_log()
             run.save()
         return run
+
+    def _check_reusable(self, config: dict, overwrite: bool) -> dict[str, Any]:
+        """The previous manifest of this directory ({} if new); refuse a different config or a foreign directory."""
+        if (self.path / MANIFEST).exists():
+            previous = read_manifest(self.path)
+            diffs = config_differences(previous.get("config", {}), config)
+            if diffs and not overwrite:
+                shown = "; ".join(diffs[:3]) + (f"; and {len(diffs) - 3} more" if len(diffs) > 3 else "")
+                raise FalconError(
+                    f"{self.path} holds a run with a different config ({shown}); "
+                    "use another --run-dir, or pass --overwrite to replace its config"
+                )
+            return previous
+        if self.path.exists() and any(self.path.iterdir()) and not overwrite:
+            raise FalconError(f"{self.path} exists, is not empty and is not a falcon run; choose another --run-dir")
+        return {}
 
     def close(self, status: str = "completed") -> None:
         """Record the end time and final status (``completed`` or ``failed``)."""

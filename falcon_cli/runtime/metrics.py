@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from falcon_cli.artifacts.atomic import write_text
 from falcon_cli.runtime.distributed import is_main_process
 
 
@@ -40,8 +41,6 @@ class MetricsLog:
             return
         kept = [line for line in self.path.read_text(encoding="utf-8").splitlines()
                 if line.strip() and json.loads(line).get("step", -1) <= step]
-        from falcon_cli.artifacts.atomic import write_text
-
         write_text(self.path, "".join(f"{line}\n" for line in kept))
 
 
