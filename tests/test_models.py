@@ -148,6 +148,30 @@ def test_forward_returns_encodings_and_backward_reaches_every_parameter():
     assert model.text_encoder.embeddings.word.weight.grad[1].abs().sum() > 0
 
 
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_itc_features_pool_as_configured(pooling):
+    """Plain reference: [CLS] token, or the mean of the patch tokens / of the unpadded text tokens."""
+    torch.manual_seed(0)
+    model = create_model("albef-tiny", vocab_size=VOCAB, pooling=pooling).eval()
+    images, ids, mask = _batch()
+    with torch.no_grad():
+        image_tokens, image_feat = model.encode_image(images)
+        text_tokens, text_feat = model.encode_text(ids, mask)
+        if pooling == "cls":
+            image_pooled, text_pooled = image_tokens[:, 0], text_tokens[:, 0]
+        else:
+            image_pooled = torch.stack([image_tokens[i, 1:].mean(0) for i in range(len(ids))])
+            text_pooled = torch.stack([text_tokens[i, : int(mask[i].sum())].mean(0) for i in range(len(ids))])
+        expected_image = nn.functional.normalize(model.vision_proj(image_pooled), dim=-1)
+        expected_text = nn.functional.normalize(model.text_proj(text_pooled), dim=-1)
+    assert torch.allclose(image_feat, expected_image, atol=1e-5)
+    assert torch.allclose(text_feat, expected_text, atol=1e-5)
+    if pooling == "mean":  # padding never reaches the feature
+        padded = ids.clone()
+        padded[mask == 0] = 7
+        assert torch.allclose(model.encode_text(padded, mask)[1], text_feat, atol=1e-5)
+
+
 def test_temperature_is_clamped(tiny):
     model = create_model("albef-tiny", vocab_size=VOCAB)
     assert model.temperature().item() == pytest.approx(0.07)

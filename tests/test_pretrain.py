@@ -79,7 +79,7 @@ def test_golden_losses(reference_run):
 # The first three total losses (ITC + ITM + MLM) of the tiny run above, on CPU in fp32. A change here
 # means the model, objectives, data order, masking or initialisation changed: if that was intended,
 # update the numbers and say why in the CHANGELOG.
-GOLDEN = [9.427, 9.382, 9.243]
+GOLDEN = [9.462, 9.389, 9.271]  # albef-tiny with mean pooling (0.2.0 notes)
 
 
 def test_kill_and_resume_is_exact(world, reference_run, tmp_path):

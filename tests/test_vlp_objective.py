@@ -70,5 +70,16 @@ def test_momentum_distillation_path(model):
     assert not any(p.requires_grad for p in objective.momentum_encoders.parameters())
     objective(*batch(seed=2))
     assert int(objective.queue.ptr) == 0, "12-slot queue wraps after two batches of 6"
+    # The momentum features pool exactly like the online model's (albef-tiny: mean pooling).
+    images, ids, attention, _ = batch()
+    copy = VlpObjective(model, itc="momentum", queue_size=12)
+    model.eval()
+    with torch.no_grad():
+        _, image_feat = model.encode_image(images)
+        _, text_feat = model.encode_text(ids, attention)
+    image_m, text_m = copy.momentum_encoders.eval().features(images, ids, attention)
+    model.train()
+    assert model.config.pooling == "mean"
+    assert torch.allclose(image_m, image_feat, atol=1e-5) and torch.allclose(text_m, text_feat, atol=1e-5)
     with torch.no_grad():
         model.vision_proj.weight.sub_(1.0)

@@ -48,6 +48,24 @@ class Encodings(NamedTuple):
     """[] the clamped ITC temperature."""
 
 
+def pooled_features(tokens: torch.Tensor, projection: nn.Module, pooling: str,
+                    attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """L2-normalised float32 ITC features ``[B, embed_dim]`` from encoder ``tokens`` ``[B, T, width]``.
+
+    ``pooling`` ``cls`` projects the first token (ALBEF); ``mean`` projects the mean of the ViT
+    patch tokens (``attention_mask`` None: token 0 is [CLS] and is left out) or of the text
+    tokens the ``attention_mask`` keeps. The model and its momentum copy both use this.
+    """
+    if pooling == "cls":
+        pooled = tokens[:, 0]
+    elif attention_mask is None:
+        pooled = tokens[:, 1:].mean(dim=1)
+    else:
+        keep = attention_mask.unsqueeze(-1).to(tokens.dtype)
+        pooled = (tokens * keep).sum(dim=1) / keep.sum(dim=1).clamp_min(1)
+    return F.normalize(projection(pooled).float(), dim=-1)
+
+
 class ALBEF(nn.Module):
     """ALBEF (no momentum encoder) with stable, plain parameter names.
 
@@ -96,8 +114,7 @@ class ALBEF(nn.Module):
     def encode_image(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``images`` [B, 3, H, W] -> (image tokens [B, 1 + N, vision_width], image features [B, embed_dim])."""
         tokens = self.visual_encoder.forward_features(images)
-        feat = F.normalize(self.vision_proj(tokens[:, 0]).float(), dim=-1)
-        return tokens, feat
+        return tokens, pooled_features(tokens, self.vision_proj, self.config.pooling)
 
     def encode_text(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Text encoder only (for ITC): -> (text tokens [B, L, text_width], text features [B, embed_dim]).
@@ -105,8 +122,7 @@ class ALBEF(nn.Module):
         ``attention_mask`` [B, L] is the padding mask (1 = token, 0 = padding).
         """
         tokens = self.text_encoder(input_ids, attention_mask)
-        feat = F.normalize(self.text_proj(tokens[:, 0]).float(), dim=-1)
-        return tokens, feat
+        return tokens, pooled_features(tokens, self.text_proj, self.config.pooling, attention_mask)
 
     def fuse(self, text_tokens: torch.Tensor, attention_mask: torch.Tensor,
              image_tokens: torch.Tensor) -> torch.Tensor:

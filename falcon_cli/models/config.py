@@ -8,7 +8,7 @@ model is created: ``create_model("albef-tiny", vocab_size=len(tokenizer))``.
 from __future__ import annotations
 
 import difflib
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
@@ -87,6 +87,13 @@ class AlbefConfig(BaseModel):
     # --- heads --------------------------------------------------------------------------------
     embed_dim: int = 256
     """Width of the L2-normalised image/text features used by ITC, the embedding cache and the composers."""
+
+    pooling: Literal["cls", "mean"] = "cls"
+    """What the ITC projections read: ``cls`` (ALBEF: the [CLS] token of each encoder) or ``mean``
+    (the mean of the ViT patch tokens and of the non-padding text tokens). A randomly initialised
+    tower's [CLS] output hardly depends on its input (cosine ~0.999 between any two captions),
+    so a small model trained from scratch sits on the uniform-ITC plateau for hundreds of steps;
+    mean pooling starts from features that already differ (``albef-tiny`` uses it)."""
 
     temp_init: float = 0.07
     """Initial ITC temperature."""

@@ -15,6 +15,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from falcon_cli.models.albef import pooled_features
 from falcon_cli.objectives.itc import (
     MomentumQueue, copy_to_momentum, itc_grit, itc_momentum_distillation, momentum_update,
 )
@@ -43,6 +44,7 @@ class _MomentumEncoders(nn.Module):
         self.vision_proj = copy.deepcopy(model.vision_proj)
         self.text_encoder = copy.deepcopy(model.text_encoder)
         self.text_proj = copy.deepcopy(model.text_proj)
+        self.pooling = model.config.pooling
         copy_to_momentum(self.online_parts(model), self)
 
     @staticmethod
@@ -54,8 +56,8 @@ class _MomentumEncoders(nn.Module):
     def features(self, images: Tensor, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
         image_tokens = self.visual_encoder.forward_features(images)
         text_tokens = self.text_encoder(input_ids, attention_mask)
-        image = nn.functional.normalize(self.vision_proj(image_tokens[:, 0]).float(), dim=-1)
-        text = nn.functional.normalize(self.text_proj(text_tokens[:, 0]).float(), dim=-1)
+        image = pooled_features(image_tokens, self.vision_proj, self.pooling)
+        text = pooled_features(text_tokens, self.text_proj, self.pooling, attention_mask)
         return image, text
 
 
