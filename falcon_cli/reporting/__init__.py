@@ -1,0 +1,1 @@
+"""Reporting: figures drawn from a run's artifacts (e.g. the batch log)."""

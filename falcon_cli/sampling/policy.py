@@ -1,0 +1,204 @@
+"""FALCON's negative-mining scheduler π_φ: a small MLP that maps a similarity profile to Beta(α, β).
+
+For each anchor the composer summarises its similarity row as ``m`` (default 100)
+softmax-normalised sorted quantiles Ŝ (sorted ascending, so the policy does not depend on
+candidate order). The policy turns Ŝ into the parameters of a Beta distribution; the
+quantile ``q ~ Beta(α, β)`` then picks how hard the next negative is (high q: harder).
+
+Pieces:
+
+* :class:`SchedulerPolicy` — the lightweight 4-layer residual MLP (``m → 256``, two
+  residual ``256 → 256`` blocks, ``256 → 2``) with a softplus head. The head starts at zero
+  weights and bias 0.5, so α = β ≈ 0.974 at initialisation (q almost uniform).
+* :func:`sample_q` — Beta sampling driven by an explicit :class:`torch.Generator`, so batch
+  composition is reproducible and resumable (``torch.distributions.Beta.sample`` takes no
+  generator).
+* :func:`beta_log_prob`, :func:`reinforce_loss`, :class:`RewardBaseline` — the REINFORCE
+  update of the policy from the reward of the batches it composed.
+* :func:`build_policy_optimizer` — AdamW(lr 1e-4, weight decay 0.01) as in the paper.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from falcon_cli.objectives.common import fp32_region
+
+__all__ = [
+    "Q_CLAMP",
+    "SchedulerPolicy",
+    "beta_log_prob",
+    "sample_q",
+    "reinforce_loss",
+    "RewardBaseline",
+    "build_policy_optimizer",
+]
+
+#: q is kept in ``[Q_CLAMP, 1 - Q_CLAMP]``: Beta samples can land on the float boundary,
+#: where the log density is infinite.
+Q_CLAMP = 1e-6
+
+
+class SchedulerPolicy(nn.Module):
+    """π_φ: Ŝ ``[..., m]`` → (α, β) ``[...]``, a residual MLP with a softplus head.
+
+    Layers: ``Linear(m, hidden)`` + ReLU, ``blocks`` residual blocks
+    ``h + relu(Linear(hidden, hidden)(h))``, then ``Linear(hidden, 2)``; α and β are
+    ``softplus(raw) + eps`` so they stay strictly positive. With the default ``blocks=2``
+    that is the paper's 4-layer network. Every row is processed independently.
+    """
+
+    def __init__(self, quantiles: int = 100, hidden: int = 256, blocks: int = 2, eps: float = 1e-5,
+                 init_bias: float = 0.5):
+        super().__init__()
+        if quantiles < 1 or hidden < 1 or blocks < 0:
+            raise ValueError(f"quantiles and hidden must be >= 1 and blocks >= 0, got {quantiles}, {hidden}, {blocks}")
+        if eps <= 0:
+            raise ValueError(f"eps must be > 0, got {eps}")
+        self.quantiles = int(quantiles)
+        self.hidden = int(hidden)
+        self.eps = float(eps)
+        self.input = nn.Linear(self.quantiles, self.hidden)
+        self.blocks = nn.ModuleList(nn.Linear(self.hidden, self.hidden) for _ in range(blocks))
+        self.head = nn.Linear(self.hidden, 2)
+        # Zero head: α = β = softplus(init_bias) + eps for every input, i.e. q ≈ uniform at
+        # the start, so early training is not biased towards easy or hard negatives.
+        nn.init.zeros_(self.head.weight)
+        nn.init.constant_(self.head.bias, init_bias)
+
+    def forward(self, s_hat: Tensor) -> tuple[Tensor, Tensor]:
+        """Return (α, β), each of shape ``s_hat.shape[:-1]``, in float32 even under autocast."""
+        if s_hat.shape[-1] != self.quantiles:
+            raise ValueError(f"expected the last dimension of s_hat to be {self.quantiles}, got shape {tuple(s_hat.shape)}")
+        x = s_hat.to(self.input.weight.dtype)
+        h = F.relu(self.input(x))
+        for block in self.blocks:
+            h = h + F.relu(block(h))
+        # The head and softplus run in float32: α, β feed lgamma in the log density.
+        with fp32_region(h.device):
+            raw = F.linear(h.float(), self.head.weight.float(), self.head.bias.float())
+            params = F.softplus(raw) + self.eps
+        return params[..., 0], params[..., 1]
+
+    def distribution(self, s_hat: Tensor) -> torch.distributions.Beta:
+        """The policy's Beta(α, β) for each row of ``s_hat`` (batch shape ``s_hat.shape[:-1]``)."""
+        alpha, beta = self(s_hat)
+        return torch.distributions.Beta(alpha, beta)
+
+
+def beta_log_prob(alpha: Tensor, beta: Tensor, q: Tensor) -> Tensor:
+    """Log density of Beta(α, β) at ``q`` (broadcast), with q clamped to ``[1e-6, 1 - 1e-6]``.
+
+    Differentiable in α and β (the REINFORCE gradient). The clamp keeps the value finite
+    for samples that hit 0 or 1 in floating point.
+    """
+    dtype = torch.promote_types(torch.promote_types(alpha.dtype, beta.dtype), q.dtype)
+    if not dtype.is_floating_point:
+        dtype = torch.get_default_dtype()
+    alpha, beta = alpha.to(dtype), beta.to(dtype)
+    q = q.to(device=alpha.device, dtype=dtype).clamp(Q_CLAMP, 1.0 - Q_CLAMP)
+    with fp32_region(alpha.device):
+        return torch.distributions.Beta(alpha, beta, validate_args=False).log_prob(q)
+
+
+def _log_standard_gamma(shape: Tensor, generator: torch.Generator) -> Tensor:
+    """log X for X ~ Gamma(shape, 1), elementwise, drawing every random number from ``generator``.
+
+    Marsaglia–Tsang (2000) squeeze/rejection for shape ≥ 1, vectorised: each round draws a
+    normal and a uniform for every element and keeps the first accepted proposal per
+    element; rounds repeat until all are accepted (acceptance is > 95% per round). For
+    shape < 1 it uses the boost Gamma(a) = Gamma(a + 1) · U^(1/a), in log space so tiny
+    shapes do not underflow to 0. Runs in float64 on the generator's device.
+    """
+    a = shape.detach().to(device=generator.device, dtype=torch.float64)
+    if not bool(torch.isfinite(a).all()) or not bool((a > 0).all()):
+        raise ValueError("Gamma shape parameters must be finite and > 0")
+    boost = a < 1.0
+    d = torch.where(boost, a + 1.0, a) - 1.0 / 3.0
+    c = 1.0 / torch.sqrt(9.0 * d)
+    log_x = torch.zeros_like(a)
+    pending = torch.ones_like(a, dtype=torch.bool)
+    while bool(pending.any()):
+        z = torch.randn(a.shape, generator=generator, dtype=torch.float64, device=a.device)
+        u = 1.0 - torch.rand(a.shape, generator=generator, dtype=torch.float64, device=a.device)  # (0, 1]
+        v = (1.0 + c * z) ** 3
+        v_safe = v.clamp_min(torch.finfo(torch.float64).tiny)
+        accept = (v > 0) & (torch.log(u) < 0.5 * z * z + d - d * v + d * torch.log(v_safe))
+        newly = pending & accept
+        log_x = torch.where(newly, torch.log(d) + torch.log(v_safe), log_x)
+        pending = pending & ~accept
+    u = 1.0 - torch.rand(a.shape, generator=generator, dtype=torch.float64, device=a.device)
+    return torch.where(boost, log_x + torch.log(u) / a, log_x)
+
+
+def sample_q(alpha: Tensor, beta: Tensor, generator: torch.Generator) -> Tensor:
+    """Draw q ~ Beta(α, β) elementwise using ``generator`` only (reproducible, resumable).
+
+    q = X / (X + Y) with X ~ Gamma(α), Y ~ Gamma(β), computed as sigmoid(log X − log Y)
+    for stability. α and β broadcast; the result has their broadcast shape, α's dtype
+    and device, no gradient, and is clamped to ``[1e-6, 1 - 1e-6]``. The same generator
+    state and shapes always give the same draws.
+    """
+    alpha, beta = torch.broadcast_tensors(alpha.detach(), beta.detach())
+    log_x = _log_standard_gamma(alpha, generator)
+    log_y = _log_standard_gamma(beta, generator)
+    q = torch.sigmoid(log_x - log_y).clamp(Q_CLAMP, 1.0 - Q_CLAMP)
+    out_dtype = alpha.dtype if alpha.dtype.is_floating_point else torch.get_default_dtype()
+    return q.to(device=alpha.device, dtype=out_dtype)
+
+
+def reinforce_loss(reward: Tensor | float, log_prob_sum: Tensor, baseline: float = 0.0) -> Tensor:
+    """REINFORCE loss ``-(reward - baseline) * log_prob_sum``, with the reward detached.
+
+    Minimising it raises the log-probability of the q's actually used when the reward
+    beat the baseline and lowers it when it fell short; at reward == baseline the
+    gradient is exactly zero.
+    """
+    if isinstance(reward, Tensor):
+        reward = reward.detach().to(device=log_prob_sum.device, dtype=log_prob_sum.dtype)
+    advantage = reward - baseline
+    return -advantage * log_prob_sum
+
+
+class RewardBaseline:
+    """Exponential moving average of the reward, subtracted in :func:`reinforce_loss` to cut variance.
+
+    ``value`` is 0.0 before the first update; the first update sets it to that reward, later
+    ones to ``decay * value + (1 - decay) * reward``.
+    """
+
+    def __init__(self, decay: float = 0.9):
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"decay must be in [0, 1), got {decay}")
+        self.decay = float(decay)
+        self.value = 0.0
+        self.count = 0
+
+    def update(self, reward: float) -> float:
+        """Fold ``reward`` into the average and return the new value."""
+        reward = float(reward)
+        if not math.isfinite(reward):
+            raise ValueError(f"reward must be finite, got {reward}")
+        self.value = reward if self.count == 0 else self.decay * self.value + (1.0 - self.decay) * reward
+        self.count += 1
+        return self.value
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain-Python state for a checkpoint."""
+        return {"decay": self.decay, "value": self.value, "count": self.count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the state written by :meth:`state_dict`."""
+        self.decay = float(state["decay"])
+        self.value = float(state["value"])
+        self.count = int(state["count"])
+
+
+def build_policy_optimizer(policy: nn.Module, lr: float = 1e-4, weight_decay: float = 0.01) -> torch.optim.AdamW:
+    """AdamW over the policy's parameters with the paper's settings (lr 1e-4, wd 0.01, betas 0.9/0.999)."""
+    return torch.optim.AdamW(policy.parameters(), lr=lr, betas=(0.9, 0.999), weight_decay=weight_decay)

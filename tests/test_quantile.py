@@ -1,0 +1,261 @@
+"""FALCON's quantile composition (Algorithm 1): the vectorised path against a plain loop."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from falcon_cli.sampling.cache import EmbeddingCache
+from falcon_cli.sampling.quantile import Draw, QuantileSpaces, _sorted_rows, fixed_q, space_tables, unified_similarity
+
+
+def exact_features(n: int, dim: int = 8, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Features that are multiples of 1/4 in [-1, 1]: every dot product is exact in float32, so the
+    reference and the fast path see bit-identical similarities (and many ties, which tests tie order)."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randint(-4, 5, (n, dim), generator=g).float() / 4,
+            torch.randint(-4, 5, (n, dim), generator=g).float() / 4)
+
+
+def make_cache(n: int, seed: int = 0, first_id: int = 100) -> tuple[EmbeddingCache, torch.Tensor, torch.Tensor]:
+    image, text = exact_features(n, seed=seed)
+    ids = torch.arange(first_id, first_id + n)
+    cache = EmbeddingCache(ids, dim=image.shape[1], dtype=torch.float32)
+    cache.update(ids, image, text)
+    return cache, image, text
+
+
+def beta_rule(alpha_table: torch.Tensor, beta_table: torch.Tensor):
+    """An instance-level rule drawing q ~ Beta(alpha[anchor], beta[anchor]) from the generator
+    (a plain inverse-transform stand-in for the policy: the composition only needs *some* draw)."""
+    def rule(spaces, anchors, generator):
+        a, b = alpha_table[spaces, anchors], beta_table[spaces, anchors]
+        u = torch.rand(len(spaces), generator=generator, dtype=torch.float64)
+        q = u ** (1.0 / a.double())  # Beta(a, 1) by inversion; b only logged
+        return Draw(q, a.float(), b.float())
+    return rule
+
+
+def reference(spaces_ids, img, txt, batch_size, rule, generator, *, drop_last=False, level="instance"):
+    """Algorithm 1, one candidate at a time, over spaces in lockstep, with the fast path's order of
+    random draws: per round one uniform per active space (its start), then per step the rule's draws.
+    ``img``/``txt`` [S, W, D]: position k of space s has features img[s, k]."""
+    sims = [[[float(img[s][a] @ txt[s][b] + txt[s][a] @ img[s][b]) for b in range(len(ids))]
+             for a in range(len(ids))] for s, ids in enumerate(spaces_ids)]
+    available = [list(range(len(ids))) for ids in spaces_ids]
+    out = [[] for _ in spaces_ids]
+
+    def usable(s):
+        return len(available[s]) >= batch_size or (bool(available[s]) and not drop_last)
+
+    while True:
+        active = [s for s in range(len(spaces_ids)) if usable(s)]
+        if not active:
+            return out
+        u = torch.rand(len(active), generator=generator, dtype=torch.float64)
+        chains = {}
+        for k, s in enumerate(active):
+            pick = min(int(u[k] * len(available[s])), len(available[s]) - 1)
+            first = sorted(available[s])[pick]
+            available[s].remove(first)
+            chains[s] = [(first, -1, math.nan)]
+        batch_q = None
+        for _step in range(1, batch_size):
+            going = [s for s in active if available[s]]
+            if not going:
+                break
+            lasts = torch.tensor([chains[s][-1][0] for s in going])
+            if level == "batch":
+                if batch_q is None:
+                    draw = rule(torch.tensor(active), torch.tensor([chains[s][0][0] for s in active]), generator)
+                    batch_q = {s: float(draw.q[k]) for k, s in enumerate(active)}
+                qs = [batch_q[s] for s in going]
+            else:
+                draw = rule(torch.tensor(going), lasts, generator)
+                qs = [float(v) for v in draw.q]
+            for s, last, q in zip(going, lasts.tolist(), qs):
+                row = sims[s][last]
+                candidates = sorted(available[s], key=lambda j: (row[j], -j))
+                r = min(math.floor(q * (len(candidates) - 1) + 0.5), len(candidates) - 1)
+                chosen = candidates[r]
+                available[s].remove(chosen)
+                chains[s].append((chosen, last, q))
+        for s in active:
+            ids = spaces_ids[s]
+            out[s].append([(int(ids[c]), int(ids[a]) if a >= 0 else -1, q) for c, a, q in chains[s]])
+
+
+def space_features(parts, image, text):
+    """[S, W, D] feature tables of the spaces ``parts`` (pair ids; features are indexed by id - 100)."""
+    width = max(len(p) for p in parts)
+    img = torch.zeros(len(parts), width, image.shape[1])
+    txt = torch.zeros_like(img)
+    for s, p in enumerate(parts):
+        img[s, : len(p)] = image[p - 100]
+        txt[s, : len(p)] = text[p - 100]
+    return img, txt
+
+
+def batch_tuples(batch):
+    return [(int(p), int(a), float(q)) for p, a, q in zip(batch.pair_ids, batch.anchor_pair_id, batch.q)]
+
+
+def same(expected, got):
+    assert len(expected) == len(got)
+    for e, g in zip(expected, got):
+        assert [x[:2] for x in e] == [x[:2] for x in g]
+        assert all((math.isnan(a[2]) and math.isnan(b[2])) or abs(a[2] - b[2]) < 1e-6 for a, b in zip(e, g))
+
+
+def test_cpu_sort_orders_like_stable_torch_sort_with_ties_by_descending_index():
+    g = torch.Generator().manual_seed(1)
+    block = torch.randint(-3, 4, (7, 50), generator=g).float() / 2
+    block[0, :5] = -0.0
+    block[1, 3] = float("inf")
+    values, index = _sorted_rows(block)
+    keyed = [sorted(range(50), key=lambda j: (float(block[r, j]), -j)) for r in range(7)]
+    assert index.tolist() == keyed
+    assert torch.equal(values, torch.gather(block + 0.0, 1, index))
+
+
+def test_space_tables_match_plain_quantiles_and_sorts():
+    cache, image, text = make_cache(30)
+    size = torch.tensor([30, 17])
+    img = torch.stack([image, torch.cat([image[:17], torch.zeros(13, 8)])])
+    txt = torch.stack([text, torch.cat([text[:17], torch.zeros(13, 8)])])
+    tables = space_tables(img, txt, size, quantiles=11, row_block_bytes=4096)
+    levels = torch.linspace(0, 1, 11, dtype=torch.float64)
+    for s, n in enumerate(size.tolist()):
+        full = unified_similarity(img[s, :n], txt[s, :n])
+        for a in range(n):
+            others = [j for j in range(n) if j != a]
+            expected_order = sorted(others, key=lambda j: (float(full[a, j]), -j))
+            assert tables.order[s, a, : n - 1].tolist() == expected_order
+            row = full[a, others].double()
+            expected = torch.softmax(torch.quantile(row, levels).float(), 0)
+            assert torch.allclose(tables.s_hat[s, a], expected, atol=1e-6)
+    assert tables.order.dtype == torch.int16
+
+
+def test_quantile_features_do_not_depend_on_candidate_order():
+    image, text = exact_features(20, seed=3)
+    perm = torch.randperm(20, generator=torch.Generator().manual_seed(0))
+    size = torch.tensor([20])
+    a = space_tables(image[None], text[None], size).s_hat[0]
+    b = space_tables(image[perm][None], text[perm][None], size).s_hat[0]
+    assert torch.allclose(a[perm], b, atol=1e-6)
+
+
+@pytest.mark.parametrize("q", [0.0, 0.3, 0.5, 1.0])
+def test_fixed_q_one_space_at_a_time_equals_reference(q):
+    cache, image, text = make_cache(45)
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    spaces = QuantileSpaces(cache.pair_ids, cache, search_space_size=20, batch_size=6, generator=g1)
+    got = []
+    while spaces.has_next():
+        batch, record = spaces.next_batch(fixed_q(q), g1)
+        got.append(batch_tuples(batch))
+    # the reference replays the same shuffle, then each space on its own
+    shuffled = cache.pair_ids[torch.randperm(45, generator=g2)]
+    expected = []
+    for s in range(3):
+        part = shuffled[s * 20:(s + 1) * 20]
+        expected += reference([part], *space_features([part], image, text), 6, fixed_q(q), g2)[0]
+    same(expected, got)
+    assert sorted(p for b in got for p, _, _ in b) == list(range(100, 145)), "every pair exactly once"
+    assert [len(b) for b in got] == [6, 6, 6, 2, 6, 6, 6, 2, 5]
+
+
+@pytest.mark.parametrize("level", ["instance", "batch"])
+def test_beta_rule_lockstep_equals_reference(level):
+    cache, image, text = make_cache(50, seed=2)
+    g_alpha = torch.Generator().manual_seed(9)
+    alpha = torch.rand(3, 20, generator=g_alpha) * 3 + 0.2
+    beta = torch.rand(3, 20, generator=g_alpha) * 3 + 0.2
+    rule = beta_rule(alpha, beta)
+    g1, g2 = torch.Generator().manual_seed(11), torch.Generator().manual_seed(11)
+    spaces = QuantileSpaces(cache.pair_ids, cache, search_space_size=20, batch_size=7, generator=g1, level=level)
+    got = spaces.compose_all(rule, g1)
+    shuffled = cache.pair_ids[torch.randperm(50, generator=g2)]
+    parts = [shuffled[s * 20:(s + 1) * 20] for s in range(3)]
+    expected = [b for space in reference(parts, *space_features(parts, image, text), 7, rule, g2, level=level)
+                for b in space]
+    same(expected, [batch_tuples(b) for b in got])
+    if level == "batch":
+        for b in got:
+            qs = b.q[1:]
+            assert torch.all(qs == qs[0])
+
+
+@pytest.mark.parametrize("q", [1.0, 0.0])
+def test_q_one_is_the_argmax_chain_and_q_zero_the_argmin(q):
+    """Independent of the reference: each slot is the (lowest-index) most similar remaining pair for
+    q = 1 (GRIT's rule on S), the least similar for q = 0; 'remaining' spans the whole epoch."""
+    cache, image, text = make_cache(24, seed=4)
+    g = torch.Generator().manual_seed(0)
+    spaces = QuantileSpaces(cache.pair_ids, cache, search_space_size=24, batch_size=8, generator=g)
+    used: set[int] = set()
+    for batch in spaces.compose_all(fixed_q(q), g):
+        local = [int(p) - 100 for p in batch.pair_ids]
+        used.add(local[0])
+        for k in range(1, len(local)):
+            prev = local[k - 1]
+            assert int(batch.anchor_pair_id[k]) - 100 == prev
+            remaining = [j for j in range(24) if j not in used]
+            row = (image[prev] @ text.T + text[prev] @ image.T)[remaining]
+            best = int(torch.argmax(row)) if q == 1.0 else None
+            if q == 1.0:
+                assert local[k] == remaining[best]
+            else:
+                assert float(image[prev] @ text[local[k]] + text[prev] @ image[local[k]]) == float(row.min())
+            assert float(batch.quantile_rank[k]) == (q if len(remaining) > 1 else 1.0)
+            used.add(local[k])
+
+
+def test_one_space_epoch_batches_cover_everything_and_drop_last():
+    cache, _, _ = make_cache(50)
+    g = torch.Generator().manual_seed(0)
+    spaces = QuantileSpaces(cache.pair_ids, cache, search_space_size=50, batch_size=8, generator=g, drop_last=True)
+    batches = spaces.compose_all(fixed_q(0.5), g)
+    assert len(batches) == len(spaces) == 6 and all(len(b) == 8 for b in batches)
+    ids = torch.cat([b.pair_ids for b in batches])
+    assert len(set(ids.tolist())) == 48
+
+
+def test_resume_mid_epoch_recomposes_the_same_batches():
+    cache, _, _ = make_cache(40, seed=6)
+    alpha = torch.full((1, 20), 2.0)
+    rule = beta_rule(alpha, alpha)
+    g = torch.Generator().manual_seed(3)
+    spaces = QuantileSpaces(cache.pair_ids, cache, search_space_size=20, batch_size=6, generator=g)
+    uninterrupted = []
+    state = None
+    while spaces.has_next():
+        if len(uninterrupted) == 2:
+            state, g_state = spaces.state_dict(), g.get_state()
+        uninterrupted.append(batch_tuples(spaces.next_batch(rule, g)[0]))
+    # the cache moves on (this epoch's features) but the snapshot keeps the space as composed
+    cache.update(cache.pair_ids, *exact_features(40, seed=99))
+    resumed = QuantileSpaces(cache.pair_ids, cache, search_space_size=20, batch_size=6,
+                             generator=torch.Generator().manual_seed(123))
+    resumed.load_state_dict(state)
+    g.set_state(g_state)
+    rest = []
+    while resumed.has_next() and len(rest) < 2:  # the current space is finished from its snapshot
+        rest.append(batch_tuples(resumed.next_batch(rule, g)[0]))
+    same(uninterrupted[2:4], rest)
+
+
+def test_record_holds_the_rows_and_qs_the_policy_used():
+    cache, _, _ = make_cache(30, seed=7)
+    alpha = torch.rand(1, 30) + 0.5
+    rule = beta_rule(alpha, alpha)
+    g = torch.Generator().manual_seed(0)
+    spaces = QuantileSpaces(cache.pair_ids, cache, search_space_size=30, batch_size=5, generator=g)
+    batch, record = spaces.next_batch(rule, g)
+    ids = spaces.space_ids(0).tolist()
+    positions = torch.tensor([ids.index(int(a)) for a in batch.anchor_pair_id[1:]])
+    assert torch.equal(record["s_hat"], spaces.tables.s_hat[0, positions])
+    assert torch.allclose(record["q"].float(), batch.q[1:])
