@@ -3,12 +3,15 @@
 Reads top to bottom:
 1. processes, device, precision and seeds (torchrun or a plain process);
 2. data, the run's tokenizer, the model and its objective, optimizer and scaler;
-3. the batch composer (uniform or GRIT), the embedding cache it reads, the batch log;
+3. the batch composer (uniform, GRIT, a fixed or progressive quantile, or FALCON with its
+   learned scheduler), the embedding cache it reads, the batch log;
 4. resume from the latest checkpoint if asked: every piece of state, so the run continues
    exactly where it stopped;
-5. the epoch loop: compose the epoch's batches from the cache of the previous epoch,
-   train on them, fill the cache from the training forward itself (no extra pass),
-   checkpoint, write the cache to ``embeddings/epoch_<e>.h5``;
+5. the epoch loop: compose the epoch's batches from the cache of the previous epoch
+   (FALCON: one batch at a time, because batch k + 1 depends on the scheduler after step k),
+   train on them, reward and update the scheduler (FALCON), fill the cache from the
+   training forward itself (no extra pass), checkpoint, write the cache to
+   ``embeddings/epoch_<e>.h5``;
 6. zero-shot ITC retrieval on the test split, before and after training.
 
 Single process: ``falcon pretrain --recipe shapes-demo``. Several: ``torchrun
@@ -49,9 +52,12 @@ from falcon_cli.runtime.optim import build_optimizer, learning_rate, set_learnin
 from falcon_cli.runtime.precision import autocast, grad_scaler, pick_device, resolve_precision
 from falcon_cli.runtime.progress import track
 from falcon_cli.runtime.seeding import rng_state, seed_everything, set_rng_state
-from falcon_cli.sampling.batch_log import BatchLog
+from falcon_cli.sampling.batch_log import BatchLog, read_batch_log
+from falcon_cli.reporting.figures import q_over_training
 from falcon_cli.sampling.cache import EmbeddingCache
 from falcon_cli.sampling.composers import GritComposer, UniformComposer, batches_from_state, batches_state, shard_pair_ids
+from falcon_cli.sampling.quantile import QuantileSpaces
+from falcon_cli.sampling.scheduler import NegativeScheduler, progressive_q
 
 log = logging.getLogger("falcon")
 console = make_console(stderr=True)
@@ -101,9 +107,20 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
                    pad_token_id=tokenizer.pad_token_id, cls_token_id=tokenizer.cls_token_id)
 
     # 3. Batches. The shard generator is identical on every rank (so shards are disjoint);
-    # the composition, masking and ITM generators are per rank.
+    # the composition, masking and ITM generators are per rank. The quantile composers use
+    # uniform batches in epoch 0 (no features yet), like GRIT.
     composer = (GritComposer(p.batch_size, p.search_space_size, drop_last=p.drop_last) if p.composer == "grit"
                 else UniformComposer(p.batch_size, drop_last=p.drop_last))
+    scheduler = NegativeScheduler(quantiles=p.quantile_levels, hidden=p.scheduler_hidden, blocks=p.scheduler_blocks,
+                                  lr=p.scheduler_lr, weight_decay=p.scheduler_weight_decay, reward=p.reward,
+                                  reward_mode=p.reward_mode, baseline=p.reward_baseline,
+                                  baseline_decay=p.reward_baseline_decay, grad_clip=p.scheduler_grad_clip,
+                                  device=device) if p.composer == "falcon" else None
+
+    def quantile_spaces(shard, generator) -> QuantileSpaces:
+        return QuantileSpaces(shard, cache, p.search_space_size, p.batch_size, generator, drop_last=p.drop_last,
+                              level=p.scheduler_level if p.composer == "falcon" else "instance",
+                              quantiles=p.quantile_levels, temperature=p.quantile_temperature, sampler=p.composer)
     all_ids = torch.tensor(dataset.pair_ids, dtype=torch.long)
     cache = EmbeddingCache(all_ids, model.config.embed_dim, device=device)
     generators = {name: torch.Generator().manual_seed(config.seed + offset)
@@ -120,7 +137,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
                       f"global batch {p.batch_size * world}; composer {p.composer}; {p.epochs} epochs")
 
     # 4. Resume: model, optimizer, scaler, every RNG, the composer, the epoch's batches, the cache.
-    start_epoch, start_index, global_step, pending = 0, 0, 0, None
+    start_epoch, start_index, global_step, pending, spaces = 0, 0, 0, None, None
     checkpoint_dir = run.path / "checkpoints"
     results: dict = {}
     checkpoint = latest_checkpoint(checkpoint_dir) if resume else None
@@ -140,6 +157,12 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
         itm_generator.set_state(mine["itm_generator"])
         start_epoch, start_index, global_step = state["epoch"], state["batch_index"], state["global_step"]
         pending = batches_from_state(mine["batches"]) if mine["batches"] is not None else None
+        if mine.get("spaces") is not None:  # mid-epoch in a FALCON epoch: its spaces, position and log rows
+            spaces = quantile_spaces(torch.empty(0, dtype=torch.long), None)
+            spaces.load_state_dict(mine["spaces"])
+            batch_log.load_state_dict(mine["batch_log"])
+        if scheduler is not None:
+            scheduler.load_state_dict(state["scheduler"])
         results = state.get("results", {})
         metrics.truncate_after(global_step)
         if main:
@@ -151,7 +174,9 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
         """Checkpoint everything needed to continue at (epoch, batch_index)."""
         mine = {"rng": rng_state(), "generators": {n: g.get_state() for n, g in generators.items()},
                 "itm_generator": itm_generator.get_state(),
-                "batches": batches_state(batches) if batches is not None else None}
+                "batches": batches_state(batches) if batches is not None else None,
+                "spaces": spaces.state_dict() if spaces is not None and batches is None else None,
+                "batch_log": batch_log.state_dict() if spaces is not None and batches is None else None}
         ranks = [None] * world if main else None
         if distributed:
             dist.gather_object(mine, ranks, dst=0)
@@ -161,7 +186,8 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
             return None
         state = {"world_size": world, "epoch": epoch, "batch_index": batch_index, "global_step": global_step,
                  "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(), "composer": composer.state_dict(),
-                 "cache": cache.state_dict(), "ranks": ranks, "results": results}
+                 "cache": cache.state_dict(), "ranks": ranks, "results": results,
+                 "scheduler": scheduler.state_dict() if scheduler is not None else None}
         return save_checkpoint(checkpoint_dir, global_step, weight_files, state,
                                {"epoch": epoch, "batch_index": batch_index, "model": p.model, "image_size": resolution},
                                keep_last=p.keep_last)
@@ -175,25 +201,41 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
     # 5. Train.
     for epoch in range(start_epoch, p.epochs):
         dataset.set_epoch(epoch)
-        if pending is None:
+        falcon_epoch = p.composer == "falcon" and epoch > 0
+        if pending is None and spaces is None:
             # Epoch 0 (or an empty cache) is uniform; later epochs group by last epoch's embeddings.
             shard = shard_pair_ids(all_ids, rank, world, generators["shard"])
-            batches = composer.compose_epoch(epoch, shard, cache if epoch > 0 else None, generators["compose"])
-            batches = batches[:steps_per_epoch]
-            batch_log.extend(epoch, batches, rank=rank)
-            batch_log.write(epoch)
+            if epoch == 0 or p.composer in ("uniform", "grit"):
+                batches = composer.compose_epoch(epoch, shard, cache if epoch > 0 else None, generators["compose"])
+            elif p.composer in ("quantile", "progressive"):  # q does not depend on training: the whole epoch now
+                q = p.quantile if p.composer == "quantile" else progressive_q(epoch, p.epochs, p.progressive_start,
+                                                                              p.progressive_end)
+                batches = quantile_spaces(shard, generators["compose"]).compose_all(q, generators["compose"])
+            else:  # falcon: the spaces now, each batch when the previous step (and scheduler update) is done
+                spaces, batches = quantile_spaces(shard, generators["compose"]), None
+            if batches is not None:
+                batches = batches[:steps_per_epoch]
+                batch_log.extend(epoch, batches, rank=rank)
+                batch_log.write(epoch)
             cache.reset()  # `filled` now tracks this epoch; features stay until overwritten
             start_index = 0
         else:
             batches, pending = pending, None
-        # The loader gets its own generator: a fresh iterator must not draw from the global RNG,
-        # or a resumed run's dropout would drift from the uninterrupted run's. (Augmentation is
-        # seeded per item, so the workers' seeds do not matter.)
-        loader = DataLoader(dataset, batch_sampler=[[dataset.index_of(int(i)) for i in b.pair_ids] for b in batches[start_index:]],
-                            collate_fn=collate, num_workers=p.num_workers, pin_memory=device.type == "cuda",
-                            generator=torch.Generator().manual_seed(config.seed + epoch))
+        if batches is not None:
+            # The loader gets its own generator: a fresh iterator must not draw from the global RNG,
+            # or a resumed run's dropout would drift from the uninterrupted run's. (Augmentation is
+            # seeded per item, so the workers' seeds do not matter.)
+            total = len(batches)
+            loader = DataLoader(dataset, batch_sampler=[[dataset.index_of(int(i)) for i in b.pair_ids] for b in batches[start_index:]],
+                                collate_fn=collate, num_workers=p.num_workers, pin_memory=device.type == "cuda",
+                                generator=torch.Generator().manual_seed(config.seed + epoch))
+        else:
+            total = min(len(spaces), steps_per_epoch)
+            loader = falcon_batches(spaces, scheduler, dataset, collate, generators["compose"], batch_log,
+                                    epoch=epoch, rank=rank, start=start_index, stop=total)
+        rewards: list[float] = []
         tick, seen = time.perf_counter(), 0
-        for index, batch in enumerate(track(loader, f"epoch {epoch}", total=len(batches) - start_index), start=start_index):
+        for index, batch in enumerate(track(loader, f"epoch {epoch}", total=total - start_index), start=start_index):
             lr = learning_rate(global_step, epoch, lr=p.lr, min_lr=p.min_lr, warmup_lr=p.warmup_lr,
                                warmup_steps=p.warmup_steps, cosine_epochs=p.cosine_epochs or p.epochs)
             set_learning_rate(optimizer, lr)
@@ -202,11 +244,14 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
             attention_mask = batch["attention_mask"].to(device, non_blocking=True)
             mask = MlmMask.sample(input_ids, attention_mask, probability=p.mlm_probability,
                                   generator=generators["mask"], **special)
-            alpha = alpha_ramp(p.distill_alpha, index, len(batches), epoch)
+            alpha = alpha_ramp(p.distill_alpha, index, total, epoch)
+            if falcon_epoch and p.reward_mode == "eval":  # L_before: a no-grad eval-mode pass (A-7)
+                before = measure_reward_loss(objective, scheduler, precision, device, eval_mode=True,
+                                             inputs=(images, input_ids, attention_mask, mask))
             with autocast(precision, device):
                 out = trainer(images, input_ids, attention_mask, mask, alpha, itm_generator)
             if not torch.isfinite(out.loss):
-                where = save(epoch, index, batches)
+                where = save(epoch, index, batches)  # (FALCON: the spaces are past this batch)
                 raise FalconError(f"loss is {out.loss.item()} at epoch {epoch}, step {global_step} "
                                   f"(itc {out.itc.item():.4g}, itm {out.itm.item():.4g}, mlm {out.mlm.item():.4g}); "
                                   f"checkpoint saved at {where}; lower pretrain.lr or use precision=fp32")
@@ -217,13 +262,21 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
                 torch.nn.utils.clip_grad_norm_(objective.parameters(), p.grad_clip)
             scaler.step(optimizer)
             scaler.update()
+            if falcon_epoch:
+                # Reward Δ = L(θ_k) − L(θ_{k+1}) on this batch with the identical mask, then REINFORCE.
+                if p.reward_mode == "train":
+                    before = scheduler.loss_value({"itc": out.itc, "itm": out.itm, "mlm": out.mlm})
+                after = measure_reward_loss(objective, scheduler, precision, device, eval_mode=p.reward_mode == "eval",
+                                            inputs=(images, input_ids, attention_mask, mask))
+                rewards.append(float(before - after))
+                scheduler.update(batch["falcon_record"], rewards[-1])
             # The cache holds every rank's features: each rank composes next epoch from it.
             pair_ids = batch["pair_ids"].to(device)
             cache.update(D.all_gather_cat(pair_ids), D.all_gather_cat(out.image_feat), D.all_gather_cat(out.text_feat))
             global_step += 1
             seen += len(pair_ids) * world
 
-            if global_step % p.log_every == 0 or index == len(batches) - 1:
+            if global_step % p.log_every == 0 or index == total - 1:
                 losses = torch.stack([out.loss.detach(), out.itc, out.itm, out.mlm]).float()
                 if distributed:
                     dist.all_reduce(losses)
@@ -232,9 +285,15 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
                 peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
                 metrics.write(step=global_step, epoch=epoch, loss=losses[0], itc=losses[1], itm=losses[2], mlm=losses[3],
                               lr=lr, temperature=out.temperature, pairs_per_s=seen / max(elapsed, 1e-9),
-                              peak_memory_mib=peak, sampler=batches[index].sampler)
-            if p.checkpoint_every and global_step % p.checkpoint_every == 0 and index + 1 < len(batches):
+                              peak_memory_mib=peak, sampler=batches[index].sampler if batches is not None else "falcon",
+                              reward=rewards[-1] if rewards else None)
+            if p.checkpoint_every and global_step % p.checkpoint_every == 0 and index + 1 < total:
                 save(epoch, index + 1, batches)
+
+        if falcon_epoch:  # the epoch's batch log part, and what the scheduler did this epoch (this rank)
+            metrics.write(step=global_step, epoch=epoch, kind="epoch_summary", **falcon_summary(batch_log.rows(epoch), rewards))
+            batch_log.write(epoch)
+            spaces = None
 
         if main:
             path = cache.save(run.path / "embeddings" / f"epoch_{epoch:03d}.h5",
@@ -251,8 +310,50 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
     if main:
         run.add_artifact("batches.parquet", schema="batches", schema_version=1)
         run.add_artifact("metrics.jsonl", schema="metrics", schema_version=1)
+        if p.composer in ("quantile", "progressive", "falcon"):
+            figure = q_over_training(read_batch_log(run.path / "batches.parquet"), run.path / "figures" / "q_over_training.png")
+            run.add_artifact(figure, schema="figure", schema_version=1)
     return {"steps": global_step, "epochs": p.epochs, "pairs": len(dataset), "world_size": world,
             "precision": precision, "device": str(device), "retrieval": results}
+
+
+def falcon_batches(spaces: QuantileSpaces, scheduler: NegativeScheduler, dataset, collate, generator: torch.Generator,
+                   batch_log: BatchLog, *, epoch: int, rank: int, start: int, stop: int):
+    """FALCON's batches, each composed only when the loop asks for it, i.e. after the previous
+    step's scheduler update (batch k + 1 comes from φ_{k+1}; no lag). Items load in this process:
+    the dataset forks the global RNG per item, which threads could interleave."""
+    for index in range(start, stop):
+        if not spaces.has_next():
+            return
+        composed, record = spaces.next_batch(scheduler.alpha_beta, generator)
+        batch_log.add(epoch, index, rank, composed)
+        batch = collate([dataset[dataset.index_of(int(i))] for i in composed.pair_ids])
+        batch["falcon_record"] = record
+        yield batch
+
+
+def measure_reward_loss(objective: VlpObjective, scheduler: NegativeScheduler, precision: str, device: torch.device, *,
+                        eval_mode: bool, inputs: tuple) -> torch.Tensor:
+    """The reward's loss on ``inputs`` (no gradient), in eval mode or the current train mode."""
+    if eval_mode:
+        objective.eval()
+    try:
+        with autocast(precision, device):
+            return scheduler.loss_value(objective.measure(*inputs, parts=scheduler.parts))
+    finally:
+        objective.train()
+
+
+def falcon_summary(rows, rewards: list[float]) -> dict:
+    """Per-epoch summary of FALCON's choices: the q's used and the rewards Δ."""
+    q = rows["q"].dropna()
+    summary = {f"q_{name}": (float(q.quantile(level)) if len(q) else None)
+               for name, level in (("p10", 0.1), ("p50", 0.5), ("p90", 0.9))}
+    summary["q_mean"] = float(q.mean()) if len(q) else None
+    r = torch.tensor(rewards, dtype=torch.float64)
+    summary.update(reward_mean=float(r.mean()) if len(r) else None,
+                   reward_std=float(r.std()) if len(r) > 1 else None, reward_count=len(rewards))
+    return summary
 
 
 def write_results(run: RunDirectory, results: dict, *, split: str, resolution: int, step: int) -> None:

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from falcon_cli.sampling.cache import EmbeddingCache
-from falcon_cli.sampling.quantile import Draw, QuantileSpaces, _sorted_rows, fixed_q, space_tables, unified_similarity
+from falcon_cli.sampling.policy import sample_q
+from falcon_cli.sampling.quantile import QuantileSpaces, _sorted_rows, space_tables, unified_similarity
 
 
 def exact_features(n: int, dim: int = 8, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -27,21 +28,21 @@ def make_cache(n: int, seed: int = 0, first_id: int = 100) -> tuple[EmbeddingCac
     return cache, image, text
 
 
-def beta_rule(alpha_table: torch.Tensor, beta_table: torch.Tensor):
-    """An instance-level rule drawing q ~ Beta(alpha[anchor], beta[anchor]) from the generator
-    (a plain inverse-transform stand-in for the policy: the composition only needs *some* draw)."""
-    def rule(spaces, anchors, generator):
-        a, b = alpha_table[spaces, anchors], beta_table[spaces, anchors]
-        u = torch.rand(len(spaces), generator=generator, dtype=torch.float64)
-        q = u ** (1.0 / a.double())  # Beta(a, 1) by inversion; b only logged
-        return Draw(q, a.float(), b.float())
-    return rule
+def toy_policy(s_hat):
+    """A deterministic stand-in for the scheduler: Beta parameters from the row's shape."""
+    return 0.3 + 40 * (s_hat.max(-1).values - s_hat.min(-1).values), 0.4 + 3 * s_hat[..., 0] * s_hat.shape[-1]
 
 
-def reference(spaces_ids, img, txt, batch_size, rule, generator, *, drop_last=False, level="instance"):
+def plain_s_hat(row_without_diagonal, m=100):
+    levels = torch.linspace(0, 1, m, dtype=torch.float64)
+    return torch.softmax(torch.quantile(row_without_diagonal.double(), levels).float(), 0)
+
+
+def reference(spaces_ids, img, txt, batch_size, source, generator, *, drop_last=False, level="instance"):
     """Algorithm 1, one candidate at a time, over spaces in lockstep, with the fast path's order of
     random draws: per round one uniform per active space (its start), then per step the rule's draws.
-    ``img``/``txt`` [S, W, D]: position k of space s has features img[s, k]."""
+    ``img``/``txt`` [S, W, D]: position k of space s has features img[s, k]. ``source``: a fixed q or
+    a policy applied to plain Ŝ rows (torch.quantile of the row without its diagonal)."""
     sims = [[[float(img[s][a] @ txt[s][b] + txt[s][a] @ img[s][b]) for b in range(len(ids))]
              for a in range(len(ids))] for s, ids in enumerate(spaces_ids)]
     available = [list(range(len(ids))) for ids in spaces_ids]
@@ -66,16 +67,20 @@ def reference(spaces_ids, img, txt, batch_size, rule, generator, *, drop_last=Fa
             going = [s for s in active if available[s]]
             if not going:
                 break
-            lasts = torch.tensor([chains[s][-1][0] for s in going])
-            if level == "batch":
+            lasts = [chains[s][-1][0] for s in going]
+            if not callable(source):
+                qs = [float(source)] * len(going)
+            elif level == "batch":
                 if batch_q is None:
-                    draw = rule(torch.tensor(active), torch.tensor([chains[s][0][0] for s in active]), generator)
-                    batch_q = {s: float(draw.q[k]) for k, s in enumerate(active)}
+                    params = [beta_params(source, sims[s], chains[s][0][0]) for s in active]
+                    draws = sample_q(torch.tensor([p[0] for p in params]), torch.tensor([p[1] for p in params]), generator)
+                    batch_q = {s: float(d) for s, d in zip(active, draws)}
                 qs = [batch_q[s] for s in going]
             else:
-                draw = rule(torch.tensor(going), lasts, generator)
-                qs = [float(v) for v in draw.q]
-            for s, last, q in zip(going, lasts.tolist(), qs):
+                params = [beta_params(source, sims[s], last) for s, last in zip(going, lasts)]
+                draws = sample_q(torch.tensor([p[0] for p in params]), torch.tensor([p[1] for p in params]), generator)
+                qs = [float(d) for d in draws]
+            for s, last, q in zip(going, lasts, qs):
                 row = sims[s][last]
                 candidates = sorted(available[s], key=lambda j: (row[j], -j))
                 r = min(math.floor(q * (len(candidates) - 1) + 0.5), len(candidates) - 1)
@@ -85,6 +90,12 @@ def reference(spaces_ids, img, txt, batch_size, rule, generator, *, drop_last=Fa
         for s in active:
             ids = spaces_ids[s]
             out[s].append([(int(ids[c]), int(ids[a]) if a >= 0 else -1, q) for c, a, q in chains[s]])
+
+
+def beta_params(policy, sims_of_space, anchor):
+    row = torch.tensor([v for j, v in enumerate(sims_of_space[anchor]) if j != anchor])
+    alpha, beta = policy(plain_s_hat(row)[None])
+    return float(alpha[0]), float(beta[0])
 
 
 def space_features(parts, image, text):
@@ -155,14 +166,14 @@ def test_fixed_q_one_space_at_a_time_equals_reference(q):
     spaces = QuantileSpaces(cache.pair_ids, cache, search_space_size=20, batch_size=6, generator=g1)
     got = []
     while spaces.has_next():
-        batch, record = spaces.next_batch(fixed_q(q), g1)
+        batch, record = spaces.next_batch(q, g1)
         got.append(batch_tuples(batch))
     # the reference replays the same shuffle, then each space on its own
     shuffled = cache.pair_ids[torch.randperm(45, generator=g2)]
     expected = []
     for s in range(3):
         part = shuffled[s * 20:(s + 1) * 20]
-        expected += reference([part], *space_features([part], image, text), 6, fixed_q(q), g2)[0]
+        expected += reference([part], *space_features([part], image, text), 6, q, g2)[0]
     same(expected, got)
     assert sorted(p for b in got for p, _, _ in b) == list(range(100, 145)), "every pair exactly once"
     assert [len(b) for b in got] == [6, 6, 6, 2, 6, 6, 6, 2, 5]
@@ -171,10 +182,7 @@ def test_fixed_q_one_space_at_a_time_equals_reference(q):
 @pytest.mark.parametrize("level", ["instance", "batch"])
 def test_beta_rule_lockstep_equals_reference(level):
     cache, image, text = make_cache(50, seed=2)
-    g_alpha = torch.Generator().manual_seed(9)
-    alpha = torch.rand(3, 20, generator=g_alpha) * 3 + 0.2
-    beta = torch.rand(3, 20, generator=g_alpha) * 3 + 0.2
-    rule = beta_rule(alpha, beta)
+    rule = toy_policy
     g1, g2 = torch.Generator().manual_seed(11), torch.Generator().manual_seed(11)
     spaces = QuantileSpaces(cache.pair_ids, cache, search_space_size=20, batch_size=7, generator=g1, level=level)
     got = spaces.compose_all(rule, g1)
@@ -197,7 +205,7 @@ def test_q_one_is_the_argmax_chain_and_q_zero_the_argmin(q):
     g = torch.Generator().manual_seed(0)
     spaces = QuantileSpaces(cache.pair_ids, cache, search_space_size=24, batch_size=8, generator=g)
     used: set[int] = set()
-    for batch in spaces.compose_all(fixed_q(q), g):
+    for batch in spaces.compose_all(q, g):
         local = [int(p) - 100 for p in batch.pair_ids]
         used.add(local[0])
         for k in range(1, len(local)):
@@ -218,7 +226,7 @@ def test_one_space_epoch_batches_cover_everything_and_drop_last():
     cache, _, _ = make_cache(50)
     g = torch.Generator().manual_seed(0)
     spaces = QuantileSpaces(cache.pair_ids, cache, search_space_size=50, batch_size=8, generator=g, drop_last=True)
-    batches = spaces.compose_all(fixed_q(0.5), g)
+    batches = spaces.compose_all(0.5, g)
     assert len(batches) == len(spaces) == 6 and all(len(b) == 8 for b in batches)
     ids = torch.cat([b.pair_ids for b in batches])
     assert len(set(ids.tolist())) == 48
@@ -226,8 +234,7 @@ def test_one_space_epoch_batches_cover_everything_and_drop_last():
 
 def test_resume_mid_epoch_recomposes_the_same_batches():
     cache, _, _ = make_cache(40, seed=6)
-    alpha = torch.full((1, 20), 2.0)
-    rule = beta_rule(alpha, alpha)
+    rule = toy_policy
     g = torch.Generator().manual_seed(3)
     spaces = QuantileSpaces(cache.pair_ids, cache, search_space_size=20, batch_size=6, generator=g)
     uninterrupted = []
@@ -250,8 +257,7 @@ def test_resume_mid_epoch_recomposes_the_same_batches():
 
 def test_record_holds_the_rows_and_qs_the_policy_used():
     cache, _, _ = make_cache(30, seed=7)
-    alpha = torch.rand(1, 30) + 0.5
-    rule = beta_rule(alpha, alpha)
+    rule = toy_policy
     g = torch.Generator().manual_seed(0)
     spaces = QuantileSpaces(cache.pair_ids, cache, search_space_size=30, batch_size=5, generator=g)
     batch, record = spaces.next_batch(rule, g)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import Field, BaseModel, ConfigDict, model_validator
 
 from falcon_cli.data.shapes.config import ShapesConfig
 
@@ -85,14 +85,49 @@ class PretrainConfig(Section):
     """Token limit of captions (the reference uses 25)."""
 
     # -- batches ---------------------------------------------------------------------------
-    composer: Literal["uniform", "grit"] = "grit"
-    """How mini-batches are composed: ``uniform`` random, or ``grit`` (GRIT-VLP's hardest-negative chain)."""
+    composer: Literal["uniform", "grit", "quantile", "progressive", "falcon"] = "grit"
+    """How mini-batches are composed: ``uniform`` random; ``grit`` (GRIT-VLP's hardest-negative chain);
+    ``quantile`` (FALCON's Algorithm 1 with a fixed q); ``progressive`` (q moving linearly over the
+    epochs); ``falcon`` (q from the learned scheduler). Epoch 0 is uniform for all of them."""
     batch_size: int = 32
     """Batch size PER PROCESS (the global batch = batch_size × world size, printed at start)."""
     search_space_size: int = 1920
     """GRIT search-space size |M| (pairs grouped together; a multiple of batch_size is natural)."""
     drop_last: bool = False
     """Drop each rank's last partial batch (GRIT's code does; falcon keeps it by default so every pair is seen)."""
+
+    # -- quantile composers and the FALCON scheduler ---------------------------------------------
+    quantile: float = Field(1.0, ge=0, le=1)
+    """q of ``composer: quantile`` (1 = the most similar remaining pair, 0.5 = the median, 0 = the least similar)."""
+    progressive_start: float = Field(0.0, ge=0, le=1)
+    """q of ``composer: progressive`` at epoch 1 (hardening: 0 -> 1; softening: set 1 and ``progressive_end: 0``)."""
+    progressive_end: float = Field(1.0, ge=0, le=1)
+    """q of ``composer: progressive`` at the last epoch (linear in between)."""
+    scheduler_level: Literal["instance", "batch"] = "instance"
+    """FALCON: one q per anchor (``instance``, the paper's default) or one per batch, drawn from its first pair's Beta."""
+    quantile_levels: int = Field(100, ge=2)
+    """m: quantiles per similarity row (the scheduler's input width)."""
+    quantile_temperature: float = Field(1.0, gt=0)
+    """Ŝ = softmax(Q / this); 1 = raw cosine sums (methods.md A-1)."""
+    scheduler_hidden: int = Field(256, ge=1)
+    """Hidden width of the scheduler MLP."""
+    scheduler_blocks: int = Field(2, ge=0)
+    """Residual blocks of the scheduler MLP (2: four linear layers)."""
+    scheduler_lr: float = Field(1e-4, gt=0)
+    """Scheduler AdamW learning rate."""
+    scheduler_weight_decay: float = Field(0.01, ge=0)
+    """Scheduler AdamW weight decay."""
+    scheduler_grad_clip: float | None = None
+    """Clip the scheduler's gradient norm (None: no clipping, as in the paper)."""
+    reward: Literal["mlm", "itc+itm", "itc+itm+mlm"] = "mlm"
+    """The scheduler's reward: the decrease of this loss on the batch, before vs after the VLP update."""
+    reward_mode: Literal["train", "eval"] = "train"
+    """``train``: the training forward's loss before, one no-grad train-mode pass after (one extra forward);
+    ``eval``: two no-grad eval-mode passes (no dropout noise; two extra forwards)."""
+    reward_baseline: Literal["none", "ema"] = "none"
+    """Subtract a moving average of the reward (variance reduction); ``none`` matches the paper."""
+    reward_baseline_decay: float = Field(0.9, ge=0, lt=1)
+    """Decay of the ``ema`` reward baseline."""
 
     # -- optimisation ----------------------------------------------------------------------
     epochs: int = 3

@@ -124,6 +124,31 @@ class VlpObjective(nn.Module):
         return VlpLosses(loss, itc.loss.detach(), itm.detach(), mlm.detach(),
                          enc.image_feat.detach(), enc.text_feat.detach(), enc.temperature.detach())
 
+    @torch.no_grad()
+    def measure(self, images: Tensor, input_ids: Tensor, attention_mask: Tensor, mask: MlmMask,
+                parts: tuple[str, ...] = ("mlm",)) -> dict[str, Tensor]:
+        """The named losses (``itc``, ``itm``, ``mlm``) of a batch without gradient, in the model's
+        current train/eval mode: FALCON's reward re-scores the batch it just trained on with the
+        identical MLM ``mask``. ITM negatives are mined again from this pass's ITC similarities;
+        the temperature is not clamped (no parameter changes)."""
+        model = self.model
+        image_tokens, image_feat = model.encode_image(images)
+        out: dict[str, Tensor] = {}
+        if "itc" in parts or "itm" in parts:
+            text_tokens, text_feat = model.encode_text(input_ids, attention_mask)
+            itc = itc_grit(image_feat, text_feat, model.temperature(), consistency_weight=self.consistency_weight)
+            out["itc"] = itc.loss
+            if "itm" in parts:
+                b = images.shape[0]
+                pairs = itm_pair_indices(*hardest_negatives(itc.sim_i2t[:, :b], itc.sim_t2i[:, :b]))
+                fused = model.fuse(text_tokens[pairs.text_index], attention_mask[pairs.text_index],
+                                   image_tokens[pairs.image_index])
+                logits = model.itm_logits(fused)
+                out["itm"] = itm_loss(logits[:b], logits[b:])
+        if "mlm" in parts:
+            out["mlm"] = self.mlm_loss(image_tokens, attention_mask, mask)
+        return out
+
     def mlm_loss(self, image_tokens: Tensor, attention_mask: Tensor, mask: MlmMask, per_sample: bool = False) -> Tensor:
         """MLM loss of ``mask`` given image tokens (FALCON's reward re-evaluates exactly this)."""
         model = self.model

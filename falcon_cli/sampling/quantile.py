@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Union
 
 import numpy as np
 import torch
@@ -44,6 +44,7 @@ import torch
 from falcon_cli.errors import FalconError
 from falcon_cli.sampling.cache import EmbeddingCache, as_id_tensor
 from falcon_cli.sampling.composers import Batch
+from falcon_cli.sampling.policy import sample_q
 
 ROW_BLOCK_BYTES = 256 << 20
 """Memory bound for the float rows sorted at once by :func:`space_tables`."""
@@ -134,33 +135,15 @@ def space_tables(image: torch.Tensor, text: torch.Tensor, size: torch.Tensor, *,
     return SpaceTables(order, s_hat, size.to(device=device, dtype=torch.int64))
 
 
-# --- q rules -----------------------------------------------------------------------------------
-@dataclass
-class Draw:
-    """The ``q`` of each active space at one step, with the Beta it came from (NaN if fixed)."""
-
-    q: torch.Tensor
-    alpha: torch.Tensor
-    beta: torch.Tensor
+# --- where q comes from ----------------------------------------------------------------------
+QSource = Union[float, Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]]
+"""A fixed ``q`` in [0, 1], or a policy: ``policy(s_hat [..., m]) -> (alpha, beta)`` (each ``[...]``);
+q is then drawn from Beta(alpha, beta) of the anchor with :func:`~falcon_cli.sampling.policy.sample_q`."""
 
 
-QRule = Callable[[torch.Tensor, torch.Tensor, torch.Generator], Draw]
-"""``rule(spaces, anchors, generator) -> Draw``: the q for anchor ``anchors[i]`` (local row) of
-active space ``spaces[i]`` (index into the group); called once per step (instance level)
-or once per batch at its first slot (batch level)."""
-
-
-def fixed_q(value: float) -> QRule:
-    """A rule that always answers ``q = value`` (GRIT-style q = 1, q = 0.5, q = 0, progressive)."""
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"q must be in [0, 1], got {value}")
-
-    def rule(spaces: torch.Tensor, anchors: torch.Tensor, generator: torch.Generator) -> Draw:
-        n = len(spaces)
-        nan = torch.full((n,), float("nan"), dtype=torch.float32)
-        return Draw(torch.full((n,), float(value), dtype=torch.float64), nan, nan.clone())
-
-    return rule
+def _check_q_source(source: QSource) -> None:
+    if not callable(source) and not 0.0 <= float(source) <= 1.0:
+        raise ValueError(f"q must be in [0, 1], got {source}")
 
 
 # --- the composer state -----------------------------------------------------------------------
@@ -252,7 +235,7 @@ class QuantileSpaces:
         self.tables = self._tables(image, text, size)
         self.available = torch.arange(self.width, device=image.device)[None, :] < size.to(image.device)[:, None]
 
-    def next_batch(self, rule: QRule, generator: torch.Generator) -> tuple[Batch, dict[str, torch.Tensor]]:
+    def next_batch(self, source: QSource, generator: torch.Generator) -> tuple[Batch, dict[str, torch.Tensor]]:
         """The next batch (on demand), and what the scheduler's update needs:
         ``{"s_hat": [k, m] the input rows the q's were drawn from, "q": [k]}`` (``q`` is NaN
         for steps a short last batch did not take: leave those out of the log-probability)."""
@@ -264,7 +247,7 @@ class QuantileSpaces:
                 if not self._usable(self.available):
                     continue
             break
-        columns, record = compose_round(self.tables, self.available, self.snapshot, rule, self.batch_size, generator,
+        columns, record = compose_round(self.tables, self.available, self.snapshot, source, self.batch_size, generator,
                                         level=self.level)
         ids = self.space_ids(self.current)
         return _to_batch(columns, 0, ids, self.sampler), {k: v[0] for k, v in record.items()}
@@ -295,9 +278,9 @@ class QuantileSpaces:
             self.available = state["available"].to(device)
 
     # every space at once (fixed q) ----------------------------------------------------------
-    def compose_all(self, rule: QRule, generator: torch.Generator, *, spaces_per_chunk: int | None = None) -> list[Batch]:
-        """Every batch of the epoch, spaces advancing together in chunks (for rules that do not
-        depend on training, e.g. a fixed or progressive q). Batches are returned space by space."""
+    def compose_all(self, source: QSource, generator: torch.Generator, *, spaces_per_chunk: int | None = None) -> list[Batch]:
+        """Every batch of the epoch, spaces advancing together in chunks (for a fixed q, or a
+        policy that does not change meanwhile). Batches are returned space by space."""
         out: list[Batch] = []
         if spaces_per_chunk is None:  # order table + features + a few W-rows per space, ~1 GB per chunk
             per_space = self.width * self.width * (2 if self.width < 32768 else 4) + self.width * (self.quantiles * 4 + 1024)
@@ -312,7 +295,7 @@ class QuantileSpaces:
                 active = torch.tensor([self._usable(available[i]) for i in range(len(group))])
                 if not active.any():
                     break
-                columns, _ = compose_round(tables, available, (image, text), rule, self.batch_size, generator,
+                columns, _ = compose_round(tables, available, (image, text), source, self.batch_size, generator,
                                            level=self.level, active=active)
                 for j, i in enumerate(active.nonzero().flatten().tolist()):
                     per_space[i].append(_to_batch(columns, j, self.space_ids(group[i]), self.sampler))
@@ -333,72 +316,80 @@ def _to_batch(columns: dict[str, torch.Tensor], j: int, ids: torch.Tensor, sampl
 
 @torch.no_grad()
 def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[torch.Tensor, torch.Tensor],
-                  rule: QRule, batch_size: int, generator: torch.Generator, *, level: str = "instance",
+                  source: QSource, batch_size: int, generator: torch.Generator, *, level: str = "instance",
                   active: torch.Tensor | None = None) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """One batch from each active space (Algorithm 1), updating ``available`` [S, W] in place.
 
-    Random draws, in order: one float64 uniform per active space (the batch's first pair,
-    uniform over its available pairs), then for every step the rule's draws for the active
-    spaces that still have candidates. Returns per-slot columns ``[A, B]`` (A active spaces)
-    and the scheduler record ``{"s_hat": [A, k, m], "q": [A, k]}`` (k = B - 1 at instance
-    level, 1 at batch level).
+    A policy runs once, on the Ŝ rows of every pair still available in the active spaces
+    (any of them can become an anchor). Random draws, in order: one float64 uniform per
+    active space (the batch's first pair, uniform over its available pairs); then, with a
+    policy, per step one :func:`sample_q` call for the spaces that still have candidates
+    (batch level: one call at the first step, for all active spaces). Returns per-slot
+    columns ``[A, B]`` (A active spaces) and the scheduler record ``{"s_hat": [A, k, m],
+    "q": [A, k]}`` (k = B - 1 at instance level, 1 at batch level; NaN q = step not taken).
     """
+    _check_q_source(source)
     device = available.device
     group = torch.arange(available.shape[0], device=device)
     if active is not None:
         group = group[active.to(device)]
-    a = len(group)
-    width = available.shape[1]
+    a, width = len(group), available.shape[1]
     image, text = features
+    arange = torch.arange(a, device=device)
+    avail = available[group]
+    policy = source if callable(source) else None
+    if policy is not None:  # α, β of every row that may become an anchor in this round
+        rows = avail.nonzero(as_tuple=True)
+        alpha_all = torch.ones(a, width, device=device)
+        beta_all = torch.ones(a, width, device=device)
+        alpha_rows, beta_rows = policy(tables.s_hat[group][rows])
+        alpha_all[rows], beta_all[rows] = alpha_rows.float(), beta_rows.float()
     local = torch.full((a, batch_size), -1, dtype=torch.int64, device=device)
     anchor = torch.full_like(local, -1)
-    q_col = torch.full((a, batch_size), float("nan"), dtype=torch.float64, device=device)
-    alpha_col = torch.full((a, batch_size), float("nan"), dtype=torch.float32, device=device)
-    beta_col, sim_col, rank_col = alpha_col.clone(), alpha_col.clone(), alpha_col.clone()
-    avail = available[group]
+    nan = torch.full((a, batch_size), float("nan"), dtype=torch.float32, device=device)
+    q_col, alpha_col, beta_col, sim_col, rank_col = (nan.clone() for _ in range(5))
+    q_col = q_col.double()
     # the first pair: uniform over the available ones
     remaining = avail.sum(1)
     u = torch.rand(a, generator=generator, dtype=torch.float64).to(device)
     pick = torch.minimum((u * remaining).long(), remaining - 1)
     first = (avail.long().cumsum(1) <= pick[:, None]).sum(1)
     local[:, 0] = first
-    avail[torch.arange(a, device=device), first] = False
+    avail[arange, first] = False
     length = torch.ones(a, dtype=torch.int64, device=device)
     record_rows, record_q = [], []
-    batch_draw: Draw | None = None
     last = first
-    arange = torch.arange(a, device=device)
+    batch_q = None
     for step in range(1, batch_size):
         n = avail.sum(1)
         go = n > 0
         if not bool(go.any()):
             break
-        if level == "batch":
-            if batch_draw is None:
-                batch_draw = rule(group.cpu(), last.cpu(), generator)
-                record_rows.append(tables.s_hat[group, last])
-                record_q.append(batch_draw.q.to(device))
-            draw = batch_draw
+        q = torch.full((a,), float("nan"), dtype=torch.float64, device=device)
+        if policy is None:
+            q[go] = float(source)
+        elif level == "batch":
+            if batch_q is None:  # one q per batch, from the Beta of its first pair
+                batch_q = sample_q(alpha_all[arange, first], beta_all[arange, first], generator).double().to(device)
+                record_rows.append(tables.s_hat[group, first])
+                record_q.append(batch_q)
+            q[go] = batch_q[go]
         else:
-            draw = rule(group[go].cpu(), last[go].cpu(), generator)
-            full_q = torch.full((a,), float("nan"), dtype=torch.float64, device=device)
-            full_q[go] = draw.q.to(device)
-            expand = lambda v: torch.full((a,), float("nan"), device=device).masked_scatter(go, v.to(device).float())  # noqa: E731
-            draw = Draw(full_q, expand(draw.alpha), expand(draw.beta))
+            q[go] = sample_q(alpha_all[arange[go], last[go]], beta_all[arange[go], last[go]], generator).double().to(device)
             record_rows.append(tables.s_hat[group, last])
-            record_q.append(full_q)
-        q = draw.q.to(device).nan_to_num(0.0)
-        order = tables.order[group, last].long()                       # [a, W] ascending candidates of `last`
-        in_order = torch.gather(avail, 1, order)                       # availability in that order
-        r = torch.minimum(nearest_rank(q, n), (n - 1).clamp(min=0))
+            record_q.append(q.clone())
+        if policy is not None:
+            source_row = first if level == "batch" else last
+            alpha_col[:, step] = torch.where(go, alpha_all[arange, source_row], alpha_col[:, step])
+            beta_col[:, step] = torch.where(go, beta_all[arange, source_row], beta_col[:, step])
+        order = tables.order[group, last].long()                       # [a, W] candidates of `last`, ascending
+        in_order = torch.gather(avail, 1, order)                       # their availability, in that order
+        r = torch.minimum(nearest_rank(q.nan_to_num(0.0), n), (n - 1).clamp(min=0))
         position = (in_order.long().cumsum(1) <= r[:, None]).sum(1).clamp(max=width - 1)
-        chosen = order[arange, position]
-        chosen = torch.where(go, chosen, torch.full_like(chosen, -1))
+        chosen = torch.where(go, order[arange, position], torch.full_like(last, -1))
         local[:, step] = chosen
         anchor[:, step] = torch.where(go, last, torch.full_like(last, -1))
-        q_col[:, step] = torch.where(go, draw.q.to(device), torch.full_like(q_col[:, step], float("nan")))
-        alpha_col[:, step] = torch.where(go, draw.alpha.to(device).float(), alpha_col[:, step])
-        beta_col[:, step] = torch.where(go, draw.beta.to(device).float(), beta_col[:, step])
+        q_col[:, step] = q
         # rank among the remaining candidates, 1 = hardest (a lone candidate is the hardest, as in GRIT)
         rank = torch.where(n > 1, r.double() / (n - 1).clamp(min=1), torch.ones_like(r, dtype=torch.float64))
         rank_col[:, step] = torch.where(go, rank.float(), rank_col[:, step])
@@ -412,9 +403,7 @@ def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[
     available[group] = avail
     columns = {"local": local, "anchor": anchor, "q": q_col, "alpha": alpha_col, "beta": beta_col,
                "similarity": sim_col, "rank": rank_col, "length": length}
-    if record_rows:
-        record = {"s_hat": torch.stack(record_rows, 1), "q": torch.stack(record_q, 1)}
-    else:
-        record = {"s_hat": torch.empty(a, 0, tables.s_hat.shape[-1], device=device),
-                  "q": torch.empty(a, 0, dtype=torch.float64, device=device)}
+    m = tables.s_hat.shape[-1]
+    record = ({"s_hat": torch.stack(record_rows, 1), "q": torch.stack(record_q, 1)} if record_rows else
+              {"s_hat": torch.empty(a, 0, m, device=device), "q": torch.empty(a, 0, dtype=torch.float64, device=device)})
     return columns, record
