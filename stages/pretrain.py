@@ -138,6 +138,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
 
     # 4. Resume: model, optimizer, scaler, every RNG, the composer, the epoch's batches, the cache.
     start_epoch, start_index, global_step, pending, spaces = 0, 0, 0, None, None
+    rewards: list[float] = []  # this epoch's FALCON rewards (kept in checkpoints for the epoch summary)
     checkpoint_dir = run.path / "checkpoints"
     results: dict = {}
     checkpoint = latest_checkpoint(checkpoint_dir) if resume else None
@@ -161,6 +162,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
             spaces = quantile_spaces(torch.empty(0, dtype=torch.long), None)
             spaces.load_state_dict(mine["spaces"])
             batch_log.load_state_dict(mine["batch_log"])
+            rewards = list(mine["rewards"])
         if scheduler is not None:
             scheduler.load_state_dict(state["scheduler"])
         results = state.get("results", {})
@@ -176,7 +178,8 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
                 "itm_generator": itm_generator.get_state(),
                 "batches": batches_state(batches) if batches is not None else None,
                 "spaces": spaces.state_dict() if spaces is not None and batches is None else None,
-                "batch_log": batch_log.state_dict() if spaces is not None and batches is None else None}
+                "batch_log": batch_log.state_dict() if spaces is not None and batches is None else None,
+                "rewards": list(rewards)}
         ranks = [None] * world if main else None
         if distributed:
             dist.gather_object(mine, ranks, dst=0)
@@ -219,6 +222,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
                 batch_log.write(epoch)
             cache.reset()  # `filled` now tracks this epoch; features stay until overwritten
             start_index = 0
+            rewards = []
         else:
             batches, pending = pending, None
         if batches is not None:
@@ -233,7 +237,6 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
             total = min(len(spaces), steps_per_epoch)
             loader = falcon_batches(spaces, scheduler, dataset, collate, generators["compose"], batch_log,
                                     epoch=epoch, rank=rank, start=start_index, stop=total)
-        rewards: list[float] = []
         tick, seen = time.perf_counter(), 0
         for index, batch in enumerate(track(loader, f"epoch {epoch}", total=total - start_index), start=start_index):
             lr = learning_rate(global_step, epoch, lr=p.lr, min_lr=p.min_lr, warmup_lr=p.warmup_lr,

@@ -121,3 +121,76 @@ def test_kill_and_resume_is_exact(world, reference_run, tmp_path):
     new_results = json.loads((run_dir / "results" / "retrieval_zeroshot.json").read_text())
     for key, value in ref_results["trained"].items():
         assert new_results["trained"][key] == pytest.approx(value, abs=1e-6), key
+
+
+# --- FALCON: scheduler rewards logged, q recorded, exact resume mid FALCON epoch -------------------
+FALCON = ["pretrain.composer=falcon", "pretrain.epochs=3", "pretrain.search_space_size=80", "pretrain.checkpoint_every=8",
+          "pretrain.quantile_levels=20", "pretrain.scheduler_lr=1e-2"]
+
+
+@pytest.fixture(scope="module")
+def falcon_run(world, reference_run, tmp_path_factory):
+    from tests.conftest import run_cli
+
+    run_dir = tmp_path_factory.mktemp("falcon") / "run"
+    proc = run_cli(*pretrain_args(run_dir, world, *FALCON))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return run_dir
+
+
+def test_falcon_run_rewards_and_quantiles(falcon_run):
+    from falcon_cli.sampling.batch_log import read_batch_log
+
+    records = read_metrics(falcon_run / "metrics.jsonl")
+    steps = [r for r in records if "loss" in r]
+    assert [r["sampler"] for r in steps] == ["uniform"] * 10 + ["falcon"] * 20
+    rewards = [r["reward"] for r in steps if r["sampler"] == "falcon"]
+    assert all(isinstance(x, float) and x == x for x in rewards) and len(set(rewards)) > 1
+    summaries = [r for r in records if r.get("kind") == "epoch_summary"]
+    assert [s["epoch"] for s in summaries] == [1, 2] and all(s["reward_count"] == 10 for s in summaries)
+    log = read_batch_log(falcon_run / "batches.parquet")
+    falcon = log[log["sampler"] == "falcon"]
+    for epoch, rows in falcon.groupby("epoch"):
+        assert sorted(rows["pair_id"]) == list(range(160)), "every pair once per epoch"
+    chained = falcon[falcon["anchor_pair_id"] >= 0]
+    assert chained["q"].between(0, 1).all() and chained["alpha"].gt(0).all() and chained["beta"].gt(0).all()
+    assert falcon[falcon["anchor_pair_id"] < 0]["q"].isna().all() and (falcon["slot"] == 0).sum() == 20
+    # the scheduler learned: its Beta parameters moved away from the initial ~0.974
+    assert (chained["alpha"] - 0.974).abs().max() > 1e-3
+    manifest = json.loads((falcon_run / "manifest.json").read_text())
+    assert "figures/q_over_training.png" in manifest["artifacts"]
+
+
+def test_falcon_kill_and_resume_is_exact(world, falcon_run, tmp_path):
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "FALCON_PROGRESS": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    args = [sys.executable, "-m", "falcon_cli", *map(str, pretrain_args(run_dir, world, *FALCON))]
+    proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and any(r.get("step", 0) >= 19 for r in read_metrics(metrics)):
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run must be killed mid-training"
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "00000016", "inside the first FALCON epoch"
+
+    from tests.conftest import run_cli
+
+    resumed = run_cli(*pretrain_args(run_dir, world, *FALCON), "--resume")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    expected = [r for r in read_metrics(falcon_run / "metrics.jsonl")]
+    got = [r for r in read_metrics(metrics)]
+    assert [r["step"] for r in got] == [r["step"] for r in expected]
+    for a, b in zip(expected, got):
+        for key in ("loss", "mlm", "reward", "q_mean", "reward_mean"):
+            if a.get(key) is not None:
+                assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a["step"], key, a[key], b[key])
+    from falcon_cli.sampling.batch_log import read_batch_log
+
+    ref_log, new_log = read_batch_log(falcon_run / "batches.parquet"), read_batch_log(run_dir / "batches.parquet")
+    columns = ["epoch", "step", "slot", "pair_id", "anchor_pair_id"]
+    assert ref_log[columns].equals(new_log[columns])
+    assert (ref_log["q"].fillna(-1) - new_log["q"].fillna(-1)).abs().max() < 1e-5
