@@ -44,6 +44,7 @@ from falcon_cli.models.registry import create_model
 from falcon_cli.objectives.itc import alpha_ramp
 from falcon_cli.objectives.mlm import MlmMask
 from falcon_cli.objectives.vlp import VlpObjective
+from falcon_cli.reporting.figures import q_over_training
 from falcon_cli.runtime import distributed as D
 from falcon_cli.runtime.checkpoint import latest_checkpoint, load_checkpoint_weights, load_training_state, save_checkpoint
 from falcon_cli.runtime.console import make_console
@@ -53,7 +54,6 @@ from falcon_cli.runtime.precision import autocast, grad_scaler, pick_device, res
 from falcon_cli.runtime.progress import track
 from falcon_cli.runtime.seeding import rng_state, seed_everything, set_rng_state
 from falcon_cli.sampling.batch_log import BatchLog, read_batch_log
-from falcon_cli.reporting.figures import q_over_training
 from falcon_cli.sampling.cache import EmbeddingCache
 from falcon_cli.sampling.composers import GritComposer, UniformComposer, batches_from_state, batches_state, shard_pair_ids
 from falcon_cli.sampling.quantile import QuantileSpaces
@@ -177,8 +177,8 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
         mine = {"rng": rng_state(), "generators": {n: g.get_state() for n, g in generators.items()},
                 "itm_generator": itm_generator.get_state(),
                 "batches": batches_state(batches) if batches is not None else None,
-                "spaces": spaces.state_dict() if spaces is not None and batches is None else None,
-                "batch_log": batch_log.state_dict() if spaces is not None and batches is None else None,
+                "spaces": spaces.state_dict() if spaces is not None else None,  # mid FALCON epoch only
+                "batch_log": batch_log.state_dict() if spaces is not None else None,
                 "rewards": list(rewards)}
         ranks = [None] * world if main else None
         if distributed:

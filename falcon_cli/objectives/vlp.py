@@ -90,7 +90,6 @@ class VlpObjective(nn.Module):
         """Losses of one batch. ``mask`` comes from :meth:`MlmMask.sample` on ``input_ids``."""
         model = self.model
         enc = model(images, input_ids, attention_mask)
-        b = images.shape[0]
 
         # ITC: in-batch with GRIT's consistency targets, or against the momentum queue.
         if self.itc_kind == "momentum":
@@ -104,18 +103,8 @@ class VlpObjective(nn.Module):
         else:
             itc = itc_grit(enc.image_feat, enc.text_feat, enc.temperature, consistency_weight=self.consistency_weight)
 
-        # ITM: one negative text per image and one negative image per text, from this batch.
-        with torch.no_grad():
-            sim_i2t, sim_t2i = itc.sim_i2t[:, :b].detach(), itc.sim_t2i[:, :b].detach()
-            if self.itm_negatives == "sample":
-                neg_text, neg_image = sample_negatives(sim_i2t, sim_t2i, itm_generator)
-            else:
-                neg_text, neg_image = hardest_negatives(sim_i2t, sim_t2i)
-        pairs = itm_pair_indices(neg_text, neg_image)
-        fused = model.fuse(enc.text_tokens[pairs.text_index], attention_mask[pairs.text_index],
-                           enc.image_tokens[pairs.image_index])
-        logits = model.itm_logits(fused)
-        itm = itm_loss(logits[:b], logits[b:])
+        itm = self._itm_loss(enc.text_tokens, attention_mask, enc.image_tokens, itc,
+                             sample=self.itm_negatives == "sample", generator=itm_generator)
 
         # MLM: the masked caption through the text encoder, fused with its own image.
         mlm = self.mlm_loss(enc.image_tokens, attention_mask, mask)
@@ -123,6 +112,20 @@ class VlpObjective(nn.Module):
         loss = itc.loss + itm + mlm
         return VlpLosses(loss, itc.loss.detach(), itm.detach(), mlm.detach(),
                          enc.image_feat.detach(), enc.text_feat.detach(), enc.temperature.detach())
+
+    def _itm_loss(self, text_tokens: Tensor, attention_mask: Tensor, image_tokens: Tensor, itc, *,
+                  sample: bool, generator: torch.Generator | None = None) -> Tensor:
+        """ITM on the batch's positives plus one negative text per image and one negative image per
+        text, mined from the ITC similarities (hardest, or ALBEF's multinomial ``sample``)."""
+        b = image_tokens.shape[0]
+        with torch.no_grad():
+            sim_i2t, sim_t2i = itc.sim_i2t[:, :b].detach(), itc.sim_t2i[:, :b].detach()
+            negatives = sample_negatives(sim_i2t, sim_t2i, generator) if sample else hardest_negatives(sim_i2t, sim_t2i)
+        pairs = itm_pair_indices(*negatives)
+        fused = self.model.fuse(text_tokens[pairs.text_index], attention_mask[pairs.text_index],
+                                image_tokens[pairs.image_index])
+        logits = self.model.itm_logits(fused)
+        return itm_loss(logits[:b], logits[b:])
 
     @torch.no_grad()
     def measure(self, images: Tensor, input_ids: Tensor, attention_mask: Tensor, mask: MlmMask,
@@ -139,12 +142,7 @@ class VlpObjective(nn.Module):
             itc = itc_grit(image_feat, text_feat, model.temperature(), consistency_weight=self.consistency_weight)
             out["itc"] = itc.loss
             if "itm" in parts:
-                b = images.shape[0]
-                pairs = itm_pair_indices(*hardest_negatives(itc.sim_i2t[:, :b], itc.sim_t2i[:, :b]))
-                fused = model.fuse(text_tokens[pairs.text_index], attention_mask[pairs.text_index],
-                                   image_tokens[pairs.image_index])
-                logits = model.itm_logits(fused)
-                out["itm"] = itm_loss(logits[:b], logits[b:])
+                out["itm"] = self._itm_loss(text_tokens, attention_mask, image_tokens, itc, sample=False)
         if "mlm" in parts:
             out["mlm"] = self.mlm_loss(image_tokens, attention_mask, mask)
         return out

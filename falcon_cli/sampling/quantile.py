@@ -43,7 +43,7 @@ import torch
 
 from falcon_cli.errors import FalconError
 from falcon_cli.sampling.cache import EmbeddingCache, as_id_tensor
-from falcon_cli.sampling.composers import Batch
+from falcon_cli.sampling.composers import Batch, _check_config
 from falcon_cli.sampling.policy import sample_q
 
 ROW_BLOCK_BYTES = 256 << 20
@@ -195,9 +195,11 @@ class QuantileSpaces:
         return min(self.width, len(self.shuffled) - s * self.width)
 
     def space_ids(self, s: int) -> torch.Tensor:
+        """Pair ids of space ``s``, in position order."""
         return self.shuffled[s * self.width: s * self.width + self.space_size(s)]
 
     def batches_in_space(self, s: int) -> int:
+        """Batches space ``s`` yields (a short last one unless ``drop_last``)."""
         n = self.space_size(s)
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
@@ -233,20 +235,17 @@ class QuantileSpaces:
         self.current = s
         self.snapshot = (image, text)
         self.tables = self._tables(image, text, size)
-        self.available = torch.arange(self.width, device=image.device)[None, :] < size.to(image.device)[:, None]
+        self.available = _unselected(self.width, size, image.device)
 
     def next_batch(self, source: QSource, generator: torch.Generator) -> tuple[Batch, dict[str, torch.Tensor]]:
         """The next batch (on demand), and what the scheduler's update needs:
         ``{"s_hat": [k, m] the input rows the q's were drawn from, "q": [k]}`` (``q`` is NaN
         for steps a short last batch did not take: leave those out of the log-probability)."""
-        while True:
-            if self.available is None or not self._usable(self.available):
-                if self.current + 1 >= self.num_spaces:
-                    raise StopIteration("every search space of the epoch has been composed")
-                self._enter(self.current + 1)
-                if not self._usable(self.available):
-                    continue
-            break
+        if self.available is None or not self._usable(self.available):
+            following = [s for s in range(self.current + 1, self.num_spaces) if self.batches_in_space(s) > 0]
+            if not following:
+                raise StopIteration("every search space of the epoch has been composed")
+            self._enter(following[0])
         columns, record = compose_round(self.tables, self.available, self.snapshot, source, self.batch_size, generator,
                                         level=self.level)
         ids = self.space_ids(self.current)
@@ -265,6 +264,7 @@ class QuantileSpaces:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`: the current space's tables are rebuilt from its snapshot."""
+        _check_config("quantile spaces", {"batch_size": self.batch_size, "level": self.level}, state)
         self.shuffled = state["shuffled"]
         self.width = state["width"]
         self.num_spaces = math.ceil(len(self.shuffled) / self.width) if len(self.shuffled) else 0
@@ -289,7 +289,7 @@ class QuantileSpaces:
             group = list(range(first, min(self.num_spaces, first + spaces_per_chunk)))
             image, text, size = self._features(group)
             tables = self._tables(image, text, size)
-            available = torch.arange(self.width, device=image.device)[None, :] < size.to(image.device)[:, None]
+            available = _unselected(self.width, size, image.device)
             per_space: list[list[Batch]] = [[] for _ in group]
             for _ in range(max(self.batches_in_space(s) for s in group)):
                 active = torch.tensor([self._usable(available[i]) for i in range(len(group))])
@@ -302,6 +302,11 @@ class QuantileSpaces:
             for batches in per_space:
                 out.extend(batches)
         return out
+
+
+def _unselected(width: int, size: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """[S, W] availability at the start of spaces of ``size`` pairs: every real pair, no padding."""
+    return torch.arange(width, device=device)[None, :] < size.to(device)[:, None]
 
 
 def _to_batch(columns: dict[str, torch.Tensor], j: int, ids: torch.Tensor, sampler: str) -> Batch:
