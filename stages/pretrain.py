@@ -56,6 +56,7 @@ from falcon_cli.runtime.seeding import rng_state, seed_everything, set_rng_state
 from falcon_cli.sampling.batch_log import BatchLog, read_batch_log
 from falcon_cli.sampling.cache import EmbeddingCache
 from falcon_cli.sampling.composers import GritComposer, UniformComposer, batches_from_state, batches_state, shard_pair_ids
+from falcon_cli.sampling.feed import FalconFeed, loader_settings
 from falcon_cli.sampling.quantile import QuantileSpaces
 from falcon_cli.sampling.scheduler import NegativeScheduler, progressive_q
 
@@ -137,7 +138,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
                       f"global batch {p.batch_size * world}; composer {p.composer}; {p.epochs} epochs")
 
     # 4. Resume: model, optimizer, scaler, every RNG, the composer, the epoch's batches, the cache.
-    start_epoch, start_index, global_step, pending, spaces = 0, 0, 0, None, None
+    start_epoch, start_index, global_step, pending, spaces, feed, ahead = 0, 0, 0, None, None, None, None
     rewards: list[float] = []  # this epoch's FALCON rewards (kept in checkpoints for the epoch summary)
     checkpoint_dir = run.path / "checkpoints"
     results: dict = {}
@@ -163,6 +164,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
             spaces.load_state_dict(mine["spaces"])
             batch_log.load_state_dict(mine["batch_log"])
             rewards = list(mine["rewards"])
+            ahead = mine["falcon_ahead"]  # composed before the checkpoint, not yet trained (scheduler_lag > 0)
         if scheduler is not None:
             scheduler.load_state_dict(state["scheduler"])
         results = state.get("results", {})
@@ -179,6 +181,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
                 "batches": batches_state(batches) if batches is not None else None,
                 "spaces": spaces.state_dict() if spaces is not None else None,  # mid FALCON epoch only
                 "batch_log": batch_log.state_dict() if spaces is not None else None,
+                "falcon_ahead": feed.ahead_state() if feed is not None else None,
                 "rewards": list(rewards)}
         ranks = [None] * world if main else None
         if distributed:
@@ -234,9 +237,15 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
                                 collate_fn=collate, num_workers=p.num_workers, pin_memory=device.type == "cuda",
                                 generator=torch.Generator().manual_seed(config.seed + epoch))
         else:
+            # FALCON: each batch composed when the loader asks for it (scheduler_lag batches ahead)
             total = min(len(spaces), steps_per_epoch)
-            loader = falcon_batches(spaces, scheduler, dataset, collate, generators["compose"], batch_log,
-                                    epoch=epoch, rank=rank, start=start_index, stop=total)
+            feed = FalconFeed(spaces, scheduler.alpha_beta, dataset.index_of, generators["compose"],
+                              lambda index, composed, epoch=epoch: batch_log.add(epoch, index, rank, composed),
+                              start=start_index, stop=total, ahead=ahead)
+            ahead = None
+            loader = DataLoader(dataset, batch_sampler=feed, collate_fn=collate, pin_memory=device.type == "cuda",
+                                generator=torch.Generator().manual_seed(config.seed + epoch),
+                                **loader_settings(p.scheduler_lag, p.num_workers))
         tick, seen = time.perf_counter(), 0
         for index, batch in enumerate(track(loader, f"epoch {epoch}", total=total - start_index), start=start_index):
             lr = learning_rate(global_step, epoch, lr=p.lr, min_lr=p.min_lr, warmup_lr=p.warmup_lr,
@@ -272,7 +281,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
                 after = measure_reward_loss(objective, scheduler, precision, device, eval_mode=p.reward_mode == "eval",
                                             inputs=(images, input_ids, attention_mask, mask))
                 rewards.append(float(before - after))
-                scheduler.update(batch["falcon_record"], rewards[-1])
+                scheduler.update(feed.take(batch["pair_ids"])[1], rewards[-1])
             # The cache holds every rank's features: each rank composes next epoch from it.
             pair_ids = batch["pair_ids"].to(device)
             cache.update(D.all_gather_cat(pair_ids), D.all_gather_cat(out.image_feat), D.all_gather_cat(out.text_feat))
@@ -296,7 +305,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
         if falcon_epoch:  # the epoch's batch log part, and what the scheduler did this epoch (this rank)
             metrics.write(step=global_step, epoch=epoch, kind="epoch_summary", **falcon_summary(batch_log.rows(epoch), rewards))
             batch_log.write(epoch)
-            spaces = None
+            spaces = feed = None
 
         if main:
             path = cache.save(run.path / "embeddings" / f"epoch_{epoch:03d}.h5",
@@ -318,21 +327,6 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
             run.add_artifact(figure, schema="figure", schema_version=1)
     return {"steps": global_step, "epochs": p.epochs, "pairs": len(dataset), "world_size": world,
             "precision": precision, "device": str(device), "retrieval": results}
-
-
-def falcon_batches(spaces: QuantileSpaces, scheduler: NegativeScheduler, dataset, collate, generator: torch.Generator,
-                   batch_log: BatchLog, *, epoch: int, rank: int, start: int, stop: int):
-    """FALCON's batches, each composed only when the loop asks for it, i.e. after the previous
-    step's scheduler update (batch k + 1 comes from φ_{k+1}; no lag). Items load in this process:
-    the dataset forks the global RNG per item, which threads could interleave."""
-    for index in range(start, stop):
-        if not spaces.has_next():
-            return
-        composed, record = spaces.next_batch(scheduler.alpha_beta, generator)
-        batch_log.add(epoch, index, rank, composed)
-        batch = collate([dataset[dataset.index_of(int(i))] for i in composed.pair_ids])
-        batch["falcon_record"] = record
-        yield batch
 
 
 def measure_reward_loss(objective: VlpObjective, scheduler: NegativeScheduler, precision: str, device: torch.device, *,

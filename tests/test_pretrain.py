@@ -128,14 +128,27 @@ FALCON = ["pretrain.composer=falcon", "pretrain.epochs=3", "pretrain.search_spac
           "pretrain.quantile_levels=20", "pretrain.scheduler_lr=1e-2"]
 
 
-@pytest.fixture(scope="module")
-def falcon_run(world, reference_run, tmp_path_factory):
+# scheduler_lag 2: batches composed two steps ahead, their items loading in worker processes
+LAGGED = [*FALCON, "pretrain.scheduler_lag=2", "pretrain.num_workers=2"]
+
+
+def _falcon_reference(world, tmp_path_factory, overrides):
     from tests.conftest import run_cli
 
     run_dir = tmp_path_factory.mktemp("falcon") / "run"
-    proc = run_cli(*pretrain_args(run_dir, world, *FALCON))
+    proc = run_cli(*pretrain_args(run_dir, world, *overrides))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return run_dir
+
+
+@pytest.fixture(scope="module")
+def falcon_run(world, reference_run, tmp_path_factory):
+    return _falcon_reference(world, tmp_path_factory, FALCON)
+
+
+@pytest.fixture(scope="module")
+def lagged_falcon_run(world, reference_run, tmp_path_factory):
+    return _falcon_reference(world, tmp_path_factory, LAGGED)
 
 
 def test_falcon_run_rewards_and_quantiles(falcon_run):
@@ -161,10 +174,13 @@ def test_falcon_run_rewards_and_quantiles(falcon_run):
     assert "figures/q_over_training.png" in manifest["artifacts"]
 
 
-def test_falcon_kill_and_resume_is_exact(world, falcon_run, tmp_path):
+@pytest.mark.parametrize("lagged", [False, True], ids=["on-demand", "lag-2"])
+def test_falcon_kill_and_resume_is_exact(world, request, tmp_path, lagged):
+    overrides = LAGGED if lagged else FALCON
+    falcon_run = request.getfixturevalue("lagged_falcon_run" if lagged else "falcon_run")
     run_dir = tmp_path / "run"
     env = {**os.environ, "FALCON_PROGRESS": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    args = [sys.executable, "-m", "falcon_cli", *map(str, pretrain_args(run_dir, world, *FALCON))]
+    args = [sys.executable, "-m", "falcon_cli", *map(str, pretrain_args(run_dir, world, *overrides))]
     proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     metrics = run_dir / "metrics.jsonl"
     deadline = time.time() + 300
@@ -179,7 +195,7 @@ def test_falcon_kill_and_resume_is_exact(world, falcon_run, tmp_path):
 
     from tests.conftest import run_cli
 
-    resumed = run_cli(*pretrain_args(run_dir, world, *FALCON), "--resume")
+    resumed = run_cli(*pretrain_args(run_dir, world, *overrides), "--resume")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     expected = [r for r in read_metrics(falcon_run / "metrics.jsonl")]
     got = [r for r in read_metrics(metrics)]

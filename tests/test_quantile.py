@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from falcon_cli.sampling.cache import EmbeddingCache
-from falcon_cli.sampling.policy import sample_q
+from falcon_cli.sampling.policy import numpy_generator, sample_q
+from falcon_cli.sampling import quantile
 from falcon_cli.sampling.quantile import QuantileSpaces, _sorted_rows, space_tables, unified_similarity
 
 
@@ -63,6 +64,7 @@ def reference(spaces_ids, img, txt, batch_size, source, generator, *, drop_last=
             available[s].remove(first)
             chains[s] = [(first, -1, math.nan)]
         batch_q = None
+        q_generator = numpy_generator(generator) if callable(source) else None
         for _step in range(1, batch_size):
             going = [s for s in active if available[s]]
             if not going:
@@ -73,12 +75,12 @@ def reference(spaces_ids, img, txt, batch_size, source, generator, *, drop_last=
             elif level == "batch":
                 if batch_q is None:
                     params = [beta_params(source, sims[s], chains[s][0][0]) for s in active]
-                    draws = sample_q(torch.tensor([p[0] for p in params]), torch.tensor([p[1] for p in params]), generator)
+                    draws = sample_q(torch.tensor([p[0] for p in params]), torch.tensor([p[1] for p in params]), q_generator)
                     batch_q = {s: float(d) for s, d in zip(active, draws)}
                 qs = [batch_q[s] for s in going]
             else:
                 params = [beta_params(source, sims[s], last) for s, last in zip(going, lasts)]
-                draws = sample_q(torch.tensor([p[0] for p in params]), torch.tensor([p[1] for p in params]), generator)
+                draws = sample_q(torch.tensor([p[0] for p in params]), torch.tensor([p[1] for p in params]), q_generator)
                 qs = [float(d) for d in draws]
             for s, last, q in zip(going, lasts, qs):
                 row = sims[s][last]
@@ -125,18 +127,21 @@ def test_cpu_sort_orders_like_stable_torch_sort_with_ties_by_descending_index():
     block = torch.randint(-3, 4, (7, 50), generator=g).float() / 2
     block[0, :5] = -0.0
     block[1, 3] = float("inf")
-    values, index = _sorted_rows(block)
+    positions = torch.tensor([0, 3, 49])
+    index, values = _sorted_rows(block.clone(), positions)
     keyed = [sorted(range(50), key=lambda j: (float(block[r, j]), -j)) for r in range(7)]
     assert index.tolist() == keyed
-    assert torch.equal(values, torch.gather(block + 0.0, 1, index))
+    assert torch.equal(values, torch.gather(block + 0.0, 1, index)[:, positions])
 
 
-def test_space_tables_match_plain_quantiles_and_sorts():
+@pytest.mark.parametrize("panel_rows, sort_rows", [(64, 64), (7, 3)])
+def test_space_tables_match_plain_quantiles_and_sorts(monkeypatch, panel_rows, sort_rows):
+    monkeypatch.setattr(quantile, "SORT_BLOCK_BYTES", sort_rows * 30 * 4)  # several panels and sort blocks per space
     cache, image, text = make_cache(30)
     size = torch.tensor([30, 17])
     img = torch.stack([image, torch.cat([image[:17], torch.zeros(13, 8)])])
     txt = torch.stack([text, torch.cat([text[:17], torch.zeros(13, 8)])])
-    tables = space_tables(img, txt, size, quantiles=11, row_block_bytes=4096)
+    tables = space_tables(img, txt, size, quantiles=11, panel_bytes=panel_rows * 30 * 4)
     levels = torch.linspace(0, 1, 11, dtype=torch.float64)
     for s, n in enumerate(size.tolist()):
         full = unified_similarity(img[s, :n], txt[s, :n])
@@ -180,21 +185,22 @@ def test_fixed_q_one_space_at_a_time_equals_reference(q):
 
 
 @pytest.mark.parametrize("level", ["instance", "batch"])
-def test_beta_rule_lockstep_equals_reference(level):
+@pytest.mark.parametrize("width", [20, 15])  # last batches of 6 and 3; of 1 (no step at all) and 5
+def test_beta_rule_lockstep_equals_reference(level, width):
     cache, image, text = make_cache(50, seed=2)
     rule = toy_policy
     g1, g2 = torch.Generator().manual_seed(11), torch.Generator().manual_seed(11)
-    spaces = QuantileSpaces(cache.pair_ids, cache, search_space_size=20, batch_size=7, generator=g1, level=level)
+    spaces = QuantileSpaces(cache.pair_ids, cache, search_space_size=width, batch_size=7, generator=g1, level=level)
     got = spaces.compose_all(rule, g1)
     shuffled = cache.pair_ids[torch.randperm(50, generator=g2)]
-    parts = [shuffled[s * 20:(s + 1) * 20] for s in range(3)]
+    parts = [shuffled[s * width:(s + 1) * width] for s in range(math.ceil(50 / width))]
     expected = [b for space in reference(parts, *space_features(parts, image, text), 7, rule, g2, level=level)
                 for b in space]
     same(expected, [batch_tuples(b) for b in got])
     if level == "batch":
         for b in got:
             qs = b.q[1:]
-            assert torch.all(qs == qs[0])
+            assert len(b) == 1 or torch.all(qs == qs[0])
 
 
 @pytest.mark.parametrize("q", [1.0, 0.0])

@@ -128,6 +128,10 @@ class PretrainConfig(Section):
     """Subtract a moving average of the reward (variance reduction); ``none`` matches the paper."""
     reward_baseline_decay: float = Field(0.9, ge=0, lt=1)
     """Decay of the ``ema`` reward baseline."""
+    scheduler_lag: int = Field(0, ge=0)
+    """FALCON batches composed ahead of training: 0 = Algorithm 2 exactly (batch k+1 from the scheduler
+    after update k; its items load between steps); L ≥ 1 = batch k+L is composed with the scheduler after
+    update k−1 and loads in worker processes while steps compute (see falcon_cli/sampling/feed.py)."""
 
     # -- optimisation ----------------------------------------------------------------------
     epochs: int = 3

@@ -35,6 +35,7 @@ resumed run recomposes exactly.
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Union
 
@@ -44,10 +45,20 @@ import torch
 from falcon_cli.errors import FalconError
 from falcon_cli.sampling.cache import EmbeddingCache, as_id_tensor
 from falcon_cli.sampling.composers import Batch, _check_config
-from falcon_cli.sampling.policy import sample_q
+from falcon_cli.sampling.policy import check_beta_parameters, draw_q, numpy_generator
 
-ROW_BLOCK_BYTES = 256 << 20
-"""Memory bound for the float rows sorted at once by :func:`space_tables`."""
+PANEL_BYTES = 32 << 20
+"""Size of the float32 similarity rows computed by one matrix product (a panel): big enough
+for an efficient GEMM, small enough that no ``W x W`` float matrix ever exists."""
+
+SORT_BLOCK_BYTES = 256 << 10
+"""Size of the float32 rows one CPU sort task takes (its int64 keys: twice that), so the
+work stays in a core's cache; one task per core runs at a time."""
+
+
+COMPOSE_CHUNK_BYTES = 512 << 20
+"""Memory for the tables of the spaces :meth:`QuantileSpaces.compose_all` composes together
+(|M| = 5,664: 10 spaces); more spaces per chunk spread each step's fixed cost wider."""
 
 
 def nearest_rank(q: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
@@ -62,22 +73,38 @@ def unified_similarity(image: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
     return i2t + i2t.transpose(-1, -2)
 
 
-def _sorted_rows(block: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows of ``block`` [R, W] (float32, +inf where excluded) sorted ascending, equal values by
-    **descending** column (so the last of a row is the lowest-index maximum, as ``argmax``):
-    (values [R, W] float32, column indices [R, W] int64)."""
+def _orderable(bits: np.ndarray) -> np.ndarray:
+    """float32 bit patterns (int32) -> int32 keys in the floats' order, in place; its own inverse."""
+    bits ^= (bits >> 31) & 0x7FFFFFFF   # negatives: flip all but the sign bit
+    return bits
+
+
+def _sort_rows_cpu(rows: np.ndarray, order: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Sort ``rows`` [R, W] (float32 scratch, +inf where excluded) ascending, equal values by
+    **descending** column (a row's last is then its lowest-index maximum, as ``argmax``):
+    writes the column order into ``order`` [R, W] (int16 or int32: the keys' low bits) and returns the sorted values
+    at ``positions`` [P] ([R, P] float32). numpy's SIMD sort of packed (value, reversed column)
+    int64 keys, about 6x ``torch.sort`` on 2 cores."""
+    width = rows.shape[1]
+    rows += 0.0  # -0.0 -> +0.0: equal values must get equal keys
+    keys = _orderable(rows.view(np.int32)).astype(np.int64)
+    keys <<= 32
+    keys |= np.arange(width - 1, -1, -1, dtype=np.int64)
+    keys.sort(axis=1)
+    np.subtract(width - 1, keys.astype(order.dtype), out=order)  # the low bits: the reversed column
+    return _orderable((keys[:, positions] >> 32).astype(np.int32)).view(np.float32)
+
+
+def _sorted_rows(block: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of ``block`` [R, W] sorted as :func:`_sort_rows_cpu` orders them, on any device:
+    (column indices [R, W] int64, sorted values at ``positions`` [R, P]). ``block`` is scratch."""
     width = block.shape[1]
-    block = block + 0.0  # -0.0 -> +0.0: equal values must compare equal below
-    if block.device.type != "cpu":
-        values, flipped = torch.sort(block.flip(1), dim=1, stable=True)
-        return values, (width - 1) - flipped
-    bits = block.contiguous().view(torch.int32)
-    # float32 bits -> int32 keys with the same order (negatives: flip all but the sign bit)
-    keys = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(torch.int64)
-    reversed_columns = (width - 1) - torch.arange(width, dtype=torch.int64)
-    packed = torch.from_numpy(np.sort(((keys << 32) | reversed_columns).numpy(), axis=1))
-    index = (width - 1) - (packed & 0xFFFFFFFF)
-    return torch.gather(block, 1, index), index
+    if block.device.type == "cpu":
+        order = np.empty(block.shape, dtype=np.int32)
+        values = _sort_rows_cpu(block.numpy(), order, positions.numpy())
+        return torch.from_numpy(order).long(), torch.from_numpy(values)
+    values, flipped = torch.sort((block + 0.0).flip(1), dim=1, stable=True)  # flipped + stable: ties by descending column
+    return (width - 1) - flipped, values[:, positions]
 
 
 @dataclass
@@ -97,42 +124,67 @@ class SpaceTables:
 
 @torch.no_grad()
 def space_tables(image: torch.Tensor, text: torch.Tensor, size: torch.Tensor, *, quantiles: int = 100,
-                 temperature: float = 1.0, row_block_bytes: int = ROW_BLOCK_BYTES) -> SpaceTables:
+                 temperature: float = 1.0, panel_bytes: int = PANEL_BYTES) -> SpaceTables:
     """Sorted candidate orders and Ŝ for spaces of features ``image``/``text`` [S, W, D].
 
     Rows ``>= size[s]`` of space ``s`` are padding (their features are ignored). Each row's
     quantiles are taken over its ``size - 1`` real off-diagonal entries (a space of one pair
-    has none: its Ŝ row is uniform).
+    has none: its Ŝ row is uniform). Similarities are computed a panel of rows at a time, so
+    beyond the int16 order (|M| = 28,320: 1.6 GB) only ``panel_bytes`` are needed; on CPU the
+    panel's rows are sorted in cache-sized blocks, one per core at a time.
     """
     spaces, width, _ = image.shape
     device = image.device
     index_dtype = torch.int16 if width < 32768 else torch.int32
     order = torch.empty(spaces, width, width, dtype=index_dtype, device=device)
     s_hat = torch.empty(spaces, width, quantiles, dtype=torch.float32, device=device)
-    levels = torch.linspace(0, 1, quantiles, dtype=torch.float64, device=device)
-    columns = torch.arange(width, device=device)
-    block_rows = max(1, row_block_bytes // max(1, width * 4 * 6))
-    image, text = image.float(), text.float()
-    for s in range(spaces):
-        n = int(size[s])
-        count = max(n - 1, 1)
-        pos = levels * (count - 1)
-        lo, hi = pos.floor().long(), pos.ceil().long()
-        frac = (pos - lo).float()
-        for r0 in range(0, width, block_rows):
-            r1 = min(width, r0 + block_rows)
-            block = image[s, r0:r1] @ text[s].T + text[s, r0:r1] @ image[s].T
-            rows = torch.arange(r0, r1, device=device)
-            excluded = (columns[None, :] >= n) | (columns[None, :] == rows[:, None])
-            block.masked_fill_(excluded, float("inf"))
-            values, index = _sorted_rows(block)
-            order[s, r0:r1] = index.to(index_dtype)
-            if n > 1:
-                q = values[:, lo] + (values[:, hi] - values[:, lo]) * frac
-            else:
-                q = torch.zeros(r1 - r0, quantiles, device=device)
-            s_hat[s, r0:r1] = torch.softmax(q / temperature, dim=1)
+    panel_rows = max(1, panel_bytes // (width * 4))
+    workers = ThreadPoolExecutor(torch.get_num_threads()) if device.type == "cpu" else None
+    try:
+        for s in range(spaces):
+            _fill_space(order[s], s_hat[s], image[s].float(), text[s].float(), int(size[s]), temperature,
+                        panel_rows, workers)
+    finally:
+        if workers is not None:
+            workers.shutdown()
     return SpaceTables(order, s_hat, size.to(device=device, dtype=torch.int64))
+
+
+def _fill_space(order: torch.Tensor, s_hat: torch.Tensor, image: torch.Tensor, text: torch.Tensor, n: int,
+                temperature: float, panel_rows: int, workers: ThreadPoolExecutor | None) -> None:
+    """Fill one space's ``order`` [W, W] and ``s_hat`` [W, m] (its first ``n`` rows are real), panel by panel."""
+    width, quantiles = s_hat.shape
+    image_t, text_t = image.T.contiguous(), text.T.contiguous()
+    # the quantiles of the n - 1 off-diagonal entries (linear interpolation, as torch.quantile)
+    position = torch.linspace(0, 1, quantiles, dtype=torch.float64) * (max(n - 1, 1) - 1)
+    lo, hi = position.floor().long(), position.ceil().long()
+    frac = (position - lo).float().to(image.device)
+
+    def features(values: torch.Tensor) -> torch.Tensor:  # sorted values at lo, hi -> Ŝ rows
+        low, high = values[:, :quantiles], values[:, quantiles:]
+        q = low + (high - low) * frac if n > 1 else torch.zeros_like(low)
+        return torch.softmax(q / temperature, dim=1)
+
+    for p0 in range(0, width, panel_rows):
+        p1 = min(width, p0 + panel_rows)
+        panel = torch.mm(image[p0:p1], text_t).addmm_(text[p0:p1], image_t)  # rows p0:p1 of S = I Tᵀ + T Iᵀ
+        panel[:, n:] = float("inf")
+        panel.diagonal(p0).fill_(float("inf"))
+        if workers is None:
+            index, values = _sorted_rows(panel, torch.cat([lo, hi]))
+            order[p0:p1] = index.to(order.dtype)
+            s_hat[p0:p1] = features(values)
+            continue
+        rows, out, positions = panel.numpy(), order.numpy(), torch.cat([lo, hi]).numpy()
+        step = max(1, SORT_BLOCK_BYTES // (width * 4))
+
+        def sort_block(r0: int) -> None:
+            r1 = min(p1 - p0, r0 + step)
+            values = _sort_rows_cpu(rows[r0:r1], out[p0 + r0:p0 + r1], positions)
+            s_hat[p0 + r0:p0 + r1] = features(torch.from_numpy(values))
+
+        for _ in workers.map(sort_block, range(0, p1 - p0, step)):
+            pass
 
 
 # --- where q comes from ----------------------------------------------------------------------
@@ -282,25 +334,30 @@ class QuantileSpaces:
         """Every batch of the epoch, spaces advancing together in chunks (for a fixed q, or a
         policy that does not change meanwhile). Batches are returned space by space."""
         out: list[Batch] = []
-        if spaces_per_chunk is None:  # order table + features + a few W-rows per space, ~1 GB per chunk
+        if spaces_per_chunk is None:  # order table + features + a few W-rows per space
             per_space = self.width * self.width * (2 if self.width < 32768 else 4) + self.width * (self.quantiles * 4 + 1024)
-            spaces_per_chunk = max(1, (1 << 30) // per_space)
+            spaces_per_chunk = max(1, COMPOSE_CHUNK_BYTES // per_space)
         for first in range(0, self.num_spaces, spaces_per_chunk):
             group = list(range(first, min(self.num_spaces, first + spaces_per_chunk)))
             image, text, size = self._features(group)
             tables = self._tables(image, text, size)
             available = _unselected(self.width, size, image.device)
+            alpha_beta = None
+            if callable(source):  # φ is fixed: the policy's output for every row, once (space by space: bounded memory)
+                outputs = [source(tables.s_hat[i]) for i in range(len(group))]
+                alpha_beta = tuple(torch.stack([o[k].float() for o in outputs]) for k in (0, 1))
             per_space: list[list[Batch]] = [[] for _ in group]
             for _ in range(max(self.batches_in_space(s) for s in group)):
                 active = torch.tensor([self._usable(available[i]) for i in range(len(group))])
                 if not active.any():
                     break
                 columns, _ = compose_round(tables, available, (image, text), source, self.batch_size, generator,
-                                           level=self.level, active=active)
+                                           level=self.level, active=active, alpha_beta=alpha_beta)
                 for j, i in enumerate(active.nonzero().flatten().tolist()):
                     per_space[i].append(_to_batch(columns, j, self.space_ids(group[i]), self.sampler))
             for batches in per_space:
                 out.extend(batches)
+            del tables, alpha_beta  # before the next chunk's tables exist: one chunk's tables in memory at a time
         return out
 
 
@@ -322,16 +379,19 @@ def _to_batch(columns: dict[str, torch.Tensor], j: int, ids: torch.Tensor, sampl
 @torch.no_grad()
 def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[torch.Tensor, torch.Tensor],
                   source: QSource, batch_size: int, generator: torch.Generator, *, level: str = "instance",
-                  active: torch.Tensor | None = None) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+                  active: torch.Tensor | None = None,
+                  alpha_beta: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """One batch from each active space (Algorithm 1), updating ``available`` [S, W] in place.
 
-    A policy runs once, on the Ŝ rows of every pair still available in the active spaces
-    (any of them can become an anchor). Random draws, in order: one float64 uniform per
-    active space (the batch's first pair, uniform over its available pairs); then, with a
-    policy, per step one :func:`sample_q` call for the spaces that still have candidates
-    (batch level: one call at the first step, for all active spaces). Returns per-slot
-    columns ``[A, B]`` (A active spaces) and the scheduler record ``{"s_hat": [A, k, m],
-    "q": [A, k]}`` (k = B - 1 at instance level, 1 at batch level; NaN q = step not taken).
+    Every active space must have a pair left. A policy runs once, on the Ŝ rows of every
+    pair still available in the active spaces (any of them can become an anchor), unless
+    ``alpha_beta`` ([S, W] each) already holds its output for every row. Random draws from
+    ``generator``, in order: one float64 uniform per active space (the batch's first pair,
+    uniform over its available pairs); then, with a policy, one :func:`numpy_generator`
+    seed, from which per step one :func:`sample_q` call draws for the spaces that still
+    have candidates (batch level: one call at the first step, for all active spaces). Returns per-slot columns ``[A, B]`` (A active spaces) and the scheduler record
+    ``{"s_hat": [A, k, m], "q": [A, k]}`` (k = B - 1 at instance level, 1 at batch level;
+    NaN q = step not taken).
     """
     _check_q_source(source)
     device = available.device
@@ -339,76 +399,115 @@ def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[
     if active is not None:
         group = group[active.to(device)]
     a, width = len(group), available.shape[1]
-    image, text = features
     arange = torch.arange(a, device=device)
-    avail = available[group]
+    order_rows = tables.order.view(-1, width)            # row (space s, anchor j) at s * W + j
+    row_of = group * width                               # [a] first row of each active space
+    avail = available[group].to(torch.int32)             # [a, W], 1 = not yet chosen
+    flat_avail = avail.view(-1)
+    base = (arange * width).to(torch.int32)[:, None]     # [a, 1] offset of each space in flat_avail
     policy = source if callable(source) else None
-    if policy is not None:  # α, β of every row that may become an anchor in this round
+    if policy is not None and alpha_beta is None:        # α, β of every row that may become an anchor
         rows = avail.nonzero(as_tuple=True)
         alpha_all = torch.ones(a, width, device=device)
         beta_all = torch.ones(a, width, device=device)
         alpha_rows, beta_rows = policy(tables.s_hat[group][rows])
         alpha_all[rows], beta_all[rows] = alpha_rows.float(), beta_rows.float()
-    local = torch.full((a, batch_size), -1, dtype=torch.int64, device=device)
-    anchor = torch.full_like(local, -1)
-    nan = torch.full((a, batch_size), float("nan"), dtype=torch.float32, device=device)
-    q_col, alpha_col, beta_col, sim_col, rank_col = (nan.clone() for _ in range(5))
-    q_col = q_col.double()
+    elif policy is not None:
+        alpha_all, beta_all = (t[group].float() for t in alpha_beta)
     # the first pair: uniform over the available ones
-    remaining = avail.sum(1)
+    n = avail.sum(1)
     u = torch.rand(a, generator=generator, dtype=torch.float64).to(device)
-    pick = torch.minimum((u * remaining).long(), remaining - 1)
-    first = (avail.long().cumsum(1) <= pick[:, None]).sum(1)
-    local[:, 0] = first
-    avail[arange, first] = False
-    length = torch.ones(a, dtype=torch.int64, device=device)
-    record_rows, record_q = [], []
-    last = first
-    batch_q = None
-    for step in range(1, batch_size):
-        n = avail.sum(1)
-        go = n > 0
-        if not bool(go.any()):
-            break
-        q = torch.full((a,), float("nan"), dtype=torch.float64, device=device)
-        if policy is None:
-            q[go] = float(source)
-        elif level == "batch":
-            if batch_q is None:  # one q per batch, from the Beta of its first pair
-                batch_q = sample_q(alpha_all[arange, first], beta_all[arange, first], generator).double().to(device)
-                record_rows.append(tables.s_hat[group, first])
-                record_q.append(batch_q)
-            q[go] = batch_q[go]
-        else:
-            q[go] = sample_q(alpha_all[arange[go], last[go]], beta_all[arange[go], last[go]], generator).double().to(device)
-            record_rows.append(tables.s_hat[group, last])
-            record_q.append(q.clone())
+    pick = torch.minimum((u * n).long(), n - 1)
+    first = torch.searchsorted(avail.cumsum(1, dtype=torch.int32), (pick + 1).to(torch.int32)[:, None]).squeeze(1)
+    flat_avail[base.squeeze(1) + first] = 0
+    # step t (1 ≤ t < B) has n - t candidates; a space with none left just picks an already-chosen
+    # slot (harmless: it is unavailable already) and its steps are masked out of the columns
+    taken = min(batch_size - 1, int(n.max()) - 1)
+    candidates_left = (n.cpu()[:, None] - torch.arange(1, taken + 1)).double()  # [a, taken], on CPU
+    all_go = int(n.min()) - 1  # before step all_go every space still has a candidate
+    if policy is None:  # every rank is known in advance
+        rank = nearest_rank(torch.tensor(float(source), dtype=torch.float64), candidates_left).to(device)
+    else:  # q is drawn on the CPU, with numpy, from this round's generator
+        alpha_np, beta_np = (t.double().cpu().numpy() for t in (alpha_all, beta_all))
+        check_beta_parameters(alpha_np, beta_np)
+        q_generator, spaces_np = numpy_generator(generator), np.arange(a)
+    last, q, qs, ranks, anchors, chosens = first, None, [], [], [], []
+    for t in range(taken):
         if policy is not None:
-            source_row = first if level == "batch" else last
-            alpha_col[:, step] = torch.where(go, alpha_all[arange, source_row], alpha_col[:, step])
-            beta_col[:, step] = torch.where(go, beta_all[arange, source_row], beta_col[:, step])
-        order = tables.order[group, last].long()                       # [a, W] candidates of `last`, ascending
-        in_order = torch.gather(avail, 1, order)                       # their availability, in that order
-        r = torch.minimum(nearest_rank(q.nan_to_num(0.0), n), (n - 1).clamp(min=0))
-        position = (in_order.long().cumsum(1) <= r[:, None]).sum(1).clamp(max=width - 1)
-        chosen = torch.where(go, order[arange, position], torch.full_like(last, -1))
-        local[:, step] = chosen
-        anchor[:, step] = torch.where(go, last, torch.full_like(last, -1))
-        q_col[:, step] = q
-        # rank among the remaining candidates, 1 = hardest (a lone candidate is the hardest, as in GRIT)
-        rank = torch.where(n > 1, r.double() / (n - 1).clamp(min=1), torch.ones_like(r, dtype=torch.float64))
-        rank_col[:, step] = torch.where(go, rank.float(), rank_col[:, step])
-        safe = chosen.clamp(min=0)
-        sim = ((image[group, last].float() * text[group, safe].float()).sum(-1)
-               + (text[group, last].float() * image[group, safe].float()).sum(-1)) / 2
-        sim_col[:, step] = torch.where(go, sim, sim_col[:, step])
-        avail[arange[go], chosen[go]] = False
-        length += go.long()
-        last = torch.where(go, chosen, last)
-    available[group] = avail
-    columns = {"local": local, "anchor": anchor, "q": q_col, "alpha": alpha_col, "beta": beta_col,
-               "similarity": sim_col, "rank": rank_col, "length": length}
-    m = tables.s_hat.shape[-1]
-    record = ({"s_hat": torch.stack(record_rows, 1), "q": torch.stack(record_q, 1)} if record_rows else
-              {"s_hat": torch.empty(a, 0, m, device=device), "q": torch.empty(a, 0, dtype=torch.float64, device=device)})
+            last_np = last.cpu().numpy()
+            if (level == "batch" and q is None) or (level == "instance" and t < all_go):  # every space draws
+                q = torch.from_numpy(draw_q(alpha_np[spaces_np, last_np], beta_np[spaces_np, last_np], q_generator))
+            elif level == "instance":  # near a space's end: only the spaces that still have candidates draw
+                going = (candidates_left[:, t] > 0).numpy()
+                q = torch.full((a,), float("nan"), dtype=torch.float64)
+                q[going] = torch.from_numpy(draw_q(alpha_np[going, last_np[going]], beta_np[going, last_np[going]], q_generator))
+            r = nearest_rank(q.nan_to_num(0.0), candidates_left[:, t]).to(device)
+            qs.append(q)
+            ranks.append(r)
+        else:
+            r = rank[:, t]
+        # the anchor's candidates by ascending similarity, their availability, and the (r+1)-th available one
+        candidates = order_rows.index_select(0, row_of + last)                         # [a, W]
+        in_order = flat_avail.index_select(0, (candidates.to(torch.int32) + base).view(-1)).view(a, width)
+        count = in_order.cumsum(1, dtype=torch.int32)
+        position = torch.searchsorted(count, (r + 1).to(torch.int32)[:, None]).clamp_(max=width - 1)
+        chosen = candidates.gather(1, position).squeeze(1).long()
+        flat_avail[base.squeeze(1) + chosen] = 0
+        anchors.append(last)
+        chosens.append(chosen)
+        last = chosen
+    available[group] = avail.bool()
+    candidates_left = candidates_left.to(device)
+    steps = {"go": candidates_left > 0, "n": candidates_left,
+             "r": torch.stack(ranks, 1) if policy is not None and taken else (rank if policy is None else candidates_left),
+             "q": (torch.stack(qs, 1).to(device) if qs else candidates_left.clone()) if policy is not None
+             else torch.full_like(candidates_left, float(source)),
+             "anchor": torch.stack(anchors, 1) if taken else candidates_left.long(),
+             "chosen": torch.stack(chosens, 1) if taken else candidates_left.long()}
+    return _round_columns(tables, features, group, first, steps, batch_size, level,
+                          None if policy is None else (alpha_all, beta_all))
+
+
+def _round_columns(tables: SpaceTables, features: tuple[torch.Tensor, torch.Tensor], group: torch.Tensor,
+                   first: torch.Tensor, steps: dict[str, list[torch.Tensor]], batch_size: int, level: str,
+                   alpha_beta: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The per-slot columns and scheduler record of a round, from its per-step tensors (all at once)."""
+    device, (a,) = first.device, first.shape
+    width, m = tables.order.shape[-1], tables.s_hat.shape[-1]
+    go, chosen, anchor = steps["go"], steps["chosen"].long(), steps["anchor"].long()
+    q, r, n = steps["q"].double(), steps["r"].double(), steps["n"].double()
+    taken = go.shape[1]
+    pad = batch_size - 1 - taken
+
+    def column(values: torch.Tensor, fill: float, first_slot: float) -> torch.Tensor:  # [a, B]: slot 0, steps, unused tail
+        values = torch.where(go, values, torch.full_like(values, fill))
+        head = torch.full((a, 1), first_slot, dtype=values.dtype, device=device)
+        tail = torch.full((a, pad), fill, dtype=values.dtype, device=device)
+        return torch.cat([head, values, tail], 1)
+
+    nan = float("nan")
+    # rank among the remaining candidates, 1 = hardest (a lone candidate is the hardest, as in GRIT)
+    rank = torch.where(n > 1, r / (n - 1).clamp(min=1), torch.ones_like(r))
+    image, text = (t.reshape(-1, t.shape[-1]) for t in features)
+    row_of = (group * width)[:, None]
+    left, right = (row_of + anchor).view(-1), (row_of + chosen.clamp(min=0)).view(-1)
+    similarity = ((image[left].float() * text[right].float()).sum(-1)
+                  + (text[left].float() * image[right].float()).sum(-1)).view(a, taken) / 2
+    source_row = first[:, None].expand(a, taken) if level == "batch" else anchor
+    if alpha_beta is not None:
+        alpha, beta = (t.gather(1, source_row) for t in alpha_beta)
+    else:
+        alpha = beta = torch.full((a, taken), nan, device=device)
+    columns = {"local": column(chosen, -1, 0).long(), "anchor": column(anchor, -1, -1).long(), "q": column(q, nan, nan),
+               "alpha": column(alpha.float(), nan, nan), "beta": column(beta.float(), nan, nan),
+               "similarity": column(similarity.float(), nan, nan), "rank": column(rank.float(), nan, nan),
+               "length": 1 + go.sum(1)}
+    columns["local"][:, 0] = first
+    if alpha_beta is None or not taken:
+        record = {"s_hat": torch.empty(a, 0, m, device=device), "q": torch.empty(a, 0, dtype=torch.float64, device=device)}
+    elif level == "batch":  # the batch's one q, from its first pair's row
+        record = {"s_hat": tables.s_hat[group, first][:, None], "q": torch.where(go[:, :1], q[:, :1], nan)}
+    else:
+        s_hat = tables.s_hat.view(-1, m)[(row_of + anchor).view(-1)].view(a, taken, m)
+        record = {"s_hat": s_hat, "q": torch.where(go, q, torch.full_like(q, nan))}
     return columns, record
