@@ -1,8 +1,11 @@
-"""Benchmark: per-step wall time of `uniform` vs `grit` batches on albef-tiny (CPU), measured in one run.
+"""Benchmark: per-step wall time of `uniform`, `grit` and `falcon` on albef-tiny, measured in one run.
 
-The training step itself is the same for every composer; what differs is the time to compose
-an epoch (GRIT chains every search space through the embedding cache), amortised over the
-epoch's steps. This script times both parts on the same process and prints the ratio.
+The training step itself is the same for every composer; `uniform` and `grit` add the time to
+compose an epoch (GRIT chains every search space through the embedding cache), amortised over
+the epoch's steps. `falcon` adds, per step: the reward's extra no-grad forward (L_after, train
+mode: the default), composing its batch on demand (each search space's sorted tables when the
+space is entered, the scheduler on the space's remaining rows, the chain) and the scheduler's
+REINFORCE update. Everything is timed in the same process; the ratios are printed.
 
     PYTHONPATH=. .venv/bin/python benchmarks/composer_step_time.py                 # shapes-demo scale
     PYTHONPATH=. .venv/bin/python benchmarks/composer_step_time.py --pairs 566747 --batch 96 --space 1920 --steps 3
@@ -25,6 +28,8 @@ from falcon_cli.objectives.mlm import MlmMask  # noqa: E402
 from falcon_cli.objectives.vlp import VlpObjective  # noqa: E402
 from falcon_cli.sampling.cache import EmbeddingCache  # noqa: E402
 from falcon_cli.sampling.composers import GritComposer, UniformComposer  # noqa: E402
+from falcon_cli.sampling.quantile import QuantileSpaces  # noqa: E402
+from falcon_cli.sampling.scheduler import NegativeScheduler  # noqa: E402
 
 
 def timed(fn, repeats: int) -> float:
@@ -58,6 +63,23 @@ def main() -> None:
         generator = torch.Generator().manual_seed(0)
         compose[composer.name] = timed(lambda c=composer: c.compose_epoch(1, ids, cache, generator), 3)
     steps_per_epoch = -(-args.pairs // args.batch)
+    # FALCON: every batch of an epoch on demand, each followed by the scheduler's update
+    scheduler = NegativeScheduler(quantiles=100)
+
+    def falcon_epoch():
+        generator = torch.Generator().manual_seed(0)
+        spaces = QuantileSpaces(ids, cache, args.space, args.batch, generator)
+        compose_s = update_s = 0.0
+        while spaces.has_next():
+            start = time.perf_counter()
+            _, record = spaces.next_batch(scheduler.alpha_beta, generator)
+            middle = time.perf_counter()
+            scheduler.update(record, 0.01)
+            compose_s, update_s = compose_s + middle - start, update_s + time.perf_counter() - middle
+        falcon_parts.update(compose=compose_s, update=update_s)
+    falcon_parts: dict[str, float] = {}
+    falcon_epoch()  # warm-up
+    falcon_epoch()
 
     # One training step of albef-tiny on a synthetic batch (identical for both composers).
     vocab = 300
@@ -75,7 +97,15 @@ def main() -> None:
         out.loss.backward()
         optimizer.step()
 
+    def reward_pass(image=None):  # L_after: the batch again, no gradient, the identical mask
+        with torch.no_grad():
+            scheduler.loss_value(objective.measure(images, input_ids, attention, mask, parts=scheduler.parts, image=image))
+
     step_time = timed(step, args.steps)
+    reward_time = timed(reward_pass, args.steps)
+    with torch.no_grad():
+        encoding = objective.model.encode_image(images)
+    reuse_time = timed(lambda: reward_pass(encoding), args.steps)  # reward_images: reuse
     print(f"pairs {args.pairs:,}, batch {args.batch}, |M| {args.space}, {steps_per_epoch} steps/epoch, "
           f"torch threads {torch.get_num_threads()}")
     print(f"training step (albef-tiny): {step_time * 1000:.1f} ms")
@@ -83,7 +113,16 @@ def main() -> None:
     for name, seconds in compose.items():
         per_step[name] = step_time + seconds / steps_per_epoch
         print(f"{name:8s} compose epoch {seconds * 1000:8.1f} ms -> {per_step[name] * 1000:.1f} ms per step")
+    compose_ms, update_ms = (falcon_parts[k] / steps_per_epoch * 1000 for k in ("compose", "update"))
+    per_step["falcon"] = step_time + reward_time + (falcon_parts["compose"] + falcon_parts["update"]) / steps_per_epoch
+    print(f"falcon   reward forward {reward_time * 1000:.1f} ms + compose {compose_ms:.1f} ms + scheduler update "
+          f"{update_ms:.1f} ms per step -> {per_step['falcon'] * 1000:.1f} ms per step")
+    per_step["falcon-reuse"] = per_step["falcon"] - reward_time + reuse_time
+    print(f"falcon, reward_images=reuse: reward forward {reuse_time * 1000:.1f} ms -> "
+          f"{per_step['falcon-reuse'] * 1000:.1f} ms per step")
     print(f"grit / uniform per-step time: {per_step['grit'] / per_step['uniform']:.4f}")
+    print(f"falcon / grit per-step time: {per_step['falcon'] / per_step['grit']:.4f} "
+          f"(reward_images=reuse: {per_step['falcon-reuse'] / per_step['grit']:.4f})")
 
 
 if __name__ == "__main__":

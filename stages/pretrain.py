@@ -258,8 +258,8 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
                                   generator=generators["mask"], **special)
             alpha = alpha_ramp(p.distill_alpha, index, total, epoch)
             if falcon_epoch and p.reward_mode == "eval":  # L_before: a no-grad eval-mode pass (A-7)
-                before = measure_reward_loss(objective, scheduler, precision, device, eval_mode=True,
-                                             inputs=(images, input_ids, attention_mask, mask))
+                before, image_k = measure_reward_loss(objective, scheduler, precision, device, eval_mode=True,
+                                                      inputs=(images, input_ids, attention_mask, mask))
             with autocast(precision, device):
                 out = trainer(images, input_ids, attention_mask, mask, alpha, itm_generator)
             if not torch.isfinite(out.loss):
@@ -278,8 +278,10 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
                 # Reward Δ = L(θ_k) − L(θ_{k+1}) on this batch with the identical mask, then REINFORCE.
                 if p.reward_mode == "train":
                     before = scheduler.loss_value({"itc": out.itc, "itm": out.itm, "mlm": out.mlm})
-                after = measure_reward_loss(objective, scheduler, precision, device, eval_mode=p.reward_mode == "eval",
-                                            inputs=(images, input_ids, attention_mask, mask))
+                    image_k = (out.image_tokens, out.image_feat)
+                after, _ = measure_reward_loss(objective, scheduler, precision, device, eval_mode=p.reward_mode == "eval",
+                                               inputs=(images, input_ids, attention_mask, mask),
+                                               image=image_k if p.reward_images == "reuse" else None)
                 rewards.append(float(before - after))
                 scheduler.update(feed.take(batch["pair_ids"])[1], rewards[-1])
             # The cache holds every rank's features: each rank composes next epoch from it.
@@ -330,13 +332,16 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
 
 
 def measure_reward_loss(objective: VlpObjective, scheduler: NegativeScheduler, precision: str, device: torch.device, *,
-                        eval_mode: bool, inputs: tuple) -> torch.Tensor:
-    """The reward's loss on ``inputs`` (no gradient), in eval mode or the current train mode."""
+                        eval_mode: bool, inputs: tuple, image: tuple | None = None) -> tuple[torch.Tensor, tuple]:
+    """The reward's loss on ``inputs`` (no gradient), in eval mode or the current train mode, and the
+    image (tokens, features) it used: ``image`` if given (``reward_images: reuse``), else encoded now."""
     if eval_mode:
         objective.eval()
     try:
-        with autocast(precision, device):
-            return scheduler.loss_value(objective.measure(*inputs, parts=scheduler.parts))
+        with autocast(precision, device), torch.no_grad():
+            if image is None:
+                image = objective.model.encode_image(inputs[0])
+            return scheduler.loss_value(objective.measure(*inputs, parts=scheduler.parts, image=image)), image
     finally:
         objective.train()
 

@@ -28,6 +28,28 @@ def test_every_shipped_recipe_validates_and_documents_its_command():
         assert f"--recipe {name}" in header, f"{path} must start with a comment showing the exact command"
 
 
+def test_coco_albef_is_falcon_with_the_papers_hyperparameters_and_siblings_differ_only_as_named():
+    p = load_recipe("coco-albef")[0].pretrain
+    assert (p.composer, p.batch_size, p.search_space_size, p.quantile_levels, p.epochs) == ("falcon", 96, 5664, 100, 20)
+    assert (p.scheduler_hidden, p.scheduler_blocks, p.scheduler_lr, p.scheduler_weight_decay) == (256, 2, 1e-4, 0.01)
+    assert (p.reward, p.scheduler_level, p.mlm_probability, p.lr) == ("mlm", "instance", 0.5, 1e-4)
+    base = p.model_dump()
+    expected = {"coco-albef-uniform": {"composer": "uniform"},
+                "coco-albef-grit": {"composer": "grit", "search_space_size": 1920},
+                "coco-albef-q0": {"composer": "quantile", "quantile": 0.0},
+                "coco-albef-q05": {"composer": "quantile", "quantile": 0.5},
+                "coco-albef-hardening": {"composer": "progressive"},
+                "coco-albef-softening": {"composer": "progressive", "progressive_start": 1.0, "progressive_end": 0.0},
+                "coco-albef-batch-level": {"scheduler_level": "batch"},
+                "coco-albef-reward-itc-itm": {"reward": "itc+itm"},
+                "coco-albef-reward-itc-itm-mlm": {"reward": "itc+itm+mlm"},
+                "coco-albef-space480": {"search_space_size": 480},
+                "coco-albef-space28320": {"search_space_size": 28320}}
+    for name, changes in expected.items():
+        sibling = load_recipe(name)[0].pretrain.model_dump()
+        assert {k: v for k, v in sibling.items() if base[k] != v} == changes, name
+
+
 def test_every_config_field_has_a_docstring():
     from falcon_cli.config.recipes import _section_type
 
@@ -49,6 +71,25 @@ def test_find_recipe_by_name_path_and_unknown(tmp_path):
         find_recipe("shapes-dmo")
     with pytest.raises(FalconError, match="not found"):
         find_recipe(str(tmp_path / "missing.yaml"))
+
+
+def test_recipe_base_merges_sections_and_refuses_cycles(tmp_path, monkeypatch):
+    monkeypatch.setenv("FALCON_RECIPE_PATH", str(tmp_path))
+    write(tmp_path / "lab-base.yaml", "seed: 3\ndata: {dataset: x}\npretrain: {batch_size: 8, epochs: 4}\n")
+    write(tmp_path / "lab-child.yaml", "# falcon pretrain --recipe lab-child\nbase: lab-base\npretrain: {epochs: 2}\n")
+    config, path = load_recipe("lab-child", ["pretrain.lr=0.01"])
+    assert config.name == "lab-child" and config.seed == 3 and str(config.data.dataset) == "x"
+    assert (config.pretrain.batch_size, config.pretrain.epochs, config.pretrain.lr) == (8, 2, 0.01)
+    write(tmp_path / "lab-a.yaml", "base: lab-b\n")
+    write(tmp_path / "lab-b.yaml", "base: lab-a\n")
+    with pytest.raises(FalconError, match="cycle"):
+        load_recipe("lab-a")
+    write(tmp_path / "lab-bad.yaml", "base: [lab-base]\n")
+    with pytest.raises(FalconError, match="key 'base': expected a recipe name"):
+        load_recipe("lab-bad")
+    with pytest.raises(FalconError, match="unknown recipe 'lab-missing'"):
+        write(tmp_path / "lab-orphan.yaml", "base: lab-missing\n")
+        load_recipe("lab-orphan")
 
 
 def test_recipe_path_env(tmp_path, monkeypatch):

@@ -128,8 +128,10 @@ FALCON = ["pretrain.composer=falcon", "pretrain.epochs=3", "pretrain.search_spac
           "pretrain.quantile_levels=20", "pretrain.scheduler_lr=1e-2"]
 
 
-# scheduler_lag 2: batches composed two steps ahead, their items loading in worker processes
-LAGGED = [*FALCON, "pretrain.scheduler_lag=2", "pretrain.num_workers=2"]
+# scheduler_lag 2: batches composed two steps ahead, their items loading in worker processes; and the
+# other reward paths: two eval-mode passes, the second reusing the first's image tokens
+LAGGED = [*FALCON, "pretrain.scheduler_lag=2", "pretrain.num_workers=2", "pretrain.reward_mode=eval",
+          "pretrain.reward_images=reuse"]
 
 
 def _falcon_reference(world, tmp_path_factory, overrides):

@@ -58,6 +58,27 @@ def test_same_mask_same_mlm_loss(model):
     assert torch.allclose((per_sample * n).sum() / n.sum(), first, atol=1e-6)
 
 
+def test_measure_matches_the_forward_and_reuses_given_image_tokens(model):
+    """The reward pass: eval-mode measure() equals the eval forward's losses; given the image
+    encoding (reward_images: reuse) it skips the image encoder and gives the same numbers."""
+    objective = VlpObjective(model).eval()
+    images, ids, attention, mask = batch(seed=2)
+    with torch.no_grad():
+        out = objective(images, ids, attention, mask)
+        parts = ("itc", "itm", "mlm")
+        fresh = objective.measure(images, ids, attention, mask, parts=parts)
+        encoding = (out.image_tokens, out.image_feat)
+        calls = []
+        hook = model.visual_encoder.register_forward_hook(lambda *a: calls.append(1))
+        reused = objective.measure(images, ids, attention, mask, parts=parts, image=encoding)
+        hook.remove()
+    assert not calls, "the image encoder must not run when its output is given"
+    for name in parts:
+        assert torch.allclose(fresh[name], getattr(out, name), atol=1e-5), name
+        assert torch.allclose(reused[name], fresh[name], atol=1e-5), name
+    objective.train()
+
+
 def test_momentum_distillation_path(model):
     objective = VlpObjective(model, itc="momentum", queue_size=12, momentum=0.5)
     before = objective.momentum_encoders.vision_proj.weight.clone()

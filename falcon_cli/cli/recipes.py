@@ -8,7 +8,7 @@ import typer
 from falcon_cli.runtime.console import make_console
 from rich.table import Table
 
-from falcon_cli.config.recipes import find_recipe, list_recipes, load_recipe, read_yaml, recipe_header, resolved_yaml
+from falcon_cli.config.recipes import find_recipe, list_recipes, load_recipe, read_recipe, recipe_header, resolved_yaml
 from falcon_cli.errors import FalconError
 
 app = typer.Typer(help="List, show and validate recipes.\n\nExample: falcon recipes show shapes-demo", no_args_is_help=True)
@@ -23,7 +23,7 @@ def list_() -> None:
     """
     table = Table("recipe", "stages", "description", box=None, header_style="bold")
     for name, path in list_recipes().items():
-        raw = read_yaml(path)
+        raw = read_recipe(path)
         table.add_row(name, " → ".join(raw.get("stages", [])), str(raw.get("description", "")))
     console.print(table)
 

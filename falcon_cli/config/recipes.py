@@ -218,10 +218,35 @@ def validate_config(raw: dict[str, Any], source: str, overridden: dict[str, str]
         raise FalconError(f"{where}: {label}: {_describe(err)}") from None
 
 
-def load_recipe(name_or_path: str | Path, overrides: list[str] | None = None) -> tuple[Recipe, Path]:
-    """Find, read, override and validate a recipe. Returns the recipe and its file."""
-    path = find_recipe(name_or_path)
+def read_recipe(path: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A recipe file's mapping; with ``base: <recipe>`` it is that recipe's mapping with this
+    file's keys merged over it, section by section (sibling recipes state only what differs)."""
     raw = read_yaml(path)
+    base = raw.pop("base", None)
+    if base is None:
+        return raw
+    if not isinstance(base, str):
+        raise FalconError(f"{path}: key 'base': expected a recipe name or path, got {base!r}")
+    base_path = find_recipe(base)
+    if base_path.resolve() in _seen or base_path.resolve() == path.resolve():
+        raise FalconError(f"{path}: key 'base': recipes extend each other in a cycle ({base})")
+    merged = read_recipe(base_path, (*_seen, path.resolve()))
+    merged.pop("name", None)
+    return _merge(merged, raw)
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` merged into a copy of ``base``: nested mappings key by key, other values replaced."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def load_recipe(name_or_path: str | Path, overrides: list[str] | None = None) -> tuple[Recipe, Path]:
+    """Find, read (following ``base:``), override and validate a recipe. Returns the recipe and its file."""
+    path = find_recipe(name_or_path)
+    raw = read_recipe(path)
     raw.setdefault("name", path.stem)
     raw, overridden = apply_overrides(raw, list(overrides or []))
     return validate_config(raw, str(path), overridden), path

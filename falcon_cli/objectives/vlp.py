@@ -33,6 +33,7 @@ class VlpLosses(NamedTuple):
     image_feat: Tensor
     text_feat: Tensor
     temperature: Tensor
+    image_tokens: Tensor
 
 
 class _MomentumEncoders(nn.Module):
@@ -111,7 +112,7 @@ class VlpObjective(nn.Module):
 
         loss = itc.loss + itm + mlm
         return VlpLosses(loss, itc.loss.detach(), itm.detach(), mlm.detach(),
-                         enc.image_feat.detach(), enc.text_feat.detach(), enc.temperature.detach())
+                         enc.image_feat.detach(), enc.text_feat.detach(), enc.temperature.detach(), enc.image_tokens.detach())
 
     def _itm_loss(self, text_tokens: Tensor, attention_mask: Tensor, image_tokens: Tensor, itc, *,
                   sample: bool, generator: torch.Generator | None = None) -> Tensor:
@@ -129,13 +130,14 @@ class VlpObjective(nn.Module):
 
     @torch.no_grad()
     def measure(self, images: Tensor, input_ids: Tensor, attention_mask: Tensor, mask: MlmMask,
-                parts: tuple[str, ...] = ("mlm",)) -> dict[str, Tensor]:
+                parts: tuple[str, ...] = ("mlm",), image: tuple[Tensor, Tensor] | None = None) -> dict[str, Tensor]:
         """The named losses (``itc``, ``itm``, ``mlm``) of a batch without gradient, in the model's
         current train/eval mode: FALCON's reward re-scores the batch it just trained on with the
         identical MLM ``mask``. ITM negatives are mined again from this pass's ITC similarities;
-        the temperature is not clamped (no parameter changes)."""
+        the temperature is not clamped (no parameter changes). ``image``: (tokens, projected
+        features) to use instead of encoding ``images`` again (``reward_images: reuse``)."""
         model = self.model
-        image_tokens, image_feat = model.encode_image(images)
+        image_tokens, image_feat = model.encode_image(images) if image is None else image
         out: dict[str, Tensor] = {}
         if "itc" in parts or "itm" in parts:
             text_tokens, text_feat = model.encode_text(input_ids, attention_mask)
