@@ -35,8 +35,8 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     ids = torch.arange(args.pairs)
     cache = EmbeddingCache(ids, dim=256, device=args.device)
-    for start in range(0, args.pairs, 65536):
-        chunk = ids[start:start + 65536]
+    for start in range(0, args.pairs, 8192):  # small chunks: the generator's temporaries stay out of the peak
+        chunk = ids[start:start + 8192]
         feats = torch.nn.functional.normalize(torch.randn(len(chunk), 2, 256, generator=g), dim=-1)
         cache.update(chunk.to(args.device), feats[:, 0].to(args.device), feats[:, 1].to(args.device))
     if args.source == "policy":

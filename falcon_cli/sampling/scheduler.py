@@ -62,6 +62,9 @@ class NegativeScheduler:
         if reward not in REWARDS:
             raise ValueError(f"unknown reward {reward!r}; known: {', '.join(REWARDS)}")
         self.policy = SchedulerPolicy(quantiles=quantiles, hidden=hidden, blocks=blocks).to(device)
+        if _world() > 1:  # every rank starts from rank 0's φ (ranks seed differently), as DDP does for the model
+            for p in self.policy.parameters():
+                dist.broadcast(p.data, src=0)
         self.optimizer = build_policy_optimizer(self.policy, lr, weight_decay)
         self.parts = REWARDS[reward]
         self.reward_mode = reward_mode
@@ -87,11 +90,11 @@ class NegativeScheduler:
         loss = reinforce_loss(reward, log_prob, baseline)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        if _world() > 1:  # one φ for all ranks: average the gradients of their batches
             for p in self.policy.parameters():
                 if p.grad is not None:
                     dist.all_reduce(p.grad)
-                    p.grad /= dist.get_world_size()
+                    p.grad /= _world()
         if self.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.grad_clip)
         self.optimizer.step()
@@ -108,6 +111,10 @@ class NegativeScheduler:
         self.optimizer.load_state_dict(state["optimizer"])
         if self.baseline is not None and state["baseline"] is not None:
             self.baseline.load_state_dict(state["baseline"])
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def progressive_q(epoch: int, epochs: int, start: float, end: float) -> float:
