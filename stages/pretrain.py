@@ -283,7 +283,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
                                                inputs=(images, input_ids, attention_mask, mask),
                                                image=image_k if p.reward_images == "reuse" else None)
                 rewards.append(float(before - after))
-                scheduler.update(feed.take(batch["pair_ids"])[1], rewards[-1])
+                advantage = scheduler.update(feed.take(batch["pair_ids"])[1], rewards[-1])["advantage"]
             # The cache holds every rank's features: each rank composes next epoch from it.
             pair_ids = batch["pair_ids"].to(device)
             cache.update(D.all_gather_cat(pair_ids), D.all_gather_cat(out.image_feat), D.all_gather_cat(out.text_feat))
@@ -300,7 +300,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
                 metrics.write(step=global_step, epoch=epoch, loss=losses[0], itc=losses[1], itm=losses[2], mlm=losses[3],
                               lr=lr, temperature=out.temperature, pairs_per_s=seen / max(elapsed, 1e-9),
                               peak_memory_mib=peak, sampler=batches[index].sampler if batches is not None else "falcon",
-                              reward=rewards[-1] if rewards else None)
+                              reward=rewards[-1] if falcon_epoch else None, advantage=advantage if falcon_epoch else None)
             if p.checkpoint_every and global_step % p.checkpoint_every == 0 and index + 1 < total:
                 save(epoch, index + 1, batches)
 
