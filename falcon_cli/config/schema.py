@@ -15,10 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from falcon_cli.data.shapes.config import ShapesConfig
 
-StageName = Literal["data", "pretrain"]
+StageName = Literal["data", "build_search_spaces", "pretrain"]
 """The stages a recipe can chain, in the order they may run."""
 
-STAGE_ORDER: tuple[str, ...] = ("data", "pretrain")
+STAGE_ORDER: tuple[str, ...] = ("data", "build_search_spaces", "pretrain")
 
 
 class Section(BaseModel):
@@ -178,6 +178,35 @@ class PretrainConfig(Section):
     """Zero-shot ITC retrieval on this retrieval split at the end (None = skip)."""
 
 
+class SearchSpacesConfig(Section):
+    """The ``build_search_spaces`` stage: group the pairs into search spaces of |M| (``search_spaces.parquet``)."""
+
+    embeddings: Path | None = None
+    """The ``embeddings.h5`` to partition; None = the run directory's ``embeddings/embeddings.h5``
+    (what the ``embed`` stage writes). Relative paths are relative to the working directory."""
+
+    method: Literal["random", "kmeans"] = "kmeans"
+    """``random``: GRIT-VLP's shuffled spaces; ``kmeans``: balanced spherical k-means on the joint
+    (normalised image + text) embedding, so the pairs of a space are semantically close."""
+
+    size: int | None = Field(None, ge=1)
+    """Search-space size |M|: pairs per space (the last space holds the remainder); None =
+    ``pretrain.search_space_size``, the |M| the batch composers use."""
+
+    seed: int | None = Field(None, ge=0)
+    """Seed of the partition (epoch e uses seed + e); None = the recipe's ``seed``."""
+
+    epochs: int = Field(1, ge=1)
+    """How many epochs of partitions to write (epochs 0 .. epochs - 1, each drawn afresh)."""
+
+    kmeans_iterations: int = Field(20, ge=1)
+    """k-means iterations (``method: kmeans``)."""
+
+    compare: bool = True
+    """Also build the other method's epoch-0 partition (not written) and report it beside the
+    written one, so the summary shows what k-means changes over random spaces."""
+
+
 class Recipe(Section):
     """A recipe: which stages to run, in order, and one config section per stage."""
 
@@ -195,6 +224,9 @@ class Recipe(Section):
 
     data: DataConfig
     """The ``data`` stage: dataset spec, optional shapes-world generation, check and tokenizer."""
+
+    search_spaces: SearchSpacesConfig = SearchSpacesConfig()
+    """The ``build_search_spaces`` stage."""
 
     pretrain: PretrainConfig = PretrainConfig()
     """The ``pretrain`` stage."""

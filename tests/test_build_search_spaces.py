@@ -1,0 +1,175 @@
+"""`falcon build-search-spaces` on a tiny shapes world: the parquet, the summary, the manifest, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import yaml
+
+from falcon_cli.artifacts.embeddings import EmbeddingsWriter
+from falcon_cli.artifacts.run_dir import RunDirectory, read_manifest, sha256_file
+from falcon_cli.artifacts.tables import SEARCH_SPACES, read_table
+from falcon_cli.config.recipes import load_recipe
+from falcon_cli.data.datasets import pretrain_dataset
+from falcon_cli.data.shapes import ShapesOracle, generate_world
+from falcon_cli.data.spec import load_spec
+from tests.conftest import run_cli
+
+SIZE = 48
+
+
+def recipe_args(world) -> list[str]:
+    return [f"data.dataset={world}", "data.shapes.images=40", "data.tokenizer_vocab_size=200", "data.verify_images=false"]
+
+
+def test_help_shows_a_real_example():
+    proc = run_cli("build-search-spaces", "--help", check=True)
+    assert "Example: falcon build-search-spaces --recipe" in " ".join(proc.stdout.split())
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    """A tiny world (the recipe's, so the data stage reuses it) and an embeddings.h5 of its pretraining pairs.
+
+    The embeddings put every pair near its image's own random direction, so k-means gathers the
+    captions of one image into one space, where they are false negatives for each other.
+    """
+    root = tmp_path_factory.mktemp("search_spaces")
+    world = root / "world"
+    config, _ = load_recipe("shapes-demo", recipe_args(world))
+    generate_world(config.data.shapes, world, workers=1)
+    records = pretrain_dataset(load_spec(world), transform=None).records
+    pair_ids = np.array([r.pair_id for r in records])
+    image_ids = np.array([r.extra["image_id"] for r in records])
+    rng = np.random.default_rng(0)
+    directions = rng.standard_normal((image_ids.max() + 1, 32))
+    image = directions[image_ids] + 0.1 * rng.standard_normal((len(records), 32))
+    text = image + 0.3 * rng.standard_normal((len(records), 32))
+    order = rng.permutation(len(records))  # rows need not be in pair-id order
+    path = root / "embeddings.h5"
+    attrs = dict(model="test", checkpoint="", dataset="shapes", split="train", epoch=0)
+    with EmbeddingsWriter(path, n=len(records), dim=32, attrs=attrs) as writer:
+        for start in range(0, len(records), 64):
+            rows = order[start:start + 64]
+            writer.write(start, image[rows], text[rows], pair_ids[rows])
+    return {"world": world, "embeddings": path, "pairs": len(records), "records": records}
+
+
+@pytest.fixture(scope="module")
+def built(inputs, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run") / "run"
+    proc = run_cli("build-search-spaces", "--recipe", "shapes-demo", "--run-dir", run_dir, *recipe_args(inputs["world"]),
+                   f"search_spaces.embeddings={inputs['embeddings']}", f"search_spaces.size={SIZE}", "search_spaces.epochs=2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return run_dir, proc
+
+
+def test_parquet_holds_every_pair_once_per_epoch_in_spaces_of_size(inputs, built):
+    run_dir, _ = built
+    frame = read_table(run_dir / "search_spaces.parquet", SEARCH_SPACES)
+    n = inputs["pairs"]
+    assert n == 160 and len(frame) == 2 * n
+    assert set(frame["method"]) == {"kmeans"}
+    for epoch, rows in frame.groupby("epoch"):
+        assert sorted(rows["pair_id"]) == sorted(r.pair_id for r in inputs["records"])
+        assert set(rows["seed"]) == {epoch}, "epoch e is drawn with seed + e (recipe seed 0)"
+        sizes = rows.groupby("space_id").size()
+        assert sizes.index.tolist() == [0, 1, 2, 3] and sizes.tolist() == [SIZE, SIZE, SIZE, n - 3 * SIZE]
+        for _, space in rows.groupby("space_id"):
+            assert sorted(space["position"]) == list(range(len(space)))
+    spaces = {e: dict(zip(r["pair_id"], r["space_id"])) for e, r in frame.groupby("epoch")}
+    assert spaces[0] != spaces[1], "each epoch is partitioned afresh"
+
+
+def test_summary_manifest_and_table(inputs, built):
+    run_dir, proc = built
+    manifest = read_manifest(run_dir)
+    assert manifest["status"] == "completed"
+    assert manifest["stages"]["data"]["status"] == manifest["stages"]["build_search_spaces"]["status"] == "completed"
+    entry = manifest["artifacts"]["search_spaces.parquet"]
+    assert (entry["schema"], entry["schema_version"]) == ("search_spaces", 1)
+    assert entry["sha256"] == sha256_file(run_dir / "search_spaces.parquet")
+    assert entry["meta"] == {"method": "kmeans", "size": SIZE, "epochs": 2, "seed": 0}
+    assert "results/search_spaces_summary.json" in manifest["artifacts"]
+    summary = json.loads((run_dir / "results" / "search_spaces_summary.json").read_text())
+    assert manifest["stages"]["build_search_spaces"]["result"] == summary
+    assert (summary["pairs"], summary["dim"], summary["size"], summary["spaces"], summary["method"]) == (160, 32, SIZE, 4, "kmeans")
+    kmeans, random = summary["epoch_0"]["kmeans"], summary["epoch_0"]["random"]
+    assert kmeans["size_min"] == random["size_min"] == 16 and kmeans["size_max"] == random["size_max"] == SIZE
+    assert kmeans["mean_cosine_joint"] > random["mean_cosine_joint"] + 0.05
+    assert kmeans["mean_false_negatives"] > random["mean_false_negatives"], "k-means gathers an image's captions"
+    assert summary["false_negatives"]["judge"] == "shapes oracle"
+    assert "search spaces: 160 pairs" in proc.stderr and "kmeans (written)" in proc.stderr and "FN per pair" in proc.stderr
+
+
+def test_false_negative_density_matches_a_brute_force_count(inputs, built):
+    run_dir, _ = built
+    frame = read_table(run_dir / "search_spaces.parquet", SEARCH_SPACES)
+    frame = frame[frame["epoch"] == 0]
+    oracle = ShapesOracle.load(inputs["world"])
+    by_pair = {r.pair_id: (r.extra["image_id"], r.extra["caption_id"]) for r in inputs["records"]}
+    counts = []
+    for _, space in frame.groupby("space_id"):
+        ids = space["pair_id"].tolist()
+        for a in ids:
+            others = [b for b in ids if b != a]
+            truth = oracle.matches([by_pair[a][0]] * len(others), [by_pair[b][1] for b in others])
+            counts.append(int(truth.sum()))
+    summary = json.loads((run_dir / "results" / "search_spaces_summary.json").read_text())
+    assert summary["epoch_0"]["kmeans"]["mean_false_negatives"] == pytest.approx(np.mean(counts), abs=1e-4)
+    assert summary["epoch_0"]["kmeans"]["fraction_with_false_negatives"] == pytest.approx(np.mean(np.array(counts) > 0), abs=1e-4)
+
+
+@pytest.mark.parametrize("override,message", [
+    ("search_spaces.embeddings={missing}", "{missing}: embeddings file not found; set search_spaces.embeddings=PATH"),
+    ("search_spaces.size=500", "search_spaces.size=500 is larger than the 160 pairs in {embeddings}; choose search_spaces.size <= 160"),
+])
+def test_bad_input_is_one_line(inputs, built, tmp_path, override, message):
+    run_dir = tmp_path / "run"
+    shutil.copytree(built[0], run_dir)  # the data stage is done there: only this stage runs
+    values = {"missing": tmp_path / "nope.h5", "embeddings": inputs["embeddings"]}
+    args = [*recipe_args(inputs["world"]), f"search_spaces.embeddings={inputs['embeddings']}", "search_spaces.epochs=2"]
+    proc = run_cli("build-search-spaces", "--recipe", "shapes-demo", "--run-dir", run_dir, "--overwrite", *args, override.format(**values))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message.format(**values) in " ".join(proc.stderr.split())
+    assert read_manifest(run_dir)["stages"]["build_search_spaces"]["status"] == "failed"
+
+
+def test_run_embeddings_by_default_random_method_and_no_oracle_elsewhere(inputs, tmp_path):
+    """In-process: the run's embeddings/embeddings.h5 is read by default; a dataset without an oracle skips the density."""
+    from stages import run_stages
+
+    plain = tmp_path / "plain"
+    shutil.copytree(inputs["world"], plain)
+    spec = yaml.safe_load((plain / "dataset.yaml").read_text())
+    spec.pop("shapes_world")
+    (plain / "dataset.yaml").write_text(yaml.safe_dump(spec))
+    config, _ = load_recipe("shapes-demo", [f"data.dataset={plain}", "search_spaces.method=random", "search_spaces.compare=false",
+                                            "search_spaces.seed=9", "pretrain.search_space_size=64"])
+    run = RunDirectory.open(tmp_path / "run", config=config.model_dump(mode="json"), seed=0)
+    (run.path / "embeddings").mkdir()
+    shutil.copy(inputs["embeddings"], run.path / "embeddings" / "embeddings.h5")
+    result = run_stages(config, run, ["build_search_spaces"])["build_search_spaces"]
+    assert result["embeddings"] == str(run.path / "embeddings" / "embeddings.h5")
+    assert list(result["epoch_0"]) == ["random"] and result["size"] == 64 and result["seed"] == 9
+    assert "not a shapes world" in result["false_negatives"]["skipped"]
+    frame = read_table(run.path / "search_spaces.parquet", SEARCH_SPACES)
+    assert frame.groupby("space_id").size().tolist() == [64, 64, 32] and set(frame["seed"]) == {9}
+
+
+def test_embeddings_of_another_dataset_are_refused_before_any_work(inputs, tmp_path):
+    from falcon_cli.artifacts.embeddings import write_embeddings
+    from falcon_cli.errors import FalconError
+    from stages import run_stages
+
+    foreign = write_embeddings(tmp_path / "foreign.h5", np.eye(4, 8), np.eye(4, 8), np.array([5, 6, 7, 9999]),
+                               dict(model="test", checkpoint="", dataset="other", split="train", epoch=0))
+    config, _ = load_recipe("shapes-demo", [*recipe_args(inputs["world"]), f"search_spaces.embeddings={foreign}", "search_spaces.size=2"])
+    run = RunDirectory.open(tmp_path / "run", config=config.model_dump(mode="json"), seed=0)
+    with pytest.raises(FalconError, match=f"{foreign}: pair_id 9999 is not a pretraining pair of .*another dataset"):
+        run_stages(config, run, ["build_search_spaces"])
+    assert not (run.path / "search_spaces.parquet").exists()
