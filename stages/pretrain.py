@@ -59,6 +59,7 @@ from falcon_cli.sampling.composers import GritComposer, UniformComposer, batches
 from falcon_cli.sampling.feed import FalconFeed, loader_settings
 from falcon_cli.sampling.quantile import QuantileSpaces
 from falcon_cli.sampling.scheduler import NegativeScheduler, progressive_q
+from falcon_cli.sampling.warm_start import load_warm_start
 
 log = logging.getLogger("falcon")
 console = make_console(stderr=True)
@@ -118,12 +119,24 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
                                   baseline_decay=p.reward_baseline_decay, grad_clip=p.scheduler_grad_clip,
                                   device=device) if p.composer == "falcon" else None
 
-    def quantile_spaces(shard, generator) -> QuantileSpaces:
-        return QuantileSpaces(shard, cache, p.search_space_size, p.batch_size, generator, drop_last=p.drop_last,
+    def quantile_spaces(shard, generator, warm_epoch: bool = False) -> QuantileSpaces:
+        return QuantileSpaces(shard, warm.cache if warm_epoch else cache, warm.width if warm_epoch else p.search_space_size,
+                              p.batch_size, generator, drop_last=p.drop_last,
                               level=p.scheduler_level if p.composer == "falcon" else "instance",
-                              quantiles=p.quantile_levels, temperature=p.quantile_temperature, sampler=p.composer)
+                              quantiles=p.quantile_levels, temperature=p.quantile_temperature, sampler=p.composer,
+                              grouped=warm_epoch)
     all_ids = torch.tensor(dataset.pair_ids, dtype=torch.long)
     cache = EmbeddingCache(all_ids, model.config.embed_dim, device=device)
+    # Warm start (opt-in): epoch 0 from built search spaces and the embeddings that built them.
+    warm = None
+    if p.search_spaces is not None:
+        if p.composer == "uniform":
+            raise FalconError(f"pretrain.search_spaces={p.search_spaces} needs a composer that uses search spaces "
+                              "(grit, quantile, progressive, falcon); pretrain.composer is uniform")
+        spaces_path = run.path / "search_spaces.parquet" if p.search_spaces == "run" else Path(p.search_spaces)
+        embeddings_path = (Path(config.search_spaces.embeddings) if config.search_spaces.embeddings is not None
+                           else run.path / "embeddings" / "embeddings.h5")
+        warm = load_warm_start(spaces_path, embeddings_path, all_ids, device=device)
     generators = {name: torch.Generator().manual_seed(config.seed + offset)
                   for name, offset in (("shard", 0), ("compose", 1000 + rank), ("mask", 2000 + rank))}
     itm_generator = torch.Generator(device=device).manual_seed(config.seed + 3000 + rank)
@@ -160,7 +173,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
         start_epoch, start_index, global_step = state["epoch"], state["batch_index"], state["global_step"]
         pending = batches_from_state(mine["batches"]) if mine["batches"] is not None else None
         if mine.get("spaces") is not None:  # mid-epoch in a FALCON epoch: its spaces, position and log rows
-            spaces = quantile_spaces(torch.empty(0, dtype=torch.long), None)
+            spaces = quantile_spaces(torch.empty(0, dtype=torch.long), None, warm_epoch=warm is not None and start_epoch == 0)
             spaces.load_state_dict(mine["spaces"])
             batch_log.load_state_dict(mine["batch_log"])
             rewards = list(mine["rewards"])
@@ -207,18 +220,25 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
     # 5. Train.
     for epoch in range(start_epoch, p.epochs):
         dataset.set_epoch(epoch)
-        falcon_epoch = p.composer == "falcon" and epoch > 0
+        warm_epoch = warm is not None and epoch == 0
+        falcon_epoch = p.composer == "falcon" and (epoch > 0 or warm_epoch)
         if pending is None and spaces is None:
-            # Epoch 0 (or an empty cache) is uniform; later epochs group by last epoch's embeddings.
-            shard = shard_pair_ids(all_ids, rank, world, generators["shard"])
-            if epoch == 0 or p.composer in ("uniform", "grit"):
-                batches = composer.compose_epoch(epoch, shard, cache if epoch > 0 else None, generators["compose"])
+            # Epoch 0 is uniform (no features yet) unless warm-started from built search spaces (taken in
+            # their order: under DDP each rank gets a contiguous block); later epochs group by last
+            # epoch's embeddings.
+            shard = (shard_pair_ids(warm.order, rank, world, None) if warm_epoch
+                     else shard_pair_ids(all_ids, rank, world, generators["shard"]))
+            if p.composer == "uniform" or (epoch == 0 and not warm_epoch):
+                batches = composer.compose_epoch(epoch, shard, None, generators["compose"])
+            elif p.composer == "grit":
+                batches = composer.compose_epoch(epoch, shard, warm.cache if warm_epoch else cache, generators["compose"],
+                                                 grouped_width=warm.width if warm_epoch else None)
             elif p.composer in ("quantile", "progressive"):  # q does not depend on training: the whole epoch now
                 q = p.quantile if p.composer == "quantile" else progressive_q(epoch, p.epochs, p.progressive_start,
                                                                               p.progressive_end)
-                batches = quantile_spaces(shard, generators["compose"]).compose_all(q, generators["compose"])
+                batches = quantile_spaces(shard, generators["compose"], warm_epoch).compose_all(q, generators["compose"])
             else:  # falcon: the spaces now, each batch when the previous step (and scheduler update) is done
-                spaces, batches = quantile_spaces(shard, generators["compose"]), None
+                spaces, batches = quantile_spaces(shard, generators["compose"], warm_epoch), None
             if batches is not None:
                 batches = batches[:steps_per_epoch]
                 batch_log.extend(epoch, batches, rank=rank)

@@ -173,3 +173,64 @@ def test_embeddings_of_another_dataset_are_refused_before_any_work(inputs, tmp_p
     with pytest.raises(FalconError, match=f"{foreign}: pair_id 9999 is not a pretraining pair of .*another dataset"):
         run_stages(config, run, ["build_search_spaces"])
     assert not (run.path / "search_spaces.parquet").exists()
+
+
+# --- warm start: pretraining's epoch 0 composed from the built spaces -------------------------------
+WARM = ["pretrain.epochs=1", "pretrain.batch_size=16", "pretrain.augment=test", "pretrain.num_workers=0",
+        "pretrain.log_every=1", "pretrain.warmup_steps=4", "pretrain.eval_split=null"]
+
+
+@pytest.mark.parametrize("composer", ["grit", "falcon"])
+def test_warm_start_composes_epoch_0_inside_the_built_spaces(inputs, built, tmp_path, composer):
+    from falcon_cli.runtime.metrics import read_metrics
+    from falcon_cli.sampling.batch_log import read_batch_log
+
+    run_dir, _ = built
+    proc = run_cli("pretrain", "--recipe", "shapes-demo", "--run-dir", tmp_path / "run", *recipe_args(inputs["world"]), *WARM,
+                   f"pretrain.composer={composer}", f"pretrain.search_spaces={run_dir / 'search_spaces.parquet'}",
+                   f"search_spaces.embeddings={inputs['embeddings']}", "pretrain.quantile_levels=10")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    log = read_batch_log(tmp_path / "run" / "batches.parquet")
+    assert set(log["epoch"]) == {0} and set(log["sampler"]) == {composer}, "epoch 0 is not uniform"
+    assert sorted(log["pair_id"]) == sorted(r.pair_id for r in inputs["records"])
+    frame = read_table(run_dir / "search_spaces.parquet", SEARCH_SPACES)
+    space = dict(zip(frame[frame["epoch"] == 0]["pair_id"], frame[frame["epoch"] == 0]["space_id"]))
+    chained = log[log["anchor_pair_id"] >= 0]
+    assert len(chained) > 100
+    assert all(space[int(a)] == space[int(b)] for a, b in zip(chained["anchor_pair_id"], chained["pair_id"])), \
+        "every negative is chained from an anchor of its own built space"
+    if composer == "falcon":
+        rewards = [r["reward"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r.get("reward") is not None]
+        assert len(rewards) == 10, "the scheduler is applied and trained in a warm-started epoch 0"
+
+
+def test_warm_start_bad_input_is_one_line(inputs, built, tmp_path):
+    run_dir, _ = built
+    proc = run_cli("pretrain", "--recipe", "shapes-demo", "--run-dir", tmp_path / "run", *recipe_args(inputs["world"]), *WARM,
+                   "pretrain.composer=uniform", f"pretrain.search_spaces={run_dir / 'search_spaces.parquet'}")
+    assert proc.returncode != 0
+    assert "pretrain.search_spaces" in proc.stderr and "composer is uniform" in proc.stderr
+
+
+def test_load_warm_start_checks_coverage_sizes_and_embeddings(inputs, built, tmp_path):
+    import torch
+
+    from falcon_cli.artifacts.tables import write_table
+    from falcon_cli.errors import FalconError
+    from falcon_cli.sampling.warm_start import load_warm_start
+
+    run_dir, _ = built
+    frame = read_table(run_dir / "search_spaces.parquet", SEARCH_SPACES)
+    frame = frame[frame["epoch"] == 0].reset_index(drop=True)
+    ids = torch.tensor(sorted(frame["pair_id"]))
+    warm = load_warm_start(run_dir / "search_spaces.parquet", inputs["embeddings"], ids)
+    expected = frame.sort_values(["space_id", "position"])["pair_id"].tolist()
+    assert warm.order.tolist() == expected and warm.width == SIZE and warm.cache.dim == 32
+    with pytest.raises(FalconError, match=r"do not cover this dataset's pairs \(1 pairs in no space"):
+        load_warm_start(run_dir / "search_spaces.parquet", inputs["embeddings"], torch.cat([ids, torch.tensor([10**9])]))
+    uneven = frame.copy()
+    uneven.loc[uneven["space_id"] == 0, "space_id"] = 1  # space 1 now holds 2 x |M|
+    uneven["position"] = uneven.groupby("space_id").cumcount()
+    write_table(tmp_path / "uneven.parquet", uneven, SEARCH_SPACES)
+    with pytest.raises(FalconError, match=r"sizes \[16, 48, 96\]; composers need every space at \|M\| pairs except a smaller last one"):
+        load_warm_start(tmp_path / "uneven.parquet", inputs["embeddings"], ids)

@@ -93,6 +93,11 @@ class PretrainConfig(Section):
     """Batch size PER PROCESS (the global batch = batch_size × world size, printed at start)."""
     search_space_size: int = 1920
     """GRIT search-space size |M| (pairs grouped together; a multiple of batch_size is natural)."""
+    search_spaces: str | None = None
+    """Warm start: compose epoch 0 (grit, quantile, progressive, falcon) from these built search spaces
+    (a ``search_spaces.parquet``, or ``run`` for this run's own, from build-search-spaces) and the
+    embeddings that built them (``search_spaces.embeddings``, default this run's embeddings/embeddings.h5)
+    instead of uniform batches; None = epoch 0 uniform. Later epochs use the model's own features."""
     drop_last: bool = False
     """Drop each rank's last partial batch (GRIT's code does; falcon keeps it by default so every pair is seen)."""
 

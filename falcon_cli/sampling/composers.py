@@ -286,15 +286,17 @@ class GritComposer:
         _check_config("grit composer", self.state_dict(), state)
 
     def compose_epoch(self, epoch: int, pair_ids: Any, cache: EmbeddingCache | None,
-                      generator: torch.Generator) -> list[Batch]:
+                      generator: torch.Generator, *, grouped_width: int | None = None) -> list[Batch]:
+        """``grouped_width``: ``pair_ids`` are already grouped into consecutive search spaces of
+        this many pairs (a warm start, any epoch): no shuffle, no uniform epoch 0."""
         _check_generator(generator)
         ids = as_id_tensor(pair_ids).cpu()
-        if epoch == 0 or cache is None:
+        if grouped_width is None and (epoch == 0 or cache is None):
             return uniform_batches(ids, self.batch_size, self.drop_last, generator, "uniform")
         n = len(ids)
-        width = min(self.search_space_size, n)
+        width = min(grouped_width or self.search_space_size, n)
         spaces = math.ceil(n / width) if n else 0
-        shuffled = ids[torch.randperm(n, generator=generator)]
+        shuffled = ids if grouped_width is not None else ids[torch.randperm(n, generator=generator)]
         sizes = torch.full((spaces,), width, dtype=torch.int64)
         if spaces:
             sizes[-1] = n - (spaces - 1) * width
@@ -437,9 +439,10 @@ def _chain_steps(i2t: torch.Tensor, t2i: torch.Tensor, starts: torch.Tensor,
 
 
 # --- DDP ------------------------------------------------------------------------------------
-def shard_pair_ids(pair_ids: Any, rank: int, world_size: int, generator: torch.Generator, *,
+def shard_pair_ids(pair_ids: Any, rank: int, world_size: int, generator: torch.Generator | None, *,
                    mode: str = "pad") -> torch.Tensor:
-    """This rank's pair ids for one epoch: a disjoint, equal-size shard of a fresh permutation.
+    """This rank's pair ids for one epoch: a disjoint, equal-size shard of a fresh permutation
+    (``generator`` None: of ``pair_ids`` in their given order, e.g. grouped into search spaces).
 
     Every rank must call this with the same ``pair_ids`` and a generator in the **same
     state** (e.g. a dedicated CPU generator seeded with the run seed, identical on all
@@ -457,14 +460,15 @@ def shard_pair_ids(pair_ids: Any, rank: int, world_size: int, generator: torch.G
     - ``mode="trim"``: ``n // world_size`` ids per rank; the last ``n % world_size`` ids of
       the permutation (different ones each epoch) are skipped this epoch.
     """
-    _check_generator(generator)
+    if generator is not None:
+        _check_generator(generator)
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"need 0 <= rank < world_size, got rank {rank}, world_size {world_size}")
     if mode not in ("pad", "trim"):
         raise ValueError(f"mode must be 'pad' or 'trim', got {mode!r}")
     ids = as_id_tensor(pair_ids).cpu()
     n = len(ids)
-    perm = ids[torch.randperm(n, generator=generator)]
+    perm = ids[torch.randperm(n, generator=generator)] if generator is not None else ids
     if n == 0:
         return perm
     if mode == "pad":

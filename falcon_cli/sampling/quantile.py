@@ -213,11 +213,13 @@ class QuantileSpaces:
         generator: CPU generator; the example-level shuffle is drawn here.
         level: ``instance`` (a q per anchor) or ``batch`` (one q per batch, drawn at the
             batch's first pair and used for all its steps).
+        grouped: ``pair_ids`` are already grouped into consecutive spaces of |M| (a warm
+            start from built search spaces): they are not shuffled.
     """
 
     def __init__(self, pair_ids: Any, cache: EmbeddingCache, search_space_size: int, batch_size: int,
                  generator: torch.Generator, *, drop_last: bool = False, level: str = "instance",
-                 quantiles: int = 100, temperature: float = 1.0, sampler: str = "quantile"):
+                 quantiles: int = 100, temperature: float = 1.0, sampler: str = "quantile", grouped: bool = False):
         if level not in ("instance", "batch"):
             raise ValueError(f"level must be 'instance' or 'batch', got {level!r}")
         ids = as_id_tensor(pair_ids).cpu()
@@ -230,7 +232,7 @@ class QuantileSpaces:
         self.sampler = sampler
         n = len(ids)
         self.width = max(1, min(int(search_space_size), n))
-        self.shuffled = ids[torch.randperm(n, generator=generator)]
+        self.shuffled = ids if grouped else ids[torch.randperm(n, generator=generator)]
         self.num_spaces = math.ceil(n / self.width) if n else 0
         rows = cache.rows(self.shuffled)
         if n and not bool(cache.written[rows].any()):
