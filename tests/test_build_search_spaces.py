@@ -234,3 +234,45 @@ def test_load_warm_start_checks_coverage_sizes_and_embeddings(inputs, built, tmp
     write_table(tmp_path / "uneven.parquet", uneven, SEARCH_SPACES)
     with pytest.raises(FalconError, match=r"sizes \[16, 48, 96\]; composers need every space at \|M\| pairs except a smaller last one"):
         load_warm_start(tmp_path / "uneven.parquet", inputs["embeddings"], ids)
+
+
+def test_warm_started_falcon_epoch_0_resumes_exactly(inputs, built, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from falcon_cli.runtime.metrics import read_metrics
+    from falcon_cli.sampling.batch_log import read_batch_log
+    from tests.conftest import REPO
+
+    run_dir, _ = built
+    args = ["pretrain", "--recipe", "shapes-demo", *recipe_args(inputs["world"]), *WARM, "pretrain.composer=falcon",
+            f"pretrain.search_spaces={run_dir / 'search_spaces.parquet'}", f"search_spaces.embeddings={inputs['embeddings']}",
+            "pretrain.quantile_levels=10", "pretrain.checkpoint_every=4", "pretrain.scheduler_lr=1e-2"]
+    reference = run_cli(args[0], "--run-dir", tmp_path / "ref", *args[1:])
+    assert reference.returncode == 0, reference.stderr
+    killed = tmp_path / "killed"
+    env = {**os.environ, "FALCON_PROGRESS": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "falcon_cli", args[0], "--run-dir", str(killed), *map(str, args[1:])],
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if (killed / "metrics.jsonl").exists() and any(r.get("step", 0) >= 6 for r in read_metrics(killed / "metrics.jsonl")):
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert (killed / "checkpoints" / "latest").read_text().strip() == "00000004", "inside the warm-started epoch 0"
+    resumed = run_cli(args[0], "--run-dir", killed, *args[1:], "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    expected, got = read_metrics(tmp_path / "ref" / "metrics.jsonl"), read_metrics(killed / "metrics.jsonl")
+    assert [r["step"] for r in got] == [r["step"] for r in expected]
+    for a, b in zip(expected, got):
+        for key in ("loss", "reward"):
+            if a.get(key) is not None:
+                assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a["step"], key)
+    columns = ["epoch", "step", "slot", "pair_id", "anchor_pair_id"]
+    assert read_batch_log(tmp_path / "ref" / "batches.parquet")[columns].equals(read_batch_log(killed / "batches.parquet")[columns])

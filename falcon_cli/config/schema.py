@@ -15,10 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from falcon_cli.data.shapes.config import ShapesConfig
 
-StageName = Literal["data", "build_search_spaces", "pretrain"]
+StageName = Literal["data", "embed", "build_search_spaces", "pretrain"]
 """The stages a recipe can chain, in the order they may run."""
 
-STAGE_ORDER: tuple[str, ...] = ("data", "build_search_spaces", "pretrain")
+STAGE_ORDER: tuple[str, ...] = ("data", "embed", "build_search_spaces", "pretrain")
 
 
 class Section(BaseModel):
@@ -183,6 +183,38 @@ class PretrainConfig(Section):
     """Zero-shot ITC retrieval on this retrieval split at the end (None = skip)."""
 
 
+class EmbedConfig(Section):
+    """The ``embed`` stage: embed every pair of a dataset split with a pretrained encoder (``embeddings/embeddings.h5``)."""
+
+    encoder: str = "open_clip:ViT-B-32"
+    """Which encoder: ``open_clip:<model name>`` (an open_clip architecture, weights from ``pretrained``)
+    or ``falcon:<path>`` (a falcon run directory, whose latest checkpoint is used, or one checkpoint
+    directory; its projected ITC features)."""
+
+    pretrained: str | None = "laion2b_s34b_b79k"
+    """open_clip weights: a pretrained tag (``laion2b_s34b_b79k``; downloaded by open_clip, or taken
+    from its cache) or a local checkpoint file; None = random weights. Ignored for ``falcon:`` encoders."""
+
+    split: Literal["pretrain", "train", "val", "test"] = "pretrain"
+    """Which pairs: ``pretrain`` (the spec's pretraining files, ids = their ``pair_id``), or a
+    retrieval split ``train|val|test`` (one pair per caption, ids = the caption's position in the split)."""
+
+    batch_size: int = Field(256, ge=1)
+    """Pairs per forward pass."""
+
+    fp16: bool = True
+    """Store the embeddings as float16 (half the disk); False stores float32."""
+
+    device: str = "auto"
+    """``auto`` (the local GPU if any, else CPU), ``cpu`` or ``cuda[:n]``; on CUDA the encoders run under autocast."""
+
+    num_workers: int = Field(2, ge=0)
+    """DataLoader worker processes that load and transform images."""
+
+    chunk_size: int = Field(65536, ge=1)
+    """Pairs per completed chunk: the unit written to disk and the point ``--resume`` continues from."""
+
+
 class SearchSpacesConfig(Section):
     """The ``build_search_spaces`` stage: group the pairs into search spaces of |M| (``search_spaces.parquet``)."""
 
@@ -229,6 +261,9 @@ class Recipe(Section):
 
     data: DataConfig
     """The ``data`` stage: dataset spec, optional shapes-world generation, check and tokenizer."""
+
+    embed: EmbedConfig = EmbedConfig()
+    """The ``embed`` stage."""
 
     search_spaces: SearchSpacesConfig = SearchSpacesConfig()
     """The ``build_search_spaces`` stage."""

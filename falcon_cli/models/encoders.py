@@ -1,0 +1,229 @@
+"""Pair encoders: turn images and captions into L2-normalised joint-space features.
+
+The ``embed`` stage needs one thing from a model: for a batch of images and a batch of
+captions, one unit-norm vector each, in a shared space. Two families provide it:
+
+* :class:`OpenClipEncoder` — any open_clip architecture (``open_clip:ViT-B-32``) with a
+  pretrained tag (``laion2b_s34b_b79k``) or a local checkpoint file;
+* :class:`FalconEncoder` — a falcon checkpoint (``falcon:runs/demo``): the projected ITC
+  features of ``ALBEF.encode_image`` / ``ALBEF.encode_text``, with the run's own tokenizer.
+
+:func:`load_encoder` parses the ``embed.encoder`` spec and builds either. Every encoder has
+``image_transform`` (PIL image -> tensor, run in DataLoader workers), ``tokenizer``
+(captions -> tensors, also run in workers; it holds no model) and :meth:`encode`.
+Problems the user can fix are one-line :class:`~falcon_cli.errors.FalconError` s.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+from typing import Callable, Protocol
+
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from falcon_cli.errors import FalconError
+
+OPEN_CLIP_PREFIX = "open_clip:"
+FALCON_PREFIX = "falcon:"
+TOKENIZER_DIR = Path("data/tokenizer")
+DEFAULT_MAX_TEXT_LENGTH = 25  # falcon's pretrain.max_text_length default
+
+
+class PairEncoder(Protocol):
+    """What the ``embed`` stage uses: transforms and tokenizer for the workers, ``encode`` for the model."""
+
+    model_name: str
+    """What to record as the ``model`` attribute (e.g. ``open_clip:ViT-B-32``, ``albef-tiny``)."""
+    checkpoint: str
+    """What to record as the ``checkpoint`` attribute (a pretrained tag, a file or a checkpoint directory)."""
+    epoch: int | None
+    """The training epoch of the weights where known (falcon checkpoints), else None."""
+    image_transform: Callable[[Image.Image], torch.Tensor]
+    """PIL RGB image -> image tensor [3, H, W]."""
+    tokenizer: Callable[[list[str]], dict[str, torch.Tensor]]
+    """Captions -> a dict of batched tensors that :meth:`encode` accepts."""
+
+    def encode(self, images: torch.Tensor, text: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Images [B, 3, H, W] and tokenised captions -> (image features [B, D], text features [B, D]), unit norm, float32."""
+        ...
+
+
+class OpenClipTokenizer:
+    """open_clip's tokenizer as a ``captions -> {"text": LongTensor}`` callable (picklable, model-free)."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+
+    def __call__(self, captions: list[str]) -> dict[str, torch.Tensor]:
+        return {"text": self._tokenizer(list(captions))}
+
+
+class OpenClipEncoder:
+    """An open_clip model: ``encode_image`` / ``encode_text`` with ``normalize=True``."""
+
+    def __init__(self, name: str, pretrained: str | None, device: torch.device):
+        import open_clip
+
+        _check_open_clip_name(name, open_clip)
+        if pretrained is not None:
+            _check_open_clip_pretrained(name, pretrained, open_clip)
+        try:
+            model, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=pretrained, device=device)
+        except FalconError:
+            raise
+        except Exception as exc:  # open_clip raises RuntimeError/ValueError/OSError for weights it cannot load
+            raise FalconError(f"embed.pretrained={pretrained}: open_clip could not load weights for {name} "
+                              f"({_first_line(exc)}); give a local checkpoint file or a tag in open_clip's cache") from None
+        self.model = model.eval()
+        self.device = device
+        self.model_name = OPEN_CLIP_PREFIX + name
+        self.checkpoint = "" if pretrained is None else str(pretrained)
+        self.epoch = None
+        self.image_transform = preprocess
+        self.tokenizer = OpenClipTokenizer(open_clip.get_tokenizer(name))
+
+    @torch.no_grad()
+    def encode(self, images: torch.Tensor, text: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Unit-norm image and text features (float32) of a batch."""
+        image = self.model.encode_image(images.to(self.device), normalize=True)
+        caption = self.model.encode_text(text["text"].to(self.device), normalize=True)
+        return _unit(image), _unit(caption)
+
+
+class FalconTokenizer:
+    """A falcon run's BERT tokenizer as ``captions -> {"input_ids", "attention_mask"}`` (as in pretraining)."""
+
+    def __init__(self, tokenizer, max_length: int):
+        self._tokenizer = tokenizer
+        self.max_length = max_length
+
+    def __call__(self, captions: list[str]) -> dict[str, torch.Tensor]:
+        encoded = self._tokenizer(list(captions), padding="longest", truncation=True, max_length=self.max_length,
+                                  return_tensors="pt")
+        return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+
+
+class FalconEncoder:
+    """A falcon ALBEF checkpoint: the projected, normalised ITC features of its image and text encoders."""
+
+    def __init__(self, path: str | Path, device: torch.device):
+        from falcon_cli.data.tokenizer import load_tokenizer
+        from falcon_cli.data.transforms import build_transform
+        from falcon_cli.models.weights import model_from_weights
+        from falcon_cli.runtime.checkpoint import WEIGHTS
+
+        checkpoint, run_dir = locate_falcon_checkpoint(path)
+        tokenizer_dir = run_dir / TOKENIZER_DIR if run_dir is not None else None
+        if tokenizer_dir is None or not tokenizer_dir.is_dir():
+            where = tokenizer_dir if tokenizer_dir is not None else f"the run directory around {checkpoint}"
+            raise FalconError(f"embed.encoder=falcon:{path}: the run's tokenizer ({where}) is not there; "
+                              "give the falcon run directory (it holds data/tokenizer and checkpoints/)")
+        tokenizer = load_tokenizer(tokenizer_dir)
+        self.model = model_from_weights(checkpoint / WEIGHTS).to(device).eval()
+        if self.model.config.vocab_size != len(tokenizer):
+            raise FalconError(f"{checkpoint / WEIGHTS}: vocabulary of {self.model.config.vocab_size} tokens, but "
+                              f"{tokenizer_dir} has {len(tokenizer)}; the checkpoint belongs to another run")
+        meta = _read_json(checkpoint / "meta.json")
+        self.device = device
+        self.model_name = str(meta.get("model") or "albef")
+        self.checkpoint = str(checkpoint)
+        self.epoch = meta.get("epoch")
+        self.image_transform = build_transform("test", self.model.config.image_size)
+        self.tokenizer = FalconTokenizer(tokenizer, _max_text_length(run_dir))
+
+    @torch.no_grad()
+    def encode(self, images: torch.Tensor, text: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Unit-norm projected image and text features (float32) of a batch."""
+        _, image = self.model.encode_image(images.to(self.device))
+        _, caption = self.model.encode_text(text["input_ids"].to(self.device), text["attention_mask"].to(self.device))
+        return _unit(image), _unit(caption)
+
+
+def load_encoder(spec: str, pretrained: str | None, device: torch.device | str) -> OpenClipEncoder | FalconEncoder:
+    """Build the encoder an ``embed.encoder`` spec names, on ``device``, in eval mode.
+
+    ``open_clip:<model name>`` with ``pretrained`` (a tag or a local checkpoint file; None =
+    random weights), or ``falcon:<run directory or checkpoint directory>`` (``pretrained`` is ignored).
+    """
+    device = torch.device(device)
+    if spec.startswith(OPEN_CLIP_PREFIX) and spec[len(OPEN_CLIP_PREFIX):]:
+        return OpenClipEncoder(spec[len(OPEN_CLIP_PREFIX):], pretrained, device)
+    if spec.startswith(FALCON_PREFIX) and spec[len(FALCON_PREFIX):]:
+        return FalconEncoder(spec[len(FALCON_PREFIX):], device)
+    raise FalconError(f"embed.encoder={spec!r}: unknown encoder; use open_clip:<model name> (e.g. open_clip:ViT-B-32) "
+                      "or falcon:<run or checkpoint directory> (e.g. falcon:runs/demo)")
+
+
+def locate_falcon_checkpoint(path: str | Path) -> tuple[Path, Path | None]:
+    """(checkpoint directory, run directory or None) for a falcon run directory or one checkpoint directory."""
+    from falcon_cli.runtime.checkpoint import WEIGHTS, latest_checkpoint
+
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise FalconError(f"embed.encoder=falcon:{path}: not found; give a falcon run directory or a checkpoint directory")
+    if (path / WEIGHTS).is_file():
+        run_dir = path.parent.parent if path.parent.name == "checkpoints" else None
+        return path, run_dir
+    if (path / "checkpoints").is_dir():
+        checkpoint = latest_checkpoint(path / "checkpoints")
+        if checkpoint is None:
+            raise FalconError(f"{path / 'checkpoints'}: no checkpoint (no 'latest' pointer); pretrain first or give a checkpoint directory")
+        return checkpoint, path
+    raise FalconError(f"embed.encoder=falcon:{path}: neither a run directory (with checkpoints/) nor a checkpoint "
+                      f"directory (with {WEIGHTS})")
+
+
+def _check_open_clip_name(name: str, open_clip) -> None:
+    if ":" in name:  # hf-hub:org/repo, local-dir:/path: open_clip resolves these itself
+        return
+    known = open_clip.list_models()
+    if name not in known:
+        near = difflib.get_close_matches(name, known, n=3, cutoff=0.5) or known[:3]
+        raise FalconError(f"embed.encoder=open_clip:{name}: unknown open_clip model; did you mean "
+                          f"{', '.join(near)}? (`python -c 'import open_clip; print(open_clip.list_models())'` lists all)")
+
+
+def _check_open_clip_pretrained(name: str, pretrained: str, open_clip) -> None:
+    candidate = Path(pretrained).expanduser()
+    if candidate.is_file():
+        return
+    looks_like_file = "/" in pretrained or candidate.suffix in (".pt", ".pth", ".bin", ".safetensors", ".npz")
+    if looks_like_file:
+        raise FalconError(f"embed.pretrained={pretrained}: checkpoint file not found")
+    if ":" in name:
+        return
+    tags = open_clip.list_pretrained_tags_by_model(name)
+    if pretrained not in tags:
+        hint = f"tags for {name}: {', '.join(tags[:6])}" if tags else f"open_clip has no pretrained tags for {name}; give a local file"
+        raise FalconError(f"embed.pretrained={pretrained}: not a pretrained tag of {name} nor a file; {hint}")
+
+
+def _max_text_length(run_dir: Path | None) -> int:
+    """The run's ``pretrain.max_text_length`` (from its config.yaml), else falcon's default."""
+    import yaml
+
+    config = run_dir / "config.yaml" if run_dir is not None else None
+    if config is None or not config.is_file():
+        return DEFAULT_MAX_TEXT_LENGTH
+    values = yaml.safe_load(config.read_text()) or {}
+    return int((values.get("pretrain") or {}).get("max_text_length") or DEFAULT_MAX_TEXT_LENGTH)
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _unit(features: torch.Tensor) -> torch.Tensor:
+    return F.normalize(features.float(), dim=-1)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+__all__ = ["PairEncoder", "OpenClipEncoder", "FalconEncoder", "load_encoder", "locate_falcon_checkpoint"]

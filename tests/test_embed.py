@@ -1,0 +1,242 @@
+"""The embed stage and `falcon embed`: open_clip and falcon encoders, the h5 contents, kill + resume, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from falcon_cli.artifacts.embeddings import read_embeddings
+from falcon_cli.errors import FalconError
+from tests.conftest import REPO, run_cli
+
+TINY_WORLD = ["data.shapes.images=40", "data.tokenizer_vocab_size=200", "data.verify_images=false"]
+TINY_CLIP = {
+    "embed_dim": 16,
+    "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "head_width": 16, "patch_size": 16},
+    "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
+}
+CLIP_NAME = "falcon-test-tiny-clip"
+
+
+def embed_args(run_dir, world, *extra):
+    return ["embed", "--recipe", "shapes-demo", "--run-dir", str(run_dir), f"data.dataset={world}", *TINY_WORLD, *extra]
+
+
+def in_process(*args: str) -> int:
+    """Run ``falcon ARGS`` in this process (the tiny open_clip config is registered only here); the exit code."""
+    from falcon_cli.cli.app import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+    return exit_info.value.code
+
+
+@pytest.fixture(scope="module")
+def tiny_clip(tmp_path_factory):
+    """A tiny open_clip architecture registered with open_clip, and random weights saved to a local file."""
+    import open_clip
+
+    root = tmp_path_factory.mktemp("clip")
+    (root / f"{CLIP_NAME}.json").write_text(json.dumps(TINY_CLIP))
+    open_clip.add_model_config(root / f"{CLIP_NAME}.json")
+    torch.manual_seed(0)
+    model = open_clip.create_model(CLIP_NAME)
+    weights = root / "tiny_clip.pt"
+    torch.save(model.state_dict(), weights)
+    return weights
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    return tmp_path_factory.mktemp("embed") / "world"
+
+
+@pytest.fixture(scope="module")
+def clip_run(world, tiny_clip, tmp_path_factory):
+    """`falcon embed` with the tiny open_clip model (generates the world, runs the data stage first), fp32."""
+    run_dir = tmp_path_factory.mktemp("clip_run") / "run"
+    code = in_process(*embed_args(run_dir, world, f"embed.encoder=open_clip:{CLIP_NAME}", f"embed.pretrained={tiny_clip}",
+                                  "embed.fp16=false", "embed.num_workers=0", "embed.batch_size=32", "embed.chunk_size=64"))
+    assert code == 0
+    return run_dir
+
+
+def dataset_pairs(world):
+    from falcon_cli.data.spec import load_spec
+    from stages.embed import split_pairs
+
+    pairs, _, _ = split_pairs(load_spec(world), "pretrain", None, 0)
+    return pairs
+
+
+def test_open_clip_embeddings_are_the_models_features(clip_run, world, tiny_clip):
+    import open_clip
+    from falcon_cli.data.images import load_image
+
+    emb = read_embeddings(clip_run / "embeddings" / "embeddings.h5")
+    pairs = dataset_pairs(world)
+    assert emb.image.shape == emb.text.shape == (len(pairs), 16) and emb.image.dtype == np.float32
+    assert emb.pair_id.tolist() == [p.pair_id for p in pairs]
+    np.testing.assert_allclose(np.linalg.norm(emb.image, axis=1), 1, atol=1e-5)
+    assert emb.attrs["model"] == f"open_clip:{CLIP_NAME}" and emb.attrs["checkpoint"] == str(tiny_clip)
+    assert emb.attrs["split"] == "pretrain" and emb.attrs["dataset"]
+
+    # The stored rows are the loaded weights' own features (not a random re-init).
+    model, _, preprocess = open_clip.create_model_and_transforms(CLIP_NAME, pretrained=str(tiny_clip))
+    tokenizer = open_clip.get_tokenizer(CLIP_NAME)
+    rows = [0, 37, len(pairs) - 1]
+    with torch.no_grad():
+        image = model.encode_image(torch.stack([preprocess(load_image(pairs[i].image)) for i in rows]), normalize=True)
+        text = model.encode_text(tokenizer([pairs[i].caption for i in rows]), normalize=True)
+    np.testing.assert_allclose(emb.image[rows], image.numpy(), atol=1e-5)
+    np.testing.assert_allclose(emb.text[rows], text.numpy(), atol=1e-5)
+
+    manifest = json.loads((clip_run / "manifest.json").read_text())
+    assert manifest["artifacts"]["embeddings/embeddings.h5"]["schema"] == "embeddings"
+    result = manifest["stages"]["embed"]["result"]
+    assert result["pairs"] == len(pairs) and result["dim"] == 16 and result["dtype"] == "float32"
+    assert result["images_failed"] == 0 and result["chunks"] == 3 and result["pairs_per_s"] > 0
+    assert not (clip_run / "embeddings" / "embeddings.h5.partial").exists()
+
+
+@pytest.fixture(scope="module")
+def falcon_source(clip_run):
+    """A falcon run directory with one albef-tiny checkpoint (random weights), using the clip run's tokenizer."""
+    from falcon_cli.data.tokenizer import load_tokenizer
+    from falcon_cli.models import create_model
+    from falcon_cli.runtime.checkpoint import save_checkpoint
+
+    torch.manual_seed(0)
+    model = create_model("albef-tiny", vocab_size=len(load_tokenizer(clip_run / "data" / "tokenizer")))
+    save_checkpoint(clip_run / "checkpoints", 7, {"model": model}, {}, {"epoch": 1, "model": "albef-tiny"})
+    return clip_run
+
+
+FALCON_EMBED = ["embed.chunk_size=16", "embed.batch_size=8", "embed.num_workers=1"]
+
+
+@pytest.fixture(scope="module")
+def falcon_run(world, falcon_source, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("falcon_run") / "run"
+    run_cli(*embed_args(run_dir, world, f"embed.encoder=falcon:{falcon_source}", *FALCON_EMBED), check=True)
+    return run_dir
+
+
+def test_falcon_embeddings_are_the_checkpoints_projected_features(falcon_run, falcon_source, world):
+    from falcon_cli.data.collate import PretrainCollate
+    from falcon_cli.data.images import load_image
+    from falcon_cli.data.tokenizer import load_tokenizer
+    from falcon_cli.data.transforms import build_transform
+    from falcon_cli.models import model_from_weights
+
+    emb = read_embeddings(falcon_run / "embeddings" / "embeddings.h5")
+    pairs = dataset_pairs(world)
+    assert emb.image.shape == (len(pairs), 256) and emb.image.dtype == np.float16  # fp16 is the default
+    assert emb.pair_id.tolist() == [p.pair_id for p in pairs]
+    checkpoint = falcon_source / "checkpoints" / "00000007"
+    assert emb.attrs["model"] == "albef-tiny" and emb.attrs["checkpoint"] == str(checkpoint) and emb.attrs["epoch"] == 1
+
+    model = model_from_weights(checkpoint / "model.safetensors").eval()
+    transform = build_transform("test", model.config.image_size)
+    rows = [0, 5, len(pairs) - 1]
+    items = [{"image": transform(load_image(pairs[i].image)), "caption": pairs[i].caption, "pair_id": pairs[i].pair_id} for i in rows]
+    batch = PretrainCollate(load_tokenizer(falcon_source / "data" / "tokenizer"), 25)(items)
+    with torch.no_grad():
+        _, image = model.encode_image(batch["images"])
+        _, text = model.encode_text(batch["input_ids"], batch["attention_mask"])
+    np.testing.assert_allclose(emb.image[rows].astype(np.float32), torch.nn.functional.normalize(image, dim=-1).numpy(), atol=2e-3)
+    np.testing.assert_allclose(emb.text[rows].astype(np.float32), torch.nn.functional.normalize(text, dim=-1).numpy(), atol=2e-3)
+
+
+KILL_AFTER_TWO_CHUNKS = """
+import os, signal, sys
+import stages.embed as stage
+write_chunk, written = stage._write_chunk, []
+def write_then_die(*args, **kwargs):
+    write_chunk(*args, **kwargs)
+    written.append(1)
+    if len(written) == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+stage._write_chunk = write_then_die
+from falcon_cli.cli.app import main
+main(sys.argv[1:])
+"""
+
+
+def test_kill_and_resume_gives_the_uninterrupted_file(falcon_run, falcon_source, world, tmp_path):
+    run_dir = tmp_path / "run"
+    args = embed_args(run_dir, world, f"embed.encoder=falcon:{falcon_source}", *FALCON_EMBED)
+    env = {**os.environ, "FALCON_PROGRESS": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    killed = subprocess.run([sys.executable, "-c", KILL_AFTER_TWO_CHUNKS, *args], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    partial = run_dir / "embeddings" / "embeddings.h5.partial"
+    assert sorted(p.name for p in partial.glob("chunk_*.npz")) == ["chunk_000000.npz", "chunk_000001.npz"]
+    assert not (run_dir / "embeddings" / "embeddings.h5").exists(), "no final file before every chunk is in"
+
+    run_cli(*args, "--resume", check=True)
+    resumed = read_embeddings(run_dir / "embeddings" / "embeddings.h5")
+    reference = read_embeddings(falcon_run / "embeddings" / "embeddings.h5")
+    np.testing.assert_array_equal(resumed.pair_id, reference.pair_id)
+    np.testing.assert_array_equal(resumed.image, reference.image)
+    np.testing.assert_array_equal(resumed.text, reference.text)
+    result = json.loads((run_dir / "manifest.json").read_text())["stages"]["embed"]["result"]
+    assert result["chunks_resumed"] == 2 and result["chunks"] == 10
+    assert not partial.exists()
+
+
+def test_unreadable_images_are_skipped_and_counted_or_stop_the_stage(falcon_source, world, tiny_clip, tmp_path):
+    import shutil
+
+    copy = tmp_path / "world"
+    shutil.copytree(world, copy)
+    pairs = dataset_pairs(copy)
+    broken = pairs[3].image
+    broken.write_bytes(b"not an image")
+    affected = sum(p.image == broken for p in pairs)
+    clip = [f"embed.encoder=open_clip:{CLIP_NAME}", f"embed.pretrained={tiny_clip}", "embed.num_workers=0"]
+
+    assert in_process(*embed_args(tmp_path / "skip", copy, *clip, "data.on_missing=skip")) == 0
+    emb = read_embeddings(tmp_path / "skip" / "embeddings" / "embeddings.h5")
+    assert len(emb.pair_id) == len(pairs) - affected and pairs[3].pair_id not in emb.pair_id
+    result = json.loads((tmp_path / "skip" / "manifest.json").read_text())["stages"]["embed"]["result"]
+    assert result["images_unreadable"] == result["images_failed"] == affected
+
+    # Under on_missing=fail the same image stops the stage with one line naming it (the data stage's report precedes it).
+    proc = run_cli(*embed_args(tmp_path / "fail", copy, f"embed.encoder=falcon:{falcon_source}", "data.on_missing=fail"))
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0] == proc.stderr.strip().splitlines()[-1] and "Traceback" not in proc.stderr
+    assert str(broken) in errors[0] and "cannot decode image" in errors[0] and "data.on_missing=skip" in errors[0]
+    assert not (tmp_path / "fail" / "embeddings" / "embeddings.h5").exists()
+
+
+def test_cli_error_is_one_line(clip_run, world, tmp_path):
+    proc = run_cli(*embed_args(tmp_path / "run", world, "embed.encoder=falcon:/nonexistent/run"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: embed.encoder=falcon:/nonexistent/run: not found; give a falcon run directory or a checkpoint directory")
+
+
+def test_encoder_errors_are_one_line(tmp_path, tiny_clip):
+    from falcon_cli.models.encoders import load_encoder
+
+    cases = [
+        (("clip:ViT-B-32", None), "unknown encoder; use open_clip:<model name>"),
+        (("open_clip:ViT-B-33", None), "did you mean ViT-B-32"),
+        ((f"open_clip:{CLIP_NAME}", str(tmp_path / "missing.pt")), "missing.pt: checkpoint file not found"),
+        ((f"open_clip:{CLIP_NAME}", "laion9000"), "not a pretrained tag"),
+        ((f"falcon:{tmp_path / 'nope'}", None), "nope: not found"),
+        ((f"falcon:{tmp_path}", None), "neither a run directory"),
+    ]
+    for (spec, pretrained), message in cases:
+        with pytest.raises(FalconError, match=message) as info:
+            load_encoder(spec, pretrained, "cpu")
+        assert "\n" not in str(info.value)
