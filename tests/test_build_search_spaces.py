@@ -276,3 +276,22 @@ def test_warm_started_falcon_epoch_0_resumes_exactly(inputs, built, tmp_path):
                 assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a["step"], key)
     columns = ["epoch", "step", "slot", "pair_id", "anchor_pair_id"]
     assert read_batch_log(tmp_path / "ref" / "batches.parquet")[columns].equals(read_batch_log(killed / "batches.parquet")[columns])
+
+
+def test_shapes_warmstart_recipe_chains_embed_spaces_and_pretrain(inputs, tmp_path):
+    """The recipe end to end, offline: a tiny falcon checkpoint stands in for open_clip's weights."""
+    from falcon_cli.sampling.batch_log import read_batch_log
+
+    tiny = [*recipe_args(inputs["world"]), "pretrain.batch_size=16", "pretrain.augment=test", "pretrain.num_workers=0",
+            "pretrain.warmup_steps=4", "pretrain.eval_split=null", "pretrain.quantile_levels=10"]
+    encoder = run_cli("pretrain", "--recipe", "shapes-demo", "--run-dir", tmp_path / "encoder", *tiny, "pretrain.epochs=1")
+    assert encoder.returncode == 0, encoder.stderr
+    chain = run_cli("run", "--recipe", "shapes-warmstart", "--run-dir", tmp_path / "w", *tiny, "pretrain.epochs=1",
+                    f"embed.encoder=falcon:{tmp_path / 'encoder'}", "embed.num_workers=0", f"search_spaces.size={SIZE}",
+                    "search_spaces.compare=false")
+    assert chain.returncode == 0, chain.stdout + chain.stderr
+    manifest = read_manifest(tmp_path / "w")
+    assert [s for s in manifest["stages"]] == ["data", "embed", "build_search_spaces", "pretrain"]
+    assert all(s["status"] == "completed" for s in manifest["stages"].values())
+    log = read_batch_log(tmp_path / "w" / "batches.parquet")
+    assert set(log["sampler"]) == {"falcon"}, "epoch 0 composed by FALCON from the built spaces"
