@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -17,9 +15,9 @@ def record(seed: int) -> dict[str, torch.Tensor]:
     return {"s_hat": s_hat, "q": torch.rand(7, generator=g, dtype=torch.float64)}
 
 
-def _rank(rank: int, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+def _rank(rank: int, out: str) -> None:
+    # a file store: no TCP port to collide with other tests' process groups
+    dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank, world_size=2)
     try:
         torch.manual_seed(100 + rank)  # ranks seed differently, as pretraining does (seed + rank)
         scheduler = NegativeScheduler(quantiles=16, hidden=8, lr=1e-2)
@@ -27,13 +25,13 @@ def _rank(rank: int, port: int, out: str) -> None:
         scheduler.update(record(rank), reward=0.5 + rank)  # different batches and rewards per rank
         torch.save({"initial": initial, "after": [p.detach().clone() for p in scheduler.policy.parameters()]},
                    f"{out}/rank{rank}.pt")
+        dist.barrier()  # both ranks done with the group before either tears it down
     finally:
         dist.destroy_process_group()
 
 
 def test_ranks_share_phi_and_average_their_gradients(tmp_path):
-    port = 29500 + os.getpid() % 1000
-    mp.spawn(_rank, args=(port, str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_rank, args=(str(tmp_path),), nprocs=2, join=True)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
     for a, b in zip(r0["initial"], r1["initial"]):
         assert torch.equal(a, b), "rank 1 must start from rank 0's parameters"
