@@ -240,3 +240,30 @@ def test_encoder_errors_are_one_line(tmp_path, tiny_clip):
         with pytest.raises(FalconError, match=message) as info:
             load_encoder(spec, pretrained, "cpu")
         assert "\n" not in str(info.value)
+
+
+def test_retrieval_test_split_embeds_one_pair_per_caption(clip_run, world, tiny_clip, tmp_path):
+    """`embed.split=test`: ids are the caption indices of the split, each with its own image's features."""
+    import open_clip
+
+    from falcon_cli.data.datasets import retrieval_dataset
+    from falcon_cli.data.spec import load_spec
+
+    run_dir = tmp_path / "run"
+    code = in_process(*embed_args(run_dir, world, f"embed.encoder=open_clip:{CLIP_NAME}", f"embed.pretrained={tiny_clip}",
+                                  "embed.fp16=false", "embed.num_workers=0", "embed.split=test"))
+    assert code == 0
+    emb = read_embeddings(run_dir / "embeddings" / "embeddings.h5")
+    split = retrieval_dataset(load_spec(world), "test", transform=None)
+    assert emb.pair_id.tolist() == list(range(len(split.text))) and emb.attrs["split"] == "test"
+    # row t holds the features of caption t's own image (txt2img) and of caption t
+    model, _, preprocess = open_clip.create_model_and_transforms(CLIP_NAME, pretrained=str(tiny_clip))
+    model.eval()
+    from PIL import Image
+
+    for t in (0, len(split.text) - 1):
+        image = preprocess(Image.open(split.image[split.txt2img[t]]).convert("RGB"))[None]
+        with torch.no_grad():
+            expected = model.encode_image(image, normalize=True)[0].numpy()
+        assert np.allclose(emb.image[t], expected, atol=1e-5), t
+    assert open_clip  # the tiny architecture is registered in this process by the fixture
