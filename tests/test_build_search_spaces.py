@@ -228,6 +228,8 @@ def test_load_warm_start_checks_coverage_sizes_and_embeddings(inputs, built, tmp
     assert warm.order.tolist() == expected and warm.width == SIZE and warm.cache.dim == 32
     with pytest.raises(FalconError, match=r"do not cover this dataset's pairs \(1 pairs in no space"):
         load_warm_start(run_dir / "search_spaces.parquet", inputs["embeddings"], torch.cat([ids, torch.tensor([10**9])]))
+    with pytest.raises(FalconError, match=r"pretrain.search_spaces: .*missing.parquet not found; build it with `falcon build-search-spaces`"):
+        load_warm_start(tmp_path / "missing.parquet", inputs["embeddings"], ids)
     uneven = frame.copy()
     uneven.loc[uneven["space_id"] == 0, "space_id"] = 1  # space 1 now holds 2 x |M|
     uneven["position"] = uneven.groupby("space_id").cumcount()

@@ -36,6 +36,9 @@ def load_warm_start(spaces_path: Path, embeddings_path: Path, pair_ids: torch.Te
                     device: torch.device | str = "cpu") -> WarmStart:
     """Read and check epoch 0 of ``spaces_path`` against the dataset's ``pair_ids``, and the features
     of ``embeddings_path``. Every problem is one :class:`FalconError` line naming the file."""
+    if not Path(spaces_path).exists():
+        raise FalconError(f"pretrain.search_spaces: {spaces_path} not found; build it with `falcon build-search-spaces` "
+                          "(or chain build_search_spaces before pretrain and set pretrain.search_spaces=run)")
     table = read_table(spaces_path, SEARCH_SPACES)
     rows = table[table["epoch"] == 0]
     if rows.empty:
