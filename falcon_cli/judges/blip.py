@@ -1,0 +1,93 @@
+"""A BLIP image–text matching (ITM) judge, through Hugging Face transformers.
+
+The paper identifies false negatives with "the pretrained BLIP-129M model" (methods §1.10):
+a BLIP ViT-B pretrained on 129M image–text pairs, whose ITM head predicts matched / not
+matched. That checkpoint is not published on the Hugging Face hub as a retrieval model. The
+closest public ITM checkpoint is ``Salesforce/blip-itm-base-coco``: the same BLIP ViT-B
+architecture, pretrained on the 129M-pair corpus and then fine-tuned for COCO retrieval (the
+ITM head included), hence the default. Any other ``BlipForImageTextRetrieval`` checkpoint,
+or a local directory holding one and its processor, can be given instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from falcon_cli.errors import FalconError
+from falcon_cli.judges.base import JudgedPair, check_batch_size, first_line, pair_batches
+
+DEFAULT_BLIP_MODEL = "Salesforce/blip-itm-base-coco"
+"""The public BLIP ITM checkpoint closest to the paper's BLIP-129M judge (see the module docstring)."""
+
+
+class BlipJudge:
+    """p(match) from a ``BlipForImageTextRetrieval`` ITM head: ``softmax(itm logits)[:, 1]``.
+
+    ``model`` is a hub id or a local directory with the model and its processor. Pairs are
+    scored in batches of ``batch_size`` on ``device`` (``auto``: CUDA when available);
+    ``fp16`` runs the model under float16 autocast (CUDA only).
+    """
+
+    def __init__(self, model: str | Path = DEFAULT_BLIP_MODEL, *, device: str = "auto", fp16: bool = False,
+                 batch_size: int = 64):
+        from falcon_cli.runtime.precision import pick_device, resolve_precision
+
+        self.model_name = str(model)
+        self.name = f"blip:{self.model_name}"
+        self.batch_size = check_batch_size(batch_size)
+        self.device = pick_device(device)
+        self.precision = resolve_precision("fp16" if fp16 else "fp32", self.device)
+        self.processor, self.model = _load_blip(self.model_name)
+        self.model = self.model.to(self.device).eval()
+
+    @torch.no_grad()
+    def score(self, pairs: Sequence[JudgedPair]) -> np.ndarray:
+        """``float64[len(pairs)]`` of BLIP ITM match probabilities."""
+        from falcon_cli.data.images import load_image
+        from falcon_cli.runtime.precision import autocast
+        from falcon_cli.runtime.progress import track
+
+        scores = np.zeros(len(pairs), dtype=np.float64)
+        batches = list(pair_batches(pairs, self.batch_size))
+        start = 0
+        for batch in track(batches, "BLIP ITM judge"):
+            inputs = self.processor(images=[load_image(pair.image) for pair in batch], text=[pair.caption for pair in batch],
+                                    return_tensors="pt", padding="longest", truncation=True)
+            with autocast(self.precision, self.device):
+                logits = self.model(input_ids=inputs["input_ids"].to(self.device),
+                                    attention_mask=inputs["attention_mask"].to(self.device),
+                                    pixel_values=inputs["pixel_values"].to(self.device),
+                                    use_itm_head=True).itm_score
+            scores[start:start + len(batch)] = logits.float().softmax(dim=-1)[:, 1].cpu().double().numpy()
+            start += len(batch)
+        return scores
+
+
+def _load_blip(model: str):
+    """(processor, ``BlipForImageTextRetrieval``) for a hub id or local directory; failures are one line."""
+    from transformers import AutoProcessor, BlipForImageTextRetrieval
+
+    path = Path(model).expanduser()
+    looks_local = model.startswith(("/", "./", "../", "~")) or path.exists()
+    if looks_local and not path.is_dir():
+        raise FalconError(f"BLIP judge model {model}: no such directory; give a directory saved with save_pretrained "
+                          f"or a hub id such as {DEFAULT_BLIP_MODEL}")
+    source = str(path) if looks_local else model
+    try:
+        processor = AutoProcessor.from_pretrained(source)
+        blip = BlipForImageTextRetrieval.from_pretrained(source)
+    except Exception as exc:  # OSError offline / unknown id, ValueError / KeyError for a wrong model type, ...
+        raise FalconError(f"BLIP judge model {model}: cannot load a BlipForImageTextRetrieval model and processor "
+                          f"({first_line(exc)}); model hubs may be unreachable from here, so download it elsewhere and "
+                          "give the local directory (save_pretrained of the model and its processor)") from None
+    if not callable(processor) or not hasattr(processor, "image_processor") or not hasattr(processor, "tokenizer"):
+        raise FalconError(f"BLIP judge model {model}: the processor found ({type(processor).__name__}) is not an "
+                          "image+text processor; save the BlipProcessor next to the model")
+    return processor, blip
+
+
+__all__ = ["BlipJudge", "DEFAULT_BLIP_MODEL"]

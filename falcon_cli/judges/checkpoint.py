@@ -1,0 +1,64 @@
+"""A falcon checkpoint as a judge: its own ITM head scores the pairs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from falcon_cli.errors import FalconError
+from falcon_cli.judges.base import JudgedPair, check_batch_size, pair_batches
+
+
+class CheckpointJudge:
+    """p(match) = ``softmax(itm_logits(fuse(text, image)))[:, 1]`` of a falcon ALBEF checkpoint.
+
+    ``path`` is a falcon run directory (its latest checkpoint is used) or one checkpoint
+    directory inside ``<run>/checkpoints/``. Images go through the ``test`` transform at the
+    checkpoint's resolution and captions through the run's own tokenizer (truncated to the
+    run's ``pretrain.max_text_length``), as in pretraining.
+    """
+
+    def __init__(self, path: str | Path, *, device: str = "auto", fp16: bool = False, batch_size: int = 64):
+        from falcon_cli.models.encoders import FalconEncoder
+        from falcon_cli.runtime.precision import pick_device, resolve_precision
+
+        self.batch_size = check_batch_size(batch_size)
+        self.device = pick_device(device)
+        self.precision = resolve_precision("fp16" if fp16 else "fp32", self.device)
+        try:
+            encoder = FalconEncoder(path, self.device)
+        except FalconError as exc:  # the encoder's messages name the embed.encoder key; name the judge instead
+            raise FalconError(str(exc).replace("embed.encoder=falcon:", "checkpoint judge: ")) from None
+        self.model = encoder.model
+        self.image_transform = encoder.image_transform
+        self.tokenizer = encoder.tokenizer
+        self.checkpoint = Path(encoder.checkpoint)
+        self.name = f"checkpoint:{self.checkpoint}"
+
+    @torch.no_grad()
+    def score(self, pairs: Sequence[JudgedPair]) -> np.ndarray:
+        """``float64[len(pairs)]`` of the checkpoint's ITM match probabilities."""
+        from falcon_cli.data.images import load_image
+        from falcon_cli.runtime.precision import autocast
+        from falcon_cli.runtime.progress import track
+
+        scores = np.zeros(len(pairs), dtype=np.float64)
+        batches = list(pair_batches(pairs, self.batch_size))
+        start = 0
+        for batch in track(batches, "checkpoint ITM judge"):
+            images = torch.stack([self.image_transform(load_image(pair.image)) for pair in batch]).to(self.device)
+            text = self.tokenizer([pair.caption for pair in batch])
+            input_ids, attention_mask = text["input_ids"].to(self.device), text["attention_mask"].to(self.device)
+            with autocast(self.precision, self.device):
+                image_tokens, _ = self.model.encode_image(images)
+                text_tokens, _ = self.model.encode_text(input_ids, attention_mask)
+                logits = self.model.itm_logits(self.model.fuse(text_tokens, attention_mask, image_tokens))
+            scores[start:start + len(batch)] = logits.float().softmax(dim=-1)[:, 1].cpu().double().numpy()
+            start += len(batch)
+        return scores
+
+
+__all__ = ["CheckpointJudge"]
