@@ -1,0 +1,94 @@
+"""The negatives a run used, from its batch log, and false-negative rates by hardness and step."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from falcon_cli.audit.negatives import false_negative_rates, used_negatives
+
+
+def batch_log(seed: int = 0, epochs: int = 2, steps: int = 5, batch: int = 4) -> pd.DataFrame:
+    """A small log: epoch 0 uniform; later epochs chained batches, where each batch's first slot is
+    chained from the previous batch's last pair (a GRIT-style link across batches: not a negative)."""
+    rng = np.random.default_rng(seed)
+    rows, pair = [], 0
+    for epoch in range(epochs):
+        previous = -1
+        for step in range(steps):
+            for slot in range(batch):
+                anchor = -1 if epoch == 0 else (previous if slot > 0 or step > 0 else -1)
+                q = float(rng.random()) if epoch > 0 and anchor >= 0 else math.nan
+                rows.append(dict(epoch=epoch, step=step, rank=0, slot=slot, pair_id=pair % 40, anchor_pair_id=anchor,
+                                 q=q, alpha=math.nan, beta=math.nan, similarity_to_anchor=float(rng.random()),
+                                 quantile_rank=float(rng.random()), sampler="uniform" if epoch == 0 else "falcon"))
+                previous = pair % 40
+                pair += 1
+    return pd.DataFrame(rows)
+
+
+def reference_negatives(log):
+    """One row at a time: a chained slot whose anchor sits in the same batch gives two negatives."""
+    members = {(r.epoch, r.step, r.rank): set() for r in log.itertuples()}
+    for r in log.itertuples():
+        members[(r.epoch, r.step, r.rank)].add(r.pair_id)
+    out = []
+    for r in log.itertuples():
+        if r.anchor_pair_id >= 0 and r.anchor_pair_id in members[(r.epoch, r.step, r.rank)]:
+            out.append((r.epoch, r.step, r.anchor_pair_id, r.pair_id, "i2t", r.anchor_pair_id, r.pair_id))
+            out.append((r.epoch, r.step, r.anchor_pair_id, r.pair_id, "t2i", r.pair_id, r.anchor_pair_id))
+    return sorted(out)
+
+
+def test_used_negatives_match_a_plain_loop_and_skip_links_across_batches():
+    log = batch_log()
+    got = used_negatives(log)
+    rows = sorted(zip(got["epoch"], got["step"], got["anchor"], got["negative"], got["direction"], got["image_pair"],
+                      got["caption_pair"]))
+    assert rows == reference_negatives(log)
+    assert len(got) == 2 * 5 * 3, "per chained batch: slots 1..3 (slot 0 links to the previous batch)"
+    assert set(got["sampler"]) == {"falcon"} and got["q"].between(0, 1).all()
+    assert (got["hardness"] == got["q"]).all()
+    assert got["train_step"].min() == 5 and got["train_step"].max() == 9, "epoch 1 steps follow epoch 0's five"
+
+
+def test_hardness_falls_back_to_the_quantile_rank_without_q():
+    log = batch_log()
+    log.loc[log["epoch"] == 1, "q"] = math.nan  # e.g. GRIT: no q, rank 1 (the argmax)
+    got = used_negatives(log)
+    merged = got.merge(log[["epoch", "step", "pair_id", "quantile_rank"]], left_on=["epoch", "step", "negative"],
+                       right_on=["epoch", "step", "pair_id"])
+    assert np.allclose(merged["hardness"], merged["quantile_rank"])
+
+
+def test_budget_keeps_whole_steps_evenly_spread():
+    log = batch_log(epochs=3, steps=20)
+    full = used_negatives(log)
+    cut = used_negatives(log, max_pairs=60)
+    assert 0 < len(cut) <= 60
+    per_step = full.groupby("train_step").size()
+    kept = sorted(set(cut["train_step"]))
+    assert all(len(cut[cut["train_step"] == s]) == per_step[s] for s in kept), "whole steps only"
+    assert kept[0] == per_step.index.min() and kept[-1] == per_step.index.max(), "from the first to the last step"
+    gaps = np.diff(kept)
+    assert gaps.max() - gaps.min() <= 1, "evenly spaced"
+    assert used_negatives(log, max_pairs=0).empty
+
+
+def test_false_negative_rates_equal_a_direct_count():
+    rng = np.random.default_rng(1)
+    audit = pd.DataFrame({"train_step": rng.integers(0, 100, 500), "hardness": rng.random(500),
+                          "is_false_negative": rng.random(500) < 0.3})
+    audit.loc[0, "hardness"] = 1.0  # the top edge belongs to the last bucket
+    rates = false_negative_rates(audit, hardness_buckets=4, step_windows=2)
+    lo, hi = audit["train_step"].min(), audit["train_step"].max()
+    for row in rates.itertuples():
+        in_bucket = (audit["hardness"] >= row.hardness_low) & ((audit["hardness"] < row.hardness_high) | (row.bucket == 3))
+        window = ((audit["train_step"] - lo) * 2) // (hi - lo + 1)
+        cell = audit[in_bucket & (window == row.window)]
+        assert row.negatives == len(cell) and row.false_negatives == cell["is_false_negative"].sum()
+        assert row.rate == pytest.approx(cell["is_false_negative"].mean())
+    assert rates["negatives"].sum() == 500
