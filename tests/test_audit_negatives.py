@@ -92,3 +92,43 @@ def test_false_negative_rates_equal_a_direct_count():
         assert row.negatives == len(cell) and row.false_negatives == cell["is_false_negative"].sum()
         assert row.rate == pytest.approx(cell["is_false_negative"].mean())
     assert rates["negatives"].sum() == 500
+
+
+class CaptionLengthJudge:
+    """A deterministic stand-in judge for the table's plumbing: p(match) from the pair's ids."""
+
+    name = "test"
+
+    def score(self, pairs):
+        return np.array([((p.image_id * 7 + p.caption_id) % 10) / 10 for p in pairs], dtype=np.float64)
+
+
+class SameIdOracle:
+    name = "oracle"
+
+    def score(self, pairs):
+        return np.array([float(p.image_id % 3 == p.caption_id % 3) for p in pairs])
+
+
+def test_judge_negatives_pairs_the_right_image_with_the_right_caption():
+    from pathlib import Path
+
+    from falcon_cli.audit.negatives import judge_negatives
+    from falcon_cli.errors import FalconError
+    from falcon_cli.judges import JudgedPair
+
+    log = batch_log()
+    negatives = used_negatives(log)
+    pairs = {i: JudgedPair(image=Path(f"img{i}.png"), caption=f"caption {i}", image_id=i, caption_id=100 + i) for i in range(40)}
+    audit = judge_negatives(negatives, pairs, CaptionLengthJudge(), threshold=0.45, oracle=SameIdOracle())
+    for row in audit.itertuples():
+        image, caption = (row.anchor, row.negative) if row.direction == "i2t" else (row.negative, row.anchor)
+        expected = ((image * 7 + 100 + caption) % 10) / 10
+        assert row.score == pytest.approx(expected) and row.is_false_negative == (expected > 0.45)
+        assert row.oracle == (image % 3 == (100 + caption) % 3)
+        assert row.judge == "test"
+    no_oracle = judge_negatives(negatives, pairs, CaptionLengthJudge())
+    assert no_oracle["oracle"].isna().all() and (no_oracle["is_false_negative"] == (no_oracle["score"] > 0.5)).all()
+    gone = int(negatives["anchor"].min())
+    with pytest.raises(FalconError, match=f"pair_id {gone} .* the run's dataset does not have"):
+        judge_negatives(negatives, {k: v for k, v in pairs.items() if k != gone}, CaptionLengthJudge())

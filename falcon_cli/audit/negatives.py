@@ -15,8 +15,13 @@ the anchor's remaining candidates (GRIT: 1, the argmax).
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import numpy as np
 import pandas as pd
+
+from falcon_cli.errors import FalconError
+from falcon_cli.judges import DEFAULT_THRESHOLD, Judge, JudgedPair, is_false_negative
 
 DIRECTIONS = ("i2t", "t2i")
 
@@ -92,4 +97,25 @@ def false_negative_rates(audit: pd.DataFrame, *, hardness_buckets: int = 5, step
                  "false_negatives", "rate"]]
 
 
-__all__ = ["DIRECTIONS", "used_negatives", "false_negative_rates"]
+def judge_negatives(negatives: pd.DataFrame, pairs: Mapping[int, JudgedPair], judge: Judge, *,
+                    threshold: float = DEFAULT_THRESHOLD, oracle: Judge | None = None) -> pd.DataFrame:
+    """``negatives`` (from :func:`used_negatives`) with what ``judge`` says of each: the judged pair
+    combines ``image_pair``'s image with ``caption_pair``'s caption (``pairs``: pair id -> the
+    pair's image, caption and ids). Adds ``judge``, ``score``, ``is_false_negative`` (score above
+    ``threshold``) and ``oracle`` (the ground truth from ``oracle`` where given, else null)."""
+    missing = sorted({int(p) for p in pd.concat([negatives["image_pair"], negatives["caption_pair"]])} - set(pairs))
+    if missing:
+        raise FalconError(f"the batch log names pair_id {missing[0]} ({len(missing)} such) that the run's dataset does not "
+                          "have; audit a run with the dataset it was trained on")
+    judged = [JudgedPair(image=pairs[int(i)].image, caption=pairs[int(c)].caption, image_id=pairs[int(i)].image_id,
+                         caption_id=pairs[int(c)].caption_id)
+              for i, c in zip(negatives["image_pair"], negatives["caption_pair"])]
+    scores = judge.score(judged) if judged else np.zeros(0)
+    out = negatives.assign(judge=judge.name, score=scores.astype("float32"),
+                           is_false_negative=is_false_negative(scores, threshold))
+    out["oracle"] = (pd.array(oracle.score(judged) > 0.5, dtype="boolean") if oracle is not None and judged
+                     else pd.array([None] * len(out), dtype="boolean"))
+    return out
+
+
+__all__ = ["DIRECTIONS", "used_negatives", "false_negative_rates", "judge_negatives"]
