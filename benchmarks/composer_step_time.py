@@ -65,6 +65,7 @@ def main() -> None:
     steps_per_epoch = -(-args.pairs // args.batch)
     # FALCON: every batch of an epoch on demand, each followed by the scheduler's update
     scheduler = NegativeScheduler(quantiles=100)
+    falcon_parts: dict[str, float] = {}
 
     def falcon_epoch():
         generator = torch.Generator().manual_seed(0)
@@ -77,7 +78,7 @@ def main() -> None:
             scheduler.update(record, 0.01)
             compose_s, update_s = compose_s + middle - start, update_s + time.perf_counter() - middle
         falcon_parts.update(compose=compose_s, update=update_s)
-    falcon_parts: dict[str, float] = {}
+
     falcon_epoch()  # warm-up
     falcon_epoch()
 

@@ -13,11 +13,11 @@ just before composing (torch itself is ~0.5 GiB; the cached embeddings 0.54 GiB 
 from __future__ import annotations
 
 import argparse
-import resource
 import time
 
 import torch
 
+from benchmarks.memory import max_rss_mib, rss_mib
 from falcon_cli.sampling.cache import EmbeddingCache
 from falcon_cli.sampling.policy import SchedulerPolicy
 from falcon_cli.sampling.quantile import QuantileSpaces
@@ -44,7 +44,7 @@ def main() -> None:
         source = lambda s_hat: policy(s_hat)  # noqa: E731
     else:
         source = float(args.source)
-    before = _resident_gib()
+    before = rss_mib() / 1024
     tick = time.perf_counter()
     with torch.no_grad():
         spaces = QuantileSpaces(ids, cache, args.space, args.batch, g, quantiles=args.quantiles)
@@ -52,16 +52,11 @@ def main() -> None:
     if args.device.startswith("cuda"):
         torch.cuda.synchronize()
     seconds = time.perf_counter() - tick
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    peak = max_rss_mib() / 1024
     print(f"pairs {args.pairs:,}  |M| {args.space}  B {args.batch}  m {args.quantiles}  source {args.source}  "
           f"device {args.device}: {seconds:.1f} s, {len(batches)} batches, peak RSS {peak:.2f} GiB "
           f"(RSS before composing, with torch and the cached embeddings: {before:.2f} GiB)")
 
-
-def _resident_gib() -> float:
-    """Current resident memory of this process (Linux), GiB."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize() / 2**30
 
 
 if __name__ == "__main__":

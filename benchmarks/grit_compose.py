@@ -20,7 +20,6 @@ similarity blocks; default 1).
 from __future__ import annotations
 
 import argparse
-import resource
 import sys
 import time
 from pathlib import Path
@@ -31,17 +30,7 @@ import torch  # noqa: E402
 
 from falcon_cli.sampling import EmbeddingCache, GritComposer  # noqa: E402
 from falcon_cli.sampling.composers import chunk_plan  # noqa: E402
-
-
-def rss_mib() -> float:
-    """Current resident set size (MiB)."""
-    with open("/proc/self/statm") as handle:
-        pages = int(handle.read().split()[1])
-    return pages * resource.getpagesize() / 2**20
-
-
-def max_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+from benchmarks.memory import max_rss_mib, rss_mib  # noqa: E402
 
 
 def main() -> None:

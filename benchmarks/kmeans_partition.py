@@ -17,7 +17,6 @@ resident memory once the embeddings exist (libraries and the fp16 embeddings inc
 from __future__ import annotations
 
 import argparse
-import resource
 import sys
 import time
 from pathlib import Path
@@ -27,18 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from falcon_cli.sampling.partition import kmeans_partition, partition_summary, random_partition  # noqa: E402
-
-
-def rss_mib() -> float:
-    """Current resident set size (MiB)."""
-    with open("/proc/self/statm") as handle:
-        pages = int(handle.read().split()[1])
-    return pages * resource.getpagesize() / 2**20
-
-
-def max_rss_mib() -> float:
-    """Peak resident set size of the process so far (MiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+from benchmarks.memory import max_rss_mib, rss_mib  # noqa: E402
 
 
 def synthetic(pairs: int, dim: int, topics: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-from falcon_cli.artifacts.run_dir import RunDirectory
-from falcon_cli.config.recipes import load_recipe
-from falcon_cli.runtime.console import make_console
-from falcon_cli.runtime.distributed import is_main_process
-
-console = make_console()
+from falcon_cli.cli.single_stage import run_single_stage
 
 
 def pretrain(
@@ -30,18 +24,4 @@ def pretrain(
 
     Example: falcon pretrain --recipe shapes-demo --run-dir runs/demo pretrain.epochs=2
     """
-    from falcon_cli.artifacts.run_dir import read_manifest
-    from stages import run_stages
-
-    config, _ = load_recipe(recipe, overrides or [])
-    run_dir = run_dir or Path("runs") / config.name
-    stages = ["pretrain"]
-    done = (run_dir / "manifest.json").exists() and \
-        read_manifest(run_dir).get("stages", {}).get("data", {}).get("status") == "completed"
-    if not done:
-        stages.insert(0, "data")
-    run = RunDirectory.open(run_dir, config=config.model_dump(mode="json"), seed=config.seed,
-                            command=["falcon", *sys.argv[1:]], overwrite=overwrite)
-    run_stages(config, run, stages, resume=resume)
-    if is_main_process():
-        console.print(f"[green]done[/]: {run_dir}/manifest.json")
+    run_single_stage("pretrain", recipe, run_dir, overrides, overwrite=overwrite, output="manifest.json", resume=resume)

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
 from falcon_cli.errors import FalconError
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_THRESHOLD = 0.5
 """A pair counts as matched (a negative as a false negative) when ``p(match)`` exceeds this."""
@@ -56,10 +59,20 @@ def is_false_negative(scores, threshold: float = DEFAULT_THRESHOLD) -> np.ndarra
     return np.asarray(scores, dtype=np.float64) > threshold
 
 
-def pair_batches(pairs: Sequence[JudgedPair], batch_size: int) -> Iterator[Sequence[JudgedPair]]:
-    """Consecutive slices of ``pairs`` of at most ``batch_size`` pairs each."""
-    for start in range(0, len(pairs), batch_size):
-        yield pairs[start:start + batch_size]
+def itm_scores(pairs: Sequence[JudgedPair], batch_size: int, label: str,
+               itm_logits: Callable[[Sequence[JudgedPair]], "torch.Tensor"]) -> np.ndarray:
+    """``float64[len(pairs)]`` of ``softmax(itm_logits(batch))[:, 1]`` (p(match) of a matched /
+    not-matched head), over consecutive batches of at most ``batch_size`` pairs, with a progress bar."""
+    import torch
+
+    from falcon_cli.runtime.progress import track
+
+    scores = np.zeros(len(pairs), dtype=np.float64)
+    with torch.no_grad():
+        for start in track(range(0, len(pairs), batch_size), label):
+            logits = itm_logits(pairs[start:start + batch_size])
+            scores[start:start + len(logits)] = logits.float().softmax(dim=-1)[:, 1].cpu().double().numpy()
+    return scores
 
 
 def check_batch_size(batch_size: int) -> int:
@@ -75,4 +88,4 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-__all__ = ["DEFAULT_THRESHOLD", "JudgedPair", "Judge", "is_false_negative", "pair_batches", "check_batch_size"]
+__all__ = ["DEFAULT_THRESHOLD", "JudgedPair", "Judge", "is_false_negative", "itm_scores", "check_batch_size"]

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from falcon_cli.errors import FalconError
-from falcon_cli.judges.base import JudgedPair, check_batch_size, first_line, pair_batches
+from falcon_cli.judges.base import JudgedPair, check_batch_size, first_line, itm_scores
 
 DEFAULT_BLIP_MODEL = "Salesforce/blip-itm-base-coco"
 """The public BLIP ITM checkpoint closest to the paper's BLIP-129M judge (see the module docstring)."""
@@ -44,27 +44,19 @@ class BlipJudge:
         self.processor, self.model = _load_blip(self.model_name)
         self.model = self.model.to(self.device).eval()
 
-    @torch.no_grad()
     def score(self, pairs: Sequence[JudgedPair]) -> np.ndarray:
         """``float64[len(pairs)]`` of BLIP ITM match probabilities."""
+        return itm_scores(pairs, self.batch_size, "BLIP ITM judge", self._itm_logits)
+
+    def _itm_logits(self, batch: Sequence[JudgedPair]) -> torch.Tensor:
         from falcon_cli.data.images import load_image
         from falcon_cli.runtime.precision import autocast
-        from falcon_cli.runtime.progress import track
 
-        scores = np.zeros(len(pairs), dtype=np.float64)
-        batches = list(pair_batches(pairs, self.batch_size))
-        start = 0
-        for batch in track(batches, "BLIP ITM judge"):
-            inputs = self.processor(images=[load_image(pair.image) for pair in batch], text=[pair.caption for pair in batch],
-                                    return_tensors="pt", padding="longest", truncation=True)
-            with autocast(self.precision, self.device):
-                logits = self.model(input_ids=inputs["input_ids"].to(self.device),
-                                    attention_mask=inputs["attention_mask"].to(self.device),
-                                    pixel_values=inputs["pixel_values"].to(self.device),
-                                    use_itm_head=True).itm_score
-            scores[start:start + len(batch)] = logits.float().softmax(dim=-1)[:, 1].cpu().double().numpy()
-            start += len(batch)
-        return scores
+        inputs = self.processor(images=[load_image(pair.image) for pair in batch], text=[pair.caption for pair in batch],
+                                return_tensors="pt", padding="longest", truncation=True)
+        with autocast(self.precision, self.device):
+            return self.model(input_ids=inputs["input_ids"].to(self.device), attention_mask=inputs["attention_mask"].to(self.device),
+                              pixel_values=inputs["pixel_values"].to(self.device), use_itm_head=True).itm_score
 
 
 def _load_blip(model: str):

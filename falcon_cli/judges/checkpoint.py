@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from falcon_cli.errors import FalconError
-from falcon_cli.judges.base import JudgedPair, check_batch_size, pair_batches
+from falcon_cli.judges.base import JudgedPair, check_batch_size, itm_scores
 
 
 class CheckpointJudge:
@@ -38,27 +38,21 @@ class CheckpointJudge:
         self.checkpoint = Path(encoder.checkpoint)
         self.name = f"checkpoint:{self.checkpoint}"
 
-    @torch.no_grad()
     def score(self, pairs: Sequence[JudgedPair]) -> np.ndarray:
         """``float64[len(pairs)]`` of the checkpoint's ITM match probabilities."""
+        return itm_scores(pairs, self.batch_size, "checkpoint ITM judge", self._itm_logits)
+
+    def _itm_logits(self, batch: Sequence[JudgedPair]) -> torch.Tensor:
         from falcon_cli.data.images import load_image
         from falcon_cli.runtime.precision import autocast
-        from falcon_cli.runtime.progress import track
 
-        scores = np.zeros(len(pairs), dtype=np.float64)
-        batches = list(pair_batches(pairs, self.batch_size))
-        start = 0
-        for batch in track(batches, "checkpoint ITM judge"):
-            images = torch.stack([self.image_transform(load_image(pair.image)) for pair in batch]).to(self.device)
-            text = self.tokenizer([pair.caption for pair in batch])
-            input_ids, attention_mask = text["input_ids"].to(self.device), text["attention_mask"].to(self.device)
-            with autocast(self.precision, self.device):
-                image_tokens, _ = self.model.encode_image(images)
-                text_tokens, _ = self.model.encode_text(input_ids, attention_mask)
-                logits = self.model.itm_logits(self.model.fuse(text_tokens, attention_mask, image_tokens))
-            scores[start:start + len(batch)] = logits.float().softmax(dim=-1)[:, 1].cpu().double().numpy()
-            start += len(batch)
-        return scores
+        images = torch.stack([self.image_transform(load_image(pair.image)) for pair in batch]).to(self.device)
+        text = self.tokenizer([pair.caption for pair in batch])
+        input_ids, attention_mask = text["input_ids"].to(self.device), text["attention_mask"].to(self.device)
+        with autocast(self.precision, self.device):
+            image_tokens, _ = self.model.encode_image(images)
+            text_tokens, _ = self.model.encode_text(input_ids, attention_mask)
+            return self.model.itm_logits(self.model.fuse(text_tokens, attention_mask, image_tokens))
 
 
 __all__ = ["CheckpointJudge"]

@@ -460,20 +460,22 @@ def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[
         last = chosen
     available[group] = avail.bool()
     candidates_left = candidates_left.to(device)
+
+    def stacked(values: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:  # [a, taken]
+        return torch.stack(values, 1).to(device=device, dtype=dtype) if values else torch.empty(a, 0, dtype=dtype, device=device)
+
     steps = {"go": candidates_left > 0, "n": candidates_left,
-             "r": torch.stack(ranks, 1) if policy is not None and taken else (rank if policy is None else candidates_left),
-             "q": (torch.stack(qs, 1).to(device) if qs else candidates_left.clone()) if policy is not None
-             else torch.full_like(candidates_left, float(source)),
-             "anchor": torch.stack(anchors, 1) if taken else candidates_left.long(),
-             "chosen": torch.stack(chosens, 1) if taken else candidates_left.long()}
+             "r": rank if policy is None else stacked(ranks, torch.int64),
+             "q": torch.full_like(candidates_left, float(source)) if policy is None else stacked(qs, torch.float64),
+             "anchor": stacked(anchors, torch.int64), "chosen": stacked(chosens, torch.int64)}
     return _round_columns(tables, features, group, first, steps, batch_size, level,
                           None if policy is None else (alpha_all, beta_all))
 
 
 def _round_columns(tables: SpaceTables, features: tuple[torch.Tensor, torch.Tensor], group: torch.Tensor,
-                   first: torch.Tensor, steps: dict[str, list[torch.Tensor]], batch_size: int, level: str,
+                   first: torch.Tensor, steps: dict[str, torch.Tensor], batch_size: int, level: str,
                    alpha_beta: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """The per-slot columns and scheduler record of a round, from its per-step tensors (all at once)."""
+    """The per-slot columns and scheduler record of a round, from its per-step tensors ``[a, taken]`` (all at once)."""
     device, (a,) = first.device, first.shape
     width, m = tables.order.shape[-1], tables.s_hat.shape[-1]
     go, chosen, anchor = steps["go"], steps["chosen"].long(), steps["anchor"].long()
