@@ -180,17 +180,33 @@ WARM = ["pretrain.epochs=1", "pretrain.batch_size=16", "pretrain.augment=test", 
         "pretrain.log_every=1", "pretrain.warmup_steps=4", "pretrain.eval_split=null"]
 
 
+def warm_args(inputs, built, composer: str) -> list:
+    """`falcon pretrain` warm-started from the built spaces (without --run-dir)."""
+    run_dir, _ = built
+    return ["pretrain", "--recipe", "shapes-demo", *recipe_args(inputs["world"]), *WARM, f"pretrain.composer={composer}",
+            f"pretrain.search_spaces={run_dir / 'search_spaces.parquet'}", f"search_spaces.embeddings={inputs['embeddings']}",
+            "pretrain.quantile_levels=10", "pretrain.checkpoint_every=4", "pretrain.scheduler_lr=1e-2"]
+
+
+@pytest.fixture(scope="module")
+def warm_runs(inputs, built, tmp_path_factory):
+    """One warm-started run per composer (falcon's is also the resume test's reference and an encoder)."""
+    runs = {}
+    for composer in ("grit", "falcon"):
+        runs[composer] = tmp_path_factory.mktemp(f"warm-{composer}") / "run"
+        args = warm_args(inputs, built, composer)
+        proc = run_cli(args[0], "--run-dir", runs[composer], *args[1:])
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    return runs
+
+
 @pytest.mark.parametrize("composer", ["grit", "falcon"])
-def test_warm_start_composes_epoch_0_inside_the_built_spaces(inputs, built, tmp_path, composer):
+def test_warm_start_composes_epoch_0_inside_the_built_spaces(inputs, built, warm_runs, composer):
     from falcon_cli.runtime.metrics import read_metrics
     from falcon_cli.sampling.batch_log import read_batch_log
 
     run_dir, _ = built
-    proc = run_cli("pretrain", "--recipe", "shapes-demo", "--run-dir", tmp_path / "run", *recipe_args(inputs["world"]), *WARM,
-                   f"pretrain.composer={composer}", f"pretrain.search_spaces={run_dir / 'search_spaces.parquet'}",
-                   f"search_spaces.embeddings={inputs['embeddings']}", "pretrain.quantile_levels=10")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    log = read_batch_log(tmp_path / "run" / "batches.parquet")
+    log = read_batch_log(warm_runs[composer] / "batches.parquet")
     assert set(log["epoch"]) == {0} and set(log["sampler"]) == {composer}, "epoch 0 is not uniform"
     assert sorted(log["pair_id"]) == sorted(r.pair_id for r in inputs["records"])
     frame = read_table(run_dir / "search_spaces.parquet", SEARCH_SPACES)
@@ -200,7 +216,7 @@ def test_warm_start_composes_epoch_0_inside_the_built_spaces(inputs, built, tmp_
     assert all(space[int(a)] == space[int(b)] for a, b in zip(chained["anchor_pair_id"], chained["pair_id"])), \
         "every negative is chained from an anchor of its own built space"
     if composer == "falcon":
-        rewards = [r["reward"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r.get("reward") is not None]
+        rewards = [r["reward"] for r in read_metrics(warm_runs[composer] / "metrics.jsonl") if r.get("reward") is not None]
         assert len(rewards) == 10, "the scheduler is applied and trained in a warm-started epoch 0"
 
 
@@ -238,7 +254,7 @@ def test_load_warm_start_checks_coverage_sizes_and_embeddings(inputs, built, tmp
         load_warm_start(tmp_path / "uneven.parquet", inputs["embeddings"], ids)
 
 
-def test_warm_started_falcon_epoch_0_resumes_exactly(inputs, built, tmp_path):
+def test_warm_started_falcon_epoch_0_resumes_exactly(inputs, built, warm_runs, tmp_path):
     import os
     import signal
     import subprocess
@@ -249,12 +265,7 @@ def test_warm_started_falcon_epoch_0_resumes_exactly(inputs, built, tmp_path):
     from falcon_cli.sampling.batch_log import read_batch_log
     from tests.conftest import REPO
 
-    run_dir, _ = built
-    args = ["pretrain", "--recipe", "shapes-demo", *recipe_args(inputs["world"]), *WARM, "pretrain.composer=falcon",
-            f"pretrain.search_spaces={run_dir / 'search_spaces.parquet'}", f"search_spaces.embeddings={inputs['embeddings']}",
-            "pretrain.quantile_levels=10", "pretrain.checkpoint_every=4", "pretrain.scheduler_lr=1e-2"]
-    reference = run_cli(args[0], "--run-dir", tmp_path / "ref", *args[1:])
-    assert reference.returncode == 0, reference.stderr
+    args, reference = warm_args(inputs, built, "falcon"), warm_runs["falcon"]
     killed = tmp_path / "killed"
     env = {**os.environ, "FALCON_PROGRESS": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "falcon_cli", args[0], "--run-dir", str(killed), *map(str, args[1:])],
@@ -270,26 +281,24 @@ def test_warm_started_falcon_epoch_0_resumes_exactly(inputs, built, tmp_path):
     assert (killed / "checkpoints" / "latest").read_text().strip() == "00000004", "inside the warm-started epoch 0"
     resumed = run_cli(args[0], "--run-dir", killed, *args[1:], "--resume")
     assert resumed.returncode == 0, resumed.stderr
-    expected, got = read_metrics(tmp_path / "ref" / "metrics.jsonl"), read_metrics(killed / "metrics.jsonl")
+    expected, got = read_metrics(reference / "metrics.jsonl"), read_metrics(killed / "metrics.jsonl")
     assert [r["step"] for r in got] == [r["step"] for r in expected]
     for a, b in zip(expected, got):
         for key in ("loss", "reward"):
             if a.get(key) is not None:
                 assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a["step"], key)
     columns = ["epoch", "step", "slot", "pair_id", "anchor_pair_id"]
-    assert read_batch_log(tmp_path / "ref" / "batches.parquet")[columns].equals(read_batch_log(killed / "batches.parquet")[columns])
+    assert read_batch_log(reference / "batches.parquet")[columns].equals(read_batch_log(killed / "batches.parquet")[columns])
 
 
-def test_shapes_warmstart_recipe_chains_embed_spaces_and_pretrain(inputs, tmp_path):
+def test_shapes_warmstart_recipe_chains_embed_spaces_and_pretrain(inputs, warm_runs, tmp_path):
     """The recipe end to end, offline: a tiny falcon checkpoint stands in for open_clip's weights."""
     from falcon_cli.sampling.batch_log import read_batch_log
 
     tiny = [*recipe_args(inputs["world"]), "pretrain.batch_size=16", "pretrain.augment=test", "pretrain.num_workers=0",
             "pretrain.warmup_steps=4", "pretrain.eval_split=null", "pretrain.quantile_levels=10"]
-    encoder = run_cli("pretrain", "--recipe", "shapes-demo", "--run-dir", tmp_path / "encoder", *tiny, "pretrain.epochs=1")
-    assert encoder.returncode == 0, encoder.stderr
     chain = run_cli("run", "--recipe", "shapes-warmstart", "--run-dir", tmp_path / "w", *tiny, "pretrain.epochs=1",
-                    f"embed.encoder=falcon:{tmp_path / 'encoder'}", "embed.num_workers=0", f"search_spaces.size={SIZE}",
+                    f"embed.encoder=falcon:{warm_runs['falcon']}", "embed.num_workers=0", f"search_spaces.size={SIZE}",
                     "search_spaces.compare=false")
     assert chain.returncode == 0, chain.stdout + chain.stderr
     manifest = read_manifest(tmp_path / "w")

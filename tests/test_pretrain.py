@@ -130,7 +130,7 @@ FALCON = ["pretrain.composer=falcon", "pretrain.epochs=3", "pretrain.search_spac
 
 # scheduler_lag 2: batches composed two steps ahead, their items loading in worker processes; and the
 # other reward paths: two eval-mode passes, the second reusing the first's image tokens
-LAGGED = [*FALCON, "pretrain.scheduler_lag=2", "pretrain.num_workers=2", "pretrain.reward_mode=eval",
+LAGGED = [*FALCON, "pretrain.epochs=2", "pretrain.scheduler_lag=2", "pretrain.num_workers=2", "pretrain.reward_mode=eval",
           "pretrain.reward_images=reuse"]
 
 
@@ -187,7 +187,8 @@ def test_falcon_kill_and_resume_is_exact(world, request, tmp_path, lagged):
     metrics = run_dir / "metrics.jsonl"
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:
-        if metrics.exists() and any(r.get("step", 0) >= 19 for r in read_metrics(metrics)):
+        # past the step-16 checkpoint, before the run ends (lag-2 runs one FALCON epoch: 20 steps)
+        if metrics.exists() and any(r.get("step", 0) >= (17 if lagged else 19) for r in read_metrics(metrics)):
             proc.send_signal(signal.SIGKILL)
             break
         time.sleep(0.05)
