@@ -11,7 +11,7 @@ from falcon_cli import __version__
 
 COMMANDS = [
     [], ["data"], ["data", "shapes"], ["data", "check"], ["recipes"], ["recipes", "list"],
-    ["recipes", "show"], ["recipes", "validate"], ["run"], ["pretrain"], ["embed"], ["build-search-spaces"],
+    ["recipes", "show"], ["recipes", "validate"], ["run"], ["pretrain"], ["embed"], ["build-search-spaces"], ["audit-false-negatives"],
 ]
 
 
@@ -32,7 +32,8 @@ def test_only_working_commands_are_registered():
     from falcon_cli.cli.app import app
 
     # ML commands (embed, evaluate, ...) arrive with the stages that implement them: no placeholders.
-    assert set(typer.main.get_command(app).commands) == {"data", "recipes", "run", "pretrain", "embed", "build-search-spaces"}
+    assert set(typer.main.get_command(app).commands) == {"data", "recipes", "run", "pretrain", "embed", "build-search-spaces",
+                                                         "audit-false-negatives"}
 
 
 def test_shapes_then_check_reports_no_problems(cli, tmp_path):

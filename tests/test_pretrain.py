@@ -213,3 +213,101 @@ def test_falcon_kill_and_resume_is_exact(world, request, tmp_path, lagged):
     columns = ["epoch", "step", "slot", "pair_id", "anchor_pair_id"]
     assert ref_log[columns].equals(new_log[columns])
     assert (ref_log["q"].fillna(-1) - new_log["q"].fillna(-1)).abs().max() < 1e-5
+
+
+# --- audit-false-negatives on the FALCON run: the oracle, the run's own ITM head, two runs side by side -------
+
+def test_audit_false_negatives_with_the_oracle(falcon_run, world, tmp_path):
+    import shutil
+
+    import numpy as np
+
+    from falcon_cli.artifacts.tables import AUDIT, read_table
+    from falcon_cli.audit.negatives import used_negatives
+    from falcon_cli.data.datasets import pretrain_dataset
+    from falcon_cli.data.shapes import ShapesOracle
+    from falcon_cli.data.spec import load_spec
+    from falcon_cli.sampling.batch_log import read_batch_log
+    from tests.conftest import run_cli
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(falcon_run, run_dir)
+    proc = run_cli("audit-false-negatives", str(run_dir), "--judge", "oracle", "--max-pairs", "600")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = run_dir / "audit"
+    assert {p.name for p in out.iterdir()} == {
+        "audit.parquet", "audit.md", "summary.json", "fn_rate_by_q.csv", "fn_rate_by_step.csv", "fn_after_filter.csv",
+        "judge_vs_oracle.csv", "fn_rate_by_q.png", "fn_after_filter.png", "missed_examples.png"}
+    audit = read_table(out / "audit.parquet", AUDIT)
+    assert 0 < len(audit) <= 600 and set(audit["kind"]) == {"chain", "itm"} and set(audit["direction"]) == {"i2t", "t2i"}
+
+    # The chain rows are the batch log's chain neighbours in the audited (whole) steps.
+    expected = used_negatives(read_batch_log(run_dir / "batches.parquet"), kinds=("chain",))
+    expected = expected[expected["train_step"].isin(set(audit["train_step"]))]
+    key = ["train_step", "anchor", "negative", "direction", "image_pair", "caption_pair"]
+    chain = audit[audit["kind"] == "chain"]
+    assert sorted(map(tuple, chain[key].to_numpy())) == sorted(map(tuple, expected[key].to_numpy()))
+
+    # Every verdict is the oracle's, on the image of image_pair and the caption of caption_pair.
+    records = {r.pair_id: r for r in pretrain_dataset(load_spec(world), transform=None).records}
+    oracle = ShapesOracle.load(world)
+    caption_ids = [records[c].extra["caption_id"] for c in audit["caption_pair"]]
+    truth = oracle.matches([records[i].extra["image_id"] for i in audit["image_pair"]], caption_ids)
+    assert (audit["is_false_negative"].to_numpy() == truth).all() and (audit["oracle"].to_numpy(bool) == truth).all()
+    assert (audit["caption_specificity"].to_numpy(np.int64) == oracle.specificity(caption_ids)).all()
+    assert truth.any(), "a tiny world of near-duplicate captions has false negatives"
+
+    summary = json.loads((out / "summary.json").read_text())
+    overall = {row["kind"]: row for row in summary["overall"]}
+    for kind in ("chain", "itm"):
+        assert overall[kind]["false_negatives"] == int(audit[audit["kind"] == kind]["is_false_negative"].sum())
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["stages"]["audit_false_negatives"]["status"] == "completed"
+    assert manifest["stages"]["pretrain"]["status"] == "completed", "the training record stays"
+    assert manifest["config"]["audit"]["judge"] == "oracle" and manifest["config"]["audit"]["max_pairs"] == 600
+    assert "audit" in manifest["artifacts"]
+    assert "perfect by construction" in (out / "audit.md").read_text()
+
+
+def test_audit_false_negatives_of_two_runs_with_their_own_itm_head(falcon_run, tmp_path):
+    import shutil
+
+    import pandas as pd
+
+    from tests.conftest import run_cli
+
+    runs = [tmp_path / "a", tmp_path / "b"]
+    for run_dir in runs:
+        shutil.copytree(falcon_run, run_dir)
+    proc = run_cli("audit-false-negatives", *map(str, runs), "--judge", "checkpoint", "--negatives", "itm", "--steps", "3",
+                   "--compare-dir", str(tmp_path / "cmp"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for run_dir in runs:
+        audit = pd.read_parquet(run_dir / "audit" / "audit.parquet")
+        assert set(audit["kind"]) == {"itm"} and audit["train_step"].nunique() == 3
+        assert audit["judge"].str.startswith("checkpoint:").all() and audit["score"].between(0, 1).all()
+        assert audit["oracle"].notna().all(), "the shapes world's oracle is the truth beside a model judge"
+        agreement = pd.read_csv(run_dir / "audit" / "judge_vs_oracle.csv")
+        assert agreement["group"].iloc[0] == "all" and agreement["negatives"].iloc[0] == len(audit)
+    comparison = pd.read_csv(tmp_path / "cmp" / "comparison.csv")
+    assert list(comparison[comparison["kind"] == "itm"]["run"]) == ["a", "b"]
+    assert (tmp_path / "cmp" / "fn_rate_comparison.png").stat().st_size > 1000
+
+
+def test_audit_false_negatives_refuses_bad_input_without_touching_the_run(falcon_run, tmp_path):
+    import shutil
+
+    from tests.conftest import run_cli
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(falcon_run, run_dir)
+    before = (run_dir / "manifest.json").read_bytes()
+    for args, message in ((["--negatives", "random"], "audit.negatives"),
+                          (["--set", "pretrain.epochs=5"], "only audit.* keys"),
+                          (["--threshold", "1.5"], "audit.threshold")):
+        proc = run_cli("audit-false-negatives", str(run_dir), *args)
+        assert proc.returncode == 2 and message in proc.stderr, (args, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    proc = run_cli("audit-false-negatives", str(tmp_path / "nothing"))
+    assert proc.returncode == 2 and "manifest.json: not found" in proc.stderr
+    assert (run_dir / "manifest.json").read_bytes() == before and not (run_dir / "audit").exists()

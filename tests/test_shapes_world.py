@@ -67,6 +67,12 @@ def test_caption_text_parses_to_its_stored_logical_form(world, oracle):
         assert parse_caption(caption["text"]) == json.loads(caption["logical_form"]), caption["text"]
 
 
+def test_oracle_specificity_equals_the_captions_table(world, oracle):
+    table = pq.read_table(world / "captions.parquet", columns=["caption_id", "specificity"]).to_pandas()
+    shuffled = table.sample(frac=1.0, random_state=0)
+    assert (oracle.specificity(shuffled["caption_id"].to_numpy()) == shuffled["specificity"].to_numpy()).all()
+
+
 def test_captions_table_columns_and_kinds(world):
     table = pq.read_table(world / "captions.parquet")
     assert table.column_names == ["caption_id", "image_id", "split", "index", "kind", "text", "logical_form",

@@ -63,11 +63,14 @@ BATCHES = TableSchema(
 
 AUDIT = TableSchema(
     "audit", 1,
-    (("epoch", pa.int64()), ("step", pa.int64()), ("anchor", pa.int64()), ("negative", pa.int64()),
-     ("direction", pa.string()), ("q", pa.float32()), ("judge", pa.string()), ("score", pa.float32()),
-     ("is_false_negative", pa.bool_()), ("oracle", pa.bool_())),
+    (("epoch", pa.int64()), ("step", pa.int64()), ("rank", pa.int64()), ("train_step", pa.int64()),
+     ("kind", pa.string()), ("anchor", pa.int64()), ("negative", pa.int64()), ("direction", pa.string()),
+     ("image_pair", pa.int64()), ("caption_pair", pa.int64()), ("q", pa.float32()), ("hardness", pa.float32()),
+     ("similarity", pa.float32()), ("sampler", pa.string()), ("judge", pa.string()), ("score", pa.float32()),
+     ("is_false_negative", pa.bool_()), ("oracle", pa.bool_()), ("caption_specificity", pa.int64())),
 )
-"""Judged negatives of a run (``audit.parquet``); ``oracle`` is null where the data has no oracle."""
+"""Judged negatives of a run (``audit/audit.parquet``); ``oracle`` and ``caption_specificity`` are
+null where the data has no oracle."""
 
 COMPATIBILITY = TableSchema(
     "compatibility", 1,

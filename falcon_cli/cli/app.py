@@ -14,7 +14,7 @@ import typer
 from falcon_cli.runtime.console import make_console
 
 from falcon_cli import __version__
-from falcon_cli.cli import data, embed, pretrain, recipes, run, search_spaces
+from falcon_cli.cli import audit, data, embed, pretrain, recipes, run, search_spaces
 from falcon_cli.errors import FalconError
 
 app = typer.Typer(
@@ -32,6 +32,7 @@ app.command(name="run")(run.run_recipe)
 app.command(name="pretrain")(pretrain.pretrain)
 app.command(name="embed")(embed.embed)
 app.command(name="build-search-spaces")(search_spaces.build_search_spaces)
+app.command(name="audit-false-negatives")(audit.audit_false_negatives)
 
 
 def _version(value: bool) -> None:

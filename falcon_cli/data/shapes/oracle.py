@@ -305,6 +305,13 @@ class ShapesOracle:
         """The logical form of one caption."""
         return self._form(int(self.caption_form[self.caption_rows([caption_id])[0]]))
 
+    def specificity(self, caption_ids) -> np.ndarray:
+        """``int64[n]``: the number of predicates of each caption (:func:`logical_forms.specificity`)."""
+        forms = self.caption_form[self.caption_rows(caption_ids)]
+        unique, inverse = np.unique(forms, return_inverse=True)
+        per_form = np.array([lfs.specificity(self._form(int(f))) for f in unique], dtype=np.int64)
+        return per_form[inverse].reshape(-1)
+
     def _form(self, form_index: int) -> dict:
         if form_index not in self._parsed_forms:
             self._parsed_forms[form_index] = lfs.normalize(str(self.forms[form_index]))
