@@ -29,3 +29,29 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, check:
 def cli():
     """The :func:`run_cli` helper as a fixture."""
     return run_cli
+
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    """Every matplotlib Figure handed to falcon's PNG saver, in order (the real saver still runs)."""
+    from falcon_cli.reporting import figures
+
+    figs = []
+    real = figures._save_png
+
+    def spy(fig, path):
+        figs.append(fig)
+        return real(fig, path)
+
+    monkeypatch.setattr(figures, "_save_png", spy)
+    return figs
+
+
+def assert_png(path: Path) -> None:
+    """``path`` is a real PNG, written atomically (no temporary file left beside it)."""
+    data = path.read_bytes()
+    assert len(data) > 1000 and data.startswith(PNG_MAGIC)
+    assert [p.name for p in path.parent.iterdir()] == [path.name]

@@ -8,7 +8,6 @@ import pytest
 from matplotlib.text import Text
 from PIL import Image
 
-from falcon_cli.reporting import figures
 from falcon_cli.reporting.audit_figures import (
     NO_BUCKETS_MESSAGE,
     NO_CURVE_MESSAGE,
@@ -20,29 +19,7 @@ from falcon_cli.reporting.audit_figures import (
     fn_rate_comparison,
     missed_examples,
 )
-
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture
-def captured(monkeypatch):
-    """Record each Figure handed to the saver (the real saver still runs)."""
-    figs = []
-    real = figures._save_png
-
-    def spy(fig, path):
-        figs.append(fig)
-        return real(fig, path)
-
-    monkeypatch.setattr(figures, "_save_png", spy)
-    return figs
-
-
-def _assert_png(path):
-    data = path.read_bytes()
-    assert len(data) > 1000 and data.startswith(PNG_MAGIC)
-    # Written atomically: no temporary file left beside it.
-    assert [p.name for p in path.parent.iterdir()] == [path.name]
+from tests.conftest import PNG_MAGIC, assert_png
 
 
 def _texts(fig) -> list[str]:
@@ -73,7 +50,7 @@ def test_fn_rate_by_q_panels_lines_and_values(tmp_path, captured):
     df = _rates()
     out = fn_rate_by_q(df, tmp_path / "figs" / "by_q.png")
     assert out == tmp_path / "figs" / "by_q.png"
-    _assert_png(out)
+    assert_png(out)
     (fig,) = captured
     chain_ax, itm_ax = fig.axes
     assert "chain" in chain_ax.get_title() and "quantile q" in chain_ax.get_title()
@@ -104,7 +81,7 @@ def test_fn_rate_by_q_single_kind_gives_one_panel(tmp_path, captured):
 
 def test_fn_rate_by_q_empty_states_it(tmp_path, captured):
     out = fn_rate_by_q(_rates().iloc[:0], tmp_path / "empty.png")
-    _assert_png(out)
+    assert_png(out)
     (ax,) = captured[0].axes
     assert [t.get_text() for t in ax.texts] == [NO_BUCKETS_MESSAGE]
     assert not ax.get_lines()
@@ -137,7 +114,7 @@ def _curve() -> pd.DataFrame:
 def test_fn_after_filter_panels_and_values(tmp_path, captured):
     df = _curve()
     out = fn_after_filter(df, tmp_path / "filter.png", judge="blip-itm-large", truth="shapes oracle")
-    _assert_png(out)
+    assert_png(out)
     (fig,) = captured
     left, right = fig.axes
     texts = _texts(fig)
@@ -167,7 +144,7 @@ def test_fn_after_filter_panels_and_values(tmp_path, captured):
 
 def test_fn_after_filter_empty_states_it(tmp_path, captured):
     out = fn_after_filter(_curve().iloc[:0], tmp_path / "empty.png", judge="j", truth="t")
-    _assert_png(out)
+    assert_png(out)
     (ax,) = captured[0].axes
     assert [t.get_text() for t in ax.texts] == [NO_CURVE_MESSAGE]
     assert "j" in ax.get_title() and "t" in ax.get_title()
@@ -199,7 +176,7 @@ def test_missed_examples_grid_images_and_texts(tmp_path, captured):
     broken.write_bytes(b"not a png")
     corrupt = dict(examples[1], judged_image=broken, judged_caption="a corrupt image")
     out = missed_examples(examples + [missing, corrupt], tmp_path / "out" / "missed.png", columns=2)
-    _assert_png(out)
+    assert_png(out)
     (fig,) = captured
     axes = fig.axes
     assert len(axes) == 5  # one cell per example, unused cells removed
@@ -233,7 +210,7 @@ def test_missed_examples_fewer_than_columns_and_wrapping(tmp_path, captured):
 
 def test_missed_examples_empty_states_it(tmp_path, captured):
     out = missed_examples([], tmp_path / "none.png")
-    _assert_png(out)
+    assert_png(out)
     (ax,) = captured[0].axes
     assert [t.get_text() for t in ax.texts] == [NO_MISSED_MESSAGE]
     with pytest.raises(ValueError, match="columns"):
@@ -255,7 +232,7 @@ def _run(kinds, scale, windows=(0, 1, 2)) -> pd.DataFrame:
 def test_fn_rate_comparison_lines_per_run(tmp_path, captured):
     runs = {"falcon": _run(["itm", "chain"], 1.0), "uniform": _run(["itm"], 3.0), "nothing": _run([], 1.0)}
     out = fn_rate_comparison(runs, tmp_path / "cmp.png")
-    _assert_png(out)
+    assert_png(out)
     (fig,) = captured
     chain_ax, itm_ax = fig.axes
     assert "false negatives of the used negatives, per run" in _texts(fig)
@@ -278,7 +255,7 @@ def test_fn_rate_comparison_lines_per_run(tmp_path, captured):
 
 def test_fn_rate_comparison_empty_states_it(tmp_path, captured):
     out = fn_rate_comparison({"a": _run([], 1.0)}, tmp_path / "empty.png")
-    _assert_png(out)
+    assert_png(out)
     (ax,) = captured[0].axes
     assert [t.get_text() for t in ax.texts] == [NO_RATES_MESSAGE]
     fn_rate_comparison({}, tmp_path / "empty2.png")

@@ -6,10 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from falcon_cli.reporting import figures
 from falcon_cli.reporting.figures import NO_Q_MESSAGE, q_over_training
-
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+from tests.conftest import PNG_MAGIC, assert_png
 
 
 def _batches() -> pd.DataFrame:
@@ -22,32 +20,11 @@ def _batches() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-@pytest.fixture
-def captured(monkeypatch):
-    """Record each Figure handed to the saver (the real saver still runs)."""
-    figs = []
-    real = figures._save_png
-
-    def spy(fig, path):
-        figs.append(fig)
-        return real(fig, path)
-
-    monkeypatch.setattr(figures, "_save_png", spy)
-    return figs
-
-
-def _assert_png(path):
-    data = path.read_bytes()
-    assert len(data) > 1000 and data.startswith(PNG_MAGIC)
-    # Written atomically: no temporary file left beside it.
-    assert [p.name for p in path.parent.iterdir()] == [path.name]
-
-
 def test_q_over_training_writes_png_with_expected_content(tmp_path, captured):
     df = _batches()
     out = q_over_training(df, tmp_path / "figs" / "q.png")
     assert out == tmp_path / "figs" / "q.png"
-    _assert_png(out)
+    assert_png(out)
     (ax,) = captured[0].axes
     assert list(ax.get_xticks()) == [0, 1, 2]  # every epoch shown, including the uniform one
     assert ax.get_ylim() == (0.0, 1.0)
@@ -70,13 +47,13 @@ def test_q_over_training_replaces_existing_file(tmp_path):
     path = tmp_path / "q.png"
     path.write_bytes(b"old")
     q_over_training(_batches(), path)
-    _assert_png(path)
+    assert_png(path)
 
 
 def test_q_over_training_all_nan_still_writes_png(tmp_path, captured):
     df = pd.DataFrame({"epoch": [0, 0, 1, 1], "q": [np.nan] * 4, "sampler": ["uniform", "uniform", "grit", "grit"]})
     out = q_over_training(df, tmp_path / "q.png")
-    _assert_png(out)
+    assert_png(out)
     (ax,) = captured[0].axes
     assert any(t.get_text() == NO_Q_MESSAGE for t in ax.texts)
     assert list(ax.get_xticks()) == [0, 1]

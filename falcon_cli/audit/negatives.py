@@ -112,9 +112,10 @@ def _chain_rows(chained: pd.DataFrame) -> pd.DataFrame:
 def _itm_rows(log: pd.DataFrame, features: Callable[[int], Embeddings]) -> pd.DataFrame:
     """Each anchor's hardest in-batch negative by ITC similarity, from the epoch's embedding cache."""
     from falcon_cli.objectives.itm import hardest_negatives
+    from falcon_cli.runtime.progress import track
 
     parts = []
-    for epoch, slots in log.groupby("epoch", sort=True):
+    for epoch, slots in track(list(log.groupby("epoch", sort=True)), "in-batch ITM negatives (per epoch)"):
         cache = features(int(epoch))
         order = np.argsort(cache.pair_id, kind="stable")
         ids = slots["pair_id"].to_numpy(np.int64)
