@@ -18,7 +18,6 @@ Reads top to bottom:
 from __future__ import annotations
 
 import time
-from functools import lru_cache
 from pathlib import Path
 
 import pandas as pd
@@ -32,7 +31,8 @@ from falcon_cli.audit import report
 from falcon_cli.audit.negatives import false_negative_rates, judge_negatives, used_negatives
 from falcon_cli.config.schema import Recipe
 from falcon_cli.errors import FalconError
-from falcon_cli.judges import JudgedPair, load_judge
+from falcon_cli.judges import load_judge
+from falcon_cli.judges.pairs import DatasetPairs
 from falcon_cli.reporting import audit_figures
 from falcon_cli.runtime.console import make_console
 from falcon_cli.runtime.distributed import barrier, is_main_process
@@ -73,16 +73,7 @@ def _audit(config: Recipe, run: RunDirectory) -> dict:
     if kind == "oracle" and world is None:
         raise FalconError(f"audit.judge=oracle: {config.data.dataset} is not a shapes world (no shapes_world in its "
                           "dataset.yaml), so it has no oracle; use --judge blip or --judge checkpoint")
-    dataset = pretrain_dataset(spec, transform=None, on_missing=config.data.on_missing, seed=config.seed)
-    records = {r.pair_id: r for r in dataset.records}
-
-    @lru_cache(maxsize=None)
-    def pair_at(epoch: int, pair_id: int) -> JudgedPair:
-        """The pair as the run saw it in ``epoch`` (multi-caption entries yield one caption per epoch)."""
-        record = records[pair_id]
-        dataset.set_epoch(epoch)
-        return JudgedPair(image=record.image, caption=dataset.caption_for(record), image_id=record.extra.get("image_id"),
-                          caption_id=record.extra.get("caption_id"))
+    pair_at = DatasetPairs(pretrain_dataset(spec, transform=None, on_missing=config.data.on_missing, seed=config.seed))
 
     def features(epoch: int):
         path = run.path / "embeddings" / f"epoch_{epoch:03d}.h5"

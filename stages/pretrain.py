@@ -43,6 +43,7 @@ from falcon_cli.evaluation.zero_shot import zero_shot_retrieval
 from falcon_cli.models.registry import create_model
 from falcon_cli.objectives.itc import alpha_ramp
 from falcon_cli.objectives.mlm import MlmMask
+from falcon_cli.objectives.false_negatives import StepContext, flag_counts, flag_summary
 from falcon_cli.objectives.vlp import VlpObjective
 from falcon_cli.reporting.figures import q_over_training
 from falcon_cli.runtime import distributed as D
@@ -94,8 +95,12 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
     model = create_model(p.model, **overrides)
     resolution = model.config.image_size
     dataset = pretrain_dataset(spec, build_transform(p.augment, resolution, hflip=p.hflip), seed=config.seed)
+    # False negatives (MAFA, SRCL, DiHT, GloFND): checked and loaded before any training; on the shapes
+    # world the oracle measures what the method flags.
+    false_negatives, truth = build_false_negatives(config, spec, dataset, device, run)
     objective = VlpObjective(model, itc=p.itc, consistency_weight=p.itc_consistency_weight,
-                             itm_negatives=p.itm_negatives, momentum=p.momentum, queue_size=p.queue_size).to(device)
+                             itm_negatives=p.itm_negatives, momentum=p.momentum, queue_size=p.queue_size,
+                             false_negatives=false_negatives).to(device)
     optimizer = build_optimizer(objective, p.lr, p.weight_decay)
     scaler = grad_scaler(precision, device)
     trainer = torch.nn.parallel.DistributedDataParallel(objective, device_ids=[device.index] if device.type == "cuda" else None) \
@@ -104,6 +109,8 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
     weight_files = {"model": model}
     if p.itc == "momentum":
         weight_files["momentum"] = torch.nn.ModuleDict({"encoders": objective.momentum_encoders, "queue": objective.queue})
+    if p.false_negatives == "glofnd":  # the per-pair thresholds and their Adam state
+        weight_files["glofnd"] = false_negatives.thresholds
     collate = PretrainCollate(tokenizer, p.max_text_length)
     special = dict(vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id,
                    pad_token_id=tokenizer.pad_token_id, cls_token_id=tokenizer.cls_token_id)
@@ -153,6 +160,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
     # 4. Resume: model, optimizer, scaler, every RNG, the composer, the epoch's batches, the cache.
     start_epoch, start_index, global_step, pending, spaces, feed, ahead = 0, 0, 0, None, None, None, None
     rewards: list[float] = []  # this epoch's FALCON rewards (kept in checkpoints for the epoch summary)
+    fn_counts = torch.zeros(4, dtype=torch.long, device=device)  # this epoch's flagged-vs-oracle counts (flag_counts)
     checkpoint_dir = run.path / "checkpoints"
     results: dict = {}
     checkpoint = latest_checkpoint(checkpoint_dir) if resume else None
@@ -172,6 +180,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
         itm_generator.set_state(mine["itm_generator"])
         start_epoch, start_index, global_step = state["epoch"], state["batch_index"], state["global_step"]
         pending = batches_from_state(mine["batches"]) if mine["batches"] is not None else None
+        fn_counts = torch.tensor(mine.get("fn_counts", [0, 0, 0, 0]), dtype=torch.long, device=device)
         if mine.get("spaces") is not None:  # mid-epoch in a FALCON epoch: its spaces, position and log rows
             spaces = quantile_spaces(torch.empty(0, dtype=torch.long), None, warm_epoch=warm is not None and start_epoch == 0)
             spaces.load_state_dict(mine["spaces"])
@@ -195,7 +204,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
                 "spaces": spaces.state_dict() if spaces is not None else None,  # mid FALCON epoch only
                 "batch_log": batch_log.state_dict() if spaces is not None else None,
                 "falcon_ahead": feed.ahead_state() if feed is not None else None,
-                "rewards": list(rewards)}
+                "rewards": list(rewards), "fn_counts": fn_counts.tolist()}
         ranks = [None] * world if main else None
         if distributed:
             dist.gather_object(mine, ranks, dst=0)
@@ -281,7 +290,8 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
                 before, image_k = measure_reward_loss(objective, scheduler, precision, device, eval_mode=True,
                                                       inputs=(images, input_ids, attention_mask, mask))
             with autocast(precision, device):
-                out = trainer(images, input_ids, attention_mask, mask, alpha, itm_generator)
+                context = StepContext(batch["pair_ids"].to(device), epoch, global_step / (p.epochs * steps_per_epoch))
+                out = trainer(images, input_ids, attention_mask, mask, alpha, itm_generator, context)
             if not torch.isfinite(out.loss):
                 where = save(epoch, index, batches)  # (FALCON: the spaces are past this batch)
                 raise FalconError(f"loss is {out.loss.item()} at epoch {epoch}, step {global_step} "
@@ -307,6 +317,8 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
             # The cache holds every rank's features: each rank composes next epoch from it.
             pair_ids = batch["pair_ids"].to(device)
             cache.update(D.all_gather_cat(pair_ids), D.all_gather_cat(out.image_feat), D.all_gather_cat(out.text_feat))
+            if truth is not None and false_negatives.flagged_i2t is not None:  # what the method flagged vs the oracle
+                fn_counts += flag_counts(false_negatives.flagged_i2t, truth(batch["pair_ids"]))
             global_step += 1
             seen += len(pair_ids) * world
 
@@ -320,10 +332,16 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
                 metrics.write(step=global_step, epoch=epoch, loss=losses[0], itc=losses[1], itm=losses[2], mlm=losses[3],
                               lr=lr, temperature=out.temperature, pairs_per_s=seen / max(elapsed, 1e-9),
                               peak_memory_mib=peak, sampler=batches[index].sampler if batches is not None else "falcon",
-                              reward=rewards[-1] if falcon_epoch else None, advantage=advantage if falcon_epoch else None)
+                              reward=rewards[-1] if falcon_epoch else None, advantage=advantage if falcon_epoch else None,
+                              **false_negatives.stats)
             if p.checkpoint_every and global_step % p.checkpoint_every == 0 and index + 1 < total:
                 save(epoch, index + 1, batches)
 
+        if truth is not None and p.false_negatives in ("mafa", "glofnd"):  # precision / recall against the oracle
+            if distributed:
+                dist.all_reduce(fn_counts)
+            metrics.write(step=global_step, epoch=epoch, kind="false_negatives", **flag_summary(fn_counts))
+            fn_counts.zero_()
         if falcon_epoch:  # the epoch's batch log part, and what the scheduler did this epoch (this rank)
             metrics.write(step=global_step, epoch=epoch, kind="epoch_summary", **falcon_summary(batch_log.rows(epoch), rewards))
             batch_log.write(epoch)
@@ -393,3 +411,69 @@ def write_results(run: RunDirectory, results: dict, *, split: str, resolution: i
     for name in ("json", "csv", "md"):
         run.add_artifact(RESULTS / f"retrieval_zeroshot.{name}", schema="retrieval_results", schema_version=1)
     console.print("\n".join(md))
+
+
+def build_false_negatives(config: Recipe, spec, dataset, device: torch.device, run: RunDirectory):
+    """The run's false-negative method (``pretrain.false_negatives``), every input checked now, and on a
+    shapes world ``truth(pair_ids) -> bool [B, B]`` (image i truly described by caption j, off the
+    diagonal) to measure what the method flags; None elsewhere."""
+    from falcon_cli.objectives import false_negatives as methods
+
+    p = config.pretrain
+    world = spec.resolve(spec.shapes_world) if spec.shapes_world is not None else None
+    truth = None
+    if world is not None:
+        from falcon_cli.data.shapes.oracle import ShapesOracle
+
+        oracle = ShapesOracle.load(world)
+        ids = {r.pair_id: (r.extra.get("image_id"), r.extra.get("caption_id")) for r in dataset.records}
+
+        def truth(pair_ids: torch.Tensor) -> torch.Tensor:
+            image_ids, caption_ids = zip(*(ids[int(i)] for i in pair_ids.tolist()))
+            matrix = torch.from_numpy(oracle.matrix(list(image_ids), list(caption_ids)))
+            return matrix & ~torch.eye(len(pair_ids), dtype=torch.bool)
+
+    if p.false_negatives == "diht":
+        return methods.Diht(beta=p.diht.beta, alpha=p.diht.alpha), truth
+    if p.false_negatives == "srcl":
+        path = Path(p.srcl.aux_embeddings) if p.srcl.aux_embeddings is not None else run.path / "embeddings" / "embeddings.h5"
+        if not path.exists():
+            raise FalconError(f"{path}: not found; SRCL needs the frozen auxiliary model's features of every pair: make them "
+                              "with `falcon embed` (embed.split=pretrain) or set pretrain.srcl.aux_embeddings=PATH")
+        from falcon_cli.artifacts.embeddings import read_embeddings
+
+        aux = read_embeddings(path)
+        cache = EmbeddingCache(torch.tensor(dataset.pair_ids, dtype=torch.long), aux.image.shape[1], device=device)
+        missing = set(dataset.pair_ids) - set(int(i) for i in aux.pair_id)
+        if missing:
+            raise FalconError(f"{path}: no features for pair_id {min(missing)} ({len(missing)} pairs); embed this dataset's "
+                              "pretraining split (embed.split=pretrain)")
+        cache.load(path)
+        return methods.Srcl(cache.get, delta=p.srcl.delta, until=p.srcl.mix_until), truth
+    if p.false_negatives == "glofnd":
+        glofnd = methods.Glofnd(dataset.pair_ids, alpha=p.glofnd.alpha, lr=p.glofnd.lr, start_epoch=p.glofnd.start_epoch)
+        glofnd.thresholds.to(device)
+        return glofnd, truth
+    if p.false_negatives == "mafa":
+        from falcon_cli.judges import JudgedPair, load_judge
+        from falcon_cli.judges.pairs import DatasetPairs
+
+        m = p.mafa
+        if m.judge == "checkpoint" and m.judge_model is None:
+            raise FalconError("pretrain.mafa.judge=checkpoint needs pretrain.mafa.judge_model=DIR: a falcon run or "
+                              "checkpoint directory (the frozen connection discriminator)")
+        judge = load_judge(m.judge, model=m.judge_model, world=world, run=m.judge_model, device=p.device, fp16=m.fp16,
+                           batch_size=m.batch_size)
+        pairs = DatasetPairs(dataset)
+
+        def discriminator(image_pairs: torch.Tensor, text_pairs: torch.Tensor, epoch: int) -> torch.Tensor:
+            judged = []
+            for image_pair, text_pair in zip(image_pairs.tolist(), text_pairs.tolist()):
+                image, text = pairs(epoch, image_pair), pairs(epoch, text_pair)
+                judged.append(JudgedPair(image=image.image, caption=text.caption, image_id=image.image_id,
+                                         caption_id=text.caption_id))
+            return torch.from_numpy(judge.score(judged)).float()
+
+        return methods.Mafa(discriminator, high=m.high, low=m.low, smoothing=m.smoothing), truth
+    return methods.PlainItc(), truth
+

@@ -311,3 +311,49 @@ def test_audit_false_negatives_refuses_bad_input_without_touching_the_run(falcon
     proc = run_cli("audit-false-negatives", str(tmp_path / "nothing"))
     assert proc.returncode == 2 and "manifest.json: not found" in proc.stderr
     assert (run_dir / "manifest.json").read_bytes() == before and not (run_dir / "audit").exists()
+
+
+# --- false-negative methods from the command line (two short epochs each; DiHT, which needs no inputs, is
+# covered by tests/test_vlp_objective.py) ----------------------------------------------------------------------
+FN_METHODS = {
+    "mafa": ["pretrain.false_negatives=mafa", "pretrain.mafa.judge=oracle", "pretrain.itc_consistency_weight=0"],
+    "srcl": ["pretrain.false_negatives=srcl"],  # + the reference run's features as the frozen auxiliary model
+    "glofnd": ["pretrain.false_negatives=glofnd", "pretrain.glofnd.alpha=0.3", "pretrain.glofnd.lr=0.5",
+               "pretrain.glofnd.start_epoch=0"],
+}
+
+
+@pytest.mark.parametrize("method", list(FN_METHODS))
+def test_false_negative_methods_train_from_the_cli(world, reference_run, tmp_path, method):
+    from tests.conftest import run_cli
+
+    extra = list(FN_METHODS[method])
+    if method == "srcl":
+        extra.append(f"pretrain.srcl.aux_embeddings={reference_run / 'embeddings' / 'epoch_001.h5'}")
+    run_dir = tmp_path / method
+    proc = run_cli(*pretrain_args(run_dir, world, "pretrain.max_steps_per_epoch=2", "pretrain.eval_split=null", *extra))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = read_metrics(run_dir / "metrics.jsonl")
+    steps = [r for r in records if "loss" in r]
+    assert len(steps) == 4 and all(r["loss"] == r["loss"] for r in steps)
+    summaries = [r for r in records if r.get("kind") == "false_negatives"]
+    if method == "mafa":  # the oracle as discriminator: everything it converts is a true false negative
+        assert all("fn_converted_i2t" in r and "fn_swapped_t2i" in r for r in steps)
+        assert [r["epoch"] for r in summaries] == [0, 1] and sum(r["flagged"] for r in summaries) > 0
+        assert all(r["precision"] == 1.0 for r in summaries if r["flagged"])
+    elif method == "glofnd":
+        assert [r["epoch"] for r in summaries] == [0, 1] and all(r["glofnd_lambda_image"] < 1.0 for r in steps)
+        assert (run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip() / "glofnd.safetensors").exists()
+    else:
+        mixes = [r["srcl_mix"] for r in steps]
+        assert mixes[0] == 1.0 and mixes == sorted(mixes, reverse=True) and mixes[-1] < 1.0
+        assert not summaries, "SRCL flags nothing"
+
+
+def test_srcl_without_auxiliary_features_is_a_one_line_error(world, reference_run, tmp_path):
+    from tests.conftest import run_cli
+
+    proc = run_cli(*pretrain_args(tmp_path / "srcl", world, "pretrain.false_negatives=srcl"))
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "SRCL needs the frozen auxiliary model's features" in errors[0]
+    assert proc.stderr.strip().splitlines()[-1] == errors[0], "one error line, last"

@@ -114,3 +114,21 @@ def test_metrics_log_truncate_and_torn_line(tmp_path):
     records = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1, 2]
     assert records[1]["loss"] == 0.5 and records[0]["bad"] == "nan"
+
+
+def test_a_tracked_loop_inside_a_tracked_loop_draws_one_bar(monkeypatch):
+    from falcon_cli.runtime import progress
+
+    monkeypatch.setenv("FALCON_PROGRESS", "1")
+    drawn = []
+    real = progress.make_progress
+
+    def counting():
+        drawn.append(1)
+        return real()
+
+    monkeypatch.setattr(progress, "make_progress", counting)
+    seen = [(i, j) for i in progress.track(range(3), "outer") for j in progress.track(range(2), "inner")]
+    assert seen == [(i, j) for i in range(3) for j in range(2)]
+    assert len(drawn) == 1, "rich allows one live display: the inner loops run without a bar"
+    assert list(progress.track(range(2), "after")) == [0, 1] and len(drawn) == 2

@@ -104,3 +104,63 @@ def test_momentum_distillation_path(model):
     assert torch.allclose(image_m, image_feat, atol=1e-5) and torch.allclose(text_m, text_feat, atol=1e-5)
     with torch.no_grad():
         model.vision_proj.weight.sub_(1.0)
+
+
+# --- false-negative methods: neutral settings reproduce plain ITC; active ones change what they say ---------
+
+def _losses(model, method, context, seed=3):
+    """One forward in eval mode (no dropout), so two objectives see identical activations."""
+    objective = VlpObjective(model, false_negatives=method).eval()
+    with torch.no_grad():
+        return objective(*batch(seed=seed), context=context)
+
+
+def test_neutral_false_negative_methods_equal_plain_itc(model):
+    from falcon_cli.objectives.false_negatives import Diht, Glofnd, Mafa, PlainItc, Srcl, StepContext
+
+    ids = torch.arange(100, 106)
+    context = StepContext(ids, epoch=0, progress=0.0)
+    plain = _losses(model, PlainItc(), context)
+    aux = torch.nn.functional.normalize(torch.randn(6, 16, generator=torch.Generator().manual_seed(0)), dim=1)
+    neutral = {"diht beta 0": Diht(beta=0.0, alpha=1.0),
+               "srcl delta 0": Srcl(lambda pair_ids: (aux, aux), delta=0.0),
+               "glofnd before its start epoch": Glofnd(torch.arange(100, 110), alpha=0.1, start_epoch=1),
+               "mafa, nothing matches": Mafa(lambda i, t, epoch: torch.zeros(len(i)))}
+    for name, method in neutral.items():
+        out = _losses(model, method, context)
+        for part in ("itc", "itm", "mlm"):
+            assert torch.allclose(getattr(out, part), getattr(plain, part), atol=1e-5), (name, part)
+    model.train()
+
+
+def test_active_false_negative_methods_change_the_loss_and_report(model):
+    from falcon_cli.objectives.false_negatives import Diht, Glofnd, Mafa, PlainItc, StepContext
+
+    ids = torch.arange(100, 106)
+    context = StepContext(ids, epoch=1, progress=0.5)
+    plain = _losses(model, PlainItc(), context)
+    assert not torch.allclose(_losses(model, Diht(beta=1.0), context).itc, plain.itc)
+
+    calls = []
+
+    def everything_matches(image_pairs, text_pairs, epoch):
+        calls.append((image_pairs.tolist(), text_pairs.tolist(), epoch))
+        return torch.ones(len(image_pairs))
+
+    mafa = Mafa(everything_matches, high=0.8, low=0.5, smoothing=0.5)
+    out = _losses(model, mafa, context)
+    assert len(calls) == 1 and len(calls[0][0]) == 12 and calls[0][2] == 1, "one discriminator pass, 2B pairs, by pair id"
+    assert set(calls[0][0]) <= set(ids.tolist()) and set(calls[0][1]) <= set(ids.tolist())
+    assert mafa.stats["fn_converted_i2t"] == 6 and mafa.stats["fn_converted_t2i"] == 6
+    assert mafa.mining.neg_labels.tolist() == [1] * 12, "converted pairs are ITM matches"
+    assert len(mafa.mining.mlm_image_index) > 0 and int(mafa.flagged_i2t.sum()) == 6
+    for part in ("itc", "itm", "mlm"):
+        assert not torch.allclose(getattr(out, part), getattr(plain, part)), part
+
+    glofnd = Glofnd(torch.arange(100, 110), alpha=0.5, lr=0.9, start_epoch=1)
+    before = glofnd.thresholds.lambda_image.clone()
+    _losses(model, glofnd, context)
+    after = glofnd.thresholds.lambda_image
+    assert (after[:6] < before[:6]).all() and torch.equal(after[6:], before[6:]), "only the batch's thresholds move"
+    assert glofnd.stats["glofnd_lambda_image"] < 1.0
+    model.train()

@@ -53,6 +53,76 @@ class DataConfig(Section):
     """Vocabulary size when ``tokenizer`` is ``wordpiece``."""
 
 
+class MafaConfig(Section):
+    """MAFA (``pretrain.false_negatives: mafa``): efficient connection mining with a frozen
+    connection discriminator, plus S-ITC label smoothing (docs/methods.md)."""
+
+    judge: Literal["oracle", "blip", "checkpoint"] = "checkpoint"
+    """The connection discriminator that scores each anchor's hardest in-batch candidate: a falcon
+    ``checkpoint``'s ITM head (the paper's Con-D), ``blip`` (a BLIP ITM head), or the shapes world's
+    ``oracle`` (an upper bound: a perfect discriminator)."""
+
+    judge_model: str | None = None
+    """``checkpoint``: a falcon run or checkpoint directory (required); ``blip``: a hub id or local
+    directory (None = ``Salesforce/blip-itm-base-coco``)."""
+
+    high: float = Field(0.8, ge=0.0, le=1.0)
+    """p(match) above this turns the hardest negative into a positive (ITC target, ITM label, extra MLM
+    pair). MAFA: 0.8; FALCON's COCO reproduction needed 0.98."""
+
+    low: float = Field(0.5, ge=0.0, le=1.0)
+    """Between ``low`` and ``high`` the candidate is ambiguous: ITM uses the second-hardest negative."""
+
+    smoothing: float = Field(0.5, ge=0.0, le=1.0)
+    """S-ITC label smoothing α of the ITC targets, from epoch 1 on (0 in epoch 0)."""
+
+    batch_size: int = Field(64, ge=1)
+    """Pairs per discriminator forward pass (model discriminators)."""
+
+    fp16: bool = False
+    """Run a model discriminator in fp16 autocast (CUDA only)."""
+
+
+class SrclConfig(Section):
+    """SRCL (``pretrain.false_negatives: srcl``): negatives weighted by a frozen auxiliary model's and
+    the current model's similarity (a reconstruction; docs/methods.md)."""
+
+    aux_embeddings: Path | None = None
+    """The frozen auxiliary model's features of every pretraining pair, an ``embeddings.h5`` from
+    ``falcon embed``; None = the run's own ``embeddings/embeddings.h5``."""
+
+    delta: float = Field(5.0, ge=0.0)
+    """Sharpness of the weights ``w = (N - 1) softmax_j(-delta * cos_mix)``: 0 = plain InfoNCE; larger
+    down-weights negatives that look like the anchor more strongly."""
+
+    mix_until: float = Field(1.0, gt=0.0)
+    """The auxiliary model's share α falls linearly from 1 to 0 over this fraction of training."""
+
+
+class DihtConfig(Section):
+    """DiHT's HN-NCE (``pretrain.false_negatives: diht``): importance-weighted hard negatives."""
+
+    beta: float = Field(0.5, ge=0.0)
+    """Hardness β of both directions: negatives weighted by ``(N - 1) softmax_j(β · logits)``; 0 = InfoNCE."""
+
+    alpha: float = Field(1.0, gt=0.0, le=1.0)
+    """Weight α of the positive in the denominator (1 = InfoNCE's)."""
+
+
+class GlofndConfig(Section):
+    """GloFND (``pretrain.false_negatives: glofnd``): per-pair learned similarity thresholds; negatives
+    above them are dropped from the ITC denominators."""
+
+    alpha: float = Field(0.01, gt=0.0, lt=1.0)
+    """The fraction of each anchor's negatives taken as false: λ tracks the (1 − α)-quantile of its similarities."""
+
+    lr: float = Field(0.05, gt=0.0)
+    """Adam learning rate of the thresholds (betas 0.9, 0.98)."""
+
+    start_epoch: int = Field(1, ge=0)
+    """First epoch in which thresholds are learned and negatives dropped."""
+
+
 class PretrainConfig(Section):
     """ALBEF pretraining: model, objectives, batch composition, optimisation, checkpoints."""
 
@@ -181,6 +251,28 @@ class PretrainConfig(Section):
     """How many checkpoints to keep."""
     eval_split: Literal["val", "test"] | None = "test"
     """Zero-shot ITC retrieval on this retrieval split at the end (None = skip)."""
+
+    # -- false negatives -------------------------------------------------------------------
+    false_negatives: Literal["none", "mafa", "srcl", "diht", "glofnd"] = "none"
+    """How the losses treat likely false negatives (combines with any composer): ``mafa`` (connection
+    mining + S-ITC), ``srcl`` (similarity-regulated weights), ``diht`` (HN-NCE), ``glofnd`` (learned
+    thresholds); ``none`` = plain ITC. All need ``itc: grit``."""
+    mafa: MafaConfig = MafaConfig()
+    """MAFA settings."""
+    srcl: SrclConfig = SrclConfig()
+    """SRCL settings."""
+    diht: DihtConfig = DihtConfig()
+    """DiHT settings."""
+    glofnd: GlofndConfig = GlofndConfig()
+    """GloFND settings."""
+
+    @model_validator(mode="after")
+    def _check_false_negatives(self) -> "PretrainConfig":
+        if self.false_negatives != "none" and self.itc != "grit":
+            raise ValueError(f"false_negatives={self.false_negatives} works on the in-batch ITC; set itc: grit")
+        if self.mafa.low > self.mafa.high:
+            raise ValueError(f"mafa.low ({self.mafa.low}) must not exceed mafa.high ({self.mafa.high})")
+        return self
 
 
 class EmbedConfig(Section):

@@ -19,6 +19,7 @@ from falcon_cli.models.albef import pooled_features
 from falcon_cli.objectives.itc import (
     MomentumQueue, copy_to_momentum, itc_grit, itc_momentum_distillation, momentum_update,
 )
+from falcon_cli.objectives.false_negatives import FalseNegatives, PlainItc, StepContext
 from falcon_cli.objectives.itm import hardest_negatives, itm_loss, itm_pair_indices, sample_negatives
 from falcon_cli.objectives.mlm import MlmMask, mlm_loss
 
@@ -72,11 +73,19 @@ class VlpObjective(nn.Module):
         consistency_weight: GRIT's consistency weight (0.2).
         itm_negatives: ``hardest`` in-batch negative per anchor, or ALBEF's ``sample``.
         momentum, queue_size: for ``itc: momentum``.
+        false_negatives: how the in-batch ITC (and, for MAFA, ITM and MLM) treat likely false
+            negatives (:mod:`falcon_cli.objectives.false_negatives`); default plain GRIT ITC. It is
+            deliberately not a registered submodule: its state (GloFND's per-pair thresholds) is
+            rank-synchronised and checkpointed by the caller, not broadcast by DDP every step.
     """
 
     def __init__(self, model: nn.Module, *, itc: str = "grit", consistency_weight: float = 0.2,
-                 itm_negatives: str = "hardest", momentum: float = 0.995, queue_size: int = 65536):
+                 itm_negatives: str = "hardest", momentum: float = 0.995, queue_size: int = 65536,
+                 false_negatives: FalseNegatives | None = None):
         super().__init__()
+        if false_negatives is not None and false_negatives.name != "none" and itc != "grit":
+            raise ValueError(f"false_negatives={false_negatives.name} works on the in-batch ITC (itc='grit'), not {itc!r}")
+        object.__setattr__(self, "false_negatives", false_negatives if false_negatives is not None else PlainItc())
         self.model = model
         self.itc_kind = itc
         self.consistency_weight = consistency_weight
@@ -87,8 +96,10 @@ class VlpObjective(nn.Module):
             self.queue = MomentumQueue(model.config.embed_dim, queue_size)
 
     def forward(self, images: Tensor, input_ids: Tensor, attention_mask: Tensor, mask: MlmMask,
-                distill_alpha: float = 0.0, itm_generator: torch.Generator | None = None) -> VlpLosses:
-        """Losses of one batch. ``mask`` comes from :meth:`MlmMask.sample` on ``input_ids``."""
+                distill_alpha: float = 0.0, itm_generator: torch.Generator | None = None,
+                context: StepContext | None = None) -> VlpLosses:
+        """Losses of one batch. ``mask`` comes from :meth:`MlmMask.sample` on ``input_ids``; ``context``
+        (the batch's pair ids, epoch, progress) is what the false-negative methods need."""
         model = self.model
         enc = model(images, input_ids, attention_mask)
 
@@ -101,32 +112,40 @@ class VlpObjective(nn.Module):
             from falcon_cli.runtime.distributed import all_gather_cat
 
             self.queue.enqueue(all_gather_cat(image_m), all_gather_cat(text_m))
-        else:
-            itc = itc_grit(enc.image_feat, enc.text_feat, enc.temperature, consistency_weight=self.consistency_weight)
+        else:  # in-batch, through the false-negative method (plain GRIT ITC by default)
+            itc = self.false_negatives.itc(enc.image_feat, enc.text_feat, enc.temperature, self.consistency_weight, context)
+        mining = self.false_negatives.mining  # MAFA: ITM partners and labels, extra MLM pairs
 
         itm = self._itm_loss(enc.text_tokens, attention_mask, enc.image_tokens, itc,
-                             sample=self.itm_negatives == "sample", generator=itm_generator)
+                             sample=self.itm_negatives == "sample", generator=itm_generator, mining=mining)
 
-        # MLM: the masked caption through the text encoder, fused with its own image.
-        mlm = self.mlm_loss(enc.image_tokens, attention_mask, mask)
+        # MLM: the masked caption through the text encoder, fused with its own image (MAFA: and with
+        # the images it was found to match as well).
+        extra = None if mining is None else (mining.mlm_image_index, mining.mlm_text_index)
+        mlm = self.mlm_loss(enc.image_tokens, attention_mask, mask, extra=extra)
 
         loss = itc.loss + itm + mlm
         return VlpLosses(loss, itc.loss.detach(), itm.detach(), mlm.detach(),
                          enc.image_feat.detach(), enc.text_feat.detach(), enc.temperature.detach(), enc.image_tokens.detach())
 
     def _itm_loss(self, text_tokens: Tensor, attention_mask: Tensor, image_tokens: Tensor, itc, *,
-                  sample: bool, generator: torch.Generator | None = None) -> Tensor:
+                  sample: bool, generator: torch.Generator | None = None, mining=None) -> Tensor:
         """ITM on the batch's positives plus one negative text per image and one negative image per
-        text, mined from the ITC similarities (hardest, or ALBEF's multinomial ``sample``)."""
+        text, mined from the ITC similarities (hardest, or ALBEF's multinomial ``sample``); with
+        MAFA's ``mining``, its partners and labels (converted pairs count as matches)."""
         b = image_tokens.shape[0]
-        with torch.no_grad():
-            sim_i2t, sim_t2i = itc.sim_i2t[:, :b].detach(), itc.sim_t2i[:, :b].detach()
-            negatives = sample_negatives(sim_i2t, sim_t2i, generator) if sample else hardest_negatives(sim_i2t, sim_t2i)
+        if mining is not None:
+            negatives, labels = (mining.neg_text_for_image, mining.neg_image_for_text), mining.neg_labels
+        else:
+            with torch.no_grad():
+                sim_i2t, sim_t2i = itc.sim_i2t[:, :b].detach(), itc.sim_t2i[:, :b].detach()
+                negatives = sample_negatives(sim_i2t, sim_t2i, generator) if sample else hardest_negatives(sim_i2t, sim_t2i)
+            labels = None
         pairs = itm_pair_indices(*negatives)
         fused = self.model.fuse(text_tokens[pairs.text_index], attention_mask[pairs.text_index],
                                 image_tokens[pairs.image_index])
         logits = self.model.itm_logits(fused)
-        return itm_loss(logits[:b], logits[b:])
+        return itm_loss(logits[:b], logits[b:], neg_labels=labels)
 
     @torch.no_grad()
     def measure(self, images: Tensor, input_ids: Tensor, attention_mask: Tensor, mask: MlmMask,
@@ -149,12 +168,20 @@ class VlpObjective(nn.Module):
             out["mlm"] = self.mlm_loss(image_tokens, attention_mask, mask)
         return out
 
-    def mlm_loss(self, image_tokens: Tensor, attention_mask: Tensor, mask: MlmMask, per_sample: bool = False) -> Tensor:
-        """MLM loss of ``mask`` given image tokens (FALCON's reward re-evaluates exactly this)."""
+    def mlm_loss(self, image_tokens: Tensor, attention_mask: Tensor, mask: MlmMask, per_sample: bool = False,
+                 extra: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """MLM loss of ``mask`` given image tokens (FALCON's reward re-evaluates exactly this).
+        ``extra`` = (image index, text index) [K]: more (image, masked caption) pairs of the batch in
+        the same mean (MAFA's converted positives)."""
         model = self.model
         masked_tokens, _ = model.encode_text(mask.masked_ids, attention_mask)
         fused = model.fuse(masked_tokens, attention_mask, image_tokens)
         if per_sample:
             return mlm_loss(model.mlm_logits(fused), mask.labels, per_sample=True)
-        selected = mask.selected
-        return mlm_loss(model.mlm_logits(fused[selected]), mask.labels[selected])
+        selected, labels = mask.selected, mask.labels
+        if extra is not None and len(extra[0]):
+            image_index, text_index = (i.to(image_tokens.device) for i in extra)
+            fused = torch.cat([fused, model.fuse(masked_tokens[text_index], attention_mask[text_index],
+                                                 image_tokens[image_index])])
+            selected, labels = torch.cat([selected, selected[text_index]]), torch.cat([labels, labels[text_index]])
+        return mlm_loss(model.mlm_logits(fused[selected]), labels[selected])

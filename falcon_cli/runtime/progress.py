@@ -49,15 +49,24 @@ def make_progress() -> Progress:
     )
 
 
+_live = 0  # bars drawing now: a loop inside a tracked loop (a judge inside a training step) draws none
+
+
 def track(iterable: Iterable[T], description: str, total: int | None = None) -> Iterator[T]:
-    """Iterate over ``iterable`` with a progress bar (drawn only when :func:`progress_enabled`)."""
+    """Iterate over ``iterable`` with a progress bar (drawn only when :func:`progress_enabled`, and
+    not inside another tracked loop: rich allows one live display at a time)."""
+    global _live
     if total is None and hasattr(iterable, "__len__"):
         total = len(iterable)  # type: ignore[arg-type]
-    if not progress_enabled():
+    if not progress_enabled() or _live:
         yield from iterable
         return
-    with make_progress() as bar:
-        task = bar.add_task(description, total=total)
-        for item in iterable:
-            yield item
-            bar.advance(task)
+    _live += 1
+    try:
+        with make_progress() as bar:
+            task = bar.add_task(description, total=total)
+            for item in iterable:
+                yield item
+                bar.advance(task)
+    finally:
+        _live -= 1

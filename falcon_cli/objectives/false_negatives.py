@@ -1,0 +1,222 @@
+"""False-negative handling inside the pretraining objective: MAFA, SRCL, DiHT and GloFND.
+
+Each method is one :class:`FalseNegatives` object that :class:`~falcon_cli.objectives.vlp.VlpObjective`
+asks for the batch's ITC (and, for MAFA, for the ITM partners and extra MLM pairs). They all
+combine with any batch composer; they all work on the in-batch (GRIT) ITC:
+
+* :class:`PlainItc` (``none``) — GRIT-VLP's ITC, unchanged;
+* :class:`Mafa` — connection mining with a frozen discriminator (converted positives in the ITC
+  targets, the ITM labels and extra MLM pairs; ambiguous ones swap in the second-hardest ITM
+  negative) plus S-ITC label smoothing from epoch 1 (:mod:`falcon_cli.objectives.mafa`);
+* :class:`Srcl` — negatives weighted by an α-mixture of a frozen auxiliary model's and the
+  current model's similarities, α falling from 1 to 0 (:func:`~falcon_cli.objectives.reweighted_itc.itc_srcl`);
+* :class:`Diht` — DiHT's HN-NCE (:func:`~falcon_cli.objectives.reweighted_itc.itc_hn_nce`);
+* :class:`Glofnd` — per-pair learned thresholds; negatives above them leave the ITC
+  denominators (:mod:`falcon_cli.objectives.glofnd`).
+
+What changes per step comes in a :class:`StepContext` (the batch's pair ids, the epoch, how far
+training is). After each forward, ``flagged_i2t`` (bool [B, B], rows images, columns texts) says
+which in-batch negatives the method treated as false (MAFA: converted; GloFND: dropped) and
+``stats`` holds the step's counts, for the metrics log and for measuring the method against an oracle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from falcon_cli.objectives.itc import ItcOutput, itc_grit
+
+
+@dataclass
+class StepContext:
+    """What a false-negative method needs to know about the step beyond the features."""
+
+    pair_ids: Tensor
+    """[B] int64 pair ids of the batch, in batch order."""
+    epoch: int = 0
+    """The training epoch (MAFA smooths from epoch 1; GloFND starts at its start epoch)."""
+    progress: float = 0.0
+    """Fraction of training done, in [0, 1] (SRCL's mixing schedule)."""
+
+
+class FalseNegatives(nn.Module):
+    """Base: how the ITC treats negatives. Subclasses override :meth:`itc`."""
+
+    name = "none"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flagged_i2t: Tensor | None = None
+        self.mining = None
+        self.stats: dict[str, float] = {}
+
+    def itc(self, image_feat: Tensor, text_feat: Tensor, temperature: Tensor, consistency_weight: float,
+            context: StepContext | None) -> ItcOutput:
+        """The batch's ITC loss (plain GRIT ITC here)."""
+        self.flagged_i2t, self.mining, self.stats = None, None, {}
+        return itc_grit(image_feat, text_feat, temperature, consistency_weight=consistency_weight)
+
+
+class PlainItc(FalseNegatives):
+    """``none``: GRIT-VLP's in-batch ITC with its consistency term."""
+
+
+def _needs_context(method: str, context: StepContext | None) -> StepContext:
+    if context is None:
+        raise ValueError(f"false_negatives={method} needs the step's pair ids (a StepContext)")
+    return context
+
+
+class Diht(FalseNegatives):
+    """DiHT's HN-NCE: negatives importance-weighted by ``(N - 1) softmax(β · logits)``; the positive by α."""
+
+    name = "diht"
+
+    def __init__(self, beta: float = 0.5, alpha: float = 1.0):
+        super().__init__()
+        self.beta, self.alpha = float(beta), float(alpha)
+
+    def itc(self, image_feat, text_feat, temperature, consistency_weight, context):
+        from falcon_cli.objectives.reweighted_itc import itc_hn_nce
+
+        self.flagged_i2t, self.mining, self.stats = None, None, {}
+        return itc_hn_nce(image_feat, text_feat, temperature, beta_i2t=self.beta, beta_t2i=self.beta, alpha=self.alpha,
+                          consistency_weight=consistency_weight)
+
+
+class Srcl(FalseNegatives):
+    """SRCL: each negative weighted by ``(N - 1) softmax_j(-δ · cos_mix)``, ``cos_mix`` the α-mixture of a
+    frozen auxiliary model's cosine (features looked up by pair id) and the current model's, α = 1 → 0."""
+
+    name = "srcl"
+
+    def __init__(self, aux_features: Callable[[Tensor], tuple[Tensor, Tensor]], *, delta: float = 5.0, until: float = 1.0):
+        super().__init__()
+        self.aux_features, self.delta, self.until = aux_features, float(delta), float(until)
+
+    def mix(self, progress: float) -> float:
+        """The auxiliary model's share α at this point of training (linear 1 → 0 over ``until``)."""
+        return max(0.0, 1.0 - float(progress) / self.until)
+
+    def itc(self, image_feat, text_feat, temperature, consistency_weight, context):
+        from falcon_cli.objectives.reweighted_itc import itc_srcl
+
+        context = _needs_context(self.name, context)
+        aux_image, aux_text = self.aux_features(context.pair_ids)
+        mix = self.mix(context.progress)
+        self.flagged_i2t, self.mining, self.stats = None, None, {"srcl_mix": mix}
+        return itc_srcl(image_feat, text_feat, temperature, aux_image_feat=aux_image.to(image_feat.device).float(),
+                        aux_text_feat=aux_text.to(image_feat.device).float(), mix=mix, delta=self.delta,
+                        consistency_weight=consistency_weight)
+
+
+class Glofnd(FalseNegatives):
+    """GloFND: per-pair thresholds λ_I, λ_T learned by a per-index Adam on the quantile subgradient;
+    in-batch negatives above them are dropped from the ITC denominators, from ``start_epoch`` on.
+
+    Under DDP each rank updates the thresholds of its own batch; the updated rows (thresholds and
+    Adam state) are then all-gathered, so every rank holds the same thresholds for every pair."""
+
+    name = "glofnd"
+
+    def __init__(self, pair_ids, *, alpha: float = 0.01, lr: float = 0.05, start_epoch: int = 1):
+        super().__init__()
+        from falcon_cli.objectives.glofnd import GlofndThresholds
+
+        self.thresholds = GlofndThresholds(pair_ids, alpha, lr=lr)
+        self.start_epoch = int(start_epoch)
+
+    def itc(self, image_feat, text_feat, temperature, consistency_weight, context):
+        from falcon_cli.objectives.glofnd import cosine_matrices, itc_glofnd
+
+        context = _needs_context(self.name, context)
+        if context.epoch < self.start_epoch:
+            self.flagged_i2t, self.mining, self.stats = None, None, {}
+            return itc_grit(image_feat, text_feat, temperature, consistency_weight=consistency_weight)
+        cos_i2t, cos_t2i = cosine_matrices(image_feat.detach(), text_feat.detach())
+        lambda_image, lambda_text = self.thresholds.update(context.pair_ids, cos_i2t, cos_t2i)
+        self._share_updates(context.pair_ids)
+        itc, drop_i2t, drop_t2i = itc_glofnd(image_feat, text_feat, temperature, lambda_image=lambda_image.to(image_feat.device),
+                                             lambda_text=lambda_text.to(image_feat.device), consistency_weight=consistency_weight)
+        self.flagged_i2t, self.mining = drop_i2t, None
+        self.stats = {"fn_dropped_i2t": int(drop_i2t.sum()), "fn_dropped_t2i": int(drop_t2i.sum()),
+                      "glofnd_lambda_image": float(lambda_image.mean()), "glofnd_lambda_text": float(lambda_text.mean())}
+        return itc
+
+    @torch.no_grad()
+    def _share_updates(self, pair_ids: Tensor) -> None:
+        from falcon_cli.runtime.distributed import all_gather_cat, world_size
+
+        if world_size() == 1:
+            return
+        t = self.thresholds
+        ids = all_gather_cat(pair_ids.to(t.ids.device))
+        rows = t.rows(ids)
+        for name in t._STATE:
+            buffer = getattr(t, name)
+            buffer[rows] = all_gather_cat(buffer[t.rows(pair_ids)].contiguous())
+
+
+class Mafa(FalseNegatives):
+    """MAFA: efficient connection mining with a frozen discriminator plus S-ITC label smoothing.
+
+    ``discriminator(image_pair_ids, text_pair_ids, epoch)`` returns p(match) [n] for pairs made of
+    one batch pair's image and another's caption (any judge: a falcon checkpoint's ITM head, BLIP,
+    the shapes oracle). It is called once per step for the 2B hardest candidates."""
+
+    name = "mafa"
+
+    def __init__(self, discriminator: Callable[[Tensor, Tensor, int], Tensor], *, high: float = 0.8, low: float = 0.5,
+                 smoothing: float = 0.5):
+        super().__init__()
+        self.discriminator = discriminator
+        self.high, self.low, self.smoothing = float(high), float(low), float(smoothing)
+
+    def itc(self, image_feat, text_feat, temperature, consistency_weight, context):
+        from falcon_cli.objectives.common import as_temperature
+        from falcon_cli.objectives.mafa import connection_mining, smoothing
+
+        context = _needs_context(self.name, context)
+        pair_ids = context.pair_ids
+
+        def score(image_index: Tensor, text_index: Tensor) -> Tensor:
+            ids = pair_ids.to(image_index.device)
+            return self.discriminator(ids[image_index], ids[text_index], context.epoch)
+
+        with torch.no_grad():
+            v, t = image_feat.detach().float(), text_feat.detach().float()
+            tau = as_temperature(temperature)
+            tau = tau.detach() if isinstance(tau, Tensor) else tau
+            mining = connection_mining(v @ t.t() / tau, t @ v.t() / tau, score, high=self.high, low=self.low)
+        eye = torch.eye(len(pair_ids), dtype=torch.bool, device=mining.positive_mask_i2t.device)
+        self.flagged_i2t, self.mining = mining.positive_mask_i2t & ~eye, mining
+        self.stats = {"fn_converted_i2t": mining.converted_i2t, "fn_converted_t2i": mining.converted_t2i,
+                      "fn_swapped_i2t": mining.swapped_i2t, "fn_swapped_t2i": mining.swapped_t2i}
+        return itc_grit(image_feat, text_feat, temperature, consistency_weight=consistency_weight,
+                        positive_mask=mining.positive_mask_i2t, positive_mask_t2i=mining.positive_mask_t2i,
+                        label_smoothing=smoothing(context.epoch, self.smoothing))
+
+
+
+
+def flag_counts(flagged: Tensor, truth: Tensor) -> Tensor:
+    """``int64 [4]``: (flagged and truly matching, flagged but not, truly matching but not flagged, all
+    negatives) for one batch; ``flagged`` / ``truth`` bool [B, B] over the in-batch negatives."""
+    flagged, truth = flagged.bool().cpu(), truth.bool().cpu()
+    off = ~torch.eye(flagged.shape[0], dtype=torch.bool)
+    return torch.tensor([int((flagged & truth & off).sum()), int((flagged & ~truth & off).sum()),
+                         int((~flagged & truth & off).sum()), int(off.sum())], dtype=torch.long)
+
+
+def flag_summary(counts: Tensor) -> dict[str, float | int | None]:
+    """Precision / recall of the flags against the truth from :func:`flag_counts` totals."""
+    tp, fp, fn, negatives = (int(v) for v in counts.tolist())
+    return {"flagged": tp + fp, "true_false_negatives": tp + fn, "negatives": negatives,
+            "precision": tp / (tp + fp) if tp + fp else None, "recall": tp / (tp + fn) if tp + fn else None}
+
+
+__all__ = ["StepContext", "FalseNegatives", "PlainItc", "Diht", "Srcl", "Glofnd", "Mafa", "flag_counts", "flag_summary"]
