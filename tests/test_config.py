@@ -45,6 +45,14 @@ def test_coco_albef_is_falcon_with_the_papers_hyperparameters_and_siblings_diffe
                 "coco-albef-reward-itc-itm-mlm": {"reward": "itc+itm+mlm"},
                 "coco-albef-space480": {"search_space_size": 480},
                 "coco-albef-space28320": {"search_space_size": 28320}}
+    defaults = p.model_dump()
+    for section, values in {"mafa": {"judge": "checkpoint", "high": 0.98}}.items():
+        expected_section = {**defaults[section], **values}
+        expected.setdefault(f"coco-albef-{section}", {})[section] = expected_section
+    expected["coco-albef-mafa"].update(composer="grit", search_space_size=1920, itc_consistency_weight=0.0, false_negatives="mafa")
+    expected["coco-albef-srcl"] = {"composer": "uniform", "false_negatives": "srcl"}
+    expected["coco-albef-diht"] = {"composer": "uniform", "false_negatives": "diht"}
+    expected["coco-albef-glofnd"] = {"composer": "uniform", "false_negatives": "glofnd"}
     for name, changes in expected.items():
         sibling = load_recipe(name)[0].pretrain.model_dump()
         assert {k: v for k, v in sibling.items() if base[k] != v} == changes, name
