@@ -340,7 +340,8 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
         if truth is not None and p.false_negatives in ("mafa", "glofnd"):  # precision / recall against the oracle
             if distributed:
                 dist.all_reduce(fn_counts)
-            metrics.write(step=global_step, epoch=epoch, kind="false_negatives", **flag_summary(fn_counts))
+            if int(fn_counts[3]):  # (GloFND before its start epoch flags nothing)
+                metrics.write(step=global_step, epoch=epoch, kind="false_negatives", **flag_summary(fn_counts))
             fn_counts.zero_()
         if falcon_epoch:  # the epoch's batch log part, and what the scheduler did this epoch (this rank)
             metrics.write(step=global_step, epoch=epoch, kind="epoch_summary", **falcon_summary(batch_log.rows(epoch), rewards))

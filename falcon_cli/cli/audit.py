@@ -14,8 +14,8 @@ console = make_console()
 
 
 def audit_false_negatives(
-    run_dirs: List[Path] = typer.Argument(..., help="Run directories to audit; several are also put side by side.",
-                                          show_default=False),
+    run_dirs: List[Path] = typer.Argument(..., metavar="RUN_DIR", show_default=False,
+                                          help="Run directories to audit; several are also put side by side."),
     judge: Optional[str] = typer.Option(None, "--judge", help="auto (the oracle where the data has one, else blip), "
                                         "oracle, blip or checkpoint. [default: the run's audit.judge, auto]"),
     judge_model: Optional[str] = typer.Option(None, "--judge-model", help="blip: hub id or local directory "
@@ -36,11 +36,9 @@ def audit_false_negatives(
 ) -> None:
     """Judge the negatives a finished run used: false-negative rates by hardness q and training step.
 
-    The negatives: each pair and the anchor a composer chose it for (at quantile q), and each anchor's
-    hardest in-batch ITM negative, both directions.
+    The negatives: each pair and the anchor a composer chose it for (at q), and each anchor's hardest in-batch ITM negative, both ways.
 
-    Writes RUN_DIR/audit/: audit.parquet, audit.md, CSV tables, fn_rate_by_q.png, fn_after_filter.png,
-    missed_examples.png and summary.json.
+    Writes RUN_DIR/audit/: audit.parquet, audit.md, CSV tables, fn_rate_by_q.png, fn_after_filter.png, missed_examples.png and summary.json.
 
     Settings come from the run's own audit section; the options here change it (recorded in the manifest).
 

@@ -149,14 +149,16 @@ class Glofnd(FalseNegatives):
 
     @torch.no_grad()
     def _share_updates(self, pair_ids: Tensor) -> None:
-        from falcon_cli.runtime.distributed import all_gather_cat, world_size
+        import torch.distributed as dist
 
-        if world_size() == 1:
+        from falcon_cli.runtime.distributed import all_gather_cat
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return
         t = self.thresholds
         ids = all_gather_cat(pair_ids.to(t.ids.device))
         rows = t.rows(ids)
-        for name in t._STATE:
+        for name in t.STATE:
             buffer = getattr(t, name)
             buffer[rows] = all_gather_cat(buffer[t.rows(pair_ids)].contiguous())
 

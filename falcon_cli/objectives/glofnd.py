@@ -134,7 +134,8 @@ class GlofndThresholds(nn.Module):
     Loading a state dict whose ``ids`` differ from this module's is an error.
     """
 
-    _STATE = ("lambda_image", "m_image", "v_image", "step_image", "lambda_text", "m_text", "v_text", "step_text")
+    STATE = ("lambda_image", "m_image", "v_image", "step_image", "lambda_text", "m_text", "v_text", "step_text")
+    """The per-pair buffers (thresholds and Adam state), for callers that copy rows (DDP sharing)."""
 
     def __init__(self, pair_ids: Any, alpha: float, *, lr: float = 0.05, betas: tuple[float, float] = (0.9, 0.98),
                  eps: float = 1e-8, dtype: torch.dtype = torch.float32):
