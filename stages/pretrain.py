@@ -423,7 +423,7 @@ def build_false_negatives(config: Recipe, spec, dataset, device: torch.device, r
     p = config.pretrain
     world = spec.resolve(spec.shapes_world) if spec.shapes_world is not None else None
     truth = None
-    if world is not None:
+    if world is not None and p.false_negatives in ("mafa", "glofnd"):  # the methods that flag false negatives
         from falcon_cli.data.shapes.oracle import ShapesOracle
 
         oracle = ShapesOracle.load(world)
