@@ -14,6 +14,7 @@ discriminator, and MAFA with a frozen falcon checkpoint as discriminator (the pa
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import sys
 import tempfile
@@ -84,33 +85,36 @@ def main() -> None:
     rng = np.random.default_rng(0)
     batches = [collate([dataset[i] for i in rng.choice(len(dataset), args.batch, replace=False)]) for _ in range(args.steps + 1)]
     print(f"albef-tiny on {device}, batch {args.batch}, {args.steps} timed steps per method, world {world}")
-    timings = {}
+    # Every method gets its own copy of the model; the methods take turns step by step, so drift in the
+    # machine's speed (other processes, warm-up) hits them all alike.
+    runs = {}
     for name, overrides in METHODS.items():
         config, _ = load_recipe("shapes-demo", [f"data.dataset={world}", f"pretrain.srcl.aux_embeddings={tmp / 'aux.h5'}",
                                                 f"pretrain.mafa.judge_model={tmp / 'run'}", f"pretrain.device={device}",
                                                 *overrides])
-        run = RunDirectory(tmp / "run")
-        method, _ = build_false_negatives(config, spec, dataset, device, run)
-        objective = VlpObjective(model, false_negatives=method).to(device)
-        optimizer = torch.optim.AdamW(objective.parameters(), lr=1e-5)
-        times = []
-        for step, batch in enumerate(batches):
-            images, ids, attention = (batch[k].to(device) for k in ("images", "input_ids", "attention_mask"))
-            mask = MlmMask.sample(ids, attention, vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id,
-                                  pad_token_id=tokenizer.pad_token_id, cls_token_id=tokenizer.cls_token_id,
-                                  generator=torch.Generator().manual_seed(step))
+        method, _ = build_false_negatives(config, spec, dataset, device, RunDirectory(tmp / "run"))
+        objective = VlpObjective(copy.deepcopy(model), false_negatives=method).to(device)
+        runs[name] = (objective, torch.optim.AdamW(objective.parameters(), lr=1e-5))
+    timings = {name: [] for name in runs}
+    for step, batch in enumerate(batches):
+        images, ids, attention = (batch[k].to(device) for k in ("images", "input_ids", "attention_mask"))
+        mask = MlmMask.sample(ids, attention, vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id,
+                              pad_token_id=tokenizer.pad_token_id, cls_token_id=tokenizer.cls_token_id,
+                              generator=torch.Generator().manual_seed(step))
+        context = StepContext(batch["pair_ids"].to(device), epoch=1, progress=0.5)
+        for name, (objective, optimizer) in runs.items():
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             start = time.perf_counter()
-            out = objective(images, ids, attention, mask, context=StepContext(batch["pair_ids"].to(device), epoch=1, progress=0.5))
+            out = objective(images, ids, attention, mask, context=context)
             optimizer.zero_grad(set_to_none=True)
             out.loss.backward()
             optimizer.step()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            if step:  # the first step warms up
-                times.append(time.perf_counter() - start)
-        timings[name] = statistics.median(times)
+            if step:  # the first round warms up
+                timings[name].append(time.perf_counter() - start)
+    timings = {name: statistics.median(times) for name, times in timings.items()}
     base = timings["none"]
     print(f"{'method':<26}{'s/step':>10}{'vs none':>10}")
     for name, seconds in timings.items():
