@@ -279,12 +279,12 @@ def test_audit_false_negatives_of_two_runs_with_their_own_itm_head(falcon_run, t
     runs = [tmp_path / "a", tmp_path / "b"]
     for run_dir in runs:
         shutil.copytree(falcon_run, run_dir)
-    proc = run_cli("audit-false-negatives", *map(str, runs), "--judge", "checkpoint", "--negatives", "itm", "--steps", "3",
+    proc = run_cli("audit-false-negatives", *map(str, runs), "--judge", "checkpoint", "--negatives", "itm", "--steps", "2",
                    "--compare-dir", str(tmp_path / "cmp"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for run_dir in runs:
         audit = pd.read_parquet(run_dir / "audit" / "audit.parquet")
-        assert set(audit["kind"]) == {"itm"} and audit["train_step"].nunique() == 3
+        assert set(audit["kind"]) == {"itm"} and audit["train_step"].nunique() == 2
         assert audit["judge"].str.startswith("checkpoint:").all() and audit["score"].between(0, 1).all()
         assert audit["oracle"].notna().all(), "the shapes world's oracle is the truth beside a model judge"
         agreement = pd.read_csv(run_dir / "audit" / "judge_vs_oracle.csv")
@@ -303,8 +303,7 @@ def test_audit_false_negatives_refuses_bad_input_without_touching_the_run(falcon
     shutil.copytree(falcon_run, run_dir)
     before = (run_dir / "manifest.json").read_bytes()
     for args, message in ((["--negatives", "random"], "audit.negatives"),
-                          (["--set", "pretrain.epochs=5"], "only audit.* keys"),
-                          (["--threshold", "1.5"], "audit.threshold")):
+                          (["--set", "pretrain.epochs=5"], "only audit.* keys")):
         proc = run_cli("audit-false-negatives", str(run_dir), *args)
         assert proc.returncode == 2 and message in proc.stderr, (args, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
@@ -313,11 +312,10 @@ def test_audit_false_negatives_refuses_bad_input_without_touching_the_run(falcon
     assert (run_dir / "manifest.json").read_bytes() == before and not (run_dir / "audit").exists()
 
 
-# --- false-negative methods from the command line (two short epochs each; DiHT, which needs no inputs, is
-# covered by tests/test_vlp_objective.py) ----------------------------------------------------------------------
+# --- false-negative methods from the command line (two short epochs each). DiHT and SRCL change only the ITC
+# (tests/test_vlp_objective.py); SRCL's input is checked below, in process. -----------------------------------
 FN_METHODS = {
     "mafa": ["pretrain.false_negatives=mafa", "pretrain.mafa.judge=oracle", "pretrain.itc_consistency_weight=0"],
-    "srcl": ["pretrain.false_negatives=srcl"],  # + the reference run's features as the frozen auxiliary model
     "glofnd": ["pretrain.false_negatives=glofnd", "pretrain.glofnd.alpha=0.3", "pretrain.glofnd.lr=0.5",
                "pretrain.glofnd.start_epoch=0"],
 }
@@ -328,8 +326,6 @@ def test_false_negative_methods_train_from_the_cli(world, reference_run, tmp_pat
     from tests.conftest import run_cli
 
     extra = list(FN_METHODS[method])
-    if method == "srcl":
-        extra.append(f"pretrain.srcl.aux_embeddings={reference_run / 'embeddings' / 'epoch_001.h5'}")
     run_dir = tmp_path / method
     proc = run_cli(*pretrain_args(run_dir, world, "pretrain.max_steps_per_epoch=2", "pretrain.eval_split=null", *extra))
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -344,16 +340,33 @@ def test_false_negative_methods_train_from_the_cli(world, reference_run, tmp_pat
     elif method == "glofnd":
         assert [r["epoch"] for r in summaries] == [0, 1] and all(r["glofnd_lambda_image"] < 1.0 for r in steps)
         assert (run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip() / "glofnd.safetensors").exists()
-    else:
-        mixes = [r["srcl_mix"] for r in steps]
-        assert mixes[0] == 1.0 and mixes == sorted(mixes, reverse=True) and mixes[-1] < 1.0
-        assert not summaries, "SRCL flags nothing"
 
 
-def test_srcl_without_auxiliary_features_is_a_one_line_error(world, reference_run, tmp_path):
-    from tests.conftest import run_cli
 
-    proc = run_cli(*pretrain_args(tmp_path / "srcl", world, "pretrain.false_negatives=srcl"))
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert proc.returncode == 2 and len(errors) == 1 and "SRCL needs the frozen auxiliary model's features" in errors[0]
-    assert proc.stderr.strip().splitlines()[-1] == errors[0], "one error line, last"
+def test_srcl_reads_its_auxiliary_features_by_pair_id_and_refuses_a_missing_file(world, reference_run, tmp_path):
+    """In process (no training): the builder the pretrain stage calls."""
+    import torch
+
+    from falcon_cli.artifacts.embeddings import read_embeddings
+    from falcon_cli.artifacts.run_dir import RunDirectory
+    from falcon_cli.config.recipes import load_recipe
+    from falcon_cli.data.datasets import pretrain_dataset
+    from falcon_cli.data.spec import load_spec
+    from falcon_cli.errors import FalconError
+    from stages.pretrain import build_false_negatives
+
+    spec = load_spec(world)
+    dataset = pretrain_dataset(spec, transform=None)
+    aux = reference_run / "embeddings" / "epoch_001.h5"
+    config, _ = load_recipe("shapes-demo", [f"data.dataset={world}", "pretrain.false_negatives=srcl",
+                                            f"pretrain.srcl.aux_embeddings={aux}"])
+    method, truth = build_false_negatives(config, spec, dataset, torch.device("cpu"), RunDirectory(tmp_path))
+    assert method.name == "srcl" and truth is None, "SRCL flags nothing: no oracle needed"
+    stored = read_embeddings(aux)
+    ids = torch.tensor([int(stored.pair_id[5]), int(stored.pair_id[0])])
+    image, text = method.aux_features(ids)
+    assert torch.allclose(image[0].float(), torch.from_numpy(stored.image[5]).float(), atol=1e-3)
+    assert torch.allclose(text[1].float(), torch.from_numpy(stored.text[0]).float(), atol=1e-3)
+    config, _ = load_recipe("shapes-demo", [f"data.dataset={world}", "pretrain.false_negatives=srcl"])
+    with pytest.raises(FalconError, match="SRCL needs the frozen auxiliary model's features"):
+        build_false_negatives(config, spec, dataset, torch.device("cpu"), RunDirectory(tmp_path))
