@@ -23,7 +23,7 @@ demo: install
 	$(BIN)/falcon run --recipe shapes-demo --run-dir runs/shapes-demo
 
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 clean:
 	rm -rf $(VENV) runs/shapes-demo data/shapes-demo .pytest_cache
