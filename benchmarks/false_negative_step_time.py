@@ -101,7 +101,7 @@ def main() -> None:
         mask = MlmMask.sample(ids, attention, vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id,
                               pad_token_id=tokenizer.pad_token_id, cls_token_id=tokenizer.cls_token_id,
                               generator=torch.Generator().manual_seed(step))
-        context = StepContext(batch["pair_ids"].to(device), epoch=1, progress=0.5)
+        context = StepContext(batch["pair_ids"].to(device), epoch=1, step=5, total_steps=10)
         for name, (objective, optimizer) in runs.items():
             if device.type == "cuda":
                 torch.cuda.synchronize(device)

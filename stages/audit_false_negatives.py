@@ -35,7 +35,7 @@ from falcon_cli.judges import load_judge
 from falcon_cli.judges.pairs import DatasetPairs
 from falcon_cli.reporting import audit_figures
 from falcon_cli.runtime.console import make_console
-from falcon_cli.runtime.distributed import barrier, is_main_process
+from falcon_cli.runtime.distributed import on_rank_zero
 from falcon_cli.sampling.batch_log import read_batch_log
 
 console = make_console(stderr=True)
@@ -46,13 +46,7 @@ SUMMARY = "summary.json"
 
 def run(config: Recipe, run: RunDirectory) -> dict:
     """Audit the run's negatives (rank 0 works, other ranks wait); returns the manifest summary."""
-    if not is_main_process():
-        barrier()
-        return {}
-    try:
-        return _audit(config, run)
-    finally:
-        barrier()
+    return on_rank_zero(lambda: _audit(config, run))
 
 
 def _audit(config: Recipe, run: RunDirectory) -> dict:

@@ -30,7 +30,7 @@ from falcon_cli.config.schema import Recipe
 from falcon_cli.data.shapes.oracle import ShapesOracle
 from falcon_cli.errors import FalconError
 from falcon_cli.runtime.console import make_console
-from falcon_cli.runtime.distributed import barrier, is_main_process
+from falcon_cli.runtime.distributed import on_rank_zero
 from falcon_cli.sampling.partition import (
     Partition, false_negatives_in_spaces, kmeans_partition, partition_summary, random_partition,
 )
@@ -44,13 +44,7 @@ SUMMARY = Path("results/search_spaces_summary.json")
 
 def run(config: Recipe, run: RunDirectory) -> dict:
     """Build and write the search spaces (rank 0 works, other ranks wait); returns the manifest summary."""
-    if not is_main_process():
-        barrier()
-        return {}
-    try:
-        return _build(config, run)
-    finally:
-        barrier()
+    return on_rank_zero(lambda: _build(config, run))
 
 
 def _build(config: Recipe, run: RunDirectory) -> dict:

@@ -25,7 +25,7 @@ from falcon_cli.data.datasets import pretrain_dataset
 from falcon_cli.data.spec import load_spec
 from falcon_cli.data.tokenizer import load_tokenizer, train_wordpiece_tokenizer
 from falcon_cli.errors import FalconError
-from falcon_cli.runtime.distributed import barrier, is_main_process
+from falcon_cli.runtime.distributed import on_rank_zero
 
 log = logging.getLogger("falcon")
 console = make_console(stderr=True)
@@ -36,13 +36,7 @@ TOKENIZER_DIR = Path("data/tokenizer")
 
 def run(config: Recipe, run: RunDirectory) -> dict:
     """Run the data stage (rank 0 works, other ranks wait); returns the summary recorded in the manifest."""
-    if not is_main_process():
-        barrier()
-        return {}
-    try:
-        return _prepare(config, run)
-    finally:
-        barrier()
+    return on_rank_zero(lambda: _prepare(config, run))
 
 
 def _prepare(config: Recipe, run: RunDirectory) -> dict:

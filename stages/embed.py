@@ -40,7 +40,7 @@ from falcon_cli.data.spec import load_spec
 from falcon_cli.errors import FalconError
 from falcon_cli.models.encoders import load_encoder
 from falcon_cli.runtime.console import make_console
-from falcon_cli.runtime.distributed import barrier, is_main_process
+from falcon_cli.runtime.distributed import is_main_process, on_rank_zero
 from falcon_cli.runtime.precision import autocast, pick_device, resolve_precision
 from falcon_cli.runtime.progress import track
 
@@ -65,13 +65,7 @@ class Pair:
 
 def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
     """Embed the configured split into ``embeddings/embeddings.h5`` (rank 0 works, other ranks wait); returns the summary."""
-    if not is_main_process():
-        barrier()
-        return {}
-    try:
-        return _embed(config, run, resume)
-    finally:
-        barrier()
+    return on_rank_zero(lambda: _embed(config, run, resume))
 
 
 def _embed(config: Recipe, run: RunDirectory, resume: bool) -> dict:

@@ -283,6 +283,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
             images = batch["images"].to(device, non_blocking=True)
             input_ids = batch["input_ids"].to(device, non_blocking=True)
             attention_mask = batch["attention_mask"].to(device, non_blocking=True)
+            pair_ids = batch["pair_ids"].to(device, non_blocking=True)
             mask = MlmMask.sample(input_ids, attention_mask, probability=p.mlm_probability,
                                   generator=generators["mask"], **special)
             alpha = alpha_ramp(p.distill_alpha, index, total, epoch)
@@ -290,7 +291,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
                 before, image_k = measure_reward_loss(objective, scheduler, precision, device, eval_mode=True,
                                                       inputs=(images, input_ids, attention_mask, mask))
             with autocast(precision, device):
-                context = StepContext(batch["pair_ids"].to(device), epoch, global_step / (p.epochs * steps_per_epoch))
+                context = StepContext(pair_ids, epoch, global_step, p.epochs * steps_per_epoch)
                 out = trainer(images, input_ids, attention_mask, mask, alpha, itm_generator, context)
             if not torch.isfinite(out.loss):
                 where = save(epoch, index, batches)  # (FALCON: the spaces are past this batch)
@@ -315,7 +316,6 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
                 rewards.append(float(before - after))
                 advantage = scheduler.update(feed.take(batch["pair_ids"])[1], rewards[-1])["advantage"]
             # The cache holds every rank's features: each rank composes next epoch from it.
-            pair_ids = batch["pair_ids"].to(device)
             cache.update(D.all_gather_cat(pair_ids), D.all_gather_cat(out.image_feat), D.all_gather_cat(out.text_feat))
             if truth is not None and false_negatives.flagged_i2t is not None:  # what the method flagged vs the oracle
                 fn_counts += flag_counts(false_negatives.flagged_i2t, truth(batch["pair_ids"]))
@@ -445,11 +445,11 @@ def build_false_negatives(config: Recipe, spec, dataset, device: torch.device, r
 
         aux = read_embeddings(path)
         cache = EmbeddingCache(torch.tensor(dataset.pair_ids, dtype=torch.long), aux.image.shape[1], device=device)
-        missing = set(dataset.pair_ids) - set(int(i) for i in aux.pair_id)
-        if missing:
-            raise FalconError(f"{path}: no features for pair_id {min(missing)} ({len(missing)} pairs); embed this dataset's "
-                              "pretraining split (embed.split=pretrain)")
-        cache.load(path)
+        cache.load(path, aux)
+        missing = cache.pair_ids[~cache.filled]
+        if len(missing):
+            raise FalconError(f"{path}: no features for pair_id {int(missing.min())} ({len(missing)} pairs); embed this "
+                              "dataset's pretraining split (embed.split=pretrain)")
         return methods.Srcl(cache.get, delta=p.srcl.delta, until=p.srcl.mix_until), truth
     if p.false_negatives == "glofnd":
         glofnd = methods.Glofnd(dataset.pair_ids, alpha=p.glofnd.alpha, lr=p.glofnd.lr, start_epoch=p.glofnd.start_epoch)

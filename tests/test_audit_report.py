@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from falcon_cli.audit import report
-from falcon_cli.audit.compare import comparison_table, run_names
+from falcon_cli.audit.compare import comparison_table, read_summaries, run_names
 from falcon_cli.errors import FalconError
 
 
@@ -96,8 +96,8 @@ def test_comparison_reads_each_runs_summary(tmp_path):
         summary = {"judge": "oracle:w", "overall": [{"kind": "chain", "negatives": 10, "false_negatives": int(rate * 10),
                                                      "rate": rate, "oracle_false_negatives": int(rate * 10), "oracle_rate": rate}]}
         (tmp_path / name / "audit" / "summary.json").write_text(json.dumps(summary))
-    table = comparison_table([tmp_path / "q1", tmp_path / "q0"])
+    table = comparison_table(read_summaries([tmp_path / "q1", tmp_path / "q0"]))
     assert list(table["run"]) == ["q1", "q0"] and list(table["rate"]) == [0.4, 0.1] and "oracle_rate" in table.columns
     assert run_names(["a/x", "b/x"]) == ["a/x", "b/x"], "repeated names fall back to paths"
     with pytest.raises(FalconError, match="audit the run first"):
-        comparison_table([tmp_path / "q1", tmp_path / "missing"])
+        read_summaries([tmp_path / "q1", tmp_path / "missing"])

@@ -119,7 +119,7 @@ def test_neutral_false_negative_methods_equal_plain_itc(model):
     from falcon_cli.objectives.false_negatives import Diht, Glofnd, Mafa, PlainItc, Srcl, StepContext
 
     ids = torch.arange(100, 106)
-    context = StepContext(ids, epoch=0, progress=0.0)
+    context = StepContext(ids, epoch=0, step=0, total_steps=10)
     plain = _losses(model, PlainItc(), context)
     aux = torch.nn.functional.normalize(torch.randn(6, 16, generator=torch.Generator().manual_seed(0)), dim=1)
     neutral = {"diht beta 0": Diht(beta=0.0, alpha=1.0),
@@ -137,7 +137,7 @@ def test_active_false_negative_methods_change_the_loss_and_report(model):
     from falcon_cli.objectives.false_negatives import Diht, Glofnd, Mafa, PlainItc, StepContext
 
     ids = torch.arange(100, 106)
-    context = StepContext(ids, epoch=1, progress=0.5)
+    context = StepContext(ids, epoch=1, step=5, total_steps=10)
     plain = _losses(model, PlainItc(), context)
     assert not torch.allclose(_losses(model, Diht(beta=1.0), context).itc, plain.itc)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import pandas as pd
 
@@ -31,15 +31,17 @@ def run_names(run_dirs: Sequence[str | Path]) -> list[str]:
     return names if len(set(names)) == len(names) else [str(d) for d in run_dirs]
 
 
-def comparison_table(run_dirs: Sequence[str | Path]) -> pd.DataFrame:
+def read_summaries(run_dirs: Sequence[str | Path]) -> dict[str, dict]:
+    """Every run's ``audit/summary.json``, by the run's short name (:func:`run_names`)."""
+    return {name: read_summary(run_dir) for name, run_dir in zip(run_names(run_dirs), run_dirs)}
+
+
+def comparison_table(summaries: Mapping[str, dict]) -> pd.DataFrame:
     """One row per run and kind of negative: ``run``, ``judge``, ``kind``, ``negatives``,
-    ``false_negatives``, ``rate`` and, where the data has an oracle, ``oracle_rate``."""
-    rows = []
-    for name, run_dir in zip(run_names(run_dirs), run_dirs):
-        summary = read_summary(run_dir)
-        for row in summary["overall"]:
-            rows.append({"run": name, "judge": summary["judge"], **row})
-    table = pd.DataFrame(rows)
+    ``false_negatives``, ``rate`` and, where the data has an oracle, ``oracle_rate``
+    (``summaries`` from :func:`read_summaries`)."""
+    table = pd.DataFrame([{"run": name, "judge": summary["judge"], **row}
+                          for name, summary in summaries.items() for row in summary["overall"]])
     columns = ["run", "judge", "kind", "negatives", "false_negatives", "rate"] + \
         (["oracle_false_negatives", "oracle_rate"] if "oracle_rate" in table.columns else [])
     return table[columns]
@@ -51,15 +53,16 @@ def write_comparison(run_dirs: Sequence[str | Path], out_dir: str | Path) -> pd.
     from falcon_cli.audit.report import markdown_table
     from falcon_cli.reporting.audit_figures import fn_rate_comparison
 
-    table = comparison_table(run_dirs)
-    windows = {name: pd.DataFrame(read_summary(d)["by_window"]) for name, d in zip(run_names(run_dirs), run_dirs)}
+    summaries = read_summaries(run_dirs)
+    table = comparison_table(summaries)
     with atomic_dir(out_dir) as out:
         write_text(out / "comparison.csv", table.to_csv(index=False))
         write_text(out / "comparison.md", "# False negatives of the used negatives, per run\n\n"
-                   + "\n".join(f"- {name}: {d}" for name, d in zip(run_names(run_dirs), run_dirs)) + "\n\n"
+                   + "\n".join(f"- {name}: {d}" for name, d in zip(summaries, run_dirs)) + "\n\n"
                    + markdown_table(table, percent=("rate", "oracle_rate")))
-        fn_rate_comparison(windows, out / "fn_rate_comparison.png")
+        fn_rate_comparison({name: pd.DataFrame(s["by_window"]) for name, s in summaries.items()},
+                           out / "fn_rate_comparison.png")
     return table
 
 
-__all__ = ["read_summary", "run_names", "comparison_table", "write_comparison"]
+__all__ = ["read_summary", "read_summaries", "run_names", "comparison_table", "write_comparison"]

@@ -14,8 +14,8 @@ combine with any batch composer; they all work on the in-batch (GRIT) ITC:
 * :class:`Glofnd` — per-pair learned thresholds; negatives above them leave the ITC
   denominators (:mod:`falcon_cli.objectives.glofnd`).
 
-What changes per step comes in a :class:`StepContext` (the batch's pair ids, the epoch, how far
-training is). After each forward, ``flagged_i2t`` (bool [B, B], rows images, columns texts) says
+What changes per step comes in a :class:`StepContext` (the batch's pair ids, the epoch, the step
+of the run). After each forward, ``flagged_i2t`` (bool [B, B], rows images, columns texts) says
 which in-batch negatives the method treated as false (MAFA: converted; GloFND: dropped) and
 ``stats`` holds the step's counts, for the metrics log and for measuring the method against an oracle.
 """
@@ -39,8 +39,10 @@ class StepContext:
     """[B] int64 pair ids of the batch, in batch order."""
     epoch: int = 0
     """The training epoch (MAFA smooths from epoch 1; GloFND starts at its start epoch)."""
-    progress: float = 0.0
-    """Fraction of training done, in [0, 1] (SRCL's mixing schedule)."""
+    step: int = 0
+    """The 0-based global optimiser step (SRCL's mixing schedule)."""
+    total_steps: int = 1
+    """Optimiser steps in the whole run."""
 
 
 class FalseNegatives(nn.Module):
@@ -52,7 +54,7 @@ class FalseNegatives(nn.Module):
         super().__init__()
         self.flagged_i2t: Tensor | None = None
         self.mining = None
-        self.stats: dict[str, float] = {}
+        self.stats: dict[str, float | Tensor] = {}
 
     def itc(self, image_feat: Tensor, text_feat: Tensor, temperature: Tensor, consistency_weight: float,
             context: StepContext | None) -> ItcOutput:
@@ -98,16 +100,12 @@ class Srcl(FalseNegatives):
         super().__init__()
         self.aux_features, self.delta, self.until = aux_features, float(delta), float(until)
 
-    def mix(self, progress: float) -> float:
-        """The auxiliary model's share α at this point of training (linear 1 → 0 over ``until``)."""
-        return max(0.0, 1.0 - float(progress) / self.until)
-
     def itc(self, image_feat, text_feat, temperature, consistency_weight, context):
-        from falcon_cli.objectives.reweighted_itc import itc_srcl
+        from falcon_cli.objectives.reweighted_itc import itc_srcl, srcl_mix
 
         context = _needs_context(self.name, context)
         aux_image, aux_text = self.aux_features(context.pair_ids)
-        mix = self.mix(context.progress)
+        mix = srcl_mix(context.step, context.total_steps, until=self.until)
         self.flagged_i2t, self.mining, self.stats = None, None, {"srcl_mix": mix}
         return itc_srcl(image_feat, text_feat, temperature, aux_image_feat=aux_image.to(image_feat.device).float(),
                         aux_text_feat=aux_text.to(image_feat.device).float(), mix=mix, delta=self.delta,
@@ -131,10 +129,10 @@ class Glofnd(FalseNegatives):
         self.start_epoch = int(start_epoch)
 
     def itc(self, image_feat, text_feat, temperature, consistency_weight, context):
-        from falcon_cli.objectives.glofnd import cosine_matrices, itc_glofnd
+        from falcon_cli.objectives.glofnd import cosine_matrices, glofnd_active, itc_glofnd
 
         context = _needs_context(self.name, context)
-        if context.epoch < self.start_epoch:
+        if not glofnd_active(context.epoch, self.start_epoch):
             self.flagged_i2t, self.mining, self.stats = None, None, {}
             return itc_grit(image_feat, text_feat, temperature, consistency_weight=consistency_weight)
         cos_i2t, cos_t2i = cosine_matrices(image_feat.detach(), text_feat.detach())
@@ -143,8 +141,9 @@ class Glofnd(FalseNegatives):
         itc, drop_i2t, drop_t2i = itc_glofnd(image_feat, text_feat, temperature, lambda_image=lambda_image.to(image_feat.device),
                                              lambda_text=lambda_text.to(image_feat.device), consistency_weight=consistency_weight)
         self.flagged_i2t, self.mining = drop_i2t, None
-        self.stats = {"fn_dropped_i2t": int(drop_i2t.sum()), "fn_dropped_t2i": int(drop_t2i.sum()),
-                      "glofnd_lambda_image": float(lambda_image.mean()), "glofnd_lambda_text": float(lambda_text.mean())}
+        # 0-d tensors: read (and synchronised) only on the steps the metrics log writes
+        self.stats = {"fn_dropped_i2t": drop_i2t.sum(), "fn_dropped_t2i": drop_t2i.sum(),
+                      "glofnd_lambda_image": lambda_image.mean(), "glofnd_lambda_text": lambda_text.mean()}
         return itc
 
     @torch.no_grad()
@@ -156,11 +155,10 @@ class Glofnd(FalseNegatives):
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return
         t = self.thresholds
-        ids = all_gather_cat(pair_ids.to(t.ids.device))
-        rows = t.rows(ids)
+        local, everyone = t.rows(pair_ids), t.rows(all_gather_cat(pair_ids.to(t.ids.device)))
         for name in t.STATE:
             buffer = getattr(t, name)
-            buffer[rows] = all_gather_cat(buffer[t.rows(pair_ids)].contiguous())
+            buffer[everyone] = all_gather_cat(buffer[local].contiguous())
 
 
 class Mafa(FalseNegatives):
@@ -193,7 +191,8 @@ class Mafa(FalseNegatives):
             v, t = image_feat.detach().float(), text_feat.detach().float()
             tau = as_temperature(temperature)
             tau = tau.detach() if isinstance(tau, Tensor) else tau
-            mining = connection_mining(v @ t.t() / tau, t @ v.t() / tau, score, high=self.high, low=self.low)
+            sim = v @ t.t() / tau  # rows images; its transpose is the text-anchor view
+            mining = connection_mining(sim, sim.t(), score, high=self.high, low=self.low)
         eye = torch.eye(len(pair_ids), dtype=torch.bool, device=mining.positive_mask_i2t.device)
         self.flagged_i2t, self.mining = mining.positive_mask_i2t & ~eye, mining
         self.stats = {"fn_converted_i2t": mining.converted_i2t, "fn_converted_t2i": mining.converted_t2i,

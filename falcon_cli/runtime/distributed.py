@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 
 def rank() -> int:
@@ -45,6 +46,19 @@ def barrier() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+
+
+def on_rank_zero(work: Callable[[], dict]) -> dict:
+    """Run ``work()`` on rank 0 while the other ranks wait; every rank leaves together, also when
+    ``work`` raises. Returns its result on rank 0 and ``{}`` elsewhere (stages that write shared
+    artifacts: the data stage, embed, search spaces, the audit)."""
+    if not is_main_process():
+        barrier()
+        return {}
+    try:
+        return work()
+    finally:
+        barrier()
 
 
 def all_gather_cat(tensor):

@@ -162,15 +162,17 @@ class EmbeddingCache:
                              self.pair_ids[chunk].cpu().numpy())
         return Path(path)
 
-    def load(self, path: str | Path) -> dict[str, Any]:
+    def load(self, path: str | Path, embeddings=None) -> dict[str, Any]:
         """Fill rows from an ``embeddings.h5`` (validated on read); returns the file's attributes.
 
         Loaded rows become ``filled`` and ``written``; other rows are untouched. Every id in
         the file must belong to the cache's dataset and the dimension must match.
+        ``embeddings``: the file's :class:`~falcon_cli.artifacts.embeddings.Embeddings` when the
+        caller has already read it (``path`` then only names it in errors).
         """
         from falcon_cli.artifacts.embeddings import read_embeddings
 
-        emb = read_embeddings(path)
+        emb = embeddings if embeddings is not None else read_embeddings(path)
         if emb.image.shape[1] != self.dim:
             raise FalconError(f"{path}: embeddings have dimension {emb.image.shape[1]}, the cache expects {self.dim}")
         try:
