@@ -45,8 +45,8 @@ def describe(run: Path) -> list[str]:
                      f"{(rows['alpha'] - INITIAL_BETA_PARAMETER).abs().max():13.4f}  "
                      f"{(rows['beta'] - INITIAL_BETA_PARAMETER).abs().max():13.4f}  "
                      f"{summary['reward_mean']:8.4f} ± {summary['reward_std']:.4f}  {advantage2}")
-    results = json.loads((run / "results" / "retrieval_zeroshot.json").read_text())["trained"]
-    lines.append("  retrieval: " + ", ".join(f"{k} {v:.1f}" for k, v in results.items()))
+    results = json.loads((run / "results" / "retrieval_zeroshot.json").read_text())["rows"][-1]
+    lines.append("  retrieval: " + ", ".join(f"{k} {v:.1f}" for k, v in results.items() if k != "model"))
     return lines
 
 

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from falcon_cli.artifacts.atomic import write_json, write_text
+from falcon_cli.artifacts.results import write_results as write_results_table
 from falcon_cli.artifacts.run_dir import RunDirectory
 from falcon_cli.config.schema import Recipe
 from falcon_cli.data.collate import PretrainCollate
@@ -66,7 +66,6 @@ log = logging.getLogger("falcon")
 console = make_console(stderr=True)
 
 TOKENIZER_DIR = Path("data/tokenizer")
-RESULTS = Path("results")
 
 
 def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
@@ -398,20 +397,12 @@ def falcon_summary(rows, rewards: list[float]) -> dict:
 
 
 def write_results(run: RunDirectory, results: dict, *, split: str, resolution: int, step: int) -> None:
-    """``results/retrieval_zeroshot.{json,csv,md}``: explicit keys, percent, with what produced them."""
+    """``results/retrieval_zeroshot.{json,csv,md}``: one row per model (``untrained``, ``trained``), percent."""
     meta = {"split": split, "checkpoint": f"step {step}", "resolution": resolution, "scoring": "itc", "k": None,
             "units": "percent"}
-    write_json(run.path / RESULTS / "retrieval_zeroshot.json", {"meta": meta, **results})
-    keys = list(next(iter(results.values())))
-    rows = [["model", *keys]] + [[name, *(f"{values[k]:.2f}" for k in keys)] for name, values in results.items()]
-    write_text(run.path / RESULTS / "retrieval_zeroshot.csv", "\n".join(",".join(r) for r in rows) + "\n")
-    md = [f"Zero-shot retrieval on `{split}` (ITC similarity, percent, {resolution}px, step {step})", "",
-          "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
-    md += ["| " + " | ".join(r) + " |" for r in rows[1:]]
-    write_text(run.path / RESULTS / "retrieval_zeroshot.md", "\n".join(md) + "\n")
-    for name in ("json", "csv", "md"):
-        run.add_artifact(RESULTS / f"retrieval_zeroshot.{name}", schema="retrieval_results", schema_version=1)
-    console.print("\n".join(md))
+    rows = [{"model": name, **values} for name, values in results.items()]
+    console.print(write_results_table(run, "retrieval_zeroshot", rows, meta,
+                                      f"Zero-shot retrieval on `{split}` (ITC similarity, percent)"))
 
 
 def build_false_negatives(config: Recipe, spec, dataset, device: torch.device, run: RunDirectory):

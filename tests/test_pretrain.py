@@ -61,7 +61,8 @@ def test_artifacts(reference_run):
     emb = read_embeddings(reference_run / "embeddings" / "epoch_001.h5")
     assert emb.image.shape == (160, 256) and emb.attrs["epoch"] == 1
     results = json.loads((reference_run / "results" / "retrieval_zeroshot.json").read_text())
-    assert {"untrained", "trained", "meta"} <= set(results) and "i2t_R@1" in results["trained"]
+    assert [row["model"] for row in results["rows"]] == ["untrained", "trained"] and "i2t_R@1" in results["rows"][1]
+    assert results["meta"]["units"] == "percent" and results["meta"]["scoring"] == "itc"
     checkpoints = reference_run / "checkpoints"
     assert (checkpoints / "latest").read_text().strip() == "00000020"
     assert (checkpoints / "00000020" / "model.safetensors").exists()
@@ -119,8 +120,10 @@ def test_kill_and_resume_is_exact(world, reference_run, tmp_path):
     assert ref_log[["epoch", "step", "slot", "pair_id", "anchor_pair_id"]].equals(new_log[["epoch", "step", "slot", "pair_id", "anchor_pair_id"]])
     ref_results = json.loads((reference_run / "results" / "retrieval_zeroshot.json").read_text())
     new_results = json.loads((run_dir / "results" / "retrieval_zeroshot.json").read_text())
-    for key, value in ref_results["trained"].items():
-        assert new_results["trained"][key] == pytest.approx(value, abs=1e-6), key
+    for key, value in ref_results["rows"][1].items():
+        if key == "model":
+            continue
+        assert new_results["rows"][1][key] == pytest.approx(value, abs=1e-6), key
 
 
 # --- FALCON: scheduler rewards logged, q recorded, exact resume mid FALCON epoch -------------------

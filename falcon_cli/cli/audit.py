@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -44,11 +43,8 @@ def audit_false_negatives(
 
     Example: falcon audit-false-negatives runs/shapes-q1 runs/shapes-q05 runs/shapes-q0 --judge oracle
     """
-    from falcon_cli.artifacts.run_dir import RunDirectory, read_manifest
     from falcon_cli.audit.compare import write_comparison
-    from falcon_cli.config.recipes import apply_overrides, validate_config
-    from falcon_cli.errors import FalconError
-    from stages import run_stages
+    from falcon_cli.cli.single_stage import run_config, run_stage_in
 
     options = {"judge": judge, "judge_model": judge_model, "threshold": threshold, "max_pairs": max_pairs, "steps": steps,
                "device": device, "fp16": fp16, "batch_size": batch_size,
@@ -56,22 +52,12 @@ def audit_false_negatives(
     if max_pairs == 0:
         options["max_pairs"] = "null"
     overrides = [f"audit.{key}={_yaml(value)}" for key, value in options.items() if value is not None]
-    for text in settings or []:
-        if not text.strip().startswith("audit."):
-            raise FalconError(f"--set {text}: only audit.* keys can change; the rest of a run's config is what it was trained with")
-        overrides.append(text)
+    overrides += list(settings or [])
 
     # Check every run before auditing any: a typo in the last one should not cost the first one's audit.
-    configs = []
-    for run_dir in run_dirs:
-        manifest = read_manifest(run_dir)
-        raw, given = apply_overrides(manifest.get("config") or {}, overrides)
-        configs.append(validate_config(raw, f"{run_dir}/manifest.json", given))
+    configs = [run_config(run_dir, overrides, ("audit",)) for run_dir in run_dirs]
     for run_dir, config in zip(run_dirs, configs):
-        # Only the audit section differs from the recorded config (the rest is the manifest's own).
-        run = RunDirectory.open(run_dir, config=config.model_dump(mode="json"), seed=config.seed,
-                                command=["falcon", *sys.argv[1:]], overwrite=True)
-        run_stages(config, run, ["audit_false_negatives"])
+        run_stage_in(run_dir, config, "audit_false_negatives")
         console.print(f"[green]done[/]: {run_dir}/audit/audit.md")
     if len(run_dirs) > 1:
         out = compare_dir or Path(run_dirs[0]).parent / "audit-comparison"

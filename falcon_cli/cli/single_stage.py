@@ -28,3 +28,29 @@ def run_single_stage(stage: str, recipe: str, run_dir: Path | None, overrides: l
     run_stages(config, run, [stage] if data_done else ["data", stage], **options)
     if is_main_process():
         console.print(f"[green]done[/]: {run_dir}/{output}")
+
+
+def run_config(run_dir: Path, overrides: list[str], sections: tuple[str, ...]):
+    """The config recorded in ``run_dir``'s manifest with ``overrides`` applied; only keys of ``sections``
+    may change (the rest is what the run was trained with). Validated, nothing run yet."""
+    from falcon_cli.config.recipes import apply_overrides, validate_config
+    from falcon_cli.errors import FalconError
+
+    for text in overrides:
+        if not text.strip().startswith(tuple(f"{s}." for s in sections)):
+            allowed = ", ".join(f"{s}.*" for s in sections)
+            raise FalconError(f"{text}: only {allowed} keys can change on an existing run; the rest of its config is "
+                              "what it was trained with")
+    manifest = read_manifest(run_dir)
+    raw, given = apply_overrides(manifest.get("config") or {}, overrides)
+    return validate_config(raw, f"{run_dir}/manifest.json", given)
+
+
+def run_stage_in(run_dir: Path, config, stage: str, **options) -> None:
+    """Run ``stage`` in the existing run ``run_dir`` with ``config`` (from :func:`run_config`), recording the
+    changed sections and this command line in the manifest."""
+    from stages import run_stages
+
+    run = RunDirectory.open(run_dir, config=config.model_dump(mode="json"), seed=config.seed,
+                            command=["falcon", *sys.argv[1:]], overwrite=True)
+    run_stages(config, run, [stage], **options)

@@ -15,10 +15,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from falcon_cli.data.shapes.config import ShapesConfig
 
-StageName = Literal["data", "embed", "build_search_spaces", "pretrain", "audit_false_negatives"]
+StageName = Literal["data", "embed", "build_search_spaces", "pretrain", "audit_false_negatives", "finetune", "evaluate"]
 """The stages a recipe can chain, in the order they may run."""
 
-STAGE_ORDER: tuple[str, ...] = ("data", "embed", "build_search_spaces", "pretrain", "audit_false_negatives")
+STAGE_ORDER: tuple[str, ...] = ("data", "embed", "build_search_spaces", "pretrain", "audit_false_negatives", "finetune",
+                                "evaluate")
+
+TaskName = Literal["retrieval", "vqa", "nlvr2"]
+"""ALBEF's downstream tasks: image-text retrieval, VQA and NLVR2."""
 
 
 class Section(BaseModel):
@@ -395,6 +399,202 @@ class AuditConfig(Section):
         return self
 
 
+class TaskTraining(Section):
+    """Optimisation of one fine-tuning task (AdamW; linear warm-up, then a per-epoch cosine)."""
+
+    epochs: int = Field(5, ge=0)
+    """Training epochs (0 = skip training: the starting weights become the task's checkpoint)."""
+    lr: float = Field(1e-5, gt=0)
+    """Peak learning rate."""
+    min_lr: float = Field(1e-6, ge=0)
+    """Learning rate the per-epoch cosine ends at."""
+    warmup_lr: float = Field(1e-5, ge=0)
+    """Learning rate at step 0 of the warm-up."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up length in optimizer steps."""
+    weight_decay: float = Field(0.02, ge=0)
+    """AdamW weight decay (not on biases and norms)."""
+    batch_size: int = Field(32, ge=1)
+    """Batch size PER PROCESS."""
+    image_size: int | None = 384
+    """Fine-tuning resolution (ViT position embeddings are resampled); None = the pretrained model's."""
+    max_steps_per_epoch: int | None = Field(None, ge=1)
+    """Cut each epoch after this many steps (smoke tests); None = the whole epoch."""
+
+
+class RetrievalFinetuneConfig(TaskTraining):
+    """Retrieval fine-tuning (ALBEF): ITC against a momentum queue whose captions of the same image
+    are all positives, plus ITM with sampled hard negatives (same-image pairs never negatives)."""
+
+    queue_size: int = Field(65536, ge=1)
+    """Momentum feature queue length; a multiple of the global batch (the last partial batch is dropped)."""
+    momentum: float = Field(0.995, ge=0, lt=1)
+    """EMA momentum of the momentum encoders."""
+    distill_alpha: float = Field(0.0, ge=0, le=1)
+    """Momentum-distillation weight (ALBEF 0.4; GRIT-VLP and MAFA fine-tune without it: 0)."""
+    select_split: Literal["val", "test"] = "val"
+    """The split whose mean recall picks the best epoch (ALBEF: val; GRIT and MAFA used test)."""
+    select_k: int | None = Field(256, ge=1)
+    """ITM re-ranking depth of the per-epoch selection score; None = ITC similarity only (faster)."""
+
+
+class VqaFinetuneConfig(TaskTraining):
+    """VQA fine-tuning (ALBEF): the answer decoder starts from the fusion layers; the loss is each
+    question's answers' sequence cross-entropy, weighted by how many annotators gave them."""
+
+    epochs: int = Field(8, ge=0)
+    """Training epochs."""
+    lr: float = Field(2e-5, gt=0)
+    """Peak learning rate."""
+    warmup_steps: int = Field(400, ge=0)
+    """Warm-up steps (ALBEF: 4 × 100 iterations from 1e-5)."""
+    train_splits: list[Literal["train", "val"]] = ["train", "val"]
+    """VQA splits trained on (VQA v2 trains on train + val; add Visual Genome QA files to the spec's train list)."""
+    max_answer_length: int = Field(10, ge=2)
+    """Token limit of an answer, [CLS] and [SEP] included."""
+
+
+class Nlvr2FinetuneConfig(TaskTraining):
+    """NLVR2 (ALBEF): text-assignment pretraining on the run's image-text pairs (the fusion layers
+    duplicated per image), then fine-tuning of the two-way classifier."""
+
+    epochs: int = Field(10, ge=0)
+    """Fine-tuning epochs on NLVR2 train (best by dev accuracy)."""
+    lr: float = Field(2e-5, gt=0)
+    """Peak learning rate."""
+    warmup_steps: int = Field(100, ge=0)
+    """Warm-up steps (ALBEF: one 100-iteration warm-up epoch)."""
+    batch_size: int = Field(16, ge=1)
+    """Batch size PER PROCESS (image pairs)."""
+    ta_epochs: int = Field(1, ge=0)
+    """Text-assignment pretraining epochs over the pretraining pairs (0 = skip)."""
+    ta_lr: float = Field(2e-5, gt=0)
+    """Text-assignment learning rate (constant after warm-up, per-epoch cosine otherwise)."""
+    ta_batch_size: int = Field(64, ge=2)
+    """Text-assignment batch size PER PROCESS (hard images are drawn from the batch)."""
+    ta_image_size: int | None = 256
+    """Text-assignment resolution; None = the pretrained model's."""
+    ta_max_steps: int | None = Field(None, ge=1)
+    """Cut text-assignment pretraining after this many steps; None = all ``ta_epochs``."""
+
+
+class FinetuneConfig(Section):
+    """The ``finetune`` stage: ALBEF's downstream fine-tuning, one task after another (``finetune/<task>/``)."""
+
+    tasks: list[TaskName] = ["retrieval"]
+    """Which tasks to fine-tune, in this order."""
+    checkpoint: str | None = None
+    """The pretrained weights to start from: a falcon run or checkpoint directory; None = this run's
+    latest pretraining checkpoint."""
+    retrieval: RetrievalFinetuneConfig = RetrievalFinetuneConfig()
+    """Retrieval fine-tuning (COCO: 5 epochs; Flickr30k: 10)."""
+    vqa: VqaFinetuneConfig = VqaFinetuneConfig()
+    """VQA fine-tuning."""
+    nlvr2: Nlvr2FinetuneConfig = Nlvr2FinetuneConfig()
+    """NLVR2 text-assignment pretraining and fine-tuning."""
+    max_text_length: int = Field(30, ge=2)
+    """Token limit of captions, questions and statements."""
+    device: str = "auto"
+    """``auto`` (the local GPU if any, else CPU), ``cpu`` or ``cuda[:n]``."""
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    """``auto`` = bf16 autocast on GPUs that support it (fp16 + GradScaler otherwise), fp32 on CPU."""
+    num_workers: int = Field(2, ge=0)
+    """DataLoader worker processes per rank."""
+    augment: bool = True
+    """ALBEF's fine-tuning augmentation (random crops of scale 0.5-1, flips, RandAugment); False =
+    resize only (the shapes world, whose captions name positions and sizes)."""
+    log_every: int = Field(10, ge=1)
+    """Write a ``finetune/<task>/metrics.jsonl`` record every N steps."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "FinetuneConfig":
+        if len(set(self.tasks)) != len(self.tasks):
+            raise ValueError(f"tasks must be distinct, got {self.tasks}")
+        if not set(self.vqa.train_splits) or len(set(self.vqa.train_splits)) != len(self.vqa.train_splits):
+            raise ValueError(f"vqa.train_splits must name train and/or val once each, got {self.vqa.train_splits}")
+        return self
+
+
+class RetrievalEvalConfig(Section):
+    """Retrieval evaluation (ALBEF's protocol): ITC similarity of all pairs, the top k re-ranked by the ITM head."""
+
+    models: list[str] = ["pretrained"]
+    """Which weights to evaluate, one row each: ``pretrained`` (the run's latest pretraining checkpoint:
+    zero-shot, FALCON's protocol), ``finetuned`` (``finetune/retrieval/best``: MAFA's and SRCL's protocol)
+    or a checkpoint directory."""
+    split: Literal["val", "test"] = "test"
+    """The retrieval split."""
+    k: int = Field(256, ge=1)
+    """Re-ranking depth: the ITC top k of each query are re-scored with the ITM match logit (COCO 5K:
+    256, Flickr30k 1K: 128)."""
+    itc_only: bool = False
+    """Rank by ITC similarity only (fast; no re-ranking)."""
+    also_itc: bool = True
+    """With re-ranking, also report each model's ITC-only ranking (one more row; the same embeddings)."""
+    false_negatives: Literal["auto", "oracle", "eccv", "none"] = "auto"
+    """False-negative-aware metrics: ``oracle`` (the shapes world's compatibility: every truly matching
+    item is a positive), ``eccv`` (ECCV Caption, CxC and COCO 1K/5K through the ``eccv_caption`` package;
+    COCO 5K test), ``none``; ``auto`` = the oracle where the dataset has one, ECCV on a 5,000-image split
+    whose entries carry COCO ``image_id`` and ``caption_ids``, else none."""
+    top_k_lists: int = Field(50, ge=10)
+    """Length of the ranked lists handed to ``eccv_caption`` (at least the largest R: 48)."""
+
+
+class VqaEvalConfig(Section):
+    """VQA evaluation: rank the candidate answer list with the fine-tuned decoder."""
+
+    split: Literal["val", "test"] = "test"
+    """The VQA split answered; with answers in the file, the local VQA accuracy is reported too."""
+    k: int = Field(128, ge=1)
+    """Candidates kept by first-token probability, then re-scored by full-sequence likelihood."""
+    checkpoint: str | None = None
+    """The fine-tuned VQA weights (a checkpoint directory); None = this run's ``finetune/vqa/best``."""
+
+
+class Nlvr2EvalConfig(Section):
+    """NLVR2 evaluation: accuracy of the fine-tuned classifier."""
+
+    splits: list[Literal["dev", "test"]] = ["dev", "test"]
+    """The NLVR2 splits reported (``test`` = test-P)."""
+    checkpoint: str | None = None
+    """The fine-tuned NLVR2 weights (a checkpoint directory); None = this run's ``finetune/nlvr2/best``."""
+
+
+class EvaluateConfig(Section):
+    """The ``evaluate`` stage: downstream results into ``results/`` (``retrieval``, ``vqa``, ``nlvr2``)."""
+
+    tasks: list[TaskName] = ["retrieval"]
+    """Which evaluations to run, in this order (``vqa`` and ``nlvr2`` need the fine-tuned checkpoints)."""
+    retrieval: RetrievalEvalConfig = RetrievalEvalConfig()
+    """Retrieval."""
+    vqa: VqaEvalConfig = VqaEvalConfig()
+    """VQA."""
+    nlvr2: Nlvr2EvalConfig = Nlvr2EvalConfig()
+    """NLVR2."""
+    image_size: int | None = None
+    """Evaluation resolution; None = each checkpoint's own."""
+    max_text_length: int = Field(30, ge=2)
+    """Token limit of captions, questions and statements (ALBEF: 30 for retrieval)."""
+    batch_size: int = Field(64, ge=1)
+    """Images or texts per encoder forward, and pairs per ITM re-ranking forward."""
+    device: str = "auto"
+    """``auto`` (the local GPU if any, else CPU), ``cpu`` or ``cuda[:n]``."""
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    """``auto`` = bf16 autocast on GPUs that support it (fp16 elsewhere on CUDA), fp32 on CPU."""
+    num_workers: int = Field(2, ge=0)
+    """DataLoader worker processes."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "EvaluateConfig":
+        if len(set(self.tasks)) != len(self.tasks):
+            raise ValueError(f"tasks must be distinct, got {self.tasks}")
+        if not self.retrieval.models:
+            raise ValueError("retrieval.models must name at least one model (pretrained, finetuned or a checkpoint)")
+        if not self.nlvr2.splits:
+            raise ValueError("nlvr2.splits must name dev and/or test")
+        return self
+
+
 class Recipe(Section):
     """A recipe: which stages to run, in order, and one config section per stage."""
 
@@ -424,6 +624,12 @@ class Recipe(Section):
 
     audit: AuditConfig = AuditConfig()
     """The ``audit_false_negatives`` stage."""
+
+    finetune: FinetuneConfig = FinetuneConfig()
+    """The ``finetune`` stage: retrieval, VQA and NLVR2 fine-tuning."""
+
+    evaluate: EvaluateConfig = EvaluateConfig()
+    """The ``evaluate`` stage: retrieval (with false-negative-aware metrics), VQA and NLVR2 results."""
 
     @model_validator(mode="after")
     def _stages_in_order(self) -> "Recipe":

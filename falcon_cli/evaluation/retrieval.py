@@ -14,11 +14,14 @@ import torch
 KS = (1, 5, 10)
 
 
-def retrieval_ranks(scores_i2t: torch.Tensor, img2txt: Sequence[Sequence[int]], txt2img: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def retrieval_ranks(scores_i2t: torch.Tensor, img2txt: Sequence[Sequence[int]], txt2img: Sequence[int],
+                    scores_t2i: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """0-based ranks: per image, the best rank of its captions; per text, the rank of its image.
 
-    ``scores_i2t`` is [n_images, n_texts] (higher = more similar); ties are broken in favour
-    of the lower index, as ``argsort(descending)`` does in the reference code.
+    ``scores_i2t`` is [n_images, n_texts] (higher = more similar); ``scores_t2i`` [n_texts, n_images]
+    ranks images for each text (default: the transpose; ITM re-ranking scores the two directions
+    differently). Ties are broken in favour of the lower index, as ``argsort(descending)`` does in
+    the reference code.
     """
     n_images, n_texts = scores_i2t.shape
     scores = scores_i2t.float()
@@ -32,7 +35,8 @@ def retrieval_ranks(scores_i2t: torch.Tensor, img2txt: Sequence[Sequence[int]], 
     big = torch.iinfo(rank_i2t.dtype).max
     image_ranks = torch.where(positives, rank_i2t, torch.full_like(rank_i2t, big)).min(dim=1).values
 
-    order_t2i = scores.t().argsort(dim=1, descending=True, stable=True)
+    scores_t = scores.t() if scores_t2i is None else scores_t2i.float()
+    order_t2i = scores_t.argsort(dim=1, descending=True, stable=True)
     rank_t2i = torch.empty_like(order_t2i)
     rank_t2i.scatter_(1, order_t2i, torch.arange(n_images, device=scores.device).expand(n_texts, -1))
     target = torch.as_tensor(list(txt2img), device=scores.device)
@@ -41,9 +45,10 @@ def retrieval_ranks(scores_i2t: torch.Tensor, img2txt: Sequence[Sequence[int]], 
 
 
 def recall_at_k(scores_i2t: torch.Tensor, img2txt: Sequence[Sequence[int]], txt2img: Sequence[int],
-                ks: Sequence[int] = KS) -> dict[str, float]:
-    """``{"i2t_R@1": …, "t2i_R@1": …, "i2t_mean": …, "t2i_mean": …, "mean_R": …}`` in percent."""
-    image_ranks, text_ranks = retrieval_ranks(scores_i2t, img2txt, txt2img)
+                ks: Sequence[int] = KS, scores_t2i: torch.Tensor | None = None) -> dict[str, float]:
+    """``{"i2t_R@1": …, "t2i_R@1": …, "i2t_mean": …, "t2i_mean": …, "mean_R": …}`` in percent
+    (``scores_t2i``: see :func:`retrieval_ranks`)."""
+    image_ranks, text_ranks = retrieval_ranks(scores_i2t, img2txt, txt2img, scores_t2i)
     result: dict[str, float] = {}
     for k in ks:
         result[f"i2t_R@{k}"] = 100.0 * (image_ranks < k).double().mean().item()

@@ -37,7 +37,7 @@ class VlpLosses(NamedTuple):
     image_tokens: Tensor
 
 
-class _MomentumEncoders(nn.Module):
+class MomentumEncoders(nn.Module):
     """Frozen EMA copies of the unimodal encoders and projections (``itc: momentum``)."""
 
     def __init__(self, model: nn.Module):
@@ -92,7 +92,7 @@ class VlpObjective(nn.Module):
         self.itm_negatives = itm_negatives
         self.momentum = momentum
         if itc == "momentum":
-            self.momentum_encoders = _MomentumEncoders(model)
+            self.momentum_encoders = MomentumEncoders(model)
             self.queue = MomentumQueue(model.config.embed_dim, queue_size)
 
     def forward(self, images: Tensor, input_ids: Tensor, attention_mask: Tensor, mask: MlmMask,
@@ -105,7 +105,7 @@ class VlpObjective(nn.Module):
 
         # ITC: in-batch with GRIT's consistency targets, or against the momentum queue.
         if self.itc_kind == "momentum":
-            momentum_update(_MomentumEncoders.online_parts(model), self.momentum_encoders, self.momentum)
+            momentum_update(MomentumEncoders.online_parts(model), self.momentum_encoders, self.momentum)
             image_m, text_m = self.momentum_encoders.features(images, input_ids, attention_mask)
             itc = itc_momentum_distillation(enc.image_feat, enc.text_feat, image_m, text_m, self.queue,
                                             enc.temperature, distill_alpha)

@@ -1,0 +1,55 @@
+"""``falcon finetune``: fine-tune a pretrained run on retrieval, VQA or NLVR2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from falcon_cli.runtime.console import make_console
+
+console = make_console()
+
+
+def finetune(
+    task: Optional[List[str]] = typer.Option(None, "--task", "-t", help="retrieval, vqa or nlvr2 (repeat for several) "
+                                             "[default: the config's finetune.tasks]."),
+    recipe: Optional[str] = typer.Option(None, "--recipe", "-r", help="Recipe name or YAML file; without it the config "
+                                         "is the one recorded in --run-dir."),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", "-o", help="Run directory (default: runs/<recipe name>)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue each task after its last finished epoch."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="With --recipe: reuse a run directory that holds a run with a different config."),
+    overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides, e.g. finetune.vqa.epochs=2", show_default=False),
+) -> None:
+    """Fine-tune the run's pretrained model: retrieval (ITC with a momentum queue + ITM), VQA (answer
+    decoder from the fusion layers) or NLVR2 (text-assignment pretraining, then the classifier).
+
+    Writes RUN_DIR/finetune/<task>/: checkpoints/, best/ (the kept weights) and metrics.jsonl.
+    Under torchrun the batch size is per process.
+
+    Example: falcon finetune --run-dir runs/shapes-demo --task vqa finetune.vqa.epochs=2
+    """
+    from falcon_cli.cli.single_stage import run_config, run_single_stage, run_stage_in
+    from falcon_cli.errors import FalconError
+
+    tasks = _tasks(task)
+    settings = list(overrides or []) + ([f"finetune.tasks=[{', '.join(tasks)}]"] if tasks else [])
+    if recipe is not None:
+        run_single_stage("finetune", recipe, run_dir, settings, overwrite=overwrite, output="finetune", resume=resume)
+        return
+    if run_dir is None:
+        raise FalconError("give --run-dir (a pretrained run) or --recipe; e.g. falcon finetune --run-dir runs/shapes-demo --task vqa")
+    config = run_config(run_dir, settings, ("finetune",))
+    run_stage_in(run_dir, config, "finetune", resume=resume)
+    console.print(f"[green]done[/]: {run_dir}/finetune")
+
+
+def _tasks(names: list[str] | None) -> list[str]:
+    from falcon_cli.errors import FalconError
+
+    names = [n.strip() for value in names or [] for n in value.split(",") if n.strip()]
+    bad = [n for n in names if n not in ("retrieval", "vqa", "nlvr2")]
+    if bad:
+        raise FalconError(f"--task {bad[0]}: unknown task; use retrieval, vqa or nlvr2")
+    return list(dict.fromkeys(names))

@@ -1,0 +1,101 @@
+"""Start a downstream task from a falcon checkpoint: find it, and rebuild its ALBEF at any resolution.
+
+Fine-tuning runs at a higher resolution than pretraining (ALBEF: 256 px → 384 px), so the ViT's
+position embeddings are resampled to the new patch grid (bicubic, as ALBEF's
+``interpolate_pos_embed``); every other weight is loaded as it is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from falcon_cli.errors import FalconError
+from falcon_cli.models.albef import ALBEF
+from falcon_cli.models.config import AlbefConfig
+from falcon_cli.models.weights import read_state_dict, read_weights_config
+
+POS_EMBED = "visual_encoder.pos_embed"
+
+
+def find_checkpoint(path: str | Path, what: str) -> Path:
+    """The checkpoint directory a run directory (its latest pretraining checkpoint) or a checkpoint
+    directory names; ``what`` says which setting gave the path (for the error line)."""
+    from falcon_cli.runtime.checkpoint import WEIGHTS, latest_checkpoint
+
+    path = Path(path).expanduser()
+    if (path / WEIGHTS).is_file():
+        return path
+    if (path / "checkpoints").is_dir():
+        checkpoint = latest_checkpoint(path / "checkpoints")
+        if checkpoint is not None:
+            return checkpoint
+        raise FalconError(f"{what}: {path / 'checkpoints'} has no checkpoint yet; pretrain first "
+                          f"(falcon pretrain --run-dir {path}) or give a checkpoint directory")
+    if not path.exists():
+        raise FalconError(f"{what}: {path} not found; give a falcon run directory or a checkpoint directory")
+    raise FalconError(f"{what}: {path} is neither a run directory (with checkpoints/) nor a checkpoint "
+                      f"directory (with {WEIGHTS})")
+
+
+def at_resolution(state: dict, config: AlbefConfig, image_size: int | None) -> tuple[dict, AlbefConfig]:
+    """``(state, config)`` for ``image_size`` pixels: the position embeddings (``visual_encoder.pos_embed``)
+    resampled to the new patch grid (bicubic, as ALBEF's ``interpolate_pos_embed``); as given when
+    ``image_size`` is None or unchanged. Works for any model whose image encoder is ``visual_encoder``."""
+    from timm.layers import resample_abs_pos_embed
+
+    if image_size is None or image_size == config.image_size:
+        return state, config
+    if image_size % config.patch_size:
+        raise FalconError(f"image_size {image_size} is not a multiple of the model's patch size {config.patch_size}")
+    grid = image_size // config.patch_size
+    state = dict(state)
+    state[POS_EMBED] = resample_abs_pos_embed(state[POS_EMBED], new_size=[grid, grid], num_prefix_tokens=1)
+    return state, config.model_copy(update={"image_size": image_size})
+
+
+def albef_from_checkpoint(checkpoint: str | Path, image_size: int | None = None) -> ALBEF:
+    """The ALBEF saved in ``checkpoint/model.safetensors``, built for ``image_size`` pixels (None = as saved).
+
+    Only the image encoder's position embeddings depend on the resolution: they are resampled
+    from the saved patch grid to the new one.
+    """
+    from falcon_cli.runtime.checkpoint import WEIGHTS
+
+    path = Path(checkpoint) / WEIGHTS
+    config = read_weights_config(path).model_copy(update={"vision_weights": None, "text_weights": None})
+    state, config = at_resolution(read_state_dict(path, "model weights"), config, image_size)
+    model = ALBEF(config)
+    result = model.load_state_dict(state, strict=False)
+    if result.missing_keys or result.unexpected_keys:
+        raise FalconError(f"{path}: not an ALBEF checkpoint (missing {result.missing_keys[:3]}, "
+                          f"unexpected {result.unexpected_keys[:3]})")
+    return model
+
+
+__all__ = ["albef_from_checkpoint", "at_resolution", "find_checkpoint", "task_model_from_checkpoint"]
+
+
+def task_model_from_checkpoint(checkpoint: str | Path, task: str):
+    """The fine-tuned model of ``task`` (``retrieval``: an ALBEF; ``vqa``: an AlbefVQA; ``nlvr2``: an
+    AlbefNLVR2) saved in ``checkpoint/model.safetensors`` (e.g. ``<run>/finetune/<task>/best``)."""
+    from falcon_cli.models.weights import load_weights
+    from falcon_cli.runtime.checkpoint import WEIGHTS
+
+    path = Path(checkpoint) / WEIGHTS
+    if not path.is_file():
+        raise FalconError(f"{path}: not found; fine-tune first (falcon finetune --task {task} --run-dir RUN_DIR)")
+    if task == "retrieval":
+        return albef_from_checkpoint(checkpoint)
+    config = read_weights_config(path).model_copy(update={"vision_weights": None, "text_weights": None})
+    if task == "vqa":
+        from falcon_cli.models.vqa import AlbefVQA
+
+        model = AlbefVQA.from_pretrained(ALBEF(config))
+    elif task == "nlvr2":
+        from falcon_cli.models.nlvr2 import AlbefNLVR2
+
+        model = AlbefNLVR2.from_albef(ALBEF(config))
+    else:
+        raise FalconError(f"unknown task {task!r}; use retrieval, vqa or nlvr2")
+    load_weights(model, path)
+    return model

@@ -1,0 +1,237 @@
+"""The evaluate stage: the downstream numbers of a run, into ``results/``.
+
+Reads top to bottom:
+1. processes, device, precision; the run's tokenizer and dataset;
+2. each task in ``evaluate.tasks``:
+   * ``retrieval``: for each model in ``evaluate.retrieval.models`` (``pretrained`` = zero-shot,
+     FALCON's protocol; ``finetuned`` = after ``falcon finetune --task retrieval``), ITC similarity
+     of every pair with each query's top k re-ranked by the ITM match logit; TR/IR R@1/5/10, and
+     the false-negative-aware metrics: on the shapes world every caption the oracle says truly
+     describes an image is a positive (R@K, R-Precision, mAP@R); on COCO 5K the ECCV Caption,
+     CxC and COCO 1K/5K metrics through ``eccv_caption``. → ``results/retrieval.{json,csv,md}``;
+   * ``vqa``: the fine-tuned decoder ranks the answer list; the server-format answers go to
+     ``results/vqa_result_<split>.json`` and, where the split has answers, the VQA accuracy to
+     ``results/vqa.{json,csv,md}``;
+   * ``nlvr2``: accuracy of the fine-tuned classifier on dev and test-P → ``results/nlvr2.*``.
+
+Scoring is sharded across processes under torchrun (``torchrun --nproc_per_node 8 -m falcon_cli
+evaluate retrieval runs/coco-albef``); only rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from falcon_cli.artifacts.atomic import write_json
+from falcon_cli.artifacts.results import write_results
+from falcon_cli.artifacts.run_dir import RunDirectory
+from falcon_cli.config.schema import Recipe
+from falcon_cli.data.collate import Nlvr2Collate, VqaCollate
+from falcon_cli.data.datasets import nlvr2_dataset, retrieval_dataset, vqa_answer_list, vqa_dataset
+from falcon_cli.data.spec import load_spec
+from falcon_cli.data.tokenizer import load_tokenizer
+from falcon_cli.data.transforms import build_transform
+from falcon_cli.errors import FalconError
+from falcon_cli.evaluation.downstream import answer_questions, nlvr2_accuracy
+from falcon_cli.evaluation.multi_positive import multi_positive_metrics
+from falcon_cli.evaluation.retrieval import recall_at_k
+from falcon_cli.evaluation.scoring import embed_split, retrieval_scores
+from falcon_cli.evaluation.vqa_accuracy import vqa_score
+from falcon_cli.evaluation.zero_shot import split_targets
+from falcon_cli.models.pretrained import albef_from_checkpoint, find_checkpoint, task_model_from_checkpoint
+from falcon_cli.runtime import distributed as D
+from falcon_cli.runtime.console import make_console
+from falcon_cli.runtime.precision import autocast, pick_device, resolve_precision
+
+console = make_console(stderr=True)
+TOKENIZER_DIR = Path("data/tokenizer")
+FINETUNED = Path("finetune")
+
+
+def run(config: Recipe, run: RunDirectory) -> dict:
+    """Evaluate every task in ``config.evaluate.tasks``; returns the summary recorded in the manifest."""
+    e = config.evaluate
+    device = pick_device(e.device)
+    D.init_distributed(device.type)
+    precision = resolve_precision(e.precision, device)
+    spec = load_spec(config.data.dataset)
+    tokenizer_dir = run.path / TOKENIZER_DIR
+    if not tokenizer_dir.exists():
+        raise FalconError(f"{tokenizer_dir}: not found; run the data stage first (falcon run --recipe {config.name} --run-dir {run.path})")
+    ctx = Context(config, run, spec, load_tokenizer(tokenizer_dir), device, precision)
+    return {task: EVALUATORS[task](ctx) for task in e.tasks}
+
+
+class Context:
+    """What every evaluation needs."""
+
+    def __init__(self, config: Recipe, run: RunDirectory, spec, tokenizer, device: torch.device, precision: str):
+        self.config, self.run, self.spec, self.tokenizer = config, run, spec, tokenizer
+        self.device, self.precision, self.e = device, precision, config.evaluate
+
+    def autocast(self):
+        return autocast(self.precision, self.device)
+
+    def finetuned(self, task: str, checkpoint: str | None = None) -> Path:
+        """``checkpoint``, else ``finetune/<task>/best`` of this run (what ``falcon finetune`` kept)."""
+        path = Path(checkpoint) if checkpoint is not None else self.run.path / FINETUNED / task / "best"
+        if not (path / "model.safetensors").is_file():
+            raise FalconError(f"{path}: no fine-tuned {task} model; run `falcon finetune --task {task} --run-dir "
+                              f"{self.run.path}` first (or add finetune to the recipe's stages)")
+        return path
+
+
+# --- retrieval ------------------------------------------------------------------------------------
+
+def evaluate_retrieval(ctx: Context) -> dict:
+    """TR/IR R@1/5/10 (ITC, top k re-ranked by ITM) and false-negative-aware metrics, one row per model."""
+    r, e = ctx.e.retrieval, ctx.e
+    k = None if r.itc_only else r.k
+    checkpoints = {name: resolve_model(ctx, name) for name in r.models}  # every path checked before any scoring
+    truth, dataset, loaded_at = None, None, None
+    rows = []
+    for name, checkpoint in checkpoints.items():
+        model = albef_from_checkpoint(checkpoint, e.image_size).to(ctx.device)
+        resolution = model.config.image_size
+        if loaded_at != resolution:  # checkpoints fine-tuned at another resolution get their own transform
+            dataset, loaded_at = retrieval_dataset(ctx.spec, r.split, build_transform("test", resolution)), resolution
+        if truth is None:
+            truth = false_negative_truth(ctx, dataset)
+        embeddings = embed_split(model, dataset, ctx.tokenizer, ctx.device, batch_size=e.batch_size,
+                                 max_length=e.max_text_length, autocast=ctx.autocast(), num_workers=e.num_workers,
+                                 keep_tokens=k is not None)
+        scorings = [None, k] if k is not None and r.also_itc else [k]  # None = ITC only
+        for depth in scorings:
+            i2t, t2i = (s.cpu() for s in retrieval_scores(model, embeddings, k=depth, batch_size=e.batch_size,
+                                                            autocast=ctx.autocast()))
+            row = {"model": name, "scoring": "itc" if depth is None else f"itc+itm@{depth}", "resolution": resolution,
+                   **recall_at_k(i2t, *split_targets(dataset), scores_t2i=t2i)}
+            if truth is not None:
+                row.update(truth(i2t, t2i))
+            rows.append({**row, "checkpoint": str(checkpoint)})
+        del model, embeddings
+    kind = "none" if truth is None else truth.kind
+    meta = {"dataset": ctx.spec.name, "split": r.split, "scoring": "itc" if k is None else "itc+itm",
+            "k": k, "false_negatives": kind, "images": len(dataset), "texts": len(dataset.text), "units": "percent"}
+    if D.is_main_process():
+        console.print(write_results(ctx.run, "retrieval", rows, meta,
+                                    f"Retrieval on `{r.split}` ({meta['scoring']}{'' if k is None else f', k={k}'}, percent)"))
+    return {"meta": meta, "rows": rows}
+
+
+def resolve_model(ctx: Context, name: str) -> Path:
+    """The checkpoint directory an ``evaluate.retrieval.models`` entry names."""
+    if name == "pretrained":
+        return find_checkpoint(ctx.run.path, "evaluate.retrieval.models: pretrained")
+    if name == "finetuned":
+        return ctx.finetuned("retrieval")
+    return find_checkpoint(name, f"evaluate.retrieval.models: {name}")
+
+
+class Truth:
+    """Every truly matching (image, caption) pair of the split: ``truth(i2t, t2i) -> metrics``."""
+
+    def __init__(self, kind: str, compute):
+        self.kind, self.compute = kind, compute
+
+    def __call__(self, i2t: torch.Tensor, t2i: torch.Tensor) -> dict:
+        return self.compute(i2t, t2i)
+
+
+def false_negative_truth(ctx: Context, dataset) -> Truth | None:
+    """The false-negative-aware metrics the split supports (``evaluate.retrieval.false_negatives``)."""
+    wanted = ctx.e.retrieval.false_negatives
+    has_ids = all("image_id" in rec and "caption_ids" in rec for rec in dataset.records)
+    if wanted == "auto":
+        wanted = ("oracle" if ctx.spec.shapes_world is not None else
+                  "eccv" if has_ids and len(dataset) == 5000 else "none")
+    if wanted == "none":
+        return None
+    if not has_ids:
+        raise FalconError(f"evaluate.retrieval.false_negatives={wanted}: the {ctx.e.retrieval.split} split's entries "
+                          "need image_id and caption_ids (the shapes world and COCO Karpathy files have them)")
+    image_ids = [int(rec["image_id"]) for rec in dataset.records]
+    caption_ids = [int(c) for rec in dataset.records for c in rec["caption_ids"]]
+    if wanted == "oracle":
+        if ctx.spec.shapes_world is None:
+            raise FalconError(f"evaluate.retrieval.false_negatives=oracle: dataset {ctx.spec.name} has no shapes_world "
+                              "(the oracle exists only for generated shapes worlds); use eccv, auto or none")
+        from falcon_cli.data.shapes.oracle import ShapesOracle
+
+        positives = torch.from_numpy(ShapesOracle.load(ctx.spec.resolve(ctx.spec.shapes_world)).matrix(image_ids, caption_ids))
+
+        def oracle(i2t: torch.Tensor, t2i: torch.Tensor) -> dict:
+            out = {}
+            for direction, scores, pos in (("i2t", i2t, positives), ("t2i", t2i, positives.t())):
+                values = multi_positive_metrics(scores, pos)
+                out.update({f"oracle_{direction}_{key}": value for key, value in values.items() if key != "queries"})
+            return out
+
+        return Truth("oracle", oracle)
+    from falcon_cli.evaluation.eccv import coco_1k_recalls, eccv_metrics
+
+    def eccv(i2t: torch.Tensor, t2i: torch.Tensor) -> dict:
+        return {**eccv_metrics(i2t, image_ids, caption_ids, top_k=ctx.e.retrieval.top_k_lists, scores_t2i=t2i),
+                **coco_1k_recalls(i2t, *split_targets(dataset), scores_t2i=t2i)}
+
+    return Truth("eccv", eccv)
+
+
+# --- VQA ------------------------------------------------------------------------------------------
+
+def evaluate_vqa(ctx: Context) -> dict:
+    """Answers for the split in the evaluation server's format, and the local VQA accuracy where answers exist."""
+    v, e = ctx.e.vqa, ctx.e
+    checkpoint = ctx.finetuned("vqa", v.checkpoint)
+    meta_file = json.loads((checkpoint / "meta.json").read_text())
+    model = task_model_from_checkpoint(checkpoint, "vqa").to(ctx.device)
+    resolution = e.image_size or model.config.image_size
+    dataset = vqa_dataset(ctx.spec, v.split, build_transform("test", resolution))
+    answers = vqa_answer_list(ctx.spec)
+    max_answer_length = int(meta_file.get("max_answer_length", 10))
+    encoded = ctx.tokenizer(answers, padding="longest", truncation=True, max_length=max_answer_length, return_tensors="pt")
+    predictions = answer_questions(model, dataset, VqaCollate(ctx.tokenizer, e.max_text_length, max_answer_length),
+                                   encoded["input_ids"], encoded["attention_mask"], answers, ctx.device, k=v.k,
+                                   batch_size=e.batch_size, num_workers=e.num_workers, autocast=ctx.autocast())
+    row = {"split": v.split, "questions": len(dataset)}
+    truth = {rec.question_id: rec.answers for rec in dataset.records if rec.answers is not None}
+    if len(truth) == len(dataset.records):
+        score = vqa_score(predictions, truth)
+        row.update(accuracy=score["accuracy"])
+    meta = {"dataset": ctx.spec.name, "checkpoint": str(checkpoint), "resolution": resolution, "k": v.k,
+            "candidates": len(answers), "units": "percent"}
+    if D.is_main_process():
+        result_file = ctx.run.path / "results" / f"vqa_result_{v.split}.json"
+        write_json(result_file, [{"question_id": qid, "answer": predictions[qid]}
+                                 for qid in (rec.question_id for rec in dataset.records)], indent=None)
+        ctx.run.add_artifact(Path("results") / result_file.name, schema="vqa_server_result", schema_version=1)
+        note = "" if "accuracy" in row else " (no answers in this split: submit the result file to the evaluation server)"
+        console.print(write_results(ctx.run, "vqa", [row], meta, f"VQA on `{v.split}`{note} (percent)"))
+    return {"meta": meta, "rows": [row]}
+
+
+# --- NLVR2 ----------------------------------------------------------------------------------------
+
+def evaluate_nlvr2(ctx: Context) -> dict:
+    """Accuracy of the fine-tuned NLVR2 classifier on each split (``test`` = test-P)."""
+    n, e = ctx.e.nlvr2, ctx.e
+    checkpoint = ctx.finetuned("nlvr2", n.checkpoint)
+    model = task_model_from_checkpoint(checkpoint, "nlvr2").to(ctx.device)
+    resolution = e.image_size or model.config.image_size
+    collate = Nlvr2Collate(ctx.tokenizer, e.max_text_length)
+    rows = []
+    for split in n.splits:
+        dataset = nlvr2_dataset(ctx.spec, split, build_transform("test", resolution))
+        accuracy = nlvr2_accuracy(model, dataset, collate, ctx.device, batch_size=e.batch_size,
+                                  num_workers=e.num_workers, autocast=ctx.autocast())
+        rows.append({"split": split, "statements": len(dataset), "accuracy": accuracy})
+    meta = {"dataset": ctx.spec.name, "checkpoint": str(checkpoint), "resolution": resolution, "units": "percent"}
+    if D.is_main_process():
+        console.print(write_results(ctx.run, "nlvr2", rows, meta, "NLVR2 accuracy (percent)"))
+    return {"meta": meta, "rows": rows}
+
+
+EVALUATORS = {"retrieval": evaluate_retrieval, "vqa": evaluate_vqa, "nlvr2": evaluate_nlvr2}
