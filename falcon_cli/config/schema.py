@@ -437,6 +437,13 @@ class RetrievalFinetuneConfig(TaskTraining):
     select_k: int | None = Field(256, ge=1)
     """ITM re-ranking depth of the per-epoch selection score; None = ITC similarity only (faster)."""
 
+    @model_validator(mode="after")
+    def _queue_holds_whole_batches(self) -> "RetrievalFinetuneConfig":
+        if self.queue_size % self.batch_size:
+            raise ValueError(f"queue_size {self.queue_size} is not a multiple of batch_size {self.batch_size} "
+                             "(the queue takes whole global batches)")
+        return self
+
 
 class VqaFinetuneConfig(TaskTraining):
     """VQA fine-tuning (ALBEF): the answer decoder starts from the fusion layers; the loss is each

@@ -1,0 +1,125 @@
+"""`falcon finetune` and `falcon evaluate retrieval|vqa|nlvr2` end to end on a tiny shapes world."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_cli
+
+TINY = ["data.shapes.images=40", "data.tokenizer_vocab_size=200", "pretrain.epochs=1", "pretrain.batch_size=16",
+        "pretrain.max_steps_per_epoch=3", "finetune.retrieval.max_steps_per_epoch=3",
+        "pretrain.augment=test", "pretrain.num_workers=0", "pretrain.warmup_steps=2",
+        "finetune.num_workers=0", "finetune.retrieval.epochs=1", "finetune.retrieval.batch_size=8",
+        "finetune.retrieval.queue_size=32", "finetune.retrieval.select_k=4",
+        "finetune.vqa.epochs=1", "finetune.vqa.batch_size=16", "finetune.vqa.max_steps_per_epoch=2",
+        "finetune.nlvr2.epochs=2", "finetune.nlvr2.batch_size=8", "finetune.nlvr2.ta_batch_size=8",
+        "finetune.nlvr2.ta_max_steps=2", "finetune.nlvr2.max_steps_per_epoch=2",
+        "evaluate.num_workers=0", "evaluate.retrieval.k=4", "evaluate.batch_size=16"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """The shapes-demo chain (data → pretrain → finetune → evaluate), tiny, plus retrieval fine-tuning."""
+    root = tmp_path_factory.mktemp("downstream")
+    run = root / "run"
+    proc = run_cli("run", "--recipe", "shapes-demo", "--run-dir", run, f"data.dataset={root / 'world'}", *TINY,
+                   "finetune.tasks=[retrieval, vqa, nlvr2]")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return run
+
+
+def rows(run, name):
+    return json.loads((run / "results" / f"{name}.json").read_text())
+
+
+def test_recipe_chain_writes_every_result(run_dir):
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert [s for s in ("data", "pretrain", "finetune", "evaluate") if manifest["stages"][s]["status"] == "completed"] == \
+        ["data", "pretrain", "finetune", "evaluate"]
+    for task in ("retrieval", "vqa", "nlvr2"):
+        best = run_dir / "finetune" / task / "best"
+        assert (best / "model.safetensors").is_file() and json.loads((best / "meta.json").read_text())["task"] == task
+        for suffix in ("json", "csv", "md"):
+            assert (run_dir / "results" / f"{task}.{suffix}").is_file()
+    assert (run_dir / "finetune" / "nlvr2" / "text_assignment" / "best" / "model.safetensors").is_file()
+
+    retrieval = rows(run_dir, "retrieval")
+    assert retrieval["meta"]["false_negatives"] == "oracle" and retrieval["meta"]["units"] == "percent"
+    assert [(r["model"], r["scoring"]) for r in retrieval["rows"]] == [("pretrained", "itc"), ("pretrained", "itc+itm@4")]
+    for row in retrieval["rows"]:
+        for key in ("i2t_R@1", "t2i_R@10", "mean_R", "oracle_i2t_R@1", "oracle_t2i_R-P", "oracle_i2t_mAP@R"):
+            assert 0.0 <= row[key] <= 100.0, key
+        # Every own caption is also a true match, so the oracle's R@K can only be higher.
+        assert row["oracle_i2t_R@1"] >= row["i2t_R@1"] and row["oracle_t2i_R@5"] >= row["t2i_R@5"]
+    # The ITC row is the same ranking the pretrain stage's zero-shot evaluation measured.
+    zero_shot = rows(run_dir, "retrieval_zeroshot")["rows"][-1]
+    for key in ("i2t_R@1", "i2t_R@5", "t2i_R@1", "t2i_R@5", "mean_R"):
+        assert retrieval["rows"][0][key] == pytest.approx(zero_shot[key], abs=1e-6), key
+
+    # VQA: every test question answered once, from the candidate list, in the server's format.
+    questions = json.loads((run_dir.parent / "world" / "vqa_test.json").read_text())
+    answers = json.loads((run_dir.parent / "world" / "answer_list.json").read_text())
+    result = json.loads((run_dir / "results" / "vqa_result_test.json").read_text())
+    assert [r["question_id"] for r in result] == [q["question_id"] for q in questions]
+    assert all(r["answer"] in answers for r in result)
+    vqa = rows(run_dir, "vqa")["rows"][0]
+    assert vqa["split"] == "test" and 0.0 <= vqa["accuracy"] <= 100.0 and vqa["questions"] == len(questions)
+
+    nlvr2 = rows(run_dir, "nlvr2")
+    assert [r["split"] for r in nlvr2["rows"]] == ["dev", "test"]
+    assert all(0.0 <= r["accuracy"] <= 100.0 for r in nlvr2["rows"])
+    history = json.loads((run_dir / "finetune" / "nlvr2" / "best" / "meta.json").read_text())
+    assert history["metric"] == "dev_accuracy" and history["epoch"] in (0, 1)
+
+
+def test_evaluate_a_checkpoint_and_both_models(run_dir):
+    checkpoint = run_dir / "finetune" / "retrieval" / "best"
+    proc = run_cli("evaluate", "retrieval", checkpoint, "--itc-only")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = rows(run_dir, "retrieval")
+    assert [(r["model"], r["scoring"]) for r in result["rows"]] == [(str(checkpoint), "itc")]
+    proc = run_cli("evaluate", "retrieval", run_dir, "--model", "pretrained", "--model", "finetuned", "--rerank", "--k", "3",
+                   "--false-negatives", "none")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = rows(run_dir, "retrieval")
+    assert [(r["model"], r["scoring"]) for r in result["rows"]] == [
+        ("pretrained", "itc"), ("pretrained", "itc+itm@3"), ("finetuned", "itc"), ("finetuned", "itc+itm@3")]
+    assert "oracle_i2t_R@1" not in result["rows"][0] and result["meta"]["k"] == 3
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["config"]["evaluate"]["retrieval"]["models"] == ["pretrained", "finetuned"]
+    assert manifest["config"]["pretrain"]["epochs"] == 1  # the training record is untouched
+
+
+def test_resume_after_the_last_epoch_trains_nothing(run_dir):
+    best = run_dir / "finetune" / "nlvr2" / "best" / "meta.json"
+    before = best.read_text()
+    proc = run_cli("finetune", "--run-dir", run_dir, "--task", "nlvr2", "--resume")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "resumed nlvr2" in proc.stderr and best.read_text() == before
+
+
+@pytest.mark.parametrize("args, message", [
+    (["evaluate", "retrieval", "/nonexistent/run"], "neither a falcon run directory"),
+    (["evaluate", "retrieval", "RUN", "--set", "pretrain.epochs=3"], "only evaluate.* keys"),
+    (["evaluate", "retrieval", "RUN", "--false-negatives", "eccv"], "false_negatives"),
+    (["finetune", "--run-dir", "RUN", "--task", "captioning"], "--task captioning: unknown task"),
+    (["finetune", "--run-dir", "RUN", "finetune.retrieval.queue_size=30", "--task", "retrieval"], "not a multiple"),
+])
+def test_bad_input_is_one_line(run_dir, args, message):
+    before = (run_dir / "manifest.json").read_text()
+    proc = run_cli(*[str(run_dir) if a == "RUN" else a for a in args])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    if "queue_size" not in " ".join(args):  # rejected before the run was touched
+        assert (run_dir / "manifest.json").read_text() == before
+
+
+def test_vqa_needs_a_finetuned_model(tmp_path, run_dir):
+    import shutil
+
+    run = tmp_path / "copy"
+    shutil.copytree(run_dir, run, ignore=shutil.ignore_patterns("finetune"))
+    proc = run_cli("evaluate", "vqa", run)
+    assert proc.returncode == 2 and "falcon finetune --task vqa" in proc.stderr, proc.stderr
