@@ -171,7 +171,9 @@ def false_negative_truth(ctx: Context, dataset) -> Truth | None:
             return out
 
         return Truth("oracle", oracle)
-    from falcon_cli.evaluation.eccv import coco_1k_recalls, eccv_metrics
+    from falcon_cli.evaluation.eccv import check_ids, coco_1k_recalls, eccv_metrics
+
+    check_ids(image_ids, caption_ids)  # before any scoring
 
     def eccv(i2t: torch.Tensor, t2i: torch.Tensor) -> dict:
         return {**eccv_metrics(i2t, image_ids, caption_ids, top_k=ctx.e.retrieval.top_k_lists, scores_t2i=t2i),

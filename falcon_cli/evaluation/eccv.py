@@ -71,6 +71,28 @@ def _quiet(metrics_module):
         metrics_module.tqdm = original
 
 
+def _load_metrics():
+    module, metrics_module = _package()
+    with _quiet(metrics_module):
+        return module.Metrics(verbose=False), metrics_module
+
+
+def _check_coverage(metric, image_ids, caption_ids) -> None:
+    given = {"i2t": {int(i) for i in image_ids}, "t2i": {int(c) for c in caption_ids}}
+    missing = {}
+    for direction in ("i2t", "t2i"):
+        required = set().union(*(gt[direction].keys() for gt in (metric.coco_gts, metric.cxc_gts, metric.eccv_gts)))
+        missing[direction] = (len(required - given[direction]), len(required))
+    if missing["i2t"][0] or missing["t2i"][0]:
+        raise FalconError(f"{missing['i2t'][0]} of {missing['i2t'][1]} COCO test image ids and {missing['t2i'][0]} of "
+                          f"{missing['t2i'][1]} caption ids are missing from the evaluation: {SPLIT_HINT}")
+
+
+def check_ids(image_ids: Sequence[int], caption_ids: Sequence[int]) -> None:
+    """Raise :class:`FalconError` unless the ids cover every query of the package's ground truth (check before scoring)."""
+    _check_coverage(_load_metrics()[0], image_ids, caption_ids)
+
+
 def eccv_metrics_from_rankings(i2t: Mapping[int, Sequence[int]], t2i: Mapping[int, Sequence[int]]) -> dict[str, float]:
     """ECCV, CxC and COCO 5K metrics, in percent, from ready ranked lists (best first).
 
@@ -78,18 +100,9 @@ def eccv_metrics_from_rankings(i2t: Mapping[int, Sequence[int]], t2i: Mapping[in
     image ids. Every ground-truth query of the package must be present, and each list must
     be at least as long as the query's most positives (48 i2t, 19 t2i) and max K (10).
     """
-    module, metrics_module = _package()
-    with _quiet(metrics_module):
-        metric = module.Metrics(verbose=False)
-    gts = (metric.coco_gts, metric.cxc_gts, metric.eccv_gts)
+    metric, metrics_module = _load_metrics()
     lists = {"i2t": i2t, "t2i": t2i}
-    missing = {}
-    for direction in ("i2t", "t2i"):
-        required = set().union(*(gt[direction].keys() for gt in gts))
-        missing[direction] = (len(required - set(lists[direction].keys())), len(required))
-    if missing["i2t"][0] or missing["t2i"][0]:
-        raise FalconError(f"{missing['i2t'][0]} of {missing['i2t'][1]} COCO test image ids and {missing['t2i'][0]} of "
-                          f"{missing['t2i'][1]} caption ids are missing from the evaluation: {SPLIT_HINT}")
+    _check_coverage(metric, i2t.keys(), t2i.keys())
     for direction in ("i2t", "t2i"):
         need = max(max(KS), max(len(v) for v in metric.eccv_gts[direction].values()))
         shortest = min(len(lists[direction][q]) for q in metric.eccv_gts[direction])
