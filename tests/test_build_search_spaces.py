@@ -22,7 +22,10 @@ SIZE = 48
 
 
 def recipe_args(world) -> list[str]:
-    return [f"data.dataset={world}", "data.shapes.images=40", "data.tokenizer_vocab_size=200", "data.verify_images=false"]
+    # One world serves shapes-demo and shapes-warmstart runs here, so their world settings must agree
+    # (shapes-demo writes 3 NLVR2 statements per image).
+    return [f"data.dataset={world}", "data.shapes.images=40", "data.tokenizer_vocab_size=200", "data.verify_images=false",
+            "data.shapes.nlvr2_statements_per_image=3"]
 
 
 def test_help_shows_a_real_example():

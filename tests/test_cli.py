@@ -33,7 +33,9 @@ def test_only_working_commands_are_registered():
 
     # ML commands (embed, evaluate, ...) arrive with the stages that implement them: no placeholders.
     assert set(typer.main.get_command(app).commands) == {"data", "recipes", "run", "pretrain", "embed", "build-search-spaces",
-                                                         "audit-false-negatives"}
+                                                         "audit-false-negatives", "finetune", "evaluate"}
+    evaluate = typer.main.get_command(app).commands["evaluate"]
+    assert set(evaluate.commands) == {"retrieval", "vqa", "nlvr2"}
 
 
 def test_shapes_then_check_reports_no_problems(cli, tmp_path):
