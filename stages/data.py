@@ -23,7 +23,7 @@ from falcon_cli.config.schema import Recipe
 from falcon_cli.data.check import check_dataset
 from falcon_cli.data.datasets import pretrain_dataset
 from falcon_cli.data.spec import load_spec
-from falcon_cli.data.tokenizer import load_tokenizer, train_wordpiece_tokenizer
+from falcon_cli.data.tokenizer import RUN_TOKENIZER_DIR, load_tokenizer, train_wordpiece_tokenizer
 from falcon_cli.errors import FalconError
 from falcon_cli.runtime.distributed import on_rank_zero
 
@@ -31,7 +31,6 @@ log = logging.getLogger("falcon")
 console = make_console(stderr=True)
 
 CHECK_REPORT = Path("data/check.json")
-TOKENIZER_DIR = Path("data/tokenizer")
 
 
 def run(config: Recipe, run: RunDirectory) -> dict:
@@ -73,7 +72,7 @@ def _prepare(config: Recipe, run: RunDirectory) -> dict:
         log.warning("skipped %d pretraining pairs whose images are missing (on_missing=skip)", pairs.dropped)
 
     # 4. One tokenizer for the whole run, saved inside it.
-    target = run.path / TOKENIZER_DIR
+    target = run.path / RUN_TOKENIZER_DIR
     if data.tokenizer == "wordpiece":
         captions = [caption for record in pairs.records for caption in record.captions]
         tokenizer = train_wordpiece_tokenizer(captions, target, vocab_size=data.tokenizer_vocab_size)
@@ -81,6 +80,6 @@ def _prepare(config: Recipe, run: RunDirectory) -> dict:
         tokenizer = load_tokenizer(data.tokenizer)
         with atomic_dir(target) as tmp:
             tokenizer.save_pretrained(str(tmp))
-    run.add_artifact(TOKENIZER_DIR, schema="tokenizer", schema_version=1, meta={"source": data.tokenizer})
+    run.add_artifact(RUN_TOKENIZER_DIR, schema="tokenizer", schema_version=1, meta={"source": data.tokenizer})
     result["tokenizer"] = {"source": data.tokenizer, "vocab_size": len(tokenizer)}
     return result

@@ -32,7 +32,7 @@ from falcon_cli.config.schema import Recipe
 from falcon_cli.data.collate import Nlvr2Collate, VqaCollate
 from falcon_cli.data.datasets import nlvr2_dataset, retrieval_dataset, vqa_answer_list, vqa_dataset
 from falcon_cli.data.spec import load_spec
-from falcon_cli.data.tokenizer import load_tokenizer
+from falcon_cli.data.tokenizer import load_run_tokenizer
 from falcon_cli.data.transforms import build_transform
 from falcon_cli.errors import FalconError
 from falcon_cli.evaluation.downstream import answer_questions, nlvr2_accuracy
@@ -47,7 +47,6 @@ from falcon_cli.runtime.console import make_console
 from falcon_cli.runtime.precision import autocast, pick_device, resolve_precision
 
 console = make_console(stderr=True)
-TOKENIZER_DIR = Path("data/tokenizer")
 FINETUNED = Path("finetune")
 
 
@@ -58,10 +57,7 @@ def run(config: Recipe, run: RunDirectory) -> dict:
     D.init_distributed(device.type)
     precision = resolve_precision(e.precision, device)
     spec = load_spec(config.data.dataset)
-    tokenizer_dir = run.path / TOKENIZER_DIR
-    if not tokenizer_dir.exists():
-        raise FalconError(f"{tokenizer_dir}: not found; run the data stage first (falcon run --recipe {config.name} --run-dir {run.path})")
-    ctx = Context(config, run, spec, load_tokenizer(tokenizer_dir), device, precision)
+    ctx = Context(config, run, spec, load_run_tokenizer(run.path, config.name), device, precision)
     return {task: EVALUATORS[task](ctx) for task in e.tasks}
 
 

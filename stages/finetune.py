@@ -35,7 +35,7 @@ from falcon_cli.config.schema import Recipe, TaskTraining
 from falcon_cli.data.collate import Nlvr2Collate, PretrainCollate, RetrievalCollate, VqaCollate
 from falcon_cli.data.datasets import nlvr2_dataset, pretrain_dataset, retrieval_dataset, vqa_dataset
 from falcon_cli.data.spec import load_spec
-from falcon_cli.data.tokenizer import load_tokenizer
+from falcon_cli.data.tokenizer import load_run_tokenizer
 from falcon_cli.data.transforms import build_transform
 from falcon_cli.errors import FalconError
 from falcon_cli.evaluation.downstream import nlvr2_accuracy
@@ -60,7 +60,6 @@ from falcon_cli.runtime.progress import track
 from falcon_cli.runtime.seeding import rng_state, seed_everything, set_rng_state
 
 console = make_console(stderr=True)
-TOKENIZER_DIR = Path("data/tokenizer")
 FINETUNE = Path("finetune")
 BEST = "best"
 
@@ -77,10 +76,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
     spec = load_spec(config.data.dataset)
     if config.data.on_missing is not None:
         spec.on_missing = config.data.on_missing
-    tokenizer_dir = run.path / TOKENIZER_DIR
-    if not tokenizer_dir.exists():
-        raise FalconError(f"{tokenizer_dir}: not found; run the data stage first (falcon run --recipe {config.name} --run-dir {run.path})")
-    tokenizer = load_tokenizer(tokenizer_dir)
+    tokenizer = load_run_tokenizer(run.path, config.name)
     start = find_checkpoint(f.checkpoint or run.path, "finetune.checkpoint")
     ctx = Context(config, run, spec, tokenizer, device, precision, resume)
 

@@ -36,7 +36,7 @@ from falcon_cli.config.schema import Recipe
 from falcon_cli.data.collate import PretrainCollate
 from falcon_cli.data.datasets import pretrain_dataset, retrieval_dataset
 from falcon_cli.data.spec import load_spec
-from falcon_cli.data.tokenizer import load_tokenizer
+from falcon_cli.data.tokenizer import load_run_tokenizer
 from falcon_cli.data.transforms import build_transform
 from falcon_cli.errors import FalconError
 from falcon_cli.evaluation.zero_shot import zero_shot_retrieval
@@ -65,7 +65,6 @@ from falcon_cli.sampling.warm_start import load_warm_start
 log = logging.getLogger("falcon")
 console = make_console(stderr=True)
 
-TOKENIZER_DIR = Path("data/tokenizer")
 
 
 def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
@@ -84,10 +83,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
     spec = load_spec(config.data.dataset)
     if config.data.on_missing is not None:
         spec.on_missing = config.data.on_missing
-    tokenizer_dir = run.path / TOKENIZER_DIR
-    if not tokenizer_dir.exists():
-        raise FalconError(f"{tokenizer_dir}: not found; run the data stage first (falcon run --recipe {config.name} --run-dir {run.path})")
-    tokenizer = load_tokenizer(tokenizer_dir)
+    tokenizer = load_run_tokenizer(run.path, config.name)
     overrides = {"vocab_size": len(tokenizer), "vision_weights": p.vision_weights, "text_weights": p.text_weights}
     if p.image_size is not None:
         overrides["image_size"] = p.image_size

@@ -160,3 +160,15 @@ def train_wordpiece_tokenizer(
         vocab = sorted(tok.get_vocab().items(), key=lambda item: item[1])
         (tmp / "vocab.txt").write_text("".join(f"{token}\n" for token, _ in vocab), encoding="utf-8")
     return load_tokenizer(out_dir)
+
+
+RUN_TOKENIZER_DIR = Path("data/tokenizer")
+"""Where the data stage saves a run's tokenizer, relative to the run directory."""
+
+
+def load_run_tokenizer(run_dir: str | os.PathLike, recipe: str = "RECIPE"):
+    """The tokenizer the data stage saved in ``run_dir`` (every later stage reads captions with it)."""
+    path = Path(run_dir) / RUN_TOKENIZER_DIR
+    if not path.exists():
+        raise FalconError(f"{path}: not found; run the data stage first (falcon run --recipe {recipe} --run-dir {run_dir})")
+    return load_tokenizer(path)

@@ -72,8 +72,6 @@ def albef_from_checkpoint(checkpoint: str | Path, image_size: int | None = None)
     return model
 
 
-__all__ = ["albef_from_checkpoint", "at_resolution", "find_checkpoint", "task_model_from_checkpoint"]
-
 
 def task_model_from_checkpoint(checkpoint: str | Path, task: str):
     """The fine-tuned model of ``task`` (``retrieval``: an ALBEF; ``vqa``: an AlbefVQA; ``nlvr2``: an
@@ -99,3 +97,6 @@ def task_model_from_checkpoint(checkpoint: str | Path, task: str):
         raise FalconError(f"unknown task {task!r}; use retrieval, vqa or nlvr2")
     load_weights(model, path)
     return model
+
+
+__all__ = ["albef_from_checkpoint", "at_resolution", "find_checkpoint", "task_model_from_checkpoint"]
