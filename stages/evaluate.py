@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -29,25 +30,24 @@ from falcon_cli.artifacts.atomic import write_json
 from falcon_cli.artifacts.results import write_results
 from falcon_cli.artifacts.run_dir import RunDirectory
 from falcon_cli.config.schema import Recipe
-from falcon_cli.data.collate import Nlvr2Collate, VqaCollate
+from falcon_cli.data.collate import Nlvr2Collate, VqaCollate, tokenize
 from falcon_cli.data.datasets import nlvr2_dataset, retrieval_dataset, vqa_answer_list, vqa_dataset
 from falcon_cli.data.spec import load_spec
 from falcon_cli.data.tokenizer import load_run_tokenizer
 from falcon_cli.data.transforms import build_transform
 from falcon_cli.errors import FalconError
 from falcon_cli.evaluation.downstream import answer_questions, nlvr2_accuracy
-from falcon_cli.evaluation.multi_positive import multi_positive_metrics
+from falcon_cli.evaluation.multi_positive import fn_aware_retrieval
 from falcon_cli.evaluation.retrieval import recall_at_k
 from falcon_cli.evaluation.scoring import embed_split, retrieval_scores
 from falcon_cli.evaluation.vqa_accuracy import vqa_score
 from falcon_cli.evaluation.zero_shot import split_targets
-from falcon_cli.models.pretrained import albef_from_checkpoint, find_checkpoint, task_model_from_checkpoint
+from falcon_cli.models.pretrained import albef_from_checkpoint, find_checkpoint, finetuned_weights, task_model_from_checkpoint
 from falcon_cli.runtime import distributed as D
 from falcon_cli.runtime.console import make_console
 from falcon_cli.runtime.precision import autocast, pick_device, resolve_precision
 
 console = make_console(stderr=True)
-FINETUNED = Path("finetune")
 
 
 def run(config: Recipe, run: RunDirectory) -> dict:
@@ -73,7 +73,7 @@ class Context:
 
     def finetuned(self, task: str, checkpoint: str | None = None) -> Path:
         """``checkpoint``, else ``finetune/<task>/best`` of this run (what ``falcon finetune`` kept)."""
-        path = Path(checkpoint) if checkpoint is not None else self.run.path / FINETUNED / task / "best"
+        path = Path(checkpoint) if checkpoint is not None else finetuned_weights(self.run.path, task)
         if not (path / "model.safetensors").is_file():
             raise FalconError(f"{path}: no fine-tuned {task} model; run `falcon finetune --task {task} --run-dir "
                               f"{self.run.path}` first (or add finetune to the recipe's stages)")
@@ -87,15 +87,16 @@ def evaluate_retrieval(ctx: Context) -> dict:
     r, e = ctx.e.retrieval, ctx.e
     k = None if r.itc_only else r.k
     checkpoints = {name: resolve_model(ctx, name) for name in r.models}  # every path checked before any scoring
-    truth, dataset, loaded_at = None, None, None
+    truth, dataset, loaded_at = None, None, None  # truth: (kind, metrics(i2t, t2i)) or None
     rows = []
     for name, checkpoint in checkpoints.items():
         model = albef_from_checkpoint(checkpoint, e.image_size).to(ctx.device)
         resolution = model.config.image_size
         if loaded_at != resolution:  # checkpoints fine-tuned at another resolution get their own transform
+            first = dataset is None
             dataset, loaded_at = retrieval_dataset(ctx.spec, r.split, build_transform("test", resolution)), resolution
-        if truth is None:
-            truth = false_negative_truth(ctx, dataset)
+            if first:  # the ground truth depends on the split's entries only
+                truth = false_negative_truth(ctx, dataset)
         embeddings = embed_split(model, dataset, ctx.tokenizer, ctx.device, batch_size=e.batch_size,
                                  max_length=e.max_text_length, autocast=ctx.autocast(), num_workers=e.num_workers,
                                  keep_tokens=k is not None)
@@ -106,10 +107,10 @@ def evaluate_retrieval(ctx: Context) -> dict:
             row = {"model": name, "scoring": "itc" if depth is None else f"itc+itm@{depth}", "resolution": resolution,
                    **recall_at_k(i2t, *split_targets(dataset), scores_t2i=t2i)}
             if truth is not None:
-                row.update(truth(i2t, t2i))
+                row.update(truth[1](i2t, t2i))
             rows.append({**row, "checkpoint": str(checkpoint)})
         del model, embeddings
-    kind = "none" if truth is None else truth.kind
+    kind = "none" if truth is None else truth[0]
     meta = {"dataset": ctx.spec.name, "split": r.split, "scoring": "itc" if k is None else "itc+itm",
             "k": k, "false_negatives": kind, "images": len(dataset), "texts": len(dataset.text), "units": "percent"}
     if D.is_main_process():
@@ -127,18 +128,9 @@ def resolve_model(ctx: Context, name: str) -> Path:
     return find_checkpoint(name, f"evaluate.retrieval.models: {name}")
 
 
-class Truth:
-    """Every truly matching (image, caption) pair of the split: ``truth(i2t, t2i) -> metrics``."""
-
-    def __init__(self, kind: str, compute):
-        self.kind, self.compute = kind, compute
-
-    def __call__(self, i2t: torch.Tensor, t2i: torch.Tensor) -> dict:
-        return self.compute(i2t, t2i)
-
-
-def false_negative_truth(ctx: Context, dataset) -> Truth | None:
-    """The false-negative-aware metrics the split supports (``evaluate.retrieval.false_negatives``)."""
+def false_negative_truth(ctx: Context, dataset) -> tuple[str, Callable] | None:
+    """``(kind, metrics(i2t, t2i) -> dict)``: the false-negative-aware metrics the split supports
+    (``evaluate.retrieval.false_negatives``); None = none."""
     wanted = ctx.e.retrieval.false_negatives
     has_ids = all("image_id" in rec and "caption_ids" in rec for rec in dataset.records)
     if wanted == "auto":
@@ -158,15 +150,7 @@ def false_negative_truth(ctx: Context, dataset) -> Truth | None:
         from falcon_cli.data.shapes.oracle import ShapesOracle
 
         positives = torch.from_numpy(ShapesOracle.load(ctx.spec.resolve(ctx.spec.shapes_world)).matrix(image_ids, caption_ids))
-
-        def oracle(i2t: torch.Tensor, t2i: torch.Tensor) -> dict:
-            out = {}
-            for direction, scores, pos in (("i2t", i2t, positives), ("t2i", t2i, positives.t())):
-                values = multi_positive_metrics(scores, pos)
-                out.update({f"oracle_{direction}_{key}": value for key, value in values.items() if key != "queries"})
-            return out
-
-        return Truth("oracle", oracle)
+        return "oracle", lambda i2t, t2i: fn_aware_retrieval(i2t, positives, "oracle", scores_t2i=t2i)
     from falcon_cli.evaluation.eccv import check_ids, coco_1k_recalls, eccv_metrics
 
     check_ids(image_ids, caption_ids)  # before any scoring
@@ -175,7 +159,7 @@ def false_negative_truth(ctx: Context, dataset) -> Truth | None:
         return {**eccv_metrics(i2t, image_ids, caption_ids, top_k=ctx.e.retrieval.top_k_lists, scores_t2i=t2i),
                 **coco_1k_recalls(i2t, *split_targets(dataset), scores_t2i=t2i)}
 
-    return Truth("eccv", eccv)
+    return "eccv", eccv
 
 
 # --- VQA ------------------------------------------------------------------------------------------
@@ -190,9 +174,9 @@ def evaluate_vqa(ctx: Context) -> dict:
     dataset = vqa_dataset(ctx.spec, v.split, build_transform("test", resolution))
     answers = vqa_answer_list(ctx.spec)
     max_answer_length = int(meta_file.get("max_answer_length", 10))
-    encoded = ctx.tokenizer(answers, padding="longest", truncation=True, max_length=max_answer_length, return_tensors="pt")
+    answer_ids, answer_mask = tokenize(ctx.tokenizer, answers, max_answer_length)
     predictions = answer_questions(model, dataset, VqaCollate(ctx.tokenizer, e.max_text_length, max_answer_length),
-                                   encoded["input_ids"], encoded["attention_mask"], answers, ctx.device, k=v.k,
+                                   answer_ids, answer_mask, answers, ctx.device, k=v.k,
                                    batch_size=e.batch_size, num_workers=e.num_workers, autocast=ctx.autocast())
     row = {"split": v.split, "questions": len(dataset)}
     truth = {rec.question_id: rec.answers for rec in dataset.records if rec.answers is not None}

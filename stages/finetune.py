@@ -44,7 +44,7 @@ from falcon_cli.evaluation.scoring import embed_split, retrieval_scores
 from falcon_cli.evaluation.zero_shot import split_targets
 from falcon_cli.models.albef import pooled_features
 from falcon_cli.models.nlvr2 import AlbefNLVR2
-from falcon_cli.models.pretrained import albef_from_checkpoint, at_resolution, find_checkpoint
+from falcon_cli.models.pretrained import FINETUNED, albef_from_checkpoint, at_resolution, find_checkpoint, finetuned_weights
 from falcon_cli.models.vqa import AlbefVQA
 from falcon_cli.models.weights import save_weights
 from falcon_cli.objectives.itc import alpha_ramp
@@ -60,8 +60,6 @@ from falcon_cli.runtime.progress import track
 from falcon_cli.runtime.seeding import rng_state, seed_everything, set_rng_state
 
 console = make_console(stderr=True)
-FINETUNE = Path("finetune")
-BEST = "best"
 
 
 def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
@@ -147,7 +145,9 @@ def finetune_vqa(ctx: Context, start: Path) -> dict:
     t, f = ctx.f.vqa, ctx.f
     albef = albef_from_checkpoint(start, t.image_size)
     model = AlbefVQA.from_pretrained(albef).to(ctx.device)
-    train = ConcatSplits([vqa_dataset(ctx.spec, split, ctx.transform(albef.config.image_size)) for split in t.train_splits])
+    # Several splits train as one (VQA v2: train + val).
+    train = torch.utils.data.ConcatDataset([vqa_dataset(ctx.spec, split, ctx.transform(albef.config.image_size))
+                                            for split in t.train_splits])
 
     def loss(batch: dict, epoch: int, index: int, steps: int):
         states = model.encode_question(batch["image"], batch["question_ids"], batch["question_mask"])
@@ -158,10 +158,6 @@ def finetune_vqa(ctx: Context, start: Path) -> dict:
     return fit(ctx, "vqa", LossModule(model, loss), {"model": model}, train,
                VqaCollate(ctx.tokenizer, f.max_text_length, t.max_answer_length), t,
                meta={"image_size": albef.config.image_size, "max_answer_length": t.max_answer_length})
-
-
-class ConcatSplits(torch.utils.data.ConcatDataset):
-    """Several VQA splits trained on as one (train + val, as VQA v2 fine-tuning does)."""
 
 
 # --- NLVR2 ----------------------------------------------------------------------------------------
@@ -195,7 +191,7 @@ def finetune_nlvr2(ctx: Context, start: Path) -> dict:
     # The classifier at its own resolution: position embeddings resampled, every other weight kept.
     state, config = at_resolution(model.state_dict(), model.config, t.image_size)
     if config.image_size != model.config.image_size:
-        model = AlbefNLVR2.from_albef(type(albef)(config)).to(ctx.device)
+        model = AlbefNLVR2(config).to(ctx.device)
         model.load_state_dict(state)
     train = nlvr2_dataset(ctx.spec, "train", ctx.transform(config.image_size))
     dev = nlvr2_dataset(ctx.spec, "dev", ctx.transform(config.image_size, train=False))
@@ -238,7 +234,7 @@ def fit(ctx: Context, name: str, trainable: LossModule, weights: dict[str, nn.Mo
     """Train ``trainable`` on ``dataset`` for ``t.epochs``; after each epoch score it with ``select`` (or keep
     the last epoch) and checkpoint ``weights``; the kept weights go to ``finetune/<name>/best/``."""
     f, device, main = ctx.f, ctx.device, D.is_main_process()
-    out = ctx.run.path / FINETUNE / name
+    out = ctx.run.path / FINETUNED / name
     world, rank = D.world_size(), D.rank()
     trainable.to(device)
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=ctx.config.seed,
@@ -311,12 +307,12 @@ def fit(ctx: Context, name: str, trainable: LossModule, weights: dict[str, nn.Mo
         save_best(out, weights["model"], {"task": name, "epoch": None, **(meta or {})})
     D.barrier()
     return {"epochs": t.epochs, "steps": step, "steps_per_epoch": steps, "examples": len(dataset),
-            "best": best, "history": history, "weights": str(out / BEST)}
+            "best": best, "history": history, "weights": str(finetuned_weights(ctx.run.path, name))}
 
 
 def save_best(out: Path, model: nn.Module, meta: dict) -> None:
     """``out/best/``: the kept weights (with the model config in their metadata) and what they scored."""
-    with atomic_dir(out / BEST) as tmp:
+    with atomic_dir(out / "best") as tmp:
         save_weights(model, tmp / "model.safetensors")
         write_json(tmp / "meta.json", meta)
 

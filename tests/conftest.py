@@ -55,3 +55,13 @@ def assert_png(path: Path) -> None:
     data = path.read_bytes()
     assert len(data) > 1000 and data.startswith(PNG_MAGIC)
     assert [p.name for p in path.parent.iterdir()] == [path.name]
+
+
+def random_captions(rng, n_images: int, max_captions: int) -> tuple[list[list[int]], list[int]]:
+    """``(img2txt, txt2img)`` of a retrieval split with 1..``max_captions`` consecutive captions per image."""
+    img2txt, txt2img = [], []
+    for i in range(n_images):
+        caps = list(range(len(txt2img), len(txt2img) + rng.randint(1, max_captions)))
+        img2txt.append(caps)
+        txt2img.extend([i] * len(caps))
+    return img2txt, txt2img

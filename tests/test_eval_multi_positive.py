@@ -10,6 +10,7 @@ import torch
 from falcon_cli.errors import FalconError
 from falcon_cli.evaluation.multi_positive import fn_aware_retrieval, multi_positive_metrics, stable_topk_indices
 from falcon_cli.evaluation.retrieval import recall_at_k
+from tests.conftest import random_captions
 
 
 def reference(scores, positives, ks):
@@ -101,11 +102,7 @@ def test_single_positive_recall_matches_recall_at_k():
     torch.manual_seed(5)
     rng = random.Random(5)
     n_images = 31
-    img2txt, txt2img = [], []
-    for i in range(n_images):
-        caps = list(range(len(txt2img), len(txt2img) + rng.randint(1, 4)))
-        img2txt.append(caps)
-        txt2img.extend([i] * len(caps))
+    img2txt, txt2img = random_captions(rng, n_images, 4)
     scores = (torch.randn(n_images, len(txt2img)) * 3).round()  # ties included
     expected = recall_at_k(scores, img2txt, txt2img)
     # t2i: exactly one positive image per text.

@@ -7,6 +7,7 @@ import random
 import torch
 
 from falcon_cli.evaluation.retrieval import recall_at_k
+from tests.conftest import random_captions
 
 
 def brute_force(scores, img2txt, txt2img, k):
@@ -26,11 +27,7 @@ def test_recall_matches_brute_force():
     torch.manual_seed(0)
     rng = random.Random(0)
     n_images = 23
-    img2txt, txt2img = [], []
-    for i in range(n_images):
-        caps = list(range(len(txt2img), len(txt2img) + rng.randint(1, 5)))
-        img2txt.append(caps)
-        txt2img.extend([i] * len(caps))
+    img2txt, txt2img = random_captions(rng, n_images, 5)
     scores = torch.randn(n_images, len(txt2img))
     scores[3, img2txt[3][0]] = 10  # a guaranteed hit
     scores[:, 5] = scores[:, 6]  # ties, broken towards the lower index

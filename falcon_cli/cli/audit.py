@@ -44,14 +44,14 @@ def audit_false_negatives(
     Example: falcon audit-false-negatives runs/shapes-q1 runs/shapes-q05 runs/shapes-q0 --judge oracle
     """
     from falcon_cli.audit.compare import write_comparison
-    from falcon_cli.cli.single_stage import run_config, run_stage_in
+    from falcon_cli.cli.single_stage import run_config, run_stage_in, yaml_value
 
     options = {"judge": judge, "judge_model": judge_model, "threshold": threshold, "max_pairs": max_pairs, "steps": steps,
                "device": device, "fp16": fp16, "batch_size": batch_size,
                "negatives": None if negatives is None else (["chain", "itm"] if negatives == "both" else [negatives])}
     if max_pairs == 0:
         options["max_pairs"] = "null"
-    overrides = [f"audit.{key}={_yaml(value)}" for key, value in options.items() if value is not None]
+    overrides = [f"audit.{key}={yaml_value(value)}" for key, value in options.items() if value is not None]
     overrides += list(settings or [])
 
     # Check every run before auditing any: a typo in the last one should not cost the first one's audit.
@@ -64,15 +64,6 @@ def audit_false_negatives(
         table = write_comparison(run_dirs, out)
         _print_comparison(table)
         console.print(f"[green]done[/]: {out}/comparison.md")
-
-
-def _yaml(value) -> str:
-    """An option value as the YAML text of a key=value override."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list):
-        return "[" + ", ".join(value) + "]"
-    return str(value)
 
 
 def _print_comparison(table) -> None:

@@ -96,20 +96,13 @@ def _locate(target: Path) -> tuple[Path, Path | None]:
 
 
 def _evaluate(task: str, run_dir: Path, options: dict, device, batch_size, settings) -> None:
-    from falcon_cli.cli.single_stage import run_config, run_stage_in
+    from falcon_cli.cli.single_stage import run_config, run_stage_in, yaml_value
 
     overrides = [f"evaluate.tasks=[{task}]"]
-    overrides += [f"evaluate.{task}.{key}={_yaml(value)}" for key, value in options.items() if value is not None]
+    overrides += [f"evaluate.{task}.{key}={yaml_value(value)}" for key, value in options.items() if value is not None]
     overrides += [f"evaluate.{key}={value}" for key, value in (("device", device), ("batch_size", batch_size)) if value is not None]
     overrides += list(settings or [])
     config = run_config(run_dir, overrides, ("evaluate",))
     run_stage_in(run_dir, config, "evaluate")
     console.print(f"[green]done[/]: {run_dir}/results/{task}.md")
 
-
-def _yaml(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(str(v) for v in value) + "]"
-    return str(value)

@@ -54,3 +54,12 @@ def run_stage_in(run_dir: Path, config, stage: str, **options) -> None:
     run = RunDirectory.open(run_dir, config=config.model_dump(mode="json"), seed=config.seed,
                             command=["falcon", *sys.argv[1:]], overwrite=True)
     run_stages(config, run, [stage], **options)
+
+
+def yaml_value(value) -> str:
+    """An option value as the YAML text of a ``key=value`` override."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    return str(value)

@@ -7,76 +7,72 @@ from typing import Sequence
 import torch
 
 
-class PretrainCollate:
-    """Turn pretraining items into ``{"images", "input_ids", "attention_mask", "pair_ids"}``.
-
-    Captions are padded to the longest in the batch and truncated to ``max_length`` tokens
-    (the reference: 25), as ALBEF's ``tokenizer(..., padding='longest', truncation=True)``.
-    """
-
-    def __init__(self, tokenizer, max_length: int = 25):
-        self.tokenizer = tokenizer
-        self.max_length = max_length
-
-    def __call__(self, items: Sequence[dict]) -> dict[str, torch.Tensor]:
-        text = self.tokenizer([item["caption"] for item in items], padding="longest", truncation=True,
-                              max_length=self.max_length, return_tensors="pt")
-        return {
-            "images": torch.stack([item["image"] for item in items]),
-            "input_ids": text["input_ids"],
-            "attention_mask": text["attention_mask"],
-            "pair_ids": torch.tensor([item["pair_id"] for item in items], dtype=torch.long),
-        }
-
-
-def _tokens(tokenizer, texts: Sequence[str], max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+def tokenize(tokenizer, texts: Sequence[str], max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask)`` of ``texts``: padded to the longest, truncated to ``max_length`` tokens,
+    as ALBEF's ``tokenizer(..., padding='longest', truncation=True)``."""
     encoded = tokenizer(list(texts), padding="longest", truncation=True, max_length=max_length, return_tensors="pt")
     return encoded["input_ids"], encoded["attention_mask"]
 
 
-class RetrievalCollate:
-    """Retrieval fine-tuning items -> ``{"images", "input_ids", "attention_mask", "image_idx"}``."""
+class TextCollate:
+    """Base of the collates: a tokenizer and the token limit of its texts."""
 
     def __init__(self, tokenizer, max_length: int = 30):
         self.tokenizer = tokenizer
         self.max_length = max_length
 
+
+class PretrainCollate(TextCollate):
+    """Turn pretraining items into ``{"images", "input_ids", "attention_mask", "pair_ids"}`` (the reference
+    truncates captions to 25 tokens)."""
+
+    def __init__(self, tokenizer, max_length: int = 25):
+        super().__init__(tokenizer, max_length)
+
     def __call__(self, items: Sequence[dict]) -> dict[str, torch.Tensor]:
-        input_ids, attention_mask = _tokens(self.tokenizer, [item["caption"] for item in items], self.max_length)
+        input_ids, attention_mask = tokenize(self.tokenizer, [item["caption"] for item in items], self.max_length)
+        return {
+            "images": torch.stack([item["image"] for item in items]),
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "pair_ids": torch.tensor([item["pair_id"] for item in items], dtype=torch.long),
+        }
+
+
+class RetrievalCollate(TextCollate):
+    """Retrieval fine-tuning items -> ``{"images", "input_ids", "attention_mask", "image_idx"}``."""
+
+    def __call__(self, items: Sequence[dict]) -> dict[str, torch.Tensor]:
+        input_ids, attention_mask = tokenize(self.tokenizer, [item["caption"] for item in items], self.max_length)
         return {"images": torch.stack([item["image"] for item in items]), "input_ids": input_ids,
                 "attention_mask": attention_mask,
                 "image_idx": torch.tensor([item["image_idx"] for item in items], dtype=torch.long)}
 
 
-class VqaCollate:
+class VqaCollate(TextCollate):
     """VQA items (:class:`~falcon_cli.data.vqa.VQADataset`) -> images, tokenised questions and, when the
     items have answers, tokenised answers (``[CLS] answer [SEP]``) with their weights and per-question counts."""
 
     def __init__(self, tokenizer, max_length: int = 30, max_answer_length: int = 10):
-        self.tokenizer = tokenizer
-        self.max_length = max_length
+        super().__init__(tokenizer, max_length)
         self.max_answer_length = max_answer_length
 
     def __call__(self, items: Sequence[dict]) -> dict:
         from falcon_cli.data.vqa import vqa_collate
 
         batch = vqa_collate(items)
-        batch["question_ids"], batch["question_mask"] = _tokens(self.tokenizer, batch["question"], self.max_length)
+        batch["question_ids"], batch["question_mask"] = tokenize(self.tokenizer, batch["question"], self.max_length)
         if "answers" in batch:
-            batch["answer_ids"], batch["answer_mask"] = _tokens(self.tokenizer, batch["answers"], self.max_answer_length)
+            batch["answer_ids"], batch["answer_mask"] = tokenize(self.tokenizer, batch["answers"], self.max_answer_length)
             batch["n"] = torch.tensor(batch["n"], dtype=torch.long)
         return batch
 
 
-class Nlvr2Collate:
+class Nlvr2Collate(TextCollate):
     """NLVR2 items -> ``{"images0", "images1", "input_ids", "attention_mask", "labels", "index"}``."""
 
-    def __init__(self, tokenizer, max_length: int = 30):
-        self.tokenizer = tokenizer
-        self.max_length = max_length
-
     def __call__(self, items: Sequence[dict]) -> dict[str, torch.Tensor]:
-        input_ids, attention_mask = _tokens(self.tokenizer, [item["sentence"] for item in items], self.max_length)
+        input_ids, attention_mask = tokenize(self.tokenizer, [item["sentence"] for item in items], self.max_length)
         return {"images0": torch.stack([item["image0"] for item in items]),
                 "images1": torch.stack([item["image1"] for item in items]),
                 "input_ids": input_ids, "attention_mask": attention_mask,

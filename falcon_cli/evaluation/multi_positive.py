@@ -125,17 +125,18 @@ def multi_positive_metrics(scores: torch.Tensor, positives: torch.Tensor, ks: Se
 
 
 def fn_aware_retrieval(scores_i2t: torch.Tensor, positives_i2t: torch.Tensor, prefix: str,
-                       ks: Sequence[int] = KS) -> dict[str, float]:
+                       ks: Sequence[int] = KS, scores_t2i: torch.Tensor | None = None) -> dict[str, float]:
     """Both directions of :func:`multi_positive_metrics` with prefixed keys, in percent.
 
     Keys: ``{prefix}_i2t_R@K`` for each K, ``{prefix}_i2t_R-P``, ``{prefix}_i2t_mAP@R``, the
-    same for ``t2i`` (the transposed matrices), and ``{prefix}_mean_R``, the mean of the
+    same for ``t2i`` (scored by ``scores_t2i`` [n_texts, n_images], default the transpose: ITM
+    re-ranking scores the two directions differently), and ``{prefix}_mean_R``, the mean of the
     ``2 * len(ks)`` R@K values.
     """
     result: dict[str, float] = {}
     recalls = []
     for direction, scores, positives in (("i2t", scores_i2t, positives_i2t),
-                                         ("t2i", scores_i2t.t(), positives_i2t.t())):
+                                         ("t2i", scores_i2t.t() if scores_t2i is None else scores_t2i, positives_i2t.t())):
         metrics = multi_positive_metrics(scores, positives, ks)
         for k in ks:
             result[f"{prefix}_{direction}_R@{k}"] = metrics[f"R@{k}"]

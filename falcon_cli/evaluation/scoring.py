@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
+from falcon_cli.data.collate import tokenize
 from falcon_cli.runtime import distributed as D
 from falcon_cli.runtime.progress import track
 
@@ -62,8 +63,7 @@ def embed_split(model, dataset, tokenizer, device: torch.device, *, batch_size: 
     autocast = autocast or contextlib.nullcontext()
     was_training = model.training
     model.eval()
-    encoded = tokenizer(list(dataset.text), padding="longest", truncation=True, max_length=max_length, return_tensors="pt")
-    input_ids, text_mask = encoded["input_ids"].to(device), encoded["attention_mask"].to(device)
+    input_ids, text_mask = (t.to(device) for t in tokenize(tokenizer, dataset.text, max_length))
     text_tokens, text_feat = [], []
     for start in track(range(0, len(input_ids), batch_size), "encoding texts"):
         with autocast:

@@ -102,9 +102,10 @@ class FalconTokenizer:
         self.max_length = max_length
 
     def __call__(self, captions: list[str]) -> dict[str, torch.Tensor]:
-        encoded = self._tokenizer(list(captions), padding="longest", truncation=True, max_length=self.max_length,
-                                  return_tensors="pt")
-        return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+        from falcon_cli.data.collate import tokenize
+
+        input_ids, attention_mask = tokenize(self._tokenizer, captions, self.max_length)
+        return {"input_ids": input_ids, "attention_mask": attention_mask}
 
 
 class FalconEncoder:

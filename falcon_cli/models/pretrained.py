@@ -73,6 +73,15 @@ def albef_from_checkpoint(checkpoint: str | Path, image_size: int | None = None)
 
 
 
+FINETUNED = Path("finetune")
+"""Fine-tuning output inside a run: ``finetune/<task>/`` (checkpoints/, best/, metrics.jsonl)."""
+
+
+def finetuned_weights(run_dir: str | Path, task: str) -> Path:
+    """``<run>/finetune/<task>/best``: the weights ``falcon finetune`` kept for ``task``."""
+    return Path(run_dir) / FINETUNED / task / "best"
+
+
 def task_model_from_checkpoint(checkpoint: str | Path, task: str):
     """The fine-tuned model of ``task`` (``retrieval``: an ALBEF; ``vqa``: an AlbefVQA; ``nlvr2``: an
     AlbefNLVR2) saved in ``checkpoint/model.safetensors`` (e.g. ``<run>/finetune/<task>/best``)."""
@@ -88,15 +97,16 @@ def task_model_from_checkpoint(checkpoint: str | Path, task: str):
     if task == "vqa":
         from falcon_cli.models.vqa import AlbefVQA
 
-        model = AlbefVQA.from_pretrained(ALBEF(config))
+        model = AlbefVQA(config)
     elif task == "nlvr2":
         from falcon_cli.models.nlvr2 import AlbefNLVR2
 
-        model = AlbefNLVR2.from_albef(ALBEF(config))
+        model = AlbefNLVR2(config)
     else:
         raise FalconError(f"unknown task {task!r}; use retrieval, vqa or nlvr2")
     load_weights(model, path)
     return model
 
 
-__all__ = ["albef_from_checkpoint", "at_resolution", "find_checkpoint", "task_model_from_checkpoint"]
+__all__ = ["FINETUNED", "albef_from_checkpoint", "at_resolution", "find_checkpoint", "finetuned_weights",
+           "task_model_from_checkpoint"]
