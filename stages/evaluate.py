@@ -37,6 +37,7 @@ from falcon_cli.data.tokenizer import load_run_tokenizer
 from falcon_cli.data.transforms import build_transform
 from falcon_cli.errors import FalconError
 from falcon_cli.evaluation.downstream import answer_questions, nlvr2_accuracy
+from falcon_cli.evaluation.eccv import COCO_TEST_IMAGES
 from falcon_cli.evaluation.multi_positive import fn_aware_retrieval
 from falcon_cli.evaluation.retrieval import recall_at_k
 from falcon_cli.evaluation.scoring import embed_split, retrieval_scores
@@ -135,7 +136,7 @@ def false_negative_truth(ctx: Context, dataset) -> tuple[str, Callable] | None:
     has_ids = all("image_id" in rec and "caption_ids" in rec for rec in dataset.records)
     if wanted == "auto":
         wanted = ("oracle" if ctx.spec.shapes_world is not None else
-                  "eccv" if has_ids and len(dataset) == 5000 else "none")
+                  "eccv" if has_ids and len(dataset) == COCO_TEST_IMAGES else "none")
     if wanted == "none":
         return None
     if not has_ids:

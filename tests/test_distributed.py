@@ -19,7 +19,7 @@ def test_two_process_ddp_run(tmp_path):
     env = {**os.environ, "FALCON_PROGRESS": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
             "-m", "falcon_cli", "pretrain", "--recipe", "shapes-demo", "--run-dir", str(run_dir),
-            f"data.dataset={world}", *TINY, "pretrain.batch_size=8"]
+            f"data.dataset={world}", *TINY, "pretrain.batch_size=8", "pretrain.device=cpu"]
     proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "global batch 16" in proc.stderr
@@ -51,3 +51,18 @@ def test_two_process_ddp_run(tmp_path):
 
     emb = read_embeddings(run_dir / "embeddings" / "epoch_001.h5")
     assert emb.image.shape[0] == 160, "the cache holds both ranks' features"
+
+
+def test_more_ranks_than_gpus_is_one_clear_error(monkeypatch):
+    """torchrun --nproc_per_node 2 on a one-GPU node stops before NCCL with a line that says what to do."""
+    import pytest
+    import torch
+
+    from falcon_cli.errors import FalconError
+    from falcon_cli.runtime.distributed import init_distributed
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(FalconError, match=r"local rank 1 but this node has 1 CUDA device.*--nproc_per_node <= 1"):
+        init_distributed("cuda")

@@ -63,7 +63,8 @@ def clip_run(world, tiny_clip, tmp_path_factory):
     """`falcon embed` with the tiny open_clip model (generates the world, runs the data stage first), fp32."""
     run_dir = tmp_path_factory.mktemp("clip_run") / "run"
     code = in_process(*embed_args(run_dir, world, f"embed.encoder=open_clip:{CLIP_NAME}", f"embed.pretrained={tiny_clip}",
-                                  "embed.fp16=false", "embed.num_workers=0", "embed.batch_size=32", "embed.chunk_size=64"))
+                                  "embed.fp16=false", "embed.num_workers=0", "embed.batch_size=32", "embed.chunk_size=64",
+                                  "embed.device=cpu"))  # compared with the model's CPU fp32 features (no cuDNN TF32)
     assert code == 0
     return run_dir
 
@@ -251,7 +252,7 @@ def test_retrieval_test_split_embeds_one_pair_per_caption(clip_run, world, tiny_
 
     run_dir = tmp_path / "run"
     code = in_process(*embed_args(run_dir, world, f"embed.encoder=open_clip:{CLIP_NAME}", f"embed.pretrained={tiny_clip}",
-                                  "embed.fp16=false", "embed.num_workers=0", "embed.split=test"))
+                                  "embed.fp16=false", "embed.num_workers=0", "embed.split=test", "embed.device=cpu"))
     assert code == 0
     emb = read_embeddings(run_dir / "embeddings" / "embeddings.h5")
     split = retrieval_dataset(load_spec(world), "test", transform=None)

@@ -307,3 +307,44 @@ def test_reward_baseline_update_rule_and_state():
     assert fresh.update(7.0) == pytest.approx(7.0)
     with pytest.raises(ValueError):
         RewardBaseline(decay=1.0)
+
+
+def _flag_counts_reference(flagged, truth):
+    tp = fp = fn = negatives = 0
+    for i in range(len(flagged)):
+        for j in range(len(flagged)):
+            if i != j:
+                negatives += 1
+                tp += bool(flagged[i][j]) and bool(truth[i][j])
+                fp += bool(flagged[i][j]) and not bool(truth[i][j])
+                fn += not bool(flagged[i][j]) and bool(truth[i][j])
+    return [tp, fp, fn, negatives]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_flag_counts_match_a_loop_and_stay_on_the_flags_device(device):
+    """The flagged-vs-oracle counts: the oracle's truth comes from the CPU, the flags from the step's device."""
+    from falcon_cli.objectives.false_negatives import flag_counts
+
+    g = torch.Generator().manual_seed(3)
+    flagged, truth = torch.rand(9, 9, generator=g) < 0.3, torch.rand(9, 9, generator=g) < 0.4
+    counts = flag_counts(flagged.to(device), truth)
+    assert counts.device.type == device and counts.dtype == torch.long
+    assert counts.tolist() == _flag_counts_reference(flagged.tolist(), truth.tolist())
+    running = torch.zeros(4, dtype=torch.long, device=device)
+    running += counts  # the stage's per-epoch total lives on the step's device
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_scheduler_update_takes_cpu_records_on_a_cuda_policy():
+    """A lagged feed composes in CPU workers: its records reach a CUDA policy as CPU tensors."""
+    from falcon_cli.sampling.scheduler import NegativeScheduler
+
+    torch.manual_seed(0)
+    scheduler = NegativeScheduler(quantiles=100, hidden=8, lr=1e-2, device="cuda")
+    record = {"s_hat": _s_hat(5, 100), "q": torch.tensor([0.1, float("nan"), 0.5, 0.9, 0.3], dtype=torch.float64)}
+    before = [p.detach().clone() for p in scheduler.policy.parameters()]
+    out = scheduler.update(record, reward=1.0)
+    assert out["advantage"] == 1.0 and out["log_prob"] == out["log_prob"]
+    assert any(not torch.equal(a, b) for a, b in zip(before, scheduler.policy.parameters()))

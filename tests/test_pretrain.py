@@ -34,7 +34,8 @@ def reference_run(world, tmp_path_factory):
     from tests.conftest import run_cli
 
     run_dir = tmp_path_factory.mktemp("ref") / "run"
-    proc = run_cli(*pretrain_args(run_dir, world, "pretrain.checkpoint_every=4"))
+    # CPU fp32 on every machine: the golden losses are CPU numbers (a GPU run would use bf16 autocast).
+    proc = run_cli(*pretrain_args(run_dir, world, "pretrain.checkpoint_every=4", "pretrain.device=cpu"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return run_dir
 

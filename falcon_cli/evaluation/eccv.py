@@ -23,6 +23,7 @@ from falcon_cli.errors import FalconError
 from falcon_cli.evaluation.multi_positive import multi_positive_metrics, row_block, stable_topk_indices
 
 KS = (1, 5, 10)
+COCO_TEST_IMAGES = 5000
 INSTALL_HINT = "pip install eccv-caption (or pip install 'falcon-vlp[eccv]')"
 SPLIT_HINT = ("the split must be the COCO Karpathy 5K test split with `image_id` and `caption_ids` "
               "(COCO annotation ids) in its entries")
@@ -89,7 +90,12 @@ def _check_coverage(metric, image_ids, caption_ids) -> None:
 
 
 def check_ids(image_ids: Sequence[int], caption_ids: Sequence[int]) -> None:
-    """Raise :class:`FalconError` unless the ids cover every query of the package's ground truth (check before scoring)."""
+    """Raise :class:`FalconError` unless the ids cover every query of the package's ground truth (check before scoring).
+
+    A split that is not 5,000 images is refused before the package is even imported: the wrong split is
+    the error to report first, whether or not ``eccv_caption`` is installed."""
+    if len(set(image_ids)) != COCO_TEST_IMAGES:
+        raise FalconError(f"the evaluation split has {len(set(image_ids))} images, not {COCO_TEST_IMAGES}: {SPLIT_HINT}")
     _check_coverage(_load_metrics()[0], image_ids, caption_ids)
 
 

@@ -206,11 +206,12 @@ class Mafa(FalseNegatives):
 
 def flag_counts(flagged: Tensor, truth: Tensor) -> Tensor:
     """``int64 [4]``: (flagged and truly matching, flagged but not, truly matching but not flagged, all
-    negatives) for one batch; ``flagged`` / ``truth`` bool [B, B] over the in-batch negatives."""
-    flagged, truth = flagged.bool().cpu(), truth.bool().cpu()
-    off = ~torch.eye(flagged.shape[0], dtype=torch.bool)
-    return torch.tensor([int((flagged & truth & off).sum()), int((flagged & ~truth & off).sum()),
-                         int((~flagged & truth & off).sum()), int(off.sum())], dtype=torch.long)
+    negatives) for one batch; ``flagged`` / ``truth`` bool [B, B] over the in-batch negatives. Counted on
+    ``flagged``'s device (no host sync), so the per-epoch totals can be all-reduced there."""
+    flagged, truth = flagged.bool(), truth.to(flagged.device).bool()
+    off = ~torch.eye(flagged.shape[0], dtype=torch.bool, device=flagged.device)
+    return torch.stack([(flagged & truth & off).sum(), (flagged & ~truth & off).sum(),
+                        (~flagged & truth & off).sum(), off.sum()]).long()
 
 
 def flag_summary(counts: Tensor) -> dict[str, float | int | None]:

@@ -35,6 +35,13 @@ def init_distributed(device_type: str) -> bool:
         return False
     if not dist.is_initialized():
         if device_type == "cuda":
+            if local_rank() >= torch.cuda.device_count():
+                # NCCL needs one GPU per process; two ranks on one GPU would fail deep inside NCCL.
+                from falcon_cli.errors import FalconError
+
+                raise FalconError(f"torchrun started local rank {local_rank()} but this node has "
+                                 f"{torch.cuda.device_count()} CUDA device(s); use --nproc_per_node "
+                                 f"<= {torch.cuda.device_count()}, or set the stage's device=cpu (e.g. pretrain.device=cpu) for gloo processes")
             torch.cuda.set_device(local_rank())
         dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
     return True

@@ -82,8 +82,9 @@ class NegativeScheduler:
 
     def update(self, record: dict[str, Tensor], reward: float) -> dict[str, float]:
         """One REINFORCE step from a batch's record ({"s_hat": [k, m], "q": [k]}) and its reward Δ."""
+        device = next(self.policy.parameters()).device  # a lagged feed's records come from CPU workers
         used = ~torch.isnan(record["q"])
-        s_hat, q = record["s_hat"][used], record["q"][used].float()
+        s_hat, q = record["s_hat"][used].to(device), record["q"][used].to(device).float()
         baseline = self.baseline.value if self.baseline is not None else 0.0
         alpha, beta = self.policy(s_hat)
         log_prob = beta_log_prob(alpha, beta, q).sum()
