@@ -1,64 +1,138 @@
 """The shapes-world method comparison: every method × seed on one world, one budget, one evaluation.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/shapes_sweep.py --out runs/sweep                 # the full sweep
-    PYTHONPATH=. .venv/bin/python benchmarks/shapes_sweep.py --out /tmp/sweep --quick         # a smoke version
+    PYTHONPATH=. .venv/bin/python benchmarks/shapes_sweep.py --out runs/sweep --report docs/results.md   # the full sweep
+    PYTHONPATH=. .venv/bin/python benchmarks/shapes_sweep.py --out /tmp/sweep --quick                   # ~10-minute smoke
     PYTHONPATH=. .venv/bin/python benchmarks/shapes_sweep.py --out runs/sweep --only falcon grit --seeds 0 1 2
 
 Each (method, seed) is a shipped shapes recipe run with the same world and budget overrides
 (``falcon run``), then scored the same way: zero-shot ITC retrieval with the oracle's
 false-negative-aware metrics (``falcon evaluate retrieval --itc-only``) and the oracle's
 false-negative rate of the negatives the run actually used (``falcon audit-false-negatives
---judge oracle``). The sweep is resumable and can run in the background: a run whose three
-parts are complete is skipped, so running the command again after a stop continues it.
+--judge oracle``). GRIT and FALCON also run at a small and a large search space |M| (the paper's
+Table 4 / Table 7). Runs go ``--jobs`` at a time (default 2, one torch thread each on the 2-core
+machine: 1.3x the throughput of one two-thread run), SRCL after its seed's uniform run (its
+auxiliary model). The sweep is resumable and can run in the background: a run whose three parts
+are complete is skipped, so running the command again after a stop continues it.
 
-Writes ``OUT/results.csv`` (one row per run), ``OUT/summary.csv`` and ``OUT/summary.md`` (mean ± std
-over seeds per method) and ``OUT/r1_vs_time.png`` (mean R@1 against seconds of pretraining).
+Writes to OUT: ``results.csv`` (one row per run), ``summary.csv``/``summary.md`` (mean ± std over
+seeds), ``space_sweep.md`` and the figures ``r1_vs_time.png``, ``fn_rate_by_step.png``,
+``q_distribution.png``, ``space_sweep.png``. ``--report docs/results.md`` also rewrites the generated
+part of that page (between its ``sweep:begin``/``sweep:end`` markers, keeping the hand-written
+analysis around it) and copies the tables and figures to ``docs/results/``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
+import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-METHODS: dict[str, tuple[str, list[str]]] = {
-    "uniform": ("shapes-uniform", []),
-    "grit": ("shapes-grit", []),
-    "q0": ("shapes-q0", []),
-    "q05": ("shapes-q05", []),
-    "hardening": ("shapes-hardening", []),
-    "softening": ("shapes-softening", []),
-    "mafa": ("shapes-mafa", []),
-    "srcl": ("shapes-srcl", []),  # its auxiliary model is this seed's uniform run
-    "diht": ("shapes-diht", []),
-    "glofnd": ("shapes-glofnd", []),
-    "falcon": ("shapes-falcon", []),
-    "falcon-batch": ("shapes-falcon-batch-level", []),
-    "falcon-itc-itm": ("shapes-falcon-reward-itc-itm", []),
-    "falcon-baseline": ("shapes-falcon-ema", []),
+METHODS: dict[str, str] = {
+    "uniform": "shapes-uniform",
+    "grit": "shapes-grit",
+    "q0": "shapes-q0",
+    "q05": "shapes-q05",
+    "hardening": "shapes-hardening",
+    "softening": "shapes-softening",
+    "mafa": "shapes-mafa",
+    "srcl": "shapes-srcl",  # its auxiliary model is this seed's uniform run
+    "diht": "shapes-diht",
+    "glofnd": "shapes-glofnd",
+    "falcon": "shapes-falcon",
+    "falcon-batch": "shapes-falcon-batch-level",
+    "falcon-itc-itm": "shapes-falcon-reward-itc-itm",
+    "falcon-baseline": "shapes-falcon-ema",
 }
-"""Method name -> (recipe, extra overrides)."""
+"""Method name -> its shipped shapes recipe (every method the issue lists)."""
 
-QUICK = ["data.shapes.images=200", "pretrain.epochs=2", "pretrain.batch_size=16", "pretrain.search_space_size=64",
-         "pretrain.warmup_steps=5", "pretrain.num_workers=0"]
-"""The --quick budget: a 200-image world, two short epochs."""
+SPACE_SWEEP = ("grit", "falcon")
+"""Methods also run at the small and large |M| (Table 4 top, Table 7)."""
+
+FIXED_Q = {"uniform": "uniform (no chain)", "q0": "q = 0", "q05": "q = 0.5", "grit": "q = 1 (GRIT)"}
+"""Runs of Figure 2 (top left): FN rate of the used negatives against the step, per quantile."""
 
 
-def falcon(*args: str, log: Path) -> None:
-    """Run ``falcon ARGS`` (appending its output to ``log``); stop the sweep with the log's tail on failure."""
+@dataclass(frozen=True)
+class Budget:
+    """One world and compute budget for every run of a sweep."""
+
+    images: int
+    """Images of the generated world (half train, 45% zero-shot test, 5% val)."""
+    epochs: int
+    batch: int
+    spaces: dict[str, int] = field(default_factory=dict)
+    """|M| by label; ``medium`` is the main runs' (the others: GRIT and FALCON only)."""
+    warmup: int = 10
+    audit_pairs: int = 20000
+    step_windows: int = 10
+    """Training-step windows of the audit (the x axis of the FN-rate-by-step figure)."""
+
+    def world_args(self, out: Path) -> list[str]:
+        """``falcon data shapes`` arguments for the sweep's world (made once, before the runs start)."""
+        return ["data", "shapes", "--out", str(out / "world"), "--images", str(self.images), "splits.train=0.5",
+                "splits.val=0.05", "splits.test=0.45"]
+
+    @property
+    def train_pairs(self) -> int:
+        return int(self.images * 0.5) * 5
+
+    def overrides(self, out: Path) -> list[str]:
+        return [f"data.dataset={out / 'world'}", f"data.shapes.images={self.images}", "data.shapes.splits.train=0.5",
+                "data.shapes.splits.val=0.05", "data.shapes.splits.test=0.45", f"pretrain.epochs={self.epochs}",
+                f"pretrain.batch_size={self.batch}", f"pretrain.search_space_size={self.spaces['medium']}",
+                f"pretrain.warmup_steps={self.warmup}", "pretrain.num_workers=0", "pretrain.eval_split=test",
+                f"audit.step_windows={self.step_windows}"]
+
+
+FULL = Budget(images=500, epochs=3, batch=32, spaces={"small": 64, "medium": 250, "large": 1250})
+"""The full sweep: 250 training images (1,250 pairs), 3 epochs, |M| 64 / 250 / 1,250 (one space per epoch)."""
+QUICK = Budget(images=200, epochs=3, batch=16, spaces={"medium": 100}, warmup=5, audit_pairs=2000, step_windows=6)
+"""--quick: 100 training images, 3 short epochs, one seed, no |M| sweep (about 10 minutes on 2 cores)."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One trained configuration: a method at one |M|."""
+
+    method: str
+    space: str = "medium"
+
+    @property
+    def name(self) -> str:
+        return self.method if self.space == "medium" else f"{self.method}@M-{self.space}"
+
+
+def variants(budget: Budget, only: list[str] | None) -> list[Variant]:
+    methods = list(only or METHODS)
+    if "srcl" in methods and "uniform" not in methods:
+        methods.insert(0, "uniform")  # SRCL's auxiliary model
+    out = [Variant(m) for m in METHODS if m in methods]
+    out += [Variant(m, s) for m in SPACE_SWEEP if m in methods for s in budget.spaces if s != "medium"]
+    return out
+
+
+def falcon(*args: str, log: Path, threads: int) -> None:
+    """Run ``falcon ARGS`` (appending its output to ``log``); raise with the log's tail on failure."""
+    env = {"PYTHONPATH": str(REPO), "FALCON_PROGRESS": "0", "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+           "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "HOME": os.environ.get("HOME", "/tmp")}
     with log.open("a") as out:
         out.write(f"\n$ falcon {' '.join(args)}\n")
         out.flush()
-        proc = subprocess.run([sys.executable, "-m", "falcon_cli", *args], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                              env={"PYTHONPATH": str(REPO), "FALCON_PROGRESS": "0", "PATH": "/usr/bin:/bin"})
+        proc = subprocess.run([sys.executable, "-m", "falcon_cli", *args], cwd=REPO, stdout=out,
+                              stderr=subprocess.STDOUT, env=env)
     if proc.returncode != 0:
         tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
-        raise SystemExit(f"falcon {' '.join(args)} failed (exit {proc.returncode}); {log}:\n{tail}")
+        raise RuntimeError(f"falcon {' '.join(args)} failed (exit {proc.returncode}); {log}:\n{tail}")
 
 
 def completed(run: Path, stage: str) -> bool:
@@ -66,40 +140,48 @@ def completed(run: Path, stage: str) -> bool:
     return manifest.exists() and json.loads(manifest.read_text()).get("stages", {}).get(stage, {}).get("status") == "completed"
 
 
-def run_one(method: str, seed: int, out: Path, scale: list[str], audit_pairs: int) -> dict:
-    """Train, evaluate and audit one (method, seed), skipping the parts already done; its row of numbers."""
-    recipe, extra = METHODS[method]
-    run = out / "runs" / f"{method}-s{seed}"
-    log = out / "logs" / f"{method}-s{seed}.log"
+def run_one(variant: Variant, seed: int, out: Path, budget: Budget, threads: int, waits: dict) -> dict:
+    """Train, evaluate and audit one (variant, seed), skipping the parts already done; its row of numbers."""
+    run = out / "runs" / f"{variant.name}-s{seed}"
+    log = out / "logs" / f"{variant.name}-s{seed}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    overrides = [f"seed={seed}", f"data.dataset={out / 'world'}", *scale, *extra]
-    if method == "srcl":
+    overrides = [f"seed={seed}", *budget.overrides(out)]
+    if variant.space != "medium":
+        overrides.append(f"pretrain.search_space_size={budget.spaces[variant.space]}")
+    if variant.method == "srcl":
+        waits[("uniform", seed)].result()  # the auxiliary model must be trained first
         overrides.append(f"embed.encoder=falcon:{out / 'runs' / f'uniform-s{seed}'}")
     if not completed(run, "pretrain"):
-        falcon("run", "--recipe", recipe, "--run-dir", str(run), "--overwrite", *overrides, log=log)
+        falcon("run", "--recipe", METHODS[variant.method], "--run-dir", str(run), "--overwrite", *overrides,
+               log=log, threads=threads)
     if not (run / "results" / "retrieval.json").exists():
-        falcon("evaluate", "retrieval", str(run), "--itc-only", log=log)
+        falcon("evaluate", "retrieval", str(run), "--itc-only", log=log, threads=threads)
     if not (run / "audit" / "summary.json").exists():
-        falcon("audit-false-negatives", str(run), "--judge", "oracle", "--max-pairs", str(audit_pairs), log=log)
-    return collect(method, seed, run)
+        falcon("audit-false-negatives", str(run), "--judge", "oracle", "--max-pairs", str(budget.audit_pairs),
+               log=log, threads=threads)
+    return collect(variant, seed, run)
 
 
-def collect(method: str, seed: int, run: Path) -> dict:
+def collect(variant: Variant, seed: int, run: Path) -> dict:
     """One run's numbers: retrieval (standard and oracle), FN rate of the used negatives, time per epoch."""
     manifest = json.loads((run / "manifest.json").read_text())
     stage = manifest["stages"]["pretrain"]
     seconds = _seconds(stage["start"], stage["end"])
-    epochs = manifest["config"]["pretrain"]["epochs"]
+    config = manifest["config"]["pretrain"]
     retrieval = json.loads((run / "results" / "retrieval.json").read_text())["rows"][0]
     audit = {row["kind"]: row for row in json.loads((run / "audit" / "summary.json").read_text())["overall"]}
-    row = {"method": method, "seed": seed, "pretrain_seconds": seconds, "seconds_per_epoch": seconds / epochs}
+    row = {"method": variant.name, "base_method": variant.method, "space": variant.space,
+           "search_space_size": config["search_space_size"], "seed": seed, "pretrain_seconds": seconds,
+           "seconds_per_epoch": seconds / config["epochs"]}
     for key in ("i2t_R@1", "i2t_R@5", "i2t_R@10", "t2i_R@1", "t2i_R@5", "t2i_R@10", "mean_R",
-                "oracle_i2t_R@1", "oracle_t2i_R@1", "oracle_i2t_R-P", "oracle_t2i_R-P", "oracle_i2t_mAP@R", "oracle_t2i_mAP@R"):
-        row[key] = retrieval[key]
+                "oracle_i2t_R@1", "oracle_i2t_R@5", "oracle_i2t_R@10", "oracle_t2i_R@1", "oracle_t2i_R@5",
+                "oracle_t2i_R@10", "oracle_i2t_R-P", "oracle_t2i_R-P", "oracle_i2t_mAP@R", "oracle_t2i_mAP@R"):
+        row[key] = retrieval.get(key, float("nan"))
     for kind in ("chain", "itm", "all"):
         if kind in audit:
             row[f"fn_rate_{kind}"] = 100.0 * audit[kind]["oracle_rate"]
     row["R@1"] = (row["i2t_R@1"] + row["t2i_R@1"]) / 2
+    row["oracle_R@1"] = (row["oracle_i2t_R@1"] + row["oracle_t2i_R@1"]) / 2
     return row
 
 
@@ -109,71 +191,242 @@ def _seconds(start: str, end: str) -> float:
     return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
 
 
-def summarise(rows: list[dict], out: Path) -> None:
-    """``results.csv``, ``summary.csv``/``summary.md`` (mean ± std over seeds) and ``r1_vs_time.png``."""
-    import pandas as pd
+# --- tables ----------------------------------------------------------------------------------------
 
-    from falcon_cli.reporting.figures import _save_png as save_png  # atomic PNG writer
+TABLE = [("R@1", "R@1"), ("i2t_R@1", "i2t R@1"), ("i2t_R@5", "i2t R@5"), ("i2t_R@10", "i2t R@10"),
+         ("t2i_R@1", "t2i R@1"), ("t2i_R@5", "t2i R@5"), ("t2i_R@10", "t2i R@10"),
+         ("oracle_i2t_R@1", "FN-aware i2t R@1"), ("oracle_t2i_R@1", "FN-aware t2i R@1"),
+         ("oracle_i2t_R-P", "i2t R-P"), ("oracle_t2i_R-P", "t2i R-P"),
+         ("fn_rate_chain", "FN % (chain)"), ("fn_rate_itm", "FN % (ITM)"), ("seconds_per_epoch", "s / epoch")]
+"""Summary columns: (results.csv key, header). FN-aware = every truly matching item counts (the oracle)."""
 
-    table = pd.DataFrame(rows)
+
+def summarise(table, out: Path):
+    """``results.csv``, ``summary.csv`` / ``summary.md`` (mean ± std over seeds), ``space_sweep.md``."""
     table.to_csv(out / "results.csv", index=False, float_format="%.4f")
-    columns = ["R@1", "mean_R", "oracle_i2t_R@1", "oracle_t2i_R@1", "oracle_i2t_R-P", "oracle_t2i_R-P",
-               "fn_rate_chain", "fn_rate_itm", "seconds_per_epoch"]
-    columns = [c for c in columns if c in table]
+    columns = [key for key, _ in TABLE if key in table]
     grouped = table.groupby("method", sort=False)[columns]
     mean, std, seeds = grouped.mean(), grouped.std().fillna(0.0), grouped.size()
     summary = mean.join(std.add_suffix("_std")).assign(seeds=seeds)
     summary.to_csv(out / "summary.csv", float_format="%.4f")
-    lines = ["| method | seeds | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
-    for method in mean.index:
-        cells = ["—" if mean.loc[method, c] != mean.loc[method, c] else f"{mean.loc[method, c]:.1f} ± {std.loc[method, c]:.1f}"
-                 for c in columns]  # — : the method has no such negatives (no chain without a quantile composer)
-        lines.append(f"| {method} | {seeds[method]} | " + " | ".join(cells) + " |")
-    (out / "summary.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    main = [m for m in mean.index if "@M-" not in m]
+    (out / "summary.md").write_text(_markdown(mean, std, seeds, main, columns))
 
+    sweep = table[table["base_method"].isin(SPACE_SWEEP)]
+    lines = ["| method | |M| | seeds | R@1 | FN-aware i2t R@1 | FN-aware t2i R@1 | FN % (chain) | s / epoch |",
+             "|---|---|---|---|---|---|---|---|"]
+    for (method, size), rows in sweep.groupby(["base_method", "search_space_size"]):
+        cells = [_cell(rows[c].mean(), rows[c].std()) for c in
+                 ("R@1", "oracle_i2t_R@1", "oracle_t2i_R@1", "fn_rate_chain", "seconds_per_epoch")]
+        lines.append(f"| {method} | {size} | {len(rows)} | " + " | ".join(cells) + " |")
+    (out / "space_sweep.md").write_text("\n".join(lines) + "\n")
+    return mean, std, seeds
+
+
+def _cell(mean: float, std: float) -> str:
+    if mean != mean:
+        return "—"  # the method has no such negatives (no chain without a quantile composer)
+    return f"{mean:.1f} ± {0.0 if std != std else std:.1f}"
+
+
+def _markdown(mean, std, seeds, methods, columns) -> str:
+    headers = dict(TABLE)
+    lines = ["| method | seeds | " + " | ".join(headers[c] for c in columns) + " |", "|---|---|" + "---|" * len(columns)]
+    for method in methods:
+        lines.append(f"| {method} | {seeds[method]} | " + " | ".join(_cell(mean.loc[method, c], std.loc[method, c])
+                                                                   for c in columns) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# --- figures ---------------------------------------------------------------------------------------
+
+def figures(table, out: Path, mean, std) -> list[Path]:
+    """R@1 vs time (Fig. 6), FN rate vs step per quantile (Fig. 2), FALCON's q over training, the |M| sweep."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
+    import pandas as pd
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for method in mean.index:
+    from falcon_cli.reporting.figures import _save_png as save_png  # atomic PNG writer
+    from falcon_cli.sampling.batch_log import read_batch_log
+
+    paths = []
+    main = [m for m in mean.index if "@M-" not in m]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for method in main:
         ax.errorbar(mean.loc[method, "seconds_per_epoch"], mean.loc[method, "R@1"], yerr=std.loc[method, "R@1"],
-                    fmt="o", capsize=3, label=method)
-    ax.set_xlabel("seconds per pretraining epoch")
-    ax.set_ylabel("R@1 (mean of i2t and t2i, %)")
-    ax.set_title("zero-shot R@1 against training time (shapes world)")
+                    xerr=std.loc[method, "seconds_per_epoch"], fmt="o", capsize=3, label=method)
+    ax.set(xlabel="seconds per pretraining epoch", ylabel="zero-shot R@1 (mean of i2t, t2i; %)",
+           title="R@1 against training time (mean ± std over seeds)")
     ax.legend(fontsize=7, ncol=2)
-    save_png(fig, out / "r1_vs_time.png")
+    paths.append(save_png(fig, out / "r1_vs_time.png"))
+    plt.close(fig)
+
+    # Figure 2 (top left): the oracle FN rate of the used negatives against the step, per fixed quantile.
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, kind, title in zip(axes, ("chain", "itm"), ("negatives the composer chose (chain)", "hardest in-batch ITM negatives")):
+        for method, label in FIXED_Q.items():
+            frames = [pd.read_csv(path) for path in sorted((out / "runs").glob(f"{method}-s*/audit/fn_rate_by_step.csv"))]
+            frames = [f[f["kind"] == kind] for f in frames]
+            frames = [f for f in frames if len(f)]
+            if not frames:
+                continue
+            both = pd.concat(frames).groupby("window").agg(step=("last_step", "mean"), rate=("rate", "mean"),
+                                                           sd=("rate", "std"))
+            ax.errorbar(both["step"], 100 * both["rate"], yerr=100 * both["sd"].fillna(0), marker="o", capsize=2, label=label)
+        ax.set(xlabel="training step (end of window)", title=title)
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("oracle false-negative rate (%)")
+    paths.append(save_png(fig, out / "fn_rate_by_step.png"))
+    plt.close(fig)
+
+    # FALCON's q distribution over training: per step, the median and 10-90% band of the q it drew.
+    falcon_methods = [m for m in main if m.startswith("falcon")]
+    if falcon_methods:
+        fig, axes = plt.subplots(1, len(falcon_methods), figsize=(3.2 * len(falcon_methods), 3.4), sharey=True, squeeze=False)
+        for ax, method in zip(axes[0], falcon_methods):
+            logs = [read_batch_log(p) for p in sorted((out / "runs").glob(f"{method}-s*/batches.parquet"))]
+            q = pd.concat([log[log["sampler"] == "falcon"][["step", "q"]] for log in logs]).dropna()
+            if len(q):
+                per_step = q.groupby("step")["q"].quantile([0.1, 0.5, 0.9]).unstack()
+                ax.fill_between(per_step.index, per_step[0.1], per_step[0.9], alpha=0.3, label="10–90%")
+                ax.plot(per_step.index, per_step[0.5], label="median")
+                ax.plot(per_step.index, q.groupby("step")["q"].mean(), "--", label="mean")
+            ax.set(title=method, xlabel="training step", ylim=(0, 1))
+        axes[0][0].set_ylabel("q drawn per anchor (all seeds)")
+        axes[0][0].legend(fontsize=7)
+        paths.append(save_png(fig, out / "q_distribution.png"))
+        plt.close(fig)
+
+    sweep = table[table["base_method"].isin(SPACE_SWEEP)]
+    if sweep["space"].nunique() > 1:
+        fig, ax = plt.subplots(figsize=(5, 3.6))
+        for method, rows in sweep.groupby("base_method"):
+            stats = rows.groupby("search_space_size")["R@1"].agg(["mean", "std"])
+            ax.errorbar(stats.index, stats["mean"], yerr=stats["std"].fillna(0), marker="o", capsize=3, label=method)
+        ax.set(xscale="log", xlabel="search space size |M| (pairs)", ylabel="zero-shot R@1 (%)",
+               title="search-space size sweep")
+        ax.set_xticks(sorted(sweep["search_space_size"].unique()), [str(v) for v in sorted(sweep["search_space_size"].unique())])
+        ax.legend(fontsize=8)
+        paths.append(save_png(fig, out / "space_sweep.png"))
+        plt.close(fig)
+    del np
+    return paths
+
+
+# --- the report ------------------------------------------------------------------------------------
+
+BEGIN, END = "<!-- sweep:begin -->", "<!-- sweep:end -->"
+
+
+def write_report(report: Path, out: Path, table, budget: Budget, seeds: list[int], command: str, elapsed: float,
+                 paths: list[Path]) -> None:
+    """Rewrite ``report``'s generated block (tables, world, command, commit) and copy artifacts to ``report.parent/results/``."""
+    from falcon_cli.artifacts.atomic import atomic_open
+
+    assets = report.parent / "results"
+    assets.mkdir(parents=True, exist_ok=True)
+    for name in ("results.csv", "summary.csv"):
+        shutil.copyfile(out / name, assets / name)
+    for path in paths:
+        shutil.copyfile(path, assets / path.name)
+    density = json.loads((out / "world" / "world.json").read_text())["statistics"]["false_negative_density"]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
+                           text=True).stdout.strip()
+    train, test = density["train"], density["test"]
+    block = [
+        BEGIN,
+        "<!-- Generated by benchmarks/shapes_sweep.py --report; edit outside the markers. -->",
+        "",
+        f"**Command:** `{command}`  ",
+        f"**Commit:** `{commit}`{' (with uncommitted changes)' if dirty else ''}; {platform.machine()}, "
+        f"{os.cpu_count()} CPU cores, torch threads per run {max(1, (os.cpu_count() or 1) // 2)}; "
+        f"the sweep took {elapsed / 60:.0f} min of wall-clock time here (resumed parts excluded).  ",
+        f"**World:** {budget.images} shapes images (seed 0): {int(budget.images * 0.5)} train "
+        f"({budget.train_pairs} pairs), {int(round(budget.images * 0.45))} zero-shot test images "
+        f"({int(round(budget.images * 0.45)) * 5} captions).  ",
+        f"**False-negative density:** a train caption truly describes {train['mean']:.1f} of the split's images on "
+        f"average (median {train['median']:.0f}); a uniformly drawn in-batch negative is a false negative "
+        f"{100 * train['mean_fraction_of_split']:.1f}% of the time; {100 * train['fraction_with_false_negatives']:.0f}% "
+        f"of train captions have at least one. On test: {100 * test['mean_fraction_of_split']:.1f}%.  ",
+        f"**Budget (every run):** albef-tiny from scratch, {budget.epochs} epochs, batch {budget.batch}, "
+        f"|M| {budget.spaces['medium']} (GRIT and FALCON also {', '.join(str(v) for k, v in budget.spaces.items() if k != 'medium')}), "
+        f"seeds {', '.join(map(str, seeds))}; epoch 0 is uniform for the hard-negative methods, as in the recipes.",
+        "",
+        "### Zero-shot retrieval, false negatives used, time (mean ± std over seeds)",
+        "",
+        "R@K in percent on the test split, ITC similarity; *FN-aware* counts every caption/image the oracle says "
+        "truly matches as a positive. *FN % (chain)*: oracle false-negative rate among the negatives the composer "
+        "put next to each anchor (— for methods without a quantile chain); *FN % (ITM)*: among each anchor's "
+        "hardest in-batch ITM negative. *s / epoch*: pretraining wall-clock per epoch, runs two at a time.",
+        "",
+        (out / "summary.md").read_text().rstrip(),
+        "",
+    ]
+    if table["space"].nunique() > 1:
+        block += ["### Search-space size |M| (GRIT and FALCON)", "", (out / "space_sweep.md").read_text().rstrip(), ""]
+    for path in paths:
+        block += [f"![{path.stem}](results/{path.name})", ""]
+    block += ["Per-run numbers: [results/results.csv](results/results.csv); means and standard deviations: "
+              "[results/summary.csv](results/summary.csv).", END]
+    text = report.read_text() if report.exists() else f"# Results\n\n{BEGIN}\n{END}\n"
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{report}: no {BEGIN} ... {END} block to replace; add the two markers where the tables go")
+    head, rest = text.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1]
+    with atomic_open(report) as f:
+        f.write(head + "\n".join(block) + tail)
 
 
 def main() -> None:
+    import pandas as pd
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True, help="Sweep directory (world, runs, logs, tables).")
+    parser.add_argument("--out", type=Path, required=True, help="Sweep directory (world, runs, logs, tables, figures).")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--only", nargs="+", choices=list(METHODS), help="A subset of the methods.")
-    parser.add_argument("--quick", action="store_true", help="Smoke version: one seed, a 200-image world, 2 short epochs.")
-    parser.add_argument("--audit-pairs", type=int, default=20000, help="Pairs the oracle audit judges per run.")
-    parser.add_argument("--set", dest="overrides", nargs="*", default=[], help="Extra overrides for every run.")
+    parser.add_argument("--quick", action="store_true", help="Smoke version: one seed, 100 training images, no |M| sweep.")
+    parser.add_argument("--jobs", type=int, default=2, help="Runs at a time (each gets cores / jobs torch threads).")
+    parser.add_argument("--report", type=Path, help="Also rewrite this page's generated block (e.g. docs/results.md).")
     args = parser.parse_args()
 
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
+    budget = QUICK if args.quick else FULL
     seeds = args.seeds[:1] if args.quick else args.seeds
-    scale = (QUICK if args.quick else []) + list(args.overrides)
-    methods = list(args.only or METHODS)
-    if "srcl" in methods and "uniform" not in methods:
-        methods.insert(0, "uniform")  # SRCL's auxiliary model
-    rows = []
+    threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    todo = [(variant, seed) for seed in seeds for variant in variants(budget, args.only)]
     start = time.perf_counter()
-    for seed in seeds:
-        for method in methods:
-            rows.append(run_one(method, seed, out, scale, 2000 if args.quick else args.audit_pairs))
-            print(f"[{time.perf_counter() - start:7.0f} s] {method} seed {seed}: R@1 {rows[-1]['R@1']:.1f}, "
-                  f"oracle i2t R@1 {rows[-1]['oracle_i2t_R@1']:.1f}, FN rate (chain) {rows[-1].get('fn_rate_chain', float('nan')):.1f}%",
-                  flush=True)
-    summarise(rows, out)
+    rows, failures = [], []
+    if not (out / "world" / "world.json").exists():  # once, so that parallel runs never race to generate it
+        falcon(*budget.world_args(out), log=out / "world.log", threads=os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # FIFO: a seed's uniform run starts before its SRCL run
+        waits: dict[tuple[str, int], Future] = {}
+        for variant, seed in todo:
+            waits[(variant.name, seed)] = pool.submit(run_one, variant, seed, out, budget, threads, waits)
+        for (name, seed), future in waits.items():
+            try:
+                rows.append(future.result())
+            except Exception as exc:  # keep the other runs going; report every failure at the end
+                failures.append(f"{name} seed {seed}: {exc}")
+                print(f"FAILED {name} seed {seed}: {exc}", file=sys.stderr, flush=True)
+                continue
+            row = rows[-1]
+            print(f"[{time.perf_counter() - start:7.0f} s] {name} seed {seed}: R@1 {row['R@1']:.1f}, FN-aware R@1 "
+                  f"{row['oracle_R@1']:.1f}, FN rate (chain) {row.get('fn_rate_chain', float('nan')):.1f}%", flush=True)
+    if rows:
+        table = pd.DataFrame(rows)
+        mean, std, _ = summarise(table, out)
+        print((out / "summary.md").read_text())
+        paths = figures(table, out, mean, std)
+        if args.report:
+            command = "PYTHONPATH=. .venv/bin/python benchmarks/shapes_sweep.py " + " ".join(sys.argv[1:])
+            write_report(args.report.resolve(), out, table, budget, seeds, command, time.perf_counter() - start, paths)
+    if failures:
+        raise SystemExit(f"{len(failures)} run(s) failed:\n" + "\n".join(failures))
 
 
 if __name__ == "__main__":
