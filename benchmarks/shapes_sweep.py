@@ -94,11 +94,13 @@ class Budget:
                 f"audit.step_windows={self.step_windows}"]
 
 
-FULL = Budget(images=400, epochs=3, batch=32, spaces={"small": 64, "medium": 200, "large": 1000})
-"""The full sweep: 200 training images (1,000 pairs), 3 epochs, |M| 64 / 200 / 1,000 (one space per epoch);
-54 runs in about an hour on 2 cores."""
+FULL = Budget(images=700, epochs=4, batch=32, spaces={"small": 64, "medium": 350, "large": 1750})
+"""The full sweep: 350 training images (1,750 pairs), 4 epochs (219 steps: a from-scratch albef-tiny needs about
+200 to leave the uniform-ITC plateau; 3 epochs of 1,000 pairs never did), |M| 64 / 350 / 1,750 (one space per
+epoch); 54 runs, about 2 hours on 2 cores."""
 QUICK = Budget(images=200, epochs=3, batch=16, spaces={"medium": 100}, warmup=5, audit_pairs=2000, step_windows=6)
-"""--quick: 100 training images, 3 short epochs, one seed, no |M| sweep (about 10 minutes on 2 cores)."""
+"""--quick: 100 training images, 3 short epochs, one seed, no |M| sweep (about 10 minutes on 2 cores): a smoke
+test of the whole pipeline; its models stay near chance."""
 
 
 @dataclass(frozen=True)
@@ -194,24 +196,31 @@ def _seconds(start: str, end: str) -> float:
 
 # --- tables ----------------------------------------------------------------------------------------
 
-TABLE = [("R@1", "R@1"), ("i2t_R@1", "i2t R@1"), ("i2t_R@5", "i2t R@5"), ("i2t_R@10", "i2t R@10"),
-         ("t2i_R@1", "t2i R@1"), ("t2i_R@5", "t2i R@5"), ("t2i_R@10", "t2i R@10"),
-         ("oracle_i2t_R@1", "FN-aware i2t R@1"), ("oracle_t2i_R@1", "FN-aware t2i R@1"),
-         ("oracle_i2t_R-P", "i2t R-P"), ("oracle_t2i_R-P", "t2i R-P"),
-         ("fn_rate_chain", "FN % (chain)"), ("fn_rate_itm", "FN % (ITM)"), ("seconds_per_epoch", "s / epoch")]
-"""Summary columns: (results.csv key, header). FN-aware = every truly matching item counts (the oracle)."""
+TABLES: dict[str, list[tuple[str, str]]] = {
+    "Standard zero-shot retrieval (ITC; %)": [
+        ("R@1", "R@1 (mean)"), ("i2t_R@1", "i2t R@1"), ("i2t_R@5", "i2t R@5"), ("i2t_R@10", "i2t R@10"),
+        ("t2i_R@1", "t2i R@1"), ("t2i_R@5", "t2i R@5"), ("t2i_R@10", "t2i R@10")],
+    "False-negative-aware retrieval (every item the oracle says truly matches is a positive; %)": [
+        ("oracle_R@1", "R@1 (mean)"), ("oracle_i2t_R@1", "i2t R@1"), ("oracle_i2t_R@5", "i2t R@5"),
+        ("oracle_i2t_R@10", "i2t R@10"), ("oracle_t2i_R@1", "t2i R@1"), ("oracle_t2i_R@5", "t2i R@5"),
+        ("oracle_t2i_R@10", "t2i R@10"), ("oracle_i2t_R-P", "i2t R-P"), ("oracle_t2i_R-P", "t2i R-P")],
+    "Negatives actually used, and time": [
+        ("fn_rate_chain", "FN % (chain)"), ("fn_rate_itm", "FN % (ITM)"), ("seconds_per_epoch", "s / epoch")],
+}
+"""The summary tables: title -> [(results.csv key, header)]."""
 
 
 def summarise(table, out: Path):
     """``results.csv``, ``summary.csv`` / ``summary.md`` (mean ± std over seeds), ``space_sweep.md``."""
     table.to_csv(out / "results.csv", index=False, float_format="%.4f")
-    columns = [key for key, _ in TABLE if key in table]
+    columns = [key for group in TABLES.values() for key, _ in group if key in table]
     grouped = table.groupby("method", sort=False)[columns]
     mean, std, seeds = grouped.mean(), grouped.std().fillna(0.0), grouped.size()
     summary = mean.join(std.add_suffix("_std")).assign(seeds=seeds)
     summary.to_csv(out / "summary.csv", float_format="%.4f")
     main = [m for m in mean.index if "@M-" not in m]
-    (out / "summary.md").write_text(_markdown(mean, std, seeds, main, columns))
+    (out / "summary.md").write_text("\n".join(f"**{title}**\n\n" + _markdown(mean, std, seeds, main, group)
+                                              for title, group in TABLES.items()))
 
     sweep = table[table["base_method"].isin(SPACE_SWEEP)]
     lines = ["| method | |M| | seeds | R@1 | FN-aware i2t R@1 | FN-aware t2i R@1 | FN % (chain) | s / epoch |",
@@ -230,12 +239,12 @@ def _cell(mean: float, std: float) -> str:
     return f"{mean:.1f} ± {0.0 if std != std else std:.1f}"
 
 
-def _markdown(mean, std, seeds, methods, columns) -> str:
-    headers = dict(TABLE)
-    lines = ["| method | seeds | " + " | ".join(headers[c] for c in columns) + " |", "|---|---|" + "---|" * len(columns)]
+def _markdown(mean, std, seeds, methods, group: list[tuple[str, str]]) -> str:
+    group = [(key, header) for key, header in group if key in mean]
+    lines = ["| method | seeds | " + " | ".join(header for _, header in group) + " |", "|---|---|" + "---|" * len(group)]
     for method in methods:
-        lines.append(f"| {method} | {seeds[method]} | " + " | ".join(_cell(mean.loc[method, c], std.loc[method, c])
-                                                                   for c in columns) + " |")
+        lines.append(f"| {method} | {seeds[method]} | " + " | ".join(_cell(mean.loc[method, key], std.loc[method, key])
+                                                                   for key, _ in group) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -322,7 +331,7 @@ def figures(table, out: Path, mean, std) -> list[Path]:
 BEGIN, END = "<!-- sweep:begin -->", "<!-- sweep:end -->"
 
 
-def write_report(report: Path, out: Path, table, budget: Budget, seeds: list[int], command: str, elapsed: float,
+def write_report(report: Path, out: Path, table, budget: Budget, seeds: list[int], command: str,
                  paths: list[Path]) -> None:
     """Rewrite ``report``'s generated block (tables, world, command, commit) and copy artifacts to ``report.parent/results/``."""
     from falcon_cli.artifacts.atomic import atomic_open
@@ -334,18 +343,21 @@ def write_report(report: Path, out: Path, table, budget: Budget, seeds: list[int
     for path in paths:
         shutil.copyfile(path, assets / path.name)
     density = json.loads((out / "world" / "world.json").read_text())["statistics"]["false_negative_density"]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
-                           text=True).stdout.strip()
+    manifests = [json.loads(path.read_text()) for path in sorted((out / "runs").glob("*/manifest.json"))]
+    commits = sorted({f"`{(m['git']['sha'] or 'unknown')[:7]}`" + (" (uncommitted changes)" if m["git"]["dirty"] else "")
+                      for m in manifests})
+    stages = [stage for m in manifests for stage in m["stages"].values() if stage.get("start") and stage.get("end")]
+    span = _seconds(min(s["start"] for s in stages), max(s["end"] for s in stages))  # first run's start to last audit
+    others = ", ".join(str(v) for k, v in budget.spaces.items() if k != "medium")
     train, test = density["train"], density["test"]
     block = [
         BEGIN,
         "<!-- Generated by benchmarks/shapes_sweep.py --report; edit outside the markers. -->",
         "",
         f"**Command:** `{command}`  ",
-        f"**Commit:** `{commit}`{' (with uncommitted changes)' if dirty else ''}; {platform.machine()}, "
+        f"**Commits** (from the runs' manifests): {', '.join(commits)}; {platform.machine()}, "
         f"{os.cpu_count()} CPU cores, torch threads per run {max(1, (os.cpu_count() or 1) // 2)}; "
-        f"the sweep took {elapsed / 60:.0f} min of wall-clock time here (resumed parts excluded).  ",
+        f"{len(manifests)} runs; {span / 60:.0f} min from the first run's start to the last run's end.  ",
         f"**World:** {budget.images} shapes images (seed 0): {int(budget.images * 0.5)} train "
         f"({budget.train_pairs} pairs), {int(round(budget.images * 0.45))} zero-shot test images "
         f"({int(round(budget.images * 0.45)) * 5} captions).  ",
@@ -354,15 +366,15 @@ def write_report(report: Path, out: Path, table, budget: Budget, seeds: list[int
         f"{100 * train['mean_fraction_of_split']:.1f}% of the time; {100 * train['fraction_with_false_negatives']:.0f}% "
         f"of train captions have at least one. On test: {100 * test['mean_fraction_of_split']:.1f}%.  ",
         f"**Budget (every run):** albef-tiny from scratch, {budget.epochs} epochs, batch {budget.batch}, "
-        f"|M| {budget.spaces['medium']} (GRIT and FALCON also {', '.join(str(v) for k, v in budget.spaces.items() if k != 'medium')}), "
+        f"|M| {budget.spaces['medium']}{f' (GRIT and FALCON also {others})' if others else ''}, "
         f"seeds {', '.join(map(str, seeds))}; epoch 0 is uniform for the hard-negative methods, as in the recipes.",
         "",
-        "### Zero-shot retrieval, false negatives used, time (mean ± std over seeds)",
+        "### Every method (mean ± std over seeds)",
         "",
-        "R@K in percent on the test split, ITC similarity; *FN-aware* counts every caption/image the oracle says "
-        "truly matches as a positive. *FN % (chain)*: oracle false-negative rate among the negatives the composer "
-        "put next to each anchor (— for methods without a quantile chain); *FN % (ITM)*: among each anchor's "
-        "hardest in-batch ITM negative. *s / epoch*: pretraining wall-clock per epoch, runs two at a time.",
+        "R@K in percent on the zero-shot test split, ranked by ITC similarity; *R@1 (mean)* averages i2t and t2i. "
+        "*FN % (chain)*: the oracle's false-negative rate among the negatives the composer put next to each anchor "
+        "(— for methods without a quantile chain); *FN % (ITM)*: among each anchor's hardest in-batch ITM negative. "
+        "*s / epoch*: pretraining wall-clock per epoch, two runs at a time on the machine above.",
         "",
         (out / "summary.md").read_text().rstrip(),
         "",
@@ -425,7 +437,7 @@ def main() -> None:
         paths = figures(table, out, mean, std)
         if args.report:
             command = "PYTHONPATH=. .venv/bin/python benchmarks/shapes_sweep.py " + " ".join(sys.argv[1:])
-            write_report(args.report.resolve(), out, table, budget, seeds, command, time.perf_counter() - start, paths)
+            write_report(args.report.resolve(), out, table, budget, seeds, command, paths)
     if failures:
         raise SystemExit(f"{len(failures)} run(s) failed:\n" + "\n".join(failures))
 

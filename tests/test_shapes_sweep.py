@@ -1,0 +1,85 @@
+"""benchmarks/shapes_sweep.py: which runs it plans, how it summarises seeds, how it rewrites the results page."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from benchmarks import shapes_sweep as sweep
+
+
+def test_the_plan_covers_every_method_and_the_space_sweep():
+    full = [v.name for v in sweep.variants(sweep.FULL, None)]
+    assert full[:len(sweep.METHODS)] == list(sweep.METHODS)  # uniform first: SRCL's auxiliary model
+    assert set(full[len(sweep.METHODS):]) == {"grit@M-small", "grit@M-large", "falcon@M-small", "falcon@M-large"}
+    assert [v.name for v in sweep.variants(sweep.QUICK, None)] == list(sweep.METHODS)  # --quick: no |M| sweep
+    assert [v.name for v in sweep.variants(sweep.FULL, ["srcl"])] == ["uniform", "srcl"]
+    overrides = sweep.FULL.overrides(sweep.Path("/x"))
+    assert "pretrain.search_space_size=350" in overrides and "data.dataset=/x/world" in overrides
+    assert sweep.FULL.train_pairs == 1750  # |M| large = one space per epoch
+
+
+def _row(method: str, seed: int, r1: float, space: str = "medium", size: int = 350) -> dict:
+    row = {key: float(seed) for group in sweep.TABLES.values() for key, _ in group}
+    row.update({"method": method if space == "medium" else f"{method}@M-{space}", "base_method": method, "space": space,
+                "search_space_size": size, "seed": seed, "R@1": r1})
+    if method == "uniform":
+        row["fn_rate_chain"] = float("nan")  # no chain without a quantile composer
+    return row
+
+
+@pytest.fixture
+def finished(tmp_path):
+    """A sweep directory as the runs leave it: the world's statistics and one manifest per run."""
+    out = tmp_path / "sweep"
+    (out / "world").mkdir(parents=True)
+    density = {"mean": 20.0, "median": 9.0, "mean_fraction_of_split": 0.18, "fraction_with_false_negatives": 0.8}
+    (out / "world" / "world.json").write_text(json.dumps({"statistics": {"false_negative_density": {"train": density,
+                                                                                                     "test": density}}}))
+    rows = [_row("uniform", 0, 10.0), _row("uniform", 1, 20.0), _row("grit", 0, 30.0), _row("grit", 1, 30.0),
+            _row("grit", 0, 12.0, "small", 64), _row("grit", 1, 14.0, "small", 64)]
+    for i, row in enumerate(rows):
+        run = out / "runs" / f"{row['method']}-s{row['seed']}"
+        run.mkdir(parents=True)
+        stage = {"start": f"2026-01-01T00:{i:02d}:00+00:00", "end": f"2026-01-01T00:{i + 1:02d}:00+00:00"}
+        (run / "manifest.json").write_text(json.dumps({"git": {"sha": "abcdef0123", "dirty": i == 5},
+                                                       "stages": {"pretrain": stage}}))
+    return out, pd.DataFrame(rows)
+
+
+def test_summary_is_mean_and_std_over_seeds(finished):
+    out, table = finished
+    mean, std, seeds = sweep.summarise(table, out)
+    assert mean.loc["uniform", "R@1"] == 15.0 and std.loc["uniform", "R@1"] == pytest.approx(7.0711, abs=1e-4)
+    assert seeds["grit"] == 2 and mean.loc["grit@M-small", "R@1"] == 13.0
+    text = (out / "summary.md").read_text()
+    assert "| uniform | 2 | 15.0 ± 7.1 |" in text and "| grit | 2 | 30.0 ± 0.0 |" in text
+    assert "grit@M-small" not in text, "the |M| variants have their own table"
+    assert "| uniform | 2 | — |" in text, "no chain negatives: a dash, not nan"
+    space = (out / "space_sweep.md").read_text()
+    assert "| grit | 64 | 2 | 13.0 ± 1.4 |" in space and "| grit | 350 | 2 | 30.0 ± 0.0 |" in space
+    assert pd.read_csv(out / "results.csv").shape[0] == 6
+
+
+def test_report_rewrites_only_its_block(finished, tmp_path):
+    out, table = finished
+    sweep.summarise(table, out)
+    page = tmp_path / "docs" / "results.md"
+    page.parent.mkdir()
+    page.write_text("# Results\n\nintro by hand\n\n<!-- sweep:begin -->\nold table\n<!-- sweep:end -->\n\nanalysis by hand\n")
+    for _ in range(2):  # idempotent: a second run replaces its own block again
+        sweep.write_report(page, out, table, sweep.FULL, [0, 1], "the command", paths=[])
+    text = page.read_text()
+    assert text.startswith("# Results\n\nintro by hand\n\n<!-- sweep:begin -->") and text.endswith("<!-- sweep:end -->\n\nanalysis by hand\n")
+    assert "old table" not in text and text.count("<!-- sweep:begin -->") == 1
+    assert "`the command`" in text and "`abcdef0` (uncommitted changes)" in text and "`abcdef0`," in text
+    assert "6 runs; 6 min" in text and "18.0% of the time" in text
+    assert "### Search-space size |M|" in text and "| grit | 64 | 2 |" in text
+    assert (page.parent / "results" / "summary.csv").exists() and (page.parent / "results" / "results.csv").exists()
+
+    page.write_text("# a page without the markers\n")
+    with pytest.raises(SystemExit, match="sweep:begin"):
+        sweep.write_report(page, out, table, sweep.FULL, [0, 1], "the command", paths=[])
+    assert page.read_text() == "# a page without the markers\n", "left untouched"
