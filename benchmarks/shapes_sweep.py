@@ -326,6 +326,48 @@ def figures(table, out: Path, mean, std) -> list[Path]:
     return paths
 
 
+def reward_table(out: Path) -> str:
+    """Why FALCON learns what it learns: its reward signal and how far its q moved, per FALCON variant (all seeds).
+
+    From each run's last checkpoint (the last epoch's per-step rewards Δ) and ``batches.parquet``
+    (the q drawn per anchor): the reward's mean and std, the share of positive rewards (without a
+    baseline REINFORCE raises the probability of whatever q was drawn whenever Δ > 0), the correlation
+    across steps between a batch's mean q and its reward, and the mean q in the first and last FALCON epoch.
+    """
+    import numpy as np
+
+    from falcon_cli.runtime.checkpoint import load_training_state
+    from falcon_cli.sampling.batch_log import read_batch_log
+
+    lines = ["| variant | seeds | reward mean | reward std | reward > 0 | corr(batch mean q, reward) | mean q, first FALCON epoch | mean q, last epoch |",
+             "|---|---|---|---|---|---|---|---|"]
+    for method in [m for m in METHODS if m.startswith("falcon")]:
+        rewards, corrs, first, last = [], [], [], []
+        for run in sorted((out / "runs").glob(f"{method}-s*")):
+            latest = run / "checkpoints" / "latest"
+            if not latest.exists() or not (run / "batches.parquet").exists():
+                continue
+            state = load_training_state(run / "checkpoints" / latest.read_text().strip())
+            reward = np.asarray(state["ranks"][0]["rewards"], dtype=float)
+            log = read_batch_log(run / "batches.parquet")
+            log = log[log["sampler"] == "falcon"]
+            epochs = sorted(log["epoch"].unique())
+            if not len(reward) or not epochs:
+                continue
+            per_step = log[log["epoch"] == epochs[-1]].groupby("step")["q"].mean().to_numpy()[-len(reward):]
+            if len(per_step) == len(reward) and reward.std() > 0 and per_step.std() > 0:
+                corrs.append(float(np.corrcoef(per_step, reward)[0, 1]))
+            rewards.append(reward)
+            first.append(log[log["epoch"] == epochs[0]]["q"].mean())
+            last.append(log[log["epoch"] == epochs[-1]]["q"].mean())
+        if not rewards:
+            continue
+        both = np.concatenate(rewards)
+        lines.append(f"| {method} | {len(rewards)} | {both.mean():.4f} | {both.std():.4f} | {100 * (both > 0).mean():.0f}% | "
+                     f"{np.mean(corrs) if corrs else float('nan'):+.2f} | {np.mean(first):.3f} | {np.mean(last):.3f} |")
+    return "\n".join(lines) + "\n"
+
+
 # --- the report ------------------------------------------------------------------------------------
 
 BEGIN, END = "<!-- sweep:begin -->", "<!-- sweep:end -->"
@@ -381,6 +423,9 @@ def write_report(report: Path, out: Path, table, budget: Budget, seeds: list[int
     ]
     if table["space"].nunique() > 1:
         block += ["### Search-space size |M| (GRIT and FALCON)", "", (out / "space_sweep.md").read_text().rstrip(), ""]
+    if (out / "falcon_rewards.md").exists():
+        block += ["### FALCON's reward and q (last epoch's steps, all seeds)", "",
+                  (out / "falcon_rewards.md").read_text().rstrip(), ""]
     for path in paths:
         block += [f"![{path.stem}](results/{path.name})", ""]
     block += ["Per-run numbers: [results/results.csv](results/results.csv); means and standard deviations: "
@@ -435,6 +480,7 @@ def main() -> None:
         mean, std, _ = summarise(table, out)
         print((out / "summary.md").read_text())
         paths = figures(table, out, mean, std)
+        (out / "falcon_rewards.md").write_text(reward_table(out))
         if args.report:
             command = "PYTHONPATH=. .venv/bin/python benchmarks/shapes_sweep.py " + " ".join(sys.argv[1:])
             write_report(args.report.resolve(), out, table, budget, seeds, command, paths)
