@@ -326,46 +326,56 @@ def figures(table, out: Path, mean, std) -> list[Path]:
     return paths
 
 
+REWARD_HEADER = ("| variant | seeds | reward mean | reward std | reward > 0 | corr(batch mean q, reward) | "
+                 "mean q, first FALCON epoch | mean q, last epoch |\n|---|---|---|---|---|---|---|---|\n")
+
+
 def reward_table(out: Path) -> str:
     """Why FALCON learns what it learns: its reward signal and how far its q moved, per FALCON variant (all seeds).
 
     From each run's last checkpoint (the last epoch's per-step rewards Δ) and ``batches.parquet``
-    (the q drawn per anchor): the reward's mean and std, the share of positive rewards (without a
-    baseline REINFORCE raises the probability of whatever q was drawn whenever Δ > 0), the correlation
-    across steps between a batch's mean q and its reward, and the mean q in the first and last FALCON epoch.
+    (the q drawn per anchor); see :func:`reward_row` for the columns.
     """
-    import numpy as np
+    rows = []
+    for method in [m for m in METHODS if m.startswith("falcon")]:
+        records = [r for r in (_reward_record(run) for run in sorted((out / "runs").glob(f"{method}-s*"))) if r is not None]
+        if records:
+            rows.append(reward_row(method, records))
+    return REWARD_HEADER + "".join(rows)
 
+
+def _reward_record(run: Path) -> dict | None:
+    """One FALCON run's last-epoch rewards and per-step mean q, and its mean q in the first and last FALCON epoch."""
     from falcon_cli.runtime.checkpoint import load_training_state
     from falcon_cli.sampling.batch_log import read_batch_log
 
-    lines = ["| variant | seeds | reward mean | reward std | reward > 0 | corr(batch mean q, reward) | mean q, first FALCON epoch | mean q, last epoch |",
-             "|---|---|---|---|---|---|---|---|"]
-    for method in [m for m in METHODS if m.startswith("falcon")]:
-        rewards, corrs, first, last = [], [], [], []
-        for run in sorted((out / "runs").glob(f"{method}-s*")):
-            latest = run / "checkpoints" / "latest"
-            if not latest.exists() or not (run / "batches.parquet").exists():
-                continue
-            state = load_training_state(run / "checkpoints" / latest.read_text().strip())
-            reward = np.asarray(state["ranks"][0]["rewards"], dtype=float)
-            log = read_batch_log(run / "batches.parquet")
-            log = log[log["sampler"] == "falcon"]
-            epochs = sorted(log["epoch"].unique())
-            if not len(reward) or not epochs:
-                continue
-            per_step = log[log["epoch"] == epochs[-1]].groupby("step")["q"].mean().to_numpy()[-len(reward):]
-            if len(per_step) == len(reward) and reward.std() > 0 and per_step.std() > 0:
-                corrs.append(float(np.corrcoef(per_step, reward)[0, 1]))
-            rewards.append(reward)
-            first.append(log[log["epoch"] == epochs[0]]["q"].mean())
-            last.append(log[log["epoch"] == epochs[-1]]["q"].mean())
-        if not rewards:
-            continue
-        both = np.concatenate(rewards)
-        lines.append(f"| {method} | {len(rewards)} | {both.mean():.4f} | {both.std():.4f} | {100 * (both > 0).mean():.0f}% | "
-                     f"{np.mean(corrs) if corrs else float('nan'):+.2f} | {np.mean(first):.3f} | {np.mean(last):.3f} |")
-    return "\n".join(lines) + "\n"
+    latest = run / "checkpoints" / "latest"
+    if not latest.exists() or not (run / "batches.parquet").exists():
+        return None
+    rewards = load_training_state(run / "checkpoints" / latest.read_text().strip())["ranks"][0]["rewards"]
+    log = read_batch_log(run / "batches.parquet")
+    log = log[log["sampler"] == "falcon"]
+    epochs = sorted(log["epoch"].unique())
+    if not len(rewards) or not epochs:
+        return None
+    last = log[log["epoch"] == epochs[-1]]
+    return {"rewards": rewards, "step_q": last.groupby("step")["q"].mean().to_numpy()[-len(rewards):],
+            "first_q": float(log[log["epoch"] == epochs[0]]["q"].mean()), "last_q": float(last["q"].mean())}
+
+
+def reward_row(method: str, records: list[dict]) -> str:
+    """The reward's mean and std over all steps, the share of positive rewards (without a baseline
+    REINFORCE raises the probability of whatever q was drawn whenever Δ > 0), the mean over runs of the
+    correlation across steps between a batch's mean q and its reward, and the mean q in the first and
+    last FALCON epoch (has the scheduler moved?)."""
+    import numpy as np
+
+    rewards = np.concatenate([np.asarray(r["rewards"], dtype=float) for r in records])
+    corrs = [float(np.corrcoef(r["step_q"], r["rewards"])[0, 1]) for r in records
+             if len(r["step_q"]) == len(r["rewards"]) and np.std(r["rewards"]) > 0 and np.std(r["step_q"]) > 0]
+    corr = f"{np.mean(corrs):+.2f}" if corrs else "—"
+    return (f"| {method} | {len(records)} | {rewards.mean():.4f} | {rewards.std():.4f} | {100 * (rewards > 0).mean():.0f}% | "
+            f"{corr} | {np.mean([r['first_q'] for r in records]):.3f} | {np.mean([r['last_q'] for r in records]):.3f} |\n")
 
 
 # --- the report ------------------------------------------------------------------------------------

@@ -83,3 +83,22 @@ def test_report_rewrites_only_its_block(finished, tmp_path):
     with pytest.raises(SystemExit, match="sweep:begin"):
         sweep.write_report(page, out, table, sweep.FULL, [0, 1], "the command", paths=[])
     assert page.read_text() == "# a page without the markers\n", "left untouched"
+
+
+def test_reward_row_against_hand_computed_statistics():
+    import numpy as np
+
+    q = np.array([0.1, 0.2, 0.3, 0.4])
+    records = [{"rewards": [0.1, 0.2, 0.3, 0.4], "step_q": q, "first_q": 0.5, "last_q": 0.3},  # corr +1
+               {"rewards": [0.4, 0.3, 0.2, -0.1], "step_q": q, "first_q": 0.5, "last_q": 0.5}]  # corr < 0
+    row = sweep.reward_row("falcon", records).strip().strip("|").split("|")
+    cells = [c.strip() for c in row]
+    both = np.array([0.1, 0.2, 0.3, 0.4, 0.4, 0.3, 0.2, -0.1])
+    second = np.corrcoef(q, [0.4, 0.3, 0.2, -0.1])[0, 1]
+    assert cells[:2] == ["falcon", "2"]
+    assert float(cells[2]) == pytest.approx(both.mean(), abs=1e-4) and float(cells[3]) == pytest.approx(both.std(), abs=1e-4)
+    assert cells[4] == "88%"  # 7 of 8 rewards positive
+    assert float(cells[5]) == pytest.approx((1.0 + second) / 2, abs=0.01)
+    assert cells[6:] == ["0.500", "0.400"]
+    constant = [{"rewards": [0.1, 0.1], "step_q": np.array([0.2, 0.3]), "first_q": 0.4, "last_q": 0.4}]
+    assert sweep.reward_row("falcon", constant).split("|")[6].strip() == "—", "no correlation of a constant reward"
