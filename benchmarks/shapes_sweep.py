@@ -265,9 +265,10 @@ def figures(table, out: Path, mean, std) -> list[Path]:
     paths = []
     main = [m for m in mean.index if "@M-" not in m]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for method in main:
+    for i, method in enumerate(main):  # 14 methods: colours repeat after 10, markers tell them apart
         ax.errorbar(mean.loc[method, "seconds_per_epoch"], mean.loc[method, "R@1"], yerr=std.loc[method, "R@1"],
-                    xerr=std.loc[method, "seconds_per_epoch"], fmt="o", capsize=3, label=method)
+                    xerr=std.loc[method, "seconds_per_epoch"], fmt="osD^vP*Xhp<>d8"[i % 14], color=f"C{i % 10}",
+                    capsize=3, label=method)
     ax.set(xlabel="seconds per pretraining epoch", ylabel="zero-shot R@1 (mean of i2t, t2i; %)",
            title="R@1 against training time (mean ± std over seeds)")
     ax.legend(fontsize=7, ncol=2)
@@ -276,8 +277,12 @@ def figures(table, out: Path, mean, std) -> list[Path]:
 
     # Figure 2 (top left): the oracle FN rate of the used negatives against the step, per fixed quantile.
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    world = out / "world" / "world.json"
+    density = json.loads(world.read_text())["statistics"]["false_negative_density"]["train"] if world.exists() else None
     for ax, kind, title in zip(axes, ("chain", "itm"), ("negatives the composer chose (chain)", "hardest in-batch ITM negatives")):
-        for method, label in FIXED_Q.items():
+        if density is not None:
+            ax.axhline(100 * density["mean_fraction_of_split"], color="grey", linestyle=":", label="a random negative (world)")
+        for color, (method, label) in enumerate(FIXED_Q.items()):
             frames = [pd.read_csv(path) for path in sorted((out / "runs").glob(f"{method}-s*/audit/fn_rate_by_step.csv"))]
             frames = [f[f["kind"] == kind] for f in frames]
             frames = [f for f in frames if len(f)]
@@ -285,7 +290,8 @@ def figures(table, out: Path, mean, std) -> list[Path]:
                 continue
             both = pd.concat(frames).groupby("window").agg(step=("last_step", "mean"), rate=("rate", "mean"),
                                                            sd=("rate", "std"))
-            ax.errorbar(both["step"], 100 * both["rate"], yerr=100 * both["sd"].fillna(0), marker="o", capsize=2, label=label)
+            ax.errorbar(both["step"], 100 * both["rate"], yerr=100 * both["sd"].fillna(0), marker="o", capsize=2, label=label,
+                        color=f"C{color}")
         ax.set(xlabel="training step (end of window)", title=title)
         ax.legend(fontsize=8)
     axes[0].set_ylabel("oracle false-negative rate (%)")
