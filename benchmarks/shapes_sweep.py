@@ -55,6 +55,13 @@ METHODS: dict[str, str] = {
 }
 """Method name -> its shipped shapes recipe (every method the issue lists)."""
 
+FIXES: dict[str, tuple[str, list[str]]] = {
+    "falcon-ema-lr1e-2": ("shapes-falcon-ema", ["pretrain.scheduler_lr=1e-2"]),
+}
+"""Variants that the analysis of seed 0 pointed to (docs/results.md): FALCON's q distribution did not move in
+its 164 scheduler steps and its reward was positive at most steps, so REINFORCE without a baseline reinforces
+whatever q was drawn. The fix: the EMA reward baseline (centred advantages) and a 10x larger scheduler step."""
+
 SPACE_SWEEP = ("grit", "falcon")
 """Methods also run at the small and large |M| (Table 4 top, Table 7)."""
 
@@ -120,6 +127,8 @@ def variants(budget: Budget, only: list[str] | None) -> list[Variant]:
     if "srcl" in methods and "uniform" not in methods:
         methods.insert(0, "uniform")  # SRCL's auxiliary model
     out = [Variant(m) for m in METHODS if m in methods]
+    if budget is not QUICK:
+        out += [Variant(m) for m in FIXES if m in methods or only is None]
     out += [Variant(m, s) for m in SPACE_SWEEP if m in methods for s in budget.spaces if s != "medium"]
     return out
 
@@ -148,14 +157,15 @@ def run_one(variant: Variant, seed: int, out: Path, budget: Budget, threads: int
     run = out / "runs" / f"{variant.name}-s{seed}"
     log = out / "logs" / f"{variant.name}-s{seed}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    overrides = [f"seed={seed}", *budget.overrides(out)]
+    recipe, extra = FIXES.get(variant.method, (METHODS.get(variant.method), []))
+    overrides = [f"seed={seed}", *budget.overrides(out), *extra]
     if variant.space != "medium":
         overrides.append(f"pretrain.search_space_size={budget.spaces[variant.space]}")
     if variant.method == "srcl":
         waits[("uniform", seed)].result()  # the auxiliary model must be trained first
         overrides.append(f"embed.encoder=falcon:{out / 'runs' / f'uniform-s{seed}'}")
     if not completed(run, "pretrain"):
-        falcon("run", "--recipe", METHODS[variant.method], "--run-dir", str(run), "--overwrite", *overrides,
+        falcon("run", "--recipe", recipe, "--run-dir", str(run), "--overwrite", *overrides,
                log=log, threads=threads)
     if not (run / "results" / "retrieval.json").exists():
         falcon("evaluate", "retrieval", str(run), "--itc-only", log=log, threads=threads)
@@ -343,7 +353,7 @@ def reward_table(out: Path) -> str:
     (the q drawn per anchor); see :func:`reward_row` for the columns.
     """
     rows = []
-    for method in [m for m in METHODS if m.startswith("falcon")]:
+    for method in [m for m in [*METHODS, *FIXES] if m.startswith("falcon")]:
         records = [r for r in (_reward_record(run) for run in sorted((out / "runs").glob(f"{method}-s*"))) if r is not None]
         if records:
             rows.append(reward_row(method, records))
@@ -461,7 +471,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="Sweep directory (world, runs, logs, tables, figures).")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--only", nargs="+", choices=list(METHODS), help="A subset of the methods.")
+    parser.add_argument("--only", nargs="+", choices=[*METHODS, *FIXES], help="A subset of the methods.")
     parser.add_argument("--quick", action="store_true", help="Smoke version: one seed, 100 training images, no |M| sweep.")
     parser.add_argument("--jobs", type=int, default=2, help="Runs at a time (each gets cores / jobs torch threads).")
     parser.add_argument("--report", type=Path, help="Also rewrite this page's generated block (e.g. docs/results.md).")

@@ -13,9 +13,12 @@ from benchmarks import shapes_sweep as sweep
 def test_the_plan_covers_every_method_and_the_space_sweep():
     full = [v.name for v in sweep.variants(sweep.FULL, None)]
     assert full[:len(sweep.METHODS)] == list(sweep.METHODS)  # uniform first: SRCL's auxiliary model
-    assert set(full[len(sweep.METHODS):]) == {"grit@M-small", "grit@M-large", "falcon@M-small", "falcon@M-large"}
+    assert full[len(sweep.METHODS):len(sweep.METHODS) + len(sweep.FIXES)] == list(sweep.FIXES)
+    assert set(full[len(sweep.METHODS) + len(sweep.FIXES):]) == {"grit@M-small", "grit@M-large", "falcon@M-small",
+                                                                 "falcon@M-large"}
     assert [v.name for v in sweep.variants(sweep.QUICK, None)] == list(sweep.METHODS)  # --quick: no |M| sweep
     assert [v.name for v in sweep.variants(sweep.FULL, ["srcl"])] == ["uniform", "srcl"]
+    assert [v.name for v in sweep.variants(sweep.FULL, ["falcon-ema-lr1e-2"])] == ["falcon-ema-lr1e-2"]
     overrides = sweep.FULL.overrides(sweep.Path("/x"))
     assert "pretrain.search_space_size=350" in overrides and "data.dataset=/x/world" in overrides
     assert sweep.FULL.train_pairs == 1750  # |M| large = one space per epoch
