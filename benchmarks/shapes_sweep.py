@@ -147,6 +147,12 @@ def falcon(*args: str, log: Path, threads: int) -> None:
         raise RuntimeError(f"falcon {' '.join(args)} failed (exit {proc.returncode}); {log}:\n{tail}")
 
 
+def finished(run: Path) -> bool:
+    """All three parts of a run are done (trained, evaluated, audited)."""
+    return completed(run, "pretrain") and (run / "results" / "retrieval.json").exists() and \
+        (run / "audit" / "summary.json").exists()
+
+
 def completed(run: Path, stage: str) -> bool:
     manifest = run / "manifest.json"
     return manifest.exists() and json.loads(manifest.read_text()).get("stages", {}).get(stage, {}).get("status") == "completed"
@@ -400,7 +406,7 @@ BEGIN, END = "<!-- sweep:begin -->", "<!-- sweep:end -->"
 
 
 def write_report(report: Path, out: Path, table, budget: Budget, seeds: list[int], command: str,
-                 paths: list[Path]) -> None:
+                 paths: list[Path], planned: int | None = None) -> None:
     """Rewrite ``report``'s generated block (tables, world, command, commit) and copy artifacts to ``report.parent/results/``."""
     from falcon_cli.artifacts.atomic import atomic_open
 
@@ -411,7 +417,8 @@ def write_report(report: Path, out: Path, table, budget: Budget, seeds: list[int
     for path in paths:
         shutil.copyfile(path, assets / path.name)
     density = json.loads((out / "world" / "world.json").read_text())["statistics"]["false_negative_density"]
-    manifests = [json.loads(path.read_text()) for path in sorted((out / "runs").glob("*/manifest.json"))]
+    names = [f"{method}-s{seed}" for method, seed in zip(table["method"], table["seed"])]  # the runs in the tables
+    manifests = [json.loads((out / "runs" / name / "manifest.json").read_text()) for name in names]
     commits = sorted({f"`{(m['git']['sha'] or 'unknown')[:7]}`" + (" (uncommitted changes)" if m["git"]["dirty"] else "")
                       for m in manifests})
     stages = [stage for m in manifests for stage in m["stages"].values() if stage.get("start") and stage.get("end")]
@@ -425,7 +432,8 @@ def write_report(report: Path, out: Path, table, budget: Budget, seeds: list[int
         f"**Command:** `{command}`  ",
         f"**Commits** (from the runs' manifests): {', '.join(commits)}; {platform.machine()}, "
         f"{os.cpu_count()} CPU cores, torch threads per run {max(1, (os.cpu_count() or 1) // 2)}; "
-        f"{len(manifests)} runs; {span / 60:.0f} min from the first run's start to the last run's end.  ",
+        f"{len(manifests)} runs{f' of the {planned} planned (the sweep is still in progress)' if planned and planned > len(manifests) else ''}; "
+        f"{span / 60:.0f} min from the first run's start to the last run's end.  ",
         f"**World:** {budget.images} shapes images (seed 0): {int(budget.images * 0.5)} train "
         f"({budget.train_pairs} pairs), {int(round(budget.images * 0.45))} zero-shot test images "
         f"({int(round(budget.images * 0.45)) * 5} captions).  ",
@@ -475,6 +483,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="Smoke version: one seed, 100 training images, no |M| sweep.")
     parser.add_argument("--jobs", type=int, default=2, help="Runs at a time (each gets cores / jobs torch threads).")
     parser.add_argument("--report", type=Path, help="Also rewrite this page's generated block (e.g. docs/results.md).")
+    parser.add_argument("--tables-only", action="store_true",
+                        help="Train nothing: tables, figures and report from the runs already complete (a sweep in progress).")
     args = parser.parse_args()
 
     out = args.out.resolve()
@@ -483,10 +493,13 @@ def main() -> None:
     seeds = args.seeds[:1] if args.quick else args.seeds
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
     todo = [(variant, seed) for seed in seeds for variant in variants(budget, args.only)]
+    planned = len(todo)
     start = time.perf_counter()
     rows, failures = [], []
     if not (out / "world" / "world.json").exists():  # once, so that parallel runs never race to generate it
         falcon(*budget.world_args(out), log=out / "world.log", threads=os.cpu_count() or 1)
+    if args.tables_only:
+        todo = [(v, seed) for v, seed in todo if finished(out / "runs" / f"{v.name}-s{seed}")]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # FIFO: a seed's uniform run starts before its SRCL run
         waits: dict[tuple[str, int], Future] = {}
         for variant, seed in todo:
@@ -508,8 +521,9 @@ def main() -> None:
         paths = figures(table, out, mean, std)
         (out / "falcon_rewards.md").write_text(reward_table(out))
         if args.report:
-            command = "PYTHONPATH=. .venv/bin/python benchmarks/shapes_sweep.py " + " ".join(sys.argv[1:])
-            write_report(args.report.resolve(), out, table, budget, seeds, command, paths)
+            command = "PYTHONPATH=. .venv/bin/python benchmarks/shapes_sweep.py " + " ".join(
+                a for a in sys.argv[1:] if a != "--tables-only")
+            write_report(args.report.resolve(), out, table, budget, seeds, command, paths, planned=planned)
     if failures:
         raise SystemExit(f"{len(failures)} run(s) failed:\n" + "\n".join(failures))
 

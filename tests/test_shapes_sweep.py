@@ -82,6 +82,9 @@ def test_report_rewrites_only_its_block(finished, tmp_path):
     assert "### Search-space size |M|" in text and "| grit | 64 | 2 |" in text
     assert (page.parent / "results" / "summary.csv").exists() and (page.parent / "results" / "results.csv").exists()
 
+    sweep.write_report(page, out, table, sweep.FULL, [0, 1], "the command", paths=[], planned=8)
+    assert "6 runs of the 8 planned (the sweep is still in progress)" in page.read_text()
+
     page.write_text("# a page without the markers\n")
     with pytest.raises(SystemExit, match="sweep:begin"):
         sweep.write_report(page, out, table, sweep.FULL, [0, 1], "the command", paths=[])
@@ -105,3 +108,16 @@ def test_reward_row_against_hand_computed_statistics():
     assert cells[6:] == ["0.500", "0.400"]
     constant = [{"rewards": [0.1, 0.1], "step_q": np.array([0.2, 0.3]), "first_q": 0.4, "last_q": 0.4}]
     assert sweep.reward_row("falcon", constant).split("|")[6].strip() == "—", "no correlation of a constant reward"
+
+
+def test_a_run_counts_as_finished_only_with_all_three_parts(tmp_path):
+    run = tmp_path / "falcon-s0"
+    (run / "results").mkdir(parents=True)
+    (run / "audit").mkdir()
+    (run / "manifest.json").write_text(json.dumps({"stages": {"pretrain": {"status": "completed"}}}))
+    (run / "results" / "retrieval.json").write_text("{}")
+    assert not sweep.finished(run), "not audited yet"
+    (run / "audit" / "summary.json").write_text("{}")
+    assert sweep.finished(run)
+    (run / "manifest.json").write_text(json.dumps({"stages": {"pretrain": {"status": "running"}}}))
+    assert not sweep.finished(run), "killed mid-training"
