@@ -104,7 +104,7 @@ class Budget:
 FULL = Budget(images=700, epochs=4, batch=32, spaces={"small": 64, "medium": 350, "large": 1750})
 """The full sweep: 350 training images (1,750 pairs), 4 epochs (219 steps: a from-scratch albef-tiny needs about
 200 to leave the uniform-ITC plateau; 3 epochs of 1,000 pairs never did), |M| 64 / 350 / 1,750 (one space per
-epoch); 54 runs, about 2 hours on 2 cores."""
+epoch); with the fix variant 57 runs, about 2.6 hours on 2 cores (FALCON runs cost 1.6x)."""
 QUICK = Budget(images=200, epochs=3, batch=16, spaces={"medium": 100}, warmup=5, audit_pairs=2000, step_windows=6)
 """--quick: 100 training images, 3 short epochs, one seed, no |M| sweep (about 10 minutes on 2 cores): a smoke
 test of the whole pipeline; its models stay near chance."""
