@@ -320,15 +320,20 @@ def figures(table, out: Path, mean, std) -> list[Path]:
         fig, axes = plt.subplots(1, len(falcon_methods), figsize=(3.2 * len(falcon_methods), 3.4), sharey=True, squeeze=False)
         for ax, method in zip(axes[0], falcon_methods):
             logs = [read_batch_log(p) for p in sorted((out / "runs").glob(f"{method}-s*/batches.parquet"))]
-            q = pd.concat([log[log["sampler"] == "falcon"][["step", "q"]] for log in logs]).dropna()
-            if len(q):
-                per_step = q.groupby("step")["q"].quantile([0.1, 0.5, 0.9]).unstack()
-                ax.fill_between(per_step.index, per_step[0.1], per_step[0.9], alpha=0.3, label="10–90%")
-                ax.plot(per_step.index, per_step[0.5], label="median")
-                ax.plot(per_step.index, q.groupby("step")["q"].mean(), "--", label="mean")
-            ax.set(title=method, xlabel="training step", ylim=(0, 1))
+            q = pd.concat([log[log["sampler"] == "falcon"][["epoch", "step", "q"]] for log in logs]).dropna()
+            if len(q):  # (epoch, step) in order: the batch log's step counts within an epoch
+                by_step = q.groupby(["epoch", "step"])["q"]
+                per_step = by_step.quantile([0.1, 0.5, 0.9]).unstack()
+                x = np.arange(len(per_step))
+                ax.fill_between(x, per_step[0.1], per_step[0.9], alpha=0.3, label="10–90%")
+                ax.plot(x, per_step[0.5], label="median")
+                ax.plot(x, by_step.mean().to_numpy(), "--", label="mean")
+                for start in np.flatnonzero(np.diff(per_step.index.get_level_values("epoch"))) + 1:
+                    ax.axvline(start, color="grey", linewidth=0.5)  # epoch boundaries
+            ax.set(title=method, xlabel="FALCON step (epochs 1–3)", ylim=(0, 1))
         axes[0][0].set_ylabel("q drawn per anchor (all seeds)")
-        axes[0][0].legend(fontsize=7)
+        axes[0][0].legend(fontsize=7, loc="upper right")
+        fig.tight_layout()
         paths.append(save_png(fig, out / "q_distribution.png"))
         plt.close(fig)
 
@@ -342,9 +347,9 @@ def figures(table, out: Path, mean, std) -> list[Path]:
                title="search-space size sweep")
         ax.set_xticks(sorted(sweep["search_space_size"].unique()), [str(v) for v in sorted(sweep["search_space_size"].unique())])
         ax.legend(fontsize=8)
+        fig.tight_layout()
         paths.append(save_png(fig, out / "space_sweep.png"))
         plt.close(fig)
-    del np
     return paths
 
 
