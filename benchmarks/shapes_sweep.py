@@ -69,12 +69,16 @@ FIXED_Q = {"uniform": "uniform (no chain)", "q0": "q = 0", "q05": "q = 0.5", "gr
 """Runs of Figure 2 (top left): FN rate of the used negatives against the step, per quantile."""
 
 
+SPLITS = {"train": 0.5, "val": 0.05, "test": 0.45}
+"""The world's split fractions: a large zero-shot test split (the test images cost no training)."""
+
+
 @dataclass(frozen=True)
 class Budget:
     """One world and compute budget for every run of a sweep."""
 
     images: int
-    """Images of the generated world (half train, 45% zero-shot test, 5% val)."""
+    """Images of the generated world (split by :data:`SPLITS`)."""
     epochs: int
     batch: int
     spaces: dict[str, int] = field(default_factory=dict)
@@ -86,16 +90,13 @@ class Budget:
 
     def world_args(self, out: Path) -> list[str]:
         """``falcon data shapes`` arguments for the sweep's world (made once, before the runs start)."""
-        return ["data", "shapes", "--out", str(out / "world"), "--images", str(self.images), "splits.train=0.5",
-                "splits.val=0.05", "splits.test=0.45"]
-
-    @property
-    def train_pairs(self) -> int:
-        return int(self.images * 0.5) * 5
+        return ["data", "shapes", "--out", str(out / "world"), "--images", str(self.images),
+                *(f"splits.{split}={fraction}" for split, fraction in SPLITS.items())]
 
     def overrides(self, out: Path) -> list[str]:
-        return [f"data.dataset={out / 'world'}", f"data.shapes.images={self.images}", "data.shapes.splits.train=0.5",
-                "data.shapes.splits.val=0.05", "data.shapes.splits.test=0.45", f"pretrain.epochs={self.epochs}",
+        """The overrides every run of the sweep gets (world, budget, audit windows)."""
+        return [f"data.dataset={out / 'world'}", f"data.shapes.images={self.images}",
+                *(f"data.shapes.splits.{split}={fraction}" for split, fraction in SPLITS.items()), f"pretrain.epochs={self.epochs}",
                 f"pretrain.batch_size={self.batch}", f"pretrain.search_space_size={self.spaces['medium']}",
                 f"pretrain.warmup_steps={self.warmup}", "pretrain.num_workers=0", "pretrain.eval_split=test",
                 f"audit.step_windows={self.step_windows}"]
@@ -123,12 +124,13 @@ class Variant:
 
 
 def variants(budget: Budget, only: list[str] | None) -> list[Variant]:
-    methods = list(only or METHODS)
+    """The sweep's configurations in run order: the methods, the fixes (not with --quick), the |M| sweep."""
+    methods = list(only or [*METHODS, *FIXES])
     if "srcl" in methods and "uniform" not in methods:
         methods.insert(0, "uniform")  # SRCL's auxiliary model
     out = [Variant(m) for m in METHODS if m in methods]
     if budget is not QUICK:
-        out += [Variant(m) for m in FIXES if m in methods or only is None]
+        out += [Variant(m) for m in FIXES if m in methods]
     out += [Variant(m, s) for m in SPACE_SWEEP if m in methods for s in budget.spaces if s != "medium"]
     return out
 
@@ -149,11 +151,15 @@ def falcon(*args: str, log: Path, threads: int) -> None:
 
 def finished(run: Path) -> bool:
     """All three parts of a run are done (trained, evaluated, audited)."""
-    return completed(run, "pretrain") and (run / "results" / "retrieval.json").exists() and \
-        (run / "audit" / "summary.json").exists()
+    return completed(run, "pretrain") and (run / EVALUATED).exists() and (run / AUDITED).exists()
+
+
+EVALUATED, AUDITED = Path("results/retrieval.json"), Path("audit/summary.json")
+"""What `falcon evaluate retrieval` and `falcon audit-false-negatives` leave in a run when done."""
 
 
 def completed(run: Path, stage: str) -> bool:
+    """The run's manifest records ``stage`` as completed."""
     manifest = run / "manifest.json"
     return manifest.exists() and json.loads(manifest.read_text()).get("stages", {}).get(stage, {}).get("status") == "completed"
 
@@ -173,9 +179,9 @@ def run_one(variant: Variant, seed: int, out: Path, budget: Budget, threads: int
     if not completed(run, "pretrain"):
         falcon("run", "--recipe", recipe, "--run-dir", str(run), "--overwrite", *overrides,
                log=log, threads=threads)
-    if not (run / "results" / "retrieval.json").exists():
+    if not (run / EVALUATED).exists():
         falcon("evaluate", "retrieval", str(run), "--itc-only", log=log, threads=threads)
-    if not (run / "audit" / "summary.json").exists():
+    if not (run / AUDITED).exists():
         falcon("audit-false-negatives", str(run), "--judge", "oracle", "--max-pairs", str(budget.audit_pairs),
                log=log, threads=threads)
     return collect(variant, seed, run)
@@ -187,8 +193,8 @@ def collect(variant: Variant, seed: int, run: Path) -> dict:
     stage = manifest["stages"]["pretrain"]
     seconds = _seconds(stage["start"], stage["end"])
     config = manifest["config"]["pretrain"]
-    retrieval = json.loads((run / "results" / "retrieval.json").read_text())["rows"][0]
-    audit = {row["kind"]: row for row in json.loads((run / "audit" / "summary.json").read_text())["overall"]}
+    retrieval = json.loads((run / EVALUATED).read_text())["rows"][0]
+    audit = {row["kind"]: row for row in json.loads((run / AUDITED).read_text())["overall"]}
     row = {"method": variant.name, "base_method": variant.method, "space": variant.space,
            "search_space_size": config["search_space_size"], "seed": seed, "pretrain_seconds": seconds,
            "seconds_per_epoch": seconds / config["epochs"]}
@@ -413,7 +419,7 @@ CODE = ("falcon_cli", "stages", "recipes")
 
 
 def write_report(report: Path, out: Path, table, budget: Budget, seeds: list[int], command: str,
-                 paths: list[Path], planned: int | None = None) -> None:
+                 paths: list[Path], planned: int | None = None, jobs: int = 2) -> None:
     """Rewrite ``report``'s generated block (tables, world, command, commit) and copy artifacts to ``report.parent/results/``."""
     from falcon_cli.artifacts.atomic import atomic_open
 
@@ -423,7 +429,9 @@ def write_report(report: Path, out: Path, table, budget: Budget, seeds: list[int
         shutil.copyfile(out / name, assets / name)
     for path in paths:
         shutil.copyfile(path, assets / path.name)
-    density = json.loads((out / "world" / "world.json").read_text())["statistics"]["false_negative_density"]
+    world = json.loads((out / "world" / "world.json").read_text())
+    density, images, captions = (world["statistics"]["false_negative_density"], world["counts"]["images"],
+                                 world["counts"]["captions"])
     names = [f"{method}-s{seed}" for method, seed in zip(table["method"], table["seed"])]  # the runs in the tables
     manifests = [json.loads((out / "runs" / name / "manifest.json").read_text()) for name in names]
     commits = sorted({f"`{(m['git']['sha'] or 'unknown')[:7]}`" + (" (uncommitted changes)" if m["git"]["dirty"] else "")
@@ -444,12 +452,11 @@ def write_report(report: Path, out: Path, table, budget: Budget, seeds: list[int
         f"**Command:** `{command}`  ",
         f"**Commits** (from the runs' manifests): {', '.join(commits)}"
         f"{agreement}; {platform.machine()}, "
-        f"{os.cpu_count()} CPU cores, torch threads per run {max(1, (os.cpu_count() or 1) // 2)}; "
+        f"{os.cpu_count()} CPU cores, {jobs} runs at a time with {max(1, (os.cpu_count() or 1) // jobs)} torch thread(s) each; "
         f"{len(manifests)} runs{f' of the {planned} planned (the sweep is still in progress)' if planned and planned > len(manifests) else ''}; "
         f"{span / 60:.0f} min from the first run's start to the last run's end.  ",
-        f"**World:** {budget.images} shapes images (seed 0): {int(budget.images * 0.5)} train "
-        f"({budget.train_pairs} pairs), {int(round(budget.images * 0.45))} zero-shot test images "
-        f"({int(round(budget.images * 0.45)) * 5} captions).  ",
+        f"**World:** {images['total']} shapes images (seed 0): {images['train']} train ({captions['train']} pairs), "
+        f"{images['test']} zero-shot test images ({captions['test']} captions).  ",
         f"**False-negative density:** a train caption truly describes {train['mean']:.1f} of the split's images on "
         f"average (median {train['median']:.0f}); a uniformly drawn in-batch negative is a false negative "
         f"{100 * train['mean_fraction_of_split']:.1f}% of the time; {100 * train['fraction_with_false_negatives']:.0f}% "
@@ -463,7 +470,7 @@ def write_report(report: Path, out: Path, table, budget: Budget, seeds: list[int
         "R@K in percent on the zero-shot test split, ranked by ITC similarity; *R@1 (mean)* averages i2t and t2i. "
         "*FN % (chain)*: the oracle's false-negative rate among the negatives the composer put next to each anchor "
         "(— for methods without a quantile chain); *FN % (ITM)*: among each anchor's hardest in-batch ITM negative. "
-        "*s / epoch*: pretraining wall-clock per epoch, two runs at a time on the machine above.",
+        f"*s / epoch*: pretraining wall-clock per epoch, {jobs} run(s) at a time on the machine above.",
         "",
         (out / "summary.md").read_text().rstrip(),
         "",
@@ -536,7 +543,8 @@ def main() -> None:
         if args.report:
             command = "PYTHONPATH=. .venv/bin/python benchmarks/shapes_sweep.py " + " ".join(
                 a for a in sys.argv[1:] if a != "--tables-only")
-            write_report(args.report.resolve(), out, table, budget, seeds, command, paths, planned=planned)
+            write_report(args.report.resolve(), out, table, budget, seeds, command, paths, planned=planned,
+                         jobs=args.jobs)
     if failures:
         raise SystemExit(f"{len(failures)} run(s) failed:\n" + "\n".join(failures))
 

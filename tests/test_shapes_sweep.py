@@ -21,7 +21,9 @@ def test_the_plan_covers_every_method_and_the_space_sweep():
     assert [v.name for v in sweep.variants(sweep.FULL, ["falcon-ema-lr1e-2"])] == ["falcon-ema-lr1e-2"]
     overrides = sweep.FULL.overrides(sweep.Path("/x"))
     assert "pretrain.search_space_size=350" in overrides and "data.dataset=/x/world" in overrides
-    assert sweep.FULL.train_pairs == 1750  # |M| large = one space per epoch
+    assert sweep.FULL.spaces["large"] == int(sweep.FULL.images * sweep.SPLITS["train"]) * 5  # one space per epoch
+    assert [o for o in overrides if "splits" in o] == ["data.shapes.splits.train=0.5", "data.shapes.splits.val=0.05",
+                                                      "data.shapes.splits.test=0.45"]
 
 
 def _row(method: str, seed: int, r1: float, space: str = "medium", size: int = 350) -> dict:
@@ -39,8 +41,9 @@ def finished(tmp_path):
     out = tmp_path / "sweep"
     (out / "world").mkdir(parents=True)
     density = {"mean": 20.0, "median": 9.0, "mean_fraction_of_split": 0.18, "fraction_with_false_negatives": 0.8}
-    (out / "world" / "world.json").write_text(json.dumps({"statistics": {"false_negative_density": {"train": density,
-                                                                                                     "test": density}}}))
+    counts = {"images": {"total": 700, "train": 350, "test": 315}, "captions": {"train": 1750, "test": 1575}}
+    (out / "world" / "world.json").write_text(json.dumps({"counts": counts, "statistics": {
+        "false_negative_density": {"train": density, "test": density}}}))
     rows = [_row("uniform", 0, 10.0), _row("uniform", 1, 20.0), _row("grit", 0, 30.0), _row("grit", 1, 30.0),
             _row("grit", 0, 12.0, "small", 64), _row("grit", 1, 14.0, "small", 64)]
     for i, row in enumerate(rows):
@@ -78,7 +81,8 @@ def test_report_rewrites_only_its_block(finished, tmp_path):
     assert text.startswith("# Results\n\nintro by hand\n\n<!-- sweep:begin -->") and text.endswith("<!-- sweep:end -->\n\nanalysis by hand\n")
     assert "old table" not in text and text.count("<!-- sweep:begin -->") == 1
     assert "`the command`" in text and "`abcdef0` (uncommitted changes)" in text and "`abcdef0`," in text
-    assert "6 runs; 6 min" in text and "18.0% of the time" in text
+    assert "6 runs; 6 min" in text and "18.0% of the time" in text and "2 runs at a time" in text
+    assert "350 train (1750 pairs), 315 zero-shot test images (1575 captions)" in text
     assert "### Search-space size |M|" in text and "| grit | 64 | 2 |" in text
     assert (page.parent / "results" / "summary.csv").exists() and (page.parent / "results" / "results.csv").exists()
 

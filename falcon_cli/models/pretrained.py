@@ -72,7 +72,6 @@ def albef_from_checkpoint(checkpoint: str | Path, image_size: int | None = None)
     return model
 
 
-
 FINETUNED = Path("finetune")
 """Fine-tuning output inside a run: ``finetune/<task>/`` (checkpoints/, best/, metrics.jsonl)."""
 
