@@ -446,8 +446,8 @@ def write_report(report: Path, out: Path, table, budget: Budget, seeds: list[int
                     for sha in shas[1:])  # the sweep may span commits that touch only docs and benchmarks
     agreement = (f" (the same {', '.join(CODE)} at all of them)" if same_code else
                  f" ({', '.join(CODE)} differ between them)") if len(shas) > 1 else ""
-    stages = [stage for m in manifests for stage in m["stages"].values() if stage.get("start") and stage.get("end")]
-    span = _seconds(min(s["start"] for s in stages), max(s["end"] for s in stages))  # first run's start to last audit
+    # Compute, not the calendar: a resumed sweep's first start to last end would count the pauses between parts.
+    compute = sum(_seconds(m["created"], m["end"]) for m in manifests)  # each run: created -> its audit's end
     others = ", ".join(str(v) for k, v in budget.spaces.items() if k != "medium")
     train, test = density["train"], density["test"]
     block = [
@@ -459,7 +459,8 @@ def write_report(report: Path, out: Path, table, budget: Budget, seeds: list[int
         f"{agreement}; {platform.machine()}, "
         f"{os.cpu_count()} CPU cores, {jobs} runs at a time with {max(1, (os.cpu_count() or 1) // jobs)} torch thread(s) each; "
         f"{len(manifests)} runs{f' of the {planned} planned (the sweep is still in progress)' if planned and planned > len(manifests) else ''}; "
-        f"{span / 60:.0f} min from the first run's start to the last run's end.  ",
+        f"{compute / 3600:.1f} run-hours (each run from its start to its audit's end), "
+        f"about {compute / 3600 / jobs:.1f} h of wall-clock at {jobs} at a time.  ",
         f"**World:** {images['total']} shapes images (seed 0): {images['train']} train ({captions['train']} pairs), "
         f"{images['test']} zero-shot test images ({captions['test']} captions).  ",
         f"**False-negative density:** a train caption truly describes {train['mean']:.1f} of the split's images on "

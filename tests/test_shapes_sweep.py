@@ -49,9 +49,11 @@ def finished(tmp_path):
     for i, row in enumerate(rows):
         run = out / "runs" / f"{row['method']}-s{row['seed']}"
         run.mkdir(parents=True)
-        stage = {"start": f"2026-01-01T00:{i:02d}:00+00:00", "end": f"2026-01-01T00:{i + 1:02d}:00+00:00"}
-        (run / "manifest.json").write_text(json.dumps({"git": {"sha": "abcdef0123", "dirty": i == 5},
-                                                       "stages": {"pretrain": stage}}))
+        # 10 minutes each, an hour apart (a sweep resumed in parts): compute is 1 run-hour, not the 5 h 10 min span
+        created, end = f"2026-01-01T{i:02d}:00:00+00:00", f"2026-01-01T{i:02d}:10:00+00:00"
+        stage = {"start": f"2026-01-01T{i:02d}:01:00+00:00", "end": f"2026-01-01T{i:02d}:09:00+00:00"}
+        (run / "manifest.json").write_text(json.dumps({"git": {"sha": "abcdef0123", "dirty": i == 5}, "created": created,
+                                                       "end": end, "stages": {"pretrain": stage}}))
     return out, pd.DataFrame(rows)
 
 
@@ -81,7 +83,7 @@ def test_report_rewrites_only_its_block(finished, tmp_path):
     assert text.startswith("# Results\n\nintro by hand\n\n<!-- sweep:begin -->") and text.endswith("<!-- sweep:end -->\n\nanalysis by hand\n")
     assert "old table" not in text and text.count("<!-- sweep:begin -->") == 1
     assert "`the command`" in text and "`abcdef0` (uncommitted changes)" in text and "`abcdef0`," in text
-    assert "6 runs; 6 min" in text and "18.0% of the time" in text and "2 runs at a time" in text
+    assert "6 runs; 1.0 run-hours" in text and "about 0.5 h of wall-clock at 2 at a time" in text and "18.0% of the time" in text and "2 runs at a time" in text
     assert "350 train (1750 pairs), 315 zero-shot test images (1575 captions)" in text
     assert "### Search-space size |M|" in text and "| grit | 64 | 2 |" in text
     assert (page.parent / "results" / "summary.csv").exists() and (page.parent / "results" / "results.csv").exists()
