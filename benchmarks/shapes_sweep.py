@@ -110,7 +110,7 @@ class Budget:
 FULL = Budget(images=700, epochs=4, batch=32, spaces={"small": 64, "medium": 350, "large": 1750})
 """The full sweep: 350 training images (1,750 pairs), 4 epochs (219 steps: a from-scratch albef-tiny needs about
 200 to leave the uniform-ITC plateau; 3 epochs of 1,000 pairs never did), |M| 64 / 350 / 1,750 (one space per
-epoch); with the two fix variants 60 runs, about 2.8 hours on 2 cores (FALCON runs cost 1.5x)."""
+epoch); with the two fix variants 60 runs, about 3 hours on 2 cores (one seed's 20 runs: 60 minutes, measured)."""
 QUICK = Budget(images=200, epochs=3, batch=16, spaces={"medium": 100}, warmup=5, audit_pairs=2000, step_windows=6)
 """--quick: 100 training images, 3 short epochs, one seed, no |M| sweep (about 10 minutes on 2 cores): a smoke
 test of the whole pipeline; its models stay near chance."""
@@ -442,9 +442,10 @@ def write_report(report: Path, out: Path, table, budget: Budget, seeds: list[int
     commits = sorted({f"`{(m['git']['sha'] or 'unknown')[:7]}`" + (" (uncommitted changes)" if m["git"]["dirty"] else "")
                       for m in manifests})
     shas = sorted({m["git"]["sha"] for m in manifests if m["git"]["sha"]})
-    same_code = all(subprocess.run(["git", "diff", "--quiet", shas[0], sha, "--", *CODE], cwd=REPO).returncode == 0
-                    for sha in shas[1:])  # the sweep may span commits that touch only docs and benchmarks
-    agreement = (f" (the same {', '.join(CODE)} at all of them)" if same_code else
+    # The sweep may span commits that touch only docs, benchmarks or layout (whitespace does not change a number).
+    same_code = all(subprocess.run(["git", "diff", "--quiet", "--ignore-all-space", "--ignore-blank-lines", shas[0], sha,
+                                    "--", *CODE], cwd=REPO).returncode == 0 for sha in shas[1:])
+    agreement = (f" (the same {', '.join(CODE)} at all of them, up to whitespace)" if same_code else
                  f" ({', '.join(CODE)} differ between them)") if len(shas) > 1 else ""
     # Compute, not the calendar: a resumed sweep's first start to last end would count the pauses between parts.
     compute = sum(_seconds(m["created"], m["end"]) for m in manifests)  # each run: created -> its audit's end
