@@ -63,9 +63,9 @@ FIXES: dict[str, tuple[str, list[str]]] = {
 """Variants that the analysis pointed to (docs/results.md). First: FALCON's q distribution did not move in its
 164 scheduler steps and its reward was positive at most steps, so REINFORCE without a baseline reinforces
 whatever q was drawn; the fix is the EMA reward baseline (centred advantages) and a 10x larger scheduler step.
-Second: with that fix the scheduler learns, but from the MLM reward, which does not see false negatives (it
-drifted towards q = 1, GRIT's schedule); the same fix with the ITC+ITM reward, the loss that false negatives
-enter."""
+Second: with that fix the scheduler learns, but from the MLM reward, which does not see false negatives (on
+seed 0 it drifted towards q = 1, GRIT's schedule); the same fix with the ITC+ITM reward, the loss that false
+negatives enter."""
 
 SPACE_SWEEP = ("grit", "falcon")
 """Methods also run at the small and large |M| (Table 4 top, Table 7)."""
@@ -154,13 +154,13 @@ def falcon(*args: str, log: Path, threads: int) -> None:
         raise RuntimeError(f"falcon {' '.join(args)} failed (exit {proc.returncode}); {log}:\n{tail}")
 
 
+EVALUATED, AUDITED = Path("results/retrieval.json"), Path("audit/summary.json")
+"""What `falcon evaluate retrieval` and `falcon audit-false-negatives` leave in a run when done."""
+
+
 def finished(run: Path) -> bool:
     """All three parts of a run are done (trained, evaluated, audited)."""
     return completed(run, "pretrain") and (run / EVALUATED).exists() and (run / AUDITED).exists()
-
-
-EVALUATED, AUDITED = Path("results/retrieval.json"), Path("audit/summary.json")
-"""What `falcon evaluate retrieval` and `falcon audit-false-negatives` leave in a run when done."""
 
 
 def completed(run: Path, stage: str) -> bool:
