@@ -88,6 +88,10 @@ class Budget:
     batch: int
     spaces: dict[str, int] = field(default_factory=dict)
     """|M| by label; ``medium`` is the main runs' (the others: GRIT and FALCON only)."""
+    size: int = 32
+    """Image side in pixels, of the world and of the model's input (32: 16 patches of albef-tiny's 8-pixel grid)."""
+    space_seeds: int = 1
+    """The |M| sweep runs at this many of the sweep's seeds (the first ones)."""
     warmup: int = 10
     audit_pairs: int = 20000
     step_windows: int = 10
@@ -95,24 +99,26 @@ class Budget:
 
     def world_args(self, out: Path) -> list[str]:
         """``falcon data shapes`` arguments for the sweep's world (made once, before the runs start)."""
-        return ["data", "shapes", "--out", str(out / "world"), "--images", str(self.images),
+        return ["data", "shapes", "--out", str(out / "world"), "--images", str(self.images), "--size", str(self.size),
                 *(f"splits.{split}={fraction}" for split, fraction in SPLITS.items())]
 
     def overrides(self, out: Path) -> list[str]:
         """The overrides every run of the sweep gets (world, budget, audit windows)."""
-        return [f"data.dataset={out / 'world'}", f"data.shapes.images={self.images}",
-                *(f"data.shapes.splits.{split}={fraction}" for split, fraction in SPLITS.items()), f"pretrain.epochs={self.epochs}",
+        return [f"data.dataset={out / 'world'}", f"data.shapes.images={self.images}", f"data.shapes.size={self.size}",
+                *(f"data.shapes.splits.{split}={fraction}" for split, fraction in SPLITS.items()),
+                f"pretrain.image_size={self.size}", f"pretrain.epochs={self.epochs}",
                 f"pretrain.batch_size={self.batch}", f"pretrain.search_space_size={self.spaces['medium']}",
                 f"pretrain.warmup_steps={self.warmup}", "pretrain.num_workers=0", "pretrain.eval_split=test",
                 f"audit.step_windows={self.step_windows}"]
 
 
 FULL = Budget(images=700, epochs=4, batch=32, spaces={"small": 64, "medium": 350, "large": 1750})
-"""The full sweep: 350 training images (1,750 pairs), 4 epochs (219 steps: a from-scratch albef-tiny needs about
-200 to leave the uniform-ITC plateau; 3 epochs of 1,000 pairs never did), |M| 64 / 350 / 1,750 (one space per
-epoch); with the two fix variants 60 runs, about 3 hours on 2 cores (one seed's 20 runs: 60 minutes, measured)."""
+"""The full sweep: 350 training images (1,750 pairs) of 32 pixels, 4 epochs (219 steps: a from-scratch albef-tiny
+needs about 200 to leave the uniform-ITC plateau; 3 epochs of 1,000 pairs never did), |M| 64 / 350 / 1,750 (one
+space per epoch) at the first seed; with the two fix variants 52 runs at 3 seeds, under 2 hours on 2 cores (64-pixel
+images cost 1.4x more per run and made the sweep 3 hours)."""
 QUICK = Budget(images=200, epochs=3, batch=16, spaces={"medium": 100}, warmup=5, audit_pairs=2000, step_windows=6)
-"""--quick: 100 training images, 3 short epochs, one seed, no |M| sweep (about 10 minutes on 2 cores): a smoke
+"""--quick: 100 training images, 3 short epochs, one seed, no |M| sweep (a few minutes on 2 cores): a smoke
 test of the whole pipeline; its models stay near chance."""
 
 
@@ -128,15 +134,17 @@ class Variant:
         return self.method if self.space == "medium" else f"{self.method}@M-{self.space}"
 
 
-def variants(budget: Budget, only: list[str] | None) -> list[Variant]:
-    """The sweep's configurations in run order: the methods, the fixes (not with --quick), the |M| sweep."""
+def plan(budget: Budget, seeds: list[int], only: list[str] | None) -> list[tuple[Variant, int]]:
+    """The sweep's (configuration, seed) pairs in run order: the methods at every seed (a seed's uniform run before
+    its SRCL run), the |M| sweep at the first ``budget.space_seeds`` seeds, then the fixes (not with --quick)."""
     methods = list(only or [*METHODS, *FIXES])
     if "srcl" in methods and "uniform" not in methods:
         methods.insert(0, "uniform")  # SRCL's auxiliary model
-    out = [Variant(m) for m in METHODS if m in methods]
+    out = [(Variant(m), seed) for seed in seeds for m in METHODS if m in methods]
+    out += [(Variant(m, s), seed) for seed in seeds[:budget.space_seeds] for m in SPACE_SWEEP if m in methods
+            for s in budget.spaces if s != "medium"]
     if budget is not QUICK:
-        out += [Variant(m) for m in FIXES if m in methods]
-    out += [Variant(m, s) for m in SPACE_SWEEP if m in methods for s in budget.spaces if s != "medium"]
+        out += [(Variant(m), seed) for seed in seeds for m in FIXES if m in methods]
     return out
 
 
@@ -237,6 +245,13 @@ TABLES: dict[str, list[tuple[str, str]]] = {
 """The summary tables: title -> [(results.csv key, header)]."""
 
 
+def space_sweep_rows(table):
+    """The |M| sweep's runs: GRIT and FALCON at every |M|, at the seeds where the small or large |M| ran (so that
+    every |M| averages the same seeds)."""
+    rows = table[table["base_method"].isin(SPACE_SWEEP)]
+    return rows[rows["seed"].isin(rows.loc[rows["space"] != "medium", "seed"].unique())]
+
+
 def summarise(table, out: Path):
     """``results.csv``, ``summary.csv`` / ``summary.md`` (mean ± std over seeds), ``space_sweep.md``."""
     table.to_csv(out / "results.csv", index=False, float_format="%.4f")
@@ -249,7 +264,7 @@ def summarise(table, out: Path):
     (out / "summary.md").write_text("\n".join(f"**{title}**\n\n" + _markdown(mean, std, seeds, main, group)
                                               for title, group in TABLES.items()))
 
-    sweep = table[table["base_method"].isin(SPACE_SWEEP)]
+    sweep = space_sweep_rows(table)
     lines = ["| method | |M| | seeds | R@1 | FN-aware i2t R@1 | FN-aware t2i R@1 | FN % (chain) | s / epoch |",
              "|---|---|---|---|---|---|---|---|"]
     for (method, size), rows in sweep.groupby(["base_method", "search_space_size"]):
@@ -348,7 +363,7 @@ def figures(table, out: Path, mean, std) -> list[Path]:
         paths.append(save_png(fig, out / "q_distribution.png"))
         plt.close(fig)
 
-    sweep = table[table["base_method"].isin(SPACE_SWEEP)]
+    sweep = space_sweep_rows(table)
     if sweep["space"].nunique() > 1:
         fig, ax = plt.subplots(figsize=(5, 3.6))
         for method, rows in sweep.groupby("base_method"):
@@ -468,8 +483,10 @@ def write_report(report: Path, out: Path, table, budget: Budget, seeds: list[int
         f"average (median {train['median']:.0f}); a uniformly drawn in-batch negative is a false negative "
         f"{100 * train['mean_fraction_of_split']:.1f}% of the time; {100 * train['fraction_with_false_negatives']:.0f}% "
         f"of train captions have at least one. On test: {100 * test['mean_fraction_of_split']:.1f}%.  ",
-        f"**Budget (every run):** albef-tiny from scratch, {budget.epochs} epochs, batch {budget.batch}, "
-        f"|M| {budget.spaces['medium']}{f' (GRIT and FALCON also {others})' if others else ''}, "
+        f"**Budget (every run):** albef-tiny from scratch on {budget.size}-pixel images, {budget.epochs} epochs, "
+        f"batch {budget.batch}, |M| {budget.spaces['medium']}"
+        f"{f' (GRIT and FALCON also {others}, at seed {seeds[0]})' if others and budget.space_seeds == 1 else ''}"
+        f"{f' (GRIT and FALCON also {others}, at the first {budget.space_seeds} seeds)' if others and budget.space_seeds > 1 else ''}, "
         f"seeds {', '.join(map(str, seeds))}; epoch 0 is uniform for the hard-negative methods, as in the recipes.",
         "",
         "### Every method (mean ± std over seeds)",
@@ -519,7 +536,7 @@ def main() -> None:
     budget = QUICK if args.quick else FULL
     seeds = args.seeds[:1] if args.quick else args.seeds
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
-    todo = [(variant, seed) for seed in seeds for variant in variants(budget, args.only)]
+    todo = plan(budget, seeds, args.only)
     planned = len(todo)
     start = time.perf_counter()
     rows, failures = [], []

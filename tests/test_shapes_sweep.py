@@ -11,16 +11,21 @@ from benchmarks import shapes_sweep as sweep
 
 
 def test_the_plan_covers_every_method_and_the_space_sweep():
-    full = [v.name for v in sweep.variants(sweep.FULL, None)]
-    assert full[:len(sweep.METHODS)] == list(sweep.METHODS)  # uniform first: SRCL's auxiliary model
-    assert full[len(sweep.METHODS):len(sweep.METHODS) + len(sweep.FIXES)] == list(sweep.FIXES)
-    assert set(full[len(sweep.METHODS) + len(sweep.FIXES):]) == {"grit@M-small", "grit@M-large", "falcon@M-small",
-                                                                 "falcon@M-large"}
-    assert [v.name for v in sweep.variants(sweep.QUICK, None)] == list(sweep.METHODS)  # --quick: no |M| sweep
-    assert [v.name for v in sweep.variants(sweep.FULL, ["srcl"])] == ["uniform", "srcl"]
-    assert [v.name for v in sweep.variants(sweep.FULL, ["falcon-ema-lr1e-2"])] == ["falcon-ema-lr1e-2"]
+    full = [(v.name, seed) for v, seed in sweep.plan(sweep.FULL, [0, 1, 2], None)]
+    methods, fixes = list(sweep.METHODS), list(sweep.FIXES)
+    assert full[:3 * len(methods)] == [(m, seed) for seed in (0, 1, 2) for m in methods]  # uniform before SRCL
+    space = full[3 * len(methods):3 * len(methods) + 4]
+    assert sorted(space) == [("falcon@M-large", 0), ("falcon@M-small", 0), ("grit@M-large", 0), ("grit@M-small", 0)]
+    assert full[3 * len(methods) + 4:] == [(m, seed) for seed in (0, 1, 2) for m in fixes]
+    assert len(full) == 52
+    assert [s for _, s in sweep.plan(sweep.FULL, [1, 2], None) if _.space != "medium"] == [1] * 4  # the first seed
+    assert [(v.name, s) for v, s in sweep.plan(sweep.QUICK, [0], None)] == [(m, 0) for m in methods]  # no |M| sweep
+    assert [v.name for v, _ in sweep.plan(sweep.FULL, [0], ["srcl"])] == ["uniform", "srcl"]
+    assert [v.name for v, _ in sweep.plan(sweep.FULL, [0], ["falcon-ema-lr1e-2"])] == ["falcon-ema-lr1e-2"]
     overrides = sweep.FULL.overrides(sweep.Path("/x"))
     assert "pretrain.search_space_size=350" in overrides and "data.dataset=/x/world" in overrides
+    assert {"data.shapes.size=32", "pretrain.image_size=32"} <= set(overrides)  # the world and the model agree
+    assert sweep.FULL.world_args(sweep.Path("/x"))[4:8] == ["--images", "700", "--size", "32"]
     assert sweep.FULL.spaces["large"] == int(sweep.FULL.images * sweep.SPLITS["train"]) * 5  # one space per epoch
     assert [o for o in overrides if "splits" in o] == ["data.shapes.splits.train=0.5", "data.shapes.splits.val=0.05",
                                                       "data.shapes.splits.test=0.45"]
@@ -59,16 +64,18 @@ def finished(tmp_path):
 
 def test_summary_is_mean_and_std_over_seeds(finished):
     out, table = finished
+    table = pd.concat([table, pd.DataFrame([_row("grit", 2, 60.0)])], ignore_index=True)  # a seed without |M| runs
     mean, std, seeds = sweep.summarise(table, out)
     assert mean.loc["uniform", "R@1"] == 15.0 and std.loc["uniform", "R@1"] == pytest.approx(7.0711, abs=1e-4)
-    assert seeds["grit"] == 2 and mean.loc["grit@M-small", "R@1"] == 13.0
+    assert seeds["grit"] == 3 and mean.loc["grit", "R@1"] == 40.0 and mean.loc["grit@M-small", "R@1"] == 13.0
     text = (out / "summary.md").read_text()
-    assert "| uniform | 2 | 15.0 ± 7.1 |" in text and "| grit | 2 | 30.0 ± 0.0 |" in text
+    assert "| uniform | 2 | 15.0 ± 7.1 |" in text and "| grit | 3 | 40.0 ± 17.3 |" in text
     assert "grit@M-small" not in text, "the |M| variants have their own table"
     assert "| uniform | 2 | — |" in text, "no chain negatives: a dash, not nan"
     space = (out / "space_sweep.md").read_text()
-    assert "| grit | 64 | 2 | 13.0 ± 1.4 |" in space and "| grit | 350 | 2 | 30.0 ± 0.0 |" in space
-    assert pd.read_csv(out / "results.csv").shape[0] == 6
+    assert "| grit | 64 | 2 | 13.0 ± 1.4 |" in space
+    assert "| grit | 350 | 2 | 30.0 ± 0.0 |" in space, "every |M| averages the same seeds (not seed 2's 60)"
+    assert pd.read_csv(out / "results.csv").shape[0] == 7
 
 
 def test_report_rewrites_only_its_block(finished, tmp_path):
