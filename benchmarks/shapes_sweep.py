@@ -90,8 +90,8 @@ class Budget:
     """|M| by label; ``medium`` is the main runs' (the others: GRIT and FALCON only)."""
     size: int = 32
     """Image side in pixels, of the world and of the model's input (32: 16 patches of albef-tiny's 8-pixel grid)."""
-    space_seeds: int = 1
-    """The |M| sweep runs at this many of the sweep's seeds (the first ones)."""
+    extra_seeds: int = 1
+    """The |M| sweep and the fix variants run at this many of the sweep's seeds (the first ones)."""
     warmup: int = 10
     audit_pairs: int = 20000
     step_windows: int = 10
@@ -115,8 +115,8 @@ class Budget:
 FULL = Budget(images=700, epochs=4, batch=32, spaces={"small": 64, "medium": 350, "large": 1750})
 """The full sweep: 350 training images (1,750 pairs) of 32 pixels, 4 epochs (219 steps: a from-scratch albef-tiny
 needs about 200 to leave the uniform-ITC plateau; 3 epochs of 1,000 pairs never did), |M| 64 / 350 / 1,750 (one
-space per epoch) at the first seed; with the two fix variants 52 runs at 3 seeds, under 2 hours on 2 cores (64-pixel
-images cost 1.4x more per run and made the sweep 3 hours)."""
+space per epoch) and the two fix variants at the first seed: 48 runs at 3 seeds, under 2 hours on 2 cores (64-pixel
+images cost 1.4x more per run and made the sweep of 60 runs, everything at 3 seeds, 3 hours)."""
 QUICK = Budget(images=200, epochs=3, batch=16, spaces={"medium": 100}, warmup=5, audit_pairs=2000, step_windows=6)
 """--quick: 100 training images, 3 short epochs, one seed, no |M| sweep (a few minutes on 2 cores): a smoke
 test of the whole pipeline; its models stay near chance."""
@@ -136,15 +136,15 @@ class Variant:
 
 def plan(budget: Budget, seeds: list[int], only: list[str] | None) -> list[tuple[Variant, int]]:
     """The sweep's (configuration, seed) pairs in run order: the methods at every seed (a seed's uniform run before
-    its SRCL run), the |M| sweep at the first ``budget.space_seeds`` seeds, then the fixes (not with --quick)."""
+    its SRCL run), then the |M| sweep and the fixes (not with --quick) at the first ``budget.extra_seeds`` seeds."""
     methods = list(only or [*METHODS, *FIXES])
     if "srcl" in methods and "uniform" not in methods:
         methods.insert(0, "uniform")  # SRCL's auxiliary model
     out = [(Variant(m), seed) for seed in seeds for m in METHODS if m in methods]
-    out += [(Variant(m, s), seed) for seed in seeds[:budget.space_seeds] for m in SPACE_SWEEP if m in methods
+    out += [(Variant(m, s), seed) for seed in seeds[:budget.extra_seeds] for m in SPACE_SWEEP if m in methods
             for s in budget.spaces if s != "medium"]
     if budget is not QUICK:
-        out += [(Variant(m), seed) for seed in seeds for m in FIXES if m in methods]
+        out += [(Variant(m), seed) for seed in seeds[:budget.extra_seeds] for m in FIXES if m in methods]
     return out
 
 
@@ -465,6 +465,7 @@ def write_report(report: Path, out: Path, table, budget: Budget, seeds: list[int
     # Compute, not the calendar: a resumed sweep's first start to last end would count the pauses between parts.
     compute = sum(_seconds(m["created"], m["end"]) for m in manifests)  # each run: created -> its audit's end
     others = ", ".join(str(v) for k, v in budget.spaces.items() if k != "medium")
+    extra = ("seed " if budget.extra_seeds == 1 else "seeds ") + ", ".join(map(str, seeds[:budget.extra_seeds]))  # the |M| sweep's and the fixes'
     train, test = density["train"], density["test"]
     block = [
         BEGIN,
@@ -485,9 +486,9 @@ def write_report(report: Path, out: Path, table, budget: Budget, seeds: list[int
         f"of train captions have at least one. On test: {100 * test['mean_fraction_of_split']:.1f}%.  ",
         f"**Budget (every run):** albef-tiny from scratch on {budget.size}-pixel images, {budget.epochs} epochs, "
         f"batch {budget.batch}, |M| {budget.spaces['medium']}"
-        f"{f' (GRIT and FALCON also {others}, at seed {seeds[0]})' if others and budget.space_seeds == 1 else ''}"
-        f"{f' (GRIT and FALCON also {others}, at the first {budget.space_seeds} seeds)' if others and budget.space_seeds > 1 else ''}, "
-        f"seeds {', '.join(map(str, seeds))}; epoch 0 is uniform for the hard-negative methods, as in the recipes.",
+        f"{f' (GRIT and FALCON also {others}, at {extra})' if others else ''}, "
+        f"seeds {', '.join(map(str, seeds))}{f'; the fix variants at {extra}' if any(table['base_method'].isin(FIXES)) else ''}; "
+        "epoch 0 is uniform for the hard-negative methods, as in the recipes.",
         "",
         "### Every method (mean ± std over seeds)",
         "",
