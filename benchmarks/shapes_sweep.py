@@ -369,8 +369,9 @@ def figures(table, out: Path, mean, std) -> list[Path]:
         for method, rows in sweep.groupby("base_method"):
             stats = rows.groupby("search_space_size")["R@1"].agg(["mean", "std"])
             ax.errorbar(stats.index, stats["mean"], yerr=stats["std"].fillna(0), marker="o", capsize=3, label=method)
+        used = sorted(sweep["seed"].unique())
         ax.set(xscale="log", xlabel="search space size |M| (pairs)", ylabel="zero-shot R@1 (%)",
-               title="search-space size sweep")
+               title=f"search-space size sweep (seed{'s' if len(used) > 1 else ''} {', '.join(map(str, used))})")
         ax.set_xticks(sorted(sweep["search_space_size"].unique()), [str(v) for v in sorted(sweep["search_space_size"].unique())])
         ax.legend(fontsize=8)
         fig.tight_layout()
