@@ -1,7 +1,7 @@
 """The shapes-world method comparison: every method × seed on one world, one budget, one evaluation.
 
     PYTHONPATH=. .venv/bin/python benchmarks/shapes_sweep.py --out runs/sweep --report docs/results.md   # the full sweep
-    PYTHONPATH=. .venv/bin/python benchmarks/shapes_sweep.py --out /tmp/sweep --quick                   # ~10-minute smoke
+    PYTHONPATH=. .venv/bin/python benchmarks/shapes_sweep.py --out /tmp/sweep --quick                   # ~8-minute smoke
     PYTHONPATH=. .venv/bin/python benchmarks/shapes_sweep.py --out runs/sweep --only falcon grit --seeds 0 1 2
 
 Each (method, seed) is a shipped shapes recipe run with the same world and budget overrides
@@ -118,7 +118,7 @@ needs about 200 to leave the uniform-ITC plateau; 3 epochs of 1,000 pairs never 
 space per epoch) and the two fix variants at the first seed: 48 runs at 3 seeds, under 2 hours on 2 cores (64-pixel
 images cost 1.4x more per run and made the sweep of 60 runs, everything at 3 seeds, 3 hours)."""
 QUICK = Budget(images=200, epochs=3, batch=16, spaces={"medium": 100}, warmup=5, audit_pairs=2000, step_windows=6)
-"""--quick: 100 training images, 3 short epochs, one seed, no |M| sweep (a few minutes on 2 cores): a smoke
+"""--quick: 100 training images, 3 short epochs, one seed, no |M| sweep (about 8 minutes on 2 cores): a smoke
 test of the whole pipeline; its models stay near chance."""
 
 
