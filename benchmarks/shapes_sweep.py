@@ -245,6 +245,12 @@ TABLES: dict[str, list[tuple[str, str]]] = {
 """The summary tables: title -> [(results.csv key, header)]."""
 
 
+def seeds_phrase(seeds) -> str:
+    """``seed 0`` or ``seeds 0, 1``: the seeds a table, figure or report line averages, sorted and distinct."""
+    seeds = sorted({int(s) for s in seeds})
+    return ("seed " if len(seeds) == 1 else "seeds ") + ", ".join(map(str, seeds))
+
+
 def space_sweep_rows(table):
     """The |M| sweep's runs: GRIT and FALCON at every |M|, at the seeds where the small or large |M| ran (so that
     every |M| averages the same seeds)."""
@@ -369,9 +375,8 @@ def figures(table, out: Path, mean, std) -> list[Path]:
         for method, rows in sweep.groupby("base_method"):
             stats = rows.groupby("search_space_size")["R@1"].agg(["mean", "std"])
             ax.errorbar(stats.index, stats["mean"], yerr=stats["std"].fillna(0), marker="o", capsize=3, label=method)
-        used = sorted(sweep["seed"].unique())
         ax.set(xscale="log", xlabel="search space size |M| (pairs)", ylabel="zero-shot R@1 (%)",
-               title=f"search-space size sweep (seed{'s' if len(used) > 1 else ''} {', '.join(map(str, used))})")
+               title=f"search-space size sweep ({seeds_phrase(sweep['seed'])})")
         ax.set_xticks(sorted(sweep["search_space_size"].unique()), [str(v) for v in sorted(sweep["search_space_size"].unique())])
         ax.legend(fontsize=8)
         fig.tight_layout()
@@ -465,8 +470,10 @@ def write_report(report: Path, out: Path, table, budget: Budget, seeds: list[int
                  f" ({', '.join(CODE)} differ between them)") if len(shas) > 1 else ""
     # Compute, not the calendar: a resumed sweep's first start to last end would count the pauses between parts.
     compute = sum(_seconds(m["created"], m["end"]) for m in manifests)  # each run: created -> its audit's end
-    others = ", ".join(str(v) for k, v in budget.spaces.items() if k != "medium")
-    extra = ("seed " if budget.extra_seeds == 1 else "seeds ") + ", ".join(map(str, seeds[:budget.extra_seeds]))  # the |M| sweep's and the fixes'
+    space = space_sweep_rows(table)
+    extra = space[space["space"] != "medium"]  # the small and large |M| runs in the tables
+    others, space_seeds = ", ".join(map(str, sorted(extra["search_space_size"].unique()))), extra["seed"]
+    fix_seeds = table.loc[table["base_method"].isin(FIXES), "seed"]
     train, test = density["train"], density["test"]
     block = [
         BEGIN,
@@ -487,8 +494,8 @@ def write_report(report: Path, out: Path, table, budget: Budget, seeds: list[int
         f"of train captions have at least one. On test: {100 * test['mean_fraction_of_split']:.1f}%.  ",
         f"**Budget (every run):** albef-tiny from scratch on {budget.size}-pixel images, {budget.epochs} epochs, "
         f"batch {budget.batch}, |M| {budget.spaces['medium']}"
-        f"{f' (GRIT and FALCON also {others}, at {extra})' if others else ''}, "
-        f"seeds {', '.join(map(str, seeds))}{f'; the fix variants at {extra}' if any(table['base_method'].isin(FIXES)) else ''}; "
+        f"{f' (GRIT and FALCON also {others}, at {seeds_phrase(space_seeds)})' if len(space_seeds) else ''}, "
+        f"seeds {', '.join(map(str, seeds))}{f'; the fix variants at {seeds_phrase(fix_seeds)}' if len(fix_seeds) else ''}; "
         "epoch 0 is uniform for the hard-negative methods, as in the recipes.",
         "",
         "### Every method (mean ± std over seeds)",

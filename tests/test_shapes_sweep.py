@@ -94,7 +94,9 @@ def test_report_rewrites_only_its_block(finished, tmp_path):
     assert "18.0% of the time" in text and "2 runs at a time" in text
     assert "350 train (1750 pairs), 315 zero-shot test images (1575 captions)" in text
     assert "### Search-space size |M|" in text and "| grit | 64 | 2 |" in text
-    assert "32-pixel images" in text and "(GRIT and FALCON also 64, 1750, at seed 0)" in text
+    assert "32-pixel images" in text and "(GRIT and FALCON also 64, at seeds 0, 1)" in text, "what the runs used"
+    assert "fix variants" not in text, "no fix runs in the tables"
+    assert sweep.seeds_phrase([2, 0, 0]) == "seeds 0, 2" and sweep.seeds_phrase(pd.Series([1])) == "seed 1"
     assert (page.parent / "results" / "summary.csv").exists() and (page.parent / "results" / "results.csv").exists()
 
     sweep.write_report(page, out, table, sweep.FULL, [0, 1], "the command", paths=[], planned=8)
