@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -52,7 +53,9 @@ class RunDirectory:
     """
 
     def __init__(self, path: str | Path):
-        self.path = Path(path)
+        # Absolute from the start: every path a stage builds from ``run.path`` then means the same
+        # file whatever the working directory, and never joins the run directory onto itself.
+        self.path = Path(os.path.abspath(path))
         self.manifest: dict[str, Any] = {}
         self._log_handler: logging.Handler | None = None
 
@@ -82,6 +85,7 @@ class RunDirectory:
             "git": git_state(),
             "packages": package_versions(),
             "host": host_info(),
+            "cwd": os.getcwd(),  # what relative paths on the command line were relative to
             "created": previous.get("created", now()),
             "start": now(),
             "end": None,
@@ -146,7 +150,11 @@ class RunDirectory:
         self.save()
 
     def add_artifact(self, path: str | Path, *, schema: str, schema_version: int, meta: dict | None = None) -> None:
-        """Record a written file (relative to the run directory) with its schema, version, size and sha256."""
+        """Record a written file with its schema, version, size and sha256.
+
+        ``path`` is absolute (e.g. built from :attr:`path`) or relative to the run directory
+        (``"metrics.jsonl"``), never relative to the working directory.
+        """
         if not is_main_process():
             return
         path = Path(path)

@@ -33,6 +33,7 @@ def run_single_stage(stage: str, recipe: str, run_dir: Path | None, overrides: l
 def run_config(run_dir: Path, overrides: list[str], sections: tuple[str, ...]):
     """The config recorded in ``run_dir``'s manifest with ``overrides`` applied; only keys of ``sections``
     may change (the rest is what the run was trained with). Validated, nothing run yet."""
+    from falcon_cli.config.paths import absolute_input_paths
     from falcon_cli.config.recipes import apply_overrides, validate_config
     from falcon_cli.errors import FalconError
 
@@ -42,8 +43,12 @@ def run_config(run_dir: Path, overrides: list[str], sections: tuple[str, ...]):
             raise FalconError(f"{text}: only {allowed} keys can change on an existing run; the rest of its config is "
                               "what it was trained with")
     manifest = read_manifest(run_dir)
-    raw, given = apply_overrides(manifest.get("config") or {}, overrides)
-    return validate_config(raw, f"{run_dir}/manifest.json", given)
+    source = f"{run_dir}/manifest.json"
+    # Paths the run recorded are relative to the directory it ran in (older runs stored them as
+    # given); paths in the overrides are relative to this command's working directory.
+    stored = absolute_input_paths(validate_config(manifest.get("config") or {}, source), manifest.get("cwd"))
+    raw, given = apply_overrides(stored.model_dump(mode="json"), overrides)
+    return absolute_input_paths(validate_config(raw, source, given))
 
 
 def run_stage_in(run_dir: Path, config, stage: str, **options) -> None:

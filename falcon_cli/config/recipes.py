@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from falcon_cli.config.paths import absolute_input_paths
 from falcon_cli.config.schema import Recipe
 from falcon_cli.errors import FalconError
 
@@ -244,12 +245,17 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_recipe(name_or_path: str | Path, overrides: list[str] | None = None) -> tuple[Recipe, Path]:
-    """Find, read (following ``base:``), override and validate a recipe. Returns the recipe and its file."""
+    """Find, read (following ``base:``), override and validate a recipe. Returns the recipe and its file.
+
+    Input paths (the dataset, weights, embeddings, checkpoints: see :mod:`falcon_cli.config.paths`)
+    are relative to the working directory as given and absolute in the returned recipe, so a run
+    records exactly which files it used and is readable from any working directory.
+    """
     path = find_recipe(name_or_path)
     raw = read_recipe(path)
     raw.setdefault("name", path.stem)
     raw, overridden = apply_overrides(raw, list(overrides or []))
-    return validate_config(raw, str(path), overridden), path
+    return absolute_input_paths(validate_config(raw, str(path), overridden)), path
 
 
 def recipe_header(path: Path) -> str:

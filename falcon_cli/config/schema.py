@@ -9,10 +9,11 @@ Later stages add their own sections here.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from falcon_cli.config.paths import InputPath
 from falcon_cli.data.shapes.config import ShapesConfig
 
 StageName = Literal["data", "embed", "build_search_spaces", "pretrain", "audit_false_negatives", "finetune", "evaluate"]
@@ -34,7 +35,7 @@ class Section(BaseModel):
 class DataConfig(Section):
     """Which dataset a run uses, how it is checked, and which tokenizer reads its captions."""
 
-    dataset: Path
+    dataset: Annotated[Path, InputPath()]
     """The dataset spec: a ``dataset.yaml`` file or the directory holding one (relative paths are
     relative to the working directory)."""
 
@@ -49,7 +50,7 @@ class DataConfig(Section):
     verify_images: bool = True
     """Open every image once during the data check (catches unreadable files, costs a pass over the images)."""
 
-    tokenizer: str = "wordpiece"
+    tokenizer: Annotated[str, InputPath(when="exists", keywords=("wordpiece",))] = "wordpiece"
     """``wordpiece`` trains a BERT-style WordPiece tokenizer on the training captions and saves it in
     the run (offline); anything else is a hub id (``bert-base-uncased``) or a local directory."""
 
@@ -66,7 +67,7 @@ class MafaConfig(Section):
     ``checkpoint``'s ITM head (the paper's Con-D), ``blip`` (a BLIP ITM head), or the shapes world's
     ``oracle`` (an upper bound: a perfect discriminator)."""
 
-    judge_model: str | None = None
+    judge_model: Annotated[str | None, InputPath(when="exists")] = None
     """``checkpoint``: a falcon run or checkpoint directory (required); ``blip``: a hub id or local
     directory (None = ``Salesforce/blip-itm-base-coco``)."""
 
@@ -91,7 +92,7 @@ class SrclConfig(Section):
     """SRCL (``pretrain.false_negatives: srcl``): negatives weighted by a frozen auxiliary model's and
     the current model's similarity (a reconstruction; docs/methods.md)."""
 
-    aux_embeddings: Path | None = None
+    aux_embeddings: Annotated[Path | None, InputPath()] = None
     """The frozen auxiliary model's features of every pretraining pair, an ``embeddings.h5`` from
     ``falcon embed``; None = the run's own ``embeddings/embeddings.h5``."""
 
@@ -135,9 +136,9 @@ class PretrainConfig(Section):
     """Model config name from the registry (``albef-base``, ``albef-tiny``; see falcon_cli/models/configs)."""
     image_size: int | None = None
     """Input resolution in pixels (default: the model config's; albef-base pretrains at 256)."""
-    vision_weights: str | None = None
+    vision_weights: Annotated[str | None, InputPath(when="exists")] = None
     """Image-encoder weights: a timm name (``timm:deit_base_patch16_224.fb_in1k``) or a local file; None = random init."""
-    text_weights: str | None = None
+    text_weights: Annotated[str | None, InputPath(when="exists")] = None
     """Text/fusion weights: a hub id (``bert-base-uncased``) or a local directory; None = random init."""
 
     # -- objectives ------------------------------------------------------------------------
@@ -167,7 +168,7 @@ class PretrainConfig(Section):
     """Batch size PER PROCESS (the global batch = batch_size × world size, printed at start)."""
     search_space_size: int = 1920
     """GRIT search-space size |M| (pairs grouped together; a multiple of batch_size is natural)."""
-    search_spaces: str | None = None
+    search_spaces: Annotated[str | None, InputPath(keywords=("run",))] = None
     """Warm start: compose epoch 0 (grit, quantile, progressive, falcon) from these built search spaces
     (a ``search_spaces.parquet``, or ``run`` for this run's own, from build-search-spaces) and the
     embeddings that built them (``search_spaces.embeddings``, default this run's embeddings/embeddings.h5)
@@ -282,12 +283,12 @@ class PretrainConfig(Section):
 class EmbedConfig(Section):
     """The ``embed`` stage: embed every pair of a dataset split with a pretrained encoder (``embeddings/embeddings.h5``)."""
 
-    encoder: str = "open_clip:ViT-B-32"
+    encoder: Annotated[str, InputPath(prefixes=("falcon:", "open_clip:local-dir:"))] = "open_clip:ViT-B-32"
     """Which encoder: ``open_clip:<model name>`` (an open_clip architecture, weights from ``pretrained``)
     or ``falcon:<path>`` (a falcon run directory, whose latest checkpoint is used, or one checkpoint
     directory; its projected ITC features)."""
 
-    pretrained: str | None = "laion2b_s34b_b79k"
+    pretrained: Annotated[str | None, InputPath(when="exists")] = "laion2b_s34b_b79k"
     """open_clip weights: a pretrained tag (``laion2b_s34b_b79k``; downloaded by open_clip, or taken
     from its cache) or a local checkpoint file; None = random weights. Ignored for ``falcon:`` encoders."""
 
@@ -314,7 +315,7 @@ class EmbedConfig(Section):
 class SearchSpacesConfig(Section):
     """The ``build_search_spaces`` stage: group the pairs into search spaces of |M| (``search_spaces.parquet``)."""
 
-    embeddings: Path | None = None
+    embeddings: Annotated[Path | None, InputPath()] = None
     """The ``embeddings.h5`` to partition; None = the run directory's ``embeddings/embeddings.h5``
     (what the ``embed`` stage writes). Relative paths are relative to the working directory."""
 
@@ -348,7 +349,7 @@ class AuditConfig(Section):
     ``blip`` (a BLIP ITM head, as in the paper's Figure 2), ``checkpoint`` (a falcon checkpoint's own
     ITM head); ``auto`` = the oracle where the dataset has one, else BLIP."""
 
-    judge_model: str | None = None
+    judge_model: Annotated[str | None, InputPath(when="exists")] = None
     """``blip``: a hub id or local directory (None = ``Salesforce/blip-itm-base-coco``); ``checkpoint``:
     a falcon run or checkpoint directory (None = the audited run's latest checkpoint)."""
 
@@ -490,7 +491,7 @@ class FinetuneConfig(Section):
 
     tasks: list[TaskName] = ["retrieval"]
     """Which tasks to fine-tune, in this order."""
-    checkpoint: str | None = None
+    checkpoint: Annotated[str | None, InputPath()] = None
     """The pretrained weights to start from: a falcon run or checkpoint directory; None = this run's
     latest pretraining checkpoint."""
     retrieval: RetrievalFinetuneConfig = RetrievalFinetuneConfig()
@@ -525,7 +526,7 @@ class FinetuneConfig(Section):
 class RetrievalEvalConfig(Section):
     """Retrieval evaluation (ALBEF's protocol): ITC similarity of all pairs, the top k re-ranked by the ITM head."""
 
-    models: list[str] = ["pretrained"]
+    models: Annotated[list[str], InputPath(keywords=("pretrained", "finetuned"))] = ["pretrained"]
     """Which weights to evaluate, one row each: ``pretrained`` (the run's latest pretraining checkpoint:
     zero-shot, FALCON's protocol), ``finetuned`` (``finetune/retrieval/best``: MAFA's and SRCL's protocol)
     or a checkpoint directory."""
@@ -554,7 +555,7 @@ class VqaEvalConfig(Section):
     """The VQA split answered; with answers in the file, the local VQA accuracy is reported too."""
     k: int = Field(128, ge=1)
     """Candidates kept by first-token probability, then re-scored by full-sequence likelihood."""
-    checkpoint: str | None = None
+    checkpoint: Annotated[str | None, InputPath()] = None
     """The fine-tuned VQA weights (a checkpoint directory); None = this run's ``finetune/vqa/best``."""
 
 
@@ -563,7 +564,7 @@ class Nlvr2EvalConfig(Section):
 
     splits: list[Literal["dev", "test"]] = ["dev", "test"]
     """The NLVR2 splits reported (``test`` = test-P)."""
-    checkpoint: str | None = None
+    checkpoint: Annotated[str | None, InputPath()] = None
     """The fine-tuned NLVR2 weights (a checkpoint directory); None = this run's ``finetune/nlvr2/best``."""
 
 
