@@ -56,7 +56,8 @@ from falcon_cli.runtime.progress import track
 from falcon_cli.runtime.seeding import rng_state, seed_everything, set_rng_state
 from falcon_cli.sampling.batch_log import BatchLog, read_batch_log
 from falcon_cli.sampling.cache import EmbeddingCache
-from falcon_cli.sampling.composers import GritComposer, UniformComposer, batches_from_state, batches_state, shard_pair_ids
+from falcon_cli.sampling.composers import (GritComposer, UniformComposer, batches_from_state, batches_state, num_batches,
+                                          num_space_batches, shard_pair_ids)
 from falcon_cli.sampling.feed import FalconFeed, loader_settings
 from falcon_cli.sampling.quantile import QuantileSpaces
 from falcon_cli.sampling.scheduler import NegativeScheduler, progressive_q
@@ -144,9 +145,17 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
     itm_generator = torch.Generator(device=device).manual_seed(config.seed + 3000 + rank)
     batch_log = BatchLog(run.path / "batches.parquet", part_rank=rank)
     metrics = MetricsLog(run.path / "metrics.jsonl")
-    steps_per_epoch = math.ceil(len(all_ids) / world / p.batch_size)
-    if p.max_steps_per_epoch:
-        steps_per_epoch = min(steps_per_epoch, p.max_steps_per_epoch)
+    def epoch_steps(epoch: int) -> int:
+        """Steps of ``epoch`` on every rank: all the batches its composer makes (every pair of the shard
+        once; equal shards give every rank the same count), capped by ``max_steps_per_epoch``."""
+        shard = math.ceil(len(all_ids) / world)
+        warm_epoch = warm is not None and epoch == 0
+        if p.composer in ("quantile", "progressive", "falcon") and (epoch > 0 or warm_epoch):  # space by space
+            steps = num_space_batches(shard, warm.width if warm_epoch else p.search_space_size, p.batch_size, p.drop_last)
+        else:  # uniform, and GRIT, whose chains are cut across search spaces
+            steps = num_batches(shard, p.batch_size, p.drop_last)
+        return min(steps, p.max_steps_per_epoch) if p.max_steps_per_epoch else steps
+    total_steps = sum(epoch_steps(e) for e in range(p.epochs))
     if main:
         console.print(f"[bold]pretrain[/] {p.model} ({model.num_parameters() / 1e6:.1f}M parameters) on {device}, "
                       f"{precision}; {len(dataset):,} pairs; batch {p.batch_size} × {world} processes = "
@@ -244,7 +253,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
             else:  # falcon: the spaces now, each batch when the previous step (and scheduler update) is done
                 spaces, batches = quantile_spaces(shard, generators["compose"], warm_epoch), None
             if batches is not None:
-                batches = batches[:steps_per_epoch]
+                batches = batches[:epoch_steps(epoch)]
                 batch_log.extend(epoch, batches, rank=rank)
                 batch_log.write(epoch)
             cache.reset()  # `filled` now tracks this epoch; features stay until overwritten
@@ -262,7 +271,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
                                 generator=torch.Generator().manual_seed(config.seed + epoch))
         else:
             # FALCON: each batch composed when the loader asks for it (scheduler_lag batches ahead)
-            total = min(len(spaces), steps_per_epoch)
+            total = epoch_steps(epoch)
             feed = FalconFeed(spaces, scheduler.alpha_beta, dataset.index_of, generators["compose"],
                               lambda index, composed, epoch=epoch: batch_log.add(epoch, index, rank, composed),
                               start=start_index, stop=total, ahead=ahead)
@@ -286,7 +295,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
                 before, image_k = measure_reward_loss(objective, scheduler, precision, device, eval_mode=True,
                                                       inputs=(images, input_ids, attention_mask, mask))
             with autocast(precision, device):
-                context = StepContext(pair_ids, epoch, global_step, p.epochs * steps_per_epoch)
+                context = StepContext(pair_ids, epoch, global_step, total_steps)
                 out = trainer(images, input_ids, attention_mask, mask, alpha, itm_generator, context)
             if not torch.isfinite(out.loss):
                 where = save(epoch, index, batches)  # (FALCON: the spaces are past this batch)

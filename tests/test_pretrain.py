@@ -180,6 +180,26 @@ def test_falcon_run_rewards_and_quantiles(falcon_run):
     assert "figures/q_over_training.png" in manifest["artifacts"]
 
 
+@pytest.mark.parametrize("composer", ["falcon", "quantile"])
+def test_every_pair_trained_each_epoch_when_the_search_space_is_not_a_multiple_of_the_batch(world, tmp_path, composer):
+    """|M| = 24, B = 16: each of the 6 full spaces yields a batch of 16 and one of 8, the last space (16 pairs)
+    one batch: 13 steps, more than the ceil(160 / 16) = 10 of a uniform epoch. All 13 are trained."""
+    from falcon_cli.sampling.batch_log import read_batch_log
+    from tests.conftest import run_cli
+
+    run_dir = tmp_path / "run"
+    extra = ["pretrain.composer=falcon", "pretrain.reward_images=reuse"] if composer == "falcon" else \
+        ["pretrain.composer=quantile", "pretrain.quantile=0.5"]
+    proc = run_cli(*pretrain_args(run_dir, world, *extra, "pretrain.search_space_size=24", "pretrain.eval_split=null"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    log = read_batch_log(run_dir / "batches.parquet")
+    for epoch, rows in log.groupby("epoch"):
+        assert sorted(rows["pair_id"]) == list(range(160)), f"every pair once in epoch {epoch}"
+        assert rows["step"].nunique() == (10 if epoch == 0 else 13)
+    steps = [r for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r]
+    assert steps[-1]["step"] == 10 + 13 and len(steps) == 23
+
+
 @pytest.mark.parametrize("lagged", [False, True], ids=["on-demand", "lag-2"])
 def test_falcon_kill_and_resume_is_exact(world, request, tmp_path, lagged):
     overrides = LAGGED if lagged else FALCON

@@ -174,7 +174,9 @@ class PretrainConfig(Section):
     embeddings that built them (``search_spaces.embeddings``, default this run's embeddings/embeddings.h5)
     instead of uniform batches; None = epoch 0 uniform. Later epochs use the model's own features."""
     drop_last: bool = False
-    """Drop each rank's last partial batch (GRIT's code does; falcon keeps it by default so every pair is seen)."""
+    """Drop each rank's last partial batch (GRIT's code does; falcon keeps it by default so every pair is seen).
+    The quantile composers and FALCON cut each search space on its own: with True, each space's last partial
+    batch is dropped (``|M| % batch_size`` pairs per space); with False it is trained as a smaller batch."""
 
     # -- quantile composers and the FALCON scheduler ---------------------------------------------
     quantile: float = Field(1.0, ge=0, le=1)
@@ -221,7 +223,8 @@ class PretrainConfig(Section):
     epochs: int = 3
     """Training epochs (epoch 0 is uniform for every composer)."""
     max_steps_per_epoch: int | None = None
-    """Cut each epoch after this many steps (smoke tests); None = the whole epoch."""
+    """Cut each epoch after this many steps (smoke tests); None = the whole epoch: every batch its
+    composer makes, so every pair is trained once (unless ``drop_last``)."""
     lr: float = 1e-4
     """Peak learning rate (AdamW)."""
     min_lr: float = 1e-5
@@ -420,7 +423,8 @@ class TaskTraining(Section):
     image_size: int | None = 384
     """Fine-tuning resolution (ViT position embeddings are resampled); None = the pretrained model's."""
     max_steps_per_epoch: int | None = Field(None, ge=1)
-    """Cut each epoch after this many steps (smoke tests); None = the whole epoch."""
+    """Cut each epoch after this many steps (smoke tests); None = the whole epoch: every batch its
+    composer makes, so every pair is trained once (unless ``drop_last``)."""
 
 
 class RetrievalFinetuneConfig(TaskTraining):

@@ -156,16 +156,25 @@ def _check_config(kind: str, mine: dict[str, Any], state: dict[str, Any]) -> Non
 def _cut(columns: dict[str, torch.Tensor], batch_size: int, drop_last: bool, sampler: str,
          order: torch.Tensor | None) -> list[Batch]:
     """Cut flat per-slot columns into batches of ``batch_size``, in ``order`` (batch indices) if given."""
-    n = len(columns["pair_ids"])
-    count = n // batch_size if drop_last else math.ceil(n / batch_size)
-    indices = range(count) if order is None else order.tolist()
+    indices = range(num_batches(len(columns["pair_ids"]), batch_size, drop_last)) if order is None else order.tolist()
     return [Batch(*(columns[name][i * batch_size:(i + 1) * batch_size] for name in Batch.FIELDS), sampler=sampler)
             for i in indices]
 
 
 def num_batches(n: int, batch_size: int, drop_last: bool) -> int:
-    """Number of batches an epoch over ``n`` pairs has (every composer here cuts this way)."""
+    """Number of batches ``n`` pairs are cut into: uniform and GRIT epochs (whose chains run across
+    search spaces, as GRIT-VLP's code cuts them), and each search space of a quantile epoch."""
     return n // batch_size if drop_last else math.ceil(n / batch_size)
+
+
+def num_space_batches(n: int, width: int, batch_size: int, drop_last: bool) -> int:
+    """Number of batches of an epoch over ``n`` pairs composed space by space (quantile, progressive,
+    FALCON): spaces of ``width`` pairs (the last holds the rest), each cut on its own, so each space
+    whose size is not a multiple of ``batch_size`` ends in a smaller batch (or drops it)."""
+    if n <= 0:
+        return 0
+    full, rest = divmod(n, max(1, min(width, n)))
+    return full * num_batches(max(1, min(width, n)), batch_size, drop_last) + num_batches(rest, batch_size, drop_last)
 
 
 # --- uniform ---------------------------------------------------------------------------------
@@ -482,5 +491,5 @@ def shard_pair_ids(pair_ids: Any, rank: int, world_size: int, generator: torch.G
 
 
 __all__ = ["Batch", "BatchComposer", "UniformComposer", "GritComposer", "shard_pair_ids", "num_batches",
-           "uniform_batches", "grit_chains", "chunk_plan", "batches_state", "batches_from_state",
+           "num_space_batches", "uniform_batches", "grit_chains", "chunk_plan", "batches_state", "batches_from_state",
            "DEFAULT_MAX_CHUNK_BYTES"]

@@ -44,7 +44,7 @@ import torch
 
 from falcon_cli.errors import FalconError
 from falcon_cli.sampling.cache import EmbeddingCache, as_id_tensor
-from falcon_cli.sampling.composers import Batch, _check_config
+from falcon_cli.sampling.composers import Batch, _check_config, num_space_batches
 from falcon_cli.sampling.policy import check_beta_parameters, draw_q, numpy_generator
 
 PANEL_BYTES = 32 << 20
@@ -259,7 +259,7 @@ class QuantileSpaces:
 
     def __len__(self) -> int:
         """Number of batches the epoch has."""
-        return sum(self.batches_in_space(s) for s in range(self.num_spaces))
+        return num_space_batches(len(self.shuffled), self.width, self.batch_size, self.drop_last)
 
     # features -------------------------------------------------------------------------------
     def _features(self, spaces: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
