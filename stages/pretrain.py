@@ -35,6 +35,7 @@ from falcon_cli.artifacts.run_dir import RunDirectory
 from falcon_cli.config.schema import Recipe
 from falcon_cli.data.collate import PretrainCollate
 from falcon_cli.data.datasets import pretrain_dataset, retrieval_dataset
+from falcon_cli.data.shared_images import SharedImages
 from falcon_cli.data.spec import load_spec
 from falcon_cli.data.tokenizer import load_run_tokenizer
 from falcon_cli.data.transforms import build_transform
@@ -94,6 +95,9 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
     # False negatives (MAFA, SRCL, DiHT, GloFND): checked and loaded before any training; on the shapes
     # world the oracle measures what the method flags.
     false_negatives, truth = build_false_negatives(config, spec, dataset, device, run)
+    # Pairs that show the same image are false negatives by construction; `same_image: mask` keeps them
+    # out of the ITC denominators and ITM mining.
+    shared_images = SharedImages(dataset.records, device) if p.same_image == "mask" else None
     objective = VlpObjective(model, itc=p.itc, consistency_weight=p.itc_consistency_weight,
                              itm_negatives=p.itm_negatives, momentum=p.momentum, queue_size=p.queue_size,
                              false_negatives=false_negatives).to(device)
@@ -293,9 +297,10 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
             alpha = alpha_ramp(p.distill_alpha, index, total, epoch)
             if falcon_epoch and p.reward_mode == "eval":  # L_before: a no-grad eval-mode pass (A-7)
                 before, image_k = measure_reward_loss(objective, scheduler, precision, device, eval_mode=True,
-                                                      inputs=(images, input_ids, attention_mask, mask))
+                                                      inputs=(images, input_ids, attention_mask, mask), same_image=same_image)
+            same_image = shared_images.mask(pair_ids, check=False) if shared_images is not None else None
             with autocast(precision, device):
-                context = StepContext(pair_ids, epoch, global_step, total_steps)
+                context = StepContext(pair_ids, epoch, global_step, total_steps, same_image)
                 out = trainer(images, input_ids, attention_mask, mask, alpha, itm_generator, context)
             if not torch.isfinite(out.loss):
                 where = save(epoch, index, batches)  # (FALCON: the spaces are past this batch)
@@ -316,7 +321,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
                     image_k = (out.image_tokens, out.image_feat)
                 after, _ = measure_reward_loss(objective, scheduler, precision, device, eval_mode=p.reward_mode == "eval",
                                                inputs=(images, input_ids, attention_mask, mask),
-                                               image=image_k if p.reward_images == "reuse" else None)
+                                               image=image_k if p.reward_images == "reuse" else None, same_image=same_image)
                 rewards.append(float(before - after))
                 advantage = scheduler.update(feed.take(batch["pair_ids"])[1], rewards[-1])["advantage"]
             # The cache holds every rank's features: each rank composes next epoch from it.
@@ -337,6 +342,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
                               lr=lr, temperature=out.temperature, pairs_per_s=seen / max(elapsed, 1e-9),
                               peak_memory_mib=peak, sampler=batches[index].sampler if batches is not None else "falcon",
                               reward=rewards[-1] if falcon_epoch else None, advantage=advantage if falcon_epoch else None,
+                              **({"same_image_masked": same_image.sum()} if same_image is not None else {}),
                               **false_negatives.stats)
             if p.checkpoint_every and global_step % p.checkpoint_every == 0 and index + 1 < total:
                 save(epoch, index + 1, batches)
@@ -375,16 +381,19 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
 
 
 def measure_reward_loss(objective: VlpObjective, scheduler: NegativeScheduler, precision: str, device: torch.device, *,
-                        eval_mode: bool, inputs: tuple, image: tuple | None = None) -> tuple[torch.Tensor, tuple]:
+                        eval_mode: bool, inputs: tuple, image: tuple | None = None,
+                        same_image: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple]:
     """The reward's loss on ``inputs`` (no gradient), in eval mode or the current train mode, and the
-    image (tokens, features) it used: ``image`` if given (``reward_images: reuse``), else encoded now."""
+    image (tokens, features) it used: ``image`` if given (``reward_images: reuse``), else encoded now.
+    ``same_image``: the pairs removed from ITC/ITM in training (``same_image: mask``), removed here too."""
     if eval_mode:
         objective.eval()
     try:
         with autocast(precision, device), torch.no_grad():
             if image is None:
                 image = objective.model.encode_image(inputs[0])
-            return scheduler.loss_value(objective.measure(*inputs, parts=scheduler.parts, image=image)), image
+            return scheduler.loss_value(objective.measure(*inputs, parts=scheduler.parts, image=image,
+                                                          same_image=same_image)), image
     finally:
         objective.train()
 

@@ -273,11 +273,21 @@ class PretrainConfig(Section):
     """DiHT settings."""
     glofnd: GlofndConfig = GlofndConfig()
     """GloFND settings."""
+    same_image: Literal["negative", "mask"] = "negative"
+    """Pairs of a batch that show the same image (COCO: five captions per image; entries with the same
+    ``image_id``, or else the same image file): ``negative`` treats them as every other in-batch pair, as
+    ALBEF, GRIT-VLP and FALCON do, although each is a false negative by construction; ``mask`` removes them
+    from the ITC softmax denominators and from ITM negative mining (and from FALCON's ITC/ITM rewards).
+    ``mask`` needs ``itc: grit`` and ``false_negatives`` ``none`` or ``glofnd``."""
 
     @model_validator(mode="after")
     def _check_false_negatives(self) -> "PretrainConfig":
         if self.false_negatives != "none" and self.itc != "grit":
             raise ValueError(f"false_negatives={self.false_negatives} works on the in-batch ITC; set itc: grit")
+        if self.same_image == "mask" and (self.itc != "grit" or self.false_negatives not in ("none", "glofnd")):
+            raise ValueError("same_image=mask works on the in-batch ITC with false_negatives none or glofnd "
+                             f"(got itc={self.itc}, false_negatives={self.false_negatives}); MAFA, SRCL and DiHT "
+                             "handle false negatives their own way")
         if self.mafa.low > self.mafa.high:
             raise ValueError(f"mafa.low ({self.mafa.low}) must not exceed mafa.high ({self.mafa.high})")
         return self

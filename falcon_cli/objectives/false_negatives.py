@@ -43,6 +43,9 @@ class StepContext:
     """The 0-based global optimiser step (SRCL's mixing schedule)."""
     total_steps: int = 1
     """Optimiser steps in the whole run."""
+    same_image: Tensor | None = None
+    """bool [B, B]: pairs i != j of the batch that show the same image, to remove from the ITC
+    denominators (``pretrain.same_image: mask``); None = none removed."""
 
 
 class FalseNegatives(nn.Module):
@@ -58,13 +61,19 @@ class FalseNegatives(nn.Module):
 
     def itc(self, image_feat: Tensor, text_feat: Tensor, temperature: Tensor, consistency_weight: float,
             context: StepContext | None) -> ItcOutput:
-        """The batch's ITC loss (plain GRIT ITC here)."""
+        """The batch's ITC loss (plain GRIT ITC here, without the pairs that share an image if the context
+        names them)."""
         self.flagged_i2t, self.mining, self.stats = None, None, {}
-        return itc_grit(image_feat, text_feat, temperature, consistency_weight=consistency_weight)
+        return itc_grit(image_feat, text_feat, temperature, consistency_weight=consistency_weight,
+                        exclude=_same_image(context))
 
 
 class PlainItc(FalseNegatives):
     """``none``: GRIT-VLP's in-batch ITC with its consistency term."""
+
+
+def _same_image(context: StepContext | None) -> Tensor | None:
+    return None if context is None else context.same_image
 
 
 def _needs_context(method: str, context: StepContext | None) -> StepContext:
@@ -134,12 +143,14 @@ class Glofnd(FalseNegatives):
         context = _needs_context(self.name, context)
         if not glofnd_active(context.epoch, self.start_epoch):
             self.flagged_i2t, self.mining, self.stats = None, None, {}
-            return itc_grit(image_feat, text_feat, temperature, consistency_weight=consistency_weight)
+            return itc_grit(image_feat, text_feat, temperature, consistency_weight=consistency_weight,
+                            exclude=context.same_image)
         cos_i2t, cos_t2i = cosine_matrices(image_feat.detach(), text_feat.detach())
         lambda_image, lambda_text = self.thresholds.update(context.pair_ids, cos_i2t, cos_t2i)
         self._share_updates(context.pair_ids)
         itc, drop_i2t, drop_t2i = itc_glofnd(image_feat, text_feat, temperature, lambda_image=lambda_image.to(image_feat.device),
-                                             lambda_text=lambda_text.to(image_feat.device), consistency_weight=consistency_weight)
+                                             lambda_text=lambda_text.to(image_feat.device), consistency_weight=consistency_weight,
+                                             exclude=context.same_image)
         self.flagged_i2t, self.mining = drop_i2t, None
         # 0-d tensors: read (and synchronised) only on the steps the metrics log writes
         self.stats = {"fn_dropped_i2t": drop_i2t.sum(), "fn_dropped_t2i": drop_t2i.sum(),

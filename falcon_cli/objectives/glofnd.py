@@ -58,11 +58,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from falcon_cli.objectives.common import as_temperature, fp32_region
-from falcon_cli.objectives.itc import ItcOutput, _check_pair
+from falcon_cli.objectives.common import fp32_region
+from falcon_cli.objectives.itc import ItcOutput, _check_pair, itc_grit
 from falcon_cli.sampling.cache import as_id_tensor
 
 __all__ = [
@@ -261,7 +260,8 @@ class GlofndThresholds(nn.Module):
 
 
 def itc_glofnd(image_feat: Tensor, text_feat: Tensor, temperature: float | Tensor, *, lambda_image: Tensor,
-               lambda_text: Tensor, consistency_weight: float = 0.0) -> tuple[ItcOutput, Tensor, Tensor]:
+               lambda_text: Tensor, consistency_weight: float = 0.0,
+               exclude: Tensor | None = None) -> tuple[ItcOutput, Tensor, Tensor]:
     """In-batch ITC with GloFND false negatives removed from each anchor's softmax.
 
     Args:
@@ -271,13 +271,14 @@ def itc_glofnd(image_feat: Tensor, text_feat: Tensor, temperature: float | Tenso
             values returned by :meth:`GlofndThresholds.update`).
         lambda_text: [B] thresholds of the text anchors (``lambda_T``).
         consistency_weight: weight of GRIT's consistency term (0 = plain filtered InfoNCE).
+        exclude: optional bool [B, B] (rows images, columns texts) of further entries to remove
+            in both directions (pairs sharing an image, ``pretrain.same_image: mask``).
 
     With ``cos = v @ t^T`` (:func:`cosine_matrices`): image anchor ``i`` drops the texts
     ``j != i`` with ``cos[i, j] > lambda_I[i]``, text anchor ``i`` drops the images
-    ``j != i`` with ``cos[j, i] > lambda_T[i]``; the positive is never dropped. With
-    ``s_i2t = v @ sg[t]^T / tau`` and ``s_t2i = t @ sg[v]^T / tau`` (gradient to the anchor
-    modality only, as :func:`~falcon_cli.objectives.itc.itc_grit`), the dropped logits are
-    set to ``-inf`` and::
+    ``j != i`` with ``cos[j, i] > lambda_T[i]``; the positive is never dropped. The loss is
+    :func:`~falcon_cli.objectives.itc.itc_grit` with those entries excluded: their logits are
+    ``-inf``, so with ``s_i2t = v @ sg[t]^T / tau`` and ``s_t2i = t @ sg[v]^T / tau``::
 
         hard = 1/2 mean_i [-log_softmax(s~_i2t[i])[i] - log_softmax(s~_t2i[i])[i]]
         soft = 1/2 mean_i [CE(q_I[i], p~_i2t[i]) + CE(q_T[i], p~_t2i[i])]
@@ -291,40 +292,16 @@ def itc_glofnd(image_feat: Tensor, text_feat: Tensor, temperature: float | Tenso
 
     Returns ``(out, drop_i2t, drop_t2i)``: :class:`ItcOutput` whose ``sim_i2t`` / ``sim_t2i``
     are the UNMASKED float32 [B, B] logits (with gradient; detach for ITM mining), and the
-    bool [B, B] masks of the dropped (flagged false-negative) entries, rows anchors.
+    bool [B, B] masks of the dropped (flagged false-negative) entries, rows anchors (``exclude``
+    is not among them).
     """
     _check_pair(image_feat, text_feat)
-    n = image_feat.shape[0]
-    tau = as_temperature(temperature)
     cos_i2t, cos_t2i = cosine_matrices(image_feat, text_feat)
     drop_i2t, drop_t2i = glofnd_drop_masks(cos_i2t, cos_t2i, lambda_image.reshape(-1), lambda_text.reshape(-1))
-    with fp32_region(image_feat.device):
-        v, t = image_feat.float(), text_feat.float()
-        sim_i2t = v @ t.detach().t() / tau
-        sim_t2i = t @ v.detach().t() / tau
-        logp_i2t = F.log_softmax(sim_i2t.masked_fill(drop_i2t, float("-inf")), dim=1)
-        logp_t2i = F.log_softmax(sim_t2i.masked_fill(drop_t2i, float("-inf")), dim=1)
-        diag = torch.arange(n, device=sim_i2t.device)
-        hard = -(logp_i2t[diag, diag].mean() + logp_t2i[diag, diag].mean()) / 2
-        # Dropped log-probs are -inf; zero them so that 0 * (-inf) never appears.
-        logp_i2t_kept = logp_i2t.masked_fill(drop_i2t, 0.0)
-        logp_t2i_kept = logp_t2i.masked_fill(drop_t2i, 0.0)
-        with torch.no_grad():
-            q_i2t = _restrict(logp_t2i.detach().exp(), drop_i2t)   # targets of the image anchors
-            q_t2i = _restrict(logp_i2t.detach().exp(), drop_t2i)   # targets of the text anchors
-        soft = (_kept_cross_entropy(logp_i2t_kept, q_i2t) + _kept_cross_entropy(logp_t2i_kept, q_t2i)) / 2
-        loss = hard + consistency_weight * soft
-    return ItcOutput(loss=loss, hard=hard, soft=soft, sim_i2t=sim_i2t, sim_t2i=sim_t2i), drop_i2t, drop_t2i
-
-
-def _restrict(probs: Tensor, drop: Tensor) -> Tensor:
-    """``probs`` with the dropped entries zeroed and rows renormalised (unchanged when nothing is dropped)."""
-    if not bool(drop.any()):
-        return probs
-    kept = probs.masked_fill(drop, 0.0)
-    return kept / kept.sum(dim=1, keepdim=True).clamp_min(torch.finfo(kept.dtype).tiny)
-
-
-def _kept_cross_entropy(log_probs: Tensor, targets: Tensor) -> Tensor:
-    """Mean over rows of ``-sum_c targets * log_probs`` (log-probs already finite: dropped entries zeroed)."""
-    return -(targets * log_probs).sum(dim=1).mean()
+    removed_i2t, removed_t2i = drop_i2t, drop_t2i
+    if exclude is not None:
+        exclude = exclude.to(drop_i2t.device).bool()
+        removed_i2t, removed_t2i = drop_i2t | exclude, drop_t2i | exclude.t()
+    out = itc_grit(image_feat, text_feat, temperature, consistency_weight=consistency_weight,
+                   exclude=removed_i2t, exclude_t2i=removed_t2i)
+    return out, drop_i2t, drop_t2i

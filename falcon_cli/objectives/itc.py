@@ -77,7 +77,8 @@ def _check_pair(image_feat: Tensor, text_feat: Tensor, what: str = "features") -
 
 def itc_grit(image_feat: Tensor, text_feat: Tensor, temperature: float | Tensor, *,
              consistency_weight: float = 0.2, positive_mask: Tensor | None = None,
-             positive_mask_t2i: Tensor | None = None, label_smoothing: float = 0.0) -> ItcOutput:
+             positive_mask_t2i: Tensor | None = None, label_smoothing: float = 0.0,
+             exclude: Tensor | None = None, exclude_t2i: Tensor | None = None) -> ItcOutput:
     """GRIT-VLP in-batch ITC with soft pseudo (consistency) targets (methods.md §0).
 
     Args:
@@ -91,6 +92,12 @@ def itc_grit(image_feat: Tensor, text_feat: Tensor, temperature: float | Tensor,
         positive_mask_t2i: optional bool [B, B], rows texts, columns images; default
             ``positive_mask.T``.
         label_smoothing: eps in ``(1 - eps) * targets + eps / B`` (MAFA S-ITC: 0.5 after epoch 0).
+        exclude: optional bool [B, B], rows images, columns texts; True removes the entry from
+            the image anchor's softmax (its logit becomes ``-inf``): GloFND's dropped false
+            negatives, pairs that share an image (``pretrain.same_image: mask``). The diagonal
+            is never removed. Targets (hard and consistency) are restricted to the kept
+            entries and renormalised, so no target mass sits on a removed entry.
+        exclude_t2i: optional bool [B, B], rows texts, columns images; default ``exclude.T``.
 
     Computes ``s_i2t = v @ sg[t]^T / tau`` and ``s_t2i = t @ sg[v]^T / tau`` (each direction
     sends gradient to its anchor modality only, plus tau), then::
@@ -99,7 +106,10 @@ def itc_grit(image_feat: Tensor, text_feat: Tensor, temperature: float | Tensor,
         soft = 1/2 mean_i [CE(sg[p_t2i[i]], p_i2t[i]) + CE(sg[p_i2t[i]], p_t2i[i])]
         loss = hard + consistency_weight * soft
 
-    Returns :class:`ItcOutput` with ``sim_i2t`` / ``sim_t2i`` [B, B] (float32).
+    With ``exclude``, ``p`` are the softmaxes over each anchor's kept entries and every CE runs
+    over the kept entries only; with nothing excluded the result is the same.
+
+    Returns :class:`ItcOutput` with ``sim_i2t`` / ``sim_t2i`` [B, B] (float32, unmasked).
     """
     _check_pair(image_feat, text_feat)
     n = image_feat.shape[0]
@@ -112,14 +122,41 @@ def itc_grit(image_feat: Tensor, text_feat: Tensor, temperature: float | Tensor,
         if positive_mask_t2i is None and positive_mask is not None:
             positive_mask_t2i = positive_mask.t()
         targets_t2i = row_normalised_targets(positive_mask_t2i, n, v.device, label_smoothing)
-        hard = (soft_cross_entropy(sim_i2t, targets_i2t).mean()
-                + soft_cross_entropy(sim_t2i, targets_t2i).mean()) / 2
-        p_i2t = F.softmax(sim_i2t.detach(), dim=1)
-        p_t2i = F.softmax(sim_t2i.detach(), dim=1)
-        soft = (soft_cross_entropy(sim_i2t, p_t2i).mean()
-                + soft_cross_entropy(sim_t2i, p_i2t).mean()) / 2
+        if exclude is None and exclude_t2i is None:
+            hard = (soft_cross_entropy(sim_i2t, targets_i2t).mean()
+                    + soft_cross_entropy(sim_t2i, targets_t2i).mean()) / 2
+            p_i2t = F.softmax(sim_i2t.detach(), dim=1)
+            p_t2i = F.softmax(sim_t2i.detach(), dim=1)
+            soft = (soft_cross_entropy(sim_i2t, p_t2i).mean()
+                    + soft_cross_entropy(sim_t2i, p_i2t).mean()) / 2
+        else:
+            eye = torch.eye(n, dtype=torch.bool, device=v.device)
+            ex_i2t = (exclude if exclude is not None else exclude_t2i.t()).to(v.device).bool() & ~eye
+            ex_t2i = (exclude_t2i if exclude_t2i is not None else exclude.t()).to(v.device).bool() & ~eye
+            logp_i2t = F.log_softmax(sim_i2t.masked_fill(ex_i2t, float("-inf")), dim=1)
+            logp_t2i = F.log_softmax(sim_t2i.masked_fill(ex_t2i, float("-inf")), dim=1)
+            p_i2t, p_t2i = logp_i2t.detach().exp(), logp_t2i.detach().exp()  # 0 on removed entries
+            # Removed log-probs are -inf: zero them so that 0 * (-inf) never appears.
+            kept_i2t, kept_t2i = logp_i2t.masked_fill(ex_i2t, 0.0), logp_t2i.masked_fill(ex_t2i, 0.0)
+            hard = (_kept_cross_entropy(kept_i2t, _restrict(targets_i2t, ex_i2t))
+                    + _kept_cross_entropy(kept_t2i, _restrict(targets_t2i, ex_t2i))) / 2
+            soft = (_kept_cross_entropy(kept_i2t, _restrict(p_t2i, ex_i2t))
+                    + _kept_cross_entropy(kept_t2i, _restrict(p_i2t, ex_t2i))) / 2
         loss = hard + consistency_weight * soft
     return ItcOutput(loss=loss, hard=hard, soft=soft, sim_i2t=sim_i2t, sim_t2i=sim_t2i)
+
+
+def _restrict(probs: Tensor, removed: Tensor) -> Tensor:
+    """``probs`` with the removed entries zeroed and those rows renormalised (rows with nothing removed are
+    returned exactly as they were; no host synchronisation)."""
+    kept = probs.masked_fill(removed, 0.0)
+    renormalised = kept / kept.sum(dim=1, keepdim=True).clamp_min(torch.finfo(kept.dtype).tiny)
+    return torch.where(removed.any(dim=1, keepdim=True), renormalised, probs)
+
+
+def _kept_cross_entropy(log_probs: Tensor, targets: Tensor) -> Tensor:
+    """Mean over rows of ``-sum_c targets * log_probs`` (log-probs already finite: removed entries zeroed)."""
+    return -(targets * log_probs).sum(dim=1).mean()
 
 
 class MomentumQueue(nn.Module):

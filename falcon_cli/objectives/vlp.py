@@ -117,7 +117,8 @@ class VlpObjective(nn.Module):
         mining = self.false_negatives.mining  # MAFA: ITM partners and labels, extra MLM pairs
 
         itm = self._itm_loss(enc.text_tokens, attention_mask, enc.image_tokens, itc,
-                             sample=self.itm_negatives == "sample", generator=itm_generator, mining=mining)
+                             sample=self.itm_negatives == "sample", generator=itm_generator, mining=mining,
+                             same_image=None if context is None else context.same_image)
 
         # MLM: the masked caption through the text encoder, fused with its own image (MAFA: and with
         # the images it was found to match as well).
@@ -129,17 +130,20 @@ class VlpObjective(nn.Module):
                          enc.image_feat.detach(), enc.text_feat.detach(), enc.temperature.detach(), enc.image_tokens.detach())
 
     def _itm_loss(self, text_tokens: Tensor, attention_mask: Tensor, image_tokens: Tensor, itc, *,
-                  sample: bool, generator: torch.Generator | None = None, mining=None) -> Tensor:
+                  sample: bool, generator: torch.Generator | None = None, mining=None,
+                  same_image: Tensor | None = None) -> Tensor:
         """ITM on the batch's positives plus one negative text per image and one negative image per
-        text, mined from the ITC similarities (hardest, or ALBEF's multinomial ``sample``); with
-        MAFA's ``mining``, its partners and labels (converted pairs count as matches)."""
+        text, mined from the ITC similarities (hardest, or ALBEF's multinomial ``sample``), never a
+        pair of ``same_image`` (bool [B, B]) where given; with MAFA's ``mining``, its partners and
+        labels (converted pairs count as matches)."""
         b = image_tokens.shape[0]
         if mining is not None:
             negatives, labels = (mining.neg_text_for_image, mining.neg_image_for_text), mining.neg_labels
         else:
             with torch.no_grad():
                 sim_i2t, sim_t2i = itc.sim_i2t[:, :b].detach(), itc.sim_t2i[:, :b].detach()
-                negatives = sample_negatives(sim_i2t, sim_t2i, generator) if sample else hardest_negatives(sim_i2t, sim_t2i)
+                negatives = (sample_negatives(sim_i2t, sim_t2i, generator, positive_mask=same_image) if sample
+                             else hardest_negatives(sim_i2t, sim_t2i, positive_mask=same_image))
             labels = None
         pairs = itm_pair_indices(*negatives)
         fused = self.model.fuse(text_tokens[pairs.text_index], attention_mask[pairs.text_index],
@@ -149,21 +153,26 @@ class VlpObjective(nn.Module):
 
     @torch.no_grad()
     def measure(self, images: Tensor, input_ids: Tensor, attention_mask: Tensor, mask: MlmMask,
-                parts: tuple[str, ...] = ("mlm",), image: tuple[Tensor, Tensor] | None = None) -> dict[str, Tensor]:
+                parts: tuple[str, ...] = ("mlm",), image: tuple[Tensor, Tensor] | None = None,
+                same_image: Tensor | None = None) -> dict[str, Tensor]:
         """The named losses (``itc``, ``itm``, ``mlm``) of a batch without gradient, in the model's
         current train/eval mode: FALCON's reward re-scores the batch it just trained on with the
         identical MLM ``mask``. ITM negatives are mined again from this pass's ITC similarities;
         the temperature is not clamped (no parameter changes). ``image``: (tokens, projected
-        features) to use instead of encoding ``images`` again (``reward_images: reuse``)."""
+        features) to use instead of encoding ``images`` again (``reward_images: reuse``).
+        ``same_image``: bool [B, B] of pairs sharing an image, removed from ITC and ITM as in training
+        (``pretrain.same_image: mask``)."""
         model = self.model
         image_tokens, image_feat = model.encode_image(images) if image is None else image
         out: dict[str, Tensor] = {}
         if "itc" in parts or "itm" in parts:
             text_tokens, text_feat = model.encode_text(input_ids, attention_mask)
-            itc = itc_grit(image_feat, text_feat, model.temperature(), consistency_weight=self.consistency_weight)
+            itc = itc_grit(image_feat, text_feat, model.temperature(), consistency_weight=self.consistency_weight,
+                           exclude=same_image)
             out["itc"] = itc.loss
             if "itm" in parts:
-                out["itm"] = self._itm_loss(text_tokens, attention_mask, image_tokens, itc, sample=False)
+                out["itm"] = self._itm_loss(text_tokens, attention_mask, image_tokens, itc, sample=False,
+                                            same_image=same_image)
         if "mlm" in parts:
             out["mlm"] = self.mlm_loss(image_tokens, attention_mask, mask)
         return out
