@@ -182,10 +182,10 @@ def evaluate_vqa(ctx: Context) -> dict:
     row = {"split": v.split, "questions": len(dataset)}
     truth = {rec.question_id: rec.answers for rec in dataset.records if rec.answers is not None}
     if len(truth) == len(dataset.records):
-        score = vqa_score(predictions, truth)
+        score = vqa_score(predictions, truth, v.answer_processing)
         row.update(accuracy=score["accuracy"])
     meta = {"dataset": ctx.spec.name, "checkpoint": str(checkpoint), "resolution": resolution, "k": v.k,
-            "candidates": len(answers), "units": "percent"}
+            "candidates": len(answers), "answer_processing": v.answer_processing, "units": "percent"}
     if D.is_main_process():
         result_file = ctx.run.path / "results" / f"vqa_result_{v.split}.json"
         write_json(result_file, [{"question_id": qid, "answer": predictions[qid]}

@@ -556,6 +556,12 @@ class VqaEvalConfig(Section):
     """Candidates kept by first-token probability, then re-scored by full-sequence likelihood."""
     checkpoint: str | None = None
     """The fine-tuned VQA weights (a checkpoint directory); None = this run's ``finetune/vqa/best``."""
+    answer_processing: Literal["official", "normalized"] = "official"
+    """How the local accuracy matches a prediction against the human answers. ``official``: as the
+    official ``vqaEval.py`` and the evaluation server (the prediction is fully normalised; the human
+    answers only lose punctuation, and only when they are not all identical), comparable with published
+    numbers. ``normalized``: the human answers are fully normalised too (case, number words, articles,
+    contractions), a more forgiving score."""
 
 
 class Nlvr2EvalConfig(Section):
