@@ -148,6 +148,9 @@ class RetrievalEvalDataset(LoadedDataset):
 # from COCO's own captions file, matched on image file name and caption text.
 
 
+_COCO_CAPTIONS = "COCO's annotations/captions_val2014.json (from annotations_trainval2014.zip)"
+
+
 def caption_match_key(text: str) -> str:
     """How captions are compared with COCO's: whitespace runs as one space, no leading or trailing
     whitespace, lower case, trailing periods dropped (``"A dog  runs. "`` -> ``"a dog runs"``)."""
@@ -216,17 +219,18 @@ def ids_from_entries(records: list[dict]) -> SplitIds | None:
 def _coco_captions_tables(path: Path) -> tuple[dict[str, int], dict[int, dict[str, list[int]]]]:
     """From COCO's ``captions_*.json``: file name -> image id, and image id -> match key -> caption ids
     (file order)."""
-    hint = "expected COCO's annotations/captions_val2014.json (from annotations_trainval2014.zip)"
+    hint = f"expected {_COCO_CAPTIONS}"
     data = read_json(path)
     if not isinstance(data, dict) or not isinstance(data.get("images"), list) \
             or not isinstance(data.get("annotations"), list):
-        raise FalconError(f"{path}: needs an object with `images` and `annotations` lists, got "
-                          f"{json_type_name(data) if not isinstance(data, dict) else 'keys ' + str(sorted(data))[:80]}; {hint}")
+        got = f"keys {sorted(data)}"[:80] if isinstance(data, dict) else json_type_name(data)
+        raise FalconError(f"{path}: needs an object with `images` and `annotations` lists, got {got}; {hint}")
     by_name: dict[str, int] = {}
     for n, image in enumerate(data["images"]):
         if not isinstance(image, dict) or not isinstance(image.get("id"), int) \
                 or not isinstance(image.get("file_name"), str):
-            raise FalconError(f"{path}: images[{n}] needs an integer `id` and a string `file_name`, got {image!r:.80}; {hint}")
+            raise FalconError(f"{path}: images[{n}] needs an integer `id` and a string `file_name`, "
+                              f"got {image!r:.80}; {hint}")
         name = Path(image["file_name"]).name
         if by_name.setdefault(name, image["id"]) != image["id"]:
             raise FalconError(f"{path}: images[{n}]: file name {name} is listed under two ids "
@@ -252,8 +256,8 @@ def ids_from_coco_captions(records: list[dict], captions_file: str | Path) -> Sp
     """
     path = Path(captions_file).expanduser()
     if not path.is_file():
-        raise FalconError(f"evaluate.retrieval.coco_captions: {path}: {'is a directory' if path.is_dir() else 'file not found'}; "
-                          "point it at COCO's annotations/captions_val2014.json (from annotations_trainval2014.zip)")
+        problem = "is a directory" if path.is_dir() else "file not found"
+        raise FalconError(f"evaluate.retrieval.coco_captions: {path}: {problem}; point it at {_COCO_CAPTIONS}")
     by_name, captions = _coco_captions_tables(path)
     image_ids: list[int | None] = []
     caption_ids: list[int | None] = []
