@@ -8,7 +8,9 @@ Reads top to bottom:
      of every pair with each query's top k re-ranked by the ITM match logit; TR/IR R@1/5/10, and
      the false-negative-aware metrics: on the shapes world every caption the oracle says truly
      describes an image is a positive (R@K, R-Precision, mAP@R); on COCO 5K the ECCV Caption,
-     CxC and COCO 1K/5K metrics through ``eccv_caption``. → ``results/retrieval.{json,csv,md}``;
+     CxC and COCO 1K/5K metrics through ``eccv_caption``, with COCO ids from the entries or matched
+     in COCO's captions file (``evaluate.retrieval.coco_captions``); when none can be computed the
+     reason is printed and recorded. → ``results/retrieval.{json,csv,md}``;
    * ``vqa``: the fine-tuned decoder ranks the answer list; the server-format answers go to
      ``results/vqa_result_<split>.json`` and, where the split has answers, the VQA accuracy to
      ``results/vqa.{json,csv,md}``;
@@ -32,6 +34,7 @@ from falcon_cli.artifacts.run_dir import RunDirectory
 from falcon_cli.config.schema import Recipe
 from falcon_cli.data.collate import Nlvr2Collate, VqaCollate, tokenize
 from falcon_cli.data.datasets import nlvr2_dataset, retrieval_dataset, vqa_answer_list, vqa_dataset
+from falcon_cli.data.retrieval import SplitIds, ids_from_entries, split_ids
 from falcon_cli.data.spec import load_spec
 from falcon_cli.data.tokenizer import load_run_tokenizer
 from falcon_cli.data.transforms import build_transform
@@ -88,7 +91,7 @@ def evaluate_retrieval(ctx: Context) -> dict:
     r, e = ctx.e.retrieval, ctx.e
     k = None if r.itc_only else r.k
     checkpoints = {name: resolve_model(ctx, name) for name in r.models}  # every path checked before any scoring
-    truth, dataset, loaded_at = None, None, None  # truth: (kind, metrics(i2t, t2i)) or None
+    truth, dataset, loaded_at = None, None, None  # truth: (kind, metrics(i2t, t2i) or None, meta)
     rows = []
     for name, checkpoint in checkpoints.items():
         model = albef_from_checkpoint(checkpoint, e.image_size).to(ctx.device)
@@ -107,13 +110,13 @@ def evaluate_retrieval(ctx: Context) -> dict:
                                                             autocast=ctx.autocast()))
             row = {"model": name, "scoring": "itc" if depth is None else f"itc+itm@{depth}", "resolution": resolution,
                    **recall_at_k(i2t, *split_targets(dataset), scores_t2i=t2i)}
-            if truth is not None:
+            if truth[1] is not None:
                 row.update(truth[1](i2t, t2i))
             rows.append({**row, "checkpoint": str(checkpoint)})
         del model, embeddings
-    kind = "none" if truth is None else truth[0]
     meta = {"dataset": ctx.spec.name, "split": r.split, "scoring": "itc" if k is None else "itc+itm",
-            "k": k, "false_negatives": kind, "images": len(dataset), "texts": len(dataset.text), "units": "percent"}
+            "k": k, "false_negatives": truth[0], **truth[2], "images": len(dataset), "texts": len(dataset.text),
+            "units": "percent"}
     if D.is_main_process():
         console.print(write_results(ctx.run, "retrieval", rows, meta,
                                     f"Retrieval on `{r.split}` ({meta['scoring']}{'' if k is None else f', k={k}'}, percent)"))
@@ -129,38 +132,74 @@ def resolve_model(ctx: Context, name: str) -> Path:
     return find_checkpoint(name, f"evaluate.retrieval.models: {name}")
 
 
-def false_negative_truth(ctx: Context, dataset) -> tuple[str, Callable] | None:
-    """``(kind, metrics(i2t, t2i) -> dict)``: the false-negative-aware metrics the split supports
-    (``evaluate.retrieval.false_negatives``); None = none."""
-    wanted = ctx.e.retrieval.false_negatives
-    has_ids = all("image_id" in rec and "caption_ids" in rec for rec in dataset.records)
-    if wanted == "auto":
-        wanted = ("oracle" if ctx.spec.shapes_world is not None else
-                  "eccv" if has_ids and len(dataset) == COCO_TEST_IMAGES else "none")
+def false_negative_truth(ctx: Context, dataset) -> tuple[str, Callable | None, dict]:
+    """``(kind, metrics(i2t, t2i) -> dict, meta)``: the false-negative-aware metrics the split supports
+    (``evaluate.retrieval.false_negatives``); kind ``none`` has no metrics. ``meta`` goes into the
+    results file: where the COCO ids came from and how many matched, and under ``auto`` why metrics
+    were skipped (also printed)."""
+    r = ctx.e.retrieval
+    wanted = r.false_negatives
+    if wanted == "auto" and ctx.spec.shapes_world is not None:
+        wanted = "oracle"
     if wanted == "none":
-        return None
-    if not has_ids:
-        raise FalconError(f"evaluate.retrieval.false_negatives={wanted}: the {ctx.e.retrieval.split} split's entries "
-                          "need image_id and caption_ids (the shapes world and COCO Karpathy files have them)")
-    image_ids = [int(rec["image_id"]) for rec in dataset.records]
-    caption_ids = [int(c) for rec in dataset.records for c in rec["caption_ids"]]
+        return "none", None, {}
     if wanted == "oracle":
-        if ctx.spec.shapes_world is None:
-            raise FalconError(f"evaluate.retrieval.false_negatives=oracle: dataset {ctx.spec.name} has no shapes_world "
-                              "(the oracle exists only for generated shapes worlds); use eccv, auto or none")
-        from falcon_cli.data.shapes.oracle import ShapesOracle
-
-        positives = torch.from_numpy(ShapesOracle.load(ctx.spec.resolve(ctx.spec.shapes_world)).matrix(image_ids, caption_ids))
-        return "oracle", lambda i2t, t2i: fn_aware_retrieval(i2t, positives, "oracle", scores_t2i=t2i)
+        return "oracle", oracle_truth(ctx, dataset), {}
+    ids, problem = coco_test_ids(ctx, dataset)
+    meta = {} if ids is None else {"coco_ids": ids.counts()}
+    if ids is not None and ids.source != "entries" and D.is_main_process():
+        console.print(f"COCO ids from {ids.source}: {ids.summary()} of the {r.split} split matched", markup=False)
+    if problem is not None:
+        if wanted == "eccv":
+            raise FalconError(f"evaluate.retrieval.false_negatives=eccv: {problem}")
+        skipped = f"ECCV Caption, CxC and COCO 1K/5K metrics skipped: {problem}"
+        if D.is_main_process():
+            console.print(skipped, style="yellow", markup=False)  # paths and captions may hold [brackets]
+        return "none", None, {**meta, "false_negatives_skipped": skipped}
     from falcon_cli.evaluation.eccv import check_ids, coco_1k_recalls, eccv_metrics
 
-    check_ids(image_ids, caption_ids)  # before any scoring
+    check_ids(ids.image_ids, ids.caption_ids)  # before any scoring
 
     def eccv(i2t: torch.Tensor, t2i: torch.Tensor) -> dict:
-        return {**eccv_metrics(i2t, image_ids, caption_ids, top_k=ctx.e.retrieval.top_k_lists, scores_t2i=t2i),
+        return {**eccv_metrics(i2t, ids.image_ids, ids.caption_ids, top_k=r.top_k_lists, scores_t2i=t2i),
                 **coco_1k_recalls(i2t, *split_targets(dataset), scores_t2i=t2i)}
 
-    return "eccv", eccv
+    return "eccv", eccv, meta
+
+
+def coco_test_ids(ctx: Context, dataset) -> tuple[SplitIds | None, str | None]:
+    """The split's COCO ids (:func:`split_ids`: ``evaluate.retrieval.coco_captions``, else the entries')
+    and, if ECCV Caption / CxC cannot be computed with them, why (one sentence)."""
+    r = ctx.e.retrieval
+    if len(dataset) != COCO_TEST_IMAGES:
+        return None, (f"the {r.split} split has {len(dataset):,} images, and ECCV Caption and CxC annotate only "
+                      f"the COCO Karpathy 5K test split ({COCO_TEST_IMAGES:,} images)")
+    ids = split_ids(dataset.records, r.coco_captions)
+    if ids is None:
+        return None, (f"the {r.split} split's entries have no image_id and caption_ids (ALBEF's coco_karpathy_test.json "
+                      "has none) and evaluate.retrieval.coco_captions is not set; point it at COCO's "
+                      "annotations/captions_val2014.json to map the captions to COCO ids")
+    if not ids.complete:
+        return ids, (f"only {ids.summary()} of the {r.split} split matched in {ids.source} (first unmatched: "
+                     f"{ids.first_unmatched}); it must be COCO's captions_val2014.json and the split the COCO "
+                     "Karpathy 5K test split")
+    return ids, None
+
+
+def oracle_truth(ctx: Context, dataset) -> Callable:
+    """The shapes oracle's metrics: every caption that truly describes an image is a positive."""
+    if ctx.spec.shapes_world is None:
+        raise FalconError(f"evaluate.retrieval.false_negatives=oracle: dataset {ctx.spec.name} has no shapes_world "
+                          "(the oracle exists only for generated shapes worlds); use eccv, auto or none")
+    ids = ids_from_entries(dataset.records)
+    if ids is None:
+        raise FalconError(f"evaluate.retrieval.false_negatives=oracle: the {ctx.e.retrieval.split} split's entries "
+                          "need image_id and caption_ids (the shapes world writes them); regenerate the world")
+    from falcon_cli.data.shapes.oracle import ShapesOracle
+
+    oracle = ShapesOracle.load(ctx.spec.resolve(ctx.spec.shapes_world))
+    positives = torch.from_numpy(oracle.matrix(ids.image_ids, ids.caption_ids))
+    return lambda i2t, t2i: fn_aware_retrieval(i2t, positives, "oracle", scores_t2i=t2i)
 
 
 # --- VQA ------------------------------------------------------------------------------------------
@@ -182,10 +221,10 @@ def evaluate_vqa(ctx: Context) -> dict:
     row = {"split": v.split, "questions": len(dataset)}
     truth = {rec.question_id: rec.answers for rec in dataset.records if rec.answers is not None}
     if len(truth) == len(dataset.records):
-        score = vqa_score(predictions, truth)
+        score = vqa_score(predictions, truth, v.answer_processing)
         row.update(accuracy=score["accuracy"])
     meta = {"dataset": ctx.spec.name, "checkpoint": str(checkpoint), "resolution": resolution, "k": v.k,
-            "candidates": len(answers), "units": "percent"}
+            "candidates": len(answers), "answer_processing": v.answer_processing, "units": "percent"}
     if D.is_main_process():
         result_file = ctx.run.path / "results" / f"vqa_result_{v.split}.json"
         write_json(result_file, [{"question_id": qid, "answer": predictions[qid]}

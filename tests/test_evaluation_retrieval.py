@@ -6,7 +6,7 @@ import random
 
 import torch
 
-from falcon_cli.evaluation.retrieval import recall_at_k
+from falcon_cli.evaluation.retrieval import recall_at_k, retrieval_ranks
 from tests.conftest import random_captions
 
 
@@ -47,3 +47,20 @@ def test_perfect_and_reversed_rankings():
         perfect[i, caps] = 1
     assert recall_at_k(perfect, img2txt, txt2img)["mean_R"] == 100.0
     assert recall_at_k(-perfect, img2txt, txt2img, ks=(1,))["i2t_R@1"] == 0.0
+
+
+def test_ties_rank_the_lower_index_first():
+    # Every score equal: image 0's caption (text 0) ranks first, image 1's (text 1) second,
+    # so i2t R@1 is 50; each text ranks image 0 first, so t2i R@1 is 50 too. ALBEF's
+    # np.argsort(score)[::-1] puts the later index first on rows this short: 50 and 50 the
+    # other way round (image 1 and text 1 would be the hits).
+    scores = torch.zeros(2, 2)
+    img2txt, txt2img = [[0], [1]], [0, 1]
+    image_ranks, text_ranks = retrieval_ranks(scores, img2txt, txt2img)
+    assert image_ranks.tolist() == [0, 1] and text_ranks.tolist() == [0, 1]
+    result = recall_at_k(scores, img2txt, txt2img, ks=(1,))
+    assert result["i2t_R@1"] == 50.0 and result["t2i_R@1"] == 50.0
+    # A positive tied with a higher-index negative wins; tied with a lower-index one, it loses.
+    scores = torch.tensor([[0.5, 0.5, 0.1]])
+    assert retrieval_ranks(scores, [[0]], [0, 0, 0])[0].tolist() == [0]
+    assert retrieval_ranks(scores, [[1]], [0, 0, 0])[0].tolist() == [1]

@@ -47,6 +47,7 @@ def test_recipe_chain_writes_every_result(run_dir):
 
     retrieval = rows(run_dir, "retrieval")
     assert retrieval["meta"]["false_negatives"] == "oracle" and retrieval["meta"]["units"] == "percent"
+    assert "false_negatives_skipped" not in retrieval["meta"] and "coco_ids" not in retrieval["meta"]
     assert [(r["model"], r["scoring"]) for r in retrieval["rows"]] == [("pretrained", "itc"), ("pretrained", "itc+itm@4")]
     for row in retrieval["rows"]:
         for key in ("i2t_R@1", "t2i_R@10", "mean_R", "oracle_i2t_R@1", "oracle_t2i_R-P", "oracle_i2t_mAP@R"):
@@ -64,6 +65,7 @@ def test_recipe_chain_writes_every_result(run_dir):
     result = json.loads((run_dir / "results" / "vqa_result_test.json").read_text())
     assert [r["question_id"] for r in result] == [q["question_id"] for q in questions]
     assert all(r["answer"] in answers for r in result)
+    assert rows(run_dir, "vqa")["meta"]["answer_processing"] == "official"
     vqa = rows(run_dir, "vqa")["rows"][0]
     assert vqa["split"] == "test" and 0.0 <= vqa["accuracy"] <= 100.0 and vqa["questions"] == len(questions)
 
@@ -104,6 +106,8 @@ def test_resume_after_the_last_epoch_trains_nothing(run_dir):
     (["evaluate", "retrieval", "/nonexistent/run"], "neither a falcon run directory"),
     (["evaluate", "retrieval", "RUN", "--set", "pretrain.epochs=3"], "only evaluate.* keys"),
     (["evaluate", "retrieval", "RUN", "--false-negatives", "eccv"], "COCO Karpathy 5K test split"),
+    (["evaluate", "retrieval", "RUN", "--false-negatives", "eccv", "--coco-captions", "/nonexistent/captions.json"],
+     "COCO Karpathy 5K test split"),
     (["finetune", "--run-dir", "RUN", "--task", "captioning"], "--task captioning: unknown task"),
     (["finetune", "--run-dir", "RUN", "finetune.retrieval.queue_size=30", "--task", "retrieval"], "not a multiple"),
 ])

@@ -556,8 +556,15 @@ class RetrievalEvalConfig(Section):
     false_negatives: Literal["auto", "oracle", "eccv", "none"] = "auto"
     """False-negative-aware metrics: ``oracle`` (the shapes world's compatibility: every truly matching
     item is a positive), ``eccv`` (ECCV Caption, CxC and COCO 1K/5K through the ``eccv_caption`` package;
-    COCO 5K test), ``none``; ``auto`` = the oracle where the dataset has one, ECCV on a 5,000-image split
-    whose entries carry COCO ``image_id`` and ``caption_ids``, else none."""
+    COCO 5K test, needs COCO ids: ``coco_captions`` or entries with ``image_id`` and ``caption_ids``),
+    ``none``; ``auto`` = the oracle where the dataset has one, else ECCV where it can be computed, else
+    none with the reason printed and recorded in the results' ``meta.false_negatives_skipped``."""
+    coco_captions: Path | None = None
+    """COCO's ``annotations/captions_val2014.json`` (relative paths are relative to the working
+    directory): maps the split's images and captions to COCO image and caption ids for ``eccv``, by
+    image file name and caption text (whitespace, case and trailing periods ignored). Needed for ALBEF's
+    ``coco_karpathy_test.json``, whose entries carry no ids; when set it is used even if they do. The
+    match counts go to the results' ``meta.coco_ids``; anything unmatched means no ECCV metrics."""
     top_k_lists: int = Field(50, ge=10)
     """Length of the ranked lists handed to ``eccv_caption`` (at least the largest R: 48)."""
 
@@ -571,6 +578,12 @@ class VqaEvalConfig(Section):
     """Candidates kept by first-token probability, then re-scored by full-sequence likelihood."""
     checkpoint: Annotated[str | None, InputPath()] = None
     """The fine-tuned VQA weights (a checkpoint directory); None = this run's ``finetune/vqa/best``."""
+    answer_processing: Literal["official", "normalized"] = "official"
+    """How the local accuracy matches a prediction against the human answers. ``official``: as the
+    official ``vqaEval.py`` and the evaluation server (the prediction is fully normalised; the human
+    answers only lose punctuation, and only when they are not all identical), comparable with published
+    numbers. ``normalized``: the human answers are fully normalised too (case, number words, articles,
+    contractions), a more forgiving score."""
 
 
 class Nlvr2EvalConfig(Section):

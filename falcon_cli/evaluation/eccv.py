@@ -25,8 +25,8 @@ from falcon_cli.evaluation.multi_positive import multi_positive_metrics, row_blo
 KS = (1, 5, 10)
 COCO_TEST_IMAGES = 5000
 INSTALL_HINT = "pip install eccv-caption (or pip install 'falcon-vlp[eccv]')"
-SPLIT_HINT = ("the split must be the COCO Karpathy 5K test split with `image_id` and `caption_ids` "
-              "(COCO annotation ids) in its entries")
+SPLIT_HINT = ("the split must be the COCO Karpathy 5K test split with COCO ids: evaluate.retrieval.coco_captions "
+              "(COCO's captions_val2014.json), or `image_id` and `caption_ids` (COCO annotation ids) in its entries")
 _TARGETS = ("coco_5k_recalls", "cxc_recalls", "eccv_r1", "eccv_rprecision", "eccv_map_at_r")
 _ECCV_KEYS = {"eccv_r1": "R@1", "eccv_rprecision": "R-P", "eccv_map_at_r": "mAP@R"}
 

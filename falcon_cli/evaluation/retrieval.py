@@ -20,8 +20,11 @@ def retrieval_ranks(scores_i2t: torch.Tensor, img2txt: Sequence[Sequence[int]], 
 
     ``scores_i2t`` is [n_images, n_texts] (higher = more similar); ``scores_t2i`` [n_texts, n_images]
     ranks images for each text (default: the transpose; ITM re-ranking scores the two directions
-    differently). Ties are broken in favour of the lower index, as ``argsort(descending)`` does in
-    the reference code.
+    differently). Equal scores rank in index order: the lower index first (a stable descending
+    sort). ALBEF's ``itm_eval`` ranks with ``np.argsort(score)[::-1]``, the reverse of numpy's
+    default, unstable ascending sort: among equal scores the later index comes first in short rows,
+    and the order is unspecified in long ones. Only a positive tied with a negative at the cut-off
+    can change R@K.
     """
     n_images, n_texts = scores_i2t.shape
     scores = scores_i2t.float()

@@ -1,14 +1,23 @@
 """Standard VQA accuracy (Antol et al. 2015; VQA v2 evaluation rules).
 
-Answers are normalised as the official ``vqaEval.py`` does: lower-case, newlines and tabs
-to spaces, strip; punctuation (``processPunctuation``); number words to digits, articles
-dropped and contractions restored (``processDigitArticle``). A prediction scores, against
-each of the (10) human answers left out in turn, ``min(1, matches among the other 9 / 3)``;
-the accuracy is the mean over the ten leave-one-out subsets.
+A prediction scores, against each of the (10) human answers left out in turn,
+``min(1, matches among the others / 3)``; the accuracy is the mean over the leave-one-out
+subsets. Which strings are compared is set by ``answer_processing``:
 
-Differences from ``vqaEval.py``, on purpose: the prediction and the human answers are
-always normalised (the official script normalises them only when the humans disagree),
-and the answers are compared as normalised strings.
+* ``official`` (default), as the official ``vqaEval.py`` and the evaluation server do: the
+  prediction is always fully normalised (newlines and tabs to spaces, strip;
+  ``processPunctuation``; lower case, number words to digits, articles dropped, contractions
+  restored: ``processDigitArticle``). The human answers are compared as written, except that
+  when they are not all identical each gets ``processPunctuation`` only (no lower-casing, no
+  number words, articles or contractions). So ``"Yes"`` against ten ``"Yes"`` scores 0 (the
+  prediction becomes ``"yes"``, the identical answers stay ``"Yes"``), and ``"dog"`` against
+  eight ``"a dog"`` and two ``"dog"`` scores 0.6.
+* ``normalized``: the human answers get the prediction's full normalisation too, always (a
+  more forgiving score, not comparable with published numbers).
+
+The official script drops the left-out answer by comparing whole answer records, which carry
+distinct ``answer_id``s, so exactly one answer is left out per subset; here answers are left
+out by position, which is the same.
 """
 
 from __future__ import annotations
@@ -57,58 +66,88 @@ _DIGIT_COMMA_DIGIT = re.compile(r"\d,\d")
 # The official pattern's look-behind is misspelt, so in effect a period is dropped unless a
 # digit follows it: "3.5" and ".5" keep theirs, "yes." and "3." lose it.
 _PERIOD = re.compile(r"\.(?!\d)")
+# The official call passes re.UNICODE (32) where ``sub`` takes its count, so at most 32
+# periods are dropped per answer; kept so that no input scores differently.
+_PERIODS_DROPPED = 32
+
+ANSWER_PROCESSING = ("official", "normalized")
+"""How the human answers are processed before matching (see the module docstring)."""
 
 
-def _punctuation(text: str) -> str:
-    """``processPunctuation``: a mark next to a space, or any mark when the text holds a
-    digit-comma-digit ("1,000"), is deleted; otherwise it becomes a space ("black/white")."""
+def process_punctuation(text: str) -> str:
+    """``processPunctuation``: each mark that stands next to a space anywhere in ``text``, and
+    every mark when ``text`` holds a digit-comma-digit ("1,000"), is deleted; otherwise it
+    becomes a space ("black/white"). Then periods not followed by a digit are dropped.
+    Case and spacing are left alone ("a-b - c" -> "ab  c")."""
     delete_all = _DIGIT_COMMA_DIGIT.search(text) is not None
     out = text
     for mark in PUNCTUATION:
+        # The test reads the original text, the replacement the text so far, as officially.
         if delete_all or mark + " " in text or " " + mark in text:
             out = out.replace(mark, "")
         else:
             out = out.replace(mark, " ")
-    return _PERIOD.sub("", out)
+    return _PERIOD.sub("", out, count=_PERIODS_DROPPED)
 
 
-def _digits_articles(text: str) -> str:
-    """``processDigitArticle``: number words to digits, articles dropped, contractions restored."""
+def process_digit_article(text: str) -> str:
+    """``processDigitArticle``: lower case, split on whitespace, number words to digits,
+    articles dropped, contractions restored, joined by single spaces."""
     words = [NUMBER_WORDS.get(word, word) for word in text.lower().split()]
     words = [CONTRACTIONS.get(word, word) for word in words if word not in ARTICLES]
     return " ".join(words)
 
 
 def normalize_answer(text: str) -> str:
-    """The official VQA normalisation: ``"The Two dogs."`` -> ``"2 dogs"``, ``"dont"`` -> ``"don't"``."""
-    text = text.lower().replace("\n", " ").replace("\t", " ").strip()
-    return _digits_articles(_punctuation(text))
+    """The official normalisation of a prediction: ``"The Two dogs."`` -> ``"2 dogs"``, ``"dont"`` -> ``"don't"``."""
+    text = text.replace("\n", " ").replace("\t", " ").strip()
+    return process_digit_article(process_punctuation(text))
 
 
-def vqa_accuracy(prediction: str, answers: Sequence[str]) -> float:
+def _check_processing(processing: str) -> None:
+    if processing not in ANSWER_PROCESSING:
+        raise FalconError(f"evaluate.vqa.answer_processing: unknown value {processing!r}; "
+                          f"use {' or '.join(ANSWER_PROCESSING)}")
+
+
+def human_answers_as_compared(answers: Sequence[str], processing: str = "official") -> list[str]:
+    """The human answers as a prediction is matched against them (``processing``: module docstring)."""
+    _check_processing(processing)
+    if processing == "normalized":
+        return [normalize_answer(answer) for answer in answers]
+    if len(set(answers)) > 1:  # officially only answers that disagree are processed, and only for punctuation
+        return [process_punctuation(answer) for answer in answers]
+    return list(answers)
+
+
+def vqa_accuracy(prediction: str, answers: Sequence[str], processing: str = "official") -> float:
     """Accuracy in [0, 1] of one prediction against the human answers (10 in VQA v2).
 
-    Mean over answers ``i`` of ``min(1, #(other answers equal to the prediction) / 3)``,
-    after :func:`normalize_answer` on all of them.
+    Mean over answers ``i`` of ``min(1, #(other answers equal to the prediction) / 3)``;
+    the prediction is :func:`normalize_answer`-ed, the answers processed as
+    :func:`human_answers_as_compared` says for ``processing`` (``official`` or ``normalized``).
     """
     if len(answers) == 0:
         raise FalconError("a VQA question has no ground-truth answers: check the annotation file's `answers` field")
     predicted = normalize_answer(prediction)
-    normalised = [normalize_answer(answer) for answer in answers]
-    matches = sum(answer == predicted for answer in normalised)
+    compared = human_answers_as_compared(answers, processing)
+    matches = sum(answer == predicted for answer in compared)
     total = 0.0
-    for answer in normalised:
+    for answer in compared:
         others = matches - (answer == predicted)
         total += min(1.0, others / 3.0)
-    return total / len(normalised)
+    return total / len(compared)
 
 
-def vqa_score(predictions: Mapping[Hashable, str], ground_truth: Mapping[Hashable, Sequence[str]]) -> dict:
+def vqa_score(predictions: Mapping[Hashable, str], ground_truth: Mapping[Hashable, Sequence[str]],
+              processing: str = "official") -> dict:
     """``{"accuracy": percent over questions, "questions": n, "missing": m}``.
 
     A question without a prediction scores 0 and is counted in ``missing``; a prediction
-    for a question id absent from the ground truth is an error.
+    for a question id absent from the ground truth is an error. ``processing``: see
+    :func:`vqa_accuracy`.
     """
+    _check_processing(processing)
     if not ground_truth:
         raise FalconError("the VQA ground truth is empty: check the annotation file")
     unknown = [qid for qid in predictions if qid not in ground_truth]
@@ -119,7 +158,7 @@ def vqa_score(predictions: Mapping[Hashable, str], ground_truth: Mapping[Hashabl
     missing = 0
     for qid, answers in ground_truth.items():
         if qid in predictions:
-            total += vqa_accuracy(predictions[qid], answers)
+            total += vqa_accuracy(predictions[qid], answers, processing)
         else:
             missing += 1
     return {"accuracy": 100.0 * total / len(ground_truth), "questions": len(ground_truth), "missing": missing}
