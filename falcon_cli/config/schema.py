@@ -559,7 +559,7 @@ class RetrievalEvalConfig(Section):
     COCO 5K test, needs COCO ids: ``coco_captions`` or entries with ``image_id`` and ``caption_ids``),
     ``none``; ``auto`` = the oracle where the dataset has one, else ECCV where it can be computed, else
     none with the reason printed and recorded in the results' ``meta.false_negatives_skipped``."""
-    coco_captions: Path | None = None
+    coco_captions: Annotated[Path | None, InputPath()] = None
     """COCO's ``annotations/captions_val2014.json`` (relative paths are relative to the working
     directory): maps the split's images and captions to COCO image and caption ids for ``eccv``, by
     image file name and caption text (whitespace, case and trailing periods ignored). Needed for ALBEF's
