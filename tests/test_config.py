@@ -86,7 +86,7 @@ def test_recipe_base_merges_sections_and_refuses_cycles(tmp_path, monkeypatch):
     write(tmp_path / "lab-base.yaml", "seed: 3\ndata: {dataset: x}\npretrain: {batch_size: 8, epochs: 4}\n")
     write(tmp_path / "lab-child.yaml", "# falcon pretrain --recipe lab-child\nbase: lab-base\npretrain: {epochs: 2}\n")
     config, path = load_recipe("lab-child", ["pretrain.lr=0.01"])
-    assert config.name == "lab-child" and config.seed == 3 and str(config.data.dataset) == "x"
+    assert config.name == "lab-child" and config.seed == 3 and config.data.dataset == Path.cwd() / "x"
     assert (config.pretrain.batch_size, config.pretrain.epochs, config.pretrain.lr) == (8, 2, 0.01)
     write(tmp_path / "lab-a.yaml", "base: lab-b\n")
     write(tmp_path / "lab-b.yaml", "base: lab-a\n")
@@ -159,3 +159,29 @@ def test_recipe_file_errors_name_the_file(tmp_path):
 def test_valid_keys_cover_nested_sections():
     keys = valid_keys()
     assert {"seed", "data.dataset", "data.shapes.images", "data.shapes.seed"} <= set(keys)
+
+
+def test_input_paths_become_absolute_against_the_working_directory(tmp_path, monkeypatch):
+    """Paths, path-or-name values (only when they exist), prefixed paths and keywords, as a recipe resolves them."""
+    from falcon_cli.config.paths import absolute_input_paths
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bert-local").mkdir()
+    (tmp_path / "runs" / "demo").mkdir(parents=True)
+    config, _ = load_recipe("shapes-demo", [
+        "data.dataset=data/w", "pretrain.text_weights=bert-local", "pretrain.vision_weights=timm:deit_tiny_patch16_224",
+        "pretrain.srcl.aux_embeddings=../elsewhere/aux.h5", "embed.encoder=falcon:runs/demo",
+        "audit.judge_model=Salesforce/blip-itm-base-coco", "evaluate.retrieval.models=[pretrained, runs/demo/checkpoints/1]",
+        "pretrain.search_spaces=run", "finetune.checkpoint=/abs/run"])
+    assert config.data.dataset == tmp_path / "data" / "w"
+    assert config.pretrain.text_weights == str(tmp_path / "bert-local")          # exists: a local directory
+    assert config.pretrain.vision_weights == "timm:deit_tiny_patch16_224"        # a name, not a file here
+    assert config.pretrain.srcl.aux_embeddings == tmp_path.parent / "elsewhere" / "aux.h5"  # '..' folded
+    assert config.embed.encoder == f"falcon:{tmp_path / 'runs' / 'demo'}"
+    assert config.audit.judge_model == "Salesforce/blip-itm-base-coco"          # a hub id
+    assert config.evaluate.retrieval.models == ["pretrained", str(tmp_path / "runs/demo/checkpoints/1")]
+    assert config.pretrain.search_spaces == "run" and config.finetune.checkpoint == "/abs/run"
+    assert config.data.tokenizer == "wordpiece"
+    # Resolving again (a stored config read from another directory) changes nothing that is absolute.
+    again = absolute_input_paths(config.model_copy(deep=True), tmp_path / "other")
+    assert again.model_dump() == config.model_dump()
