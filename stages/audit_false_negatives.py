@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import torch
 from rich.table import Table
 
 from falcon_cli.artifacts.atomic import atomic_dir, write_json, write_text
@@ -30,6 +31,7 @@ from falcon_cli.artifacts.tables import AUDIT, write_table
 from falcon_cli.audit import report
 from falcon_cli.audit.negatives import false_negative_rates, judge_negatives, used_negatives
 from falcon_cli.config.schema import Recipe
+from falcon_cli.data.shared_images import SharedImages
 from falcon_cli.errors import FalconError
 from falcon_cli.judges import load_judge
 from falcon_cli.judges.pairs import DatasetPairs
@@ -67,7 +69,9 @@ def _audit(config: Recipe, run: RunDirectory) -> dict:
     if kind == "oracle" and world is None:
         raise FalconError(f"audit.judge=oracle: {config.data.dataset} is not a shapes world (no shapes_world in its "
                           "dataset.yaml), so it has no oracle; use --judge blip or --judge checkpoint")
-    pair_at = DatasetPairs(pretrain_dataset(spec, transform=None, on_missing=config.data.on_missing, seed=config.seed))
+    dataset = pretrain_dataset(spec, transform=None, on_missing=config.data.on_missing, seed=config.seed)
+    pair_at = DatasetPairs(dataset)
+    shared = SharedImages(dataset.records)  # pairs that show one image: false negatives by construction
 
     def features(epoch: int):
         path = run.path / "embeddings" / f"epoch_{epoch:03d}.h5"
@@ -85,7 +89,8 @@ def _audit(config: Recipe, run: RunDirectory) -> dict:
         oracle = judge if isinstance(judge, OracleJudge) else OracleJudge(world)
 
     # 2. The negatives the run used, over whole steps evenly spread within the budget.
-    negatives = used_negatives(log, kinds=a.negatives, features=features, max_pairs=a.max_pairs, max_steps=a.steps)
+    negatives = used_negatives(log, kinds=a.negatives, features=features, max_pairs=a.max_pairs, max_steps=a.steps,
+                               same_image=shared.mask if config.pretrain.same_image == "mask" else None)
     if negatives.empty:
         raise FalconError(f"{log_path}: no {' or '.join(a.negatives)} negatives to audit (uniform batches have no chain "
                           "negatives: add itm to audit.negatives; or raise audit.max_pairs)")
@@ -100,7 +105,9 @@ def _audit(config: Recipe, run: RunDirectory) -> dict:
 
     # 4. The tables.
     truth = report.truth_column(audit)
-    overall = report.overall_rates(audit)
+    same_image = (shared.images(torch.as_tensor(audit["image_pair"].to_numpy()))
+                  == shared.images(torch.as_tensor(audit["caption_pair"].to_numpy()))).numpy()
+    overall = report.overall_rates(audit, same_image)
     rates = false_negative_rates(audit, hardness_buckets=a.hardness_buckets, step_windows=a.step_windows)
     windows = false_negative_rates(audit, hardness_buckets=None, step_windows=a.step_windows)
     curve = report.filter_curve(audit, a.filter_thresholds, truth=truth)

@@ -40,7 +40,8 @@ COLUMNS = ["epoch", "step", "rank", "train_step", "kind", "anchor", "negative", 
 
 def used_negatives(log: pd.DataFrame, *, kinds: tuple[str, ...] | list[str] = KINDS,
                    features: Callable[[int], Embeddings] | None = None, max_pairs: int | None = None,
-                   max_steps: int | None = None) -> pd.DataFrame:
+                   max_steps: int | None = None, same_image: Callable[[torch.Tensor], torch.Tensor] | None = None
+                   ) -> pd.DataFrame:
     """The negatives of a batch log, one row per (kind, anchor, negative, direction).
 
     Columns (:data:`COLUMNS`): ``epoch``, ``step``, ``rank``, ``train_step`` (0-based position of
@@ -48,7 +49,9 @@ def used_negatives(log: pd.DataFrame, *, kinds: tuple[str, ...] | list[str] = KI
     ``negative``, ``direction``, ``image_pair`` / ``caption_pair`` (whose image and whose
     caption the judged pair combines), ``q``, ``hardness``, ``similarity`` (chain: the
     composer's similarity to the anchor; itm: the ITC cosine of the judged pair), ``sampler``.
-    ``features(epoch)``: that epoch's embedding cache (needed for ``itm``). ``max_pairs`` /
+    ``features(epoch)``: that epoch's embedding cache (needed for ``itm``). ``same_image(pair_ids)``:
+    bool [B, B] of the batch's pairs that share an image, for a run that kept them out of ITM mining
+    (``pretrain.same_image: mask``; :meth:`~falcon_cli.data.shared_images.SharedImages.mask`). ``max_pairs`` /
     ``max_steps``: keep whole training steps, evenly spaced from the first to the last, so that
     at most this many rows / steps remain (a long run audits in bounded time).
     """
@@ -73,7 +76,7 @@ def used_negatives(log: pd.DataFrame, *, kinds: tuple[str, ...] | list[str] = KI
     if "chain" in kinds:
         parts.append(_chain_rows(chained))
     if "itm" in kinds:
-        parts.append(_itm_rows(log, features))
+        parts.append(_itm_rows(log, features, same_image))
     out = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=COLUMNS)
     return out.sort_values(["train_step", "rank", "kind", "anchor", "direction"], kind="stable").reset_index(drop=True)
 
@@ -109,8 +112,10 @@ def _chain_rows(chained: pd.DataFrame) -> pd.DataFrame:
     return _both_directions(base)
 
 
-def _itm_rows(log: pd.DataFrame, features: Callable[[int], Embeddings]) -> pd.DataFrame:
-    """Each anchor's hardest in-batch negative by ITC similarity, from the epoch's embedding cache."""
+def _itm_rows(log: pd.DataFrame, features: Callable[[int], Embeddings],
+              same_image: Callable[[torch.Tensor], torch.Tensor] | None = None) -> pd.DataFrame:
+    """Each anchor's hardest in-batch negative by ITC similarity, from the epoch's embedding cache (never a
+    pair that shares its image, with ``same_image``, as in training)."""
     from falcon_cli.objectives.itm import hardest_negatives
     from falcon_cli.runtime.progress import track
 
@@ -131,8 +136,9 @@ def _itm_rows(log: pd.DataFrame, features: Callable[[int], Embeddings]) -> pd.Da
             image = torch.from_numpy(np.asarray(cache.image[batch["_row"].to_numpy()], dtype=np.float32))
             text = torch.from_numpy(np.asarray(cache.text[batch["_row"].to_numpy()], dtype=np.float32))
             sim = image @ text.t()  # [images, texts]; the ITC logits up to the temperature, which argmax ignores
-            neg_text, neg_image = hardest_negatives(sim, sim.t())
             pairs = batch["pair_id"].to_numpy(np.int64)
+            shared = same_image(torch.from_numpy(pairs)) if same_image is not None else None
+            neg_text, neg_image = hardest_negatives(sim, sim.t(), positive_mask=shared)
             common = dict(epoch=batch["epoch"].astype("int64").to_numpy(), step=batch["step"].astype("int64").to_numpy(),
                           rank=batch["rank"].astype("int64").to_numpy(), train_step=batch["train_step"].to_numpy(np.int64),
                           kind="itm", anchor=pairs, q=batch["q"].astype("float64").to_numpy(),

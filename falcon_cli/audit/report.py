@@ -16,10 +16,16 @@ def truth_column(audit: pd.DataFrame) -> str:
     return "oracle" if len(audit) and audit["oracle"].notna().all() else "is_false_negative"
 
 
-def overall_rates(audit: pd.DataFrame) -> pd.DataFrame:
+def overall_rates(audit: pd.DataFrame, same_image: np.ndarray | None = None) -> pd.DataFrame:
     """Per kind (and ``all``): ``negatives``, ``false_negatives`` (judge), ``rate`` and, where the
-    data has an oracle, ``oracle_false_negatives`` / ``oracle_rate``."""
+    data has an oracle, ``oracle_false_negatives`` / ``oracle_rate``. ``same_image`` (bool, one per
+    row of ``audit``: the judged image and caption come from pairs that show the same image) adds
+    ``same_image`` (how many such negatives), ``same_image_false_negatives`` (of those, the truly
+    matching ones, by the oracle or else the judge) and ``same_image_share`` (their share of all the
+    kind's false negatives)."""
     with_oracle = truth_column(audit) == "oracle"
+    truth = audit["oracle"].astype(bool) if with_oracle else audit["is_false_negative"].astype(bool)
+    same = pd.Series(np.asarray(same_image, dtype=bool), index=audit.index) if same_image is not None else None
     rows = []
     for kind, part in [*audit.groupby("kind", sort=True), ("all", audit)]:
         flagged = int(part["is_false_negative"].sum())
@@ -27,6 +33,10 @@ def overall_rates(audit: pd.DataFrame) -> pd.DataFrame:
         if with_oracle:
             true = int(part["oracle"].astype(bool).sum())
             row.update(oracle_false_negatives=true, oracle_rate=true / max(1, len(part)))
+        if same is not None:
+            shared, matching = same[part.index], truth[part.index]
+            row.update(same_image=int(shared.sum()), same_image_false_negatives=int((shared & matching).sum()),
+                       same_image_share=float((shared & matching).sum() / matching.sum()) if matching.any() else None)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -120,7 +130,9 @@ def audit_markdown(*, run: str, judge: str, threshold: float, truth: str, steps:
              f"- audited: {audited} training steps, from step {first} to step {last}",
              *[f"- {note}" for note in notes], "",
              "## False-negative rate of the used negatives\n",
-             markdown_table(overall, percent=("rate", "oracle_rate")),
+             "`same_image`: negatives whose image and caption come from pairs that show the same image (false "
+             "by construction); `same_image_share`: their share of the false negatives.\n",
+             markdown_table(overall, percent=("rate", "oracle_rate", "same_image_share")),
              "## By hardness (q) and training-step window (Figure 2, top left)\n",
              markdown_table(rates.drop(columns=["bucket"]), percent=("rate",)),
              "## Left after filtering by the judge's score (Figure 2, bottom left)\n",
