@@ -319,7 +319,7 @@ def test_audit_false_negatives_refuses_bad_input_without_touching_the_run(falcon
 # --- false-negative methods from the command line (two short epochs each). DiHT and SRCL change only the ITC
 # (tests/test_vlp_objective.py); SRCL's input is checked below, in process. -----------------------------------
 FN_METHODS = {
-    "mafa": ["pretrain.false_negatives=mafa", "pretrain.mafa.judge=oracle", "pretrain.itc_consistency_weight=0"],
+    "mafa": ["pretrain.false_negatives=mafa", "pretrain.mafa.judge=oracle"],
     "glofnd": ["pretrain.false_negatives=glofnd", "pretrain.glofnd.alpha=0.3", "pretrain.glofnd.lr=0.5",
                "pretrain.glofnd.start_epoch=0"],
 }
@@ -345,6 +345,41 @@ def test_false_negative_methods_train_from_the_cli(world, reference_run, tmp_pat
         assert [r["epoch"] for r in summaries] == [0, 1] and all(r["glofnd_lambda_image"] < 1.0 for r in steps)
         assert (run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip() / "glofnd.safetensors").exists()
 
+
+
+@pytest.mark.parametrize("overrides,weight", [
+    ([], 0.2), (["pretrain.false_negatives=glofnd"], 0.0), (["pretrain.false_negatives=diht"], 0.0),
+    (["pretrain.false_negatives=mafa", "pretrain.mafa.judge=oracle", "pretrain.composer=falcon"], 0.0),
+    (["pretrain.false_negatives=srcl", "AUX"], 0.0),
+    (["pretrain.false_negatives=glofnd", "pretrain.itc_consistency_weight=0.3"], 0.3)])
+def test_the_stage_hands_the_objective_the_methods_consistency_weight(world, reference_run, tmp_path, monkeypatch,
+                                                                       overrides, weight):
+    """In process: the pretrain stage builds its objective with the resolved weight (stopped right there)."""
+    import shutil
+
+    import stages.pretrain as stage
+    from falcon_cli.artifacts.run_dir import RunDirectory
+    from falcon_cli.config.recipes import load_recipe
+
+    class Built(Exception):
+        pass
+
+    seen = {}
+
+    def objective(model, **kwargs):
+        seen.update(kwargs)
+        raise Built
+
+    monkeypatch.setattr(stage, "VlpObjective", objective)
+    aux = f"pretrain.srcl.aux_embeddings={reference_run / 'embeddings' / 'epoch_001.h5'}"
+    overrides = [aux if o == "AUX" else o for o in overrides]
+    config, _ = load_recipe("shapes-demo", [f"data.dataset={world}", *TINY, "pretrain.device=cpu", *overrides])
+    assert config.pretrain.itc_consistency_weight == weight
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_run / "data" / "tokenizer", run_dir / "data" / "tokenizer")  # all it reads before
+    with pytest.raises(Built):
+        stage.run(config, RunDirectory(run_dir))
+    assert seen["consistency_weight"] == weight and seen["false_negatives"].name == config.pretrain.false_negatives
 
 
 def test_srcl_reads_its_auxiliary_features_by_pair_id_and_refuses_a_missing_file(world, reference_run, tmp_path):

@@ -57,6 +57,16 @@ class DataConfig(Section):
     """Vocabulary size when ``tokenizer`` is ``wordpiece``."""
 
 
+FalseNegativeMethod = Literal["none", "mafa", "srcl", "diht", "glofnd"]
+"""The values of ``pretrain.false_negatives``."""
+
+ITC_CONSISTENCY_WEIGHT: dict[str, float] = {"none": 0.2, "mafa": 0.0, "srcl": 0.0, "diht": 0.0, "glofnd": 0.0}
+"""Each method's own weight of GRIT-VLP's ITC consistency term, the value ``pretrain.itc_consistency_weight``
+takes when it is left unset: GRIT-VLP trains the term at 0.2 (hard-coded in its code), and so do the
+composers built on it (FALCON, quantiles, uniform); MAFA's code removes it; SRCL, DiHT and GloFND
+have no such term (docs/methods.md, "Which losses each method trains")."""
+
+
 class MafaConfig(Section):
     """MAFA (``pretrain.false_negatives: mafa``): efficient connection mining with a frozen
     connection discriminator, plus S-ITC label smoothing (docs/methods.md)."""
@@ -143,8 +153,11 @@ class PretrainConfig(Section):
     # -- objectives ------------------------------------------------------------------------
     itc: Literal["grit", "momentum"] = "grit"
     """ITC variant: ``grit`` (in-batch, soft pseudo targets, FALCON's default) or ``momentum`` (ALBEF's distillation)."""
-    itc_consistency_weight: float = 0.2
-    """Weight of GRIT's consistency (soft pseudo target) term."""
+    itc_consistency_weight: float | None = Field(None, ge=0.0)
+    """Weight of GRIT-VLP's ITC consistency (soft pseudo target) term. None (the default) = the
+    method's own (``false_negatives``): 0.2 for ``none`` (GRIT-VLP, FALCON), 0 for ``mafa``, ``srcl``,
+    ``diht`` and ``glofnd``, whose papers do not train it. Resolved when the config is validated,
+    so the run's config.yaml, its manifest and ``falcon recipes show`` hold the number trained."""
     momentum: float = 0.995
     """EMA momentum of the momentum encoders (``itc: momentum``)."""
     queue_size: int = 65536
@@ -257,7 +270,7 @@ class PretrainConfig(Section):
     """Zero-shot ITC retrieval on this retrieval split at the end (None = skip)."""
 
     # -- false negatives -------------------------------------------------------------------
-    false_negatives: Literal["none", "mafa", "srcl", "diht", "glofnd"] = "none"
+    false_negatives: FalseNegativeMethod = "none"
     """How the losses treat likely false negatives (combines with any composer): ``mafa`` (connection
     mining + S-ITC), ``srcl`` (similarity-regulated weights), ``diht`` (HN-NCE), ``glofnd`` (learned
     thresholds); ``none`` = plain ITC. All need ``itc: grit``."""
@@ -276,6 +289,8 @@ class PretrainConfig(Section):
             raise ValueError(f"false_negatives={self.false_negatives} works on the in-batch ITC; set itc: grit")
         if self.mafa.low > self.mafa.high:
             raise ValueError(f"mafa.low ({self.mafa.low}) must not exceed mafa.high ({self.mafa.high})")
+        if self.itc_consistency_weight is None:  # the one place a method's own loss is filled in
+            self.itc_consistency_weight = ITC_CONSISTENCY_WEIGHT[self.false_negatives]
         return self
 
 
