@@ -439,7 +439,8 @@ def build_false_negatives(config: Recipe, spec, dataset, device: torch.device, r
                               "dataset's pretraining split (embed.split=pretrain)")
         return methods.Srcl(cache.get, delta=p.srcl.delta, until=p.srcl.mix_until), truth
     if p.false_negatives == "glofnd":
-        glofnd = methods.Glofnd(dataset.pair_ids, alpha=p.glofnd.alpha, lr=p.glofnd.lr, start_epoch=p.glofnd.start_epoch)
+        glofnd = methods.Glofnd(dataset.pair_ids, alpha=p.glofnd.alpha, lr=p.glofnd.lr, start_epoch=p.glofnd.start_epoch,
+                                adam_step=p.glofnd.adam_step)
         glofnd.thresholds.to(device)
         return glofnd, truth
     if p.false_negatives == "mafa":

@@ -136,6 +136,12 @@ class GlofndConfig(Section):
     start_epoch: int = Field(1, ge=0)
     """First epoch in which thresholds are learned and negatives dropped."""
 
+    adam_step: Literal["epoch", "count"] = "epoch"
+    """The step count t of the threshold Adam's bias correction (1 − β^t): ``epoch`` = the 0-based
+    training epoch + 1 for every pair (the authors' code, so the baseline reproduces it); ``count`` =
+    each pair's own number of updates (textbook per-index Adam). They differ when ``start_epoch`` > 0:
+    ``epoch`` takes smaller first steps (0.74 × lr from epoch 1, 0.46 × lr from epoch 15)."""
+
 
 class PretrainConfig(Section):
     """ALBEF pretraining: model, objectives, batch composition, optimisation, checkpoints."""

@@ -117,15 +117,18 @@ class Glofnd(FalseNegatives):
     in-batch negatives above them are dropped from the ITC denominators, from ``start_epoch`` on.
 
     Under DDP each rank updates the thresholds of its own batch; the updated rows (thresholds and
-    Adam state) are then all-gathered, so every rank holds the same thresholds for every pair."""
+    Adam state) are then all-gathered, so every rank holds the same thresholds for every pair.
+    ``adam_step``: Adam's bias-correction step, ``epoch`` (``t = epoch + 1``, the authors' code)
+    or ``count`` (each pair's own number of updates); see :mod:`falcon_cli.objectives.glofnd`."""
 
     name = "glofnd"
 
-    def __init__(self, pair_ids, *, alpha: float = 0.01, lr: float = 0.05, start_epoch: int = 1):
+    def __init__(self, pair_ids, *, alpha: float = 0.01, lr: float = 0.05, start_epoch: int = 1,
+                 adam_step: str = "epoch"):
         super().__init__()
         from falcon_cli.objectives.glofnd import GlofndThresholds
 
-        self.thresholds = GlofndThresholds(pair_ids, alpha, lr=lr)
+        self.thresholds = GlofndThresholds(pair_ids, alpha, lr=lr, adam_step=adam_step)
         self.start_epoch = int(start_epoch)
 
     def itc(self, image_feat, text_feat, temperature, consistency_weight, context):
@@ -136,7 +139,7 @@ class Glofnd(FalseNegatives):
             self.flagged_i2t, self.mining, self.stats = None, None, {}
             return itc_grit(image_feat, text_feat, temperature, consistency_weight=consistency_weight)
         cos_i2t, cos_t2i = cosine_matrices(image_feat.detach(), text_feat.detach())
-        lambda_image, lambda_text = self.thresholds.update(context.pair_ids, cos_i2t, cos_t2i)
+        lambda_image, lambda_text = self.thresholds.update(context.pair_ids, cos_i2t, cos_t2i, epoch=context.epoch)
         self._share_updates(context.pair_ids)
         itc, drop_i2t, drop_t2i = itc_glofnd(image_feat, text_feat, temperature, lambda_image=lambda_image.to(image_feat.device),
                                              lambda_text=lambda_text.to(image_feat.device), consistency_weight=consistency_weight)
