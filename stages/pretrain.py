@@ -463,6 +463,6 @@ def build_false_negatives(config: Recipe, spec, dataset, device: torch.device, r
                                          caption_id=text.caption_id))
             return torch.from_numpy(judge.score(judged)).float()
 
-        return methods.Mafa(discriminator, high=m.high, low=m.low, smoothing=m.smoothing), truth
+        return methods.Mafa(discriminator, high=m.high, low=m.low, smoothing=m.smoothing, mlm_pairs=m.mlm_pairs), truth
     return methods.PlainItc(), truth
 

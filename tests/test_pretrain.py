@@ -385,6 +385,7 @@ def _glofnd_resumes_exactly(run_dir, world, extra, expected):
     ([], 0.2), (["pretrain.false_negatives=glofnd"], 0.0), (["pretrain.false_negatives=diht"], 0.0),
     (["pretrain.false_negatives=glofnd", "pretrain.glofnd.adam_step=count"], 0.0),
     (["pretrain.false_negatives=mafa", "pretrain.mafa.judge=oracle", "pretrain.composer=falcon"], 0.0),
+    (["pretrain.false_negatives=mafa", "pretrain.mafa.judge=oracle", "pretrain.mafa.mlm_pairs=distinct"], 0.0),
     (["pretrain.false_negatives=srcl", "AUX"], 0.0),
     (["pretrain.false_negatives=glofnd", "pretrain.itc_consistency_weight=0.3"], 0.3)])
 def test_the_stage_hands_the_objective_the_methods_consistency_weight(world, reference_run, tmp_path, monkeypatch,
@@ -417,6 +418,8 @@ def test_the_stage_hands_the_objective_the_methods_consistency_weight(world, ref
     assert seen["consistency_weight"] == weight and seen["false_negatives"].name == config.pretrain.false_negatives
     if config.pretrain.false_negatives == "glofnd":  # and GloFND its threshold Adam's bias-correction mode
         assert seen["false_negatives"].thresholds.adam_step == config.pretrain.glofnd.adam_step
+    if config.pretrain.false_negatives == "mafa":  # and MAFA which extra MLM pairs it adds
+        assert seen["false_negatives"].mlm_pairs == config.pretrain.mafa.mlm_pairs
 
 
 def test_srcl_reads_its_auxiliary_features_by_pair_id_and_refuses_a_missing_file(world, reference_run, tmp_path):

@@ -143,6 +143,26 @@ def test_each_false_negative_method_trains_its_papers_consistency_weight(model):
     model.train()
 
 
+def test_an_extra_mlm_pair_listed_twice_counts_twice(model):
+    """MAFA's extra MLM pairs (mlm_pairs=per_direction lists a pair converted both ways twice): each entry is one
+    more (image, masked caption) row in the token mean, with the caption's own mask."""
+    objective = VlpObjective(model).eval()
+    images, ids, attention, mask = batch(seed=4)
+    one, two = (torch.tensor([1]), torch.tensor([2])), (torch.tensor([1, 1]), torch.tensor([2, 2]))
+    with torch.no_grad():
+        image_tokens, _ = model.encode_image(images)
+        plain = objective.mlm_loss(image_tokens, attention, mask)
+        once = objective.mlm_loss(image_tokens, attention, mask, extra=one)
+        twice = objective.mlm_loss(image_tokens, attention, mask, extra=two)
+    n_batch, n_pair = int(mask.selected.sum()), int(mask.selected[2].sum())
+    assert n_pair > 0
+    total = plain * n_batch
+    pair = once * (n_batch + n_pair) - total                          # the extra row's summed token loss
+    assert torch.allclose(twice, (total + 2 * pair) / (n_batch + 2 * n_pair), atol=1e-5)
+    assert not torch.allclose(twice, once)
+    model.train()
+
+
 def test_neutral_false_negative_methods_equal_plain_itc(model):
     from falcon_cli.objectives.false_negatives import Diht, Glofnd, Mafa, PlainItc, Srcl, StepContext
 
@@ -181,7 +201,7 @@ def test_active_false_negative_methods_change_the_loss_and_report(model):
     assert set(calls[0][0]) <= set(ids.tolist()) and set(calls[0][1]) <= set(ids.tolist())
     assert mafa.stats["fn_converted_i2t"] == 6 and mafa.stats["fn_converted_t2i"] == 6
     assert mafa.mining.neg_labels.tolist() == [1] * 12, "converted pairs are ITM matches"
-    assert len(mafa.mining.mlm_image_index) > 0 and int(mafa.flagged_i2t.sum()) == 6
+    assert len(mafa.mining.mlm_image_index) == 12 and int(mafa.flagged_i2t.sum()) == 6, "an MLM pair per conversion"
     for part in ("itc", "itm", "mlm"):
         assert not torch.allclose(getattr(out, part), getattr(plain, part)), part
 

@@ -90,6 +90,11 @@ class MafaConfig(Section):
     smoothing: float = Field(0.5, ge=0.0, le=1.0)
     """S-ITC label smoothing α of the ITC targets, from epoch 1 on (0 in epoch 0)."""
 
+    mlm_pairs: Literal["per_direction", "distinct"] = "per_direction"
+    """Extra MLM pairs: one per conversion (``per_direction``, MAFA's code: a pair converted from
+    both its image and its caption joins the MLM set twice) or one per distinct converted pair
+    (``distinct``). Extra pairs reuse their caption's mask (MAFA masks each appended row afresh)."""
+
     batch_size: int = Field(64, ge=1)
     """Pairs per discriminator forward pass (model discriminators)."""
 

@@ -169,15 +169,18 @@ class Mafa(FalseNegatives):
 
     ``discriminator(image_pair_ids, text_pair_ids, epoch)`` returns p(match) [n] for pairs made of
     one batch pair's image and another's caption (any judge: a falcon checkpoint's ITM head, BLIP,
-    the shapes oracle). It is called once per step for the 2B hardest candidates."""
+    the shapes oracle). It is called once per step for the 2B hardest candidates. ``mlm_pairs``:
+    the extra MLM pairs, one per conversion (``per_direction``, MAFA's code) or per distinct pair
+    (``distinct``); see :mod:`falcon_cli.objectives.mafa`."""
 
     name = "mafa"
 
     def __init__(self, discriminator: Callable[[Tensor, Tensor, int], Tensor], *, high: float = 0.8, low: float = 0.5,
-                 smoothing: float = 0.5):
+                 smoothing: float = 0.5, mlm_pairs: str = "per_direction"):
         super().__init__()
         self.discriminator = discriminator
         self.high, self.low, self.smoothing = float(high), float(low), float(smoothing)
+        self.mlm_pairs = mlm_pairs
 
     def itc(self, image_feat, text_feat, temperature, consistency_weight, context):
         from falcon_cli.objectives.common import as_temperature
@@ -195,7 +198,7 @@ class Mafa(FalseNegatives):
             tau = as_temperature(temperature)
             tau = tau.detach() if isinstance(tau, Tensor) else tau
             sim = v @ t.t() / tau  # rows images; its transpose is the text-anchor view
-            mining = connection_mining(sim, sim.t(), score, high=self.high, low=self.low)
+            mining = connection_mining(sim, sim.t(), score, high=self.high, low=self.low, mlm_pairs=self.mlm_pairs)
         eye = torch.eye(len(pair_ids), dtype=torch.bool, device=mining.positive_mask_i2t.device)
         self.flagged_i2t, self.mining = mining.positive_mask_i2t & ~eye, mining
         self.stats = {"fn_converted_i2t": mining.converted_i2t, "fn_converted_t2i": mining.converted_t2i,
