@@ -457,7 +457,8 @@ def build_false_negatives(config: Recipe, spec, dataset, device: torch.device, r
                               "dataset's pretraining split (embed.split=pretrain)")
         return methods.Srcl(cache.get, delta=p.srcl.delta, until=p.srcl.mix_until), truth
     if p.false_negatives == "glofnd":
-        glofnd = methods.Glofnd(dataset.pair_ids, alpha=p.glofnd.alpha, lr=p.glofnd.lr, start_epoch=p.glofnd.start_epoch)
+        glofnd = methods.Glofnd(dataset.pair_ids, alpha=p.glofnd.alpha, lr=p.glofnd.lr, start_epoch=p.glofnd.start_epoch,
+                                adam_step=p.glofnd.adam_step)
         glofnd.thresholds.to(device)
         return glofnd, truth
     if p.false_negatives == "mafa":
@@ -480,6 +481,6 @@ def build_false_negatives(config: Recipe, spec, dataset, device: torch.device, r
                                          caption_id=text.caption_id))
             return torch.from_numpy(judge.score(judged)).float()
 
-        return methods.Mafa(discriminator, high=m.high, low=m.low, smoothing=m.smoothing), truth
+        return methods.Mafa(discriminator, high=m.high, low=m.low, smoothing=m.smoothing, mlm_pairs=m.mlm_pairs), truth
     return methods.PlainItc(), truth
 

@@ -50,12 +50,62 @@ def test_coco_albef_is_falcon_with_the_papers_hyperparameters_and_siblings_diffe
         expected_section = {**defaults[section], **values}
         expected.setdefault(f"coco-albef-{section}", {})[section] = expected_section
     expected["coco-albef-mafa"].update(composer="grit", search_space_size=1920, itc_consistency_weight=0.0, false_negatives="mafa")
-    expected["coco-albef-srcl"] = {"composer": "uniform", "false_negatives": "srcl"}
-    expected["coco-albef-diht"] = {"composer": "uniform", "false_negatives": "diht"}
-    expected["coco-albef-glofnd"] = {"composer": "uniform", "false_negatives": "glofnd"}
+    # the baselines train their papers' ITC: no GRIT consistency term (methods.md §2-§5, docs/methods.md)
+    expected["coco-albef-srcl"] = {"composer": "uniform", "false_negatives": "srcl", "itc_consistency_weight": 0.0}
+    expected["coco-albef-diht"] = {"composer": "uniform", "false_negatives": "diht", "itc_consistency_weight": 0.0}
+    expected["coco-albef-glofnd"] = {"composer": "uniform", "false_negatives": "glofnd", "itc_consistency_weight": 0.0}
     for name, changes in expected.items():
         sibling = load_recipe(name)[0].pretrain.model_dump()
         assert {k: v for k, v in sibling.items() if base[k] != v} == changes, name
+
+
+PAPER_CONSISTENCY_WEIGHT = {"none": 0.2, "mafa": 0.0, "srcl": 0.0, "diht": 0.0, "glofnd": 0.0}
+"""GRIT-VLP's code hard-codes 0.2 (FALCON follows GRIT); MAFA's code removes the term; SRCL, DiHT and
+GloFND have none (docs/methods.md, "Which losses each method trains")."""
+
+
+def test_each_method_trains_its_papers_itc_consistency_weight():
+    from falcon_cli.config.recipes import resolved_yaml
+
+    shipped = {"coco-albef": "none", "coco-albef-grit": "none", "coco-albef-uniform": "none", "coco-albef-q05": "none",
+               "shapes-demo": "none", "shapes-falcon": "none", "shapes-grit": "none"}
+    shipped.update({f"{world}-{m}": m for world in ("coco-albef", "shapes") for m in ("mafa", "srcl", "diht", "glofnd")})
+    for name, method in shipped.items():
+        config = load_recipe(name)[0]
+        assert config.pretrain.false_negatives == method, name
+        assert config.pretrain.itc_consistency_weight == PAPER_CONSISTENCY_WEIGHT[method], name
+        # what `falcon recipes show` prints and the run records is the number trained, not a placeholder
+        assert f"itc_consistency_weight: {PAPER_CONSISTENCY_WEIGHT[method]}" in resolved_yaml(config), name
+    # a method picked on the command line brings its own weight, whatever recipe it is put on
+    for base in ("coco-albef", "coco-albef-grit", "shapes-demo", "shapes-falcon"):
+        for method, weight in PAPER_CONSISTENCY_WEIGHT.items():
+            p = load_recipe(base, [f"pretrain.false_negatives={method}"])[0].pretrain
+            assert p.itc_consistency_weight == weight, (base, method)
+    p = load_recipe("coco-albef", ["pretrain.composer=falcon", "pretrain.false_negatives=mafa"])[0].pretrain
+    assert (p.composer, p.itc_consistency_weight) == ("falcon", 0.0)
+    # ... and back: a baseline recipe switched to plain ITC trains GRIT's term again
+    assert load_recipe("coco-albef-glofnd", ["pretrain.false_negatives=none"])[0].pretrain.itc_consistency_weight == 0.2
+    from falcon_cli.config.schema import ITC_CONSISTENCY_WEIGHT
+
+    assert ITC_CONSISTENCY_WEIGHT == PAPER_CONSISTENCY_WEIGHT
+
+
+def test_an_explicit_itc_consistency_weight_wins_over_the_methods_own(tmp_path, monkeypatch):
+    for recipe, override, weight in (("coco-albef-glofnd", "0.2", 0.2), ("coco-albef-mafa", "0.3", 0.3),
+                                     ("coco-albef", "0", 0.0), ("shapes-demo", "0.5", 0.5),
+                                     ("coco-albef-diht", "null", 0.0), ("coco-albef", "null", 0.2)):
+        p = load_recipe(recipe, [f"pretrain.itc_consistency_weight={override}"])[0].pretrain
+        assert p.itc_consistency_weight == weight, (recipe, override)
+    p = load_recipe("coco-albef", ["pretrain.itc_consistency_weight=0.2", "pretrain.false_negatives=srcl"])[0].pretrain
+    assert p.itc_consistency_weight == 0.2
+    monkeypatch.setenv("FALCON_RECIPE_PATH", str(tmp_path))
+    write(tmp_path / "lab-srcl-grit.yaml", "base: coco-albef-srcl\npretrain: {itc_consistency_weight: 0.1}\n")
+    assert load_recipe("lab-srcl-grit")[0].pretrain.itc_consistency_weight == 0.1
+    # the resolved config validates again to the same weight (a run's config.yaml, a resume)
+    resolved = load_recipe("coco-albef-glofnd")[0]
+    assert Recipe.model_validate(resolved.model_dump()).pretrain.itc_consistency_weight == 0.0
+    with pytest.raises(FalconError, match=r"override 'pretrain.itc_consistency_weight=-1': key 'pretrain.itc_consistency_weight'"):
+        load_recipe("coco-albef", ["pretrain.itc_consistency_weight=-1"])
 
 
 def test_every_config_field_has_a_docstring():

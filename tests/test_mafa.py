@@ -92,9 +92,10 @@ def test_masks_partners_labels_mlm_and_counts(mined):
     assert res.neg_labels.tolist() == [1, 0, 1, 0, 0, 1, 1, 0, 0, 0]
     assert res.neg_labels.dtype == torch.long
 
-    # (1, 0) is converted from both sides but added to MLM once; sorted by (image, text)
-    assert res.mlm_image_index.tolist() == [0, 0, 1]
-    assert res.mlm_text_index.tolist() == [1, 2, 0]
+    # (image 1, text 0) is converted from both sides (text 0 is image 1's hardest and image 1 text 0's): MAFA's
+    # code appends one MLM row per conversion, so it joins the MLM set twice; sorted by (image, text)
+    assert res.mlm_image_index.tolist() == [0, 0, 1, 1]
+    assert res.mlm_text_index.tolist() == [1, 2, 0, 0]
     assert res.mlm_image_index.dtype == torch.long and res.mlm_text_index.dtype == torch.long
 
     assert res.counts() == {"converted_i2t": 2, "converted_t2i": 2, "swapped_i2t": 2, "swapped_t2i": 2}
@@ -104,6 +105,19 @@ def test_masks_partners_labels_mlm_and_counts(mined):
     assert torch.allclose(res.scores_i2t, torch.tensor([0.9, 0.95, 0.6, 0.2, 0.7]))
     assert torch.allclose(res.scores_t2i, torch.tensor([0.95, 0.1, 0.85, 0.7, 0.55]))
     assert res.scores_i2t.dtype == torch.float32
+
+
+def test_distinct_mlm_pairs_add_a_pair_converted_both_ways_once(mined):
+    """mlm_pairs=distinct (falcon's behaviour before the option) de-duplicates; nothing else changes."""
+    twice, _ = mined
+    once = connection_mining(SIM_I2T, SIM_T2I, StubJudge(SCORES), mlm_pairs="distinct")
+    assert once.mlm_image_index.tolist() == [0, 0, 1] and once.mlm_text_index.tolist() == [1, 2, 0]
+    assert once.mlm_image_index.dtype == torch.long and once.mlm_text_index.dtype == torch.long
+    for name in ("positive_mask_i2t", "positive_mask_t2i", "neg_text_for_image", "neg_image_for_text", "neg_labels"):
+        assert torch.equal(getattr(once, name), getattr(twice, name)), name
+    assert once.counts() == twice.counts()
+    with pytest.raises(ValueError, match="mlm_pairs must be one of per_direction, distinct"):
+        connection_mining(SIM_I2T, SIM_T2I, StubJudge(SCORES), mlm_pairs="once")
 
 
 def test_score_called_once_with_the_2b_hardest_candidates(mined):
@@ -270,14 +284,16 @@ def test_batch_of_two_has_no_second_hardest():
     assert res.neg_labels.tolist() == [1, 0, 0, 1]
     assert torch.equal(res.positive_mask_i2t, _mask(2, [(1, 0)]))
     assert torch.equal(res.positive_mask_t2i, _mask(2, [(0, 1)]))
-    assert res.mlm_image_index.tolist() == [1] and res.mlm_text_index.tolist() == [0]
+    assert res.mlm_image_index.tolist() == [1, 1] and res.mlm_text_index.tolist() == [0, 0]   # once per direction
+    once = connection_mining(sim, sim, StubJudge({(0, 1): 0.7, (1, 0): 0.9}), mlm_pairs="distinct")
+    assert once.mlm_image_index.tolist() == [1] and once.mlm_text_index.tolist() == [0]
 
 
 def _loop_reference(s_i2t, s_t2i, p_of, high, low):
     """Plain per-anchor implementation of methods.md §2.2 (with p == threshold -> k1 negative)."""
     b = s_i2t.shape[0]
     out = {"mask_i2t": torch.eye(b, dtype=torch.bool), "mask_t2i": torch.eye(b, dtype=torch.bool),
-           "neg_t": [], "neg_i": [], "lab_i2t": [], "lab_t2i": [], "mlm": set(), "swap_i2t": 0, "swap_t2i": 0}
+           "neg_t": [], "neg_i": [], "lab_i2t": [], "lab_t2i": [], "mlm": [], "swap_i2t": 0, "swap_t2i": 0}
     for direction, s in (("i2t", s_i2t), ("t2i", s_t2i)):
         for a in range(b):
             cands = sorted((j for j in range(b) if j != a), key=lambda j: (-float(s[a, j]), j))
@@ -288,7 +304,7 @@ def _loop_reference(s_i2t, s_t2i, p_of, high, low):
             if p > high:
                 out[f"mask_{direction}"][a, k1] = True
                 label = 1
-                out["mlm"].add(pair)
+                out["mlm"].append(pair)                          # MAFA's code: one MLM row per conversion
             elif low < p < high and len(cands) > 1:
                 partner = k2
                 out[f"swap_{direction}"] += 1
@@ -297,17 +313,19 @@ def _loop_reference(s_i2t, s_t2i, p_of, high, low):
     return out
 
 
+@pytest.mark.parametrize("mlm_pairs", ["per_direction", "distinct"])
 @pytest.mark.parametrize("b,seed", [(3, 0), (7, 1), (12, 2)])
-def test_matches_loop_reference_on_random_batches(b, seed):
+def test_matches_loop_reference_on_random_batches(b, seed, mlm_pairs):
     g = torch.Generator().manual_seed(seed)
     s_i2t, s_t2i = torch.randn(b, b, generator=g), torch.randn(b, b, generator=g)
     table = torch.rand(b, b, generator=g)
-    res = connection_mining(s_i2t, s_t2i, lambda i, t: table[i, t], high=0.7, low=0.3)
+    res = connection_mining(s_i2t, s_t2i, lambda i, t: table[i, t], high=0.7, low=0.3, mlm_pairs=mlm_pairs)
     ref = _loop_reference(s_i2t, s_t2i, lambda i, t: float(table[i, t]), 0.7, 0.3)
     assert torch.equal(res.positive_mask_i2t, ref["mask_i2t"]) and torch.equal(res.positive_mask_t2i, ref["mask_t2i"])
     assert res.neg_text_for_image.tolist() == ref["neg_t"] and res.neg_image_for_text.tolist() == ref["neg_i"]
     assert res.neg_labels.tolist() == ref["lab_t2i"] + ref["lab_i2t"]
-    assert list(zip(res.mlm_image_index.tolist(), res.mlm_text_index.tolist())) == sorted(ref["mlm"])
+    mlm = sorted(ref["mlm"]) if mlm_pairs == "per_direction" else sorted(set(ref["mlm"]))
+    assert list(zip(res.mlm_image_index.tolist(), res.mlm_text_index.tolist())) == mlm
     assert (res.swapped_i2t, res.swapped_t2i) == (ref["swap_i2t"], ref["swap_t2i"])
     assert res.converted_i2t == sum(ref["lab_i2t"]) and res.converted_t2i == sum(ref["lab_t2i"])
 

@@ -339,9 +339,9 @@ def test_audit_false_negatives_refuses_bad_input_without_touching_the_run(falcon
 # --- false-negative methods from the command line (two short epochs each). DiHT and SRCL change only the ITC
 # (tests/test_vlp_objective.py); SRCL's input is checked below, in process. -----------------------------------
 FN_METHODS = {
-    "mafa": ["pretrain.false_negatives=mafa", "pretrain.mafa.judge=oracle", "pretrain.itc_consistency_weight=0"],
+    "mafa": ["pretrain.false_negatives=mafa", "pretrain.mafa.judge=oracle"],
     "glofnd": ["pretrain.false_negatives=glofnd", "pretrain.glofnd.alpha=0.3", "pretrain.glofnd.lr=0.5",
-               "pretrain.glofnd.start_epoch=0"],
+               "pretrain.glofnd.start_epoch=1", "pretrain.checkpoint_every=1", "pretrain.keep_last=10"],
 }
 
 
@@ -361,10 +361,85 @@ def test_false_negative_methods_train_from_the_cli(world, reference_run, tmp_pat
         assert all("fn_converted_i2t" in r and "fn_swapped_t2i" in r for r in steps)
         assert [r["epoch"] for r in summaries] == [0, 1] and sum(r["flagged"] for r in summaries) > 0
         assert all(r["precision"] == 1.0 for r in summaries if r["flagged"])
-    elif method == "glofnd":
-        assert [r["epoch"] for r in summaries] == [0, 1] and all(r["glofnd_lambda_image"] < 1.0 for r in steps)
-        assert (run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip() / "glofnd.safetensors").exists()
+    elif method == "glofnd":  # thresholds learned from epoch 1 (steps 3, 4), with the authors' bias correction
+        assert [r["epoch"] for r in summaries] == [1] and [r["epoch"] for r in steps] == [0, 0, 1, 1]  # nothing flagged before
+        assert all(("glofnd_lambda_image" in r) == (r["epoch"] == 1) for r in steps)
+        assert all(r["glofnd_lambda_image"] < 1.0 for r in steps[2:])
+        _glofnd_resumes_exactly(run_dir, world, extra, steps)
 
+
+def _glofnd_resumes_exactly(run_dir, world, extra, expected):
+    """Back to the checkpoint after step 3 (inside epoch 1), --resume retrains step 4 to the same losses and
+    thresholds; the saved thresholds refuse the other adam_step."""
+    import torch
+    from safetensors.torch import load_file
+
+    from falcon_cli.errors import FalconError
+    from falcon_cli.models.weights import load_weights
+    from falcon_cli.objectives.glofnd import GlofndThresholds
+    from tests.conftest import run_cli
+
+    checkpoints = run_dir / "checkpoints"
+    final = load_file(checkpoints / "00000004" / "glofnd.safetensors")
+    assert bool(final["adam_step_by_epoch"]) and final["step_image"].max() == 1, "learned in epoch 1 only, one update each"
+    (checkpoints / "latest").write_text("00000003\n")
+    resumed = run_cli(*pretrain_args(run_dir, world, "pretrain.max_steps_per_epoch=2", "pretrain.eval_split=null", *extra),
+                      "--resume")
+    assert resumed.returncode == 0 and "resumed from" in resumed.stderr, resumed.stdout + resumed.stderr
+    got = [r for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r]
+    assert [r["step"] for r in got] == [r["step"] for r in expected] == [1, 2, 3, 4]
+    for a, b in zip(expected, got):
+        assert a.keys() == b.keys()
+        for key in ("loss", "itc", "glofnd_lambda_image", "glofnd_lambda_text", "fn_dropped_i2t"):
+            if key in a:
+                assert b[key] == pytest.approx(a[key], rel=1e-5), (a["step"], key)
+    again = load_file(checkpoints / "00000004" / "glofnd.safetensors")
+    for name, value in final.items():
+        same = torch.allclose(again[name], value, rtol=0, atol=1e-6) if value.is_floating_point() else torch.equal(again[name], value)
+        assert same, name
+    with pytest.raises(FalconError, match="learned with adam_step=epoch"):
+        load_weights(GlofndThresholds(final["ids"], alpha=0.3, adam_step="count"), checkpoints / "00000004" / "glofnd.safetensors")
+
+
+@pytest.mark.parametrize("overrides,weight", [
+    ([], 0.2), (["pretrain.false_negatives=glofnd"], 0.0), (["pretrain.false_negatives=diht"], 0.0),
+    (["pretrain.false_negatives=glofnd", "pretrain.glofnd.adam_step=count"], 0.0),
+    (["pretrain.false_negatives=mafa", "pretrain.mafa.judge=oracle", "pretrain.composer=falcon"], 0.0),
+    (["pretrain.false_negatives=mafa", "pretrain.mafa.judge=oracle", "pretrain.mafa.mlm_pairs=distinct"], 0.0),
+    (["pretrain.false_negatives=srcl", "AUX"], 0.0),
+    (["pretrain.false_negatives=glofnd", "pretrain.itc_consistency_weight=0.3"], 0.3)])
+def test_the_stage_hands_the_objective_the_methods_consistency_weight(world, reference_run, tmp_path, monkeypatch,
+                                                                       overrides, weight):
+    """In process: the pretrain stage builds its objective with the resolved weight (stopped right there)."""
+    import shutil
+
+    import stages.pretrain as stage
+    from falcon_cli.artifacts.run_dir import RunDirectory
+    from falcon_cli.config.recipes import load_recipe
+
+    class Built(Exception):
+        pass
+
+    seen = {}
+
+    def objective(model, **kwargs):
+        seen.update(kwargs)
+        raise Built
+
+    monkeypatch.setattr(stage, "VlpObjective", objective)
+    aux = f"pretrain.srcl.aux_embeddings={reference_run / 'embeddings' / 'epoch_001.h5'}"
+    overrides = [aux if o == "AUX" else o for o in overrides]
+    config, _ = load_recipe("shapes-demo", [f"data.dataset={world}", *TINY, "pretrain.device=cpu", *overrides])
+    assert config.pretrain.itc_consistency_weight == weight
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_run / "data" / "tokenizer", run_dir / "data" / "tokenizer")  # all it reads before
+    with pytest.raises(Built):
+        stage.run(config, RunDirectory(run_dir))
+    assert seen["consistency_weight"] == weight and seen["false_negatives"].name == config.pretrain.false_negatives
+    if config.pretrain.false_negatives == "glofnd":  # and GloFND its threshold Adam's bias-correction mode
+        assert seen["false_negatives"].thresholds.adam_step == config.pretrain.glofnd.adam_step
+    if config.pretrain.false_negatives == "mafa":  # and MAFA which extra MLM pairs it adds
+        assert seen["false_negatives"].mlm_pairs == config.pretrain.mafa.mlm_pairs
 
 
 def test_srcl_reads_its_auxiliary_features_by_pair_id_and_refuses_a_missing_file(world, reference_run, tmp_path):

@@ -108,11 +108,59 @@ def test_momentum_distillation_path(model):
 
 # --- false-negative methods: neutral settings reproduce plain ITC; active ones change what they say ---------
 
-def _losses(model, method, context, seed=3):
-    """One forward in eval mode (no dropout), so two objectives see identical activations."""
-    objective = VlpObjective(model, false_negatives=method).eval()
+def _losses(model, method, context, seed=3, consistency_weight=0.2):
+    """One forward in eval mode (no dropout), so two objectives see identical activations. The
+    consistency weight is fixed, so that only the method differs (each method's own default differs)."""
+    objective = VlpObjective(model, false_negatives=method, consistency_weight=consistency_weight).eval()
     with torch.no_grad():
         return objective(*batch(seed=seed), context=context)
+
+
+def test_each_false_negative_method_trains_its_papers_consistency_weight(model):
+    """Without an explicit weight the objective trains the method's own ITC: GRIT's consistency term at
+    0.2 for plain ITC, none for MAFA, SRCL, DiHT, GloFND; an explicit weight wins."""
+    from falcon_cli.objectives.false_negatives import Diht, Glofnd, Mafa, PlainItc, Srcl, StepContext
+    from falcon_cli.objectives.itc import itc_grit
+
+    aux = torch.nn.functional.normalize(torch.randn(6, 16, generator=torch.Generator().manual_seed(0)), dim=1)
+    methods = {"none": PlainItc(), "diht": Diht(beta=0.0), "srcl": Srcl(lambda pair_ids: (aux, aux), delta=0.0),
+               "glofnd": Glofnd(torch.arange(100, 110), alpha=0.1, start_epoch=5),
+               "mafa": Mafa(lambda i, t, epoch: torch.zeros(len(i)))}
+    expected = {"none": 0.2, "diht": 0.0, "srcl": 0.0, "glofnd": 0.0, "mafa": 0.0}
+    assert VlpObjective(model).consistency_weight == 0.2
+    context = StepContext(torch.arange(100, 106), epoch=0, step=0, total_steps=10)
+    for name, method in methods.items():
+        objective = VlpObjective(model, false_negatives=method).eval()
+        assert objective.consistency_weight == expected[name], name
+        assert VlpObjective(model, false_negatives=method, consistency_weight=0.3).consistency_weight == 0.3
+        # what the forward trains: these neutral settings reduce every method to GRIT's ITC at that weight
+        with torch.no_grad():
+            out = objective(*batch(seed=3), context=context)
+        for weight in (0.0, 0.2):
+            same = torch.allclose(out.itc, itc_grit(out.image_feat, out.text_feat, out.temperature,
+                                                    consistency_weight=weight).loss, atol=1e-5)
+            assert same == (weight == expected[name]), (name, weight)
+    model.train()
+
+
+def test_an_extra_mlm_pair_listed_twice_counts_twice(model):
+    """MAFA's extra MLM pairs (mlm_pairs=per_direction lists a pair converted both ways twice): each entry is one
+    more (image, masked caption) row in the token mean, with the caption's own mask."""
+    objective = VlpObjective(model).eval()
+    images, ids, attention, mask = batch(seed=4)
+    one, two = (torch.tensor([1]), torch.tensor([2])), (torch.tensor([1, 1]), torch.tensor([2, 2]))
+    with torch.no_grad():
+        image_tokens, _ = model.encode_image(images)
+        plain = objective.mlm_loss(image_tokens, attention, mask)
+        once = objective.mlm_loss(image_tokens, attention, mask, extra=one)
+        twice = objective.mlm_loss(image_tokens, attention, mask, extra=two)
+    n_batch, n_pair = int(mask.selected.sum()), int(mask.selected[2].sum())
+    assert n_pair > 0
+    total = plain * n_batch
+    pair = once * (n_batch + n_pair) - total                          # the extra row's summed token loss
+    assert torch.allclose(twice, (total + 2 * pair) / (n_batch + 2 * n_pair), atol=1e-5)
+    assert not torch.allclose(twice, once)
+    model.train()
 
 
 def test_neutral_false_negative_methods_equal_plain_itc(model):
@@ -153,7 +201,7 @@ def test_active_false_negative_methods_change_the_loss_and_report(model):
     assert set(calls[0][0]) <= set(ids.tolist()) and set(calls[0][1]) <= set(ids.tolist())
     assert mafa.stats["fn_converted_i2t"] == 6 and mafa.stats["fn_converted_t2i"] == 6
     assert mafa.mining.neg_labels.tolist() == [1] * 12, "converted pairs are ITM matches"
-    assert len(mafa.mining.mlm_image_index) > 0 and int(mafa.flagged_i2t.sum()) == 6
+    assert len(mafa.mining.mlm_image_index) == 12 and int(mafa.flagged_i2t.sum()) == 6, "an MLM pair per conversion"
     for part in ("itc", "itm", "mlm"):
         assert not torch.allclose(getattr(out, part), getattr(plain, part)), part
 

@@ -58,6 +58,16 @@ class DataConfig(Section):
     """Vocabulary size when ``tokenizer`` is ``wordpiece``."""
 
 
+FalseNegativeMethod = Literal["none", "mafa", "srcl", "diht", "glofnd"]
+"""The values of ``pretrain.false_negatives``."""
+
+ITC_CONSISTENCY_WEIGHT: dict[str, float] = {"none": 0.2, "mafa": 0.0, "srcl": 0.0, "diht": 0.0, "glofnd": 0.0}
+"""Each method's own weight of GRIT-VLP's ITC consistency term, the value ``pretrain.itc_consistency_weight``
+takes when it is left unset: GRIT-VLP trains the term at 0.2 (hard-coded in its code), and so do the
+composers built on it (FALCON, quantiles, uniform); MAFA's code removes it; SRCL, DiHT and GloFND
+have no such term (docs/methods.md, "Which losses each method trains")."""
+
+
 class MafaConfig(Section):
     """MAFA (``pretrain.false_negatives: mafa``): efficient connection mining with a frozen
     connection discriminator, plus S-ITC label smoothing (docs/methods.md)."""
@@ -80,6 +90,11 @@ class MafaConfig(Section):
 
     smoothing: float = Field(0.5, ge=0.0, le=1.0)
     """S-ITC label smoothing α of the ITC targets, from epoch 1 on (0 in epoch 0)."""
+
+    mlm_pairs: Literal["per_direction", "distinct"] = "per_direction"
+    """Extra MLM pairs: one per conversion (``per_direction``, MAFA's code: a pair converted from
+    both its image and its caption joins the MLM set twice) or one per distinct converted pair
+    (``distinct``). Extra pairs reuse their caption's mask (MAFA masks each appended row afresh)."""
 
     batch_size: int = Field(64, ge=1)
     """Pairs per discriminator forward pass (model discriminators)."""
@@ -127,6 +142,12 @@ class GlofndConfig(Section):
     start_epoch: int = Field(1, ge=0)
     """First epoch in which thresholds are learned and negatives dropped."""
 
+    adam_step: Literal["epoch", "count"] = "epoch"
+    """The step count t of the threshold Adam's bias correction (1 − β^t): ``epoch`` = the 0-based
+    training epoch + 1 for every pair (the authors' code, so the baseline reproduces it); ``count`` =
+    each pair's own number of updates (textbook per-index Adam). They differ when ``start_epoch`` > 0:
+    ``epoch`` takes smaller first steps (0.74 × lr from epoch 1, 0.46 × lr from epoch 15)."""
+
 
 class PretrainConfig(Section):
     """ALBEF pretraining: model, objectives, batch composition, optimisation, checkpoints."""
@@ -144,8 +165,11 @@ class PretrainConfig(Section):
     # -- objectives ------------------------------------------------------------------------
     itc: Literal["grit", "momentum"] = "grit"
     """ITC variant: ``grit`` (in-batch, soft pseudo targets, FALCON's default) or ``momentum`` (ALBEF's distillation)."""
-    itc_consistency_weight: float = 0.2
-    """Weight of GRIT's consistency (soft pseudo target) term."""
+    itc_consistency_weight: float | None = Field(None, ge=0.0)
+    """Weight of GRIT-VLP's ITC consistency (soft pseudo target) term. None (the default) = the
+    method's own (``false_negatives``): 0.2 for ``none`` (GRIT-VLP, FALCON), 0 for ``mafa``, ``srcl``,
+    ``diht`` and ``glofnd``, whose papers do not train it. Resolved when the config is validated,
+    so the run's config.yaml, its manifest and ``falcon recipes show`` hold the number trained."""
     momentum: float = 0.995
     """EMA momentum of the momentum encoders (``itc: momentum``)."""
     queue_size: int = 65536
@@ -261,7 +285,7 @@ class PretrainConfig(Section):
     """Zero-shot ITC retrieval on this retrieval split at the end (None = skip)."""
 
     # -- false negatives -------------------------------------------------------------------
-    false_negatives: Literal["none", "mafa", "srcl", "diht", "glofnd"] = "none"
+    false_negatives: FalseNegativeMethod = "none"
     """How the losses treat likely false negatives (combines with any composer): ``mafa`` (connection
     mining + S-ITC), ``srcl`` (similarity-regulated weights), ``diht`` (HN-NCE), ``glofnd`` (learned
     thresholds); ``none`` = plain ITC. All need ``itc: grit``."""
@@ -290,6 +314,8 @@ class PretrainConfig(Section):
                              "handle false negatives their own way")
         if self.mafa.low > self.mafa.high:
             raise ValueError(f"mafa.low ({self.mafa.low}) must not exceed mafa.high ({self.mafa.high})")
+        if self.itc_consistency_weight is None:  # the one place a method's own loss is filled in
+            self.itc_consistency_weight = ITC_CONSISTENCY_WEIGHT[self.false_negatives]
         return self
 
 

@@ -126,15 +126,18 @@ class Glofnd(FalseNegatives):
     in-batch negatives above them are dropped from the ITC denominators, from ``start_epoch`` on.
 
     Under DDP each rank updates the thresholds of its own batch; the updated rows (thresholds and
-    Adam state) are then all-gathered, so every rank holds the same thresholds for every pair."""
+    Adam state) are then all-gathered, so every rank holds the same thresholds for every pair.
+    ``adam_step``: Adam's bias-correction step, ``epoch`` (``t = epoch + 1``, the authors' code)
+    or ``count`` (each pair's own number of updates); see :mod:`falcon_cli.objectives.glofnd`."""
 
     name = "glofnd"
 
-    def __init__(self, pair_ids, *, alpha: float = 0.01, lr: float = 0.05, start_epoch: int = 1):
+    def __init__(self, pair_ids, *, alpha: float = 0.01, lr: float = 0.05, start_epoch: int = 1,
+                 adam_step: str = "epoch"):
         super().__init__()
         from falcon_cli.objectives.glofnd import GlofndThresholds
 
-        self.thresholds = GlofndThresholds(pair_ids, alpha, lr=lr)
+        self.thresholds = GlofndThresholds(pair_ids, alpha, lr=lr, adam_step=adam_step)
         self.start_epoch = int(start_epoch)
 
     def itc(self, image_feat, text_feat, temperature, consistency_weight, context):
@@ -146,7 +149,7 @@ class Glofnd(FalseNegatives):
             return itc_grit(image_feat, text_feat, temperature, consistency_weight=consistency_weight,
                             exclude=context.same_image)
         cos_i2t, cos_t2i = cosine_matrices(image_feat.detach(), text_feat.detach())
-        lambda_image, lambda_text = self.thresholds.update(context.pair_ids, cos_i2t, cos_t2i)
+        lambda_image, lambda_text = self.thresholds.update(context.pair_ids, cos_i2t, cos_t2i, epoch=context.epoch)
         self._share_updates(context.pair_ids)
         itc, drop_i2t, drop_t2i = itc_glofnd(image_feat, text_feat, temperature, lambda_image=lambda_image.to(image_feat.device),
                                              lambda_text=lambda_text.to(image_feat.device), consistency_weight=consistency_weight,
@@ -177,15 +180,18 @@ class Mafa(FalseNegatives):
 
     ``discriminator(image_pair_ids, text_pair_ids, epoch)`` returns p(match) [n] for pairs made of
     one batch pair's image and another's caption (any judge: a falcon checkpoint's ITM head, BLIP,
-    the shapes oracle). It is called once per step for the 2B hardest candidates."""
+    the shapes oracle). It is called once per step for the 2B hardest candidates. ``mlm_pairs``:
+    the extra MLM pairs, one per conversion (``per_direction``, MAFA's code) or per distinct pair
+    (``distinct``); see :mod:`falcon_cli.objectives.mafa`."""
 
     name = "mafa"
 
     def __init__(self, discriminator: Callable[[Tensor, Tensor, int], Tensor], *, high: float = 0.8, low: float = 0.5,
-                 smoothing: float = 0.5):
+                 smoothing: float = 0.5, mlm_pairs: str = "per_direction"):
         super().__init__()
         self.discriminator = discriminator
         self.high, self.low, self.smoothing = float(high), float(low), float(smoothing)
+        self.mlm_pairs = mlm_pairs
 
     def itc(self, image_feat, text_feat, temperature, consistency_weight, context):
         from falcon_cli.objectives.common import as_temperature
@@ -203,7 +209,7 @@ class Mafa(FalseNegatives):
             tau = as_temperature(temperature)
             tau = tau.detach() if isinstance(tau, Tensor) else tau
             sim = v @ t.t() / tau  # rows images; its transpose is the text-anchor view
-            mining = connection_mining(sim, sim.t(), score, high=self.high, low=self.low)
+            mining = connection_mining(sim, sim.t(), score, high=self.high, low=self.low, mlm_pairs=self.mlm_pairs)
         eye = torch.eye(len(pair_ids), dtype=torch.bool, device=mining.positive_mask_i2t.device)
         self.flagged_i2t, self.mining = mining.positive_mask_i2t & ~eye, mining
         self.stats = {"fn_converted_i2t": mining.converted_i2t, "fn_converted_t2i": mining.converted_t2i,

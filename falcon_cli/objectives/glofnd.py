@@ -27,9 +27,18 @@ no momentum queue): :func:`itc_glofnd` masks the flagged logits to ``-inf``.
 **Resolved ambiguities** (§4.6):
 
 * G-1 *sparse Adam*: :class:`GlofndThresholds` keeps a manual per-index Adam state
-  (``m``, ``v`` and a per-index step count, bias-corrected with that index's own count);
-  entries of pairs outside the batch, thresholds and Adam state alike, stay bit-for-bit
-  unchanged (``torch.optim.Adam`` on a dense vector would keep moving them).
+  (``m``, ``v`` and a per-index step count); entries of pairs outside the batch, thresholds
+  and Adam state alike, stay bit-for-bit unchanged (``torch.optim.Adam`` on a dense vector
+  would keep moving them).
+* *Adam's bias correction* (``adam_step``): the authors' code (``LambdaThreshold.update`` in
+  ``bimodal/src/fast_clip/fnd.py``) divides ``m`` and ``v`` by ``1 - beta^t`` with
+  ``t = epoch + 1``, the global (0-based) epoch plus one, whatever the number of updates the
+  pair has had: ``adam_step="epoch"``, the default, reproduces it. ``adam_step="count"``
+  uses each pair's own update count instead (textbook Adam per index; what falcon did
+  before this option). They differ whenever the first update comes after epoch 0: with
+  updates from epoch ``s``, ``epoch`` mode's first step is ``lr * (1 - b1) / (1 - b1^(s+1))
+  / sqrt((1 - b2) / (1 - b2^(s+1)))`` (``0.74 lr`` for ``s = 1``, ``0.46 lr`` for
+  ``s = 15``) where ``count`` mode's is ``lr``, and every later step differs too.
 * G-2 *views*: ALBEF has one view per modality, so each threshold gets exactly one
   subgradient per step (one anchor row).
 * G-3 *empty set*: the positive is never dropped, so the kept set of every anchor holds at
@@ -45,7 +54,7 @@ no momentum queue): :func:`itc_glofnd` masks the flagged logits to ``-inf``.
 **Training loop** (the caller owns the start epoch, see :func:`glofnd_active`)::
 
     cos_i2t, cos_t2i = cosine_matrices(image_feat, text_feat)          # no grad, fp32
-    lam_i, lam_t = thresholds.update(pair_ids, cos_i2t, cos_t2i)       # updated lambdas
+    lam_i, lam_t = thresholds.update(pair_ids, cos_i2t, cos_t2i, epoch=epoch)   # updated lambdas
     out, drop_i2t, drop_t2i = itc_glofnd(image_feat, text_feat, temp,
                                          lambda_image=lam_i, lambda_text=lam_t)
 
@@ -55,16 +64,23 @@ in sync: pass all-gathered ids and similarities (or run the update on gathered f
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from falcon_cli.errors import FalconError
 from falcon_cli.objectives.common import fp32_region
 from falcon_cli.objectives.itc import ItcOutput, _check_pair, itc_grit
 from falcon_cli.sampling.cache import as_id_tensor
 
+ADAM_STEPS = ("epoch", "count")
+"""How the threshold Adam counts steps for its bias correction: ``epoch`` (``t = epoch + 1``, the
+authors' code) or ``count`` (``t`` = the pair's own number of updates)."""
+
 __all__ = [
+    "ADAM_STEPS",
     "GlofndThresholds",
     "cosine_matrices",
     "glofnd_active",
@@ -125,19 +141,26 @@ class GlofndThresholds(nn.Module):
             of each anchor's negative similarities (methods.md §4.5: 5e-4 / 1e-3 bimodal).
         lr, betas, eps: Adam hyperparameters of the threshold update (GloFND: 0.05, (0.9, 0.98)).
         dtype: floating dtype of the thresholds and their Adam state (default float32).
+        adam_step: the step count ``t`` of Adam's bias correction: ``epoch`` (the default,
+            the authors' code: ``t = epoch + 1`` for every pair, so :meth:`update` needs the
+            epoch) or ``count`` (``t`` = the pair's own number of updates).
 
     Buffers (move with ``.to()``, saved in ``state_dict``, so a resume is exact), all indexed
     by the position of the id in the sorted ``ids``: ``ids`` [N] int64 (sorted),
     ``lambda_image`` / ``lambda_text`` [N] (init 1.0), ``m_image`` / ``v_image`` /
-    ``m_text`` / ``v_text`` [N] (init 0), ``step_image`` / ``step_text`` [N] int64 (init 0).
-    Loading a state dict whose ``ids`` differ from this module's is an error.
+    ``m_text`` / ``v_text`` [N] (init 0), ``step_image`` / ``step_text`` [N] int64 (init 0,
+    the pair's update count in both modes), and ``adam_step_by_epoch`` (0-d bool: the mode,
+    so that thresholds learned in one mode are never continued in the other). Loading a
+    state dict whose ``ids`` differ from this module's is an error; one learned in the other
+    ``adam_step`` mode is a :class:`~falcon_cli.errors.FalconError` (a state dict without the
+    mode was written before ``adam_step`` existed, in ``count`` mode).
     """
 
     STATE = ("lambda_image", "m_image", "v_image", "step_image", "lambda_text", "m_text", "v_text", "step_text")
     """The per-pair buffers (thresholds and Adam state), for callers that copy rows (DDP sharing)."""
 
     def __init__(self, pair_ids: Any, alpha: float, *, lr: float = 0.05, betas: tuple[float, float] = (0.9, 0.98),
-                 eps: float = 1e-8, dtype: torch.dtype = torch.float32):
+                 eps: float = 1e-8, dtype: torch.dtype = torch.float32, adam_step: str = "epoch"):
         super().__init__()
         ids = as_id_tensor(pair_ids)
         if len(ids) == 0:
@@ -155,6 +178,9 @@ class GlofndThresholds(nn.Module):
             raise ValueError(f"betas must lie in [0, 1), got {betas}")
         if not dtype.is_floating_point:
             raise ValueError(f"dtype must be a floating dtype, got {dtype}")
+        if adam_step not in ADAM_STEPS:
+            raise ValueError(f"adam_step must be one of {', '.join(ADAM_STEPS)}, got {adam_step!r}")
+        self.adam_step = adam_step
         self.alpha = float(alpha)
         self.lr = float(lr)
         self.betas = (b1, b2)
@@ -166,12 +192,14 @@ class GlofndThresholds(nn.Module):
             self.register_buffer(f"m_{side}", torch.zeros(n, dtype=dtype))
             self.register_buffer(f"v_{side}", torch.zeros(n, dtype=dtype))
             self.register_buffer(f"step_{side}", torch.zeros(n, dtype=torch.int64))
+        self.register_buffer("adam_step_by_epoch", torch.tensor(adam_step == "epoch"))
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def extra_repr(self) -> str:
-        return f"n={len(self)}, alpha={self.alpha}, lr={self.lr}, betas={self.betas}, eps={self.eps}"
+        return (f"n={len(self)}, alpha={self.alpha}, lr={self.lr}, betas={self.betas}, eps={self.eps}, "
+                f"adam_step={self.adam_step}")
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
@@ -181,6 +209,14 @@ class GlofndThresholds(nn.Module):
             error_msgs.append(f"GloFND thresholds: the state dict holds thresholds for other pair ids "
                               f"({incoming.numel()} ids) than this module ({len(self)} ids)")
             return
+        key = prefix + "adam_step_by_epoch"
+        mode = state_dict.get(key)
+        saved = "count" if mode is None else ("epoch" if bool(mode) else "count")  # no key: saved before the option
+        if saved != self.adam_step:
+            raise FalconError(f"GloFND thresholds were learned with adam_step={saved}, this run uses "
+                              f"adam_step={self.adam_step}; continue them with pretrain.glofnd.adam_step={saved}")
+        if mode is None:
+            state_dict = {**state_dict, key: self.adam_step_by_epoch}
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
 
@@ -202,27 +238,32 @@ class GlofndThresholds(nn.Module):
         return self.lambda_image[rows].clone(), self.lambda_text[rows].clone()
 
     # --- update -------------------------------------------------------------------------
-    def _adam_step(self, side: str, rows: Tensor, grad: Tensor) -> Tensor:
+    def _adam_step(self, side: str, rows: Tensor, grad: Tensor, epoch: int | None) -> Tensor:
         lam, m, v, step = (getattr(self, f"{name}_{side}") for name in ("lambda", "m", "v", "step"))
         b1, b2 = self.betas
         grad = grad.to(lam.dtype)
-        t = step[rows] + 1
+        count = step[rows] + 1
         m_new = b1 * m[rows] + (1.0 - b1) * grad
         v_new = b2 * v[rows] + (1.0 - b2) * grad * grad
-        # torch.optim.Adam's form: lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps), per index's own t.
-        tf = t.to(torch.float64)
-        bc1 = (1.0 - torch.pow(torch.full_like(tf, b1), tf)).to(lam.dtype)
-        bc2 = (1.0 - torch.pow(torch.full_like(tf, b2), tf)).to(lam.dtype)
-        denom = v_new.sqrt() / bc2.sqrt() + self.eps
-        lam_new = (lam[rows] - (self.lr / bc1) * m_new / denom).clamp_(-1.0, 1.0)
+        # Adam's bias correction 1 - beta^t: t = the global epoch + 1 (the authors' code; one number for
+        # the whole batch) or t = each pair's own update count.
+        if self.adam_step == "epoch":
+            bc1, bc2 = 1.0 - b1 ** (epoch + 1), 1.0 - b2 ** (epoch + 1)
+        else:
+            tf = count.to(torch.float64)
+            bc1 = (1.0 - torch.pow(torch.full_like(tf, b1), tf)).to(lam.dtype)
+            bc2 = (1.0 - torch.pow(torch.full_like(tf, b2), tf)).to(lam.dtype)
+        # lambda - lr * m_hat / (sqrt(v_hat) + eps), m_hat = m / (1 - b1^t), v_hat = v / (1 - b2^t)
+        m_hat, v_hat = m_new / bc1, v_new / bc2
+        lam_new = (lam[rows] - self.lr * m_hat / (v_hat.sqrt() + self.eps)).clamp_(-1.0, 1.0)
         m[rows] = m_new
         v[rows] = v_new
-        step[rows] = t
+        step[rows] = count
         lam[rows] = lam_new
         return lam_new
 
     @torch.no_grad()
-    def update(self, pair_ids: Any, cos_i2t: Tensor, cos_t2i: Tensor) -> tuple[Tensor, Tensor]:
+    def update(self, pair_ids: Any, cos_i2t: Tensor, cos_t2i: Tensor, *, epoch: int | None = None) -> tuple[Tensor, Tensor]:
         """One projected Adam step on the thresholds of the batch's pairs; returns the updated ``(lambda_I, lambda_T)``.
 
         Args:
@@ -230,13 +271,17 @@ class GlofndThresholds(nn.Module):
             cos_i2t: [B, B] cosine similarities, rows image anchors, columns texts
                 (no temperature); the diagonal holds the positives.
             cos_t2i: [B, B] the same with text anchors (rows) vs images (columns).
+            epoch: the 0-based training epoch; required with ``adam_step="epoch"`` (its bias
+                correction uses ``t = epoch + 1``), ignored with ``count``.
 
         For each anchor ``i``: ``g_i = alpha - (1 / (B - 1)) * sum_{j != i} 1[cos_ij > lambda_i]``
-        (with the current ``lambda_i``), then a per-index bias-corrected Adam step and a
-        projection to ``[-1, 1]``. Only the batch's entries (thresholds and Adam state) change.
-        Returns the updated thresholds of the batch rows, [B] each, on the buffers' device:
-        the algorithm filters with them (:func:`itc_glofnd`).
+        (with the current ``lambda_i``), then a bias-corrected Adam step on the index's own
+        ``m``, ``v`` and a projection to ``[-1, 1]``. Only the batch's entries (thresholds and
+        Adam state) change. Returns the updated thresholds of the batch rows, [B] each, on the
+        buffers' device: the algorithm filters with them (:func:`itc_glofnd`).
         """
+        if self.adam_step == "epoch" and (isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral) or epoch < 0):
+            raise ValueError(f"adam_step=epoch needs the 0-based training epoch (an int >= 0), got {epoch!r}")
         rows = self.rows(pair_ids)
         n = len(rows)
         if n < 2:
@@ -255,7 +300,7 @@ class GlofndThresholds(nn.Module):
             cos = cos.detach().to(device=lam.device, dtype=lam.dtype)
             above = ((cos > lam[rows].reshape(n, 1)) & off).sum(dim=1).to(lam.dtype)
             grad = self.alpha - above / (n - 1)
-            out.append(self._adam_step(side, rows, grad))
+            out.append(self._adam_step(side, rows, grad, epoch))
         return out[0].clone(), out[1].clone()
 
 

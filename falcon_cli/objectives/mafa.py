@@ -34,7 +34,7 @@ How it plugs in
   :meth:`ConnectionMining.itm_pairs` returns the same indices with the relabelled [3B] labels.
 * MLM: the extra pairs ``(mlm_image_index[k], mlm_text_index[k])`` are masked and
   reconstructed like ordinary pairs (caption ``mlm_text_index[k]`` given image
-  ``mlm_image_index[k]``), on top of the B original pairs.
+  ``mlm_image_index[k]``), on top of the B original pairs (see "Extra MLM pairs" below).
 * S-ITC: :func:`smoothing` gives the label-smoothing epsilon for an epoch.
 
 Resolved ambiguities
@@ -47,6 +47,21 @@ Resolved ambiguities
   discriminator is any judge behind the ``score`` callback (a fine-tuned ITM head, an
   oracle, a stub). FALCON's COCO reproduction needed ``high = 0.98``: 0.8 collapsed
   (a COCO-fine-tuned Con-D over-scores COCO pairs), so ``high`` is a parameter.
+
+Extra MLM pairs
+---------------
+MAFA's code (``models/model_pretrain_MAFA.py``, ``ALBEF_Base.forward``) appends one MLM row per
+converted image anchor b, ``(caption k1_i2t[b], image b)``, and one per converted text anchor b,
+``(caption b, image k1_t2i[b])``, to the B original rows, masks all rows afresh (Bernoulli 0.5
+per token) and averages the cross-entropy over every masked token. A pair ``(image a, caption c)``
+converted in both directions (c is a's hardest caption, a is c's hardest image, both judged
+matches) is therefore appended twice. ``mlm_pairs="per_direction"`` (the default) does the same:
+one extra pair per conversion, such a pair twice. ``mlm_pairs="distinct"`` adds each converted
+(image, caption) pair once (what falcon did before the option). Either way falcon differs from
+MAFA's code in the mask draws, not in the expected loss: an extra pair reuses its caption's own
+mask from the batch (:class:`~falcon_cli.objectives.vlp.VlpObjective` fuses the already masked
+caption with the extra image), so a pair added twice counts its masked tokens twice with one
+mask, where MAFA's two copies and the caption's own row have independent masks.
 
 Threshold equality: the reference uses strict inequalities, so ``p == high`` or
 ``p == low`` exactly falls in neither branch and (there) drops the pair from ITM. Dropping
@@ -66,7 +81,10 @@ from torch import Tensor
 from falcon_cli.objectives.common import fp32_region
 from falcon_cli.objectives.itm import ItmPairs, itm_pair_indices
 
-__all__ = ["ConnectionMining", "ScoreFn", "connection_mining", "smoothing"]
+__all__ = ["MLM_PAIRS", "ConnectionMining", "ScoreFn", "connection_mining", "smoothing"]
+
+MLM_PAIRS = ("per_direction", "distinct")
+"""Which converted pairs join the MLM set: one per conversion (MAFA's code) or one per distinct pair."""
 
 ScoreFn = Callable[[Tensor, Tensor], Tensor]
 """``score(image_index [n], text_index [n]) -> p(match) float [n]`` for the pairs
@@ -88,8 +106,10 @@ class ConnectionMining:
       first the B text-anchor pairs ``(neg_image_for_text[i], i)``, then the B image-anchor
       pairs ``(i, neg_text_for_image[i])``; 1 where the pair was converted to a positive,
       else 0. Pass it as ``itm_loss(..., neg_labels=...)``.
-    * ``mlm_image_index`` / ``mlm_text_index`` int64 [K]: the extra MLM pairs, one per
-      distinct converted (image, text) pair over both directions, sorted by (image, text).
+    * ``mlm_image_index`` / ``mlm_text_index`` int64 [K]: the extra MLM pairs, sorted by
+      (image, text): one per conversion (``mlm_pairs="per_direction"``, MAFA's code: a pair
+      converted in both directions appears twice) or one per distinct converted pair
+      (``"distinct"``).
     * ``converted_i2t`` / ``converted_t2i``: number of image / text anchors whose hardest
       candidate became a positive; ``swapped_i2t`` / ``swapped_t2i``: number whose ITM
       partner was replaced by the second-hardest (ambiguous band). Python ints.
@@ -156,7 +176,7 @@ def _top2(sim: Tensor) -> tuple[Tensor, Tensor]:
 
 @torch.no_grad()
 def connection_mining(sim_i2t: Tensor, sim_t2i: Tensor, score: ScoreFn, *,
-                      high: float = 0.8, low: float = 0.5) -> ConnectionMining:
+                      high: float = 0.8, low: float = 0.5, mlm_pairs: str = "per_direction") -> ConnectionMining:
     """MAFA's Efficient Connection Mining on one batch (methods.md §2.2), vectorised, no grad.
 
     Args:
@@ -170,6 +190,8 @@ def connection_mining(sim_i2t: Tensor, sim_t2i: Tensor, score: ScoreFn, *,
         high: convert when ``p > high`` (MAFA 0.8; FALCON's COCO run needed 0.98).
         low: ambiguous when ``low < p < high`` (0.5); ``p <= low`` and ``p == high`` keep
             the hardest candidate as a plain negative. Need ``0 <= low <= high <= 1``.
+        mlm_pairs: the extra MLM pairs: ``per_direction`` (one per conversion, as MAFA's code:
+            a pair converted in both directions twice) or ``distinct`` (each converted pair once).
 
     B must be at least 2. With B == 2 every anchor has a single candidate and no
     second-hardest one: an ambiguous anchor then keeps ``k1`` as a plain negative (label 0)
@@ -181,6 +203,8 @@ def connection_mining(sim_i2t: Tensor, sim_t2i: Tensor, score: ScoreFn, *,
     low_f, high_f = _check_threshold("low", low), _check_threshold("high", high)
     if low_f > high_f:
         raise ValueError(f"low must not exceed high, got low={low!r} > high={high!r}")
+    if mlm_pairs not in MLM_PAIRS:
+        raise ValueError(f"mlm_pairs must be one of {', '.join(MLM_PAIRS)}, got {mlm_pairs!r}")
     if not callable(score):
         raise ValueError(f"score must be callable (image_index, text_index) -> p, got {type(score).__name__}")
     if not isinstance(sim_i2t, Tensor) or not isinstance(sim_t2i, Tensor) or sim_i2t.dim() != 2 or sim_t2i.dim() != 2:
@@ -226,9 +250,11 @@ def connection_mining(sim_i2t: Tensor, sim_t2i: Tensor, score: ScoreFn, *,
     # itm_pair_indices order: text-anchor pairs first, then image-anchor pairs.
     neg_labels = torch.cat([conv_t2i, conv_i2t]).long()
 
-    # MLM: distinct converted (image, text) pairs of both directions, sorted by (image, text).
+    # MLM: the converted (image, text) pairs of both directions, sorted by (image, text); one per
+    # conversion (MAFA's code) or one per distinct pair.
     conv = torch.cat([conv_i2t, conv_t2i])
-    keys = torch.unique(image_index[conv] * b + text_index[conv])
+    keys = image_index[conv] * b + text_index[conv]
+    keys = torch.unique(keys) if mlm_pairs == "distinct" else torch.sort(keys).values
     mlm_image_index, mlm_text_index = keys // b, keys % b
 
     return ConnectionMining(

@@ -15,6 +15,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from falcon_cli.config.schema import ITC_CONSISTENCY_WEIGHT
 from falcon_cli.models.albef import pooled_features
 from falcon_cli.objectives.itc import (
     MomentumQueue, copy_to_momentum, itc_grit, itc_momentum_distillation, momentum_update,
@@ -70,7 +71,9 @@ class VlpObjective(nn.Module):
         model: an :class:`~falcon_cli.models.albef.ALBEF`.
         itc: ``grit`` (in-batch, soft pseudo targets; the default, as FALCON) or ``momentum``
             (ALBEF's momentum encoders, feature queue and distillation for ITC).
-        consistency_weight: GRIT's consistency weight (0.2).
+        consistency_weight: weight of GRIT-VLP's ITC consistency term; None = the false-negative
+            method's own (:data:`~falcon_cli.config.schema.ITC_CONSISTENCY_WEIGHT`: 0.2 for plain
+            GRIT ITC, 0 for MAFA, SRCL, DiHT and GloFND).
         itm_negatives: ``hardest`` in-batch negative per anchor, or ALBEF's ``sample``.
         momentum, queue_size: for ``itc: momentum``.
         false_negatives: how the in-batch ITC (and, for MAFA, ITM and MLM) treat likely false
@@ -79,7 +82,7 @@ class VlpObjective(nn.Module):
             rank-synchronised and checkpointed by the caller, not broadcast by DDP every step.
     """
 
-    def __init__(self, model: nn.Module, *, itc: str = "grit", consistency_weight: float = 0.2,
+    def __init__(self, model: nn.Module, *, itc: str = "grit", consistency_weight: float | None = None,
                  itm_negatives: str = "hardest", momentum: float = 0.995, queue_size: int = 65536,
                  false_negatives: FalseNegatives | None = None):
         super().__init__()
@@ -88,7 +91,8 @@ class VlpObjective(nn.Module):
         object.__setattr__(self, "false_negatives", false_negatives if false_negatives is not None else PlainItc())
         self.model = model
         self.itc_kind = itc
-        self.consistency_weight = consistency_weight
+        self.consistency_weight = float(ITC_CONSISTENCY_WEIGHT[self.false_negatives.name] if consistency_weight is None
+                                        else consistency_weight)
         self.itm_negatives = itm_negatives
         self.momentum = momentum
         if itc == "momentum":
