@@ -103,3 +103,12 @@ def test_stage_commands_with_default_and_relative_run_dirs(work):
                "pretrain.false_negatives=srcl", f"pretrain.srcl.aux_embeddings=../{embeddings}", cwd=sub))
     manifest = check_run(cwd / "runs" / "warm")
     assert manifest["config"]["pretrain"]["srcl"]["aux_embeddings"] == str(cwd / "runs" / "emb" / "embeddings" / "embeddings.h5")
+
+
+def test_data_commands_with_relative_paths(work):
+    """`falcon data shapes --out` and `falcon data check` with paths relative to a subdirectory."""
+    sub = work / "elsewhere" / "data-cmds"
+    sub.mkdir()
+    ok(run_cli("data", "shapes", "--out", "../worlds/v", "--images", "30", "--seed", "3", cwd=sub))
+    assert (work / "elsewhere" / "worlds" / "v" / "world.json").is_file()
+    ok(run_cli("data", "check", "../worlds/v", cwd=sub))
