@@ -39,9 +39,10 @@ def find_checkpoint(path: str | Path, what: str) -> Path:
 
 def at_resolution(state: dict, config: AlbefConfig, image_size: int | None) -> tuple[dict, AlbefConfig]:
     """``(state, config)`` for ``image_size`` pixels: the position embeddings (``visual_encoder.pos_embed``)
-    resampled to the new patch grid (bicubic, as ALBEF's ``interpolate_pos_embed``); as given when
-    ``image_size`` is None or unchanged. Works for any model whose image encoder is ``visual_encoder``."""
-    from timm.layers import resample_abs_pos_embed
+    resampled to the new patch grid by :func:`~falcon_cli.models.vision.resize_pos_embed` (ALBEF's
+    ``interpolate_pos_embed``); as given when ``image_size`` is None or unchanged. Works for any model
+    whose image encoder is ``visual_encoder``."""
+    from falcon_cli.models.vision import resize_pos_embed
 
     if image_size is None or image_size == config.image_size:
         return state, config
@@ -49,7 +50,7 @@ def at_resolution(state: dict, config: AlbefConfig, image_size: int | None) -> t
         raise FalconError(f"image_size {image_size} is not a multiple of the model's patch size {config.patch_size}")
     grid = image_size // config.patch_size
     state = dict(state)
-    state[POS_EMBED] = resample_abs_pos_embed(state[POS_EMBED], new_size=[grid, grid], num_prefix_tokens=1)
+    state[POS_EMBED] = resize_pos_embed(state[POS_EMBED], grid)
     return state, config.model_copy(update={"image_size": image_size})
 
 

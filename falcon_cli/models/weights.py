@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 from collections import OrderedDict
 from pathlib import Path
@@ -121,8 +122,9 @@ def load_vision_weights(encoder: nn.Module, source: str, what: str = "vision_wei
 
     ``source`` is ``timm:<model name>`` (pretrained weights via timm: hub or its cache) or a local
     file/directory (see :func:`read_state_dict`); checkpoints with a ``visual_encoder.`` prefix
-    (ALBEF) are accepted. Position embeddings are resampled to the encoder's grid (and patch
-    embeddings to its patch size) with timm's checkpoint filter; the classifier head is dropped.
+    (ALBEF) are accepted. Position embeddings are resampled to the encoder's grid as ALBEF does
+    (:func:`~falcon_cli.models.vision.resize_pos_embed`), patch embeddings to its patch size by
+    timm's checkpoint filter; the classifier head is dropped.
     Missing/unexpected keys are logged on one line; an incompatible source is a FalconError.
     """
     from timm.models.vision_transformer import checkpoint_filter_fn
@@ -133,6 +135,7 @@ def load_vision_weights(encoder: nn.Module, source: str, what: str = "vision_wei
         sd = read_state_dict(source, what)
     if any(k.startswith("visual_encoder.") for k in sd):
         sd = {k[len("visual_encoder."):]: v for k, v in sd.items() if k.startswith("visual_encoder.")}
+    sd = _pos_embed_to_grid(sd, encoder)
     try:
         sd = checkpoint_filter_fn(sd, encoder)
     except Exception as exc:
@@ -153,6 +156,23 @@ def load_vision_weights(encoder: nn.Module, source: str, what: str = "vision_wei
     log.log(level, "vision weights from %s: loaded %d tensors; missing %s; unexpected %s; dropped head %s",
             source, len(sd) - len(result.unexpected_keys), _names(result.missing_keys),
             _names(result.unexpected_keys), _names(dropped))
+
+
+def _pos_embed_to_grid(sd: dict[str, torch.Tensor], encoder: nn.Module) -> dict[str, torch.Tensor]:
+    """``sd`` with its ``pos_embed`` resized to ``encoder``'s patch grid by our (ALBEF's) resize, so timm's
+    checkpoint filter, which would resample with antialiasing, finds nothing left to resize. Tables that
+    are not one [CLS] row plus a square grid (distilled DeiT, ...) are left to timm."""
+    from falcon_cli.models.vision import resize_pos_embed
+
+    pos = sd.get("pos_embed")
+    target = getattr(encoder, "pos_embed", None)
+    if pos is None or target is None or pos.shape == target.shape or pos.dim() != 3:
+        return sd
+    grid = encoder.patch_embed.grid_size[0]
+    patches = pos.shape[1] - 1
+    if math.isqrt(patches) ** 2 != patches or encoder.patch_embed.grid_size[1] != grid:
+        return sd
+    return {**sd, "pos_embed": resize_pos_embed(pos, grid)}
 
 
 # ---------------------------------------------------------------------------------------------
