@@ -201,6 +201,9 @@ def _read_bert(source: str, what: str):
 
     path = Path(source).expanduser()
     looks_local = source.startswith(("/", "./", "../", "~")) or source.count("/") > 1 or path.exists()
+    if path.is_file():
+        raise FalconError(f"{what} '{source}': a file, but {what} takes a BERT hub id or a save_pretrained directory; "
+                          "to start from a whole ALBEF/GRIT-VLP/MAFA checkpoint (.pth) set pretrain.init to it instead")
     if looks_local and not path.is_dir():
         raise FalconError(f"{what} '{source}': no such directory (give a hub id like bert-base-uncased or a "
                           "directory written by save_pretrained)")
@@ -215,8 +218,15 @@ def _read_bert(source: str, what: str):
     return model.state_dict(), model.config, set(info.get("missing_keys", ()))
 
 
-def _bert_mapping(config: AlbefConfig) -> dict[str, str]:
-    """ALBEF parameter name -> transformers ``BertForMaskedLM`` parameter name."""
+def bert_name_mapping(config: AlbefConfig, cross_attention: bool = False) -> dict[str, str]:
+    """Our parameter name -> the transformers/ALBEF BERT name (``bert.…`` or ``cls.predictions.…``).
+
+    Embeddings and layers ``0 .. text_layers-1`` are the text encoder, the next ``fusion_layers``
+    layers the fusion encoder, ``cls.predictions`` the MLM head (its decoder is tied to the word
+    embeddings, so it has no name of ours). With ``cross_attention`` the fusion layers' cross-attention
+    is named too, as ALBEF's ``xbert`` saves it (``crossattention.self.*``, ``crossattention.output.*``);
+    a plain BERT checkpoint has none.
+    """
     emb = {"word": "word_embeddings", "position": "position_embeddings", "token_type": "token_type_embeddings",
            "norm": "LayerNorm"}
     mapping = {}
@@ -227,10 +237,14 @@ def _bert_mapping(config: AlbefConfig) -> dict[str, str]:
              "self_attn.value": "attention.self.value", "self_attn.out": "attention.output.dense",
              "self_attn_norm": "attention.output.LayerNorm", "ffn_in": "intermediate.dense",
              "ffn_out": "output.dense", "ffn_norm": "output.LayerNorm"}
-    stacks = [("text_encoder", i, i) for i in range(config.text_layers)]
-    stacks += [("fusion_encoder", i, config.text_layers + i) for i in range(config.fusion_layers)]
-    for stack, ours_i, bert_i in stacks:
-        for ours, theirs in layer.items():
+    cross = {"cross_attn.query": "crossattention.self.query", "cross_attn.key": "crossattention.self.key",
+             "cross_attn.value": "crossattention.self.value", "cross_attn.out": "crossattention.output.dense",
+             "cross_attn_norm": "crossattention.output.LayerNorm"}
+    stacks = [("text_encoder", i, i, layer) for i in range(config.text_layers)]
+    fusion = {**layer, **cross} if cross_attention else layer
+    stacks += [("fusion_encoder", i, config.text_layers + i, fusion) for i in range(config.fusion_layers)]
+    for stack, ours_i, bert_i, names in stacks:
+        for ours, theirs in names.items():
             for p in ("weight", "bias"):
                 mapping[f"{stack}.layers.{ours_i}.{ours}.{p}"] = f"bert.encoder.layer.{bert_i}.{theirs}.{p}"
     for ours, theirs in {"dense": "transform.dense", "norm": "transform.LayerNorm"}.items():
@@ -271,7 +285,7 @@ def load_bert_weights(model: nn.Module, source: str, what: str = "text_weights")
     if getattr(bert_config, "layer_norm_eps", config.layer_norm_eps) != config.layer_norm_eps:
         log.warning("text weights from %s: checkpoint layer_norm_eps %s differs from the model's %s",
                     source, bert_config.layer_norm_eps, config.layer_norm_eps)
-    mapping = _bert_mapping(config)
+    mapping = bert_name_mapping(config)
     skipped_head = sorted(k for k, v in mapping.items() if v in missing)  # e.g. a BertModel: no MLM head
     mapped = {ours: sd[theirs] for ours, theirs in mapping.items() if ours not in skipped_head}
     result = model.load_state_dict(mapped, strict=False)
