@@ -109,11 +109,15 @@ def read_state_dict(path: str | os.PathLike, what: str = "weights") -> dict[str,
 def _timm_state_dict(name: str, what: str) -> dict[str, torch.Tensor]:
     import timm
 
+    from falcon_cli.runtime.hub import hub_hint, prepare_hub
+
+    prepare_hub()  # timm takes its weights from the Hugging Face hub (or its cache)
     try:
         source = timm.create_model(name, pretrained=True, num_classes=0)
     except Exception as exc:  # unknown name, offline without cache, ...
+        why = hub_hint(f"timm:{name}") or "check the name with timm.list_pretrained()"
         raise FalconError(f"{what} 'timm:{name}': cannot load pretrained timm weights ({_first_line(exc)}); "
-                          "check the name with timm.list_pretrained(), or give a local .safetensors/.pth file") from None
+                          f"{why}; or give a local .safetensors/.pth file") from None
     return source.state_dict()
 
 
@@ -199,6 +203,8 @@ def _read_bert(source: str, what: str):
     """``(state_dict, bert_config, missing_keys)`` of a transformers BERT checkpoint."""
     from transformers import BertForMaskedLM
 
+    from falcon_cli.runtime.hub import hub_hint, prepare_hub
+
     path = Path(source).expanduser()
     looks_local = source.startswith(("/", "./", "../", "~")) or source.count("/") > 1 or path.exists()
     if path.is_file():
@@ -207,14 +213,17 @@ def _read_bert(source: str, what: str):
     if looks_local and not path.is_dir():
         raise FalconError(f"{what} '{source}': no such directory (give a hub id like bert-base-uncased or a "
                           "directory written by save_pretrained)")
+    if not looks_local:
+        prepare_hub()
     try:
         with _quiet_transformers():
             model, info = BertForMaskedLM.from_pretrained(str(path) if looks_local else source,
                                                           output_loading_info=True)
     except Exception as exc:  # offline and not cached, unknown id, bad files, ...
-        raise FalconError(f"{what} '{source}': cannot load BERT weights ({_first_line(exc)}); offline, give a "
-                          "local directory saved with BertForMaskedLM.save_pretrained or fill the hub cache "
-                          "while online") from None
+        why = "" if looks_local else hub_hint(source)
+        raise FalconError(f"{what} '{source}': cannot load BERT weights ({_first_line(exc)}); " + (
+            why or "offline, give a local directory saved with BertForMaskedLM.save_pretrained or fill the hub "
+                   "cache while online")) from None
     return model.state_dict(), model.config, set(info.get("missing_keys", ()))
 
 
