@@ -141,7 +141,7 @@ def test_a_file_that_does_not_match_fails_with_one_line(source, albef_pth, tmp_p
 
     # Another vocabulary (a run with its own WordPiece tokenizer).
     message = first_line_error(lambda: load_albef_checkpoint(create_model("albef-tiny", vocab_size=VOCAB + 5), albef_pth))
-    assert f"vocabulary has {VOCAB} tokens" in message and "bert-base-uncased" in message
+    assert f"vocabulary has {VOCAB} tokens but the run's tokenizer has {VOCAB + 5}" in message and "bert-base-uncased" in message
     message = first_line_error(lambda: albef_from_checkpoint(albef_pth, vocab_size=1000))
     assert f"has {VOCAB} tokens but the run's tokenizer has 1000" in message
 

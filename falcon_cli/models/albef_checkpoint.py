@@ -151,6 +151,7 @@ def albef_state_to_ours(sd: dict[str, torch.Tensor], model: nn.Module, source: s
     ``hint`` ends that line (how to make the model fit). A file without an MLM head (fine-tuned
     retrieval checkpoints) leaves ``mlm_head`` out of the result.
     """
+    from falcon_cli.models.pretrained import check_vocabulary
     from falcon_cli.models.vision import resize_pos_embed
 
     sd = _normalise(sd)
@@ -167,10 +168,7 @@ def albef_state_to_ours(sd: dict[str, torch.Tensor], model: nn.Module, source: s
                           f"{config.fusion_layers}, vision_layers={config.vision_layers} (the file has {layers[0]} text "
                           f"and {layers[1]} fusion layers): unexpected {_names(unexpected)}; missing {_names(missing)}{hint}")
     word = sd[_BERT + "embeddings.word_embeddings.weight"]
-    if word.shape[0] != config.vocab_size:
-        raise FalconError(f"{source}: the checkpoint's vocabulary has {word.shape[0]} tokens but the model's has "
-                          f"{config.vocab_size} (the run's tokenizer); token ids must mean what the checkpoint learned: "
-                          f"use its tokenizer (ALBEF, GRIT-VLP, MAFA: data.tokenizer=bert-base-uncased, or a local copy)")
+    check_vocabulary(word.shape[0], config.vocab_size, source, official=True)  # the model was built for the run's tokenizer
     target = model.state_dict()
     ours = {mapping[k]: v for k, v in sd.items() if k in mapping}
     grid = config.image_size // config.patch_size

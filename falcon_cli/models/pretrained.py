@@ -77,11 +77,11 @@ def albef_from_checkpoint(checkpoint: str | Path, image_size: int | None = None,
 
     if is_albef_file(checkpoint):
         model = albef_from_file(checkpoint, image_size)
-        check_vocabulary(model.config, vocab_size, str(checkpoint), official=True)
+        check_vocabulary(model.config.vocab_size, vocab_size, str(checkpoint), official=True)
         return model
     path = Path(checkpoint) / WEIGHTS
     config = read_weights_config(path).model_copy(update={"vision_weights": None, "text_weights": None})
-    check_vocabulary(config, vocab_size, str(path))
+    check_vocabulary(config.vocab_size, vocab_size, str(path))
     state, config = at_resolution(read_state_dict(path, "model weights"), config, image_size)
     model = ALBEF(config)
     result = model.load_state_dict(state, strict=False)
@@ -91,14 +91,14 @@ def albef_from_checkpoint(checkpoint: str | Path, image_size: int | None = None,
     return model
 
 
-def check_vocabulary(config: AlbefConfig, vocab_size: int | None, source: str, official: bool = False) -> None:
-    """A one-line FalconError when the checkpoint's vocabulary (``config.vocab_size``) is not the run
-    tokenizer's size ``vocab_size`` (None: not checked)."""
-    if vocab_size is None or vocab_size == config.vocab_size:
+def check_vocabulary(checkpoint_vocab: int, vocab_size: int | None, source: str, official: bool = False) -> None:
+    """A one-line FalconError when the checkpoint's vocabulary size is not the run tokenizer's ``vocab_size``
+    (None: not checked); ``official``: an ALBEF/GRIT-VLP/MAFA file (the fix is their tokenizer)."""
+    if vocab_size is None or vocab_size == checkpoint_vocab:
         return
     fix = ("ALBEF, GRIT-VLP and MAFA use bert-base-uncased: run the data stage with data.tokenizer=bert-base-uncased "
            "(or a local copy of it)" if official else "it was trained with another run's tokenizer; evaluate it in that run")
-    raise FalconError(f"{source}: the checkpoint's vocabulary has {config.vocab_size} tokens but the run's tokenizer "
+    raise FalconError(f"{source}: the checkpoint's vocabulary has {checkpoint_vocab} tokens but the run's tokenizer "
                       f"has {vocab_size}; {fix}")
 
 
