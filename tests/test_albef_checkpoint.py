@@ -148,6 +148,8 @@ def test_a_file_that_does_not_match_fails_with_one_line(source, albef_pth, tmp_p
     # Not ALBEF's layout at all; text_weights given a file.
     torch.save({"model": {"weight": torch.zeros(2)}}, tmp_path / "other.pth")
     assert "not in the ALBEF/GRIT-VLP/MAFA layout" in first_line_error(lambda: albef_from_file(tmp_path / "other.pth"))
+    torch.save(source.state_dict(), tmp_path / "falcon.pth")  # falcon's own names are not ALBEF's layout
+    assert "not in the ALBEF/GRIT-VLP/MAFA layout" in first_line_error(lambda: albef_from_file(tmp_path / "falcon.pth"))
     message = first_line_error(lambda: create_model("albef-tiny", text_weights=str(albef_pth)))
     assert "pretrain.init" in message and "no such directory" not in message
     config = first_line_error(lambda: albef_config_from_state({"visual_encoder.pos_embed": torch.zeros(1, 5, 4)}, "x.pth"))

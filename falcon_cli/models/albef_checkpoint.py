@@ -201,7 +201,7 @@ def read_albef_checkpoint(path: str | os.PathLike, what: str = "ALBEF checkpoint
     from falcon_cli.models.weights import read_state_dict
 
     sd = read_state_dict(path, what)
-    if not is_albef_state_dict(_normalise(sd)):
+    if not is_albef_state_dict(sd):
         first = ", ".join(sorted(sd)[:3]) or "none"
         raise FalconError(f"{what} '{path}': not in the ALBEF/GRIT-VLP/MAFA layout (needs visual_encoder.pos_embed and "
                           f"text_encoder.bert.* keys; first keys: {first}); a falcon checkpoint is a directory with "
