@@ -4,7 +4,8 @@ Reads top to bottom:
 1. processes, device, precision; the run's tokenizer and dataset;
 2. each task in ``evaluate.tasks``:
    * ``retrieval``: for each model in ``evaluate.retrieval.models`` (``pretrained`` = zero-shot,
-     FALCON's protocol; ``finetuned`` = after ``falcon finetune --task retrieval``), ITC similarity
+     FALCON's protocol; ``finetuned`` = after ``falcon finetune --task retrieval``; a checkpoint
+     directory or an official ALBEF/GRIT-VLP/MAFA ``.pth`` file), ITC similarity
      of every pair with each query's top k re-ranked by the ITM match logit; TR/IR R@1/5/10, and
      the false-negative-aware metrics: on the shapes world every caption the oracle says truly
      describes an image is a positive (R@K, R-Precision, mAP@R); on COCO 5K the ECCV Caption,
@@ -94,7 +95,7 @@ def evaluate_retrieval(ctx: Context) -> dict:
     truth, dataset, loaded_at = None, None, None  # truth: (kind, metrics(i2t, t2i) or None, meta)
     rows = []
     for name, checkpoint in checkpoints.items():
-        model = albef_from_checkpoint(checkpoint, e.image_size).to(ctx.device)
+        model = albef_from_checkpoint(checkpoint, e.image_size, vocab_size=len(ctx.tokenizer)).to(ctx.device)
         resolution = model.config.image_size
         if loaded_at != resolution:  # checkpoints fine-tuned at another resolution get their own transform
             first = dataset is None
@@ -124,7 +125,7 @@ def evaluate_retrieval(ctx: Context) -> dict:
 
 
 def resolve_model(ctx: Context, name: str) -> Path:
-    """The checkpoint directory an ``evaluate.retrieval.models`` entry names."""
+    """The checkpoint an ``evaluate.retrieval.models`` entry names: a directory, or an ALBEF/GRIT-VLP/MAFA ``.pth`` file."""
     if name == "pretrained":
         return find_checkpoint(ctx.run.path, "evaluate.retrieval.models: pretrained")
     if name == "finetuned":

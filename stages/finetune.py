@@ -1,7 +1,8 @@
 """The finetune stage: ALBEF's downstream fine-tuning, one task after another.
 
 Reads top to bottom:
-1. processes, device, precision, seeds; the run's tokenizer; the pretrained checkpoint to start from;
+1. processes, device, precision, seeds; the run's tokenizer; the pretrained checkpoint to start from (a
+   falcon run or checkpoint, or an official ALBEF/GRIT-VLP/MAFA .pth file);
 2. each task in ``finetune.tasks`` (reference-code.md §5):
    * ``retrieval``: ITC against a momentum queue in which every caption of the same image is a
      positive, plus ITM with sampled negatives; after each epoch the ``select_split`` is scored
@@ -114,7 +115,7 @@ def finetune_retrieval(ctx: Context, start: Path) -> dict:
     if t.queue_size % global_batch:
         raise FalconError(f"finetune.retrieval.queue_size={t.queue_size} is not a multiple of the global batch "
                           f"{global_batch} (batch_size {t.batch_size} × {D.world_size()} processes); choose a multiple")
-    model = albef_from_checkpoint(start, t.image_size)
+    model = albef_from_checkpoint(start, t.image_size, vocab_size=len(ctx.tokenizer))
     resolution = model.config.image_size
     train = retrieval_dataset(ctx.spec, "train", ctx.transform(resolution))
     select = retrieval_dataset(ctx.spec, t.select_split, ctx.transform(resolution, train=False))
@@ -143,7 +144,7 @@ def finetune_retrieval(ctx: Context, start: Path) -> dict:
 def finetune_vqa(ctx: Context, start: Path) -> dict:
     """The answer decoder from the fusion layers; annotator-weighted answer cross-entropy; last epoch kept."""
     t, f = ctx.f.vqa, ctx.f
-    albef = albef_from_checkpoint(start, t.image_size)
+    albef = albef_from_checkpoint(start, t.image_size, vocab_size=len(ctx.tokenizer))
     model = AlbefVQA.from_pretrained(albef).to(ctx.device)
     # Several splits train as one (VQA v2: train + val).
     train = torch.utils.data.ConcatDataset([vqa_dataset(ctx.spec, split, ctx.transform(albef.config.image_size))
@@ -165,7 +166,7 @@ def finetune_vqa(ctx: Context, start: Path) -> dict:
 def finetune_nlvr2(ctx: Context, start: Path) -> dict:
     """Text-assignment pretraining on the run's pairs, then the two-way classifier; best by dev accuracy."""
     t, f = ctx.f.nlvr2, ctx.f
-    albef = albef_from_checkpoint(start, t.ta_image_size)
+    albef = albef_from_checkpoint(start, t.ta_image_size, vocab_size=len(ctx.tokenizer))
     project, pooling = albef.vision_proj.to(ctx.device).eval(), albef.config.pooling  # frozen: only picks hard images
     model = AlbefNLVR2.from_albef(albef).to(ctx.device)
     summary: dict = {}

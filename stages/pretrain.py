@@ -41,6 +41,7 @@ from falcon_cli.data.tokenizer import load_run_tokenizer
 from falcon_cli.data.transforms import build_transform
 from falcon_cli.errors import FalconError
 from falcon_cli.evaluation.zero_shot import zero_shot_retrieval
+from falcon_cli.models.albef_checkpoint import load_albef_checkpoint
 from falcon_cli.models.registry import create_model
 from falcon_cli.objectives.itc import alpha_ramp
 from falcon_cli.objectives.mlm import MlmMask
@@ -90,6 +91,8 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
     if p.image_size is not None:
         overrides["image_size"] = p.image_size
     model = create_model(p.model, **overrides)
+    if p.init is not None:  # a whole official ALBEF/GRIT-VLP/MAFA checkpoint (docs/pretraining.md)
+        load_albef_checkpoint(model, p.init)
     resolution = model.config.image_size
     dataset = pretrain_dataset(spec, build_transform(p.augment, resolution, hflip=p.hflip), seed=config.seed)
     # False negatives (MAFA, SRCL, DiHT, GloFND): checked and loaded before any training; on the shapes

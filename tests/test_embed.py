@@ -219,6 +219,28 @@ def test_unreadable_images_are_skipped_and_counted_or_stop_the_stage(falcon_sour
     assert not (tmp_path / "fail" / "embeddings" / "embeddings.h5").exists()
 
 
+def test_open_clip_local_dir_records_the_weights_it_loaded(clip_run, world, tiny_clip, tmp_path):
+    """`open_clip:local-dir:DIR`: the directory's weights are used and recorded (not embed.pretrained's default tag)."""
+    import shutil
+
+    directory = tmp_path / "clip-dir"
+    directory.mkdir()
+    (directory / "open_clip_config.json").write_text(json.dumps({"model_cfg": TINY_CLIP, "preprocess_cfg": {}}))
+    shutil.copy(tiny_clip, directory / "open_clip_pytorch_model.bin")
+    run_dir = tmp_path / "run"
+    code = in_process(*embed_args(run_dir, world, f"embed.encoder=open_clip:local-dir:{directory}", "embed.fp16=false",
+                                  "embed.num_workers=0", "embed.device=cpu"))  # embed.pretrained keeps its default tag
+    assert code == 0
+    emb = read_embeddings(run_dir / "embeddings" / "embeddings.h5")
+    weights = str((directory / "open_clip_pytorch_model.bin").resolve())
+    assert emb.attrs["model"] == f"open_clip:local-dir:{directory}" and emb.attrs["checkpoint"] == weights
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["stages"]["embed"]["result"]["checkpoint"] == weights
+    same = read_embeddings(clip_run / "embeddings" / "embeddings.h5")  # the same weights given as a file
+    np.testing.assert_allclose(emb.image, same.image, atol=1e-5)
+    np.testing.assert_allclose(emb.text, same.text, atol=1e-5)
+
+
 def test_cli_error_is_one_line(clip_run, world, tmp_path):
     proc = run_cli(*embed_args(tmp_path / "run", world, "embed.encoder=falcon:/nonexistent/run"))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
@@ -236,6 +258,7 @@ def test_encoder_errors_are_one_line(tmp_path, tiny_clip):
         ((f"open_clip:{CLIP_NAME}", "laion9000"), "not a pretrained tag"),
         ((f"falcon:{tmp_path / 'nope'}", None), "nope: not found"),
         ((f"falcon:{tmp_path}", None), "neither a run directory"),
+        ((f"open_clip:local-dir:{tmp_path}", "laion2b_s34b_b79k"), "open_clip_config.json not found"),
     ]
     for (spec, pretrained), message in cases:
         with pytest.raises(FalconError, match=message) as info:

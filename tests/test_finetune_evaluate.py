@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from tests.conftest import run_cli
 
@@ -127,3 +128,55 @@ def test_vqa_needs_a_finetuned_model(tmp_path, run_dir):
     shutil.copytree(run_dir, run, ignore=shutil.ignore_patterns("finetune"))
     proc = run_cli("evaluate", "vqa", run)
     assert proc.returncode == 2 and "falcon finetune --task vqa" in proc.stderr, proc.stderr
+
+
+def test_an_official_albef_checkpoint_file_in_evaluate_finetune_and_pretrain(run_dir, tmp_path):
+    """The run's pretrained weights saved as ALBEF saves them (.pth, its key names): evaluated with --model,
+    fine-tuned from with finetune.checkpoint, pretrained from with pretrain.init; each sees exactly those weights."""
+    import shutil
+
+    from falcon_cli.models import ALBEF, create_model, model_from_weights, save_weights
+    from falcon_cli.models.pretrained import albef_from_checkpoint, find_checkpoint
+    from tests.albef_files import write_albef_checkpoint
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run, ignore=shutil.ignore_patterns("finetune"))
+    pretrained = albef_from_checkpoint(find_checkpoint(run, "test"))
+    pth = write_albef_checkpoint(pretrained, tmp_path / "ALBEF.pth")
+    # ALBEF's files do not say how features are pooled: ALBEF's [CLS] pooling is read; the same weights with it:
+    as_albef = ALBEF(pretrained.config.model_copy(update={"pooling": "cls"}))
+    as_albef.load_state_dict(pretrained.state_dict())
+    (tmp_path / "cls").mkdir()
+    save_weights(as_albef, tmp_path / "cls" / "model.safetensors")
+
+    proc = run_cli("evaluate", "retrieval", run, "--model", tmp_path / "cls", "--model", pth, "--itc-only",
+                   "--false-negatives", "none")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    same, official = rows(run, "retrieval")["rows"]
+    assert official["model"] == str(pth) and official["checkpoint"] == str(pth)
+    assert {k: v for k, v in official.items() if "R" in k} == {k: v for k, v in same.items() if "R" in k}
+
+    proc = run_cli("finetune", "--run-dir", run, "--task", "retrieval", f"finetune.checkpoint={pth}",
+                   "finetune.retrieval.epochs=0", "finetune.retrieval.image_size=null")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    best = model_from_weights(run / "finetune" / "retrieval" / "best" / "model.safetensors")
+    for key, value in as_albef.state_dict().items():
+        assert torch.equal(best.state_dict()[key], value), key
+
+    # A file with another vocabulary than the run's tokenizer: one line, before any scoring.
+    other = write_albef_checkpoint(create_model("albef-tiny", vocab_size=333, pooling="cls"), tmp_path / "other.pth")
+    proc = run_cli("evaluate", "retrieval", run, "--model", other, "--itc-only")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "vocabulary has 333 tokens but the run's tokenizer has" in proc.stderr and "bert-base-uncased" in proc.stderr
+
+    # pretrain.init: a new run on the same world (same tokenizer) starts from the file, so its untrained
+    # zero-shot retrieval is the source run's trained one.
+    fresh = tmp_path / "fresh"
+    proc = run_cli("pretrain", "--recipe", "shapes-demo", "--run-dir", fresh, f"data.dataset={run_dir.parent / 'world'}",
+                   *TINY, f"pretrain.init={pth}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    untrained = rows(fresh, "retrieval_zeroshot")["rows"][0]
+    trained = rows(run_dir, "retrieval_zeroshot")["rows"][-1]
+    assert untrained["model"] == "untrained"
+    for key in ("i2t_R@1", "i2t_R@5", "t2i_R@1", "t2i_R@5", "mean_R"):
+        assert untrained[key] == pytest.approx(trained[key], abs=1e-9), key

@@ -368,6 +368,41 @@ def test_timm_weights_errors(tmp_path):
         create_model("albef-tiny", vision_weights=str(tmp_path / "odd.pth"))
 
 
+def _albef_resize(pos_embed: torch.Tensor, grid: int) -> torch.Tensor:
+    """The reference: ALBEF's interpolate_pos_embed written out (bicubic, no antialias, [CLS] row kept)."""
+    old = int((pos_embed.shape[1] - 1) ** 0.5)
+    patch = pos_embed[:, 1:].reshape(1, old, old, -1).permute(0, 3, 1, 2)
+    patch = torch.nn.functional.interpolate(patch, size=(grid, grid), mode="bicubic", align_corners=False, antialias=False)
+    return torch.cat([pos_embed[:, :1], patch.permute(0, 2, 3, 1).flatten(1, 2)], dim=1)
+
+
+def test_position_embeddings_resize_like_albef(tmp_path):
+    """Every resize (the function, image weights from a file, a checkpoint at another resolution) is ALBEF's."""
+    from safetensors.torch import save_file
+
+    from falcon_cli.models.pretrained import at_resolution
+    from falcon_cli.models.vision import resize_pos_embed
+
+    table = torch.randn(1, 1 + 4 * 4, 192, generator=torch.Generator().manual_seed(3))
+    for grid in (8, 6, 3, 4):
+        expected = _albef_resize(table, grid) if grid != 4 else table
+        torch.testing.assert_close(resize_pos_embed(table, grid), expected, atol=1e-6, rtol=0)
+    with pytest.raises(FalconError, match="square grid"):
+        resize_pos_embed(table[:, :-1], 8)
+
+    vit = _tiny_timm_vit(32)  # a 4x4 grid of 8-pixel patches
+    with torch.no_grad():
+        vit.pos_embed.copy_(table)
+    save_file(vit.state_dict(), str(tmp_path / "vit.safetensors"))
+    model = create_model("albef-tiny", vocab_size=VOCAB, vision_weights=str(tmp_path / "vit.safetensors"))  # 64 px: 8x8
+    torch.testing.assert_close(model.visual_encoder.pos_embed.detach(), _albef_resize(table, 8), atol=1e-6, rtol=0)
+
+    state, config = at_resolution(model.state_dict(), model.config, 96)  # fine-tuning at a higher resolution: 12x12
+    torch.testing.assert_close(state["visual_encoder.pos_embed"], _albef_resize(model.visual_encoder.pos_embed.detach(), 12),
+                               atol=1e-6, rtol=0)
+    assert config.image_size == 96
+
+
 # --- checkpoints ----------------------------------------------------------------------------------
 
 def test_safetensors_roundtrip_identical_outputs(tiny, tmp_path):

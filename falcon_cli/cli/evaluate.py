@@ -23,9 +23,10 @@ BATCH = typer.Option(None, "--batch-size", help="Images/texts per forward and pa
 @app.command("retrieval")
 def retrieval(
     target: Path = TARGET,
-    model: Optional[List[str]] = typer.Option(None, "--model", "-m", help="pretrained (zero-shot), finetuned, or a "
-                                              "checkpoint directory; repeat for several rows [default: the checkpoint "
-                                              "given, else the config's evaluate.retrieval.models]."),
+    model: Optional[List[str]] = typer.Option(None, "--model", "-m", help="pretrained (zero-shot), finetuned, a "
+                                              "checkpoint directory, or an official ALBEF/GRIT-VLP/MAFA .pth file; repeat "
+                                              "for several rows [default: the checkpoint given, else the config's "
+                                              "evaluate.retrieval.models]."),
     split: Optional[str] = typer.Option(None, "--split", help="val or test [default: test]."),
     k: Optional[int] = typer.Option(None, "--k", help="ITM re-ranking depth (COCO 5K: 256, Flickr 1K: 128)."),
     itc_only: Optional[bool] = typer.Option(None, "--itc-only/--rerank", help="Rank by ITC similarity only (fast)."),
@@ -95,7 +96,10 @@ def _locate(target: Path) -> tuple[Path, Path | None]:
                 return parent, target
         raise FalconError(f"{target}: a checkpoint outside any falcon run directory (no manifest.json above it); "
                           "the run's tokenizer and dataset are needed")
-    raise FalconError(f"{target}: neither a falcon run directory (manifest.json) nor a checkpoint directory (model.safetensors)")
+    hint = (f"; an ALBEF/GRIT-VLP/MAFA file is evaluated in a run that gives the data and tokenizer: "
+            f"falcon evaluate retrieval RUN_DIR --model {target}") if target.is_file() else ""
+    raise FalconError(f"{target}: neither a falcon run directory (manifest.json) nor a checkpoint directory "
+                      f"(model.safetensors){hint}")
 
 
 def _evaluate(task: str, run_dir: Path, options: dict, device, batch_size, settings) -> None:

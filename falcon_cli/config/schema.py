@@ -161,6 +161,12 @@ class PretrainConfig(Section):
     """Image-encoder weights: a timm name (``timm:deit_base_patch16_224.fb_in1k``) or a local file; None = random init."""
     text_weights: Annotated[str | None, InputPath(when="exists")] = None
     """Text/fusion weights: a hub id (``bert-base-uncased``) or a local directory; None = random init."""
+    init: Annotated[str | None, InputPath()] = None
+    """Start from a whole official ALBEF / GRIT-VLP / MAFA checkpoint (their ``.pth`` file): every weight of
+    ``model`` is loaded from it (key mapping in docs/pretraining.md), the position embeddings resized to
+    ``image_size``; its momentum copies and queues are skipped. ``model`` must have the checkpoint's
+    architecture (``albef-base`` for the released ones) and the run's tokenizer its vocabulary
+    (``data.tokenizer: bert-base-uncased``). None = ``vision_weights``/``text_weights`` or random init."""
 
     # -- objectives ------------------------------------------------------------------------
     itc: Literal["grit", "momentum"] = "grit"
@@ -316,6 +322,8 @@ class PretrainConfig(Section):
             raise ValueError(f"mafa.low ({self.mafa.low}) must not exceed mafa.high ({self.mafa.high})")
         if self.itc_consistency_weight is None:  # the one place a method's own loss is filled in
             self.itc_consistency_weight = ITC_CONSISTENCY_WEIGHT[self.false_negatives]
+        if self.init is not None and (self.vision_weights or self.text_weights):
+            raise ValueError("init loads every weight; leave vision_weights and text_weights unset with it")
         return self
 
 
@@ -532,8 +540,9 @@ class FinetuneConfig(Section):
     tasks: list[TaskName] = ["retrieval"]
     """Which tasks to fine-tune, in this order."""
     checkpoint: Annotated[str | None, InputPath()] = None
-    """The pretrained weights to start from: a falcon run or checkpoint directory; None = this run's
-    latest pretraining checkpoint."""
+    """The pretrained weights to start from: a falcon run or checkpoint directory, or an official
+    ALBEF / GRIT-VLP / MAFA ``.pth`` file (its architecture read from its shapes; the run's tokenizer
+    must have its vocabulary); None = this run's latest pretraining checkpoint."""
     retrieval: RetrievalFinetuneConfig = RetrievalFinetuneConfig()
     """Retrieval fine-tuning (COCO: 5 epochs; Flickr30k: 10)."""
     vqa: VqaFinetuneConfig = VqaFinetuneConfig()
@@ -568,8 +577,8 @@ class RetrievalEvalConfig(Section):
 
     models: Annotated[list[str], InputPath(keywords=("pretrained", "finetuned"))] = ["pretrained"]
     """Which weights to evaluate, one row each: ``pretrained`` (the run's latest pretraining checkpoint:
-    zero-shot, FALCON's protocol), ``finetuned`` (``finetune/retrieval/best``: MAFA's and SRCL's protocol)
-    or a checkpoint directory."""
+    zero-shot, FALCON's protocol), ``finetuned`` (``finetune/retrieval/best``: MAFA's and SRCL's protocol),
+    a checkpoint directory, or an official ALBEF / GRIT-VLP / MAFA ``.pth`` file."""
     split: Literal["val", "test"] = "test"
     """The retrieval split."""
     k: int = Field(256, ge=1)

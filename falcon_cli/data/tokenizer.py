@@ -61,9 +61,10 @@ def load_tokenizer(name_or_path: str | os.PathLike):
 
     A directory that exists is loaded from disk; anything else is treated as a hub id,
     looked up in the local Hugging Face cache first and then on the hub (unless
-    ``HF_HUB_OFFLINE=1``). Failure is a one-line :class:`FalconError`.
+    ``HF_HUB_OFFLINE=1``, or the hub does not answer: :func:`~falcon_cli.runtime.hub.prepare_hub`).
+    Failure is a one-line :class:`FalconError`.
     """
-    import huggingface_hub.constants
+    from falcon_cli.runtime.hub import hub_hint, prepare_hub
 
     name = str(name_or_path)
     path = Path(name).expanduser()
@@ -78,13 +79,12 @@ def load_tokenizer(name_or_path: str | os.PathLike):
     if path.exists() or _looks_like_path(name):
         raise FalconError(f"{path}: tokenizer directory not found (give a saved tokenizer directory or a hub id)")
     tokenizer, reason = _from_pretrained(name, local_files_only=True)
-    if tokenizer is None and not huggingface_hub.constants.HF_HUB_OFFLINE:
+    if tokenizer is None and prepare_hub():
         tokenizer, reason = _from_pretrained(name)
     if tokenizer is None:
-        raise FalconError(
-            f"tokenizer '{name}' could not be loaded ({reason}): it is not a local directory and not in the "
-            "Hugging Face cache; download it once with network access, or pass a saved tokenizer directory"
-        )
+        why = hub_hint(name) or ("it is not a local directory and not in the Hugging Face cache; download it once "
+                                 "with network access, or pass a saved tokenizer directory")
+        raise FalconError(f"tokenizer '{name}' could not be loaded ({reason}): {why}")
     return tokenizer
 
 

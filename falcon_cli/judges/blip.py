@@ -63,19 +63,24 @@ def _load_blip(model: str):
     """(processor, ``BlipForImageTextRetrieval``) for a hub id or local directory; failures are one line."""
     from transformers import AutoProcessor, BlipForImageTextRetrieval
 
+    from falcon_cli.runtime.hub import hub_hint, prepare_hub
+
     path = Path(model).expanduser()
     looks_local = model.startswith(("/", "./", "../", "~")) or path.exists()
     if looks_local and not path.is_dir():
         raise FalconError(f"BLIP judge model {model}: no such directory; give a directory saved with save_pretrained "
                           f"or a hub id such as {DEFAULT_BLIP_MODEL}")
     source = str(path) if looks_local else model
+    if not looks_local:
+        prepare_hub()
     try:
         processor = AutoProcessor.from_pretrained(source)
         blip = BlipForImageTextRetrieval.from_pretrained(source)
     except Exception as exc:  # OSError offline / unknown id, ValueError / KeyError for a wrong model type, ...
+        why = ("" if looks_local else hub_hint(model)) or ("model hubs may be unreachable from here, so download it "
+                                                           "elsewhere and give the local directory")
         raise FalconError(f"BLIP judge model {model}: cannot load a BlipForImageTextRetrieval model and processor "
-                          f"({first_line(exc)}); model hubs may be unreachable from here, so download it elsewhere and "
-                          "give the local directory (save_pretrained of the model and its processor)") from None
+                          f"({first_line(exc)}); {why} (save_pretrained of the model and its processor)") from None
     if not callable(processor) or not hasattr(processor, "image_processor") or not hasattr(processor, "tokenizer"):
         raise FalconError(f"BLIP judge model {model}: the processor found ({type(processor).__name__}) is not an "
                           "image+text processor; save the BlipProcessor next to the model")

@@ -29,6 +29,12 @@ from falcon_cli.errors import FalconError
 
 OPEN_CLIP_PREFIX = "open_clip:"
 FALCON_PREFIX = "falcon:"
+LOCAL_DIR = "local-dir:"
+"""open_clip's prefix for a local directory holding ``open_clip_config.json`` and the weights."""
+HF_HUB = "hf-hub:"
+"""open_clip's prefix for a Hugging Face hub repository holding its config and weights."""
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth")
+"""Weight files open_clip looks for in a ``local-dir:`` directory."""
 TOKENIZER_DIR = Path("data/tokenizer")
 DEFAULT_MAX_TEXT_LENGTH = 25  # falcon's pretrain.max_text_length default
 
@@ -63,25 +69,40 @@ class OpenClipTokenizer:
 
 
 class OpenClipEncoder:
-    """An open_clip model: ``encode_image`` / ``encode_text`` with ``normalize=True``."""
+    """An open_clip model: ``encode_image`` / ``encode_text`` with ``normalize=True``.
+
+    ``name`` is an architecture (``ViT-B-32``, weights from ``pretrained``: a tag or a file) or
+    carries its own weights: ``local-dir:DIR`` (``DIR/open_clip_config.json`` and a weights file)
+    or ``hf-hub:ORG/REPO``; for those two open_clip ignores ``pretrained``, and so does this class.
+    ``checkpoint`` records what the weights were actually read from.
+    """
 
     def __init__(self, name: str, pretrained: str | None, device: torch.device):
         import open_clip
 
+        from falcon_cli.runtime.hub import hub_hint, prepare_hub
+
         _check_open_clip_name(name, open_clip)
+        if name.startswith((LOCAL_DIR, HF_HUB)):
+            pretrained = None  # the directory / repo holds the weights (embed.pretrained's default tag does not apply)
         if pretrained is not None:
             _check_open_clip_pretrained(name, pretrained, open_clip)
+        checkpoint = _open_clip_checkpoint(name, pretrained)
+        what = f"embed.encoder={OPEN_CLIP_PREFIX}{name}" if pretrained is None else f"embed.pretrained={pretrained}"
+        from_hub = name.startswith(HF_HUB) or (pretrained is not None and not Path(pretrained).expanduser().is_file())
+        if from_hub:  # a pretrained tag or an hf-hub: repo: open_clip fetches it from the Hugging Face hub
+            prepare_hub()
         try:
             model, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=pretrained, device=device)
         except FalconError:
             raise
         except Exception as exc:  # open_clip raises RuntimeError/ValueError/OSError for weights it cannot load
-            raise FalconError(f"embed.pretrained={pretrained}: open_clip could not load weights for {name} "
-                              f"({_first_line(exc)}); give a local checkpoint file or a tag in open_clip's cache") from None
+            why = (hub_hint(checkpoint) if from_hub else "") or "give a local checkpoint file or a tag in open_clip's cache"
+            raise FalconError(f"{what}: open_clip could not load weights for {name} ({_first_line(exc)}); {why}") from None
         self.model = model.eval()
         self.device = device
         self.model_name = OPEN_CLIP_PREFIX + name
-        self.checkpoint = "" if pretrained is None else str(pretrained)
+        self.checkpoint = checkpoint
         self.epoch = None
         self.image_transform = preprocess
         self.tokenizer = OpenClipTokenizer(open_clip.get_tokenizer(name))
@@ -176,6 +197,28 @@ def locate_falcon_checkpoint(path: str | Path) -> tuple[Path, Path | None]:
         return checkpoint, path
     raise FalconError(f"embed.encoder=falcon:{path}: neither a run directory (with checkpoints/) nor a checkpoint "
                       f"directory (with {WEIGHTS})")
+
+
+def _open_clip_checkpoint(name: str, pretrained: str | None) -> str:
+    """What an open_clip model's weights are read from, for the record: for ``local-dir:DIR`` the weights
+    file open_clip picks in DIR (a one-line error when there is none: the model would be random), for
+    ``hf-hub:REPO`` the repo, else the ``pretrained`` tag or file ("" = random weights)."""
+    if name.startswith(HF_HUB):
+        return name
+    if not name.startswith(LOCAL_DIR):
+        return "" if pretrained is None else str(pretrained)
+    import open_clip.factory
+
+    directory = Path(name[len(LOCAL_DIR):]).expanduser()
+    spec = f"embed.encoder={OPEN_CLIP_PREFIX}{name}"
+    if not (directory / "open_clip_config.json").is_file():
+        raise FalconError(f"{spec}: {directory / 'open_clip_config.json'} not found (a local-dir: directory holds "
+                          "open_clip_config.json and the weights, as open_clip's push_to_hf_hub writes them)")
+    if not any(p.suffix in WEIGHT_SUFFIXES for p in directory.iterdir()):
+        raise FalconError(f"{spec}: no weights file ({', '.join('*' + s for s in WEIGHT_SUFFIXES)}) in {directory}")
+    find = getattr(open_clip.factory, "_find_checkpoint_in_dir", None)  # open_clip's own choice among several files
+    found = find(directory) if find is not None else None
+    return str(Path(found).resolve() if found else directory.resolve())
 
 
 def _check_open_clip_name(name: str, open_clip) -> None:

@@ -1,8 +1,10 @@
-"""Start a downstream task from a falcon checkpoint: find it, and rebuild its ALBEF at any resolution.
+"""Start a downstream task from a checkpoint: find it, and rebuild its ALBEF at any resolution.
 
-Fine-tuning runs at a higher resolution than pretraining (ALBEF: 256 px → 384 px), so the ViT's
-position embeddings are resampled to the new patch grid (bicubic, as ALBEF's
-``interpolate_pos_embed``); every other weight is loaded as it is.
+A checkpoint is a falcon checkpoint directory (``model.safetensors`` with the config in its
+metadata) or an official ALBEF / GRIT-VLP / MAFA ``.pth`` file (read by
+:mod:`falcon_cli.models.albef_checkpoint`). Fine-tuning runs at a higher resolution than
+pretraining (ALBEF: 256 px → 384 px), so the ViT's position embeddings are resampled to the new
+patch grid (bicubic, as ALBEF's ``interpolate_pos_embed``); every other weight is loaded as it is.
 """
 
 from __future__ import annotations
@@ -18,12 +20,18 @@ POS_EMBED = "visual_encoder.pos_embed"
 
 
 def find_checkpoint(path: str | Path, what: str) -> Path:
-    """The checkpoint directory a run directory (its latest pretraining checkpoint) or a checkpoint
-    directory names; ``what`` says which setting gave the path (for the error line)."""
+    """The checkpoint a run directory (its latest pretraining checkpoint), a checkpoint directory (or
+    its ``model.safetensors``) or an ALBEF/GRIT-VLP/MAFA ``.pth`` file names: a directory, or the
+    ``.pth`` file itself; ``what`` says which setting gave the path (for the error line)."""
+    from falcon_cli.models.albef_checkpoint import is_albef_file
     from falcon_cli.runtime.checkpoint import WEIGHTS, latest_checkpoint
 
     path = Path(path).expanduser()
     if (path / WEIGHTS).is_file():
+        return path
+    if path.is_file() and path.name == WEIGHTS:
+        return path.parent
+    if is_albef_file(path):
         return path
     if (path / "checkpoints").is_dir():
         checkpoint = latest_checkpoint(path / "checkpoints")
@@ -33,15 +41,16 @@ def find_checkpoint(path: str | Path, what: str) -> Path:
                           f"(falcon pretrain --run-dir {path}) or give a checkpoint directory")
     if not path.exists():
         raise FalconError(f"{what}: {path} not found; give a falcon run directory or a checkpoint directory")
-    raise FalconError(f"{what}: {path} is neither a run directory (with checkpoints/) nor a checkpoint "
-                      f"directory (with {WEIGHTS})")
+    raise FalconError(f"{what}: {path} is neither a run directory (with checkpoints/), a checkpoint "
+                      f"directory (with {WEIGHTS}) nor an ALBEF/GRIT-VLP/MAFA .pth file")
 
 
 def at_resolution(state: dict, config: AlbefConfig, image_size: int | None) -> tuple[dict, AlbefConfig]:
     """``(state, config)`` for ``image_size`` pixels: the position embeddings (``visual_encoder.pos_embed``)
-    resampled to the new patch grid (bicubic, as ALBEF's ``interpolate_pos_embed``); as given when
-    ``image_size`` is None or unchanged. Works for any model whose image encoder is ``visual_encoder``."""
-    from timm.layers import resample_abs_pos_embed
+    resampled to the new patch grid by :func:`~falcon_cli.models.vision.resize_pos_embed` (ALBEF's
+    ``interpolate_pos_embed``); as given when ``image_size`` is None or unchanged. Works for any model
+    whose image encoder is ``visual_encoder``."""
+    from falcon_cli.models.vision import resize_pos_embed
 
     if image_size is None or image_size == config.image_size:
         return state, config
@@ -49,20 +58,30 @@ def at_resolution(state: dict, config: AlbefConfig, image_size: int | None) -> t
         raise FalconError(f"image_size {image_size} is not a multiple of the model's patch size {config.patch_size}")
     grid = image_size // config.patch_size
     state = dict(state)
-    state[POS_EMBED] = resample_abs_pos_embed(state[POS_EMBED], new_size=[grid, grid], num_prefix_tokens=1)
+    state[POS_EMBED] = resize_pos_embed(state[POS_EMBED], grid)
     return state, config.model_copy(update={"image_size": image_size})
 
 
-def albef_from_checkpoint(checkpoint: str | Path, image_size: int | None = None) -> ALBEF:
-    """The ALBEF saved in ``checkpoint/model.safetensors``, built for ``image_size`` pixels (None = as saved).
+def albef_from_checkpoint(checkpoint: str | Path, image_size: int | None = None, *,
+                          vocab_size: int | None = None) -> ALBEF:
+    """The ALBEF saved in ``checkpoint`` (a falcon checkpoint directory's ``model.safetensors``, or an
+    ALBEF/GRIT-VLP/MAFA ``.pth`` file), built for ``image_size`` pixels (None = as saved).
 
     Only the image encoder's position embeddings depend on the resolution: they are resampled
-    from the saved patch grid to the new one.
+    from the saved patch grid to the new one. ``vocab_size`` (the run tokenizer's length) is
+    checked against the checkpoint's vocabulary: ids from another tokenizer would be read as
+    different words.
     """
+    from falcon_cli.models.albef_checkpoint import albef_from_file, is_albef_file
     from falcon_cli.runtime.checkpoint import WEIGHTS
 
+    if is_albef_file(checkpoint):
+        model = albef_from_file(checkpoint, image_size)
+        check_vocabulary(model.config.vocab_size, vocab_size, str(checkpoint), official=True)
+        return model
     path = Path(checkpoint) / WEIGHTS
     config = read_weights_config(path).model_copy(update={"vision_weights": None, "text_weights": None})
+    check_vocabulary(config.vocab_size, vocab_size, str(path))
     state, config = at_resolution(read_state_dict(path, "model weights"), config, image_size)
     model = ALBEF(config)
     result = model.load_state_dict(state, strict=False)
@@ -70,6 +89,17 @@ def albef_from_checkpoint(checkpoint: str | Path, image_size: int | None = None)
         raise FalconError(f"{path}: not an ALBEF checkpoint (missing {result.missing_keys[:3]}, "
                           f"unexpected {result.unexpected_keys[:3]})")
     return model
+
+
+def check_vocabulary(checkpoint_vocab: int, vocab_size: int | None, source: str, official: bool = False) -> None:
+    """A one-line FalconError when the checkpoint's vocabulary size is not the run tokenizer's ``vocab_size``
+    (None: not checked); ``official``: an ALBEF/GRIT-VLP/MAFA file (the fix is their tokenizer)."""
+    if vocab_size is None or vocab_size == checkpoint_vocab:
+        return
+    fix = ("ALBEF, GRIT-VLP and MAFA use bert-base-uncased: run the data stage with data.tokenizer=bert-base-uncased "
+           "(or a local copy of it)" if official else "it was trained with another run's tokenizer; evaluate it in that run")
+    raise FalconError(f"{source}: the checkpoint's vocabulary has {checkpoint_vocab} tokens but the run's tokenizer "
+                      f"has {vocab_size}; {fix}")
 
 
 FINETUNED = Path("finetune")
@@ -107,5 +137,5 @@ def task_model_from_checkpoint(checkpoint: str | Path, task: str):
     return model
 
 
-__all__ = ["FINETUNED", "albef_from_checkpoint", "at_resolution", "find_checkpoint", "finetuned_weights",
+__all__ = ["FINETUNED", "albef_from_checkpoint", "at_resolution", "check_vocabulary", "find_checkpoint", "finetuned_weights",
            "task_model_from_checkpoint"]

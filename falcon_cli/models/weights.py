@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 from collections import OrderedDict
 from pathlib import Path
@@ -108,11 +109,15 @@ def read_state_dict(path: str | os.PathLike, what: str = "weights") -> dict[str,
 def _timm_state_dict(name: str, what: str) -> dict[str, torch.Tensor]:
     import timm
 
+    from falcon_cli.runtime.hub import hub_hint, prepare_hub
+
+    prepare_hub()  # timm takes its weights from the Hugging Face hub (or its cache)
     try:
         source = timm.create_model(name, pretrained=True, num_classes=0)
     except Exception as exc:  # unknown name, offline without cache, ...
+        why = hub_hint(f"timm:{name}") or "check the name with timm.list_pretrained()"
         raise FalconError(f"{what} 'timm:{name}': cannot load pretrained timm weights ({_first_line(exc)}); "
-                          "check the name with timm.list_pretrained(), or give a local .safetensors/.pth file") from None
+                          f"{why}; or give a local .safetensors/.pth file") from None
     return source.state_dict()
 
 
@@ -121,8 +126,9 @@ def load_vision_weights(encoder: nn.Module, source: str, what: str = "vision_wei
 
     ``source`` is ``timm:<model name>`` (pretrained weights via timm: hub or its cache) or a local
     file/directory (see :func:`read_state_dict`); checkpoints with a ``visual_encoder.`` prefix
-    (ALBEF) are accepted. Position embeddings are resampled to the encoder's grid (and patch
-    embeddings to its patch size) with timm's checkpoint filter; the classifier head is dropped.
+    (ALBEF) are accepted. Position embeddings are resampled to the encoder's grid as ALBEF does
+    (:func:`~falcon_cli.models.vision.resize_pos_embed`), patch embeddings to its patch size by
+    timm's checkpoint filter; the classifier head is dropped.
     Missing/unexpected keys are logged on one line; an incompatible source is a FalconError.
     """
     from timm.models.vision_transformer import checkpoint_filter_fn
@@ -133,6 +139,7 @@ def load_vision_weights(encoder: nn.Module, source: str, what: str = "vision_wei
         sd = read_state_dict(source, what)
     if any(k.startswith("visual_encoder.") for k in sd):
         sd = {k[len("visual_encoder."):]: v for k, v in sd.items() if k.startswith("visual_encoder.")}
+    sd = _pos_embed_to_grid(sd, encoder)
     try:
         sd = checkpoint_filter_fn(sd, encoder)
     except Exception as exc:
@@ -153,6 +160,23 @@ def load_vision_weights(encoder: nn.Module, source: str, what: str = "vision_wei
     log.log(level, "vision weights from %s: loaded %d tensors; missing %s; unexpected %s; dropped head %s",
             source, len(sd) - len(result.unexpected_keys), _names(result.missing_keys),
             _names(result.unexpected_keys), _names(dropped))
+
+
+def _pos_embed_to_grid(sd: dict[str, torch.Tensor], encoder: nn.Module) -> dict[str, torch.Tensor]:
+    """``sd`` with its ``pos_embed`` resized to ``encoder``'s patch grid by our (ALBEF's) resize, so timm's
+    checkpoint filter, which would resample with antialiasing, finds nothing left to resize. Tables that
+    are not one [CLS] row plus a square grid (distilled DeiT, ...) are left to timm."""
+    from falcon_cli.models.vision import resize_pos_embed
+
+    pos = sd.get("pos_embed")
+    target = getattr(encoder, "pos_embed", None)
+    if pos is None or target is None or pos.shape == target.shape or pos.dim() != 3:
+        return sd
+    grid = encoder.patch_embed.grid_size[0]
+    patches = pos.shape[1] - 1
+    if math.isqrt(patches) ** 2 != patches or encoder.patch_embed.grid_size[1] != grid:
+        return sd
+    return {**sd, "pos_embed": resize_pos_embed(pos, grid)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,24 +203,39 @@ def _read_bert(source: str, what: str):
     """``(state_dict, bert_config, missing_keys)`` of a transformers BERT checkpoint."""
     from transformers import BertForMaskedLM
 
+    from falcon_cli.runtime.hub import hub_hint, prepare_hub
+
     path = Path(source).expanduser()
     looks_local = source.startswith(("/", "./", "../", "~")) or source.count("/") > 1 or path.exists()
+    if path.is_file():
+        raise FalconError(f"{what} '{source}': a file, but {what} takes a BERT hub id or a save_pretrained directory; "
+                          "to start from a whole ALBEF/GRIT-VLP/MAFA checkpoint (.pth) set pretrain.init to it instead")
     if looks_local and not path.is_dir():
         raise FalconError(f"{what} '{source}': no such directory (give a hub id like bert-base-uncased or a "
                           "directory written by save_pretrained)")
+    if not looks_local:
+        prepare_hub()
     try:
         with _quiet_transformers():
             model, info = BertForMaskedLM.from_pretrained(str(path) if looks_local else source,
                                                           output_loading_info=True)
     except Exception as exc:  # offline and not cached, unknown id, bad files, ...
-        raise FalconError(f"{what} '{source}': cannot load BERT weights ({_first_line(exc)}); offline, give a "
-                          "local directory saved with BertForMaskedLM.save_pretrained or fill the hub cache "
-                          "while online") from None
+        why = "" if looks_local else hub_hint(source)
+        raise FalconError(f"{what} '{source}': cannot load BERT weights ({_first_line(exc)}); " + (
+            why or "offline, give a local directory saved with BertForMaskedLM.save_pretrained or fill the hub "
+                   "cache while online")) from None
     return model.state_dict(), model.config, set(info.get("missing_keys", ()))
 
 
-def _bert_mapping(config: AlbefConfig) -> dict[str, str]:
-    """ALBEF parameter name -> transformers ``BertForMaskedLM`` parameter name."""
+def bert_name_mapping(config: AlbefConfig, cross_attention: bool = False) -> dict[str, str]:
+    """Our parameter name -> the transformers/ALBEF BERT name (``bert.…`` or ``cls.predictions.…``).
+
+    Embeddings and layers ``0 .. text_layers-1`` are the text encoder, the next ``fusion_layers``
+    layers the fusion encoder, ``cls.predictions`` the MLM head (its decoder is tied to the word
+    embeddings, so it has no name of ours). With ``cross_attention`` the fusion layers' cross-attention
+    is named too, as ALBEF's ``xbert`` saves it (``crossattention.self.*``, ``crossattention.output.*``);
+    a plain BERT checkpoint has none.
+    """
     emb = {"word": "word_embeddings", "position": "position_embeddings", "token_type": "token_type_embeddings",
            "norm": "LayerNorm"}
     mapping = {}
@@ -207,10 +246,14 @@ def _bert_mapping(config: AlbefConfig) -> dict[str, str]:
              "self_attn.value": "attention.self.value", "self_attn.out": "attention.output.dense",
              "self_attn_norm": "attention.output.LayerNorm", "ffn_in": "intermediate.dense",
              "ffn_out": "output.dense", "ffn_norm": "output.LayerNorm"}
-    stacks = [("text_encoder", i, i) for i in range(config.text_layers)]
-    stacks += [("fusion_encoder", i, config.text_layers + i) for i in range(config.fusion_layers)]
-    for stack, ours_i, bert_i in stacks:
-        for ours, theirs in layer.items():
+    cross = {"cross_attn.query": "crossattention.self.query", "cross_attn.key": "crossattention.self.key",
+             "cross_attn.value": "crossattention.self.value", "cross_attn.out": "crossattention.output.dense",
+             "cross_attn_norm": "crossattention.output.LayerNorm"}
+    stacks = [("text_encoder", i, i, layer) for i in range(config.text_layers)]
+    fusion = {**layer, **cross} if cross_attention else layer
+    stacks += [("fusion_encoder", i, config.text_layers + i, fusion) for i in range(config.fusion_layers)]
+    for stack, ours_i, bert_i, names in stacks:
+        for ours, theirs in names.items():
             for p in ("weight", "bias"):
                 mapping[f"{stack}.layers.{ours_i}.{ours}.{p}"] = f"bert.encoder.layer.{bert_i}.{theirs}.{p}"
     for ours, theirs in {"dense": "transform.dense", "norm": "transform.LayerNorm"}.items():
@@ -251,7 +294,7 @@ def load_bert_weights(model: nn.Module, source: str, what: str = "text_weights")
     if getattr(bert_config, "layer_norm_eps", config.layer_norm_eps) != config.layer_norm_eps:
         log.warning("text weights from %s: checkpoint layer_norm_eps %s differs from the model's %s",
                     source, bert_config.layer_norm_eps, config.layer_norm_eps)
-    mapping = _bert_mapping(config)
+    mapping = bert_name_mapping(config)
     skipped_head = sorted(k for k, v in mapping.items() if v in missing)  # e.g. a BertModel: no MLM head
     mapped = {ours: sd[theirs] for ours, theirs in mapping.items() if ours not in skipped_head}
     result = model.load_state_dict(mapped, strict=False)
