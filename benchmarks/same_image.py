@@ -61,7 +61,7 @@ def in_batch_counts(run: Path) -> dict:
     shared = SharedImages(dataset.records)
     counts = dict.fromkeys(("negatives", "false_negatives", "same_image", "same_image_false_negatives"), 0)
     for _, batch in read_batch_log(run / "batches.parquet").groupby(["epoch", "step", "rank"], sort=False):
-        pairs = batch["pair_id"].to_numpy(np.int64)
+        pairs = batch["pair_id"].to_numpy(np.int64, copy=True)
         image_ids, caption_ids = zip(*(ids[int(p)] for p in pairs))
         off = ~np.eye(len(pairs), dtype=bool)
         truth = oracle.matrix(list(image_ids), list(caption_ids)) & off

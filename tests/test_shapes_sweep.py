@@ -138,3 +138,22 @@ def test_a_run_counts_as_finished_only_with_all_three_parts(tmp_path):
     assert sweep.finished(run)
     (run / "manifest.json").write_text(json.dumps({"stages": {"pretrain": {"status": "running"}}}))
     assert not sweep.finished(run), "killed mid-training"
+
+
+def test_replace_block_and_the_same_image_table(tmp_path):
+    """The report block is replaced between its markers only; the same-image table keeps the variants' order."""
+    import pandas as pd
+
+    from benchmarks import same_image
+
+    page = tmp_path / "results.md"
+    page.write_text(f"intro\n{same_image.BEGIN}\nold\n{same_image.END}\nanalysis\n")
+    sweep.replace_block(page, same_image.BEGIN, same_image.END, ["new"])
+    assert page.read_text() == f"intro\n{same_image.BEGIN}\nnew\n{same_image.END}\nanalysis\n"
+    with pytest.raises(SystemExit, match="no <!-- sweep:begin -->"):
+        sweep.replace_block(page, sweep.BEGIN, sweep.END, ["x"])
+    rows = [{"method": m, "seed": s, "in_batch_fn_rate": 18.0 + s, "R@1": 3.0} for m in ("grit-mask", "grit") for s in (0, 1)]
+    table = same_image.table_markdown(pd.DataFrame(rows))
+    lines = table.splitlines()
+    assert lines[2].startswith("| grit | 0, 1 | 18.5 ± 0.7 |") and lines[3].startswith("| grit-mask |")
+    assert "| —" in lines[2]  # columns without values
