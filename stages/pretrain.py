@@ -298,10 +298,10 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
             mask = MlmMask.sample(input_ids, attention_mask, probability=p.mlm_probability,
                                   generator=generators["mask"], **special)
             alpha = alpha_ramp(p.distill_alpha, index, total, epoch)
+            same_image = shared_images.mask(pair_ids, check=False) if shared_images is not None else None
             if falcon_epoch and p.reward_mode == "eval":  # L_before: a no-grad eval-mode pass
                 before, image_k = measure_reward_loss(objective, scheduler, precision, device, eval_mode=True,
                                                       inputs=(images, input_ids, attention_mask, mask), same_image=same_image)
-            same_image = shared_images.mask(pair_ids, check=False) if shared_images is not None else None
             with autocast(precision, device):
                 context = StepContext(pair_ids, epoch, global_step, total_steps, same_image)
                 out = trainer(images, input_ids, attention_mask, mask, alpha, itm_generator, context)
