@@ -49,24 +49,19 @@ def in_batch_counts(run: Path) -> dict:
 
     from falcon_cli.artifacts.run_dir import read_manifest
     from falcon_cli.data.datasets import pretrain_dataset
-    from falcon_cli.data.shapes import ShapesOracle
     from falcon_cli.data.shared_images import SharedImages
     from falcon_cli.data.spec import load_spec
+    from falcon_cli.judges.oracle import in_batch_truth
     from falcon_cli.sampling.batch_log import read_batch_log
 
     spec = load_spec(read_manifest(run)["config"]["data"]["dataset"])
     dataset = pretrain_dataset(spec, transform=None)
-    oracle = ShapesOracle.load(spec.resolve(spec.shapes_world))
-    ids = {r.pair_id: (r.extra["image_id"], r.extra["caption_id"]) for r in dataset.records}
-    shared = SharedImages(dataset.records)
+    truth_of, shared = in_batch_truth(spec.resolve(spec.shapes_world), dataset.records), SharedImages(dataset.records)
     counts = dict.fromkeys(("negatives", "false_negatives", "same_image", "same_image_false_negatives"), 0)
     for _, batch in read_batch_log(run / "batches.parquet").groupby(["epoch", "step", "rank"], sort=False):
-        pairs = batch["pair_id"].to_numpy(np.int64, copy=True)
-        image_ids, caption_ids = zip(*(ids[int(p)] for p in pairs))
-        off = ~np.eye(len(pairs), dtype=bool)
-        truth = oracle.matrix(list(image_ids), list(caption_ids)) & off
-        same = shared.mask(torch.from_numpy(pairs)).numpy()
-        counts["negatives"] += int(off.sum())
+        pairs = torch.from_numpy(batch["pair_id"].to_numpy(np.int64, copy=True))
+        truth, same = truth_of(pairs), shared.mask(pairs)
+        counts["negatives"] += len(pairs) * (len(pairs) - 1)
         counts["false_negatives"] += int(truth.sum())
         counts["same_image"] += int(same.sum())
         counts["same_image_false_negatives"] += int((same & truth).sum())

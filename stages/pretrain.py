@@ -432,16 +432,9 @@ def build_false_negatives(config: Recipe, spec, dataset, device: torch.device, r
     world = spec.resolve(spec.shapes_world) if spec.shapes_world is not None else None
     truth = None
     if world is not None and p.false_negatives in ("mafa", "glofnd"):  # the methods that flag false negatives
-        from falcon_cli.data.shapes.oracle import ShapesOracle
+        from falcon_cli.judges.oracle import in_batch_truth
 
-        oracle = ShapesOracle.load(world)
-        ids = {r.pair_id: (r.extra.get("image_id"), r.extra.get("caption_id")) for r in dataset.records}
-
-        def truth(pair_ids: torch.Tensor) -> torch.Tensor:
-            image_ids, caption_ids = zip(*(ids[int(i)] for i in pair_ids.tolist()))
-            matrix = torch.from_numpy(oracle.matrix(list(image_ids), list(caption_ids)))
-            return matrix & ~torch.eye(len(pair_ids), dtype=torch.bool)
-
+        truth = in_batch_truth(world, dataset.records)
     if p.false_negatives == "diht":
         return methods.Diht(beta=p.diht.beta, alpha=p.diht.alpha), truth
     if p.false_negatives == "srcl":

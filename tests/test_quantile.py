@@ -238,6 +238,25 @@ def test_one_space_epoch_batches_cover_everything_and_drop_last():
     assert len(set(ids.tolist())) == 48
 
 
+@pytest.mark.parametrize("n,width,batch,drop_last", [(160, 24, 16, False), (160, 24, 16, True), (50, 20, 8, False),
+                                                     (50, 64, 8, True), (7, 3, 2, False)])
+def test_batch_count_of_a_spaced_epoch(n, width, batch, drop_last):
+    """The count the pretrain stage plans an epoch with (num_space_batches) is the count the composer makes:
+    every pair once, each space ending in its own short batch (or dropping it)."""
+    from falcon_cli.sampling.composers import num_space_batches
+
+    cache, _, _ = make_cache(n, seed=n)
+    g = torch.Generator().manual_seed(1)
+    spaces = QuantileSpaces(cache.pair_ids, cache, search_space_size=width, batch_size=batch, generator=g,
+                            drop_last=drop_last)
+    batches = spaces.compose_all(0.5, g)
+    assert len(batches) == len(spaces) == num_space_batches(n, width, batch, drop_last)
+    ids = torch.cat([b.pair_ids for b in batches]).tolist()
+    assert len(ids) == len(set(ids))
+    full, rest = divmod(n, min(width, n))
+    assert len(ids) == (n if not drop_last else full * (min(width, n) // batch * batch) + rest // batch * batch)
+
+
 def test_resume_mid_epoch_recomposes_the_same_batches():
     cache, _, _ = make_cache(40, seed=6)
     rule = toy_policy

@@ -64,26 +64,28 @@ def test_falcon_run_with_a_relative_run_dir(work):
 
 
 def test_readers_from_another_working_directory(work):
+    """The run's recorded dataset and checkpoints are found from elsewhere; a checkpoint named by a relative path too."""
     elsewhere, run = work / "elsewhere", "../work/runs/demo"
-    ok(run_cli("evaluate", "retrieval", run, "--itc-only", cwd=elsewhere))
-    ok(run_cli("evaluate", "vqa", run, cwd=elsewhere))
     latest = (work / "work" / "runs" / "demo" / "checkpoints" / "latest").read_text().strip()
-    ok(run_cli("evaluate", "retrieval", f"{run}/checkpoints/{latest}", "--itc-only", cwd=elsewhere))
+    ok(run_cli("evaluate", "retrieval", run, "--itc-only", "--model", "pretrained", "--model",
+               f"{run}/checkpoints/{latest}", cwd=elsewhere))
     ok(run_cli("audit-false-negatives", run, "--judge", "oracle", "--steps", "2", cwd=elsewhere))
     ok(run_cli("finetune", "--run-dir", run, "--task", "vqa", "finetune.vqa.epochs=1", cwd=elsewhere))
     manifest = check_run(work / "work" / "runs" / "demo")
     assert {"audit", "results/retrieval.md", "results/vqa.md"} <= set(manifest["artifacts"])
+    rows = json.loads((work / "work" / "runs" / "demo" / "results" / "retrieval.json").read_text())["rows"]
+    assert [r["checkpoint"] for r in rows] == [str(work / "work" / "runs" / "demo" / "checkpoints" / latest)] * 2
 
 
 def test_stage_commands_with_default_and_relative_run_dirs(work):
     """`falcon pretrain` without --run-dir (runs/<recipe>), resumed; embed from a relative `falcon:` run; search
     spaces from relative embeddings; a warm-started SRCL run reading both through relative paths."""
     cwd = work / "work"
-    ok(run_cli("pretrain", "--recipe", "shapes-demo", *TINY, "pretrain.eval_split=null", cwd=cwd))
+    short = [*TINY, "pretrain.eval_split=null", "pretrain.epochs=1", "pretrain.max_steps_per_epoch=2"]
+    ok(run_cli("pretrain", "--recipe", "shapes-demo", *short, cwd=cwd))
     default = cwd / "runs" / "shapes-demo"
     check_run(default)
-    assert "resumed from" in ok(run_cli("pretrain", "--recipe", "shapes-demo", "--resume", *TINY,
-                                        "pretrain.eval_split=null", cwd=cwd)).stderr
+    assert "resumed from" in ok(run_cli("pretrain", "--recipe", "shapes-demo", "--resume", *short, cwd=cwd)).stderr
     check_run(default)
 
     ok(run_cli("embed", "--recipe", "shapes-demo", "--run-dir", "runs/emb", *TINY, "embed.encoder=falcon:runs/demo",
@@ -97,8 +99,8 @@ def test_stage_commands_with_default_and_relative_run_dirs(work):
     # Run from a subdirectory: every input path climbs out of it.
     sub = cwd / "scripts"
     sub.mkdir()
-    ok(run_cli("pretrain", "--recipe", "shapes-demo", "--run-dir", "../runs/warm", *[a.replace("data/w", "../data/w") for a in TINY],
-               "pretrain.composer=grit", "pretrain.eval_split=null",
+    ok(run_cli("pretrain", "--recipe", "shapes-demo", "--run-dir", "../runs/warm", *[a.replace("data/w", "../data/w") for a in short],
+               "pretrain.composer=grit",
                "pretrain.search_spaces=../runs/spaces/search_spaces.parquet", f"search_spaces.embeddings=../{embeddings}",
                "pretrain.false_negatives=srcl", f"pretrain.srcl.aux_embeddings=../{embeddings}", cwd=sub))
     manifest = check_run(cwd / "runs" / "warm")

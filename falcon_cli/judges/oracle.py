@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
+import torch
 
 from falcon_cli.errors import FalconError
 from falcon_cli.judges.base import JudgedPair
@@ -36,4 +37,21 @@ class OracleJudge:
         return self.oracle.matches(image_ids, caption_ids).astype(np.float64)
 
 
-__all__ = ["OracleJudge"]
+def in_batch_truth(world_dir: str | Path, records) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``truth(pair_ids) -> bool [B, B]`` (CPU) for a batch of a shapes world's pretraining pairs: entry
+    ``[i, j]`` says whether pair j's caption truly describes pair i's image, off the diagonal (the
+    in-batch false negatives). ``records``: the pretraining records, with ``image_id`` / ``caption_id``."""
+    from falcon_cli.data.shapes import ShapesOracle
+
+    oracle = ShapesOracle.load(world_dir)
+    ids = {r.pair_id: (r.extra.get("image_id"), r.extra.get("caption_id")) for r in records}
+
+    def truth(pair_ids: torch.Tensor) -> torch.Tensor:
+        image_ids, caption_ids = zip(*(ids[int(i)] for i in pair_ids.tolist()))
+        matrix = torch.from_numpy(oracle.matrix(list(image_ids), list(caption_ids)))
+        return matrix & ~torch.eye(len(pair_ids), dtype=torch.bool)
+
+    return truth
+
+
+__all__ = ["OracleJudge", "in_batch_truth"]
