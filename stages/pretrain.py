@@ -63,6 +63,7 @@ from falcon_cli.sampling.composers import (GritComposer, UniformComposer, batche
 from falcon_cli.sampling.feed import FalconFeed, loader_settings
 from falcon_cli.sampling.quantile import QuantileSpaces
 from falcon_cli.sampling.scheduler import NegativeScheduler, progressive_q
+from falcon_cli.sampling.scheduler_features import SchedulerFeatures
 from falcon_cli.sampling.warm_start import load_warm_start
 
 log = logging.getLogger("falcon")
@@ -123,17 +124,20 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
     # uniform batches in epoch 0 (no features yet), like GRIT.
     composer = (GritComposer(p.batch_size, p.search_space_size, drop_last=p.drop_last) if p.composer == "grit"
                 else UniformComposer(p.batch_size, drop_last=p.drop_last))
-    scheduler = NegativeScheduler(quantiles=p.quantile_levels, hidden=p.scheduler_hidden, blocks=p.scheduler_blocks,
+    inputs = SchedulerFeatures(p.scheduler_features, p.quantile_levels, p.quantile_temperature)
+    scheduler = NegativeScheduler(quantiles=inputs.dim, hidden=p.scheduler_hidden, blocks=p.scheduler_blocks,
                                   lr=p.scheduler_lr, weight_decay=p.scheduler_weight_decay, reward=p.reward,
-                                  reward_mode=p.reward_mode, baseline=p.reward_baseline,
-                                  baseline_decay=p.reward_baseline_decay, grad_clip=p.scheduler_grad_clip,
-                                  device=device) if p.composer == "falcon" else None
+                                  reward_mode=p.reward_mode, credit=p.scheduler_credit, baseline=p.reward_baseline,
+                                  baseline_decay=p.reward_baseline_decay, normalize=p.scheduler_advantage_norm,
+                                  entropy=p.scheduler_entropy, max_concentration=p.scheduler_max_concentration,
+                                  grad_clip=p.scheduler_grad_clip, device=device) if p.composer == "falcon" else None
 
     def quantile_spaces(shard, generator, warm_epoch: bool = False) -> QuantileSpaces:
         return QuantileSpaces(shard, warm.cache if warm_epoch else cache, warm.width if warm_epoch else p.search_space_size,
                               p.batch_size, generator, drop_last=p.drop_last,
                               level=p.scheduler_level if p.composer == "falcon" else "instance",
-                              quantiles=p.quantile_levels, temperature=p.quantile_temperature, sampler=p.composer,
+                              quantiles=p.quantile_levels, temperature=p.quantile_temperature,
+                              features=p.scheduler_features, sampler=p.composer,
                               grouped=warm_epoch)
     all_ids = torch.tensor(dataset.pair_ids, dtype=torch.long)
     cache = EmbeddingCache(all_ids, model.config.embed_dim, device=device)
@@ -299,8 +303,11 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
                                   generator=generators["mask"], **special)
             alpha = alpha_ramp(p.distill_alpha, index, total, epoch)
             same_image = shared_images.mask(pair_ids, check=False) if shared_images is not None else None
-            if falcon_epoch and p.reward_mode == "eval":  # L_before: a no-grad eval-mode pass (A-7)
-                before, image_k = measure_reward_loss(objective, scheduler, precision, device, eval_mode=True,
+            # L_before from a no-grad pass: in eval mode (A-7), or per caption for per-step credit
+            per_pair = falcon_epoch and scheduler.per_step
+            if falcon_epoch and (p.reward_mode == "eval" or per_pair):
+                before, image_k = measure_reward_loss(objective, scheduler, precision, device,
+                                                      eval_mode=p.reward_mode == "eval", per_pair=per_pair,
                                                       inputs=(images, input_ids, attention_mask, mask), same_image=same_image)
             with autocast(precision, device):
                 context = StepContext(pair_ids, epoch, global_step, total_steps, same_image)
@@ -319,14 +326,17 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
             scaler.update()
             if falcon_epoch:
                 # Reward Δ = L(θ_k) − L(θ_{k+1}) on this batch with the identical mask, then REINFORCE.
-                if p.reward_mode == "train":
+                # Per-step credit: Δ per caption, each q credited with the Δ of the pair it chose (or its anchor's).
+                if p.reward_mode == "train" and not per_pair:
                     before = scheduler.loss_value({"itc": out.itc, "itm": out.itm, "mlm": out.mlm})
                     image_k = (out.image_tokens, out.image_feat)
                 after, _ = measure_reward_loss(objective, scheduler, precision, device, eval_mode=p.reward_mode == "eval",
-                                               inputs=(images, input_ids, attention_mask, mask),
+                                               inputs=(images, input_ids, attention_mask, mask), per_pair=per_pair,
                                                image=image_k if p.reward_images == "reuse" else None, same_image=same_image)
-                rewards.append(float(before - after))
-                advantage = scheduler.update(feed.take(batch["pair_ids"])[1], rewards[-1])["advantage"]
+                delta = before - after
+                rewards.append(float(delta.mean()))
+                update = scheduler.update(feed.take(batch["pair_ids"])[1], delta if per_pair else rewards[-1])
+                advantage, concentration = update["advantage"], update["concentration"]
             # The cache holds every rank's features: each rank composes next epoch from it.
             cache.update(D.all_gather_cat(pair_ids), D.all_gather_cat(out.image_feat), D.all_gather_cat(out.text_feat))
             if truth is not None and false_negatives.flagged_i2t is not None:  # what the method flagged vs the oracle
@@ -345,6 +355,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
                               lr=lr, temperature=out.temperature, pairs_per_s=seen / max(elapsed, 1e-9),
                               peak_memory_mib=peak, sampler=batches[index].sampler if batches is not None else "falcon",
                               reward=rewards[-1] if falcon_epoch else None, advantage=advantage if falcon_epoch else None,
+                              concentration=concentration if falcon_epoch else None,
                               **({"same_image_masked": same_image.sum()} if same_image is not None else {}),
                               **false_negatives.stats)
             if p.checkpoint_every and global_step % p.checkpoint_every == 0 and index + 1 < total:
@@ -385,10 +396,11 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
 
 def measure_reward_loss(objective: VlpObjective, scheduler: NegativeScheduler, precision: str, device: torch.device, *,
                         eval_mode: bool, inputs: tuple, image: tuple | None = None,
-                        same_image: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple]:
-    """The reward's loss on ``inputs`` (no gradient), in eval mode or the current train mode, and the
-    image (tokens, features) it used: ``image`` if given (``reward_images: reuse``), else encoded now.
-    ``same_image``: the pairs removed from ITC/ITM in training (``same_image: mask``), removed here too."""
+                        same_image: torch.Tensor | None = None, per_pair: bool = False) -> tuple[torch.Tensor, tuple]:
+    """The reward's loss on ``inputs`` (no gradient; per caption ``[B]`` with ``per_pair``), in eval mode or
+    the current train mode, and the image (tokens, features) it used: ``image`` if given
+    (``reward_images: reuse``), else encoded now. ``same_image``: the pairs removed from ITC/ITM in
+    training (``same_image: mask``), removed here too."""
     if eval_mode:
         objective.eval()
     try:
@@ -396,7 +408,7 @@ def measure_reward_loss(objective: VlpObjective, scheduler: NegativeScheduler, p
             if image is None:
                 image = objective.model.encode_image(inputs[0])
             return scheduler.loss_value(objective.measure(*inputs, parts=scheduler.parts, image=image,
-                                                          same_image=same_image)), image
+                                                          same_image=same_image, per_pair=per_pair)), image
     finally:
         objective.train()
 

@@ -128,13 +128,18 @@ def test_kill_and_resume_is_exact(world, reference_run, tmp_path):
 
 
 # --- FALCON: scheduler rewards logged, q recorded, exact resume mid FALCON epoch -------------------
+# with the improved scheduler's options (per-caption credit and its extra L_before pass, the running advantage
+# scale in the checkpoint, the positive-rank input, entropy and the α + β cap); LAGGED keeps the paper's
+PLUS = ["pretrain.scheduler_features=[positive,spread]", "pretrain.scheduler_credit=chosen",
+        "pretrain.reward_baseline=batch_mean", "pretrain.scheduler_advantage_norm=true", "pretrain.scheduler_entropy=1e-2",
+        "pretrain.scheduler_max_concentration=5"]
 FALCON = ["pretrain.composer=falcon", "pretrain.epochs=3", "pretrain.search_space_size=80", "pretrain.checkpoint_every=8",
-          "pretrain.quantile_levels=20", "pretrain.scheduler_lr=1e-2"]
+          "pretrain.quantile_levels=20", "pretrain.scheduler_lr=1e-2", *PLUS]
 
 
 # scheduler_lag 2: batches composed two steps ahead, their items loading in worker processes; and the
 # other reward paths: two eval-mode passes, the second reusing the first's image tokens
-LAGGED = [*FALCON, "pretrain.epochs=2", "pretrain.scheduler_lag=2", "pretrain.num_workers=2", "pretrain.reward_mode=eval",
+LAGGED = [*FALCON[:6], "pretrain.epochs=2", "pretrain.scheduler_lag=2", "pretrain.num_workers=2", "pretrain.reward_mode=eval",
           "pretrain.reward_images=reuse"]
 
 
@@ -174,8 +179,10 @@ def test_falcon_run_rewards_and_quantiles(falcon_run):
     chained = falcon[falcon["anchor_pair_id"] >= 0]
     assert chained["q"].between(0, 1).all() and chained["alpha"].gt(0).all() and chained["beta"].gt(0).all()
     assert falcon[falcon["anchor_pair_id"] < 0]["q"].isna().all() and (falcon["slot"] == 0).sum() == 20
-    # the scheduler learned: its Beta parameters moved away from the initial ~0.974
+    # the scheduler learned: its Beta parameters moved away from the initial ~0.974, within the α + β cap of 5
     assert (chained["alpha"] - 0.974).abs().max() > 1e-3
+    assert (chained["alpha"] + chained["beta"]).max() <= 5 + 1e-4
+    assert all(0 < r["concentration"] <= 5 + 1e-4 for r in steps if r["sampler"] == "falcon")
     manifest = json.loads((falcon_run / "manifest.json").read_text())
     assert "figures/q_over_training.png" in manifest["artifacts"]
 

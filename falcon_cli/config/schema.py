@@ -221,6 +221,12 @@ class PretrainConfig(Section):
     """m: quantiles per similarity row (the scheduler's input width)."""
     quantile_temperature: float = Field(1.0, gt=0)
     """Ŝ = softmax(Q / this); 1 = raw cosine sums (methods.md A-1)."""
+    scheduler_features: list[Literal["softmax", "zscore", "positive", "spread"]] = Field(
+        default_factory=lambda: ["softmax"], min_length=1)
+    """The scheduler's input, groups concatenated (falcon_cli/sampling/scheduler_features.py): ``softmax``
+    (the paper's Ŝ, τ = quantile_temperature), ``zscore`` (the quantiles standardised per row),
+    ``positive`` (where the anchor's own pair sits in its row: the share of candidates more similar than
+    it, likely false negatives), ``spread`` (the row's standard deviation and range)."""
     scheduler_hidden: int = Field(256, ge=1)
     """Hidden width of the scheduler MLP."""
     scheduler_blocks: int = Field(2, ge=0)
@@ -240,10 +246,22 @@ class PretrainConfig(Section):
     """L_after's image tokens: ``recompute`` (θ_{k+1}'s image encoder: Algorithm 2 exactly) or ``reuse``
     those of the L_before pass (θ_k): Δ then credits the text and fusion update only, for a reward pass
     without the image encoder (most of its cost: falcon/grit per-step time 1.22 -> 1.08 on albef-tiny, CPU)."""
-    reward_baseline: Literal["none", "ema"] = "none"
-    """Subtract a moving average of the reward (variance reduction); ``none`` matches the paper."""
+    reward_baseline: Literal["none", "ema", "batch_mean"] = "none"
+    """Subtracted from the reward: ``none`` (the paper), ``ema`` (a moving average of the batch reward) or
+    ``batch_mean`` (per-step credit: the mean reward of the batch's other steps)."""
     reward_baseline_decay: float = Field(0.9, ge=0, lt=1)
     """Decay of the ``ema`` reward baseline."""
+    scheduler_credit: Literal["batch", "anchor", "chosen", "pair"] = "batch"
+    """Which q a reward credits: ``batch`` (the paper: the batch's Δ for every q), or per step from the
+    per-caption MLM decrease Δᵢ (reward: mlm): ``chosen`` (the q that brought pair i into the batch gets
+    Δᵢ), ``anchor`` (the q drawn for anchor i gets Δᵢ), ``pair`` (the mean of both). One more no-grad
+    forward per step (L_before per caption)."""
+    scheduler_advantage_norm: bool = False
+    """Divide advantages by their running root-mean-square (the scheduler's step no longer scales with Δ)."""
+    scheduler_entropy: float = Field(0.0, ge=0)
+    """Weight of the Beta's entropy in the scheduler's loss (0: the paper): keeps it from sharpening early."""
+    scheduler_max_concentration: float | None = Field(None, gt=0)
+    """Cap on α + β (the mean kept); None: no cap (the paper)."""
     scheduler_lag: int = Field(0, ge=0)
     """FALCON batches composed ahead of training: 0 = Algorithm 2 exactly (batch k+1 from the scheduler
     after update k; its items load between steps); L ≥ 1 = batch k+L is composed with the scheduler after
@@ -322,6 +340,14 @@ class PretrainConfig(Section):
             raise ValueError(f"mafa.low ({self.mafa.low}) must not exceed mafa.high ({self.mafa.high})")
         if self.itc_consistency_weight is None:  # the one place a method's own loss is filled in
             self.itc_consistency_weight = ITC_CONSISTENCY_WEIGHT[self.false_negatives]
+        if self.reward_baseline == "batch_mean" and self.scheduler_credit == "batch":
+            raise ValueError("reward_baseline=batch_mean needs a per-step scheduler_credit (chosen, anchor or pair); "
+                             "with one reward per batch every advantage would be 0")
+        if self.scheduler_credit != "batch" and (self.reward != "mlm" or self.scheduler_level != "instance"):
+            raise ValueError(f"scheduler_credit={self.scheduler_credit} credits each q with a caption's MLM decrease: "
+                             f"it needs reward: mlm and scheduler_level: instance (got {self.reward}, {self.scheduler_level})")
+        if len(set(self.scheduler_features)) != len(self.scheduler_features):
+            raise ValueError(f"scheduler_features lists a group twice: {self.scheduler_features}")
         if self.init is not None and (self.vision_weights or self.text_weights):
             raise ValueError("init loads every weight; leave vision_weights and text_weights unset with it")
         return self

@@ -158,14 +158,17 @@ class VlpObjective(nn.Module):
     @torch.no_grad()
     def measure(self, images: Tensor, input_ids: Tensor, attention_mask: Tensor, mask: MlmMask,
                 parts: tuple[str, ...] = ("mlm",), image: tuple[Tensor, Tensor] | None = None,
-                same_image: Tensor | None = None) -> dict[str, Tensor]:
+                same_image: Tensor | None = None, per_pair: bool = False) -> dict[str, Tensor]:
         """The named losses (``itc``, ``itm``, ``mlm``) of a batch without gradient, in the model's
         current train/eval mode: FALCON's reward re-scores the batch it just trained on with the
         identical MLM ``mask``. ITM negatives are mined again from this pass's ITC similarities;
         the temperature is not clamped (no parameter changes). ``image``: (tokens, projected
         features) to use instead of encoding ``images`` again (``reward_images: reuse``).
         ``same_image``: bool [B, B] of pairs sharing an image, removed from ITC and ITM as in training
-        (``pretrain.same_image: mask``)."""
+        (``pretrain.same_image: mask``). ``per_pair``: each caption's MLM loss ``[B]`` (the mean over its
+        masked tokens; FALCON's per-step credit), MLM only."""
+        if per_pair and set(parts) != {"mlm"}:
+            raise ValueError(f"per-pair losses are measured for the MLM reward only, not {parts}")
         model = self.model
         image_tokens, image_feat = model.encode_image(images) if image is None else image
         out: dict[str, Tensor] = {}
@@ -178,7 +181,7 @@ class VlpObjective(nn.Module):
                 out["itm"] = self._itm_loss(text_tokens, attention_mask, image_tokens, itc, sample=False,
                                             same_image=same_image)
         if "mlm" in parts:
-            out["mlm"] = self.mlm_loss(image_tokens, attention_mask, mask)
+            out["mlm"] = self.mlm_loss(image_tokens, attention_mask, mask, per_sample=per_pair)
         return out
 
     def mlm_loss(self, image_tokens: Tensor, attention_mask: Tensor, mask: MlmMask, per_sample: bool = False,

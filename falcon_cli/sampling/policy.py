@@ -52,15 +52,23 @@ class SchedulerPolicy(nn.Module):
     ``h + relu(Linear(hidden, hidden)(h))``, then ``Linear(hidden, 2)``; α and β are
     ``softplus(raw) + eps`` so they stay strictly positive. With the default ``blocks=2``
     that is the paper's 4-layer network. Every row is processed independently.
+
+    ``quantiles`` is the input width: m for the paper's Ŝ, more with other
+    ``scheduler_features``. ``max_concentration`` (None: the paper, no cap) caps α + β: larger
+    pairs are scaled down to it, keeping the mean α / (α + β), so the Beta cannot sharpen past
+    that before it has learned where its mean should be.
     """
 
     def __init__(self, quantiles: int = 100, hidden: int = 256, blocks: int = 2, eps: float = 1e-5,
-                 init_bias: float = 0.5):
+                 init_bias: float = 0.5, max_concentration: float | None = None):
         super().__init__()
         if quantiles < 1 or hidden < 1 or blocks < 0:
             raise ValueError(f"quantiles and hidden must be >= 1 and blocks >= 0, got {quantiles}, {hidden}, {blocks}")
         if eps <= 0:
             raise ValueError(f"eps must be > 0, got {eps}")
+        if max_concentration is not None and max_concentration <= 0:
+            raise ValueError(f"max_concentration must be > 0, got {max_concentration}")
+        self.max_concentration = None if max_concentration is None else float(max_concentration)
         self.quantiles = int(quantiles)
         self.hidden = int(hidden)
         self.eps = float(eps)
@@ -84,6 +92,9 @@ class SchedulerPolicy(nn.Module):
         with fp32_region(h.device):
             raw = F.linear(h.float(), self.head.weight.float(), self.head.bias.float())
             params = F.softplus(raw) + self.eps
+            if self.max_concentration is not None:  # scale (α, β) down to α + β = cap, the mean unchanged
+                total = params.sum(-1, keepdim=True)
+                params = params * (self.max_concentration / total).clamp(max=1.0)
         return params[..., 0], params[..., 1]
 
     def distribution(self, s_hat: Tensor) -> torch.distributions.Beta:
@@ -143,17 +154,18 @@ def sample_q(alpha: Tensor, beta: Tensor, generator: torch.Generator | np.random
     return torch.from_numpy(draw_q(a, b, rng)).to(device=alpha.device, dtype=out_dtype)
 
 
-def reinforce_loss(reward: Tensor | float, log_prob_sum: Tensor, baseline: float = 0.0) -> Tensor:
-    """REINFORCE loss ``-(reward - baseline) * log_prob_sum``, with the reward detached.
+def reinforce_loss(reward: Tensor | float, log_prob: Tensor, baseline: Tensor | float = 0.0) -> Tensor:
+    """REINFORCE loss ``-Σ (reward - baseline) * log_prob``, with reward and baseline detached.
 
-    Minimising it raises the log-probability of the q's actually used when the reward
-    beat the baseline and lowers it when it fell short; at reward == baseline the
-    gradient is exactly zero.
+    ``reward`` and ``baseline`` are one number for every q (the paper: the batch's Δ times the
+    summed log-probability) or one per q (per-step advantages, ``log_prob [k]``). Minimising it
+    raises the log-probability of the q's actually used where the reward beat the baseline and
+    lowers it where it fell short; at reward == baseline the gradient is exactly zero.
     """
-    if isinstance(reward, Tensor):
-        reward = reward.detach().to(device=log_prob_sum.device, dtype=log_prob_sum.dtype)
-    advantage = reward - baseline
-    return -advantage * log_prob_sum
+    def detached(value: Tensor | float) -> Tensor | float:
+        return value.detach().to(device=log_prob.device, dtype=log_prob.dtype) if isinstance(value, Tensor) else value
+
+    return -((detached(reward) - detached(baseline)) * log_prob).sum()
 
 
 class RewardBaseline:

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Union
+from typing import Any, Callable, Sequence, Union
 
 import numpy as np
 import torch
@@ -46,6 +46,7 @@ from falcon_cli.errors import FalconError
 from falcon_cli.sampling.cache import EmbeddingCache, as_id_tensor
 from falcon_cli.sampling.composers import Batch, _check_config, num_space_batches
 from falcon_cli.sampling.policy import check_beta_parameters, draw_q, numpy_generator
+from falcon_cli.sampling.scheduler_features import SchedulerFeatures
 
 PANEL_BYTES = 32 << 20
 """Size of the float32 similarity rows computed by one matrix product (a panel): big enough
@@ -113,7 +114,8 @@ class SpaceTables:
 
     * ``order`` [S, W, W] (int16 when W < 32768, else int32): ``order[s, a]`` lists the
       candidates of anchor ``a`` by ascending similarity; the anchor itself and padding last.
-    * ``s_hat`` [S, W, m] float32: the scheduler's input rows (softmax of the quantiles).
+    * ``s_hat`` [S, W, d] float32: the scheduler's input rows (the paper's: softmax of the m
+      quantiles, d = m; see :mod:`~falcon_cli.sampling.scheduler_features`).
     * ``size`` [S] int64: real pairs per space (the rest of W is padding).
     """
 
@@ -124,12 +126,14 @@ class SpaceTables:
 
 @torch.no_grad()
 def space_tables(image: torch.Tensor, text: torch.Tensor, size: torch.Tensor, *, quantiles: int = 100,
-                 temperature: float = 1.0, panel_bytes: int = PANEL_BYTES) -> SpaceTables:
+                 temperature: float = 1.0, features: Sequence[str] = ("softmax",),
+                 panel_bytes: int = PANEL_BYTES) -> SpaceTables:
     """Sorted candidate orders and Ŝ for spaces of features ``image``/``text`` [S, W, D].
 
     Rows ``>= size[s]`` of space ``s`` are padding (their features are ignored). Each row's
     quantiles are taken over its ``size - 1`` real off-diagonal entries (a space of one pair
-    has none: its Ŝ row is uniform). Similarities are computed a panel of rows at a time, so
+    has none: its Ŝ row is uniform). ``features``: the groups of the scheduler's input rows
+    (:class:`~falcon_cli.sampling.scheduler_features.SchedulerFeatures`; the paper's ``softmax``). Similarities are computed a panel of rows at a time, so
     beyond the int16 order (|M| = 28,320: 1.6 GB) only ``panel_bytes`` are needed; on CPU the
     panel's rows are sorted in cache-sized blocks, one per core at a time.
     """
@@ -137,12 +141,13 @@ def space_tables(image: torch.Tensor, text: torch.Tensor, size: torch.Tensor, *,
     device = image.device
     index_dtype = torch.int16 if width < 32768 else torch.int32
     order = torch.empty(spaces, width, width, dtype=index_dtype, device=device)
-    s_hat = torch.empty(spaces, width, quantiles, dtype=torch.float32, device=device)
+    inputs = SchedulerFeatures(features, quantiles, temperature)
+    s_hat = torch.empty(spaces, width, inputs.dim, dtype=torch.float32, device=device)
     panel_rows = max(1, panel_bytes // (width * 4))
     workers = ThreadPoolExecutor(torch.get_num_threads()) if device.type == "cpu" else None
     try:
         for s in range(spaces):
-            _fill_space(order[s], s_hat[s], image[s].float(), text[s].float(), int(size[s]), temperature,
+            _fill_space(order[s], s_hat[s], image[s].float(), text[s].float(), int(size[s]), inputs,
                         panel_rows, workers)
     finally:
         if workers is not None:
@@ -151,29 +156,32 @@ def space_tables(image: torch.Tensor, text: torch.Tensor, size: torch.Tensor, *,
 
 
 def _fill_space(order: torch.Tensor, s_hat: torch.Tensor, image: torch.Tensor, text: torch.Tensor, n: int,
-                temperature: float, panel_rows: int, workers: ThreadPoolExecutor | None) -> None:
-    """Fill one space's ``order`` [W, W] and ``s_hat`` [W, m] (its first ``n`` rows are real), panel by panel."""
-    width, quantiles = s_hat.shape
+                inputs: SchedulerFeatures, panel_rows: int, workers: ThreadPoolExecutor | None) -> None:
+    """Fill one space's ``order`` [W, W] and ``s_hat`` [W, dim] (its first ``n`` rows are real), panel by panel."""
+    width, quantiles = s_hat.shape[0], inputs.quantiles
     image_t, text_t = image.T.contiguous(), text.T.contiguous()
     # the quantiles of the n - 1 off-diagonal entries (linear interpolation, as torch.quantile)
     position = torch.linspace(0, 1, quantiles, dtype=torch.float64) * (max(n - 1, 1) - 1)
     lo, hi = position.floor().long(), position.ceil().long()
     frac = (position - lo).float().to(image.device)
 
-    def features(values: torch.Tensor) -> torch.Tensor:  # sorted values at lo, hi -> Ŝ rows
+    def features(values: torch.Tensor, positive: torch.Tensor, above: torch.Tensor) -> torch.Tensor:
+        """Input rows from the sorted values at lo, hi (and the own pair's similarity, the count above it)."""
         low, high = values[:, :quantiles], values[:, quantiles:]
         q = low + (high - low) * frac if n > 1 else torch.zeros_like(low)
-        return torch.softmax(q / temperature, dim=1)
+        return inputs(q, positive, above, n - 1)
 
     for p0 in range(0, width, panel_rows):
         p1 = min(width, p0 + panel_rows)
         panel = torch.mm(image[p0:p1], text_t).addmm_(text[p0:p1], image_t)  # rows p0:p1 of S = I Tᵀ + T Iᵀ
+        positive = panel.diagonal(p0).clone()                                  # S_aa: the anchor's own pair
+        above = (panel[:, :n] > positive[:, None]).sum(1) if inputs.needs_positive else torch.zeros_like(positive)
         panel[:, n:] = float("inf")
         panel.diagonal(p0).fill_(float("inf"))
         if workers is None:
             index, values = _sorted_rows(panel, torch.cat([lo, hi]))
             order[p0:p1] = index.to(order.dtype)
-            s_hat[p0:p1] = features(values)
+            s_hat[p0:p1] = features(values, positive, above)
             continue
         rows, out, positions = panel.numpy(), order.numpy(), torch.cat([lo, hi]).numpy()
         step = max(1, SORT_BLOCK_BYTES // (width * 4))
@@ -181,7 +189,7 @@ def _fill_space(order: torch.Tensor, s_hat: torch.Tensor, image: torch.Tensor, t
         def sort_block(r0: int) -> None:
             r1 = min(p1 - p0, r0 + step)
             values = _sort_rows_cpu(rows[r0:r1], out[p0 + r0:p0 + r1], positions)
-            s_hat[p0 + r0:p0 + r1] = features(torch.from_numpy(values))
+            s_hat[p0 + r0:p0 + r1] = features(torch.from_numpy(values), positive[r0:r1], above[r0:r1])
 
         for _ in workers.map(sort_block, range(0, p1 - p0, step)):
             pass
@@ -213,13 +221,15 @@ class QuantileSpaces:
         generator: CPU generator; the example-level shuffle is drawn here.
         level: ``instance`` (a q per anchor) or ``batch`` (one q per batch, drawn at the
             batch's first pair and used for all its steps).
+        quantiles, temperature, features: the scheduler's input rows (:func:`space_tables`).
         grouped: ``pair_ids`` are already grouped into consecutive spaces of |M| (a warm
             start from built search spaces): they are not shuffled.
     """
 
     def __init__(self, pair_ids: Any, cache: EmbeddingCache, search_space_size: int, batch_size: int,
                  generator: torch.Generator, *, drop_last: bool = False, level: str = "instance",
-                 quantiles: int = 100, temperature: float = 1.0, sampler: str = "quantile", grouped: bool = False):
+                 quantiles: int = 100, temperature: float = 1.0, features: Sequence[str] = ("softmax",),
+                 sampler: str = "quantile", grouped: bool = False):
         if level not in ("instance", "batch"):
             raise ValueError(f"level must be 'instance' or 'batch', got {level!r}")
         ids = as_id_tensor(pair_ids).cpu()
@@ -229,6 +239,7 @@ class QuantileSpaces:
         self.level = level
         self.quantiles = int(quantiles)
         self.temperature = float(temperature)
+        self.features = tuple(features)
         self.sampler = sampler
         n = len(ids)
         self.width = max(1, min(int(search_space_size), n))
@@ -275,7 +286,8 @@ class QuantileSpaces:
         return image, text, size
 
     def _tables(self, image: torch.Tensor, text: torch.Tensor, size: torch.Tensor) -> SpaceTables:
-        return space_tables(image, text, size, quantiles=self.quantiles, temperature=self.temperature)
+        return space_tables(image, text, size, quantiles=self.quantiles, temperature=self.temperature,
+                            features=self.features)
 
     # one space at a time (on demand) --------------------------------------------------------
     def has_next(self) -> bool:

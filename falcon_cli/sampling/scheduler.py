@@ -44,32 +44,89 @@ def register_reward(name: str, parts: tuple[str, ...]) -> None:
     REWARDS[name] = tuple(parts)
 
 
+CREDITS = ("batch", "anchor", "chosen", "pair")
+"""Which q's log-probability a reward multiplies (see :func:`step_rewards`)."""
+
+BASELINES = ("none", "ema", "batch_mean")
+"""What is subtracted from a reward before it multiplies a log-probability."""
+
+
+def step_rewards(per_slot: Tensor, steps: int, credit: str) -> Tensor:
+    """Per-step rewards ``[steps]`` from per-slot rewards ``[b]`` (a batch's Δᵢ, in slot order).
+
+    FALCON's chain: step t's q, drawn from the Beta of the pair in slot t (its anchor), chose the
+    pair in slot t + 1. ``credit`` says whose Δ step t gets: ``anchor`` Δ_t (how much the anchor's
+    own loss fell, with the negative its q picked in the batch), ``chosen`` Δ_{t+1} (the pair its q
+    brought into the batch), ``pair`` their mean, ``batch`` the mean over every slot (the paper's
+    one reward, given to every q alike). Steps a short batch did not take (slots ≥ b) get 0.
+    """
+    per_slot = per_slot.detach().double().flatten()
+    out = torch.zeros(steps, dtype=torch.float64, device=per_slot.device)
+    taken = min(steps, len(per_slot) - 1)
+    if credit == "batch":
+        out[:taken] = per_slot.mean()
+    elif credit == "anchor":
+        out[:taken] = per_slot[:taken]
+    elif credit == "chosen":
+        out[:taken] = per_slot[1:taken + 1]
+    elif credit == "pair":
+        out[:taken] = (per_slot[:taken] + per_slot[1:taken + 1]) / 2
+    else:
+        raise ValueError(f"unknown credit {credit!r}; known: {', '.join(CREDITS)}")
+    return out
+
+
 class NegativeScheduler:
-    """π_φ with its AdamW, its reward definition and an optional reward baseline.
+    """π_φ with its AdamW, its reward definition and how rewards become a policy gradient.
 
     Args:
-        quantiles, hidden, blocks: policy shape (m = 100, 256, 2 in the paper).
+        quantiles: the policy's input width (m = 100 for the paper's Ŝ). hidden, blocks: its
+            MLP (256, 2 in the paper).
         lr, weight_decay: AdamW (1e-4, 0.01).
         reward: a :data:`REWARDS` name. reward_mode: ``train`` or ``eval`` (see module doc).
-        baseline: ``none`` (paper) or ``ema``; baseline_decay: its decay.
+        credit: ``batch`` (the paper: one reward for every q of the batch) or a per-step credit
+            of :func:`step_rewards` (rewards passed per slot).
+        baseline: ``none`` (paper), ``ema`` (a moving average of the mean reward) or ``batch_mean``
+            (per-step credit only: each step's baseline is the mean of the batch's *other* steps'
+            rewards, which removes what every pair's loss shares, e.g. the step's overall decrease).
+        baseline_decay: the ``ema`` decay.
+        normalize: divide advantages by their running root-mean-square (scale-free learning rate).
+        entropy: weight of the Beta's mean entropy in the loss (keeps the policy from sharpening early).
+        max_concentration: cap on α + β (:class:`SchedulerPolicy`); None: no cap.
         grad_clip: clip the policy's gradient norm (None: no clipping, as the paper states).
     """
 
     def __init__(self, *, quantiles: int = 100, hidden: int = 256, blocks: int = 2, lr: float = 1e-4,
                  weight_decay: float = 0.01, reward: str = "mlm", reward_mode: str = "train",
-                 baseline: str = "none", baseline_decay: float = 0.9, grad_clip: float | None = None,
+                 credit: str = "batch", baseline: str = "none", baseline_decay: float = 0.9, normalize: bool = False,
+                 entropy: float = 0.0, max_concentration: float | None = None, grad_clip: float | None = None,
                  device: torch.device | str = "cpu"):
         if reward not in REWARDS:
             raise ValueError(f"unknown reward {reward!r}; known: {', '.join(REWARDS)}")
-        self.policy = SchedulerPolicy(quantiles=quantiles, hidden=hidden, blocks=blocks).to(device)
+        if credit not in CREDITS or baseline not in BASELINES:
+            raise ValueError(f"credit must be one of {CREDITS} and baseline one of {BASELINES}; got {credit!r}, {baseline!r}")
+        if baseline == "batch_mean" and credit == "batch":
+            raise ValueError("baseline 'batch_mean' needs a per-step credit (anchor, chosen or pair): with one reward "
+                             "per batch every advantage would be 0")
+        self.policy = SchedulerPolicy(quantiles=quantiles, hidden=hidden, blocks=blocks,
+                                      max_concentration=max_concentration).to(device)
         if _world() > 1:  # every rank starts from rank 0's φ (ranks seed differently), as DDP does for the model
             for p in self.policy.parameters():
                 dist.broadcast(p.data, src=0)
         self.optimizer = build_policy_optimizer(self.policy, lr, weight_decay)
         self.parts = REWARDS[reward]
         self.reward_mode = reward_mode
+        self.credit = credit
+        self.baseline_kind = baseline
         self.baseline = RewardBaseline(baseline_decay) if baseline == "ema" else None
+        self.scale = RewardBaseline(0.99) if normalize else None  # running mean of advantage²
+        self.entropy = float(entropy)
         self.grad_clip = grad_clip
+
+    @property
+    def per_step(self) -> bool:
+        """Whether rewards are credited per step (the caller passes per-slot rewards)."""
+        return self.credit != "batch"
 
     @torch.no_grad()
     def alpha_beta(self, s_hat: Tensor) -> tuple[Tensor, Tensor]:
@@ -77,18 +134,49 @@ class NegativeScheduler:
         return self.policy(s_hat)
 
     def loss_value(self, losses: dict[str, Tensor]) -> Tensor:
-        """The reward's loss: the sum of its parts."""
+        """The reward's loss: the sum of its parts (per pair when they are per pair)."""
         return sum(losses[name].detach().float() for name in self.parts)
 
-    def update(self, record: dict[str, Tensor], reward: float) -> dict[str, float]:
-        """One REINFORCE step from a batch's record ({"s_hat": [k, m], "q": [k]}) and its reward Δ."""
+    def advantages(self, rewards: Tensor) -> Tensor:
+        """Per-step advantages from per-step rewards ``[k]`` (all equal under ``batch`` credit)."""
+        rewards = rewards.double()
+        if self.baseline_kind == "batch_mean":
+            k = len(rewards)
+            baseline = (rewards.sum() - rewards) / max(k - 1, 1) if k > 1 else torch.zeros_like(rewards)
+        elif self.baseline is not None:
+            baseline = torch.full_like(rewards, self.baseline.value)
+        else:
+            baseline = torch.zeros_like(rewards)
+        advantage = rewards - baseline
+        if self.scale is not None:
+            self.scale.update(float((advantage ** 2).mean()))
+            advantage = advantage / max(self.scale.value, 1e-12) ** 0.5
+        return advantage
+
+    def update(self, record: dict[str, Tensor], reward: float | Tensor) -> dict[str, float]:
+        """One REINFORCE step from a batch's record ({"s_hat": [k, d], "q": [k]}) and its reward.
+
+        ``reward``: Δ of the batch (a number), or the batch's per-slot Δᵢ ``[b]`` (slot order), which
+        ``credit`` maps to steps (:func:`step_rewards`; under ``batch`` credit their mean is the reward).
+        Returns the summed log-probability, the mean advantage and the mean concentration α + β.
+        """
         device = next(self.policy.parameters()).device  # a lagged feed's records come from CPU workers
         used = ~torch.isnan(record["q"])
         s_hat, q = record["s_hat"][used].to(device), record["q"][used].to(device).float()
-        baseline = self.baseline.value if self.baseline is not None else 0.0
+        k = int(used.sum())
+        if isinstance(reward, Tensor) and reward.numel() > 1:
+            per_slot = reward.detach().double().cpu()
+            rewards = step_rewards(per_slot, len(used), self.credit)[used.cpu()]
+            batch_reward = float(per_slot.mean())
+        else:
+            batch_reward = float(reward)
+            rewards = torch.full((k,), batch_reward, dtype=torch.float64)
+        advantage = self.advantages(rewards).to(device)
         alpha, beta = self.policy(s_hat)
-        log_prob = beta_log_prob(alpha, beta, q).sum()
-        loss = reinforce_loss(reward, log_prob, baseline)
+        log_prob = beta_log_prob(alpha, beta, q)
+        loss = reinforce_loss(advantage, log_prob)
+        if self.entropy:
+            loss = loss - self.entropy * torch.distributions.Beta(alpha, beta).entropy().sum()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if _world() > 1:  # one φ for all ranks: average the gradients of their batches
@@ -100,18 +188,24 @@ class NegativeScheduler:
             torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.grad_clip)
         self.optimizer.step()
         if self.baseline is not None:
-            self.baseline.update(float(reward))
-        return {"log_prob": float(log_prob.detach()), "advantage": float(reward) - baseline}
+            self.baseline.update(batch_reward)
+        with torch.no_grad():
+            concentration = float((alpha + beta).mean()) if k else float("nan")
+        return {"log_prob": float(log_prob.detach().sum()), "advantage": float(advantage.mean()) if k else 0.0,
+                "concentration": concentration}
 
     def state_dict(self) -> dict[str, Any]:
         return {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "baseline": self.baseline.state_dict() if self.baseline is not None else None}
+                "baseline": self.baseline.state_dict() if self.baseline is not None else None,
+                "scale": self.scale.state_dict() if self.scale is not None else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.policy.load_state_dict(state["policy"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.baseline is not None and state["baseline"] is not None:
             self.baseline.load_state_dict(state["baseline"])
+        if self.scale is not None and state.get("scale") is not None:
+            self.scale.load_state_dict(state["scale"])
 
 
 def _world() -> int:
