@@ -21,7 +21,8 @@ draws their q from the policy, and calls :meth:`NegativeScheduler.update` with w
 pass: the batch's mean reward (the paper's ``credit: batch``) or the per-anchor rewards (``credit:
 anchor``). Every ``--every`` updates the policy's mean E[q] = α / (α + β) on held-out spaces is
 scored against q*: the Pearson correlation (the anchor dependence), ``r2`` = 1 − MSE(E[q], q*) /
-Var(q*) (≤ 0: no closer than the best constant; 1: exact) and the mean concentration α + β.
+Var(q*) (≤ 0: no closer than the best constant; 1: exact), the spread of E[q] across anchors (a
+correlation without spread is no dependence) and the mean concentration α + β.
 The ceiling is what the input carries: the held-out r2 of a ridge regression of q* on it.
 
 The settings (:data:`SETTINGS`) are the paper's scheduler and the options of
@@ -191,7 +192,7 @@ def score(scheduler: NegativeScheduler, rows: torch.Tensor, q_star: torch.Tensor
     target = q_star.double()
     r2 = 1.0 - float(((mean - target) ** 2).mean() / target.var(unbiased=False).clamp(min=1e-12))
     corr = float(torch.corrcoef(torch.stack([mean, target]))[0, 1]) if float(mean.std()) > 1e-9 else 0.0
-    return {"r2": r2, "corr": corr, "gap": float((mean - target).abs().mean()),
+    return {"r2": r2, "corr": corr, "gap": float((mean - target).abs().mean()), "spread": float(mean.std()),
             "concentration": float((alpha + beta).mean())}
 
 
@@ -256,8 +257,10 @@ def markdown(rows: list[dict], ceilings: dict, anchors: Anchors, command: str, s
              "Supervised ceiling (held-out r2 of a ridge regression of q* on the input): "
              + ", ".join(f"{'+'.join(k[0])}{'' if k[1] == 1 else f' τ={k[1]:g}'} {v:.2f}" for k, v in ceilings.items()) + ".", "",
              "Held-out correlation of E[q] with q* after " + " / ".join(f"{c:,}" for c in shown)
-             + " updates, and (in brackets) the r2 at the end (≤ 0: E[q] no closer to q* than the best constant); "
-             "last column: α + β at the end of the σ = 0 run.", ""]
+             + " updates, and (in brackets) at the end the r2 (≤ 0: E[q] no closer to q* than the best constant) and the "
+             f"standard deviation of E[q] across anchors (q*'s: {float(qs[anchors.held_out].std()):.2f}; a correlation "
+             "with a spread near 0 is a collapsed policy's rounding, not a learned dependence); last column: α + β at "
+             "the end of the first run.", ""]
     cells = frame[["noise", "batch"]].drop_duplicates().sort_values(["batch", "noise"]).itertuples(index=False)
     cells = list(cells)
     header = "| setting | " + " | ".join(f"σ={c.noise:g}, B={c.batch}" for c in cells) + " | α+β |"
@@ -266,8 +269,9 @@ def markdown(rows: list[dict], ceilings: dict, anchors: Anchors, command: str, s
         cells_text, last = [], None
         for c in cells:
             sub = frame[(frame.setting == name) & (frame.noise == c.noise) & (frame.batch == c.batch)].set_index("update")
+            end = sub.loc[checkpoints[-1]]
             cells_text.append(" / ".join(f"{sub.loc[u, 'corr']:+.2f}" for u in shown)
-                              + f" ({sub.loc[checkpoints[-1], 'r2']:+.2f})")
+                              + f" ({end['r2']:+.2f}, {end['spread']:.2f})")
             if last is None:
                 last = sub.loc[checkpoints[-1], "concentration"]
         lines.append(f"| {name} | " + " | ".join(cells_text) + f" | {last:.0f} |")

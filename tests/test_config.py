@@ -44,7 +44,8 @@ def test_coco_albef_is_falcon_with_the_papers_hyperparameters_and_siblings_diffe
                 "coco-albef-reward-itc-itm": {"reward": "itc+itm"},
                 "coco-albef-reward-itc-itm-mlm": {"reward": "itc+itm+mlm"},
                 "coco-albef-space480": {"search_space_size": 480},
-                "coco-albef-space28320": {"search_space_size": 28320}}
+                "coco-albef-space28320": {"search_space_size": 28320},
+                "coco-albef-plus": PLUS_SCHEDULER}
     defaults = p.model_dump()
     for section, values in {"mafa": {"judge": "checkpoint", "high": 0.98}}.items():
         expected_section = {**defaults[section], **values}
@@ -57,6 +58,14 @@ def test_coco_albef_is_falcon_with_the_papers_hyperparameters_and_siblings_diffe
     for name, changes in expected.items():
         sibling = load_recipe(name)[0].pretrain.model_dump()
         assert {k: v for k, v in sibling.items() if base[k] != v} == changes, name
+    shapes, plus = (load_recipe(name)[0].pretrain.model_dump() for name in ("shapes-falcon", "shapes-falcon-plus"))
+    assert {k: v for k, v in plus.items() if shapes[k] != v} == PLUS_SCHEDULER
+
+
+PLUS_SCHEDULER = {"scheduler_features": ["positive", "spread"], "scheduler_credit": "chosen",
+                  "reward_baseline": "batch_mean", "scheduler_advantage_norm": True, "scheduler_entropy": 0.01,
+                  "scheduler_max_concentration": 50.0}
+"""What the improved scheduler's recipes change of the paper's (and nothing else)."""
 
 
 PAPER_CONSISTENCY_WEIGHT = {"none": 0.2, "mafa": 0.0, "srcl": 0.0, "diht": 0.0, "glofnd": 0.0}
