@@ -39,6 +39,7 @@ from falcon_cli.reporting import audit_figures
 from falcon_cli.runtime.console import make_console
 from falcon_cli.runtime.distributed import on_rank_zero
 from falcon_cli.sampling.batch_log import read_batch_log
+from falcon_cli.sampling.oracle_view import summary_by_epoch
 
 console = make_console(stderr=True)
 
@@ -113,6 +114,8 @@ def _audit(config: Recipe, run: RunDirectory) -> dict:
     curve = report.filter_curve(audit, a.filter_thresholds, truth=truth)
     agreement = report.judge_agreement(audit)
     missed = report.missed_false_negatives(audit, a.examples)
+    # What the quantile composer chose against the oracle's safe q and FN density (logged per chained slot).
+    scheduler = summary_by_epoch(log)
     steps = audit["train_step"]
     notes = []
     if oracle is not None and judge is oracle:
@@ -128,6 +131,7 @@ def _audit(config: Recipe, run: RunDirectory) -> dict:
         "first_step": int(steps.min()), "last_step": int(steps.max()),
         "overall": overall.to_dict(orient="records"), "by_window": windows.to_dict(orient="records"),
         "judge_vs_oracle": agreement.to_dict(orient="records"),
+        "scheduler_vs_oracle": scheduler.astype(object).where(scheduler.notna(), None).to_dict(orient="records"),
         "seconds": round(time.perf_counter() - started, 2),
     }
     with atomic_dir(run.path / OUTPUT) as out:
@@ -140,10 +144,14 @@ def _audit(config: Recipe, run: RunDirectory) -> dict:
         audit_figures.fn_after_filter(curve, out / "fn_after_filter.png", judge=judge.name,
                                       truth="the oracle" if truth == "oracle" else "the judge")
         audit_figures.missed_examples(_examples(missed, pair_at), out / "missed_examples.png")
+        if not scheduler.empty:
+            write_text(out / "scheduler_vs_oracle.csv", scheduler.to_csv(index=False))
+            audit_figures.scheduler_vs_oracle(scheduler, log[log["epoch"] == scheduler["epoch"].max()],
+                                              out / "scheduler_vs_oracle.png", title=run.path.name)
         write_text(out / "audit.md", report.audit_markdown(
             run=str(run.path), judge=judge.name, threshold=a.threshold, truth=truth,
             steps=(summary["steps_audited"], summary["first_step"], summary["last_step"]),
-            overall=overall, rates=rates, curve=curve, agreement=agreement, notes=notes))
+            overall=overall, rates=rates, curve=curve, agreement=agreement, scheduler=scheduler, notes=notes))
         write_json(out / SUMMARY, summary)
     run.add_artifact(OUTPUT, schema="audit", schema_version=AUDIT.version, meta={"judge": judge.name, "pairs": len(audit)})
     _render(summary, overall, agreement)

@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader
 
 from falcon_cli.artifacts.results import write_results as write_results_table
 from falcon_cli.artifacts.run_dir import RunDirectory
+from falcon_cli.artifacts.tables import BATCHES
 from falcon_cli.config.schema import Recipe
 from falcon_cli.data.collate import PretrainCollate
 from falcon_cli.data.datasets import pretrain_dataset, retrieval_dataset
@@ -61,6 +62,7 @@ from falcon_cli.sampling.cache import EmbeddingCache
 from falcon_cli.sampling.composers import (GritComposer, UniformComposer, batches_from_state, batches_state, num_batches,
                                           num_space_batches, shard_pair_ids)
 from falcon_cli.sampling.feed import FalconFeed, loader_settings
+from falcon_cli.sampling.oracle_view import composition_summary
 from falcon_cli.sampling.quantile import QuantileSpaces
 from falcon_cli.sampling.scheduler import NegativeScheduler, progressive_q
 from falcon_cli.sampling.scheduler_features import SchedulerFeatures
@@ -99,6 +101,13 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
     # False negatives (MAFA, SRCL, DiHT, GloFND): checked and loaded before any training; on the shapes
     # world the oracle measures what the method flags.
     false_negatives, truth = build_false_negatives(config, spec, dataset, device, run)
+    # On a shapes world the quantile composers log the oracle's view of every chained slot (the
+    # anchor's false-negative density, the safe q, whether the pick is one): it changes no choice.
+    chain_truth = None
+    if spec.shapes_world is not None and p.composer in ("quantile", "progressive", "falcon"):
+        from falcon_cli.judges.oracle import in_batch_truth
+
+        chain_truth = truth or in_batch_truth(spec.resolve(spec.shapes_world), dataset.records)
     # Pairs that show the same image are false negatives by construction; `same_image: mask` keeps them
     # out of the ITC denominators and ITM mining.
     shared_images = SharedImages(dataset.records, device) if p.same_image == "mask" else None
@@ -138,7 +147,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
                               level=p.scheduler_level if p.composer == "falcon" else "instance",
                               quantiles=p.quantile_levels, temperature=p.quantile_temperature,
                               features=p.scheduler_features, sampler=p.composer,
-                              grouped=warm_epoch)
+                              grouped=warm_epoch, truth=chain_truth)
     all_ids = torch.tensor(dataset.pair_ids, dtype=torch.long)
     cache = EmbeddingCache(all_ids, model.config.embed_dim, device=device)
     # Warm start (opt-in): epoch 0 from built search spaces and the embeddings that built them.
@@ -175,6 +184,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
     # 4. Resume: model, optimizer, scaler, every RNG, the composer, the epoch's batches, the cache.
     start_epoch, start_index, global_step, pending, spaces, feed, ahead = 0, 0, 0, None, None, None, None
     rewards: list[float] = []  # this epoch's FALCON rewards (kept in checkpoints for the epoch summary)
+    credited: list[list[float]] = []  # per used step: [its credited reward, whether its pick was a false negative]
     fn_counts = torch.zeros(4, dtype=torch.long, device=device)  # this epoch's flagged-vs-oracle counts (flag_counts)
     checkpoint_dir = run.path / "checkpoints"
     results: dict = {}
@@ -201,6 +211,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
             spaces.load_state_dict(mine["spaces"])
             batch_log.load_state_dict(mine["batch_log"])
             rewards = list(mine["rewards"])
+            credited = [list(c) for c in mine.get("credited", [])]
             ahead = mine["falcon_ahead"]  # composed before the checkpoint, not yet trained (scheduler_lag > 0)
         if scheduler is not None:
             scheduler.load_state_dict(state["scheduler"])
@@ -219,7 +230,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
                 "spaces": spaces.state_dict() if spaces is not None else None,  # mid FALCON epoch only
                 "batch_log": batch_log.state_dict() if spaces is not None else None,
                 "falcon_ahead": feed.ahead_state() if feed is not None else None,
-                "rewards": list(rewards), "fn_counts": fn_counts.tolist()}
+                "rewards": list(rewards), "credited": [list(c) for c in credited], "fn_counts": fn_counts.tolist()}
         ranks = [None] * world if main else None
         if distributed:
             dist.gather_object(mine, ranks, dst=0)
@@ -266,10 +277,13 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
             if batches is not None:
                 batches = batches[:epoch_steps(epoch)]
                 batch_log.extend(epoch, batches, rank=rank)
+                if p.composer in ("quantile", "progressive") and (epoch > 0 or warm_epoch):  # q and the oracle's view
+                    metrics.write(step=global_step, epoch=epoch, kind="epoch_summary",
+                                  **composition_summary(batch_log.rows(epoch)))
                 batch_log.write(epoch)
             cache.reset()  # `filled` now tracks this epoch; features stay until overwritten
             start_index = 0
-            rewards = []
+            rewards, credited = [], []
         else:
             batches, pending = pending, None
         if batches is not None:
@@ -305,7 +319,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
             same_image = shared_images.mask(pair_ids, check=False) if shared_images is not None else None
             # L_before from a no-grad pass: in eval mode (A-7), or per caption for per-step credit
             per_pair = falcon_epoch and scheduler.per_step
-            if falcon_epoch and (p.reward_mode == "eval" or per_pair):
+            if falcon_epoch and (p.reward_mode == "eval" or per_pair or p.reward == "alignment"):
                 before, image_k = measure_reward_loss(objective, scheduler, precision, device,
                                                       eval_mode=p.reward_mode == "eval", per_pair=per_pair,
                                                       inputs=(images, input_ids, attention_mask, mask), same_image=same_image)
@@ -327,7 +341,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
             if falcon_epoch:
                 # Reward Δ = L(θ_k) − L(θ_{k+1}) on this batch with the identical mask, then REINFORCE.
                 # Per-step credit: Δ per caption, each q credited with the Δ of the pair it chose (or its anchor's).
-                if p.reward_mode == "train" and not per_pair:
+                if p.reward_mode == "train" and not per_pair and p.reward != "alignment":
                     before = scheduler.loss_value({"itc": out.itc, "itm": out.itm, "mlm": out.mlm})
                     image_k = (out.image_tokens, out.image_feat)
                 after, _ = measure_reward_loss(objective, scheduler, precision, device, eval_mode=p.reward_mode == "eval",
@@ -335,8 +349,12 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
                                                image=image_k if p.reward_images == "reuse" else None, same_image=same_image)
                 delta = before - after
                 rewards.append(float(delta.mean()))
-                update = scheduler.update(feed.take(batch["pair_ids"])[1], delta if per_pair else rewards[-1])
+                composed, record = feed.take(batch["pair_ids"])
+                update = scheduler.update(record, delta if per_pair else rewards[-1])
                 advantage, concentration = update["advantage"], update["concentration"]
+                # each used step's credited reward beside the oracle's verdict on its pick (NaN without an oracle)
+                picked = composed.chosen_is_fn[1:][:len(update["rewards"])].double()
+                credited += torch.stack([update["rewards"], picked], 1).tolist()
             # The cache holds every rank's features: each rank composes next epoch from it.
             cache.update(D.all_gather_cat(pair_ids), D.all_gather_cat(out.image_feat), D.all_gather_cat(out.text_feat))
             if truth is not None and false_negatives.flagged_i2t is not None:  # what the method flagged vs the oracle
@@ -368,7 +386,8 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
                 metrics.write(step=global_step, epoch=epoch, kind="false_negatives", **flag_summary(fn_counts))
             fn_counts.zero_()
         if falcon_epoch:  # the epoch's batch log part, and what the scheduler did this epoch (this rank)
-            metrics.write(step=global_step, epoch=epoch, kind="epoch_summary", **falcon_summary(batch_log.rows(epoch), rewards))
+            metrics.write(step=global_step, epoch=epoch, kind="epoch_summary",
+                          **composition_summary(batch_log.rows(epoch), rewards, credited))
             batch_log.write(epoch)
             spaces = feed = None
 
@@ -385,7 +404,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
         write_results(run, results, split=p.eval_split, resolution=resolution, step=global_step)
     D.barrier()
     if main:
-        run.add_artifact("batches.parquet", schema="batches", schema_version=1)
+        run.add_artifact("batches.parquet", schema="batches", schema_version=BATCHES.version)
         run.add_artifact("metrics.jsonl", schema="metrics", schema_version=1)
         if p.composer in ("quantile", "progressive", "falcon"):
             figure = q_over_training(read_batch_log(run.path / "batches.parquet"), run.path / "figures" / "q_over_training.png")
@@ -411,18 +430,6 @@ def measure_reward_loss(objective: VlpObjective, scheduler: NegativeScheduler, p
                                                           same_image=same_image, per_pair=per_pair)), image
     finally:
         objective.train()
-
-
-def falcon_summary(rows, rewards: list[float]) -> dict:
-    """Per-epoch summary of FALCON's choices: the q's used and the rewards Δ."""
-    q = rows["q"].dropna()
-    summary = {f"q_{name}": (float(q.quantile(level)) if len(q) else None)
-               for name, level in (("p10", 0.1), ("p50", 0.5), ("p90", 0.9))}
-    summary["q_mean"] = float(q.mean()) if len(q) else None
-    r = torch.tensor(rewards, dtype=torch.float64)
-    summary.update(reward_mean=float(r.mean()) if len(r) else None,
-                   reward_std=float(r.std()) if len(r) > 1 else None, reward_count=len(rewards))
-    return summary
 
 
 def write_results(run: RunDirectory, results: dict, *, split: str, resolution: int, step: int) -> None:

@@ -185,6 +185,13 @@ def test_falcon_run_rewards_and_quantiles(falcon_run):
     assert all(0 < r["concentration"] <= 5 + 1e-4 for r in steps if r["sampler"] == "falcon")
     manifest = json.loads((falcon_run / "manifest.json").read_text())
     assert "figures/q_over_training.png" in manifest["artifacts"]
+    # the oracle's view of every chained slot, and its per-epoch summary in metrics.jsonl
+    assert chained["anchor_fn_density"].between(0, 1).all() and chained["chosen_is_fn"].isin([0.0, 1.0]).all()
+    assert chained["safe_q"].dropna().between(0, 1).all() and chained["safe_q"].notna().mean() > 0.5
+    for summary in summaries:
+        rows = chained[chained["epoch"] == summary["epoch"]]
+        assert summary["chain_fn_rate"] == pytest.approx(rows["chosen_is_fn"].mean())
+        assert -1 <= summary["q_fn_density_corr"] <= 1 and summary["expected_q_std"] > 0
 
 
 def test_every_pair_trained_each_epoch_when_the_search_space_is_not_a_multiple_of_the_batch(world, tmp_path):
@@ -268,7 +275,8 @@ def test_audit_false_negatives_with_the_oracle(falcon_run, world, tmp_path):
     out = run_dir / "audit"
     assert {p.name for p in out.iterdir()} == {
         "audit.parquet", "audit.md", "summary.json", "fn_rate_by_q.csv", "fn_rate_by_step.csv", "fn_after_filter.csv",
-        "judge_vs_oracle.csv", "fn_rate_by_q.png", "fn_after_filter.png", "missed_examples.png"}
+        "judge_vs_oracle.csv", "fn_rate_by_q.png", "fn_after_filter.png", "missed_examples.png",
+        "scheduler_vs_oracle.csv", "scheduler_vs_oracle.png"}
     audit = read_table(out / "audit.parquet", AUDIT)
     assert 0 < len(audit) <= 600 and set(audit["kind"]) == {"chain", "itm"} and set(audit["direction"]) == {"i2t", "t2i"}
 
@@ -298,6 +306,13 @@ def test_audit_false_negatives_with_the_oracle(falcon_run, world, tmp_path):
     assert manifest["config"]["audit"]["judge"] == "oracle" and manifest["config"]["audit"]["max_pairs"] == 600
     assert "audit" in manifest["artifacts"]
     assert "perfect by construction" in (out / "audit.md").read_text()
+    # the composer's q against the oracle, per FALCON epoch (what metrics.jsonl recorded during training)
+    logged = {r["epoch"]: r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("kind") == "epoch_summary"}
+    assert [row["epoch"] for row in summary["scheduler_vs_oracle"]] == sorted(logged) == [1, 2]
+    for row in summary["scheduler_vs_oracle"]:
+        assert row["q_fn_density_corr"] == pytest.approx(logged[row["epoch"]]["q_fn_density_corr"])
+        assert row["chain_fn_rate"] == pytest.approx(logged[row["epoch"]]["chain_fn_rate"])
+    assert "q against the oracle" in (out / "audit.md").read_text()
 
 
 def test_audit_false_negatives_of_two_runs_with_their_own_itm_head(falcon_run, tmp_path):

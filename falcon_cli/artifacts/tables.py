@@ -31,6 +31,9 @@ class TableSchema:
     columns: tuple[tuple[str, pa.DataType], ...]
     unique: tuple[str, ...] = field(default=())
     """Columns whose combination must be unique (checked on read and write); empty = no check."""
+    added: Mapping[str, int] = field(default_factory=dict)
+    """Column -> the version that added it. A file of an earlier version (without those columns) is
+    still read: the columns it lacks come back null (NaN for floats)."""
 
     @property
     def arrow(self) -> pa.Schema:
@@ -52,14 +55,18 @@ SEARCH_SPACES = TableSchema(
 """Which search space each pair belongs to in each epoch (``search_spaces.parquet``)."""
 
 BATCHES = TableSchema(
-    "batches", 1,
+    "batches", 2,
     (("epoch", pa.int64()), ("step", pa.int64()), ("rank", pa.int64()), ("slot", pa.int64()),
      ("pair_id", pa.int64()), ("anchor_pair_id", pa.int64()), ("q", pa.float32()), ("alpha", pa.float32()),
      ("beta", pa.float32()), ("similarity_to_anchor", pa.float32()), ("quantile_rank", pa.float32()),
-     ("sampler", pa.string())),
+     ("sampler", pa.string()), ("safe_q", pa.float32()), ("anchor_fn_density", pa.float32()),
+     ("chosen_is_fn", pa.float32())),
     unique=("epoch", "step", "rank", "slot"),
+    added={"safe_q": 2, "anchor_fn_density": 2, "chosen_is_fn": 2},
 )
-"""Every composed mini-batch, one row per slot (``batches.parquet``, the batch log)."""
+"""Every composed mini-batch, one row per slot (``batches.parquet``, the batch log). Version 2 added
+the oracle's view of each chained slot (shapes world, quantile composers): ``safe_q``,
+``anchor_fn_density``, ``chosen_is_fn``; version-1 logs read with those columns NaN."""
 
 AUDIT = TableSchema(
     "audit", 1,
@@ -125,10 +132,14 @@ def read_table(path: str | Path, schema: TableSchema) -> pd.DataFrame:
     version = meta.get(META_VERSION, b"").decode() or None
     if name != schema.name:
         raise FalconError(f"{path}: holds a '{name}' table, expected '{schema.name}'")
-    if version != str(schema.version):
-        raise FalconError(f"{path}: '{schema.name}' schema version {version}, this falcon reads version {schema.version}")
+    readable = [str(v) for v in range(1 if schema.added else schema.version, schema.version + 1)]
+    if version not in readable:
+        raise FalconError(f"{path}: '{schema.name}' schema version {version}, this falcon reads version "
+                          f"{schema.version}{' (and earlier)' if schema.added else ''}")
     for column, dtype in schema.columns:
-        if column not in table.column_names:
+        if column not in table.column_names and schema.added.get(column, 1) > int(version):
+            table = table.append_column(pa.field(column, dtype), pa.nulls(len(table), dtype))  # added later: null
+        elif column not in table.column_names:
             raise FalconError(f"{path}: column '{column}' is missing")
         if not table.schema.field(column).type.equals(dtype):
             raise FalconError(f"{path}: column '{column}' has type {table.schema.field(column).type}, expected {dtype}")

@@ -120,7 +120,8 @@ def markdown_table(frame: pd.DataFrame, percent: tuple[str, ...] = ()) -> str:
 
 
 def audit_markdown(*, run: str, judge: str, threshold: float, truth: str, steps: tuple[int, int, int], overall: pd.DataFrame,
-                   rates: pd.DataFrame, curve: pd.DataFrame, agreement: pd.DataFrame, notes: list[str]) -> str:
+                   rates: pd.DataFrame, curve: pd.DataFrame, agreement: pd.DataFrame, notes: list[str],
+                   scheduler: pd.DataFrame | None = None) -> str:
     """``audit.md``: the audit's tables with one line of explanation each."""
     audited, first, last = steps
     lines = [f"# False-negative audit of {run}\n",
@@ -141,6 +142,13 @@ def audit_markdown(*, run: str, judge: str, threshold: float, truth: str, steps:
              "## The judge against the oracle\n",
              markdown_table(agreement, percent=("precision", "recall", "f1")) if not agreement.empty
              else "(no oracle for this data)\n"]
+    if scheduler is not None and not scheduler.empty:
+        lines += ["## The composer's q against the oracle, per epoch\n",
+                  "Over the chained slots: `q_fn_density_corr`, the correlation of E[q] (or the fixed q) with the "
+                  "anchor's false-negative density in its search space (FALCON's claim: below 0); `expected_q_std`, "
+                  "how much E[q] differs across anchors; `safe_q_mean`, the oracle's highest q whose pick is a true "
+                  "negative; `q_above_safe_share`, how often q went past it; `chain_fn_rate`, false-negative picks.\n",
+                  markdown_table(scheduler)]
     return "\n".join(lines)
 
 

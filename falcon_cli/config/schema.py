@@ -22,6 +22,9 @@ StageName = Literal["data", "embed", "build_search_spaces", "pretrain", "audit_f
 STAGE_ORDER: tuple[str, ...] = ("data", "embed", "build_search_spaces", "pretrain", "audit_false_negatives", "finetune",
                                 "evaluate")
 
+PER_PAIR_REWARDS = ("mlm", "alignment")
+"""Rewards measured per pair, which a per-step ``scheduler_credit`` can hand to single q's."""
+
 TaskName = Literal["retrieval", "vqa", "nlvr2"]
 """ALBEF's downstream tasks: image-text retrieval, VQA and NLVR2."""
 
@@ -237,8 +240,10 @@ class PretrainConfig(Section):
     """Scheduler AdamW weight decay."""
     scheduler_grad_clip: float | None = None
     """Clip the scheduler's gradient norm (None: no clipping, as in the paper)."""
-    reward: Literal["mlm", "itc+itm", "itc+itm+mlm"] = "mlm"
-    """The scheduler's reward: the decrease of this loss on the batch, before vs after the VLP update."""
+    reward: Literal["mlm", "itc+itm", "itc+itm+mlm", "alignment"] = "mlm"
+    """The scheduler's reward: the decrease of this loss on the batch, before vs after the VLP update.
+    ``alignment`` (ours): the rise of each pair's own image-text cosine (a false negative next to it pulls
+    its pair apart), per pair with a per-step ``scheduler_credit``."""
     reward_mode: Literal["train", "eval"] = "train"
     """``train``: the training forward's loss before, one no-grad train-mode pass after (one extra forward);
     ``eval``: two no-grad eval-mode passes (no dropout noise; two extra forwards)."""
@@ -253,7 +258,7 @@ class PretrainConfig(Section):
     """Decay of the ``ema`` reward baseline."""
     scheduler_credit: Literal["batch", "anchor", "chosen", "pair"] = "batch"
     """Which q a reward credits: ``batch`` (the paper: the batch's Δ for every q), or per step from the
-    per-caption MLM decrease Δᵢ (reward: mlm): ``chosen`` (the q that brought pair i into the batch gets
+    per-pair decrease Δᵢ (reward: mlm or alignment): ``chosen`` (the q that brought pair i into the batch gets
     Δᵢ), ``anchor`` (the q drawn for anchor i gets Δᵢ), ``pair`` (the mean of both). One more no-grad
     forward per step (L_before per caption)."""
     scheduler_advantage_norm: bool = False
@@ -343,9 +348,10 @@ class PretrainConfig(Section):
         if self.reward_baseline == "batch_mean" and self.scheduler_credit == "batch":
             raise ValueError("reward_baseline=batch_mean needs a per-step scheduler_credit (chosen, anchor or pair); "
                              "with one reward per batch every advantage would be 0")
-        if self.scheduler_credit != "batch" and (self.reward != "mlm" or self.scheduler_level != "instance"):
-            raise ValueError(f"scheduler_credit={self.scheduler_credit} credits each q with a caption's MLM decrease: "
-                             f"it needs reward: mlm and scheduler_level: instance (got {self.reward}, {self.scheduler_level})")
+        if self.scheduler_credit != "batch" and (self.reward not in PER_PAIR_REWARDS or self.scheduler_level != "instance"):
+            raise ValueError(f"scheduler_credit={self.scheduler_credit} credits each q with one pair's reward: it needs "
+                             f"reward: {' or '.join(PER_PAIR_REWARDS)} and scheduler_level: instance "
+                             f"(got {self.reward}, {self.scheduler_level})")
         if len(set(self.scheduler_features)) != len(self.scheduler_features):
             raise ValueError(f"scheduler_features lists a group twice: {self.scheduler_features}")
         if self.init is not None and (self.vision_weights or self.text_weights):

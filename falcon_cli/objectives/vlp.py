@@ -166,12 +166,17 @@ class VlpObjective(nn.Module):
         features) to use instead of encoding ``images`` again (``reward_images: reuse``).
         ``same_image``: bool [B, B] of pairs sharing an image, removed from ITC and ITM as in training
         (``pretrain.same_image: mask``). ``per_pair``: each caption's MLM loss ``[B]`` (the mean over its
-        masked tokens; FALCON's per-step credit), MLM only."""
-        if per_pair and set(parts) != {"mlm"}:
-            raise ValueError(f"per-pair losses are measured for the MLM reward only, not {parts}")
+        masked tokens; FALCON's per-step credit), for ``mlm`` or ``alignment`` alone. ``alignment``: minus each
+        pair's own image-text cosine (its rise is the alignment reward; no text fusion)."""
+        if per_pair and set(parts) not in ({"mlm"}, {"alignment"}):
+            raise ValueError(f"per-pair losses are measured for the mlm or alignment reward alone, not {parts}")
         model = self.model
         image_tokens, image_feat = model.encode_image(images) if image is None else image
         out: dict[str, Tensor] = {}
+        if "alignment" in parts:
+            _, own_text = model.encode_text(input_ids, attention_mask)
+            cosine = -(image_feat.float() * own_text.float()).sum(-1)
+            out["alignment"] = cosine if per_pair else cosine.mean()
         if "itc" in parts or "itm" in parts:
             text_tokens, text_feat = model.encode_text(input_ids, attention_mask)
             itc = itc_grit(image_feat, text_feat, model.temperature(), consistency_weight=self.consistency_weight,

@@ -42,6 +42,7 @@ __all__ = [
     "fn_after_filter",
     "missed_examples",
     "fn_rate_comparison",
+    "scheduler_vs_oracle",
     "NO_BUCKETS_MESSAGE",
     "NO_CURVE_MESSAGE",
     "NO_MISSED_MESSAGE",
@@ -58,6 +59,8 @@ NO_CURVE_MESSAGE = "no judged negatives to filter"
 NO_MISSED_MESSAGE = "no missed false negatives"
 #: Text of :func:`fn_rate_comparison`'s figure when no run has a row.
 NO_RATES_MESSAGE = "no false-negative rates to compare"
+#: Text of :func:`scheduler_vs_oracle`'s figure when the batch log has no oracle view.
+NO_ORACLE_VIEW_MESSAGE = "no chained slots with the oracle's view (a quantile composer on a shapes world logs them)"
 #: Text drawn on the grey placeholder of an image that cannot be read.
 UNREADABLE_IMAGE_MESSAGE = "image not readable"
 
@@ -298,5 +301,50 @@ def fn_rate_comparison(runs: Mapping[str, pd.DataFrame], path: str | os.PathLike
     axes[0].set_ylabel("false negatives (%)")
     _percent_ylim(axes[0], np.concatenate(all_y))
     fig.suptitle(title)
+    fig.tight_layout()
+    return _figures._save_png(fig, path)
+
+
+def scheduler_vs_oracle(by_epoch: pd.DataFrame, last: pd.DataFrame, path: str | os.PathLike, *, title: str = "") -> Path:
+    """What the composer chose against what the oracle says, to the PNG ``path``.
+
+    Left: per epoch, the correlation of each anchor's E[q] (or q) with its false-negative density,
+    and the spread (std) of E[q] across anchors (a correlation without spread is a collapsed policy).
+    Right: the last epoch's chained slots: the anchor's FN density against the E[q] the composer
+    used and the oracle's safe q (means in density bins). ``by_epoch``:
+    :func:`~falcon_cli.sampling.oracle_view.summary_by_epoch`; ``last``: that epoch's batch-log rows.
+    """
+    if by_epoch.empty:
+        return _message_figure(title or "scheduler against the oracle", NO_ORACLE_VIEW_MESSAGE, path)
+    from falcon_cli.sampling.oracle_view import expected_q
+
+    fig = Figure(figsize=(11, 4.2))
+    left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    epochs = by_epoch["epoch"].to_numpy()
+    corr = pd.to_numeric(by_epoch["q_fn_density_corr"]).to_numpy(dtype="float64")
+    spread = pd.to_numeric(by_epoch["expected_q_std"]).to_numpy(dtype="float64")
+    left.plot(epochs, corr, marker="o", label="corr(E[q], anchor FN density)")
+    left.plot(epochs, spread, marker="s", label="std of E[q] across anchors")
+    left.axhline(0, color="grey", linewidth=0.5)
+    left.set(xlabel="epoch", ylim=(-1, 1), title="does q follow the anchor's false negatives?")
+    left.legend(fontsize=8)
+    chained = last[last["anchor_fn_density"].notna()]
+    density = chained["anchor_fn_density"].to_numpy(dtype="float64")
+    mean_q = expected_q(chained).to_numpy(dtype="float64")
+    mean_q = np.where(np.isnan(mean_q), chained["q"].to_numpy(dtype="float64"), mean_q)
+    right.scatter(density, mean_q, s=4, alpha=0.25, label="E[q] per chained slot")
+    bins = np.linspace(0, max(float(density.max()), 1e-6), 11)
+    which = np.clip(np.digitize(density, bins) - 1, 0, 9)
+    centres = (bins[:-1] + bins[1:]) / 2
+    for values, style, label in ((mean_q, "-o", "E[q], bin mean"),
+                                 (chained["safe_q"].to_numpy(dtype="float64"), "--^", "oracle's safe q, bin mean")):
+        means = np.array([np.nanmean(values[which == b]) if np.any((which == b) & ~np.isnan(values)) else np.nan
+                          for b in range(10)])
+        right.plot(centres, means, style, label=label)
+    right.set(xlabel="anchor's false-negative density in its search space", ylabel="q", ylim=(0, 1),
+              title=f"epoch {int(epochs[-1])}")
+    right.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
     return _figures._save_png(fig, path)

@@ -2,7 +2,7 @@
 
 On disk the log is a **directory** named ``batches.parquet/`` holding one Parquet part per
 epoch (``epoch-000003.parquet``), or per epoch and rank (``epoch-000003.rank-0001.parquet``)
-when each rank writes its own rows. Every part is a ``batches`` v1 table written
+when each rank writes its own rows. Every part is a ``batches`` v2 table written
 atomically with :func:`~falcon_cli.artifacts.tables.write_table`, so appending an epoch
 never rewrites earlier ones, a killed process never leaves a half-written part, and
 rewriting an epoch (after a resume) replaces its part whole. pyarrow and pandas read such
@@ -10,7 +10,9 @@ a directory as one table (``pd.read_parquet(dir)``); :func:`read_batch_log` does
 schema validation and checks (epoch, step, rank, slot) is unique across all parts.
 
 Columns (docs/artifacts.md): ``epoch, step, rank, slot, pair_id, anchor_pair_id, q, alpha,
-beta, similarity_to_anchor, quantile_rank, sampler``. ``step`` is whatever the caller
+beta, similarity_to_anchor, quantile_rank, sampler, safe_q, anchor_fn_density, chosen_is_fn``
+(the last three: the oracle's view of each chained slot, :class:`~falcon_cli.sampling.composers.Batch`;
+version-1 logs without them read as NaN). ``step`` is whatever the caller
 passes (default: the batch's index within the epoch); ``slot`` is the position in the batch.
 
 Typical use (GRIT / uniform: the whole epoch is known when it is composed)::
@@ -130,6 +132,7 @@ def batch_rows(epoch: int, items: list[tuple[int, int, Batch]]) -> pd.DataFrame:
         "similarity_to_anchor": cat("similarity_to_anchor", torch.float32),
         "quantile_rank": cat("quantile_rank", torch.float32),
         "sampler": np.repeat(np.array([b.sampler for _, _, b in items], dtype=object), sizes),
+        **{name: cat(name, torch.float32) for name in Batch.ORACLE_FIELDS},
     })
 
 

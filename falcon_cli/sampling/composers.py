@@ -60,6 +60,14 @@ class Batch:
       in [0, 1], 1 = the hardest; NaN where none.
 
     ``sampler`` names the rule that actually composed the batch (``uniform``, ``grit``, ...).
+
+    The oracle's view of each chained slot (float32; NaN where unknown: no oracle, not a quantile
+    chain, a batch's first slot), filled by the quantile composers on a shapes world:
+
+    - ``safe_q``: the highest q whose nearest-rank pick among the anchor's remaining candidates
+      would have been a true negative (NaN if every remaining candidate is a false negative).
+    - ``anchor_fn_density``: the share of the anchor's search space that are its false negatives.
+    - ``chosen_is_fn``: 1.0 if the slot is a false negative of its anchor, else 0.0.
     """
 
     pair_ids: torch.Tensor
@@ -70,12 +78,19 @@ class Batch:
     similarity_to_anchor: torch.Tensor
     quantile_rank: torch.Tensor
     sampler: str
+    safe_q: torch.Tensor | None = None
+    anchor_fn_density: torch.Tensor | None = None
+    chosen_is_fn: torch.Tensor | None = None
 
     FIELDS = ("pair_ids", "anchor_pair_id", "q", "alpha", "beta", "similarity_to_anchor", "quantile_rank")
+    ORACLE_FIELDS = ("safe_q", "anchor_fn_density", "chosen_is_fn")
 
     def __post_init__(self) -> None:
         n = len(self.pair_ids)
-        for name in self.FIELDS:
+        for name in self.ORACLE_FIELDS:
+            if getattr(self, name) is None:
+                setattr(self, name, torch.full((n,), float("nan"), dtype=torch.float32))
+        for name in self.FIELDS + self.ORACLE_FIELDS:
             value = getattr(self, name)
             if value.ndim != 1 or len(value) != n:
                 raise ValueError(f"Batch.{name} has shape {tuple(value.shape)}, expected ({n},)")
@@ -95,7 +110,7 @@ def batches_state(batches: list[Batch]) -> dict[str, Any]:
     """An epoch's batches as a few flat tensors (for checkpoints: resume mid-epoch exactly)."""
     state: dict[str, Any] = {"sizes": torch.tensor([len(b) for b in batches], dtype=torch.int64),
                              "sampler": [b.sampler for b in batches]}
-    for name in Batch.FIELDS:
+    for name in Batch.FIELDS + Batch.ORACLE_FIELDS:
         dtype = torch.int64 if name in ("pair_ids", "anchor_pair_id") else torch.float32
         state[name] = torch.cat([getattr(b, name) for b in batches]) if batches else torch.empty(0, dtype=dtype)
     return state
@@ -104,8 +119,10 @@ def batches_state(batches: list[Batch]) -> dict[str, Any]:
 def batches_from_state(state: dict[str, Any]) -> list[Batch]:
     """Inverse of :func:`batches_state`."""
     sizes = [int(s) for s in state["sizes"]]
-    parts = {name: torch.split(state[name], sizes) for name in Batch.FIELDS} if sizes else {}
-    return [Batch(*(parts[name][i] for name in Batch.FIELDS), sampler=state["sampler"][i]) for i in range(len(sizes))]
+    oracle = [name for name in Batch.ORACLE_FIELDS if name in state]  # (absent from older checkpoints)
+    parts = {name: torch.split(state[name], sizes) for name in Batch.FIELDS + tuple(oracle)} if sizes else {}
+    return [Batch(*(parts[name][i] for name in Batch.FIELDS), sampler=state["sampler"][i],
+                  **{name: parts[name][i] for name in oracle}) for i in range(len(sizes))]
 
 
 # --- the protocol ------------------------------------------------------------------------

@@ -117,11 +117,28 @@ class SpaceTables:
     * ``s_hat`` [S, W, d] float32: the scheduler's input rows (the paper's: softmax of the m
       quantiles, d = m; see :mod:`~falcon_cli.sampling.scheduler_features`).
     * ``size`` [S] int64: real pairs per space (the rest of W is padding).
+    * ``false_negative`` [S, W, W] bool or None: the oracle's truth, ``[s, a, j]`` = pair j is a false
+      negative of anchor a (either direction; never the diagonal or padding). Only for diagnostics:
+      composition never reads it (:func:`false_negative_tables`).
     """
 
     order: torch.Tensor
     s_hat: torch.Tensor
     size: torch.Tensor
+    false_negative: torch.Tensor | None = None
+
+
+def false_negative_tables(truth: Callable[[torch.Tensor], torch.Tensor], spaces: Sequence[torch.Tensor], width: int,
+                          device: torch.device) -> torch.Tensor:
+    """[S, W, W] bool from an oracle ``truth(pair_ids) -> [n, n]`` (image i truly described by caption j)
+    for spaces of pair ids (padded to ``width``): symmetric, as the unified similarity is, so a candidate
+    is a false negative of an anchor when either's caption truly describes the other's image."""
+    table = torch.zeros(len(spaces), width, width, dtype=torch.bool)
+    for s, ids in enumerate(spaces):
+        n = len(ids)
+        matrix = truth(ids.cpu()).bool()
+        table[s, :n, :n] = (matrix | matrix.T) & ~torch.eye(n, dtype=torch.bool)
+    return table.to(device)
 
 
 @torch.no_grad()
@@ -224,12 +241,16 @@ class QuantileSpaces:
         quantiles, temperature, features: the scheduler's input rows (:func:`space_tables`).
         grouped: ``pair_ids`` are already grouped into consecutive spaces of |M| (a warm
             start from built search spaces): they are not shuffled.
+        truth: the oracle, ``truth(pair_ids) -> bool [n, n]`` (a shapes world; ``judges.oracle.in_batch_truth``):
+            every batch then carries the oracle's view of its chained slots (``safe_q``,
+            ``anchor_fn_density``, ``chosen_is_fn``). It changes no choice and draws no randomness.
     """
 
     def __init__(self, pair_ids: Any, cache: EmbeddingCache, search_space_size: int, batch_size: int,
                  generator: torch.Generator, *, drop_last: bool = False, level: str = "instance",
                  quantiles: int = 100, temperature: float = 1.0, features: Sequence[str] = ("softmax",),
-                 sampler: str = "quantile", grouped: bool = False):
+                 sampler: str = "quantile", grouped: bool = False,
+                 truth: Callable[[torch.Tensor], torch.Tensor] | None = None):
         if level not in ("instance", "batch"):
             raise ValueError(f"level must be 'instance' or 'batch', got {level!r}")
         ids = as_id_tensor(pair_ids).cpu()
@@ -241,6 +262,7 @@ class QuantileSpaces:
         self.temperature = float(temperature)
         self.features = tuple(features)
         self.sampler = sampler
+        self.truth = truth
         n = len(ids)
         self.width = max(1, min(int(search_space_size), n))
         self.shuffled = ids if grouped else ids[torch.randperm(n, generator=generator)]
@@ -285,9 +307,13 @@ class QuantileSpaces:
             text[i, : len(rows)] = self.cache.text[rows]
         return image, text, size
 
-    def _tables(self, image: torch.Tensor, text: torch.Tensor, size: torch.Tensor) -> SpaceTables:
-        return space_tables(image, text, size, quantiles=self.quantiles, temperature=self.temperature,
-                            features=self.features)
+    def _tables(self, spaces: list[int], image: torch.Tensor, text: torch.Tensor, size: torch.Tensor) -> SpaceTables:
+        tables = space_tables(image, text, size, quantiles=self.quantiles, temperature=self.temperature,
+                              features=self.features)
+        if self.truth is not None:
+            tables.false_negative = false_negative_tables(self.truth, [self.space_ids(s) for s in spaces], self.width,
+                                                          image.device)
+        return tables
 
     # one space at a time (on demand) --------------------------------------------------------
     def has_next(self) -> bool:
@@ -300,7 +326,7 @@ class QuantileSpaces:
         image, text, size = self._features([s])
         self.current = s
         self.snapshot = (image, text)
-        self.tables = self._tables(image, text, size)
+        self.tables = self._tables([s], image, text, size)
         self.available = _unselected(self.width, size, image.device)
 
     def next_batch(self, source: QSource, generator: torch.Generator) -> tuple[Batch, dict[str, torch.Tensor]]:
@@ -340,7 +366,7 @@ class QuantileSpaces:
             image, text = (t.to(device) for t in state["snapshot"])
             self.snapshot = (image, text)
             size = torch.tensor([self.space_size(self.current)], dtype=torch.int64)
-            self.tables = self._tables(image, text, size)
+            self.tables = self._tables([self.current], image, text, size)
             self.available = state["available"].to(device)
 
     # every space at once (fixed q) ----------------------------------------------------------
@@ -354,7 +380,7 @@ class QuantileSpaces:
         for first in range(0, self.num_spaces, spaces_per_chunk):
             group = list(range(first, min(self.num_spaces, first + spaces_per_chunk)))
             image, text, size = self._features(group)
-            tables = self._tables(image, text, size)
+            tables = self._tables(group, image, text, size)
             available = _unselected(self.width, size, image.device)
             alpha_beta = None
             if callable(source):  # φ is fixed: the policy's output for every row, once (space by space: bounded memory)
@@ -387,7 +413,7 @@ def _to_batch(columns: dict[str, torch.Tensor], j: int, ids: torch.Tensor, sampl
     anchor = columns["anchor"][j, :n].cpu()
     anchor_ids = torch.where(anchor >= 0, ids[anchor.clamp(min=0)], torch.full_like(anchor, -1))
     return Batch(ids[local], anchor_ids, *(columns[k][j, :n].float().cpu() for k in ("q", "alpha", "beta", "similarity", "rank")),
-                 sampler=sampler)
+                 sampler=sampler, **{k: columns[k][j, :n].float().cpu() for k in Batch.ORACLE_FIELDS})
 
 
 @torch.no_grad()
@@ -446,6 +472,8 @@ def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[
         check_beta_parameters(alpha_np, beta_np)
         q_generator, spaces_np = numpy_generator(generator), np.arange(a)
     last, q, qs, ranks, anchors, chosens = first, None, [], [], [], []
+    oracle = tables.false_negative.view(-1, width) if tables.false_negative is not None else None
+    positions, safe, chosen_fn = torch.arange(width, device=device), [], []
     for t in range(taken):
         if policy is not None:
             last_np = last.cpu().numpy()
@@ -466,6 +494,12 @@ def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[
         count = in_order.cumsum(1, dtype=torch.int32)
         position = torch.searchsorted(count, (r + 1).to(torch.int32)[:, None]).clamp_(max=width - 1)
         chosen = candidates.gather(1, position).squeeze(1).long()
+        if oracle is not None:  # the oracle's view (no effect on the choice): the last available true negative
+            fn = oracle.index_select(0, row_of + last)                                      # [a, W] by local index
+            true_negative = in_order.bool() & ~fn.gather(1, candidates.long())
+            highest = torch.where(true_negative, positions, -1).amax(1)                     # its position, -1: none
+            safe.append(torch.where(highest >= 0, count.gather(1, highest.clamp(min=0)[:, None]).squeeze(1) - 1, -1))
+            chosen_fn.append(fn.gather(1, chosen[:, None]).squeeze(1))
         flat_avail[base.squeeze(1) + chosen] = 0
         anchors.append(last)
         chosens.append(chosen)
@@ -480,6 +514,8 @@ def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[
              "r": rank if policy is None else stacked(ranks, torch.int64),
              "q": torch.full_like(candidates_left, float(source)) if policy is None else stacked(qs, torch.float64),
              "anchor": stacked(anchors, torch.int64), "chosen": stacked(chosens, torch.int64)}
+    if oracle is not None:  # rank of the last safe candidate (-1: none), and whether the pick is a false negative
+        steps.update(safe=stacked(safe, torch.int64), chosen_fn=stacked(chosen_fn, torch.bool))
     return _round_columns(tables, features, group, first, steps, batch_size, level,
                           None if policy is None else (alpha_all, beta_all))
 
@@ -518,6 +554,16 @@ def _round_columns(tables: SpaceTables, features: tuple[torch.Tensor, torch.Tens
                "alpha": column(alpha.float(), nan, nan), "beta": column(beta.float(), nan, nan),
                "similarity": column(similarity.float(), nan, nan), "rank": column(rank.float(), nan, nan),
                "length": 1 + go.sum(1)}
+    if "safe" in steps:  # the oracle's view: safe q (nearest rank r <-> q = r / (n - 1)), density, FN pick
+        safe = steps["safe"].double()
+        safe_q = torch.where(safe < 0, nan, torch.where(n > 1, safe / (n - 1).clamp(min=1), torch.ones_like(safe)))
+        truth = tables.false_negative[group]                                               # [a, W, W]
+        density = truth.sum(2).double() / (tables.size[group] - 1).clamp(min=1).double()[:, None]
+        columns.update(safe_q=column(safe_q.float(), nan, nan),
+                       anchor_fn_density=column(density.gather(1, anchor).float(), nan, nan),
+                       chosen_is_fn=column(steps["chosen_fn"].float(), nan, nan))
+    else:
+        columns.update({k: torch.full((a, batch_size), nan, device=device) for k in Batch.ORACLE_FIELDS})
     columns["local"][:, 0] = first
     if alpha_beta is None or not taken:
         record = {"s_hat": torch.empty(a, 0, m, device=device), "q": torch.empty(a, 0, dtype=torch.float64, device=device)}

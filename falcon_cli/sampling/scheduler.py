@@ -35,8 +35,10 @@ from torch import Tensor
 
 from falcon_cli.sampling.policy import RewardBaseline, SchedulerPolicy, beta_log_prob, build_policy_optimizer, reinforce_loss
 
-REWARDS: dict[str, tuple[str, ...]] = {"mlm": ("mlm",), "itc+itm": ("itc", "itm"), "itc+itm+mlm": ("itc", "itm", "mlm")}
-"""Reward name -> the losses whose decrease is the reward."""
+REWARDS: dict[str, tuple[str, ...]] = {"mlm": ("mlm",), "itc+itm": ("itc", "itm"), "itc+itm+mlm": ("itc", "itm", "mlm"),
+                                        "alignment": ("alignment",)}
+"""Reward name -> the losses whose decrease is the reward (``alignment``: minus each pair's own image-text
+cosine, so its decrease is the rise of that cosine)."""
 
 
 def register_reward(name: str, parts: tuple[str, ...]) -> None:
@@ -158,7 +160,8 @@ class NegativeScheduler:
 
         ``reward``: Δ of the batch (a number), or the batch's per-slot Δᵢ ``[b]`` (slot order), which
         ``credit`` maps to steps (:func:`step_rewards`; under ``batch`` credit their mean is the reward).
-        Returns the summed log-probability, the mean advantage and the mean concentration α + β.
+        Returns the summed log-probability, the mean advantage, the mean concentration α + β, and
+        ``rewards``: the reward each used step was credited with ([k] CPU float64, before any baseline).
         """
         device = next(self.policy.parameters()).device  # a lagged feed's records come from CPU workers
         used = ~torch.isnan(record["q"])
@@ -192,7 +195,7 @@ class NegativeScheduler:
         with torch.no_grad():
             concentration = float((alpha + beta).mean()) if k else float("nan")
         return {"log_prob": float(log_prob.detach().sum()), "advantage": float(advantage.mean()) if k else 0.0,
-                "concentration": concentration}
+                "concentration": concentration, "rewards": rewards.cpu()}
 
     def state_dict(self) -> dict[str, Any]:
         return {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),

@@ -1,0 +1,303 @@
+"""Does FALCON's scheduler learn, and does it win? The seeded comparison at a budget where learning can happen.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/scheduler_sweep.py --out runs/scheduler --report docs/results.md  # ~75 min
+    PYTHONPATH=. .venv/bin/python benchmarks/scheduler_sweep.py --out /tmp/scheduler --budget quick            # ~6-minute smoke
+    PYTHONPATH=. .venv/bin/python benchmarks/scheduler_sweep.py --out runs/scheduler-gpu --budget gpu --jobs 1  # a GPU
+
+Paper-exact FALCON (``shapes-falcon``) and the improved scheduler (``shapes-falcon-plus``) against GRIT,
+uniform and q = 0.5, every method at every seed, on one shapes world and one budget. The ``learning``
+budget gives every FALCON run more than 1,000 scheduler updates (batch 16 on the 1,750 pairs of the
+shapes sweep's world: 110 steps per epoch, 10 FALCON epochs), where the main sweep
+(``benchmarks/shapes_sweep.py``) gives 164; the world is the main sweep's, so the false-negative
+density is the same (a random in-batch negative is a false negative 18% of the time).
+
+Each run is trained, evaluated (zero-shot ITC retrieval with the oracle's false-negative-aware metrics)
+and audited (``--judge oracle``) exactly as in the main sweep (its ``run_one``); the sweep is resumable
+(a run whose three parts are done is skipped). Besides retrieval, each run's ``metrics.jsonl`` says per
+epoch what the composer chose against the oracle (:mod:`falcon_cli.sampling.oracle_view`): the
+correlation of each anchor's E[q] with its false-negative density, the spread of E[q], the safe q, the
+false-negative rate of the picks, and the correlation of the reward with false-negative picks.
+
+Writes to OUT: ``results.csv`` (one row per run), ``epochs.csv`` (one row per run and epoch),
+``summary.md`` and ``scheduler_sweep.png``; ``--report docs/results.md`` rewrites the block between
+``<!-- scheduler:begin -->`` and ``<!-- scheduler:end -->`` and copies the CSVs and figure to ``docs/results/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from benchmarks.shapes_sweep import SPLITS, Budget, Variant, falcon, replace_block, run_one, seeds_phrase
+
+METHODS: dict[str, tuple[str, list[str]]] = {
+    "falcon": ("shapes-falcon", []),
+    "falcon-plus": ("shapes-falcon-plus", []),
+    "falcon-plus-alignment": ("shapes-falcon-plus", ["pretrain.reward=alignment", "pretrain.scheduler_credit=pair",
+                                                     "pretrain.reward_mode=eval"]),
+    "grit": ("shapes-grit", []),
+    "uniform": ("shapes-uniform", []),
+    "q05": ("shapes-q05", []),
+}
+"""Method -> (shipped recipe, extra overrides). FALCON paper-exact, the improved scheduler with its MLM reward
+credited per caption and with the alignment reward (each pair's own image-text cosine, eval mode, credited to
+the q whose pick sat next to it), and the baselines the issue names (GRIT = q = 1, uniform = no chain, q = 0.5)."""
+
+BASELINES = ("grit", "uniform", "q05")
+"""What the improved scheduler must beat."""
+
+IMPROVED = ("falcon-plus", "falcon-plus-alignment")
+"""The improved schedulers the issue's targets are checked for."""
+
+BUDGETS: dict[str, Budget] = {
+    "learning": Budget(images=700, epochs=11, batch=16, spaces={"medium": 350}, warmup=10, audit_pairs=20000,
+                       step_windows=10),
+    "quick": Budget(images=200, epochs=4, batch=8, spaces={"medium": 50}, warmup=5, audit_pairs=2000, step_windows=4),
+    "gpu": Budget(images=4000, epochs=21, batch=32, spaces={"medium": 1000}, size=64, warmup=50, audit_pairs=50000,
+                  step_windows=20),
+}
+"""``learning``: 1,100 scheduler updates per FALCON run, 15 runs in about 75 minutes at 2 jobs on 2 cores.
+``quick``: a smoke test of the pipeline (one seed; nothing learns). ``gpu``: 2,000 training images of 64 pixels,
+batch 32: 320 steps per epoch, 6,400 scheduler updates per FALCON run (for a GPU; untimed here)."""
+
+
+def scheduler_updates(budget: Budget) -> int:
+    """Scheduler updates of one FALCON run at ``budget``: every batch of epochs 1.. (epoch 0 is uniform)."""
+    from falcon_cli.sampling.composers import num_space_batches
+
+    pairs = round(budget.images * SPLITS["train"]) * 5  # five captions per training image
+    return (budget.epochs - 1) * num_space_batches(pairs, budget.spaces["medium"], budget.batch, False)
+
+SUMMARY_KEYS = ("q_fn_density_corr", "expected_q_std", "expected_q_mean", "q_mean", "safe_q_mean", "q_above_safe_share",
+                "chain_fn_rate", "fn_density_mean", "reward_fn_corr")
+"""The epoch summary keys (``metrics.jsonl``, kind ``epoch_summary``) the sweep keeps per epoch."""
+
+
+def epoch_rows(method: str, seed: int, run: Path) -> list[dict]:
+    """One row per epoch with a composition summary (FALCON, q = 0.5 epochs; none for GRIT and uniform)."""
+    from falcon_cli.runtime.metrics import read_metrics
+
+    return [{"method": method, "seed": seed, "epoch": r["epoch"], **{k: r.get(k) for k in SUMMARY_KEYS}}
+            for r in read_metrics(run / "metrics.jsonl") if r.get("kind") == "epoch_summary"]
+
+
+def run_row(base: dict, epochs: list[dict]) -> dict:
+    """A run's row: retrieval and audit (``base``, from the main sweep's ``collect``), and the oracle's view of
+    its last epoch, with the correlation also averaged over the second half of its epochs (less noisy)."""
+    row = {k: base[k] for k in ("method", "seed", "R@1", "oracle_R@1", "i2t_R@1", "t2i_R@1", "oracle_i2t_R@1",
+                                "oracle_t2i_R@1", "seconds_per_epoch") if k in base}
+    row["fn_rate_chain_audit"] = base.get("fn_rate_chain", float("nan"))
+    last = epochs[-1] if epochs else {}
+    for key in SUMMARY_KEYS:
+        row[key] = _number(last.get(key))
+    late = [_number(e.get("q_fn_density_corr")) for e in epochs[len(epochs) // 2:]]
+    late = [v for v in late if v == v]
+    row["q_fn_density_corr_late"] = sum(late) / len(late) if late else float("nan")
+    return row
+
+
+def _number(value) -> float:
+    return float("nan") if value is None else float(value)
+
+
+COLUMNS = [("R@1", "R@1"), ("oracle_R@1", "FN-aware R@1"), ("fn_rate_chain_audit", "chain FN % (audit)"),
+           ("chain_fn_rate", "chain FN %"),
+           ("fn_density_mean", "FN % of a random pick"), ("q_fn_density_corr", "corr(E[q], FN density)"),
+           ("q_fn_density_corr_late", "same, late-epoch mean"), ("expected_q_std", "std E[q]"), ("q_mean", "mean q"),
+           ("safe_q_mean", "safe q"), ("q_above_safe_share", "q > safe q"), ("reward_fn_corr", "corr(reward, FN pick)"),
+           ("seconds_per_epoch", "s / epoch")]
+"""The summary table's columns: results.csv key -> header (percent for R@1 and the FN rates)."""
+PERCENT = {"chain_fn_rate", "fn_density_mean", "q_above_safe_share"}
+
+
+def summary_table(table) -> str:
+    """Mean ± std over seeds per method (— where a method has no such number: no chain, no Beta)."""
+    columns = [(k, h) for k, h in COLUMNS if k in table]
+    lines = ["| method | seeds | " + " | ".join(h for _, h in columns) + " |", "|---|---|" + "---|" * len(columns)]
+    for method in [m for m in METHODS if m in set(table["method"])]:
+        rows = table[table["method"] == method]
+        cells = []
+        for key, _ in columns:
+            values = rows[key].astype(float) * (100 if key in PERCENT else 1)
+            values = values.dropna()
+            digits = 1 if key in PERCENT or "R@1" in key or key in ("seconds_per_epoch", "fn_rate_chain_audit") else 2
+            cells.append("—" if values.empty else f"{values.mean():.{digits}f} ± {values.std(ddof=1) if len(values) > 1 else 0:.{digits}f}")
+        lines.append(f"| {method} | {len(rows)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def verdict(table) -> list[str]:
+    """The issue's two targets, checked on the numbers: (1) corr(E[q], FN density) ≤ −0.3 on every seed of the
+    improved scheduler; (2) its mean R@1 above every baseline's by more than 2 standard deviations (the larger of
+    the two methods' seed std)."""
+    lines = []
+    for improved in IMPROVED:
+        plus = table[table["method"] == improved]
+        if plus.empty:
+            continue
+        corr = plus["q_fn_density_corr"].astype(float)
+        met = bool((corr <= -0.3).all())
+        lines.append(f"- **{improved}, anchor dependence:** corr(E[q], FN density) in the last epoch per seed: "
+                     f"{', '.join(f'{v:+.2f}' for v in corr)} — target ≤ −0.30 on every seed: "
+                     f"**{'met' if met else 'not met'}**.")
+        mean, std = plus["R@1"].mean(), plus["R@1"].std(ddof=1) if len(plus) > 1 else 0.0
+        for base in BASELINES:
+            rows = table[table["method"] == base]
+            if rows.empty:
+                continue
+            bmean, bstd = rows["R@1"].mean(), rows["R@1"].std(ddof=1) if len(rows) > 1 else 0.0
+            margin = 2 * max(std, bstd)
+            won = mean - bmean > margin
+            lines.append(f"- **{improved}, R@1 vs {base}:** {mean:.1f} vs {bmean:.1f} (difference {mean - bmean:+.1f}, "
+                         f"2 std = {margin:.1f}): **{'beats it' if won else 'does not beat it'}** by the issue's margin.")
+    return lines or ["No improved scheduler has a finished run yet."]
+
+
+def figure(epochs, out: Path) -> Path:
+    """Per FALCON variant and seed, over epochs: corr(E[q], anchor FN density), the std of E[q] and mean q;
+    and for every quantile composer the chain FN rate against a random pick's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from falcon_cli.reporting.figures import _save_png as save_png
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for i, method in enumerate(m for m in METHODS if m in set(epochs["method"])):
+        for seed, rows in epochs[epochs["method"] == method].groupby("seed"):
+            label = method if seed == epochs["seed"].min() else None
+            if method.startswith("falcon"):
+                axes[0].plot(rows["epoch"], rows["q_fn_density_corr"].astype(float), color=f"C{i}", marker="o",
+                             markersize=3, label=label)
+                axes[1].plot(rows["epoch"], rows["expected_q_mean"].astype(float), color=f"C{i}", label=label)
+                axes[1].plot(rows["epoch"], rows["expected_q_std"].astype(float), color=f"C{i}", linestyle=":")
+            axes[2].plot(rows["epoch"], 100 * rows["chain_fn_rate"].astype(float), color=f"C{i}", label=label)
+    random_pick = epochs.groupby("epoch")["fn_density_mean"].mean()
+    axes[2].plot(random_pick.index, 100 * random_pick.astype(float), color="grey", linestyle="--", label="a random pick")
+    axes[0].axhline(-0.3, color="grey", linestyle="--", linewidth=0.8)
+    axes[0].axhline(0, color="grey", linewidth=0.5)
+    axes[0].set(xlabel="epoch", ylabel="corr(E[q], anchor FN density)", ylim=(-1, 1),
+                title="anchor dependence (target: below −0.3)")
+    axes[1].set(xlabel="epoch", ylabel="q", ylim=(0, 1), title="E[q]: mean (solid), std across anchors (dotted)")
+    axes[2].set(xlabel="epoch", ylabel="%", title="false negatives among the composer's picks")
+    for ax in axes:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = save_png(fig, out / "scheduler_sweep.png")
+    plt.close(fig)
+    return path
+
+
+BEGIN, END = "<!-- scheduler:begin -->", "<!-- scheduler:end -->"
+
+
+def write_report(report: Path, out: Path, table, budget: Budget, name: str, command: str, jobs: int,
+                 planned: int, figure_path: Path) -> None:
+    """Rewrite ``report``'s scheduler block and copy the tables and figure to ``report.parent/results/``."""
+    assets = report.parent / "results"
+    assets.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(out / "results.csv", assets / "scheduler_results.csv")
+    shutil.copyfile(out / "epochs.csv", assets / "scheduler_epochs.csv")
+    shutil.copyfile(figure_path, assets / figure_path.name)
+    manifests = [json.loads((out / "runs" / f"{m}-s{s}" / "manifest.json").read_text())
+                 for m, s in zip(table["method"], table["seed"])]
+    commits = sorted({f"`{(m['git']['sha'] or 'unknown')[:7]}`" + (" (uncommitted changes)" if m["git"]["dirty"] else "")
+                      for m in manifests})
+    hours = sum((_time(m["end"]) - _time(m["created"])) for m in manifests) / 3600
+    updates = scheduler_updates(budget)
+    block = [
+        "<!-- Generated by benchmarks/scheduler_sweep.py --report; edit outside the markers. -->", "",
+        f"**Command:** `{command}`  ",
+        f"**Commits:** {', '.join(commits)}; {platform.machine()}, {os.cpu_count()} CPU cores, {jobs} runs at a time; "
+        f"{len(table)} runs{f' of {planned} planned (in progress)' if planned > len(table) else ''}, "
+        f"{hours:.1f} run-hours.  ",
+        f"**Budget `{name}`:** the shapes sweep's world ({budget.images} images, {budget.size} px), albef-tiny from "
+        f"scratch, {budget.epochs} epochs of batch {budget.batch}, |M| {budget.spaces['medium']}: about {updates:,} "
+        f"scheduler updates per FALCON run; {seeds_phrase(table['seed'])}.",
+        "",
+        "Mean ± std over seeds. R@1: zero-shot ITC retrieval on the test split (mean of i2t and t2i, %); FN-aware: every "
+        "item the oracle says matches counts as a positive. The rest is the last epoch's composition, scored by the oracle "
+        "on every chained slot: *chain FN % (audit)* the false negatives among the chain neighbours the audit judged "
+        "(`falcon audit-false-negatives --judge oracle`, every epoch, one direction per pair: the only chain number GRIT has); "
+        "*chain FN %* the picks that are false negatives of their anchor, against *FN % of a "
+        "random pick* (the anchors' density); *corr(E[q], FN density)* across slots (FALCON's claim: below 0), also "
+        "averaged over the second half of the epochs; *std E[q]* how much the scheduler tells anchors apart; *safe q* "
+        "the highest q whose pick would have been a true negative, and how often q went past it; *corr(reward, FN "
+        "pick)* whether the reward pays less for a false-negative pick (it must, for the scheduler to learn to avoid "
+        "them). — where the method has no such number (GRIT and uniform compose no quantile chain; q = 0.5 has no Beta).",
+        "",
+        summary_table(table).rstrip(), "",
+        "**Against the issue's targets** (computed from the table):", "", *verdict(table), "",
+        f"![scheduler sweep](results/{figure_path.name})", "",
+        "Per-run numbers: [results/scheduler_results.csv](results/scheduler_results.csv); per epoch: "
+        "[results/scheduler_epochs.csv](results/scheduler_epochs.csv).",
+    ]
+    replace_block(report, BEGIN, END, block)
+
+
+def _time(stamp: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(stamp).timestamp()
+
+
+def main() -> None:
+    import pandas as pd
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="Sweep directory (world, runs, logs, tables, figure).")
+    parser.add_argument("--budget", choices=list(BUDGETS), default="learning")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--only", nargs="+", choices=list(METHODS), help="A subset of the methods.")
+    parser.add_argument("--jobs", type=int, default=2, help="Runs at a time (each gets cores / jobs torch threads).")
+    parser.add_argument("--report", type=Path, help="Also rewrite this page's scheduler block (e.g. docs/results.md).")
+    args = parser.parse_args()
+
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    budget = BUDGETS[args.budget]
+    seeds = args.seeds[:1] if args.budget == "quick" else args.seeds
+    threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    todo = [(method, seed) for seed in seeds for method in METHODS if method in (args.only or METHODS)]
+    if not (out / "world" / "world.json").exists():
+        falcon(*budget.world_args(out), log=out / "world.log", threads=os.cpu_count() or 1)
+    start, rows, epochs, failures = time.perf_counter(), [], [], []
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = {(m, s): pool.submit(run_one, Variant(m), s, out, budget, threads, {}, recipe=METHODS[m])
+                   for m, s in todo}
+        for (method, seed), future in futures.items():
+            try:
+                base = future.result()
+            except Exception as exc:  # keep the other runs going; report every failure at the end
+                failures.append(f"{method} seed {seed}: {exc}")
+                print(f"FAILED {method} seed {seed}: {exc}", file=sys.stderr, flush=True)
+                continue
+            per_epoch = epoch_rows(method, seed, out / "runs" / f"{method}-s{seed}")
+            epochs += per_epoch
+            rows.append(run_row(base, per_epoch))
+            print(f"[{time.perf_counter() - start:6.0f} s] {method} seed {seed}: R@1 {rows[-1]['R@1']:.1f}, "
+                  f"corr(E[q], FN density) {rows[-1]['q_fn_density_corr']:+.2f}", flush=True)
+    if rows:
+        table, per_epoch = pd.DataFrame(rows), pd.DataFrame(epochs)
+        table.to_csv(out / "results.csv", index=False, float_format="%.4f")
+        per_epoch.to_csv(out / "epochs.csv", index=False, float_format="%.4f")
+        (out / "summary.md").write_text(summary_table(table) + "\n" + "\n".join(verdict(table)) + "\n")
+        print((out / "summary.md").read_text())
+        path = figure(per_epoch if len(per_epoch) else pd.DataFrame(columns=["method", "seed", "epoch", *SUMMARY_KEYS]), out)
+        if args.report:
+            command = "PYTHONPATH=. .venv/bin/python benchmarks/scheduler_sweep.py " + " ".join(sys.argv[1:])
+            write_report(args.report.resolve(), out, table, budget, args.budget, command, args.jobs, len(todo), path)
+    if failures:
+        raise SystemExit(f"{len(failures)} run(s) failed:\n" + "\n".join(failures))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""What a quantile composer chose, against what the oracle says it should have chosen.
+
+The shapes world's oracle knows every anchor's false negatives, so the batch log of a quantile
+composer (FALCON, fixed or progressive q) can be scored per chained slot
+(:class:`~falcon_cli.sampling.composers.Batch`): the anchor's false-negative density in its search
+space, the *safe* quantile (the highest q whose pick would have been a true negative) and whether
+the pick was a false negative. :func:`composition_summary` reduces one epoch's rows to the numbers
+``metrics.jsonl`` records per epoch (``kind: epoch_summary``) and the audit tabulates.
+
+FALCON's claim, in these terms: a scheduler that has learned where false negatives are gives
+anchors with many of them a lower q (``q_fn_density_corr`` < 0) and keeps q below the safe
+quantile. A correlation means nothing without spread: a collapsed policy (every anchor the same
+Beta) has none, so ``expected_q_std`` is reported beside it.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+
+def pearson(x: np.ndarray, y: np.ndarray) -> float | None:
+    """Pearson correlation of two equal-length vectors; None with fewer than 3 points or no spread."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if len(x) < 3 or x.std() == 0 or y.std() == 0:
+        return None
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def expected_q(rows: pd.DataFrame) -> pd.Series:
+    """E[q] = α / (α + β) of each chained slot's Beta (NaN where q did not come from a Beta)."""
+    return rows["alpha"] / (rows["alpha"] + rows["beta"])
+
+
+def composition_summary(rows: pd.DataFrame, rewards: Sequence[float] = (),
+                        credited: Sequence[Sequence[float]] = ()) -> dict:
+    """One epoch of a quantile composer: the q's it used, FALCON's rewards, and the oracle's view.
+
+    ``rows``: batch-log rows (:func:`~falcon_cli.sampling.batch_log.read_batch_log`, one epoch).
+    Keys (None where the rows do not have what a key needs):
+
+    - ``q_p10`` / ``q_p50`` / ``q_p90`` / ``q_mean``: the q's drawn (or fixed) for the chained slots.
+    - ``reward_mean`` / ``reward_std`` / ``reward_count``: FALCON's per-step rewards Δ.
+    - ``reward_fn_corr``: over FALCON's used steps (``credited``: [reward credited to the step's q, 1.0 if
+      its pick was a false negative else 0.0]), the correlation of the two. A reward that can teach the
+      scheduler to avoid false negatives pays less for them: this must be below 0.
+    - ``expected_q_mean`` / ``expected_q_std``: E[q] of the Betas over the chained slots (std = how much
+      the scheduler tells anchors apart).
+    - ``q_fn_density_corr``: Pearson correlation over chained slots of E[q] (FALCON) or q (fixed /
+      progressive: None, q does not vary) with the anchor's oracle false-negative density.
+    - ``q_safe_corr``: the same with the anchor's safe quantile.
+    - ``safe_q_mean``: mean safe quantile; ``q_above_safe_share``: share of slots whose q exceeded it
+      (no safe q at all counts as exceeded).
+    - ``chain_fn_rate``: share of the chained slots that are false negatives of their anchor.
+    - ``fn_density_mean``: mean anchor false-negative density (what a random pick would hit).
+    """
+    chained = rows[rows["q"].notna()]
+    q = chained["q"].astype(np.float64)
+    summary: dict = {f"q_{name}": (float(q.quantile(level)) if len(q) else None)
+                     for name, level in (("p10", 0.1), ("p50", 0.5), ("p90", 0.9))}
+    summary["q_mean"] = float(q.mean()) if len(q) else None
+    r = np.asarray(list(rewards), dtype=np.float64)
+    summary.update(reward_mean=float(r.mean()) if len(r) else None,
+                   reward_std=float(r.std(ddof=1)) if len(r) > 1 else None, reward_count=len(r))
+    pairs = np.asarray(list(credited), dtype=np.float64).reshape(-1, 2)
+    pairs = pairs[~np.isnan(pairs).any(1)]
+    summary["reward_fn_corr"] = pearson(pairs[:, 0], pairs[:, 1]) if len(pairs) else None
+
+    mean_q = expected_q(chained).astype(np.float64) if len(chained) else pd.Series(dtype=np.float64)
+    has_beta = mean_q.notna()
+    summary.update(expected_q_mean=float(mean_q[has_beta].mean()) if has_beta.any() else None,
+                   expected_q_std=float(mean_q[has_beta].std(ddof=0)) if has_beta.any() else None)
+    # The policy's choice per slot: E[q] where q came from a Beta, else the q itself.
+    choice = mean_q.where(has_beta, q)
+    density = chained["anchor_fn_density"].astype(np.float64) if "anchor_fn_density" in chained else None
+    if density is None or not density.notna().any():
+        summary.update(q_fn_density_corr=None, q_safe_corr=None, safe_q_mean=None, q_above_safe_share=None,
+                       chain_fn_rate=None, fn_density_mean=None)
+        return summary
+    known = density.notna()
+    safe = chained["safe_q"].astype(np.float64)
+    with_safe = known & safe.notna()
+    summary.update(
+        q_fn_density_corr=pearson(choice[known], density[known]),
+        q_safe_corr=pearson(choice[with_safe], safe[with_safe]),
+        safe_q_mean=float(safe[with_safe].mean()) if with_safe.any() else None,
+        q_above_safe_share=float(((q > safe) | safe.isna())[known].mean()),
+        chain_fn_rate=float(chained["chosen_is_fn"].astype(np.float64)[known].mean()),
+        fn_density_mean=float(density[known].mean()),
+    )
+    return summary
+
+
+SUMMARY_COLUMNS = ("epoch", "chained_slots", "q_mean", "expected_q_mean", "expected_q_std", "q_fn_density_corr",
+                   "q_safe_corr", "safe_q_mean", "q_above_safe_share", "chain_fn_rate", "fn_density_mean")
+"""The per-epoch table of :func:`summary_by_epoch` (the audit's ``scheduler_vs_oracle.csv``)."""
+
+
+def summary_by_epoch(log: pd.DataFrame) -> pd.DataFrame:
+    """:func:`composition_summary` of every epoch of a batch log that has the oracle's view (rows with
+    ``anchor_fn_density``), one row per epoch with :data:`SUMMARY_COLUMNS`; empty when none has it."""
+    rows = []
+    seen = log[log["anchor_fn_density"].notna()] if "anchor_fn_density" in log else log.iloc[:0]
+    for epoch, part in seen.groupby("epoch", sort=True):
+        summary = composition_summary(log[log["epoch"] == epoch])
+        rows.append({"epoch": int(epoch), "chained_slots": int(len(part)),
+                     **{k: summary[k] for k in SUMMARY_COLUMNS[2:]}})
+    return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
+
+
+__all__ = ["SUMMARY_COLUMNS", "composition_summary", "expected_q", "pearson", "summary_by_epoch"]

@@ -1,0 +1,163 @@
+"""The oracle's view of quantile composition (safe q, anchor FN density, FN picks) against a plain replay."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+import torch
+
+from falcon_cli.artifacts.tables import BATCHES, TableSchema, read_table, write_table
+from falcon_cli.sampling.batch_log import BatchLog, read_batch_log
+from falcon_cli.sampling.composers import batches_from_state, batches_state
+from falcon_cli.sampling.oracle_view import composition_summary, pearson
+from falcon_cli.sampling.quantile import QuantileSpaces
+from tests.test_quantile import batch_tuples, make_cache, same, toy_policy
+
+FIRST_ID, N = 100, 45
+
+
+def random_truth(seed: int = 0, density: float = 0.3):
+    """A fixed random oracle over pair ids 100..144: ``truth(ids)[i, j]`` = caption j describes image i."""
+    g = torch.Generator().manual_seed(seed)
+    world = torch.rand(N, N, generator=g) < density
+
+    def truth(ids: torch.Tensor) -> torch.Tensor:
+        local = ids - FIRST_ID
+        return world[local][:, local] & ~torch.eye(len(ids), dtype=torch.bool)
+
+    return truth, world
+
+
+def replay(batches, shuffled, width, image, text, world):
+    """Per chained slot, what the oracle says, one candidate at a time: (safe q, density, is FN)."""
+    spaces = [shuffled[s:s + width].tolist() for s in range(0, len(shuffled), width)]
+    used: set[int] = set()
+    out = []
+    for batch in batches:
+        ids = batch.pair_ids.tolist()
+        space = next(s for s in spaces if ids[0] in s)
+        used.add(ids[0])
+        for t in range(1, len(ids)):
+            anchor, chosen = int(batch.anchor_pair_id[t]), ids[t]
+            fn = lambda j: bool(world[anchor - FIRST_ID, j - FIRST_ID] or world[j - FIRST_ID, anchor - FIRST_ID])
+            left = [j for j in space if j not in used]
+            sim = {j: float(image[anchor - FIRST_ID] @ text[j - FIRST_ID] + text[anchor - FIRST_ID] @ image[j - FIRST_ID])
+                   for j in left}
+            # ascending similarity, equal values by descending position in the space
+            left.sort(key=lambda j: (sim[j], -space.index(j)))
+            safe = [i for i, j in enumerate(left) if not fn(j)]
+            n = len(left)
+            safe_q = math.nan if not safe else (safe[-1] / (n - 1) if n > 1 else 1.0)
+            density = sum(fn(j) for j in space if j != anchor) / (len(space) - 1)
+            out.append((safe_q, density, float(fn(chosen))))
+            used.add(chosen)
+    return out
+
+
+def logged(batches):
+    return [(float(b.safe_q[t]), float(b.anchor_fn_density[t]), float(b.chosen_is_fn[t]))
+            for b in batches for t in range(1, len(b))]
+
+
+def close(expected, got):
+    assert len(expected) == len(got)
+    for e, g in zip(expected, got):
+        for x, y in zip(e, g):
+            assert (math.isnan(x) and math.isnan(y)) or abs(x - y) < 1e-5, (e, g)
+
+
+@pytest.mark.parametrize("source", [0.5, 1.0, 0.0, "policy"])
+def test_oracle_view_equals_a_plain_replay_and_changes_no_choice(source):
+    cache, image, text = make_cache(N, seed=3)
+    truth, world = random_truth()
+    rule = toy_policy if source == "policy" else source
+    composed = {}
+    for name, oracle in (("with", truth), ("without", None)):
+        g = torch.Generator().manual_seed(7)
+        spaces = QuantileSpaces(cache.pair_ids, cache, search_space_size=20, batch_size=6, generator=g, truth=oracle)
+        composed[name] = (spaces.compose_all(rule, g), spaces.shuffled)
+    batches, shuffled = composed["with"]
+    same([batch_tuples(b) for b in composed["without"][0]], [batch_tuples(b) for b in batches])
+    close(replay(batches, shuffled, 20, image, text, world), logged(batches))
+    assert all(torch.isnan(b.safe_q[0]) for b in batches), "a batch's first slot is not chained"
+    assert all(torch.isnan(b.chosen_is_fn).all() for b in composed["without"][0])
+
+
+def test_oracle_view_one_space_at_a_time_and_through_checkpoints():
+    cache, image, text = make_cache(N, seed=4)
+    truth, world = random_truth(seed=1, density=0.5)
+    g = torch.Generator().manual_seed(2)
+    spaces = QuantileSpaces(cache.pair_ids, cache, search_space_size=15, batch_size=4, generator=g, truth=truth)
+    batches = []
+    while spaces.has_next():
+        batches.append(spaces.next_batch(toy_policy, g)[0])
+    close(replay(batches, spaces.shuffled, 15, image, text, world), logged(batches))
+    close(logged(batches), logged(batches_from_state(batches_state(batches))))
+    old = batches_state(batches)  # a checkpoint from before the oracle view: its slots come back NaN
+    for key in ("safe_q", "anchor_fn_density", "chosen_is_fn"):
+        del old[key]
+    assert all(math.isnan(v) for row in logged(batches_from_state(old)) for v in row)
+
+
+def test_batch_log_keeps_the_oracle_view_and_reads_version_1_logs(tmp_path):
+    cache, _, _ = make_cache(N)
+    truth, _ = random_truth()
+    g = torch.Generator().manual_seed(0)
+    batches = QuantileSpaces(cache.pair_ids, cache, search_space_size=20, batch_size=6, generator=g,
+                             truth=truth).compose_all(0.5, g)
+    log = BatchLog(tmp_path / "batches.parquet")
+    log.extend(1, batches)
+    log.write(1)
+    rows = read_batch_log(tmp_path / "batches.parquet")
+    assert np.allclose(rows["chosen_is_fn"].dropna(), [v for _, _, v in logged(batches)])
+    # a version-1 part (before the oracle columns): read, the new columns NaN; a newer version is refused
+    v1 = TableSchema("batches", 1, BATCHES.columns[:12], unique=BATCHES.unique)
+    write_table(tmp_path / "v1.parquet", rows[v1.names], v1)
+    old = read_table(tmp_path / "v1.parquet", BATCHES)
+    assert list(old.columns) == BATCHES.names and old["safe_q"].isna().all()
+    assert (old["q"].fillna(-1) == rows["q"].fillna(-1)).all()
+    v3 = TableSchema("batches", 3, BATCHES.columns, unique=BATCHES.unique)
+    write_table(tmp_path / "v3.parquet", rows, v3)
+    with pytest.raises(Exception, match="schema version 3"):
+        read_table(tmp_path / "v3.parquet", BATCHES)
+
+
+def plain_pearson(x, y):
+    mx, my = sum(x) / len(x), sum(y) / len(y)
+    cov = sum((a - mx) * (b - my) for a, b in zip(x, y))
+    return cov / math.sqrt(sum((a - mx) ** 2 for a in x) * sum((b - my) ** 2 for b in y))
+
+
+def test_composition_summary_against_plain_arithmetic():
+    rng = np.random.default_rng(0)
+    n = 40
+    alpha, beta = rng.uniform(0.5, 5, n), rng.uniform(0.5, 5, n)
+    density = rng.uniform(0, 0.6, n)
+    safe = np.where(rng.uniform(size=n) < 0.1, np.nan, rng.uniform(0, 1, n))
+    q = rng.uniform(0, 1, n)
+    fn = (rng.uniform(size=n) < 0.3).astype(float)
+    chained = pd.DataFrame({"q": q, "alpha": alpha, "beta": beta, "anchor_fn_density": density, "safe_q": safe,
+                            "chosen_is_fn": fn})
+    first = pd.DataFrame({c: [np.nan] * 5 for c in chained.columns})  # first slots: not chained, left out
+    summary = composition_summary(pd.concat([first, chained], ignore_index=True), rewards=[0.1, -0.3, 0.2])
+    mean_q = alpha / (alpha + beta)
+    assert summary["q_fn_density_corr"] == pytest.approx(plain_pearson(list(mean_q), list(density)))
+    keep = ~np.isnan(safe)
+    assert summary["q_safe_corr"] == pytest.approx(plain_pearson(list(mean_q[keep]), list(safe[keep])))
+    assert summary["safe_q_mean"] == pytest.approx(safe[keep].mean())
+    assert summary["q_above_safe_share"] == pytest.approx(sum(math.isnan(s) or a > s for a, s in zip(q, safe)) / n)
+    assert summary["chain_fn_rate"] == pytest.approx(fn.mean())
+    assert summary["expected_q_std"] == pytest.approx(float(np.std(mean_q)))
+    assert summary["q_mean"] == pytest.approx(q.mean())
+    assert summary["reward_mean"] == pytest.approx(0.0) and summary["reward_count"] == 3
+    # a fixed q (no Beta): no correlation; no oracle columns: the oracle keys are None
+    fixed = chained.assign(q=0.5, alpha=np.nan, beta=np.nan)
+    assert composition_summary(fixed)["q_fn_density_corr"] is None
+    assert composition_summary(fixed)["chain_fn_rate"] == pytest.approx(fn.mean())
+    blind = chained.assign(anchor_fn_density=np.nan, safe_q=np.nan, chosen_is_fn=np.nan)
+    assert composition_summary(blind)["chain_fn_rate"] is None
+    assert pearson(np.ones(5), np.arange(5)) is None

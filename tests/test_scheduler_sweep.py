@@ -1,0 +1,64 @@
+"""benchmarks/scheduler_sweep.py on fabricated runs: rows, the mean ± std table, the verdict, the report block."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from benchmarks import scheduler_sweep as sweep
+
+
+def test_the_learning_budget_gives_every_falcon_run_over_1000_scheduler_updates():
+    assert sweep.scheduler_updates(sweep.BUDGETS["learning"]) >= 1000
+    assert sweep.scheduler_updates(sweep.BUDGETS["gpu"]) > sweep.scheduler_updates(sweep.BUDGETS["learning"])
+    assert set(sweep.BASELINES) | {"falcon", *sweep.IMPROVED} == set(sweep.METHODS)
+
+
+def _metrics(path, corrs):
+    lines = [{"step": 10 * e, "epoch": e, "loss": 1.0} for e in range(len(corrs) + 1)]
+    lines += [{"step": 10 * e, "epoch": e, "kind": "epoch_summary", "q_fn_density_corr": c, "expected_q_std": 0.1,
+               "chain_fn_rate": 0.2, "fn_density_mean": 0.3, "reward_fn_corr": None} for e, c in enumerate(corrs, 1)]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def test_run_row_takes_the_last_epoch_and_the_late_mean(tmp_path):
+    _metrics(tmp_path / "metrics.jsonl", [0.1, -0.2, -0.4, -0.6])
+    epochs = sweep.epoch_rows("falcon-plus", 0, tmp_path)
+    assert [e["epoch"] for e in epochs] == [1, 2, 3, 4]
+    row = sweep.run_row({"method": "falcon-plus", "seed": 0, "R@1": 12.0, "oracle_R@1": 20.0, "fn_rate_chain": 25.0},
+                        epochs)
+    assert row["q_fn_density_corr"] == -0.6 and row["q_fn_density_corr_late"] == pytest.approx(-0.5)
+    assert row["fn_rate_chain_audit"] == 25.0 and row["reward_fn_corr"] != row["reward_fn_corr"]  # None -> NaN
+
+
+def _table(plus_r1, plus_corr):
+    rows = []
+    for seed, (r1, corr) in enumerate(zip(plus_r1, plus_corr)):
+        rows.append({"method": "falcon-plus", "seed": seed, "R@1": r1, "q_fn_density_corr": corr, "chain_fn_rate": 0.2})
+    for method, values in (("grit", [10.0, 11.0, 12.0]), ("uniform", [9.0, 9.0, 9.0]), ("q05", [10.0, 10.5, 11.0])):
+        rows += [{"method": method, "seed": s, "R@1": v, "q_fn_density_corr": float("nan"), "chain_fn_rate": float("nan")}
+                 for s, v in enumerate(values)]
+    return pd.DataFrame(rows)
+
+
+def test_verdict_checks_every_seed_and_two_standard_deviations():
+    won = sweep.verdict(_table([15.0, 15.5, 16.0], [-0.35, -0.4, -0.31]))
+    assert "**met**" in won[0] and all("beats it" in line for line in won[1:])
+    # GRIT's std is 1.0: a 3.0 lead over its 11.0 is beyond 2 std; the same lead with one seed at -0.29 fails target 1
+    lost = sweep.verdict(_table([13.0, 14.0, 15.0], [-0.35, -0.29, -0.5]))
+    assert "**not met**" in lost[0]
+    grit = next(line for line in lost if "vs grit" in line)
+    assert len(lost) == 4, "one improved scheduler ran: its target line and three baselines"
+    assert "+3.0" in grit and "2 std = 2.0" in grit and "beats it" in grit
+    assert "does not beat it" in next(line for line in sweep.verdict(_table([12.0, 12.5, 13.0], [-1, -1, -1]))
+                                      if "vs grit" in line)
+
+
+def test_summary_table_is_mean_and_std_with_dashes_where_a_method_has_no_number():
+    text = sweep.summary_table(_table([15.0, 15.5, 16.0], [-0.35, -0.4, -0.31]))
+    plus = next(line for line in text.splitlines() if line.startswith("| falcon-plus"))
+    assert "15.5 ± 0.5" in plus and "20.0 ± 0.0" in plus  # R@1; chain FN 0.2 -> 20.0 %
+    uniform = next(line for line in text.splitlines() if line.startswith("| uniform"))
+    assert "9.0 ± 0.0" in uniform and "—" in uniform
