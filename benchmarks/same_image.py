@@ -17,7 +17,6 @@ OUT, and with ``--report`` the page's block between ``same-image:begin`` / ``sam
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -115,13 +114,7 @@ def table_markdown(table) -> str:
 def main() -> None:
     import pandas as pd
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True, help="Directory of the world, runs, logs and tables.")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--only", nargs="+", choices=list(VARIANTS), help="A subset of the variants.")
-    parser.add_argument("--jobs", type=int, default=2, help="Runs at a time (each gets cores / jobs torch threads).")
-    parser.add_argument("--report", type=Path, help="Also rewrite this page's same-image block (e.g. docs/results.md).")
-    args = parser.parse_args()
+    args = sweep.sweep_parser(__doc__, list(VARIANTS), "same-image").parse_args()
 
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,6 @@ Writes to OUT: ``results.csv`` (one row per run), ``epochs.csv`` (one row per ru
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -35,7 +34,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks.shapes_sweep import SPLITS, Budget, Variant, falcon, replace_block, run_one, seeds_phrase
+from benchmarks.shapes_sweep import (SPLITS, Budget, Variant, falcon, replace_block, run_one, seeds_phrase,
+                                     sweep_parser)
 
 METHODS: dict[str, tuple[str, list[str]]] = {
     "falcon": ("shapes-falcon", []),
@@ -160,6 +160,52 @@ def verdict(table) -> list[str]:
     return lines or ["No improved scheduler has a finished run yet."]
 
 
+Q_BUCKETS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+
+
+def fn_rate_by_q(logs) -> str:
+    """How much q changes the false-negative risk of a pick, per anchor density: FN % of the chained picks of
+    every FALCON run (the second half of their epochs, all seeds; FALCON's q spreads over [0, 1]) by q bucket,
+    for all anchors and per tercile of the anchor's FN density. If q barely moves the rate, no scheduler of q
+    can avoid false negatives, whatever its reward."""
+    import numpy as np
+    import pandas as pd
+
+    rows = pd.concat(logs, ignore_index=True) if logs else pd.DataFrame()
+    if rows.empty:
+        return "(no FALCON batch log with the oracle's view)\n"
+    bucket = pd.cut(rows["q"], [*Q_BUCKETS[:-1], 1.0 + 1e-9], right=False)  # the last bucket holds q = 1
+    edges = np.quantile(rows["anchor_fn_density"], [0, 1 / 3, 2 / 3, 1])
+    tercile = np.clip(np.searchsorted(edges[1:-1], rows["anchor_fn_density"], side="right"), 0, 2)
+    names = [f"density {edges[i]:.2f}–{edges[i + 1]:.2f}" for i in range(3)]
+    lines = ["| q | picks | FN % (all anchors) | " + " | ".join(f"FN %, {n}" for n in names) + " |",
+             "|---|---|---|" + "---|" * 3]
+    for label, part in rows.groupby(bucket, observed=True):
+        low, high = label.left, min(label.right, 1.0)
+        cells = [f"{100 * part.loc[tercile[part.index] == t, 'chosen_is_fn'].mean():.1f}" if (tercile[part.index] == t).any()
+                 else "—" for t in range(3)]
+        lines.append(f"| [{low:.1f}, {high:.1f}{']' if high == 1.0 else ')'} | {len(part):,} | "
+                     f"{100 * part['chosen_is_fn'].mean():.1f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def falcon_logs(out: Path, methods) -> list:
+    """The chained slots with the oracle's view of the second half of every finished FALCON run's epochs."""
+    from falcon_cli.sampling.batch_log import read_batch_log
+
+    logs = []
+    for method in methods:
+        for run in sorted((out / "runs").glob(f"{method}-s*")):
+            if not (run / "batches.parquet").exists():
+                continue
+            log = read_batch_log(run / "batches.parquet")
+            log = log[log["q"].notna() & log["chosen_is_fn"].notna() & (log["sampler"] == "falcon")]
+            if len(log):
+                epochs = sorted(log["epoch"].unique())
+                logs.append(log[log["epoch"].isin(epochs[len(epochs) // 2:])][["q", "anchor_fn_density", "chosen_is_fn"]])
+    return logs
+
+
 def figure(epochs, out: Path) -> Path:
     """Per FALCON variant and seed, over epochs: corr(E[q], anchor FN density), the std of E[q] and mean q;
     and for every quantile composer the chain FN rate against a random pick's."""
@@ -236,6 +282,9 @@ def write_report(report: Path, out: Path, table, budget: Budget, name: str, comm
         "",
         summary_table(table).rstrip(), "",
         "**Against the issue's targets** (computed from the table):", "", *verdict(table), "",
+        "**Can q avoid false negatives at all?** The oracle's verdict on every pick of the FALCON runs (second half of "
+        "their epochs, all variants and seeds), by the q that made it and by the anchor's false-negative density:", "",
+        fn_rate_by_q(falcon_logs(out, [m for m in METHODS if m.startswith("falcon")])).rstrip(), "",
         f"![scheduler sweep](results/{figure_path.name})", "",
         "Per-run numbers: [results/scheduler_results.csv](results/scheduler_results.csv); per epoch: "
         "[results/scheduler_epochs.csv](results/scheduler_epochs.csv).",
@@ -252,13 +301,9 @@ def _time(stamp: str) -> float:
 def main() -> None:
     import pandas as pd
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True, help="Sweep directory (world, runs, logs, tables, figure).")
-    parser.add_argument("--budget", choices=list(BUDGETS), default="learning")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--only", nargs="+", choices=list(METHODS), help="A subset of the methods.")
-    parser.add_argument("--jobs", type=int, default=2, help="Runs at a time (each gets cores / jobs torch threads).")
-    parser.add_argument("--report", type=Path, help="Also rewrite this page's scheduler block (e.g. docs/results.md).")
+    parser = sweep_parser(__doc__, list(METHODS), "scheduler")
+    parser.add_argument("--budget", choices=list(BUDGETS), default="learning",
+                        help="learning (1,100 scheduler updates per FALCON run), quick (a smoke test), gpu")
     args = parser.parse_args()
 
     out = args.out.resolve()

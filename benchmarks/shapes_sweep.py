@@ -532,16 +532,23 @@ def replace_block(report: Path, begin: str, end: str, lines: list[str]) -> None:
         f.write(head + "\n".join([begin, *lines, end]) + tail)
 
 
+def sweep_parser(description: str, choices: list[str], block: str) -> argparse.ArgumentParser:
+    """The options every sweep script shares: --out, --seeds, --only (one of ``choices``), --jobs, --report (its
+    ``block`` of a page)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="Sweep directory (world, runs, logs, tables, figures).")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--only", nargs="+", choices=choices, help="A subset of the methods.")
+    parser.add_argument("--jobs", type=int, default=2, help="Runs at a time (each gets cores / jobs torch threads).")
+    parser.add_argument("--report", type=Path, help=f"Also rewrite this page's {block} block (e.g. docs/results.md).")
+    return parser
+
+
 def main() -> None:
     import pandas as pd
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True, help="Sweep directory (world, runs, logs, tables, figures).")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--only", nargs="+", choices=[*METHODS, *FIXES], help="A subset of the methods.")
+    parser = sweep_parser(__doc__, [*METHODS, *FIXES], "sweep")
     parser.add_argument("--quick", action="store_true", help="Smoke version: one seed, 100 training images, no |M| sweep.")
-    parser.add_argument("--jobs", type=int, default=2, help="Runs at a time (each gets cores / jobs torch threads).")
-    parser.add_argument("--report", type=Path, help="Also rewrite this page's generated block (e.g. docs/results.md).")
     parser.add_argument("--tables-only", action="store_true",
                         help="Train nothing: tables, figures and report from the runs already complete (a sweep in progress).")
     args = parser.parse_args()

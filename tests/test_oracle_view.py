@@ -6,7 +6,6 @@ import math
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 import pytest
 import torch
 

@@ -54,8 +54,9 @@ def test_bad_feature_names_are_refused():
 
     with pytest.raises(ValueError, match="batch_mean needs a per-step"):
         PretrainConfig(reward_baseline="batch_mean")
-    with pytest.raises(ValueError, match="needs reward: mlm"):
+    with pytest.raises(ValueError, match="needs reward: mlm or alignment"):
         PretrainConfig(scheduler_credit="chosen", reward="itc+itm")
+    assert PretrainConfig(scheduler_credit="pair", reward="alignment").reward == "alignment"
 
 
 def test_step_rewards_give_each_q_the_right_caption():

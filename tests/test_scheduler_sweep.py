@@ -62,3 +62,15 @@ def test_summary_table_is_mean_and_std_with_dashes_where_a_method_has_no_number(
     assert "15.5 ± 0.5" in plus and "20.0 ± 0.0" in plus  # R@1; chain FN 0.2 -> 20.0 %
     uniform = next(line for line in text.splitlines() if line.startswith("| uniform"))
     assert "9.0 ± 0.0" in uniform and "—" in uniform
+
+
+def test_fn_rate_by_q_buckets_q_and_anchor_density_terciles():
+    picks = pd.DataFrame({"q": [0.05, 0.1, 0.15, 0.9, 0.95, 1.0],
+                          "anchor_fn_density": [0.1, 0.5, 0.9, 0.1, 0.5, 0.9],
+                          "chosen_is_fn": [0.0, 0.0, 1.0, 1.0, 1.0, 1.0]})
+    lines = sweep.fn_rate_by_q([picks]).splitlines()
+    low = next(line for line in lines if line.startswith("| [0.0, 0.2)"))
+    high = next(line for line in lines if line.startswith("| [0.8, 1.0]"))
+    assert "| 3 | 33.3 | 0.0 | 0.0 | 100.0 |" in low and "| 3 | 100.0 | 100.0 | 100.0 | 100.0 |" in high
+    assert not any(line.startswith("| [0.4") for line in lines), "empty buckets are left out"
+    assert "no FALCON batch log" in sweep.fn_rate_by_q([])

@@ -212,3 +212,21 @@ def test_active_false_negative_methods_change_the_loss_and_report(model):
     assert (after[:6] < before[:6]).all() and torch.equal(after[6:], before[6:]), "only the batch's thresholds move"
     assert glofnd.stats["glofnd_lambda_image"] < 1.0
     model.train()
+
+
+def test_alignment_reward_is_minus_each_pairs_own_cosine(model):
+    """``alignment``: minus cos(image_i, text_i) of each pair (per pair), or its mean; per-pair losses are
+    refused for a mix of parts."""
+    objective = VlpObjective(model).eval()
+    images, ids, attention, mask = batch(seed=4)
+    with torch.no_grad():
+        per_pair = objective.measure(images, ids, attention, mask, parts=("alignment",), per_pair=True)["alignment"]
+        mean = objective.measure(images, ids, attention, mask, parts=("alignment",))["alignment"]
+        _, image = model.encode_image(images)
+        _, text = model.encode_text(ids, attention)
+    plain = torch.stack([-torch.dot(image[i], text[i]) / (image[i].norm() * text[i].norm()) for i in range(len(ids))])
+    assert per_pair.shape == (6,) and torch.allclose(per_pair, plain, atol=1e-5)
+    assert torch.allclose(mean, plain.mean(), atol=1e-5)
+    with pytest.raises(ValueError, match="mlm or alignment"):
+        objective.measure(images, ids, attention, mask, parts=("alignment", "mlm"), per_pair=True)
+    objective.train()
