@@ -185,7 +185,8 @@ def _render(summary: dict, overall: pd.DataFrame, agreement: pd.DataFrame) -> No
     console.print(table)
     if not agreement.empty:
         row = agreement.iloc[0]
-        console.print(f"judge vs oracle: precision {_pct(row['precision'])}, recall {_pct(row['recall'])}, F1 {_pct(row['f1'])}")
+        console.print(f"judge vs oracle: precision {_pct(row['precision'])}, recall {_pct(row['recall'])}, F1 {_pct(row['f1'])}, "
+                      f"AUC {row['auc']:.2f} (the judge's score ranking false negatives above true negatives)")
 
 
 def _pct(value) -> str:

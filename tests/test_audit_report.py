@@ -71,6 +71,16 @@ def test_judge_agreement_counts_confusion_overall_and_by_specificity():
         assert (row.tp, row.fp, row.fn, row.tn) == (tp, fp, fn, (~flagged & ~true).sum())
         assert row.precision == pytest.approx(tp / (tp + fp)) and row.recall == pytest.approx(tp / (tp + fn))
         assert row.f1 == pytest.approx(2 * tp / (2 * tp + fp + fn))
+        score, is_true = part["score"].to_numpy(), true.to_numpy()
+        above = score[is_true][:, None] - score[~is_true][None, :]  # every (false negative, true negative) pair
+        assert row.auc == pytest.approx(((above > 0) + 0.5 * (above == 0)).mean())
+    assert table.loc["all"].auc > 0.6  # the fixture's judge is informative
+    assert report.judge_agreement(judged(oracle=False)).empty
+
+
+def test_rank_auc_counts_ties_half_and_is_nan_without_both_labels():
+    assert report.rank_auc(np.array([0.1, 0.5, 0.5, 0.9]), np.array([False, False, True, True])) == pytest.approx(0.875)
+    assert np.isnan(report.rank_auc(np.array([0.1, 0.2]), np.array([True, True])))
     assert report.judge_agreement(judged(oracle=False)).empty
 
 

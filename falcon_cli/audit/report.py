@@ -68,11 +68,12 @@ def filter_curve(audit: pd.DataFrame, thresholds, *, truth: str | None = None) -
 
 def judge_agreement(audit: pd.DataFrame) -> pd.DataFrame:
     """The judge's flags against the oracle: ``tp``, ``fp``, ``fn``, ``tn``, ``precision``,
-    ``recall``, ``f1`` overall (``group`` = ``all``) and per caption specificity (``group`` =
-    ``specificity k``, the number of predicates of the judged caption) where the audit has it.
-    Empty when the data has no oracle."""
+    ``recall``, ``f1`` and ``auc`` (threshold-free: the chance that a true false negative scores above
+    a true negative, ties counting half) overall (``group`` = ``all``) and per caption specificity
+    (``group`` = ``specificity k``, the number of predicates of the judged caption) where the audit has
+    it. Empty when the data has no oracle."""
     if truth_column(audit) != "oracle":
-        return pd.DataFrame(columns=["group", "negatives", "tp", "fp", "fn", "tn", "precision", "recall", "f1"])
+        return pd.DataFrame(columns=["group", "negatives", "tp", "fp", "fn", "tn", "precision", "recall", "f1", "auc"])
     groups = [("all", audit)]
     if "caption_specificity" in audit.columns and audit["caption_specificity"].notna().any():
         groups += [(f"specificity {int(k)}", part) for k, part in audit.groupby("caption_specificity", sort=True)]
@@ -85,8 +86,20 @@ def judge_agreement(audit: pd.DataFrame) -> pd.DataFrame:
         recall = tp / (tp + fn) if tp + fn else np.nan
         f1 = 2 * precision * recall / (precision + recall) if tp else (0.0 if fp + fn else np.nan)
         rows.append({"group": name, "negatives": len(part), "tp": tp, "fp": fp, "fn": fn, "tn": tn,
-                     "precision": precision, "recall": recall, "f1": f1})
+                     "precision": precision, "recall": recall, "f1": f1,
+                     "auc": rank_auc(part["score"].to_numpy(float), true)})
     return pd.DataFrame(rows)
+
+
+def rank_auc(score: np.ndarray, positive: np.ndarray) -> float:
+    """Area under the ROC curve of ``score`` for the bool labels ``positive`` (Mann-Whitney: the
+    chance a positive outscores a negative, ties half); NaN without both kinds."""
+    n_pos = int(positive.sum())
+    n_neg = len(positive) - n_pos
+    if not n_pos or not n_neg:
+        return float("nan")
+    ranks = pd.Series(score).rank(method="average").to_numpy()
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
 def missed_false_negatives(audit: pd.DataFrame, count: int) -> pd.DataFrame:
@@ -140,6 +153,8 @@ def audit_markdown(*, run: str, judge: str, threshold: float, truth: str, steps:
              "Negatives with score > τ are dropped; `fn_ratio` is the false-negative share of the rest.\n",
              markdown_table(curve, percent=("fn_ratio",)),
              "## The judge against the oracle\n",
+             "Flags at the threshold (precision, recall, F1); `auc`: how well the judge's score ranks the oracle's "
+             "false negatives above its true negatives at any threshold (0.5: not at all).\n" if not agreement.empty else "",
              markdown_table(agreement, percent=("precision", "recall", "f1")) if not agreement.empty
              else "(no oracle for this data)\n"]
     if scheduler is not None and not scheduler.empty:
@@ -152,4 +167,4 @@ def audit_markdown(*, run: str, judge: str, threshold: float, truth: str, steps:
     return "\n".join(lines)
 
 
-__all__ = ["truth_column", "markdown_table", "overall_rates", "filter_curve", "judge_agreement", "missed_false_negatives", "audit_markdown"]
+__all__ = ["truth_column", "markdown_table", "overall_rates", "filter_curve", "judge_agreement", "rank_auc", "missed_false_negatives", "audit_markdown"]
