@@ -1,5 +1,6 @@
 """Can FALCON's scheduler learn an anchor-dependent hardness? A contextual bandit with a known optimum.
 
+    PYTHONPATH=. .venv/bin/python benchmarks/same_image.py --out runs/same-image --only uniform --seeds 0   # the run (~5 min)
     PYTHONPATH=. .venv/bin/python benchmarks/scheduler_bandit.py --run runs/same-image/runs/uniform-s0 \\
         --out runs/bandit --report docs/results.md          # real shapes embeddings, the full grid (~15 min)
     PYTHONPATH=. .venv/bin/python benchmarks/scheduler_bandit.py --synthetic --updates 600   # a minute
@@ -153,7 +154,8 @@ def shapes_run_anchors(run: Path, width: int, feature_sets: list[tuple], epoch: 
 
     files = sorted((run / "embeddings").glob("epoch_*.h5"))
     if not files:
-        raise SystemExit(f"{run}/embeddings: no epoch_*.h5; pass a pretraining run of a shapes world")
+        raise SystemExit(f"{run}/embeddings: no epoch_*.h5; pass a pretraining run of a shapes world (the published "
+                         f"one: benchmarks/same_image.py --out runs/same-image --only uniform --seeds 0), or --synthetic")
     path = files[-1] if epoch is None else run / "embeddings" / f"epoch_{epoch:03d}.h5"
     emb = read_embeddings(path)
     spec = load_spec(read_manifest(run)["config"]["data"]["dataset"])

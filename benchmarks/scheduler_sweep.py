@@ -42,18 +42,24 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "falcon-plus": ("shapes-falcon-plus", []),
     "falcon-plus-alignment": ("shapes-falcon-plus", ["pretrain.reward=alignment", "pretrain.scheduler_credit=pair",
                                                      "pretrain.reward_mode=eval"]),
+    "falcon-plus-margin-0": ("shapes-falcon-plus", ["pretrain.reward=positive_margin"]),
+    "falcon-plus-margin-0.25": ("shapes-falcon-plus", ["pretrain.reward=positive_margin", "pretrain.reward_margin=0.25"]),
+    "falcon-plus-margin-0.5": ("shapes-falcon-plus", ["pretrain.reward=positive_margin", "pretrain.reward_margin=0.5"]),
     "grit": ("shapes-grit", []),
     "uniform": ("shapes-uniform", []),
     "q05": ("shapes-q05", []),
 }
 """Method -> (shipped recipe, extra overrides). FALCON paper-exact, the improved scheduler with its MLM reward
 credited per caption and with the alignment reward (each pair's own image-text cosine, eval mode, credited to
-the q whose pick sat next to it), and the baselines the issue names (GRIT = q = 1, uniform = no chain, q = 0.5)."""
+the q whose pick sat next to it) and with the positive-margin reward (each pick's similarity to its anchor,
+charged once it comes within a margin of 0, 0.25 or 0.5 of the anchor's own pair; credited to the q that chose
+it), and the baselines the issue names (GRIT = q = 1, uniform = no chain, q = 0.5)."""
 
 BASELINES = ("grit", "uniform", "q05")
 """What the improved scheduler must beat."""
 
-IMPROVED = ("falcon-plus", "falcon-plus-alignment")
+IMPROVED = ("falcon-plus", "falcon-plus-alignment", "falcon-plus-margin-0", "falcon-plus-margin-0.25",
+            "falcon-plus-margin-0.5")
 """The improved schedulers the issue's targets are checked for."""
 
 BUDGETS: dict[str, Budget] = {

@@ -64,7 +64,7 @@ from falcon_cli.sampling.composers import (GritComposer, UniformComposer, batche
 from falcon_cli.sampling.feed import FalconFeed, loader_settings
 from falcon_cli.sampling.oracle_view import composition_summary
 from falcon_cli.sampling.quantile import QuantileSpaces
-from falcon_cli.sampling.scheduler import NegativeScheduler, progressive_q
+from falcon_cli.sampling.scheduler import NegativeScheduler, positive_margin_rewards, progressive_q
 from falcon_cli.sampling.scheduler_features import SchedulerFeatures
 from falcon_cli.sampling.warm_start import load_warm_start
 
@@ -319,7 +319,8 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
             same_image = shared_images.mask(pair_ids, check=False) if shared_images is not None else None
             # L_before from a no-grad pass: in eval mode, or per caption for per-step credit
             per_pair = falcon_epoch and scheduler.per_step
-            if falcon_epoch and (p.reward_mode == "eval" or per_pair or p.reward == "alignment"):
+            margin = p.reward == "positive_margin"  # read from this step's own forward: no reward passes
+            if falcon_epoch and not margin and (p.reward_mode == "eval" or per_pair or p.reward == "alignment"):
                 before, image_k = measure_reward_loss(objective, scheduler, precision, device,
                                                       eval_mode=p.reward_mode == "eval", per_pair=per_pair,
                                                       inputs=(images, input_ids, attention_mask, mask), same_image=same_image)
@@ -341,14 +342,19 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
             if falcon_epoch:
                 # Reward Δ = L(θ_k) − L(θ_{k+1}) on this batch with the identical mask, then REINFORCE.
                 # Per-step credit: Δ per caption, each q credited with the Δ of the pair it chose (or its anchor's).
-                if p.reward_mode == "train" and not per_pair and p.reward != "alignment":
-                    before = scheduler.loss_value({"itc": out.itc, "itm": out.itm, "mlm": out.mlm})
-                    image_k = (out.image_tokens, out.image_feat)
-                after, _ = measure_reward_loss(objective, scheduler, precision, device, eval_mode=p.reward_mode == "eval",
-                                               inputs=(images, input_ids, attention_mask, mask), per_pair=per_pair,
-                                               image=image_k if p.reward_images == "reuse" else None, same_image=same_image)
-                delta = before - after
-                rewards.append(float(delta.mean()))
+                if margin:  # each pick's hardness, charged past its anchor's own pair (θ_k's features)
+                    delta = positive_margin_rewards(out.image_feat, out.text_feat, p.reward_overshoot, p.reward_margin)
+                else:
+                    if p.reward_mode == "train" and not per_pair and p.reward != "alignment":
+                        before = scheduler.loss_value({"itc": out.itc, "itm": out.itm, "mlm": out.mlm})
+                        image_k = (out.image_tokens, out.image_feat)
+                    after, _ = measure_reward_loss(objective, scheduler, precision, device,
+                                                   eval_mode=p.reward_mode == "eval", per_pair=per_pair,
+                                                   inputs=(images, input_ids, attention_mask, mask),
+                                                   image=image_k if p.reward_images == "reuse" else None,
+                                                   same_image=same_image)
+                    delta = before - after
+                rewards.append(float((delta[1:] if margin else delta).mean()))  # (slot 0 has no pick to score)
                 composed, record = feed.take(batch["pair_ids"])
                 update = scheduler.update(record, delta if per_pair else rewards[-1])
                 advantage, concentration = update["advantage"], update["concentration"]

@@ -60,6 +60,9 @@ def test_coco_albef_is_falcon_with_the_papers_hyperparameters_and_siblings_diffe
         assert {k: v for k, v in sibling.items() if base[k] != v} == changes, name
     shapes, plus = (load_recipe(name)[0].pretrain.model_dump() for name in ("shapes-falcon", "shapes-falcon-plus"))
     assert {k: v for k, v in plus.items() if shapes[k] != v} == PLUS_SCHEDULER
+    for plus_name, margin_name in [("shapes-falcon-plus", "shapes-falcon-margin"), ("coco-albef-plus", "coco-albef-margin")]:
+        plus, margin = (load_recipe(name)[0].pretrain.model_dump() for name in (plus_name, margin_name))
+        assert {k: v for k, v in margin.items() if plus[k] != v} == {"reward": "positive_margin", "reward_margin": 0.5}
 
 
 PLUS_SCHEDULER = {"scheduler_features": ["positive", "spread"], "scheduler_credit": "chosen",

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from falcon_cli.runtime.metrics import read_metrics
@@ -192,6 +193,23 @@ def test_falcon_run_rewards_and_quantiles(falcon_run):
         rows = chained[chained["epoch"] == summary["epoch"]]
         assert summary["chain_fn_rate"] == pytest.approx(rows["chosen_is_fn"].mean())
         assert -1 <= summary["q_fn_density_corr"] <= 1 and summary["expected_q_std"] > 0
+
+
+def test_positive_margin_reward_scores_each_pick_from_the_training_forward(world, reference_run, tmp_path_factory):
+    """``reward: positive_margin``: no reward passes; each step's reward is the mean over the batch's picks
+    of their similarity to the anchor (unit features: within [-2, 2]), charged past the anchor's own pair,
+    and the scheduler learns from it."""
+    from falcon_cli.sampling.batch_log import read_batch_log
+
+    run = _falcon_reference(world, tmp_path_factory, [*FALCON, "pretrain.epochs=2", "pretrain.reward=positive_margin"])
+    steps = [r for r in read_metrics(run / "metrics.jsonl") if "loss" in r and r["sampler"] == "falcon"]
+    rewards = np.array([r["reward"] for r in steps])
+    assert len(rewards) == 10 and np.isfinite(rewards).all() and len(set(rewards.tolist())) > 1
+    assert np.abs(rewards).max() <= 2 + 1e-6  # S of unit vectors lies in [-2, 2] and a charge only lowers it
+    chained = read_batch_log(run / "batches.parquet").query("sampler == 'falcon' and anchor_pair_id >= 0")
+    assert (chained["alpha"] - 0.974).abs().max() > 1e-3  # the scheduler moved
+    summary = [r for r in read_metrics(run / "metrics.jsonl") if r.get("kind") == "epoch_summary"][-1]
+    assert summary["reward_count"] == 10 and -1 <= summary["reward_fn_corr"] <= 1
 
 
 def test_every_pair_trained_each_epoch_when_the_search_space_is_not_a_multiple_of_the_batch(world, tmp_path):

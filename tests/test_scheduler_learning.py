@@ -54,9 +54,34 @@ def test_bad_feature_names_are_refused():
 
     with pytest.raises(ValueError, match="batch_mean needs a per-step"):
         PretrainConfig(reward_baseline="batch_mean")
-    with pytest.raises(ValueError, match="needs reward: mlm or alignment"):
+    with pytest.raises(ValueError, match="needs reward: mlm or alignment or positive_margin"):
         PretrainConfig(scheduler_credit="chosen", reward="itc+itm")
     assert PretrainConfig(scheduler_credit="pair", reward="alignment").reward == "alignment"
+    with pytest.raises(ValueError, match="positive_margin .* needs scheduler_credit: chosen"):
+        PretrainConfig(scheduler_credit="pair", reward="positive_margin")
+    assert PretrainConfig(scheduler_credit="chosen", reward="positive_margin").reward_overshoot == 1.0
+
+
+def test_positive_margin_rewards_match_a_plain_loop():
+    """Slot k's pick, chosen for the anchor in slot k − 1: its unified similarity to the anchor, charged
+    (1 + overshoot) times for what exceeds the anchor's own pair; slot 0 scores 0."""
+    from falcon_cli.sampling.scheduler import positive_margin_rewards
+
+    torch.manual_seed(0)
+    image = torch.nn.functional.normalize(torch.randn(9, 16), dim=-1)
+    text = torch.nn.functional.normalize(image + 0.8 * torch.randn(9, 16), dim=-1)
+    image[4] = text[4] = image[3]  # slot 4 shows slot 3's image, and says exactly what it shows: above anchor 3's own pair
+    for overshoot, margin in [(0.0, 0.0), (1.0, 0.0), (3.0, 0.0), (1.0, 0.4)]:
+        got = positive_margin_rewards(image, text, overshoot, margin)
+        want = [0.0]
+        for k in range(1, 9):
+            s = float(image[k - 1] @ text[k] + text[k - 1] @ image[k])
+            own = float(2 * image[k - 1] @ text[k - 1]) - margin
+            want.append(s if s <= own else own - overshoot * (s - own))
+        assert got.tolist() == pytest.approx(want, abs=1e-5)
+    above = positive_margin_rewards(image, text, 1.0)[4]
+    assert above < float(image[3] @ text[4] + text[3] @ image[4]) - 1e-3  # the false negative was charged
+    assert positive_margin_rewards(image[:1], text[:1]).tolist() == [0.0]
 
 
 def test_step_rewards_give_each_q_the_right_caption():

@@ -22,7 +22,7 @@ StageName = Literal["data", "embed", "build_search_spaces", "pretrain", "audit_f
 STAGE_ORDER: tuple[str, ...] = ("data", "embed", "build_search_spaces", "pretrain", "audit_false_negatives", "finetune",
                                 "evaluate")
 
-PER_PAIR_REWARDS = ("mlm", "alignment")
+PER_PAIR_REWARDS = ("mlm", "alignment", "positive_margin")
 """Rewards measured per pair, which a per-step ``scheduler_credit`` can hand to single q's."""
 
 TaskName = Literal["retrieval", "vqa", "nlvr2"]
@@ -240,10 +240,19 @@ class PretrainConfig(Section):
     """Scheduler AdamW weight decay."""
     scheduler_grad_clip: float | None = None
     """Clip the scheduler's gradient norm (None: no clipping, as in the paper)."""
-    reward: Literal["mlm", "itc+itm", "itc+itm+mlm", "alignment"] = "mlm"
+    reward: Literal["mlm", "itc+itm", "itc+itm+mlm", "alignment", "positive_margin"] = "mlm"
     """The scheduler's reward: the decrease of this loss on the batch, before vs after the VLP update.
     ``alignment`` (ours): the rise of each pair's own image-text cosine (a false negative next to it pulls
-    its pair apart), per pair with a per-step ``scheduler_credit``."""
+    its pair apart), per pair with a per-step ``scheduler_credit``. ``positive_margin`` (ours): no loss
+    decrease but each pick's similarity to its anchor, charged ``1 + reward_overshoot`` times for every bit
+    it rises above the anchor's own pair (a likely false negative); read from the training forward's
+    features (no extra pass), with ``scheduler_credit: chosen``."""
+    reward_overshoot: float = Field(1.0, ge=0)
+    """``reward: positive_margin``: how much more a pick loses per unit of similarity above its anchor's own
+    pair than it gains per unit below (0: the reward falls flat past the pair)."""
+    reward_margin: float = Field(0.0, ge=0)
+    """``reward: positive_margin``: the charge starts this far below the anchor's own pair (in units of
+    the composer's similarity S, which spans [-2, 2]): a larger margin moves every anchor's best q down."""
     reward_mode: Literal["train", "eval"] = "train"
     """``train``: the training forward's loss before, one no-grad train-mode pass after (one extra forward);
     ``eval``: two no-grad eval-mode passes (no dropout noise; two extra forwards)."""
@@ -352,6 +361,9 @@ class PretrainConfig(Section):
             raise ValueError(f"scheduler_credit={self.scheduler_credit} credits each q with one pair's reward: it needs "
                              f"reward: {' or '.join(PER_PAIR_REWARDS)} and scheduler_level: instance "
                              f"(got {self.reward}, {self.scheduler_level})")
+        if self.reward == "positive_margin" and self.scheduler_credit != "chosen":
+            raise ValueError(f"reward=positive_margin scores each pick for the anchor that chose it: it needs "
+                             f"scheduler_credit: chosen (got {self.scheduler_credit})")
         if len(set(self.scheduler_features)) != len(self.scheduler_features):
             raise ValueError(f"scheduler_features lists a group twice: {self.scheduler_features}")
         if self.init is not None and (self.vision_weights or self.text_weights):
