@@ -194,6 +194,90 @@ def test_unknown_override_key_names_nearest_valid_key():
         apply_overrides({}, ["sed=1"])
 
 
+UNBOUNDED_ON_PURPOSE: dict[str, str] = {}
+"""Numeric fields without a range in the schema, and why (none today)."""
+
+
+def test_every_numeric_config_field_has_its_range():
+    """A number the schema accepts must be one the code can run with: every int or float field (or an
+    optional one, or a list of them) states its bounds, so bad values stop before anything is written."""
+    import typing
+
+    import annotated_types
+
+    from falcon_cli.config.recipes import _section_type
+
+    bounds = (annotated_types.Ge, annotated_types.Gt, annotated_types.Le, annotated_types.Lt, annotated_types.Interval)
+
+    def numeric(annotation) -> bool:
+        if annotation in (int, float):
+            return True
+        return any(numeric(arg) for arg in typing.get_args(annotation))
+
+    def bounded(annotation, metadata) -> bool:
+        if any(isinstance(m, bounds) for m in metadata):
+            return True
+        for arg in typing.get_args(annotation):  # list[Annotated[float, Field(ge=..)]]: the items' bounds
+            extra = [m for info in getattr(arg, "__metadata__", ()) for m in getattr(info, "metadata", [info])]
+            if any(isinstance(m, bounds) for m in extra):
+                return True
+        return False
+
+    missing = []
+
+    def walk(model):
+        for name, field in model.model_fields.items():
+            sub = _section_type(field.annotation)
+            if sub is not None:
+                walk(sub)
+            elif (numeric(field.annotation) and not bounded(field.annotation, field.metadata)
+                  and f"{model.__name__}.{name}" not in UNBOUNDED_ON_PURPOSE):
+                missing.append(f"{model.__name__}.{name}")
+
+    walk(Recipe)
+    assert not missing, f"numeric fields without a range: {missing}"
+
+
+@pytest.mark.parametrize("override, message", [
+    ("pretrain.batch_size=0", "pretrain.batch_size': input should be greater than or equal to 2"),
+    ("pretrain.batch_size=-4", "pretrain.batch_size': input should be greater than or equal to 2"),
+    ("pretrain.epochs=0", "pretrain.epochs': input should be greater than or equal to 1"),
+    ("pretrain.epochs=-1", "pretrain.epochs': input should be greater than or equal to 1"),
+    ("pretrain.lr=-1", "pretrain.lr': input should be greater than 0"),
+    ("pretrain.log_every=0", "pretrain.log_every': input should be greater than or equal to 1"),
+    ("pretrain.checkpoint_every=-1", "pretrain.checkpoint_every': input should be greater than or equal to 0"),
+    ("pretrain.keep_last=-1", "pretrain.keep_last': input should be greater than or equal to 1"),
+    ("audit.filter_thresholds=[0.5,1.5]", "audit.filter_thresholds[1]': input should be less than or equal to 1"),
+])
+def test_values_the_code_cannot_run_with_are_refused_by_the_schema(override, message):
+    with pytest.raises(FalconError) as err:
+        load_recipe("shapes-demo", [override])
+    assert message in str(err.value) and f"override '{override}'" in str(err.value)
+
+
+def test_rules_across_fields_name_the_overrides_that_broke_them():
+    with pytest.raises(FalconError) as err:
+        load_recipe("shapes-demo", ["pretrain.search_space_size=8"])
+    assert ("with 'pretrain.search_space_size=8'" in str(err.value)
+            and "search_space_size (8) is smaller than batch_size (32)" in str(err.value))
+    assert load_recipe("shapes-demo", ["pretrain.search_space_size=8", "pretrain.composer=uniform"])[0]
+    with pytest.raises(FalconError, match=r"min_lr .* must not exceed lr"):
+        load_recipe("shapes-demo", ["pretrain.lr=1e-6"])
+
+
+def test_bad_values_stop_the_cli_before_the_run_directory_exists(tmp_path):
+    from tests.conftest import run_cli
+
+    run = tmp_path / "run"
+    proc = run_cli("pretrain", "--recipe", "shapes-demo", "--run-dir", run, "pretrain.epochs=0")
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr + proc.stdout
+    assert "pretrain.epochs" in proc.stderr and not run.exists()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("base: shapes-demo\npretrain:\n  batch_size: -3\n")
+    proc = run_cli("recipes", "validate", bad)
+    assert proc.returncode != 0 and "pretrain.batch_size" in proc.stdout + proc.stderr
+
+
 def test_wrong_type_names_expected_type_and_value():
     with pytest.raises(FalconError) as err:
         load_recipe("shapes-demo", ["data.shapes.images=many"])

@@ -214,7 +214,11 @@ def validate_config(raw: dict[str, Any], source: str, overridden: dict[str, str]
     except ValidationError as exc:
         err = exc.errors()[0]
         key = _error_key(err)
-        where = f"override '{overridden[key]}'" if overridden and key in overridden else source
+        named = [name for name in (overridden or {}) if key == name or key.startswith(f"{name}[")]  # (a list's item)
+        where = f"override '{overridden[named[0]]}'" if named else source
+        inside = [text for name, text in (overridden or {}).items() if key and name.startswith(f"{key}.")]
+        if where == source and inside:  # a rule across fields of a section: the overrides that touched it
+            where = f"{source} with " + ", ".join(f"'{text}'" for text in inside)
         label = f"key '{key}'" if key else "recipe"
         raise FalconError(f"{where}: {label}: {_describe(err)}") from None
 

@@ -57,7 +57,7 @@ class DataConfig(Section):
     """``wordpiece`` trains a BERT-style WordPiece tokenizer on the training captions and saves it in
     the run (offline); anything else is a hub id (``bert-base-uncased``) or a local directory."""
 
-    tokenizer_vocab_size: int = 1000
+    tokenizer_vocab_size: int = Field(1000, ge=16)
     """Vocabulary size when ``tokenizer`` is ``wordpiece``."""
 
 
@@ -158,7 +158,7 @@ class PretrainConfig(Section):
     # -- model ---------------------------------------------------------------------------
     model: str = "albef-tiny"
     """Model config name from the registry (``albef-base``, ``albef-tiny``; see falcon_cli/models/configs)."""
-    image_size: int | None = None
+    image_size: int | None = Field(None, ge=8)
     """Input resolution in pixels (default: the model config's; albef-base pretrains at 256)."""
     vision_weights: Annotated[str | None, InputPath(when="exists")] = None
     """Image-encoder weights: a timm name (``timm:deit_base_patch16_224.fb_in1k``) or a local file; None = random init."""
@@ -179,17 +179,17 @@ class PretrainConfig(Section):
     method's own (``false_negatives``): 0.2 for ``none`` (GRIT-VLP, FALCON), 0 for ``mafa``, ``srcl``,
     ``diht`` and ``glofnd``, whose papers do not train it. Resolved when the config is validated,
     so the run's config.yaml, its manifest and ``falcon recipes show`` hold the number trained."""
-    momentum: float = 0.995
+    momentum: float = Field(0.995, ge=0, lt=1)
     """EMA momentum of the momentum encoders (``itc: momentum``)."""
-    queue_size: int = 65536
+    queue_size: int = Field(65536, ge=1)
     """Feature-queue length (``itc: momentum``); must be a multiple of the global batch."""
-    distill_alpha: float = 0.4
+    distill_alpha: float = Field(0.4, ge=0, le=1)
     """Distillation weight α, ramped linearly over epoch 0 (``itc: momentum``)."""
     itm_negatives: Literal["hardest", "sample"] = "hardest"
     """ITM negatives: the hardest in-batch negative per anchor (GRIT/FALCON) or ALBEF's multinomial sampling."""
-    mlm_probability: float = 0.5
+    mlm_probability: float = Field(0.5, gt=0, le=1)
     """MLM masking probability (0.5 in GRIT/FALCON, 0.15 in ALBEF)."""
-    max_text_length: int = 25
+    max_text_length: int = Field(25, ge=2)
     """Token limit of captions (the reference uses 25)."""
 
     # -- batches ---------------------------------------------------------------------------
@@ -197,9 +197,9 @@ class PretrainConfig(Section):
     """How mini-batches are composed: ``uniform`` random; ``grit`` (GRIT-VLP's hardest-negative chain);
     ``quantile`` (FALCON's Algorithm 1 with a fixed q); ``progressive`` (q moving linearly over the
     epochs); ``falcon`` (q from the learned scheduler). Epoch 0 is uniform for all of them."""
-    batch_size: int = 32
+    batch_size: int = Field(32, ge=2)
     """Batch size PER PROCESS (the global batch = batch_size × world size, printed at start)."""
-    search_space_size: int = 1920
+    search_space_size: int = Field(1920, ge=2)
     """GRIT search-space size |M| (pairs grouped together; a multiple of batch_size is natural)."""
     search_spaces: Annotated[str | None, InputPath(keywords=("run",))] = None
     """Warm start: compose epoch 0 (grit, quantile, progressive, falcon) from these built search spaces
@@ -238,7 +238,7 @@ class PretrainConfig(Section):
     """Scheduler AdamW learning rate."""
     scheduler_weight_decay: float = Field(0.01, ge=0)
     """Scheduler AdamW weight decay."""
-    scheduler_grad_clip: float | None = None
+    scheduler_grad_clip: float | None = Field(None, gt=0)
     """Clip the scheduler's gradient norm (None: no clipping, as in the paper)."""
     reward: Literal["mlm", "itc+itm", "itc+itm+mlm", "alignment", "positive_margin"] = "mlm"
     """The scheduler's reward: the decrease of this loss on the batch, before vs after the VLP update.
@@ -282,24 +282,24 @@ class PretrainConfig(Section):
     update k−1 and loads in worker processes while steps compute (see falcon_cli/sampling/feed.py)."""
 
     # -- optimisation ----------------------------------------------------------------------
-    epochs: int = 3
+    epochs: int = Field(3, ge=1)
     """Training epochs (epoch 0 is uniform for every composer)."""
-    max_steps_per_epoch: int | None = None
+    max_steps_per_epoch: int | None = Field(None, ge=1)
     """Cut each epoch after this many steps (smoke tests); None = the whole epoch: every batch its
     composer makes, so every pair is trained once (unless ``drop_last``)."""
-    lr: float = 1e-4
+    lr: float = Field(1e-4, gt=0)
     """Peak learning rate (AdamW)."""
-    min_lr: float = 1e-5
+    min_lr: float = Field(1e-5, ge=0)
     """Final learning rate of the cosine."""
-    warmup_lr: float = 1e-5
+    warmup_lr: float = Field(1e-5, ge=0)
     """Learning rate at step 0 of the warm-up."""
-    warmup_steps: int = 2000
+    warmup_steps: int = Field(2000, ge=0)
     """Linear warm-up length in optimizer steps (the reference: 20 × 100 iterations)."""
-    cosine_epochs: int | None = None
+    cosine_epochs: int | None = Field(None, ge=1)
     """Epochs the per-epoch cosine spans (GRIT builds it for 30 and trains 20); None = ``epochs``."""
-    weight_decay: float = 0.02
+    weight_decay: float = Field(0.02, ge=0)
     """AdamW weight decay (not applied to biases, norms and other 1-D tensors)."""
-    grad_clip: float | None = None
+    grad_clip: float | None = Field(None, gt=0)
     """Clip the global gradient norm to this value; None = no clipping (the reference)."""
 
     # -- runtime ---------------------------------------------------------------------------
@@ -307,17 +307,17 @@ class PretrainConfig(Section):
     """``auto`` (the local GPU if any, else CPU), ``cpu`` or ``cuda[:n]``."""
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     """``auto`` = bf16 autocast on GPUs that support it (fp16 + GradScaler otherwise), fp32 on CPU."""
-    num_workers: int = 2
+    num_workers: int = Field(2, ge=0)
     """DataLoader worker processes per rank."""
     augment: Literal["pretrain", "test"] = "pretrain"
     """Image transform: ALBEF's pretraining augmentation, or ``test`` (resize only; shapes recipes, whose captions name sizes and positions)."""
     hflip: bool = True
     """Random horizontal flips in ``augment: pretrain`` (flips swap "left of" and "right of")."""
-    log_every: int = 10
+    log_every: int = Field(10, ge=1)
     """Write a metrics.jsonl record every N steps."""
-    checkpoint_every: int = 0
+    checkpoint_every: int = Field(0, ge=0)
     """Also checkpoint every N steps (0 = only at the end of each epoch)."""
-    keep_last: int = 3
+    keep_last: int = Field(3, ge=1)
     """How many checkpoints to keep."""
     eval_split: Literal["val", "test"] | None = "test"
     """Zero-shot ITC retrieval on this retrieval split at the end (None = skip)."""
@@ -364,6 +364,12 @@ class PretrainConfig(Section):
         if self.reward == "positive_margin" and self.scheduler_credit != "chosen":
             raise ValueError(f"reward=positive_margin scores each pick for the anchor that chose it: it needs "
                              f"scheduler_credit: chosen (got {self.scheduler_credit})")
+        if self.composer != "uniform" and self.search_space_size < self.batch_size:
+            raise ValueError(f"search_space_size ({self.search_space_size}) is smaller than batch_size ({self.batch_size}): "
+                             f"the {self.composer} composer builds each batch inside one search space; use a "
+                             f"search_space_size of at least {self.batch_size}")
+        if self.min_lr > self.lr or self.warmup_lr > self.lr:
+            raise ValueError(f"min_lr ({self.min_lr}) and warmup_lr ({self.warmup_lr}) must not exceed lr ({self.lr})")
         if len(set(self.scheduler_features)) != len(self.scheduler_features):
             raise ValueError(f"scheduler_features lists a group twice: {self.scheduler_features}")
         if self.init is not None and (self.vision_weights or self.text_weights):
@@ -465,7 +471,7 @@ class AuditConfig(Section):
     step_windows: int = Field(4, ge=1)
     """Equal ranges of audited training steps for the false-negative rate table."""
 
-    filter_thresholds: list[float] = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99]
+    filter_thresholds: list[Annotated[float, Field(ge=0, le=1)]] = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99]
     """Thresholds τ of the filter curve: negatives with judge score > τ are dropped, and the
     false-negative ratio of the rest is measured (by the oracle where there is one)."""
 
@@ -485,9 +491,6 @@ class AuditConfig(Section):
     def _check(self) -> "AuditConfig":
         if not self.negatives or len(set(self.negatives)) != len(self.negatives):
             raise ValueError(f"negatives must name chain and/or itm once each, got {self.negatives}")
-        bad = [t for t in self.filter_thresholds if not 0.0 <= t <= 1.0]
-        if bad:
-            raise ValueError(f"filter_thresholds must lie in [0, 1], got {bad[0]}")
         return self
 
 
@@ -508,7 +511,7 @@ class TaskTraining(Section):
     """AdamW weight decay (not on biases and norms)."""
     batch_size: int = Field(32, ge=1)
     """Batch size PER PROCESS."""
-    image_size: int | None = 384
+    image_size: int | None = Field(384, ge=8)
     """Fine-tuning resolution (ViT position embeddings are resampled); None = the pretrained model's."""
     max_steps_per_epoch: int | None = Field(None, ge=1)
     """Cut each epoch after this many steps (smoke tests); None = the whole epoch: every batch its
@@ -572,7 +575,7 @@ class Nlvr2FinetuneConfig(TaskTraining):
     """Text-assignment learning rate (constant after warm-up, per-epoch cosine otherwise)."""
     ta_batch_size: int = Field(64, ge=2)
     """Text-assignment batch size PER PROCESS (hard images are drawn from the batch)."""
-    ta_image_size: int | None = 256
+    ta_image_size: int | None = Field(256, ge=8)
     """Text-assignment resolution; None = the pretrained model's."""
     ta_max_steps: int | None = Field(None, ge=1)
     """Cut text-assignment pretraining after this many steps; None = all ``ta_epochs``."""
@@ -685,7 +688,7 @@ class EvaluateConfig(Section):
     """VQA."""
     nlvr2: Nlvr2EvalConfig = Nlvr2EvalConfig()
     """NLVR2."""
-    image_size: int | None = None
+    image_size: int | None = Field(None, ge=8)
     """Evaluation resolution; None = each checkpoint's own."""
     max_text_length: int = Field(30, ge=2)
     """Token limit of captions, questions and statements (ALBEF: 30 for retrieval)."""
@@ -718,7 +721,7 @@ class Recipe(Section):
     description: str = ""
     """One line saying what this recipe is for (shown by ``falcon recipes list``)."""
 
-    seed: int = 0
+    seed: int = Field(0, ge=0)
     """Global seed; each distributed rank uses ``seed + rank``."""
 
     stages: list[StageName] = ["data"]
