@@ -15,3 +15,8 @@ class FalconError(Exception):
     def __init__(self, message: str, *, exit_code: int = 2):
         super().__init__(message)
         self.exit_code = exit_code
+
+
+class Refused(FalconError):
+    """A command refused before it changed anything (e.g. ``--resume`` with another number of
+    processes): :func:`stages.run_stages` puts the run directory's record back as it was."""

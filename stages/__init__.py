@@ -16,6 +16,7 @@ from typing import Callable
 
 from falcon_cli.artifacts.run_dir import RunDirectory, now
 from falcon_cli.config.schema import Recipe
+from falcon_cli.errors import Refused
 
 log = logging.getLogger("falcon")
 
@@ -30,7 +31,8 @@ def run_stages(config: Recipe, run: RunDirectory, stages: list[str] | None = Non
 
     ``options`` (e.g. ``resume=True``) go to every stage that accepts them.
 
-    The run is marked ``failed`` (and the error re-raised) if a stage raises, ``completed`` otherwise.
+    The run is marked ``failed`` (and the error re-raised) if a stage raises, ``completed`` otherwise; a
+    stage that raises :class:`~falcon_cli.errors.Refused` leaves the run's record as it was before the command.
     """
     from falcon_cli.runtime import distributed as D
     from falcon_cli.runtime.precision import pick_device
@@ -47,12 +49,17 @@ def run_stages(config: Recipe, run: RunDirectory, stages: list[str] | None = Non
                 function = stage_function(name)
                 accepted = inspect.signature(function).parameters
                 results[name] = function(config, run, **{k: v for k, v in options.items() if k in accepted})
+            except Refused:
+                raise
             except BaseException as exc:
                 log.error("stage %s failed: %s", name, exc or type(exc).__name__)
                 run.record_stage(name, start=start, status="failed")
                 raise
             run.record_stage(name, start=start, status="completed", result=results[name])
             log.info("stage %s: done", name)
+    except Refused:
+        run.restore()  # refused before it changed anything: the record stays as it was
+        raise
     except BaseException:
         run.close("failed")
         raise

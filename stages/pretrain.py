@@ -40,7 +40,7 @@ from falcon_cli.data.shared_images import SharedImages
 from falcon_cli.data.spec import load_spec
 from falcon_cli.data.tokenizer import load_run_tokenizer
 from falcon_cli.data.transforms import build_transform
-from falcon_cli.errors import FalconError
+from falcon_cli.errors import FalconError, Refused
 from falcon_cli.evaluation.zero_shot import zero_shot_retrieval
 from falcon_cli.models.albef_checkpoint import load_albef_checkpoint
 from falcon_cli.models.registry import create_model
@@ -192,7 +192,8 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
     if checkpoint is not None:
         state = load_training_state(checkpoint)
         if state["world_size"] != world:
-            raise FalconError(f"{checkpoint}: saved with {state['world_size']} processes, resuming with {world}; resume with the same number")
+            raise Refused(f"{checkpoint}: saved with {state['world_size']} processes, resuming with {world}; "
+                          f"resume with the same number (nothing was changed)")
         load_checkpoint_weights(checkpoint, weight_files)
         optimizer.load_state_dict(state["optimizer"])
         scaler.load_state_dict(state["scaler"])

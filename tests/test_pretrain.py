@@ -85,6 +85,31 @@ def test_golden_losses(reference_run):
 GOLDEN = [9.462, 9.389, 9.271]  # albef-tiny with mean pooling (0.2.0 notes)
 
 
+def test_a_refused_resume_changes_nothing_on_disk(world, reference_run, tmp_path):
+    """Resuming a finished run with another number of processes is refused in one line, and the run's
+    record (manifest, config, log) stays byte for byte as it was: still completed, its result kept."""
+    import shutil
+
+    import torch
+
+    from falcon_cli.runtime.checkpoint import latest_checkpoint
+    from tests.conftest import run_cli
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_run, run_dir)
+    state_path = latest_checkpoint(run_dir / "checkpoints") / "training_state.pt"
+    state = torch.load(state_path, weights_only=True)
+    state["world_size"] = 2  # as if trained by `torchrun --nproc_per_node 2`
+    torch.save(state, state_path)
+    before = {name: (run_dir / name).read_bytes() for name in ("manifest.json", "config.yaml", "log.txt", "metrics.jsonl")}
+    proc = run_cli(*pretrain_args(run_dir, world, "pretrain.checkpoint_every=4", "pretrain.device=cpu"), "--resume")
+    assert proc.returncode != 0 and "Traceback" not in proc.stdout + proc.stderr
+    assert "saved with 2 processes, resuming with 1" in proc.stderr and "nothing was changed" in proc.stderr
+    assert {name: (run_dir / name).read_bytes() for name in before} == before
+    manifest = json.loads(before["manifest.json"])
+    assert manifest["status"] == "completed" and manifest["stages"]["pretrain"]["result"]["world_size"] == 1
+
+
 def test_kill_and_resume_is_exact(world, reference_run, tmp_path):
     run_dir = tmp_path / "run"
     env = {**os.environ, "FALCON_PROGRESS": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from falcon_cli.artifacts.atomic import write_json, write_text
+from falcon_cli.artifacts.atomic import write_bytes, write_json, write_text
 from falcon_cli.config.diff import config_differences
 from falcon_cli.artifacts.provenance import git_state, host_info, package_versions
 from falcon_cli.errors import FalconError
@@ -58,6 +58,7 @@ class RunDirectory:
         self.path = Path(os.path.abspath(path))
         self.manifest: dict[str, Any] = {}
         self._log_handler: logging.Handler | None = None
+        self._before: dict[str, Any] | None = None
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -73,6 +74,7 @@ class RunDirectory:
         run = cls(path)
         # Rank 0 alone checks and writes the run directory; other ranks keep an unsaved copy.
         previous = run._check_reusable(config, overwrite) if is_main_process() else {}
+        run._before = run._record_files() if is_main_process() else None
         command = list(command if command is not None else sys.argv)
         run.manifest = {
             "schema_version": MANIFEST_SCHEMA_VERSION,
@@ -116,6 +118,41 @@ class RunDirectory:
             raise FalconError(f"{self.path} exists, is not empty and is not a falcon run; choose another --run-dir")
         return {}
 
+    def _record_files(self) -> dict[str, Any]:
+        """What the run's record (manifest, config, log) holds now: bytes, the log's length, or None
+        where absent; :meth:`restore` puts it back."""
+        def read(name: str) -> bytes | None:
+            path = self.path / name
+            return path.read_bytes() if path.is_file() else None
+        log = self.path / LOG
+        return {"existed": self.path.exists(), MANIFEST: read(MANIFEST), CONFIG: read(CONFIG),
+                LOG: log.stat().st_size if log.is_file() else None}
+
+    def restore(self) -> None:
+        """Put the run's record back as :meth:`open` found it (a refused command changes nothing on disk)."""
+        self._detach_log()
+        before = getattr(self, "_before", None)
+        if before is None:  # (other ranks never wrote)
+            return
+        for name in (MANIFEST, CONFIG):
+            if before[name] is None:
+                (self.path / name).unlink(missing_ok=True)
+            else:
+                write_bytes(self.path / name, before[name])
+        log = self.path / LOG
+        if before[LOG] is None:
+            log.unlink(missing_ok=True)
+        elif log.is_file():
+            os.truncate(log, before[LOG])
+        if not before["existed"] and self.path.is_dir() and not any(self.path.iterdir()):
+            self.path.rmdir()
+
+    def _detach_log(self) -> None:
+        if self._log_handler is not None:
+            logging.getLogger("falcon").removeHandler(self._log_handler)
+            self._log_handler.close()
+            self._log_handler = None
+
     def close(self, status: str = "completed") -> None:
         """Record the end time and final status (``completed`` or ``failed``)."""
         self.manifest["status"] = status
@@ -124,10 +161,7 @@ class RunDirectory:
             {"command": self.manifest["command"], "start": self.manifest["start"], "end": self.manifest["end"], "status": status}
         )
         self.save()
-        if self._log_handler is not None:
-            logging.getLogger("falcon").removeHandler(self._log_handler)
-            self._log_handler.close()
-            self._log_handler = None
+        self._detach_log()
 
     def save(self) -> None:
         """Rewrite ``manifest.json`` atomically (rank 0 only)."""
