@@ -50,7 +50,8 @@ from falcon_cli.objectives.false_negatives import StepContext, flag_counts, flag
 from falcon_cli.objectives.vlp import VlpObjective
 from falcon_cli.reporting.figures import q_over_training
 from falcon_cli.runtime import distributed as D
-from falcon_cli.runtime.checkpoint import latest_checkpoint, load_checkpoint_weights, load_training_state, save_checkpoint
+from falcon_cli.runtime.checkpoint import (latest_checkpoint, load_checkpoint_weights, load_training_state, rewind_latest,
+                                          save_checkpoint)
 from falcon_cli.runtime.console import make_console
 from falcon_cli.runtime.metrics import MetricsLog
 from falcon_cli.runtime.optim import build_optimizer, learning_rate, set_learning_rate
@@ -328,16 +329,25 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
             with autocast(precision, device):
                 context = StepContext(pair_ids, epoch, global_step, total_steps, same_image)
                 out = trainer(images, input_ids, attention_mask, mask, alpha, itm_generator, context)
+            # A non-finite loss or gradient stops the run before the step, saving nothing: the weights
+            # that gave it are not worth resuming, and a save would push intact checkpoints out.
+            parts = lambda: f"itc {out.itc.item():.4g}, itm {out.itm.item():.4g}, mlm {out.mlm.item():.4g}"  # noqa: E731
             if not torch.isfinite(out.loss):
-                where = save(epoch, index, batches)  # (FALCON: the spaces are past this batch)
-                raise FalconError(f"loss is {out.loss.item()} at epoch {epoch}, step {global_step} "
-                                  f"(itc {out.itc.item():.4g}, itm {out.itm.item():.4g}, mlm {out.mlm.item():.4g}); "
-                                  f"checkpoint saved at {where}; lower pretrain.lr or use precision=fp32")
+                latest = latest_checkpoint(checkpoint_dir) if main else None
+                if latest is not None and int(latest.name) == global_step and precision == "fp32":
+                    latest = rewind_latest(checkpoint_dir, global_step)  # its weights just gave this loss
+                raise FalconError(non_finite_stop(f"loss is {out.loss.item()}", epoch, global_step, parts(), precision,
+                                                  p, latest))
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(out.loss).backward()
             if p.grad_clip is not None:
                 scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(objective.parameters(), p.grad_clip)
+                norm = torch.nn.utils.clip_grad_norm_(objective.parameters(), p.grad_clip)
+            elif precision != "fp16":  # (fp16: the scaler skips steps with inf gradients and lowers its scale)
+                norm = torch.nn.utils.get_total_norm([q.grad for q in objective.parameters() if q.grad is not None])
+            if precision != "fp16" and not torch.isfinite(norm):
+                raise FalconError(non_finite_stop(f"the gradient norm is {norm.item()} (loss {out.loss.item():.4g})", epoch,
+                                                  global_step, parts(), precision, p, latest_checkpoint(checkpoint_dir)))
             scaler.step(optimizer)
             scaler.update()
             if falcon_epoch:
@@ -418,6 +428,23 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
             run.add_artifact(figure, schema="figure", schema_version=1)
     return {"steps": global_step, "epochs": p.epochs, "pairs": len(dataset), "world_size": world,
             "precision": precision, "device": str(device), "retrieval": results}
+
+
+def non_finite_stop(what: str, epoch: int, step: int, parts: str, precision: str, p, latest: Path | None) -> str:
+    """The one line a non-finite loss or gradient stops a run with: where, what to resume from, and what
+    to change for this run's precision and settings."""
+    changes = [f"pretrain.lr={p.lr / 10:g}"]
+    if p.grad_clip is None:
+        changes.append("pretrain.grad_clip=1.0")
+    if precision in ("fp16", "bf16"):
+        changes.append("pretrain.precision=fp32")
+    advice = " and/or ".join(f"'{c}'" for c in changes)
+    if latest is not None:
+        where = (f"--resume continues from checkpoint {latest.name}, saved before it: add --overwrite and {advice} "
+                 f"(if it fails again, its weights had already diverged: start again without --resume)")
+    else:
+        where = f"no usable checkpoint: start again with --overwrite and {advice}"
+    return f"{what} at epoch {epoch}, step {step} ({parts}), in {precision}; nothing was saved; {where}"
 
 
 def measure_reward_loss(objective: VlpObjective, scheduler: NegativeScheduler, precision: str, device: torch.device, *,

@@ -110,6 +110,44 @@ def test_a_refused_resume_changes_nothing_on_disk(world, reference_run, tmp_path
     assert manifest["status"] == "completed" and manifest["stages"]["pretrain"]["result"]["world_size"] == 1
 
 
+def test_a_diverged_run_stops_without_saving_and_resumes_from_the_last_usable_checkpoint(world, reference_run, tmp_path):
+    """lr 1e6: the loss turns NaN at step 2. Nothing is saved at the NaN, the checkpoint whose weights gave
+    it (step 2) is not what --resume continues from (step 1 is), the advice fits fp32 (no 'use fp32'), and
+    --resume --overwrite with a sane lr finishes with one metrics record per step."""
+    from falcon_cli.runtime.checkpoint import latest_checkpoint
+    from tests.conftest import run_cli
+
+    run_dir = tmp_path / "run"
+    common = ["pretrain.checkpoint_every=1", "pretrain.eval_split=null", "pretrain.device=cpu"]
+    proc = run_cli(*pretrain_args(run_dir, world, *common, "pretrain.lr=1e6"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert "loss is nan at epoch 0, step 2" in line and "nothing was saved" in line and "in fp32" in line
+    assert "--resume continues from checkpoint 00000001" in line and "pretrain.lr=100000" in line
+    assert "precision=fp32" not in line
+    assert latest_checkpoint(run_dir / "checkpoints").name == "00000001"
+    resumed = run_cli(*pretrain_args(run_dir, world, *common, "pretrain.lr=3e-4"), "--resume", "--overwrite")
+    assert resumed.returncode == 0 and "resumed from" in resumed.stderr, resumed.stdout + resumed.stderr
+    steps = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r]
+    assert steps == list(range(1, 21)) and all(np.isfinite(r["loss"]) for r in read_metrics(run_dir / "metrics.jsonl")
+                                                if "loss" in r)
+
+
+def test_the_non_finite_advice_fits_the_precision_and_what_is_left(tmp_path):
+    from falcon_cli.config.schema import PretrainConfig
+    from falcon_cli.runtime.checkpoint import rewind_latest
+    from stages.pretrain import non_finite_stop
+
+    bf16 = non_finite_stop("loss is nan", 1, 7, "itc 1", "bf16", PretrainConfig(lr=1e-4, grad_clip=1.0), None)
+    assert "pretrain.precision=fp32" in bf16 and "grad_clip" not in bf16 and "no usable checkpoint" in bf16
+    for step in (3, 6, 9):
+        (tmp_path / f"{step:08d}").mkdir()
+        (tmp_path / f"{step:08d}" / "model.safetensors").write_bytes(b"x")
+    (tmp_path / "latest").write_text("00000009\n")
+    assert rewind_latest(tmp_path, 9).name == "00000006" and (tmp_path / "latest").read_text().strip() == "00000006"
+    assert rewind_latest(tmp_path, 3) is None and not (tmp_path / "latest").exists()
+
+
 def test_kill_and_resume_is_exact(world, reference_run, tmp_path):
     run_dir = tmp_path / "run"
     env = {**os.environ, "FALCON_PROGRESS": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}

@@ -69,6 +69,20 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
     return target
 
 
+def rewind_latest(directory: str | Path, before_step: int) -> Path | None:
+    """Point ``latest`` at the newest kept checkpoint saved before ``before_step`` (removing the
+    pointer when there is none, so ``--resume`` starts from scratch); returns it. For weights known
+    to fail: a resume from them would only fail again."""
+    root = Path(directory)
+    earlier = sorted(p for p in root.iterdir() if p.is_dir() and p.name.isdigit() and int(p.name) < before_step
+                     and (p / WEIGHTS).exists()) if root.is_dir() else []
+    if earlier:
+        write_text(root / LATEST, earlier[-1].name + "\n")
+        return earlier[-1]
+    (root / LATEST).unlink(missing_ok=True)
+    return None
+
+
 def load_checkpoint_weights(checkpoint: str | Path, modules: dict[str, torch.nn.Module]) -> None:
     """Load each ``<name>.safetensors`` of a checkpoint directory into ``modules[name]`` (strict)."""
     for name, module in modules.items():
