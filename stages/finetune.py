@@ -52,7 +52,7 @@ from falcon_cli.objectives.itc import alpha_ramp
 from falcon_cli.objectives.retrieval import RetrievalObjective
 from falcon_cli.objectives.text_assignment import text_assignment_loss, text_assignment_pairs
 from falcon_cli.runtime import distributed as D
-from falcon_cli.runtime.checkpoint import latest_checkpoint, load_checkpoint_weights, load_training_state, save_checkpoint
+from falcon_cli.runtime.checkpoint import resume_point, save_checkpoint
 from falcon_cli.runtime.console import make_console
 from falcon_cli.runtime.metrics import MetricsLog
 from falcon_cli.runtime.optim import build_optimizer, learning_rate, set_learning_rate
@@ -254,10 +254,11 @@ def fit(ctx: Context, name: str, trainable: LossModule, weights: dict[str, nn.Mo
     metrics = MetricsLog(out / "metrics.jsonl")
     first_epoch, step, best, history = 0, 0, None, []
 
-    checkpoint = latest_checkpoint(out / "checkpoints") if ctx.resume else None
+    found = resume_point(out / "checkpoints", weights) if ctx.resume else None
+    checkpoint, state, damaged = found if found is not None else (None, None, [])
+    if damaged and main:
+        console.print(f"[yellow]damaged checkpoints passed over[/]: {'; '.join(damaged)}")
     if checkpoint is not None:  # continue after the last finished epoch
-        state = load_training_state(checkpoint)
-        load_checkpoint_weights(checkpoint, weights)
         optimizer.load_state_dict(state["optimizer"])
         scaler.load_state_dict(state["scaler"])
         set_rng_state(state["rng"])

@@ -50,8 +50,7 @@ from falcon_cli.objectives.false_negatives import StepContext, flag_counts, flag
 from falcon_cli.objectives.vlp import VlpObjective
 from falcon_cli.reporting.figures import q_over_training
 from falcon_cli.runtime import distributed as D
-from falcon_cli.runtime.checkpoint import (latest_checkpoint, load_checkpoint_weights, load_training_state, rewind_latest,
-                                          save_checkpoint)
+from falcon_cli.runtime.checkpoint import latest_checkpoint, resume_point, rewind_latest, save_checkpoint
 from falcon_cli.runtime.console import make_console
 from falcon_cli.runtime.metrics import MetricsLog
 from falcon_cli.runtime.optim import build_optimizer, learning_rate, set_learning_rate
@@ -189,13 +188,14 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
     fn_counts = torch.zeros(4, dtype=torch.long, device=device)  # this epoch's flagged-vs-oracle counts (flag_counts)
     checkpoint_dir = run.path / "checkpoints"
     results: dict = {}
-    checkpoint = latest_checkpoint(checkpoint_dir) if resume else None
+    found = resume_point(checkpoint_dir, weight_files) if resume else None
+    checkpoint, state, damaged = found if found is not None else (None, None, [])
+    if damaged and main:
+        console.print(f"[yellow]damaged checkpoints passed over[/]: {'; '.join(damaged)}")
     if checkpoint is not None:
-        state = load_training_state(checkpoint)
         if state["world_size"] != world:
             raise Refused(f"{checkpoint}: saved with {state['world_size']} processes, resuming with {world}; "
                           f"resume with the same number (nothing was changed)")
-        load_checkpoint_weights(checkpoint, weight_files)
         optimizer.load_state_dict(state["optimizer"])
         scaler.load_state_dict(state["scaler"])
         composer.load_state_dict(state["composer"])

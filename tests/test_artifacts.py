@@ -39,6 +39,73 @@ def test_atomic_write_keeps_old_file_on_failure(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["a.json"], "temporary file must be cleaned up"
 
 
+def test_a_full_disk_is_one_line_naming_the_artifact_and_keeps_the_old_one(tmp_path):
+    """ENOSPC (as an OSError, or as the text safetensors and torch.save raise) inside a writer, nested
+    writers included: one FalconError naming the outermost target, the old file kept, no temporaries."""
+    import errno
+
+    from falcon_cli.artifacts.atomic import atomic_dir, atomic_path
+    from falcon_cli.errors import storage_error
+
+    target = tmp_path / "a.json"
+    write_json(target, {"v": 1})
+    with pytest.raises(FalconError, match=rf"^{target}: no space left on device; free space there"):
+        with atomic_open(target) as handle:
+            handle.write("{")
+            raise OSError(errno.ENOSPC, "No space left on device")
+    assert json.loads(target.read_text()) == {"v": 1} and [p.name for p in tmp_path.iterdir()] == ["a.json"]
+    checkpoint = tmp_path / "checkpoints" / "00000010"
+    with pytest.raises(FalconError, match=rf"^{checkpoint}: no space left on device"):
+        with atomic_dir(checkpoint) as tmp, atomic_path(tmp / "model.safetensors"):
+            raise RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")
+    assert list((tmp_path / "checkpoints").iterdir()) == []
+    with pytest.raises(ValueError):  # anything else passes through unchanged
+        with atomic_open(target):
+            raise ValueError("not a storage problem")
+    assert "read-only file system; use a --run-dir on a writable disk" in str(
+        storage_error(OSError(errno.EROFS, "Read-only file system", "/ro/run")))
+    wrapped = RuntimeError("writing the manifest failed")
+    wrapped.__context__ = OSError(errno.EDQUOT, "Disk quota exceeded", "/q/run/metrics.jsonl")
+    assert str(storage_error(wrapped)).startswith("/q/run/metrics.jsonl: disk quota exceeded")
+    assert storage_error(RuntimeError("CUDA out of memory")) is None
+
+
+@pytest.fixture
+def small_mount(tmp_path):
+    """A 2 MB tmpfs (read-write, or read-only with ``request.param``): the real full disk and read-only
+    directory; skipped where this process may not mount (not root, no CAP_SYS_ADMIN)."""
+    mounted = []
+
+    def mount(options: str):
+        point = tmp_path / f"mnt-{len(mounted)}"
+        point.mkdir()
+        if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size=2m,{options}", "tmpfs", str(point)],
+                                               capture_output=True).returncode != 0:
+            pytest.skip("cannot mount a tmpfs here")
+        mounted.append(point)
+        return point
+
+    yield mount
+    for point in mounted:
+        subprocess.run(["umount", str(point)], capture_output=True)
+
+
+def test_the_cli_says_disk_full_and_read_only_in_one_line(small_mount, tmp_path):
+    from tests.conftest import run_cli
+
+    world = ["data.shapes.images=40", "data.tokenizer_vocab_size=200", "pretrain.epochs=1", "pretrain.batch_size=16",
+             "pretrain.search_space_size=48", "pretrain.num_workers=0", "pretrain.eval_split=null",
+             f"data.dataset={tmp_path / 'world'}"]
+    full = small_mount("rw") / "run"
+    proc = run_cli("pretrain", "--recipe", "shapes-demo", "--run-dir", full, *world)
+    assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+    assert f"{full}/" in proc.stderr and "no space left on device" in proc.stderr
+    read_only = small_mount("ro") / "run"
+    proc = run_cli("pretrain", "--recipe", "shapes-demo", "--run-dir", read_only, *world)
+    assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+    assert f"{read_only}: read-only file system; use a --run-dir on a writable disk" in proc.stderr
+
+
 def test_killed_writer_leaves_no_partial_artifact(tmp_path):
     target = tmp_path / "big.txt"
     script = textwrap.dedent(f"""

@@ -110,6 +110,37 @@ def test_a_refused_resume_changes_nothing_on_disk(world, reference_run, tmp_path
     assert manifest["status"] == "completed" and manifest["stages"]["pretrain"]["result"]["world_size"] == 1
 
 
+def test_resume_passes_over_a_damaged_checkpoint_to_the_newest_intact_one(world, reference_run, tmp_path):
+    """A truncated training_state.pt (a kill or a full disk while it was written by hand or copied):
+    --resume says which checkpoint is damaged, never suggests unsafe loading, continues from the one
+    before it and reproduces the reference losses; with every checkpoint damaged, one line and no change."""
+    import shutil
+
+    from tests.conftest import run_cli
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_run, run_dir)
+    kept = sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+    assert kept == ["00000012", "00000016", "00000020"]
+    state = run_dir / "checkpoints" / "00000020" / "training_state.pt"
+    state.write_bytes(state.read_bytes()[:1000])
+    args = pretrain_args(run_dir, world, "pretrain.checkpoint_every=4", "pretrain.device=cpu")
+    proc = run_cli(*args, "--resume")
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    assert "damaged checkpoints passed over: 00000020" in " ".join(output.split()) and "weights_only" not in output
+    assert "resumed from" in output and "00000016" in output
+    reference = [r["loss"] for r in read_metrics(reference_run / "metrics.jsonl") if "loss" in r]
+    assert [r["loss"] for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r] == pytest.approx(reference, rel=1e-5)
+    for name in ("00000012", "00000016", "00000020"):
+        (run_dir / "checkpoints" / name / "model.safetensors").write_bytes(b"garbage")
+    manifest = (run_dir / "manifest.json").read_bytes()
+    proc = run_cli(*args, "--resume")
+    assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr
+    assert "no intact checkpoint to resume from" in proc.stderr and "start again without --resume" in proc.stderr
+    assert (run_dir / "manifest.json").read_bytes() == manifest  # refused: the record is unchanged
+
+
 def test_a_diverged_run_stops_without_saving_and_resumes_from_the_last_usable_checkpoint(world, reference_run, tmp_path):
     """lr 1e6: the loss turns NaN at step 2. Nothing is saved at the NaN, the checkpoint whose weights gave
     it (step 2) is not what --resume continues from (step 1 is), the advice fits fp32 (no 'use fp32'), and

@@ -14,6 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any, Iterator
 
+from falcon_cli.errors import FalconError, storage_error
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
@@ -23,18 +25,37 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     On any exception the temporary file is removed and ``path`` is left untouched.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    with _storage_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
     tmp_path = Path(tmp)
     try:
-        yield tmp_path
-        os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp creates 0600 files
-        os.replace(tmp_path, path)
+        with _storage_errors(path):
+            yield tmp_path
+            os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp creates 0600 files
+            os.replace(tmp_path, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         raise
+
+
+@contextlib.contextmanager
+def _storage_errors(path: Path) -> Iterator[None]:
+    """Turn a write that failed for want of space or permission into one line naming ``path``."""
+    try:
+        yield
+    except FalconError as exc:
+        inner = getattr(exc, "storage", None)  # a writer nested in this one: name this one's target
+        if inner is None:
+            raise
+        raise storage_error(inner, path) from inner
+    except Exception as exc:
+        problem = storage_error(exc, path)
+        if problem is None:
+            raise
+        raise problem from exc
 
 
 def _umask() -> int:
@@ -53,18 +74,20 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     directory is removed and ``path`` is left untouched.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    with _storage_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
-        yield tmp
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700 directories
-        if path.exists() or path.is_symlink():
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
-            os.replace(path, old / "previous")
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
+        with _storage_errors(path):
+            yield tmp
+            os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700 directories
+            if path.exists() or path.is_symlink():
+                old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+                os.replace(path, old / "previous")
+                os.replace(tmp, path)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -15,7 +15,7 @@ from falcon_cli.runtime.console import make_console
 
 from falcon_cli import __version__
 from falcon_cli.cli import audit, data, embed, evaluate, finetune, pretrain, recipes, run, search_spaces
-from falcon_cli.errors import FalconError
+from falcon_cli.errors import FalconError, storage_error
 
 app = typer.Typer(
     name="falcon",
@@ -71,6 +71,12 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         make_console(stderr=True).print("[bold red]interrupted[/]")
         sys.exit(130)
+    except Exception as exc:  # a full disk or an unwritable directory outside the atomic writers
+        problem = storage_error(exc)
+        if problem is None or os.environ.get("FALCON_DEBUG") == "1":
+            raise
+        make_console(stderr=True).print(f"[bold red]error:[/] {problem}")
+        sys.exit(problem.exit_code)
 
 
 if __name__ == "__main__":

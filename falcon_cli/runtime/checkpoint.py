@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from falcon_cli.artifacts.atomic import atomic_dir, write_json, write_text
-from falcon_cli.errors import FalconError
+from falcon_cli.errors import FalconError, Refused
 from falcon_cli.models.weights import load_weights, save_weights
 
 WEIGHTS = "model.safetensors"
@@ -97,4 +97,33 @@ def load_training_state(checkpoint: str | Path) -> dict[str, Any]:
     path = Path(checkpoint) / STATE
     if not path.exists():
         raise FalconError(f"{path}: training state not found; cannot resume from {checkpoint}")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # truncated, overwritten or not a checkpoint: never retry it unsafely
+        raise FalconError(f"{path}: damaged, cannot be read ({type(exc).__name__})") from None
+
+
+def resume_point(directory: str | Path, modules: dict[str, torch.nn.Module]) -> tuple[Path, dict[str, Any], list[str]] | None:
+    """What ``--resume`` continues from: the checkpoint ``latest`` points to or, when it is damaged
+    (a kill or a full disk while it was copied, a truncated file), the newest intact one kept before it.
+    Loads its weights into ``modules`` and returns (checkpoint, training state, the damaged ones passed
+    over, each with why); None when there is no checkpoint. Nothing on disk changes."""
+    root = Path(directory)
+    if not (root / LATEST).exists():
+        return None
+    named = root / (root / LATEST).read_text().strip()
+    kept = sorted((p for p in root.iterdir() if p.is_dir() and p.name.isdigit()), reverse=True)
+    candidates = ([named] if named.is_dir() else []) + [p for p in kept if p.name < named.name]
+    damaged = [] if named.is_dir() else [f"{named.name} (missing)"]
+    for checkpoint in candidates:
+        try:
+            if not (checkpoint / WEIGHTS).exists():
+                raise FalconError(f"{checkpoint / WEIGHTS}: missing")
+            state = load_training_state(checkpoint)
+            load_checkpoint_weights(checkpoint, modules)
+        except FalconError as exc:
+            damaged.append(f"{checkpoint.name} ({exc})")
+            continue
+        return checkpoint, state, damaged
+    raise Refused(f"{root}: no intact checkpoint to resume from ({'; '.join(damaged)}); "
+                      "start again without --resume (add --overwrite to replace the run)")
