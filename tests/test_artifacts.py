@@ -106,6 +106,59 @@ def test_the_cli_says_disk_full_and_read_only_in_one_line(small_mount, tmp_path)
     assert f"{read_only}: read-only file system; use a --run-dir on a writable disk" in proc.stderr
 
 
+def test_a_run_directory_has_one_writer_and_a_killed_one_leaves_no_lock(tmp_path):
+    """A second process writing into a locked run directory gets one line naming the holder's pid and
+    changes nothing; once the holder is killed (-9) the lock is gone with it."""
+    import signal
+
+    from tests.conftest import REPO, run_cli
+
+    run_dir = tmp_path / "run"
+    RunDirectory.open(run_dir, config={"seed": 0}, seed=0).close()
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        from falcon_cli.artifacts.run_dir import acquire_lock
+        acquire_lock(Path({str(run_dir)!r}))
+        print("locked", flush=True)
+        time.sleep(60)
+    """)], stdout=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        before = (run_dir / "manifest.json").read_bytes()
+        proc = run_cli("pretrain", "--recipe", "shapes-demo", "--run-dir", run_dir)
+        assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr
+        assert f"is being written by another falcon process (pid {holder.pid} " in " ".join(proc.stderr.split())
+        assert (run_dir / "manifest.json").read_bytes() == before
+        with pytest.raises(FalconError, match="is being written by another falcon process"):
+            RunDirectory.open(run_dir, config={"seed": 0}, seed=0)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    run = RunDirectory.open(run_dir, config={"seed": 0}, seed=0)  # the killed holder left no stale lock
+    again = RunDirectory.open(run_dir, config={"seed": 0}, seed=0)  # this process may open it again
+    again.close()
+    run.close()
+
+
+def test_opening_a_run_removes_the_temporaries_an_interrupted_writer_left(tmp_path):
+    run_dir = tmp_path / "run"
+    RunDirectory.open(run_dir, config={"seed": 0}, seed=0).close()
+    stale_checkpoint = run_dir / "checkpoints" / ".00000056.k2j3.tmp"
+    stale_checkpoint.mkdir(parents=True)
+    (stale_checkpoint / "model.safetensors").write_bytes(b"half")
+    stale_embeddings = run_dir / "embeddings" / ".embeddings.h5.x81.tmp"
+    stale_embeddings.parent.mkdir()
+    stale_embeddings.write_bytes(b"half")
+    keep = [run_dir / "checkpoints" / "00000050" / "model.safetensors", run_dir / "embeddings" / "epoch_000.h5"]
+    for path in keep:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"whole")
+    RunDirectory.open(run_dir, config={"seed": 0}, seed=0).close()
+    assert not stale_checkpoint.exists() and not stale_embeddings.exists() and all(p.exists() for p in keep)
+    assert "removed 2 temporary file(s) an interrupted writer left" in (run_dir / "log.txt").read_text()
+
+
 def test_killed_writer_leaves_no_partial_artifact(tmp_path):
     target = tmp_path / "big.txt"
     script = textwrap.dedent(f"""

@@ -8,10 +8,14 @@ after each change, so it is always complete on disk. Only rank 0 writes.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import logging
 import os
+import shutil
+import socket
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,6 +33,7 @@ MANIFEST_SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 CONFIG = "config.yaml"
 LOG = "log.txt"
+LOCK = ".lock"
 
 
 def now() -> str:
@@ -72,9 +77,25 @@ class RunDirectory:
         mix their artifacts.
         """
         run = cls(path)
-        # Rank 0 alone checks and writes the run directory; other ranks keep an unsaved copy.
-        previous = run._check_reusable(config, overwrite) if is_main_process() else {}
-        run._before = run._record_files() if is_main_process() else None
+        # Rank 0 alone locks, checks and writes the run directory; other ranks keep an unsaved copy.
+        previous = {}
+        if is_main_process():
+            existed = run.path.exists()
+            run.path.mkdir(parents=True, exist_ok=True)
+            created_lock = not (run.path / LOCK).exists()
+            acquire_lock(run.path)  # one writer at a time; dies with the process
+            try:
+                previous = run._check_reusable(config, overwrite)
+            except BaseException:
+                release_lock(run.path)
+                if created_lock:
+                    (run.path / LOCK).unlink(missing_ok=True)
+                if not existed:
+                    run.path.rmdir()
+                raise
+            run._before = run._record_files()
+            run._before["existed"] = existed
+            stale = remove_stale_temporaries(run.path)
         command = list(command if command is not None else sys.argv)
         run.manifest = {
             "schema_version": MANIFEST_SCHEMA_VERSION,
@@ -99,6 +120,10 @@ class RunDirectory:
             run.path.mkdir(parents=True, exist_ok=True)
             write_text(run.path / CONFIG, yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
             run._attach_log()
+            if stale:
+                logging.getLogger("falcon").info(
+                    "removed %d temporary file(s) an interrupted writer left: %s", len(stale),
+                    ", ".join(str(p.relative_to(run.path)) for p in stale[:5]))
             run.save()
         return run
 
@@ -114,7 +139,7 @@ class RunDirectory:
                     "use another --run-dir, or pass --overwrite to replace its config"
                 )
             return previous
-        if self.path.exists() and any(self.path.iterdir()) and not overwrite:
+        if self.path.exists() and any(p.name != LOCK for p in self.path.iterdir()) and not overwrite:
             raise FalconError(f"{self.path} exists, is not empty and is not a falcon run; choose another --run-dir")
         return {}
 
@@ -144,8 +169,11 @@ class RunDirectory:
             log.unlink(missing_ok=True)
         elif log.is_file():
             os.truncate(log, before[LOG])
-        if not before["existed"] and self.path.is_dir() and not any(self.path.iterdir()):
-            self.path.rmdir()
+        release_lock(self.path)
+        if not before["existed"]:
+            (self.path / LOCK).unlink(missing_ok=True)
+            if self.path.is_dir() and not any(self.path.iterdir()):
+                self.path.rmdir()
 
     def _detach_log(self) -> None:
         if self._log_handler is not None:
@@ -162,6 +190,8 @@ class RunDirectory:
         )
         self.save()
         self._detach_log()
+        if is_main_process():
+            release_lock(self.path)
 
     def save(self) -> None:
         """Rewrite ``manifest.json`` atomically (rank 0 only)."""
@@ -211,6 +241,66 @@ class RunDirectory:
             entry["meta"] = meta
         self.manifest["artifacts"][rel] = entry
         self.save()
+
+
+_HELD_LOCKS: dict[str, list[int]] = {}
+"""Run directory -> [file descriptor, depth] of the locks this process holds (re-entrant: a process
+may open the same run directory again, as the tests and nested stages do)."""
+
+
+def acquire_lock(run_dir: Path) -> None:
+    """Lock ``run_dir`` for this process: an exclusive record lock on ``run_dir/.lock``, which the OS
+    drops when the process ends (a kill never leaves a stale lock) and forked children do not inherit. A second writer gets one line
+    naming the holder's pid and command."""
+    key = str(Path(run_dir).resolve())
+    if key in _HELD_LOCKS:
+        _HELD_LOCKS[key][1] += 1
+        return
+    fd = os.open(Path(run_dir) / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        # A POSIX record lock, not flock: it belongs to this process alone, so data-loader workers forked
+        # from it do not hold it on after a kill -9 (flock would be shared with them).
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno not in (errno.EACCES, errno.EAGAIN):
+            os.close(fd)
+            raise
+        holder = os.pread(fd, 4096, 0).decode("utf-8", errors="replace").strip()
+        os.close(fd)
+        raise FalconError(f"{run_dir} is being written by another falcon process ({holder or 'pid unknown'}); "
+                          "wait for it to finish or stop it, or use another --run-dir") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}: {' '.join(sys.argv)}\n".encode(), 0)
+    _HELD_LOCKS[key] = [fd, 1]
+
+
+def release_lock(run_dir: Path) -> None:
+    """Undo one :func:`acquire_lock` of this process (the lock goes with the last one)."""
+    key = str(Path(run_dir).resolve())
+    held = _HELD_LOCKS.get(key)
+    if held is None:
+        return
+    held[1] -= 1
+    if held[1] == 0:
+        fcntl.lockf(held[0], fcntl.LOCK_UN)
+        os.close(held[0])
+        del _HELD_LOCKS[key]
+
+
+def remove_stale_temporaries(run_dir: Path) -> list[Path]:
+    """Remove the hidden ``.NAME.*.tmp`` files and directories an interrupted atomic write left in
+    ``run_dir`` (a kill while a checkpoint or embeddings file was written). Only call it while holding
+    the run's lock: then no live writer owns them. Returns what was removed."""
+    removed = []
+    for path in sorted({*Path(run_dir).rglob(".*.tmp"), *Path(run_dir).rglob(".*.old-*")}):
+        if not path.exists():  # (inside one removed already)
+            continue
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
 
 
 def read_manifest(run_dir: str | Path) -> dict[str, Any]:

@@ -100,6 +100,9 @@ def load_training_state(checkpoint: str | Path) -> dict[str, Any]:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # truncated, overwritten or not a checkpoint: never retry it unsafely
+        if "unsupported global" in str(exc).lower():  # a pickled object, not a damaged file
+            raise FalconError(f"{path}: holds more than tensors and plain values; refused (falcon never loads "
+                              "checkpoints in a way that could run code from them)") from None
         raise FalconError(f"{path}: damaged, cannot be read ({type(exc).__name__})") from None
 
 
