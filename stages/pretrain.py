@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 import time
 from pathlib import Path
 
@@ -73,7 +74,7 @@ console = make_console(stderr=True)
 
 
 
-def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
+def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: bool = False) -> dict:
     """Pretrain according to ``config.pretrain``; returns the summary recorded in the manifest."""
     p = config.pretrain
 
@@ -188,8 +189,15 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
     fn_counts = torch.zeros(4, dtype=torch.long, device=device)  # this epoch's flagged-vs-oracle counts (flag_counts)
     checkpoint_dir = run.path / "checkpoints"
     results: dict = {}
+    kept = sorted(d.name for d in checkpoint_dir.iterdir() if d.name.isdigit()) if checkpoint_dir.is_dir() else []
+    if kept and not resume and not overwrite:  # never train over a run's checkpoints by accident
+        raise Refused(f"{run.path} already holds pretraining checkpoints (the newest after step {int(kept[-1])}): "
+                      "pass --resume to continue it, or --overwrite to train it again from scratch")
     found = resume_point(checkpoint_dir, weight_files) if resume else None
     checkpoint, state, damaged = found if found is not None else (None, None, [])
+    if checkpoint is None and main:  # from scratch: what an earlier attempt logged and saved goes
+        shutil.rmtree(checkpoint_dir, ignore_errors=True)
+        metrics.truncate_after(0)
     if damaged and main:
         console.print(f"[yellow]damaged checkpoints passed over[/]: {'; '.join(damaged)}")
     if checkpoint is not None:

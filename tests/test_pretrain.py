@@ -141,6 +141,34 @@ def test_resume_passes_over_a_damaged_checkpoint_to_the_newest_intact_one(world,
     assert (run_dir / "manifest.json").read_bytes() == manifest  # refused: the record is unchanged
 
 
+def test_a_rerun_without_resume_is_refused_and_a_fresh_start_replaces_the_old_history(world, reference_run, tmp_path):
+    """The same command again (no --resume) would train over the run's checkpoints: refused in one line,
+    nothing changed. --overwrite trains it again from scratch with one record per step, and a run killed
+    before its first checkpoint, resumed ('starting from scratch'), does not keep the killed attempt's lines."""
+    import shutil
+
+    from tests.conftest import run_cli
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_run, run_dir)
+    args = pretrain_args(run_dir, world, "pretrain.checkpoint_every=4", "pretrain.device=cpu")
+    before = {name: (run_dir / name).read_bytes() for name in ("manifest.json", "metrics.jsonl")}
+    proc = run_cli(*args)
+    assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr
+    assert "already holds pretraining checkpoints (the newest after step 20): pass --resume" in " ".join(proc.stderr.split())
+    assert {name: (run_dir / name).read_bytes() for name in before} == before
+    reference = [(r["step"], r["loss"]) for r in read_metrics(reference_run / "metrics.jsonl") if "loss" in r]
+    assert run_cli(*args, "--overwrite").returncode == 0
+    again = [(r["step"], r["loss"]) for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r]
+    assert [s for s, _ in again] == [s for s, _ in reference]
+    assert [l for _, l in again] == pytest.approx([l for _, l in reference], rel=1e-5)
+    # killed before the first checkpoint: only metrics lines, no checkpoint; --resume starts from scratch
+    shutil.rmtree(run_dir / "checkpoints")
+    proc = run_cli(*args, "--resume")
+    assert proc.returncode == 0 and "starting from scratch" in proc.stderr, proc.stderr
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r] == [s for s, _ in reference]
+
+
 def test_a_diverged_run_stops_without_saving_and_resumes_from_the_last_usable_checkpoint(world, reference_run, tmp_path):
     """lr 1e6: the loss turns NaN at step 2. Nothing is saved at the NaN, the checkpoint whose weights gave
     it (step 2) is not what --resume continues from (step 1 is), the advice fits fp32 (no 'use fp32'), and

@@ -25,7 +25,7 @@ def run_single_stage(stage: str, recipe: str, run_dir: Path | None, overrides: l
         read_manifest(run_dir).get("stages", {}).get("data", {}).get("status") == "completed"
     run = RunDirectory.open(run_dir, config=config.model_dump(mode="json"), seed=config.seed,
                             command=["falcon", *sys.argv[1:]], overwrite=overwrite)
-    run_stages(config, run, [stage] if data_done else ["data", stage], **options)
+    run_stages(config, run, [stage] if data_done else ["data", stage], overwrite=overwrite, **options)
     if is_main_process():
         console.print(f"[green]done[/]: {run_dir}/{output}")
 
