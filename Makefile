@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: install
-	$(BIN)/falcon run --recipe shapes-demo --run-dir runs/shapes-demo
+	$(BIN)/falcon run --recipe shapes-demo --run-dir runs/shapes-demo --overwrite
 
 test: install
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
