@@ -23,6 +23,7 @@ process; scoring is sharded across the processes).
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Callable
 
@@ -258,6 +259,9 @@ def fit(ctx: Context, name: str, trainable: LossModule, weights: dict[str, nn.Mo
     checkpoint, state, damaged = found if found is not None else (None, None, [])
     if damaged and main:
         console.print(f"[yellow]damaged checkpoints passed over[/]: {'; '.join(damaged)}")
+    if checkpoint is None and main:  # from scratch: what an earlier attempt logged and saved goes
+        shutil.rmtree(out / "checkpoints", ignore_errors=True)
+        metrics.truncate_after(0)
     if checkpoint is not None:  # continue after the last finished epoch
         optimizer.load_state_dict(state["optimizer"])
         scaler.load_state_dict(state["scaler"])

@@ -103,6 +103,20 @@ def test_resume_after_the_last_epoch_trains_nothing(run_dir):
     assert "resumed nlvr2" in proc.stderr and best.read_text() == before
 
 
+def test_finetuning_again_from_scratch_replaces_the_earlier_history(run_dir, tmp_path):
+    import shutil
+
+    from falcon_cli.runtime.metrics import read_metrics
+
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    log = copy / "finetune" / "nlvr2" / "metrics.jsonl"
+    before = [(r.get("kind"), r["step"]) for r in read_metrics(log)]
+    proc = run_cli("finetune", "--run-dir", copy, "--task", "nlvr2")  # no --resume: trains it again
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [(r.get("kind"), r["step"]) for r in read_metrics(log)] == before  # once, not twice
+
+
 @pytest.mark.parametrize("args, message", [
     (["evaluate", "retrieval", "/nonexistent/run"], "neither a falcon run directory"),
     (["evaluate", "retrieval", "RUN", "--set", "pretrain.epochs=3"], "only evaluate.* keys"),
