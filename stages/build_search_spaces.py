@@ -23,7 +23,7 @@ import numpy as np
 from rich.table import Table
 
 from falcon_cli.artifacts.atomic import write_json
-from falcon_cli.artifacts.embeddings import read_embeddings
+from falcon_cli.artifacts.embeddings import FINGERPRINT_ATTR, check_fingerprint, read_embeddings
 from falcon_cli.artifacts.run_dir import RunDirectory
 from falcon_cli.artifacts.tables import SEARCH_SPACES, write_table
 from falcon_cli.config.schema import Recipe
@@ -63,6 +63,7 @@ def _build(config: Recipe, run: RunDirectory) -> dict:
     if size < 1:
         raise FalconError(f"{size_key}={size}: a search space needs at least 1 pair")
     embeddings = read_embeddings(path)
+    _check_same_dataset(config, path, embeddings.attrs)
     pair_ids = embeddings.pair_id
     if size > len(pair_ids):
         raise FalconError(f"{size_key}={size} is larger than the {len(pair_ids)} pairs in {path}; choose {size_key} <= {len(pair_ids)}")
@@ -118,6 +119,23 @@ def _build(config: Recipe, run: RunDirectory) -> dict:
     run.add_artifact(SUMMARY, schema="search_spaces_summary", schema_version=1)
     _render(summary)
     return summary
+
+
+def _check_same_dataset(config: Recipe, path: Path, attrs: dict) -> None:
+    """Refuse embeddings of another dataset (by the pair-list fingerprint they record); warn when they record none."""
+    from falcon_cli.data.pairs import split_fingerprint
+    from falcon_cli.data.spec import load_spec
+
+    expected, split = "", str(attrs.get("split"))
+    if attrs.get(FINGERPRINT_ATTR):
+        try:
+            expected = split_fingerprint(load_spec(config.data.dataset), split, config.data.on_missing)
+        except FalconError as exc:
+            raise FalconError(f"{path}: cannot check these embeddings ({split} split) against {config.data.dataset} "
+                              f"({exc}); re-run `falcon embed` for this dataset") from None
+    warning = check_fingerprint(path, attrs, expected, config.data.dataset)
+    if warning is not None:
+        console.print(f"[yellow]warning:[/yellow] {warning}", markup=True, highlight=False)
 
 
 def _oracle_for(config: Recipe, embeddings_path: Path, pair_ids: np.ndarray) -> tuple[ShapesOracle, np.ndarray, np.ndarray] | str:

@@ -24,7 +24,6 @@ import json
 import math
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +35,7 @@ from falcon_cli.artifacts.embeddings import EMBEDDINGS_SCHEMA_VERSION, Embedding
 from falcon_cli.artifacts.run_dir import RunDirectory
 from falcon_cli.config.schema import Recipe
 from falcon_cli.data.images import load_image
+from falcon_cli.data.pairs import Pair, pairs_fingerprint, split_pairs  # noqa: F401 (Pair, split_pairs: re-exported)
 from falcon_cli.data.spec import load_spec
 from falcon_cli.errors import FalconError
 from falcon_cli.models.encoders import load_encoder
@@ -49,18 +49,6 @@ console = make_console(stderr=True)
 OUTPUT = Path("embeddings/embeddings.h5")
 PARTIAL = Path("embeddings/embeddings.h5.partial")
 PROGRESS = "progress.json"
-
-
-@dataclass(frozen=True)
-class Pair:
-    """One image-caption pair to embed."""
-
-    pair_id: int
-    """The id written to ``pair_id`` (unique within the split)."""
-    image: Path
-    """Resolved image path."""
-    caption: str
-    """The normalised caption (as falcon's training sees it)."""
 
 
 def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
@@ -137,7 +125,8 @@ def _embed(config: Recipe, run: RunDirectory, resume: bool) -> dict:
         raise FalconError(f"{config.data.dataset}: every image of split '{e.split}' failed to load; nothing to embed")
     dtype = "float16" if e.fp16 else "float32"
     attrs = {"model": encoder.model_name, "checkpoint": encoder.checkpoint, "dataset": spec.name, "split": e.split,
-             "epoch": -1 if encoder.epoch is None else int(encoder.epoch)}
+             "epoch": -1 if encoder.epoch is None else int(encoder.epoch),
+             "dataset_fingerprint": pairs_fingerprint(pairs, spec.base_dir)}
     with EmbeddingsWriter(run.path / OUTPUT, n=total, dim=dim, attrs=attrs, dtype=dtype) as writer:
         start = 0
         for path in files:
@@ -170,29 +159,6 @@ def _embed(config: Recipe, run: RunDirectory, resume: bool) -> dict:
     console.print(f"embed: {total} pairs x {dim} ({dtype}) from {encoder.model_name} on {device}; "
                   f"{summary['images_failed']} image(s) failed; {summary['pairs_per_s']} pairs/s")
     return summary
-
-
-def split_pairs(spec, split: str, on_missing: str | None, seed: int) -> tuple[list[Pair], list, str]:
-    """(pairs, load reports, the missing-image policy in force) of a dataset split.
-
-    ``pretrain``: the pretraining pairs with their global ``pair_id`` (the epoch-0 caption of
-    multi-caption entries); ``train``: one pair per entry, id = its position in the file;
-    ``val``/``test``: one pair per caption, id = the caption's index in the split's text list.
-    """
-    from falcon_cli.data.datasets import pretrain_dataset, retrieval_dataset
-    from falcon_cli.data.text import pre_caption
-
-    policy = on_missing if on_missing is not None else spec.on_missing
-    if split == "pretrain":
-        dataset = pretrain_dataset(spec, transform=None, on_missing=policy, seed=seed)
-        pairs = [Pair(r.pair_id, r.image, dataset.caption_for(r)) for r in dataset.records]
-    elif split == "train":
-        dataset = retrieval_dataset(spec, split, transform=None, on_missing=policy)
-        pairs = [Pair(r.index, r.image, pre_caption(r.caption)) for r in dataset.records]
-    else:
-        dataset = retrieval_dataset(spec, split, transform=None, on_missing=policy)
-        pairs = [Pair(t, dataset.image[dataset.txt2img[t]], caption) for t, caption in enumerate(dataset.text)]
-    return pairs, list(dataset.load_reports), policy
 
 
 class PairImages(Dataset):

@@ -68,6 +68,8 @@ from falcon_cli.sampling.quantile import QuantileSpaces
 from falcon_cli.sampling.scheduler import NegativeScheduler, positive_margin_rewards, progressive_q
 from falcon_cli.sampling.scheduler_features import SchedulerFeatures
 from falcon_cli.sampling.warm_start import load_warm_start
+from falcon_cli.data.pairs import records_fingerprint
+from falcon_cli.artifacts.embeddings import FINGERPRINT_ATTR
 
 log = logging.getLogger("falcon")
 console = make_console(stderr=True)
@@ -99,6 +101,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
         load_albef_checkpoint(model, p.init)
     resolution = model.config.image_size
     dataset = pretrain_dataset(spec, build_transform(p.augment, resolution, hflip=p.hflip), seed=config.seed)
+    fingerprint = records_fingerprint(dataset.records, spec.base_dir)  # which pairs: recorded in every embeddings file
     # False negatives (MAFA, SRCL, DiHT, GloFND): checked and loaded before any training; on the shapes
     # world the oracle measures what the method flags.
     false_negatives, truth = build_false_negatives(config, spec, dataset, device, run)
@@ -160,7 +163,8 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
         spaces_path = run.path / "search_spaces.parquet" if p.search_spaces == "run" else Path(p.search_spaces)
         embeddings_path = (Path(config.search_spaces.embeddings) if config.search_spaces.embeddings is not None
                            else run.path / "embeddings" / "embeddings.h5")
-        warm = load_warm_start(spaces_path, embeddings_path, all_ids, device=device)
+        warm = load_warm_start(spaces_path, embeddings_path, all_ids, device=device, fingerprint=fingerprint,
+                               dataset=str(config.data.dataset), warn=lambda line: console.print(f"[yellow]warning:[/] {line}"))
     generators = {name: torch.Generator().manual_seed(config.seed + offset)
                   for name, offset in (("shard", 0), ("compose", 1000 + rank), ("mask", 2000 + rank))}
     itm_generator = torch.Generator(device=device).manual_seed(config.seed + 3000 + rank)
@@ -419,7 +423,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
         if main:
             path = cache.save(run.path / "embeddings" / f"epoch_{epoch:03d}.h5",
                               {"model": p.model, "checkpoint": f"step {global_step}", "dataset": spec.name,
-                               "split": "pretrain", "epoch": epoch})
+                               "split": "pretrain", "epoch": epoch, FINGERPRINT_ATTR: fingerprint})
             run.add_artifact(path, schema="embeddings", schema_version=1)
         save(epoch + 1, 0, None)
 
@@ -503,9 +507,12 @@ def build_false_negatives(config: Recipe, spec, dataset, device: torch.device, r
         if not path.exists():
             raise FalconError(f"{path}: not found; SRCL needs the frozen auxiliary model's features of every pair: make them "
                               "with `falcon embed` (embed.split=pretrain) or set pretrain.srcl.aux_embeddings=PATH")
-        from falcon_cli.artifacts.embeddings import read_embeddings
+        from falcon_cli.artifacts.embeddings import check_fingerprint, read_embeddings
 
         aux = read_embeddings(path)
+        warning = check_fingerprint(path, aux.attrs, records_fingerprint(dataset.records, spec.base_dir), config.data.dataset)
+        if warning is not None:
+            console.print(f"[yellow]warning:[/] {warning}")
         cache = EmbeddingCache(torch.tensor(dataset.pair_ids, dtype=torch.long), aux.image.shape[1], device=device)
         cache.load(path, aux)
         missing = cache.pair_ids[~cache.filled]

@@ -14,6 +14,7 @@ from falcon_cli.artifacts.run_dir import RunDirectory, read_manifest, sha256_fil
 from falcon_cli.artifacts.tables import SEARCH_SPACES, read_table
 from falcon_cli.config.recipes import load_recipe
 from falcon_cli.data.datasets import pretrain_dataset
+from falcon_cli.data.pairs import split_fingerprint
 from falcon_cli.data.shapes import ShapesOracle, generate_world
 from falcon_cli.data.spec import load_spec
 from tests.conftest import run_cli
@@ -53,7 +54,8 @@ def inputs(tmp_path_factory):
     text = image + 0.3 * rng.standard_normal((len(records), 32))
     order = rng.permutation(len(records))  # rows need not be in pair-id order
     path = root / "embeddings.h5"
-    attrs = dict(model="test", checkpoint="", dataset="shapes", split="train", epoch=0)
+    attrs = dict(model="test", checkpoint="", dataset="shapes", split="pretrain", epoch=0,
+                 dataset_fingerprint=split_fingerprint(load_spec(world), "pretrain", None))
     with EmbeddingsWriter(path, n=len(records), dim=32, attrs=attrs) as writer:
         for start in range(0, len(records), 64):
             rows = order[start:start + 64]
@@ -309,3 +311,31 @@ def test_shapes_warmstart_recipe_chains_embed_spaces_and_pretrain(inputs, warm_r
     assert all(s["status"] == "completed" for s in manifest["stages"].values())
     log = read_batch_log(tmp_path / "w" / "batches.parquet")
     assert set(log["sampler"]) == {"falcon"}, "epoch 0 composed by FALCON from the built spaces"
+
+
+def test_load_warm_start_checks_the_dataset_fingerprint(inputs, built, tmp_path):
+    import h5py
+    import torch
+
+    from falcon_cli.errors import FalconError
+    from falcon_cli.sampling.warm_start import load_warm_start
+
+    run_dir, _ = built
+    spaces = run_dir / "search_spaces.parquet"
+    ids = torch.tensor(sorted(read_table(spaces, SEARCH_SPACES)["pair_id"].unique()))
+    legacy, warnings = tmp_path / "legacy.h5", []  # written without a fingerprint: read, with a warning
+    legacy.write_bytes(inputs["embeddings"].read_bytes())
+    with h5py.File(legacy, "a") as handle:
+        del handle.attrs["dataset_fingerprint"]
+    load_warm_start(spaces, legacy, ids, fingerprint="f" * 64, dataset="world", warn=warnings.append)
+    assert len(warnings) == 1 and f"{legacy}: no dataset_fingerprint attribute" in warnings[0]
+    stamped = tmp_path / "stamped.h5"
+    stamped.write_bytes(legacy.read_bytes())
+    with h5py.File(stamped, "a") as handle:
+        handle.attrs["dataset_fingerprint"] = "a" * 64
+    warnings.clear()
+    load_warm_start(spaces, stamped, ids, fingerprint="a" * 64, dataset="world", warn=warnings.append)
+    assert warnings == []
+    with pytest.raises(FalconError, match=rf"{stamped}: embeddings were computed on a different dataset than world .*"
+                                          r"re-run `falcon embed` for this dataset"):
+        load_warm_start(spaces, stamped, ids, fingerprint="b" * 64, dataset="world")

@@ -203,3 +203,37 @@ def test_clean_but_missing_dataset_is_ok_under_skip(tmp_path):
     spec.on_missing = "skip"
     report = check_dataset(spec)
     assert report.ok and len(report.warnings) == 1 and "drops the 1 entry" in report.warnings[0]
+
+
+def scrambled_png(path: Path) -> None:
+    """A PNG whose IDAT bytes are scrambled but whose chunk CRCs are recomputed (so PIL ``verify()`` passes)."""
+    import io
+    import struct
+    import zlib
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (16, 16), (200, 30, 30)).save(buffer, format="PNG")
+    data, out, pos = buffer.getvalue(), bytearray(buffer.getvalue()[:8]), 8
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos:pos + 4])
+        kind, body = data[pos + 4:pos + 8], bytearray(data[pos + 8:pos + 8 + length])
+        if kind == b"IDAT":
+            body[2:] = bytes(b ^ 0x5A for b in body[2:])  # keep the zlib header, scramble the stream
+        out += struct.pack(">I", length) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
+        pos += 12 + length
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(bytes(out))
+
+
+def test_check_decodes_images_fully(cli, tmp_path):
+    world = tmp_path / "w"
+    cli("data", "shapes", "--out", world, "--images", 40, check=True)
+    first = json.loads((world / "pretrain.json").read_text())[0]["image"]
+    scrambled_png(world / first)
+    with Image.open(world / first) as img:
+        img.verify()  # the checksums are valid: only decoding finds the damage
+    proc = cli("data", "check", world)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    error = proc.stderr.strip().splitlines()
+    assert "Traceback" not in proc.stderr and len(error) == 1 and error[0].startswith("error:")
+    assert "cannot be decoded" in error[0] and first.split("/")[-1] in error[0] and "re-download or remove" in error[0]

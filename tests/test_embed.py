@@ -291,3 +291,77 @@ def test_retrieval_test_split_embeds_one_pair_per_caption(clip_run, world, tiny_
             expected = model.encode_image(image, normalize=True)[0].numpy()
         assert np.allclose(emb.image[t], expected, atol=1e-5), t
     assert open_clip  # the tiny architecture is registered in this process by the fixture
+
+
+# --- the dataset fingerprint: embeddings of another dataset of the same size are refused ---------------
+def test_pairs_fingerprint_is_stable_and_follows_ids_paths_and_captions(tmp_path):
+    from falcon_cli.data.pairs import Pair, pairs_fingerprint
+
+    pairs = [Pair(0, tmp_path / "images" / "a.png", "a red circle"), Pair(1, tmp_path / "images" / "b.png", "a blue square")]
+    reference = pairs_fingerprint(pairs, tmp_path)
+    assert reference == pairs_fingerprint(list(pairs), tmp_path) and len(reference) == 64
+    moved = [Pair(p.pair_id, tmp_path / "elsewhere" / p.image.relative_to(tmp_path), p.caption) for p in pairs]
+    assert pairs_fingerprint(moved, tmp_path / "elsewhere") == reference  # relative to the dataset root
+    assert pairs_fingerprint([pairs[0], Pair(1, pairs[1].image, "a blue circle")], tmp_path) != reference
+    assert pairs_fingerprint([pairs[0], Pair(2, pairs[1].image, pairs[1].caption)], tmp_path) != reference
+    assert pairs_fingerprint(pairs[::-1], tmp_path) != reference
+    multi = Pair(0, pairs[0].image, "a red circle", ("a red circle", "a ball"))
+    assert pairs_fingerprint([multi], tmp_path) != pairs_fingerprint([Pair(0, pairs[0].image, "a red circle")], tmp_path)
+
+
+def test_embeddings_record_the_dataset_fingerprint(clip_run, world):
+    from falcon_cli.data.pairs import pairs_fingerprint
+    from falcon_cli.data.spec import load_spec
+
+    from falcon_cli.data.datasets import pretrain_dataset
+    from falcon_cli.data.pairs import records_fingerprint
+
+    emb = read_embeddings(clip_run / "embeddings" / "embeddings.h5")
+    spec = load_spec(world)
+    assert emb.attrs["dataset_fingerprint"] == pairs_fingerprint(dataset_pairs(world), spec.base_dir)
+    records = pretrain_dataset(spec, transform=None).records  # what the pretrain stage holds
+    assert records_fingerprint(records, spec.base_dir) == emb.attrs["dataset_fingerprint"]
+
+
+def spaces_args(run_dir, world, embeddings, *extra):
+    return ["build-search-spaces", "--recipe", "shapes-demo", "--run-dir", run_dir, f"data.dataset={world}", *TINY_WORLD,
+            f"search_spaces.embeddings={embeddings}", "search_spaces.size=8", "search_spaces.compare=false", *extra]
+
+
+def test_search_spaces_refuse_embeddings_of_another_dataset_of_the_same_size(clip_run, world, tmp_path):
+    from falcon_cli.config.recipes import load_recipe
+    from falcon_cli.data.shapes import generate_world
+    from tests.conftest import run_cli
+
+    embeddings = clip_run / "embeddings" / "embeddings.h5"
+    config, _ = load_recipe("shapes-demo", [f"data.dataset={world}", *TINY_WORLD])
+    other = tmp_path / "other"
+    seed = config.data.shapes.seed + 1
+    generate_world(config.data.shapes.model_copy(update={"seed": seed}), other, workers=1)
+    assert len(dataset_pairs(other)) == len(dataset_pairs(world))  # same size: only the fingerprint tells them apart
+
+    proc = run_cli(*spaces_args(tmp_path / "run", other, embeddings, f"data.shapes.seed={seed}"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]  # (the data stage prints its table first)
+    assert "Traceback" not in proc.stderr and len(errors) == 1 and proc.stderr.strip().endswith(errors[0]), proc.stderr
+    assert str(embeddings) in errors[0] and str(other) in errors[0] and "different dataset" in errors[0]
+    assert "re-run `falcon embed` for this dataset" in errors[0]
+    assert not (tmp_path / "run" / "search_spaces.parquet").exists()
+
+    same = run_cli(*spaces_args(tmp_path / "same", world, embeddings))
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "warning" not in same.stderr and (tmp_path / "same" / "search_spaces.parquet").is_file()
+
+
+def test_search_spaces_read_embeddings_without_fingerprint_with_a_warning(clip_run, world, tmp_path):
+    import h5py
+
+    from tests.conftest import run_cli
+
+    legacy = tmp_path / "legacy.h5"
+    legacy.write_bytes((clip_run / "embeddings" / "embeddings.h5").read_bytes())
+    with h5py.File(legacy, "a") as handle:
+        del handle.attrs["dataset_fingerprint"]
+    proc = run_cli(*spaces_args(tmp_path / "run", world, legacy))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"warning: {legacy}: no dataset_fingerprint attribute" in " ".join(proc.stderr.split())

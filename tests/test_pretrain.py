@@ -62,6 +62,11 @@ def test_artifacts(reference_run):
     assert chained.mean() > 0.9 and (grit.loc[chained, "q"] == 1.0).all() and grit.loc[~chained, "q"].isna().all()
     emb = read_embeddings(reference_run / "embeddings" / "epoch_001.h5")
     assert emb.image.shape == (160, 256) and emb.attrs["epoch"] == 1
+    from falcon_cli.data.pairs import split_fingerprint
+    from falcon_cli.data.spec import load_spec
+
+    world = json.loads((reference_run / "manifest.json").read_text())["config"]["data"]["dataset"]
+    assert emb.attrs["dataset_fingerprint"] == split_fingerprint(load_spec(world), "pretrain", None)  # as `falcon embed`'s
     results = json.loads((reference_run / "results" / "retrieval_zeroshot.json").read_text())
     assert [row["model"] for row in results["rows"]] == ["untrained", "trained"] and "i2t_R@1" in results["rows"][1]
     assert results["meta"]["units"] == "percent" and results["meta"]["scoring"] == "itc"

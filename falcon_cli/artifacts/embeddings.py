@@ -1,7 +1,9 @@
 """``embeddings.h5``: L2-normalised image and text embeddings of a dataset's pairs.
 
 Datasets ``image`` [N, D] and ``text`` [N, D] (fp16 or fp32), ``pair_id`` [N] int64;
-attributes ``schema_version``, ``model``, ``checkpoint``, ``dataset``, ``split``, ``epoch``.
+attributes ``schema_version``, ``model``, ``checkpoint``, ``dataset``, ``split``, ``epoch`` and
+``dataset_fingerprint`` (the sha256 of the dataset's pair list, see
+``falcon_cli.data.pairs.pairs_fingerprint``; absent in files written before it existed).
 :class:`EmbeddingsWriter` writes in chunks (a 5M-pair dataset never sits in memory) to a
 temporary file that is renamed into place when complete; :func:`read_embeddings`
 validates everything it reads.
@@ -21,6 +23,7 @@ from falcon_cli.errors import FalconError
 
 EMBEDDINGS_SCHEMA_VERSION = 1
 REQUIRED_ATTRS = ("model", "checkpoint", "dataset", "split", "epoch")
+FINGERPRINT_ATTR = "dataset_fingerprint"
 NORM_TOLERANCE = 1e-2  # fp16 storage keeps norms within ~1e-3 of 1
 
 
@@ -145,4 +148,22 @@ def read_embeddings(path: str | Path) -> Embeddings:
     return result
 
 
-__all__ = ["Embeddings", "EmbeddingsWriter", "write_embeddings", "read_embeddings", "EMBEDDINGS_SCHEMA_VERSION"]
+def check_fingerprint(path: str | Path, attrs: dict[str, Any], expected: str, dataset: str | Path) -> str | None:
+    """Check that embeddings were computed on ``dataset`` (whose pair-list fingerprint is ``expected``).
+
+    A different fingerprint raises a one-line :class:`FalconError`; a file without one (written
+    before fingerprints were recorded) is accepted and the warning line to print is returned.
+    """
+    recorded = attrs.get(FINGERPRINT_ATTR)
+    if recorded is None or recorded == "":
+        return (f"{path}: no {FINGERPRINT_ATTR} attribute (written by an older falcon), so it cannot be checked "
+                f"against {dataset}; re-run `falcon embed` for this dataset to make it checkable")
+    if recorded != expected:
+        raise FalconError(f"{path}: embeddings were computed on a different dataset than {dataset} "
+                          f"({attrs.get('dataset')!r} {attrs.get('split')!r} split, pair-list fingerprint "
+                          f"{str(recorded)[:12]}... vs {expected[:12]}...); re-run `falcon embed` for this dataset")
+    return None
+
+
+__all__ = ["Embeddings", "EmbeddingsWriter", "write_embeddings", "read_embeddings", "check_fingerprint",
+           "EMBEDDINGS_SCHEMA_VERSION", "FINGERPRINT_ATTR"]

@@ -79,7 +79,7 @@ class DatasetReport:
     spec: str
     """The spec file."""
     verify_images: bool
-    """Whether images were decoded (PIL ``verify()``) or only looked for."""
+    """Whether images were decoded (PIL ``verify()`` and a full ``load()``) or only looked for."""
     sources: list[SourceReport] = field(default_factory=list)
     """One report per annotation file, in spec order."""
     spec_problems: list[str] = field(default_factory=list)
@@ -294,7 +294,7 @@ def check_dataset(spec: DatasetSpec, *, verify_images: bool = True) -> DatasetRe
     number of entries a load would drop) under ``"skip"``; unreadable images are always
     problems, since training would stop on them.
 
-    With ``verify_images`` each distinct image is opened and verified by PIL (slow on
+    With ``verify_images`` each distinct image is verified and fully decoded by PIL (slow on
     large sets); without it images are only looked for.
     """
     report = DatasetReport(name=spec.name, spec=str(spec_file(spec)), verify_images=verify_images)

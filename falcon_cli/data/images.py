@@ -54,7 +54,12 @@ def load_image(path: str | Path) -> Image.Image:
 
 
 def probe_image(path: Path, verify: bool = True) -> ImageStatus:
-    """Whether ``path`` is a regular file and (with ``verify``) decodes (PIL ``verify()``)."""
+    """Whether ``path`` is a regular file and (with ``verify``) decodes.
+
+    ``verify`` runs PIL ``verify()`` (container and chunk checksums) and then decodes every
+    pixel (``load()``): a PNG whose compressed data is scrambled under valid CRCs passes
+    ``verify()`` alone but fails to decode, as it would in training.
+    """
     if not os.path.isfile(path):
         return ImageStatus.MISSING
     if not verify:
@@ -62,6 +67,8 @@ def probe_image(path: Path, verify: bool = True) -> ImageStatus:
     try:
         with Image.open(path) as img:
             img.verify()
+        with Image.open(path) as img:
+            img.load()
     except Exception:
         return ImageStatus.UNREADABLE
     return ImageStatus.OK

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from falcon_cli.artifacts.embeddings import read_embeddings
+from falcon_cli.artifacts.embeddings import check_fingerprint, read_embeddings
 from falcon_cli.artifacts.tables import SEARCH_SPACES, read_table
 from falcon_cli.errors import FalconError
 from falcon_cli.sampling.cache import EmbeddingCache
@@ -33,9 +33,14 @@ class WarmStart:
 
 
 def load_warm_start(spaces_path: Path, embeddings_path: Path, pair_ids: torch.Tensor, *,
-                    device: torch.device | str = "cpu") -> WarmStart:
+                    device: torch.device | str = "cpu", fingerprint: str | None = None,
+                    dataset: str = "this dataset", warn=print) -> WarmStart:
     """Read and check epoch 0 of ``spaces_path`` against the dataset's ``pair_ids``, and the features
-    of ``embeddings_path``. Every problem is one :class:`FalconError` line naming the file."""
+    of ``embeddings_path``. Every problem is one :class:`FalconError` line naming the file.
+
+    ``fingerprint`` (the dataset's :func:`~falcon_cli.data.pairs.pairs_fingerprint`, named
+    ``dataset`` in messages): when given, embeddings of another dataset are refused, and
+    ``warn`` gets the line for embeddings that record no fingerprint."""
     if not Path(spaces_path).exists():
         raise FalconError(f"pretrain.search_spaces: {spaces_path} not found; build it with `falcon build-search-spaces` "
                           "(or chain build_search_spaces before pretrain and set pretrain.search_spaces=run)")
@@ -57,6 +62,10 @@ def load_warm_start(spaces_path: Path, embeddings_path: Path, pair_ids: torch.Te
         raise FalconError(f"{spaces_path}: epoch-0 spaces have sizes {sorted(set(sizes.tolist()))}; composers need every "
                           "space at |M| pairs except a smaller last one (as build-search-spaces writes them)")
     embeddings = read_embeddings(embeddings_path)
+    if fingerprint is not None:
+        warning = check_fingerprint(embeddings_path, embeddings.attrs, fingerprint, dataset)
+        if warning is not None:
+            warn(f"warning: {warning}")
     rows_of = {int(p): r for r, p in enumerate(embeddings.pair_id)}
     absent = [p for p in expected if p not in rows_of]
     if absent:
