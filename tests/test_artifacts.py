@@ -72,14 +72,14 @@ def test_a_full_disk_is_one_line_naming_the_artifact_and_keeps_the_old_one(tmp_p
 
 @pytest.fixture
 def small_mount(tmp_path):
-    """A 2 MB tmpfs (read-write, or read-only with ``request.param``): the real full disk and read-only
-    directory; skipped where this process may not mount (not root, no CAP_SYS_ADMIN)."""
+    """A small tmpfs (``mount("rw")``, ``mount("ro")``, or ``mount("rw", "200m")``): the real full disk
+    and read-only directory; skipped where this process may not mount (not root, no CAP_SYS_ADMIN)."""
     mounted = []
 
-    def mount(options: str):
+    def mount(options: str, size: str = "2m"):
         point = tmp_path / f"mnt-{len(mounted)}"
         point.mkdir()
-        if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size=2m,{options}", "tmpfs", str(point)],
+        if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},{options}", "tmpfs", str(point)],
                                                capture_output=True).returncode != 0:
             pytest.skip("cannot mount a tmpfs here")
         mounted.append(point)
@@ -157,6 +157,25 @@ def test_opening_a_run_removes_the_temporaries_an_interrupted_writer_left(tmp_pa
     RunDirectory.open(run_dir, config={"seed": 0}, seed=0).close()
     assert not stale_checkpoint.exists() and not stale_embeddings.exists() and all(p.exists() for p in keep)
     assert "removed 2 temporary file(s) an interrupted writer left" in (run_dir / "log.txt").read_text()
+
+
+def test_a_finished_run_on_a_read_only_disk_gives_one_line_to_every_command(small_mount, tmp_path):
+    """--resume, evaluate and audit of a run whose disk became read-only: one line each, no traceback."""
+    from tests.conftest import run_cli
+
+    point = small_mount("rw", "200m")
+    run_dir = point / "run"
+    world = ["data.shapes.images=40", "data.tokenizer_vocab_size=200", "pretrain.epochs=1", "pretrain.batch_size=16",
+             "pretrain.search_space_size=48", "pretrain.num_workers=0", "pretrain.eval_split=null",
+             f"data.dataset={tmp_path / 'world'}"]
+    assert run_cli("pretrain", "--recipe", "shapes-demo", "--run-dir", run_dir, *world).returncode == 0
+    assert subprocess.run(["mount", "-o", "remount,ro", str(point)], capture_output=True).returncode == 0
+    for args in (["pretrain", "--recipe", "shapes-demo", "--run-dir", run_dir, *world, "--resume"],
+                 ["evaluate", "retrieval", run_dir, "--false-negatives", "none"],
+                 ["audit-false-negatives", run_dir, "--judge", "oracle"]):
+        proc = run_cli(*args)
+        assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr, (args, proc.stderr)
+        assert f"{run_dir}" in proc.stderr and "read-only file system" in proc.stderr, (args, proc.stderr)
 
 
 def test_killed_writer_leaves_no_partial_artifact(tmp_path):
