@@ -37,6 +37,7 @@ from falcon_cli.artifacts.tables import BATCHES
 from falcon_cli.config.schema import Recipe
 from falcon_cli.data.collate import PretrainCollate
 from falcon_cli.data.datasets import pretrain_dataset, retrieval_dataset
+from falcon_cli.data.preloaded import PreloadedImages
 from falcon_cli.data.shared_images import SharedImages
 from falcon_cli.data.spec import load_spec
 from falcon_cli.data.tokenizer import load_run_tokenizer
@@ -118,6 +119,9 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
     objective = VlpObjective(model, itc=p.itc, consistency_weight=p.itc_consistency_weight,
                              itm_negatives=p.itm_negatives, momentum=p.momentum, queue_size=p.queue_size,
                              false_negatives=false_negatives).to(device)
+    if p.compile:  # each encoder in place: parameter names (and so checkpoints) stay as they are
+        for encoder in (model.visual_encoder, model.text_encoder, model.fusion_encoder):
+            encoder.compile()
     optimizer = build_optimizer(objective, p.lr, p.weight_decay)
     scaler = grad_scaler(precision, device)
     trainer = torch.nn.parallel.DistributedDataParallel(objective, device_ids=[device.index] if device.type == "cuda" else None) \
@@ -264,6 +268,13 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
     eval_split = retrieval_dataset(spec, p.eval_split, build_transform("test", resolution)) if p.eval_split and main else None
     if eval_split is not None and checkpoint is None:
         results["untrained"] = zero_shot_retrieval(model, eval_split, tokenizer, device, max_length=p.max_text_length)
+    # Preloaded images (opt-in, fixed transform): decoded once onto the device, gathered per batch there.
+    preloaded = None
+    if p.preload_images:
+        preloaded = PreloadedImages(dataset.records, dataset.transform, device, num_workers=p.num_workers)
+        dataset.load_images = False
+        if main:
+            console.print(f"preloaded {len(preloaded.pixels):,} images on {device} ({preloaded.nbytes / 2**20:,.0f} MiB)")
     D.barrier()
 
     # 5. Train.
@@ -323,10 +334,11 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
             lr = learning_rate(global_step, epoch, lr=p.lr, min_lr=p.min_lr, warmup_lr=p.warmup_lr,
                                warmup_steps=p.warmup_steps, cosine_epochs=p.cosine_epochs or p.epochs)
             set_learning_rate(optimizer, lr)
-            images = batch["images"].to(device, non_blocking=True)
             input_ids = batch["input_ids"].to(device, non_blocking=True)
             attention_mask = batch["attention_mask"].to(device, non_blocking=True)
             pair_ids = batch["pair_ids"].to(device, non_blocking=True)
+            images = (preloaded.images(pair_ids) if preloaded is not None
+                      else batch["images"].to(device, non_blocking=True))
             mask = MlmMask.sample(input_ids, attention_mask, probability=p.mlm_probability,
                                   generator=generators["mask"], **special)
             alpha = alpha_ramp(p.distill_alpha, index, total, epoch)

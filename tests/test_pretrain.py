@@ -636,3 +636,25 @@ def test_srcl_reads_its_auxiliary_features_by_pair_id_and_refuses_a_missing_file
     config, _ = load_recipe("shapes-demo", [f"data.dataset={world}", "pretrain.false_negatives=srcl"])
     with pytest.raises(FalconError, match="SRCL needs the frozen auxiliary model's features"):
         build_false_negatives(config, spec, dataset, torch.device("cpu"), RunDirectory(tmp_path))
+
+
+def test_preloaded_images_train_exactly_like_per_step_decoding(world, reference_run, tmp_path):
+    """`preload_images` gathers bitwise the same pixels on the device: every logged loss is the reference's."""
+    from tests.conftest import run_cli
+
+    run_dir = tmp_path / "preloaded"
+    proc = run_cli(*pretrain_args(run_dir, world, "pretrain.checkpoint_every=4", "pretrain.device=cpu",
+                                  "pretrain.preload_images=true"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "preloaded 32 images" in proc.stdout + proc.stderr
+    losses = lambda run: [(r["step"], r["loss"], r["itc"], r["itm"], r["mlm"])  # noqa: E731
+                          for r in read_metrics(run / "metrics.jsonl") if "loss" in r]
+    assert losses(run_dir) == losses(reference_run)
+
+
+def test_preloading_needs_the_fixed_transform(world, tmp_path):
+    from tests.conftest import run_cli
+
+    proc = run_cli(*pretrain_args(tmp_path / "run", world, "pretrain.preload_images=true", "pretrain.augment=pretrain"))
+    assert proc.returncode != 0 and "preload_images=true" in proc.stderr and "augment: test" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()

@@ -24,7 +24,7 @@ class TextCollate:
 
 class PretrainCollate(TextCollate):
     """Turn pretraining items into ``{"images", "input_ids", "attention_mask", "pair_ids"}`` (the reference
-    truncates captions to 25 tokens)."""
+    truncates captions to 25 tokens). ``images`` is None when the items carry none (preloaded images)."""
 
     def __init__(self, tokenizer, max_length: int = 25):
         super().__init__(tokenizer, max_length)
@@ -32,7 +32,7 @@ class PretrainCollate(TextCollate):
     def __call__(self, items: Sequence[dict]) -> dict[str, torch.Tensor]:
         input_ids, attention_mask = tokenize(self.tokenizer, [item["caption"] for item in items], self.max_length)
         return {
-            "images": torch.stack([item["image"] for item in items]),
+            "images": torch.stack([item["image"] for item in items]) if "image" in items[0] else None,
             "input_ids": input_ids,
             "attention_mask": attention_mask,
             "pair_ids": torch.tensor([item["pair_id"] for item in items], dtype=torch.long),

@@ -109,6 +109,8 @@ class PretrainDataset(LoadedDataset):
         self.max_words = max_words
         self.load_reports = list(load_reports)
         self._position = {r.pair_id: i for i, r in enumerate(self.records)}
+        self.load_images = True
+        """False: items carry no ``image`` (the images are preloaded on the device: ``pretrain.preload_images``)."""
 
     def __len__(self) -> int:
         return len(self.records)
@@ -136,6 +138,8 @@ class PretrainDataset(LoadedDataset):
 
     def __getitem__(self, index: int) -> dict:
         record = self.records[index]
+        if not self.load_images:
+            return {"caption": self.caption_for(record), "pair_id": record.pair_id}
         image = load_image(record.image)
         # The augmentation draws from torch's RNG seeded by (seed, epoch, pair_id): an item is
         # augmented the same way whichever worker loads it and in whatever order, which is
