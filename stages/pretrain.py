@@ -54,6 +54,7 @@ from falcon_cli.reporting.figures import q_over_training
 from falcon_cli.runtime import distributed as D
 from falcon_cli.runtime.checkpoint import latest_checkpoint, resume_point, rewind_latest, save_checkpoint
 from falcon_cli.runtime.console import make_console
+from falcon_cli.runtime.finite import NonFiniteGuard
 from falcon_cli.runtime.metrics import MetricsLog
 from falcon_cli.runtime.optim import build_optimizer, learning_rate, set_learning_rate
 from falcon_cli.runtime.precision import autocast, grad_scaler, pick_device, resolve_precision
@@ -119,9 +120,8 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
     objective = VlpObjective(model, itc=p.itc, consistency_weight=p.itc_consistency_weight,
                              itm_negatives=p.itm_negatives, momentum=p.momentum, queue_size=p.queue_size,
                              false_negatives=false_negatives).to(device)
-    if p.compile:  # each encoder in place: parameter names (and so checkpoints) stay as they are
-        for encoder in (model.visual_encoder, model.text_encoder, model.fusion_encoder):
-            encoder.compile()
+    if p.compile:
+        model.compile_encoders()
     optimizer = build_optimizer(objective, p.lr, p.weight_decay)
     scaler = grad_scaler(precision, device)
     trainer = torch.nn.parallel.DistributedDataParallel(objective, device_ids=[device.index] if device.type == "cuda" else None) \
@@ -264,6 +264,22 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
                                {"epoch": epoch, "batch_index": batch_index, "model": p.model, "image_size": resolution},
                                keep_last=p.keep_last)
 
+    guard = NonFiniteGuard(device)
+
+    def stop_if_non_finite() -> None:
+        """Stop with one line at the run's first non-finite step, if there was one (a host sync)."""
+        bad = guard.first()
+        if bad is None:
+            return
+        latest = latest_checkpoint(checkpoint_dir) if main else None
+        if latest is not None and int(latest.name) == bad["step"] and precision == "fp32":
+            latest = rewind_latest(checkpoint_dir, bad["step"])  # its weights gave this loss
+        what = (f"loss is {bad['loss']}" if not math.isfinite(bad["loss"])
+                else f"the gradient norm is {bad['norm']} (loss {bad['loss']:.4g})")
+        raise FalconError(non_finite_stop(what, bad["epoch"], bad["step"],
+                                          f"itc {bad['itc']:.4g}, itm {bad['itm']:.4g}, mlm {bad['mlm']:.4g}",
+                                          precision, p, latest))
+
     # Only rank 0 evaluates, so only rank 0 loads the eval split.
     eval_split = retrieval_dataset(spec, p.eval_split, build_transform("test", resolution)) if p.eval_split and main else None
     if eval_split is not None and checkpoint is None:
@@ -353,25 +369,24 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
             with autocast(precision, device):
                 context = StepContext(pair_ids, epoch, global_step, total_steps, same_image)
                 out = trainer(images, input_ids, attention_mask, mask, alpha, itm_generator, context)
-            # A non-finite loss or gradient stops the run before the step, saving nothing: the weights
-            # that gave it are not worth resuming, and a save would push intact checkpoints out.
-            parts = lambda: f"itc {out.itc.item():.4g}, itm {out.itm.item():.4g}, mlm {out.mlm.item():.4g}"  # noqa: E731
-            if not torch.isfinite(out.loss):
-                latest = latest_checkpoint(checkpoint_dir) if main else None
-                if latest is not None and int(latest.name) == global_step and precision == "fp32":
-                    latest = rewind_latest(checkpoint_dir, global_step)  # its weights just gave this loss
-                raise FalconError(non_finite_stop(f"loss is {out.loss.item()}", epoch, global_step, parts(), precision,
-                                                  p, latest))
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(out.loss).backward()
+            norm = None
             if p.grad_clip is not None:
                 scaler.unscale_(optimizer)
                 norm = torch.nn.utils.clip_grad_norm_(objective.parameters(), p.grad_clip)
             elif precision != "fp16":  # (fp16: the scaler skips steps with inf gradients and lowers its scale)
                 norm = torch.nn.utils.get_total_norm([q.grad for q in objective.parameters() if q.grad is not None])
-            if precision != "fp16" and not torch.isfinite(norm):
-                raise FalconError(non_finite_stop(f"the gradient norm is {norm.item()} (loss {out.loss.item():.4g})", epoch,
-                                                  global_step, parts(), precision, p, latest_checkpoint(checkpoint_dir)))
+            # A non-finite loss or gradient stops the run, saving nothing: the weights that gave it are not
+            # worth resuming, and a save would push intact checkpoints out. The verdict stays on the device
+            # (no host sync per step): from the first non-finite step on the optimizer skips every update,
+            # and the verdict is read where the loop syncs anyway: logging, checkpoints, FALCON's scheduler.
+            guard.observe(optimizer, epoch, global_step, out.loss, (out.itc, out.itm, out.mlm),
+                          norm if precision != "fp16" else None, skip=precision != "fp16")
+            step_after = global_step + 1
+            if (precision == "fp16" or falcon_epoch or step_after % p.log_every == 0 or index == total - 1
+                    or (p.checkpoint_every and step_after % p.checkpoint_every == 0)):
+                stop_if_non_finite()
             scaler.step(optimizer)
             scaler.update()
             if falcon_epoch:
@@ -412,6 +427,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
                 peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
                 metrics.write(step=global_step, epoch=epoch, loss=losses[0], itc=losses[1], itm=losses[2], mlm=losses[3],
                               lr=lr, temperature=out.temperature, pairs_per_s=seen / max(elapsed, 1e-9),
+                              elapsed_s=elapsed, text_tokens=input_ids.shape[1],
                               peak_memory_mib=peak, sampler=batches[index].sampler if batches is not None else "falcon",
                               reward=rewards[-1] if falcon_epoch else None, advantage=advantage if falcon_epoch else None,
                               concentration=concentration if falcon_epoch else None,

@@ -197,6 +197,38 @@ def test_a_diverged_run_stops_without_saving_and_resumes_from_the_last_usable_ch
                                                 if "loss" in r)
 
 
+def test_a_non_finite_step_read_late_is_reported_as_the_first_and_never_applied(world, reference_run, tmp_path):
+    """The verdict is read only when the loop logs or checkpoints (no host sync per step): with lr 1e6 the
+    loss turns NaN at step 2, the run notices at its step-5 log, names step 2, and no update after step 2
+    was applied (the guard's found_inf): the weights the error leaves in memory are step 2's, all finite."""
+    import torch
+
+    from falcon_cli.runtime.finite import NonFiniteGuard
+    from tests.conftest import run_cli
+
+    proc = run_cli(*pretrain_args(tmp_path / "run", world, "pretrain.log_every=5", "pretrain.eval_split=null",
+                                  "pretrain.device=cpu", "pretrain.lr=1e6"))
+    line = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and "loss is nan at epoch 0, step 2" in line and "no usable checkpoint" in line, line
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() or not read_metrics(tmp_path / "run" / "metrics.jsonl")
+
+    # the guard itself: a fused AdamW skips every update from the first non-finite step on, on the device
+    weight = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.AdamW([weight], lr=0.1, fused=True)
+    guard = NonFiniteGuard(torch.device("cpu"))
+    history = []
+    for step, scale in enumerate([1.0, float("nan"), 1.0]):
+        loss = (weight * scale).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        guard.observe(optimizer, 0, step, loss, (loss, loss, loss), weight.grad.norm())
+        optimizer.step()
+        history.append(weight.detach().clone())
+    assert not torch.equal(history[0], torch.ones(3)) and torch.equal(history[1], history[0])
+    assert torch.equal(history[2], history[0]), "a finite step after the first bad one is skipped too"
+    assert guard.first()["step"] == 1 and optimizer.state[weight]["step"].item() == 1
+
+
 def test_the_non_finite_advice_fits_the_precision_and_what_is_left(tmp_path):
     from falcon_cli.config.schema import PretrainConfig
     from falcon_cli.runtime.checkpoint import rewind_latest

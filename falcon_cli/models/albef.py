@@ -152,6 +152,13 @@ class ALBEF(nn.Module):
         text_tokens, text_feat = self.encode_text(input_ids, attention_mask)
         return Encodings(image_tokens, image_feat, text_tokens, text_feat, self.temperature())
 
+    def compile_encoders(self, **options) -> None:
+        """``torch.compile`` the image, text and fusion encoders in place (``options`` go to
+        :meth:`torch.nn.Module.compile`): parameter names, and so checkpoints, do not change, and the
+        heads and losses around them (which index by data-dependent masks) stay eager."""
+        for encoder in (self.visual_encoder, self.text_encoder, self.fusion_encoder):
+            encoder.compile(**options)
+
     # --- bookkeeping ---------------------------------------------------------------------------
     def num_parameters(self, trainable_only: bool = False) -> int:
         """Number of (distinct) parameters."""

@@ -1,0 +1,257 @@
+"""Benchmark: pretraining speed through the real `falcon pretrain` stage, and MFU against the GPU's own ceiling.
+
+One command measures every speed target of issue 22 on the local GPU and writes ``speed.json`` and
+``speed.md`` under ``--out``:
+
+* ``ceiling``: the bf16 matrix-product rate of this GPU (8192³ GEMMs), the denominator of MFU;
+* ``base-*``: albef-base at 256 px, batch 96 per GPU, bf16, on a shapes world whose images are
+  preloaded onto the GPU (``pretrain.preload_images``: in-memory data, no decoding): GRIT batches
+  eager and compiled, FALCON with the exact reward (``reward_images: recompute``) and with ``reuse``.
+  Each run's steady rate is read from its second epoch (the composer's own batches) in
+  ``metrics.jsonl``; MFU = pairs/s x the analytic FLOPs per pair (:mod:`falcon_cli.runtime.flops`, at
+  the logged caption lengths) / the ceiling;
+* ``base-grit-jpeg``: the same GRIT run on a copy of the world as 640x480 JPEGs, decoded and
+  augmented (ALBEF's pretraining transform) by DataLoader workers on every core, as COCO would be;
+* ``tiny-*``: the ``shapes-falcon`` recipe (albef-tiny, 64 px) with and without preloaded images;
+* ``compose``: one COCO-scale FALCON composition epoch (``falcon_compose.py``, 567K pairs, |M| 5,664).
+
+    PYTHONPATH=. .venv/bin/python benchmarks/pretrain_speed.py --out runs/speed                # on a GPU, all of it
+    PYTHONPATH=. .venv/bin/python benchmarks/pretrain_speed.py --out runs/speed --only base-grit base-grit-compile
+    PYTHONPATH=. .venv/bin/python benchmarks/pretrain_speed.py --out /tmp/speed --smoke        # CPU, tiny: checks the script
+
+``--smoke`` runs the same runs with albef-tiny at 32 px on a 60-image world in fp32 (a few minutes on
+2 cores): its numbers say nothing about speed, only that every part works. Finished runs are kept
+(delete ``--out`` to measure again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from falcon_cli.runtime.metrics import read_metrics  # noqa: E402
+
+
+def matmul_ceiling(device: str, smoke: bool) -> float:
+    """Dense matrix-product FLOP/s of ``device``: bf16 8192³ on a GPU (fp32 1024³ in a smoke run)."""
+    size, dtype = (1024, torch.float32) if smoke else (8192, torch.bfloat16)
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    times = []
+    for _ in range(3 if smoke else 20):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(1 if smoke else 10):
+            a @ b
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) / (1 if smoke else 10))
+    return 2 * size ** 3 / statistics.median(times[1:])
+
+
+def runs(smoke: bool, workers: int) -> dict[str, list[str]]:
+    """Every measured run: its ``falcon pretrain`` overrides (on top of the common ones)."""
+    if smoke:
+        base = ["pretrain.model=albef-tiny", "pretrain.image_size=32", "pretrain.batch_size=8",
+                "pretrain.search_space_size=16", "pretrain.precision=fp32"]
+    else:
+        base = ["pretrain.model=albef-base", "pretrain.image_size=256", "pretrain.batch_size=96",
+                "pretrain.search_space_size=960", "pretrain.precision=bf16"]
+    preload = ["pretrain.preload_images=true", "pretrain.augment=test"]
+    falcon = ["pretrain.composer=falcon", "pretrain.reward=mlm"]
+    tiny = ["--recipe", "shapes-falcon", "pretrain.precision=fp32", "pretrain.epochs=2"]
+    compile_ = [] if smoke else ["pretrain.compile=true"]  # (compiling on a CPU takes minutes and tells nothing)
+    return {
+        "base-grit": [*base, *preload, "pretrain.composer=grit"],
+        "base-grit-compile": [*base, *preload, "pretrain.composer=grit", *compile_],
+        "base-falcon-recompute": [*base, *preload, *falcon, "pretrain.reward_images=recompute", *compile_],
+        "base-falcon-reuse": [*base, *preload, *falcon, "pretrain.reward_images=reuse", *compile_],
+        "base-grit-jpeg": [*base, "pretrain.composer=grit", *compile_, "pretrain.augment=pretrain",
+                           f"pretrain.num_workers={workers}", "data.dataset=JPEG"],
+        "tiny-falcon-preload": [*tiny, "pretrain.preload_images=true"],
+        "tiny-falcon-decode": [*tiny, "pretrain.preload_images=false", f"pretrain.num_workers={min(workers, 4)}"],
+    }
+
+
+def jpeg_world(world: Path, out: Path, size: tuple[int, int]) -> Path:
+    """A copy of ``world``'s pretraining pairs whose images are ``size`` JPEGs (COCO-sized files to decode)."""
+    if (out / "dataset.yaml").exists():
+        return out
+    from PIL import Image
+
+    staging = out.with_name(out.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / "images").mkdir(parents=True)
+    entries = json.loads((world / "pretrain.json").read_text())
+    done: dict[str, str] = {}
+    for entry in entries:
+        source = entry["image"]
+        if source not in done:
+            target = f"images/{Path(source).stem}.jpg"
+            with Image.open(world / source) as image:
+                image.convert("RGB").resize(size, Image.BICUBIC).save(staging / target, quality=90)
+            done[source] = target
+        entry["image"] = done[source]
+    (staging / "pretrain.json").write_text(json.dumps(entries))
+    (staging / "dataset.yaml").write_text("name: shapes-jpeg\nimage_root: .\npretrain:\n- pretrain.json\n")
+    staging.rename(out)
+    return out
+
+
+def steady_rate(run: Path, batch: int) -> dict:
+    """Pairs/s over the second half of the last epoch's logged steps (compilation, warm-up and the epoch's
+    first batches stay out of the window), and the epoch's mean padded caption length."""
+    rows = [r for r in read_metrics(run / "metrics.jsonl") if "loss" in r and "elapsed_s" in r]
+    last = max(r["epoch"] for r in rows)
+    epoch = [r for r in rows if r["epoch"] == last]
+    a, b = epoch[len(epoch) // 2] if len(epoch) > 2 else epoch[0], epoch[-1]
+    seconds = b["elapsed_s"] - a["elapsed_s"]
+    rate = (b["step"] - a["step"]) * batch / seconds if seconds > 0 else b["pairs_per_s"]
+    return {"pairs_per_s": rate, "window_steps": b["step"] - a["step"], "epoch": last,
+            "text_tokens": statistics.fmean(r["text_tokens"] for r in epoch),
+            "peak_memory_mib": max((r.get("peak_memory_mib") or 0) for r in epoch) or None}
+
+
+def flops_per_pair(run: Path, text_tokens: float, reward_images: str | None) -> float:
+    """Analytic FLOPs per trained pair of ``run`` (its model, resolution and vocabulary, the logged caption
+    length, its MLM probability of the caption's tokens after [CLS])."""
+    from falcon_cli.data.tokenizer import load_run_tokenizer
+    from falcon_cli.models.registry import create_model
+    from falcon_cli.runtime.flops import pretrain_flops_per_pair
+
+    manifest = json.loads((run / "manifest.json").read_text())
+    p = manifest["config"]["pretrain"]
+    overrides = {"vocab_size": len(load_run_tokenizer(run, manifest["name"]))}
+    if p.get("image_size"):
+        overrides["image_size"] = p["image_size"]
+    length = round(text_tokens)
+    return pretrain_flops_per_pair(create_model(p["model"], **overrides).config, length,
+                                   p["mlm_probability"] * (length - 1), reward_images=reward_images)["total"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--smoke", action="store_true", help="tiny CPU version of every run (checks the script)")
+    parser.add_argument("--only", nargs="*", help="run only these parts (ceiling, compose and run names)")
+    parser.add_argument("--images", type=int, default=None, help="world size (default 1,000; smoke 60)")
+    parser.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1), help="JPEG loader workers")
+    args = parser.parse_args()
+    device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
+    if not args.smoke and device != "cuda":
+        parser.error("no GPU here: pass --smoke for the CPU check of the script")
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    wanted = lambda name: not args.only or name in args.only  # noqa: E731
+    results_path = out / "speed.json"
+    results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    results["device"] = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    images = args.images or (60 if args.smoke else 1000)
+
+    if wanted("ceiling"):
+        results["ceiling_flops"] = matmul_ceiling(device, args.smoke)
+        print(f"matrix-product ceiling: {results['ceiling_flops'] / 1e12:.1f} TFLOP/s")
+    world = out / "world"
+    common = ["data.shapes.size=64", f"data.shapes.images={images}", "data.tokenizer_vocab_size=1000",
+              "pretrain.eval_split=null", "pretrain.epochs=2", "pretrain.log_every=5" if not args.smoke else "pretrain.log_every=1",
+              "pretrain.warmup_steps=10", f"pretrain.device={device}"]
+    env = {**os.environ, "FALCON_PROGRESS": "0", "PYTHONPATH": str(REPO)}
+    results.setdefault("runs", {})
+    for name, overrides in runs(args.smoke, args.workers).items():
+        if not wanted(name):
+            continue
+        run_dir = out / "runs" / name
+        recipe = ["--recipe", "shapes-demo"]
+        if overrides[:1] == ["--recipe"]:
+            recipe, overrides = overrides[:2], overrides[2:]
+        dataset = [f"data.dataset={world if recipe[1] == 'shapes-demo' else world.with_name('world-' + recipe[1])}"]
+        if "data.dataset=JPEG" in overrides:
+            if not (world / "dataset.yaml").exists():
+                print(f"{name}: skipped (the shapes world is made by the first run; run base-grit first)")
+                continue
+            jpeg = jpeg_world(world, out / "world-jpeg", (96, 72) if args.smoke else (640, 480))
+            overrides = [o for o in overrides if o != "data.dataset=JPEG"]
+            dataset = [f"data.dataset={jpeg}", "data.shapes=null"]  # a plain dataset: nothing to generate
+        if not (run_dir / "manifest.json").exists() or json.loads((run_dir / "manifest.json").read_text())["status"] != "completed":
+            command = [sys.executable, "-m", "falcon_cli", "pretrain", *recipe, "--run-dir", str(run_dir), "--overwrite",
+                       *common, *dataset, *overrides]
+            print(f"{name}: {' '.join(command[3:])}", flush=True)
+            started = time.perf_counter()
+            proc = subprocess.run(command, env=env, capture_output=True, text=True)
+            if proc.returncode != 0:
+                print(proc.stdout[-2000:], proc.stderr[-4000:])
+                results["runs"][name] = {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed"}
+                continue
+            wall = time.perf_counter() - started
+        else:
+            wall = results["runs"].get(name, {}).get("wall_s")
+        config = json.loads((run_dir / "manifest.json").read_text())["config"]["pretrain"]
+        rate = steady_rate(run_dir, config["batch_size"])
+        reward = config["reward_images"] if config["composer"] == "falcon" else None
+        rate["flops_per_pair"] = flops_per_pair(run_dir, rate["text_tokens"], reward)
+        rate["wall_s"] = wall
+        if results.get("ceiling_flops") and device == "cuda":  # (a CPU has no comparable ceiling: no MFU there)
+            rate["mfu"] = rate["pairs_per_s"] * rate["flops_per_pair"] / results["ceiling_flops"]
+        results["runs"][name] = rate
+        print(f"{name}: {rate['pairs_per_s']:,.0f} pairs/s" + (f", MFU {rate['mfu']:.1%}" if "mfu" in rate else ""), flush=True)
+        results_path.write_text(json.dumps(results, indent=1))
+
+    if wanted("compose"):
+        command = [sys.executable, str(REPO / "benchmarks" / "falcon_compose.py"), "--device", device,
+                   *(["--pairs", "5000", "--space", "500", "--batch", "32"] if args.smoke else
+                     ["--pairs", "567000", "--space", "5664", "--batch", "96"])]
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+        results["compose"] = proc.stdout.strip().splitlines()[-3:]
+        print("\n".join(results["compose"]))
+    results_path.write_text(json.dumps(results, indent=1))
+    (out / "speed.md").write_text(report(results))
+    print(f"wrote {results_path} and {out / 'speed.md'}")
+
+
+def report(results: dict) -> str:
+    """The runs as a markdown table, with the ratios the issue's targets are stated in."""
+    rows = results.get("runs", {})
+    ceiling = results.get("ceiling_flops")
+    lines = [f"Device: {results['device']}; matrix-product ceiling "
+             f"{ceiling / 1e12:.1f} TFLOP/s" if ceiling else f"Device: {results['device']}", "",
+             "| run | pairs/s | GFLOP/pair | MFU | caption tokens | peak MiB |", "|---|---|---|---|---|---|"]
+    for name, r in rows.items():
+        if "error" in r:
+            lines.append(f"| {name} | failed: {r['error']} | | | | |")
+            continue
+        mfu = f"{r['mfu']:.1%}" if "mfu" in r else "—"
+        lines.append(f"| {name} | {r['pairs_per_s']:,.0f} | {r['flops_per_pair'] / 1e9:.1f} | {mfu} | "
+                     f"{r['text_tokens']:.1f} | {r['peak_memory_mib'] or '—'} |")
+    rate = lambda name: rows.get(name, {}).get("pairs_per_s")  # noqa: E731
+    ratios = [("FALCON (recompute) time per step / GRIT (compiled)", "base-grit-compile", "base-falcon-recompute", 1.26),
+              ("FALCON (reuse) time per step / GRIT (compiled)", "base-grit-compile", "base-falcon-reuse", 1.06)]
+    lines.append("")
+    for label, grit, falcon, target in ratios:
+        if rate(grit) and rate(falcon):
+            lines.append(f"- {label}: {rate(grit) / rate(falcon):.3f} (target ≤ {target})")
+    best = max((rate(n) or 0 for n in ("base-grit", "base-grit-compile")), default=0)
+    if best and rate("base-grit-jpeg"):
+        lines.append(f"- JPEG data through the stage / preloaded: {rate('base-grit-jpeg') / best:.1%} (target ≥ 90%)")
+    if rate("tiny-falcon-preload") and rate("tiny-falcon-decode"):
+        lines.append(f"- shapes-falcon: {rate('tiny-falcon-preload'):,.0f} pairs/s preloaded, "
+                     f"{rate('tiny-falcon-decode'):,.0f} decoding PNGs (target ≥ 5,000 on an H100)")
+    for line in results.get("compose", []):
+        lines.append(f"- composition: {line}")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
