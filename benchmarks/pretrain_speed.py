@@ -12,7 +12,11 @@ One command measures every speed target of issue 22 on the local GPU and writes 
   the logged caption lengths) / the ceiling;
 * ``base-grit-jpeg``: the same GRIT run on a copy of the world as 640x480 JPEGs, decoded and
   augmented (ALBEF's pretraining transform) by DataLoader workers on every core, as COCO would be;
-* ``tiny-*``: the ``shapes-falcon`` recipe (albef-tiny, 64 px) with and without preloaded images;
+* ``tiny-*``: the ``shapes-falcon`` recipe (albef-tiny, 64 px) with and without preloaded images, and
+  preloaded + compiled with CUDA graphs (``compile_mode: reduce-overhead``);
+* ``profile``: ``base-grit-compile`` and both FALCON runs write a torch.profiler trace of 3 steps
+  (``runs/<name>/profile/summary.txt``): FALCON's extra time by operator and by range
+  (``falcon/reward``, ``falcon/update``, composition under the DataLoader's ``__next__``);
 * ``compose``: one COCO-scale FALCON composition epoch (``falcon_compose.py``, 567K pairs, |M| 5,664).
 
     PYTHONPATH=. .venv/bin/python benchmarks/pretrain_speed.py --out runs/speed                # on a GPU, all of it
@@ -73,16 +77,20 @@ def runs(smoke: bool, workers: int) -> dict[str, list[str]]:
     preload = ["pretrain.preload_images=true", "pretrain.augment=test"]
     falcon = ["pretrain.composer=falcon", "pretrain.reward=mlm"]
     tiny = ["--recipe", "shapes-falcon", "pretrain.precision=fp32", "pretrain.epochs=2"]
+    # the first steps of epoch 1 profiled (profile/summary.txt: where each millisecond goes); the rate is read later
+    profile = ["pretrain.profile_steps=3"]
     compile_ = [] if smoke else ["pretrain.compile=true"]  # (compiling on a CPU takes minutes and tells nothing)
     return {
         "base-grit": [*base, *preload, "pretrain.composer=grit"],
-        "base-grit-compile": [*base, *preload, "pretrain.composer=grit", *compile_],
-        "base-falcon-recompute": [*base, *preload, *falcon, "pretrain.reward_images=recompute", *compile_],
-        "base-falcon-reuse": [*base, *preload, *falcon, "pretrain.reward_images=reuse", *compile_],
+        "base-grit-compile": [*base, *preload, "pretrain.composer=grit", *compile_, *profile],
+        "base-falcon-recompute": [*base, *preload, *falcon, "pretrain.reward_images=recompute", *compile_, *profile],
+        "base-falcon-reuse": [*base, *preload, *falcon, "pretrain.reward_images=reuse", *compile_, *profile],
         "base-grit-jpeg": [*base, "pretrain.composer=grit", *compile_, "pretrain.augment=pretrain",
-                           f"pretrain.num_workers={workers}", "data.dataset=JPEG"],
+                           "pretrain.preload_images=false", f"pretrain.num_workers={workers}", "data.dataset=JPEG"],
         "tiny-falcon-preload": [*tiny, "pretrain.preload_images=true"],
         "tiny-falcon-decode": [*tiny, "pretrain.preload_images=false", f"pretrain.num_workers={min(workers, 4)}"],
+        "tiny-falcon-graphs": [*tiny, "pretrain.preload_images=true", *compile_,
+                               *([] if smoke else ["pretrain.compile_mode=reduce-overhead"])],
     }
 
 
@@ -246,8 +254,9 @@ def report(results: dict) -> str:
     if best and rate("base-grit-jpeg"):
         lines.append(f"- JPEG data through the stage / preloaded: {rate('base-grit-jpeg') / best:.1%} (target ≥ 90%)")
     if rate("tiny-falcon-preload") and rate("tiny-falcon-decode"):
+        graphs = f", {rate('tiny-falcon-graphs'):,.0f} compiled with CUDA graphs" if rate("tiny-falcon-graphs") else ""
         lines.append(f"- shapes-falcon: {rate('tiny-falcon-preload'):,.0f} pairs/s preloaded, "
-                     f"{rate('tiny-falcon-decode'):,.0f} decoding PNGs (target ≥ 5,000 on an H100)")
+                     f"{rate('tiny-falcon-decode'):,.0f} decoding PNGs{graphs} (target ≥ 5,000 on an H100)")
     for line in results.get("compose", []):
         lines.append(f"- composition: {line}")
     return "\n".join(lines) + "\n"

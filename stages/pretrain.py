@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.profiler import record_function
 from torch.utils.data import DataLoader
 
 from falcon_cli.artifacts.results import write_results as write_results_table
@@ -58,6 +59,7 @@ from falcon_cli.runtime.finite import NonFiniteGuard
 from falcon_cli.runtime.metrics import MetricsLog
 from falcon_cli.runtime.optim import build_optimizer, learning_rate, set_learning_rate
 from falcon_cli.runtime.precision import autocast, grad_scaler, pick_device, resolve_precision
+from falcon_cli.runtime.profiling import StepProfiler
 from falcon_cli.runtime.progress import track
 from falcon_cli.runtime.seeding import rng_state, seed_everything, set_rng_state
 from falcon_cli.sampling.batch_log import BatchLog, read_batch_log
@@ -121,7 +123,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
                              itm_negatives=p.itm_negatives, momentum=p.momentum, queue_size=p.queue_size,
                              false_negatives=false_negatives).to(device)
     if p.compile:
-        model.compile_encoders()
+        model.compile_encoders(mode=p.compile_mode)
     optimizer = build_optimizer(objective, p.lr, p.weight_decay)
     scaler = grad_scaler(precision, device)
     trainer = torch.nn.parallel.DistributedDataParallel(objective, device_ids=[device.index] if device.type == "cuda" else None) \
@@ -265,6 +267,8 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
                                keep_last=p.keep_last)
 
     guard = NonFiniteGuard(device)
+    profiler = StepProfiler(run.path / "profile", p.profile_steps, device=device, enabled=main,
+                            start=epoch_steps(0) if p.epochs > 1 else min(10, max(epoch_steps(0) - p.profile_steps, 0)))
 
     def stop_if_non_finite() -> None:
         """Stop with one line at the run's first non-finite step, if there was one (a host sync)."""
@@ -347,6 +351,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
                                 **loader_settings(p.scheduler_lag, p.num_workers))
         tick, seen = time.perf_counter(), 0
         for index, batch in enumerate(track(loader, f"epoch {epoch}", total=total - start_index), start=start_index):
+            profiler.before(global_step)
             lr = learning_rate(global_step, epoch, lr=p.lr, min_lr=p.min_lr, warmup_lr=p.warmup_lr,
                                warmup_steps=p.warmup_steps, cosine_epochs=p.cosine_epochs or p.epochs)
             set_learning_rate(optimizer, lr)
@@ -355,17 +360,21 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
             pair_ids = batch["pair_ids"].to(device, non_blocking=True)
             images = (preloaded.images(pair_ids) if preloaded is not None
                       else batch["images"].to(device, non_blocking=True))
-            mask = MlmMask.sample(input_ids, attention_mask, probability=p.mlm_probability,
-                                  generator=generators["mask"], **special)
+            # The mask is drawn on the CPU (its generator), from the loader's CPU tensors: sampling it from the
+            # device copies would read them back, a host sync every step.
+            mask = MlmMask.sample(batch["input_ids"], batch["attention_mask"], probability=p.mlm_probability,
+                                  generator=generators["mask"], **special).to(device, non_blocking=True)
             alpha = alpha_ramp(p.distill_alpha, index, total, epoch)
             same_image = shared_images.mask(pair_ids, check=False) if shared_images is not None else None
             # L_before from a no-grad pass: in eval mode (A-7), or per caption for per-step credit
             per_pair = falcon_epoch and scheduler.per_step
             margin = p.reward == "positive_margin"  # read from this step's own forward: no reward passes
             if falcon_epoch and not margin and (p.reward_mode == "eval" or per_pair or p.reward == "alignment"):
-                before, image_k = measure_reward_loss(objective, scheduler, precision, device,
-                                                      eval_mode=p.reward_mode == "eval", per_pair=per_pair,
-                                                      inputs=(images, input_ids, attention_mask, mask), same_image=same_image)
+                with record_function("falcon/reward"):
+                    before, image_k = measure_reward_loss(objective, scheduler, precision, device,
+                                                          eval_mode=p.reward_mode == "eval", per_pair=per_pair,
+                                                          inputs=(images, input_ids, attention_mask, mask),
+                                                          same_image=same_image)
             with autocast(precision, device):
                 context = StepContext(pair_ids, epoch, global_step, total_steps, same_image)
                 out = trainer(images, input_ids, attention_mask, mask, alpha, itm_generator, context)
@@ -398,15 +407,17 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
                     if p.reward_mode == "train" and not per_pair and p.reward != "alignment":
                         before = scheduler.loss_value({"itc": out.itc, "itm": out.itm, "mlm": out.mlm})
                         image_k = (out.image_tokens, out.image_feat)
-                    after, _ = measure_reward_loss(objective, scheduler, precision, device,
-                                                   eval_mode=p.reward_mode == "eval", per_pair=per_pair,
-                                                   inputs=(images, input_ids, attention_mask, mask),
-                                                   image=image_k if p.reward_images == "reuse" else None,
-                                                   same_image=same_image)
+                    with record_function("falcon/reward"):
+                        after, _ = measure_reward_loss(objective, scheduler, precision, device,
+                                                       eval_mode=p.reward_mode == "eval", per_pair=per_pair,
+                                                       inputs=(images, input_ids, attention_mask, mask),
+                                                       image=image_k if p.reward_images == "reuse" else None,
+                                                       same_image=same_image)
                     delta = before - after
                 rewards.append(float((delta[1:] if margin else delta).mean()))  # (slot 0 has no pick to score)
                 composed, record = feed.take(batch["pair_ids"])
-                update = scheduler.update(record, delta if per_pair else rewards[-1])
+                with record_function("falcon/update"):
+                    update = scheduler.update(record, delta if per_pair else rewards[-1])
                 advantage, concentration = update["advantage"], update["concentration"]
                 # each used step's credited reward beside the oracle's verdict on its pick (NaN without an oracle)
                 picked = composed.chosen_is_fn[1:][:len(update["rewards"])].double()
@@ -417,6 +428,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
                 fn_counts += flag_counts(false_negatives.flagged_i2t, truth(batch["pair_ids"]))
             global_step += 1
             seen += len(pair_ids) * world
+            profiler.after(global_step)
 
             if global_step % p.log_every == 0 or index == total - 1:
                 losses = torch.stack([out.loss.detach(), out.itc, out.itm, out.mlm]).float()

@@ -15,7 +15,7 @@ import pytest
 from falcon_cli.runtime.metrics import read_metrics
 from tests.conftest import REPO
 
-TINY = ["data.shapes.images=40", "data.tokenizer_vocab_size=200", "pretrain.epochs=2", "pretrain.batch_size=16",
+TINY = ["data.shapes.images=40", "pretrain.image_size=64", "data.tokenizer_vocab_size=200", "pretrain.epochs=2", "pretrain.batch_size=16",
         "pretrain.search_space_size=48", "pretrain.augment=test", "pretrain.num_workers=0", "pretrain.log_every=1",
         "pretrain.warmup_steps=4", "pretrain.lr=3e-4"]
 
@@ -294,7 +294,7 @@ PLUS = ["pretrain.scheduler_features=[positive,spread]", "pretrain.scheduler_cre
         "pretrain.reward_baseline=batch_mean", "pretrain.scheduler_advantage_norm=true", "pretrain.scheduler_entropy=1e-2",
         "pretrain.scheduler_max_concentration=5"]
 FALCON = ["pretrain.composer=falcon", "pretrain.epochs=3", "pretrain.search_space_size=80", "pretrain.checkpoint_every=8",
-          "pretrain.quantile_levels=20", "pretrain.scheduler_lr=1e-2", *PLUS]
+          "pretrain.quantile_levels=20", "pretrain.scheduler_lr=1e-2", *PLUS, "pretrain.profile_steps=2"]
 
 
 # scheduler_lag 2: batches composed two steps ahead, their items loading in worker processes; and the
@@ -352,6 +352,14 @@ def test_falcon_run_rewards_and_quantiles(falcon_run):
         rows = chained[chained["epoch"] == summary["epoch"]]
         assert summary["chain_fn_rate"] == pytest.approx(rows["chosen_is_fn"].mean())
         assert -1 <= summary["q_fn_density_corr"] <= 1 and summary["expected_q_std"] > 0
+
+
+def test_profile_steps_write_a_trace_and_a_summary_with_falcons_parts(falcon_run):
+    summary = (falcon_run / "profile" / "summary.txt").read_text()
+    assert summary.startswith("2 steps from step 10,")  # the first step of epoch 1 (10 uniform steps in epoch 0)
+    assert "falcon/reward" in summary and "falcon/update" in summary
+    trace = json.loads((falcon_run / "profile" / "trace.json").read_text())
+    assert any(event.get("name") == "falcon/reward" for event in trace["traceEvents"])
 
 
 def test_positive_margin_reward_scores_each_pick_from_the_training_forward(world, reference_run, tmp_path_factory):

@@ -322,6 +322,13 @@ class PretrainConfig(Section):
     """``torch.compile`` the image, text and fusion encoders (each in place: checkpoints keep their
     parameter names). Pays on a GPU for models the size of albef-base; the first steps are slower
     while it compiles."""
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = "default"
+    """``torch.compile`` mode with ``compile: true``: ``reduce-overhead`` replays CUDA graphs (for small
+    models whose steps are bound by kernel launches, e.g. albef-tiny on a GPU; one graph per caption
+    length), ``max-autotune`` also searches matrix-product kernels (long first compile)."""
+    profile_steps: int = Field(0, ge=0)
+    """Profile this many training steps with ``torch.profiler`` from the first step of epoch 1 (step 10 of a
+    one-epoch run) and write ``profile/trace.json`` and ``profile/summary.txt`` (0 = off)."""
     log_every: int = Field(10, ge=1)
     """Write a metrics.jsonl record every N steps."""
     checkpoint_every: int = Field(0, ge=0)

@@ -85,8 +85,12 @@ class MlmMask:
         """Int64 [B]: number of predicted positions per sample."""
         return self.selected.sum(dim=1)
 
-    def to(self, device: torch.device | str) -> "MlmMask":
-        """A copy on ``device``."""
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "MlmMask":
+        """A copy on ``device``. ``non_blocking`` from the CPU to a GPU goes through pinned memory, so the
+        host does not wait for the GPU's queue (a pageable copy would)."""
+        if non_blocking and torch.device(device).type == "cuda" and self.labels.device.type == "cpu":
+            return MlmMask(self.masked_ids.pin_memory().to(device, non_blocking=True),
+                           self.labels.pin_memory().to(device, non_blocking=True))
         return MlmMask(self.masked_ids.to(device), self.labels.to(device))
 
     def state_dict(self) -> dict[str, Tensor]:

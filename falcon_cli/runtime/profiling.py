@@ -1,0 +1,54 @@
+"""``pretrain.profile_steps``: a torch.profiler trace of a few training steps, and its summary.
+
+The profiler starts at the first step of the second epoch (epoch 0 is uniform batches for every
+composer; later epochs are where GRIT, the quantile composers and FALCON do their work) — or at
+step 10 of a one-epoch run — records ``steps`` steps, and writes under ``RUN/profile/``:
+
+* ``trace.json``: the Chrome/Perfetto trace (open it at https://ui.perfetto.dev);
+* ``summary.txt``: operators by total self time on the device (CPU time where there is no GPU),
+  the view that says where each millisecond of a step goes.
+
+FALCON's reward passes and scheduler update run in their own ``record_function`` ranges
+(``falcon/reward``, ``falcon/update``); composing its next batch shows under the DataLoader's
+``__next__``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+
+class StepProfiler:
+    """Profile ``steps`` training steps starting at ``start`` (a global step), then write the results."""
+
+    def __init__(self, out: Path, steps: int, start: int, device: torch.device, enabled: bool = True):
+        self.out, self.steps, self.start, self.device = Path(out), steps, start, device
+        self.enabled = enabled and steps > 0
+        self.profiler: profile | None = None
+        self.done = False
+
+    def before(self, step: int) -> None:
+        """Call at the start of every step (``step`` = the global step about to run)."""
+        if not self.enabled or self.done or self.profiler is not None or step < self.start:
+            return
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        self.profiler = profile(activities=activities, record_shapes=False)
+        self.profiler.__enter__()
+        self.first = step
+
+    def after(self, step: int) -> None:
+        """Call at the end of every step (``step`` = the global step just finished)."""
+        if self.profiler is None or step - self.first < self.steps:
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.profiler.__exit__(None, None, None)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.profiler.export_chrome_trace(str(self.out / "trace.json"))
+        key = "self_cuda_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
+        table = self.profiler.key_averages().table(sort_by=key, row_limit=40)
+        (self.out / "summary.txt").write_text(f"{self.steps} steps from step {self.first}, sorted by {key}\n\n{table}\n")
+        self.profiler, self.done = None, True

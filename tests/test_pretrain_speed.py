@@ -1,0 +1,44 @@
+"""benchmarks/pretrain_speed.py: one real (smoke) run through the stage, and the report's target lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import pretrain_speed  # noqa: E402
+
+
+def test_a_smoke_run_measures_the_stage_and_writes_the_report(tmp_path):
+    out = tmp_path / "speed"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "pretrain_speed.py"), "--out", str(out), "--smoke",
+                           "--images", "24", "--only", "ceiling", "base-grit", "base-grit-jpeg"],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "FALCON_PROGRESS": "0"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads((out / "speed.json").read_text())
+    assert results["device"] == "cpu" and results["ceiling_flops"] > 0
+    for name in ("base-grit", "base-grit-jpeg"):
+        run = results["runs"][name]
+        assert run["pairs_per_s"] > 0 and run["flops_per_pair"] > 1e8 and run["epoch"] == 1 and "mfu" not in run
+    manifest = json.loads((out / "runs" / "base-grit-jpeg" / "manifest.json").read_text())
+    assert manifest["config"]["pretrain"]["augment"] == "pretrain"  # the JPEG run decodes and augments every step
+    assert all(p.suffix == ".jpg" for p in (out / "world-jpeg" / "images").iterdir())
+    assert "JPEG data through the stage / preloaded" in (out / "speed.md").read_text()
+
+
+def test_the_report_states_each_target_as_a_ratio_of_one_run():
+    rates = {"base-grit": 1000.0, "base-grit-compile": 1200.0, "base-falcon-recompute": 1000.0,
+             "base-falcon-reuse": 1150.0, "base-grit-jpeg": 1100.0, "tiny-falcon-preload": 6000.0,
+             "tiny-falcon-decode": 900.0}
+    runs = {name: {"pairs_per_s": rate, "flops_per_pair": 2.3e11, "text_tokens": 20.0, "peak_memory_mib": None,
+                   "mfu": rate * 2.3e11 / 9e14} for name, rate in rates.items()}
+    text = pretrain_speed.report({"device": "H100", "ceiling_flops": 9e14, "runs": runs})
+    assert "FALCON (recompute) time per step / GRIT (compiled): 1.200 (target ≤ 1.26)" in text
+    assert "FALCON (reuse) time per step / GRIT (compiled): 1.043 (target ≤ 1.06)" in text
+    assert "JPEG data through the stage / preloaded: 91.7% (target ≥ 90%)" in text
+    assert "| base-grit-compile | 1,200 | 230.0 | 30.7% |" in text
