@@ -17,6 +17,8 @@ One command measures every speed target of issue 22 on the local GPU and writes 
 * ``profile``: ``base-grit-compile`` and both FALCON runs write a torch.profiler trace of 3 steps
   (``runs/<name>/profile/summary.txt``): FALCON's extra time by operator and by range
   (``falcon/reward``, ``falcon/update``, composition under the DataLoader's ``__next__``);
+* ``compose-ops``: operators, kernels and host round trips of one on-demand FALCON batch + scheduler
+  update (``falcon_compose_ops.py``), and its time on the GPU;
 * ``compose``: one COCO-scale FALCON composition epoch (``falcon_compose.py``, 567K pairs, |M| 5,664).
 
     PYTHONPATH=. .venv/bin/python benchmarks/pretrain_speed.py --out runs/speed                # on a GPU, all of it
@@ -224,6 +226,12 @@ def main() -> None:
         proc = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
         results["compose"] = proc.stdout.strip().splitlines()[-3:]
         print("\n".join(results["compose"]))
+    if wanted("compose-ops"):  # FALCON's on-demand composition: kernels and host round trips per batch
+        command = [sys.executable, str(REPO / "benchmarks" / "falcon_compose_ops.py"), "--device", device,
+                   *(["--space", "500", "--batch", "32"] if args.smoke else [])]
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+        results["compose_ops"] = [line.strip() for line in proc.stdout.strip().splitlines()[-3:]]
+        print("\n".join(results["compose_ops"]))
     results_path.write_text(json.dumps(results, indent=1))
     (out / "speed.md").write_text(report(results))
     print(f"wrote {results_path} and {out / 'speed.md'}")
@@ -259,6 +267,8 @@ def report(results: dict) -> str:
                      f"{rate('tiny-falcon-decode'):,.0f} decoding PNGs{graphs} (target ≥ 5,000 on an H100)")
     for line in results.get("compose", []):
         lines.append(f"- composition: {line}")
+    for line in results.get("compose_ops", []):
+        lines.append(f"- on-demand FALCON batch: {line}")
     return "\n".join(lines) + "\n"
 
 

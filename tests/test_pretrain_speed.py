@@ -16,7 +16,7 @@ import pretrain_speed  # noqa: E402
 def test_a_smoke_run_measures_the_stage_and_writes_the_report(tmp_path):
     out = tmp_path / "speed"
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "pretrain_speed.py"), "--out", str(out), "--smoke",
-                           "--images", "24", "--only", "ceiling", "base-grit", "base-grit-jpeg"],
+                           "--images", "24", "--only", "ceiling", "base-grit", "base-grit-jpeg", "compose-ops"],
                           capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "FALCON_PROGRESS": "0"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -28,7 +28,9 @@ def test_a_smoke_run_measures_the_stage_and_writes_the_report(tmp_path):
     manifest = json.loads((out / "runs" / "base-grit-jpeg" / "manifest.json").read_text())
     assert manifest["config"]["pretrain"]["augment"] == "pretrain"  # the JPEG run decodes and augments every step
     assert all(p.suffix == ".jpg" for p in (out / "world-jpeg" / "images").iterdir())
-    assert "JPEG data through the stage / preloaded" in (out / "speed.md").read_text()
+    report = (out / "speed.md").read_text()
+    assert "JPEG data through the stage / preloaded" in report
+    assert "on-demand FALCON batch: aten operators" in report and "host reads" in report
 
 
 def test_the_report_states_each_target_as_a_ratio_of_one_run():
