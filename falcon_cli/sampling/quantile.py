@@ -401,6 +401,13 @@ class QuantileSpaces:
         return out
 
 
+def _to_device(values: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small CPU tensor on ``device``; to a GPU through pinned memory without waiting for its queue."""
+    if device.type != "cuda":
+        return values.to(device)
+    return values.pin_memory().to(device, non_blocking=True)
+
+
 def _unselected(width: int, size: torch.Tensor, device: torch.device) -> torch.Tensor:
     """[S, W] availability at the start of spaces of ``size`` pairs: every real pair, no padding."""
     return torch.arange(width, device=device)[None, :] < size.to(device)[:, None]
@@ -467,6 +474,7 @@ def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[
     all_go = int(n.min()) - 1  # before step all_go every space still has a candidate
     if policy is None:  # every rank is known in advance
         rank = nearest_rank(torch.tensor(float(source), dtype=torch.float64), candidates_left).to(device)
+        targets = (rank + 1).to(torch.int32).t().contiguous()                          # [taken, a]: searchsorted's
     else:  # q is drawn on the CPU, with numpy, from this round's generator
         alpha_np, beta_np = (t.double().cpu().numpy() for t in (alpha_all, beta_all))
         check_beta_parameters(alpha_np, beta_np)
@@ -483,16 +491,18 @@ def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[
                 going = (candidates_left[:, t] > 0).numpy()
                 q = torch.full((a,), float("nan"), dtype=torch.float64)
                 q[going] = torch.from_numpy(draw_q(alpha_np[going, last_np[going]], beta_np[going, last_np[going]], q_generator))
-            r = nearest_rank(q.nan_to_num(0.0), candidates_left[:, t]).to(device)
+            r = nearest_rank(q.nan_to_num(0.0), candidates_left[:, t])  # on the CPU, like the draw
             qs.append(q)
             ranks.append(r)
+            # (pinned and non-blocking: a GPU's queue is not drained for it; `last.cpu()` above is this step's one wait)
+            target = _to_device((r + 1).to(torch.int32)[:, None], device)
         else:
-            r = rank[:, t]
+            target = targets[t, :, None]  # contiguous
         # the anchor's candidates by ascending similarity, their availability, and the (r+1)-th available one
         candidates = order_rows.index_select(0, row_of + last)                         # [a, W]
         in_order = flat_avail.index_select(0, (candidates.to(torch.int32) + base).view(-1)).view(a, width)
         count = in_order.cumsum(1, dtype=torch.int32)
-        position = torch.searchsorted(count, (r + 1).to(torch.int32)[:, None]).clamp_(max=width - 1)
+        position = torch.searchsorted(count, target).clamp_(max=width - 1)
         chosen = candidates.gather(1, position).squeeze(1).long()
         if oracle is not None:  # the oracle's view (no effect on the choice): the last available true negative
             fn = oracle.index_select(0, row_of + last)                                      # [a, W] by local index
