@@ -156,7 +156,9 @@ class ALBEF(nn.Module):
         """``torch.compile`` the image, text and fusion encoders in place (``options`` go to
         :meth:`torch.nn.Module.compile`): parameter names, and so checkpoints, do not change, and the
         heads and losses around them (which index by data-dependent masks) stay eager."""
-        for encoder in (self.visual_encoder, self.text_encoder, self.fusion_encoder):
+        # the ViT is called through forward_features (not __call__, which Module.compile wraps)
+        self.visual_encoder.forward_features = torch.compile(self.visual_encoder.forward_features, **options)
+        for encoder in (self.text_encoder, self.fusion_encoder):
             encoder.compile(**options)
 
     # --- bookkeeping ---------------------------------------------------------------------------
