@@ -446,12 +446,9 @@ def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[
     if active is not None:
         group = group[active.to(device)]
     a, width = len(group), available.shape[1]
-    arange = torch.arange(a, device=device)
     order_rows = tables.order.view(-1, width)            # row (space s, anchor j) at s * W + j
     row_of = group * width                               # [a] first row of each active space
     avail = available[group].to(torch.int32)             # [a, W], 1 = not yet chosen
-    flat_avail = avail.view(-1)
-    base = (arange * width).to(torch.int32)[:, None]     # [a, 1] offset of each space in flat_avail
     policy = source if callable(source) else None
     if policy is not None and alpha_beta is None:        # α, β of every row that may become an anchor
         rows = avail.nonzero(as_tuple=True)
@@ -466,7 +463,7 @@ def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[
     u = torch.rand(a, generator=generator, dtype=torch.float64).to(device)
     pick = torch.minimum((u * n).long(), n - 1)
     first = torch.searchsorted(avail.cumsum(1, dtype=torch.int32), (pick + 1).to(torch.int32)[:, None]).squeeze(1)
-    flat_avail[base.squeeze(1) + first] = 0
+    avail.scatter_(1, first[:, None], 0)
     # step t (1 ≤ t < B) has n - t candidates; a space with none left just picks an already-chosen
     # slot (harmless: it is unavailable already) and its steps are masked out of the columns
     taken = min(batch_size - 1, int(n.max()) - 1)
@@ -482,35 +479,39 @@ def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[
     last, q, qs, ranks, anchors, chosens = first, None, [], [], [], []
     oracle = tables.false_negative.view(-1, width) if tables.false_negative is not None else None
     positions, safe, chosen_fn = torch.arange(width, device=device), [], []
+    left_np = candidates_left.numpy()
+    # Few operators per step: on a GPU each is a launch plus a few microseconds of dispatch on the host, and
+    # the chain's steps are sequential, so the q draw and its nearest rank stay in numpy on the CPU.
     for t in range(taken):
         if policy is not None:
             last_np = last.cpu().numpy()
             if (level == "batch" and q is None) or (level == "instance" and t < all_go):  # every space draws
-                q = torch.from_numpy(draw_q(alpha_np[spaces_np, last_np], beta_np[spaces_np, last_np], q_generator))
+                q = draw_q(alpha_np[spaces_np, last_np], beta_np[spaces_np, last_np], q_generator)
             elif level == "instance":  # near a space's end: only the spaces that still have candidates draw
-                going = (candidates_left[:, t] > 0).numpy()
-                q = torch.full((a,), float("nan"), dtype=torch.float64)
-                q[going] = torch.from_numpy(draw_q(alpha_np[going, last_np[going]], beta_np[going, last_np[going]], q_generator))
-            r = nearest_rank(q.nan_to_num(0.0), candidates_left[:, t])  # on the CPU, like the draw
-            qs.append(q)
-            ranks.append(r)
+                going = left_np[:, t] > 0
+                q = np.full(a, np.nan)
+                q[going] = draw_q(alpha_np[going, last_np[going]], beta_np[going, last_np[going]], q_generator)
+            # nearest_rank, in numpy (the same float64 operations): floor(q (n - 1) + 1/2), at least 0
+            r = np.maximum(np.floor(np.nan_to_num(q, nan=0.0) * (left_np[:, t] - 1) + 0.5), 0).astype(np.int64)
+            qs.append(torch.from_numpy(q))
+            ranks.append(torch.from_numpy(r))
             # (pinned and non-blocking: a GPU's queue is not drained for it; `last.cpu()` above is this step's one wait)
-            target = _to_device((r + 1).to(torch.int32)[:, None], device)
+            target = _to_device(torch.from_numpy((r + 1).astype(np.int32).reshape(a, 1)), device)
         else:
             target = targets[t, :, None]  # contiguous
         # the anchor's candidates by ascending similarity, their availability, and the (r+1)-th available one
-        candidates = order_rows.index_select(0, row_of + last)                         # [a, W]
-        in_order = flat_avail.index_select(0, (candidates.to(torch.int32) + base).view(-1)).view(a, width)
+        candidates = order_rows.index_select(0, row_of + last).long()                  # [a, W]
+        in_order = avail.gather(1, candidates)
         count = in_order.cumsum(1, dtype=torch.int32)
         position = torch.searchsorted(count, target).clamp_(max=width - 1)
-        chosen = candidates.gather(1, position).squeeze(1).long()
+        chosen = candidates.gather(1, position).squeeze(1)
         if oracle is not None:  # the oracle's view (no effect on the choice): the last available true negative
             fn = oracle.index_select(0, row_of + last)                                      # [a, W] by local index
-            true_negative = in_order.bool() & ~fn.gather(1, candidates.long())
+            true_negative = in_order.bool() & ~fn.gather(1, candidates)
             highest = torch.where(true_negative, positions, -1).amax(1)                     # its position, -1: none
             safe.append(torch.where(highest >= 0, count.gather(1, highest.clamp(min=0)[:, None]).squeeze(1) - 1, -1))
             chosen_fn.append(fn.gather(1, chosen[:, None]).squeeze(1))
-        flat_avail[base.squeeze(1) + chosen] = 0
+        avail.scatter_(1, chosen[:, None], 0)
         anchors.append(last)
         chosens.append(chosen)
         last = chosen
