@@ -139,7 +139,7 @@ def flops_per_pair(run: Path, text_tokens: float, reward_images: str | None) -> 
     """Analytic FLOPs per trained pair of ``run`` (its model, resolution and vocabulary, the logged caption
     length, its MLM probability of the caption's tokens after [CLS])."""
     from falcon_cli.data.tokenizer import load_run_tokenizer
-    from falcon_cli.models.registry import create_model
+    from falcon_cli.models.registry import resolve_model_config
     from falcon_cli.runtime.flops import pretrain_flops_per_pair
 
     manifest = json.loads((run / "manifest.json").read_text())
@@ -148,7 +148,7 @@ def flops_per_pair(run: Path, text_tokens: float, reward_images: str | None) -> 
     if p.get("image_size"):
         overrides["image_size"] = p["image_size"]
     length = round(text_tokens)
-    return pretrain_flops_per_pair(create_model(p["model"], **overrides).config, length,
+    return pretrain_flops_per_pair(resolve_model_config(p["model"], **overrides), length,
                                    p["mlm_probability"] * (length - 1), reward_images=reward_images)["total"]
 
 
@@ -219,19 +219,17 @@ def main() -> None:
         print(f"{name}: {rate['pairs_per_s']:,.0f} pairs/s" + (f", MFU {rate['mfu']:.1%}" if "mfu" in rate else ""), flush=True)
         results_path.write_text(json.dumps(results, indent=1))
 
-    if wanted("compose"):
-        command = [sys.executable, str(REPO / "benchmarks" / "falcon_compose.py"), "--device", device,
-                   *(["--pairs", "5000", "--space", "500", "--batch", "32"] if args.smoke else
-                     ["--pairs", "567000", "--space", "5664", "--batch", "96"])]
-        proc = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
-        results["compose"] = proc.stdout.strip().splitlines()[-3:]
-        print("\n".join(results["compose"]))
-    if wanted("compose-ops"):  # FALCON's on-demand composition: kernels and host round trips per batch
-        command = [sys.executable, str(REPO / "benchmarks" / "falcon_compose_ops.py"), "--device", device,
-                   *(["--space", "500", "--batch", "32"] if args.smoke else [])]
-        proc = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
-        results["compose_ops"] = [line.strip() for line in proc.stdout.strip().splitlines()[-3:]]
-        print("\n".join(results["compose_ops"]))
+    # Composition: an epoch at COCO scale (fixed φ), and one on-demand FALCON batch's kernels and round trips.
+    for part, script, smoke_args, full_args in (
+            ("compose", "falcon_compose.py", ["--pairs", "5000", "--space", "500", "--batch", "32"],
+             ["--pairs", "567000", "--space", "5664", "--batch", "96"]),
+            ("compose-ops", "falcon_compose_ops.py", ["--space", "500", "--batch", "32"], [])):
+        if wanted(part):
+            command = [sys.executable, str(REPO / "benchmarks" / script), "--device", device,
+                       *(smoke_args if args.smoke else full_args)]
+            proc = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+            results[part] = [line.strip() for line in proc.stdout.strip().splitlines()[-3:]]
+            print("\n".join(results[part]))
     results_path.write_text(json.dumps(results, indent=1))
     (out / "speed.md").write_text(report(results))
     print(f"wrote {results_path} and {out / 'speed.md'}")
@@ -267,7 +265,7 @@ def report(results: dict) -> str:
                      f"{rate('tiny-falcon-decode'):,.0f} decoding PNGs{graphs} (target ≥ 5,000 on an H100)")
     for line in results.get("compose", []):
         lines.append(f"- composition: {line}")
-    for line in results.get("compose_ops", []):
+    for line in results.get("compose-ops", []):
         lines.append(f"- on-demand FALCON batch: {line}")
     return "\n".join(lines) + "\n"
 

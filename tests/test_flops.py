@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from falcon_cli.models.registry import create_model
+from falcon_cli.models.registry import create_model, resolve_model_config
 from falcon_cli.objectives.mlm import MlmMask
 from falcon_cli.objectives.vlp import VlpObjective
 from falcon_cli.runtime.flops import (fusion_forward_flops, pretrain_flops_per_pair, text_forward_flops,
@@ -62,7 +62,7 @@ def test_a_training_step_is_about_three_forwards_of_the_counted_parts(tiny):
 
 
 def test_albef_base_matches_the_issue_arithmetic_and_the_reward_ratios():
-    config = create_model("albef-base").config
+    config = resolve_model_config("albef-base")
     plain = pretrain_flops_per_pair(config, 25, 12.5)
     assert vision_forward_flops(config) / 1e9 == pytest.approx(46.4, abs=0.2)  # ViT-B/16 at 257 tokens
     assert plain["total"] / 1e9 == pytest.approx(229, abs=2)

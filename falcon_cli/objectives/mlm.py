@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from falcon_cli.objectives.common import fp32_region
+from falcon_cli.runtime.precision import to_device_async
 
 __all__ = ["IGNORE_INDEX", "MlmMask", "mlm_loss"]
 
@@ -86,11 +87,10 @@ class MlmMask:
         return self.selected.sum(dim=1)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "MlmMask":
-        """A copy on ``device``. ``non_blocking`` from the CPU to a GPU goes through pinned memory, so the
-        host does not wait for the GPU's queue (a pageable copy would)."""
-        if non_blocking and torch.device(device).type == "cuda" and self.labels.device.type == "cpu":
-            return MlmMask(self.masked_ids.pin_memory().to(device, non_blocking=True),
-                           self.labels.pin_memory().to(device, non_blocking=True))
+        """A copy on ``device``; ``non_blocking``: from the CPU to a GPU without waiting for its queue
+        (:func:`~falcon_cli.runtime.precision.to_device_async`)."""
+        if non_blocking:
+            return MlmMask(to_device_async(self.masked_ids, device), to_device_async(self.labels, device))
         return MlmMask(self.masked_ids.to(device), self.labels.to(device))
 
     def state_dict(self) -> dict[str, Tensor]:

@@ -24,8 +24,7 @@ class NonFiniteGuard:
 
     def __init__(self, device: torch.device):
         self.halted = torch.zeros((), dtype=torch.float32, device=device)  # 1.0 from the first bad step on
-        self.record = torch.zeros(6, dtype=torch.float64, device=device)  # epoch, step, loss, itc, itm, mlm
-        self.norm = torch.zeros((), dtype=torch.float64, device=device)
+        self.record = torch.zeros(7, dtype=torch.float64, device=device)  # epoch, step, loss, itc, itm, mlm, norm
 
     def observe(self, optimizer: torch.optim.Optimizer, epoch: int, step: int, loss: torch.Tensor,
                 parts: tuple[torch.Tensor, ...], norm: torch.Tensor | None = None, *, skip: bool = True) -> None:
@@ -38,10 +37,9 @@ class NonFiniteGuard:
         first = bad & (self.halted == 0)
         # (new_full is a fill kernel on the device: torch.tensor(x, device=...) would be a blocking copy)
         values = torch.stack([loss.new_full((), float(epoch)), loss.new_full((), float(step)), loss.detach(),
-                              *(part.detach().to(loss.dtype) for part in parts)]).double()
+                              *(part.detach().to(loss.dtype) for part in parts),
+                              loss.new_zeros(()) if norm is None else norm.detach().to(loss.dtype)]).double()
         self.record = torch.where(first, values, self.record)
-        if norm is not None:
-            self.norm = torch.where(first, norm.detach().double(), self.norm)
         self.halted = torch.maximum(self.halted, bad.float())
         if skip:
             optimizer.found_inf = self.halted
@@ -51,6 +49,5 @@ class NonFiniteGuard:
         or None while every step was finite. One host synchronisation."""
         if not bool(self.halted):
             return None
-        epoch, step, loss, itc, itm, mlm = self.record.tolist()
-        return {"epoch": int(epoch), "step": int(step), "loss": loss, "itc": itc, "itm": itm, "mlm": mlm,
-                "norm": float(self.norm)}
+        epoch, step, loss, itc, itm, mlm, norm = self.record.tolist()
+        return {"epoch": int(epoch), "step": int(step), "loss": loss, "itc": itc, "itm": itm, "mlm": mlm, "norm": norm}

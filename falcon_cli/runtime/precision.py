@@ -17,6 +17,14 @@ from falcon_cli.errors import FalconError
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 
 
+def to_device_async(values: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``values`` on ``device``; a CPU tensor goes to a GPU through pinned memory without waiting for the
+    GPU's queue (a pageable copy would wait: a host synchronisation)."""
+    if torch.device(device).type == "cuda" and values.device.type == "cpu":
+        return values.pin_memory().to(device, non_blocking=True)
+    return values.to(device)
+
+
 def pick_device(requested: str = "auto") -> torch.device:
     """``auto`` → the local CUDA device (LOCAL_RANK) when there is one, else CPU."""
     import os

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from falcon_cli.errors import FalconError
+from falcon_cli.runtime.precision import to_device_async
 from falcon_cli.sampling.cache import EmbeddingCache, as_id_tensor
 from falcon_cli.sampling.composers import Batch, _check_config, num_space_batches
 from falcon_cli.sampling.policy import check_beta_parameters, draw_q, numpy_generator
@@ -62,9 +63,12 @@ COMPOSE_CHUNK_BYTES = 512 << 20
 (|M| = 5,664: 10 spaces); more spaces per chunk spread each step's fixed cost wider."""
 
 
-def nearest_rank(q: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
-    """Nearest-rank position ``floor(q (n - 1) + 1/2)`` of the q-quantile among ``n`` sorted items (halves round up)."""
-    return torch.floor(q.double() * (n.double() - 1) + 0.5).long().clamp_(min=0)
+def nearest_rank(q, n) -> np.ndarray:
+    """Nearest-rank position ``floor(q (n - 1) + 1/2)`` of the q-quantile among ``n`` sorted items (halves round
+    up; at least 0), in float64 numpy: composition computes it on the CPU beside the q draw, one small array
+    per chain step, where torch would cost a dispatch per operator."""
+    q, n = np.asarray(q, dtype=np.float64), np.asarray(n, dtype=np.float64)
+    return np.maximum(np.floor(q * (n - 1) + 0.5), 0).astype(np.int64)
 
 
 def unified_similarity(image: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
@@ -401,13 +405,6 @@ class QuantileSpaces:
         return out
 
 
-def _to_device(values: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A small CPU tensor on ``device``; to a GPU through pinned memory without waiting for its queue."""
-    if device.type != "cuda":
-        return values.to(device)
-    return values.pin_memory().to(device, non_blocking=True)
-
-
 def _unselected(width: int, size: torch.Tensor, device: torch.device) -> torch.Tensor:
     """[S, W] availability at the start of spaces of ``size`` pairs: every real pair, no padding."""
     return torch.arange(width, device=device)[None, :] < size.to(device)[:, None]
@@ -470,7 +467,7 @@ def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[
     candidates_left = (n.cpu()[:, None] - torch.arange(1, taken + 1)).double()  # [a, taken], on CPU
     all_go = int(n.min()) - 1  # before step all_go every space still has a candidate
     if policy is None:  # every rank is known in advance
-        rank = nearest_rank(torch.tensor(float(source), dtype=torch.float64), candidates_left).to(device)
+        rank = torch.from_numpy(nearest_rank(float(source), candidates_left.numpy())).to(device)
         targets = (rank + 1).to(torch.int32).t().contiguous()                          # [taken, a]: searchsorted's
     else:  # q is drawn on the CPU, with numpy, from this round's generator
         alpha_np, beta_np = (t.double().cpu().numpy() for t in (alpha_all, beta_all))
@@ -491,12 +488,11 @@ def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[
                 going = left_np[:, t] > 0
                 q = np.full(a, np.nan)
                 q[going] = draw_q(alpha_np[going, last_np[going]], beta_np[going, last_np[going]], q_generator)
-            # nearest_rank, in numpy (the same float64 operations): floor(q (n - 1) + 1/2), at least 0
-            r = np.maximum(np.floor(np.nan_to_num(q, nan=0.0) * (left_np[:, t] - 1) + 0.5), 0).astype(np.int64)
+            r = nearest_rank(np.nan_to_num(q, nan=0.0), left_np[:, t])
             qs.append(torch.from_numpy(q))
             ranks.append(torch.from_numpy(r))
             # (pinned and non-blocking: a GPU's queue is not drained for it; `last.cpu()` above is this step's one wait)
-            target = _to_device(torch.from_numpy((r + 1).astype(np.int32).reshape(a, 1)), device)
+            target = to_device_async(torch.from_numpy((r + 1).astype(np.int32).reshape(a, 1)), device)
         else:
             target = targets[t, :, None]  # contiguous
         # the anchor's candidates by ascending similarity, their availability, and the (r+1)-th available one
