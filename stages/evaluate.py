@@ -47,7 +47,8 @@ from falcon_cli.evaluation.retrieval import recall_at_k
 from falcon_cli.evaluation.scoring import embed_split, retrieval_scores
 from falcon_cli.evaluation.vqa_accuracy import vqa_score
 from falcon_cli.evaluation.zero_shot import split_targets
-from falcon_cli.models.pretrained import albef_from_checkpoint, find_checkpoint, finetuned_weights, task_model_from_checkpoint
+from falcon_cli.frameworks import framework_of
+from falcon_cli.models.pretrained import find_checkpoint, finetuned_weights, model_from_checkpoint, task_model_from_checkpoint
 from falcon_cli.runtime import distributed as D
 from falcon_cli.runtime.console import make_console
 from falcon_cli.runtime.precision import autocast, pick_device, resolve_precision
@@ -95,7 +96,8 @@ def evaluate_retrieval(ctx: Context) -> dict:
     truth, dataset, loaded_at = None, None, None  # truth: (kind, metrics(i2t, t2i) or None, meta)
     rows = []
     for name, checkpoint in checkpoints.items():
-        model = albef_from_checkpoint(checkpoint, e.image_size, vocab_size=len(ctx.tokenizer)).to(ctx.device)
+        model = model_from_checkpoint(checkpoint, e.image_size, vocab_size=len(ctx.tokenizer)).to(ctx.device)
+        rule = framework_of(model).rerank if r.rerank_score == "auto" else r.rerank_score
         resolution = model.config.image_size
         if loaded_at != resolution:  # checkpoints fine-tuned at another resolution get their own transform
             first = dataset is None
@@ -108,8 +110,9 @@ def evaluate_retrieval(ctx: Context) -> dict:
         scorings = [None, k] if k is not None and r.also_itc else [k]  # None = ITC only
         for depth in scorings:
             i2t, t2i = (s.cpu() for s in retrieval_scores(model, embeddings, k=depth, batch_size=e.batch_size,
-                                                            autocast=ctx.autocast()))
-            row = {"model": name, "scoring": "itc" if depth is None else f"itc+itm@{depth}", "resolution": resolution,
+                                                            autocast=ctx.autocast(), add_itc=rule == "itm+itc"))
+            scoring = "itc" if depth is None else f"itc+itm@{depth}" if rule == "itm" else f"itc+(itm+itc)@{depth}"
+            row = {"model": name, "scoring": scoring, "resolution": resolution,
                    **recall_at_k(i2t, *split_targets(dataset), scores_t2i=t2i)}
             if truth[1] is not None:
                 row.update(truth[1](i2t, t2i))

@@ -1,8 +1,9 @@
-"""The pretrain stage: ALBEF pretraining with ITC + ITM + MLM and a batch composer.
+"""The pretrain stage: ALBEF (ITC + ITM + MLM) or BLIP-2 stage-1 (ITC + ITM + ITG) pretraining with a batch composer.
 
 Reads top to bottom:
 1. processes, device, precision and seeds (torchrun or a plain process);
-2. data, the run's tokenizer, the model and its objective, optimizer and scaler;
+2. data, the run's tokenizer, the model and its objective (its framework's: falcon_cli/frameworks.py),
+   optimizer and scaler;
 3. the batch composer (uniform, GRIT, a fixed or progressive quantile, or FALCON with its
    learned scheduler), the embedding cache it reads, the batch log;
 4. resume from the latest checkpoint if asked: every piece of state, so the run continues
@@ -50,7 +51,7 @@ from falcon_cli.models.registry import create_model
 from falcon_cli.objectives.itc import alpha_ramp
 from falcon_cli.objectives.mlm import MlmMask
 from falcon_cli.objectives.false_negatives import StepContext, flag_counts, flag_summary
-from falcon_cli.objectives.vlp import VlpObjective
+from falcon_cli.frameworks import build_objective, model_framework, model_overrides
 from falcon_cli.reporting.figures import q_over_training
 from falcon_cli.runtime import distributed as D
 from falcon_cli.runtime.checkpoint import latest_checkpoint, resume_point, rewind_latest, save_checkpoint
@@ -97,10 +98,9 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
     if config.data.on_missing is not None:
         spec.on_missing = config.data.on_missing
     tokenizer = load_run_tokenizer(run.path, config.name)
-    overrides = {"vocab_size": len(tokenizer), "vision_weights": p.vision_weights, "text_weights": p.text_weights}
-    if p.image_size is not None:
-        overrides["image_size"] = p.image_size
-    model = create_model(p.model, **overrides)
+    framework = model_framework(p.model)  # ALBEF or BLIP-2: everything below the model is the same
+    model = create_model(p.model, **model_overrides(framework, len(tokenizer), vision_weights=p.vision_weights,
+                                                    text_weights=p.text_weights, image_size=p.image_size))
     if p.init is not None:  # a whole official ALBEF/GRIT-VLP/MAFA checkpoint (docs/pretraining.md)
         load_albef_checkpoint(model, p.init)
     resolution = model.config.image_size
@@ -119,9 +119,9 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
     # Pairs that show the same image are false negatives by construction; `same_image: mask` keeps them
     # out of the ITC denominators and ITM mining.
     shared_images = SharedImages(dataset.records, device) if p.same_image == "mask" else None
-    objective = VlpObjective(model, itc=p.itc, consistency_weight=p.itc_consistency_weight,
-                             itm_negatives=p.itm_negatives, momentum=p.momentum, queue_size=p.queue_size,
-                             false_negatives=false_negatives).to(device)
+    objective = build_objective(model, itc=p.itc, consistency_weight=p.itc_consistency_weight,
+                                itm_negatives=p.itm_negatives, momentum=p.momentum, queue_size=p.queue_size,
+                                false_negatives=false_negatives).to(device)
     if p.compile:
         model.compile_encoders(mode=p.compile_mode)
     optimizer = build_optimizer(objective, p.lr, p.weight_decay)
@@ -266,7 +266,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
                                {"epoch": epoch, "batch_index": batch_index, "model": p.model, "image_size": resolution},
                                keep_last=p.keep_last)
 
-    guard = NonFiniteGuard(device)
+    guard = NonFiniteGuard(device, framework.losses)
     profiler = StepProfiler(run.path / "profile", p.profile_steps, device=device, enabled=main,
                             start=epoch_steps(0) if p.epochs > 1 else min(10, max(epoch_steps(0) - p.profile_steps, 0)))
 
@@ -281,7 +281,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
         what = (f"loss is {bad['loss']}" if not math.isfinite(bad["loss"])
                 else f"the gradient norm is {bad['norm']} (loss {bad['loss']:.4g})")
         raise FalconError(non_finite_stop(what, bad["epoch"], bad["step"],
-                                          f"itc {bad['itc']:.4g}, itm {bad['itm']:.4g}, mlm {bad['mlm']:.4g}",
+                                          ", ".join(f"{name} {bad[name]:.4g}" for name in framework.losses),
                                           precision, p, latest))
 
     # Only rank 0 evaluates, so only rank 0 loads the eval split.
@@ -363,7 +363,8 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
             # The mask is drawn on the CPU (its generator), from the loader's CPU tensors: sampling it from the
             # device copies would read them back, a host sync every step.
             mask = MlmMask.sample(batch["input_ids"], batch["attention_mask"], probability=p.mlm_probability,
-                                  generator=generators["mask"], **special).to(device, non_blocking=True)
+                                  generator=generators["mask"], **special).to(device, non_blocking=True) \
+                if framework.masked_language else None
             alpha = alpha_ramp(p.distill_alpha, index, total, epoch)
             same_image = shared_images.mask(pair_ids, check=False) if shared_images is not None else None
             # L_before from a no-grad pass: in eval mode (A-7), or per caption for per-step credit
@@ -390,7 +391,8 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
             # worth resuming, and a save would push intact checkpoints out. The verdict stays on the device
             # (no host sync per step): from the first non-finite step on the optimizer skips every update,
             # and the verdict is read where the loop syncs anyway: logging, checkpoints, FALCON's scheduler.
-            guard.observe(optimizer, epoch, global_step, out.loss, (out.itc, out.itm, out.mlm),
+            losses = {name: getattr(out, name) for name in framework.losses}  # (itc, itm, and mlm or itg)
+            guard.observe(optimizer, epoch, global_step, out.loss, tuple(losses.values()),
                           norm if precision != "fp16" else None, skip=precision != "fp16")
             step_after = global_step + 1
             if (precision == "fp16" or falcon_epoch or step_after % p.log_every == 0 or index == total - 1
@@ -405,8 +407,8 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
                     delta = positive_margin_rewards(out.image_feat, out.text_feat, p.reward_overshoot, p.reward_margin)
                 else:
                     if p.reward_mode == "train" and not per_pair and p.reward != "alignment":
-                        before = scheduler.loss_value({"itc": out.itc, "itm": out.itm, "mlm": out.mlm})
-                        image_k = (out.image_tokens, out.image_feat)
+                        before = scheduler.loss_value(losses)
+                        image_k = objective.image_state(out)
                     with record_function("falcon/reward"):
                         after, _ = measure_reward_loss(objective, scheduler, precision, device,
                                                        eval_mode=p.reward_mode == "eval", per_pair=per_pair,
@@ -431,14 +433,13 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
             profiler.after(global_step)
 
             if global_step % p.log_every == 0 or index == total - 1:
-                losses = torch.stack([out.loss.detach(), out.itc, out.itm, out.mlm]).float()
+                logged = torch.stack([out.loss.detach(), *losses.values()]).float()
                 if distributed:
-                    dist.all_reduce(losses)
-                    losses /= world
+                    dist.all_reduce(logged)
+                    logged /= world
                 elapsed = time.perf_counter() - tick
                 peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
-                metrics.write(step=global_step, epoch=epoch, loss=losses[0], itc=losses[1], itm=losses[2], mlm=losses[3],
-                              lr=lr, temperature=out.temperature, pairs_per_s=seen / max(elapsed, 1e-9),
+                metrics.write(step=global_step, epoch=epoch, loss=logged[0], **dict(zip(losses, logged[1:])), lr=lr, temperature=out.temperature, pairs_per_s=seen / max(elapsed, 1e-9),
                               elapsed_s=elapsed, text_tokens=input_ids.shape[1],
                               peak_memory_mib=peak, sampler=batches[index].sampler if batches is not None else "falcon",
                               reward=rewards[-1] if falcon_epoch else None, advantage=advantage if falcon_epoch else None,
@@ -499,7 +500,7 @@ def non_finite_stop(what: str, epoch: int, step: int, parts: str, precision: str
     return f"{what} at epoch {epoch}, step {step} ({parts}), in {precision}; nothing was saved; {where}"
 
 
-def measure_reward_loss(objective: VlpObjective, scheduler: NegativeScheduler, precision: str, device: torch.device, *,
+def measure_reward_loss(objective, scheduler: NegativeScheduler, precision: str, device: torch.device, *,
                         eval_mode: bool, inputs: tuple, image: tuple | None = None,
                         same_image: torch.Tensor | None = None, per_pair: bool = False) -> tuple[torch.Tensor, tuple]:
     """The reward's loss on ``inputs`` (no gradient; per caption ``[B]`` with ``per_pair``), in eval mode or
@@ -528,7 +529,8 @@ def write_results(run: RunDirectory, results: dict, *, split: str, resolution: i
 
 
 def build_false_negatives(config: Recipe, spec, dataset, device: torch.device, run: RunDirectory):
-    """The run's false-negative method (``pretrain.false_negatives``), every input checked now, and on a
+    """The run's false-negative method (``pretrain.false_negatives``; ``none``: the framework's plain ITC),
+    every input checked now, and on a
     shapes world ``truth(pair_ids) -> bool [B, B]`` (image i truly described by caption j, off the
     diagonal) to measure what the method flags; None elsewhere."""
     from falcon_cli.objectives import false_negatives as methods
@@ -586,5 +588,6 @@ def build_false_negatives(config: Recipe, spec, dataset, device: torch.device, r
             return torch.from_numpy(judge.score(judged)).float()
 
         return methods.Mafa(discriminator, high=m.high, low=m.low, smoothing=m.smoothing, mlm_pairs=m.mlm_pairs), truth
-    return methods.PlainItc(), truth
+    framework = model_framework(p.model)
+    return methods.PlainItc(label_smoothing=framework.itc_label_smoothing, stop_gradient=framework.itc_stop_gradient), truth
 

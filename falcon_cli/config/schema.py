@@ -22,7 +22,7 @@ StageName = Literal["data", "embed", "build_search_spaces", "pretrain", "audit_f
 STAGE_ORDER: tuple[str, ...] = ("data", "embed", "build_search_spaces", "pretrain", "audit_false_negatives", "finetune",
                                 "evaluate")
 
-PER_PAIR_REWARDS = ("mlm", "alignment", "positive_margin")
+PER_PAIR_REWARDS = ("mlm", "itg", "alignment", "positive_margin")
 """Rewards measured per pair, which a per-step ``scheduler_credit`` can hand to single q's."""
 
 TaskName = Literal["retrieval", "vqa", "nlvr2"]
@@ -240,9 +240,10 @@ class PretrainConfig(Section):
     """Scheduler AdamW weight decay."""
     scheduler_grad_clip: float | None = Field(None, gt=0)
     """Clip the scheduler's gradient norm (None: no clipping, as in the paper)."""
-    reward: Literal["mlm", "itc+itm", "itc+itm+mlm", "alignment", "positive_margin"] = "mlm"
+    reward: Literal["mlm", "itg", "itc+itm", "itc+itm+mlm", "itc+itm+itg", "alignment", "positive_margin"] = "mlm"
     """The scheduler's reward: the decrease of this loss on the batch, before vs after the VLP update.
-    ``alignment`` (ours): the rise of each pair's own image-text cosine (a false negative next to it pulls
+    ``mlm`` and ``itc+itm+mlm`` for ALBEF models, ``itg`` and ``itc+itm+itg`` for BLIP-2 (which has no MLM:
+    the paper's Table 3 uses its image-grounded text generation loss). ``alignment`` (ours): the rise of each pair's own image-text cosine (a false negative next to it pulls
     its pair apart), per pair with a per-step ``scheduler_credit``. ``positive_margin`` (ours): no loss
     decrease but each pick's similarity to its anchor, charged ``1 + reward_overshoot`` times for every bit
     it rises above the anchor's own pair (a likely false negative); read from the training forward's
@@ -360,6 +361,7 @@ class PretrainConfig(Section):
 
     @model_validator(mode="after")
     def _check_false_negatives(self) -> "PretrainConfig":
+        framework = self._framework()
         if self.false_negatives != "none" and self.itc != "grit":
             raise ValueError(f"false_negatives={self.false_negatives} works on the in-batch ITC; set itc: grit")
         if self.same_image == "mask" and (self.itc != "grit" or self.false_negatives not in ("none", "glofnd")):
@@ -369,7 +371,8 @@ class PretrainConfig(Section):
         if self.mafa.low > self.mafa.high:
             raise ValueError(f"mafa.low ({self.mafa.low}) must not exceed mafa.high ({self.mafa.high})")
         if self.itc_consistency_weight is None:  # the one place a method's own loss is filled in
-            self.itc_consistency_weight = ITC_CONSISTENCY_WEIGHT[self.false_negatives]
+            self.itc_consistency_weight = (framework.consistency_weight if self.false_negatives == "none"
+                                           else ITC_CONSISTENCY_WEIGHT[self.false_negatives])
         if self.reward_baseline == "batch_mean" and self.scheduler_credit == "batch":
             raise ValueError("reward_baseline=batch_mean needs a per-step scheduler_credit (chosen, anchor or pair); "
                              "with one reward per batch every advantage would be 0")
@@ -393,7 +396,28 @@ class PretrainConfig(Section):
                              "augment: test (or preload_images: false for ALBEF's random augmentation)")
         if self.init is not None and (self.vision_weights or self.text_weights):
             raise ValueError("init loads every weight; leave vision_weights and text_weights unset with it")
+        if self.composer == "falcon" and self.reward not in framework.rewards:
+            raise ValueError(f"reward={self.reward}: {self.model} is a {framework.name} model, whose rewards are "
+                             f"{', '.join(framework.rewards)}" + (" (BLIP-2 has no MLM: its reward is itg)"
+                                                                  if self.reward == "mlm" else ""))
+        if framework.name == "blip2":
+            for key, value, allowed in (("itc", self.itc, "grit"), ("init", self.init, None),
+                                        ("compile", self.compile, False)):
+                if value != allowed:
+                    raise ValueError(f"{key}={value}: not available for BLIP-2 models ({self.model}); "
+                                     f"leave {key} at {allowed}")
         return self
+
+    def _framework(self):
+        """The :class:`~falcon_cli.frameworks.Framework` of ``model`` (a ValueError naming the valid models if it
+        is not registered)."""
+        from falcon_cli.errors import FalconError
+        from falcon_cli.frameworks import model_framework
+
+        try:
+            return model_framework(self.model)
+        except FalconError as exc:
+            raise ValueError(str(exc)) from None
 
 
 class EmbedConfig(Section):
@@ -639,7 +663,7 @@ class FinetuneConfig(Section):
 
 
 class RetrievalEvalConfig(Section):
-    """Retrieval evaluation (ALBEF's protocol): ITC similarity of all pairs, the top k re-ranked by the ITM head."""
+    """Retrieval evaluation (ALBEF's and BLIP-2's protocol): ITC similarity of all pairs, the top k re-ranked by the ITM head."""
 
     models: Annotated[list[str], InputPath(keywords=("pretrained", "finetuned"))] = ["pretrained"]
     """Which weights to evaluate, one row each: ``pretrained`` (the run's latest pretraining checkpoint:
@@ -650,6 +674,9 @@ class RetrievalEvalConfig(Section):
     k: int = Field(256, ge=1)
     """Re-ranking depth: the ITC top k of each query are re-scored with the ITM match logit (COCO 5K:
     256, Flickr30k 1K: 128)."""
+    rerank_score: Literal["auto", "itm", "itm+itc"] = "auto"
+    """What re-scores the top k: ``itm`` (ALBEF's rule: the ITM match logit alone), ``itm+itc`` (LAVIS's
+    rule for BLIP-2: the match logit plus the ITC cosine); ``auto`` = the model framework's own rule."""
     itc_only: bool = False
     """Rank by ITC similarity only (fast; no re-ranking)."""
     also_itc: bool = True

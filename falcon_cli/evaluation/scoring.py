@@ -1,11 +1,13 @@
-"""Retrieval scores under ALBEF's protocol: ITC similarity for all pairs, the top k re-ranked by ITM.
+"""Retrieval scores under ALBEF's and BLIP-2's protocol: ITC similarity for all pairs, the top k re-ranked by ITM.
 
 1. Every image and every text of the split is encoded once (:func:`embed_split`); the unimodal
    tokens are kept, because re-ranking fuses them again.
 2. ``sims = image_feat @ text_feat.T`` ranks all pairs (the ``--itc-only`` result).
-3. For each image the top ``k`` texts by ITC, and for each text the top ``k`` images, are fused
-   and scored with the ITM head's raw match logit (class 1; not a softmax, not added to ITC).
-   Entries outside the top ``k`` keep their ITC order below every re-ranked one.
+   (BLIP-2: each image's best query, :func:`~falcon_cli.objectives.common.image_text_similarity`).
+3. For each image the top ``k`` texts by ITC, and for each text the top ``k`` images, are scored
+   with the model's ITM match logit (class 1; not a softmax): ALBEF's rule re-ranks by the logit
+   alone; LAVIS's BLIP-2 rule (``add_itc``) by the logit plus the ITC cosine. Entries outside the
+   top ``k`` keep their ITC order below every re-ranked one.
 
 Re-ranking is sharded: under torchrun each rank scores a contiguous block of query rows and the
 blocks are summed across ranks (every other rank holds zeros there), so all ranks end with the
@@ -23,6 +25,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from falcon_cli.data.collate import tokenize
+from falcon_cli.objectives.common import image_text_similarity
 from falcon_cli.runtime import distributed as D
 from falcon_cli.runtime.progress import track
 
@@ -38,17 +41,19 @@ class SplitEmbeddings:
     image_tokens: Tensor
     """[n_images, 1 + patches, vision_width] image-encoder tokens."""
     image_feat: Tensor
-    """[n_images, embed_dim] unit-norm float32 ITC features."""
+    """[n_images, embed_dim] (BLIP-2: [n_images, queries, embed_dim]) unit-norm float32 ITC features."""
     text_tokens: Tensor
     """[n_texts, L, text_width] text-encoder tokens."""
     text_mask: Tensor
     """[n_texts, L] padding mask (1 = token)."""
     text_feat: Tensor
     """[n_texts, embed_dim] unit-norm float32 ITC features."""
+    text_ids: Tensor | None = None
+    """[n_texts, L] token ids (BLIP-2's ITM runs the Q-Former over the ids, not over encoder tokens)."""
 
     def similarity(self) -> Tensor:
-        """[n_images, n_texts] ITC cosine similarities (float32)."""
-        return self.image_feat @ self.text_feat.t()
+        """[n_images, n_texts] ITC cosine similarities (float32; BLIP-2: the best query's)."""
+        return image_text_similarity(self.image_feat, self.text_feat)
 
 
 @torch.no_grad()
@@ -79,7 +84,7 @@ def embed_split(model, dataset, tokenizer, device: torch.device, *, batch_size: 
         image_feat.append(feat.float())
     model.train(was_training)
     return SplitEmbeddings(torch.cat(image_tokens), torch.cat(image_feat), torch.cat(text_tokens), text_mask,
-                           torch.cat(text_feat))
+                           torch.cat(text_feat), input_ids)
 
 
 def shard_rows(n: int, rank: int | None = None, world: int | None = None) -> tuple[int, int]:
@@ -120,9 +125,10 @@ def rerank(similarity: Tensor, k: int, score_pairs: Callable[[Tensor, Tensor], T
 
 @torch.no_grad()
 def retrieval_scores(model, embeddings: SplitEmbeddings, *, k: int | None, batch_size: int = 64,
-                     autocast=None) -> tuple[Tensor, Tensor]:
+                     autocast=None, add_itc: bool = False) -> tuple[Tensor, Tensor]:
     """``(scores_i2t [n_images, n_texts], scores_t2i [n_texts, n_images])``: ITC similarity, with each
-    query's top ``k`` re-scored by the ITM match logit (``k`` None: ITC only, the two are transposes)."""
+    query's top ``k`` re-scored by the ITM match logit (``add_itc``: plus the ITC similarity, LAVIS's BLIP-2
+    rule) (``k`` None: ITC only, the two are transposes)."""
     sims = embeddings.similarity()
     if k is None:
         return sims, sims.t()
@@ -134,9 +140,11 @@ def retrieval_scores(model, embeddings: SplitEmbeddings, *, k: int | None, batch
     def itm(image_index: Tensor, text_index: Tensor) -> Tensor:
         mask = e.text_mask[text_index]
         length = int(mask.sum(dim=1).max())  # texts are padded to the split's longest: trim to this chunk's
+        ids = e.text_ids[text_index, :length] if e.text_ids is not None else None
         with autocast:
-            fused = model.fuse(e.text_tokens[text_index, :length], mask[:, :length], e.image_tokens[image_index])
-            return model.itm_logits(fused)[:, 1]
+            logits = model.match_logits(e.image_tokens[image_index], e.text_tokens[text_index, :length], ids,
+                                        mask[:, :length]).float()
+        return logits + sims[image_index, text_index] if add_itc else logits
 
     try:
         i2t = rerank(sims, k, lambda rows, cols: itm(rows, cols), batch_size=batch_size, description="re-ranking texts")

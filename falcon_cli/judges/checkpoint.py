@@ -13,7 +13,7 @@ from falcon_cli.judges.base import JudgedPair, check_batch_size, itm_scores
 
 
 class CheckpointJudge:
-    """p(match) = ``softmax(itm_logits(fuse(text, image)))[:, 1]`` of a falcon ALBEF checkpoint.
+    """p(match) = the softmax of a falcon checkpoint's ITM logits (ALBEF or BLIP-2), class 1.
 
     ``path`` is a falcon run directory (its latest checkpoint is used) or one checkpoint
     directory inside ``<run>/checkpoints/``. Images go through the ``test`` transform at the
@@ -52,7 +52,7 @@ class CheckpointJudge:
         with autocast(self.precision, self.device):
             image_tokens, _ = self.model.encode_image(images)
             text_tokens, _ = self.model.encode_text(input_ids, attention_mask)
-            return self.model.itm_logits(self.model.fuse(text_tokens, attention_mask, image_tokens))
+            return self.model.pair_itm_logits(image_tokens, text_tokens, input_ids, attention_mask)
 
 
 __all__ = ["CheckpointJudge"]

@@ -135,6 +135,23 @@ class ALBEF(nn.Module):
         """ITM logits [B, 2] (index 1 = matched) from the fused [CLS] token."""
         return self.itm_head(fused[:, 0])
 
+    def pair_itm_logits(self, image_tokens: torch.Tensor, text_tokens: torch.Tensor, input_ids: torch.Tensor | None,
+                        attention_mask: torch.Tensor) -> torch.Tensor:
+        """ITM logits [P, 2] of P (image, text) pairs given their encoder tokens (``input_ids`` are unused
+        here: BLIP-2's version reads them instead of text tokens)."""
+        return self.itm_logits(self.fuse(text_tokens, attention_mask, image_tokens))
+
+    def match_logits(self, image_tokens: torch.Tensor, text_tokens: torch.Tensor, input_ids: torch.Tensor | None,
+                     attention_mask: torch.Tensor) -> torch.Tensor:
+        """ITM match logits [P] (class 1, raw) of P pairs: the retrieval re-ranking score."""
+        return self.pair_itm_logits(image_tokens, text_tokens, input_ids, attention_mask)[:, 1]
+
+    def similarity(self, image_feat: torch.Tensor, text_feat: torch.Tensor) -> torch.Tensor:
+        """ITC similarities ``[N_images, N_texts]`` (cosines of the unit features)."""
+        from falcon_cli.objectives.common import image_text_similarity
+
+        return image_text_similarity(image_feat, text_feat)
+
     def mlm_logits(self, fused: torch.Tensor) -> torch.Tensor:
         """MLM logits ``[..., vocab_size]`` for fused tokens ``[..., text_width]`` (pass ``fused[mask]``
         to score only the masked positions)."""

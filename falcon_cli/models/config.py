@@ -25,6 +25,10 @@ class AlbefConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
 
+    framework: Literal["albef"] = "albef"
+    """The model family (:mod:`falcon_cli.frameworks`); a JSON config with ``"framework": "blip2"`` is a
+    :class:`~falcon_cli.models.blip2.Blip2Config` instead."""
+
     # --- image encoder (timm VisionTransformer) ---------------------------------------------
     image_size: int = 256
     """Input image side in pixels (square); ALBEF pretrains at 256 and fine-tunes at 384."""
@@ -155,15 +159,28 @@ def unknown_key_hint(key: str, valid: list[str]) -> str:
     return f"; did you mean '{near[0]}'?" if near else ""
 
 
+def config_class(framework: Any, source: str) -> type[BaseModel]:
+    """The config class of a model family: :class:`AlbefConfig` for ``albef``, ``Blip2Config`` for ``blip2``."""
+    if framework == "albef":
+        return AlbefConfig
+    if framework == "blip2":
+        from falcon_cli.models.blip2 import Blip2Config
+
+        return Blip2Config
+    raise FalconError(f"{source}: unknown framework {framework!r}; valid: albef, blip2")
+
+
 def make_config(values: dict[str, Any], source: str) -> AlbefConfig:
-    """Validate ``values`` as an :class:`AlbefConfig`; any problem is one :class:`FalconError` naming ``source``."""
-    valid = list(AlbefConfig.model_fields)
+    """Validate ``values`` as the config of their ``framework`` (default ``albef``: an :class:`AlbefConfig`;
+    ``blip2``: a ``Blip2Config``); any problem is one :class:`FalconError` naming ``source``."""
+    cls = config_class(values.get("framework", "albef"), source)
+    valid = list(cls.model_fields)
     for key in values:
-        if key not in AlbefConfig.model_fields:
+        if key not in cls.model_fields:
             raise FalconError(f"{source}: unknown model config key '{key}'{unknown_key_hint(key, valid)} "
                               f"(valid keys: {', '.join(valid)})")
     try:
-        return AlbefConfig.model_validate(values)
+        return cls.model_validate(values)
     except ValidationError as exc:
         raise FalconError(f"{source}: {_validation_message(exc)}") from None
 

@@ -130,11 +130,12 @@ class FalconTokenizer:
 
 
 class FalconEncoder:
-    """A falcon ALBEF checkpoint: the projected, normalised ITC features of its image and text encoders."""
+    """A falcon checkpoint (ALBEF or BLIP-2): the projected, normalised ITC features of its image and text encoders."""
 
     def __init__(self, path: str | Path, device: torch.device):
         from falcon_cli.data.tokenizer import load_tokenizer
         from falcon_cli.data.transforms import build_transform
+        from falcon_cli.models.pretrained import tokenizer_vocabulary
         from falcon_cli.models.weights import model_from_weights
         from falcon_cli.runtime.checkpoint import WEIGHTS
 
@@ -146,8 +147,8 @@ class FalconEncoder:
                               "give the falcon run directory (it holds data/tokenizer and checkpoints/)")
         tokenizer = load_tokenizer(tokenizer_dir)
         self.model = model_from_weights(checkpoint / WEIGHTS).to(device).eval()
-        if self.model.config.vocab_size != len(tokenizer):
-            raise FalconError(f"{checkpoint / WEIGHTS}: vocabulary of {self.model.config.vocab_size} tokens, but "
+        if tokenizer_vocabulary(self.model.config) != len(tokenizer):
+            raise FalconError(f"{checkpoint / WEIGHTS}: vocabulary of {tokenizer_vocabulary(self.model.config)} tokens, but "
                               f"{tokenizer_dir} has {len(tokenizer)}; the checkpoint belongs to another run")
         meta = _read_json(checkpoint / "meta.json")
         self.device = device
@@ -159,10 +160,13 @@ class FalconEncoder:
 
     @torch.no_grad()
     def encode(self, images: torch.Tensor, text: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Unit-norm projected image and text features (float32) of a batch."""
+        """Unit-norm projected image and text features (float32) of a batch (BLIP-2: per pair, the query
+        feature most similar to its own caption, as in its pretraining cache)."""
+        from falcon_cli.objectives.common import paired_image_feature
+
         _, image = self.model.encode_image(images.to(self.device))
         _, caption = self.model.encode_text(text["input_ids"].to(self.device), text["attention_mask"].to(self.device))
-        return _unit(image), _unit(caption)
+        return _unit(paired_image_feature(image, caption)), _unit(caption)
 
 
 def load_encoder(spec: str, pretrained: str | None, device: torch.device | str) -> OpenClipEncoder | FalconEncoder:

@@ -14,7 +14,8 @@ from pathlib import Path
 from falcon_cli.errors import FalconError
 from falcon_cli.models.albef import ALBEF
 from falcon_cli.models.config import AlbefConfig
-from falcon_cli.models.weights import read_state_dict, read_weights_config
+from falcon_cli.models.registry import build_model
+from falcon_cli.models.weights import read_state_dict, read_weights_config, without_weight_sources
 
 POS_EMBED = "visual_encoder.pos_embed"
 
@@ -54,6 +55,9 @@ def at_resolution(state: dict, config: AlbefConfig, image_size: int | None) -> t
 
     if image_size is None or image_size == config.image_size:
         return state, config
+    if POS_EMBED not in state:
+        raise FalconError(f"this {config.framework} model's image encoder keeps its resolution "
+                          f"({config.image_size} px): leave the image size unset")
     if image_size % config.patch_size:
         raise FalconError(f"image_size {image_size} is not a multiple of the model's patch size {config.patch_size}")
     grid = image_size // config.patch_size
@@ -64,7 +68,17 @@ def at_resolution(state: dict, config: AlbefConfig, image_size: int | None) -> t
 
 def albef_from_checkpoint(checkpoint: str | Path, image_size: int | None = None, *,
                           vocab_size: int | None = None) -> ALBEF:
-    """The ALBEF saved in ``checkpoint`` (a falcon checkpoint directory's ``model.safetensors``, or an
+    """:func:`model_from_checkpoint` for the stages that need an ALBEF (fine-tuning): another framework's
+    checkpoint is refused in one line."""
+    model = model_from_checkpoint(checkpoint, image_size, vocab_size=vocab_size)
+    if not isinstance(model, ALBEF):
+        raise FalconError(f"{checkpoint}: a {model.config.framework} checkpoint; fine-tuning (retrieval, VQA, NLVR2) "
+                          "is built for ALBEF models: evaluate it with `falcon evaluate retrieval` instead")
+    return model
+
+
+def model_from_checkpoint(checkpoint: str | Path, image_size: int | None = None, *, vocab_size: int | None = None):
+    """The model saved in ``checkpoint`` (a falcon checkpoint directory's ``model.safetensors``, or an
     ALBEF/GRIT-VLP/MAFA ``.pth`` file), built for ``image_size`` pixels (None = as saved).
 
     Only the image encoder's position embeddings depend on the resolution: they are resampled
@@ -80,15 +94,23 @@ def albef_from_checkpoint(checkpoint: str | Path, image_size: int | None = None,
         check_vocabulary(model.config.vocab_size, vocab_size, str(checkpoint), official=True)
         return model
     path = Path(checkpoint) / WEIGHTS
-    config = read_weights_config(path).model_copy(update={"vision_weights": None, "text_weights": None})
-    check_vocabulary(config.vocab_size, vocab_size, str(path))
+    config = without_weight_sources(read_weights_config(path))
+    check_vocabulary(tokenizer_vocabulary(config), vocab_size, str(path))
     state, config = at_resolution(read_state_dict(path, "model weights"), config, image_size)
-    model = ALBEF(config)
+    model = build_model(config)
     result = model.load_state_dict(state, strict=False)
     if result.missing_keys or result.unexpected_keys:
-        raise FalconError(f"{path}: not an ALBEF checkpoint (missing {result.missing_keys[:3]}, "
+        raise FalconError(f"{path}: not a {config.framework} checkpoint of this version (missing {result.missing_keys[:3]}, "
                           f"unexpected {result.unexpected_keys[:3]})")
     return model
+
+
+def tokenizer_vocabulary(config) -> int:
+    """The run tokenizer's length a model config was built for: its ``vocab_size``, less BLIP-2's ``[DEC]``
+    where that token was appended after the tokenizer's vocabulary (``dec_token_id`` unset)."""
+    if config.framework == "blip2" and config.dec_token_id is None:
+        return config.vocab_size - 1
+    return config.vocab_size
 
 
 def check_vocabulary(checkpoint_vocab: int, vocab_size: int | None, source: str, official: bool = False) -> None:
@@ -122,7 +144,7 @@ def task_model_from_checkpoint(checkpoint: str | Path, task: str):
         raise FalconError(f"{path}: not found; fine-tune first (falcon finetune --task {task} --run-dir RUN_DIR)")
     if task == "retrieval":
         return albef_from_checkpoint(checkpoint)
-    config = read_weights_config(path).model_copy(update={"vision_weights": None, "text_weights": None})
+    config = without_weight_sources(read_weights_config(path))
     if task == "vqa":
         from falcon_cli.models.vqa import AlbefVQA
 
@@ -137,5 +159,5 @@ def task_model_from_checkpoint(checkpoint: str | Path, task: str):
     return model
 
 
-__all__ = ["FINETUNED", "albef_from_checkpoint", "at_resolution", "check_vocabulary", "find_checkpoint", "finetuned_weights",
+__all__ = ["FINETUNED", "albef_from_checkpoint", "at_resolution", "model_from_checkpoint", "tokenizer_vocabulary", "check_vocabulary", "find_checkpoint", "finetuned_weights",
            "task_model_from_checkpoint"]

@@ -90,9 +90,15 @@ def get_model_config(name: str) -> AlbefConfig:
     return registry[name].model_copy(deep=True)
 
 
-def build_model(config: AlbefConfig) -> ALBEF:
-    """An :class:`ALBEF` for ``config``: random init, then the pretrained sources it names are loaded."""
+def build_model(config: AlbefConfig):
+    """The model of ``config``'s framework (an :class:`ALBEF`, or a BLIP-2 ``Blip2QFormer``): random init,
+    then the pretrained sources it names are loaded."""
     from falcon_cli.models.weights import load_bert_weights, load_vision_weights
+
+    if config.framework == "blip2":
+        from falcon_cli.models.blip2 import build_blip2
+
+        return build_blip2(config)
 
     model = ALBEF(config)
     if config.vision_weights:
@@ -107,7 +113,7 @@ def resolve_model_config(name: str, **overrides: Any) -> AlbefConfig:
     return apply_overrides(get_model_config(name), overrides, f"model '{name}'")
 
 
-def create_model(name: str, **overrides: Any) -> ALBEF:
+def create_model(name: str, **overrides: Any):
     """Build the registered model ``name``; ``overrides`` are config fields (``image_size=64``,
     ``vocab_size=len(tokenizer)``, ``vision_weights=...``, ``text_weights=...``).
 

@@ -319,7 +319,7 @@ def save_weights(model: nn.Module, path: str | os.PathLike) -> Path:
     sd = {k: v.detach().contiguous() for k, v in clean_state_dict(model.state_dict()).items()}
     config = getattr(model, "config", None)
     metadata = {"format": "pt"}
-    if isinstance(config, AlbefConfig):
+    if getattr(config, "framework", None) is not None:  # a registered model's config (any framework)
         metadata[CONFIG_METADATA_KEY] = config.model_dump_json()
     path = Path(path)
     with atomic_path(path) as tmp:
@@ -365,11 +365,16 @@ def read_weights_config(path: str | os.PathLike) -> AlbefConfig:
     return make_config(values, f"model weights '{path}'")
 
 
+def without_weight_sources(config):
+    """``config`` with its pretrained weight sources cleared (a checkpoint holds every weight itself)."""
+    sources = [name for name in type(config).model_fields if name.endswith("_weights")]
+    return config.model_copy(update=dict.fromkeys(sources))
+
+
 def model_from_weights(path: str | os.PathLike) -> nn.Module:
     """Rebuild the model saved by :func:`save_weights` (config from the metadata; no pretrained sources read)."""
-    from falcon_cli.models.albef import ALBEF
+    from falcon_cli.models.registry import build_model
 
-    config = read_weights_config(path).model_copy(update={"vision_weights": None, "text_weights": None})
-    model = ALBEF(config)
+    model = build_model(without_weight_sources(read_weights_config(path)))
     load_weights(model, path)
     return model

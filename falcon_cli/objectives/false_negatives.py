@@ -69,7 +69,19 @@ class FalseNegatives(nn.Module):
 
 
 class PlainItc(FalseNegatives):
-    """``none``: GRIT-VLP's in-batch ITC with its consistency term."""
+    """``none``: GRIT-VLP's in-batch ITC with its consistency term (ALBEF's framework), or, with
+    ``label_smoothing=0.1, stop_gradient=False`` and no consistency term, BLIP-2's ITC as LAVIS defines it
+    (symmetric InfoNCE over the best query's similarity, targets smoothed by 0.1, gradient to both sides)."""
+
+    def __init__(self, *, label_smoothing: float = 0.0, stop_gradient: bool = True):
+        super().__init__()
+        self.label_smoothing, self.stop_gradient = float(label_smoothing), bool(stop_gradient)
+
+    def itc(self, image_feat, text_feat, temperature, consistency_weight, context):
+        self.flagged_i2t, self.mining, self.stats = None, None, {}
+        return itc_grit(image_feat, text_feat, temperature, consistency_weight=consistency_weight,
+                        exclude=_same_image(context), label_smoothing=self.label_smoothing,
+                        stop_gradient=self.stop_gradient)
 
 
 def _same_image(context: StepContext | None) -> Tensor | None:
@@ -194,7 +206,7 @@ class Mafa(FalseNegatives):
         self.mlm_pairs = mlm_pairs
 
     def itc(self, image_feat, text_feat, temperature, consistency_weight, context):
-        from falcon_cli.objectives.common import as_temperature
+        from falcon_cli.objectives.common import as_temperature, image_text_similarity
         from falcon_cli.objectives.mafa import connection_mining, smoothing
 
         context = _needs_context(self.name, context)
@@ -208,7 +220,7 @@ class Mafa(FalseNegatives):
             v, t = image_feat.detach().float(), text_feat.detach().float()
             tau = as_temperature(temperature)
             tau = tau.detach() if isinstance(tau, Tensor) else tau
-            sim = v @ t.t() / tau  # rows images; its transpose is the text-anchor view
+            sim = image_text_similarity(v, t) / tau  # rows images; its transpose is the text-anchor view
             mining = connection_mining(sim, sim.t(), score, high=self.high, low=self.low, mlm_pairs=self.mlm_pairs)
         eye = torch.eye(len(pair_ids), dtype=torch.bool, device=mining.positive_mask_i2t.device)
         self.flagged_i2t, self.mining = mining.positive_mask_i2t & ~eye, mining

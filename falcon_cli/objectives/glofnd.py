@@ -71,7 +71,7 @@ import torch
 from torch import Tensor, nn
 
 from falcon_cli.errors import FalconError
-from falcon_cli.objectives.common import fp32_region
+from falcon_cli.objectives.common import fp32_region, image_text_similarity
 from falcon_cli.objectives.itc import ItcOutput, _check_pair, itc_grit
 from falcon_cli.sampling.cache import as_id_tensor
 
@@ -105,7 +105,7 @@ def cosine_matrices(image_feat: Tensor, text_feat: Tensor) -> tuple[Tensor, Tens
     """
     _check_pair(image_feat, text_feat)
     with fp32_region(image_feat.device):
-        cos_i2t = image_feat.detach().float() @ text_feat.detach().float().t()
+        cos_i2t = image_text_similarity(image_feat.detach().float(), text_feat.detach().float())
     return cos_i2t, cos_i2t.t()
 
 

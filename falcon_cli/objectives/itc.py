@@ -25,6 +25,7 @@ from falcon_cli.errors import FalconError
 from falcon_cli.objectives.common import (
     as_temperature,
     fp32_region,
+    image_text_similarity,
     row_normalised_targets,
     soft_cross_entropy,
 )
@@ -70,15 +71,18 @@ class ItcOutput:
 
 
 def _check_pair(image_feat: Tensor, text_feat: Tensor, what: str = "features") -> None:
-    if image_feat.dim() != 2 or image_feat.shape != text_feat.shape:
-        raise ValueError(f"image and text {what} must both be [B, D] with equal shapes, "
+    """Image features ``[B, D]`` (or ``[B, Q, D]``: one per query, BLIP-2) and text features ``[B, D]``."""
+    if (image_feat.dim() not in (2, 3) or text_feat.dim() != 2 or image_feat.shape[0] != text_feat.shape[0]
+            or image_feat.shape[-1] != text_feat.shape[-1]):
+        raise ValueError(f"image and text {what} must be [B, D] (images may be [B, queries, D]) with equal B and D, "
                          f"got {tuple(image_feat.shape)} and {tuple(text_feat.shape)}")
 
 
 def itc_grit(image_feat: Tensor, text_feat: Tensor, temperature: float | Tensor, *,
              consistency_weight: float = 0.2, positive_mask: Tensor | None = None,
              positive_mask_t2i: Tensor | None = None, label_smoothing: float = 0.0,
-             exclude: Tensor | None = None, exclude_t2i: Tensor | None = None) -> ItcOutput:
+             exclude: Tensor | None = None, exclude_t2i: Tensor | None = None,
+             stop_gradient: bool = True) -> ItcOutput:
     """GRIT-VLP in-batch ITC with soft pseudo (consistency) targets (methods.md §0).
 
     Args:
@@ -98,6 +102,11 @@ def itc_grit(image_feat: Tensor, text_feat: Tensor, temperature: float | Tensor,
             is never removed. Targets (hard and consistency) are restricted to the kept
             entries and renormalised, so no target mass sits on a removed entry.
         exclude_t2i: optional bool [B, B], rows texts, columns images; default ``exclude.T``.
+        stop_gradient: GRIT-VLP's ``sg`` below (True); False sends each direction's gradient to both
+            modalities, as plain InfoNCE (CLIP, ALBEF without momentum, BLIP-2) does.
+
+    Image features may be ``[B, Q, D]`` (BLIP-2's query outputs): every ``v @ t^T`` below is then
+    :func:`~falcon_cli.objectives.common.image_text_similarity`, the best query's similarity.
 
     Computes ``s_i2t = v @ sg[t]^T / tau`` and ``s_t2i = t @ sg[v]^T / tau`` (each direction
     sends gradient to its anchor modality only, plus tau), then::
@@ -116,8 +125,7 @@ def itc_grit(image_feat: Tensor, text_feat: Tensor, temperature: float | Tensor,
     tau = as_temperature(temperature)
     with fp32_region(image_feat.device):
         v, t = image_feat.float(), text_feat.float()
-        sim_i2t = v @ t.detach().t() / tau
-        sim_t2i = t @ v.detach().t() / tau
+        sim_i2t, sim_t2i = directional_logits(v, t, tau, stop_gradient)
         targets_i2t = row_normalised_targets(positive_mask, n, v.device, label_smoothing)
         if positive_mask_t2i is None and positive_mask is not None:
             positive_mask_t2i = positive_mask.t()
@@ -144,6 +152,20 @@ def itc_grit(image_feat: Tensor, text_feat: Tensor, temperature: float | Tensor,
                     + _kept_cross_entropy(kept_t2i, _restrict(p_i2t, ex_t2i))) / 2
         loss = hard + consistency_weight * soft
     return ItcOutput(loss=loss, hard=hard, soft=soft, sim_i2t=sim_i2t, sim_t2i=sim_t2i)
+
+
+def directional_logits(image_feat: Tensor, text_feat: Tensor, tau: float | Tensor,
+                       stop_gradient: bool = True) -> tuple[Tensor, Tensor]:
+    """``(sim_i2t, sim_t2i)`` [B, B]: rows image anchors resp. text anchors, divided by ``tau``. With
+    ``stop_gradient`` (GRIT-VLP) each direction sends gradient to its anchor modality only (``v @ sg[t]^T``,
+    ``t @ sg[v]^T``); without it, both directions are the one similarity matrix and its transpose."""
+    if not stop_gradient:
+        sim = image_text_similarity(image_feat, text_feat) / tau
+        return sim, sim.t()
+    if image_feat.dim() == 2:  # (the text-anchor rows as their own product: bitwise what GRIT's code computes)
+        return image_feat @ text_feat.detach().t() / tau, text_feat @ image_feat.detach().t() / tau
+    return (image_text_similarity(image_feat, text_feat.detach()) / tau,
+            image_text_similarity(image_feat.detach(), text_feat).t() / tau)
 
 
 def _restrict(probs: Tensor, removed: Tensor) -> Tensor:

@@ -15,7 +15,7 @@ that row (the diagonal is still excluded); B must be at least 2.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -23,7 +23,7 @@ from torch import Tensor
 
 from falcon_cli.objectives.common import fp32_region
 
-__all__ = ["hardest_negatives", "sample_negatives", "ItmPairs", "itm_pair_indices", "itm_loss"]
+__all__ = ["hardest_negatives", "sample_negatives", "ItmPairs", "itm_pair_indices", "itm_loss", "mined_itm_loss"]
 
 
 def _excluded(sim_i2t: Tensor, sim_t2i: Tensor, positive_mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -145,3 +145,25 @@ def itm_loss(logits_pos: Tensor, logits_neg: Tensor, *, neg_labels: Tensor | Non
     labels = torch.cat([torch.ones(b, dtype=torch.long, device=dev), neg_labels.to(dev, torch.long)])
     with fp32_region(dev):
         return F.cross_entropy(logits, labels)
+
+
+def mined_itm_loss(itc, pair_logits: Callable[[ItmPairs], Tensor], *, sample: bool = False,
+                   generator: torch.Generator | None = None, mining=None, same_image: Tensor | None = None) -> Tensor:
+    """ITM on a batch's B positives plus one negative text per image and one negative image per text, mined
+    from the ITC similarities ``itc.sim_i2t``/``itc.sim_t2i`` (:func:`hardest_negatives`, or ALBEF's and
+    LAVIS's multinomial :func:`sample_negatives` with ``sample``), never a pair of ``same_image`` (bool
+    [B, B]) where given; with MAFA's ``mining``, its partners and labels (converted pairs count as matches).
+    ``pair_logits(pairs)`` gives the model's ITM logits ``[3B, 2]`` of the :class:`ItmPairs` (ALBEF fuses text
+    tokens with image tokens; BLIP-2 runs its queries and the text through the Q-Former): every framework
+    mines and scores its ITM pairs here."""
+    b = itc.sim_i2t.shape[0]
+    if mining is not None:
+        negatives, labels = (mining.neg_text_for_image, mining.neg_image_for_text), mining.neg_labels
+    else:
+        with torch.no_grad():
+            sim_i2t, sim_t2i = itc.sim_i2t[:, :b].detach(), itc.sim_t2i[:, :b].detach()
+            negatives = (sample_negatives(sim_i2t, sim_t2i, generator, positive_mask=same_image) if sample
+                         else hardest_negatives(sim_i2t, sim_t2i, positive_mask=same_image))
+        labels = None
+    logits = pair_logits(itm_pair_indices(*negatives))
+    return itm_loss(logits[:b], logits[b:], neg_labels=labels)

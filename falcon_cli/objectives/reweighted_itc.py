@@ -61,8 +61,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from falcon_cli.objectives.common import as_temperature, fp32_region, soft_cross_entropy
-from falcon_cli.objectives.itc import ItcOutput, _check_pair
+from falcon_cli.objectives.common import as_temperature, fp32_region, image_text_similarity, soft_cross_entropy
+from falcon_cli.objectives.itc import ItcOutput, _check_pair, directional_logits
 
 __all__ = ["itc_hn_nce", "itc_srcl", "srcl_mix", "srcl_weights", "negative_log_weights"]
 
@@ -144,9 +144,7 @@ def itc_hn_nce(image_feat: Tensor, text_feat: Tensor, temperature: float | Tenso
         raise ValueError(f"alpha must lie in (0, 1], got {alpha}")
     tau = as_temperature(temperature)
     with fp32_region(image_feat.device):
-        v, t = image_feat.float(), text_feat.float()
-        sim_i2t = v @ t.detach().t() / tau
-        sim_t2i = t @ v.detach().t() / tau
+        sim_i2t, sim_t2i = directional_logits(image_feat.float(), text_feat.float(), tau)
         losses = []
         for sim, beta in ((sim_i2t, float(beta_i2t)), (sim_t2i, float(beta_t2i))):
             logits_w = sim.detach() if detach_weights else sim
@@ -187,7 +185,7 @@ def _srcl_log_weights(image_feat: Tensor, text_feat: Tensor, aux_image_feat: Ten
         raise ValueError(f"delta must be >= 0, got {delta}")
     with torch.no_grad(), fp32_region(image_feat.device):
         cos_aux = aux_image_feat.detach().float() @ aux_text_feat.detach().float().t()
-        cos_cur = image_feat.detach().float() @ text_feat.detach().float().t()
+        cos_cur = image_text_similarity(image_feat.detach().float(), text_feat.detach().float())
         cos_mix_i2t = mix * cos_aux.to(cos_cur.device) + (1.0 - mix) * cos_cur
         log_w_i2t = negative_log_weights(-delta * cos_mix_i2t)
         log_w_t2i = negative_log_weights(-delta * cos_mix_i2t.t())
@@ -225,9 +223,7 @@ def itc_srcl(image_feat: Tensor, text_feat: Tensor, temperature: float | Tensor,
     log_w_i2t, log_w_t2i = _srcl_log_weights(image_feat, text_feat, aux_image_feat, aux_text_feat, mix, delta)
     tau = as_temperature(temperature)
     with fp32_region(image_feat.device):
-        v, t = image_feat.float(), text_feat.float()
-        sim_i2t = v @ t.detach().t() / tau
-        sim_t2i = t @ v.detach().t() / tau
+        sim_i2t, sim_t2i = directional_logits(image_feat.float(), text_feat.float(), tau)
         hard = (_reweighted_nce(sim_i2t, log_w_i2t, 0.0).mean()
                 + _reweighted_nce(sim_t2i, log_w_t2i, 0.0).mean()) / 2
         soft = _consistency(sim_i2t, sim_t2i)

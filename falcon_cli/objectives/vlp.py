@@ -21,7 +21,7 @@ from falcon_cli.objectives.itc import (
     MomentumQueue, copy_to_momentum, itc_grit, itc_momentum_distillation, momentum_update,
 )
 from falcon_cli.objectives.false_negatives import FalseNegatives, PlainItc, StepContext
-from falcon_cli.objectives.itm import hardest_negatives, itm_loss, itm_pair_indices, sample_negatives
+from falcon_cli.objectives.itm import mined_itm_loss
 from falcon_cli.objectives.mlm import MlmMask, mlm_loss
 
 
@@ -133,6 +133,11 @@ class VlpObjective(nn.Module):
         return VlpLosses(loss, itc.loss.detach(), itm.detach(), mlm.detach(),
                          enc.image_feat.detach(), enc.text_feat.detach(), enc.temperature.detach(), enc.image_tokens.detach())
 
+    @staticmethod
+    def image_state(out: VlpLosses) -> tuple[Tensor, Tensor]:
+        """(image tokens, image features) of a forward's output: what :meth:`measure` takes as ``image``."""
+        return out.image_tokens, out.image_feat
+
     def _itm_loss(self, text_tokens: Tensor, attention_mask: Tensor, image_tokens: Tensor, itc, *,
                   sample: bool, generator: torch.Generator | None = None, mining=None,
                   same_image: Tensor | None = None) -> Tensor:
@@ -140,20 +145,11 @@ class VlpObjective(nn.Module):
         text, mined from the ITC similarities (hardest, or ALBEF's multinomial ``sample``), never a
         pair of ``same_image`` (bool [B, B]) where given; with MAFA's ``mining``, its partners and
         labels (converted pairs count as matches)."""
-        b = image_tokens.shape[0]
-        if mining is not None:
-            negatives, labels = (mining.neg_text_for_image, mining.neg_image_for_text), mining.neg_labels
-        else:
-            with torch.no_grad():
-                sim_i2t, sim_t2i = itc.sim_i2t[:, :b].detach(), itc.sim_t2i[:, :b].detach()
-                negatives = (sample_negatives(sim_i2t, sim_t2i, generator, positive_mask=same_image) if sample
-                             else hardest_negatives(sim_i2t, sim_t2i, positive_mask=same_image))
-            labels = None
-        pairs = itm_pair_indices(*negatives)
-        fused = self.model.fuse(text_tokens[pairs.text_index], attention_mask[pairs.text_index],
-                                image_tokens[pairs.image_index])
-        logits = self.model.itm_logits(fused)
-        return itm_loss(logits[:b], logits[b:], neg_labels=labels)
+        def pair_logits(pairs) -> Tensor:
+            return self.model.itm_logits(self.model.fuse(text_tokens[pairs.text_index], attention_mask[pairs.text_index],
+                                                         image_tokens[pairs.image_index]))
+
+        return mined_itm_loss(itc, pair_logits, sample=sample, generator=generator, mining=mining, same_image=same_image)
 
     @torch.no_grad()
     def measure(self, images: Tensor, input_ids: Tensor, attention_mask: Tensor, mask: MlmMask,

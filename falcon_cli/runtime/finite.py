@@ -22,14 +22,15 @@ class NonFiniteGuard:
     ``skip=False`` there (the verdict is still recorded, the scaler skips inf steps its own way).
     """
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, parts: tuple[str, ...] = ("itc", "itm", "mlm")):
+        self.parts = tuple(parts)  # the names of the loss parts :meth:`observe` is given, in order
         self.halted = torch.zeros((), dtype=torch.float32, device=device)  # 1.0 from the first bad step on
-        self.record = torch.zeros(7, dtype=torch.float64, device=device)  # epoch, step, loss, itc, itm, mlm, norm
+        self.record = torch.zeros(4 + len(self.parts), dtype=torch.float64, device=device)  # epoch, step, loss, parts, norm
 
     def observe(self, optimizer: torch.optim.Optimizer, epoch: int, step: int, loss: torch.Tensor,
                 parts: tuple[torch.Tensor, ...], norm: torch.Tensor | None = None, *, skip: bool = True) -> None:
-        """Record whether this step's ``loss`` (and gradient ``norm``) are finite, with the three loss
-        ``parts`` of the first step that was not; with ``skip``, make the optimizer skip this update
+        """Record whether this step's ``loss`` (and gradient ``norm``) are finite, with the loss ``parts``
+        (in the order of the guard's names) of the first step that was not; with ``skip``, make the optimizer skip this update
         (and every later one) on the device once any step was non-finite."""
         bad = ~torch.isfinite(loss.detach())
         if norm is not None:
@@ -45,9 +46,9 @@ class NonFiniteGuard:
             optimizer.found_inf = self.halted
 
     def first(self) -> dict | None:
-        """The first non-finite step (``epoch``, ``step``, ``loss``, ``itc``, ``itm``, ``mlm``, ``norm``),
-        or None while every step was finite. One host synchronisation."""
+        """The first non-finite step (``epoch``, ``step``, ``loss``, each loss part by name, ``norm``), or
+        None while every step was finite. One host synchronisation."""
         if not bool(self.halted):
             return None
-        epoch, step, loss, itc, itm, mlm, norm = self.record.tolist()
-        return {"epoch": int(epoch), "step": int(step), "loss": loss, "itc": itc, "itm": itm, "mlm": mlm, "norm": norm}
+        epoch, step, loss, *parts, norm = self.record.tolist()
+        return {"epoch": int(epoch), "step": int(step), "loss": loss, **dict(zip(self.parts, parts)), "norm": norm}

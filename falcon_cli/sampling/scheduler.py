@@ -17,7 +17,8 @@ Which passes give the two losses (A-7), ``reward_mode``:
   noise, one more forward.
 
 Rewards (``reward``) are a registry: ``mlm`` (default), ``itc+itm``, ``itc+itm+mlm`` (the
-paper's ablation); :func:`register_reward` adds e.g. BLIP-2's ``itg``.
+paper's ablation), BLIP-2's ``itg`` (image-grounded text generation: the paper's Table 3) and
+``itc+itm+itg``; :func:`register_reward` adds more.
 
 The log-probabilities are recomputed with gradient at update time from the Ŝ rows the
 composer recorded: φ has not changed since the batch was composed (composition happens
@@ -35,7 +36,8 @@ from torch import Tensor
 
 from falcon_cli.sampling.policy import RewardBaseline, SchedulerPolicy, beta_log_prob, build_policy_optimizer, reinforce_loss
 
-REWARDS: dict[str, tuple[str, ...]] = {"mlm": ("mlm",), "itc+itm": ("itc", "itm"), "itc+itm+mlm": ("itc", "itm", "mlm"),
+REWARDS: dict[str, tuple[str, ...]] = {"mlm": ("mlm",), "itg": ("itg",), "itc+itm": ("itc", "itm"),
+                                        "itc+itm+mlm": ("itc", "itm", "mlm"), "itc+itm+itg": ("itc", "itm", "itg"),
                                         "alignment": ("alignment",), "positive_margin": ()}
 """Reward name -> the losses whose decrease is the reward (``alignment``: minus each pair's own image-text
 cosine, so its decrease is the rise of that cosine). ``positive_margin`` measures no loss: it is

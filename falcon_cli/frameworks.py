@@ -1,0 +1,115 @@
+"""Model families ("frameworks") behind one seam: what the pretrain stage, retrieval and the checks need to
+know about ALBEF or BLIP-2, so the composers, the embedding cache, the scheduler, the batch log and the
+audit never learn which one they serve.
+
+A framework says, for a model family:
+
+* how its model is built: the registry entry's ``framework`` key picks the config class and the model
+  (:func:`falcon_cli.models.registry.build_model`), and :func:`model_overrides` turns the stage's
+  tokenizer and weight settings into that config's fields;
+* the training losses of one batch and the L2-normalised image/text features that fill the embedding
+  cache: :func:`build_objective` returns an ``nn.Module`` whose ``forward`` gives a named tuple with
+  ``loss``, one field per name in :attr:`Framework.losses`, ``image_feat``/``text_feat`` (one vector per
+  pair: what the cache and the composers use), ``temperature`` and ``image_tokens``; its ``measure``
+  computes any of :attr:`Framework.losses` (the reward's parts) on the same inputs without gradient;
+* the rewards FALCON's scheduler may use with it (:attr:`Framework.rewards`);
+* how retrieval scores a pair: the models' ``encode_image``/``encode_text``, the one similarity function
+  (:func:`falcon_cli.objectives.common.image_text_similarity`: a dot product, or BLIP-2's best query), and
+  ``match_logits`` for ITM re-ranking, added to the ITC similarity where :attr:`Framework.rerank` says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from falcon_cli.errors import FalconError
+
+
+@dataclass(frozen=True)
+class Framework:
+    """What differs between model families, as data."""
+
+    name: str
+    """``albef`` or ``blip2`` (the ``framework`` key of a model config)."""
+    losses: tuple[str, ...]
+    """The training losses of a step (their sum is the loss), in the order the metrics log records them."""
+    rewards: tuple[str, ...]
+    """The ``pretrain.reward`` values FALCON's scheduler may use with this framework."""
+    masked_language: bool
+    """Whether each batch needs an MLM mask (drawn outside the model, so a reward re-scores the batch with
+    the identical mask)."""
+    rerank: str
+    """Default ITM re-ranking score of retrieval: ``itm`` (ALBEF: the match logit alone) or ``itm+itc``
+    (LAVIS's BLIP-2: the match logit plus the ITC cosine)."""
+    itc_label_smoothing: float
+    """Label smoothing of the plain ITC (``false_negatives: none``): 0 (GRIT-VLP) or 0.1 (BLIP-2)."""
+    itc_stop_gradient: bool
+    """GRIT-VLP's per-direction stop-gradient in the plain ITC (True), or BLIP-2's plain InfoNCE (False)."""
+    consistency_weight: float
+    """Default weight of GRIT's ITC consistency term under ``false_negatives: none`` (0.2 GRIT-VLP, 0 BLIP-2)."""
+
+
+FRAMEWORKS: dict[str, Framework] = {
+    "albef": Framework("albef", losses=("itc", "itm", "mlm"),
+                       rewards=("mlm", "itc+itm", "itc+itm+mlm", "alignment", "positive_margin"),
+                       masked_language=True, rerank="itm", itc_label_smoothing=0.0, itc_stop_gradient=True,
+                       consistency_weight=0.2),
+    "blip2": Framework("blip2", losses=("itc", "itm", "itg"),
+                       rewards=("itg", "itc+itm", "itc+itm+itg", "alignment", "positive_margin"),
+                       masked_language=False, rerank="itm+itc", itc_label_smoothing=0.1, itc_stop_gradient=False,
+                       consistency_weight=0.0),
+}
+
+
+def framework_of(model_or_config: Any) -> Framework:
+    """The :class:`Framework` of a model, a model config, or a framework name."""
+    name = model_or_config if isinstance(model_or_config, str) else getattr(
+        getattr(model_or_config, "config", model_or_config), "framework", "albef")
+    if name not in FRAMEWORKS:
+        raise FalconError(f"unknown framework {name!r}; valid: {', '.join(FRAMEWORKS)}")
+    return FRAMEWORKS[name]
+
+
+def model_framework(model_name: str) -> Framework:
+    """The framework of the registered model ``model_name`` (an unknown name: one FalconError naming the valid ones)."""
+    from falcon_cli.models.registry import get_model_config
+
+    return framework_of(get_model_config(model_name))
+
+
+def model_overrides(framework: Framework, tokenizer_length: int, *, vision_weights: str | None,
+                    text_weights: str | None, image_size: int | None) -> dict[str, Any]:
+    """The registry overrides the pretrain stage builds its model with: the run tokenizer's vocabulary (BLIP-2:
+    plus its ``[DEC]`` token, appended), the weight sources (BLIP-2: ``text_weights`` are the Q-Former's: a
+    BLIP-2 checkpoint, or BERT for a fresh Q-Former) and the resolution."""
+    overrides: dict[str, Any] = {"vision_weights": vision_weights}
+    if framework.name == "blip2":
+        overrides.update(vocab_size=tokenizer_length + 1, qformer_weights=text_weights)
+    else:
+        overrides.update(vocab_size=tokenizer_length, text_weights=text_weights)
+    if image_size is not None:
+        overrides["image_size"] = image_size
+    return overrides
+
+
+def build_objective(model, *, itc: str = "grit", consistency_weight: float | None = None,
+                    itm_negatives: str = "hardest", momentum: float = 0.995, queue_size: int = 65536,
+                    false_negatives=None):
+    """The pretraining objective of ``model``'s framework: ALBEF's ITC + ITM + MLM
+    (:class:`~falcon_cli.objectives.vlp.VlpObjective`), or BLIP-2 stage 1's ITC + ITM + ITG
+    (:class:`~falcon_cli.objectives.qformer.Blip2Objective`)."""
+    if framework_of(model).name == "blip2":
+        from falcon_cli.objectives.qformer import Blip2Objective
+
+        if itc != "grit":
+            raise FalconError(f"pretrain.itc={itc}: BLIP-2 trains the in-batch ITC only (itc: grit)")
+        return Blip2Objective(model, consistency_weight=consistency_weight, itm_negatives=itm_negatives,
+                              false_negatives=false_negatives)
+    from falcon_cli.objectives.vlp import VlpObjective
+
+    return VlpObjective(model, itc=itc, consistency_weight=consistency_weight, itm_negatives=itm_negatives,
+                        momentum=momentum, queue_size=queue_size, false_negatives=false_negatives)
+
+
+__all__ = ["FRAMEWORKS", "Framework", "build_objective", "framework_of", "model_framework", "model_overrides"]
