@@ -103,6 +103,8 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
                                                     text_weights=p.text_weights, image_size=p.image_size))
     if p.init is not None:  # a whole official ALBEF/GRIT-VLP/MAFA checkpoint (docs/pretraining.md)
         load_albef_checkpoint(model, p.init)
+    if p.vision_trainable_epochs:  # BLIP-2 without a pretrained image encoder: it trains first (so AdamW holds it)
+        model.set_image_encoder_trainable(True)
     resolution = model.config.image_size
     dataset = pretrain_dataset(spec, build_transform(p.augment, resolution, hflip=p.hflip), seed=config.seed)
     fingerprint = records_fingerprint(dataset.records, spec.base_dir)  # which pairs: recorded in every embeddings file
@@ -126,8 +128,10 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
         model.compile_encoders(mode=p.compile_mode)
     optimizer = build_optimizer(objective, p.lr, p.weight_decay)
     scaler = grad_scaler(precision, device)
-    trainer = torch.nn.parallel.DistributedDataParallel(objective, device_ids=[device.index] if device.type == "cuda" else None) \
-        if distributed else objective
+    def wrap(objective):
+        return torch.nn.parallel.DistributedDataParallel(objective, device_ids=[device.index] if device.type == "cuda" else None) \
+            if distributed else objective
+    trainer = wrap(objective)
     # Checkpoint files: the model alone (loadable by every later stage), and the momentum parts.
     weight_files = {"model": model}
     if p.itc == "momentum":
@@ -300,6 +304,9 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
     # 5. Train.
     for epoch in range(start_epoch, p.epochs):
         dataset.set_epoch(epoch)
+        if p.vision_trainable_epochs and epoch >= p.vision_trainable_epochs and model.vision_trainable:
+            model.set_image_encoder_trainable(False)  # frozen from here on, as BLIP-2's; DDP wraps what still trains
+            trainer = wrap(objective)
         warm_epoch = warm is not None and epoch == 0
         falcon_epoch = p.composer == "falcon" and (epoch > 0 or warm_epoch)
         if pending is None and spaces is None:

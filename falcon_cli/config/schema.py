@@ -164,6 +164,10 @@ class PretrainConfig(Section):
     """Image-encoder weights: a timm name (``timm:deit_base_patch16_224.fb_in1k``) or a local file; None = random init."""
     text_weights: Annotated[str | None, InputPath(when="exists")] = None
     """Text/fusion weights: a hub id (``bert-base-uncased``) or a local directory; None = random init."""
+    vision_trainable_epochs: int = Field(0, ge=0)
+    """BLIP-2 models: the image encoder trains for this many first epochs, then stays frozen. BLIP-2 freezes a
+    pretrained encoder throughout (0, the default); a small run without a pretrained encoder (the shapes
+    recipes) trains its tiny ViT in epoch 0, where every composer is uniform, and freezes it from epoch 1."""
     init: Annotated[str | None, InputPath()] = None
     """Start from a whole official ALBEF / GRIT-VLP / MAFA checkpoint (their ``.pth`` file): every weight of
     ``model`` is loaded from it (key mapping in docs/pretraining.md), the position embeddings resized to
@@ -400,6 +404,9 @@ class PretrainConfig(Section):
             raise ValueError(f"reward={self.reward}: {self.model} is a {framework.name} model, whose rewards are "
                              f"{', '.join(framework.rewards)}" + (" (BLIP-2 has no MLM: its reward is itg)"
                                                                   if self.reward == "mlm" else ""))
+        if framework.name != "blip2" and self.vision_trainable_epochs:
+            raise ValueError(f"vision_trainable_epochs={self.vision_trainable_epochs}: a BLIP-2 setting (its frozen image "
+                             f"encoder); {self.model} trains its image encoder throughout")
         if framework.name == "blip2":
             for key, value, allowed in (("itc", self.itc, "grit"), ("init", self.init, None),
                                         ("compile", self.compile, False)):

@@ -27,7 +27,7 @@ class AlbefConfig(BaseModel):
 
     framework: Literal["albef"] = "albef"
     """The model family (:mod:`falcon_cli.frameworks`); a JSON config with ``"framework": "blip2"`` is a
-    :class:`~falcon_cli.models.blip2.Blip2Config` instead."""
+    :class:`~falcon_cli.models.qformer.Blip2Config` instead."""
 
     # --- image encoder (timm VisionTransformer) ---------------------------------------------
     image_size: int = 256
@@ -164,7 +164,7 @@ def config_class(framework: Any, source: str) -> type[BaseModel]:
     if framework == "albef":
         return AlbefConfig
     if framework == "blip2":
-        from falcon_cli.models.blip2 import Blip2Config
+        from falcon_cli.models.qformer import Blip2Config
 
         return Blip2Config
     raise FalconError(f"{source}: unknown framework {framework!r}; valid: albef, blip2")

@@ -96,7 +96,7 @@ def build_model(config: AlbefConfig):
     from falcon_cli.models.weights import load_bert_weights, load_vision_weights
 
     if config.framework == "blip2":
-        from falcon_cli.models.blip2 import build_blip2
+        from falcon_cli.models.qformer import build_blip2
 
         return build_blip2(config)
 

@@ -1,0 +1,158 @@
+"""BLIP-2 stage 1 (Q-Former pretraining) as one module: L = ITC + ITM + ITG, as LAVIS's ``blip2_qformer.py``.
+
+* ITC: each image's Q query outputs against the text's [CLS]; an image-text similarity is the best
+  query's (:func:`~falcon_cli.objectives.common.image_text_similarity`); symmetric InfoNCE with targets
+  smoothed by 0.1 and a learnable, clamped temperature. The false-negative methods (MAFA, SRCL, DiHT,
+  GloFND) replace it with their own ITC on the same [B, B] logits, as on the ALBEF path.
+* ITM: the B positives plus one negative text per image and one negative image per text, mined from the
+  ITC similarities (the hardest, as our ALBEF path and FALCON do, or LAVIS's multinomial ``sample``),
+  scored by the ITM head averaged over the query positions (queries and text attend to each other).
+* ITG: the caption generated from the image through the queries (queries attend to queries, text to all
+  queries and causally to earlier text; one pass with a 4-D mask), next-token cross-entropy, label
+  smoothing 0.1.
+
+The reward losses FALCON may use are ``itg`` (the paper's Table 3: BLIP-2 has no MLM), ``itc``, ``itm`` and
+sums. ITG draws nothing at random, so the before/after passes of a reward see identical inputs (the rule
+the MLM reward keeps by reusing its mask).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+import torch.nn.functional as F
+
+from falcon_cli.objectives.common import fp32_region, image_text_similarity, paired_image_feature
+from falcon_cli.objectives.false_negatives import FalseNegatives, PlainItc, StepContext
+from falcon_cli.objectives.itc import itc_grit
+from falcon_cli.objectives.itm import mined_itm_loss
+
+ITC_LABEL_SMOOTHING = 0.1
+"""LAVIS's BLIP-2 ITC smooths its one-hot targets by 0.1 (``label_smoothing=0.1`` in both directions)."""
+
+
+def itg_loss(logits: Tensor, input_ids: Tensor, attention_mask: Tensor, *, label_smoothing: float = 0.1,
+             per_sample: bool = False) -> Tensor:
+    """Image-grounded text generation loss, float32: position t of ``logits`` [B, L, V] predicts token t + 1 of
+    ``input_ids`` [B, L]; padding (``attention_mask`` 0) is not predicted; targets smoothed by
+    ``label_smoothing`` (LAVIS: 0.1). The mean over every predicted token of the batch (as LAVIS's
+    ``CrossEntropyLoss``), or with ``per_sample`` each caption's mean ``[B]`` (FALCON's per-caption credit)."""
+    keep = attention_mask[:, 1:].bool()
+    labels = input_ids[:, 1:].masked_fill(~keep, -100)
+    with fp32_region(logits.device):
+        token = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), labels, ignore_index=-100,
+                                label_smoothing=label_smoothing, reduction="none")  # [B, L - 1], 0 where ignored
+    if per_sample:
+        return token.sum(dim=1) / keep.sum(dim=1).clamp_min(1)
+    return token.sum() / keep.sum().clamp_min(1)
+
+
+class Blip2Losses(NamedTuple):
+    """What one forward returns (a tuple, so DDP handles it). Features are detached, float32."""
+
+    loss: Tensor
+    itc: Tensor
+    itm: Tensor
+    itg: Tensor
+    image_feat: Tensor
+    """[B, embed_dim] one unit vector per pair: the query feature most similar to the pair's own caption
+    (:func:`~falcon_cli.objectives.common.paired_image_feature`), what the embedding cache and the composers
+    read."""
+    text_feat: Tensor
+    temperature: Tensor
+    image_tokens: Tensor
+    """[B, N, vision_width] the frozen image encoder's tokens after ``ln_vision``."""
+    image_queries: Tensor
+    """[B, Q, embed_dim] the query features ITC scores with."""
+
+
+class Blip2Objective(nn.Module):
+    """A :class:`~falcon_cli.models.qformer.Blip2QFormer` and its stage-1 losses.
+
+    Args:
+        model: the BLIP-2 model (frozen image encoder, Q-Former, heads).
+        consistency_weight: GRIT's ITC consistency term on top (None: the false-negative method's own
+            weight; 0 for LAVIS's ITC).
+        itm_negatives: ``hardest`` in-batch negative per anchor, or ``sample`` (LAVIS: multinomial over
+            the softmaxed ITC similarities).
+        false_negatives: how the ITC (and, for MAFA, ITM) treat likely false negatives; default LAVIS's ITC.
+            MAFA's extra MLM pairs have no counterpart here (BLIP-2 has no MLM) and are not used.
+    """
+
+    def __init__(self, model: nn.Module, *, consistency_weight: float | None = None, itm_negatives: str = "hardest",
+                 false_negatives: FalseNegatives | None = None):
+        super().__init__()
+        if false_negatives is None:
+            false_negatives = PlainItc(label_smoothing=ITC_LABEL_SMOOTHING, stop_gradient=False)
+        object.__setattr__(self, "false_negatives", false_negatives)
+        self.model = model
+        self.consistency_weight = 0.0 if consistency_weight is None else float(consistency_weight)
+        self.itm_negatives = itm_negatives
+
+    def forward(self, images: Tensor, input_ids: Tensor, attention_mask: Tensor, mask=None, distill_alpha: float = 0.0,
+                itm_generator: torch.Generator | None = None, context: StepContext | None = None) -> Blip2Losses:
+        """Losses of one batch (``mask`` and ``distill_alpha`` are ALBEF's and ignored here); ``context`` (the
+        batch's pair ids, epoch, progress) is what the false-negative methods need."""
+        model = self.model
+        enc = model(images, input_ids, attention_mask)
+        itc = self.false_negatives.itc(enc.image_feat, enc.text_feat, enc.temperature, self.consistency_weight, context)
+        itm = self._itm_loss(enc.image_embeds, input_ids, attention_mask, itc, sample=self.itm_negatives == "sample",
+                             generator=itm_generator, mining=self.false_negatives.mining,
+                             same_image=None if context is None else context.same_image)
+        itg = itg_loss(model.itg_logits(enc.image_embeds, input_ids, attention_mask), input_ids, attention_mask)
+        loss = itc.loss + itm + itg
+        return Blip2Losses(loss, itc.loss.detach(), itm.detach(), itg.detach(),
+                           paired_image_feature(enc.image_feat.detach(), enc.text_feat.detach()), enc.text_feat.detach(),
+                           enc.temperature.detach(), enc.image_embeds.detach(), enc.image_feat.detach())
+
+    @staticmethod
+    def image_state(out: Blip2Losses) -> tuple[Tensor, Tensor]:
+        """(image tokens, query features) of a forward's output: what :meth:`measure` takes as ``image``."""
+        return out.image_tokens, out.image_queries
+
+    def _itm_loss(self, image_embeds: Tensor, input_ids: Tensor, attention_mask: Tensor, itc, *, sample: bool,
+                  generator=None, mining=None, same_image: Tensor | None = None) -> Tensor:
+        def pair_logits(pairs) -> Tensor:
+            return self.model.itm_logits(image_embeds[pairs.image_index], input_ids[pairs.text_index],
+                                         attention_mask[pairs.text_index])
+
+        return mined_itm_loss(itc, pair_logits, sample=sample, generator=generator, mining=mining, same_image=same_image)
+
+    @torch.no_grad()
+    def measure(self, images: Tensor, input_ids: Tensor, attention_mask: Tensor, mask=None,
+                parts: tuple[str, ...] = ("itg",), image: tuple[Tensor, Tensor] | None = None,
+                same_image: Tensor | None = None, per_pair: bool = False) -> dict[str, Tensor]:
+        """The named losses (``itc``, ``itm``, ``itg``, ``alignment``) of a batch without gradient, in the
+        model's current train/eval mode: FALCON's reward re-scores the batch it just trained on. ITM negatives
+        are mined again from this pass's ITC (the hardest); the ITC is LAVIS's (the false-negative method's
+        own ITC is not re-run). ``image``: (image tokens, query features) to use instead of encoding
+        ``images`` again (``reward_images: reuse``; exact for the frozen encoder, approximate for
+        ``ln_vision``). ``same_image``: pairs removed from ITC and ITM as in training. ``per_pair``: each
+        caption's ``itg`` loss ``[B]`` (the mean over its predicted tokens) or ``alignment`` ``[B]``."""
+        if per_pair and set(parts) not in ({"itg"}, {"alignment"}):
+            raise ValueError(f"per-pair losses are measured for the itg or alignment reward alone, not {parts}")
+        model = self.model
+        image_embeds, queries = model.encode_image(images) if image is None else image
+        out: dict[str, Tensor] = {}
+        if "alignment" in parts:
+            _, own_text = model.encode_text(input_ids, attention_mask)
+            similarity = -image_text_similarity(queries.float(), own_text.float()).diagonal()
+            out["alignment"] = similarity if per_pair else similarity.mean()
+        if "itc" in parts or "itm" in parts:
+            _, text_feat = model.encode_text(input_ids, attention_mask)
+            itc = itc_grit(queries, text_feat, model.temperature(), consistency_weight=self.consistency_weight,
+                           label_smoothing=ITC_LABEL_SMOOTHING, stop_gradient=False, exclude=same_image)
+            out["itc"] = itc.loss
+            if "itm" in parts:
+                out["itm"] = self._itm_loss(image_embeds, input_ids, attention_mask, itc, sample=False,
+                                            same_image=same_image)
+        if "itg" in parts:
+            out["itg"] = itg_loss(model.itg_logits(image_embeds, input_ids, attention_mask), input_ids, attention_mask,
+                                  per_sample=per_pair)
+        return out
+
+
+__all__ = ["Blip2Losses", "Blip2Objective", "ITC_LABEL_SMOOTHING", "itg_loss"]
