@@ -30,6 +30,8 @@ def retrieval(
     split: Optional[str] = typer.Option(None, "--split", help="val or test [default: test]."),
     k: Optional[int] = typer.Option(None, "--k", help="ITM re-ranking depth (COCO 5K: 256, Flickr 1K: 128)."),
     itc_only: Optional[bool] = typer.Option(None, "--itc-only/--rerank", help="Rank by ITC similarity only (fast)."),
+    rerank_score: Optional[str] = typer.Option(None, "--rerank-score", help="itm (ALBEF: the match logit), itm+itc "
+                                               "(LAVIS's BLIP-2: plus the ITC cosine) or auto (the model's own) [default: auto]."),
     false_negatives: Optional[str] = typer.Option(None, "--false-negatives", help="auto, oracle, eccv or none."),
     coco_captions: Optional[Path] = typer.Option(None, "--coco-captions", help="COCO's captions_val2014.json: maps "
                                                  "the Karpathy test captions to COCO ids for ECCV Caption / CxC."),
@@ -45,7 +47,7 @@ def retrieval(
     run_dir, checkpoint = _locate(target)
     models = list(model or ([str(checkpoint)] if checkpoint is not None else []))
     _evaluate("retrieval", run_dir, {"models": models or None, "split": split, "k": k, "itc_only": itc_only,
-                                     "false_negatives": false_negatives, "coco_captions": coco_captions},
+                                     "rerank_score": rerank_score, "false_negatives": false_negatives, "coco_captions": coco_captions},
               device, batch_size, settings)
 
 

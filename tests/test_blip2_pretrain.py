@@ -1,0 +1,165 @@
+"""BLIP-2 through the real CLI on a tiny shapes world: FALCON with the ITG reward, the audit and retrieval
+evaluation of the run, an exact resume mid FALCON epoch, the false-negative methods, two gloo processes,
+and the stages that need an ALBEF refusing a BLIP-2 checkpoint in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from falcon_cli.runtime.metrics import read_metrics
+from tests.conftest import REPO, run_cli
+
+TINY = ["data.shapes.images=40", "data.tokenizer_vocab_size=200", "pretrain.epochs=3", "pretrain.batch_size=16",
+        "pretrain.search_space_size=48", "pretrain.log_every=1", "pretrain.warmup_steps=4", "pretrain.checkpoint_every=8",
+        "pretrain.quantile_levels=20", "pretrain.device=cpu", "evaluate.retrieval.k=4", "audit.max_pairs=2000"]
+
+
+def args(run_dir, world, *extra, command="pretrain", recipe="shapes-blip2-falcon"):
+    return [command, "--recipe", recipe, "--run-dir", run_dir, f"data.dataset={world}", *TINY, *extra]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    return tmp_path_factory.mktemp("blip2") / "world"
+
+
+@pytest.fixture(scope="module")
+def falcon_run(world, tmp_path_factory):
+    """`falcon run --recipe shapes-blip2-falcon`: data, pretrain, audit, evaluate."""
+    run_dir = tmp_path_factory.mktemp("blip2-run") / "run"
+    proc = run_cli(*args(run_dir, world, command="run"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return run_dir
+
+
+def test_falcon_with_the_itg_reward_trains_audits_and_evaluates(falcon_run):
+    manifest = json.loads((falcon_run / "manifest.json").read_text())
+    assert manifest["status"] == "completed"
+    assert set(manifest["stages"]) >= {"data", "pretrain", "audit_false_negatives", "evaluate"}
+    steps = [r for r in read_metrics(falcon_run / "metrics.jsonl") if "loss" in r]
+    assert [r["step"] for r in steps] == list(range(1, 31))
+    assert all({"itc", "itm", "itg"} <= set(r) and "mlm" not in r for r in steps)
+    assert np.isfinite([r["loss"] for r in steps]).all()
+    assert [r["sampler"] for r in steps] == ["uniform"] * 10 + ["falcon"] * 20
+    assert all(r["reward"] is not None for r in steps[10:]), "every FALCON step is rewarded by the ITG decrease"
+    assert len({round(r["reward"], 6) for r in steps[10:]}) > 1
+    summaries = [r for r in read_metrics(falcon_run / "metrics.jsonl") if r.get("kind") == "epoch_summary"]
+    assert [r["epoch"] for r in summaries] == [1, 2]
+
+    from falcon_cli.artifacts.embeddings import read_embeddings
+    from falcon_cli.sampling.batch_log import read_batch_log
+
+    log = read_batch_log(falcon_run / "batches.parquet")
+    falcon = log[log["sampler"] == "falcon"]
+    assert falcon["q"].notna().mean() > 0.9 and falcon["q"].dropna().between(0, 1).all()  # (a batch's seed has no q)
+    cache = read_embeddings(falcon_run / "embeddings" / "epoch_002.h5")
+    assert cache.image.shape == (160, 64), "one 64-d vector per pair (the query closest to its caption)"
+    assert np.allclose(np.linalg.norm(cache.image.astype(np.float32), axis=1), 1, atol=1e-2)
+
+    assert (falcon_run / "audit" / "audit.parquet").is_file() and (falcon_run / "audit" / "audit.md").is_file()
+    results = json.loads((falcon_run / "results" / "retrieval.json").read_text())
+    scorings = [row["scoring"] for row in results["rows"]]
+    assert scorings == ["itc", "itc+(itm+itc)@4"], "BLIP-2 re-ranks by ITM + ITC (LAVIS)"
+    assert results["meta"]["false_negatives"] == "oracle"
+    assert all("oracle_i2t_R@1" in row for row in results["rows"])
+
+
+def test_the_same_evaluation_by_albefs_rule_and_from_another_directory(falcon_run, tmp_path):
+    """`falcon evaluate retrieval` on the run from another working directory, re-ranking by the ITM logit alone."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(falcon_run, copy)
+    proc = run_cli("evaluate", "retrieval", "copy", "--k", "4", "--rerank-score", "itm", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = json.loads((copy / "results" / "retrieval.json").read_text())["rows"]
+    assert [row["scoring"] for row in rows] == ["itc", "itc+itm@4"]
+
+
+def test_falcon_kill_and_resume_is_exact(world, falcon_run, tmp_path):
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "FALCON_PROGRESS": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "falcon_cli", *map(str, args(run_dir, world))]
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and any(r.get("step", 0) >= 19 for r in read_metrics(metrics)):
+            proc.send_signal(signal.SIGKILL)  # past the step-16 checkpoint, inside the first FALCON epoch
+            break
+        time.sleep(0.05)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run must be killed mid-training"
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "00000016"
+    resumed = run_cli(*args(run_dir, world), "--resume")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    expected, got = read_metrics(falcon_run / "metrics.jsonl"), read_metrics(metrics)
+    assert [r["step"] for r in got] == [r["step"] for r in expected]
+    for a, b in zip(expected, got):
+        for key in ("loss", "itc", "itm", "itg", "reward", "temperature"):
+            if a.get(key) is not None:
+                assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a["step"], key, a[key], b[key])
+    from falcon_cli.sampling.batch_log import read_batch_log
+
+    ref_log, new_log = read_batch_log(falcon_run / "batches.parquet"), read_batch_log(run_dir / "batches.parquet")
+    columns = ["epoch", "step", "slot", "pair_id", "anchor_pair_id"]
+    assert ref_log[columns].equals(new_log[columns])
+    assert (ref_log["q"].fillna(-1) - new_log["q"].fillna(-1)).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("method", ["glofnd", "diht", "mafa"])
+def test_false_negative_methods_train_a_blip2_model(world, falcon_run, tmp_path, method):
+    extra = {"glofnd": ["pretrain.glofnd.start_epoch=1", "pretrain.glofnd.alpha=0.2"], "diht": [],
+             "mafa": ["pretrain.mafa.judge=oracle"]}[method]
+    proc = run_cli(*args(tmp_path / "run", world, f"pretrain.false_negatives={method}", "pretrain.composer=grit",
+                         "pretrain.epochs=2", "pretrain.eval_split=null", *extra, recipe="shapes-blip2"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    steps = [r for r in records if "loss" in r]
+    assert len(steps) == 20 and np.isfinite([r["loss"] for r in steps]).all()
+    if method in ("glofnd", "mafa"):  # what the method flagged, measured against the oracle
+        assert any(r.get("kind") == "false_negatives" for r in records)
+
+
+def test_two_gloo_processes_train_blip2(tmp_path):
+    env = {**os.environ, "FALCON_PROGRESS": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "falcon_cli",
+               *map(str, args(tmp_path / "run", tmp_path / "world", "pretrain.batch_size=8", "pretrain.epochs=2",
+                              "pretrain.eval_split=null"))]
+    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "global batch 16" in proc.stderr
+    records = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
+    assert [r["step"] for r in records] == list(range(1, 21))
+    assert [r["sampler"] for r in records] == ["uniform"] * 10 + ["falcon"] * 10
+    assert np.isfinite([r["itg"] for r in records]).all()
+
+
+def test_albef_only_stages_and_settings_refuse_blip2_in_one_line(falcon_run, world, tmp_path):
+    proc = run_cli("finetune", "--run-dir", falcon_run, "--task", "vqa")
+    assert proc.returncode != 0 and "blip2 checkpoint" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run_cli(*args(tmp_path / "run", world, "pretrain.reward=mlm"))
+    assert proc.returncode != 0 and "BLIP-2 has no MLM: its reward is itg" in proc.stderr
+    assert not (tmp_path / "run").exists(), "refused before anything is written"
+    proc = run_cli(*args(tmp_path / "run", world, "pretrain.itc=momentum"))
+    assert proc.returncode != 0 and "itc=momentum: not available for BLIP-2" in proc.stderr
+
+
+def test_falcon_embed_reads_a_blip2_run(falcon_run, world, tmp_path):
+    proc = run_cli("embed", "--recipe", "shapes-blip2", "--run-dir", tmp_path / "emb", f"data.dataset={world}",
+                   *TINY[:2], f"embed.encoder=falcon:{falcon_run}", "embed.fp16=false")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    from falcon_cli.artifacts.embeddings import read_embeddings
+
+    embedded = read_embeddings(tmp_path / "emb" / "embeddings" / "embeddings.h5")
+    cache = read_embeddings(falcon_run / "embeddings" / "epoch_002.h5")
+    assert embedded.image.shape == cache.image.shape == (160, 64)
+    assert np.allclose(np.linalg.norm(embedded.image, axis=1), 1, atol=1e-4)
