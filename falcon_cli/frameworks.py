@@ -8,7 +8,8 @@ A framework says, for a model family:
   (:func:`falcon_cli.models.registry.build_model`), and :func:`model_overrides` turns the stage's
   tokenizer and weight settings into that config's fields;
 * the training losses of one batch and the L2-normalised image/text features that fill the embedding
-  cache: :func:`build_objective` returns an ``nn.Module`` whose ``forward`` gives a named tuple with
+  cache: its objective (ALBEF's :class:`~falcon_cli.objectives.vlp.VlpObjective`, BLIP-2's
+  :class:`~falcon_cli.objectives.qformer.Blip2Objective`) is an ``nn.Module`` whose ``forward`` gives a named tuple with
   ``loss``, one field per name in :attr:`Framework.losses`, ``image_feat``/``text_feat`` (one vector per
   pair: what the cache and the composers use), ``temperature`` and ``image_tokens``; its ``measure``
   computes any of :attr:`Framework.losses` (the reward's parts) on the same inputs without gradient;
@@ -93,23 +94,4 @@ def model_overrides(framework: Framework, tokenizer_length: int, *, vision_weigh
     return overrides
 
 
-def build_objective(model, *, itc: str = "grit", consistency_weight: float | None = None,
-                    itm_negatives: str = "hardest", momentum: float = 0.995, queue_size: int = 65536,
-                    false_negatives=None):
-    """The pretraining objective of ``model``'s framework: ALBEF's ITC + ITM + MLM
-    (:class:`~falcon_cli.objectives.vlp.VlpObjective`), or BLIP-2 stage 1's ITC + ITM + ITG
-    (:class:`~falcon_cli.objectives.qformer.Blip2Objective`)."""
-    if framework_of(model).name == "blip2":
-        from falcon_cli.objectives.qformer import Blip2Objective
-
-        if itc != "grit":
-            raise FalconError(f"pretrain.itc={itc}: BLIP-2 trains the in-batch ITC only (itc: grit)")
-        return Blip2Objective(model, consistency_weight=consistency_weight, itm_negatives=itm_negatives,
-                              false_negatives=false_negatives)
-    from falcon_cli.objectives.vlp import VlpObjective
-
-    return VlpObjective(model, itc=itc, consistency_weight=consistency_weight, itm_negatives=itm_negatives,
-                        momentum=momentum, queue_size=queue_size, false_negatives=false_negatives)
-
-
-__all__ = ["FRAMEWORKS", "Framework", "build_objective", "framework_of", "model_framework", "model_overrides"]
+__all__ = ["FRAMEWORKS", "Framework", "framework_of", "model_framework", "model_overrides"]

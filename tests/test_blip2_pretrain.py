@@ -115,11 +115,13 @@ def test_falcon_kill_and_resume_is_exact(world, falcon_run, tmp_path):
     assert (ref_log["q"].fillna(-1) - new_log["q"].fillna(-1)).abs().max() < 1e-5
 
 
-@pytest.mark.parametrize("method", ["glofnd", "diht", "mafa"])
+@pytest.mark.parametrize("method", ["glofnd", "diht", "mafa", "none"])
 def test_false_negative_methods_train_a_blip2_model(world, falcon_run, tmp_path, method):
-    extra = {"glofnd": ["pretrain.glofnd.start_epoch=1", "pretrain.glofnd.alpha=0.2"], "diht": [],
-             "mafa": ["pretrain.mafa.judge=oracle"]}[method]
-    proc = run_cli(*args(tmp_path / "run", world, f"pretrain.false_negatives={method}", "pretrain.composer=grit",
+    """GloFND, DiHT and MAFA on GRIT batches; plain ITC on fixed-quantile batches with LAVIS's sampled ITM negatives."""
+    extra = {"glofnd": ["pretrain.glofnd.start_epoch=1", "pretrain.glofnd.alpha=0.2", "pretrain.composer=grit"],
+             "diht": ["pretrain.composer=grit"], "mafa": ["pretrain.mafa.judge=oracle", "pretrain.composer=grit"],
+             "none": ["pretrain.composer=quantile", "pretrain.quantile=0.5", "pretrain.itm_negatives=sample"]}[method]
+    proc = run_cli(*args(tmp_path / "run", world, f"pretrain.false_negatives={method}",
                          "pretrain.epochs=2", "pretrain.eval_split=null", *extra, recipe="shapes-blip2"))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
@@ -127,6 +129,20 @@ def test_false_negative_methods_train_a_blip2_model(world, falcon_run, tmp_path,
     assert len(steps) == 20 and np.isfinite([r["loss"] for r in steps]).all()
     if method in ("glofnd", "mafa"):  # what the method flagged, measured against the oracle
         assert any(r.get("kind") == "false_negatives" for r in records)
+
+
+def test_the_audit_judges_with_a_blip2_runs_own_itm_head(falcon_run, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(falcon_run, copy)
+    proc = run_cli("audit-false-negatives", copy, "--judge", "checkpoint", "--max-pairs", "500")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    import pandas as pd
+
+    audit = pd.read_parquet(copy / "audit" / "audit.parquet")
+    assert audit["judge"].str.startswith("checkpoint:").all() and audit["score"].between(0, 1).all()
+    assert audit["oracle"].notna().all(), "the shapes oracle's verdict beside the judge's"
 
 
 def test_two_gloo_processes_train_blip2(tmp_path):

@@ -633,7 +633,7 @@ def test_the_stage_hands_the_objective_the_methods_consistency_weight(world, ref
         seen.update(kwargs)
         raise Built
 
-    monkeypatch.setattr(stage, "build_objective", objective)
+    monkeypatch.setattr(stage, "VlpObjective", objective)
     aux = f"pretrain.srcl.aux_embeddings={reference_run / 'embeddings' / 'epoch_001.h5'}"
     overrides = [aux if o == "AUX" else o for o in overrides]
     config, _ = load_recipe("shapes-demo", [f"data.dataset={world}", *TINY, "pretrain.device=cpu", *overrides])

@@ -380,9 +380,10 @@ class PretrainConfig(Section):
         if self.reward_baseline == "batch_mean" and self.scheduler_credit == "batch":
             raise ValueError("reward_baseline=batch_mean needs a per-step scheduler_credit (chosen, anchor or pair); "
                              "with one reward per batch every advantage would be 0")
-        if self.scheduler_credit != "batch" and (self.reward not in PER_PAIR_REWARDS or self.scheduler_level != "instance"):
+        per_pair = [name for name in PER_PAIR_REWARDS if name in framework.rewards]
+        if self.scheduler_credit != "batch" and (self.reward not in per_pair or self.scheduler_level != "instance"):
             raise ValueError(f"scheduler_credit={self.scheduler_credit} credits each q with one pair's reward: it needs "
-                             f"reward: {' or '.join(PER_PAIR_REWARDS)} and scheduler_level: instance "
+                             f"reward: {' or '.join(per_pair)} and scheduler_level: instance "
                              f"(got {self.reward}, {self.scheduler_level})")
         if self.reward == "positive_margin" and self.scheduler_credit != "chosen":
             raise ValueError(f"reward=positive_margin scores each pick for the anchor that chose it: it needs "

@@ -49,6 +49,13 @@ class StepProfiler:
         self.out.mkdir(parents=True, exist_ok=True)
         self.profiler.export_chrome_trace(str(self.out / "trace.json"))
         key = "self_cuda_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
-        table = self.profiler.key_averages().table(sort_by=key, row_limit=40)
-        (self.out / "summary.txt").write_text(f"{self.steps} steps from step {self.first}, sorted by {key}\n\n{table}\n")
+        averages = self.profiler.key_averages()
+        table = averages.table(sort_by=key, row_limit=40)
+        # The named ranges (FALCON's falcon/reward and falcon/update) spend their time in their children, so a
+        # table sorted by self time may leave them out: they get their own lines, by total time.
+        ranges = "\n".join(f"{e.key:<24} {e.count:>5} calls  cpu total {e.cpu_time_total / 1e3:10.2f} ms"
+                           + (f"  device total {getattr(e, 'device_time_total', 0) / 1e3:10.2f} ms" if self.device.type == "cuda" else "")
+                           for e in averages if e.key.startswith("falcon/"))
+        (self.out / "summary.txt").write_text(f"{self.steps} steps from step {self.first}, sorted by {key}\n\n{table}\n"
+                                              + (f"\nNamed ranges (total time, children included)\n{ranges}\n" if ranges else ""))
         self.profiler, self.done = None, True
