@@ -190,6 +190,9 @@ def test_training_losses_and_the_rewards_measure_agree_in_eval_mode():
         assert measured[name].item() == pytest.approx(getattr(out, name).item(), rel=1e-5), name
         assert reused[name].item() == pytest.approx(measured[name].item(), rel=1e-5), name
     assert per_caption["itg"].shape == (4,)
+    alignment = objective.measure(images, ids, mask, parts=("alignment",), per_pair=True)["alignment"]
+    own = image_text_similarity(out.image_queries, out.text_feat).diagonal()
+    assert torch.allclose(alignment, -own, atol=1e-6), "minus the best query's cosine to the pair's own caption"
     # the cache's one vector per pair: the query closest to the pair's own caption
     queries = out.image_queries
     best = torch.einsum("bqd,bd->bq", queries, out.text_feat).argmax(1)

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["fp32_region", "image_text_similarity", "paired_image_feature", "soft_cross_entropy", "positive_mask_from_ids", "row_normalised_targets"]
+__all__ = ["alignment_loss", "fp32_region", "image_text_similarity", "paired_image_feature", "soft_cross_entropy", "positive_mask_from_ids", "row_normalised_targets"]
 
 
 @contextlib.contextmanager
@@ -54,6 +54,14 @@ def paired_image_feature(image_feat: Tensor, text_feat: Tensor) -> Tensor:
         return image_feat
     best = torch.einsum("bqd,bd->bq", image_feat, text_feat.to(image_feat.dtype)).argmax(dim=1)
     return image_feat[torch.arange(image_feat.shape[0], device=image_feat.device), best]
+
+
+def alignment_loss(image_feat: Tensor, text_feat: Tensor, per_pair: bool = False) -> Tensor:
+    """Minus each pair's own image-text cosine (float32; the best query's for BLIP-2), ``[B]`` with ``per_pair``,
+    else its mean: FALCON's ``alignment`` reward is its decrease, the rise of the pairs' own alignment."""
+    text = text_feat.float()
+    cosine = -(paired_image_feature(image_feat.float(), text) * text).sum(-1)
+    return cosine if per_pair else cosine.mean()
 
 
 def as_temperature(temperature: float | Tensor) -> float | Tensor:

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 import torch.nn.functional as F
 
-from falcon_cli.objectives.common import fp32_region, image_text_similarity, paired_image_feature
+from falcon_cli.objectives.common import alignment_loss, fp32_region, paired_image_feature
 from falcon_cli.objectives.false_negatives import FalseNegatives, PlainItc, StepContext
 from falcon_cli.objectives.itc import itc_grit
 from falcon_cli.objectives.itm import mined_itm_loss
@@ -138,9 +138,7 @@ class Blip2Objective(nn.Module):
         image_embeds, queries = model.encode_image(images) if image is None else image
         out: dict[str, Tensor] = {}
         if "alignment" in parts:
-            _, own_text = model.encode_text(input_ids, attention_mask)
-            similarity = -image_text_similarity(queries.float(), own_text.float()).diagonal()
-            out["alignment"] = similarity if per_pair else similarity.mean()
+            out["alignment"] = alignment_loss(queries, model.encode_text(input_ids, attention_mask)[1], per_pair)
         if "itc" in parts or "itm" in parts:
             _, text_feat = model.encode_text(input_ids, attention_mask)
             itc = itc_grit(queries, text_feat, model.temperature(), consistency_weight=self.consistency_weight,

@@ -21,6 +21,7 @@ from falcon_cli.objectives.itc import (
     MomentumQueue, copy_to_momentum, itc_grit, itc_momentum_distillation, momentum_update,
 )
 from falcon_cli.objectives.false_negatives import FalseNegatives, PlainItc, StepContext
+from falcon_cli.objectives.common import alignment_loss
 from falcon_cli.objectives.itm import mined_itm_loss
 from falcon_cli.objectives.mlm import MlmMask, mlm_loss
 
@@ -170,9 +171,7 @@ class VlpObjective(nn.Module):
         image_tokens, image_feat = model.encode_image(images) if image is None else image
         out: dict[str, Tensor] = {}
         if "alignment" in parts:
-            _, own_text = model.encode_text(input_ids, attention_mask)
-            cosine = -(image_feat.float() * own_text.float()).sum(-1)
-            out["alignment"] = cosine if per_pair else cosine.mean()
+            out["alignment"] = alignment_loss(image_feat, model.encode_text(input_ids, attention_mask)[1], per_pair)
         if "itc" in parts or "itm" in parts:
             text_tokens, text_feat = model.encode_text(input_ids, attention_mask)
             itc = itc_grit(image_feat, text_feat, model.temperature(), consistency_weight=self.consistency_weight,
