@@ -1,0 +1,67 @@
+"""SigLIP's pairwise sigmoid loss, with the two ways a false-negative method can treat a flagged pair.
+
+Every (image i, text j) pair of a batch is one binary classification: ``z_ij = +1`` for a match, ``-1``
+otherwise, logit ``l_ij = t · <x_i, y_j> + b`` with a learnable scale ``t`` (SigLIP: ``exp`` of a log-scale
+initialised at ``log 10``) and bias ``b`` (initialised at ``-10``)::
+
+    loss = -1/B · sum_ij log sigmoid(z_ij · l_ij)
+
+(open_clip's ``SigLipLoss`` divides the sum by the number of images B, as here.) Unlike the softmax ITC,
+each pair's term stands alone, so "dropping" and "converting" a false negative are both one entry:
+
+* ``positive_mask`` (convert): the pair's label becomes ``+1``, it is pulled together like the diagonal;
+* ``exclude`` (drop): the pair's term is removed from the sum (the divisor stays B: the other terms keep
+  their weight, whereas a softmax renormalises over what is left).
+
+The loss runs in float32 whatever the autocast dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from falcon_cli.objectives.common import fp32_region, image_text_similarity
+
+SIGLIP_LOGIT_SCALE_INIT = 10.0
+"""SigLIP's initial logit scale ``t`` (learned as ``log t``)."""
+SIGLIP_LOGIT_BIAS_INIT = -10.0
+"""SigLIP's initial logit bias ``b``: with B - 1 negatives per positive, a prior towards "no match"."""
+
+
+def sigmoid_labels(n: int, device: torch.device, positive_mask: Tensor | None = None) -> Tensor:
+    """float32 [n, n] labels: +1 on the diagonal and where ``positive_mask`` (bool, rows images) is True, -1 elsewhere."""
+    positives = torch.eye(n, dtype=torch.bool, device=device)
+    if positive_mask is not None:
+        positives = positives | positive_mask.to(device).bool()
+    return positives.float() * 2 - 1
+
+
+def sigmoid_loss(image_feat: Tensor, text_feat: Tensor, logit_scale: float | Tensor, logit_bias: float | Tensor, *,
+                 positive_mask: Tensor | None = None, exclude: Tensor | None = None) -> Tensor:
+    """SigLIP's sigmoid loss of a batch (module docstring), float32.
+
+    Args:
+        image_feat: [B, D] normalised image features (or [B, Q, D]: the best query's similarity is used).
+        text_feat: [B, D] normalised text features.
+        logit_scale: the scale ``t`` itself (not its log), a float or a 0-d tensor (gradient flows).
+        logit_bias: the bias ``b``, a float or a 0-d tensor.
+        positive_mask: optional bool [B, B] (rows images, columns texts): pairs that count as matches
+            (a false-negative method's "convert"); the diagonal always does.
+        exclude: optional bool [B, B]: pairs whose term is removed (a method's "drop"); never the diagonal.
+    """
+    if text_feat.dim() != 2 or image_feat.shape[0] != text_feat.shape[0]:
+        raise ValueError(f"image and text features need the same batch size, got {tuple(image_feat.shape)} "
+                         f"and {tuple(text_feat.shape)}")
+    n, device = text_feat.shape[0], text_feat.device
+    with fp32_region(device):
+        logits = image_text_similarity(image_feat.float(), text_feat.float()) * logit_scale + logit_bias
+        terms = F.logsigmoid(sigmoid_labels(n, device, positive_mask) * logits)
+        if exclude is not None:
+            keep = ~(exclude.to(device).bool() & ~torch.eye(n, dtype=torch.bool, device=device))
+            terms = terms * keep
+        return -terms.sum() / n
+
+
+__all__ = ["SIGLIP_LOGIT_BIAS_INIT", "SIGLIP_LOGIT_SCALE_INIT", "sigmoid_labels", "sigmoid_loss"]
