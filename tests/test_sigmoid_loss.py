@@ -65,3 +65,43 @@ def test_sigmoid_loss_is_float32_under_autocast_and_checks_shapes():
     assert loss.dtype == torch.float32
     with pytest.raises(ValueError, match="same batch size"):
         sigmoid_loss(image, text[:3], 10.0, -10.0)
+
+
+def _ring_worker(rank: int, world: int, store: str, image, text, out: str):
+    import torch.distributed as dist
+
+    from falcon_cli.objectives.sigmoid import distributed_sigmoid_loss
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    b = image.shape[0] // world
+    mine = slice(rank * b, (rank + 1) * b)
+    x, y = image[mine].clone().requires_grad_(), text[mine].clone().requires_grad_()
+    scale, bias = torch.tensor(10.0, requires_grad=True), torch.tensor(-10.0, requires_grad=True)
+    loss = distributed_sigmoid_loss(x, y, scale, bias)
+    loss.backward()
+    torch.save({"loss": loss.detach(), "image": x.grad, "text": y.grad, "scale": scale.grad, "bias": bias.grad},
+               f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_ring_exchange_gives_the_global_batchs_loss_and_gradients(tmp_path, world):
+    """Each rank holds B/world pairs; the mean of the ranks' losses is the global batch's sigmoid loss, and each
+    rank's feature gradients are world × the global loss's (DDP averages parameter gradients over the ranks)."""
+    import torch.multiprocessing as mp
+
+    image, text = _features(6, 8, seed=3)
+    out = str(tmp_path / "grads")
+    mp.spawn(_ring_worker, args=(world, str(tmp_path / "store"), image, text, out), nprocs=world, join=True)
+    results = [torch.load(f"{out}.{r}") for r in range(world)]
+    x, y = image.clone().requires_grad_(), text.clone().requires_grad_()
+    scale, bias = torch.tensor(10.0, requires_grad=True), torch.tensor(-10.0, requires_grad=True)
+    reference = sigmoid_loss(x, y, scale, bias)
+    reference.backward()
+    assert sum(r["loss"] for r in results).item() / world == pytest.approx(reference.item(), rel=1e-5)
+    b = 6 // world
+    for rank, r in enumerate(results):
+        assert torch.allclose(r["image"] / world, x.grad[rank * b:(rank + 1) * b], atol=1e-6)
+        assert torch.allclose(r["text"] / world, y.grad[rank * b:(rank + 1) * b], atol=1e-6)
+    assert sum(r["scale"] for r in results).item() / world == pytest.approx(scale.grad.item(), rel=1e-5)
+    assert sum(r["bias"] for r in results).item() / world == pytest.approx(bias.grad.item(), rel=1e-5)

@@ -14,11 +14,19 @@ each pair's term stands alone, so "dropping" and "converting" a false negative a
   their weight, whereas a softmax renormalises over what is left).
 
 The loss runs in float32 whatever the autocast dtype.
+
+Under DDP (:func:`distributed_sigmoid_loss`) each rank scores its images against its own texts, then passes
+text features around the ring of ranks, one neighbour at a time (:class:`RingShift`, open_clip's "shift"
+exchange: world - 1 point-to-point steps, never an all-gather of every rank's features at once), scoring
+its images against each visiting chunk as negatives; the gradient of a visiting chunk travels back the
+same way to the rank that owns it. The mean of the ranks' losses (what DDP's gradient averaging
+optimises) is the loss of the global batch.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -39,7 +47,7 @@ def sigmoid_labels(n: int, device: torch.device, positive_mask: Tensor | None = 
 
 
 def sigmoid_loss(image_feat: Tensor, text_feat: Tensor, logit_scale: float | Tensor, logit_bias: float | Tensor, *,
-                 positive_mask: Tensor | None = None, exclude: Tensor | None = None) -> Tensor:
+                 positive_mask: Tensor | None = None, exclude: Tensor | None = None, negatives_only: bool = False) -> Tensor:
     """SigLIP's sigmoid loss of a batch (module docstring), float32.
 
     Args:
@@ -50,6 +58,7 @@ def sigmoid_loss(image_feat: Tensor, text_feat: Tensor, logit_scale: float | Ten
         positive_mask: optional bool [B, B] (rows images, columns texts): pairs that count as matches
             (a false-negative method's "convert"); the diagonal always does.
         exclude: optional bool [B, B]: pairs whose term is removed (a method's "drop"); never the diagonal.
+        negatives_only: every pair is a non-match (another rank's texts: no diagonal).
     """
     if text_feat.dim() != 2 or image_feat.shape[0] != text_feat.shape[0]:
         raise ValueError(f"image and text features need the same batch size, got {tuple(image_feat.shape)} "
@@ -57,11 +66,55 @@ def sigmoid_loss(image_feat: Tensor, text_feat: Tensor, logit_scale: float | Ten
     n, device = text_feat.shape[0], text_feat.device
     with fp32_region(device):
         logits = image_text_similarity(image_feat.float(), text_feat.float()) * logit_scale + logit_bias
-        terms = F.logsigmoid(sigmoid_labels(n, device, positive_mask) * logits)
+        labels = -torch.ones(n, n, device=device) if negatives_only else sigmoid_labels(n, device, positive_mask)
+        terms = F.logsigmoid(labels * logits)
         if exclude is not None:
             keep = ~(exclude.to(device).bool() & ~torch.eye(n, dtype=torch.bool, device=device))
             terms = terms * keep
         return -terms.sum() / n
 
 
-__all__ = ["SIGLIP_LOGIT_BIAS_INIT", "SIGLIP_LOGIT_SCALE_INIT", "sigmoid_labels", "sigmoid_loss"]
+class RingShift(torch.autograd.Function):
+    """Send a tensor to the next rank and receive the previous rank's (same shape); the backward sends the
+    gradient of what was received back to the previous rank and receives, from the next one, the gradient
+    of what was sent."""
+
+    @staticmethod
+    def forward(ctx, tensor: Tensor) -> Tensor:  # noqa: D102 - see the class
+        return _exchange(tensor, to=+1)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:  # noqa: D102
+        return _exchange(grad, to=-1)
+
+
+def _exchange(tensor: Tensor, to: int) -> Tensor:
+    """``tensor`` to rank ``rank + to``, and the one rank ``rank - to`` sends, received (point to point)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    received = torch.empty_like(tensor)
+    ops = [dist.P2POp(dist.isend, tensor.contiguous(), (rank + to) % world),
+           dist.P2POp(dist.irecv, received, (rank - to) % world)]
+    for request in dist.batch_isend_irecv(ops):
+        request.wait()
+    return received
+
+
+def distributed_sigmoid_loss(image_feat: Tensor, text_feat: Tensor, logit_scale: float | Tensor,
+                             logit_bias: float | Tensor, *, positive_mask: Tensor | None = None,
+                             exclude: Tensor | None = None) -> Tensor:
+    """:func:`sigmoid_loss` of this rank's images against every rank's texts (module docstring): its own batch
+    (with the false-negative ``positive_mask``/``exclude`` of its own pairs), then each other rank's texts as
+    negatives, passed around the ring. Plain :func:`sigmoid_loss` without an initialised process group or
+    with one process."""
+    loss = sigmoid_loss(image_feat, text_feat, logit_scale, logit_bias, positive_mask=positive_mask, exclude=exclude)
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return loss
+    chunk = text_feat
+    for _ in range(dist.get_world_size() - 1):
+        chunk = RingShift.apply(chunk)
+        loss = loss + sigmoid_loss(image_feat, chunk, logit_scale, logit_bias, negatives_only=True)
+    return loss
+
+
+__all__ = ["RingShift", "SIGLIP_LOGIT_BIAS_INIT", "SIGLIP_LOGIT_SCALE_INIT", "distributed_sigmoid_loss", "sigmoid_labels",
+           "sigmoid_loss"]
