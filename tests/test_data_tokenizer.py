@@ -112,3 +112,131 @@ def test_training_is_deterministic_across_processes(tmp_path):
         assert (tmp_path / "a" / file).read_bytes() == (tmp_path / "b" / file).read_bytes(), file
     tokenizer = load_tokenizer(tmp_path / "a")
     assert tokenizer.tokenize("a crimson zebra") == ["a", "crimson", "z", "##e", "##b", "##r", "##a"]
+
+
+# --- Non-BERT tokenizers (dual encoders: CLIP's BPE, SigLIP's SentencePiece) -------------------------------
+
+
+def _clip_bpe(out):
+    """A tiny CLIP-style BPE tokenizer (``</w>`` word ends, ``<|startoftext|> ... <|endoftext|>``) saved as
+    transformers' CLIPTokenizerFast; returns its vocabulary."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from transformers import CLIPTokenizerFast
+
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    merges = [("r", "e"), ("re", "d</w>"), ("c", "i"), ("ci", "r"), ("cir", "c"), ("l", "e</w>"), ("circ", "le</w>")]
+    tokens = list(letters) + [c + "</w>" for c in letters] + [a + b for a, b in merges]
+    vocab = {token: i for i, token in enumerate(tokens + ["<|startoftext|>", "<|endoftext|>"])}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, end_of_word_suffix="</w>", unk_token="<|endoftext|>"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.decoder = decoders.BPEDecoder(suffix="</w>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<|startoftext|> $A <|endoftext|>",
+        special_tokens=[("<|startoftext|>", vocab["<|startoftext|>"]), ("<|endoftext|>", vocab["<|endoftext|>"])])
+    CLIPTokenizerFast(tokenizer_object=tok, bos_token="<|startoftext|>", eos_token="<|endoftext|>",
+                      unk_token="<|endoftext|>", pad_token="<|endoftext|>", model_max_length=77).save_pretrained(str(out))
+    return vocab
+
+
+def _unigram(out, tokenizer_class=None, **special):
+    """A tiny SentencePiece-style Unigram tokenizer (``▁`` word starts, ``</s>`` appended) saved as a generic
+    fast tokenizer with the given special tokens; ``tokenizer_class`` rewrites the class its config names."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁a", -2.0), ("▁red", -3.0), ("▁circle", -3.0),
+              ("▁", -4.0)] + [(c, -6.0) for c in "abcdefghijklmnopqrstuvwxyz"]
+    tok = Tokenizer(models.Unigram(pieces, unk_id=2, byte_fallback=False))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    PreTrainedTokenizerFast(tokenizer_object=tok, **special).save_pretrained(str(out))
+    if tokenizer_class:
+        config = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
+        config["tokenizer_class"] = tokenizer_class
+        (out / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    return {token: i for i, (token, _) in enumerate(pieces)}
+
+
+def _encode(tokenizer, texts, max_length=16):
+    from falcon_cli.data.collate import tokenize
+
+    ids, mask = tokenize(tokenizer, texts, max_length)
+    return ids.tolist(), mask.tolist()
+
+
+def test_load_tokenizer_clip_bpe_directory(tmp_path):
+    vocab = _clip_bpe(tmp_path / "clip")
+    tok = load_tokenizer(tmp_path / "clip")
+    assert not isinstance(tok, BertTokenizerFast) and type(tok).__name__.startswith("CLIPTokenizer")
+    bos, eos = vocab["<|startoftext|>"], vocab["<|endoftext|>"]
+    ids, mask = _encode(tok, ["a red circle", "Red"])
+    assert ids == [[bos, vocab["a</w>"], vocab["red</w>"], vocab["circle</w>"], eos], [bos, vocab["red</w>"], eos, eos, eos]]
+    assert mask == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]
+    assert _encode(tok, ["a red circle"], max_length=3) == ([[bos, vocab["a</w>"], eos]], [[1, 1, 1]])  # truncated
+    tok.save_pretrained(str(tmp_path / "again"))  # what the data stage does with the run's tokenizer
+    again = load_tokenizer(tmp_path / "again")
+    assert type(again) is type(tok) and _encode(again, ["a red circle", "red"]) == _encode(tok, ["a red circle", "red"])
+
+
+def test_load_tokenizer_unigram_pads_with_eos_on_the_right(tmp_path):
+    # Only an eos token: BertTokenizerFast would read this file and add BERT's special tokens itself,
+    # so the class its config names must decide (a generic fast tokenizer here).
+    pieces = _unigram(tmp_path / "uni", eos_token="</s>", padding_side="left")
+    tok = load_tokenizer(tmp_path / "uni")
+    assert not isinstance(tok, BertTokenizerFast) and tok.pad_token == "</s>" and tok.padding_side == "right"
+    ids, mask = _encode(tok, ["a red circle", "red"])
+    assert ids == [[pieces["▁a"], pieces["▁red"], pieces["▁circle"], 1], [pieces["▁red"], 1, 1, 1]]
+    assert mask == [[1, 1, 1, 1], [1, 1, 0, 0]]
+    tok.save_pretrained(str(tmp_path / "again"))
+    again = load_tokenizer(tmp_path / "again")
+    assert again.pad_token == "</s>" and _encode(again, ["a red circle", "red"]) == (ids, mask)
+
+
+def test_load_tokenizer_sentencepiece_from_the_hub_cache(tmp_path, monkeypatch):
+    """A hub id (one '/', as ``timm/ViT-B-16-SigLIP``) found in the local Hugging Face cache, offline;
+    its config names T5TokenizerFast (SigLIP's tokenizer is T5's SentencePiece one)."""
+    commit = "0" * 40
+    repo = tmp_path / "hub" / "models--falcon-tests--tiny-siglip"
+    _unigram(repo / "snapshots" / commit, tokenizer_class="T5TokenizerFast", eos_token="</s>", unk_token="<unk>",
+             pad_token="<pad>")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit, encoding="utf-8")
+    (repo / ".no_exist" / commit).mkdir(parents=True)  # the hub said: no config.json (open_clip repos have none)
+    (repo / ".no_exist" / commit / "config.json").touch()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    tok = load_tokenizer("falcon-tests/tiny-siglip")
+    assert type(tok).__name__.startswith("T5Tokenizer") and tok.pad_token_id == 0
+    assert _encode(tok, ["a red circle", "red"]) == ([[3, 4, 5, 1], [4, 1, 0, 0]], [[1, 1, 1, 1], [1, 1, 0, 0]])
+
+
+def test_load_tokenizer_unusable_non_bert_directories(tmp_path):
+    (tmp_path / "config_only").mkdir()  # names a class, holds no vocabulary
+    (tmp_path / "config_only" / "tokenizer_config.json").write_text('{"tokenizer_class": "CLIPTokenizer"}')
+    message = _one_line_error(tmp_path / "config_only")
+    assert str(tmp_path / "config_only") in message and "not a tokenizer directory" in message
+    _unigram(tmp_path / "no_pad", unk_token="<unk>")  # nothing to pad with
+    message = _one_line_error(tmp_path / "no_pad")
+    assert str(tmp_path / "no_pad") in message and "no pad token and no eos token" in message
+
+
+def test_hub_id_tokenizer_passes_config_validation(tmp_path, monkeypatch):
+    """``data.tokenizer: timm/ViT-B-16-SigLIP`` stays a hub id (not made a path), and loading it offline
+    with nothing cached says it could not be loaded (not 'directory not found')."""
+    from falcon_cli.config.paths import absolute_input_paths
+    from falcon_cli.config.schema import DataConfig
+
+    monkeypatch.chdir(tmp_path)
+    config = absolute_input_paths(DataConfig(dataset="shapes", tokenizer="timm/ViT-B-16-SigLIP"))
+    assert config.tokenizer == "timm/ViT-B-16-SigLIP"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty_cache"))
+    message = _one_line_error("timm/ViT-B-16-SigLIP")
+    assert "'timm/ViT-B-16-SigLIP' could not be loaded" in message

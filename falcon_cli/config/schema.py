@@ -55,7 +55,9 @@ class DataConfig(Section):
 
     tokenizer: Annotated[str, InputPath(when="exists", keywords=("wordpiece",))] = "wordpiece"
     """``wordpiece`` trains a BERT-style WordPiece tokenizer on the training captions and saves it in
-    the run (offline); anything else is a hub id (``bert-base-uncased``) or a local directory."""
+    the run (offline); anything else is a hub id (``bert-base-uncased``) or a local directory. Non-BERT
+    tokenizers load too, e.g. a dual encoder's (``timm/ViT-B-16-SigLIP``'s SentencePiece,
+    ``openai/clip-vit-base-patch16``'s BPE; padded with their eos token when they have no pad token)."""
 
     tokenizer_vocab_size: int = Field(1000, ge=16)
     """Vocabulary size when ``tokenizer`` is ``wordpiece``."""

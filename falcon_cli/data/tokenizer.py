@@ -1,9 +1,14 @@
-"""Text tokenizers: load a BERT WordPiece tokenizer, or train a small one offline.
+"""Text tokenizers: load a BERT WordPiece or a dual encoder's tokenizer, or train a small one offline.
 
 ``load_tokenizer("bert-base-uncased")`` loads from the Hugging Face hub or its local
 cache; ``load_tokenizer(path)`` loads a saved directory. With no network and nothing
 cached, :func:`train_wordpiece_tokenizer` builds a BERT-compatible uncased WordPiece
 tokenizer from the captions themselves (what tests and the shapes world use).
+
+Other tokenizers load too: a source whose ``tokenizer_config.json`` names a non-BERT
+``tokenizer_class`` (CLIP's BPE ``openai/clip-vit-base-patch16``, SigLIP's SentencePiece
+``timm/ViT-B-16-SigLIP``, ...) is read with transformers' ``AutoTokenizer`` and made ready
+for :func:`falcon_cli.data.collate.tokenize` (a pad token, right padding).
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ BASE_ALPHABET = string.ascii_lowercase + string.digits + string.punctuation
 """Characters always in a trained vocabulary, so digits and punctuation never become ``[UNK]``."""
 MODEL_MAX_LENGTH = 512
 """Longest sequence a BERT position table allows."""
+WORDPIECE_CLASSES = ("BertTokenizer", "DistilBertTokenizer")
+"""``tokenizer_class`` values (with or without ``Fast``) loaded as BERT WordPiece tokenizers, as is a
+source that names no class (``bert-base-uncased``'s config names none); any other class loads with
+``AutoTokenizer``."""
 
 
 def _looks_like_path(name: str) -> bool:
@@ -56,8 +65,72 @@ def _from_pretrained(source: str, **kwargs):
     return tokenizer, ""
 
 
+def _declared_class(source: str, **kwargs) -> str | None:
+    """The ``tokenizer_class`` named by ``source``'s ``tokenizer_config.json`` (None: no file, no field)."""
+    from transformers.models.auto.tokenization_auto import get_tokenizer_config
+
+    try:
+        return get_tokenizer_config(source, **kwargs).get("tokenizer_class")
+    except Exception:  # unreadable JSON, offline, unknown repo: decided by what loads
+        return None
+
+
+def _is_wordpiece(class_name: str | None) -> bool:
+    """Whether a tokenizer class name (or none) means a BERT WordPiece tokenizer (:data:`WORDPIECE_CLASSES`)."""
+    return class_name is None or class_name.removesuffix("Fast") in WORDPIECE_CLASSES
+
+
+def _from_auto(source: str, **kwargs):
+    """``AutoTokenizer.from_pretrained`` that returns ``(tokenizer or None, reason)``.
+
+    Usable means more than one ordinary token (neither special nor added): with no vocabulary
+    file, transformers 5 builds a model class's tokenizer from its defaults, holding only
+    special tokens (and at most a word-boundary marker).
+    """
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    except Exception as exc:  # OSError offline / unknown repo, ValueError / ImportError on files it cannot read
+        return None, _first_line(exc)
+    extra = set(tokenizer.get_added_vocab()) | set(tokenizer.all_special_tokens)
+    if len(set(tokenizer.get_vocab()) - extra) <= 1:
+        return None, f"no vocabulary found for {type(tokenizer).__name__}"
+    return tokenizer, ""
+
+
+def _load(source: str, **kwargs):
+    """``(tokenizer or None, reason)``: ``AutoTokenizer`` when ``source`` names a non-BERT tokenizer class;
+    otherwise BERT WordPiece (:func:`_from_pretrained`), and ``AutoTokenizer`` only if that fails and
+    gives a non-BERT tokenizer (the reason stays BERT's)."""
+    if not _is_wordpiece(_declared_class(source, **kwargs)):
+        return _from_auto(source, **kwargs)
+    tokenizer, reason = _from_pretrained(source, **kwargs)
+    if tokenizer is None:
+        other, _ = _from_auto(source, **kwargs)
+        if other is not None and not _is_wordpiece(type(other).__name__):
+            return other, ""
+    return tokenizer, reason
+
+
+def _ready(tokenizer, source: str):
+    """``tokenizer`` made ready for :func:`~falcon_cli.data.collate.tokenize`: a pad token (its eos token
+    when it has none) and right padding (falcon's text encoders read position 0). A no-op for BERT
+    tokenizers. Both settings are saved by ``save_pretrained``."""
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise FalconError(f"{source}: the tokenizer has no pad token and no eos token to pad with "
+                              "(set pad_token in its tokenizer_config.json)")
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "right"
+    return tokenizer
+
+
 def load_tokenizer(name_or_path: str | os.PathLike):
-    """A ``BertTokenizerFast`` from a local directory or a hub id (``bert-base-uncased``).
+    """A tokenizer from a local directory or a hub id: a ``BertTokenizerFast`` for BERT WordPiece
+    tokenizers (``bert-base-uncased``, :func:`train_wordpiece_tokenizer`'s), else transformers'
+    ``AutoTokenizer`` (a dual encoder's: ``openai/clip-vit-base-patch16``, ``timm/ViT-B-16-SigLIP``),
+    with a pad token (:func:`_ready`).
 
     A directory that exists is loaded from disk; anything else is treated as a hub id,
     looked up in the local Hugging Face cache first and then on the hub (unless
@@ -69,23 +142,23 @@ def load_tokenizer(name_or_path: str | os.PathLike):
     name = str(name_or_path)
     path = Path(name).expanduser()
     if path.is_dir():
-        tokenizer, reason = _from_pretrained(str(path))
+        tokenizer, reason = _load(str(path))
         if tokenizer is None:
             raise FalconError(
                 f"{path}: not a tokenizer directory ({reason}); it needs tokenizer.json or vocab.txt "
                 "(train one with train_wordpiece_tokenizer)"
             )
-        return tokenizer
+        return _ready(tokenizer, str(path))
     if path.exists() or _looks_like_path(name):
         raise FalconError(f"{path}: tokenizer directory not found (give a saved tokenizer directory or a hub id)")
-    tokenizer, reason = _from_pretrained(name, local_files_only=True)
+    tokenizer, reason = _load(name, local_files_only=True)
     if tokenizer is None and prepare_hub():
-        tokenizer, reason = _from_pretrained(name)
+        tokenizer, reason = _load(name)
     if tokenizer is None:
         why = hub_hint(name) or ("it is not a local directory and not in the Hugging Face cache; download it once "
                                  "with network access, or pass a saved tokenizer directory")
         raise FalconError(f"tokenizer '{name}' could not be loaded ({reason}): {why}")
-    return tokenizer
+    return _ready(tokenizer, f"tokenizer '{name}'")
 
 
 def train_wordpiece_tokenizer(
