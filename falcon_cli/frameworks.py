@@ -1,5 +1,5 @@
 """Model families ("frameworks") behind one seam: what the pretrain stage, retrieval and the checks need to
-know about ALBEF or BLIP-2, so the composers, the embedding cache, the scheduler, the batch log and the
+know about ALBEF, BLIP-2 or a dual encoder (CLIP / SigLIP on open_clip), so the composers, the embedding cache, the scheduler, the batch log and the
 audit never learn which one they serve.
 
 A framework says, for a model family:
@@ -32,7 +32,7 @@ class Framework:
     """What differs between model families, as data."""
 
     name: str
-    """``albef`` or ``blip2`` (the ``framework`` key of a model config)."""
+    """``albef``, ``blip2`` or ``dual`` (the ``framework`` key of a model config)."""
     losses: tuple[str, ...]
     """The training losses of a step (their sum is the loss), in the order the metrics log records them."""
     rewards: tuple[str, ...]
@@ -41,8 +41,9 @@ class Framework:
     """Whether each batch needs an MLM mask (drawn outside the model, so a reward re-scores the batch with
     the identical mask)."""
     rerank: str
-    """Default ITM re-ranking score of retrieval: ``itm`` (ALBEF: the match logit alone) or ``itm+itc``
-    (LAVIS's BLIP-2: the match logit plus the ITC cosine)."""
+    """Default ITM re-ranking score of retrieval: ``itm`` (ALBEF: the match logit alone), ``itm+itc``
+    (LAVIS's BLIP-2: the match logit plus the ITC cosine) or ``none`` (a dual encoder has no ITM head:
+    retrieval ranks by the embedding similarity alone)."""
     itc_label_smoothing: float
     """Label smoothing of the plain ITC (``false_negatives: none``): 0 (GRIT-VLP) or 0.1 (BLIP-2)."""
     itc_stop_gradient: bool
@@ -60,6 +61,10 @@ FRAMEWORKS: dict[str, Framework] = {
                        rewards=("itg", "itc+itm", "itc+itm+itg", "alignment", "positive_margin"),
                        masked_language=False, rerank="itm+itc", itc_label_smoothing=0.1, itc_stop_gradient=False,
                        consistency_weight=0.0),
+    "dual": Framework("dual", losses=("itc", "caption"),
+                      rewards=("caption", "itc", "itc+caption", "alignment", "positive_margin"),
+                      masked_language=False, rerank="none", itc_label_smoothing=0.0, itc_stop_gradient=False,
+                      consistency_weight=0.0),
 }
 
 
@@ -80,11 +85,19 @@ def model_framework(model_name: str) -> Framework:
 
 
 def model_overrides(framework: Framework, tokenizer_length: int, *, vision_weights: str | None,
-                    text_weights: str | None, image_size: int | None) -> dict[str, Any]:
+                    text_weights: str | None, image_size: int | None, pad_token_id: int | None = None) -> dict[str, Any]:
     """The registry overrides the pretrain stage builds its model with: the run tokenizer's vocabulary (BLIP-2:
     plus its ``[DEC]`` token, appended), the weight sources (BLIP-2: ``text_weights`` are the Q-Former's: a
-    BLIP-2 checkpoint, or BERT for a fresh Q-Former) and the resolution."""
-    overrides: dict[str, Any] = {"vision_weights": vision_weights}
+    BLIP-2 checkpoint, or BERT for a fresh Q-Former; a dual encoder: ``vision_weights`` are the whole open_clip
+    model's, a pretrained tag or file) and the resolution. A dual encoder also takes the tokenizer's padding id."""
+    if framework.name == "dual":
+        overrides: dict[str, Any] = {"vocab_size": tokenizer_length, "open_clip_weights": vision_weights}
+        if pad_token_id is not None:
+            overrides["pad_token_id"] = pad_token_id
+        if image_size is not None:
+            overrides["image_size"] = image_size
+        return overrides
+    overrides = {"vision_weights": vision_weights}
     if framework.name == "blip2":
         overrides.update(vocab_size=tokenizer_length + 1, qformer_weights=text_weights)
     else:

@@ -98,6 +98,11 @@ def evaluate_retrieval(ctx: Context) -> dict:
     for name, checkpoint in checkpoints.items():
         model = model_from_checkpoint(checkpoint, e.image_size, vocab_size=len(ctx.tokenizer)).to(ctx.device)
         rule = framework_of(model).rerank if r.rerank_score == "auto" else r.rerank_score
+        if rule != "none" and not hasattr(model, "match_logits"):
+            raise FalconError(f"evaluate.retrieval.rerank_score={r.rerank_score}: {checkpoint} is a "
+                              f"{model.config.framework} model without an ITM head; use rerank_score: auto (its "
+                              "embedding similarity alone)")
+        depth = None if rule == "none" else k  # a dual encoder ranks by its embedding similarity alone
         resolution = model.config.image_size
         if loaded_at != resolution:  # checkpoints fine-tuned at another resolution get their own transform
             first = dataset is None
@@ -106,18 +111,20 @@ def evaluate_retrieval(ctx: Context) -> dict:
                 truth = false_negative_truth(ctx, dataset)
         embeddings = embed_split(model, dataset, ctx.tokenizer, ctx.device, batch_size=e.batch_size,
                                  max_length=e.max_text_length, autocast=ctx.autocast(), num_workers=e.num_workers,
-                                 keep_tokens=k is not None)
-        scorings = [None, k] if k is not None and r.also_itc else [k]  # None = ITC only
-        for depth in scorings:
-            i2t, t2i = (s.cpu() for s in retrieval_scores(model, embeddings, k=depth, batch_size=e.batch_size,
+                                 keep_tokens=depth is not None)
+        scorings = [None, depth] if depth is not None and r.also_itc else [depth]  # None = ITC only
+        for top in scorings:
+            i2t, t2i = (s.cpu() for s in retrieval_scores(model, embeddings, k=top, batch_size=e.batch_size,
                                                             autocast=ctx.autocast(), add_itc=rule == "itm+itc"))
-            scoring = "itc" if depth is None else f"itc+itm@{depth}" if rule == "itm" else f"itc+(itm+itc)@{depth}"
+            scoring = "itc" if top is None else f"itc+itm@{top}" if rule == "itm" else f"itc+(itm+itc)@{top}"
             row = {"model": name, "scoring": scoring, "resolution": resolution,
                    **recall_at_k(i2t, *split_targets(dataset), scores_t2i=t2i)}
             if truth[1] is not None:
                 row.update(truth[1](i2t, t2i))
             rows.append({**row, "checkpoint": str(checkpoint)})
         del model, embeddings
+    if all(row["scoring"] == "itc" for row in rows):  # (ITC only asked, or models without an ITM head)
+        k = None
     meta = {"dataset": ctx.spec.name, "split": r.split, "scoring": "itc" if k is None else "itc+itm",
             "k": k, "false_negatives": truth[0], **truth[2], "images": len(dataset), "texts": len(dataset.text),
             "units": "percent"}

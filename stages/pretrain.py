@@ -1,4 +1,5 @@
-"""The pretrain stage: ALBEF (ITC + ITM + MLM) or BLIP-2 stage-1 (ITC + ITM + ITG) pretraining with a batch composer.
+"""The pretrain stage: ALBEF (ITC + ITM + MLM), BLIP-2 stage-1 (ITC + ITM + ITG) or dual-encoder (sigmoid or InfoNCE
+contrastive + captioning) pretraining with a batch composer.
 
 Reads top to bottom:
 1. processes, device, precision and seeds (torchrun or a plain process);
@@ -52,6 +53,7 @@ from falcon_cli.objectives.itc import alpha_ramp
 from falcon_cli.objectives.mlm import MlmMask
 from falcon_cli.objectives.false_negatives import StepContext, flag_counts, flag_summary
 from falcon_cli.frameworks import model_framework, model_overrides
+from falcon_cli.objectives.dual import DualObjective
 from falcon_cli.objectives.qformer import Blip2Objective
 from falcon_cli.objectives.vlp import VlpObjective
 from falcon_cli.reporting.figures import q_over_training
@@ -100,9 +102,10 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
     if config.data.on_missing is not None:
         spec.on_missing = config.data.on_missing
     tokenizer = load_run_tokenizer(run.path, config.name)
-    framework = model_framework(p.model)  # ALBEF or BLIP-2: everything below the model is the same
+    framework = model_framework(p.model)  # ALBEF, BLIP-2 or a dual encoder: everything below the model is the same
     model = create_model(p.model, **model_overrides(framework, len(tokenizer), vision_weights=p.vision_weights,
-                                                    text_weights=p.text_weights, image_size=p.image_size))
+                                                    text_weights=p.text_weights, image_size=p.image_size,
+                                                    pad_token_id=tokenizer.pad_token_id))
     if p.init is not None:  # a whole official ALBEF/GRIT-VLP/MAFA checkpoint (docs/pretraining.md)
         load_albef_checkpoint(model, p.init)
     if p.vision_trainable_epochs:  # BLIP-2 without a pretrained image encoder: it trains first (so AdamW holds it)
@@ -126,6 +129,8 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
     if framework.name == "blip2":  # ITC + ITM + ITG (LAVIS's stage 1)
         objective = Blip2Objective(model, consistency_weight=p.itc_consistency_weight, itm_negatives=p.itm_negatives,
                                    false_negatives=false_negatives).to(device)
+    elif framework.name == "dual":  # sigmoid or InfoNCE contrastive + the decoder's captioning loss
+        objective = DualObjective(model, caption_weight=p.caption_weight, false_negatives=false_negatives).to(device)
     else:  # ITC + ITM + MLM
         objective = VlpObjective(model, itc=p.itc, consistency_weight=p.itc_consistency_weight,
                                  itm_negatives=p.itm_negatives, momentum=p.momentum, queue_size=p.queue_size,
@@ -134,7 +139,8 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
         model.compile_encoders(mode=p.compile_mode)
     optimizer = build_optimizer(objective, p.lr, p.weight_decay)
     scaler = grad_scaler(precision, device)
-    def wrap(objective):
+
+    def wrap(objective):  # (again when BLIP-2's image encoder freezes: DDP must know what still trains)
         return torch.nn.parallel.DistributedDataParallel(objective, device_ids=[device.index] if device.type == "cuda" else None) \
             if distributed else objective
     trainer = wrap(objective)
@@ -452,8 +458,8 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
                     logged /= world
                 elapsed = time.perf_counter() - tick
                 peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
-                metrics.write(step=global_step, epoch=epoch, loss=logged[0], **dict(zip(losses, logged[1:])), lr=lr, temperature=out.temperature, pairs_per_s=seen / max(elapsed, 1e-9),
-                              elapsed_s=elapsed, text_tokens=input_ids.shape[1],
+                metrics.write(step=global_step, epoch=epoch, loss=logged[0], **dict(zip(losses, logged[1:])), lr=lr,
+                              temperature=out.temperature, pairs_per_s=seen / max(elapsed, 1e-9), elapsed_s=elapsed, text_tokens=input_ids.shape[1],
                               peak_memory_mib=peak, sampler=batches[index].sampler if batches is not None else "falcon",
                               reward=rewards[-1] if falcon_epoch else None, advantage=advantage if falcon_epoch else None,
                               concentration=concentration if falcon_epoch else None,

@@ -22,7 +22,7 @@ StageName = Literal["data", "embed", "build_search_spaces", "pretrain", "audit_f
 STAGE_ORDER: tuple[str, ...] = ("data", "embed", "build_search_spaces", "pretrain", "audit_false_negatives", "finetune",
                                 "evaluate")
 
-PER_PAIR_REWARDS = ("mlm", "itg", "alignment", "positive_margin")
+PER_PAIR_REWARDS = ("mlm", "itg", "caption", "alignment", "positive_margin")
 """Rewards measured per pair, which a per-step ``scheduler_credit`` can hand to single q's."""
 
 TaskName = Literal["retrieval", "vqa", "nlvr2"]
@@ -159,11 +159,14 @@ class PretrainConfig(Section):
 
     # -- model ---------------------------------------------------------------------------
     model: str = "albef-tiny"
-    """Model config name from the registry (``albef-base``, ``albef-tiny``; see falcon_cli/models/configs)."""
+    """Model config name from the registry (``albef-base``, ``albef-tiny``, ``blip2-base``, ``siglip2-b16``,
+    ``clip-b16``, ``dual-tiny``; see falcon_cli/models/configs): its ``framework`` picks ALBEF, BLIP-2 or a dual
+    encoder."""
     image_size: int | None = Field(None, ge=8)
     """Input resolution in pixels (default: the model config's; albef-base pretrains at 256)."""
     vision_weights: Annotated[str | None, InputPath(when="exists")] = None
-    """Image-encoder weights: a timm name (``timm:deit_base_patch16_224.fb_in1k``) or a local file; None = random init."""
+    """Image-encoder weights: a timm name (``timm:deit_base_patch16_224.fb_in1k``) or a local file; None = random init.
+    A dual encoder: the whole open_clip model's weights, a pretrained tag (``webli``, ``openai``) or a checkpoint file."""
     text_weights: Annotated[str | None, InputPath(when="exists")] = None
     """Text/fusion weights: a hub id (``bert-base-uncased``) or a local directory; None = random init."""
     vision_trainable_epochs: int = Field(0, ge=0)
@@ -191,6 +194,9 @@ class PretrainConfig(Section):
     """Feature-queue length (``itc: momentum``); must be a multiple of the global batch."""
     distill_alpha: float = Field(0.4, ge=0, le=1)
     """Distillation weight α, ramped linearly over epoch 0 (``itc: momentum``)."""
+    caption_weight: float = Field(1.0, ge=0)
+    """Dual encoders: weight of the captioning decoder's loss beside the contrastive loss (SigLIP 2: 1; CoCa: 2);
+    0 with a model without a decoder."""
     itm_negatives: Literal["hardest", "sample"] = "hardest"
     """ITM negatives: the hardest in-batch negative per anchor (GRIT/FALCON) or ALBEF's multinomial sampling."""
     mlm_probability: float = Field(0.5, gt=0, le=1)
@@ -246,10 +252,13 @@ class PretrainConfig(Section):
     """Scheduler AdamW weight decay."""
     scheduler_grad_clip: float | None = Field(None, gt=0)
     """Clip the scheduler's gradient norm (None: no clipping, as in the paper)."""
-    reward: Literal["mlm", "itg", "itc+itm", "itc+itm+mlm", "itc+itm+itg", "alignment", "positive_margin"] = "mlm"
+    reward: Literal["mlm", "itg", "caption", "itc", "itc+itm", "itc+itm+mlm", "itc+itm+itg", "itc+caption", "alignment",
+                    "positive_margin"] = "mlm"
     """The scheduler's reward: the decrease of this loss on the batch, before vs after the VLP update.
     ``mlm`` and ``itc+itm+mlm`` for ALBEF models, ``itg`` and ``itc+itm+itg`` for BLIP-2 (which has no MLM:
-    the paper's Table 3 uses its image-grounded text generation loss). ``alignment`` (ours): the rise of each pair's own image-text cosine (a false negative next to it pulls
+    the paper's Table 3 uses its image-grounded text generation loss), ``caption``, ``itc`` and ``itc+caption`` for
+    dual encoders (``caption``: the decoder's captioning loss, SigLIP 2's reward in the later FALCON paper; ``itc``:
+    the model's contrastive loss, sigmoid or InfoNCE). ``alignment`` (ours): the rise of each pair's own image-text cosine (a false negative next to it pulls
     its pair apart), per pair with a per-step ``scheduler_credit``. ``positive_margin`` (ours): no loss
     decrease but each pick's similarity to its anchor, charged ``1 + reward_overshoot`` times for every bit
     it rises above the anchor's own pair (a likely false negative); read from the training forward's
@@ -410,12 +419,23 @@ class PretrainConfig(Section):
         if framework.name != "blip2" and self.vision_trainable_epochs:
             raise ValueError(f"vision_trainable_epochs={self.vision_trainable_epochs}: a BLIP-2 setting (its frozen image "
                              f"encoder); {self.model} trains its image encoder throughout")
-        if framework.name == "blip2":
+        if framework.name in ("blip2", "dual"):
+            what = "BLIP-2" if framework.name == "blip2" else "dual-encoder"
             for key, value, allowed in (("itc", self.itc, "grit"), ("init", self.init, None),
                                         ("compile", self.compile, False)):
                 if value != allowed:
-                    raise ValueError(f"{key}={value}: not available for BLIP-2 models ({self.model}); "
+                    raise ValueError(f"{key}={value}: not available for {what} models ({self.model}); "
                                      f"leave {key} at {allowed}")
+        if framework.name == "dual":
+            if self.text_weights is not None:
+                raise ValueError(f"text_weights={self.text_weights}: a dual encoder ({self.model}) loads the whole "
+                                 "open_clip model from vision_weights (a pretrained tag or a file); leave text_weights unset")
+            from falcon_cli.models.registry import get_model_config
+
+            uses_caption = self.caption_weight > 0 or (self.composer == "falcon" and "caption" in self.reward)
+            if uses_caption and not get_model_config(self.model).decoder_layers:
+                raise ValueError(f"{self.model} has no captioning decoder (decoder_layers: 0): set caption_weight: 0 "
+                                 "and a reward without caption (itc, alignment), or use a model config with a decoder")
         return self
 
     def _framework(self):
@@ -686,7 +706,8 @@ class RetrievalEvalConfig(Section):
     256, Flickr30k 1K: 128)."""
     rerank_score: Literal["auto", "itm", "itm+itc"] = "auto"
     """What re-scores the top k: ``itm`` (ALBEF's rule: the ITM match logit alone), ``itm+itc`` (LAVIS's
-    rule for BLIP-2: the match logit plus the ITC cosine); ``auto`` = the model framework's own rule."""
+    rule for BLIP-2: the match logit plus the ITC cosine); ``auto`` = the model framework's own rule (a dual
+    encoder has no ITM head: it ranks by its embedding similarity alone, and ``k`` does not apply)."""
     itc_only: bool = False
     """Rank by ITC similarity only (fast; no re-ranking)."""
     also_itc: bool = True

@@ -160,14 +160,19 @@ def unknown_key_hint(key: str, valid: list[str]) -> str:
 
 
 def config_class(framework: Any, source: str) -> type[BaseModel]:
-    """The config class of a model family: :class:`AlbefConfig` for ``albef``, ``Blip2Config`` for ``blip2``."""
+    """The config class of a model family: :class:`AlbefConfig` for ``albef``, ``Blip2Config`` for ``blip2``,
+    ``DualConfig`` for ``dual``."""
     if framework == "albef":
         return AlbefConfig
     if framework == "blip2":
         from falcon_cli.models.qformer import Blip2Config
 
         return Blip2Config
-    raise FalconError(f"{source}: unknown framework {framework!r}; valid: albef, blip2")
+    if framework == "dual":
+        from falcon_cli.models.dual import DualConfig
+
+        return DualConfig
+    raise FalconError(f"{source}: unknown framework {framework!r}; valid: albef, blip2, dual")
 
 
 def make_config(values: dict[str, Any], source: str) -> AlbefConfig:

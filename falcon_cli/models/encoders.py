@@ -109,10 +109,12 @@ class OpenClipEncoder:
 
     @torch.no_grad()
     def encode(self, images: torch.Tensor, text: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Unit-norm image and text features (float32) of a batch."""
-        image = self.model.encode_image(images.to(self.device), normalize=True)
-        caption = self.model.encode_text(text["text"].to(self.device), normalize=True)
-        return _unit(image), _unit(caption)
+        """Unit-norm image and text features (float32) of a batch: the features a dual encoder trains on
+        (:func:`~falcon_cli.models.dual.open_clip_image`, :func:`~falcon_cli.models.dual.open_clip_text`)."""
+        from falcon_cli.models.dual import open_clip_image, open_clip_text
+
+        _, image = open_clip_image(self.model, images.to(self.device))
+        return _unit(image), _unit(open_clip_text(self.model, text["text"].to(self.device)))
 
 
 class FalconTokenizer:
@@ -130,7 +132,7 @@ class FalconTokenizer:
 
 
 class FalconEncoder:
-    """A falcon checkpoint (ALBEF or BLIP-2): the projected, normalised ITC features of its image and text encoders."""
+    """A falcon checkpoint (ALBEF, BLIP-2 or a dual encoder): the projected, normalised ITC features of its image and text encoders."""
 
     def __init__(self, path: str | Path, device: torch.device):
         from falcon_cli.data.tokenizer import load_tokenizer

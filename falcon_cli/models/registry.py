@@ -91,7 +91,7 @@ def get_model_config(name: str) -> AlbefConfig:
 
 
 def build_model(config: AlbefConfig):
-    """The model of ``config``'s framework (an :class:`ALBEF`, or a BLIP-2 ``Blip2QFormer``): random init,
+    """The model of ``config``'s framework (an :class:`ALBEF`, a BLIP-2 ``Blip2QFormer`` or a ``DualEncoder``): random init,
     then the pretrained sources it names are loaded."""
     from falcon_cli.models.weights import load_bert_weights, load_vision_weights
 
@@ -99,6 +99,10 @@ def build_model(config: AlbefConfig):
         from falcon_cli.models.qformer import build_blip2
 
         return build_blip2(config)
+    if config.framework == "dual":
+        from falcon_cli.models.dual import build_dual
+
+        return build_dual(config)
 
     model = ALBEF(config)
     if config.vision_weights:

@@ -14,6 +14,10 @@ combine with any batch composer; they all work on the in-batch (GRIT) ITC:
 * :class:`Glofnd` — per-pair learned thresholds; negatives above them leave the ITC
   denominators (:mod:`falcon_cli.objectives.glofnd`).
 
+A dual encoder trained with SigLIP's sigmoid loss asks :meth:`FalseNegatives.sigmoid` instead: every
+(image, text) pair is its own binary term there, so each method says what it does to a pair's term
+(convert its label to +1, drop it, or weight it; see that method).
+
 What changes per step comes in a :class:`StepContext` (the batch's pair ids, the epoch, the step
 of the run). After each forward, ``flagged_i2t`` (bool [B, B], rows images, columns texts) says
 which in-batch negatives the method treated as false (MAFA: converted; GloFND: dropped) and
@@ -67,6 +71,32 @@ class FalseNegatives(nn.Module):
         return itc_grit(image_feat, text_feat, temperature, consistency_weight=consistency_weight,
                         exclude=_same_image(context))
 
+    def sigmoid(self, image_feat: Tensor, text_feat: Tensor, logit_scale: Tensor, logit_bias: Tensor,
+                context: StepContext | None) -> Tensor:
+        """The batch's SigLIP sigmoid loss (:func:`~falcon_cli.objectives.sigmoid.distributed_sigmoid_loss`: under
+        DDP every rank's texts are negatives too), with this method's treatment of the pairs it judges:
+
+        * ``none``: plain (pairs that share an image dropped if the context names them);
+        * MAFA: a converted pair (image i and caption j found to match, in either direction's mining) gets
+          label +1 (*convert*); S-ITC's label smoothing has no counterpart for independent binary terms and
+          is not applied;
+        * GloFND: a pair above either anchor's threshold (image i's λ_I or caption j's λ_T) is removed
+          (*drop*; the divisor stays B);
+        * DiHT: each negative pair's term is weighted by the mean of its two anchors' HN-NCE weights
+          ``(N - 1) softmax_{j != i}(β t s_ij)`` (the positive keeps weight 1: α has no counterpart);
+        * SRCL: the same with SRCL's weights ``(N - 1) softmax_{j != i}(-δ cos_mix_ij)``.
+        """
+        from falcon_cli.objectives.sigmoid import distributed_sigmoid_loss
+
+        self.flagged_i2t, self.mining, self.stats = None, None, {}
+        return distributed_sigmoid_loss(image_feat, text_feat, logit_scale, logit_bias, exclude=_same_image(context))
+
+
+def pair_weights(w_i2t: Tensor, w_t2i: Tensor) -> Tensor:
+    """One weight per (image i, text j) pair [B, B] from two anchors' weights: the mean of image i's weight of
+    text j (``w_i2t[i, j]``) and text j's weight of image i (``w_t2i[j, i]``)."""
+    return (w_i2t + w_t2i.t()) / 2
+
 
 class PlainItc(FalseNegatives):
     """``none``: GRIT-VLP's in-batch ITC with its consistency term (ALBEF's framework), or, with
@@ -110,6 +140,18 @@ class Diht(FalseNegatives):
         return itc_hn_nce(image_feat, text_feat, temperature, beta_i2t=self.beta, beta_t2i=self.beta, alpha=self.alpha,
                           consistency_weight=consistency_weight)
 
+    def sigmoid(self, image_feat, text_feat, logit_scale, logit_bias, context):
+        from falcon_cli.objectives.common import image_text_similarity
+        from falcon_cli.objectives.reweighted_itc import negative_log_weights
+        from falcon_cli.objectives.sigmoid import distributed_sigmoid_loss
+
+        self.flagged_i2t, self.mining, self.stats = None, None, {}
+        with torch.no_grad():
+            logits = image_text_similarity(image_feat.detach().float(), text_feat.detach().float()) * logit_scale.detach()
+            weights = pair_weights(negative_log_weights(self.beta * logits).exp(),
+                                   negative_log_weights(self.beta * logits.t()).exp())
+        return distributed_sigmoid_loss(image_feat, text_feat, logit_scale, logit_bias, negative_weights=weights)
+
 
 class Srcl(FalseNegatives):
     """SRCL: each negative weighted by ``(N - 1) softmax_j(-δ · cos_mix)``, ``cos_mix`` the α-mixture of a
@@ -122,15 +164,35 @@ class Srcl(FalseNegatives):
         self.aux_features, self.delta, self.until = aux_features, float(delta), float(until)
 
     def itc(self, image_feat, text_feat, temperature, consistency_weight, context):
-        from falcon_cli.objectives.reweighted_itc import itc_srcl, srcl_mix
+        from falcon_cli.objectives.reweighted_itc import itc_srcl
 
         context = _needs_context(self.name, context)
         aux_image, aux_text = self.aux_features(context.pair_ids)
-        mix = srcl_mix(context.step, context.total_steps, until=self.until)
+        mix = srcl_mix_at(context, self.until)
         self.flagged_i2t, self.mining, self.stats = None, None, {"srcl_mix": mix}
         return itc_srcl(image_feat, text_feat, temperature, aux_image_feat=aux_image.to(image_feat.device).float(),
                         aux_text_feat=aux_text.to(image_feat.device).float(), mix=mix, delta=self.delta,
                         consistency_weight=consistency_weight)
+
+    def sigmoid(self, image_feat, text_feat, logit_scale, logit_bias, context):
+        from falcon_cli.objectives.reweighted_itc import srcl_weights
+        from falcon_cli.objectives.sigmoid import distributed_sigmoid_loss
+
+        context = _needs_context(self.name, context)
+        aux_image, aux_text = self.aux_features(context.pair_ids)
+        mix = srcl_mix_at(context, self.until)
+        self.flagged_i2t, self.mining, self.stats = None, None, {"srcl_mix": mix}
+        w_i2t, w_t2i = srcl_weights(image_feat, text_feat, aux_image_feat=aux_image.to(image_feat.device).float(),
+                                    aux_text_feat=aux_text.to(image_feat.device).float(), mix=mix, delta=self.delta)
+        return distributed_sigmoid_loss(image_feat, text_feat, logit_scale, logit_bias,
+                                        negative_weights=pair_weights(w_i2t, w_t2i))
+
+
+def srcl_mix_at(context: StepContext, until: float) -> float:
+    """SRCL's mixing weight α at the context's step."""
+    from falcon_cli.objectives.reweighted_itc import srcl_mix
+
+    return srcl_mix(context.step, context.total_steps, until=until)
 
 
 class Glofnd(FalseNegatives):
@@ -172,6 +234,26 @@ class Glofnd(FalseNegatives):
                       "glofnd_lambda_image": lambda_image.mean(), "glofnd_lambda_text": lambda_text.mean()}
         return itc
 
+    def sigmoid(self, image_feat, text_feat, logit_scale, logit_bias, context):
+        from falcon_cli.objectives.glofnd import cosine_matrices, glofnd_active, glofnd_drop_masks
+        from falcon_cli.objectives.sigmoid import distributed_sigmoid_loss
+
+        context = _needs_context(self.name, context)
+        self.flagged_i2t, self.mining, self.stats = None, None, {}
+        if not glofnd_active(context.epoch, self.start_epoch):
+            return distributed_sigmoid_loss(image_feat, text_feat, logit_scale, logit_bias, exclude=context.same_image)
+        cos_i2t, cos_t2i = cosine_matrices(image_feat.detach(), text_feat.detach())
+        lambda_image, lambda_text = self.thresholds.update(context.pair_ids, cos_i2t, cos_t2i, epoch=context.epoch)
+        self._share_updates(context.pair_ids)
+        drop_i2t, drop_t2i = glofnd_drop_masks(cos_i2t, cos_t2i, lambda_image.to(cos_i2t.device).reshape(-1),
+                                               lambda_text.to(cos_i2t.device).reshape(-1))
+        dropped = drop_i2t | drop_t2i.t()  # a pair above either of its anchors' thresholds
+        removed = dropped if context.same_image is None else dropped | context.same_image.to(dropped.device).bool()
+        self.flagged_i2t = dropped
+        self.stats = {"fn_dropped_i2t": drop_i2t.sum(), "fn_dropped_t2i": drop_t2i.sum(),
+                      "glofnd_lambda_image": lambda_image.mean(), "glofnd_lambda_text": lambda_text.mean()}
+        return distributed_sigmoid_loss(image_feat, text_feat, logit_scale, logit_bias, exclude=removed)
+
     @torch.no_grad()
     def _share_updates(self, pair_ids: Tensor) -> None:
         import torch.distributed as dist
@@ -205,11 +287,11 @@ class Mafa(FalseNegatives):
         self.high, self.low, self.smoothing = float(high), float(low), float(smoothing)
         self.mlm_pairs = mlm_pairs
 
-    def itc(self, image_feat, text_feat, temperature, consistency_weight, context):
+    def _mine(self, image_feat: Tensor, text_feat: Tensor, temperature, context: StepContext):
+        """Connection mining of the batch (no gradient); sets ``flagged_i2t``, ``mining`` and ``stats``."""
         from falcon_cli.objectives.common import as_temperature, image_text_similarity
-        from falcon_cli.objectives.mafa import connection_mining, smoothing
+        from falcon_cli.objectives.mafa import connection_mining
 
-        context = _needs_context(self.name, context)
         pair_ids = context.pair_ids
 
         def score(image_index: Tensor, text_index: Tensor) -> Tensor:
@@ -226,11 +308,26 @@ class Mafa(FalseNegatives):
         self.flagged_i2t, self.mining = mining.positive_mask_i2t & ~eye, mining
         self.stats = {"fn_converted_i2t": mining.converted_i2t, "fn_converted_t2i": mining.converted_t2i,
                       "fn_swapped_i2t": mining.swapped_i2t, "fn_swapped_t2i": mining.swapped_t2i}
+        return mining
+
+    def itc(self, image_feat, text_feat, temperature, consistency_weight, context):
+        from falcon_cli.objectives.mafa import smoothing
+
+        context = _needs_context(self.name, context)
+        mining = self._mine(image_feat, text_feat, temperature, context)
         return itc_grit(image_feat, text_feat, temperature, consistency_weight=consistency_weight,
                         positive_mask=mining.positive_mask_i2t, positive_mask_t2i=mining.positive_mask_t2i,
                         label_smoothing=smoothing(context.epoch, self.smoothing))
 
+    def sigmoid(self, image_feat, text_feat, logit_scale, logit_bias, context):
+        from falcon_cli.objectives.sigmoid import distributed_sigmoid_loss
 
+        # Mining ranks by the logits t * s (the cosine's order); a pair mined in either direction gets label +1.
+        mining = self._mine(image_feat, text_feat, 1.0 / logit_scale.detach(), _needs_context(self.name, context))
+        converted = mining.positive_mask_i2t | mining.positive_mask_t2i.t()
+        eye = torch.eye(converted.shape[0], dtype=torch.bool, device=converted.device)
+        self.flagged_i2t, self.mining = converted & ~eye, None  # (no ITM to swap partners in, no MLM pairs)
+        return distributed_sigmoid_loss(image_feat, text_feat, logit_scale, logit_bias, positive_mask=converted)
 
 
 def flag_counts(flagged: Tensor, truth: Tensor) -> Tensor:
@@ -250,4 +347,5 @@ def flag_summary(counts: Tensor) -> dict[str, float | int | None]:
             "precision": tp / (tp + fp) if tp + fp else None, "recall": tp / (tp + fn) if tp + fn else None}
 
 
-__all__ = ["StepContext", "FalseNegatives", "PlainItc", "Diht", "Srcl", "Glofnd", "Mafa", "flag_counts", "flag_summary"]
+__all__ = ["StepContext", "FalseNegatives", "PlainItc", "Diht", "Srcl", "Glofnd", "Mafa", "flag_counts", "flag_summary",
+           "pair_weights", "srcl_mix_at"]

@@ -23,9 +23,9 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-import torch.nn.functional as F
 
-from falcon_cli.objectives.common import alignment_loss, fp32_region, paired_image_feature
+from falcon_cli.objectives.captioning import caption_loss
+from falcon_cli.objectives.common import alignment_loss, paired_image_feature
 from falcon_cli.objectives.false_negatives import FalseNegatives, PlainItc, StepContext
 from falcon_cli.objectives.itc import itc_grit
 from falcon_cli.objectives.itm import mined_itm_loss
@@ -36,18 +36,9 @@ ITC_LABEL_SMOOTHING = 0.1
 
 def itg_loss(logits: Tensor, input_ids: Tensor, attention_mask: Tensor, *, label_smoothing: float = 0.1,
              per_sample: bool = False) -> Tensor:
-    """Image-grounded text generation loss, float32: position t of ``logits`` [B, L, V] predicts token t + 1 of
-    ``input_ids`` [B, L]; padding (``attention_mask`` 0) is not predicted; targets smoothed by
-    ``label_smoothing`` (LAVIS: 0.1). The mean over every predicted token of the batch (as LAVIS's
-    ``CrossEntropyLoss``), or with ``per_sample`` each caption's mean ``[B]`` (FALCON's per-caption credit)."""
-    keep = attention_mask[:, 1:].bool()
-    labels = input_ids[:, 1:].masked_fill(~keep, -100)
-    with fp32_region(logits.device):
-        token = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), labels, ignore_index=-100,
-                                label_smoothing=label_smoothing, reduction="none")  # [B, L - 1], 0 where ignored
-    if per_sample:
-        return token.sum(dim=1) / keep.sum(dim=1).clamp_min(1)
-    return token.sum() / keep.sum().clamp_min(1)
+    """Image-grounded text generation loss: :func:`~falcon_cli.objectives.captioning.caption_loss` with LAVIS's
+    label smoothing of 0.1 (the caption starts with ``[DEC]``)."""
+    return caption_loss(logits, input_ids, attention_mask, label_smoothing=label_smoothing, per_sample=per_sample)
 
 
 class Blip2Losses(NamedTuple):

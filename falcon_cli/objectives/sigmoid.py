@@ -11,7 +11,11 @@ each pair's term stands alone, so "dropping" and "converting" a false negative a
 
 * ``positive_mask`` (convert): the pair's label becomes ``+1``, it is pulled together like the diagonal;
 * ``exclude`` (drop): the pair's term is removed from the sum (the divisor stays B: the other terms keep
-  their weight, whereas a softmax renormalises over what is left).
+  their weight, whereas a softmax renormalises over what is left);
+* ``negative_weights`` (re-weight, DiHT's and SRCL's way): each negative pair's term is multiplied by a
+  constant weight (rows of the softmax methods' weights average to 1, so the loss keeps its scale).
+
+How each false-negative method uses them is in :meth:`falcon_cli.objectives.false_negatives.FalseNegatives.sigmoid`.
 
 The loss runs in float32 whatever the autocast dtype.
 
@@ -47,7 +51,8 @@ def sigmoid_labels(n: int, device: torch.device, positive_mask: Tensor | None = 
 
 
 def sigmoid_loss(image_feat: Tensor, text_feat: Tensor, logit_scale: float | Tensor, logit_bias: float | Tensor, *,
-                 positive_mask: Tensor | None = None, exclude: Tensor | None = None, negatives_only: bool = False) -> Tensor:
+                 positive_mask: Tensor | None = None, exclude: Tensor | None = None, negative_weights: Tensor | None = None,
+                 negatives_only: bool = False) -> Tensor:
     """SigLIP's sigmoid loss of a batch (module docstring), float32.
 
     Args:
@@ -58,6 +63,8 @@ def sigmoid_loss(image_feat: Tensor, text_feat: Tensor, logit_scale: float | Ten
         positive_mask: optional bool [B, B] (rows images, columns texts): pairs that count as matches
             (a false-negative method's "convert"); the diagonal always does.
         exclude: optional bool [B, B]: pairs whose term is removed (a method's "drop"); never the diagonal.
+        negative_weights: optional float [B, B] (no gradient): each negative pair's term is multiplied by its
+            weight (a method's "re-weight"); positives (the diagonal, ``positive_mask``) keep weight 1.
         negatives_only: every pair is a non-match (another rank's texts: no diagonal).
     """
     if text_feat.dim() != 2 or image_feat.shape[0] != text_feat.shape[0]:
@@ -68,6 +75,8 @@ def sigmoid_loss(image_feat: Tensor, text_feat: Tensor, logit_scale: float | Ten
         logits = image_text_similarity(image_feat.float(), text_feat.float()) * logit_scale + logit_bias
         labels = -torch.ones(n, n, device=device) if negatives_only else sigmoid_labels(n, device, positive_mask)
         terms = F.logsigmoid(labels * logits)
+        if negative_weights is not None:
+            terms = terms * torch.where(labels > 0, torch.ones_like(terms), negative_weights.to(device).float().detach())
         if exclude is not None:
             keep = ~(exclude.to(device).bool() & ~torch.eye(n, dtype=torch.bool, device=device))
             terms = terms * keep
@@ -101,12 +110,13 @@ def _exchange(tensor: Tensor, to: int) -> Tensor:
 
 def distributed_sigmoid_loss(image_feat: Tensor, text_feat: Tensor, logit_scale: float | Tensor,
                              logit_bias: float | Tensor, *, positive_mask: Tensor | None = None,
-                             exclude: Tensor | None = None) -> Tensor:
+                             exclude: Tensor | None = None, negative_weights: Tensor | None = None) -> Tensor:
     """:func:`sigmoid_loss` of this rank's images against every rank's texts (module docstring): its own batch
-    (with the false-negative ``positive_mask``/``exclude`` of its own pairs), then each other rank's texts as
+    (with the false-negative ``positive_mask``/``exclude``/``negative_weights`` of its own pairs), then each other rank's texts as
     negatives, passed around the ring. Plain :func:`sigmoid_loss` without an initialised process group or
     with one process."""
-    loss = sigmoid_loss(image_feat, text_feat, logit_scale, logit_bias, positive_mask=positive_mask, exclude=exclude)
+    loss = sigmoid_loss(image_feat, text_feat, logit_scale, logit_bias, positive_mask=positive_mask, exclude=exclude,
+                        negative_weights=negative_weights)
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return loss
     chunk = text_feat

@@ -38,6 +38,7 @@ from falcon_cli.sampling.policy import RewardBaseline, SchedulerPolicy, beta_log
 
 REWARDS: dict[str, tuple[str, ...]] = {"mlm": ("mlm",), "itg": ("itg",), "itc+itm": ("itc", "itm"),
                                         "itc+itm+mlm": ("itc", "itm", "mlm"), "itc+itm+itg": ("itc", "itm", "itg"),
+                                        "caption": ("caption",), "itc": ("itc",), "itc+caption": ("itc", "caption"),
                                         "alignment": ("alignment",), "positive_margin": ()}
 """Reward name -> the losses whose decrease is the reward (``alignment``: minus each pair's own image-text
 cosine, so its decrease is the rise of that cosine). ``positive_margin`` measures no loss: it is
