@@ -25,6 +25,53 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, check:
     return proc
 
 
+def kill_past_step(args, run_dir: Path, step: int, timeout: float = 300) -> None:
+    """Start ``falcon ARGS`` and SIGKILL it (no cleanup, as a real kill) once ``run_dir``'s metrics log reaches
+    ``step``; the process must have been killed mid-training."""
+    import signal
+    import time
+
+    from falcon_cli.runtime.metrics import read_metrics
+
+    env = {**os.environ, "FALCON_PROGRESS": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "falcon_cli", *map(str, args)], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    metrics, deadline = Path(run_dir) / "metrics.jsonl", time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and any(r.get("step", 0) >= step for r in read_metrics(metrics)):
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run must be killed mid-training"
+
+
+def assert_same_training(reference: Path, run_dir: Path, keys: tuple[str, ...]) -> None:
+    """``run_dir`` logged the same steps as ``reference`` with the same ``keys`` (losses, reward, temperature) and
+    composed the same batches (pair ids and their anchors; q to 1e-5): an exact resume."""
+    from falcon_cli.runtime.metrics import read_metrics
+    from falcon_cli.sampling.batch_log import read_batch_log
+
+    expected, got = read_metrics(Path(reference) / "metrics.jsonl"), read_metrics(Path(run_dir) / "metrics.jsonl")
+    assert [r["step"] for r in got] == [r["step"] for r in expected]
+    for a, b in zip(expected, got):
+        for key in keys:
+            if a.get(key) is not None:
+                assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a["step"], key, a[key], b[key])
+    ref_log, new_log = read_batch_log(Path(reference) / "batches.parquet"), read_batch_log(Path(run_dir) / "batches.parquet")
+    columns = ["epoch", "step", "slot", "pair_id", "anchor_pair_id"]
+    assert ref_log[columns].equals(new_log[columns])
+    assert (ref_log["q"].fillna(-1) - new_log["q"].fillna(-1)).abs().max() < 1e-5
+
+
+def run_torchrun(args, processes: int = 2) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc_per_node PROCESSES -m falcon_cli ARGS`` (gloo on the CPU), captured."""
+    env = {**os.environ, "FALCON_PROGRESS": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
+               "-m", "falcon_cli", *map(str, args)]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
 @pytest.fixture
 def cli():
     """The :func:`run_cli` helper as a fixture."""

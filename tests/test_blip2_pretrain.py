@@ -5,17 +5,12 @@ and the stages that need an ALBEF refusing a BLIP-2 checkpoint in one line."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
 
 from falcon_cli.runtime.metrics import read_metrics
-from tests.conftest import REPO, run_cli
+from tests.conftest import assert_same_training, kill_past_step, run_cli, run_torchrun
 
 TINY = ["data.shapes.images=40", "data.tokenizer_vocab_size=200", "pretrain.epochs=3", "pretrain.batch_size=16",
         "pretrain.search_space_size=48", "pretrain.log_every=1", "pretrain.warmup_steps=4", "pretrain.checkpoint_every=8",
@@ -86,33 +81,11 @@ def test_the_same_evaluation_by_albefs_rule_and_from_another_directory(falcon_ru
 
 def test_falcon_kill_and_resume_is_exact(world, falcon_run, tmp_path):
     run_dir = tmp_path / "run"
-    env = {**os.environ, "FALCON_PROGRESS": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "falcon_cli", *map(str, args(run_dir, world))]
-    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    metrics = run_dir / "metrics.jsonl"
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
-        if metrics.exists() and any(r.get("step", 0) >= 19 for r in read_metrics(metrics)):
-            proc.send_signal(signal.SIGKILL)  # past the step-16 checkpoint, inside the first FALCON epoch
-            break
-        time.sleep(0.05)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the run must be killed mid-training"
+    kill_past_step(args(run_dir, world), run_dir, 19)  # past the step-16 checkpoint, inside the first FALCON epoch
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "00000016"
     resumed = run_cli(*args(run_dir, world), "--resume")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    expected, got = read_metrics(falcon_run / "metrics.jsonl"), read_metrics(metrics)
-    assert [r["step"] for r in got] == [r["step"] for r in expected]
-    for a, b in zip(expected, got):
-        for key in ("loss", "itc", "itm", "itg", "reward", "temperature"):
-            if a.get(key) is not None:
-                assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a["step"], key, a[key], b[key])
-    from falcon_cli.sampling.batch_log import read_batch_log
-
-    ref_log, new_log = read_batch_log(falcon_run / "batches.parquet"), read_batch_log(run_dir / "batches.parquet")
-    columns = ["epoch", "step", "slot", "pair_id", "anchor_pair_id"]
-    assert ref_log[columns].equals(new_log[columns])
-    assert (ref_log["q"].fillna(-1) - new_log["q"].fillna(-1)).abs().max() < 1e-5
+    assert_same_training(falcon_run, run_dir, ("loss", "itc", "itm", "itg", "reward", "temperature"))
 
 
 @pytest.mark.parametrize("method", ["glofnd", "diht", "mafa", "none"])
@@ -146,11 +119,8 @@ def test_the_audit_judges_with_a_blip2_runs_own_itm_head(falcon_run, tmp_path):
 
 
 def test_two_gloo_processes_train_blip2(tmp_path):
-    env = {**os.environ, "FALCON_PROGRESS": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "falcon_cli",
-               *map(str, args(tmp_path / "run", tmp_path / "world", "pretrain.batch_size=8", "pretrain.epochs=2",
-                              "pretrain.eval_split=null"))]
-    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    proc = run_torchrun(args(tmp_path / "run", tmp_path / "world", "pretrain.batch_size=8", "pretrain.epochs=2",
+                             "pretrain.eval_split=null"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "global batch 16" in proc.stderr
     records = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "loss" in r]

@@ -33,6 +33,10 @@ class CheckpointJudge:
         except FalconError as exc:  # the encoder's messages name the embed.encoder key; name the judge instead
             raise FalconError(str(exc).replace("embed.encoder=falcon:", "checkpoint judge: ")) from None
         self.model = encoder.model
+        if not hasattr(self.model, "pair_itm_logits"):
+            raise FalconError(f"checkpoint judge: {encoder.checkpoint} is a {self.model.config.framework} model without an "
+                              "ITM head to judge pairs with; use --judge oracle (shapes), --judge blip, or an ALBEF or "
+                              "BLIP-2 checkpoint")
         self.image_transform = encoder.image_transform
         self.tokenizer = encoder.tokenizer
         self.checkpoint = Path(encoder.checkpoint)

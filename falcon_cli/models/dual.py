@@ -317,8 +317,10 @@ def _named_open_clip(config: DualConfig) -> nn.Module:
     except Exception as exc:  # open_clip raises RuntimeError/ValueError/OSError for weights it cannot load
         why = (hub_hint(weights or name) if from_hub else "") or "give a local checkpoint file or a tag in open_clip's cache"
         raise FalconError(f"open_clip could not build {name} with weights {weights!r} ({_first_line(exc)}); {why}") from None
+    size = getattr(clip.visual, "image_size", None)
     settings = {"embed_dim": getattr(clip.visual, "output_dim", None),
-                "context_length": text_tower_setting(clip, "context_length")}
+                "context_length": text_tower_setting(clip, "context_length"),
+                "image_size": size[0] if isinstance(size, (tuple, list)) else size}
     for key, value in settings.items():
         if value is not None and int(value) != getattr(config, key):
             raise FalconError(f"open_clip model {name}: {key} is {value} but the model config says {getattr(config, key)}; "

@@ -70,9 +70,14 @@ def albef_from_checkpoint(checkpoint: str | Path, image_size: int | None = None,
                           vocab_size: int | None = None) -> ALBEF:
     """:func:`model_from_checkpoint` for the stages that need an ALBEF (fine-tuning): another framework's
     checkpoint is refused in one line."""
-    model = model_from_checkpoint(checkpoint, image_size, vocab_size=vocab_size)
+    from falcon_cli.models.albef_checkpoint import is_albef_file
+    from falcon_cli.runtime.checkpoint import WEIGHTS
+
+    framework = "albef" if is_albef_file(checkpoint) else read_weights_config(Path(checkpoint) / WEIGHTS).framework
+    model = model_from_checkpoint(checkpoint, image_size, vocab_size=vocab_size) if framework == "albef" else None
     if not isinstance(model, ALBEF):
-        raise FalconError(f"{checkpoint}: a {model.config.framework} checkpoint; fine-tuning (retrieval, VQA, NLVR2) "
+        framework = framework if model is None else model.config.framework
+        raise FalconError(f"{checkpoint}: a {framework} checkpoint; fine-tuning (retrieval, VQA, NLVR2) "
                           "is built for ALBEF models: evaluate it with `falcon evaluate retrieval` instead")
     return model
 
