@@ -123,11 +123,12 @@ COLUMNS = [("R@1", "R@1"), ("oracle_R@1", "FN-aware R@1"), ("fn_rate_chain_audit
 PERCENT = {"chain_fn_rate", "fn_density_mean", "q_above_safe_share"}
 
 
-def summary_table(table) -> str:
-    """Mean ± std over seeds per method (— where a method has no such number: no chain, no Beta)."""
-    columns = [(k, h) for k, h in COLUMNS if k in table]
+def summary_table(table, methods=None, columns=None) -> str:
+    """Mean ± std over seeds per method of ``methods`` (default this sweep's, in their order), one column per
+    ``columns`` entry (key, header) present in the table (— where a method has no such number: no chain, no Beta)."""
+    columns = [(k, h) for k, h in (columns or COLUMNS) if k in table]
     lines = ["| method | seeds | " + " | ".join(h for _, h in columns) + " |", "|---|---|" + "---|" * len(columns)]
-    for method in [m for m in METHODS if m in set(table["method"])]:
+    for method in [m for m in (methods or METHODS) if m in set(table["method"])]:
         rows = table[table["method"] == method]
         cells = []
         for key, _ in columns:
@@ -212,7 +213,7 @@ def falcon_logs(out: Path, methods) -> list:
     return logs
 
 
-def figure(epochs, out: Path) -> Path:
+def figure(epochs, out: Path, methods=None, name: str = "scheduler_sweep.png") -> Path:
     """Per FALCON variant and seed, over epochs: corr(E[q], anchor FN density), the std of E[q] and mean q;
     and for every quantile composer the chain FN rate against a random pick's."""
     import matplotlib
@@ -223,10 +224,10 @@ def figure(epochs, out: Path) -> Path:
     from falcon_cli.reporting.figures import _save_png as save_png
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    for i, method in enumerate(m for m in METHODS if m in set(epochs["method"])):
+    for i, method in enumerate(m for m in (methods or METHODS) if m in set(epochs["method"])):
         for seed, rows in epochs[epochs["method"] == method].groupby("seed"):
             label = method if seed == epochs["seed"].min() else None
-            if method.startswith("falcon"):
+            if "falcon" in method:
                 axes[0].plot(rows["epoch"], rows["q_fn_density_corr"].astype(float), color=f"C{i}", marker="o",
                              markersize=3, label=label)
                 axes[1].plot(rows["epoch"], rows["expected_q_mean"].astype(float), color=f"C{i}", label=label)
@@ -243,7 +244,7 @@ def figure(epochs, out: Path) -> Path:
     for ax in axes:
         ax.legend(fontsize=7)
     fig.tight_layout()
-    path = save_png(fig, out / "scheduler_sweep.png")
+    path = save_png(fig, out / name)
     plt.close(fig)
     return path
 
@@ -304,25 +305,19 @@ def _time(stamp: str) -> float:
     return datetime.fromisoformat(stamp).timestamp()
 
 
-def main() -> None:
-    import pandas as pd
-
-    parser = sweep_parser(__doc__, list(METHODS), "scheduler")
-    parser.add_argument("--budget", choices=list(BUDGETS), default="learning",
-                        help="learning (1,100 scheduler updates per FALCON run), quick (a smoke test), gpu")
-    args = parser.parse_args()
-
-    out = args.out.resolve()
+def run_sweep(methods: dict[str, tuple[str, list[str]]], todo: list[tuple[str, int]], out: Path, budget: Budget,
+              jobs: int, describe) -> tuple[list[dict], list[dict], list[str]]:
+    """Train, evaluate and audit every (method, seed) of ``todo`` (``methods``: name -> (recipe, overrides)) on the
+    budget's world in ``out``, ``jobs`` at a time, skipping what is done; returns (one row per finished run, one
+    row per run and epoch with a composition summary, a line per failed run). ``describe(row)``: what the progress
+    line says of a finished run besides its R@1."""
     out.mkdir(parents=True, exist_ok=True)
-    budget = BUDGETS[args.budget]
-    seeds = args.seeds[:1] if args.budget == "quick" else args.seeds
-    threads = max(1, (os.cpu_count() or 1) // args.jobs)
-    todo = [(method, seed) for seed in seeds for method in METHODS if method in (args.only or METHODS)]
+    threads = max(1, (os.cpu_count() or 1) // jobs)
     if not (out / "world" / "world.json").exists():
         falcon(*budget.world_args(out), log=out / "world.log", threads=os.cpu_count() or 1)
     start, rows, epochs, failures = time.perf_counter(), [], [], []
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        futures = {(m, s): pool.submit(run_one, Variant(m), s, out, budget, threads, {}, recipe=METHODS[m])
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {(m, s): pool.submit(run_one, Variant(m), s, out, budget, threads, {}, recipe=methods[m])
                    for m, s in todo}
         for (method, seed), future in futures.items():
             try:
@@ -335,7 +330,24 @@ def main() -> None:
             epochs += per_epoch
             rows.append(run_row(base, per_epoch))
             print(f"[{time.perf_counter() - start:6.0f} s] {method} seed {seed}: R@1 {rows[-1]['R@1']:.1f}, "
-                  f"corr(E[q], FN density) {rows[-1]['q_fn_density_corr']:+.2f}", flush=True)
+                  f"{describe(rows[-1])}", flush=True)
+    return rows, epochs, failures
+
+
+def main() -> None:
+    import pandas as pd
+
+    parser = sweep_parser(__doc__, list(METHODS), "scheduler")
+    parser.add_argument("--budget", choices=list(BUDGETS), default="learning",
+                        help="learning (1,100 scheduler updates per FALCON run), quick (a smoke test), gpu")
+    args = parser.parse_args()
+
+    out = args.out.resolve()
+    budget = BUDGETS[args.budget]
+    seeds = args.seeds[:1] if args.budget == "quick" else args.seeds
+    todo = [(method, seed) for seed in seeds for method in METHODS if method in (args.only or METHODS)]
+    rows, epochs, failures = run_sweep(METHODS, todo, out, budget, args.jobs,
+                                       lambda row: f"corr(E[q], FN density) {row['q_fn_density_corr']:+.2f}")
     if rows:
         table, per_epoch = pd.DataFrame(rows), pd.DataFrame(epochs)
         table.to_csv(out / "results.csv", index=False, float_format="%.4f")
