@@ -252,18 +252,30 @@ def figure(epochs, out: Path, methods=None, name: str = "scheduler_sweep.png") -
 BEGIN, END = "<!-- scheduler:begin -->", "<!-- scheduler:end -->"
 
 
-def write_report(report: Path, out: Path, table, budget: Budget, name: str, command: str, jobs: int,
-                 planned: int, figure_path: Path) -> None:
-    """Rewrite ``report``'s scheduler block and copy the tables and figure to ``report.parent/results/``."""
+def copy_assets(report: Path, out: Path, prefix: str, figure_path: Path) -> None:
+    """Copy a sweep's ``results.csv``, ``epochs.csv`` (as ``<prefix>_results.csv``, ``<prefix>_epochs.csv``) and
+    figure next to ``report``, into ``results/``."""
     assets = report.parent / "results"
     assets.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(out / "results.csv", assets / "scheduler_results.csv")
-    shutil.copyfile(out / "epochs.csv", assets / "scheduler_epochs.csv")
+    shutil.copyfile(out / "results.csv", assets / f"{prefix}_results.csv")
+    shutil.copyfile(out / "epochs.csv", assets / f"{prefix}_epochs.csv")
     shutil.copyfile(figure_path, assets / figure_path.name)
+
+
+def run_manifests(out: Path, table) -> tuple[list[dict], list[str]]:
+    """The manifests of the table's runs, and the commits they ran at (`sha`, marked where the tree was dirty)."""
     manifests = [json.loads((out / "runs" / f"{m}-s{s}" / "manifest.json").read_text())
                  for m, s in zip(table["method"], table["seed"])]
     commits = sorted({f"`{(m['git']['sha'] or 'unknown')[:7]}`" + (" (uncommitted changes)" if m["git"]["dirty"] else "")
                       for m in manifests})
+    return manifests, commits
+
+
+def write_report(report: Path, out: Path, table, budget: Budget, name: str, command: str, jobs: int,
+                 planned: int, figure_path: Path) -> None:
+    """Rewrite ``report``'s scheduler block and copy the tables and figure to ``report.parent/results/``."""
+    copy_assets(report, out, "scheduler", figure_path)
+    manifests, commits = run_manifests(out, table)
     hours = sum((_time(m["end"]) - _time(m["created"])) for m in manifests) / 3600
     updates = scheduler_updates(budget)
     block = [

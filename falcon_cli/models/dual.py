@@ -22,7 +22,8 @@ with other statistics (SigLIP: 0.5, 0.5) is given ``image_mean``/``image_std`` a
 from __future__ import annotations
 
 import math
-from typing import Literal, NamedTuple
+from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -124,17 +125,6 @@ class DualConfig(BaseModel):
         return self
 
 
-class DualEncodings(NamedTuple):
-    """One forward of both towers."""
-
-    image_tokens: torch.Tensor
-    """[B, N, vision width] the image tower's last-layer tokens (what the decoder reads)."""
-    image_feat: torch.Tensor
-    """[B, embed_dim] unit image features."""
-    text_feat: torch.Tensor
-    """[B, embed_dim] unit text features."""
-
-
 class CaptionDecoder(nn.Module):
     """Caption tokens -> next-token logits, attending causally to earlier tokens and to all image tokens."""
 
@@ -210,11 +200,6 @@ class DualEncoder(nn.Module):
             ids = F.pad(ids, (0, self.config.context_length - ids.shape[1]), value=self.config.pad_token_id)
         return input_ids, open_clip_text(self.clip, ids[:, :self.config.context_length])
 
-    def forward(self, images: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> DualEncodings:
-        image_tokens, image_feat = self.encode_image(images)
-        _, text_feat = self.encode_text(input_ids, attention_mask)
-        return DualEncodings(image_tokens, image_feat, text_feat)
-
     # --- the losses' parameters --------------------------------------------------------------------
     def logit_scale(self) -> torch.Tensor:
         """The logit scale ``t`` = exp(learned log t), clamped at ``logit_scale_max`` (gradient flows below it)."""
@@ -232,7 +217,7 @@ class DualEncoder(nn.Module):
     def caption_logits(self, image_tokens: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         """The decoder's next-token logits [B, L, vocab] of ``input_ids`` given the image tokens."""
         if self.decoder is None:
-            raise FalconError(f"this dual encoder has no captioning decoder (decoder_layers: 0): the caption loss "
+            raise FalconError("this dual encoder has no captioning decoder (decoder_layers: 0): the caption loss "
                               "and reward need one; register a model config with decoder_layers > 0")
         return self.decoder(image_tokens, input_ids)
 
@@ -307,8 +292,6 @@ def _named_open_clip(config: DualConfig) -> nn.Module:
         weights = None
     if weights is not None:
         _check_open_clip_pretrained(name, weights, open_clip)
-    from pathlib import Path
-
     from_hub = name.startswith(HF_HUB) or (weights is not None and not Path(weights).expanduser().is_file())
     if from_hub:
         prepare_hub()
@@ -337,5 +320,5 @@ def build_dual(config: DualConfig) -> DualEncoder:
     return DualEncoder(config, build_open_clip(config))
 
 
-__all__ = ["CaptionDecoder", "DualConfig", "DualEncoder", "DualEncodings", "build_dual", "build_open_clip", "image_token_width",
+__all__ = ["CaptionDecoder", "DualConfig", "DualEncoder", "build_dual", "build_open_clip", "image_token_width",
            "open_clip_image", "open_clip_text", "text_tower_setting"]

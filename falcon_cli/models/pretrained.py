@@ -74,12 +74,10 @@ def albef_from_checkpoint(checkpoint: str | Path, image_size: int | None = None,
     from falcon_cli.runtime.checkpoint import WEIGHTS
 
     framework = "albef" if is_albef_file(checkpoint) else read_weights_config(Path(checkpoint) / WEIGHTS).framework
-    model = model_from_checkpoint(checkpoint, image_size, vocab_size=vocab_size) if framework == "albef" else None
-    if not isinstance(model, ALBEF):
-        framework = framework if model is None else model.config.framework
+    if framework != "albef":  # (before building it: its image encoder may not take the fine-tuning resolution)
         raise FalconError(f"{checkpoint}: a {framework} checkpoint; fine-tuning (retrieval, VQA, NLVR2) "
                           "is built for ALBEF models: evaluate it with `falcon evaluate retrieval` instead")
-    return model
+    return model_from_checkpoint(checkpoint, image_size, vocab_size=vocab_size)
 
 
 def model_from_checkpoint(checkpoint: str | Path, image_size: int | None = None, *, vocab_size: int | None = None):

@@ -215,44 +215,51 @@ class Glofnd(FalseNegatives):
         self.start_epoch = int(start_epoch)
 
     def itc(self, image_feat, text_feat, temperature, consistency_weight, context):
-        from falcon_cli.objectives.glofnd import cosine_matrices, glofnd_active, itc_glofnd
+        from falcon_cli.objectives.glofnd import glofnd_active, itc_glofnd
 
         context = _needs_context(self.name, context)
+        self.flagged_i2t, self.mining, self.stats = None, None, {}
         if not glofnd_active(context.epoch, self.start_epoch):
-            self.flagged_i2t, self.mining, self.stats = None, None, {}
             return itc_grit(image_feat, text_feat, temperature, consistency_weight=consistency_weight,
                             exclude=context.same_image)
-        cos_i2t, cos_t2i = cosine_matrices(image_feat.detach(), text_feat.detach())
-        lambda_image, lambda_text = self.thresholds.update(context.pair_ids, cos_i2t, cos_t2i, epoch=context.epoch)
-        self._share_updates(context.pair_ids)
-        itc, drop_i2t, drop_t2i = itc_glofnd(image_feat, text_feat, temperature, lambda_image=lambda_image.to(image_feat.device),
-                                             lambda_text=lambda_text.to(image_feat.device), consistency_weight=consistency_weight,
+        _, _, lambda_image, lambda_text = self._step_thresholds(image_feat, text_feat, context)
+        itc, drop_i2t, drop_t2i = itc_glofnd(image_feat, text_feat, temperature, lambda_image=lambda_image,
+                                             lambda_text=lambda_text, consistency_weight=consistency_weight,
                                              exclude=context.same_image)
-        self.flagged_i2t, self.mining = drop_i2t, None
-        # 0-d tensors: read (and synchronised) only on the steps the metrics log writes
-        self.stats = {"fn_dropped_i2t": drop_i2t.sum(), "fn_dropped_t2i": drop_t2i.sum(),
-                      "glofnd_lambda_image": lambda_image.mean(), "glofnd_lambda_text": lambda_text.mean()}
+        self._record(drop_i2t, drop_t2i, lambda_image, lambda_text, flagged=drop_i2t)
         return itc
 
     def sigmoid(self, image_feat, text_feat, logit_scale, logit_bias, context):
-        from falcon_cli.objectives.glofnd import cosine_matrices, glofnd_active, glofnd_drop_masks
+        from falcon_cli.objectives.glofnd import glofnd_active, glofnd_drop_masks
         from falcon_cli.objectives.sigmoid import distributed_sigmoid_loss
 
         context = _needs_context(self.name, context)
         self.flagged_i2t, self.mining, self.stats = None, None, {}
         if not glofnd_active(context.epoch, self.start_epoch):
             return distributed_sigmoid_loss(image_feat, text_feat, logit_scale, logit_bias, exclude=context.same_image)
+        cos_i2t, cos_t2i, lambda_image, lambda_text = self._step_thresholds(image_feat, text_feat, context)
+        drop_i2t, drop_t2i = glofnd_drop_masks(cos_i2t, cos_t2i, lambda_image.reshape(-1), lambda_text.reshape(-1))
+        dropped = drop_i2t | drop_t2i.t()  # a pair above either of its anchors' thresholds
+        removed = dropped if context.same_image is None else dropped | context.same_image.to(dropped.device).bool()
+        self._record(drop_i2t, drop_t2i, lambda_image, lambda_text, flagged=dropped)
+        return distributed_sigmoid_loss(image_feat, text_feat, logit_scale, logit_bias, exclude=removed)
+
+    def _step_thresholds(self, image_feat: Tensor, text_feat: Tensor, context: StepContext):
+        """(cos_i2t, cos_t2i, λ_I, λ_T) of the batch: its cosines and its pairs' thresholds after this step's update
+        from them (under DDP, with every rank's updates shared), on the features' device."""
+        from falcon_cli.objectives.glofnd import cosine_matrices
+
         cos_i2t, cos_t2i = cosine_matrices(image_feat.detach(), text_feat.detach())
         lambda_image, lambda_text = self.thresholds.update(context.pair_ids, cos_i2t, cos_t2i, epoch=context.epoch)
         self._share_updates(context.pair_ids)
-        drop_i2t, drop_t2i = glofnd_drop_masks(cos_i2t, cos_t2i, lambda_image.to(cos_i2t.device).reshape(-1),
-                                               lambda_text.to(cos_i2t.device).reshape(-1))
-        dropped = drop_i2t | drop_t2i.t()  # a pair above either of its anchors' thresholds
-        removed = dropped if context.same_image is None else dropped | context.same_image.to(dropped.device).bool()
-        self.flagged_i2t = dropped
+        return cos_i2t, cos_t2i, lambda_image.to(image_feat.device), lambda_text.to(image_feat.device)
+
+    def _record(self, drop_i2t: Tensor, drop_t2i: Tensor, lambda_image: Tensor, lambda_text: Tensor, *, flagged: Tensor) -> None:
+        """What the step flagged, and its stats as 0-d tensors (read, and synchronised, only on the steps the
+        metrics log writes)."""
+        self.flagged_i2t, self.mining = flagged, None
         self.stats = {"fn_dropped_i2t": drop_i2t.sum(), "fn_dropped_t2i": drop_t2i.sum(),
                       "glofnd_lambda_image": lambda_image.mean(), "glofnd_lambda_text": lambda_text.mean()}
-        return distributed_sigmoid_loss(image_feat, text_feat, logit_scale, logit_bias, exclude=removed)
 
     @torch.no_grad()
     def _share_updates(self, pair_ids: Tensor) -> None:
