@@ -251,3 +251,15 @@ def test_a_checkpoint_round_trip_rebuilds_the_same_model(tmp_path):
     images = torch.randn(2, 3, 48, 48)
     assert torch.equal(model.encode_image(images)[1], again.encode_image(images)[1])
     assert torch.equal(model.encode_text(ids, mask)[1], again.encode_text(ids, mask)[1])
+
+
+def test_reading_the_model_registry_imports_no_torchvision():
+    """Every command validates its recipe first, which reads every model config (dual ones too): that must not pull
+    in torchvision (a second of start-up on every command, through torch._dynamo)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from falcon_cli.models.registry import get_model_config; get_model_config('dual-tiny'); "
+            "print('torchvision' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -30,12 +30,8 @@ from torchvision import transforms as T
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms import functional as F
 
+from falcon_cli.data.normalization import CLIP_MEAN, CLIP_STD
 from falcon_cli.errors import FalconError
-
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-"""Per-channel mean ALBEF normalises with (CLIP's)."""
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
-"""Per-channel standard deviation ALBEF normalises with (CLIP's)."""
 
 TransformKind = Literal["pretrain", "finetune", "test"]
 CROP_SCALE = {"pretrain": (0.2, 1.0), "finetune": (0.5, 1.0)}

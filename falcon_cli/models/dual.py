@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, model_validator
 from torch import nn
 
-from falcon_cli.data.transforms import CLIP_MEAN, CLIP_STD
+from falcon_cli.data.normalization import CLIP_MEAN, CLIP_STD
 from falcon_cli.errors import FalconError
 
 
