@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,21 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_sessionstart(session):
+    """Delete earlier finished sessions' temporary directories now: pytest would only do it at exit, after this
+    session has written its own gigabytes beside them (a full /tmp once failed CI). A directory whose session still
+    holds its ``.lock`` (a suite running beside this one) is left alone."""
+    config = session.config
+    if hasattr(config, "workerinput") or config.option.basetemp:
+        return  # xdist workers live inside the controller's directory; a given --basetemp is pytest's to clear
+    current = config._tmp_path_factory.getbasetemp()
+    number = int(current.name.removeprefix("pytest-"))
+    for old in current.parent.glob("pytest-*"):
+        suffix = old.name.removeprefix("pytest-")
+        if suffix.isdigit() and int(suffix) < number and not (old / ".lock").exists():
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, check: bool = False) -> subprocess.CompletedProcess:
