@@ -13,6 +13,15 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+def pytest_configure(config):
+    """One intra-op thread in each xdist worker, as :func:`run_cli` gives its subprocesses: two workers with two
+    spinning OpenMP threads each on two cores made a 2-second in-process training test take 85 seconds."""
+    if hasattr(config, "workerinput"):
+        import torch
+
+        torch.set_num_threads(1)
+
+
 def pytest_sessionstart(session):
     """Delete earlier finished sessions' temporary directories now: pytest would only do it at exit, after this
     session has written its own gigabytes beside them (a full /tmp once failed CI). A directory whose session still
