@@ -241,6 +241,101 @@ def test_a_named_model_whose_sizes_differ_from_its_config_is_refused(open_clip_f
         create_model("dual-tiny", open_clip_model="ViT-B-16-SigLIPP")
 
 
+OPEN_CLIP_TINY_COCA = {"embed_dim": 32,
+                       "vision_cfg": {"image_size": 32, "layers": 1, "width": 64, "head_width": 32, "patch_size": 8,
+                                      "attentional_pool": True, "attn_pooler_heads": 2, "attn_pooler_queries": 6,
+                                      "output_tokens": True},
+                       "text_cfg": {"context_length": 16, "vocab_size": 100, "width": 32, "heads": 2, "layers": 1,
+                                    "embed_cls": True, "output_tokens": True},
+                       # the decoder reads the pooler's embed_dim-wide image tokens and the text tower's tokens
+                       "multimodal_cfg": {"context_length": 16, "vocab_size": 100, "width": 32, "heads": 2, "layers": 1,
+                                          "attn_pooler_heads": 2},
+                       "custom_text": True}
+
+
+@pytest.fixture
+def coca_directory(tmp_path):
+    """A tiny open_clip CoCa and a ``local-dir:`` directory holding it."""
+    import open_clip
+    from safetensors.torch import save_file
+
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "falcon-test-coca.json").write_text(json.dumps(OPEN_CLIP_TINY_COCA))
+    open_clip.add_model_config(tmp_path / "configs")
+    from falcon_cli.models.dual import init_multimodal_transformer
+
+    torch.manual_seed(4)
+    reference = open_clip.create_model("falcon-test-coca").eval()
+    init_multimodal_transformer(reference.text_decoder)  # open_clip leaves its projection uninitialised
+    directory = tmp_path / "coca"
+    directory.mkdir()
+    (directory / "open_clip_config.json").write_text(json.dumps({"model_cfg": OPEN_CLIP_TINY_COCA, "preprocess_cfg": {}}))
+    save_file({k: v.contiguous() for k, v in reference.state_dict().items()}, str(directory / "open_clip_model.safetensors"))
+    return reference, directory
+
+
+def test_a_coca_trains_with_its_own_decoder_as_open_clip_defines_it(coca_directory):
+    """A CoCa's contrastive and caption losses equal open_clip's CoCaLoss on open_clip's own forward, for captions
+    from a tokenizer that pads with end-of-text (Hugging Face's CLIP) rather than open_clip's 0."""
+    from open_clip.loss import CoCaLoss
+
+    from falcon_cli.models.dual import open_clip_image
+
+    reference, directory = coca_directory
+    sot, eot = 97, 98
+    model = create_model("dual-tiny", open_clip_model=f"local-dir:{directory}", image_size=32, context_length=16,
+                         embed_dim=32, vocab_size=100, decoder_layers=0, contrastive="softmax",
+                         logit_scale_init=1 / 0.07, pad_token_id=eot).eval()
+    assert model.coca and model.has_decoder and model.config.is_coca and model.config.has_decoder
+    g = torch.Generator().manual_seed(5)
+    lengths = [9, 4, 6, 3]
+    ids = torch.full((4, 9), eot)  # padded with end-of-text, as Hugging Face's CLIP tokenizer pads
+    mask = torch.zeros_like(ids)
+    open_clip_ids = torch.zeros(4, 16, dtype=torch.long)  # open_clip's tokenizer: 0-padded to the context
+    for i, n in enumerate(lengths):
+        caption = torch.cat([torch.tensor([sot]), torch.randint(1, 96, (n - 2,), generator=g), torch.tensor([eot])])
+        ids[i, :n], mask[i, :n], open_clip_ids[i, :n] = caption, 1, caption
+    images = torch.randn(4, 3, 32, 32, generator=g)
+
+    out = DualObjective(model, caption_weight=2.0)(images, ids, mask)
+    with torch.no_grad():
+        expected = reference(images, open_clip_ids)
+        contrastive, caption = CoCaLoss(caption_loss_weight=1.0, clip_loss_weight=1.0, pad_id=0)(
+            expected["image_features"], expected["text_features"], expected["logits"], expected["labels"],
+            expected["logit_scale"])
+    assert torch.allclose(out.image_feat, expected["image_features"], atol=1e-5)
+    assert torch.allclose(out.text_feat, expected["text_features"], atol=1e-5), "re-padded as open_clip pads"
+    assert float(out.itc) == pytest.approx(float(contrastive), rel=1e-5)
+    assert float(out.caption) == pytest.approx(float(caption), rel=1e-5)
+    assert float(out.loss.detach()) == pytest.approx(float(contrastive + 2 * caption), rel=1e-5)
+    # the same features through the path falcon embed reads, and from a shorter batch padding
+    assert torch.allclose(open_clip_image(model.clip, images)[1], out.image_feat, atol=1e-6)
+    assert torch.allclose(model.encode_text(ids[1:2, :4], mask[1:2, :4])[1], out.text_feat[1:2], atol=1e-5)
+    # the reward re-measures the same losses; the caption loss reaches the text tower through CoCa's decoder
+    measured = DualObjective(model).measure(images, ids, mask, parts=("caption",))
+    assert float(measured["caption"]) == pytest.approx(float(caption), rel=1e-5)
+    text_only = DualObjective(model).measure(images, ids, mask, parts=("itc",))
+    assert float(text_only["itc"]) == pytest.approx(float(contrastive), rel=1e-5)
+    logits = model.caption_logits(model.encode_image(images)[0], model.caption_text(ids, mask))
+    caption_loss(logits, ids, mask).backward()
+    assert model.clip.text.token_embedding.weight.grad is not None, "CoCa's decoder reads the text tower"
+
+
+def test_a_coca_refuses_a_second_decoder_and_is_recognised_before_it_is_built(coca_directory):
+    from falcon_cli.models.dual import DualConfig
+
+    _, directory = coca_directory
+    for _ in range(3):  # from scratch, its decoder is initialised (open_clip leaves uninitialised memory)
+        scratch = create_model("dual-tiny", open_clip_model="falcon-test-coca", image_size=32, context_length=16,
+                               embed_dim=32, vocab_size=100, decoder_layers=0, contrastive="softmax")
+        projection = scratch.clip.text_decoder.text_projection
+        assert torch.isfinite(projection).all() and float(projection.std()) == pytest.approx(32 ** -0.5, rel=0.2)
+    with pytest.raises(ValueError, match="has its own captioning decoder"):
+        DualConfig(open_clip_model=f"local-dir:{directory}", decoder_layers=2)
+    assert DualConfig(open_clip_model="coca_ViT-B-32", decoder_layers=0).has_decoder
+    assert not DualConfig(open_clip_model="ViT-B-16", decoder_layers=0).has_decoder
+
+
 def test_a_checkpoint_round_trip_rebuilds_the_same_model(tmp_path):
     from falcon_cli.models.weights import model_from_weights, save_weights
 

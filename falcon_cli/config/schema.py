@@ -433,7 +433,7 @@ class PretrainConfig(Section):
             from falcon_cli.models.registry import get_model_config
 
             uses_caption = self.caption_weight > 0 or (self.composer == "falcon" and "caption" in self.reward)
-            if uses_caption and not get_model_config(self.model).decoder_layers:
+            if uses_caption and not get_model_config(self.model).has_decoder:
                 raise ValueError(f"{self.model} has no captioning decoder (decoder_layers: 0): set caption_weight: 0 "
                                  "and a reward without caption (itc, alignment), or use a model config with a decoder")
         return self

@@ -14,6 +14,10 @@ causal self-attention over the caption, cross-attention to the image tokens) ove
 position embeddings, reading the image tower's last-layer tokens: it adds a captioning loss to the
 image tower without touching the text tower, as SigLIP 2's decoder does.
 
+An open_clip CoCa (``coca_ViT-B-32``, ``coca_ViT-L-14``) brings its own decoder and is used as CoCa trains
+it: the image tokens are its attentional pooler's outputs, and the decoder reads the per-token outputs of
+the causal text tower (so the caption loss trains the text tower too) instead of embedding the ids itself.
+
 Images reach the model normalised as every falcon transform does (CLIP's mean and std); a model trained
 with other statistics (SigLIP: 0.5, 0.5) is given ``image_mean``/``image_std`` and re-normalises inside
 :meth:`DualEncoder.encode_image`, so the data path is the same for every model.
@@ -116,6 +120,8 @@ class DualConfig(BaseModel):
                 problems.append(f"vision_head_width {self.vision_head_width} does not divide vision_width {self.vision_width}")
             if self.text_width % self.text_heads:
                 problems.append(f"text_heads {self.text_heads} does not divide text_width {self.text_width}")
+        if self.decoder_layers and self.is_coca:
+            problems.append(f"{self.open_clip_model} is a CoCa, which has its own captioning decoder: set decoder_layers: 0")
         if self.decoder_layers and self.decoder_width % self.decoder_heads:
             problems.append(f"decoder_heads {self.decoder_heads} does not divide decoder_width {self.decoder_width}")
         if self.logit_scale_init <= 0 or self.logit_scale_init > self.logit_scale_max:
@@ -123,6 +129,45 @@ class DualConfig(BaseModel):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    @property
+    def is_coca(self) -> bool:
+        """Whether ``open_clip_model`` names an open_clip CoCa (a built-in ``coca_*`` architecture, a ``local-dir:``
+        whose config has a ``multimodal_cfg``, or an ``hf-hub:`` repository named like one)."""
+        return is_coca_name(self.open_clip_model)
+
+    @property
+    def has_decoder(self) -> bool:
+        """Whether the model has a captioning decoder: one built here (``decoder_layers`` > 0) or CoCa's own."""
+        return self.decoder_layers > 0 or self.is_coca
+
+
+def is_coca_name(name: str | None) -> bool:
+    """Whether the open_clip model ``name`` is a CoCa, read without importing open_clip (see :attr:`DualConfig.is_coca`)."""
+    if not name:
+        return False
+    if name.startswith("local-dir:"):
+        import json
+
+        try:
+            config = json.loads((Path(name[len("local-dir:"):]).expanduser() / "open_clip_config.json").read_text())
+        except (OSError, ValueError):
+            return False  # building the model reports the unreadable directory
+        return "multimodal_cfg" in config.get("model_cfg", {})
+    return "coca" in name.lower()
+
+
+def init_multimodal_transformer(t: nn.Module) -> None:
+    """CLIP's initialisation of open_clip's ``MultimodalTransformer``: open_clip never runs its own (its
+    ``init_parameters`` reads attributes the class lacks), which leaves ``text_projection`` as uninitialised
+    memory, NaN at times, in any decoder built without weights (ours, or a CoCa from scratch)."""
+    proj_std, attn_std, fc_std = (t.width ** -0.5) * ((2 * t.layers) ** -0.5), t.width ** -0.5, (2 * t.width) ** -0.5
+    for block in [*t.resblocks, *t.cross_attn]:
+        nn.init.normal_(block.attn.in_proj_weight, std=attn_std)
+        nn.init.normal_(block.attn.out_proj.weight, std=proj_std)
+        nn.init.normal_(block.mlp.c_fc.weight, std=fc_std)
+        nn.init.normal_(block.mlp.c_proj.weight, std=proj_std)
+    nn.init.normal_(t.text_projection, std=t.width ** -0.5)
 
 
 class CaptionDecoder(nn.Module):
@@ -139,15 +184,7 @@ class CaptionDecoder(nn.Module):
                                                  output_dim=vocab_size)
         nn.init.normal_(self.token_embedding.weight, std=0.02)
         nn.init.normal_(self.positional_embedding, std=0.01)
-        # CLIP's initialisation (open_clip's MultimodalTransformer.init_parameters reads attributes it lacks)
-        t = self.transformer
-        proj_std, attn_std, fc_std = (t.width ** -0.5) * ((2 * t.layers) ** -0.5), t.width ** -0.5, (2 * t.width) ** -0.5
-        for block in [*t.resblocks, *t.cross_attn]:
-            nn.init.normal_(block.attn.in_proj_weight, std=attn_std)
-            nn.init.normal_(block.attn.out_proj.weight, std=proj_std)
-            nn.init.normal_(block.mlp.c_fc.weight, std=fc_std)
-            nn.init.normal_(block.mlp.c_proj.weight, std=proj_std)
-        nn.init.normal_(t.text_projection, std=t.width ** -0.5)
+        init_multimodal_transformer(self.transformer)
 
     def forward(self, image_tokens: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         """``[B, L, vocab]``: position t's logits for token t + 1 of ``input_ids`` [B, L] (padding follows the
@@ -177,7 +214,16 @@ class DualEncoder(nn.Module):
         self.register_buffer("pixel_scale", (clip_std / std).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("pixel_shift", ((clip_mean - mean) / std).view(1, 3, 1, 1), persistent=False)
         self.renormalise = not (torch.equal(mean, clip_mean) and torch.equal(std, clip_std))
-        self.pad_to_context = text_tower_setting(clip, "pool_type") == "last"
+        self.coca = is_coca(clip)
+        if self.coca and config.decoder_layers:
+            raise FalconError(f"{config.open_clip_model} is a CoCa, which has its own captioning decoder: set "
+                              "decoder_layers: 0 in the model config")
+        # A tower that pools the last position (SigLIP) or appends a class token there (CoCa: its position embedding
+        # is the padded length's) must see every caption padded to the full context, as open_clip's tokenizer does.
+        self.pad_to_context = text_tower_setting(clip, "pool_type") == "last" or self.coca
+        # CoCa masks its padding by id (open_clip's 0) and keeps the end-of-text token visible: captions from a
+        # tokenizer that pads with end-of-text (Hugging Face's CLIP) are re-padded from their attention mask.
+        self.text_pad_id = int(clip.text.pad_id) if self.coca else config.pad_token_id
         self.decoder = None
         if config.decoder_layers:
             self.decoder = CaptionDecoder(config.vocab_size, config.decoder_width, config.decoder_layers,
@@ -191,14 +237,20 @@ class DualEncoder(nn.Module):
         return open_clip_image(self.clip, images)
 
     def encode_text(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(input ids [B, L] as the text tokens, unit text features [B, embed_dim]). Captions are padded with
-        ``pad_token_id`` to ``context_length`` where the tower pools the last position (SigLIP), so a caption's
-        feature never depends on the batch it is in; the text tokens returned are the ids (no ITM re-ranking
-        reads them)."""
+        """(text tokens, unit text features [B, embed_dim]): what :meth:`caption_logits` reads as the caption, and
+        the contrastive feature. The text tokens are the ids [B, L] themselves, or for a CoCa its text tower's
+        per-token outputs [B, L, width]. Captions are padded to ``context_length`` where the tower reads the last
+        position (SigLIP, CoCa), so a caption's feature never depends on the batch it is in."""
         ids = input_ids
+        if self.coca and attention_mask is not None:
+            ids = ids.masked_fill(attention_mask == 0, self.text_pad_id)
         if self.pad_to_context and ids.shape[1] < self.config.context_length:
-            ids = F.pad(ids, (0, self.config.context_length - ids.shape[1]), value=self.config.pad_token_id)
-        return input_ids, open_clip_text(self.clip, ids[:, :self.config.context_length])
+            ids = F.pad(ids, (0, self.config.context_length - ids.shape[1]), value=self.text_pad_id)
+        ids = ids[:, :self.config.context_length]
+        if self.coca:
+            tokens, features = open_clip_text(self.clip, ids, with_tokens=True)
+            return tokens[:, :input_ids.shape[1]], features  # causal: the padding after a caption changes none of its tokens
+        return input_ids, open_clip_text(self.clip, ids)
 
     # --- the losses' parameters --------------------------------------------------------------------
     def logit_scale(self) -> torch.Tensor:
@@ -214,20 +266,41 @@ class DualEncoder(nn.Module):
         """The softmax temperature 1 / t (what the embedding cache's ITC, retrieval and the logs read)."""
         return 1.0 / self.logit_scale()
 
-    def caption_logits(self, image_tokens: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-        """The decoder's next-token logits [B, L, vocab] of ``input_ids`` given the image tokens."""
+    @property
+    def has_decoder(self) -> bool:
+        """Whether there is a captioning decoder (built here, or CoCa's own)."""
+        return self.decoder is not None or self.coca
+
+    def caption_logits(self, image_tokens: torch.Tensor, text_tokens: torch.Tensor) -> torch.Tensor:
+        """The decoder's next-token logits [B, L, vocab] of a caption (its text tokens from :meth:`encode_text`)
+        given the image tokens."""
+        if self.coca:
+            return self.clip.text_decoder(image_tokens, text_tokens)
         if self.decoder is None:
             raise FalconError("this dual encoder has no captioning decoder (decoder_layers: 0): the caption loss "
                               "and reward need one; register a model config with decoder_layers > 0")
-        return self.decoder(image_tokens, input_ids)
+        return self.decoder(image_tokens, text_tokens)
+
+    def caption_text(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The text tokens :meth:`caption_logits` reads: the ids, or (CoCa) the text tower's outputs."""
+        return self.encode_text(input_ids, attention_mask)[0] if self.coca else input_ids
 
     def num_parameters(self, trainable_only: bool = False) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
 
 
+def is_coca(clip: nn.Module) -> bool:
+    """Whether an open_clip model is a CoCa (it has a text decoder)."""
+    return getattr(clip, "text_decoder", None) is not None
+
+
 def open_clip_image(clip: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """An open_clip model's (last-layer image tokens [B, N, width], unit image features [B, D]) in one pass of its
-    image tower: what a dual encoder trains on and what ``falcon embed`` stores for an open_clip encoder."""
+    image tower: what a dual encoder trains on and what ``falcon embed`` stores for an open_clip encoder. For a
+    CoCa the tokens are its attentional pooler's (what its decoder reads)."""
+    if is_coca(clip):
+        features, tokens = clip._encode_image(images, normalize=True)
+        return tokens, features
     out = clip.visual.forward_intermediates(images, indices=1, normalize_intermediates=True, output_fmt="NLC")
     tokens = out["image_intermediates"][-1]
     if tokens.dim() == 4:  # a convolutional trunk's [B, C, H, W]
@@ -235,8 +308,12 @@ def open_clip_image(clip: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor
     return tokens, F.normalize(out["image_features"], dim=-1)
 
 
-def open_clip_text(clip: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
-    """An open_clip model's unit text features [B, D] of token ids [B, L] (padded as its tower expects)."""
+def open_clip_text(clip: nn.Module, input_ids: torch.Tensor, with_tokens: bool = False):
+    """An open_clip model's unit text features [B, D] of token ids [B, L] (padded as its tower expects); with
+    ``with_tokens`` (a CoCa's text tower) also its per-token outputs first: ``(tokens [B, L, width], features)``."""
+    if with_tokens:
+        features, tokens = clip._encode_text(input_ids, normalize=True)
+        return tokens, features
     return F.normalize(clip.encode_text(input_ids), dim=-1)
 
 
@@ -300,6 +377,8 @@ def _named_open_clip(config: DualConfig) -> nn.Module:
     except Exception as exc:  # open_clip raises RuntimeError/ValueError/OSError for weights it cannot load
         why = (hub_hint(weights or name) if from_hub else "") or "give a local checkpoint file or a tag in open_clip's cache"
         raise FalconError(f"open_clip could not build {name} with weights {weights!r} ({_first_line(exc)}); {why}") from None
+    if is_coca(clip) and weights is None and not name.startswith((LOCAL_DIR, HF_HUB)):
+        init_multimodal_transformer(clip.text_decoder)  # a CoCa from scratch
     size = getattr(clip.visual, "image_size", None)
     settings = {"embed_dim": getattr(clip.visual, "output_dim", None),
                 "context_length": text_tower_setting(clip, "context_length"),
@@ -321,4 +400,4 @@ def build_dual(config: DualConfig) -> DualEncoder:
 
 
 __all__ = ["CaptionDecoder", "DualConfig", "DualEncoder", "build_dual", "build_open_clip", "image_token_width",
-           "open_clip_image", "open_clip_text", "text_tower_setting"]
+           "init_multimodal_transformer", "is_coca", "is_coca_name", "open_clip_image", "open_clip_text", "text_tower_setting"]

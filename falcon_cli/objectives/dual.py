@@ -6,7 +6,8 @@
   (MAFA, SRCL, DiHT, GloFND) act on the same [B, B] logits: through their ITC for InfoNCE, through
   :meth:`~falcon_cli.objectives.false_negatives.FalseNegatives.sigmoid` for the sigmoid loss.
 * caption: the decoder's next-token loss of each caption given its image's tokens (SigLIP 2's
-  captioning objective; it reaches the image tower only). 0 without a decoder.
+  captioning objective; it reaches the image tower only, except in a CoCa, whose decoder reads the text
+  tower's outputs). 0 without a decoder.
 
 The reward losses FALCON may use are ``caption`` (SigLIP 2's setting in the later FALCON paper), ``itc``
 (the contrastive loss, sigmoid or softmax), ``itc+caption``, ``alignment`` and ``positive_margin``.
@@ -66,15 +67,15 @@ class DualObjective(nn.Module):
         """Losses of one batch (``mask``, ``distill_alpha`` and ``itm_generator`` are ALBEF's and ignored here)."""
         model = self.model
         image_tokens, image_feat = model.encode_image(images)
-        _, text_feat = model.encode_text(input_ids, attention_mask)
+        text_tokens, text_feat = model.encode_text(input_ids, attention_mask)
         if self.sigmoid:
             contrastive = self.false_negatives.sigmoid(image_feat, text_feat, model.logit_scale(), model.logit_bias(), context)
         else:
             contrastive = self.false_negatives.itc(image_feat, text_feat, model.temperature(), 0.0, context).loss
         loss = contrastive
         caption = torch.zeros((), device=contrastive.device)
-        if model.decoder is not None:
-            caption = caption_loss(model.caption_logits(image_tokens, input_ids), input_ids, attention_mask)
+        if model.has_decoder:
+            caption = caption_loss(model.caption_logits(image_tokens, text_tokens), input_ids, attention_mask)
             loss = loss + self.caption_weight * caption  # (also at weight 0: DDP expects every parameter used)
         return DualLosses(loss, contrastive.detach(), caption.detach(), image_feat.detach().float(),
                           text_feat.detach().float(), model.temperature().detach(), image_tokens.detach())
@@ -106,14 +107,17 @@ class DualObjective(nn.Module):
         model = self.model
         image_tokens, image_feat = model.encode_image(images) if image is None else image
         out: dict[str, Tensor] = {}
+        text_tokens = None
         if "itc" in parts or "alignment" in parts:
-            _, text_feat = model.encode_text(input_ids, attention_mask)
+            text_tokens, text_feat = model.encode_text(input_ids, attention_mask)
             if "itc" in parts:
                 out["itc"] = self.contrastive_loss(image_feat, text_feat, same_image)
             if "alignment" in parts:
                 out["alignment"] = alignment_loss(image_feat, text_feat, per_pair)
         if "caption" in parts:
-            out["caption"] = caption_loss(model.caption_logits(image_tokens, input_ids), input_ids, attention_mask,
+            if text_tokens is None:
+                text_tokens = model.caption_text(input_ids, attention_mask)
+            out["caption"] = caption_loss(model.caption_logits(image_tokens, text_tokens), input_ids, attention_mask,
                                           per_sample=per_pair)
         return out
 
