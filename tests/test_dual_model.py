@@ -259,11 +259,11 @@ def coca_directory(tmp_path):
     import open_clip
     from safetensors.torch import save_file
 
+    from falcon_cli.models.dual import init_multimodal_transformer
+
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "falcon-test-coca.json").write_text(json.dumps(OPEN_CLIP_TINY_COCA))
     open_clip.add_model_config(tmp_path / "configs")
-    from falcon_cli.models.dual import init_multimodal_transformer
-
     torch.manual_seed(4)
     reference = open_clip.create_model("falcon-test-coca").eval()
     init_multimodal_transformer(reference.text_decoder)  # open_clip leaves its projection uninitialised

@@ -144,13 +144,15 @@ class DualConfig(BaseModel):
 
 def is_coca_name(name: str | None) -> bool:
     """Whether the open_clip model ``name`` is a CoCa, read without importing open_clip (see :attr:`DualConfig.is_coca`)."""
+    import json
+
+    from falcon_cli.models.encoders import LOCAL_DIR
+
     if not name:
         return False
-    if name.startswith("local-dir:"):
-        import json
-
+    if name.startswith(LOCAL_DIR):
         try:
-            config = json.loads((Path(name[len("local-dir:"):]).expanduser() / "open_clip_config.json").read_text())
+            config = json.loads((Path(name[len(LOCAL_DIR):]).expanduser() / "open_clip_config.json").read_text())
         except (OSError, ValueError):
             return False  # building the model reports the unreadable directory
         return "multimodal_cfg" in config.get("model_cfg", {})
