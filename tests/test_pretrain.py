@@ -356,7 +356,7 @@ def test_falcon_run_rewards_and_quantiles(falcon_run):
 
 def test_profile_steps_write_a_trace_and_a_summary_with_falcons_parts(falcon_run):
     summary = (falcon_run / "profile" / "summary.txt").read_text()
-    assert summary.startswith("2 steps from step 10,")  # the first step of epoch 1 (10 uniform steps in epoch 0)
+    assert summary.startswith("2 steps from step 10: ") and " ms per step wall clock" in summary  # the first step of epoch 1 (10 uniform steps in epoch 0)
     assert "falcon/reward" in summary and "falcon/update" in summary
     trace = json.loads((falcon_run / "profile" / "trace.json").read_text())
     assert any(event.get("name") == "falcon/reward" for event in trace["traceEvents"])

@@ -5,8 +5,9 @@ composer; later epochs are where GRIT, the quantile composers and FALCON do thei
 step 10 of a one-epoch run — records ``steps`` steps, and writes under ``RUN/profile/``:
 
 * ``trace.json``: the Chrome/Perfetto trace (open it at https://ui.perfetto.dev);
-* ``summary.txt``: operators by total self time on the device (CPU time where there is no GPU),
-  the view that says where each millisecond of a step goes.
+* ``summary.txt``: the profiled steps' wall time beside the time the device spent in kernels (on a
+  GPU: how much of a step the host, not the device, sets), then operators by total self time on the
+  device (CPU time where there is no GPU), the view that says where each millisecond of a step goes.
 
 FALCON's reward passes and scheduler update run in their own ``record_function`` ranges
 (``falcon/reward``, ``falcon/update``); composing its next batch shows under the DataLoader's
@@ -15,9 +16,11 @@ FALCON's reward passes and scheduler update run in their own ``record_function``
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 
@@ -37,7 +40,7 @@ class StepProfiler:
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
         self.profiler = profile(activities=activities, record_shapes=False)
         self.profiler.__enter__()
-        self.first = step
+        self.first, self.started = step, time.perf_counter()
 
     def after(self, step: int) -> None:
         """Call at the end of every step (``step`` = the global step just finished)."""
@@ -45,6 +48,7 @@ class StepProfiler:
             return
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+        wall = time.perf_counter() - self.started
         self.profiler.__exit__(None, None, None)
         self.out.mkdir(parents=True, exist_ok=True)
         self.profiler.export_chrome_trace(str(self.out / "trace.json"))
@@ -56,6 +60,13 @@ class StepProfiler:
         ranges = "\n".join(f"{e.key:<24} {e.count:>5} calls  cpu total {e.cpu_time_total / 1e3:10.2f} ms"
                            + (f"  device total {getattr(e, 'device_time_total', 0) / 1e3:10.2f} ms" if self.device.type == "cuda" else "")
                            for e in averages if e.key.startswith("falcon/"))
-        (self.out / "summary.txt").write_text(f"{self.steps} steps from step {self.first}, sorted by {key}\n\n{table}\n"
+        # Kernel time against wall time: a device busy for most of the wall clock is compute- or memory-bound;
+        # one idle for most of it waits on the host (launches, Python, synchronisations, data).
+        busy = (sum(e.self_device_time_total for e in averages
+                    if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)) / 1e3
+                if self.device.type == "cuda" else None)  # (kernels and copies: an operator's self time or a named range repeats them)
+        head = (f"{self.steps} steps from step {self.first}: {wall * 1e3 / self.steps:.2f} ms per step wall clock (profiler on)"
+                + (f", device busy {busy / self.steps:.2f} ms per step ({busy / (wall * 1e3):.0%})" if busy is not None else ""))
+        (self.out / "summary.txt").write_text(f"{head}\n\nsorted by {key}\n{table}\n"
                                               + (f"\nNamed ranges (total time, children included)\n{ranges}\n" if ranges else ""))
         self.profiler, self.done = None, True
