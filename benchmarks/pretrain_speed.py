@@ -6,16 +6,19 @@ One command measures every speed target of issue 22 on the local GPU and writes 
 * ``ceiling``: the bf16 matrix-product rate of this GPU (8192³ GEMMs), the denominator of MFU;
 * ``base-*``: albef-base at 256 px, batch 96 per GPU, bf16, on a shapes world whose images are
   preloaded onto the GPU (``pretrain.preload_images``: in-memory data, no decoding): GRIT batches
-  eager and compiled, FALCON with the exact reward (``reward_images: recompute``) and with ``reuse``.
+  eager and compiled, FALCON with the exact reward (``reward_images: recompute``) and with ``reuse``,
+  compiled and eager (``-eager``: no minutes of compiling, where device time is short).
   Each run's steady rate is read from its second epoch (the composer's own batches) in
   ``metrics.jsonl``; MFU = pairs/s x the analytic FLOPs per pair (:mod:`falcon_cli.runtime.flops`, at
   the logged caption lengths) / the ceiling;
 * ``base-grit-jpeg``: the same GRIT run on a copy of the world as 640x480 JPEGs, decoded and
   augmented (ALBEF's pretraining transform) by DataLoader workers on every core, as COCO would be;
 * ``tiny-*``: the ``shapes-falcon`` recipe (albef-tiny, 64 px) with and without preloaded images, and
-  preloaded + compiled with CUDA graphs (``compile_mode: reduce-overhead``);
-* ``profile``: ``base-grit-compile`` and both FALCON runs write a torch.profiler trace of 3 steps
-  (``runs/<name>/profile/summary.txt``): FALCON's extra time by operator and by range
+  preloaded + compiled with CUDA graphs (``compile_mode: reduce-overhead``); ``tiny-grit-preload``: the same
+  recipe with GRIT batches (the training step without FALCON's work);
+* ``profile``: ``base-grit``, ``base-grit-compile``, the FALCON runs but ``base-falcon-recompute-eager``, and
+  ``tiny-falcon-preload`` / ``tiny-grit-preload`` write a torch.profiler trace of 3 steps
+  (``runs/<name>/profile/summary.txt``: wall time per step beside the GPU's busy time first): FALCON's extra time by operator and by range
   (``falcon/reward``, ``falcon/update``, composition under the DataLoader's ``__next__``);
 * ``compose-ops``: operators, kernels and host round trips of one on-demand FALCON batch + scheduler
   update (``falcon_compose_ops.py``), and its time on the GPU;
@@ -83,13 +86,16 @@ def runs(smoke: bool, workers: int) -> dict[str, list[str]]:
     profile = ["pretrain.profile_steps=3"]
     compile_ = [] if smoke else ["pretrain.compile=true"]  # (compiling on a CPU takes minutes and tells nothing)
     return {
-        "base-grit": [*base, *preload, "pretrain.composer=grit"],
+        "base-grit": [*base, *preload, "pretrain.composer=grit", *profile],
         "base-grit-compile": [*base, *preload, "pretrain.composer=grit", *compile_, *profile],
+        "base-falcon-recompute-eager": [*base, *preload, *falcon, "pretrain.reward_images=recompute"],
+        "base-falcon-reuse-eager": [*base, *preload, *falcon, "pretrain.reward_images=reuse", *profile],
         "base-falcon-recompute": [*base, *preload, *falcon, "pretrain.reward_images=recompute", *compile_, *profile],
         "base-falcon-reuse": [*base, *preload, *falcon, "pretrain.reward_images=reuse", *compile_, *profile],
         "base-grit-jpeg": [*base, "pretrain.composer=grit", *compile_, "pretrain.augment=pretrain",
                            "pretrain.preload_images=false", f"pretrain.num_workers={workers}", "data.dataset=JPEG"],
-        "tiny-falcon-preload": [*tiny, "pretrain.preload_images=true"],
+        "tiny-falcon-preload": [*tiny, "pretrain.preload_images=true", *profile],
+        "tiny-grit-preload": [*tiny, "pretrain.preload_images=true", "pretrain.composer=grit", *profile],
         "tiny-falcon-decode": [*tiny, "pretrain.preload_images=false", f"pretrain.num_workers={min(workers, 4)}"],
         "tiny-falcon-graphs": [*tiny, "pretrain.preload_images=true", *compile_,
                                *([] if smoke else ["pretrain.compile_mode=reduce-overhead"])],
@@ -251,7 +257,9 @@ def report(results: dict) -> str:
                      f"{r['text_tokens']:.1f} | {r['peak_memory_mib'] or '—'} |")
     rate = lambda name: rows.get(name, {}).get("pairs_per_s")  # noqa: E731
     ratios = [("FALCON (recompute) time per step / GRIT (compiled)", "base-grit-compile", "base-falcon-recompute", 1.26),
-              ("FALCON (reuse) time per step / GRIT (compiled)", "base-grit-compile", "base-falcon-reuse", 1.06)]
+              ("FALCON (reuse) time per step / GRIT (compiled)", "base-grit-compile", "base-falcon-reuse", 1.06),
+              ("FALCON (recompute) time per step / GRIT (eager)", "base-grit", "base-falcon-recompute-eager", 1.26),
+              ("FALCON (reuse) time per step / GRIT (eager)", "base-grit", "base-falcon-reuse-eager", 1.06)]
     lines.append("")
     for label, grit, falcon, target in ratios:
         if rate(grit) and rate(falcon):

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import huggingface_hub.constants
 import pytest
 from transformers import BertTokenizerFast
 
 from falcon_cli.data.tokenizer import SPECIAL_TOKENS, load_tokenizer, train_wordpiece_tokenizer
 from falcon_cli.errors import FalconError
+from tests.conftest import REPO
 
 CAPTIONS = [
     "a red circle",
@@ -197,9 +203,13 @@ def test_load_tokenizer_unigram_pads_with_eos_on_the_right(tmp_path):
     assert again.pad_token == "</s>" and _encode(again, ["a red circle", "red"]) == (ids, mask)
 
 
-def test_load_tokenizer_sentencepiece_from_the_hub_cache(tmp_path, monkeypatch):
+def test_load_tokenizer_sentencepiece_from_the_hub_cache(tmp_path):
     """A hub id (one '/', as ``timm/ViT-B-16-SigLIP``) found in the local Hugging Face cache, offline;
-    its config names T5TokenizerFast (SigLIP's tokenizer is T5's SentencePiece one)."""
+    its config names T5TokenizerFast (SigLIP's tokenizer is T5's SentencePiece one).
+
+    In a fresh process whose environment names the cache, as a user sets it: transformers 5.17 with
+    huggingface_hub 1.33 (an H100 machine's) read the cache path into their own modules at import, so patching
+    ``huggingface_hub.constants`` in this process reached only newer versions."""
     commit = "0" * 40
     repo = tmp_path / "hub" / "models--falcon-tests--tiny-siglip"
     _unigram(repo / "snapshots" / commit, tokenizer_class="T5TokenizerFast", eos_token="</s>", unk_token="<unk>",
@@ -208,12 +218,17 @@ def test_load_tokenizer_sentencepiece_from_the_hub_cache(tmp_path, monkeypatch):
     (repo / "refs" / "main").write_text(commit, encoding="utf-8")
     (repo / ".no_exist" / commit).mkdir(parents=True)  # the hub said: no config.json (open_clip repos have none)
     (repo / ".no_exist" / commit / "config.json").touch()
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    tok = load_tokenizer("falcon-tests/tiny-siglip")
-    assert type(tok).__name__.startswith("T5Tokenizer") and tok.pad_token_id == 0
-    assert _encode(tok, ["a red circle", "red"]) == ([[3, 4, 5, 1], [4, 1, 0, 0]], [[1, 1, 1, 1], [1, 1, 0, 0]])
+    code = ("import json; from falcon_cli.data.tokenizer import load_tokenizer; "
+            "tok = load_tokenizer('falcon-tests/tiny-siglip'); "
+            "out = tok(['a red circle', 'red'], padding='longest', truncation=True, max_length=16); "
+            "print(json.dumps([type(tok).__name__, tok.pad_token_id, out['input_ids'], out['attention_mask']]))")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    name, pad, ids, mask = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert name.startswith("T5Tokenizer") and pad == 0
+    assert (ids, mask) == ([[3, 4, 5, 1], [4, 1, 0, 0]], [[1, 1, 1, 1], [1, 1, 0, 0]])
+    assert _encode(load_tokenizer(repo / "snapshots" / commit), ["a red circle", "red"]) == (ids, mask)
 
 
 def test_load_tokenizer_unusable_non_bert_directories(tmp_path):
