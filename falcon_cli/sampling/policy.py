@@ -204,4 +204,4 @@ class RewardBaseline:
 
 def build_policy_optimizer(policy: nn.Module, lr: float = 1e-4, weight_decay: float = 0.01) -> torch.optim.AdamW:
     """AdamW over the policy's parameters with the paper's settings (lr 1e-4, wd 0.01, betas 0.9/0.999)."""
-    return torch.optim.AdamW(policy.parameters(), lr=lr, betas=(0.9, 0.999), weight_decay=weight_decay)
+    return torch.optim.AdamW(policy.parameters(), lr=lr, betas=(0.9, 0.999), weight_decay=weight_decay, fused=True)

@@ -520,71 +520,78 @@ def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[
         chosens.append(chosen)
         last = chosen
     available[group] = torch.from_numpy(avail).to(device)
-    candidates_left = torch.from_numpy(left_np).to(device)
 
-    def stacked(values: list[np.ndarray], dtype: torch.dtype) -> torch.Tensor:  # [a, taken], on the tables' device
-        return torch.from_numpy(np.stack(values, 1)).to(device=device, dtype=dtype) if values else torch.empty(a, 0, dtype=dtype, device=device)
+    def stacked(values: list[np.ndarray]) -> np.ndarray:  # [a, taken]
+        return np.stack(values, 1) if values else np.empty((a, 0))
 
-    steps = {"go": candidates_left > 0, "n": candidates_left,
-             "r": torch.from_numpy(rank).to(device) if policy is None else stacked(ranks, torch.int64),
-             "q": torch.full_like(candidates_left, float(source)) if policy is None else stacked(qs, torch.float64),
-             "anchor": stacked(anchors, torch.int64), "chosen": stacked(chosens, torch.int64)}
+    steps = {"n": left_np, "r": rank if policy is None else stacked(ranks),
+             "q": np.full_like(left_np, float(source)) if policy is None else stacked(qs),
+             "anchor": stacked(anchors).astype(np.int64), "chosen": stacked(chosens).astype(np.int64)}
     if oracle is not None:  # rank of the last safe candidate (-1: none), and whether the pick is a false negative
-        steps.update(safe=torch.from_numpy(safe).to(device), chosen_fn=torch.from_numpy(chosen_fn).to(device))
-    return _round_columns(tables, features, group, torch.from_numpy(first).to(device), steps, batch_size, level,
-                          None if policy is None else (alpha_all, beta_all))
+        steps.update(safe=safe, chosen_fn=chosen_fn)
+    return _round_columns(tables, features, group_np, first, steps, batch_size, level,
+                          None if policy is None else (alpha_np, beta_np))
 
 
-def _round_columns(tables: SpaceTables, features: tuple[torch.Tensor, torch.Tensor], group: torch.Tensor,
-                   first: torch.Tensor, steps: dict[str, torch.Tensor], batch_size: int, level: str,
-                   alpha_beta: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """The per-slot columns and scheduler record of a round, from its per-step tensors ``[a, taken]`` (all at once)."""
-    device, (a,) = first.device, first.shape
+def _round_columns(tables: SpaceTables, features: tuple[torch.Tensor, torch.Tensor], group: np.ndarray,
+                   first: np.ndarray, steps: dict[str, np.ndarray], batch_size: int, level: str,
+                   alpha_beta: tuple[np.ndarray, np.ndarray] | None) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The per-slot columns (CPU tensors ``[a, B]``: the chain's results, read on the host) and the scheduler
+    record (on the tables' device, where the scheduler learns) of a round, from its per-step arrays ``[a, taken]``."""
+    device, (a,) = tables.s_hat.device, first.shape
     width, m = tables.order.shape[-1], tables.s_hat.shape[-1]
-    go, chosen, anchor = steps["go"], steps["chosen"].long(), steps["anchor"].long()
-    q, r, n = steps["q"].double(), steps["r"].double(), steps["n"].double()
+    n, r, q = steps["n"], steps["r"].astype(np.float64), steps["q"].astype(np.float64)
+    chosen, anchor = steps["chosen"], steps["anchor"]
+    go = n > 0
     taken = go.shape[1]
     pad = batch_size - 1 - taken
 
-    def column(values: torch.Tensor, fill: float, first_slot: float) -> torch.Tensor:  # [a, B]: slot 0, steps, unused tail
-        values = torch.where(go, values, torch.full_like(values, fill))
-        head = torch.full((a, 1), first_slot, dtype=values.dtype, device=device)
-        tail = torch.full((a, pad), fill, dtype=values.dtype, device=device)
-        return torch.cat([head, values, tail], 1)
+    def column(values: np.ndarray, fill: float, first_slot: float, dtype=np.float32) -> torch.Tensor:  # slot 0, steps, tail
+        out = np.full((a, batch_size), fill, dtype=dtype)
+        out[:, 0] = first_slot
+        out[:, 1:1 + taken] = np.where(go, values, fill)
+        return torch.from_numpy(out)
 
     nan = float("nan")
     # rank among the remaining candidates, 1 = hardest (a lone candidate is the hardest, as in GRIT)
-    rank = torch.where(n > 1, r / (n - 1).clamp(min=1), torch.ones_like(r))
-    image, text = (t.reshape(-1, t.shape[-1]) for t in features)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rank = np.where(n > 1, r / np.maximum(n - 1, 1), 1.0)
+    # the pair's similarity to its anchor (the unified S / 2), from the features on their device: one gather
     row_of = (group * width)[:, None]
-    left, right = (row_of + anchor).view(-1), (row_of + chosen.clamp(min=0)).view(-1)
+    pairs = torch.from_numpy(np.stack([(row_of + anchor).reshape(-1), (row_of + np.maximum(chosen, 0)).reshape(-1)]))
+    image, text = (t.reshape(-1, t.shape[-1]) for t in features)
+    left, right = pairs.to(image.device).unbind(0)
     similarity = ((image[left].float() * text[right].float()).sum(-1)
                   + (text[left].float() * image[right].float()).sum(-1)).view(a, taken) / 2
-    source_row = first[:, None].expand(a, taken) if level == "batch" else anchor
+    source_row = np.broadcast_to(first[:, None], (a, taken)) if level == "batch" else anchor
     if alpha_beta is not None:
-        alpha, beta = (t.gather(1, source_row) for t in alpha_beta)
+        alpha, beta = (np.take_along_axis(t, source_row, 1) for t in alpha_beta)
     else:
-        alpha = beta = torch.full((a, taken), nan, device=device)
-    columns = {"local": column(chosen, -1, 0).long(), "anchor": column(anchor, -1, -1).long(), "q": column(q, nan, nan),
-               "alpha": column(alpha.float(), nan, nan), "beta": column(beta.float(), nan, nan),
-               "similarity": column(similarity.float(), nan, nan), "rank": column(rank.float(), nan, nan),
-               "length": 1 + go.sum(1)}
+        alpha = beta = np.full((a, taken), nan)
+    columns = {"local": column(chosen, -1, 0, np.int64), "anchor": column(anchor, -1, -1, np.int64),
+               "q": column(q, nan, nan, np.float64), "alpha": column(alpha, nan, nan), "beta": column(beta, nan, nan),
+               "similarity": column(similarity.float().cpu().numpy(), nan, nan), "rank": column(rank, nan, nan),
+               "length": torch.from_numpy(1 + go.sum(1))}
     if "safe" in steps:  # the oracle's view: safe q (nearest rank r <-> q = r / (n - 1)), density, FN pick
-        safe = steps["safe"].double()
-        safe_q = torch.where(safe < 0, nan, torch.where(n > 1, safe / (n - 1).clamp(min=1), torch.ones_like(safe)))
-        truth = tables.false_negative[group]                                               # [a, W, W]
-        density = truth.sum(2).double() / (tables.size[group] - 1).clamp(min=1).double()[:, None]
-        columns.update(safe_q=column(safe_q.float(), nan, nan),
-                       anchor_fn_density=column(density.gather(1, anchor).float(), nan, nan),
-                       chosen_is_fn=column(steps["chosen_fn"].float(), nan, nan))
+        safe = steps["safe"].astype(np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            safe_q = np.where(safe < 0, nan, np.where(n > 1, safe / np.maximum(n - 1, 1), 1.0))
+        truth = tables.host("false_negative")[group]                                       # [a, W, W]
+        size = tables.host("size")[group]
+        density = truth.sum(2) / np.maximum(size - 1, 1)[:, None].astype(np.float64)
+        columns.update(safe_q=column(safe_q, nan, nan), anchor_fn_density=column(np.take_along_axis(density, anchor, 1), nan, nan),
+                       chosen_is_fn=column(steps["chosen_fn"], nan, nan))
     else:
-        columns.update({k: torch.full((a, batch_size), nan, device=device) for k in Batch.ORACLE_FIELDS})
-    columns["local"][:, 0] = first
+        columns.update({k: torch.full((a, batch_size), nan) for k in Batch.ORACLE_FIELDS})
+    columns["local"][:, 0] = torch.from_numpy(first)
     if alpha_beta is None or not taken:
         record = {"s_hat": torch.empty(a, 0, m, device=device), "q": torch.empty(a, 0, dtype=torch.float64, device=device)}
     elif level == "batch":  # the batch's one q, from its first pair's row
-        record = {"s_hat": tables.s_hat[group, first][:, None], "q": torch.where(go[:, :1], q[:, :1], nan)}
+        rows = torch.from_numpy(row_of[:, 0] + first).to(device)
+        record = {"s_hat": tables.s_hat.view(-1, m)[rows][:, None],
+                  "q": torch.from_numpy(np.where(go[:, :1], q[:, :1], nan)).to(device)}
     else:
-        s_hat = tables.s_hat.view(-1, m)[(row_of + anchor).view(-1)].view(a, taken, m)
-        record = {"s_hat": s_hat, "q": torch.where(go, q, torch.full_like(q, nan))}
+        rows = torch.from_numpy((row_of + anchor).reshape(-1)).to(device)
+        record = {"s_hat": tables.s_hat.view(-1, m)[rows].view(a, taken, m),
+                  "q": torch.from_numpy(np.where(go, q, nan)).to(device)}
     return columns, record
