@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine: install the carried wheels, run one part of the GPU work, and leave its
+# results in $OUT as at most 8 files (what such a call brings back). The machine starts bare each time and a
+# session's device time is short (30 minutes), so each call does one whole thing under a time limit.
+#
+# Before the first call, on the development machine (the GPU machine has no package index; its image has
+# torch, transformers, timm, pandas, h5py, typer and rich, but not these):
+#   PIP_FIND_LINKS= python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+#       --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+#       --platform manylinux2014_x86_64 -d .whl open_clip_torch ftfy wcwidth faiss-cpu pydantic \
+#       pydantic-core annotated-types typing-inspection typing_extensions eccv-caption
+# (pydantic pins one pydantic-core: `unzip -p .whl/pydantic-2*.whl '*/METADATA' | grep core` must name the one in .whl.)
+#
+# Then, as the device tool's command, with carry [".whl"]:
+#   bash benchmarks/device_call.sh suite 340                  # the whole suite, 15 workers (~6 min on an H100)
+#   bash benchmarks/device_call.sh speed 540 ceiling base-grit base-falcon-reuse-eager compose-ops
+#   bash benchmarks/device_call.sh tests 150 tests/test_pretrain.py::test_kill_and_resume_is_exact
+# The second argument is the part's time limit in seconds; keep it under the call's own (600 s at most).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+what=${1:?suite, speed or tests}; limit=${2:?seconds}; shift 2
+out=${OUT:?set OUT: the folder whose files come back from the device machine}
+case "$what" in suite|speed|tests) ;; *) echo "unknown part '$what': suite, speed or tests" >&2; exit 2 ;; esac
+# it installs into the machine's own Python: never on a development machine
+command -v nvidia-smi > /dev/null || { echo "device_call.sh is for the lent GPU machine (no nvidia-smi here)" >&2; exit 2; }
+export PYTHONUNBUFFERED=1 FALCON_PROGRESS=0
+python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl > "$out/setup.log" 2>&1
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >> "$out/setup.log" 2>&1
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc
+  python3 -c "import torch, transformers, timm; print('torch', torch.__version__, 'transformers', transformers.__version__, 'timm', timm.__version__)"
+} >> "$out/setup.log" 2>&1
+case "$what" in
+  suite)  # -v: each result is printed as it lands, so a suite stopped at its limit still names its failures
+    timeout "$limit" python3 -m pytest -v -n 15 --dist load -p no:cacheprovider -rf --tb=short --timeout 240 \
+        > "$out/pytest.log" 2>&1
+    echo "pytest exit $? (124: stopped at ${limit} s)"
+    grep -E "\] (FAILED|ERROR)|^(FAILED|ERROR)" "$out/pytest.log" | sort -u | head -30
+    tail -n 3 "$out/pytest.log" ;;
+  tests)  # named tests with their whole tracebacks
+    timeout "$limit" python3 -m pytest -q -n 4 -p no:cacheprovider --tb=long "$@" > "$out/pytest.log" 2>&1
+    echo "pytest exit $?"; tail -c 6000 "$out/pytest.log" ;;
+  speed)  # pretrain_speed.py parts; profiles and metrics come back as one archive
+    timeout "$limit" python3 benchmarks/pretrain_speed.py --out /tmp/speed --only "$@" > "$out/speed.log" 2>&1
+    echo "pretrain_speed exit $?"
+    cp /tmp/speed/speed.json /tmp/speed/speed.md "$out/" 2>/dev/null
+    (cd /tmp/speed && tar czf "$out/runs.tgz" runs/*/profile runs/*/metrics.jsonl runs/*/manifest.json 2>/dev/null)
+    grep -v "pretrain --recipe" "$out/speed.log" | tail -n 25 ;;
+esac
