@@ -290,3 +290,34 @@ def test_record_holds_the_rows_and_qs_the_policy_used():
     positions = torch.tensor([ids.index(int(a)) for a in batch.anchor_pair_id[1:]])
     assert torch.equal(record["s_hat"], spaces.tables.s_hat[0, positions])
     assert torch.allclose(record["q"].float(), batch.q[1:])
+
+
+@pytest.mark.parametrize("level", ["instance", "batch"])
+def test_every_logged_column_is_what_it_says(level):
+    """The columns a batch carries into the batch log, recomputed plainly from the features and the policy:
+    each pick's similarity to its anchor (the unified S / 2), the Beta its q came from (its anchor's row, or the
+    batch's first pair's at batch level), its rank among the candidates left; slot 0 has none of them."""
+    cache, image, text = make_cache(40, seed=3)
+    g = torch.Generator().manual_seed(1)
+    spaces = QuantileSpaces(cache.pair_ids, cache, search_space_size=40, batch_size=7, generator=g, level=level)
+    index = {int(p): i for i, p in enumerate(cache.pair_ids)}
+    seen = 0
+    while spaces.has_next():
+        batch, _ = spaces.next_batch(toy_policy, g)
+        rows = spaces.tables.s_hat[0]
+        ids = spaces.space_ids(spaces.current).tolist()
+        for name in ("q", "alpha", "beta", "similarity_to_anchor", "quantile_rank"):
+            assert math.isnan(float(getattr(batch, name)[0])), name
+        for t in range(1, len(batch.pair_ids)):
+            a, c = index[int(batch.anchor_pair_id[t])], index[int(batch.pair_ids[t])]
+            expected = (float(image[a] @ text[c]) + float(text[a] @ image[c])) / 2
+            assert float(batch.similarity_to_anchor[t]) == pytest.approx(expected, abs=1e-6)
+            source = ids.index(int(batch.anchor_pair_id[t] if level == "instance" else batch.pair_ids[0]))
+            alpha, beta = toy_policy(rows[source])
+            assert float(batch.alpha[t]) == pytest.approx(float(alpha), rel=1e-6)
+            assert float(batch.beta[t]) == pytest.approx(float(beta), rel=1e-6)
+            left = len(ids) - seen - t  # candidates when slot t was chosen
+            r = quantile.nearest_rank(float(batch.q[t]), left)
+            assert float(batch.quantile_rank[t]) == pytest.approx(r / (left - 1) if left > 1 else 1.0, abs=1e-6)
+        seen += len(batch.pair_ids)
+    assert seen == 40
