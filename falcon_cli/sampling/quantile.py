@@ -25,7 +25,7 @@ work on the host, whatever device the tables live on (their order is copied to t
 take the availability in the anchor's sorted order, find the positions still available, pick
 the ``(r + 1)``-th — no Python loop over candidates. The steps are sequential, so on a GPU
 each would cost launches and a round trip (35 ms per batch of 95 steps on an H100, against
-about 2 ms here); the similarity columns and the scheduler's record are gathered on the
+a few milliseconds here); the similarity columns and the scheduler's record are gathered on the
 tables' device.
 
 :class:`QuantileSpaces` holds the search spaces of one epoch for one rank and composes
@@ -456,7 +456,7 @@ def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[
     a, width = len(group), available.shape[1]
     # The chain runs on the host, in numpy: its steps are sequential and each is a few O(W) operations, so on a
     # GPU they would cost a launch and a host round trip apiece (measured on an H100: 35 ms per batch of 95
-    # steps, against ~3 ms here). The tables stay on the device for the similarity columns and the record.
+    # steps, against a few here). The tables stay on the device for the similarity columns and the record.
     group_np = group.cpu().numpy()
     order_rows = tables.host("order").reshape(-1, width)  # row (space s, anchor j) at s * W + j
     row_of = group_np * width                            # [a] first row of each active space
