@@ -255,3 +255,40 @@ def test_hub_id_tokenizer_passes_config_validation(tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty_cache"))
     message = _one_line_error("timm/ViT-B-16-SigLIP")
     assert "'timm/ViT-B-16-SigLIP' could not be loaded" in message
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "clip-bpe", "unigram"])
+def test_caption_tokens_equal_tokenize_and_tokenise_each_caption_once(kind, trained, tmp_path):
+    """PretrainCollate's cached token ids give exactly what tokenising the batch gives (truncated, right-padded
+    to the longest, the same mask), for BERT's WordPiece, CLIP's BPE and a SentencePiece unigram tokenizer,
+    and a caption seen before is not tokenised again."""
+    import random
+
+    import torch
+
+    from falcon_cli.data.collate import CaptionTokens, PretrainCollate, tokenize
+
+    tokenizer = {"wordpiece": lambda: load_tokenizer(trained[0]),
+                 "clip-bpe": lambda: (_clip_bpe(tmp_path / "clip"), load_tokenizer(tmp_path / "clip"))[1],
+                 "unigram": lambda: (_unigram(tmp_path / "uni", eos_token="</s>"), load_tokenizer(tmp_path / "uni"))[1]}[kind]()
+    words = ["a", "red", "circle", "left", "of", "blue", "square", "two", "big", "Red.", "triangles", "élan"]
+    rng = random.Random(0)
+    captions = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 14))) for _ in range(40)]
+    cached = CaptionTokens(tokenizer, max_length=9)
+    for _ in range(6):  # batches with repeats, in any order, some captions longer than 9 tokens
+        batch = [rng.choice(captions) for _ in range(rng.randint(1, 12))]
+        ids, mask = cached(batch)
+        expected_ids, expected_mask = tokenize(tokenizer, batch, 9)
+        assert torch.equal(ids, expected_ids) and torch.equal(mask, expected_mask)
+        assert ids.dtype == expected_ids.dtype == torch.int64
+    calls = []
+    original = cached.tokenizer
+    cached.tokenizer = lambda texts, **kw: (calls.append(list(texts)), original(texts, **kw))[1]
+    cached.tokenizer.pad_token_id, cached.tokenizer.padding_side = original.pad_token_id, "right"
+    seen = list(cached.ids)
+    cached(seen[:5] + ["a brand new caption", "a brand new caption"])
+    assert calls == [["a brand new caption"]], "only the caption not seen before is tokenised, once"
+    collate = PretrainCollate(tokenizer, 9)
+    items = [{"caption": c, "pair_id": i} for i, c in enumerate(captions[:7])]
+    out = collate(items)
+    assert torch.equal(out["input_ids"], tokenize(tokenizer, captions[:7], 9)[0]) and out["images"] is None
