@@ -29,7 +29,9 @@ from falcon_cli.sampling.scheduler import NegativeScheduler  # noqa: E402
 NO_KERNEL = {"aten::as_strided", "aten::view", "aten::select", "aten::unsqueeze", "aten::squeeze", "aten::reshape",
              "aten::detach", "aten::lift_fresh", "aten::resolve_conj", "aten::resolve_neg", "aten::empty",
              "aten::empty_strided", "aten::empty_like", "aten::slice", "aten::t", "aten::transpose", "aten::expand",
-             "aten::alias", "aten::_reshape_alias", "aten::to", "aten::numpy_T", "aten::contiguous"}
+             "aten::alias", "aten::_reshape_alias", "aten::to", "aten::numpy_T", "aten::contiguous", "aten::unbind",
+             "aten::split", "aten::chunk", "aten::permute", "aten::_unsafe_view", "aten::flatten", "aten::view_as"}
+"""Operators that launch no kernel on a GPU (views, reshapes, empty allocations); step_operators.py uses it too."""
 HOST_READS = ("aten::_local_scalar_dense", "aten::nonzero")
 
 

@@ -17,10 +17,11 @@ One command measures every speed target of issue 22 on the local GPU and writes 
 * ``tiny-*``: the ``shapes-falcon`` recipe (albef-tiny, 64 px) with and without preloaded images, and
   preloaded + compiled with CUDA graphs (``compile_mode: reduce-overhead``); ``tiny-grit-preload``: the same
   recipe with GRIT batches (the training step without FALCON's work);
-* ``profile``: ``base-grit``, ``base-grit-compile``, the FALCON runs but ``base-falcon-recompute-eager``, and
-  ``tiny-falcon-preload`` / ``tiny-grit-preload`` write a torch.profiler trace of 3 steps
-  (``runs/<name>/profile/summary.txt``: wall time per step beside the GPU's busy time first): FALCON's extra time by operator and by range
-  (``falcon/reward``, ``falcon/update``, composition under the DataLoader's ``__next__``);
+* ``profile``: ``base-grit``, ``base-grit-compile``, ``base-grit-graphs``, the FALCON runs but
+  ``base-falcon-recompute-eager``, and ``tiny-falcon-preload`` / ``tiny-grit-preload`` write a torch.profiler
+  trace of 3 steps; ``runs/<name>/profile/summary.txt`` gives the wall time per step beside the GPU's busy
+  time, then FALCON's extra time by operator and by range (``falcon/reward``, ``falcon/update``,
+  composition under the DataLoader's ``__next__``);
 * ``compose-ops``: operators, kernels and host round trips of one on-demand FALCON batch + scheduler
   update (``falcon_compose_ops.py``), and its time on the GPU;
 * ``compose``: one COCO-scale FALCON composition epoch (``falcon_compose.py``, 567K pairs, |M| 5,664).

@@ -36,11 +36,7 @@ from falcon_cli.objectives.mlm import MlmMask  # noqa: E402
 from falcon_cli.objectives.vlp import VlpObjective  # noqa: E402
 from falcon_cli.runtime.optim import build_optimizer  # noqa: E402
 
-NO_KERNEL = {"aten::as_strided", "aten::view", "aten::select", "aten::unsqueeze", "aten::squeeze", "aten::reshape",
-             "aten::detach", "aten::lift_fresh", "aten::resolve_conj", "aten::resolve_neg", "aten::empty",
-             "aten::empty_strided", "aten::empty_like", "aten::slice", "aten::t", "aten::transpose", "aten::expand",
-             "aten::alias", "aten::_reshape_alias", "aten::to", "aten::numpy_T", "aten::contiguous", "aten::unbind",
-             "aten::split", "aten::chunk", "aten::permute", "aten::_unsafe_view", "aten::flatten", "aten::view_as"}
+from falcon_compose_ops import NO_KERNEL  # noqa: E402  (beside this script)
 
 
 def count(prof) -> tuple[int, int, collections.Counter]:

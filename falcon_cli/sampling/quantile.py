@@ -68,10 +68,10 @@ COMPOSE_CHUNK_BYTES = 512 << 20
 
 def nearest_rank(q, n) -> np.ndarray:
     """Nearest-rank position ``floor(q (n - 1) + 1/2)`` of the q-quantile among ``n`` sorted items (halves round
-    up; at least 0), in float64 numpy: composition computes it on the CPU beside the q draw, one small array
-    per chain step, where torch would cost a dispatch per operator."""
+    up; at least 0; a NaN q, a step not taken, gives 0), in float64 numpy: composition computes it on the CPU
+    beside the q draw, one small array per chain step."""
     q, n = np.asarray(q, dtype=np.float64), np.asarray(n, dtype=np.float64)
-    return np.maximum(np.floor(q * (n - 1) + 0.5), 0).astype(np.int64)
+    return np.fmax(np.floor(q * (n - 1) + 0.5), 0).astype(np.int64)  # (fmax: NaN -> 0)
 
 
 def unified_similarity(image: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
@@ -136,11 +136,19 @@ class SpaceTables:
     _host: dict = field(default_factory=dict, repr=False, compare=False)
 
     def host(self, name: str) -> np.ndarray:
-        """``order`` or ``false_negative`` as a host (numpy) array, copied from the device once: the chain reads
-        one row of it per step."""
+        """``order``, ``false_negative`` or ``size`` as a host (numpy) array, copied from the device once: the
+        chain reads a row of them per step."""
         if name not in self._host:
             self._host[name] = getattr(self, name).cpu().numpy()
         return self._host[name]
+
+    def false_negative_density(self) -> np.ndarray:
+        """[S, W] float64: each anchor's share of its space's other pairs that are its false negatives (the
+        oracle's; once per space, as the truth does not change while it is composed)."""
+        if "density" not in self._host:
+            size = self.host("size")
+            self._host["density"] = self.host("false_negative").sum(2) / np.maximum(size - 1, 1)[:, None].astype(np.float64)
+        return self._host["density"]
 
 
 def false_negative_tables(truth: Callable[[torch.Tensor], torch.Tensor], spaces: Sequence[torch.Tensor], width: int,
@@ -460,11 +468,12 @@ def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[
     group_np = group.cpu().numpy()
     order_rows = tables.host("order").reshape(-1, width)  # row (space s, anchor j) at s * W + j
     row_of = group_np * width                            # [a] first row of each active space
-    avail = available[group].cpu().numpy().copy()        # [a, W] bool, True = not yet chosen
+    unselected = available[group]                        # [a, W] bool, True = not yet chosen
+    avail = unselected.cpu().numpy().copy()
     spaces_np = np.arange(a)
     policy = source if callable(source) else None
     if policy is not None and alpha_beta is None:        # α, β of every row that may become an anchor
-        rows = available[group].nonzero(as_tuple=True)
+        rows = unselected.nonzero(as_tuple=True)
         alpha_all = torch.ones(a, width, device=device)
         beta_all = torch.ones(a, width, device=device)
         alpha_rows, beta_rows = policy(tables.s_hat[group][rows])
@@ -495,14 +504,11 @@ def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[
         if policy is not None:
             if (level == "batch" and q is None) or (level == "instance" and t < all_go):  # every space draws
                 q = draw_q(alpha_np[spaces_np, last], beta_np[spaces_np, last], q_generator)
-                r = nearest_rank(q, left_np[:, t])
             elif level == "instance":  # near a space's end: only the spaces that still have candidates draw
                 going = left_np[:, t] > 0
                 q = np.full(a, np.nan)
                 q[going] = draw_q(alpha_np[going, last[going]], beta_np[going, last[going]], q_generator)
-                r = nearest_rank(np.nan_to_num(q, nan=0.0), left_np[:, t])
-            else:  # batch level: the batch's one q at every step
-                r = nearest_rank(np.nan_to_num(q, nan=0.0), left_np[:, t])
+            r = nearest_rank(q, left_np[:, t])
             qs.append(q)
             ranks.append(r)
         else:
@@ -580,9 +586,7 @@ def _round_columns(tables: SpaceTables, features: tuple[torch.Tensor, torch.Tens
         safe = steps["safe"].astype(np.float64)
         with np.errstate(invalid="ignore", divide="ignore"):
             safe_q = np.where(safe < 0, nan, np.where(n > 1, safe / np.maximum(n - 1, 1), 1.0))
-        truth = tables.host("false_negative")[group]                                       # [a, W, W]
-        size = tables.host("size")[group]
-        density = truth.sum(2) / np.maximum(size - 1, 1)[:, None].astype(np.float64)
+        density = tables.false_negative_density()[group]                                 # [a, W]
         columns.update(safe_q=column(safe_q, nan, nan), anchor_fn_density=column(np.take_along_axis(density, anchor, 1), nan, nan),
                        chosen_is_fn=column(steps["chosen_fn"], nan, nan))
     else:
