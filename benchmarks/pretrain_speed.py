@@ -14,14 +14,21 @@ One command measures every speed target of issue 22 on the local GPU and writes 
   the logged caption lengths) / the ceiling;
 * ``base-grit-jpeg``: the same GRIT run on a copy of the world as 640x480 JPEGs, decoded and
   augmented (ALBEF's pretraining transform) by DataLoader workers on every core, as COCO would be;
+  ``base-grit-jpeg-eager`` the same without ``pretrain.compile`` (to compare with ``base-grit`` in one call);
+* ``blip2-grit``: BLIP-2 stage 1 (blip2-base: frozen EVA ViT-g/14 at 224 px, the Q-Former), and ``siglip-grit``:
+  a SigLIP 2 dual encoder (siglip2-b16, open_clip's ViT-B-16-SigLIP2, 224 px, its captioning decoder), both random
+  init, B 96, bf16, preloaded, GRIT batches, eager (the config refuses ``compile`` for them), profiled. Their
+  FLOPs per pair are counted by PyTorch's ``FlopCounterMode`` on one real training step
+  (:func:`counted_flops_per_pair`; ``flops.py`` counts ALBEF alone). Their output heads have the shapes
+  tokenizer's vocabulary (~200 ids; the COCO recipes' 30,523 and 256,000: ``vocab_size`` in each run's result);
 * ``tiny-*``: the ``shapes-falcon`` recipe (albef-tiny, 64 px) with and without preloaded images, and
   preloaded + compiled with CUDA graphs (``compile_mode: reduce-overhead``); ``tiny-grit-preload``: the same
   recipe with GRIT batches (the training step without FALCON's work);
 * ``profile``: ``base-grit``, ``base-grit-compile``, ``base-grit-graphs``, the FALCON runs but
-  ``base-falcon-recompute-eager``, and ``tiny-falcon-preload`` / ``tiny-grit-preload`` write a torch.profiler
-  trace of 3 steps; ``runs/<name>/profile/summary.txt`` gives the wall time per step beside the GPU's busy
-  time, then FALCON's extra time by operator and by range (``falcon/reward``, ``falcon/update``,
-  composition under the DataLoader's ``__next__``);
+  ``base-falcon-recompute-eager``, ``blip2-grit``, ``siglip-grit`` and ``tiny-falcon-preload`` /
+  ``tiny-grit-preload`` write a torch.profiler trace of 3 steps; ``runs/<name>/profile/summary.txt`` gives the
+  wall time per step beside the GPU's busy time, then FALCON's extra time by operator and by range
+  (``falcon/reward``, ``falcon/update``, composition under the DataLoader's ``__next__``);
 * ``compose-ops``: operators, kernels and host round trips of one on-demand FALCON batch + scheduler
   update (``falcon_compose_ops.py``), and its time on the GPU;
 * ``compose``: one COCO-scale FALCON composition epoch (``falcon_compose.py``, 567K pairs, |M| 5,664).
@@ -30,9 +37,9 @@ One command measures every speed target of issue 22 on the local GPU and writes 
     PYTHONPATH=. .venv/bin/python benchmarks/pretrain_speed.py --out runs/speed --only base-grit base-grit-compile
     PYTHONPATH=. .venv/bin/python benchmarks/pretrain_speed.py --out /tmp/speed --smoke        # CPU, tiny: checks the script
 
-``--smoke`` runs the same runs with albef-tiny at 32 px on a 60-image world in fp32 (a few minutes on
-2 cores): its numbers say nothing about speed, only that every part works. Finished runs are kept
-(delete ``--out`` to measure again).
+``--smoke`` runs the same runs with albef-tiny (blip2-tiny, dual-tiny) at 32 px on a 60-image world in fp32 (a
+few minutes on 2 cores): its numbers say nothing about speed, only that every part works. Finished runs are
+kept (delete ``--out`` to measure again).
 """
 
 from __future__ import annotations
@@ -75,12 +82,18 @@ def matmul_ceiling(device: str, smoke: bool) -> float:
 
 def runs(smoke: bool, workers: int) -> dict[str, list[str]]:
     """Every measured run: its ``falcon pretrain`` overrides (on top of the common ones)."""
-    if smoke:
-        base = ["pretrain.model=albef-tiny", "pretrain.image_size=32", "pretrain.batch_size=8",
-                "pretrain.search_space_size=16", "pretrain.precision=fp32"]
-    else:
-        base = ["pretrain.model=albef-base", "pretrain.image_size=256", "pretrain.batch_size=96",
+    def shape(model: str, size: int) -> list[str]:
+        if smoke:
+            return [f"pretrain.model={model}", "pretrain.image_size=32", "pretrain.batch_size=8",
+                    "pretrain.search_space_size=16", "pretrain.precision=fp32"]
+        return [f"pretrain.model={model}", f"pretrain.image_size={size}", "pretrain.batch_size=96",
                 "pretrain.search_space_size=960", "pretrain.precision=bf16"]
+    base = shape("albef-tiny" if smoke else "albef-base", 256)
+    # BLIP-2 stage 1 and a SigLIP 2 dual encoder, random init (no hub weights: the GPU machine has no network)
+    blip2 = [*shape("blip2-tiny" if smoke else "blip2-base", 224),
+             "pretrain.vision_weights=null", "pretrain.text_weights=null"]
+    siglip = [*shape("dual-tiny" if smoke else "siglip2-b16", 224),
+              "pretrain.vision_weights=null", "pretrain.caption_weight=1.0"]  # sigmoid + caption loss, as SigLIP 2
     preload = ["pretrain.preload_images=true", "pretrain.augment=test"]
     falcon = ["pretrain.composer=falcon", "pretrain.reward=mlm"]
     tiny = ["--recipe", "shapes-falcon", "pretrain.precision=fp32", "pretrain.epochs=2"]
@@ -99,6 +112,10 @@ def runs(smoke: bool, workers: int) -> dict[str, list[str]]:
         "base-falcon-reuse": [*base, *preload, *falcon, "pretrain.reward_images=reuse", *compile_, *profile],
         "base-grit-jpeg": [*base, "pretrain.composer=grit", *compile_, "pretrain.augment=pretrain",
                            "pretrain.preload_images=false", f"pretrain.num_workers={workers}", "data.dataset=JPEG"],
+        "base-grit-jpeg-eager": [*base, "pretrain.composer=grit", "pretrain.augment=pretrain",
+                                 "pretrain.preload_images=false", f"pretrain.num_workers={workers}", "data.dataset=JPEG"],
+        "blip2-grit": [*blip2, *preload, "pretrain.composer=grit", *profile],
+        "siglip-grit": [*siglip, *preload, "pretrain.composer=grit", *profile],
         "tiny-falcon-preload": [*tiny, "pretrain.preload_images=true", *profile],
         "tiny-grit-preload": [*tiny, "pretrain.preload_images=true", "pretrain.composer=grit", *profile],
         "tiny-falcon-decode": [*tiny, "pretrain.preload_images=false", f"pretrain.num_workers={min(workers, 4)}"],
@@ -146,21 +163,89 @@ def steady_rate(run: Path, batch: int) -> dict:
             "peak_memory_mib": max((r.get("peak_memory_mib") or 0) for r in epoch) or None}
 
 
-def flops_per_pair(run: Path, text_tokens: float, reward_images: str | None) -> float:
-    """Analytic FLOPs per trained pair of ``run`` (its model, resolution and vocabulary, the logged caption
-    length, its MLM probability of the caption's tokens after [CLS])."""
+def flops_per_pair(run: Path, text_tokens: float, reward_images: str | None, device: str = "cpu") -> dict:
+    """FLOPs per trained pair of ``run``: ``flops_per_pair``, ``flops_method`` and the model's ``vocab_size``.
+    ALBEF: analytic (its model, resolution and vocabulary, the logged caption length, its MLM probability of the
+    caption's tokens after [CLS]); BLIP-2 and dual encoders: counted on one real step
+    (:func:`counted_flops_per_pair`)."""
     from falcon_cli.data.tokenizer import load_run_tokenizer
+    from falcon_cli.frameworks import model_framework
     from falcon_cli.models.registry import resolve_model_config
     from falcon_cli.runtime.flops import pretrain_flops_per_pair
 
     manifest = json.loads((run / "manifest.json").read_text())
     p = manifest["config"]["pretrain"]
+    if model_framework(p["model"]).name != "albef":
+        return counted_flops_per_pair(run, text_tokens, device)
     overrides = {"vocab_size": len(load_run_tokenizer(run, manifest["name"]))}
     if p.get("image_size"):
         overrides["image_size"] = p["image_size"]
     length = round(text_tokens)
-    return pretrain_flops_per_pair(resolve_model_config(p["model"], **overrides), length,
-                                   p["mlm_probability"] * (length - 1), reward_images=reward_images)["total"]
+    flops = pretrain_flops_per_pair(resolve_model_config(p["model"], **overrides), length,
+                                    p["mlm_probability"] * (length - 1), reward_images=reward_images)["total"]
+    return {"flops_per_pair": flops, "flops_method": "analytic", "vocab_size": overrides["vocab_size"]}
+
+
+def counted_flops_per_pair(run: Path, text_tokens: float, device: str, batch: int = 4) -> dict:
+    """FLOPs per pair of one training step of ``run``'s BLIP-2 or dual-encoder model, counted by PyTorch's
+    ``FlopCounterMode``: the model built as the pretrain stage builds it (its resolution, the run tokenizer's
+    vocabulary; random init, as the weights change no FLOP), ``batch`` random images and random captions of the
+    logged mean padded length (a dual encoder that pads captions to its context does so itself), one forward under
+    the run's precision and ``loss.backward()``, divided by ``batch``. What is frozen (BLIP-2's ViT) runs no
+    backward, and the count sees that. Attention runs PyTorch's math kernel under the counter (its products are
+    counted on every device; not every fused kernel has a FLOP formula, none on a CPU). The in-batch B x B similarity products are
+    the only part that grows with the batch: a negligible share at B 96. FALCON's reward passes are not counted
+    (these runs are GRIT's). The model is built on ``device`` and freed after."""
+    import gc
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from falcon_cli.data.tokenizer import load_run_tokenizer
+    from falcon_cli.frameworks import model_framework, model_overrides
+    from falcon_cli.models.registry import create_model
+    from falcon_cli.objectives.dual import DualObjective
+    from falcon_cli.objectives.qformer import Blip2Objective
+    from falcon_cli.runtime.precision import autocast, resolve_precision
+
+    manifest = json.loads((run / "manifest.json").read_text())
+    p = manifest["config"]["pretrain"]
+    tokenizer = load_run_tokenizer(run, manifest["name"])
+    framework = model_framework(p["model"])
+    torch.manual_seed(0)
+    overrides = model_overrides(framework, len(tokenizer), vision_weights=None, text_weights=None,
+                                image_size=p.get("image_size"), pad_token_id=tokenizer.pad_token_id)
+    model = create_model(p["model"], **overrides)
+    if framework.name == "blip2":
+        objective = Blip2Objective(model, consistency_weight=p["itc_consistency_weight"],
+                                   itm_negatives=p["itm_negatives"])
+    else:
+        objective = DualObjective(model, caption_weight=p["caption_weight"])
+    target = torch.device(device)
+    objective = objective.to(target).train()
+    generator = torch.Generator().manual_seed(0)
+    special = set(tokenizer.all_special_ids)
+    ordinary = torch.tensor([i for i in range(len(tokenizer)) if i not in special])  # (BLIP-2's [DEC] comes after)
+    length = round(text_tokens)
+    input_ids = ordinary[torch.randint(len(ordinary), (batch, length), generator=generator)]
+    if tokenizer.cls_token_id is not None:
+        input_ids[:, 0] = tokenizer.cls_token_id
+    input_ids = input_ids.to(target)
+    attention_mask = torch.ones_like(input_ids)  # the products run on the padded length whatever the mask
+    size = model.config.image_size
+    images = torch.randn(batch, 3, size, size, generator=generator).to(target)
+    itm_generator = torch.Generator(device=target).manual_seed(0)
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        with autocast(resolve_precision(p["precision"], target), target):
+            out = objective(images, input_ids, attention_mask, None, 0.0, itm_generator, None)
+        out.loss.backward()
+    flops = counter.get_total_flops() / batch
+    vocab = model.config.vocab_size
+    del objective, model, out
+    gc.collect()
+    if target.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"flops_per_pair": flops, "flops_method": "counted", "vocab_size": vocab}
 
 
 def main() -> None:
@@ -222,7 +307,7 @@ def main() -> None:
         config = json.loads((run_dir / "manifest.json").read_text())["config"]["pretrain"]
         rate = steady_rate(run_dir, config["batch_size"])
         reward = config["reward_images"] if config["composer"] == "falcon" else None
-        rate["flops_per_pair"] = flops_per_pair(run_dir, rate["text_tokens"], reward)
+        rate.update(flops_per_pair(run_dir, rate["text_tokens"], reward, device))
         rate["wall_s"] = wall
         if results.get("ceiling_flops") and device == "cuda":  # (a CPU has no comparable ceiling: no MFU there)
             rate["mfu"] = rate["pairs_per_s"] * rate["flops_per_pair"] / results["ceiling_flops"]
@@ -252,14 +337,17 @@ def report(results: dict) -> str:
     ceiling = results.get("ceiling_flops")
     lines = [f"Device: {results['device']}; matrix-product ceiling "
              f"{ceiling / 1e12:.1f} TFLOP/s" if ceiling else f"Device: {results['device']}", "",
-             "| run | pairs/s | GFLOP/pair | MFU | caption tokens | peak MiB |", "|---|---|---|---|---|---|"]
+             "| run | pairs/s | GFLOP/pair | MFU | caption tokens | peak MiB | FLOPs | vocabulary |",
+             "|---|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
         if "error" in r:
-            lines.append(f"| {name} | failed: {r['error']} | | | | |")
+            lines.append(f"| {name} | failed: {r['error']} | | | | | | |")
             continue
         mfu = f"{r['mfu']:.1%}" if "mfu" in r else "—"
+        vocab = f"{r['vocab_size']:,}" if r.get("vocab_size") else "—"
         lines.append(f"| {name} | {r['pairs_per_s']:,.0f} | {r['flops_per_pair'] / 1e9:.1f} | {mfu} | "
-                     f"{r['text_tokens']:.1f} | {r['peak_memory_mib'] or '—'} |")
+                     f"{r['text_tokens']:.1f} | {r['peak_memory_mib'] or '—'} | {r.get('flops_method', '—')} | "
+                     f"{vocab} |")
     rate = lambda name: rows.get(name, {}).get("pairs_per_s")  # noqa: E731
     ratios = [("FALCON (recompute) time per step / GRIT (compiled)", "base-grit-compile", "base-falcon-recompute", 1.26),
               ("FALCON (reuse) time per step / GRIT (compiled)", "base-grit-compile", "base-falcon-reuse", 1.06),
@@ -272,6 +360,9 @@ def report(results: dict) -> str:
     best = max((rate(n) or 0 for n in ("base-grit", "base-grit-compile", "base-grit-graphs")), default=0)
     if best and rate("base-grit-jpeg"):
         lines.append(f"- JPEG data through the stage / preloaded: {rate('base-grit-jpeg') / best:.1%} (target ≥ 90%)")
+    if rate("base-grit") and rate("base-grit-jpeg-eager"):
+        lines.append(f"- JPEG data through the stage / preloaded, both eager: "
+                     f"{rate('base-grit-jpeg-eager') / rate('base-grit'):.1%} (target ≥ 90%)")
     if rate("tiny-falcon-preload") and rate("tiny-falcon-decode"):
         graphs = f", {rate('tiny-falcon-graphs'):,.0f} compiled with CUDA graphs" if rate("tiny-falcon-graphs") else ""
         lines.append(f"- shapes-falcon: {rate('tiny-falcon-preload'):,.0f} pairs/s preloaded, "

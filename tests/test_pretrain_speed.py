@@ -16,7 +16,7 @@ import pretrain_speed  # noqa: E402
 def test_a_smoke_run_measures_the_stage_and_writes_the_report(tmp_path):
     out = tmp_path / "speed"
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "pretrain_speed.py"), "--out", str(out), "--smoke",
-                           "--images", "24", "--only", "ceiling", "base-grit", "base-grit-jpeg", "compose-ops"],
+                           "--images", "24", "--only", "ceiling", "base-grit", "base-grit-jpeg", "blip2-grit", "compose-ops"],
                           capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "FALCON_PROGRESS": "0"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -25,6 +25,10 @@ def test_a_smoke_run_measures_the_stage_and_writes_the_report(tmp_path):
     for name in ("base-grit", "base-grit-jpeg"):
         run = results["runs"][name]
         assert run["pairs_per_s"] > 0 and run["flops_per_pair"] > 1e8 and run["epoch"] == 1 and "mfu" not in run
+        assert run["flops_method"] == "analytic"
+    blip2 = results["runs"]["blip2-grit"]  # BLIP-2's FLOPs counted on one real step (FlopCounterMode)
+    assert blip2["flops_method"] == "counted" and blip2["flops_per_pair"] > 1e7 and blip2["pairs_per_s"] > 0
+    assert blip2["vocab_size"] == results["runs"]["base-grit"]["vocab_size"] + 1  # the run tokenizer + [DEC]
     manifest = json.loads((out / "runs" / "base-grit-jpeg" / "manifest.json").read_text())
     assert manifest["config"]["pretrain"]["augment"] == "pretrain"  # the JPEG run decodes and augments every step
     assert all(p.suffix == ".jpg" for p in (out / "world-jpeg" / "images").iterdir())
@@ -44,3 +48,9 @@ def test_the_report_states_each_target_as_a_ratio_of_one_run():
     assert "FALCON (reuse) time per step / GRIT (compiled): 1.043 (target ≤ 1.06)" in text
     assert "JPEG data through the stage / preloaded: 91.7% (target ≥ 90%)" in text
     assert "| base-grit-compile | 1,200 | 230.0 | 30.7% |" in text
+    runs["blip2-grit"] = {**runs["base-grit"], "flops_method": "counted", "vocab_size": 1001}
+    runs["base-grit-jpeg-eager"] = {**runs["base-grit"], "pairs_per_s": 950.0}
+    text = pretrain_speed.report({"device": "H100", "ceiling_flops": 9e14, "runs": runs})
+    assert "| blip2-grit | 1,000 | 230.0 | 25.6% | 20.0 | — | counted | 1,001 |" in text
+    assert "| base-grit | 1,000 | 230.0 | 25.6% | 20.0 | — | — | — |" in text  # results from before these keys
+    assert "JPEG data through the stage / preloaded, both eager: 95.0% (target ≥ 90%)" in text
