@@ -106,6 +106,8 @@ def runs(smoke: bool, workers: int) -> dict[str, list[str]]:
         # the encoders' kernels replayed from CUDA graphs (the H100's profiles: the host's launches set the step)
         "base-grit-graphs": [*base, *preload, "pretrain.composer=grit", *compile_, *profile,
                              *([] if smoke else ["pretrain.compile_mode=reduce-overhead"])],
+        "base-falcon-reuse-graphs": [*base, *preload, *falcon, "pretrain.reward_images=reuse", *compile_, *profile,
+                                     *([] if smoke else ["pretrain.compile_mode=reduce-overhead"])],
         "base-falcon-recompute-eager": [*base, *preload, *falcon, "pretrain.reward_images=recompute"],
         "base-falcon-reuse-eager": [*base, *preload, *falcon, "pretrain.reward_images=reuse", *profile],
         "base-falcon-recompute": [*base, *preload, *falcon, "pretrain.reward_images=recompute", *compile_, *profile],
@@ -150,15 +152,28 @@ def jpeg_world(world: Path, out: Path, size: tuple[int, int]) -> Path:
 
 
 def steady_rate(run: Path, batch: int) -> dict:
-    """Pairs/s over the second half of the last epoch's logged steps (compilation, warm-up and the epoch's
-    first batches stay out of the window), and the epoch's mean padded caption length."""
+    """A run's steady training rate from its logged steps, and its last epoch's mean padded caption length.
+
+    ``pairs_per_s``: the batch over the median time per step of the intervals between logged steps, in every
+    epoch, leaving out each epoch's last interval (its smaller last batch, a new shape that a compiled model
+    recompiles and re-records for). The median, because a short run's one-off stalls (a CUDA-graph re-record
+    took 3.2 s of a 20-step window on the H100) are amortised over a real epoch of thousands of steps but
+    set a short window's mean. ``window_pairs_per_s``: the older figure, the second half of the last epoch
+    as one window (every stall in it counted)."""
     rows = [r for r in read_metrics(run / "metrics.jsonl") if "loss" in r and "elapsed_s" in r]
     last = max(r["epoch"] for r in rows)
     epoch = [r for r in rows if r["epoch"] == last]
     a, b = epoch[len(epoch) // 2] if len(epoch) > 2 else epoch[0], epoch[-1]
     seconds = b["elapsed_s"] - a["elapsed_s"]
-    rate = (b["step"] - a["step"]) * batch / seconds if seconds > 0 else b["pairs_per_s"]
-    return {"pairs_per_s": rate, "window_steps": b["step"] - a["step"], "epoch": last,
+    window = (b["step"] - a["step"]) * batch / seconds if seconds > 0 else b["pairs_per_s"]
+    per_step = []
+    for number in range(last + 1):
+        logged = [r for r in rows if r["epoch"] == number]
+        per_step += [(r1["elapsed_s"] - r0["elapsed_s"]) / (r1["step"] - r0["step"])
+                     for r0, r1 in zip(logged[:-2], logged[1:-1]) if r1["step"] > r0["step"]]
+    median = statistics.median(per_step) if per_step else 0.0
+    return {"pairs_per_s": batch / median if median > 0 else window, "window_pairs_per_s": window,
+            "intervals": len(per_step), "window_steps": b["step"] - a["step"], "epoch": last,
             "text_tokens": statistics.fmean(r["text_tokens"] for r in epoch),
             "peak_memory_mib": max((r.get("peak_memory_mib") or 0) for r in epoch) or None}
 
@@ -299,7 +314,9 @@ def main() -> None:
             proc = subprocess.run(command, env=env, capture_output=True, text=True)
             if proc.returncode != 0:
                 print(proc.stdout[-2000:], proc.stderr[-4000:])
-                results["runs"][name] = {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed"}
+                # the exit status too: a crash in native code (a CUDA-graph capture) leaves no traceback
+                last_line = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "no output"
+                results["runs"][name] = {"error": f"exit status {proc.returncode}: {last_line}"}
                 continue
             wall = time.perf_counter() - started
         else:
@@ -337,20 +354,22 @@ def report(results: dict) -> str:
     ceiling = results.get("ceiling_flops")
     lines = [f"Device: {results['device']}; matrix-product ceiling "
              f"{ceiling / 1e12:.1f} TFLOP/s" if ceiling else f"Device: {results['device']}", "",
-             "| run | pairs/s | GFLOP/pair | MFU | caption tokens | peak MiB | FLOPs | vocabulary |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| run | pairs/s | GFLOP/pair | MFU | caption tokens | peak MiB | FLOPs | vocabulary | last half-epoch pairs/s |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
         if "error" in r:
-            lines.append(f"| {name} | failed: {r['error']} | | | | | | |")
+            lines.append(f"| {name} | failed: {r['error']} | | | | | | | |")
             continue
         mfu = f"{r['mfu']:.1%}" if "mfu" in r else "—"
         vocab = f"{r['vocab_size']:,}" if r.get("vocab_size") else "—"
+        memory = f"{r['peak_memory_mib']:,.0f}" if r.get("peak_memory_mib") else "—"
+        window = f"{r['window_pairs_per_s']:,.0f}" if r.get("window_pairs_per_s") else "—"
         lines.append(f"| {name} | {r['pairs_per_s']:,.0f} | {r['flops_per_pair'] / 1e9:.1f} | {mfu} | "
-                     f"{r['text_tokens']:.1f} | {r['peak_memory_mib'] or '—'} | {r.get('flops_method', '—')} | "
-                     f"{vocab} |")
+                     f"{r['text_tokens']:.1f} | {memory} | {r.get('flops_method', '—')} | {vocab} | {window} |")
     rate = lambda name: rows.get(name, {}).get("pairs_per_s")  # noqa: E731
     ratios = [("FALCON (recompute) time per step / GRIT (compiled)", "base-grit-compile", "base-falcon-recompute", 1.26),
               ("FALCON (reuse) time per step / GRIT (compiled)", "base-grit-compile", "base-falcon-reuse", 1.06),
+              ("FALCON (reuse) time per step / GRIT (CUDA graphs)", "base-grit-graphs", "base-falcon-reuse-graphs", 1.06),
               ("FALCON (recompute) time per step / GRIT (eager)", "base-grit", "base-falcon-recompute-eager", 1.26),
               ("FALCON (reuse) time per step / GRIT (eager)", "base-grit", "base-falcon-reuse-eager", 1.06)]
     lines.append("")

@@ -231,6 +231,25 @@ def test_load_tokenizer_sentencepiece_from_the_hub_cache(tmp_path):
     assert _encode(load_tokenizer(repo / "snapshots" / commit), ["a red circle", "red"]) == (ids, mask)
 
 
+def test_a_tokenizer_whose_repo_has_no_model_config_loads_by_its_declared_class(tmp_path, monkeypatch):
+    """transformers 5.17's AutoTokenizer reads config.json before the tokenizer's files and fails where a repo
+    has none (open_clip's hub repos); the class tokenizer_config.json names is loaded instead."""
+    from transformers import AutoTokenizer
+
+    _unigram(tmp_path / "t5", tokenizer_class="T5TokenizerFast", eos_token="</s>", unk_token="<unk>", pad_token="<pad>")
+    expected = _encode(load_tokenizer(tmp_path / "t5"), ["a red circle", "red"])
+
+    def no_config(*args, **kwargs):
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files")
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", no_config)
+    tok = load_tokenizer(tmp_path / "t5")
+    assert type(tok).__name__.startswith("T5Tokenizer") and _encode(tok, ["a red circle", "red"]) == expected
+    _unigram(tmp_path / "unknown", tokenizer_class="NoSuchTokenizer", eos_token="</s>")
+    with pytest.raises(FalconError, match="couldn't connect"):  # no class to fall back on: AutoTokenizer's reason
+        load_tokenizer(tmp_path / "unknown")
+
+
 def test_load_tokenizer_unusable_non_bert_directories(tmp_path):
     (tmp_path / "config_only").mkdir()  # names a class, holds no vocabulary
     (tmp_path / "config_only" / "tokenizer_config.json").write_text('{"tokenizer_class": "CLIPTokenizer"}')

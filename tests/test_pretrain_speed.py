@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -51,6 +53,27 @@ def test_the_report_states_each_target_as_a_ratio_of_one_run():
     runs["blip2-grit"] = {**runs["base-grit"], "flops_method": "counted", "vocab_size": 1001}
     runs["base-grit-jpeg-eager"] = {**runs["base-grit"], "pairs_per_s": 950.0}
     text = pretrain_speed.report({"device": "H100", "ceiling_flops": 9e14, "runs": runs})
-    assert "| blip2-grit | 1,000 | 230.0 | 25.6% | 20.0 | — | counted | 1,001 |" in text
-    assert "| base-grit | 1,000 | 230.0 | 25.6% | 20.0 | — | — | — |" in text  # results from before these keys
+    assert "| blip2-grit | 1,000 | 230.0 | 25.6% | 20.0 | — | counted | 1,001 | — |" in text
+    assert "| base-grit | 1,000 | 230.0 | 25.6% | 20.0 | — | — | — | — |" in text  # results from before these keys
     assert "JPEG data through the stage / preloaded, both eager: 95.0% (target ≥ 90%)" in text
+    runs["base-grit-graphs"] = {**runs["base-grit"], "pairs_per_s": 2000.0}
+    runs["base-falcon-reuse-graphs"] = {**runs["base-grit"], "pairs_per_s": 1600.0}
+    text = pretrain_speed.report({"device": "H100", "ceiling_flops": 9e14, "runs": runs})
+    assert "FALCON (reuse) time per step / GRIT (CUDA graphs): 1.250 (target ≤ 1.06)" in text
+
+
+def test_the_steady_rate_is_the_median_step_and_a_one_off_stall_does_not_set_it(tmp_path):
+    # two epochs of 40 steps of 96 pairs logged every 5: 100 ms a step, the last (smaller) batch 2 s, and one
+    # 3 s stall in epoch 1 (a CUDA-graph re-record on the H100); the old window counts the stall, the median not
+    rows = []
+    for epoch in range(2):
+        elapsed = 0.0
+        for step in range(5, 45, 5):
+            elapsed += 0.5 + (3.0 if (epoch, step) == (1, 35) else 0.0) + (2.0 if step == 40 else 0.0)
+            rows.append({"step": epoch * 40 + step, "epoch": epoch, "loss": 1.0, "elapsed_s": elapsed,
+                         "pairs_per_s": 0.0, "text_tokens": 25, "peak_memory_mib": 100.0 + step})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rate = pretrain_speed.steady_rate(tmp_path, 96)
+    assert rate["pairs_per_s"] == pytest.approx(960.0) and rate["intervals"] == 12  # 6 intervals an epoch
+    assert rate["window_pairs_per_s"] == pytest.approx(15 * 96 / (0.5 + 3.5 + 2.5))  # steps 65 -> 80, stall counted
+    assert rate["epoch"] == 1 and rate["text_tokens"] == 25 and rate["peak_memory_mib"] == 140.0

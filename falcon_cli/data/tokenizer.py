@@ -88,11 +88,21 @@ def _from_auto(source: str, **kwargs):
     special tokens (and at most a word-boundary marker).
     """
     from transformers import AutoTokenizer
+    from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
     except Exception as exc:  # OSError offline / unknown repo, ValueError / ImportError on files it cannot read
-        return None, _first_line(exc)
+        # transformers 5.17's AutoTokenizer always reads the repo's config.json first, and open_clip's hub
+        # repos (timm/ViT-B-16-SigLIP2) have none: offline that fails even with the tokenizer cached. The
+        # class its tokenizer_config.json names loads without it.
+        declared = tokenizer_class_from_name(_declared_class(source, **kwargs) or "")
+        if declared is None:
+            return None, _first_line(exc)
+        try:
+            tokenizer = declared.from_pretrained(source, **kwargs)
+        except Exception:
+            return None, _first_line(exc)
     extra = set(tokenizer.get_added_vocab()) | set(tokenizer.all_special_tokens)
     if len(set(tokenizer.get_vocab()) - extra) <= 1:
         return None, f"no vocabulary found for {type(tokenizer).__name__}"
