@@ -39,7 +39,7 @@ def main() -> None:
 
     import torch
 
-    from falcon_cli.artifacts.run_dir import RunDirectory
+    from falcon_cli.runtime.run_dir import RunDirectory
     from falcon_cli.config.recipes import load_recipe
     from falcon_cli.data.tokenizer import load_tokenizer
     from falcon_cli.models import create_model

@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from falcon_cli.artifacts.embeddings import EmbeddingsWriter  # noqa: E402
-from falcon_cli.artifacts.run_dir import RunDirectory  # noqa: E402
+from falcon_cli.runtime.run_dir import RunDirectory  # noqa: E402
 from falcon_cli.config.recipes import load_recipe  # noqa: E402
 from falcon_cli.data.collate import PretrainCollate  # noqa: E402
 from falcon_cli.data.datasets import pretrain_dataset  # noqa: E402

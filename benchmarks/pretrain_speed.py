@@ -10,7 +10,7 @@ One command measures every speed target of issue 22 on the local GPU and writes 
   (``reward_images: recompute``) and with ``reuse``, compiled and eager (``-eager``: no minutes of
   compiling, where device time is short).
   Each run's steady rate is read from its second epoch (the composer's own batches) in
-  ``metrics.jsonl``; MFU = pairs/s x the analytic FLOPs per pair (:mod:`falcon_cli.runtime.flops`, at
+  ``metrics.jsonl``; MFU = pairs/s x the analytic FLOPs per pair (:mod:`falcon_cli.models.flops`, at
   the logged caption lengths) / the ceiling;
 * ``base-grit-jpeg``: the same GRIT run on a copy of the world as 640x480 JPEGs, decoded and
   augmented (ALBEF's pretraining transform) by DataLoader workers on every core, as COCO would be;
@@ -186,7 +186,7 @@ def flops_per_pair(run: Path, text_tokens: float, reward_images: str | None, dev
     from falcon_cli.data.tokenizer import load_run_tokenizer
     from falcon_cli.frameworks import model_framework
     from falcon_cli.models.registry import resolve_model_config
-    from falcon_cli.runtime.flops import pretrain_flops_per_pair
+    from falcon_cli.models.flops import pretrain_flops_per_pair
 
     manifest = json.loads((run / "manifest.json").read_text())
     p = manifest["config"]["pretrain"]

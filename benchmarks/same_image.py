@@ -46,7 +46,7 @@ def in_batch_counts(run: Path) -> dict:
     import numpy as np
     import torch
 
-    from falcon_cli.artifacts.run_dir import read_manifest
+    from falcon_cli.runtime.run_dir import read_manifest
     from falcon_cli.data.datasets import pretrain_dataset
     from falcon_cli.data.shared_images import SharedImages
     from falcon_cli.data.spec import load_spec

@@ -147,7 +147,7 @@ def build_anchors(image: torch.Tensor, text: torch.Tensor, truth, width: int, fe
 def shapes_run_anchors(run: Path, width: int, feature_sets: list[tuple], epoch: int | None = None, seed: int = 0) -> Anchors:
     """Anchors from a shapes run: its embeddings of ``epoch`` (default the last) and its world's oracle."""
     from falcon_cli.artifacts.embeddings import read_embeddings
-    from falcon_cli.artifacts.run_dir import read_manifest
+    from falcon_cli.runtime.run_dir import read_manifest
     from falcon_cli.data.datasets import pretrain_dataset
     from falcon_cli.data.spec import load_spec
     from falcon_cli.judges.oracle import in_batch_truth

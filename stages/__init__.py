@@ -14,7 +14,7 @@ import inspect
 import logging
 from typing import Callable
 
-from falcon_cli.artifacts.run_dir import RunDirectory, now
+from falcon_cli.runtime.run_dir import RunDirectory, now
 from falcon_cli.config.schema import Recipe
 from falcon_cli.errors import Refused
 

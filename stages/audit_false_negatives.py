@@ -26,7 +26,7 @@ from rich.table import Table
 
 from falcon_cli.artifacts.atomic import atomic_dir, write_json, write_text
 from falcon_cli.artifacts.embeddings import read_embeddings
-from falcon_cli.artifacts.run_dir import RunDirectory
+from falcon_cli.runtime.run_dir import RunDirectory
 from falcon_cli.artifacts.tables import AUDIT, write_table
 from falcon_cli.audit import report
 from falcon_cli.audit.negatives import false_negative_rates, judge_negatives, used_negatives

@@ -24,7 +24,7 @@ from rich.table import Table
 
 from falcon_cli.artifacts.atomic import write_json
 from falcon_cli.artifacts.embeddings import FINGERPRINT_ATTR, check_fingerprint, read_embeddings
-from falcon_cli.artifacts.run_dir import RunDirectory
+from falcon_cli.runtime.run_dir import RunDirectory
 from falcon_cli.artifacts.tables import SEARCH_SPACES, write_table
 from falcon_cli.config.schema import Recipe
 from falcon_cli.data.shapes.oracle import ShapesOracle

@@ -18,7 +18,7 @@ from pathlib import Path
 from falcon_cli.runtime.console import make_console
 
 from falcon_cli.artifacts.atomic import atomic_dir, write_json
-from falcon_cli.artifacts.run_dir import RunDirectory
+from falcon_cli.runtime.run_dir import RunDirectory
 from falcon_cli.config.schema import Recipe
 from falcon_cli.data.check import check_dataset
 from falcon_cli.data.datasets import pretrain_dataset

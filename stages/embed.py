@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from falcon_cli.artifacts.atomic import atomic_path, write_json
 from falcon_cli.artifacts.embeddings import EMBEDDINGS_SCHEMA_VERSION, EmbeddingsWriter
-from falcon_cli.artifacts.run_dir import RunDirectory
+from falcon_cli.runtime.run_dir import RunDirectory
 from falcon_cli.config.schema import Recipe
 from falcon_cli.data.images import load_image
 from falcon_cli.data.pairs import Pair, pairs_fingerprint, split_pairs  # noqa: F401 (Pair, split_pairs: re-exported)

@@ -31,7 +31,7 @@ import torch
 
 from falcon_cli.artifacts.atomic import write_json
 from falcon_cli.artifacts.results import write_results
-from falcon_cli.artifacts.run_dir import RunDirectory
+from falcon_cli.runtime.run_dir import RunDirectory
 from falcon_cli.config.schema import Recipe
 from falcon_cli.data.collate import Nlvr2Collate, VqaCollate, tokenize
 from falcon_cli.data.datasets import nlvr2_dataset, retrieval_dataset, vqa_answer_list, vqa_dataset

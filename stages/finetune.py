@@ -32,7 +32,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
 from falcon_cli.artifacts.atomic import atomic_dir, write_json
-from falcon_cli.artifacts.run_dir import RunDirectory
+from falcon_cli.runtime.run_dir import RunDirectory
 from falcon_cli.config.schema import Recipe, TaskTraining
 from falcon_cli.data.collate import Nlvr2Collate, PretrainCollate, RetrievalCollate, VqaCollate
 from falcon_cli.data.datasets import nlvr2_dataset, pretrain_dataset, retrieval_dataset, vqa_dataset

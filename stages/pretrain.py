@@ -35,7 +35,7 @@ from torch.profiler import record_function
 from torch.utils.data import DataLoader
 
 from falcon_cli.artifacts.results import write_results as write_results_table
-from falcon_cli.artifacts.run_dir import RunDirectory
+from falcon_cli.runtime.run_dir import RunDirectory
 from falcon_cli.artifacts.tables import BATCHES
 from falcon_cli.config.schema import Recipe
 from falcon_cli.data.collate import PretrainCollate

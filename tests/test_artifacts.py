@@ -17,8 +17,8 @@ import pytest
 
 from falcon_cli.artifacts.atomic import atomic_open, write_json
 from falcon_cli.artifacts.embeddings import EmbeddingsWriter, read_embeddings, write_embeddings
-from falcon_cli.artifacts.run_dir import RunDirectory, read_manifest, sha256_file
-from falcon_cli.config.diff import config_differences
+from falcon_cli.runtime.run_dir import RunDirectory, read_manifest, sha256_file
+from falcon_cli.artifacts.config_diff import config_differences
 from falcon_cli.artifacts.tables import BATCHES, SEARCH_SPACES, read_table, write_table
 from falcon_cli.errors import FalconError
 
@@ -118,7 +118,7 @@ def test_a_run_directory_has_one_writer_and_a_killed_one_leaves_no_lock(tmp_path
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from falcon_cli.artifacts.run_dir import acquire_lock
+        from falcon_cli.runtime.run_dir import acquire_lock
         acquire_lock(Path({str(run_dir)!r}))
         print("locked", flush=True)
         time.sleep(60)

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from falcon_cli.artifacts.embeddings import EmbeddingsWriter
-from falcon_cli.artifacts.run_dir import RunDirectory, read_manifest, sha256_file
+from falcon_cli.runtime.run_dir import RunDirectory, read_manifest, sha256_file
 from falcon_cli.artifacts.tables import SEARCH_SPACES, read_table
 from falcon_cli.config.recipes import load_recipe
 from falcon_cli.data.datasets import pretrain_dataset

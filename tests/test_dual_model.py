@@ -337,7 +337,8 @@ def test_a_coca_refuses_a_second_decoder_and_is_recognised_before_it_is_built(co
 
 
 def test_a_checkpoint_round_trip_rebuilds_the_same_model(tmp_path):
-    from falcon_cli.models.weights import model_from_weights, save_weights
+    from falcon_cli.models.registry import model_from_weights
+    from falcon_cli.models.weights import save_weights
 
     model = tiny()
     save_weights(model, tmp_path / "model.safetensors")

@@ -625,7 +625,7 @@ def test_the_stage_hands_the_objective_the_methods_consistency_weight(world, ref
     import shutil
 
     import stages.pretrain as stage
-    from falcon_cli.artifacts.run_dir import RunDirectory
+    from falcon_cli.runtime.run_dir import RunDirectory
     from falcon_cli.config.recipes import load_recipe
 
     class Built(Exception):
@@ -658,7 +658,7 @@ def test_srcl_reads_its_auxiliary_features_by_pair_id_and_refuses_a_missing_file
     import torch
 
     from falcon_cli.artifacts.embeddings import read_embeddings
-    from falcon_cli.artifacts.run_dir import RunDirectory
+    from falcon_cli.runtime.run_dir import RunDirectory
     from falcon_cli.config.recipes import load_recipe
     from falcon_cli.data.datasets import pretrain_dataset
     from falcon_cli.data.spec import load_spec

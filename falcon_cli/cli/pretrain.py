@@ -17,7 +17,7 @@ def pretrain(
     overwrite: bool = typer.Option(False, "--overwrite", help="Reuse a run directory that holds a run with a different config, or train again over its checkpoints."),
     overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides, e.g. pretrain.epochs=3", show_default=False),
 ) -> None:
-    """Pretrain an ALBEF model (ITC + ITM + MLM) with the recipe's batch composer.
+    """Pretrain a model (ALBEF, BLIP-2 stage 1 or a dual encoder; the recipe's model) with its batch composer.
 
     Runs the data stage first when the run directory has not done it. Works the same under
     torchrun (batch size is per process): torchrun --nproc_per_node 2 -m falcon_cli pretrain --recipe shapes-demo

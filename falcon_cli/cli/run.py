@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 from falcon_cli.runtime.console import make_console
 
-from falcon_cli.artifacts.run_dir import RunDirectory
+from falcon_cli.runtime.run_dir import RunDirectory
 from falcon_cli.config.recipes import load_recipe
 from falcon_cli.runtime.distributed import is_main_process
 

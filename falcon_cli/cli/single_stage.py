@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from falcon_cli.artifacts.run_dir import RunDirectory, read_manifest
+from falcon_cli.runtime.run_dir import RunDirectory, read_manifest
 from falcon_cli.config.recipes import load_recipe
 from falcon_cli.runtime.console import make_console
 from falcon_cli.runtime.distributed import is_main_process

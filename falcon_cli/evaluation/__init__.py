@@ -1,1 +1,2 @@
-"""Evaluation: retrieval recall (and later FN-aware metrics, VQA and NLVR2 accuracy)."""
+"""Evaluation: retrieval recall (ITC and ITM re-ranking, zero-shot, ECCV Caption and multi-positive metrics),
+VQA and NLVR2 accuracy."""

@@ -1,4 +1,5 @@
-"""ALBEF models: a registry of JSON configs, the model, and its weight loaders.
+"""The models of the three frameworks (ALBEF, BLIP-2 stage 1, open_clip dual encoders): a registry of JSON
+configs (``models/configs/``), the networks, their configs, weight loaders and FLOP counts.
 
 ``create_model("albef-tiny", vocab_size=len(tokenizer))`` builds a model; see
 :mod:`falcon_cli.models.registry` for names and overrides, :mod:`falcon_cli.models.albef`
@@ -13,6 +14,7 @@ from falcon_cli.models.registry import (
     create_model,
     get_model_config,
     list_models,
+    model_from_weights,
     resolve_model_config,
 )
 from falcon_cli.models.weights import (
@@ -20,7 +22,6 @@ from falcon_cli.models.weights import (
     load_bert_weights,
     load_vision_weights,
     load_weights,
-    model_from_weights,
     read_weights_config,
     save_weights,
 )

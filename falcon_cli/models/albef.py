@@ -30,6 +30,7 @@ from torch import nn
 
 from falcon_cli.models.bert import FusionEncoder, MLMHead, TextEncoder, init_bert_weights
 from falcon_cli.models.config import AlbefConfig
+from falcon_cli.models.similarity import image_text_similarity
 from falcon_cli.models.vision import build_vision_encoder
 
 
@@ -148,8 +149,6 @@ class ALBEF(nn.Module):
 
     def similarity(self, image_feat: torch.Tensor, text_feat: torch.Tensor) -> torch.Tensor:
         """ITC similarities ``[N_images, N_texts]`` (cosines of the unit features)."""
-        from falcon_cli.objectives.common import image_text_similarity
-
         return image_text_similarity(image_feat, text_feat)
 
     def mlm_logits(self, fused: torch.Tensor) -> torch.Tensor:

@@ -151,7 +151,7 @@ def albef_state_to_ours(sd: dict[str, torch.Tensor], model: nn.Module, source: s
     ``hint`` ends that line (how to make the model fit). A file without an MLM head (fine-tuned
     retrieval checkpoints) leaves ``mlm_head`` out of the result.
     """
-    from falcon_cli.models.pretrained import check_vocabulary
+    from falcon_cli.models.weights import check_vocabulary
     from falcon_cli.models.vision import resize_pos_embed
 
     sd = _normalise(sd)

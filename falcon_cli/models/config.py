@@ -13,6 +13,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from falcon_cli.errors import FalconError
+from falcon_cli.models.blip2_config import Blip2Config
+from falcon_cli.models.dual_config import DualConfig
 
 
 class AlbefConfig(BaseModel):
@@ -165,12 +167,8 @@ def config_class(framework: Any, source: str) -> type[BaseModel]:
     if framework == "albef":
         return AlbefConfig
     if framework == "blip2":
-        from falcon_cli.models.qformer import Blip2Config
-
         return Blip2Config
     if framework == "dual":
-        from falcon_cli.models.dual import DualConfig
-
         return DualConfig
     raise FalconError(f"{source}: unknown framework {framework!r}; valid: albef, blip2, dual")
 

@@ -16,7 +16,6 @@ Problems the user can fix are one-line :class:`~falcon_cli.errors.FalconError` s
 
 from __future__ import annotations
 
-import difflib
 import json
 from pathlib import Path
 from typing import Callable, Protocol
@@ -25,14 +24,14 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from falcon_cli.artifacts.checkpoints import WEIGHTS, latest_checkpoint
 from falcon_cli.errors import FalconError
+from falcon_cli.models.open_clip_names import (HF_HUB, LOCAL_DIR, _check_open_clip_name,  # noqa: F401
+                                              _check_open_clip_pretrained, _first_line)
+from falcon_cli.models.similarity import paired_image_feature
 
 OPEN_CLIP_PREFIX = "open_clip:"
 FALCON_PREFIX = "falcon:"
-LOCAL_DIR = "local-dir:"
-"""open_clip's prefix for a local directory holding ``open_clip_config.json`` and the weights."""
-HF_HUB = "hf-hub:"
-"""open_clip's prefix for a Hugging Face hub repository holding its config and weights."""
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth")
 """Weight files open_clip looks for in a ``local-dir:`` directory."""
 TOKENIZER_DIR = Path("data/tokenizer")
@@ -138,8 +137,7 @@ class FalconEncoder:
         from falcon_cli.data.tokenizer import load_tokenizer
         from falcon_cli.data.transforms import build_transform
         from falcon_cli.models.pretrained import tokenizer_vocabulary
-        from falcon_cli.models.weights import model_from_weights
-        from falcon_cli.runtime.checkpoint import WEIGHTS
+        from falcon_cli.models.registry import model_from_weights
 
         checkpoint, run_dir = locate_falcon_checkpoint(path)
         tokenizer_dir = run_dir / TOKENIZER_DIR if run_dir is not None else None
@@ -164,8 +162,6 @@ class FalconEncoder:
     def encode(self, images: torch.Tensor, text: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Unit-norm projected image and text features (float32) of a batch (BLIP-2: per pair, the query
         feature most similar to its own caption, as in its pretraining cache)."""
-        from falcon_cli.objectives.common import paired_image_feature
-
         _, image = self.model.encode_image(images.to(self.device))
         _, caption = self.model.encode_text(text["input_ids"].to(self.device), text["attention_mask"].to(self.device))
         return _unit(paired_image_feature(image, caption)), _unit(caption)
@@ -188,7 +184,6 @@ def load_encoder(spec: str, pretrained: str | None, device: torch.device | str) 
 
 def locate_falcon_checkpoint(path: str | Path) -> tuple[Path, Path | None]:
     """(checkpoint directory, run directory or None) for a falcon run directory or one checkpoint directory."""
-    from falcon_cli.runtime.checkpoint import WEIGHTS, latest_checkpoint
 
     path = Path(path).expanduser()
     if not path.exists():
@@ -227,31 +222,6 @@ def _open_clip_checkpoint(name: str, pretrained: str | None) -> str:
     return str(Path(found).resolve() if found else directory.resolve())
 
 
-def _check_open_clip_name(name: str, open_clip) -> None:
-    if ":" in name:  # hf-hub:org/repo, local-dir:/path: open_clip resolves these itself
-        return
-    known = open_clip.list_models()
-    if name not in known:
-        near = difflib.get_close_matches(name, known, n=3, cutoff=0.5) or known[:3]
-        raise FalconError(f"embed.encoder=open_clip:{name}: unknown open_clip model; did you mean "
-                          f"{', '.join(near)}? (`python -c 'import open_clip; print(open_clip.list_models())'` lists all)")
-
-
-def _check_open_clip_pretrained(name: str, pretrained: str, open_clip) -> None:
-    candidate = Path(pretrained).expanduser()
-    if candidate.is_file():
-        return
-    looks_like_file = "/" in pretrained or candidate.suffix in (".pt", ".pth", ".bin", ".safetensors", ".npz")
-    if looks_like_file:
-        raise FalconError(f"embed.pretrained={pretrained}: checkpoint file not found")
-    if ":" in name:
-        return
-    tags = open_clip.list_pretrained_tags_by_model(name)
-    if pretrained not in tags:
-        hint = f"tags for {name}: {', '.join(tags[:6])}" if tags else f"open_clip has no pretrained tags for {name}; give a local file"
-        raise FalconError(f"embed.pretrained={pretrained}: not a pretrained tag of {name} nor a file; {hint}")
-
-
 def _max_text_length(run_dir: Path | None) -> int:
     """The run's ``pretrain.max_text_length`` (from its config.yaml), else falcon's default."""
     import yaml
@@ -269,11 +239,6 @@ def _read_json(path: Path) -> dict:
 
 def _unit(features: torch.Tensor) -> torch.Tensor:
     return F.normalize(features.float(), dim=-1)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 __all__ = ["PairEncoder", "OpenClipEncoder", "FalconEncoder", "load_encoder", "locate_falcon_checkpoint"]

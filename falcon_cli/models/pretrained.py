@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from falcon_cli.artifacts.checkpoints import WEIGHTS, latest_checkpoint
 from falcon_cli.errors import FalconError
 from falcon_cli.models.albef import ALBEF
 from falcon_cli.models.config import AlbefConfig
 from falcon_cli.models.registry import build_model
-from falcon_cli.models.weights import read_state_dict, read_weights_config, without_weight_sources
+from falcon_cli.models.weights import check_vocabulary, read_state_dict, read_weights_config, without_weight_sources  # noqa: F401
 
 POS_EMBED = "visual_encoder.pos_embed"
 
@@ -25,7 +26,6 @@ def find_checkpoint(path: str | Path, what: str) -> Path:
     its ``model.safetensors``) or an ALBEF/GRIT-VLP/MAFA ``.pth`` file names: a directory, or the
     ``.pth`` file itself; ``what`` says which setting gave the path (for the error line)."""
     from falcon_cli.models.albef_checkpoint import is_albef_file
-    from falcon_cli.runtime.checkpoint import WEIGHTS, latest_checkpoint
 
     path = Path(path).expanduser()
     if (path / WEIGHTS).is_file():
@@ -71,7 +71,6 @@ def albef_from_checkpoint(checkpoint: str | Path, image_size: int | None = None,
     """:func:`model_from_checkpoint` for the stages that need an ALBEF (fine-tuning): another framework's
     checkpoint is refused in one line."""
     from falcon_cli.models.albef_checkpoint import is_albef_file
-    from falcon_cli.runtime.checkpoint import WEIGHTS
 
     framework = "albef" if is_albef_file(checkpoint) else read_weights_config(Path(checkpoint) / WEIGHTS).framework
     if framework != "albef":  # (before building it: its image encoder may not take the fine-tuning resolution)
@@ -90,7 +89,6 @@ def model_from_checkpoint(checkpoint: str | Path, image_size: int | None = None,
     different words.
     """
     from falcon_cli.models.albef_checkpoint import albef_from_file, is_albef_file
-    from falcon_cli.runtime.checkpoint import WEIGHTS
 
     if is_albef_file(checkpoint):
         model = albef_from_file(checkpoint, image_size)
@@ -116,17 +114,6 @@ def tokenizer_vocabulary(config) -> int:
     return config.vocab_size
 
 
-def check_vocabulary(checkpoint_vocab: int, vocab_size: int | None, source: str, official: bool = False) -> None:
-    """A one-line FalconError when the checkpoint's vocabulary size is not the run tokenizer's ``vocab_size``
-    (None: not checked); ``official``: an ALBEF/GRIT-VLP/MAFA file (the fix is their tokenizer)."""
-    if vocab_size is None or vocab_size == checkpoint_vocab:
-        return
-    fix = ("ALBEF, GRIT-VLP and MAFA use bert-base-uncased: run the data stage with data.tokenizer=bert-base-uncased "
-           "(or a local copy of it)" if official else "it was trained with another run's tokenizer; evaluate it in that run")
-    raise FalconError(f"{source}: the checkpoint's vocabulary has {checkpoint_vocab} tokens but the run's tokenizer "
-                      f"has {vocab_size}; {fix}")
-
-
 FINETUNED = Path("finetune")
 """Fine-tuning output inside a run: ``finetune/<task>/`` (checkpoints/, best/, metrics.jsonl)."""
 
@@ -140,7 +127,6 @@ def task_model_from_checkpoint(checkpoint: str | Path, task: str):
     """The fine-tuned model of ``task`` (``retrieval``: an ALBEF; ``vqa``: an AlbefVQA; ``nlvr2``: an
     AlbefNLVR2) saved in ``checkpoint/model.safetensors`` (e.g. ``<run>/finetune/<task>/best``)."""
     from falcon_cli.models.weights import load_weights
-    from falcon_cli.runtime.checkpoint import WEIGHTS
 
     path = Path(checkpoint) / WEIGHTS
     if not path.is_file():

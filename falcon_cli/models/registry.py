@@ -18,9 +18,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from torch import nn
+
 from falcon_cli.errors import FalconError
 from falcon_cli.models.albef import ALBEF
 from falcon_cli.models.config import AlbefConfig, apply_overrides, make_config
+from falcon_cli.models.weights import (load_bert_weights, load_vision_weights, load_weights, read_weights_config,
+                                       without_weight_sources)
 
 _CONFIGS: dict[str, AlbefConfig] = {}
 _LOADED_BUILTINS = False
@@ -93,7 +97,6 @@ def get_model_config(name: str) -> AlbefConfig:
 def build_model(config: AlbefConfig):
     """The model of ``config``'s framework (an :class:`ALBEF`, a BLIP-2 ``Blip2QFormer`` or a ``DualEncoder``): random init,
     then the pretrained sources it names are loaded."""
-    from falcon_cli.models.weights import load_bert_weights, load_vision_weights
 
     if config.framework == "blip2":
         from falcon_cli.models.qformer import build_blip2
@@ -124,3 +127,11 @@ def create_model(name: str, **overrides: Any):
     Unknown names or keys raise :class:`FalconError` naming the valid ones / the nearest key.
     """
     return build_model(resolve_model_config(name, **overrides))
+
+
+def model_from_weights(path: str | os.PathLike) -> nn.Module:
+    """Rebuild the model saved by :func:`~falcon_cli.artifacts.state_dicts.save_weights` (config from the
+    metadata; no pretrained sources read)."""
+    model = build_model(without_weight_sources(read_weights_config(path)))
+    load_weights(model, path)
+    return model

@@ -5,7 +5,9 @@ embeddings resized to the model's image size) and :func:`load_bert_weights` (a t
 BERT checkpoint: hub id or ``save_pretrained`` directory). Out and back:
 :func:`save_weights` / :func:`load_weights` / :func:`model_from_weights` (safetensors, the
 model config in the file's metadata), and :func:`clean_state_dict` for state dicts taken
-from DDP- or ``torch.compile``-wrapped models.
+from DDP- or ``torch.compile``-wrapped models. ``save_weights``, ``load_weights``, ``clean_state_dict`` and
+``read_state_dict`` live in :mod:`falcon_cli.artifacts.state_dicts` (below models and checkpoints alike) and
+are re-exported here.
 
 Nothing here unpickles arbitrary objects: ``.pth``/``.bin`` files are read with
 ``torch.load(weights_only=True)``.
@@ -18,89 +20,18 @@ import json
 import logging
 import math
 import os
-from collections import OrderedDict
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Iterator
 
 import torch
 from torch import nn
 
+from falcon_cli.artifacts.state_dicts import (CONFIG_METADATA_KEY, _first_line, _names, clean_state_dict,  # noqa: F401
+                                              load_weights, read_state_dict, save_weights)
 from falcon_cli.errors import FalconError
 from falcon_cli.models.config import AlbefConfig, make_config
 
 log = logging.getLogger("falcon.models")
-
-CONFIG_METADATA_KEY = "falcon.model_config"
-"""safetensors metadata key holding the model's :class:`AlbefConfig` as JSON."""
-
-_WRAPPER_PREFIXES = ("module.", "_orig_mod.")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _names(keys, limit: int = 4) -> str:
-    keys = sorted(keys)
-    if not keys:
-        return "none"
-    shown = ", ".join(keys[:limit])
-    return f"{len(keys)} ({shown}{', ...' if len(keys) > limit else ''})"
-
-
-def clean_state_dict(state_dict: Mapping[str, torch.Tensor]) -> "OrderedDict[str, torch.Tensor]":
-    """The state dict with wrapper prefixes removed: leading ``module.`` (DDP) and ``_orig_mod.``
-    (``torch.compile``) in any order and nesting, and ``_orig_mod.`` of compiled submodules."""
-    out: OrderedDict[str, torch.Tensor] = OrderedDict()
-    for key, value in state_dict.items():
-        stripped = True
-        while stripped:
-            stripped = False
-            for prefix in _WRAPPER_PREFIXES:
-                if key.startswith(prefix):
-                    key, stripped = key[len(prefix):], True
-        out[key.replace("._orig_mod.", ".")] = value
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading plain state-dict files.
-
-def read_state_dict(path: str | os.PathLike, what: str = "weights") -> dict[str, torch.Tensor]:
-    """Tensors from a ``.safetensors`` file, a ``.pth``/``.pt``/``.bin`` file (``weights_only`` load,
-    unwrapping ``{"model": ...}``/``{"state_dict": ...}``), or a directory holding
-    ``model.safetensors`` or ``pytorch_model.bin``."""
-    path = Path(path).expanduser()
-    if path.is_dir():
-        for name in ("model.safetensors", "pytorch_model.bin"):
-            if (path / name).is_file():
-                path = path / name
-                break
-        else:
-            raise FalconError(f"{what} '{path}': directory holds no model.safetensors or pytorch_model.bin")
-    if not path.is_file():
-        raise FalconError(f"{what} '{path}': no such file (give a .safetensors/.pth/.bin file or a directory)")
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            sd = load_file(str(path), device="cpu")
-        elif path.suffix in (".pth", ".pt", ".bin", ".ckpt"):
-            sd = torch.load(path, map_location="cpu", weights_only=True)
-        else:
-            raise FalconError(f"{what} '{path}': unknown file type '{path.suffix}' "
-                              "(use .safetensors, .pth, .pt or .bin)")
-    except FalconError:
-        raise
-    except Exception as exc:  # corrupt file, pickled code refused by weights_only, ...
-        raise FalconError(f"{what} '{path}': cannot read weights ({_first_line(exc)})") from None
-    for wrapper in ("model", "state_dict", "module"):
-        if isinstance(sd, dict) and isinstance(sd.get(wrapper), dict):
-            sd = sd[wrapper]
-    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-        raise FalconError(f"{what} '{path}': not a state dict of tensors")
-    return dict(clean_state_dict(sd))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,41 +241,6 @@ def load_bert_weights(model: nn.Module, source: str, what: str = "text_weights")
 # ---------------------------------------------------------------------------------------------
 # Saving and loading whole models.
 
-def save_weights(model: nn.Module, path: str | os.PathLike) -> Path:
-    """Write the model's cleaned state dict to ``path`` (safetensors, atomically) with its config in the metadata."""
-    from safetensors.torch import save_file
-
-    from falcon_cli.artifacts.atomic import atomic_path
-
-    sd = {k: v.detach().contiguous() for k, v in clean_state_dict(model.state_dict()).items()}
-    config = getattr(model, "config", None)
-    metadata = {"format": "pt"}
-    if getattr(config, "framework", None) is not None:  # a registered model's config (any framework)
-        metadata[CONFIG_METADATA_KEY] = config.model_dump_json()
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        save_file(sd, str(tmp), metadata=metadata)
-    return path
-
-
-def load_weights(model: nn.Module, path: str | os.PathLike, strict: bool = True) -> None:
-    """Load a state dict file (see :func:`read_state_dict`) into ``model``; with ``strict`` every key must match."""
-    sd = read_state_dict(path, "model weights")
-    target = model.state_dict()
-    mismatched = [f"{k} {tuple(v.shape)} vs {tuple(target[k].shape)}" for k, v in sd.items()
-                  if k in target and v.shape != target[k].shape]
-    if mismatched:
-        raise FalconError(f"model weights '{path}': shapes differ from the model (file vs model: {mismatched[0]}); "
-                          "build the model with the config the weights were saved with")
-    result = model.load_state_dict(sd, strict=False)
-    if strict and (result.missing_keys or result.unexpected_keys):
-        raise FalconError(f"model weights '{path}': keys do not match the model: missing {_names(result.missing_keys)}, "
-                          f"unexpected {_names(result.unexpected_keys)}")
-    if result.missing_keys or result.unexpected_keys:
-        log.warning("model weights from %s: missing %s; unexpected %s", path,
-                    _names(result.missing_keys), _names(result.unexpected_keys))
-
-
 def read_weights_config(path: str | os.PathLike) -> AlbefConfig:
     """The :class:`AlbefConfig` stored by :func:`save_weights` in a safetensors file's metadata."""
     from safetensors import safe_open
@@ -371,10 +267,12 @@ def without_weight_sources(config):
     return config.model_copy(update=dict.fromkeys(sources))
 
 
-def model_from_weights(path: str | os.PathLike) -> nn.Module:
-    """Rebuild the model saved by :func:`save_weights` (config from the metadata; no pretrained sources read)."""
-    from falcon_cli.models.registry import build_model
-
-    model = build_model(without_weight_sources(read_weights_config(path)))
-    load_weights(model, path)
-    return model
+def check_vocabulary(checkpoint_vocab: int, vocab_size: int | None, source: str, official: bool = False) -> None:
+    """A one-line FalconError when the checkpoint's vocabulary size is not the run tokenizer's ``vocab_size``
+    (None: not checked); ``official``: an ALBEF/GRIT-VLP/MAFA file (the fix is their tokenizer)."""
+    if vocab_size is None or vocab_size == checkpoint_vocab:
+        return
+    fix = ("ALBEF, GRIT-VLP and MAFA use bert-base-uncased: run the data stage with data.tokenizer=bert-base-uncased "
+           "(or a local copy of it)" if official else "it was trained with another run's tokenizer; evaluate it in that run")
+    raise FalconError(f"{source}: the checkpoint's vocabulary has {checkpoint_vocab} tokens but the run's tokenizer "
+                      f"has {vocab_size}; {fix}")

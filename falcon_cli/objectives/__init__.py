@@ -1,4 +1,5 @@
-"""Loss functions of ALBEF-style vision-language pretraining: ITC, ITM, MLM.
+"""Losses of the three frameworks' pretraining (ITC, ITM, MLM; BLIP-2's ITG; the dual encoders' sigmoid and
+captioning losses), FALCON's rewards, and the false-negative methods (MAFA, SRCL, DiHT, GloFND).
 
 Pure tensor functions (features / logits / ids in, losses out): model-agnostic,
 device-agnostic, vectorised, and bf16-autocast safe (softmax, log-softmax and

@@ -26,13 +26,10 @@ from typing import Any
 import torch
 
 from falcon_cli.artifacts.atomic import atomic_dir, write_json, write_text
+# the layout and the weight files are below models and this module alike (re-exported here: one import for callers)
+from falcon_cli.artifacts.checkpoints import LATEST, META, STATE, WEIGHTS, latest_checkpoint  # noqa: F401
+from falcon_cli.artifacts.state_dicts import load_weights, save_weights
 from falcon_cli.errors import FalconError, Refused
-from falcon_cli.models.weights import load_weights, save_weights
-
-WEIGHTS = "model.safetensors"
-STATE = "training_state.pt"
-META = "meta.json"
-LATEST = "latest"
 
 
 def save_checkpoint(directory: str | Path, step: int, modules: dict[str, torch.nn.Module], state: dict[str, Any],
@@ -54,18 +51,6 @@ def save_checkpoint(directory: str | Path, step: int, modules: dict[str, torch.n
     if keep_last > 0:
         for old in sorted(p for p in root.iterdir() if p.is_dir() and p.name.isdigit())[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
-    return target
-
-
-def latest_checkpoint(directory: str | Path) -> Path | None:
-    """The checkpoint ``latest`` points to, or None when there is none."""
-    root = Path(directory)
-    pointer = root / LATEST
-    if not pointer.exists():
-        return None
-    target = root / pointer.read_text().strip()
-    if not (target / WEIGHTS).exists():
-        raise FalconError(f"{pointer} points to {target.name}, which has no {WEIGHTS}; remove the pointer or restore the checkpoint")
     return target
 
 

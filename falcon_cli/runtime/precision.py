@@ -8,7 +8,7 @@ fp16 on CUDA, fp32 on CPU).
 from __future__ import annotations
 
 import contextlib
-from typing import Literal
+from typing import Iterator, Literal
 
 import torch
 
@@ -61,3 +61,14 @@ def autocast(precision: str, device: torch.device):
 def grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
     """A GradScaler that is enabled only for fp16."""
     return torch.amp.GradScaler(device.type, enabled=(precision == "fp16"))
+
+
+@contextlib.contextmanager
+def fp32_region(device: torch.device) -> Iterator[None]:
+    """Disable autocast on ``device`` inside the block (no-op where autocast is unsupported)."""
+    try:
+        ctx = torch.autocast(device_type=device.type, enabled=False)
+    except (RuntimeError, ValueError):  # a device type autocast does not know
+        ctx = contextlib.nullcontext()
+    with ctx:
+        yield

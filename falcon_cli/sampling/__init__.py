@@ -1,4 +1,6 @@
-"""Sampling: the embedding cache, batch composers (uniform, GRIT-VLP) and the batch log.
+"""Sampling: the embedding cache, the batch composers (uniform, GRIT-VLP, fixed and progressive quantiles,
+FALCON's learned scheduler in :mod:`~falcon_cli.sampling.quantile` and :mod:`~falcon_cli.sampling.scheduler`)
+and the batch log.
 
 - :mod:`~falcon_cli.sampling.cache`: :class:`EmbeddingCache`, per-pair features from the training forward.
 - :mod:`~falcon_cli.sampling.composers`: :class:`Batch`, the :class:`BatchComposer` protocol,

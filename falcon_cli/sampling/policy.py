@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from falcon_cli.objectives.common import fp32_region
+from falcon_cli.runtime.precision import fp32_region
 
 __all__ = [
     "Q_CLAMP",

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from falcon_cli.artifacts.atomic import atomic_dir
-from falcon_cli.config.diff import config_differences
+from falcon_cli.artifacts.config_diff import config_differences
 from falcon_cli.errors import FalconError
 from falcon_cli.data.shapes.config import ShapesConfig
 from falcon_cli.data.shapes.generation import generate_content

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from falcon_cli.artifacts.atomic import write_bytes, write_json, write_text
-from falcon_cli.config.diff import config_differences
+from falcon_cli.artifacts.config_diff import config_differences
 from falcon_cli.artifacts.provenance import git_state, host_info, package_versions
 from falcon_cli.errors import FalconError
 from falcon_cli.runtime.distributed import is_main_process, world_size
