@@ -19,9 +19,9 @@ LAYERS: list[tuple[str, ...]] = [  # top to bottom; a module may import only fro
     ("stages",),                              # one module per pipeline stage
     ("falcon_cli.audit",),                    # the false-negative audit
     ("falcon_cli.evaluation", "falcon_cli.judges", "falcon_cli.reporting"),
-    ("falcon_cli.objectives",),               # losses, rewards, the false-negative methods
     ("falcon_cli.config",),                   # the run's config schema and recipes (knows the models by name)
     ("falcon_cli.frameworks",),               # what each model family trains and how it is scored
+    ("falcon_cli.objectives",),               # losses, rewards, the false-negative methods
     ("falcon_cli.models", "falcon_cli.sampling"),  # networks and their weights; batch composition
     ("falcon_cli.data",),                     # datasets, tokenizers, transforms, the shapes world
     ("falcon_cli.runtime",),                  # the running process: devices, ranks, run directory, checkpoints

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from falcon_cli.config.paths import InputPath
 from falcon_cli.data.shapes.config import ShapesConfig
+from falcon_cli.objectives.false_negatives import ITC_CONSISTENCY_WEIGHT  # noqa: F401 (each method's default, re-exported)
 
 StageName = Literal["data", "embed", "build_search_spaces", "pretrain", "audit_false_negatives", "finetune", "evaluate"]
 """The stages a recipe can chain, in the order they may run."""
@@ -65,13 +66,6 @@ class DataConfig(Section):
 
 FalseNegativeMethod = Literal["none", "mafa", "srcl", "diht", "glofnd"]
 """The values of ``pretrain.false_negatives``."""
-
-ITC_CONSISTENCY_WEIGHT: dict[str, float] = {"none": 0.2, "mafa": 0.0, "srcl": 0.0, "diht": 0.0, "glofnd": 0.0}
-"""Each method's own weight of GRIT-VLP's ITC consistency term, the value ``pretrain.itc_consistency_weight``
-takes when it is left unset: GRIT-VLP trains the term at 0.2 (hard-coded in its code), and so do the
-composers built on it (FALCON, quantiles, uniform); MAFA's code removes it; SRCL, DiHT and GloFND
-have no such term (docs/methods.md, "Which losses each method trains")."""
-
 
 class MafaConfig(Section):
     """MAFA (``pretrain.false_negatives: mafa``): efficient connection mining with a frozen

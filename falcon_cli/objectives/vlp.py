@@ -15,12 +15,11 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from falcon_cli.config.schema import ITC_CONSISTENCY_WEIGHT
 from falcon_cli.models.albef import pooled_features
 from falcon_cli.objectives.itc import (
     MomentumQueue, copy_to_momentum, itc_grit, itc_momentum_distillation, momentum_update,
 )
-from falcon_cli.objectives.false_negatives import FalseNegatives, PlainItc, StepContext
+from falcon_cli.objectives.false_negatives import ITC_CONSISTENCY_WEIGHT, FalseNegatives, PlainItc, StepContext
 from falcon_cli.objectives.common import alignment_loss
 from falcon_cli.objectives.itm import mined_itm_loss
 from falcon_cli.objectives.mlm import MlmMask, mlm_loss
@@ -73,7 +72,7 @@ class VlpObjective(nn.Module):
         itc: ``grit`` (in-batch, soft pseudo targets; the default, as FALCON) or ``momentum``
             (ALBEF's momentum encoders, feature queue and distillation for ITC).
         consistency_weight: weight of GRIT-VLP's ITC consistency term; None = the false-negative
-            method's own (:data:`~falcon_cli.config.schema.ITC_CONSISTENCY_WEIGHT`: 0.2 for plain
+            method's own (:data:`~falcon_cli.objectives.false_negatives.ITC_CONSISTENCY_WEIGHT`: 0.2 for plain
             GRIT ITC, 0 for MAFA, SRCL, DiHT and GloFND).
         itm_negatives: ``hardest`` in-batch negative per anchor, or ALBEF's ``sample``.
         momentum, queue_size: for ``itc: momentum``.
