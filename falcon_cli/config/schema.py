@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from falcon_cli.config.paths import InputPath
 from falcon_cli.data.shapes.config import ShapesConfig
-from falcon_cli.objectives.false_negatives import ITC_CONSISTENCY_WEIGHT  # noqa: F401 (each method's default, re-exported)
+from falcon_cli.method_weights import ITC_CONSISTENCY_WEIGHT
 
 StageName = Literal["data", "embed", "build_search_spaces", "pretrain", "audit_false_negatives", "finetune", "evaluate"]
 """The stages a recipe can chain, in the order they may run."""

@@ -13,8 +13,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from falcon_cli.errors import FalconError
-from falcon_cli.models.blip2_config import Blip2Config
-from falcon_cli.models.dual_config import DualConfig
 
 
 class AlbefConfig(BaseModel):
@@ -166,9 +164,14 @@ def config_class(framework: Any, source: str) -> type[BaseModel]:
     ``DualConfig`` for ``dual``."""
     if framework == "albef":
         return AlbefConfig
+    # (imported here: building these pydantic classes at import would cost every `falcon --help` a few ms)
     if framework == "blip2":
+        from falcon_cli.models.blip2_config import Blip2Config
+
         return Blip2Config
     if framework == "dual":
+        from falcon_cli.models.dual_config import DualConfig
+
         return DualConfig
     raise FalconError(f"{source}: unknown framework {framework!r}; valid: albef, blip2, dual")
 

@@ -32,14 +32,8 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
+from falcon_cli.method_weights import ITC_CONSISTENCY_WEIGHT  # noqa: F401 (each method's default, beside the methods)
 from falcon_cli.objectives.itc import ItcOutput, itc_grit
-
-
-ITC_CONSISTENCY_WEIGHT: dict[str, float] = {"none": 0.2, "mafa": 0.0, "srcl": 0.0, "diht": 0.0, "glofnd": 0.0}
-"""Each method's own weight of GRIT-VLP's ITC consistency term, the value ``pretrain.itc_consistency_weight``
-takes when it is left unset: GRIT-VLP trains the term at 0.2 (hard-coded in its code), and so do the
-composers built on it (FALCON, quantiles, uniform); MAFA's code removes it; SRCL, DiHT and GloFND
-have no such term (docs/methods.md, "Which losses each method trains")."""
 
 
 @dataclass
