@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from falcon_cli.errors import FalconError
+from falcon_cli.method_weights import BLIP2_ITC_LABEL_SMOOTHING, ITC_CONSISTENCY_WEIGHT
 
 
 @dataclass(frozen=True)
@@ -56,10 +57,11 @@ FRAMEWORKS: dict[str, Framework] = {
     "albef": Framework("albef", losses=("itc", "itm", "mlm"),
                        rewards=("mlm", "itc+itm", "itc+itm+mlm", "alignment", "positive_margin"),
                        masked_language=True, rerank="itm", itc_label_smoothing=0.0, itc_stop_gradient=True,
-                       consistency_weight=0.2),
+                       consistency_weight=ITC_CONSISTENCY_WEIGHT["none"]),  # GRIT-VLP's 0.2
     "blip2": Framework("blip2", losses=("itc", "itm", "itg"),
                        rewards=("itg", "itc+itm", "itc+itm+itg", "alignment", "positive_margin"),
-                       masked_language=False, rerank="itm+itc", itc_label_smoothing=0.1, itc_stop_gradient=False,
+                       masked_language=False, rerank="itm+itc", itc_label_smoothing=BLIP2_ITC_LABEL_SMOOTHING,
+                       itc_stop_gradient=False,
                        consistency_weight=0.0),
     "dual": Framework("dual", losses=("itc", "caption"),
                       rewards=("caption", "itc", "itc+caption", "alignment", "positive_margin"),

@@ -24,14 +24,15 @@ import torch
 from torch import Tensor, nn
 
 
+from falcon_cli.method_weights import BLIP2_ITC_LABEL_SMOOTHING
 from falcon_cli.objectives.captioning import caption_loss
 from falcon_cli.objectives.common import alignment_loss, paired_image_feature
 from falcon_cli.objectives.false_negatives import FalseNegatives, PlainItc, StepContext
 from falcon_cli.objectives.itc import itc_grit
 from falcon_cli.objectives.itm import mined_itm_loss
 
-ITC_LABEL_SMOOTHING = 0.1
-"""LAVIS's BLIP-2 ITC smooths its one-hot targets by 0.1 (``label_smoothing=0.1`` in both directions)."""
+ITC_LABEL_SMOOTHING = BLIP2_ITC_LABEL_SMOOTHING
+"""LAVIS's BLIP-2 ITC label smoothing (:data:`~falcon_cli.method_weights.BLIP2_ITC_LABEL_SMOOTHING`)."""
 
 
 def itg_loss(logits: Tensor, input_ids: Tensor, attention_mask: Tensor, *, label_smoothing: float = 0.1,
