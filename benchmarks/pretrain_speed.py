@@ -53,6 +53,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -217,10 +218,8 @@ def counted_flops_per_pair(run: Path, text_tokens: float, device: str, batch: in
     from torch.utils.flop_counter import FlopCounterMode
 
     from falcon_cli.data.tokenizer import load_run_tokenizer
-    from falcon_cli.frameworks import model_framework, model_overrides
+    from falcon_cli.frameworks import build_objective, model_framework, model_overrides
     from falcon_cli.models.registry import create_model
-    from falcon_cli.objectives.dual import DualObjective
-    from falcon_cli.objectives.qformer import Blip2Objective
     from falcon_cli.runtime.precision import autocast, resolve_precision
 
     manifest = json.loads((run / "manifest.json").read_text())
@@ -231,11 +230,7 @@ def counted_flops_per_pair(run: Path, text_tokens: float, device: str, batch: in
     overrides = model_overrides(framework, len(tokenizer), vision_weights=None, text_weights=None,
                                 image_size=p.get("image_size"), pad_token_id=tokenizer.pad_token_id)
     model = create_model(p["model"], **overrides)
-    if framework.name == "blip2":
-        objective = Blip2Objective(model, consistency_weight=p["itc_consistency_weight"],
-                                   itm_negatives=p["itm_negatives"])
-    else:
-        objective = DualObjective(model, caption_weight=p["caption_weight"])
+    objective = build_objective(framework, model, SimpleNamespace(**p))  # the stage's objective, plain ITC
     target = torch.device(device)
     objective = objective.to(target).train()
     generator = torch.Generator().manual_seed(0)

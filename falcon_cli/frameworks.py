@@ -86,6 +86,28 @@ def model_framework(model_name: str) -> Framework:
     return framework_of(get_model_config(model_name))
 
 
+def build_objective(framework: Framework, model: Any, p: Any, false_negatives: Any = None) -> Any:
+    """The training objective of ``framework`` around ``model``, with the pretrain settings ``p`` (a
+    ``PretrainConfig``, or anything with its fields): BLIP-2's ITC + ITM + ITG (LAVIS's stage 1), a dual
+    encoder's sigmoid or InfoNCE contrastive loss + its decoder's captioning loss, ALBEF's ITC + ITM + MLM.
+    ``false_negatives``: the method's :class:`~falcon_cli.objectives.false_negatives.FalseNegatives` (None: the
+    framework's plain ITC)."""
+    # (imported here: every config validation reads this module, `falcon --help` included, and needs no loss)
+    if framework.name == "blip2":
+        from falcon_cli.objectives.qformer import Blip2Objective
+
+        return Blip2Objective(model, consistency_weight=p.itc_consistency_weight, itm_negatives=p.itm_negatives,
+                              false_negatives=false_negatives)
+    if framework.name == "dual":
+        from falcon_cli.objectives.dual import DualObjective
+
+        return DualObjective(model, caption_weight=p.caption_weight, false_negatives=false_negatives)
+    from falcon_cli.objectives.vlp import VlpObjective
+
+    return VlpObjective(model, itc=p.itc, consistency_weight=p.itc_consistency_weight, itm_negatives=p.itm_negatives,
+                        momentum=p.momentum, queue_size=p.queue_size, false_negatives=false_negatives)
+
+
 def model_overrides(framework: Framework, tokenizer_length: int, *, vision_weights: str | None,
                     text_weights: str | None, image_size: int | None, pad_token_id: int | None = None) -> dict[str, Any]:
     """The registry overrides the pretrain stage builds its model with: the run tokenizer's vocabulary (BLIP-2:

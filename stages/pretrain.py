@@ -52,10 +52,7 @@ from falcon_cli.models.registry import create_model
 from falcon_cli.objectives.itc import alpha_ramp
 from falcon_cli.objectives.mlm import MlmMask
 from falcon_cli.objectives.false_negatives import StepContext, flag_counts, flag_summary
-from falcon_cli.frameworks import model_framework, model_overrides
-from falcon_cli.objectives.dual import DualObjective
-from falcon_cli.objectives.qformer import Blip2Objective
-from falcon_cli.objectives.vlp import VlpObjective
+from falcon_cli.frameworks import build_objective, model_framework, model_overrides
 from falcon_cli.reporting.figures import q_over_training
 from falcon_cli.runtime import distributed as D
 from falcon_cli.runtime.checkpoint import latest_checkpoint, resume_point, rewind_latest, save_checkpoint
@@ -126,15 +123,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
     # Pairs that show the same image are false negatives by construction; `same_image: mask` keeps them
     # out of the ITC denominators and ITM mining.
     shared_images = SharedImages(dataset.records, device) if p.same_image == "mask" else None
-    if framework.name == "blip2":  # ITC + ITM + ITG (LAVIS's stage 1)
-        objective = Blip2Objective(model, consistency_weight=p.itc_consistency_weight, itm_negatives=p.itm_negatives,
-                                   false_negatives=false_negatives).to(device)
-    elif framework.name == "dual":  # sigmoid or InfoNCE contrastive + the decoder's captioning loss
-        objective = DualObjective(model, caption_weight=p.caption_weight, false_negatives=false_negatives).to(device)
-    else:  # ITC + ITM + MLM
-        objective = VlpObjective(model, itc=p.itc, consistency_weight=p.itc_consistency_weight,
-                                 itm_negatives=p.itm_negatives, momentum=p.momentum, queue_size=p.queue_size,
-                                 false_negatives=false_negatives).to(device)
+    objective = build_objective(framework, model, p, false_negatives).to(device)
     if p.compile:
         model.compile_encoders(mode=p.compile_mode)
     optimizer = build_optimizer(objective, p.lr, p.weight_decay)

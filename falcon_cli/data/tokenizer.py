@@ -80,8 +80,9 @@ def _is_wordpiece(class_name: str | None) -> bool:
     return class_name is None or class_name.removesuffix("Fast") in WORDPIECE_CLASSES
 
 
-def _from_auto(source: str, **kwargs):
-    """``AutoTokenizer.from_pretrained`` that returns ``(tokenizer or None, reason)``.
+def _from_auto(source: str, declared: str | None = None, **kwargs):
+    """``AutoTokenizer.from_pretrained`` that returns ``(tokenizer or None, reason)``; where that fails, the
+    ``declared`` class (the one ``source``'s ``tokenizer_config.json`` names, :func:`_declared_class`).
 
     Usable means more than one ordinary token (neither special nor added): with no vocabulary
     file, transformers 5 builds a model class's tokenizer from its defaults, holding only
@@ -96,11 +97,11 @@ def _from_auto(source: str, **kwargs):
         # transformers 5.17's AutoTokenizer always reads the repo's config.json first, and open_clip's hub
         # repos (timm/ViT-B-16-SigLIP2) have none: offline that fails even with the tokenizer cached. The
         # class its tokenizer_config.json names loads without it.
-        declared = tokenizer_class_from_name(_declared_class(source, **kwargs) or "")
-        if declared is None:
+        declared_class = tokenizer_class_from_name(declared or "")
+        if declared_class is None:
             return None, _first_line(exc)
         try:
-            tokenizer = declared.from_pretrained(source, **kwargs)
+            tokenizer = declared_class.from_pretrained(source, **kwargs)
         except Exception:
             return None, _first_line(exc)
     extra = set(tokenizer.get_added_vocab()) | set(tokenizer.all_special_tokens)
@@ -113,11 +114,12 @@ def _load(source: str, **kwargs):
     """``(tokenizer or None, reason)``: ``AutoTokenizer`` when ``source`` names a non-BERT tokenizer class;
     otherwise BERT WordPiece (:func:`_from_pretrained`), and ``AutoTokenizer`` only if that fails and
     gives a non-BERT tokenizer (the reason stays BERT's)."""
-    if not _is_wordpiece(_declared_class(source, **kwargs)):
-        return _from_auto(source, **kwargs)
+    declared = _declared_class(source, **kwargs)
+    if not _is_wordpiece(declared):
+        return _from_auto(source, declared, **kwargs)
     tokenizer, reason = _from_pretrained(source, **kwargs)
     if tokenizer is None:
-        other, _ = _from_auto(source, **kwargs)
+        other, _ = _from_auto(source, declared, **kwargs)
         if other is not None and not _is_wordpiece(type(other).__name__):
             return other, ""
     return tokenizer, reason

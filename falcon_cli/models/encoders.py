@@ -26,7 +26,7 @@ from PIL import Image
 
 from falcon_cli.artifacts.checkpoints import WEIGHTS, latest_checkpoint
 from falcon_cli.errors import FalconError
-from falcon_cli.models.open_clip_names import (HF_HUB, LOCAL_DIR, _check_open_clip_name,  # noqa: F401
+from falcon_cli.models.open_clip_names import (HF_HUB, LOCAL_DIR, _check_open_clip_name,
                                               _check_open_clip_pretrained, _first_line)
 from falcon_cli.models.similarity import paired_image_feature
 
