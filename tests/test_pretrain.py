@@ -637,7 +637,7 @@ def test_the_stage_hands_the_objective_the_methods_consistency_weight(world, ref
         seen.update(kwargs)
         raise Built
 
-    monkeypatch.setattr(stage, "VlpObjective", objective)
+    monkeypatch.setattr("falcon_cli.objectives.vlp.VlpObjective", objective)  # what frameworks.build_objective builds
     aux = f"pretrain.srcl.aux_embeddings={reference_run / 'embeddings' / 'epoch_001.h5'}"
     overrides = [aux if o == "AUX" else o for o in overrides]
     config, _ = load_recipe("shapes-demo", [f"data.dataset={world}", *TINY, "pretrain.device=cpu", *overrides])
