@@ -4,9 +4,12 @@ audit never learn which one they serve.
 
 A framework says, for a model family:
 
-* how its model is built: the registry entry's ``framework`` key picks the config class and the model
-  (:func:`falcon_cli.models.registry.build_model`), and :func:`model_overrides` turns the stage's
-  tokenizer and weight settings into that config's fields;
+* its model family (:attr:`Framework.family`, :mod:`falcon_cli.models.families`): the config class and the
+  builder the registry entry's ``framework`` key picks, and what its models can do (an ITM head, ALBEF's
+  fine-tuning heads); :func:`model_overrides` turns the stage's tokenizer and weight settings into that
+  config's fields (:attr:`Framework.weight_fields`);
+* its objective, built by the record (:attr:`Framework.objective`, :func:`build_objective`), and the
+  pretrain settings it does not offer (:attr:`Framework.fixed_settings`);
 * the training losses of one batch and the L2-normalised image/text features that fill the embedding
   cache: its objective (ALBEF's :class:`~falcon_cli.objectives.vlp.VlpObjective`, BLIP-2's
   :class:`~falcon_cli.objectives.qformer.Blip2Objective`) is an ``nn.Module`` whose ``forward`` gives a named tuple with
@@ -22,18 +25,20 @@ A framework says, for a model family:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
-from falcon_cli.errors import FalconError
 from falcon_cli.method_weights import BLIP2_ITC_LABEL_SMOOTHING, ITC_CONSISTENCY_WEIGHT
+from falcon_cli.models.families import FAMILIES, ModelFamily, model_family
 
 
 @dataclass(frozen=True)
 class Framework:
-    """What differs between model families, as data."""
+    """What differs between model families, as data; everything else asks this record."""
 
     name: str
     """``albef``, ``blip2`` or ``dual`` (the ``framework`` key of a model config)."""
+    family: ModelFamily
+    """The model side: config class, builder, capabilities (:mod:`falcon_cli.models.families`)."""
     losses: tuple[str, ...]
     """The training losses of a step (their sum is the loss), in the order the metrics log records them."""
     rewards: tuple[str, ...]
@@ -51,32 +56,87 @@ class Framework:
     """GRIT-VLP's per-direction stop-gradient in the plain ITC (True), or BLIP-2's plain InfoNCE (False)."""
     consistency_weight: float
     """Default weight of GRIT's ITC consistency term under ``false_negatives: none`` (0.2 GRIT-VLP, 0 BLIP-2)."""
+    objective: Callable[[Any, Any, Any], Any]
+    """``objective(model, p, false_negatives)``: the training objective around a model (see :func:`build_objective`)."""
+    weight_fields: dict[str, str | None]
+    """Which model-config field each of the stage's weight sources sets (``vision_weights``, ``text_weights``;
+    None: the framework has no such source)."""
+    pad_token: bool
+    """The model config takes the run tokenizer's padding id (``pad_token_id``)."""
+    frozen_image_encoder: bool
+    """Its image encoder is frozen in pretraining (BLIP-2), so ``vision_trainable_epochs`` applies."""
+    fixed_settings: tuple[tuple[str, Any], ...] = ()
+    """``pretrain`` settings its models do not offer, each with the only value allowed (ALBEF's momentum ITC,
+    official-checkpoint ``init`` and ``compile``)."""
 
+    @property
+    def title(self) -> str:
+        """How messages name its models (``ALBEF``, ``BLIP-2``, ``dual-encoder``)."""
+        return self.family.title
+
+    def plain_itc(self) -> Any:
+        """The framework's in-batch ITC without a false-negative method (``false_negatives: none``): a
+        :class:`~falcon_cli.objectives.false_negatives.PlainItc` with its label smoothing and stop-gradient."""
+        from falcon_cli.objectives.false_negatives import PlainItc  # (lazy: `falcon --help` reads this module)
+
+        return PlainItc(label_smoothing=self.itc_label_smoothing, stop_gradient=self.itc_stop_gradient)
+
+
+# The objectives, imported when built: every config validation reads this module, `falcon --help` included,
+# and needs no loss.
+def _albef_objective(model: Any, p: Any, false_negatives: Any) -> Any:
+    """ALBEF's ITC (GRIT's in-batch or a momentum queue) + ITM + MLM."""
+    from falcon_cli.objectives.vlp import VlpObjective
+
+    return VlpObjective(model, itc=p.itc, consistency_weight=p.itc_consistency_weight, itm_negatives=p.itm_negatives,
+                        momentum=p.momentum, queue_size=p.queue_size, false_negatives=false_negatives)
+
+
+def _blip2_objective(model: Any, p: Any, false_negatives: Any) -> Any:
+    """BLIP-2 stage 1 (LAVIS): ITC + ITM + ITG."""
+    from falcon_cli.objectives.qformer import Blip2Objective
+
+    return Blip2Objective(model, consistency_weight=p.itc_consistency_weight, itm_negatives=p.itm_negatives,
+                          false_negatives=false_negatives)
+
+
+def _dual_objective(model: Any, p: Any, false_negatives: Any) -> Any:
+    """A dual encoder's sigmoid or InfoNCE contrastive loss + its decoder's captioning loss."""
+    from falcon_cli.objectives.dual import DualObjective
+
+    return DualObjective(model, caption_weight=p.caption_weight, false_negatives=false_negatives)
+
+
+NOT_ALBEF = (("itc", "grit"), ("init", None), ("compile", False))
+"""ALBEF-only pretrain settings and the value other frameworks must leave them at."""
 
 FRAMEWORKS: dict[str, Framework] = {
-    "albef": Framework("albef", losses=("itc", "itm", "mlm"),
+    "albef": Framework("albef", FAMILIES["albef"], losses=("itc", "itm", "mlm"),
                        rewards=("mlm", "itc+itm", "itc+itm+mlm", "alignment", "positive_margin"),
                        masked_language=True, rerank="itm", itc_label_smoothing=0.0, itc_stop_gradient=True,
-                       consistency_weight=ITC_CONSISTENCY_WEIGHT["none"]),  # GRIT-VLP's 0.2
-    "blip2": Framework("blip2", losses=("itc", "itm", "itg"),
+                       consistency_weight=ITC_CONSISTENCY_WEIGHT["none"],  # GRIT-VLP's 0.2
+                       objective=_albef_objective, weight_fields={"vision": "vision_weights", "text": "text_weights"},
+                       pad_token=False, frozen_image_encoder=False),
+    "blip2": Framework("blip2", FAMILIES["blip2"], losses=("itc", "itm", "itg"),
                        rewards=("itg", "itc+itm", "itc+itm+itg", "alignment", "positive_margin"),
                        masked_language=False, rerank="itm+itc", itc_label_smoothing=BLIP2_ITC_LABEL_SMOOTHING,
-                       itc_stop_gradient=False,
-                       consistency_weight=0.0),
-    "dual": Framework("dual", losses=("itc", "caption"),
+                       itc_stop_gradient=False, consistency_weight=0.0, objective=_blip2_objective,
+                       # text weights are the Q-Former's: a BLIP-2 checkpoint, or BERT for a fresh Q-Former
+                       weight_fields={"vision": "vision_weights", "text": "qformer_weights"},
+                       pad_token=False, frozen_image_encoder=True, fixed_settings=NOT_ALBEF),
+    "dual": Framework("dual", FAMILIES["dual"], losses=("itc", "caption"),
                       rewards=("caption", "itc", "itc+caption", "alignment", "positive_margin"),
                       masked_language=False, rerank="none", itc_label_smoothing=0.0, itc_stop_gradient=False,
-                      consistency_weight=0.0),
+                      consistency_weight=0.0, objective=_dual_objective,
+                      # the whole open_clip model's weights (a pretrained tag or file); no separate text source
+                      weight_fields={"vision": "open_clip_weights", "text": None},
+                      pad_token=True, frozen_image_encoder=False, fixed_settings=NOT_ALBEF),
 }
 
 
 def framework_of(model_or_config: Any) -> Framework:
     """The :class:`Framework` of a model, a model config, or a framework name."""
-    name = model_or_config if isinstance(model_or_config, str) else getattr(
-        getattr(model_or_config, "config", model_or_config), "framework", "albef")
-    if name not in FRAMEWORKS:
-        raise FalconError(f"unknown framework {name!r}; valid: {', '.join(FRAMEWORKS)}")
-    return FRAMEWORKS[name]
+    return FRAMEWORKS[model_family(model_or_config, "framework").name]
 
 
 def model_framework(model_name: str) -> Framework:
@@ -91,44 +151,24 @@ def build_objective(framework: Framework, model: Any, p: Any, false_negatives: A
     ``PretrainConfig``, or anything with its fields): BLIP-2's ITC + ITM + ITG (LAVIS's stage 1), a dual
     encoder's sigmoid or InfoNCE contrastive loss + its decoder's captioning loss, ALBEF's ITC + ITM + MLM.
     ``false_negatives``: the method's :class:`~falcon_cli.objectives.false_negatives.FalseNegatives` (None: the
-    framework's plain ITC)."""
-    # (imported here: every config validation reads this module, `falcon --help` included, and needs no loss)
-    if framework.name == "blip2":
-        from falcon_cli.objectives.qformer import Blip2Objective
-
-        return Blip2Objective(model, consistency_weight=p.itc_consistency_weight, itm_negatives=p.itm_negatives,
-                              false_negatives=false_negatives)
-    if framework.name == "dual":
-        from falcon_cli.objectives.dual import DualObjective
-
-        return DualObjective(model, caption_weight=p.caption_weight, false_negatives=false_negatives)
-    from falcon_cli.objectives.vlp import VlpObjective
-
-    return VlpObjective(model, itc=p.itc, consistency_weight=p.itc_consistency_weight, itm_negatives=p.itm_negatives,
-                        momentum=p.momentum, queue_size=p.queue_size, false_negatives=false_negatives)
+    framework's plain ITC, :meth:`Framework.plain_itc`)."""
+    return framework.objective(model, p, false_negatives if false_negatives is not None else framework.plain_itc())
 
 
 def model_overrides(framework: Framework, tokenizer_length: int, *, vision_weights: str | None,
                     text_weights: str | None, image_size: int | None, pad_token_id: int | None = None) -> dict[str, Any]:
-    """The registry overrides the pretrain stage builds its model with: the run tokenizer's vocabulary (BLIP-2:
-    plus its ``[DEC]`` token, appended), the weight sources (BLIP-2: ``text_weights`` are the Q-Former's: a
-    BLIP-2 checkpoint, or BERT for a fresh Q-Former; a dual encoder: ``vision_weights`` are the whole open_clip
-    model's, a pretrained tag or file) and the resolution. A dual encoder also takes the tokenizer's padding id."""
-    if framework.name == "dual":
-        overrides: dict[str, Any] = {"vocab_size": tokenizer_length, "open_clip_weights": vision_weights}
-        if pad_token_id is not None:
-            overrides["pad_token_id"] = pad_token_id
-        if image_size is not None:
-            overrides["image_size"] = image_size
-        return overrides
-    overrides = {"vision_weights": vision_weights}
-    if framework.name == "blip2":
-        overrides.update(vocab_size=tokenizer_length + 1, qformer_weights=text_weights)
-    else:
-        overrides.update(vocab_size=tokenizer_length, text_weights=text_weights)
+    """The registry overrides the pretrain stage builds its model with: the run tokenizer's vocabulary (plus the
+    tokens the family appends after it: BLIP-2's ``[DEC]``), the weight sources in the fields the framework
+    names (:attr:`Framework.weight_fields`), the resolution, and the padding id where the model takes it."""
+    overrides: dict[str, Any] = {"vocab_size": tokenizer_length + framework.family.appended_tokens}
+    for source, value in (("vision", vision_weights), ("text", text_weights)):
+        if framework.weight_fields[source] is not None:
+            overrides[framework.weight_fields[source]] = value
+    if framework.pad_token and pad_token_id is not None:
+        overrides["pad_token_id"] = pad_token_id
     if image_size is not None:
         overrides["image_size"] = image_size
     return overrides
 
 
-__all__ = ["FRAMEWORKS", "Framework", "framework_of", "model_framework", "model_overrides"]
+__all__ = ["FRAMEWORKS", "Framework", "build_objective", "framework_of", "model_framework", "model_overrides"]

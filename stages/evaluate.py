@@ -97,8 +97,9 @@ def evaluate_retrieval(ctx: Context) -> dict:
     rows = []
     for name, checkpoint in checkpoints.items():
         model = model_from_checkpoint(checkpoint, e.image_size, vocab_size=len(ctx.tokenizer)).to(ctx.device)
-        rule = framework_of(model).rerank if r.rerank_score == "auto" else r.rerank_score
-        if rule != "none" and not hasattr(model, "match_logits"):
+        framework = framework_of(model)
+        rule = framework.rerank if r.rerank_score == "auto" else r.rerank_score
+        if rule != "none" and not framework.family.itm_head:
             raise FalconError(f"evaluate.retrieval.rerank_score={r.rerank_score}: {checkpoint} is a "
                               f"{model.config.framework} model without an ITM head; use rerank_score: auto (its "
                               "embedding similarity alone)")

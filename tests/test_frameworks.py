@@ -101,3 +101,52 @@ def test_recipes_are_checked_against_their_models_framework():
     assert config.pretrain.itc_consistency_weight == 0.2
     with pytest.raises(FalconError, match="unknown model 'albef-tinyy'"):
         load_recipe("shapes-falcon", ["pretrain.model=albef-tinyy"])
+
+
+# --- the records say what the code used to ask by name or by probing --------------------------------------------
+
+@pytest.mark.parametrize("name", ["albef-tiny", "blip2-tiny", "dual-tiny"])
+def test_a_family_record_says_what_its_models_can_do(name):
+    """The capabilities the stages ask the record for are the models' own: a record that lies fails here."""
+    from falcon_cli.frameworks import framework_of, model_framework
+    from falcon_cli.models.families import model_family
+    from falcon_cli.models.registry import create_model, get_model_config
+
+    config = get_model_config(name)
+    family = model_family(config)
+    assert isinstance(config, family.config_class())
+    model = create_model(name, vocab_size=40)
+    assert framework_of(model) is model_framework(name) and framework_of(model).family is family
+    assert family.itm_head == hasattr(model, "match_logits") == hasattr(model, "pair_itm_logits")
+    assert family.downstream == (family.name == "albef")
+    assert family.tokenizer_vocabulary(model.config) == 40 - family.appended_tokens
+
+
+def test_model_overrides_put_each_source_in_its_frameworks_field():
+    from falcon_cli.frameworks import FRAMEWORKS, model_overrides
+
+    def overrides(name, **extra):
+        return model_overrides(FRAMEWORKS[name], 100, vision_weights="V", text_weights="T", image_size=None, **extra)
+
+    assert overrides("albef", pad_token_id=0) == {"vocab_size": 100, "vision_weights": "V", "text_weights": "T"}
+    assert overrides("blip2") == {"vocab_size": 101, "vision_weights": "V", "qformer_weights": "T"}  # + [DEC]
+    assert overrides("dual", pad_token_id=3) == {"vocab_size": 100, "open_clip_weights": "V", "pad_token_id": 3}
+    assert model_overrides(FRAMEWORKS["dual"], 9, vision_weights=None, text_weights=None, image_size=64) == {
+        "vocab_size": 9, "open_clip_weights": None, "image_size": 64}
+
+
+def test_the_record_builds_each_frameworks_objective_with_its_plain_itc():
+    from falcon_cli.config.recipes import load_recipe
+    from falcon_cli.frameworks import build_objective, model_framework
+    from falcon_cli.models.registry import create_model
+    from falcon_cli.objectives.contract import PretrainObjective
+
+    for name, kind, smoothing, stop in (("albef-tiny", "VlpObjective", 0.0, True), ("blip2-tiny", "Blip2Objective", 0.1, False),
+                                        ("dual-tiny", "DualObjective", 0.0, False)):
+        framework = model_framework(name)
+        config, _ = load_recipe("shapes-demo", [f"pretrain.model={name}", "pretrain.caption_weight=0"])
+        objective = build_objective(framework, create_model(name, vocab_size=40), config.pretrain)
+        assert type(objective).__name__ == kind and isinstance(objective, PretrainObjective)
+        plain = objective.false_negatives
+        assert (plain.name, plain.label_smoothing, plain.stop_gradient) == ("none", smoothing, stop)
+        assert objective.generative in framework.rewards

@@ -410,20 +410,17 @@ class PretrainConfig(Section):
             raise ValueError(f"reward={self.reward}: {self.model} is a {framework.name} model, whose rewards are "
                              f"{', '.join(framework.rewards)}" + (" (BLIP-2 has no MLM: its reward is itg)"
                                                                   if self.reward == "mlm" else ""))
-        if framework.name != "blip2" and self.vision_trainable_epochs:
+        if not framework.frozen_image_encoder and self.vision_trainable_epochs:
             raise ValueError(f"vision_trainable_epochs={self.vision_trainable_epochs}: a BLIP-2 setting (its frozen image "
                              f"encoder); {self.model} trains its image encoder throughout")
-        if framework.name in ("blip2", "dual"):
-            what = "BLIP-2" if framework.name == "blip2" else "dual-encoder"
-            for key, value, allowed in (("itc", self.itc, "grit"), ("init", self.init, None),
-                                        ("compile", self.compile, False)):
-                if value != allowed:
-                    raise ValueError(f"{key}={value}: not available for {what} models ({self.model}); "
-                                     f"leave {key} at {allowed}")
-        if framework.name == "dual":
-            if self.text_weights is not None:
-                raise ValueError(f"text_weights={self.text_weights}: a dual encoder ({self.model}) loads the whole "
-                                 "open_clip model from vision_weights (a pretrained tag or a file); leave text_weights unset")
+        for key, allowed in framework.fixed_settings:
+            if getattr(self, key) != allowed:
+                raise ValueError(f"{key}={getattr(self, key)}: not available for {framework.title} models ({self.model}); "
+                                 f"leave {key} at {allowed}")
+        if framework.weight_fields["text"] is None and self.text_weights is not None:
+            raise ValueError(f"text_weights={self.text_weights}: a {framework.title} ({self.model}) loads the whole "
+                             "open_clip model from vision_weights (a pretrained tag or a file); leave text_weights unset")
+        if "caption" in framework.losses:
             from falcon_cli.models.registry import get_model_config
 
             uses_caption = self.caption_weight > 0 or (self.composer == "falcon" and "caption" in self.reward)

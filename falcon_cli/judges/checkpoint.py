@@ -10,6 +10,7 @@ import torch
 
 from falcon_cli.errors import FalconError
 from falcon_cli.judges.base import JudgedPair, check_batch_size, itm_scores
+from falcon_cli.models.families import model_family
 
 
 class CheckpointJudge:
@@ -33,7 +34,7 @@ class CheckpointJudge:
         except FalconError as exc:  # the encoder's messages name the embed.encoder key; name the judge instead
             raise FalconError(str(exc).replace("embed.encoder=falcon:", "checkpoint judge: ")) from None
         self.model = encoder.model
-        if not hasattr(self.model, "pair_itm_logits"):
+        if not model_family(self.model).itm_head:
             raise FalconError(f"checkpoint judge: {encoder.checkpoint} is a {self.model.config.framework} model without an "
                               "ITM head to judge pairs with; use --judge oracle (shapes), --judge blip, or an ALBEF or "
                               "BLIP-2 checkpoint")

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from falcon_cli.errors import FalconError
+from falcon_cli.models.families import model_family
 
 
 class AlbefConfig(BaseModel):
@@ -160,20 +161,9 @@ def unknown_key_hint(key: str, valid: list[str]) -> str:
 
 
 def config_class(framework: Any, source: str) -> type[BaseModel]:
-    """The config class of a model family: :class:`AlbefConfig` for ``albef``, ``Blip2Config`` for ``blip2``,
-    ``DualConfig`` for ``dual``."""
-    if framework == "albef":
-        return AlbefConfig
-    # (imported here: building these pydantic classes at import would cost every `falcon --help` a few ms)
-    if framework == "blip2":
-        from falcon_cli.models.blip2_config import Blip2Config
-
-        return Blip2Config
-    if framework == "dual":
-        from falcon_cli.models.dual_config import DualConfig
-
-        return DualConfig
-    raise FalconError(f"{source}: unknown framework {framework!r}; valid: albef, blip2, dual")
+    """The config class of a model family (:mod:`falcon_cli.models.families`): :class:`AlbefConfig` for
+    ``albef``, ``Blip2Config`` for ``blip2``, ``DualConfig`` for ``dual``."""
+    return model_family(framework, source).config_class()
 
 
 def make_config(values: dict[str, Any], source: str) -> AlbefConfig:

@@ -15,6 +15,7 @@ from falcon_cli.artifacts.checkpoints import WEIGHTS, latest_checkpoint
 from falcon_cli.errors import FalconError
 from falcon_cli.models.albef import ALBEF
 from falcon_cli.models.config import AlbefConfig
+from falcon_cli.models.families import model_family
 from falcon_cli.models.registry import build_model
 from falcon_cli.models.weights import check_vocabulary, read_state_dict, read_weights_config, without_weight_sources  # noqa: F401
 
@@ -72,9 +73,9 @@ def albef_from_checkpoint(checkpoint: str | Path, image_size: int | None = None,
     checkpoint is refused in one line."""
     from falcon_cli.models.albef_checkpoint import is_albef_file
 
-    framework = "albef" if is_albef_file(checkpoint) else read_weights_config(Path(checkpoint) / WEIGHTS).framework
-    if framework != "albef":  # (before building it: its image encoder may not take the fine-tuning resolution)
-        raise FalconError(f"{checkpoint}: a {framework} checkpoint; fine-tuning (retrieval, VQA, NLVR2) "
+    family = model_family("albef" if is_albef_file(checkpoint) else read_weights_config(Path(checkpoint) / WEIGHTS))
+    if not family.downstream:  # (before building it: its image encoder may not take the fine-tuning resolution)
+        raise FalconError(f"{checkpoint}: a {family.name} checkpoint; fine-tuning (retrieval, VQA, NLVR2) "
                           "is built for ALBEF models: evaluate it with `falcon evaluate retrieval` instead")
     return model_from_checkpoint(checkpoint, image_size, vocab_size=vocab_size)
 
@@ -109,9 +110,7 @@ def model_from_checkpoint(checkpoint: str | Path, image_size: int | None = None,
 def tokenizer_vocabulary(config) -> int:
     """The run tokenizer's length a model config was built for: its ``vocab_size``, less BLIP-2's ``[DEC]``
     where that token was appended after the tokenizer's vocabulary (``dec_token_id`` unset)."""
-    if config.framework == "blip2" and config.dec_token_id is None:
-        return config.vocab_size - 1
-    return config.vocab_size
+    return model_family(config).tokenizer_vocabulary(config)
 
 
 FINETUNED = Path("finetune")

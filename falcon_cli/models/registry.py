@@ -23,6 +23,7 @@ from torch import nn
 from falcon_cli.errors import FalconError
 from falcon_cli.models.albef import ALBEF
 from falcon_cli.models.config import AlbefConfig, apply_overrides, make_config
+from falcon_cli.models.families import model_family
 from falcon_cli.models.weights import (load_bert_weights, load_vision_weights, load_weights, read_weights_config,
                                        without_weight_sources)
 
@@ -95,18 +96,13 @@ def get_model_config(name: str) -> AlbefConfig:
 
 
 def build_model(config: AlbefConfig):
-    """The model of ``config``'s framework (an :class:`ALBEF`, a BLIP-2 ``Blip2QFormer`` or a ``DualEncoder``): random init,
-    then the pretrained sources it names are loaded."""
+    """The model of ``config``'s framework (an :class:`ALBEF`, a BLIP-2 ``Blip2QFormer`` or a ``DualEncoder``, as
+    its family's record says): random init, then the pretrained sources it names are loaded."""
+    return model_family(config).build(config)
 
-    if config.framework == "blip2":
-        from falcon_cli.models.qformer import build_blip2
 
-        return build_blip2(config)
-    if config.framework == "dual":
-        from falcon_cli.models.dual import build_dual
-
-        return build_dual(config)
-
+def build_albef(config: AlbefConfig) -> ALBEF:
+    """An :class:`ALBEF` of ``config`` with its pretrained image (timm/DeiT) and text (BERT) weights, if named."""
     model = ALBEF(config)
     if config.vision_weights:
         load_vision_weights(model.visual_encoder, config.vision_weights)

@@ -16,13 +16,14 @@ Neither loss draws anything at random, so a reward's before/after passes see ide
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from falcon_cli.objectives.captioning import caption_loss
 from falcon_cli.objectives.common import alignment_loss
+from falcon_cli.objectives.contract import PretrainObjective
 from falcon_cli.objectives.false_negatives import FalseNegatives, PlainItc, StepContext
 from falcon_cli.objectives.itc import itc_grit
 from falcon_cli.objectives.sigmoid import sigmoid_loss
@@ -42,7 +43,7 @@ class DualLosses(NamedTuple):
     """[B, N, width] the image tower's last-layer tokens (what the decoder reads)."""
 
 
-class DualObjective(nn.Module):
+class DualObjective(PretrainObjective):
     """A :class:`~falcon_cli.models.dual.DualEncoder` and its pretraining losses.
 
     Args:
@@ -52,6 +53,8 @@ class DualObjective(nn.Module):
         false_negatives: how the contrastive loss treats likely false negatives; default plain
             (InfoNCE without GRIT's stop-gradient and consistency term, or the plain sigmoid loss).
     """
+
+    generative = "caption"
 
     def __init__(self, model: nn.Module, *, caption_weight: float = 1.0, false_negatives: FalseNegatives | None = None):
         super().__init__()
@@ -80,11 +83,6 @@ class DualObjective(nn.Module):
         return DualLosses(loss, contrastive.detach(), caption.detach(), image_feat.detach().float(),
                           text_feat.detach().float(), model.temperature().detach(), image_tokens.detach())
 
-    @staticmethod
-    def image_state(out: DualLosses) -> tuple[Tensor, Tensor]:
-        """(image tokens, image features) of a forward's output: what :meth:`measure` takes as ``image``."""
-        return out.image_tokens, out.image_feat
-
     def contrastive_loss(self, image_feat: Tensor, text_feat: Tensor, same_image: Tensor | None = None) -> Tensor:
         """The plain contrastive loss of a batch (no false-negative method), pairs in ``same_image`` removed."""
         model = self.model
@@ -94,18 +92,12 @@ class DualObjective(nn.Module):
                         exclude=same_image).loss
 
     @torch.no_grad()
-    def measure(self, images: Tensor, input_ids: Tensor, attention_mask: Tensor, mask=None,
-                parts: tuple[str, ...] = ("caption",), image: tuple[Tensor, Tensor] | None = None,
-                same_image: Tensor | None = None, per_pair: bool = False) -> dict[str, Tensor]:
-        """The named losses (``itc``, ``caption``, ``alignment``) of a batch without gradient, in the model's current
-        train/eval mode: FALCON's reward re-scores the batch it just trained on. ``itc`` is the plain contrastive
-        loss on this rank's batch (the false-negative method's own is not re-run). ``image``: (tokens, features) to
-        use instead of encoding ``images`` again (``reward_images: reuse``). ``per_pair``: each caption's
-        ``caption`` loss ``[B]`` or ``alignment`` ``[B]``."""
-        if per_pair and set(parts) not in ({"caption"}, {"alignment"}):
-            raise ValueError(f"per-pair losses are measured for the caption or alignment reward alone, not {parts}")
+    def measure_parts(self, image_tokens: Tensor, image_feat: Tensor, input_ids: Tensor, attention_mask: Tensor,
+                      mask: Any, parts: tuple[str, ...], same_image: Tensor | None, per_pair: bool) -> dict[str, Tensor]:
+        """A dual encoder's ``itc``, ``caption`` and ``alignment`` (:meth:`PretrainObjective.measure`). ``itc`` is the
+        plain contrastive loss on this rank's batch (the false-negative method's own is not re-run).
+        ``per_pair``: each caption's ``caption`` loss."""
         model = self.model
-        image_tokens, image_feat = model.encode_image(images) if image is None else image
         out: dict[str, Tensor] = {}
         text_tokens = None
         if "itc" in parts or "alignment" in parts:

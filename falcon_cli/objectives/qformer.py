@@ -18,7 +18,7 @@ the MLM reward keeps by reusing its mask).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from falcon_cli.method_weights import BLIP2_ITC_LABEL_SMOOTHING
 from falcon_cli.objectives.captioning import caption_loss
 from falcon_cli.objectives.common import alignment_loss, paired_image_feature
+from falcon_cli.objectives.contract import PretrainObjective
 from falcon_cli.objectives.false_negatives import FalseNegatives, PlainItc, StepContext
 from falcon_cli.objectives.itc import itc_grit
 from falcon_cli.objectives.itm import mined_itm_loss
@@ -61,7 +62,7 @@ class Blip2Losses(NamedTuple):
     """[B, Q, embed_dim] the query features ITC scores with."""
 
 
-class Blip2Objective(nn.Module):
+class Blip2Objective(PretrainObjective):
     """A :class:`~falcon_cli.models.qformer.Blip2QFormer` and its stage-1 losses.
 
     Args:
@@ -73,6 +74,8 @@ class Blip2Objective(nn.Module):
         false_negatives: how the ITC (and, for MAFA, ITM) treat likely false negatives; default LAVIS's ITC.
             MAFA's extra MLM pairs have no counterpart here (BLIP-2 has no MLM) and are not used.
     """
+
+    generative = "itg"
 
     def __init__(self, model: nn.Module, *, consistency_weight: float | None = None, itm_negatives: str = "hardest",
                  false_negatives: FalseNegatives | None = None):
@@ -114,20 +117,14 @@ class Blip2Objective(nn.Module):
         return mined_itm_loss(itc, pair_logits, sample=sample, generator=generator, mining=mining, same_image=same_image)
 
     @torch.no_grad()
-    def measure(self, images: Tensor, input_ids: Tensor, attention_mask: Tensor, mask=None,
-                parts: tuple[str, ...] = ("itg",), image: tuple[Tensor, Tensor] | None = None,
-                same_image: Tensor | None = None, per_pair: bool = False) -> dict[str, Tensor]:
-        """The named losses (``itc``, ``itm``, ``itg``, ``alignment``) of a batch without gradient, in the
-        model's current train/eval mode: FALCON's reward re-scores the batch it just trained on. ITM negatives
-        are mined again from this pass's ITC (the hardest); the ITC is LAVIS's (the false-negative method's
-        own ITC is not re-run). ``image``: (image tokens, query features) to use instead of encoding
-        ``images`` again (``reward_images: reuse``; exact for the frozen encoder, approximate for
-        ``ln_vision``). ``same_image``: pairs removed from ITC and ITM as in training. ``per_pair``: each
-        caption's ``itg`` loss ``[B]`` (the mean over its predicted tokens) or ``alignment`` ``[B]``."""
-        if per_pair and set(parts) not in ({"itg"}, {"alignment"}):
-            raise ValueError(f"per-pair losses are measured for the itg or alignment reward alone, not {parts}")
+    def measure_parts(self, image_embeds: Tensor, queries: Tensor, input_ids: Tensor, attention_mask: Tensor,
+                      mask: Any, parts: tuple[str, ...], same_image: Tensor | None, per_pair: bool) -> dict[str, Tensor]:
+        """BLIP-2's ``itc``, ``itm``, ``itg`` and ``alignment`` (:meth:`PretrainObjective.measure`) from the image
+        tokens and query features (reused: exact for the frozen encoder, approximate for ``ln_vision``). ITM
+        negatives are mined again from this pass's ITC (the hardest); the ITC is LAVIS's (the false-negative
+        method's own ITC is not re-run). ``per_pair``: each caption's ``itg`` loss (the mean over its predicted
+        tokens)."""
         model = self.model
-        image_embeds, queries = model.encode_image(images) if image is None else image
         out: dict[str, Tensor] = {}
         if "alignment" in parts:
             out["alignment"] = alignment_loss(queries, model.encode_text(input_ids, attention_mask)[1], per_pair)

@@ -19,6 +19,7 @@ from falcon_cli.models.albef import pooled_features
 from falcon_cli.objectives.itc import (
     MomentumQueue, copy_to_momentum, itc_grit, itc_momentum_distillation, momentum_update,
 )
+from falcon_cli.objectives.contract import PretrainObjective
 from falcon_cli.objectives.false_negatives import ITC_CONSISTENCY_WEIGHT, FalseNegatives, PlainItc, StepContext
 from falcon_cli.objectives.common import alignment_loss
 from falcon_cli.objectives.itm import mined_itm_loss
@@ -64,7 +65,7 @@ class MomentumEncoders(nn.Module):
         return image, text
 
 
-class VlpObjective(nn.Module):
+class VlpObjective(PretrainObjective):
     """ALBEF model + its pretraining losses.
 
     Args:
@@ -81,6 +82,8 @@ class VlpObjective(nn.Module):
             deliberately not a registered submodule: its state (GloFND's per-pair thresholds) is
             rank-synchronised and checkpointed by the caller, not broadcast by DDP every step.
     """
+
+    generative = "mlm"
 
     def __init__(self, model: nn.Module, *, itc: str = "grit", consistency_weight: float | None = None,
                  itm_negatives: str = "hardest", momentum: float = 0.995, queue_size: int = 65536,
@@ -133,11 +136,6 @@ class VlpObjective(nn.Module):
         return VlpLosses(loss, itc.loss.detach(), itm.detach(), mlm.detach(),
                          enc.image_feat.detach(), enc.text_feat.detach(), enc.temperature.detach(), enc.image_tokens.detach())
 
-    @staticmethod
-    def image_state(out: VlpLosses) -> tuple[Tensor, Tensor]:
-        """(image tokens, image features) of a forward's output: what :meth:`measure` takes as ``image``."""
-        return out.image_tokens, out.image_feat
-
     def _itm_loss(self, text_tokens: Tensor, attention_mask: Tensor, image_tokens: Tensor, itc, *,
                   sample: bool, generator: torch.Generator | None = None, mining=None,
                   same_image: Tensor | None = None) -> Tensor:
@@ -152,22 +150,12 @@ class VlpObjective(nn.Module):
         return mined_itm_loss(itc, pair_logits, sample=sample, generator=generator, mining=mining, same_image=same_image)
 
     @torch.no_grad()
-    def measure(self, images: Tensor, input_ids: Tensor, attention_mask: Tensor, mask: MlmMask,
-                parts: tuple[str, ...] = ("mlm",), image: tuple[Tensor, Tensor] | None = None,
-                same_image: Tensor | None = None, per_pair: bool = False) -> dict[str, Tensor]:
-        """The named losses (``itc``, ``itm``, ``mlm``) of a batch without gradient, in the model's
-        current train/eval mode: FALCON's reward re-scores the batch it just trained on with the
-        identical MLM ``mask``. ITM negatives are mined again from this pass's ITC similarities;
-        the temperature is not clamped (no parameter changes). ``image``: (tokens, projected
-        features) to use instead of encoding ``images`` again (``reward_images: reuse``).
-        ``same_image``: bool [B, B] of pairs sharing an image, removed from ITC and ITM as in training
-        (``pretrain.same_image: mask``). ``per_pair``: each caption's MLM loss ``[B]`` (the mean over its
-        masked tokens; FALCON's per-step credit), for ``mlm`` or ``alignment`` alone. ``alignment``: minus each
-        pair's own image-text cosine (its rise is the alignment reward; no text fusion)."""
-        if per_pair and set(parts) not in ({"mlm"}, {"alignment"}):
-            raise ValueError(f"per-pair losses are measured for the mlm or alignment reward alone, not {parts}")
+    def measure_parts(self, image_tokens: Tensor, image_feat: Tensor, input_ids: Tensor, attention_mask: Tensor,
+                      mask: MlmMask, parts: tuple[str, ...], same_image: Tensor | None, per_pair: bool) -> dict[str, Tensor]:
+        """ALBEF's ``itc``, ``itm``, ``mlm`` and ``alignment`` (:meth:`PretrainObjective.measure`). ITM negatives are
+        mined again from this pass's ITC similarities; the temperature is not clamped (no parameter changes).
+        ``per_pair``: each caption's MLM loss (the mean over its masked tokens)."""
         model = self.model
-        image_tokens, image_feat = model.encode_image(images) if image is None else image
         out: dict[str, Tensor] = {}
         if "alignment" in parts:
             out["alignment"] = alignment_loss(image_feat, model.encode_text(input_ids, attention_mask)[1], per_pair)

@@ -1,0 +1,61 @@
+"""What every framework's training objective is: the contract the pretrain stage, FALCON's reward step and the
+FLOP count rely on, and the parts the three objectives share, written once.
+
+An objective (ALBEF's :class:`~falcon_cli.objectives.vlp.VlpObjective`, BLIP-2's
+:class:`~falcon_cli.objectives.qformer.Blip2Objective`, a dual encoder's :class:`~falcon_cli.objectives.dual.DualObjective`)
+is a :class:`PretrainObjective`:
+
+* ``model``: the network it trains (``encode_image`` gives ``(tokens, features)``);
+* ``false_negatives``: the false-negative method its contrastive loss runs through (plain ITC by default);
+* ``forward(images, input_ids, attention_mask, mask, distill_alpha, itm_generator, context)``: the training
+  losses of one batch, a named tuple with ``loss`` (their sum), one field per name in its framework's
+  ``losses``, ``image_feat`` / ``text_feat`` (one L2-normalised vector per pair: the embedding cache's),
+  ``temperature`` and ``image_tokens``;
+* :meth:`~PretrainObjective.image_state`: the ``(tokens, features)`` of a forward's output that
+  :meth:`~PretrainObjective.measure` can reuse instead of encoding the images again;
+* :meth:`~PretrainObjective.measure`: any of the named losses without gradient (FALCON's reward parts).
+  The argument checks and the image reuse are here; each objective computes its parts in ``measure_parts``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor, nn
+
+
+class PretrainObjective(nn.Module):
+    """Base of the three frameworks' objectives (see the module docstring)."""
+
+    generative: str
+    """The reward part with a value per caption besides ``alignment`` (``mlm``, ``itg`` or ``caption``): the
+    default part of :meth:`measure`, and with ``alignment`` the only one ``per_pair`` allows."""
+
+    @staticmethod
+    def image_state(out: Any) -> tuple[Tensor, Tensor]:
+        """(image tokens, image features) of a forward's output: what :meth:`measure` takes as ``image``."""
+        return out.image_tokens, out.image_feat
+
+    def measure(self, images: Tensor, input_ids: Tensor, attention_mask: Tensor, mask: Any = None,
+                parts: tuple[str, ...] | None = None, image: tuple[Tensor, Tensor] | None = None,
+                same_image: Tensor | None = None, per_pair: bool = False) -> dict[str, Tensor]:
+        """The named losses ``parts`` (default: the generative one) of a batch without gradient, in the model's
+        current train/eval mode: FALCON's reward re-scores the batch it just trained on (ALBEF: with the
+        identical MLM ``mask``). ``image``: (tokens, features) to use instead of encoding ``images`` again
+        (``reward_images: reuse``). ``same_image``: bool [B, B] of pairs sharing an image, removed as in
+        training. ``per_pair``: one value per caption ``[B]`` (FALCON's per-step credit), for the generative
+        part or ``alignment`` alone. ``alignment`` is minus each pair's own image-text cosine."""
+        parts = (self.generative,) if parts is None else tuple(parts)
+        if per_pair and set(parts) not in ({self.generative}, {"alignment"}):
+            raise ValueError(f"per-pair losses are measured for the {self.generative} or alignment reward alone, "
+                             f"not {parts}")
+        image_tokens, image_feat = self.model.encode_image(images) if image is None else image
+        return self.measure_parts(image_tokens, image_feat, input_ids, attention_mask, mask, parts, same_image, per_pair)
+
+    def measure_parts(self, image_tokens: Tensor, image_feat: Tensor, input_ids: Tensor, attention_mask: Tensor,
+                      mask: Any, parts: tuple[str, ...], same_image: Tensor | None, per_pair: bool) -> dict[str, Tensor]:
+        """The objective's own computation of :meth:`measure`'s ``parts`` from the batch's image state."""
+        raise NotImplementedError
+
+
+__all__ = ["PretrainObjective"]
