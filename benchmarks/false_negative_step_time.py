@@ -1,6 +1,6 @@
 """Benchmark: the extra cost per training step of each false-negative method, measured in one run.
 
-Every method is built exactly as the pretrain stage builds it (``stages.pretrain.build_false_negatives``)
+Every method is built exactly as the pretrain stage builds it (``falcon_cli.objectives.false_negative_builder.build_false_negatives``)
 on a shapes world, and one training step (forward, backward, AdamW step) of albef-tiny is timed on real
 batches (images loaded and transformed, captions tokenised) for each: plain ITC, DiHT, SRCL (the auxiliary
 features looked up from an embeddings.h5), GloFND (thresholds updated every step), MAFA with the oracle as
@@ -41,7 +41,7 @@ from falcon_cli.objectives.mlm import MlmMask  # noqa: E402
 from falcon_cli.objectives.vlp import VlpObjective  # noqa: E402
 from falcon_cli.runtime.checkpoint import save_checkpoint  # noqa: E402
 from falcon_cli.runtime.precision import pick_device  # noqa: E402
-from stages.pretrain import build_false_negatives  # noqa: E402
+from falcon_cli.objectives.false_negative_builder import build_false_negatives  # noqa: E402
 
 METHODS = {
     "none": [],

@@ -413,7 +413,8 @@ def _reward_record(run: Path) -> dict | None:
     latest = run / "checkpoints" / "latest"
     if not latest.exists() or not (run / "batches.parquet").exists():
         return None
-    rewards = load_training_state(run / "checkpoints" / latest.read_text().strip())["ranks"][0]["rewards"]
+    mine = load_training_state(run / "checkpoints" / latest.read_text().strip())["ranks"][0]
+    rewards = mine["falcon"]["rewards"] if "falcon" in mine else mine["rewards"]  # (checkpoints before TrainState)
     log = read_batch_log(run / "batches.parquet")
     log = log[log["sampler"] == "falcon"]
     epochs = sorted(log["epoch"].unique())

@@ -25,7 +25,8 @@ import torch
 from rich.table import Table
 
 from falcon_cli.artifacts.atomic import atomic_dir, write_json, write_text
-from falcon_cli.artifacts.embeddings import read_embeddings
+from falcon_cli.artifacts.embeddings import check_fingerprint, read_embeddings
+from falcon_cli.data.pairs import records_fingerprint
 from falcon_cli.runtime.run_dir import RunDirectory
 from falcon_cli.artifacts.tables import AUDIT, write_table
 from falcon_cli.audit import report
@@ -74,12 +75,19 @@ def _audit(config: Recipe, run: RunDirectory) -> dict:
     pair_at = DatasetPairs(dataset)
     shared = SharedImages(dataset.records)  # pairs that show one image: false negatives by construction
 
+    fingerprint = records_fingerprint(dataset.records, spec.base_dir)
+
     def features(epoch: int):
         path = run.path / "embeddings" / f"epoch_{epoch:03d}.h5"
         if not path.exists():
             raise FalconError(f"{path}: not found; the ITM negatives of epoch {epoch} need the epoch's embedding cache "
                               "(pretrain writes it at the end of each epoch); audit only the chain negatives with --negatives chain")
-        return read_embeddings(path)
+        embeddings = read_embeddings(path)
+        # (features of another dataset would pair the log's ids with the wrong pairs: refused, like every reader)
+        warning = check_fingerprint(path, embeddings.attrs, fingerprint, config.data.dataset)
+        if warning is not None:
+            console.print(f"[yellow]warning:[/] {warning}")
+        return embeddings
 
     judge = load_judge(kind, model=a.judge_model, world=world, run=a.judge_model or run.path, device=a.device,
                        fp16=a.fp16, batch_size=a.batch_size)

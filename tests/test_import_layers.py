@@ -18,10 +18,11 @@ LAYERS: list[tuple[str, ...]] = [  # top to bottom; a module may import only fro
     ("falcon_cli.cli",),                      # the command line: parses, validates, hands a config to stages
     ("stages",),                              # one module per pipeline stage
     ("falcon_cli.audit",),                    # the false-negative audit
-    ("falcon_cli.evaluation", "falcon_cli.judges", "falcon_cli.reporting"),
+    ("falcon_cli.evaluation", "falcon_cli.reporting"),
     ("falcon_cli.config",),                   # the run's config schema and recipes (knows the models by name)
     ("falcon_cli.frameworks",),               # what each model family trains and how it is scored
-    ("falcon_cli.objectives",),               # losses, rewards, the false-negative methods
+    ("falcon_cli.objectives",),               # losses, rewards, the false-negative methods (MAFA asks a judge)
+    ("falcon_cli.judges",),                   # who decides whether a pair is a false negative: oracle, ITM, BLIP
     ("falcon_cli.models", "falcon_cli.sampling"),  # networks and their weights; batch composition
     ("falcon_cli.data",),                     # datasets, tokenizers, transforms, the shapes world
     ("falcon_cli.runtime",),                  # the running process: devices, ranks, run directory, checkpoints
@@ -143,9 +144,10 @@ def test_every_import_points_down_the_layers():
 
 
 def test_the_layer_check_sees_an_upward_import():
-    assert layer_of("falcon_cli.models.albef") == (8, "falcon_cli.models")
-    assert layer_of("falcon_cli.models") == (8, "falcon_cli.models")
-    assert layer_of("falcon_cli") == (12, "falcon_cli") and layer_of("stages.pretrain") == (2, "stages")
+    models = next(i for i, layer in enumerate(LAYERS) if "falcon_cli.models" in layer)
+    assert layer_of("falcon_cli.models.albef") == (models, "falcon_cli.models")
+    assert layer_of("falcon_cli.models") == (models, "falcon_cli.models")
+    assert layer_of("falcon_cli") == (len(LAYERS) - 1, "falcon_cli") and layer_of("stages.pretrain") == (2, "stages")
     assert layer_of("falcon_cli.artifacts.atomic")[0] > layer_of("falcon_cli.runtime.checkpoint")[0]
     assert layer_violations({"falcon_cli.runtime.checkpoint": {"falcon_cli.artifacts.atomic", "falcon_cli.runtime.hub"},
                              "falcon_cli.models.weights": {"falcon_cli.sampling.cache", "falcon_cli.objectives.common"}}) == [

@@ -547,6 +547,28 @@ def test_audit_false_negatives_refuses_bad_input_without_touching_the_run(falcon
     assert (run_dir / "manifest.json").read_bytes() == before and not (run_dir / "audit").exists()
 
 
+def test_audit_refuses_embeddings_of_another_dataset(falcon_run, tmp_path):
+    """The ITM negatives are read from the epochs' embedding caches by pair id: a cache whose pair-list
+    fingerprint is another dataset's is refused in one line, as every other embeddings reader does."""
+    import shutil
+
+    import h5py
+
+    from falcon_cli.artifacts.embeddings import FINGERPRINT_ATTR
+    from tests.conftest import run_cli
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(falcon_run, run_dir)
+    for cache in (run_dir / "embeddings").glob("epoch_*.h5"):
+        with h5py.File(cache, "r+") as f:
+            f.attrs[FINGERPRINT_ATTR] = "0" * 64
+    proc = run_cli("audit-false-negatives", str(run_dir), "--judge", "oracle", "--negatives", "itm", "--steps", "2")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "embeddings were computed on a different dataset" in proc.stderr and "epoch_00" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (run_dir / "audit").exists()
+
+
 # --- false-negative methods from the command line (two short epochs each). DiHT and SRCL change only the ITC
 # (tests/test_vlp_objective.py); SRCL's input is checked below, in process. -----------------------------------
 FN_METHODS = {
@@ -663,7 +685,7 @@ def test_srcl_reads_its_auxiliary_features_by_pair_id_and_refuses_a_missing_file
     from falcon_cli.data.datasets import pretrain_dataset
     from falcon_cli.data.spec import load_spec
     from falcon_cli.errors import FalconError
-    from stages.pretrain import build_false_negatives
+    from falcon_cli.objectives.false_negative_builder import build_false_negatives
 
     spec = load_spec(world)
     dataset = pretrain_dataset(spec, transform=None)

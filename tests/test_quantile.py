@@ -321,3 +321,51 @@ def test_every_logged_column_is_what_it_says(level):
             assert float(batch.quantile_rank[t]) == pytest.approx(r / (left - 1) if left > 1 else 1.0, abs=1e-6)
         seen += len(batch.pair_ids)
     assert seen == 40
+
+
+# --- the quantile composers behind the one composer protocol ---------------------------------------------------
+
+def _composer(name, **kwargs):
+    from falcon_cli.sampling.quantile_composer import QuantileComposer
+
+    return QuantileComposer(name, 6, 20, quantile=0.5, progressive=(0.2, 0.8, 4), **kwargs)
+
+
+@pytest.mark.parametrize("name", ["quantile", "progressive", "falcon"])
+def test_quantile_composers_keep_the_composer_protocol(name):
+    from falcon_cli.sampling.composers import BatchComposer
+
+    composer = _composer(name, source=toy_policy)
+    assert isinstance(composer, BatchComposer) and composer.on_demand == (name == "falcon")
+    cache, _, _ = make_cache(40, seed=2)
+    for epoch in (0, 1, 3):
+        batches = composer.compose_epoch(epoch, cache.pair_ids, cache, torch.Generator().manual_seed(epoch))
+        assert len(batches) == composer.num_epoch_batches(epoch, 40)
+        assert sorted(torch.cat([b.pair_ids for b in batches]).tolist()) == sorted(cache.pair_ids.tolist())
+        assert {b.sampler for b in batches} == ({"uniform"} if epoch == 0 else {name})
+
+
+def test_a_quantile_composers_epoch_is_its_spaces_composed_at_its_q():
+    """Epoch 0 is the uniform composer's epoch; later epochs are QuantileSpaces at q (fixed) or the progressive q."""
+    from falcon_cli.sampling.composers import UniformComposer
+    from falcon_cli.sampling.scheduler import progressive_q
+
+    cache, _, _ = make_cache(40, seed=4)
+    zero = _composer("quantile").compose_epoch(0, cache.pair_ids, cache, torch.Generator().manual_seed(5))
+    uniform = UniformComposer(6).compose_epoch(0, cache.pair_ids, None, torch.Generator().manual_seed(5))
+    same([batch_tuples(b) for b in uniform], [batch_tuples(b) for b in zero])
+    for name, epoch, q in (("quantile", 2, 0.5), ("progressive", 2, progressive_q(2, 4, 0.2, 0.8))):
+        got = _composer(name).compose_epoch(epoch, cache.pair_ids, cache, torch.Generator().manual_seed(7))
+        g = torch.Generator().manual_seed(7)
+        expected = QuantileSpaces(cache.pair_ids, cache, search_space_size=20, batch_size=6, generator=g,
+                                  sampler=name).compose_all(q, g)
+        same([batch_tuples(b) for b in expected], [batch_tuples(b) for b in got])
+
+
+def test_a_quantile_composer_refuses_the_state_of_another():
+    from falcon_cli.errors import FalconError
+
+    state = _composer("quantile").state_dict()
+    _composer("quantile").load_state_dict(state)
+    with pytest.raises(FalconError, match="progressive composer state does not match"):
+        _composer("progressive").load_state_dict(state)

@@ -348,6 +348,36 @@ def flag_counts(flagged: Tensor, truth: Tensor) -> Tensor:
                         (~flagged & truth & off).sum(), off.sum()]).long()
 
 
+class FlagsAgainstOracle:
+    """An epoch's running :func:`flag_counts` of a flagging method (MAFA, GloFND) against the oracle's
+    ``truth(pair_ids) -> bool [B, B]``, kept on the device (no host sync per step) and summed over ranks at
+    the epoch's end."""
+
+    def __init__(self, method: FalseNegatives, truth: Callable[[Tensor], Tensor], device: torch.device):
+        self.method, self.truth = method, truth
+        self.counts = torch.zeros(4, dtype=torch.long, device=device)
+
+    def observe(self, pair_ids: Tensor) -> None:
+        """After a step: add what the method flagged in the batch of ``pair_ids`` (CPU ids) against the truth."""
+        if self.method.flagged_i2t is not None:
+            self.counts += flag_counts(self.method.flagged_i2t, self.truth(pair_ids))
+
+    def epoch_summary(self) -> dict[str, float | int | None] | None:
+        """The epoch's :func:`flag_summary` over every rank (None when nothing was compared: GloFND before its
+        start epoch flags nothing); the counts start again at zero."""
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(self.counts)
+        summary = flag_summary(self.counts) if int(self.counts[3]) else None
+        self.counts.zero_()
+        return summary
+
+    def state_dict(self) -> dict[str, list[int]]:
+        return {"counts": self.counts.tolist()}
+
+    def load_state_dict(self, state: dict[str, list[int]]) -> None:
+        self.counts = torch.tensor(state["counts"], dtype=torch.long, device=self.counts.device)
+
+
 def flag_summary(counts: Tensor) -> dict[str, float | int | None]:
     """Precision / recall of the flags against the truth from :func:`flag_counts` totals."""
     tp, fp, fn, negatives = (int(v) for v in counts.tolist())
@@ -355,5 +385,6 @@ def flag_summary(counts: Tensor) -> dict[str, float | int | None]:
             "precision": tp / (tp + fp) if tp + fp else None, "recall": tp / (tp + fn) if tp + fn else None}
 
 
-__all__ = ["StepContext", "FalseNegatives", "PlainItc", "Diht", "Srcl", "Glofnd", "Mafa", "flag_counts", "flag_summary",
+__all__ = ["StepContext", "FalseNegatives", "PlainItc", "Diht", "Srcl", "Glofnd", "Mafa", "FlagsAgainstOracle",
+           "flag_counts", "flag_summary",
            "pair_weights", "srcl_mix_at"]

@@ -12,6 +12,9 @@ Two composers live here:
 - :class:`GritComposer`: GRIT-VLP's greedy hardest-negative chain inside shuffled search
   spaces (reference-code.md §1), vectorised over search spaces.
 
+The quantile composers (a fixed q, a progressive q, FALCON's learned q) implement the same
+:class:`BatchComposer` protocol in :mod:`falcon_cli.sampling.quantile_composer`.
+
 Randomness comes only from the ``torch.Generator`` the caller passes (a **CPU**
 generator, so an epoch's batches do not depend on the device the similarities are
 computed on, and a resumed run that restores the generator's state recomposes exactly).
@@ -140,12 +143,22 @@ class BatchComposer(Protocol):
     name: str
     batch_size: int
     drop_last: bool
+    on_demand: bool
+    """True where an epoch's batches depend on training as it goes (FALCON: batch k + 1 is drawn with the
+    scheduler updated at step k): such a composer also has ``spaces(...)``, the epoch's search spaces that
+    give one batch at a time (:class:`~falcon_cli.sampling.feed.FalconFeed`); its ``compose_epoch`` composes
+    every batch with the current policy."""
 
     def compose_epoch(self, epoch: int, pair_ids: Any, cache: EmbeddingCache | None,
-                      generator: torch.Generator) -> list[Batch]:
+                      generator: torch.Generator, *, grouped_width: int | None = None) -> list[Batch]:
         """Batches of ``epoch`` from ``pair_ids`` (the ids this rank composes from, e.g. its
         :func:`shard_pair_ids` shard), using the features in ``cache`` (or none) and drawing
-        all randomness from ``generator`` (a CPU generator owned by the caller)."""
+        all randomness from ``generator`` (a CPU generator owned by the caller). ``grouped_width``:
+        ``pair_ids`` come already grouped into search spaces of this many pairs (a warm start)."""
+        ...
+
+    def num_epoch_batches(self, epoch: int, n: int, *, grouped_width: int | None = None) -> int:
+        """How many batches :meth:`compose_epoch` makes of ``n`` pairs in ``epoch``."""
         ...
 
     def state_dict(self) -> dict[str, Any]:
@@ -202,6 +215,7 @@ class UniformComposer:
     """
 
     name = "uniform"
+    on_demand = False
 
     def __init__(self, batch_size: int, *, drop_last: bool = False):
         if batch_size < 1:
@@ -210,9 +224,13 @@ class UniformComposer:
         self.drop_last = bool(drop_last)
 
     def compose_epoch(self, epoch: int, pair_ids: Any, cache: EmbeddingCache | None,
-                      generator: torch.Generator) -> list[Batch]:
+                      generator: torch.Generator, *, grouped_width: int | None = None) -> list[Batch]:
+        """(``cache`` and ``grouped_width`` are not used: a uniform epoch ignores features and spaces.)"""
         _check_generator(generator)
         return uniform_batches(as_id_tensor(pair_ids).cpu(), self.batch_size, self.drop_last, generator, self.name)
+
+    def num_epoch_batches(self, epoch: int, n: int, *, grouped_width: int | None = None) -> int:
+        return num_batches(n, self.batch_size, self.drop_last)
 
     def state_dict(self) -> dict[str, Any]:
         return {"name": self.name, "batch_size": self.batch_size, "drop_last": self.drop_last}
@@ -291,6 +309,7 @@ class GritComposer:
     """
 
     name = "grit"
+    on_demand = False
 
     def __init__(self, batch_size: int, search_space_size: int, *, drop_last: bool = False,
                  max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES, step_threads: int | None = 1):
@@ -310,6 +329,10 @@ class GritComposer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         _check_config("grit composer", self.state_dict(), state)
+
+    def num_epoch_batches(self, epoch: int, n: int, *, grouped_width: int | None = None) -> int:
+        """(GRIT's chains run across search spaces and are cut as one: the uniform count.)"""
+        return num_batches(n, self.batch_size, self.drop_last)
 
     def compose_epoch(self, epoch: int, pair_ids: Any, cache: EmbeddingCache | None,
                       generator: torch.Generator, *, grouped_width: int | None = None) -> list[Batch]:

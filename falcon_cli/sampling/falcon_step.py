@@ -1,0 +1,114 @@
+"""FALCON's part of a training step: the reward of the batch just trained, and the scheduler's update.
+
+Algorithm 2: after the model's update on batch k, the reward Δ = L(θ_k) − L(θ_{k+1}) on that batch (the
+identical MLM mask), or, with ``reward: positive_margin``, each pick's hardness charged past its anchor's own
+pair, read from the step's own forward (no extra pass); then one REINFORCE update of the scheduler with the
+q's batch k was composed with. Per-step credit (``scheduler_credit``) scores each caption apart, each q
+credited with the Δ of the pair it chose.
+
+The model's side is reached only through the objective (duck-typed: the framework's): ``measure`` (the
+reward's losses without gradient), ``model.encode_image`` and ``image_state`` (the training forward's image
+tokens and features, for ``reward_images: reuse``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.profiler import record_function
+
+from falcon_cli.runtime.precision import autocast
+from falcon_cli.sampling.composers import Batch
+from falcon_cli.sampling.scheduler import NegativeScheduler, positive_margin_rewards
+
+
+def measure_reward_loss(objective, scheduler: NegativeScheduler, precision: str, device: torch.device, *,
+                        eval_mode: bool, inputs: tuple, image: tuple | None = None,
+                        same_image: torch.Tensor | None = None, per_pair: bool = False) -> tuple[torch.Tensor, tuple]:
+    """The reward's loss on ``inputs`` (no gradient; per caption ``[B]`` with ``per_pair``), in eval mode or
+    the current train mode, and the image (tokens, features) it used: ``image`` if given
+    (``reward_images: reuse``), else encoded now. ``same_image``: the pairs removed from ITC/ITM in
+    training (``same_image: mask``), removed here too."""
+    if eval_mode:
+        objective.eval()
+    try:
+        with autocast(precision, device), torch.no_grad():
+            if image is None:
+                image = objective.model.encode_image(inputs[0])
+            return scheduler.loss_value(objective.measure(*inputs, parts=scheduler.parts, image=image,
+                                                          same_image=same_image, per_pair=per_pair)), image
+    finally:
+        objective.train()
+
+
+class FalconStep:
+    """The reward and scheduler update of each FALCON step, and the epoch's record of them.
+
+    Args:
+        scheduler: FALCON's :class:`~falcon_cli.sampling.scheduler.NegativeScheduler`.
+        p: the pretrain settings (``reward``, ``reward_mode``, ``reward_images``, ``reward_overshoot``,
+            ``reward_margin``).
+        precision, device: the training step's.
+    """
+
+    def __init__(self, scheduler: NegativeScheduler, p: Any, precision: str, device: torch.device):
+        self.scheduler, self.precision, self.device = scheduler, precision, device
+        self.reward, self.eval_mode, self.reuse = p.reward, p.reward_mode == "eval", p.reward_images == "reuse"
+        self.overshoot, self.margin = p.reward_overshoot, p.reward_margin
+        self.per_pair = scheduler.per_step
+        self.rewards: list[float] = []
+        """This epoch's mean reward per step (kept in checkpoints for the epoch summary)."""
+        self.credited: list[list[float]] = []
+        """Per used step: [its credited reward, whether its pick was a false negative (NaN without an oracle)]."""
+        self._before: torch.Tensor | None = None
+        self._image: tuple | None = None
+
+    @property
+    def from_forward(self) -> bool:
+        """The reward is read from the training forward itself (``positive_margin``): no reward passes."""
+        return self.reward == "positive_margin"
+
+    def _measure(self, objective, inputs: tuple, same_image, image=None) -> tuple[torch.Tensor, tuple]:
+        with record_function("falcon/reward"):
+            return measure_reward_loss(objective, self.scheduler, self.precision, self.device, eval_mode=self.eval_mode,
+                                       per_pair=self.per_pair, inputs=inputs, image=image, same_image=same_image)
+
+    def before(self, objective, inputs: tuple, same_image: torch.Tensor | None) -> None:
+        """Before the update: L(θ_k) from a no-grad pass where the training forward cannot give it (eval mode,
+        per-caption credit, the alignment reward). ``inputs``: (images, input_ids, attention_mask, mlm mask)."""
+        self._before = self._image = None
+        if not self.from_forward and (self.eval_mode or self.per_pair or self.reward == "alignment"):
+            self._before, self._image = self._measure(objective, inputs, same_image)
+
+    def after(self, objective, out, losses: dict[str, torch.Tensor], inputs: tuple, same_image: torch.Tensor | None,
+              composed: Batch, record: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """After the update: the reward, then the scheduler's update with the batch's ``record``; returns
+        the update's ``reward`` (the step's mean), ``advantage`` and ``concentration``."""
+        if self.from_forward:  # each pick's hardness, charged past its anchor's own pair (θ_k's features)
+            delta = positive_margin_rewards(out.image_feat, out.text_feat, self.overshoot, self.margin)
+        else:
+            before, image = self._before, self._image
+            if before is None:  # L(θ_k) is the training forward's own loss, and its image
+                before, image = self.scheduler.loss_value(losses), objective.image_state(out)
+            after, _ = self._measure(objective, inputs, same_image, image=image if self.reuse else None)
+            delta = before - after
+        self.rewards.append(float((delta[1:] if self.from_forward else delta).mean()))  # (slot 0 has no pick)
+        with record_function("falcon/update"):
+            update = self.scheduler.update(record, delta if self.per_pair else self.rewards[-1])
+        picked = composed.chosen_is_fn[1:][:len(update["rewards"])].double()
+        self.credited += torch.stack([update["rewards"], picked], 1).tolist()
+        return {"reward": self.rewards[-1], "advantage": update["advantage"], "concentration": update["concentration"]}
+
+    def reset(self) -> None:
+        """A new epoch: its record starts empty."""
+        self.rewards, self.credited = [], []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rewards": list(self.rewards), "credited": [list(c) for c in self.credited]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rewards, self.credited = list(state["rewards"]), [list(c) for c in state["credited"]]
+
+
+__all__ = ["FalconStep", "measure_reward_loss"]
