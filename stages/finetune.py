@@ -13,8 +13,10 @@ Reads top to bottom:
    * ``nlvr2``: text-assignment pretraining on the run's own image-text pairs (the fusion layers
      duplicated, one copy per image), then the two-way classifier; best by dev accuracy;
 3. every task writes ``finetune/<task>/``: ``checkpoints/`` after each epoch (``--resume``
-   continues after the last finished one), ``best/`` (the kept weights and ``meta.json``) and
-   ``metrics.jsonl``.
+   continues after the last finished one, ``--overwrite`` trains the task again; without either a
+   task that has checkpoints is refused, nothing changed), ``best/`` (the kept weights and
+   ``meta.json``) and ``metrics.jsonl``. The checkpoints go through the same
+   :class:`~falcon_cli.runtime.train_state.TrainState` as pretraining's.
 
 Single process: ``falcon finetune --recipe shapes-demo --task vqa``. Several: ``torchrun
 --nproc_per_node 8 -m falcon_cli finetune --recipe coco-albef --task retrieval`` (batch size is per
@@ -23,7 +25,6 @@ process; scoring is sharded across the processes).
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Callable
 
@@ -53,18 +54,18 @@ from falcon_cli.objectives.itc import alpha_ramp
 from falcon_cli.objectives.retrieval import RetrievalObjective
 from falcon_cli.objectives.text_assignment import text_assignment_loss, text_assignment_pairs
 from falcon_cli.runtime import distributed as D
-from falcon_cli.runtime.checkpoint import resume_point, save_checkpoint
 from falcon_cli.runtime.console import make_console
 from falcon_cli.runtime.metrics import MetricsLog
 from falcon_cli.runtime.optim import build_optimizer, learning_rate, set_learning_rate
 from falcon_cli.runtime.precision import autocast, grad_scaler, pick_device, resolve_precision
 from falcon_cli.runtime.progress import track
-from falcon_cli.runtime.seeding import rng_state, seed_everything, set_rng_state
+from falcon_cli.runtime.seeding import seed_everything
+from falcon_cli.runtime.train_state import GlobalRng, TrainState, refuse_training_over
 
 console = make_console(stderr=True)
 
 
-def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
+def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: bool = False) -> dict:
     """Fine-tune every task in ``config.finetune.tasks``; returns the summary recorded in the manifest."""
     f = config.finetune
 
@@ -78,9 +79,14 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
         spec.on_missing = config.data.on_missing
     tokenizer = load_run_tokenizer(run.path, config.name)
     start = find_checkpoint(f.checkpoint or run.path, "finetune.checkpoint")
-    ctx = Context(config, run, spec, tokenizer, device, precision, resume)
+    ctx = Context(config, run, spec, tokenizer, device, precision, resume, overwrite)
 
-    # 2. The tasks, one after another, each from the pretrained weights.
+    # 2. The tasks, one after another, each from the pretrained weights. A task (or its text-assignment
+    # part) with checkpoints is refused before any task trains, unless --resume or --overwrite says what to do.
+    for task in f.tasks:
+        for part in sorted((run.path / FINETUNED / task).rglob("checkpoints")):
+            refuse_training_over(part, f"{part.parent.relative_to(run.path / FINETUNED)} fine-tuning", resume=resume,
+                                 overwrite=overwrite)
     results = {}
     for task in f.tasks:
         if D.is_main_process():
@@ -93,9 +99,9 @@ class Context:
     """What every task needs: the config, the run, data, tokenizer, device and precision."""
 
     def __init__(self, config: Recipe, run: RunDirectory, spec, tokenizer, device: torch.device, precision: str,
-                 resume: bool):
+                 resume: bool, overwrite: bool = False):
         self.config, self.run, self.spec, self.tokenizer = config, run, spec, tokenizer
-        self.device, self.precision, self.resume = device, precision, resume
+        self.device, self.precision, self.resume, self.overwrite = device, precision, resume, overwrite
         self.f = config.finetune
 
     def transform(self, resolution: int, train: bool = True):
@@ -253,25 +259,16 @@ def fit(ctx: Context, name: str, trainable: LossModule, weights: dict[str, nn.Mo
     optimizer = build_optimizer(trainable, t.lr, t.weight_decay)
     scaler = grad_scaler(ctx.precision, device)
     metrics = MetricsLog(out / "metrics.jsonl")
-    first_epoch, step, best, history = 0, 0, None, []
+    # Checkpoints after each epoch hold the weights, optimizer, scaler, every rank's RNG, the best epoch so far
+    # and the scores; a task's checkpoints are never trained over without --resume or --overwrite.
+    state = TrainState(out / "checkpoints", weights, shared={"optimizer": optimizer, "scaler": scaler},
+                       per_rank={"rng": GlobalRng()}, what=f"{name} fine-tuning", keep_last=1, name=name,
+                       meta={"task": name, **(meta or {})}, say=console.print)
+    state.begin(resume=ctx.resume, overwrite=ctx.overwrite)
+    metrics.truncate_after(state.step)
+    step, best, history = state.step, state.values.get("best"), state.values.get("history", [])
 
-    found = resume_point(out / "checkpoints", weights) if ctx.resume else None
-    checkpoint, state, damaged = found if found is not None else (None, None, [])
-    if damaged and main:
-        console.print(f"[yellow]damaged checkpoints passed over[/]: {'; '.join(damaged)}")
-    if checkpoint is None and main:  # from scratch: what an earlier attempt logged and saved goes
-        shutil.rmtree(out / "checkpoints", ignore_errors=True)
-        metrics.truncate_after(0)
-    if checkpoint is not None:  # continue after the last finished epoch
-        optimizer.load_state_dict(state["optimizer"])
-        scaler.load_state_dict(state["scaler"])
-        set_rng_state(state["rng"])
-        first_epoch, step, best, history = state["epoch"], state["step"], state["best"], state["history"]
-        metrics.truncate_after(step)
-        if main:
-            console.print(f"resumed {name} from {checkpoint} (epoch {first_epoch})")
-
-    for epoch in range(first_epoch, t.epochs):
+    for epoch in range(state.epoch, t.epochs):
         sampler.set_epoch(epoch)
         trainable.train()
         for index, batch in enumerate(track(loader, f"{name} epoch {epoch}", total=steps)):
@@ -304,10 +301,8 @@ def fit(ctx: Context, name: str, trainable: LossModule, weights: dict[str, nn.Mo
         if main:
             metrics.write(step=step, epoch=epoch, kind="epoch", **scores)
             console.print(f"{name} epoch {epoch}: " + (", ".join(f"{k} {v:.2f}" for k, v in scores.items()) or "done"))
-            save_checkpoint(out / "checkpoints", step, weights,
-                            {"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(), "rng": rng_state(),
-                             "epoch": epoch + 1, "step": step, "best": best, "history": history},
-                            {"task": name, "epoch": epoch + 1, **(meta or {})}, keep_last=1)
+        state.step, state.values = step, {"best": best, "history": history}
+        state.save(epoch + 1, 0)
         D.barrier()
     if t.epochs == 0 and main:  # nothing to train: the starting weights are the task's weights
         save_best(out, weights["model"], {"task": name, "epoch": None, **(meta or {})})

@@ -112,9 +112,24 @@ def test_finetuning_again_from_scratch_replaces_the_earlier_history(run_dir, tmp
     shutil.copytree(run_dir, copy)
     log = copy / "finetune" / "nlvr2" / "metrics.jsonl"
     before = [(r.get("kind"), r["step"]) for r in read_metrics(log)]
-    proc = run_cli("finetune", "--run-dir", copy, "--task", "nlvr2")  # no --resume: trains it again
+    proc = run_cli("finetune", "--run-dir", copy, "--task", "nlvr2", "--overwrite")  # not --resume: trains it again
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [(r.get("kind"), r["step"]) for r in read_metrics(log)] == before  # once, not twice
+
+
+def test_finetuning_over_a_tasks_checkpoints_is_refused_without_resume_or_overwrite(run_dir, tmp_path):
+    """Like pretraining: a task's checkpoints are never trained over by accident; nothing changes."""
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    task = copy / "finetune" / "nlvr2"
+    before = {p.relative_to(task): p.read_bytes() for p in task.rglob("*") if p.is_file()}
+    proc = run_cli("finetune", "--run-dir", copy, "--task", "nlvr2")
+    assert proc.returncode != 0
+    assert "already holds nlvr2 fine-tuning checkpoints" in " ".join(proc.stderr.split())
+    assert "--resume" in proc.stderr and "--overwrite" in proc.stderr and "Traceback" not in proc.stderr
+    assert {p.relative_to(task): p.read_bytes() for p in task.rglob("*") if p.is_file()} == before
 
 
 @pytest.mark.parametrize("args, message", [

@@ -70,7 +70,7 @@ def test_readers_from_another_working_directory(work):
     ok(run_cli("evaluate", "retrieval", run, "--itc-only", "--model", "pretrained", "--model",
                f"{run}/checkpoints/{latest}", cwd=elsewhere))
     ok(run_cli("audit-false-negatives", run, "--judge", "oracle", "--steps", "2", cwd=elsewhere))
-    ok(run_cli("finetune", "--run-dir", run, "--task", "vqa", "finetune.vqa.epochs=1", cwd=elsewhere))
+    ok(run_cli("finetune", "--run-dir", run, "--task", "vqa", "finetune.vqa.epochs=1", "--overwrite", cwd=elsewhere))
     manifest = check_run(work / "work" / "runs" / "demo")
     assert {"audit", "results/retrieval.md", "results/vqa.md"} <= set(manifest["artifacts"])
     rows = json.loads((work / "work" / "runs" / "demo" / "results" / "retrieval.json").read_text())["rows"]

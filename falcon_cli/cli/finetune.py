@@ -19,13 +19,15 @@ def finetune(
                                          "is the one recorded in --run-dir."),
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", "-o", help="Run directory (default: runs/<recipe name>)."),
     resume: bool = typer.Option(False, "--resume", help="Continue each task after its last finished epoch."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="With --recipe: reuse a run directory that holds a run with a different config."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Train a task again over its checkpoints; with --recipe "
+                                   "also reuse a run directory that holds a run with a different config."),
     overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides, e.g. finetune.vqa.epochs=2", show_default=False),
 ) -> None:
     """Fine-tune the run's pretrained model: retrieval (ITC with a momentum queue + ITM), VQA (answer
     decoder from the fusion layers) or NLVR2 (text-assignment pretraining, then the classifier).
 
-    Writes RUN_DIR/finetune/<task>/: checkpoints/, best/ (the kept weights) and metrics.jsonl.
+    Writes RUN_DIR/finetune/<task>/: checkpoints/, best/ (the kept weights) and metrics.jsonl. A task that
+    already has checkpoints is refused unless --resume (continue it) or --overwrite (train it again).
     Under torchrun the batch size is per process.
 
     Example: falcon finetune --run-dir runs/shapes-demo --task vqa finetune.vqa.epochs=2
@@ -41,7 +43,7 @@ def finetune(
     if run_dir is None:
         raise FalconError("give --run-dir (a pretrained run) or --recipe; e.g. falcon finetune --run-dir runs/shapes-demo --task vqa")
     config = run_config(run_dir, settings, ("finetune",))
-    run_stage_in(run_dir, config, "finetune", resume=resume)
+    run_stage_in(run_dir, config, "finetune", resume=resume, overwrite=overwrite)
     console.print(f"[green]done[/]: {run_dir}/finetune")
 
 
