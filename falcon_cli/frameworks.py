@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 from falcon_cli.method_weights import BLIP2_ITC_LABEL_SMOOTHING, ITC_CONSISTENCY_WEIGHT
 from falcon_cli.models.families import FAMILIES, ModelFamily, model_family
+from falcon_cli.models.registry import get_model_config
 
 
 @dataclass(frozen=True)
@@ -82,11 +83,11 @@ class Framework:
         return PlainItc(label_smoothing=self.itc_label_smoothing, stop_gradient=self.itc_stop_gradient)
 
 
-# The objectives, imported when built: every config validation reads this module, `falcon --help` included,
-# and needs no loss.
+# The objectives, imported when built (lazy): every config validation reads this module, `falcon --help`
+# included, and needs no loss.
 def _albef_objective(model: Any, p: Any, false_negatives: Any) -> Any:
     """ALBEF's ITC (GRIT's in-batch or a momentum queue) + ITM + MLM."""
-    from falcon_cli.objectives.vlp import VlpObjective
+    from falcon_cli.objectives.vlp import VlpObjective  # (lazy: see above)
 
     return VlpObjective(model, itc=p.itc, consistency_weight=p.itc_consistency_weight, itm_negatives=p.itm_negatives,
                         momentum=p.momentum, queue_size=p.queue_size, false_negatives=false_negatives)
@@ -94,7 +95,7 @@ def _albef_objective(model: Any, p: Any, false_negatives: Any) -> Any:
 
 def _blip2_objective(model: Any, p: Any, false_negatives: Any) -> Any:
     """BLIP-2 stage 1 (LAVIS): ITC + ITM + ITG."""
-    from falcon_cli.objectives.qformer import Blip2Objective
+    from falcon_cli.objectives.qformer import Blip2Objective  # (lazy: see above)
 
     return Blip2Objective(model, consistency_weight=p.itc_consistency_weight, itm_negatives=p.itm_negatives,
                           false_negatives=false_negatives)
@@ -102,7 +103,7 @@ def _blip2_objective(model: Any, p: Any, false_negatives: Any) -> Any:
 
 def _dual_objective(model: Any, p: Any, false_negatives: Any) -> Any:
     """A dual encoder's sigmoid or InfoNCE contrastive loss + its decoder's captioning loss."""
-    from falcon_cli.objectives.dual import DualObjective
+    from falcon_cli.objectives.dual import DualObjective  # (lazy: see above)
 
     return DualObjective(model, caption_weight=p.caption_weight, false_negatives=false_negatives)
 
@@ -141,8 +142,6 @@ def framework_of(model_or_config: Any) -> Framework:
 
 def model_framework(model_name: str) -> Framework:
     """The framework of the registered model ``model_name`` (an unknown name: one FalconError naming the valid ones)."""
-    from falcon_cli.models.registry import get_model_config
-
     return framework_of(get_model_config(model_name))
 
 

@@ -17,6 +17,8 @@ from typing import Callable
 from falcon_cli.runtime.run_dir import RunDirectory, now
 from falcon_cli.config.schema import Recipe
 from falcon_cli.errors import Refused
+from falcon_cli.runtime import distributed as D
+from falcon_cli.runtime.precision import pick_device
 
 log = logging.getLogger("falcon")
 
@@ -34,9 +36,6 @@ def run_stages(config: Recipe, run: RunDirectory, stages: list[str] | None = Non
     The run is marked ``failed`` (and the error re-raised) if a stage raises, ``completed`` otherwise; a
     stage that raises :class:`~falcon_cli.errors.Refused` leaves the run's record as it was before the command.
     """
-    from falcon_cli.runtime import distributed as D
-    from falcon_cli.runtime.precision import pick_device
-
     # Under torchrun every rank runs the stages: join the process group first, so stages can
     # leave shared work (generating data, writing artifacts) to rank 0 and wait at a barrier.
     D.init_distributed(pick_device(config.pretrain.device).type)

@@ -41,6 +41,9 @@ from falcon_cli.runtime.console import make_console
 from falcon_cli.runtime.distributed import on_rank_zero
 from falcon_cli.sampling.batch_log import read_batch_log
 from falcon_cli.sampling.oracle_view import summary_by_epoch
+from falcon_cli.data.datasets import pretrain_dataset
+from falcon_cli.data.spec import load_spec
+from falcon_cli.judges.oracle import OracleJudge
 
 console = make_console(stderr=True)
 
@@ -54,9 +57,6 @@ def run(config: Recipe, run: RunDirectory) -> dict:
 
 
 def _audit(config: Recipe, run: RunDirectory) -> dict:
-    from falcon_cli.data.datasets import pretrain_dataset
-    from falcon_cli.data.spec import load_spec
-
     a = config.audit
     started = time.perf_counter()
 
@@ -93,7 +93,6 @@ def _audit(config: Recipe, run: RunDirectory) -> dict:
                        fp16=a.fp16, batch_size=a.batch_size)
     oracle = None
     if world is not None:  # the ground truth, wherever the data has one
-        from falcon_cli.judges.oracle import OracleJudge
 
         oracle = judge if isinstance(judge, OracleJudge) else OracleJudge(world)
 

@@ -34,6 +34,9 @@ from falcon_cli.runtime.distributed import on_rank_zero
 from falcon_cli.sampling.partition import (
     Partition, false_negatives_in_spaces, kmeans_partition, partition_summary, random_partition,
 )
+from falcon_cli.data.datasets import pretrain_dataset
+from falcon_cli.data.pairs import split_fingerprint
+from falcon_cli.data.spec import load_spec
 
 console = make_console(stderr=True)
 
@@ -123,9 +126,6 @@ def _build(config: Recipe, run: RunDirectory) -> dict:
 
 def _check_same_dataset(config: Recipe, path: Path, attrs: dict) -> None:
     """Refuse embeddings of another dataset (by the pair-list fingerprint they record); warn when they record none."""
-    from falcon_cli.data.pairs import split_fingerprint
-    from falcon_cli.data.spec import load_spec
-
     expected, split = "", str(attrs.get("split"))
     if attrs.get(FINGERPRINT_ATTR):
         try:
@@ -140,9 +140,6 @@ def _check_same_dataset(config: Recipe, path: Path, attrs: dict) -> None:
 
 def _oracle_for(config: Recipe, embeddings_path: Path, pair_ids: np.ndarray) -> tuple[ShapesOracle, np.ndarray, np.ndarray] | str:
     """On a shapes world: (oracle, image id, caption id of each pair); elsewhere the reason there is no oracle."""
-    from falcon_cli.data.datasets import pretrain_dataset
-    from falcon_cli.data.spec import load_spec
-
     spec = load_spec(config.data.dataset)
     if spec.shapes_world is None:
         return f"{config.data.dataset} is not a shapes world (no shapes_world in its dataset.yaml): no oracle to judge false negatives"

@@ -26,6 +26,7 @@ from falcon_cli.data.spec import load_spec
 from falcon_cli.data.tokenizer import RUN_TOKENIZER_DIR, load_tokenizer, train_wordpiece_tokenizer
 from falcon_cli.errors import FalconError
 from falcon_cli.runtime.distributed import on_rank_zero
+from falcon_cli.data.shapes import generate_world
 
 log = logging.getLogger("falcon")
 console = make_console(stderr=True)
@@ -44,8 +45,6 @@ def _prepare(config: Recipe, run: RunDirectory) -> dict:
 
     # 1. The shapes world is generated on demand; an identical existing world is reused.
     if data.shapes is not None:
-        from falcon_cli.data.shapes import generate_world
-
         summary = generate_world(data.shapes, data.dataset)
         result["shapes_world"] = {k: v for k, v in summary.to_dict().items() if k != "config"}
         summary.render(console)

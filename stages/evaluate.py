@@ -52,6 +52,8 @@ from falcon_cli.models.pretrained import find_checkpoint, finetuned_weights, mod
 from falcon_cli.runtime import distributed as D
 from falcon_cli.runtime.console import make_console
 from falcon_cli.runtime.precision import autocast, pick_device, resolve_precision
+from falcon_cli.data.shapes.oracle import ShapesOracle
+from falcon_cli.evaluation.eccv import check_ids, coco_1k_recalls, eccv_metrics
 
 console = make_console(stderr=True)
 
@@ -168,7 +170,6 @@ def false_negative_truth(ctx: Context, dataset) -> tuple[str, Callable | None, d
         if D.is_main_process():
             console.print(skipped, style="yellow", markup=False)  # paths and captions may hold [brackets]
         return "none", None, {**meta, "false_negatives_skipped": skipped}
-    from falcon_cli.evaluation.eccv import check_ids, coco_1k_recalls, eccv_metrics
 
     check_ids(ids.image_ids, ids.caption_ids)  # before any scoring
 
@@ -207,7 +208,6 @@ def oracle_truth(ctx: Context, dataset) -> Callable:
     if ids is None:
         raise FalconError(f"evaluate.retrieval.false_negatives=oracle: the {ctx.e.retrieval.split} split's entries "
                           "need image_id and caption_ids (the shapes world writes them); regenerate the world")
-    from falcon_cli.data.shapes.oracle import ShapesOracle
 
     oracle = ShapesOracle.load(ctx.spec.resolve(ctx.spec.shapes_world))
     positives = torch.from_numpy(oracle.matrix(ids.image_ids, ids.caption_ids))

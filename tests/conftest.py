@@ -89,6 +89,30 @@ def assert_same_training(reference: Path, run_dir: Path, keys: tuple[str, ...]) 
     assert (ref_log["q"].fillna(-1) - new_log["q"].fillna(-1)).abs().max() < 1e-5
 
 
+TINY_FRAMEWORK_RUN = ["data.shapes.images=40", "data.tokenizer_vocab_size=200", "pretrain.epochs=3",
+                      "pretrain.batch_size=16", "pretrain.search_space_size=48", "pretrain.log_every=1",
+                      "pretrain.warmup_steps=4", "pretrain.checkpoint_every=8", "pretrain.quantile_levels=20",
+                      "pretrain.device=cpu", "audit.max_pairs=2000"]
+"""The tiny run the BLIP-2 and dual-encoder pipeline tests train: 40 images, 3 epochs of batch 16, a checkpoint
+every 8 steps (so a kill at step 19 resumes inside the first FALCON epoch)."""
+
+
+def recipe_args(recipe: str, tiny: list[str]):
+    """``args(run_dir, world, *extra, command="pretrain", recipe=recipe)``: the command line of a test module's tiny
+    runs of ``recipe`` on the shapes world ``world``."""
+    def args(run_dir, world, *extra, command: str = "pretrain", recipe: str = recipe) -> list:
+        return [command, "--recipe", recipe, "--run-dir", run_dir, f"data.dataset={world}", *tiny, *extra]
+    return args
+
+
+def complete_run(args, world: Path, directory: Path) -> Path:
+    """``falcon run`` of ``args`` (data, pretrain, audit, evaluate) into ``directory/run``; it must succeed."""
+    run_dir = Path(directory) / "run"
+    proc = run_cli(*args(run_dir, world, command="run"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return run_dir
+
+
 def run_torchrun(args, processes: int = 2) -> subprocess.CompletedProcess:
     """``torchrun --standalone --nproc_per_node PROCESSES -m falcon_cli ARGS`` (gloo on the CPU), captured."""
     env = {**os.environ, "FALCON_PROGRESS": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}

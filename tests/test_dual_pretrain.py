@@ -11,15 +11,11 @@ import numpy as np
 import pytest
 
 from falcon_cli.runtime.metrics import read_metrics
-from tests.conftest import assert_same_training, kill_past_step, run_cli, run_torchrun
+from tests.conftest import (TINY_FRAMEWORK_RUN, assert_same_training, complete_run, kill_past_step, recipe_args, run_cli,
+                            run_torchrun)
 
-TINY = ["data.shapes.images=40", "data.tokenizer_vocab_size=200", "pretrain.epochs=3", "pretrain.batch_size=16",
-        "pretrain.search_space_size=48", "pretrain.log_every=1", "pretrain.warmup_steps=4", "pretrain.checkpoint_every=8",
-        "pretrain.quantile_levels=20", "pretrain.device=cpu", "audit.max_pairs=2000"]
-
-
-def args(run_dir, world, *extra, command="pretrain", recipe="shapes-siglip-falcon"):
-    return [command, "--recipe", recipe, "--run-dir", run_dir, f"data.dataset={world}", *TINY, *extra]
+TINY = TINY_FRAMEWORK_RUN
+args = recipe_args("shapes-siglip-falcon", TINY)
 
 
 @pytest.fixture(scope="module")
@@ -30,10 +26,7 @@ def world(tmp_path_factory):
 @pytest.fixture(scope="module")
 def falcon_run(world, tmp_path_factory):
     """`falcon run --recipe shapes-siglip-falcon`: data, pretrain, audit, evaluate."""
-    run_dir = tmp_path_factory.mktemp("dual-run") / "run"
-    proc = run_cli(*args(run_dir, world, command="run"))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return run_dir
+    return complete_run(args, world, tmp_path_factory.mktemp("dual-run"))
 
 
 def test_falcon_with_the_caption_reward_trains_audits_and_evaluates(falcon_run):

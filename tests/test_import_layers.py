@@ -159,3 +159,33 @@ def test_no_module_imports_itself_back():
     found = cycles(import_graph())
     assert not found, "import cycles (break each by moving what both sides need below them):\n" + "\n".join(
         " <-> ".join(c) for c in found)
+
+
+def lazy_imports_without_reason() -> list[str]:
+    """Function-level imports of falcon_cli or stages modules that do not say why they are lazy: a ``(lazy: ...)``
+    comment on the import, or on the comment line right above its block of imports."""
+    found = []
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            lines = path.read_text(encoding="utf-8").splitlines()
+            for function in ast.walk(ast.parse("\n".join(lines))):
+                if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                for node in ast.walk(function):
+                    if not (isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES):
+                        continue
+                    above = node.lineno - 2
+                    while above >= 0 and lines[above].strip().startswith(("from ", "import ")):
+                        above -= 1
+                    said = "lazy" in lines[node.lineno - 1] or (above >= 0 and lines[above].strip().startswith("#")
+                                                                 and "lazy" in lines[above])
+                    if not said:
+                        found.append(f"{path.relative_to(REPO)}:{node.lineno} imports {node.module} inside a function")
+    return found
+
+
+def test_function_level_imports_say_what_they_buy():
+    """A function-level import only where it keeps a fast path fast (`falcon --help`, reading a config), saying so:
+    hoisted, any other import costs nothing, since the graph above has no cycle with or without it."""
+    found = lazy_imports_without_reason()
+    assert not found, "move these to the module's imports, or say why they are lazy:\n" + "\n".join(found)

@@ -10,6 +10,8 @@ import pandas as pd
 
 from falcon_cli.artifacts.atomic import atomic_dir, write_text
 from falcon_cli.errors import FalconError
+from falcon_cli.audit.report import markdown_table
+from falcon_cli.reporting.audit_figures import fn_rate_comparison
 
 SUMMARY = Path("audit") / "summary.json"
 
@@ -50,9 +52,6 @@ def comparison_table(summaries: Mapping[str, dict]) -> pd.DataFrame:
 def write_comparison(run_dirs: Sequence[str | Path], out_dir: str | Path) -> pd.DataFrame:
     """Write ``comparison.md``, ``comparison.csv`` and ``fn_rate_comparison.png`` (FN rate per
     training-step window, one line per run) into ``out_dir`` (replaced whole); returns the table."""
-    from falcon_cli.audit.report import markdown_table
-    from falcon_cli.reporting.audit_figures import fn_rate_comparison
-
     summaries = read_summaries(run_dirs)
     table = comparison_table(summaries)
     with atomic_dir(out_dir) as out:

@@ -30,6 +30,8 @@ import torch
 from falcon_cli.artifacts.embeddings import Embeddings
 from falcon_cli.errors import FalconError
 from falcon_cli.judges import DEFAULT_THRESHOLD, Judge, JudgedPair, is_false_negative
+from falcon_cli.objectives.itm import hardest_negatives
+from falcon_cli.runtime.progress import track
 
 DIRECTIONS = ("i2t", "t2i")
 KINDS = ("chain", "itm")
@@ -116,9 +118,6 @@ def _itm_rows(log: pd.DataFrame, features: Callable[[int], Embeddings],
               same_image: Callable[[torch.Tensor], torch.Tensor] | None = None) -> pd.DataFrame:
     """Each anchor's hardest in-batch negative by ITC similarity, from the epoch's embedding cache (never a
     pair that shares its image, with ``same_image``, as in training)."""
-    from falcon_cli.objectives.itm import hardest_negatives
-    from falcon_cli.runtime.progress import track
-
     parts = []
     for epoch, slots in track(list(log.groupby("epoch", sort=True)), "in-batch ITM negatives (per epoch)"):
         cache = features(int(epoch))

@@ -8,6 +8,7 @@ from typing import List, Optional
 import typer
 
 from falcon_cli.runtime.console import make_console
+from falcon_cli.cli.single_stage import run_config, run_stage_in, yaml_value
 
 console = make_console()
 
@@ -43,8 +44,7 @@ def audit_false_negatives(
 
     Example: falcon audit-false-negatives runs/shapes-q1 runs/shapes-q05 runs/shapes-q0 --judge oracle
     """
-    from falcon_cli.audit.compare import write_comparison
-    from falcon_cli.cli.single_stage import run_config, run_stage_in, yaml_value
+    from falcon_cli.audit.compare import write_comparison  # (lazy: pandas and figures; keep `falcon --help` fast)
 
     options = {"judge": judge, "judge_model": judge_model, "threshold": threshold, "max_pairs": max_pairs, "steps": steps,
                "device": device, "fp16": fp16, "batch_size": batch_size,

@@ -11,6 +11,7 @@ from falcon_cli.runtime.console import make_console
 from falcon_cli.artifacts.atomic import write_json
 from falcon_cli.config.recipes import apply_overrides, validate_config
 from falcon_cli.errors import FalconError
+from falcon_cli.data.shapes import ShapesConfig, generate_world
 
 app = typer.Typer(help="Generate the shapes world; check a dataset.\n\nExample: falcon data shapes --out data/shapes --images 300 --seed 1",
                   no_args_is_help=True)
@@ -32,8 +33,6 @@ def shapes(
 
     Example: falcon data shapes --out data/shapes --images 300 --seed 1 --preview
     """
-    from falcon_cli.data.shapes import ShapesConfig, generate_world
-
     raw = {"images": images, "seed": seed, "size": size}
     raw, given = apply_overrides(raw, overrides or [], model=ShapesConfig)
     config = validate_config(raw, "falcon data shapes", given, model=ShapesConfig)
@@ -54,6 +53,7 @@ def check(
 
     Example: falcon data check data/shapes
     """
+    # (lazy: the dataset readers import torch and PIL; keep `falcon --help` fast)
     from falcon_cli.data.check import check_dataset
     from falcon_cli.data.spec import load_spec
 

@@ -8,6 +8,8 @@ from typing import List, Optional
 import typer
 
 from falcon_cli.runtime.console import make_console
+from falcon_cli.cli.single_stage import run_config, run_stage_in, yaml_value
+from falcon_cli.errors import FalconError
 
 console = make_console()
 app = typer.Typer(help="Evaluate a run: retrieval (with false-negative-aware metrics), VQA or NLVR2.\n\n"
@@ -87,8 +89,6 @@ def nlvr2(
 
 def _locate(target: Path) -> tuple[Path, Path | None]:
     """(run directory, checkpoint directory or None) for a run directory or a checkpoint directory inside a run."""
-    from falcon_cli.errors import FalconError
-
     target = Path(target)
     if (target / "manifest.json").is_file():
         return target, None
@@ -105,8 +105,6 @@ def _locate(target: Path) -> tuple[Path, Path | None]:
 
 
 def _evaluate(task: str, run_dir: Path, options: dict, device, batch_size, settings) -> None:
-    from falcon_cli.cli.single_stage import run_config, run_stage_in, yaml_value
-
     overrides = [f"evaluate.tasks=[{task}]"]
     overrides += [f"evaluate.{task}.{key}={yaml_value(value)}" for key, value in options.items() if value is not None]
     overrides += [f"evaluate.{key}={value}" for key, value in (("device", device), ("batch_size", batch_size)) if value is not None]

@@ -8,6 +8,8 @@ from typing import List, Optional
 import typer
 
 from falcon_cli.runtime.console import make_console
+from falcon_cli.cli.single_stage import run_config, run_single_stage, run_stage_in
+from falcon_cli.errors import FalconError
 
 console = make_console()
 
@@ -32,9 +34,6 @@ def finetune(
 
     Example: falcon finetune --run-dir runs/shapes-demo --task vqa finetune.vqa.epochs=2
     """
-    from falcon_cli.cli.single_stage import run_config, run_single_stage, run_stage_in
-    from falcon_cli.errors import FalconError
-
     tasks = _tasks(task)
     settings = list(overrides or []) + ([f"finetune.tasks=[{', '.join(tasks)}]"] if tasks else [])
     if recipe is not None:
@@ -48,8 +47,6 @@ def finetune(
 
 
 def _tasks(names: list[str] | None) -> list[str]:
-    from falcon_cli.errors import FalconError
-
     names = [n.strip() for value in names or [] for n in value.split(",") if n.strip()]
     bad = [n for n in names if n not in ("retrieval", "vqa", "nlvr2")]
     if bad:

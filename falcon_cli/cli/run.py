@@ -28,7 +28,7 @@ def run_recipe(
 
     Example: falcon run --recipe shapes-demo --run-dir runs/demo data.shapes.images=500
     """
-    from stages import run_stages  # stages import heavy libraries; keep `falcon --help` fast
+    from stages import run_stages  # (lazy: stages import heavy libraries; keep `falcon --help` fast)
 
     config, path = load_recipe(recipe, overrides or [])
     run_dir = run_dir or Path("runs") / config.name

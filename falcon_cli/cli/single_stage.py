@@ -9,6 +9,9 @@ from falcon_cli.runtime.run_dir import RunDirectory, read_manifest
 from falcon_cli.config.recipes import load_recipe
 from falcon_cli.runtime.console import make_console
 from falcon_cli.runtime.distributed import is_main_process
+from falcon_cli.config.paths import absolute_input_paths
+from falcon_cli.config.recipes import apply_overrides, validate_config
+from falcon_cli.errors import FalconError
 
 console = make_console()
 
@@ -17,7 +20,7 @@ def run_single_stage(stage: str, recipe: str, run_dir: Path | None, overrides: l
                      output: str, **options) -> None:
     """Run ``stage`` of ``recipe`` in ``run_dir`` (default ``runs/<recipe name>``), after the data stage
     when the run has not completed it; ``options`` (e.g. ``resume``) go to the stages; prints ``output``."""
-    from stages import run_stages
+    from stages import run_stages  # (lazy: stages import heavy libraries; keep `falcon --help` fast)
 
     config, _ = load_recipe(recipe, overrides or [])
     run_dir = run_dir or Path("runs") / config.name
@@ -33,10 +36,6 @@ def run_single_stage(stage: str, recipe: str, run_dir: Path | None, overrides: l
 def run_config(run_dir: Path, overrides: list[str], sections: tuple[str, ...]):
     """The config recorded in ``run_dir``'s manifest with ``overrides`` applied; only keys of ``sections``
     may change (the rest is what the run was trained with). Validated, nothing run yet."""
-    from falcon_cli.config.paths import absolute_input_paths
-    from falcon_cli.config.recipes import apply_overrides, validate_config
-    from falcon_cli.errors import FalconError
-
     for text in overrides:
         if not text.strip().startswith(tuple(f"{s}." for s in sections)):
             allowed = ", ".join(f"{s}.*" for s in sections)
@@ -54,7 +53,7 @@ def run_config(run_dir: Path, overrides: list[str], sections: tuple[str, ...]):
 def run_stage_in(run_dir: Path, config, stage: str, **options) -> None:
     """Run ``stage`` in the existing run ``run_dir`` with ``config`` (from :func:`run_config`), recording the
     changed sections and this command line in the manifest."""
-    from stages import run_stages
+    from stages import run_stages  # (lazy: stages import heavy libraries; keep `falcon --help` fast)
 
     run = RunDirectory.open(run_dir, config=config.model_dump(mode="json"), seed=config.seed,
                             command=["falcon", *sys.argv[1:]], overwrite=True)

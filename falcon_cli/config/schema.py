@@ -16,6 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from falcon_cli.config.paths import InputPath
 from falcon_cli.data.shapes.config import ShapesConfig
 from falcon_cli.method_weights import ITC_CONSISTENCY_WEIGHT
+from falcon_cli.errors import FalconError
+from falcon_cli.frameworks import model_framework
+from falcon_cli.models.registry import get_model_config
 
 StageName = Literal["data", "embed", "build_search_spaces", "pretrain", "audit_false_negatives", "finetune", "evaluate"]
 """The stages a recipe can chain, in the order they may run."""
@@ -421,8 +424,6 @@ class PretrainConfig(Section):
             raise ValueError(f"text_weights={self.text_weights}: a {framework.title} ({self.model}) loads the whole "
                              "open_clip model from vision_weights (a pretrained tag or a file); leave text_weights unset")
         if "caption" in framework.losses:
-            from falcon_cli.models.registry import get_model_config
-
             uses_caption = self.caption_weight > 0 or (self.composer == "falcon" and "caption" in self.reward)
             if uses_caption and not get_model_config(self.model).has_decoder:
                 raise ValueError(f"{self.model} has no captioning decoder (decoder_layers: 0): set caption_weight: 0 "
@@ -432,9 +433,6 @@ class PretrainConfig(Section):
     def _framework(self):
         """The :class:`~falcon_cli.frameworks.Framework` of ``model`` (a ValueError naming the valid models if it
         is not registered)."""
-        from falcon_cli.errors import FalconError
-        from falcon_cli.frameworks import model_framework
-
         try:
             return model_framework(self.model)
         except FalconError as exc:

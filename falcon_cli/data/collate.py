@@ -6,6 +6,7 @@ from typing import Sequence
 
 import numpy as np
 import torch
+from falcon_cli.data.vqa import vqa_collate
 
 
 def tokenize(tokenizer, texts: Sequence[str], max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,8 +90,6 @@ class VqaCollate(TextCollate):
         self.max_answer_length = max_answer_length
 
     def __call__(self, items: Sequence[dict]) -> dict:
-        from falcon_cli.data.vqa import vqa_collate
-
         batch = vqa_collate(items)
         batch["question_ids"], batch["question_mask"] = tokenize(self.tokenizer, batch["question"], self.max_length)
         if "answers" in batch:

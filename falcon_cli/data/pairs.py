@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
+from falcon_cli.data.datasets import pretrain_dataset, retrieval_dataset
+from falcon_cli.data.text import pre_caption
 
 
 @dataclass(frozen=True)
@@ -35,9 +37,6 @@ def split_pairs(spec, split: str, on_missing: str | None, seed: int) -> tuple[li
     multi-caption entries); ``train``: one pair per entry, id = its position in the file;
     ``val``/``test``: one pair per caption, id = the caption's index in the split's text list.
     """
-    from falcon_cli.data.datasets import pretrain_dataset, retrieval_dataset
-    from falcon_cli.data.text import pre_caption
-
     policy = on_missing if on_missing is not None else spec.on_missing
     if split == "pretrain":
         dataset = pretrain_dataset(spec, transform=None, on_missing=policy, seed=seed)

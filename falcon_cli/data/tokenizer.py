@@ -20,6 +20,7 @@ from typing import Iterable
 
 from falcon_cli.artifacts.atomic import atomic_dir
 from falcon_cli.errors import FalconError
+from falcon_cli.runtime.hub import hub_hint, prepare_hub
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 """BERT's special tokens; a trained vocabulary starts with them (``[PAD]`` = 0)."""
@@ -149,8 +150,6 @@ def load_tokenizer(name_or_path: str | os.PathLike):
     ``HF_HUB_OFFLINE=1``, or the hub does not answer: :func:`~falcon_cli.runtime.hub.prepare_hub`).
     Failure is a one-line :class:`FalconError`.
     """
-    from falcon_cli.runtime.hub import hub_hint, prepare_hub
-
     name = str(name_or_path)
     path = Path(name).expanduser()
     if path.is_dir():

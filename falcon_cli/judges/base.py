@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable, Protocol, Sequence, runtime_checkabl
 import numpy as np
 
 from falcon_cli.errors import FalconError
+from falcon_cli.runtime.progress import track
 
 if TYPE_CHECKING:
     import torch
@@ -64,8 +65,6 @@ def itm_scores(pairs: Sequence[JudgedPair], batch_size: int, label: str,
     """``float64[len(pairs)]`` of ``softmax(itm_logits(batch))[:, 1]`` (p(match) of a matched /
     not-matched head), over consecutive batches of at most ``batch_size`` pairs, with a progress bar."""
     import torch
-
-    from falcon_cli.runtime.progress import track
 
     scores = np.zeros(len(pairs), dtype=np.float64)
     with torch.no_grad():

@@ -19,6 +19,9 @@ import torch
 
 from falcon_cli.errors import FalconError
 from falcon_cli.judges.base import JudgedPair, check_batch_size, first_line, itm_scores
+from falcon_cli.data.images import load_image
+from falcon_cli.runtime.hub import hub_hint, prepare_hub
+from falcon_cli.runtime.precision import autocast, pick_device, resolve_precision
 
 DEFAULT_BLIP_MODEL = "Salesforce/blip-itm-base-coco"
 """The public BLIP ITM checkpoint closest to the paper's BLIP-129M judge (see the module docstring)."""
@@ -34,8 +37,6 @@ class BlipJudge:
 
     def __init__(self, model: str | Path = DEFAULT_BLIP_MODEL, *, device: str = "auto", fp16: bool = False,
                  batch_size: int = 64):
-        from falcon_cli.runtime.precision import pick_device, resolve_precision
-
         self.model_name = str(model)
         self.name = f"blip:{self.model_name}"
         self.batch_size = check_batch_size(batch_size)
@@ -49,9 +50,6 @@ class BlipJudge:
         return itm_scores(pairs, self.batch_size, "BLIP ITM judge", self._itm_logits)
 
     def _itm_logits(self, batch: Sequence[JudgedPair]) -> torch.Tensor:
-        from falcon_cli.data.images import load_image
-        from falcon_cli.runtime.precision import autocast
-
         inputs = self.processor(images=[load_image(pair.image) for pair in batch], text=[pair.caption for pair in batch],
                                 return_tensors="pt", padding="longest", truncation=True)
         with autocast(self.precision, self.device):
@@ -62,8 +60,6 @@ class BlipJudge:
 def _load_blip(model: str):
     """(processor, ``BlipForImageTextRetrieval``) for a hub id or local directory; failures are one line."""
     from transformers import AutoProcessor, BlipForImageTextRetrieval
-
-    from falcon_cli.runtime.hub import hub_hint, prepare_hub
 
     path = Path(model).expanduser()
     looks_local = model.startswith(("/", "./", "../", "~")) or path.exists()

@@ -11,6 +11,9 @@ import torch
 from falcon_cli.errors import FalconError
 from falcon_cli.judges.base import JudgedPair, check_batch_size, itm_scores
 from falcon_cli.models.families import model_family
+from falcon_cli.data.images import load_image
+from falcon_cli.models.encoders import FalconEncoder
+from falcon_cli.runtime.precision import autocast, pick_device, resolve_precision
 
 
 class CheckpointJudge:
@@ -23,9 +26,6 @@ class CheckpointJudge:
     """
 
     def __init__(self, path: str | Path, *, device: str = "auto", fp16: bool = False, batch_size: int = 64):
-        from falcon_cli.models.encoders import FalconEncoder
-        from falcon_cli.runtime.precision import pick_device, resolve_precision
-
         self.batch_size = check_batch_size(batch_size)
         self.device = pick_device(device)
         self.precision = resolve_precision("fp16" if fp16 else "fp32", self.device)
@@ -48,9 +48,6 @@ class CheckpointJudge:
         return itm_scores(pairs, self.batch_size, "checkpoint ITM judge", self._itm_logits)
 
     def _itm_logits(self, batch: Sequence[JudgedPair]) -> torch.Tensor:
-        from falcon_cli.data.images import load_image
-        from falcon_cli.runtime.precision import autocast
-
         images = torch.stack([self.image_transform(load_image(pair.image)) for pair in batch]).to(self.device)
         text = self.tokenizer([pair.caption for pair in batch])
         input_ids, attention_mask = text["input_ids"].to(self.device), text["attention_mask"].to(self.device)

@@ -10,6 +10,7 @@ import torch
 
 from falcon_cli.errors import FalconError
 from falcon_cli.judges.base import JudgedPair
+from falcon_cli.data.shapes import ShapesOracle
 
 
 class OracleJudge:
@@ -17,8 +18,6 @@ class OracleJudge:
     the image, else 0.0 (:meth:`ShapesOracle.matches`). Needs ``image_id`` and ``caption_id`` on every pair."""
 
     def __init__(self, world_dir: str | Path):
-        from falcon_cli.data.shapes import ShapesOracle
-
         self.world_dir = Path(world_dir)
         self.oracle = ShapesOracle.load(self.world_dir)
         self.name = f"oracle:{self.world_dir}"
@@ -41,8 +40,6 @@ def in_batch_truth(world_dir: str | Path, records) -> Callable[[torch.Tensor], t
     """``truth(pair_ids) -> bool [B, B]`` (CPU) for a batch of a shapes world's pretraining pairs: entry
     ``[i, j]`` says whether pair j's caption truly describes pair i's image, off the diagonal (the
     in-batch false negatives). ``records``: the pretraining records, with ``image_id`` / ``caption_id``."""
-    from falcon_cli.data.shapes import ShapesOracle
-
     oracle = ShapesOracle.load(world_dir)
     ids = {r.pair_id: (r.extra.get("image_id"), r.extra.get("caption_id")) for r in records}
 

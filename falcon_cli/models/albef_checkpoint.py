@@ -26,6 +26,11 @@ from torch import nn
 
 from falcon_cli.errors import FalconError
 from falcon_cli.models.config import AlbefConfig
+from falcon_cli.models.albef import ALBEF
+from falcon_cli.models.config import apply_overrides
+from falcon_cli.models.registry import get_model_config
+from falcon_cli.models.vision import resize_pos_embed
+from falcon_cli.models.weights import bert_name_mapping, check_vocabulary, read_state_dict
 
 log = logging.getLogger("falcon.models")
 
@@ -84,8 +89,6 @@ def albef_key_mapping(model: nn.Module) -> dict[str, str]:
     BERT names come from :func:`~falcon_cli.models.weights.bert_name_mapping` (with cross-attention)
     under ``text_encoder.``; the image encoder, projections, ITM head and ``temp`` keep their names.
     """
-    from falcon_cli.models.weights import bert_name_mapping
-
     bert = {f"text_encoder.{theirs}": ours for ours, theirs in bert_name_mapping(model.config, cross_attention=True).items()}
     mapped = set(bert.values())
     same = {key: key for key in model.state_dict() if key not in mapped}
@@ -114,9 +117,6 @@ def albef_config_from_state(sd: dict[str, torch.Tensor], source: str) -> AlbefCo
     pooling, LayerNorm eps, temperature bounds). Attention heads cannot be read from shapes: they
     are width / 64, as in ViT-B/16 and BERT-base (12).
     """
-    from falcon_cli.models.config import apply_overrides
-    from falcon_cli.models.registry import get_model_config
-
     sd = _normalise(sd)
     try:
         vision_width = sd["visual_encoder.cls_token"].shape[-1]
@@ -151,9 +151,6 @@ def albef_state_to_ours(sd: dict[str, torch.Tensor], model: nn.Module, source: s
     ``hint`` ends that line (how to make the model fit). A file without an MLM head (fine-tuned
     retrieval checkpoints) leaves ``mlm_head`` out of the result.
     """
-    from falcon_cli.models.weights import check_vocabulary
-    from falcon_cli.models.vision import resize_pos_embed
-
     sd = _normalise(sd)
     config: AlbefConfig = model.config
     mapping = albef_key_mapping(model)
@@ -198,8 +195,6 @@ def albef_state_to_ours(sd: dict[str, torch.Tensor], model: nn.Module, source: s
 def read_albef_checkpoint(path: str | os.PathLike, what: str = "ALBEF checkpoint") -> dict[str, torch.Tensor]:
     """The state dict of an ALBEF/GRIT-VLP/MAFA ``.pth`` file (``weights_only`` load, ``{"model": ...}`` unwrapped);
     a one-line FalconError when it is not one."""
-    from falcon_cli.models.weights import read_state_dict
-
     sd = read_state_dict(path, what)
     if not is_albef_state_dict(sd):
         first = ", ".join(sorted(sd)[:3]) or "none"
@@ -223,8 +218,6 @@ def load_albef_checkpoint(model: nn.Module, path: str | os.PathLike, what: str =
 def albef_from_file(path: str | os.PathLike, image_size: int | None = None, what: str = "checkpoint") -> nn.Module:
     """An :class:`~falcon_cli.models.albef.ALBEF` shaped like the ALBEF/GRIT-VLP/MAFA file at ``path``
     (:func:`albef_config_from_state`), its weights loaded, built for ``image_size`` pixels (None: the file's)."""
-    from falcon_cli.models.albef import ALBEF
-
     sd = read_albef_checkpoint(path, what)
     source = f"{what} '{path}'"
     config = albef_config_from_state(sd, source)

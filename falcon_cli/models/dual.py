@@ -36,6 +36,8 @@ from torch import nn
 from falcon_cli.data.normalization import CLIP_MEAN, CLIP_STD
 from falcon_cli.errors import FalconError
 from falcon_cli.models.dual_config import DualConfig, is_coca_name  # noqa: F401 (the model's config, here too)
+from falcon_cli.models.open_clip_names import HF_HUB, LOCAL_DIR, _check_open_clip_name, _check_open_clip_pretrained, _first_line
+from falcon_cli.runtime.hub import hub_hint, prepare_hub
 
 
 def init_multimodal_transformer(t: nn.Module) -> None:
@@ -240,9 +242,6 @@ def build_open_clip(config: DualConfig) -> nn.Module:
 
 def _named_open_clip(config: DualConfig) -> nn.Module:
     import open_clip
-
-    from falcon_cli.models.open_clip_names import HF_HUB, LOCAL_DIR, _check_open_clip_name, _check_open_clip_pretrained, _first_line
-    from falcon_cli.runtime.hub import hub_hint, prepare_hub
 
     name, weights = config.open_clip_model, config.open_clip_weights
     _check_open_clip_name(name, open_clip)

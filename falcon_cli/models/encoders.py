@@ -29,6 +29,13 @@ from falcon_cli.errors import FalconError
 from falcon_cli.models.open_clip_names import (HF_HUB, LOCAL_DIR, _check_open_clip_name,
                                               _check_open_clip_pretrained, _first_line)
 from falcon_cli.models.similarity import paired_image_feature
+from falcon_cli.data.collate import tokenize
+from falcon_cli.data.tokenizer import load_tokenizer
+from falcon_cli.data.transforms import build_transform
+from falcon_cli.models.dual import open_clip_image, open_clip_text
+from falcon_cli.models.pretrained import tokenizer_vocabulary
+from falcon_cli.models.registry import model_from_weights
+from falcon_cli.runtime.hub import hub_hint, prepare_hub
 
 OPEN_CLIP_PREFIX = "open_clip:"
 FALCON_PREFIX = "falcon:"
@@ -79,8 +86,6 @@ class OpenClipEncoder:
     def __init__(self, name: str, pretrained: str | None, device: torch.device):
         import open_clip
 
-        from falcon_cli.runtime.hub import hub_hint, prepare_hub
-
         _check_open_clip_name(name, open_clip)
         if name.startswith((LOCAL_DIR, HF_HUB)):
             pretrained = None  # the directory / repo holds the weights (embed.pretrained's default tag does not apply)
@@ -110,8 +115,6 @@ class OpenClipEncoder:
     def encode(self, images: torch.Tensor, text: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Unit-norm image and text features (float32) of a batch: the features a dual encoder trains on
         (:func:`~falcon_cli.models.dual.open_clip_image`, :func:`~falcon_cli.models.dual.open_clip_text`)."""
-        from falcon_cli.models.dual import open_clip_image, open_clip_text
-
         _, image = open_clip_image(self.model, images.to(self.device))
         return _unit(image), _unit(open_clip_text(self.model, text["text"].to(self.device)))
 
@@ -124,8 +127,6 @@ class FalconTokenizer:
         self.max_length = max_length
 
     def __call__(self, captions: list[str]) -> dict[str, torch.Tensor]:
-        from falcon_cli.data.collate import tokenize
-
         input_ids, attention_mask = tokenize(self._tokenizer, captions, self.max_length)
         return {"input_ids": input_ids, "attention_mask": attention_mask}
 
@@ -134,11 +135,6 @@ class FalconEncoder:
     """A falcon checkpoint (ALBEF, BLIP-2 or a dual encoder): the projected, normalised ITC features of its image and text encoders."""
 
     def __init__(self, path: str | Path, device: torch.device):
-        from falcon_cli.data.tokenizer import load_tokenizer
-        from falcon_cli.data.transforms import build_transform
-        from falcon_cli.models.pretrained import tokenizer_vocabulary
-        from falcon_cli.models.registry import model_from_weights
-
         checkpoint, run_dir = locate_falcon_checkpoint(path)
         tokenizer_dir = run_dir / TOKENIZER_DIR if run_dir is not None else None
         if tokenizer_dir is None or not tokenizer_dir.is_dir():

@@ -18,6 +18,11 @@ from falcon_cli.models.config import AlbefConfig
 from falcon_cli.models.families import model_family
 from falcon_cli.models.registry import build_model
 from falcon_cli.models.weights import check_vocabulary, read_state_dict, read_weights_config, without_weight_sources  # noqa: F401
+from falcon_cli.models.albef_checkpoint import albef_from_file, is_albef_file
+from falcon_cli.models.nlvr2 import AlbefNLVR2
+from falcon_cli.models.vision import resize_pos_embed
+from falcon_cli.models.vqa import AlbefVQA
+from falcon_cli.models.weights import load_weights
 
 POS_EMBED = "visual_encoder.pos_embed"
 
@@ -26,8 +31,6 @@ def find_checkpoint(path: str | Path, what: str) -> Path:
     """The checkpoint a run directory (its latest pretraining checkpoint), a checkpoint directory (or
     its ``model.safetensors``) or an ALBEF/GRIT-VLP/MAFA ``.pth`` file names: a directory, or the
     ``.pth`` file itself; ``what`` says which setting gave the path (for the error line)."""
-    from falcon_cli.models.albef_checkpoint import is_albef_file
-
     path = Path(path).expanduser()
     if (path / WEIGHTS).is_file():
         return path
@@ -52,8 +55,6 @@ def at_resolution(state: dict, config: AlbefConfig, image_size: int | None) -> t
     resampled to the new patch grid by :func:`~falcon_cli.models.vision.resize_pos_embed` (ALBEF's
     ``interpolate_pos_embed``); as given when ``image_size`` is None or unchanged. Works for any model
     whose image encoder is ``visual_encoder``."""
-    from falcon_cli.models.vision import resize_pos_embed
-
     if image_size is None or image_size == config.image_size:
         return state, config
     if POS_EMBED not in state:
@@ -71,8 +72,6 @@ def albef_from_checkpoint(checkpoint: str | Path, image_size: int | None = None,
                           vocab_size: int | None = None) -> ALBEF:
     """:func:`model_from_checkpoint` for the stages that need an ALBEF (fine-tuning): another framework's
     checkpoint is refused in one line."""
-    from falcon_cli.models.albef_checkpoint import is_albef_file
-
     family = model_family("albef" if is_albef_file(checkpoint) else read_weights_config(Path(checkpoint) / WEIGHTS))
     if not family.downstream:  # (before building it: its image encoder may not take the fine-tuning resolution)
         raise FalconError(f"{checkpoint}: a {family.name} checkpoint; fine-tuning (retrieval, VQA, NLVR2) "
@@ -89,8 +88,6 @@ def model_from_checkpoint(checkpoint: str | Path, image_size: int | None = None,
     checked against the checkpoint's vocabulary: ids from another tokenizer would be read as
     different words.
     """
-    from falcon_cli.models.albef_checkpoint import albef_from_file, is_albef_file
-
     if is_albef_file(checkpoint):
         model = albef_from_file(checkpoint, image_size)
         check_vocabulary(model.config.vocab_size, vocab_size, str(checkpoint), official=True)
@@ -125,8 +122,6 @@ def finetuned_weights(run_dir: str | Path, task: str) -> Path:
 def task_model_from_checkpoint(checkpoint: str | Path, task: str):
     """The fine-tuned model of ``task`` (``retrieval``: an ALBEF; ``vqa``: an AlbefVQA; ``nlvr2``: an
     AlbefNLVR2) saved in ``checkpoint/model.safetensors`` (e.g. ``<run>/finetune/<task>/best``)."""
-    from falcon_cli.models.weights import load_weights
-
     path = Path(checkpoint) / WEIGHTS
     if not path.is_file():
         raise FalconError(f"{path}: not found; fine-tune first (falcon finetune --task {task} --run-dir RUN_DIR)")
@@ -134,12 +129,8 @@ def task_model_from_checkpoint(checkpoint: str | Path, task: str):
         return albef_from_checkpoint(checkpoint)
     config = without_weight_sources(read_weights_config(path))
     if task == "vqa":
-        from falcon_cli.models.vqa import AlbefVQA
-
         model = AlbefVQA(config)
     elif task == "nlvr2":
-        from falcon_cli.models.nlvr2 import AlbefNLVR2
-
         model = AlbefNLVR2(config)
     else:
         raise FalconError(f"unknown task {task!r}; use retrieval, vqa or nlvr2")

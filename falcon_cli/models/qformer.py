@@ -36,6 +36,8 @@ from torch import nn
 from falcon_cli.errors import FalconError
 from falcon_cli.models.blip2_config import Blip2Config  # noqa: F401 (the model's config, here too)
 from falcon_cli.models.similarity import image_text_similarity
+from falcon_cli.models.weights import load_vision_weights
+from falcon_cli.runtime.hub import hub_hint, prepare_hub
 
 log = logging.getLogger("falcon")
 
@@ -275,8 +277,6 @@ def build_blip2(config: Blip2Config) -> Blip2QFormer:
         if config.vision == "hf":
             load_hf_blip2(model, config.vision_weights, "vision_weights", parts=("vision",))
         else:
-            from falcon_cli.models.weights import load_vision_weights
-
             load_vision_weights(model.visual_encoder, config.vision_weights)
     if config.qformer_weights:
         source = resolve_checkpoint_dir(config.qformer_weights, "qformer_weights")
@@ -295,7 +295,6 @@ def resolve_checkpoint_dir(source: str, what: str) -> Path:
     if path.exists() or source.startswith((".", "/", "~")):
         raise FalconError(f"{what} '{source}': not a directory (give a HF BLIP-2 or BERT checkpoint directory, "
                           "or a hub id)")
-    from falcon_cli.runtime.hub import hub_hint, prepare_hub
 
     prepare_hub()
     try:

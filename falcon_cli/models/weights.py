@@ -30,6 +30,7 @@ from falcon_cli.artifacts.state_dicts import (CONFIG_METADATA_KEY, _first_line, 
                                               load_weights, read_state_dict, save_weights)
 from falcon_cli.errors import FalconError
 from falcon_cli.models.config import AlbefConfig, make_config
+from falcon_cli.models.vision import resize_pos_embed
 
 log = logging.getLogger("falcon.models")
 
@@ -40,7 +41,7 @@ log = logging.getLogger("falcon.models")
 def _timm_state_dict(name: str, what: str) -> dict[str, torch.Tensor]:
     import timm
 
-    from falcon_cli.runtime.hub import hub_hint, prepare_hub
+    from falcon_cli.runtime.hub import hub_hint, prepare_hub  # (lazy: huggingface_hub, only to download)
 
     prepare_hub()  # timm takes its weights from the Hugging Face hub (or its cache)
     try:
@@ -97,8 +98,6 @@ def _pos_embed_to_grid(sd: dict[str, torch.Tensor], encoder: nn.Module) -> dict[
     """``sd`` with its ``pos_embed`` resized to ``encoder``'s patch grid by our (ALBEF's) resize, so timm's
     checkpoint filter, which would resample with antialiasing, finds nothing left to resize. Tables that
     are not one [CLS] row plus a square grid (distilled DeiT, ...) are left to timm."""
-    from falcon_cli.models.vision import resize_pos_embed
-
     pos = sd.get("pos_embed")
     target = getattr(encoder, "pos_embed", None)
     if pos is None or target is None or pos.shape == target.shape or pos.dim() != 3:
@@ -134,7 +133,7 @@ def _read_bert(source: str, what: str):
     """``(state_dict, bert_config, missing_keys)`` of a transformers BERT checkpoint."""
     from transformers import BertForMaskedLM
 
-    from falcon_cli.runtime.hub import hub_hint, prepare_hub
+    from falcon_cli.runtime.hub import hub_hint, prepare_hub  # (lazy: huggingface_hub, only to download)
 
     path = Path(source).expanduser()
     looks_local = source.startswith(("/", "./", "../", "~")) or source.count("/") > 1 or path.exists()

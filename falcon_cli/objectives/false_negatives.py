@@ -34,6 +34,12 @@ from torch import Tensor, nn
 
 from falcon_cli.method_weights import ITC_CONSISTENCY_WEIGHT  # noqa: F401 (each method's default, beside the methods)
 from falcon_cli.objectives.itc import ItcOutput, itc_grit
+from falcon_cli.objectives.common import as_temperature, image_text_similarity
+from falcon_cli.objectives.glofnd import GlofndThresholds, cosine_matrices, glofnd_active, glofnd_drop_masks, itc_glofnd
+from falcon_cli.objectives.mafa import connection_mining, smoothing
+from falcon_cli.objectives.reweighted_itc import itc_hn_nce, itc_srcl, negative_log_weights, srcl_mix, srcl_weights
+from falcon_cli.objectives.sigmoid import distributed_sigmoid_loss
+from falcon_cli.runtime.distributed import all_gather_cat
 
 
 @dataclass
@@ -87,8 +93,6 @@ class FalseNegatives(nn.Module):
           ``(N - 1) softmax_{j != i}(β t s_ij)`` (the positive keeps weight 1: α has no counterpart);
         * SRCL: the same with SRCL's weights ``(N - 1) softmax_{j != i}(-δ cos_mix_ij)``.
         """
-        from falcon_cli.objectives.sigmoid import distributed_sigmoid_loss
-
         self.flagged_i2t, self.mining, self.stats = None, None, {}
         return distributed_sigmoid_loss(image_feat, text_feat, logit_scale, logit_bias, exclude=_same_image(context))
 
@@ -135,17 +139,11 @@ class Diht(FalseNegatives):
         self.beta, self.alpha = float(beta), float(alpha)
 
     def itc(self, image_feat, text_feat, temperature, consistency_weight, context):
-        from falcon_cli.objectives.reweighted_itc import itc_hn_nce
-
         self.flagged_i2t, self.mining, self.stats = None, None, {}
         return itc_hn_nce(image_feat, text_feat, temperature, beta_i2t=self.beta, beta_t2i=self.beta, alpha=self.alpha,
                           consistency_weight=consistency_weight)
 
     def sigmoid(self, image_feat, text_feat, logit_scale, logit_bias, context):
-        from falcon_cli.objectives.common import image_text_similarity
-        from falcon_cli.objectives.reweighted_itc import negative_log_weights
-        from falcon_cli.objectives.sigmoid import distributed_sigmoid_loss
-
         self.flagged_i2t, self.mining, self.stats = None, None, {}
         with torch.no_grad():
             logits = image_text_similarity(image_feat.detach().float(), text_feat.detach().float()) * logit_scale.detach()
@@ -165,8 +163,6 @@ class Srcl(FalseNegatives):
         self.aux_features, self.delta, self.until = aux_features, float(delta), float(until)
 
     def itc(self, image_feat, text_feat, temperature, consistency_weight, context):
-        from falcon_cli.objectives.reweighted_itc import itc_srcl
-
         context = _needs_context(self.name, context)
         aux_image, aux_text = self.aux_features(context.pair_ids)
         mix = srcl_mix_at(context, self.until)
@@ -176,9 +172,6 @@ class Srcl(FalseNegatives):
                         consistency_weight=consistency_weight)
 
     def sigmoid(self, image_feat, text_feat, logit_scale, logit_bias, context):
-        from falcon_cli.objectives.reweighted_itc import srcl_weights
-        from falcon_cli.objectives.sigmoid import distributed_sigmoid_loss
-
         context = _needs_context(self.name, context)
         aux_image, aux_text = self.aux_features(context.pair_ids)
         mix = srcl_mix_at(context, self.until)
@@ -191,8 +184,6 @@ class Srcl(FalseNegatives):
 
 def srcl_mix_at(context: StepContext, until: float) -> float:
     """SRCL's mixing weight α at the context's step."""
-    from falcon_cli.objectives.reweighted_itc import srcl_mix
-
     return srcl_mix(context.step, context.total_steps, until=until)
 
 
@@ -210,14 +201,11 @@ class Glofnd(FalseNegatives):
     def __init__(self, pair_ids, *, alpha: float = 0.01, lr: float = 0.05, start_epoch: int = 1,
                  adam_step: str = "epoch"):
         super().__init__()
-        from falcon_cli.objectives.glofnd import GlofndThresholds
 
         self.thresholds = GlofndThresholds(pair_ids, alpha, lr=lr, adam_step=adam_step)
         self.start_epoch = int(start_epoch)
 
     def itc(self, image_feat, text_feat, temperature, consistency_weight, context):
-        from falcon_cli.objectives.glofnd import glofnd_active, itc_glofnd
-
         context = _needs_context(self.name, context)
         self.flagged_i2t, self.mining, self.stats = None, None, {}
         if not glofnd_active(context.epoch, self.start_epoch):
@@ -231,9 +219,6 @@ class Glofnd(FalseNegatives):
         return itc
 
     def sigmoid(self, image_feat, text_feat, logit_scale, logit_bias, context):
-        from falcon_cli.objectives.glofnd import glofnd_active, glofnd_drop_masks
-        from falcon_cli.objectives.sigmoid import distributed_sigmoid_loss
-
         context = _needs_context(self.name, context)
         self.flagged_i2t, self.mining, self.stats = None, None, {}
         if not glofnd_active(context.epoch, self.start_epoch):
@@ -248,8 +233,6 @@ class Glofnd(FalseNegatives):
     def _step_thresholds(self, image_feat: Tensor, text_feat: Tensor, context: StepContext):
         """(cos_i2t, cos_t2i, λ_I, λ_T) of the batch: its cosines and its pairs' thresholds after this step's update
         from them (under DDP, with every rank's updates shared), on the features' device."""
-        from falcon_cli.objectives.glofnd import cosine_matrices
-
         cos_i2t, cos_t2i = cosine_matrices(image_feat.detach(), text_feat.detach())
         lambda_image, lambda_text = self.thresholds.update(context.pair_ids, cos_i2t, cos_t2i, epoch=context.epoch)
         self._share_updates(context.pair_ids)
@@ -265,8 +248,6 @@ class Glofnd(FalseNegatives):
     @torch.no_grad()
     def _share_updates(self, pair_ids: Tensor) -> None:
         import torch.distributed as dist
-
-        from falcon_cli.runtime.distributed import all_gather_cat
 
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return
@@ -297,9 +278,6 @@ class Mafa(FalseNegatives):
 
     def _mine(self, image_feat: Tensor, text_feat: Tensor, temperature, context: StepContext):
         """Connection mining of the batch (no gradient); sets ``flagged_i2t``, ``mining`` and ``stats``."""
-        from falcon_cli.objectives.common import as_temperature, image_text_similarity
-        from falcon_cli.objectives.mafa import connection_mining
-
         pair_ids = context.pair_ids
 
         def score(image_index: Tensor, text_index: Tensor) -> Tensor:
@@ -319,8 +297,6 @@ class Mafa(FalseNegatives):
         return mining
 
     def itc(self, image_feat, text_feat, temperature, consistency_weight, context):
-        from falcon_cli.objectives.mafa import smoothing
-
         context = _needs_context(self.name, context)
         mining = self._mine(image_feat, text_feat, temperature, context)
         return itc_grit(image_feat, text_feat, temperature, consistency_weight=consistency_weight,
@@ -328,8 +304,6 @@ class Mafa(FalseNegatives):
                         label_smoothing=smoothing(context.epoch, self.smoothing))
 
     def sigmoid(self, image_feat, text_feat, logit_scale, logit_bias, context):
-        from falcon_cli.objectives.sigmoid import distributed_sigmoid_loss
-
         # Mining ranks by the logits t * s (the cosine's order); a pair mined in either direction gets label +1.
         mining = self._mine(image_feat, text_feat, 1.0 / logit_scale.detach(), _needs_context(self.name, context))
         converted = mining.positive_mask_i2t | mining.positive_mask_t2i.t()

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from falcon_cli.objectives.itc import MomentumQueue, itc_momentum_distillation, momentum_update
 from falcon_cli.objectives.itm import itm_loss, itm_pair_indices, sample_negatives
 from falcon_cli.objectives.vlp import MomentumEncoders
+from falcon_cli.runtime.distributed import all_gather_cat
 
 
 class RetrievalLosses(NamedTuple):
@@ -41,8 +42,6 @@ class RetrievalObjective(nn.Module):
     def forward(self, images: Tensor, input_ids: Tensor, attention_mask: Tensor, image_idx: Tensor,
                 distill_alpha: float = 0.0, generator: torch.Generator | None = None) -> RetrievalLosses:
         """Losses of one batch; ``image_idx`` [B] says which image each caption belongs to (equal = same image)."""
-        from falcon_cli.runtime.distributed import all_gather_cat
-
         model = self.model
         enc = model(images, input_ids, attention_mask)
         momentum_update(MomentumEncoders.online_parts(model), self.momentum_encoders, self.momentum)

@@ -24,6 +24,7 @@ from falcon_cli.objectives.false_negatives import ITC_CONSISTENCY_WEIGHT, FalseN
 from falcon_cli.objectives.common import alignment_loss
 from falcon_cli.objectives.itm import mined_itm_loss
 from falcon_cli.objectives.mlm import MlmMask, mlm_loss
+from falcon_cli.runtime.distributed import all_gather_cat
 
 
 class VlpLosses(NamedTuple):
@@ -116,7 +117,6 @@ class VlpObjective(PretrainObjective):
             image_m, text_m = self.momentum_encoders.features(images, input_ids, attention_mask)
             itc = itc_momentum_distillation(enc.image_feat, enc.text_feat, image_m, text_m, self.queue,
                                             enc.temperature, distill_alpha)
-            from falcon_cli.runtime.distributed import all_gather_cat
 
             self.queue.enqueue(all_gather_cat(image_m), all_gather_cat(text_m))
         else:  # in-batch, through the false-negative method (plain GRIT ITC by default)

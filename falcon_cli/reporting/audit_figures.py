@@ -36,6 +36,7 @@ from matplotlib.figure import Figure
 from falcon_cli.data.images import load_image
 from falcon_cli.errors import FalconError
 from falcon_cli.reporting import figures as _figures
+from falcon_cli.sampling.oracle_view import expected_q
 
 __all__ = [
     "fn_rate_by_q",
@@ -316,7 +317,6 @@ def scheduler_vs_oracle(by_epoch: pd.DataFrame, last: pd.DataFrame, path: str | 
     """
     if by_epoch.empty:
         return _message_figure(title or "scheduler against the oracle", NO_ORACLE_VIEW_MESSAGE, path)
-    from falcon_cli.sampling.oracle_view import expected_q
 
     fig = Figure(figsize=(11, 4.2))
     left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from typing import Callable
+from falcon_cli.errors import FalconError
 
 
 def rank() -> int:
@@ -37,7 +38,6 @@ def init_distributed(device_type: str) -> bool:
         if device_type == "cuda":
             if local_rank() >= torch.cuda.device_count():
                 # NCCL needs one GPU per process; two ranks on one GPU would fail deep inside NCCL.
-                from falcon_cli.errors import FalconError
 
                 raise FalconError(f"torchrun started local rank {local_rank()} but this node has "
                                  f"{torch.cuda.device_count()} CUDA device(s); use --nproc_per_node "

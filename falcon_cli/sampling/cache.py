@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from falcon_cli.errors import FalconError
+from falcon_cli.artifacts.embeddings import EmbeddingsWriter, read_embeddings
 
 SAVE_CHUNK_ROWS = 65536
 """Rows written to ``embeddings.h5`` per chunk (bounds host memory during :meth:`EmbeddingCache.save`)."""
@@ -151,8 +152,6 @@ class EmbeddingCache:
         Rows never written (all zeros) are left out, because the file's rows must be
         unit-norm; the file's ``pair_id`` says which pairs it holds.
         """
-        from falcon_cli.artifacts.embeddings import EmbeddingsWriter
-
         rows = torch.nonzero(self.written).flatten()
         dtype = "float16" if self.dtype == torch.float16 else "float32"
         with EmbeddingsWriter(path, n=len(rows), dim=self.dim, attrs=attrs, dtype=dtype) as writer:
@@ -170,8 +169,6 @@ class EmbeddingCache:
         ``embeddings``: the file's :class:`~falcon_cli.artifacts.embeddings.Embeddings` when the
         caller has already read it (``path`` then only names it in errors).
         """
-        from falcon_cli.artifacts.embeddings import read_embeddings
-
         emb = embeddings if embeddings is not None else read_embeddings(path)
         if emb.image.shape[1] != self.dim:
             raise FalconError(f"{path}: embeddings have dimension {emb.image.shape[1]}, the cache expects {self.dim}")

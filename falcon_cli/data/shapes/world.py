@@ -173,7 +173,7 @@ def generate_world(
     existing = _check_target(out_dir, config, overwrite)
     if existing is not None:
         if preview and not (out_dir / "preview.png").exists():
-            from falcon_cli.data.shapes.preview import write_preview
+            from falcon_cli.data.shapes.preview import write_preview  # (lazy: matplotlib, only for a preview)
 
             write_preview(out_dir)
         return existing
@@ -182,7 +182,7 @@ def generate_world(
     with atomic_dir(out_dir) as building:
         world = _build(config, building, workers)
         if preview:
-            from falcon_cli.data.shapes.preview import write_preview
+            from falcon_cli.data.shapes.preview import write_preview  # (lazy: matplotlib, only for a preview)
 
             write_preview(building)
     return WorldSummary.from_world_json(out_dir, world, reused=False)
