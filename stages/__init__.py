@@ -14,11 +14,11 @@ import inspect
 import logging
 from typing import Callable
 
-from falcon_cli.runtime.run_dir import RunDirectory, now
 from falcon_cli.config.schema import Recipe
 from falcon_cli.errors import Refused
 from falcon_cli.runtime import distributed as D
 from falcon_cli.runtime.precision import pick_device
+from falcon_cli.runtime.run_dir import RunDirectory, now
 
 log = logging.getLogger("falcon")
 

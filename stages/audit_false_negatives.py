@@ -26,24 +26,24 @@ from rich.table import Table
 
 from falcon_cli.artifacts.atomic import atomic_dir, write_json, write_text
 from falcon_cli.artifacts.embeddings import check_fingerprint, read_embeddings
-from falcon_cli.data.pairs import records_fingerprint
-from falcon_cli.runtime.run_dir import RunDirectory
 from falcon_cli.artifacts.tables import AUDIT, write_table
 from falcon_cli.audit import report
 from falcon_cli.audit.negatives import false_negative_rates, judge_negatives, used_negatives
 from falcon_cli.config.schema import Recipe
+from falcon_cli.data.datasets import pretrain_dataset
+from falcon_cli.data.pairs import records_fingerprint
 from falcon_cli.data.shared_images import SharedImages
+from falcon_cli.data.spec import load_spec
 from falcon_cli.errors import FalconError
 from falcon_cli.judges import load_judge
+from falcon_cli.judges.oracle import OracleJudge
 from falcon_cli.judges.pairs import DatasetPairs
 from falcon_cli.reporting import audit_figures
 from falcon_cli.runtime.console import make_console
 from falcon_cli.runtime.distributed import on_rank_zero
+from falcon_cli.runtime.run_dir import RunDirectory
 from falcon_cli.sampling.batch_log import read_batch_log
 from falcon_cli.sampling.oracle_view import summary_by_epoch
-from falcon_cli.data.datasets import pretrain_dataset
-from falcon_cli.data.spec import load_spec
-from falcon_cli.judges.oracle import OracleJudge
 
 console = make_console(stderr=True)
 

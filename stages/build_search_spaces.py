@@ -24,13 +24,13 @@ from rich.table import Table
 
 from falcon_cli.artifacts.atomic import write_json
 from falcon_cli.artifacts.embeddings import FINGERPRINT_ATTR, check_fingerprint, read_embeddings
-from falcon_cli.runtime.run_dir import RunDirectory
 from falcon_cli.artifacts.tables import SEARCH_SPACES, write_table
 from falcon_cli.config.schema import Recipe
 from falcon_cli.data.shapes.oracle import ShapesOracle
 from falcon_cli.errors import FalconError
 from falcon_cli.runtime.console import make_console
 from falcon_cli.runtime.distributed import on_rank_zero
+from falcon_cli.runtime.run_dir import RunDirectory
 from falcon_cli.sampling.partition import (
     Partition, false_negatives_in_spaces, kmeans_partition, partition_summary, random_partition,
 )

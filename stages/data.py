@@ -18,15 +18,15 @@ from pathlib import Path
 from falcon_cli.runtime.console import make_console
 
 from falcon_cli.artifacts.atomic import atomic_dir, write_json
-from falcon_cli.runtime.run_dir import RunDirectory
 from falcon_cli.config.schema import Recipe
 from falcon_cli.data.check import check_dataset
 from falcon_cli.data.datasets import pretrain_dataset
+from falcon_cli.data.shapes import generate_world
 from falcon_cli.data.spec import load_spec
 from falcon_cli.data.tokenizer import RUN_TOKENIZER_DIR, load_tokenizer, train_wordpiece_tokenizer
 from falcon_cli.errors import FalconError
 from falcon_cli.runtime.distributed import on_rank_zero
-from falcon_cli.data.shapes import generate_world
+from falcon_cli.runtime.run_dir import RunDirectory
 
 log = logging.getLogger("falcon")
 console = make_console(stderr=True)

@@ -137,10 +137,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
     chain_truth = (truth or in_batch_truth(spec.resolve(spec.shapes_world), dataset.records)
                    if spec.shapes_world is not None and p.composer in QUANTILE_COMPOSERS else None)
     composer = build_composer(p, truth=chain_truth, source=scheduler.alpha_beta if scheduler is not None else None)
-    generators = Generators(shard=torch.Generator().manual_seed(config.seed),
-                            compose=torch.Generator().manual_seed(config.seed + 1000 + rank),
-                            mask=torch.Generator().manual_seed(config.seed + 2000 + rank),
-                            itm=torch.Generator(device=device).manual_seed(config.seed + 3000 + rank))
+    generators = run_generators(config.seed, rank, device)
     batch_log = BatchLog(run.path / "batches.parquet", part_rank=rank)
     epochs = EpochBatches(composer, cache, all_ids, rank=rank, world=world, shard_generator=generators["shard"],
                           compose_generator=generators["compose"], batch_log=batch_log, warm=warm,
@@ -156,10 +153,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
     # 4. Checkpoints hold everything, so a resumed run continues exactly: the model alone (loadable by every
     # later stage), momentum parts, GloFND's thresholds; optimizer, scaler, composer, cache, scheduler; and
     # per rank every RNG, where its epoch stands, FALCON's epoch record and the flag counts.
-    weights = {"model": model, "momentum": torch.nn.ModuleDict({"encoders": objective.momentum_encoders,
-                                                               "queue": objective.queue}) if p.itc == "momentum" else None,
-               "glofnd": false_negatives.thresholds if p.false_negatives == "glofnd" else None}
-    state = TrainState(run.path / "checkpoints", {k: v for k, v in weights.items() if v is not None}, what="pretraining", keep_last=p.keep_last, say=console.print,
+    state = TrainState(run.path / "checkpoints", checkpoint_weights(model, objective, false_negatives), what="pretraining", keep_last=p.keep_last, say=console.print,
                        shared={"optimizer": optimizer, "scaler": scaler, "composer": composer, "cache": cache,
                                "scheduler": scheduler},
                        per_rank={"rng": GlobalRng(), "generators": generators, "epoch_batches": epochs,
@@ -176,13 +170,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
     eval_split = retrieval_dataset(spec, p.eval_split, build_transform("test", resolution)) if p.eval_split and main else None
     if eval_split is not None and state.checkpoint is None:
         results["untrained"] = zero_shot_retrieval(model, eval_split, tokenizer, device, max_length=p.max_text_length)
-    # Preloaded images (opt-in, fixed transform): decoded once onto the device, gathered per batch there.
-    preloaded = None
-    if p.preload_images:
-        preloaded = PreloadedImages(dataset.records, dataset.transform, device, num_workers=p.num_workers)
-        dataset.load_images = False
-        if main:
-            console.print(f"preloaded {len(preloaded.pixels):,} images on {device} ({preloaded.nbytes / 2**20:,.0f} MiB)")
+    preloaded = preload_images(dataset, device, p.num_workers) if p.preload_images else None
     D.barrier()
 
     # 5. Train. Each epoch is composed from the cache of the previous one (FALCON: one batch at a time, as
@@ -268,6 +256,31 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
 
 
 # --- the pieces the story above calls ------------------------------------------------------------------------
+
+def run_generators(seed: int, rank: int, device: torch.device) -> Generators:
+    """The run's generators: the shard generator is identical on every rank (so shards are disjoint); composition,
+    MLM masking (CPU) and ITM sampling (on the device) draw from this rank's own."""
+    return Generators(shard=torch.Generator().manual_seed(seed),
+                      compose=torch.Generator().manual_seed(seed + 1000 + rank),
+                      mask=torch.Generator().manual_seed(seed + 2000 + rank),
+                      itm=torch.Generator(device=device).manual_seed(seed + 3000 + rank))
+
+
+def checkpoint_weights(model: torch.nn.Module, objective, false_negatives) -> dict[str, torch.nn.Module]:
+    """The weight files of a checkpoint: the model alone (what every later stage loads), then what the objective
+    and the false-negative method keep (ALBEF's momentum encoders and queue, GloFND's per-pair thresholds)."""
+    return {"model": model, **objective.checkpoint_parts(), **false_negatives.checkpoint_parts()}
+
+
+def preload_images(dataset, device: torch.device, num_workers: int) -> PreloadedImages:
+    """The dataset's images decoded once onto the device with its fixed transform (``preload_images``), gathered
+    per batch there; the loader then reads captions only."""
+    preloaded = PreloadedImages(dataset.records, dataset.transform, device, num_workers=num_workers)
+    dataset.load_images = False
+    if D.is_main_process():
+        console.print(f"preloaded {len(preloaded.pixels):,} images on {device} ({preloaded.nbytes / 2**20:,.0f} MiB)")
+    return preloaded
+
 
 FALCON_LOGGED = ("reward", "advantage", "concentration")
 """What a step's record says of FALCON's update (None outside FALCON epochs)."""

@@ -9,8 +9,8 @@ from typing import Mapping, Sequence
 import pandas as pd
 
 from falcon_cli.artifacts.atomic import atomic_dir, write_text
-from falcon_cli.errors import FalconError
 from falcon_cli.audit.report import markdown_table
+from falcon_cli.errors import FalconError
 from falcon_cli.reporting.audit_figures import fn_rate_comparison
 
 SUMMARY = Path("audit") / "summary.json"

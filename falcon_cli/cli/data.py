@@ -10,8 +10,8 @@ from falcon_cli.runtime.console import make_console
 
 from falcon_cli.artifacts.atomic import write_json
 from falcon_cli.config.recipes import apply_overrides, validate_config
-from falcon_cli.errors import FalconError
 from falcon_cli.data.shapes import ShapesConfig, generate_world
+from falcon_cli.errors import FalconError
 
 app = typer.Typer(help="Generate the shapes world; check a dataset.\n\nExample: falcon data shapes --out data/shapes --images 300 --seed 1",
                   no_args_is_help=True)

@@ -7,9 +7,9 @@ from typing import List, Optional
 
 import typer
 
-from falcon_cli.runtime.console import make_console
 from falcon_cli.cli.single_stage import run_config, run_single_stage, run_stage_in
 from falcon_cli.errors import FalconError
+from falcon_cli.runtime.console import make_console
 
 console = make_console()
 

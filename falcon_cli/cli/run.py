@@ -9,9 +9,9 @@ from typing import List, Optional
 import typer
 from falcon_cli.runtime.console import make_console
 
-from falcon_cli.runtime.run_dir import RunDirectory
 from falcon_cli.config.recipes import load_recipe
 from falcon_cli.runtime.distributed import is_main_process
+from falcon_cli.runtime.run_dir import RunDirectory
 
 console = make_console()
 

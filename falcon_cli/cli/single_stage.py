@@ -5,13 +5,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from falcon_cli.runtime.run_dir import RunDirectory, read_manifest
-from falcon_cli.config.recipes import load_recipe
-from falcon_cli.runtime.console import make_console
-from falcon_cli.runtime.distributed import is_main_process
 from falcon_cli.config.paths import absolute_input_paths
+from falcon_cli.config.recipes import load_recipe
 from falcon_cli.config.recipes import apply_overrides, validate_config
 from falcon_cli.errors import FalconError
+from falcon_cli.runtime.console import make_console
+from falcon_cli.runtime.distributed import is_main_process
+from falcon_cli.runtime.run_dir import RunDirectory, read_manifest
 
 console = make_console()
 

@@ -15,9 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from falcon_cli.config.paths import InputPath
 from falcon_cli.data.shapes.config import ShapesConfig
-from falcon_cli.method_weights import ITC_CONSISTENCY_WEIGHT
 from falcon_cli.errors import FalconError
 from falcon_cli.frameworks import model_framework
+from falcon_cli.method_weights import ITC_CONSISTENCY_WEIGHT
 from falcon_cli.models.registry import get_model_config
 
 StageName = Literal["data", "embed", "build_search_spaces", "pretrain", "audit_false_negatives", "finetune", "evaluate"]

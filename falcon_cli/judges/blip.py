@@ -17,9 +17,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from falcon_cli.data.images import load_image
 from falcon_cli.errors import FalconError
 from falcon_cli.judges.base import JudgedPair, check_batch_size, first_line, itm_scores
-from falcon_cli.data.images import load_image
 from falcon_cli.runtime.hub import hub_hint, prepare_hub
 from falcon_cli.runtime.precision import autocast, pick_device, resolve_precision
 

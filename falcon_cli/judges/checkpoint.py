@@ -8,11 +8,11 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from falcon_cli.data.images import load_image
 from falcon_cli.errors import FalconError
 from falcon_cli.judges.base import JudgedPair, check_batch_size, itm_scores
-from falcon_cli.models.families import model_family
-from falcon_cli.data.images import load_image
 from falcon_cli.models.encoders import FalconEncoder
+from falcon_cli.models.families import model_family
 from falcon_cli.runtime.precision import autocast, pick_device, resolve_precision
 
 

@@ -8,9 +8,9 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from falcon_cli.data.shapes import ShapesOracle
 from falcon_cli.errors import FalconError
 from falcon_cli.judges.base import JudgedPair
-from falcon_cli.data.shapes import ShapesOracle
 
 
 class OracleJudge:

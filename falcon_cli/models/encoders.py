@@ -28,13 +28,13 @@ from falcon_cli.artifacts.checkpoints import WEIGHTS, latest_checkpoint
 from falcon_cli.errors import FalconError
 from falcon_cli.models.open_clip_names import (HF_HUB, LOCAL_DIR, _check_open_clip_name,
                                               _check_open_clip_pretrained, _first_line)
-from falcon_cli.models.similarity import paired_image_feature
 from falcon_cli.data.collate import tokenize
 from falcon_cli.data.tokenizer import load_tokenizer
 from falcon_cli.data.transforms import build_transform
 from falcon_cli.models.dual import open_clip_image, open_clip_text
 from falcon_cli.models.pretrained import tokenizer_vocabulary
 from falcon_cli.models.registry import model_from_weights
+from falcon_cli.models.similarity import paired_image_feature
 from falcon_cli.runtime.hub import hub_hint, prepare_hub
 
 OPEN_CLIP_PREFIX = "open_clip:"

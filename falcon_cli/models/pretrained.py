@@ -14,14 +14,14 @@ from pathlib import Path
 from falcon_cli.artifacts.checkpoints import WEIGHTS, latest_checkpoint
 from falcon_cli.errors import FalconError
 from falcon_cli.models.albef import ALBEF
+from falcon_cli.models.albef_checkpoint import albef_from_file, is_albef_file
 from falcon_cli.models.config import AlbefConfig
 from falcon_cli.models.families import model_family
-from falcon_cli.models.registry import build_model
-from falcon_cli.models.weights import check_vocabulary, read_state_dict, read_weights_config, without_weight_sources  # noqa: F401
-from falcon_cli.models.albef_checkpoint import albef_from_file, is_albef_file
 from falcon_cli.models.nlvr2 import AlbefNLVR2
+from falcon_cli.models.registry import build_model
 from falcon_cli.models.vision import resize_pos_embed
 from falcon_cli.models.vqa import AlbefVQA
+from falcon_cli.models.weights import check_vocabulary, read_state_dict, read_weights_config, without_weight_sources  # noqa: F401
 from falcon_cli.models.weights import load_weights
 
 POS_EMBED = "visual_encoder.pos_embed"

@@ -11,6 +11,7 @@ is a :class:`PretrainObjective`:
   losses of one batch, a named tuple with ``loss`` (their sum), one field per name in its framework's
   ``losses``, ``image_feat`` / ``text_feat`` (one L2-normalised vector per pair: the embedding cache's),
   ``temperature`` and ``image_tokens``;
+* :meth:`~PretrainObjective.checkpoint_parts`: what a checkpoint keeps besides the model;
 * :meth:`~PretrainObjective.image_state`: the ``(tokens, features)`` of a forward's output that
   :meth:`~PretrainObjective.measure` can reuse instead of encoding the images again;
 * :meth:`~PretrainObjective.measure`: any of the named losses without gradient (FALCON's reward parts).
@@ -30,6 +31,11 @@ class PretrainObjective(nn.Module):
     generative: str
     """The reward part with a value per caption besides ``alignment`` (``mlm``, ``itg`` or ``caption``): the
     default part of :meth:`measure`, and with ``alignment`` the only one ``per_pair`` allows."""
+
+    def checkpoint_parts(self) -> dict[str, nn.Module]:
+        """State a checkpoint keeps besides the model, as weight files (``{file stem: module}``): none by default;
+        ALBEF's momentum encoders and queue under ``itc: momentum``."""
+        return {}
 
     @staticmethod
     def image_state(out: Any) -> tuple[Tensor, Tensor]:

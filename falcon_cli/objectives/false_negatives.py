@@ -33,9 +33,9 @@ import torch
 from torch import Tensor, nn
 
 from falcon_cli.method_weights import ITC_CONSISTENCY_WEIGHT  # noqa: F401 (each method's default, beside the methods)
-from falcon_cli.objectives.itc import ItcOutput, itc_grit
 from falcon_cli.objectives.common import as_temperature, image_text_similarity
 from falcon_cli.objectives.glofnd import GlofndThresholds, cosine_matrices, glofnd_active, glofnd_drop_masks, itc_glofnd
+from falcon_cli.objectives.itc import ItcOutput, itc_grit
 from falcon_cli.objectives.mafa import connection_mining, smoothing
 from falcon_cli.objectives.reweighted_itc import itc_hn_nce, itc_srcl, negative_log_weights, srcl_mix, srcl_weights
 from falcon_cli.objectives.sigmoid import distributed_sigmoid_loss
@@ -69,6 +69,10 @@ class FalseNegatives(nn.Module):
         self.flagged_i2t: Tensor | None = None
         self.mining = None
         self.stats: dict[str, float | Tensor] = {}
+
+    def checkpoint_parts(self) -> dict[str, nn.Module]:
+        """State a checkpoint keeps as weight files (``{file stem: module}``): none, but GloFND's thresholds."""
+        return {}
 
     def itc(self, image_feat: Tensor, text_feat: Tensor, temperature: Tensor, consistency_weight: float,
             context: StepContext | None) -> ItcOutput:
@@ -204,6 +208,10 @@ class Glofnd(FalseNegatives):
 
         self.thresholds = GlofndThresholds(pair_ids, alpha, lr=lr, adam_step=adam_step)
         self.start_epoch = int(start_epoch)
+
+    def checkpoint_parts(self) -> dict[str, nn.Module]:
+        """The per-pair thresholds and their Adam state."""
+        return {"glofnd": self.thresholds}
 
     def itc(self, image_feat, text_feat, temperature, consistency_weight, context):
         context = _needs_context(self.name, context)

@@ -19,9 +19,9 @@ from falcon_cli.models.albef import pooled_features
 from falcon_cli.objectives.itc import (
     MomentumQueue, copy_to_momentum, itc_grit, itc_momentum_distillation, momentum_update,
 )
+from falcon_cli.objectives.common import alignment_loss
 from falcon_cli.objectives.contract import PretrainObjective
 from falcon_cli.objectives.false_negatives import ITC_CONSISTENCY_WEIGHT, FalseNegatives, PlainItc, StepContext
-from falcon_cli.objectives.common import alignment_loss
 from falcon_cli.objectives.itm import mined_itm_loss
 from falcon_cli.objectives.mlm import MlmMask, mlm_loss
 from falcon_cli.runtime.distributed import all_gather_cat
@@ -150,6 +150,12 @@ class VlpObjective(PretrainObjective):
         return mined_itm_loss(itc, pair_logits, sample=sample, generator=generator, mining=mining, same_image=same_image)
 
     @torch.no_grad()
+    def checkpoint_parts(self) -> dict[str, nn.Module]:
+        """The momentum encoders and queue (``itc: momentum``): a resumed run continues their averages exactly."""
+        if self.itc_kind != "momentum":
+            return {}
+        return {"momentum": nn.ModuleDict({"encoders": self.momentum_encoders, "queue": self.queue})}
+
     def measure_parts(self, image_tokens: Tensor, image_feat: Tensor, input_ids: Tensor, attention_mask: Tensor,
                       mask: MlmMask, parts: tuple[str, ...], same_image: Tensor | None, per_pair: bool) -> dict[str, Tensor]:
         """ALBEF's ``itc``, ``itm``, ``mlm`` and ``alignment`` (:meth:`PretrainObjective.measure`). ITM negatives are

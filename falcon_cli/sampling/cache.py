@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from falcon_cli.errors import FalconError
 from falcon_cli.artifacts.embeddings import EmbeddingsWriter, read_embeddings
+from falcon_cli.errors import FalconError
 
 SAVE_CHUNK_ROWS = 65536
 """Rows written to ``embeddings.h5`` per chunk (bounds host memory during :meth:`EmbeddingCache.save`)."""

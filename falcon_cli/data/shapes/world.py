@@ -16,10 +16,10 @@ from pathlib import Path
 
 from falcon_cli.artifacts.atomic import atomic_dir
 from falcon_cli.artifacts.config_diff import config_differences
-from falcon_cli.errors import FalconError
 from falcon_cli.data.shapes.config import ShapesConfig
 from falcon_cli.data.shapes.generation import generate_content
 from falcon_cli.data.shapes.writing import WORLD_FILE, WORLD_SCHEMA_VERSION, write_world
+from falcon_cli.errors import FalconError
 
 __all__ = ["WORLD_SCHEMA_VERSION", "WorldSummary", "generate_world", "load_world_summary"]
 
