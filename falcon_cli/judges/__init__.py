@@ -17,9 +17,6 @@ from pathlib import Path
 from falcon_cli.errors import FalconError
 from falcon_cli.judges.base import DEFAULT_THRESHOLD, Judge, JudgedPair, is_false_negative
 from falcon_cli.judges.blip import DEFAULT_BLIP_MODEL
-from falcon_cli.judges.blip import BlipJudge
-from falcon_cli.judges.checkpoint import CheckpointJudge
-from falcon_cli.judges.oracle import OracleJudge
 
 JUDGE_KINDS = ("blip", "oracle", "checkpoint")
 """The kinds :func:`load_judge` accepts."""
@@ -34,13 +31,20 @@ def load_judge(kind: str, *, model: str | Path | None = None, world: str | Path 
     run directory or checkpoint directory. ``device``, ``fp16`` (CUDA only) and
     ``batch_size`` apply to the model judges. Problems are one-line :class:`FalconError` s.
     """
+    # (lazy: each judge's module pulls its own libraries, torchvision and transformers among them; load only the one asked for)
     if kind == "blip":
+        from falcon_cli.judges.blip import BlipJudge  # (lazy: see above)
+
         return BlipJudge(model if model is not None else DEFAULT_BLIP_MODEL, device=device, fp16=fp16, batch_size=batch_size)
     if kind == "oracle":
+        from falcon_cli.judges.oracle import OracleJudge  # (lazy: see above)
+
         if world is None:
             raise FalconError("oracle judge: no shapes world given; pass the world directory (the one with scenes.parquet)")
         return OracleJudge(world)
     if kind == "checkpoint":
+        from falcon_cli.judges.checkpoint import CheckpointJudge  # (lazy: see above)
+
         if run is None:
             raise FalconError("checkpoint judge: no falcon run given; pass a run directory or a checkpoint directory")
         return CheckpointJudge(run, device=device, fp16=fp16, batch_size=batch_size)

@@ -30,7 +30,6 @@ from falcon_cli.models.open_clip_names import (HF_HUB, LOCAL_DIR, _check_open_cl
                                               _check_open_clip_pretrained, _first_line)
 from falcon_cli.data.collate import tokenize
 from falcon_cli.data.tokenizer import load_tokenizer
-from falcon_cli.data.transforms import build_transform
 from falcon_cli.models.dual import open_clip_image, open_clip_text
 from falcon_cli.models.pretrained import tokenizer_vocabulary
 from falcon_cli.models.registry import model_from_weights
@@ -135,6 +134,8 @@ class FalconEncoder:
     """A falcon checkpoint (ALBEF, BLIP-2 or a dual encoder): the projected, normalised ITC features of its image and text encoders."""
 
     def __init__(self, path: str | Path, device: torch.device):
+        from falcon_cli.data.transforms import build_transform  # (lazy: torchvision and torch._dynamo, ~1.2 s)
+
         checkpoint, run_dir = locate_falcon_checkpoint(path)
         tokenizer_dir = run_dir / TOKENIZER_DIR if run_dir is not None else None
         if tokenizer_dir is None or not tokenizer_dir.is_dir():
