@@ -75,6 +75,8 @@ class EpochBatches:
         self.spaces: QuantileSpaces | None = None
         """An on-demand epoch's search spaces (their position is where composing stands)."""
         self.feed: FalconFeed | None = None
+        self.summary: dict[str, Any] | None = None
+        """The last composed epoch's summary (q and the oracle's view), for quantile batches composed up front."""
         self._ahead: dict[str, Any] | None = None  # composed before a checkpoint, not yet trained
 
     # --- the epoch's shape ---------------------------------------------------------------------
@@ -104,7 +106,7 @@ class EpochBatches:
         A fresh epoch empties the cache's record of what was filled (features stay until overwritten) and,
         for quantile batches composed up front, leaves their summary (q and the oracle's view) in
         :attr:`summary`."""
-        self.summary: dict[str, Any] | None = None
+        self.summary = None
         if self.epoch == epoch and (self.batches is not None or self.spaces is not None):
             return False
         self.epoch = epoch
