@@ -111,10 +111,11 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
     # The false-negative method (MAFA, SRCL, DiHT, GloFND, or the plain ITC), checked before any training; on
     # the shapes world the oracle measures what it flags. `same_image: mask` keeps pairs that show the same
     # image (false negatives by construction) out of the ITC denominators and ITM mining.
-    false_negatives, truth = build_false_negatives(config, spec, dataset, device, run, plain=framework.plain_itc(),
-                                                   warn=lambda line: console.print(f"[yellow]warning:[/] {line}"))
+    method, truth = build_false_negatives(config, spec, dataset, device, run,
+                                          warn=lambda line: console.print(f"[yellow]warning:[/] {line}"))
     shared_images = SharedImages(dataset.records, device) if p.same_image == "mask" else None
-    objective = build_objective(framework, model, p, false_negatives).to(device)
+    objective = build_objective(framework, model, p, method).to(device)
+    false_negatives = objective.false_negatives  # (the method, or the framework's plain ITC)
     if p.compile:
         model.compile_encoders(mode=p.compile_mode)
     optimizer = build_optimizer(objective, p.lr, p.weight_decay)
@@ -141,7 +142,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
     batch_log = BatchLog(run.path / "batches.parquet", part_rank=rank)
     epochs = EpochBatches(composer, cache, all_ids, rank=rank, world=world, shard_generator=generators["shard"],
                           compose_generator=generators["compose"], batch_log=batch_log, warm=warm,
-                          max_steps=p.max_steps_per_epoch, source=composer.source if scheduler is not None else None)
+                          max_steps=p.max_steps_per_epoch)
     flags = FlagsAgainstOracle(false_negatives, truth, device) if truth is not None else None
     metrics = MetricsLog(run.path / "metrics.jsonl")
     total_steps = sum(epochs.steps(e) for e in range(p.epochs))

@@ -1,6 +1,6 @@
 """The run's false-negative method, built from the pretrain settings with every input checked before any
 training: MAFA's judge, SRCL's auxiliary features, GloFND's per-pair thresholds, DiHT's weights, or the
-framework's plain ITC (``false_negatives: none``). On a shapes world the methods that flag false negatives
+framework's plain ITC (``false_negatives: none``, built with the objective). On a shapes world the methods that flag false negatives
 (MAFA, GloFND) also get the oracle, so what they flag can be measured against the truth."""
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ FLAGGING_METHODS = ("mafa", "glofnd")
 
 
 def build_false_negatives(config: Any, spec: Any, dataset: Any, device: torch.device, run: Any, *,
-                          plain: methods.FalseNegatives | None = None,
-                          warn: Callable[[str], None] = print) -> tuple[methods.FalseNegatives, Callable | None]:
-    """The run's false-negative method (``config.pretrain.false_negatives``; ``none``: ``plain``, the
-    framework's plain ITC, GRIT-VLP's by default), every input checked now, and on a shapes world
-    ``truth(pair_ids) -> bool [B, B]`` (image i truly described by caption j, off the diagonal) for the
+                          warn: Callable[[str], None] = print) -> tuple[methods.FalseNegatives | None, Callable | None]:
+    """The run's false-negative method (``config.pretrain.false_negatives``; ``none``: None, the framework's plain
+    ITC, which :func:`falcon_cli.frameworks.build_objective` supplies), every input checked now, and on a shapes
+    world ``truth(pair_ids) -> bool [B, B]`` (image i truly described by caption j, off the diagonal) for the
     methods that flag; None elsewhere. ``run``: the run directory (SRCL's default features are its
     ``embeddings/embeddings.h5``); ``warn``: prints a warning line."""
     p = config.pretrain
@@ -59,7 +58,7 @@ def build_false_negatives(config: Any, spec: Any, dataset: Any, device: torch.de
         return glofnd, truth
     if p.false_negatives == "mafa":
         return _mafa(p, world, dataset), truth
-    return plain if plain is not None else methods.PlainItc(), truth
+    return None, truth
 
 
 def _mafa(p: Any, world: Any, dataset: Any) -> methods.Mafa:

@@ -59,16 +59,15 @@ class EpochBatches:
         batch_log: where every composed batch is recorded (``batches.parquet``).
         warm: epoch 0's built search spaces and their embeddings, or None.
         max_steps: cap on the batches of an epoch (``max_steps_per_epoch``), or None.
-        source: FALCON's q source for on-demand epochs (the scheduler's ``alpha_beta``).
     """
 
     def __init__(self, composer: BatchComposer, cache: EmbeddingCache, pair_ids: torch.Tensor, *, rank: int, world: int,
                  shard_generator: torch.Generator, compose_generator: torch.Generator, batch_log: BatchLog,
-                 warm: WarmStart | None = None, max_steps: int | None = None, source: QSource | None = None):
+                 warm: WarmStart | None = None, max_steps: int | None = None):
         self.composer, self.cache, self.pair_ids = composer, cache, pair_ids
         self.rank, self.world = rank, world
         self.shard_generator, self.compose_generator = shard_generator, compose_generator
-        self.batch_log, self.warm, self.max_steps, self.source = batch_log, warm, max_steps, source
+        self.batch_log, self.warm, self.max_steps = batch_log, warm, max_steps
         self.epoch: int | None = None
         self.batches: list[Batch] | None = None
         """The epoch's batches, composed up front (None: on demand, or between epochs)."""
@@ -138,7 +137,7 @@ class EpochBatches:
             return DataLoader(dataset, batch_sampler=order, collate_fn=collate, num_workers=num_workers,
                               pin_memory=pin_memory, generator=generator), len(self.batches)
         epoch, total = self.epoch, self.steps(self.epoch)
-        self.feed = FalconFeed(self.spaces, self.source, dataset.index_of, self.compose_generator,
+        self.feed = FalconFeed(self.spaces, self.composer.q(epoch), dataset.index_of, self.compose_generator,
                                lambda index, composed: self.batch_log.add(epoch, index, self.rank, composed),
                                start=start, stop=total, ahead=self._ahead)
         self._ahead = None
