@@ -266,6 +266,49 @@ def test_false_negative_density_is_consistent_with_the_oracle(world, oracle):
     assert test["attribute"]["mean"] > test["full"]["mean"] >= 1
 
 
+def test_random_negative_rates_match_a_brute_force_count(world, oracle):
+    """The rates a uniformly drawn negative hits, counted pair by pair from the oracle's matrix:
+    over the split's other images, and over its other pairs (which include the other captions of
+    the caption's own image, reported apart)."""
+    summary = load_world_summary(world)
+    for split in ("train", "test"):
+        images, caption_ids = oracle.image_ids_in(split), oracle.caption_ids_in(split)
+        truth = oracle.matrix(images, caption_ids)                              # [images, captions]
+        own_image = oracle.caption_image_ids[oracle.caption_rows(caption_ids)]
+        pair_image_row = np.searchsorted(images, own_image)                     # each pair's image, as a row of truth
+        image_rates, pair_rates, same_rates = [], [], []
+        for c in range(caption_ids.size):
+            others = np.arange(images.size) != pair_image_row[c]
+            image_rates.append(truth[others, c].mean())
+            other_pairs = np.arange(caption_ids.size) != c
+            pair_false = truth[pair_image_row[other_pairs], c]                  # the caption describes that pair's image
+            pair_rates.append(pair_false.mean())
+            same_rates.append((pair_image_row[other_pairs] == pair_image_row[c]).mean())
+        stats = summary.false_negative_density[split]
+        assert stats["random_negative_fn_rate"] == pytest.approx(np.mean(image_rates), abs=2e-6)
+        assert stats["pair_negative_fn_rate"] == pytest.approx(np.mean(pair_rates), abs=2e-6)
+        assert stats["same_image_pair_rate"] == pytest.approx(np.mean(same_rates), abs=2e-6)
+        assert stats["same_image_pair_rate"] < stats["pair_negative_fn_rate"]
+
+
+def test_repeated_captions_of_one_image_are_counted(tmp_path):
+    """Only relations and full descriptions, five captions an image: a scene has one full description
+    (and a one-object scene no relation), so captions must repeat, and world.json says how many."""
+    mix = dict(attribute=0, combination=0, position=0, count=0)
+    out = generate_world(ShapesConfig(images=40, seed=1, min_objects=1, max_objects=2, caption_mix=mix), tmp_path / "w").out_dir
+    captions = pq.read_table(out / "captions.parquet").to_pylist()
+    by_image: dict[int, list[dict]] = {}
+    for c in captions:
+        by_image.setdefault(c["image_id"], []).append(c)
+    same_form = sum(len(cs) - len({c["logical_form"] for c in cs}) for cs in by_image.values())
+    same_text = sum(len(cs) - len({c["text"] for c in cs}) for cs in by_image.values())
+    images = sum(len(cs) > len({c["logical_form"] for c in cs}) for cs in by_image.values())
+    stored = load(out, "world.json")["statistics"]["duplicate_captions"]
+    assert stored == {"same_text": same_text, "same_logical_form": same_form, "images": images}
+    assert same_form > 0 and same_text > 0
+    assert load_world_summary(out).duplicate_captions == stored
+
+
 def test_oracle_rejects_unknown_ids_and_bad_text(oracle):
     with pytest.raises(FalconError, match="unknown image_id 99999"):
         oracle.matches([99999], [0])

@@ -24,6 +24,7 @@ def shapes(
     images: int = typer.Option(2000, "--images", help="Number of images (split into train/val/test)."),
     seed: int = typer.Option(0, "--seed", help="Seed: the same seed and settings give byte-identical files."),
     size: int = typer.Option(64, "--size", help="Image side in pixels."),
+    preset: Optional[str] = typer.Option(None, "--preset", help="A false-negative regime: coco-like, medium or dense (docs/shapes.md); knobs given as key=value win."),
     preview: bool = typer.Option(False, "--preview", help="Also write preview.png, a contact sheet of images and captions."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing world made with other settings."),
     overrides: Optional[List[str]] = typer.Argument(None, help="More knobs as key=value, e.g. max_objects=3 num_colors=8", show_default=False),
@@ -32,8 +33,9 @@ def shapes(
     compatibility table, and retrieval / pretraining / VQA / NLVR2 files in the real formats.
 
     Example: falcon data shapes --out data/shapes --images 300 --seed 1 --preview
+    Example: falcon data shapes --out data/coco-like --preset coco-like --images 4000 --size 32
     """
-    raw = {"images": images, "seed": seed, "size": size}
+    raw = {"images": images, "seed": seed, "size": size} | ({"preset": preset} if preset else {})
     raw, given = apply_overrides(raw, overrides or [], model=ShapesConfig)
     config = validate_config(raw, "falcon data shapes", given, model=ShapesConfig)
     summary = generate_world(config, out, preview=preview, overwrite=overwrite)

@@ -121,7 +121,11 @@ def _pick(rng: random.Random, items: list):
     return items[rng.randrange(len(items))]
 
 
-def _weighted(rng: random.Random, values: list[int], weights: list[float]) -> int:
+def _weighted(rng: random.Random, values: list[int], weights: list[float], at_least: int = 0) -> int:
+    """One of ``values`` by ``weights``, among those >= ``at_least`` (the smallest allowed if none is)."""
+    if at_least > values[0]:
+        kept = [(v, w) for v, w in zip(values, weights) if v >= at_least]
+        values, weights = ([v for v, _ in kept], [w for _, w in kept]) if kept else ([at_least], [1.0])
     return rng.choices(values, weights=weights)[0]
 
 
@@ -151,20 +155,24 @@ def _relations_between(a: dict, b: dict) -> list[str]:
     return rels
 
 
-def sample_form(kind: str, objects: list[dict], rng: random.Random) -> dict:
-    """A logical form of the given kind that is true of the scene ``objects`` (needs >= 2 objects for relations)."""
+def sample_form(kind: str, objects: list[dict], rng: random.Random, min_attributes: int = 0) -> dict:
+    """A logical form of the given kind that is true of the scene ``objects`` (needs >= 2 objects for relations).
+
+    ``min_attributes`` > 0 makes the object descriptions of relation and position captions name at
+    least that many of size / colour / shape (0 keeps the drawn mix).
+    """
     if kind == "attribute":
         return lfs.exists(_subset_description(_pick(rng, objects), 1, rng))
     if kind == "combination":
         return lfs.exists(_subset_description(_pick(rng, objects), _weighted(rng, [2, 3], [0.6, 0.4]), rng))
     if kind == "position":
-        k = _weighted(rng, [0, 1, 2, 3], [0.1, 0.35, 0.35, 0.2])
+        k = _weighted(rng, [0, 1, 2, 3], [0.1, 0.35, 0.35, 0.2], min_attributes)
         return lfs.exists(_subset_description(_pick(rng, objects), k, rng, with_position=True))
     if kind == "relation":
         a, b = rng.sample(objects, 2)
         rel = _pick(rng, _relations_between(a, b))  # distinct cells always differ in row or column
-        subject = _subset_description(a, _weighted(rng, [1, 2, 3], [0.45, 0.45, 0.1]), rng)
-        other = _subset_description(b, _weighted(rng, [1, 2, 3], [0.45, 0.45, 0.1]), rng)
+        subject = _subset_description(a, _weighted(rng, [1, 2, 3], [0.45, 0.45, 0.1], min_attributes), rng)
+        other = _subset_description(b, _weighted(rng, [1, 2, 3], [0.45, 0.45, 0.1], min_attributes), rng)
         return lfs.relation(rel, subject, other)
     if kind == "count":
         description = _subset_description(_pick(rng, objects), _weighted(rng, [0, 1, 2], [0.3, 0.4, 0.3]), rng)
@@ -186,6 +194,16 @@ def _kind_schedule(n: int, weights: list[float], rng: random.Random) -> list[int
     return schedule
 
 
+def _new_form(kind: str, objects: list[dict], rng: random.Random, min_attributes: int, seen: set[str], attempts: int = 12):
+    """A form of ``kind`` not in ``seen`` if one turns up within ``attempts`` draws (else the last one drawn), and its key."""
+    for _attempt in range(attempts):
+        lf = sample_form(kind, objects, rng, min_attributes)
+        key = lfs.form_key(lf)
+        if key not in seen:
+            break
+    return lf, key
+
+
 def sample_captions(
     objects: list[dict],
     rng: random.Random,
@@ -193,11 +211,14 @@ def sample_captions(
     count: int,
     kind_weights: list[float],
     paraphrase_prob: float,
+    min_attributes: int = 0,
 ) -> list[dict]:
     """``count`` captions true of one scene: ``{"kind", "logical_form", "key", "text", "paraphrased"}`` each.
 
     Kinds follow ``kind_weights`` (in ``CAPTION_KINDS`` order); relations are skipped for
-    one-object scenes. Logical forms are distinct within an image while possible.
+    one-object scenes. Logical forms are distinct within an image while possible: when the drawn
+    kind has none left, another enabled kind stands in (so ``kind`` may differ from the schedule);
+    a scene with no new form of any enabled kind repeats one (``world.json`` counts those).
     """
     weights = [float(w) for w in kind_weights]
     if len(objects) < 2:
@@ -208,11 +229,17 @@ def sample_captions(
     seen: set[str] = set()
     for kind_index in _kind_schedule(count, weights, rng):
         kind = CAPTION_KINDS[kind_index]
-        for _attempt in range(12):
-            lf = sample_form(kind, objects, rng)
-            key = lfs.form_key(lf)
-            if key not in seen:
-                break
+        lf, key = _new_form(kind, objects, rng, min_attributes, seen)
+        if key in seen:
+            # The kind has no form left for this scene (a scene has one full description): try the
+            # other enabled kinds, in weighted order, before repeating a caption. Only scenes that
+            # would repeat one draw anything more here, so other worlds stay byte-identical.
+            others = [k for k, w in enumerate(weights) if w > 0 and k != kind_index]
+            while others and key in seen:
+                k = rng.choices(others, weights=[weights[o] for o in others])[0]
+                others.remove(k)
+                kind = CAPTION_KINDS[k]
+                lf, key = _new_form(kind, objects, rng, min_attributes, seen)
         seen.add(key)
         text, paraphrased = render_caption_detailed(lf, rng, paraphrase_prob)
         captions.append({"kind": kind, "logical_form": lf, "key": key, "text": text, "paraphrased": paraphrased})

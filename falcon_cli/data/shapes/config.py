@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import math
+from typing import Literal, Optional
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from falcon_cli.data.shapes.presets import PRESETS, apply_preset
+from falcon_cli.data.shapes.seeding import STREAM_SPLITS, stream_generator
 from falcon_cli.data.shapes.vocabulary import COLORS, SHAPES
+
+__all__ = ["CAPTION_KINDS", "PRESETS", "SPLITS", "CaptionMix", "ShapesConfig", "SplitFractions", "assign_splits", "split_sizes"]
 
 CAPTION_KINDS: tuple[str, ...] = ("attribute", "combination", "position", "relation", "count", "full")
 """Caption kinds, in the order they are stored and reported."""
@@ -66,6 +72,8 @@ class SplitFractions(_Section):
 class ShapesConfig(_Section):
     """Everything that determines a shapes world; the same config gives byte-identical files."""
 
+    preset: Optional[Literal["coco-like", "medium", "dense"]] = None
+    """A named false-negative regime (``coco-like``, ``medium``, ``dense``; see ``presets.py`` and docs/shapes.md): sets the caption mix, caption detail, objects per scene, vocabulary and near misses, unless given next to it."""
     images: int = Field(2000, ge=6)
     """Number of images (scenes) in the world, over all splits."""
     seed: int = Field(0, ge=0)
@@ -96,12 +104,22 @@ class ShapesConfig(_Section):
     """NLVR2 statements per split = this x images in the split, rounded up to an even number (half True, half False)."""
     background_noise: float = Field(0.03, ge=0, le=0.5)
     """Standard deviation of Gaussian noise on background pixels, as a fraction of full intensity (0 = plain)."""
+    near_misses: int = Field(0, ge=0, le=8)
+    """Near misses per drawn scene: scenes that differ from it in one thing (an object's colour, shape or size, an object's cell, or two objects swapped). A scene and its near misses form a family that shares a split; they are the hard negatives of each other, and the false negatives where a caption does not mention the difference."""
+    min_attributes: int = Field(0, ge=0, le=3)
+    """Fewest of size / colour / shape that the object descriptions of relation and position captions name (0: as drawn, relations 1-3 per object and positions 0-3; higher makes captions more specific and false negatives rarer)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_preset(cls, data):
+        return apply_preset(data) if isinstance(data, dict) else data
 
     @model_validator(mode="after")
     def _consistent(self) -> "ShapesConfig":
         if self.min_objects > self.max_objects:
             raise ValueError(f"min_objects ({self.min_objects}) must be <= max_objects ({self.max_objects})")
-        sizes = split_sizes(self.images, self.splits)
+        codes = assign_splits(self)
+        sizes = {name: int((codes == k).sum()) for k, name in enumerate(SPLITS)}
         small = {name: n for name, n in sizes.items() if n < 2}
         if small:
             detail = ", ".join(f"{name}={n}" for name, n in small.items())
@@ -113,7 +131,23 @@ class ShapesConfig(_Section):
 
 
 def split_sizes(images: int, fractions: SplitFractions) -> dict[str, int]:
-    """Images per split: val and test are rounded, train takes the rest (so they sum to ``images``)."""
+    """Items per split: val and test are rounded, train takes the rest (so they sum to ``images``)."""
     val = int(round(images * fractions.val))
     test = int(round(images * fractions.test))
     return {"train": images - val - test, "val": val, "test": test}
+
+
+def assign_splits(config: "ShapesConfig") -> np.ndarray:
+    """Split code (index into ``SPLITS``) per image: a seeded permutation of the scene families cut
+    by the fractions, so a scene and its near misses always share a split (with ``near_misses`` = 0
+    every image is its own family)."""
+    family_size = config.near_misses + 1
+    families = -(-config.images // family_size)
+    sizes = split_sizes(families, config.splits)
+    order = stream_generator(config.seed, STREAM_SPLITS).permutation(families)
+    family_split = np.empty(families, dtype=np.int8)
+    start = 0
+    for code, name in enumerate(SPLITS):
+        family_split[order[start : start + sizes[name]]] = code
+        start += sizes[name]
+    return np.repeat(family_split, family_size)[: config.images]

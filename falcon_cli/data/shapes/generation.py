@@ -21,18 +21,18 @@ import numpy as np
 from falcon_cli.data.shapes import formats
 from falcon_cli.data.shapes import logical_forms as lfs
 from falcon_cli.data.shapes.captions import sample_captions
-from falcon_cli.data.shapes.config import CAPTION_KINDS, SPLITS, ShapesConfig, split_sizes
+from falcon_cli.data.shapes.config import CAPTION_KINDS, SPLITS, ShapesConfig, assign_splits
 from falcon_cli.data.shapes.density import CaptionJudgement, density_statistics, judge_captions
 from falcon_cli.data.shapes.oracle import scene_index
 from falcon_cli.data.shapes.questions import sample_questions
 from falcon_cli.data.shapes.render import png_bytes, render_scene
-from falcon_cli.data.shapes.scene import SceneArrays, sample_scene, scene_objects
+from falcon_cli.data.shapes.scene import SceneArrays, near_miss, sample_scene, scene_objects
 from falcon_cli.data.shapes.seeding import (
     STREAM_CAPTIONS,
+    STREAM_NEAR_MISSES,
     STREAM_PIXELS,
     STREAM_QUESTIONS,
     STREAM_SCENES,
-    STREAM_SPLITS,
     STREAM_STATEMENTS,
     stream_generator,
     stream_random,
@@ -63,6 +63,8 @@ class WorldContent:
     distinct_forms: int
     judgement: CaptionJudgement
     density: dict
+    duplicate_captions: dict
+    """Captions that repeat another caption of the same image: ``same_text``, ``same_logical_form``, ``images``."""
     questions: list[list[dict]]
     """Per image: ``{"type", "question", "answer", "answers"}`` items (existence already resolved to yes or no)."""
     statements: dict[str, list[dict]]
@@ -83,7 +85,8 @@ def _image_job(job: tuple) -> tuple[int, list[list[dict]], list[list[dict]]]:
             handle.write(png_bytes(image))
         objects = scene_objects(shape[k], color[k], size[k])
         captions.append(sample_captions(objects, stream_random(config.seed, STREAM_CAPTIONS, i), count=config.captions_per_image,
-                                        kind_weights=weights, paraphrase_prob=config.paraphrase_prob))
+                                        kind_weights=weights, paraphrase_prob=config.paraphrase_prob,
+                                        min_attributes=config.min_attributes))
         questions.append(sample_questions(objects, stream_random(config.seed, STREAM_QUESTIONS, i), count=config.vqa_questions_per_image,
                                           num_shapes=config.num_shapes, num_colors=config.num_colors, variation=config.vqa_answer_variation))
     return start, captions, questions
@@ -125,18 +128,6 @@ def _make_statements(config: ShapesConfig, image_split: np.ndarray, objects: lis
     return statements
 
 
-def _assign_splits(config: ShapesConfig) -> np.ndarray:
-    """Split code (index into SPLITS) per image: a seeded permutation cut by the fractions."""
-    sizes = split_sizes(config.images, config.splits)
-    order = stream_generator(config.seed, STREAM_SPLITS).permutation(config.images)
-    codes = np.empty(config.images, dtype=np.int8)
-    start = 0
-    for code, name in enumerate(SPLITS):
-        codes[order[start : start + sizes[name]]] = code
-        start += sizes[name]
-    return codes
-
-
 def _balance_existence(questions: list[list[dict]], image_split: np.ndarray) -> None:
     """Pick the yes or no version of each existence question, alternating within each split."""
     counters = [0] * len(SPLITS)
@@ -150,11 +141,21 @@ def _balance_existence(questions: list[list[dict]], image_split: np.ndarray) -> 
 
 
 def _sample_scenes(config: ShapesConfig) -> SceneArrays:
-    n = config.images
+    """Every scene of the world. With ``near_misses`` = k, images come in families of k + 1: a drawn
+    scene, then k near misses of it (each differs from it in one thing; see :func:`scene.near_miss`)."""
+    n, family_size = config.images, config.near_misses + 1
     arrays = [np.empty((n, len(POSITIONS)), dtype=np.int8) for _ in range(3)]
+    vocabulary = dict(num_shapes=config.num_shapes, num_colors=config.num_colors)
+    family: list[tuple] = []
     for i in track(range(n), "sampling scenes"):
-        drawn = sample_scene(stream_random(config.seed, STREAM_SCENES, i), min_objects=config.min_objects,
-                             max_objects=config.max_objects, num_shapes=config.num_shapes, num_colors=config.num_colors)
+        index, member = divmod(i, family_size)
+        if member == 0:
+            drawn = sample_scene(stream_random(config.seed, STREAM_SCENES, index), min_objects=config.min_objects,
+                                 max_objects=config.max_objects, **vocabulary)
+            family = [drawn]
+        else:
+            drawn = near_miss(family[0], stream_random(config.seed, STREAM_NEAR_MISSES, index, member), avoid=family, **vocabulary)
+            family.append(drawn)
         for arr, row in zip(arrays, drawn):
             arr[i] = row
     return SceneArrays(*arrays)
@@ -169,7 +170,7 @@ def generate_content(config: ShapesConfig, root: Path, workers: int) -> WorldCon
 
     scenes = _sample_scenes(config)
     objects = [scene_objects(scenes.shape[i], scenes.color[i], scenes.size[i]) for i in range(n)]
-    image_split = _assign_splits(config)
+    image_split = assign_splits(config)
 
     with _image_results(scenes, config, [root / f for f in files], workers) as results:
         statements = _make_statements(config, image_split, objects, files)  # overlaps with the image workers
@@ -192,13 +193,42 @@ def generate_content(config: ShapesConfig, root: Path, workers: int) -> WorldCon
     caption_split = np.array([c["split"] for c in captions], dtype=np.int8)
     caption_image = np.array([c["image_id"] for c in captions], dtype=np.int64)
     caption_kind = np.array([CAPTION_KINDS.index(c["kind"]) for c in captions], dtype=np.int8)
-    judgement = judge_captions(scene_index(scenes), image_split, forms, caption_form, caption_image, caption_split)
+    judgement = judge_captions(scene_index(scenes), image_split, forms, caption_form, caption_image, caption_split,
+                               family_size=config.near_misses + 1)
     if not judgement.true_of_own_image.all():
         bad = captions[int(np.argmin(judgement.true_of_own_image))]
         raise RuntimeError(f"internal error: caption {bad['text']!r} is not true of its own image {bad['image_id']}")
-    density = density_statistics(judgement.images_described, caption_split, caption_kind, split_sizes(n, config.splits))
+    density = density_statistics(judgement, caption_split, caption_kind, caption_image, split_counts(image_split))
 
     return WorldContent(
         config=config, files=files, scenes=scenes, image_split=image_split, captions=captions, caption_kind=caption_kind,
-        distinct_forms=int(len(keys)), judgement=judgement, density=density, questions=questions, statements=statements,
+        distinct_forms=int(len(keys)), judgement=judgement, density=density, duplicate_captions=duplicate_captions(captions),
+        questions=questions, statements=statements,
     )
+
+
+def split_counts(image_split: np.ndarray) -> dict[str, int]:
+    """Images per split, counted from the assignment (families make them differ slightly from the fractions)."""
+    return {split: int((image_split == code).sum()) for code, split in enumerate(SPLITS)}
+
+
+def duplicate_captions(captions: list[dict]) -> dict:
+    """How many captions repeat an earlier caption of the same image, word for word (``same_text``)
+    or in meaning (``same_logical_form``, paraphrases included), and on how many images.
+
+    Sampling keeps an image's logical forms distinct while it can, but a scene with few objects
+    has few true forms of some kinds (a one-object scene has one full description), so a mix
+    that asks for more captions than the scene has forms repeats some. Such pairs are the same
+    positive twice in the pretraining file, and each other's false negative.
+    """
+    seen_text, seen_form, images = set(), set(), set()
+    same_text = same_form = 0
+    for c in captions:
+        text, form = (c["image_id"], c["text"]), (c["image_id"], c["key"])
+        if form in seen_form:
+            same_form += 1
+            images.add(c["image_id"])
+            same_text += text in seen_text
+        seen_text.add(text)
+        seen_form.add(form)
+    return {"same_text": same_text, "same_logical_form": same_form, "images": len(images)}

@@ -83,6 +83,51 @@ def sample_scene(rng: random.Random, *, min_objects: int, max_objects: int, num_
     return shape, color, size
 
 
+NEAR_MISS_CHANGES: tuple[str, ...] = ("color", "shape", "size", "move", "swap")
+"""How a near miss differs from its scene: one object's colour, shape or size; one object moved to an
+empty cell; or two different objects swapping cells (which flips the relations between them)."""
+
+
+def near_miss(scene: tuple[np.ndarray, np.ndarray, np.ndarray], rng: random.Random, *, num_shapes: int, num_colors: int,
+              avoid: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = (), attempts: int = 20):
+    """A scene that differs from ``scene`` in exactly one thing (one of :data:`NEAR_MISS_CHANGES`, drawn
+    uniformly among those the scene allows), and from every scene in ``avoid`` if it can.
+
+    Captions of ``scene`` that do not mention the changed thing stay true of the near miss (a false
+    negative when the two meet in a batch); those that do mention it become false (a hard negative
+    that teaches the difference). Returns three int8 arrays of length 9, like :func:`sample_scene`.
+    """
+    shape, color, size = scene
+    cells = np.flatnonzero(shape != EMPTY).tolist()
+    empty = np.flatnonzero(shape == EMPTY).tolist()
+    distinct_pairs = [(a, b) for i, a in enumerate(cells) for b in cells[i + 1:]
+                      if (shape[a], color[a], size[a]) != (shape[b], color[b], size[b])]
+    allowed = [c for c in NEAR_MISS_CHANGES
+               if (c != "move" or empty) and (c != "swap" or distinct_pairs)]
+    candidate = None
+    for _attempt in range(attempts):
+        new = [shape.copy(), color.copy(), size.copy()]
+        change = allowed[rng.randrange(len(allowed))]
+        if change in ("color", "shape", "size"):
+            k = ("shape", "color", "size").index(change)
+            levels = (num_shapes, num_colors, len(SIZES))[k]
+            cell = cells[rng.randrange(len(cells))]
+            old = int(new[k][cell])
+            new[k][cell] = (old + 1 + rng.randrange(levels - 1)) % levels  # any other value, uniformly
+        elif change == "move":
+            source, target = cells[rng.randrange(len(cells))], empty[rng.randrange(len(empty))]
+            for arr in new:
+                arr[target], arr[source] = arr[source], EMPTY
+        else:
+            a, b = distinct_pairs[rng.randrange(len(distinct_pairs))]
+            for arr in new:
+                arr[a], arr[b] = arr[b], arr[a]
+        candidate = tuple(new)
+        if not any(all(np.array_equal(x, y) for x, y in zip(candidate, other)) for other in avoid):
+            break
+    return candidate
+
+
 def scene_objects(shape_row: np.ndarray, color_row: np.ndarray, size_row: np.ndarray) -> list[dict]:
     """One scene as a list of objects in cell order: ``{"shape", "color", "size", "position", "row", "col", "cell"}``."""
     objects = []

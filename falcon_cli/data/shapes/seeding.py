@@ -22,6 +22,7 @@ STREAM_CAPTIONS = 3
 STREAM_QUESTIONS = 4
 STREAM_SPLITS = 5
 STREAM_STATEMENTS = 6
+STREAM_NEAR_MISSES = 7
 
 
 def stream_random(seed: int, stream: int, *index: int) -> random.Random:

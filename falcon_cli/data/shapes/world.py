@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 from falcon_cli.artifacts.atomic import atomic_dir
 from falcon_cli.artifacts.config_diff import config_differences
 from falcon_cli.data.shapes.config import ShapesConfig
@@ -32,6 +34,8 @@ class WorldSummary:
     counts: dict
     false_negative_density: dict
     config: dict = field(default_factory=dict)
+    duplicate_captions: dict = field(default_factory=dict)
+    """Captions repeating another caption of their image (``world.json`` → ``statistics.duplicate_captions``)."""
     reused: bool = False
     """True when an existing world with the same config was returned instead of regenerating."""
 
@@ -40,6 +44,7 @@ class WorldSummary:
         """The summary of a world from the content of its ``world.json``."""
         return cls(out_dir=out_dir, counts=world["counts"],
                    false_negative_density=world["statistics"]["false_negative_density"],
+                   duplicate_captions=world["statistics"].get("duplicate_captions", {}),
                    config=world["config"], reused=reused)
 
     @property
@@ -60,10 +65,18 @@ class WorldSummary:
         """Print split sizes and the false-negative density (per split, and per caption kind on test)."""
         from rich.table import Table
 
-        def row(d: dict) -> list[str]:
-            return [f"{d['mean']:.1f}", f"{d['median']:g}", f"{d['max']:,}", f"{100 * d['fraction_with_false_negatives']:.0f}%"]
+        def percent(d: dict, key: str) -> str:
+            return f"{100 * d[key]:.2f}%" if key in d else "—"  # worlds written before the key existed
 
-        density = ("images a caption describes: mean", "median", "max", "captions with FNs")
+        def row(d: dict) -> list[str]:
+            pair = percent(d, "pair_negative_fn_rate")
+            if "same_image_pair_rate" in d:
+                pair += f" ({percent(d, 'same_image_pair_rate')})"
+            return [f"{d['mean']:.1f}", f"{d['median']:g}", f"{100 * d['fraction_with_false_negatives']:.0f}%",
+                    percent(d, "random_negative_fn_rate"), pair]
+
+        density = ("images a caption describes: mean", "median", "captions with FNs", "random negative is FN",
+                   "random pair is FN (same image)")
         table = Table("split", "images", "captions", *density, box=None, header_style="bold",
                       title=f"shapes world {self.out_dir}" + (" (reused)" if self.reused else ""))
         for split, counts in self.splits.items():
@@ -77,16 +90,28 @@ class WorldSummary:
         for column in kinds.columns[1:]:
             column.justify = "right"
         console.print(kinds)
+        train = self.false_negative_density["train"]
+        if train.get("near_miss_fn_rate") is not None:
+            console.print(f"near misses (train): a near miss of a caption's image is a false negative "
+                          f"{100 * train['near_miss_fn_rate']:.1f}% of the time, a random pair "
+                          f"{100 * train['pair_negative_fn_rate']:.2f}%")
+        repeats = self.duplicate_captions.get("same_logical_form", 0)
+        if repeats:
+            console.print(f"[yellow]note[/]: {repeats:,} caption(s) on {self.duplicate_captions['images']:,} image(s) repeat another "
+                          f"caption of the same image in meaning ({self.duplicate_captions['same_text']:,} word for word); "
+                          "each such pair is the other's false negative (see docs/shapes.md, Duplicate captions)")
 
     def to_dict(self) -> dict:
         """JSON-ready form: ``out_dir``, ``reused``, ``splits`` (per-split counts), ``fn_density``
-        (per split: mean / median / max images described per caption, and ``by_kind``),
+        (per split: mean / median / max images described per caption, the random-negative rates, and ``by_kind``),
+        ``duplicate_captions``,
         ``counts`` (all counts, as in world.json) and ``config``."""
         return {
             "out_dir": str(self.out_dir),
             "reused": self.reused,
             "splits": self.splits,
             "fn_density": self.false_negative_density,
+            "duplicate_captions": self.duplicate_captions,
             "counts": self.counts,
             "config": self.config,
         }
@@ -119,6 +144,25 @@ def load_world_summary(out_dir: str | Path) -> WorldSummary:
     return WorldSummary.from_world_json(out_dir, data, reused=True)
 
 
+def _as_current_config(stored: dict) -> dict:
+    """A stored world config with the knobs added since it was written filled by their defaults (which
+    generate the same files), so an older world of the same settings is still recognised."""
+    try:
+        return ShapesConfig.model_validate(stored).model_dump(mode="json")
+    except ValueError:
+        return stored
+
+
+def _repeats_captions(out_dir: Path, summary: WorldSummary) -> bool:
+    """Whether a world written before ``duplicate_captions`` was recorded repeats a caption of one image
+    (such a world differs from what this version generates for its config; newer ones never do)."""
+    if summary.duplicate_captions:
+        return False
+    table = pq.read_table(out_dir / "captions.parquet", columns=["image_id", "logical_form"]).to_pydict()
+    pairs = list(zip(table["image_id"], table["logical_form"]))
+    return len(set(pairs)) < len(pairs)
+
+
 def _check_target(out_dir: Path, config: ShapesConfig, overwrite: bool) -> WorldSummary | None:
     """Return the existing world's summary if it matches ``config``; raise if it is something else.
 
@@ -136,10 +180,15 @@ def _check_target(out_dir: Path, config: ShapesConfig, overwrite: bool) -> World
         except FalconError as exc:
             reason = str(exc)
         else:
-            if summary.config == wanted:
+            stored = _as_current_config(summary.config)
+            if stored == wanted and not _repeats_captions(out_dir, summary):
                 return summary
-            diffs = config_differences(summary.config, wanted)
-            reason = f"it holds a shapes world with a different config ({'; '.join(diffs[:4])})"
+            if stored == wanted:
+                reason = ("it was made by an older falcon that repeated captions of one image where this one "
+                          "draws another caption kind instead (same config, other captions)")
+            else:
+                diffs = config_differences(stored, wanted)
+                reason = f"it holds a shapes world with a different config ({'; '.join(diffs[:4])})"
     if reason is None:
         reason = "it exists and is not a shapes world"
     raise FalconError(f"{out_dir}: {reason}; pass overwrite=True (--overwrite) to replace it, or choose another --out")

@@ -18,8 +18,8 @@ from falcon_cli.artifacts.atomic import atomic_path, write_json, write_text
 from falcon_cli.artifacts.tables import COMPATIBILITY, write_table
 from falcon_cli.data.shapes import formats
 from falcon_cli.data.shapes import logical_forms as lfs
-from falcon_cli.data.shapes.config import CAPTION_KINDS, SPLITS, split_sizes
-from falcon_cli.data.shapes.generation import WorldContent
+from falcon_cli.data.shapes.config import CAPTION_KINDS, SPLITS
+from falcon_cli.data.shapes.generation import WorldContent, split_counts
 from falcon_cli.data.shapes.questions import QUESTION_TYPES
 from falcon_cli.data.shapes.scene import objects_column
 from falcon_cli.data.shapes.vocabulary import COLORS, POSITIONS, SHAPES, SIZES
@@ -119,7 +119,7 @@ def world_record(content: WorldContent, dataset: dict) -> dict:
     config, captions = content.config, content.captions
     objects_per_image = np.bincount(content.scenes.occupied.sum(axis=1), minlength=config.max_objects + 1)
     counts = {
-        "images": {**split_sizes(config.images, config.splits), "total": config.images},
+        "images": {**split_counts(content.image_split), "total": config.images},
         **dataset["counts"],
         "distinct_logical_forms": content.distinct_forms,
         "compatibility_test_pairs": int(content.judgement.test_pairs.shape[0]),
@@ -137,6 +137,7 @@ def world_record(content: WorldContent, dataset: dict) -> dict:
         "counts": counts,
         "statistics": {
             "false_negative_density": content.density,
+            "duplicate_captions": content.duplicate_captions,
             "caption_kinds": {kind: int((content.caption_kind == k).sum()) for k, kind in enumerate(CAPTION_KINDS)},
             "paraphrased_fraction": round(float(np.mean([c["paraphrased"] for c in captions])), 4),
             "mean_specificity": round(float(np.mean([lfs.specificity(c["logical_form"]) for c in captions])), 4),

@@ -1,0 +1,74 @@
+"""Named world regimes: how often a negative is a false one, and how hard the hard ones are.
+
+A preset fills the knobs that set a world's false-negative regime (caption mix, how specific the
+captions are, objects per scene, vocabulary, near misses); knobs given next to it win, and the
+world's size, seed, image size and splits stay the caller's. ``world.json`` records the preset
+name with every value it resolved to. The measured rates of each preset are in docs/shapes.md.
+
+- ``coco-like``: specific captions (relations and positions that name every attribute of their
+  objects, and whole-scene descriptions) over 2-4 objects from 8 colours and 6 shapes, so a random
+  in-batch negative is almost never a false one (COCO: about 0.15% caption→image). Each drawn
+  scene comes with three near misses (one attribute, one cell or one relation changed), so the
+  top candidates of a search space are close, and sometimes true.
+- ``medium``: the same scenes, with relations and positions naming 1-3 attributes: a random
+  negative is false a few percent of the time, a near miss often.
+- ``dense``: the default world (every caption kind, 1-4 objects, 6 colours, 4 shapes): a random
+  negative is false about one time in six. The sweeps up to issue 33 ran in it.
+
+``coco-like`` and ``medium`` share their scenes (same seed, same images), so the two differ in the
+captions alone: the density axis of the phase diagram, with everything else held.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class WorldPreset:
+    """One named regime: what it is for, and the ShapesConfig values it sets."""
+
+    description: str
+    settings: dict = field(default_factory=dict)
+
+
+_NEAR_MISS_SCENES = {"min_objects": 2, "max_objects": 4, "num_colors": 8, "num_shapes": 6, "near_misses": 3}
+"""The scenes of the two sparse regimes: 2-4 objects from a larger vocabulary, each drawn scene with three near misses."""
+_SPECIFIC_KINDS = {"attribute": 0.0, "combination": 0.0, "position": 1.0, "relation": 3.0, "count": 0.0, "full": 1.0}
+"""Caption kinds that name objects with their cells or relations, and whole-scene descriptions."""
+
+PRESETS: dict[str, WorldPreset] = {
+    "coco-like": WorldPreset(
+        "a random negative is false about 0.2-0.4% of the time (COCO: ~0.15%); near misses are the hard negatives",
+        {**_NEAR_MISS_SCENES, "min_attributes": 3, "caption_mix": _SPECIFIC_KINDS},
+    ),
+    "medium": WorldPreset(
+        "the same scenes with broader captions (objects named by 1-3 attributes): a random negative is false ~3.5% of the time",
+        {**_NEAR_MISS_SCENES, "min_attributes": 1, "caption_mix": _SPECIFIC_KINDS},
+    ),
+    "dense": WorldPreset(
+        "the default world (every caption kind, 1-4 objects, 6 colours, 4 shapes): a random negative is false ~18% of the time",
+        {"min_objects": 1, "max_objects": 4, "num_colors": 6, "num_shapes": 4, "near_misses": 0, "min_attributes": 0,
+         "caption_mix": {kind: 1.0 for kind in ("attribute", "combination", "position", "relation", "count", "full")}},
+    ),
+}
+"""Every preset by name (the values of ``ShapesConfig.preset``)."""
+
+
+def apply_preset(raw: dict) -> dict:
+    """``raw`` (a ShapesConfig mapping) with its preset's settings filled in where ``raw`` gives none.
+
+    ``caption_mix`` merges key by key, so ``preset=coco-like caption_mix.count=1`` keeps the
+    preset's other weights. An unknown name is left as it is, for the ``preset`` field to reject
+    (so the error names the key).
+    """
+    name = raw.get("preset")
+    if not isinstance(name, str) or name not in PRESETS:
+        return raw
+    out = dict(raw)
+    for key, value in PRESETS[name].settings.items():
+        if key == "caption_mix" and isinstance(raw.get(key), dict):
+            out[key] = {**value, **raw[key]}
+        elif key not in raw:
+            out[key] = value
+    return out
