@@ -26,4 +26,4 @@ test: install
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 clean:
-	rm -rf $(VENV) runs/shapes-demo data/shapes-demo .pytest_cache
+	rm -rf $(VENV) runs/shapes-demo .pytest_cache

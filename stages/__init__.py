@@ -14,6 +14,7 @@ import inspect
 import logging
 from typing import Callable
 
+from falcon_cli.config.recipes import place_dataset
 from falcon_cli.config.schema import Recipe
 from falcon_cli.errors import Refused
 from falcon_cli.runtime import distributed as D
@@ -39,6 +40,7 @@ def run_stages(config: Recipe, run: RunDirectory, stages: list[str] | None = Non
     # Under torchrun every rank runs the stages: join the process group first, so stages can
     # leave shared work (generating data, writing artifacts) to rank 0 and wait at a barrier.
     D.init_distributed(pick_device(config.pretrain.device).type)
+    place_dataset(config, run.path)  # (the CLI placed it before recording the config; this serves direct callers)
     results: dict[str, dict] = {}
     try:
         for name in stages or list(config.stages):

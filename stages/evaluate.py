@@ -50,7 +50,8 @@ from falcon_cli.evaluation.scoring import embed_split, retrieval_scores
 from falcon_cli.evaluation.vqa_accuracy import vqa_score
 from falcon_cli.evaluation.zero_shot import split_targets
 from falcon_cli.frameworks import framework_of
-from falcon_cli.models.pretrained import find_checkpoint, finetuned_weights, model_from_checkpoint, task_model_from_checkpoint
+from falcon_cli.models.pretrained import (UNSTATED_TEXT_LENGTH, find_checkpoint, finetuned_weights, model_from_checkpoint,
+                                         task_model_from_checkpoint, trained_text_length)
 from falcon_cli.runtime import distributed as D
 from falcon_cli.runtime.console import make_console
 from falcon_cli.runtime.precision import autocast, pick_device, resolve_precision
@@ -78,6 +79,10 @@ class Context:
 
     def autocast(self):
         return autocast(self.precision, self.device)
+
+    def text_length(self, checkpoint: Path) -> int:
+        """``evaluate.max_text_length``, else the limit ``checkpoint`` was trained with (ALBEF's 30 if it does not say)."""
+        return self.e.max_text_length or trained_text_length(checkpoint) or UNSTATED_TEXT_LENGTH
 
     def finetuned(self, task: str, checkpoint: str | None = None) -> Path:
         """``checkpoint``, else ``finetune/<task>/best`` of this run (what ``falcon finetune`` kept)."""
@@ -112,15 +117,16 @@ def evaluate_retrieval(ctx: Context) -> dict:
             dataset, loaded_at = retrieval_dataset(ctx.spec, r.split, build_transform("test", resolution)), resolution
             if first:  # the ground truth depends on the split's entries only
                 truth = false_negative_truth(ctx, dataset)
+        text_length = ctx.text_length(checkpoint)
         embeddings = embed_split(model, dataset, ctx.tokenizer, ctx.device, batch_size=e.batch_size,
-                                 max_length=e.max_text_length, autocast=ctx.autocast(), num_workers=e.num_workers,
+                                 max_length=text_length, autocast=ctx.autocast(), num_workers=e.num_workers,
                                  keep_tokens=depth is not None)
         scorings = [None, depth] if depth is not None and r.also_itc else [depth]  # None = ITC only
         for top in scorings:
             i2t, t2i = (s.cpu() for s in retrieval_scores(model, embeddings, k=top, batch_size=e.batch_size,
                                                             autocast=ctx.autocast(), add_itc=rule == "itm+itc"))
             scoring = "itc" if top is None else f"itc+itm@{top}" if rule == "itm" else f"itc+(itm+itc)@{top}"
-            row = {"model": name, "scoring": scoring, "resolution": resolution,
+            row = {"model": name, "scoring": scoring, "resolution": resolution, "max_text_length": text_length,
                    **recall_at_k(i2t, *split_targets(dataset), scores_t2i=t2i)}
             if truth[1] is not None:
                 row.update(truth[1](i2t, t2i))
@@ -227,7 +233,8 @@ def evaluate_vqa(ctx: Context) -> dict:
     answers = vqa_answer_list(ctx.spec)
     max_answer_length = int(meta_file.get("max_answer_length", 10))
     answer_ids, answer_mask = tokenize(ctx.tokenizer, answers, max_answer_length)
-    predictions = answer_questions(model, dataset, VqaCollate(ctx.tokenizer, e.max_text_length, max_answer_length),
+    text_length = ctx.text_length(checkpoint)
+    predictions = answer_questions(model, dataset, VqaCollate(ctx.tokenizer, text_length, max_answer_length),
                                    answer_ids, answer_mask, answers, ctx.device, k=v.k,
                                    batch_size=e.batch_size, num_workers=e.num_workers, autocast=ctx.autocast())
     row = {"split": v.split, "questions": len(dataset)}
@@ -235,7 +242,7 @@ def evaluate_vqa(ctx: Context) -> dict:
     if len(truth) == len(dataset.records):
         score = vqa_score(predictions, truth, v.answer_processing)
         row.update(accuracy=score["accuracy"])
-    meta = {"dataset": ctx.spec.name, "checkpoint": str(checkpoint), "resolution": resolution, "k": v.k,
+    meta = {"dataset": ctx.spec.name, "checkpoint": str(checkpoint), "resolution": resolution, "max_text_length": text_length, "k": v.k,
             "candidates": len(answers), "answer_processing": v.answer_processing, "units": "percent"}
     if D.is_main_process():
         result_file = ctx.run.path / "results" / f"vqa_result_{v.split}.json"
@@ -255,14 +262,16 @@ def evaluate_nlvr2(ctx: Context) -> dict:
     checkpoint = ctx.finetuned("nlvr2", n.checkpoint)
     model = task_model_from_checkpoint(checkpoint, "nlvr2").to(ctx.device)
     resolution = e.image_size or model.config.image_size
-    collate = Nlvr2Collate(ctx.tokenizer, e.max_text_length)
+    text_length = ctx.text_length(checkpoint)
+    collate = Nlvr2Collate(ctx.tokenizer, text_length)
     rows = []
     for split in n.splits:
         dataset = nlvr2_dataset(ctx.spec, split, build_transform("test", resolution))
         accuracy = nlvr2_accuracy(model, dataset, collate, ctx.device, batch_size=e.batch_size,
                                   num_workers=e.num_workers, autocast=ctx.autocast())
         rows.append({"split": split, "statements": len(dataset), "accuracy": accuracy})
-    meta = {"dataset": ctx.spec.name, "checkpoint": str(checkpoint), "resolution": resolution, "units": "percent"}
+    meta = {"dataset": ctx.spec.name, "checkpoint": str(checkpoint), "resolution": resolution, "max_text_length": text_length,
+            "units": "percent"}
     if D.is_main_process():
         console.print(write_results(ctx.run, "nlvr2", rows, meta, "NLVR2 accuracy (percent)"))
     return {"meta": meta, "rows": rows}

@@ -58,7 +58,7 @@ from falcon_cli.runtime.console import make_console
 from falcon_cli.runtime.metrics import MetricsLog
 from falcon_cli.runtime.optim import build_optimizer, learning_rate, set_learning_rate
 from falcon_cli.runtime.precision import autocast, grad_scaler, pick_device, resolve_precision
-from falcon_cli.runtime.progress import track
+from falcon_cli.runtime.progress import log_epoch, track
 from falcon_cli.runtime.seeding import seed_everything
 from falcon_cli.runtime.train_state import GlobalRng, TrainState, refuse_training_over
 
@@ -243,6 +243,7 @@ def fit(ctx: Context, name: str, trainable: LossModule, weights: dict[str, nn.Mo
     the last epoch) and checkpoint ``weights``; the kept weights go to ``finetune/<name>/best/``."""
     f, device, main = ctx.f, ctx.device, D.is_main_process()
     out = ctx.run.path / FINETUNED / name
+    meta = {"max_text_length": f.max_text_length, **(meta or {})}  # evaluation cuts captions where training did
     world, rank = D.world_size(), D.rank()
     trainable.to(device)
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=ctx.config.seed,
@@ -263,7 +264,7 @@ def fit(ctx: Context, name: str, trainable: LossModule, weights: dict[str, nn.Mo
     # and the scores; a task's checkpoints are never trained over without --resume or --overwrite.
     state = TrainState(out / "checkpoints", weights, shared={"optimizer": optimizer, "scaler": scaler},
                        per_rank={"rng": GlobalRng()}, what=f"{name} fine-tuning", keep_last=1, name=name,
-                       meta={"task": name, **(meta or {})}, say=console.print)
+                       meta={"task": name, **meta}, say=console.print)
     state.begin(resume=ctx.resume, overwrite=ctx.overwrite)
     metrics.truncate_after(state.step)
     step, best, history = state.step, state.values.get("best"), state.values.get("history", [])
@@ -296,16 +297,17 @@ def fit(ctx: Context, name: str, trainable: LossModule, weights: dict[str, nn.Mo
         if improved:
             best = {"epoch": epoch, "score": value, "metric": metric, **scores}
             if main:
-                save_best(out, weights["model"], {"task": name, **best, **(meta or {})})
+                save_best(out, weights["model"], {"task": name, **best, **meta})
         history.append({"epoch": epoch, **scores})
         if main:
             metrics.write(step=step, epoch=epoch, kind="epoch", **scores)
             console.print(f"{name} epoch {epoch}: " + (", ".join(f"{k} {v:.2f}" for k, v in scores.items()) or "done"))
+            log_epoch(f"finetune {name}", epoch, t.epochs, steps=step, loss=float(loss.detach()), **scores)
         state.step, state.values = step, {"best": best, "history": history}
         state.save(epoch + 1, 0)
         D.barrier()
     if t.epochs == 0 and main:  # nothing to train: the starting weights are the task's weights
-        save_best(out, weights["model"], {"task": name, "epoch": None, **(meta or {})})
+        save_best(out, weights["model"], {"task": name, "epoch": None, **meta})
     D.barrier()
     return {"epochs": t.epochs, "steps": step, "steps_per_epoch": steps, "examples": len(dataset),
             "best": best, "history": history, "weights": str(finetuned_weights(ctx.run.path, name))}

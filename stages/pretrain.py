@@ -63,7 +63,7 @@ from falcon_cli.runtime.metrics import MetricsLog
 from falcon_cli.runtime.optim import build_optimizer, learning_rate, set_learning_rate
 from falcon_cli.runtime.precision import autocast, grad_scaler, pick_device, resolve_precision
 from falcon_cli.runtime.profiling import StepProfiler
-from falcon_cli.runtime.progress import track
+from falcon_cli.runtime.progress import log_epoch, track
 from falcon_cli.runtime.run_dir import RunDirectory
 from falcon_cli.runtime.seeding import seed_everything
 from falcon_cli.runtime.train_state import Generators, GlobalRng, TrainState
@@ -159,7 +159,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
                                "scheduler": scheduler},
                        per_rank={"rng": GlobalRng(), "generators": generators, "epoch_batches": epochs,
                                  "falcon": falcon, "flags": flags},
-                       meta={"model": p.model, "image_size": resolution})
+                       meta={"model": p.model, "image_size": resolution, "max_text_length": p.max_text_length})
     state.begin(resume=resume, overwrite=overwrite)
     metrics.truncate_after(state.step)  # what the killed run logged after its checkpoint goes
     results = state.values.setdefault("results", {})
@@ -244,6 +244,10 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
                                "split": "pretrain", "epoch": epoch, FINGERPRINT_ATTR: fingerprint})
             run.add_artifact(path, schema="embeddings", schema_version=1)
         state.save(epoch + 1, 0)
+        if seen:  # (log.txt shows each epoch even with no progress bar: sweeps, cluster jobs)
+            elapsed = time.perf_counter() - tick
+            log_epoch("pretrain", epoch, p.epochs, steps=state.step, loss=float(out.loss), pairs_per_s=seen / elapsed,
+                      seconds=elapsed)
 
     # 6. Zero-shot retrieval with the trained model (ITC only; ITM re-ranking is `falcon evaluate`).
     if eval_split is not None:

@@ -45,6 +45,10 @@ def test_recipe_chain_writes_every_result(run_dir):
         for suffix in ("json", "csv", "md"):
             assert (run_dir / "results" / f"{task}.{suffix}").is_file()
     assert (run_dir / "finetune" / "nlvr2" / "text_assignment" / "best" / "model.safetensors").is_file()
+    # No progress bar here (FALCON_PROGRESS=0), yet log.txt shows each epoch of each training loop.
+    log = (run_dir / "log.txt").read_text()
+    assert "pretrain epoch 1/1: steps 3, loss " in log and "pairs per s" in log
+    assert "finetune vqa epoch 1/1: steps 2, loss " in log and "finetune nlvr2 epoch 2/2: " in log
 
     retrieval = rows(run_dir, "retrieval")
     assert retrieval["meta"]["false_negatives"] == "oracle" and retrieval["meta"]["units"] == "percent"
@@ -55,7 +59,9 @@ def test_recipe_chain_writes_every_result(run_dir):
             assert 0.0 <= row[key] <= 100.0, key
         # Every own caption is also a true match, so the oracle's R@K can only be higher.
         assert row["oracle_i2t_R@1"] >= row["i2t_R@1"] and row["oracle_t2i_R@5"] >= row["t2i_R@5"]
-    # The ITC row is the same ranking the pretrain stage's zero-shot evaluation measured.
+    # The ITC row is the same ranking the pretrain stage's zero-shot evaluation measured: captions are cut
+    # where pretraining cut them (pretrain.max_text_length, 25), not at a length of evaluate's own.
+    assert [r["max_text_length"] for r in retrieval["rows"]] == [25, 25]
     zero_shot = rows(run_dir, "retrieval_zeroshot")["rows"][-1]
     for key in ("i2t_R@1", "i2t_R@5", "t2i_R@1", "t2i_R@5", "mean_R"):
         assert retrieval["rows"][0][key] == pytest.approx(zero_shot[key], abs=1e-6), key
@@ -89,10 +95,30 @@ def test_evaluate_a_checkpoint_and_both_models(run_dir):
     result = rows(run_dir, "retrieval")
     assert [(r["model"], r["scoring"]) for r in result["rows"]] == [
         ("pretrained", "itc"), ("pretrained", "itc+itm@3"), ("finetuned", "itc"), ("finetuned", "itc+itm@3")]
+    assert [r["max_text_length"] for r in result["rows"]] == [25, 25, 30, 30]  # pretrain's and finetune's limits
     assert "oracle_i2t_R@1" not in result["rows"][0] and result["meta"]["k"] == 3
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["config"]["evaluate"]["retrieval"]["models"] == ["pretrained", "finetuned"]
     assert manifest["config"]["pretrain"]["epochs"] == 1  # the training record is untouched
+
+
+def test_the_trained_text_length_of_a_checkpoint(tmp_path):
+    """meta.json says it; a checkpoint written before that key falls back to its run's config; an official
+    file says nothing (evaluate then uses ALBEF's 30)."""
+    from falcon_cli.models.pretrained import trained_text_length
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "000008").mkdir(parents=True)
+    (run / "finetune" / "retrieval" / "best").mkdir(parents=True)
+    (run / "config.yaml").write_text("pretrain:\n  max_text_length: 40\nfinetune:\n  max_text_length: 35\n")
+    assert trained_text_length(run / "checkpoints" / "000008") == 40
+    assert trained_text_length(run / "finetune" / "retrieval" / "best") == 35
+    (run / "checkpoints" / "000008" / "meta.json").write_text(json.dumps({"step": 8, "max_text_length": 20}))
+    assert trained_text_length(run / "checkpoints" / "000008") == 20
+    assert trained_text_length(tmp_path / "ALBEF_4M.pth") is None
+    alone = tmp_path / "copied" / "000008"
+    alone.mkdir(parents=True)
+    assert trained_text_length(alone) is None
 
 
 def test_resume_after_the_last_epoch_trains_nothing(run_dir):

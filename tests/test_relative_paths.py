@@ -114,3 +114,21 @@ def test_data_commands_with_relative_paths(work):
     ok(run_cli("data", "shapes", "--out", "../worlds/v", "--images", "30", "--seed", "3", cwd=sub))
     assert (work / "elsewhere" / "worlds" / "v" / "world.json").is_file()
     ok(run_cli("data", "check", "../worlds/v", cwd=sub))
+
+
+def test_a_generated_world_without_a_dataset_goes_into_the_run(tmp_path):
+    """The shapes recipes name no data.dataset: the world goes into <run>/world, not into the working
+    directory (which is often the code checkout); readers find it from anywhere through the manifest."""
+    cwd = tmp_path / "checkout"
+    cwd.mkdir()
+    ok(run_cli("run", "--recipe", "shapes-demo", "--run-dir", "runs/own", "stages=[data]", "data.shapes.images=24",
+               "data.tokenizer_vocab_size=200", cwd=cwd))
+    run = cwd / "runs" / "own"
+    manifest = check_run(run)
+    assert manifest["config"]["data"]["dataset"] == str(run / "world")
+    assert (run / "world" / "world.json").is_file()
+    assert sorted(p.name for p in cwd.iterdir()) == ["runs"]
+    shown = ok(run_cli("recipes", "show", "shapes-demo", cwd=cwd)).stdout
+    assert "dataset: null" in shown and str(cwd) not in shown
+    bad = run_cli("run", "--recipe", "shapes-demo", "--run-dir", "runs/bad", "data.shapes=null", cwd=cwd)
+    assert bad.returncode != 0 and "data.dataset is required" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

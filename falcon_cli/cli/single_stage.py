@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from falcon_cli.config.paths import absolute_input_paths
-from falcon_cli.config.recipes import load_recipe
+from falcon_cli.config.recipes import load_recipe, place_dataset
 from falcon_cli.config.recipes import apply_overrides, validate_config
 from falcon_cli.errors import FalconError
 from falcon_cli.runtime.console import make_console
@@ -24,6 +24,7 @@ def run_single_stage(stage: str, recipe: str, run_dir: Path | None, overrides: l
 
     config, _ = load_recipe(recipe, overrides or [])
     run_dir = run_dir or Path("runs") / config.name
+    place_dataset(config, run_dir)
     data_done = (run_dir / "manifest.json").exists() and \
         read_manifest(run_dir).get("stages", {}).get("data", {}).get("status") == "completed"
     run = RunDirectory.open(run_dir, config=config.model_dump(mode="json"), seed=config.seed,

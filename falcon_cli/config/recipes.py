@@ -262,6 +262,18 @@ def load_recipe(name_or_path: str | Path, overrides: list[str] | None = None) ->
     return absolute_input_paths(validate_config(raw, str(path), overridden)), path
 
 
+RUN_WORLD = "world"
+"""Where a recipe's generated shapes world goes when it names no ``data.dataset``: ``<run>/world``."""
+
+
+def place_dataset(config: Recipe, run_dir: str | Path) -> Recipe:
+    """``config`` with ``data.dataset`` set to ``<run_dir>/world`` (absolute) when it names none (a generated
+    shapes world then lives in its run); in place, and returned."""
+    if config.data.dataset is None:
+        config.data.dataset = Path(os.path.abspath(Path(run_dir) / RUN_WORLD))
+    return config
+
+
 def recipe_header(path: Path) -> str:
     """The comment block at the top of a recipe (its documentation and exact command)."""
     lines = []

@@ -42,9 +42,10 @@ class Section(BaseModel):
 class DataConfig(Section):
     """Which dataset a run uses, how it is checked, and which tokenizer reads its captions."""
 
-    dataset: Annotated[Path, InputPath()]
+    dataset: Annotated[Path | None, InputPath()] = None
     """The dataset spec: a ``dataset.yaml`` file or the directory holding one (relative paths are
-    relative to the working directory)."""
+    relative to the working directory). None (only with ``shapes``): the generated world goes into the
+    run directory, ``<run>/world``, never into the working directory by accident."""
 
     shapes: ShapesConfig | None = None
     """If set, generate a shapes world with these settings at ``dataset`` when it is missing
@@ -66,9 +67,17 @@ class DataConfig(Section):
     tokenizer_vocab_size: int = Field(1000, ge=16)
     """Vocabulary size when ``tokenizer`` is ``wordpiece``."""
 
+    @model_validator(mode="after")
+    def _dataset_or_world(self) -> "DataConfig":
+        if self.dataset is None and self.shapes is None:
+            raise ValueError("data.dataset is required (a dataset.yaml or the directory holding one) unless data.shapes "
+                             "generates a world, which then goes into the run directory")
+        return self
+
 
 FalseNegativeMethod = Literal["none", "mafa", "srcl", "diht", "glofnd"]
 """The values of ``pretrain.false_negatives``."""
+
 
 class MafaConfig(Section):
     """MAFA (``pretrain.false_negatives: mafa``): efficient connection mining with a frozen
@@ -756,8 +765,11 @@ class EvaluateConfig(Section):
     """NLVR2."""
     image_size: int | None = Field(None, ge=8)
     """Evaluation resolution; None = each checkpoint's own."""
-    max_text_length: int = Field(30, ge=2)
-    """Token limit of captions, questions and statements (ALBEF: 30 for retrieval)."""
+    max_text_length: int | None = Field(None, ge=2)
+    """Token limit of captions, questions and statements; None = the limit each evaluated checkpoint was
+    trained with (its ``meta.json``, else its run's config: the pretraining zero-shot numbers and these
+    then agree), 30 for checkpoints that do not say (official ``.pth`` files: ALBEF's). Recorded per row
+    in the results."""
     batch_size: int = Field(64, ge=1)
     """Images or texts per encoder forward, and pairs per ITM re-ranking forward."""
     device: str = "auto"

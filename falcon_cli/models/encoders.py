@@ -31,7 +31,7 @@ from falcon_cli.models.open_clip_names import (HF_HUB, LOCAL_DIR, _check_open_cl
 from falcon_cli.data.collate import tokenize
 from falcon_cli.data.tokenizer import load_tokenizer
 from falcon_cli.models.dual import open_clip_image, open_clip_text
-from falcon_cli.models.pretrained import tokenizer_vocabulary
+from falcon_cli.models.pretrained import tokenizer_vocabulary, trained_text_length
 from falcon_cli.models.registry import model_from_weights
 from falcon_cli.models.similarity import paired_image_feature
 from falcon_cli.runtime.hub import hub_hint, prepare_hub
@@ -153,7 +153,7 @@ class FalconEncoder:
         self.checkpoint = str(checkpoint)
         self.epoch = meta.get("epoch")
         self.image_transform = build_transform("test", self.model.config.image_size)
-        self.tokenizer = FalconTokenizer(tokenizer, _max_text_length(run_dir))
+        self.tokenizer = FalconTokenizer(tokenizer, trained_text_length(checkpoint) or DEFAULT_MAX_TEXT_LENGTH)
 
     @torch.no_grad()
     def encode(self, images: torch.Tensor, text: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -217,17 +217,6 @@ def _open_clip_checkpoint(name: str, pretrained: str | None) -> str:
     find = getattr(open_clip.factory, "_find_checkpoint_in_dir", None)  # open_clip's own choice among several files
     found = find(directory) if find is not None else None
     return str(Path(found).resolve() if found else directory.resolve())
-
-
-def _max_text_length(run_dir: Path | None) -> int:
-    """The run's ``pretrain.max_text_length`` (from its config.yaml), else falcon's default."""
-    import yaml
-
-    config = run_dir / "config.yaml" if run_dir is not None else None
-    if config is None or not config.is_file():
-        return DEFAULT_MAX_TEXT_LENGTH
-    values = yaml.safe_load(config.read_text()) or {}
-    return int((values.get("pretrain") or {}).get("max_text_length") or DEFAULT_MAX_TEXT_LENGTH)
 
 
 def _read_json(path: Path) -> dict:

@@ -9,9 +9,12 @@ patch grid (bicubic, as ALBEF's ``interpolate_pos_embed``); every other weight i
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from falcon_cli.artifacts.checkpoints import WEIGHTS, latest_checkpoint
+import yaml
+
+from falcon_cli.artifacts.checkpoints import META, WEIGHTS, latest_checkpoint
 from falcon_cli.errors import FalconError
 from falcon_cli.models.albef import ALBEF
 from falcon_cli.models.albef_checkpoint import albef_from_file, is_albef_file
@@ -112,6 +115,34 @@ def tokenizer_vocabulary(config) -> int:
 
 FINETUNED = Path("finetune")
 """Fine-tuning output inside a run: ``finetune/<task>/`` (checkpoints/, best/, metrics.jsonl)."""
+
+
+UNSTATED_TEXT_LENGTH = 30
+"""Token limit for checkpoints that do not say what they were trained with (official ``.pth`` files): ALBEF's."""
+
+
+def trained_text_length(checkpoint: str | Path) -> int | None:
+    """The token limit a checkpoint's captions were cut at in training: its ``meta.json``'s
+    ``max_text_length``; for checkpoints written before that key, its run's ``config.yaml``
+    (``pretrain.max_text_length`` for ``<run>/checkpoints/<step>``, ``finetune.max_text_length`` for
+    ``<run>/finetune/<task>/best``); None when neither says (an official ``.pth`` file)."""
+    path = Path(checkpoint)
+    meta = path / META
+    if meta.is_file():
+        value = json.loads(meta.read_text(encoding="utf-8")).get("max_text_length")
+        if value is not None:
+            return int(value)
+    if path.parent.name == "checkpoints":                                    # <run>/checkpoints/<step>
+        run_dir, section = path.parent.parent, "pretrain"
+    elif len(path.parents) > 2 and path.parent.parent.name == FINETUNED.name:  # <run>/finetune/<task>/best
+        run_dir, section = path.parents[2], "finetune"
+    else:
+        return None
+    config = run_dir / "config.yaml"
+    if not config.is_file():
+        return None
+    value = ((yaml.safe_load(config.read_text(encoding="utf-8")) or {}).get(section) or {}).get("max_text_length")
+    return int(value) if value is not None else None
 
 
 def finetuned_weights(run_dir: str | Path, task: str) -> Path:

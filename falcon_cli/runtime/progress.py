@@ -1,11 +1,14 @@
 """Progress bars: rich on rank 0 when stderr is a terminal, silent otherwise.
 
 Every long step wraps its loop in :func:`track`. In CI, in pipes and on ranks other than 0
-nothing is drawn, so logs stay clean.
+nothing is drawn, so logs stay clean. Training loops also call :func:`log_epoch` after each epoch,
+which writes one line to the run's ``log.txt`` whether or not a bar is drawn, so a run started
+without a terminal (a sweep, a cluster job) still shows how far it got.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import Iterable, Iterator, TypeVar
@@ -70,3 +73,16 @@ def track(iterable: Iterable[T], description: str, total: int | None = None) -> 
                 bar.advance(task)
     finally:
         _live -= 1
+
+
+def log_epoch(stage: str, epoch: int, epochs: int, **figures) -> None:
+    """One ``log.txt`` line for a finished epoch (rank 0): ``pretrain epoch 3/11: steps 157, loss 2.3101, ...``.
+
+    ``epoch`` counts from 0 as everywhere in falcon; the line says ``epoch + 1`` of ``epochs``. Floats are
+    written with 4 significant digits; None values are left out.
+    """
+    if not is_main_process():
+        return
+    parts = [f"{name.replace('_', ' ')} {value:.4g}" if isinstance(value, float) else f"{name.replace('_', ' ')} {value}"
+             for name, value in figures.items() if value is not None]
+    logging.getLogger("falcon").info("%s epoch %d/%d: %s", stage, epoch + 1, epochs, ", ".join(parts))
