@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
 from falcon_cli.evaluation.retrieval import recall_at_k, retrieval_ranks
@@ -64,3 +65,26 @@ def test_ties_rank_the_lower_index_first():
     scores = torch.tensor([[0.5, 0.5, 0.1]])
     assert retrieval_ranks(scores, [[0]], [0, 0, 0])[0].tolist() == [0]
     assert retrieval_ranks(scores, [[1]], [0, 0, 0])[0].tolist() == [1]
+
+
+def test_each_recall_has_its_wilson_interval():
+    """R@K over n queries is a binomial proportion; the interval is Wilson's, checked against the formula written
+    out and against scipy-free known values; the Markdown shows it beside the value."""
+    import math
+
+    from falcon_cli.artifacts.results import markdown_table
+    from falcon_cli.evaluation.intervals import wilson_interval
+
+    assert wilson_interval(50.0, 100) == pytest.approx((40.38, 59.62), abs=0.01)  # the textbook example
+    lo, hi = wilson_interval(0.0, 20)
+    assert lo == 0.0 and hi == pytest.approx(100 * 3.8415 / (20 + 3.8415), abs=0.01)
+    p, n, z = 0.3, 2000, 1.959963984540054
+    centre, half = (p + z * z / (2 * n)) / (1 + z * z / n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    assert wilson_interval(30.0, 2000) == pytest.approx((100 * (centre - half), 100 * (centre + half)))
+    scores = torch.eye(4)
+    scores[0] = torch.tensor([0.0, 1.0, 0.0, 0.0])  # image 0 ranks caption 1 first
+    metrics = recall_at_k(scores, [[0], [1], [2], [3]], [0, 1, 2, 3])
+    assert metrics["i2t_R@1"] == 75.0
+    assert (metrics["i2t_R@1_lo"], metrics["i2t_R@1_hi"]) == pytest.approx(wilson_interval(75.0, 4))
+    table = markdown_table([{"model": "m", "i2t_R@1": 75.0, "i2t_R@1_lo": 30.06, "i2t_R@1_hi": 95.44}])
+    assert "| model | i2t_R@1 |" in table and "75.00 [30.1, 95.4]" in table and "_lo" not in table

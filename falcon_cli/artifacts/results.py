@@ -24,10 +24,22 @@ def _cell(value: Any) -> str:
 
 
 def markdown_table(rows: Sequence[dict], columns: Sequence[str] | None = None) -> str:
-    """A Markdown table of ``rows`` (floats to two decimals); ``columns`` default: every key, in first-seen order."""
+    """A Markdown table of ``rows`` (floats to two decimals); ``columns`` default: every key, in first-seen order.
+
+    A column ``X`` with ``X_lo`` and ``X_hi`` beside it (an interval) is shown as one cell, ``12.34 [10.1, 14.8]``.
+    """
     columns = list(columns or dict.fromkeys(k for row in rows for k in row))
+    bounded = {c for c in columns if f"{c}_lo" in columns and f"{c}_hi" in columns}
+    columns = [c for c in columns if not any(c in (f"{b}_lo", f"{b}_hi") for b in bounded)]
+
+    def cell(row: dict, c: str) -> str:
+        lo, hi = row.get(f"{c}_lo"), row.get(f"{c}_hi")
+        if c in bounded and isinstance(lo, float) and isinstance(hi, float) and row.get(c) is not None:
+            return f"{_cell(row.get(c))} [{lo:.1f}, {hi:.1f}]"
+        return _cell(row.get(c))
+
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in rows]
+    lines += ["| " + " | ".join(cell(row, c) for c in columns) + " |" for row in rows]
     return "\n".join(lines)
 
 

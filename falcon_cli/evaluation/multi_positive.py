@@ -21,6 +21,7 @@ from typing import Sequence
 import torch
 
 from falcon_cli.errors import FalconError
+from falcon_cli.evaluation.intervals import with_intervals
 
 KS = (1, 5, 10)
 
@@ -131,7 +132,8 @@ def fn_aware_retrieval(scores_i2t: torch.Tensor, positives_i2t: torch.Tensor, pr
     Keys: ``{prefix}_i2t_R@K`` for each K, ``{prefix}_i2t_R-P``, ``{prefix}_i2t_mAP@R``, the
     same for ``t2i`` (scored by ``scores_t2i`` [n_texts, n_images], default the transpose: ITM
     re-ranking scores the two directions differently), and ``{prefix}_mean_R``, the mean of the
-    ``2 * len(ks)`` R@K values.
+    ``2 * len(ks)`` R@K values. Each R@K has its 95% interval (``…_lo``, ``…_hi``; Wilson's over the
+    direction's queries with a positive).
     """
     result: dict[str, float] = {}
     recalls = []
@@ -140,6 +142,7 @@ def fn_aware_retrieval(scores_i2t: torch.Tensor, positives_i2t: torch.Tensor, pr
         metrics = multi_positive_metrics(scores, positives, ks)
         for k in ks:
             result[f"{prefix}_{direction}_R@{k}"] = metrics[f"R@{k}"]
+            with_intervals(result, f"{prefix}_{direction}_R@{k}", metrics["queries"])
             recalls.append(metrics[f"R@{k}"])
         result[f"{prefix}_{direction}_R-P"] = metrics["R-P"]
         result[f"{prefix}_{direction}_mAP@R"] = metrics["mAP@R"]

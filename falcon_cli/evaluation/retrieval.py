@@ -11,6 +11,8 @@ from typing import Sequence
 
 import torch
 
+from falcon_cli.evaluation.intervals import with_intervals
+
 KS = (1, 5, 10)
 
 
@@ -50,13 +52,16 @@ def retrieval_ranks(scores_i2t: torch.Tensor, img2txt: Sequence[Sequence[int]], 
 def recall_at_k(scores_i2t: torch.Tensor, img2txt: Sequence[Sequence[int]], txt2img: Sequence[int],
                 ks: Sequence[int] = KS, scores_t2i: torch.Tensor | None = None) -> dict[str, float]:
     """``{"i2t_R@1": …, "t2i_R@1": …, "i2t_mean": …, "t2i_mean": …, "mean_R": …}`` in percent
-    (``scores_t2i``: see :func:`retrieval_ranks`)."""
+    (``scores_t2i``: see :func:`retrieval_ranks`); each R@K with its 95% interval (``i2t_R@1_lo`` /
+    ``i2t_R@1_hi``, Wilson's, over the direction's queries: :mod:`~falcon_cli.evaluation.intervals`)."""
     image_ranks, text_ranks = retrieval_ranks(scores_i2t, img2txt, txt2img, scores_t2i)
     result: dict[str, float] = {}
     for k in ks:
         result[f"i2t_R@{k}"] = 100.0 * (image_ranks < k).double().mean().item()
+        with_intervals(result, f"i2t_R@{k}", len(image_ranks))
     for k in ks:
         result[f"t2i_R@{k}"] = 100.0 * (text_ranks < k).double().mean().item()
+        with_intervals(result, f"t2i_R@{k}", len(text_ranks))
     result["i2t_mean"] = sum(result[f"i2t_R@{k}"] for k in ks) / len(ks)
     result["t2i_mean"] = sum(result[f"t2i_R@{k}"] for k in ks) / len(ks)
     result["mean_R"] = (result["i2t_mean"] + result["t2i_mean"]) / 2
