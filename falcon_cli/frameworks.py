@@ -69,6 +69,9 @@ class Framework:
     fixed_settings: tuple[tuple[str, Any], ...] = ()
     """``pretrain`` settings its models do not offer, each with the only value allowed (ALBEF's momentum ITC,
     official-checkpoint ``init`` and ``compile``)."""
+    unimodal_init: bool = False
+    """Whether the ``unimodal`` stage's encoders (a timm ViT and a BERT, :mod:`falcon_cli.models.unimodal`) load into
+    its models as ``vision_weights`` / ``text_weights``: ALBEF's do."""
 
     @property
     def title(self) -> str:
@@ -117,7 +120,7 @@ FRAMEWORKS: dict[str, Framework] = {
                        masked_language=True, rerank="itm", itc_label_smoothing=0.0, itc_stop_gradient=True,
                        consistency_weight=ITC_CONSISTENCY_WEIGHT["none"],  # GRIT-VLP's 0.2
                        objective=_albef_objective, weight_fields={"vision": "vision_weights", "text": "text_weights"},
-                       pad_token=False, frozen_image_encoder=False),
+                       pad_token=False, frozen_image_encoder=False, unimodal_init=True),
     "blip2": Framework("blip2", FAMILIES["blip2"], losses=("itc", "itm", "itg"),
                        rewards=("itg", "itc+itm", "itc+itm+itg", "alignment", "positive_margin"),
                        masked_language=False, rerank="itm+itc", itc_label_smoothing=BLIP2_ITC_LABEL_SMOOTHING,

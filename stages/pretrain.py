@@ -36,6 +36,7 @@ from falcon_cli.artifacts.embeddings import FINGERPRINT_ATTR
 from falcon_cli.artifacts.results import write_results as write_results_table
 from falcon_cli.artifacts.tables import BATCHES
 from falcon_cli.config.schema import Recipe
+from falcon_cli.config.unimodal import unimodal_weights
 from falcon_cli.data.collate import PretrainCollate
 from falcon_cli.data.datasets import pretrain_dataset, retrieval_dataset
 from falcon_cli.data.pairs import records_fingerprint
@@ -98,8 +99,9 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
         spec.on_missing = config.data.on_missing
     tokenizer = load_run_tokenizer(run.path, config.name)
     framework = model_framework(p.model)  # ALBEF, BLIP-2 or a dual encoder: everything below the model is the same
-    model = create_model(p.model, **model_overrides(framework, len(tokenizer), vision_weights=p.vision_weights,
-                                                    text_weights=p.text_weights, image_size=p.image_size,
+    vision_weights, text_weights = weight_sources(config, run, tokenizer)  # (`unimodal`: the unimodal stage's)
+    model = create_model(p.model, **model_overrides(framework, len(tokenizer), vision_weights=vision_weights,
+                                                    text_weights=text_weights, image_size=p.image_size,
                                                     pad_token_id=tokenizer.pad_token_id))
     if p.init is not None:  # a whole official ALBEF/GRIT-VLP/MAFA checkpoint (docs/pretraining.md)
         load_albef_checkpoint(model, p.init)
@@ -318,6 +320,21 @@ def record_artifacts(run: RunDirectory, *, with_q_figure: bool) -> None:
 def data_parallel(objective: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     """``objective`` under DDP (again when BLIP-2's image encoder freezes: DDP must know what still trains)."""
     return torch.nn.parallel.DistributedDataParallel(objective, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def weight_sources(config: Recipe, run: RunDirectory, tokenizer) -> tuple[str | None, str | None]:
+    """``pretrain.vision_weights`` and ``text_weights`` with the keyword ``unimodal`` replaced by the files the
+    unimodal stage wrote for this run's world, model, tokenizer and seed (refused when it has not run)."""
+    p = config.pretrain
+    if "unimodal" not in (p.vision_weights, p.text_weights):
+        return p.vision_weights, p.text_weights
+    weights = unimodal_weights(config, tokenizer.get_vocab())
+    if not weights.complete():
+        raise FalconError(f"pretrain: vision_weights/text_weights=unimodal, but {weights.path} holds no unimodal "
+                          f"weights for this world, model and seed; add unimodal to the recipe's stages or run "
+                          f"`falcon unimodal --recipe {config.name} --run-dir {run.path}` first")
+    return (str(weights.vision) if p.vision_weights == "unimodal" else p.vision_weights,
+            str(weights.text) if p.text_weights == "unimodal" else p.text_weights)
 
 
 def step_inputs(batch: dict, device: torch.device, preloaded: PreloadedImages | None, mask_generator: torch.Generator | None,

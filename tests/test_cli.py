@@ -11,7 +11,7 @@ from falcon_cli import __version__
 
 COMMANDS = [
     [], ["data"], ["data", "shapes"], ["data", "check"], ["recipes"], ["recipes", "list"],
-    ["recipes", "show"], ["recipes", "validate"], ["run"], ["pretrain"], ["embed"], ["build-search-spaces"], ["audit-false-negatives"],
+    ["recipes", "show"], ["recipes", "validate"], ["run"], ["pretrain"], ["unimodal"], ["embed"], ["build-search-spaces"], ["audit-false-negatives"],
 ]
 
 
@@ -45,7 +45,7 @@ def test_only_working_commands_are_registered():
     from falcon_cli.cli.app import app
 
     # ML commands (embed, evaluate, ...) arrive with the stages that implement them: no placeholders.
-    assert set(typer.main.get_command(app).commands) == {"data", "recipes", "run", "pretrain", "embed", "build-search-spaces",
+    assert set(typer.main.get_command(app).commands) == {"data", "recipes", "run", "pretrain", "unimodal", "embed", "build-search-spaces",
                                                          "audit-false-negatives", "finetune", "evaluate"}
     evaluate = typer.main.get_command(app).commands["evaluate"]
     assert set(evaluate.commands) == {"retrieval", "vqa", "nlvr2"}

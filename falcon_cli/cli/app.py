@@ -14,7 +14,7 @@ import typer
 from falcon_cli.runtime.console import make_console
 
 from falcon_cli import __version__
-from falcon_cli.cli import audit, data, embed, evaluate, finetune, pretrain, recipes, run, search_spaces
+from falcon_cli.cli import audit, data, embed, evaluate, finetune, pretrain, recipes, run, search_spaces, unimodal
 from falcon_cli.errors import FalconError, storage_error
 
 app = typer.Typer(
@@ -30,6 +30,7 @@ app.add_typer(data.app, name="data")
 app.add_typer(recipes.app, name="recipes")
 app.command(name="run")(run.run_recipe)
 app.command(name="pretrain")(pretrain.pretrain)
+app.command(name="unimodal")(unimodal.unimodal)
 app.command(name="embed")(embed.embed)
 app.command(name="build-search-spaces")(search_spaces.build_search_spaces)
 app.command(name="audit-false-negatives")(audit.audit_false_negatives)

@@ -20,11 +20,12 @@ from falcon_cli.frameworks import model_framework
 from falcon_cli.method_weights import ITC_CONSISTENCY_WEIGHT
 from falcon_cli.models.registry import get_model_config
 
-StageName = Literal["data", "embed", "build_search_spaces", "pretrain", "audit_false_negatives", "finetune", "evaluate"]
+StageName = Literal["data", "unimodal", "embed", "build_search_spaces", "pretrain", "audit_false_negatives", "finetune",
+                    "evaluate"]
 """The stages a recipe can chain, in the order they may run."""
 
-STAGE_ORDER: tuple[str, ...] = ("data", "embed", "build_search_spaces", "pretrain", "audit_false_negatives", "finetune",
-                                "evaluate")
+STAGE_ORDER: tuple[str, ...] = ("data", "unimodal", "embed", "build_search_spaces", "pretrain", "audit_false_negatives",
+                                "finetune", "evaluate")
 
 PER_PAIR_REWARDS = ("mlm", "itg", "caption", "alignment", "positive_margin")
 """Rewards measured per pair, which a per-step ``scheduler_credit`` can hand to single q's."""
@@ -170,11 +171,14 @@ class PretrainConfig(Section):
     encoder."""
     image_size: int | None = Field(None, ge=8)
     """Input resolution in pixels (default: the model config's; albef-base pretrains at 256)."""
-    vision_weights: Annotated[str | None, InputPath(when="exists")] = None
-    """Image-encoder weights: a timm name (``timm:deit_base_patch16_224.fb_in1k``) or a local file; None = random init.
-    A dual encoder: the whole open_clip model's weights, a pretrained tag (``webli``, ``openai``) or a checkpoint file."""
-    text_weights: Annotated[str | None, InputPath(when="exists")] = None
-    """Text/fusion weights: a hub id (``bert-base-uncased``) or a local directory; None = random init."""
+    vision_weights: Annotated[str | None, InputPath(when="exists", keywords=("unimodal",))] = None
+    """Image-encoder weights: a timm name (``timm:deit_base_patch16_224.fb_in1k``) or a local file; ``unimodal`` = the
+    shapes world's DeiT analogue that the ``unimodal`` stage trained for this run's world, model and seed; None =
+    random init. A dual encoder: the whole open_clip model's weights, a pretrained tag (``webli``, ``openai``) or a
+    checkpoint file."""
+    text_weights: Annotated[str | None, InputPath(when="exists", keywords=("unimodal",))] = None
+    """Text/fusion weights: a hub id (``bert-base-uncased``) or a local directory; ``unimodal`` = the shapes world's
+    BERT analogue from the ``unimodal`` stage; None = random init."""
     vision_trainable_epochs: int = Field(0, ge=0)
     """BLIP-2 models: the image encoder trains for this many first epochs, then stays frozen. BLIP-2 freezes a
     pretrained encoder throughout (0, the default); a small run without a pretrained encoder (the shapes
@@ -429,6 +433,9 @@ class PretrainConfig(Section):
             if getattr(self, key) != allowed:
                 raise ValueError(f"{key}={getattr(self, key)}: not available for {framework.title} models ({self.model}); "
                                  f"leave {key} at {allowed}")
+        if "unimodal" in (self.vision_weights, self.text_weights) and not framework.unimodal_init:
+            raise ValueError(f"unimodal weights: the unimodal stage trains ALBEF's encoders (a ViT and a BERT); "
+                             f"{self.model} is a {framework.title} model")
         if framework.weight_fields["text"] is None and self.text_weights is not None:
             raise ValueError(f"text_weights={self.text_weights}: a {framework.title} ({self.model}) loads the whole "
                              "open_clip model from vision_weights (a pretrained tag or a file); leave text_weights unset")
@@ -446,6 +453,34 @@ class PretrainConfig(Section):
             return model_framework(self.model)
         except FalconError as exc:
             raise ValueError(str(exc)) from None
+
+
+class UnimodalConfig(Section):
+    """The ``unimodal`` stage (shapes worlds): ALBEF's DeiT and BERT in miniature, trained once per world, model
+    and seed and cached (``falcon_cli/models/unimodal.py``); pretraining takes them with ``pretrain.vision_weights:
+    unimodal`` and ``pretrain.text_weights: unimodal``. The encoders have ``pretrain.model``'s architecture at
+    ``pretrain.image_size``."""
+
+    image_epochs: int = Field(30, ge=0)
+    """Epochs of the image encoder over the world's training images: per grid cell, classify the shape, the colour
+    and the size (or empty), the ImageNet analogue."""
+    text_epochs: int = Field(20, ge=0)
+    """Epochs of the text encoder over the training captions: masked language modelling, the BERT analogue."""
+    batch_size: int = Field(64, ge=1)
+    """Images or captions per step."""
+    image_lr: float = Field(1e-3, gt=0)
+    """Peak AdamW learning rate of the image encoder (linear warm-up over the first epoch, cosine to 1% of it)."""
+    text_lr: float = Field(5e-4, gt=0)
+    """Peak AdamW learning rate of the text encoder (same schedule)."""
+    weight_decay: float = Field(0.05, ge=0)
+    """AdamW weight decay of both."""
+    mlm_probability: float = Field(0.15, gt=0, lt=1)
+    """Share of caption tokens masked (BERT's 15%, 80/10/10 as in pretraining's MLM)."""
+    cache_dir: Annotated[Path | None, InputPath()] = None
+    """Where the weights are kept, one subdirectory per world, architecture, tokenizer, settings and seed; None =
+    ``<data.dataset>/unimodal`` (inside the world, so every run of that world shares them)."""
+    device: str = "auto"
+    """``auto`` (the local GPU if any, else CPU), ``cpu`` or ``cuda[:n]``."""
 
 
 class EmbedConfig(Section):
@@ -807,6 +842,9 @@ class Recipe(Section):
 
     data: DataConfig
     """The ``data`` stage: dataset spec, optional shapes-world generation, check and tokenizer."""
+
+    unimodal: UnimodalConfig = UnimodalConfig()
+    """The ``unimodal`` stage: the image and text encoders' starting points on a shapes world."""
 
     embed: EmbedConfig = EmbedConfig()
     """The ``embed`` stage."""

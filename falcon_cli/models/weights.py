@@ -113,7 +113,7 @@ def _pos_embed_to_grid(sd: dict[str, torch.Tensor], encoder: nn.Module) -> dict[
 # Text and fusion encoders.
 
 @contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
+def quiet_transformers() -> Iterator[None]:
     """Silence transformers' load report and progress bars (we log our own one line)."""
     from transformers.utils import logging as hf_logging
 
@@ -146,7 +146,7 @@ def _read_bert(source: str, what: str):
     if not looks_local:
         prepare_hub()
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             model, info = BertForMaskedLM.from_pretrained(str(path) if looks_local else source,
                                                           output_loading_info=True)
     except Exception as exc:  # offline and not cached, unknown id, bad files, ...
