@@ -245,6 +245,9 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
                               {"model": p.model, "checkpoint": f"step {state.step}", "dataset": spec.name,
                                "split": "pretrain", "epoch": epoch, FINGERPRINT_ATTR: fingerprint})
             run.add_artifact(path, schema="embeddings", schema_version=1)
+        if eval_split is not None and p.eval_every and (epoch + 1) % p.eval_every == 0 and epoch + 1 < p.epochs:
+            curve = zero_shot_retrieval(model, eval_split, tokenizer, device, max_length=p.max_text_length)
+            metrics.write(step=state.step, epoch=epoch, kind="zero_shot", **curve)  # the learning curve
         state.save(epoch + 1, 0)
         if seen:  # (log.txt shows each epoch even with no progress bar: sweeps, cluster jobs)
             elapsed = time.perf_counter() - tick
@@ -254,6 +257,8 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
     # 6. Zero-shot retrieval with the trained model (ITC only; ITM re-ranking is `falcon evaluate`).
     if eval_split is not None:
         results["trained"] = zero_shot_retrieval(model, eval_split, tokenizer, device, max_length=p.max_text_length)
+        if p.eval_every:  # the curve's last point
+            metrics.write(step=state.step, epoch=p.epochs - 1, kind="zero_shot", **results["trained"])
         write_results(run, results, split=p.eval_split, resolution=resolution, step=state.step)
     D.barrier()
     if main:

@@ -363,6 +363,9 @@ class PretrainConfig(Section):
     """How many checkpoints to keep."""
     eval_split: Literal["val", "test"] | None = "test"
     """Zero-shot ITC retrieval on this retrieval split at the end (None = skip)."""
+    eval_every: int = Field(0, ge=0)
+    """Also evaluate zero-shot retrieval on ``eval_split`` after every N-th epoch (0 = only at the end): the
+    learning curve, in ``metrics.jsonl`` records of kind ``zero_shot`` (R@K in both directions, their mean)."""
 
     # -- false negatives -------------------------------------------------------------------
     false_negatives: FalseNegativeMethod = "none"
