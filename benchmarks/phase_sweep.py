@@ -1,0 +1,395 @@
+"""Where does choosing negatives by hardness help, and where do false negatives take the gain away?
+
+    PYTHONPATH=. .venv/bin/python benchmarks/phase_sweep.py --out runs/phase --gate                    # the gate first
+    PYTHONPATH=. .venv/bin/python benchmarks/phase_sweep.py --out runs/phase --report docs/results.md   # the phase diagram
+    PYTHONPATH=. .venv/bin/python benchmarks/phase_sweep.py --out runs/phase --presets medium --only falcon falcon-margin
+    PYTHONPATH=. .venv/bin/python benchmarks/phase_sweep.py --out /tmp/phase --budget quick            # a smoke test
+
+Methods x world regimes (``falcon data shapes --preset``: ``coco-like``, ``medium``, ``dense``) x paired seeds.
+Every run of a (regime, seed) starts from the same unimodal encoders (the ``unimodal`` stage: the world's DeiT and
+BERT analogues, trained once per regime and seed) and draws the same first-epoch data order; evaluation is
+deterministic. So the methods are compared seed by seed: each method's per-seed difference from uniform and from
+GRIT, its mean, its standard deviation over seeds and on how many seeds it has the same sign. Every R@1 also carries
+its binomial 95% interval over the test queries.
+
+**The gate** (``--gate``: uniform, GRIT and q = 0.5 on ``coco-like`` and ``dense``) checks that the testbed
+reproduces the premise the papers start from before any method is judged: on ``coco-like`` GRIT beats uniform by
+more than 2 standard deviations of the paired difference; on ``dense`` GRIT's chain picks far more false negatives
+than q = 0.5's and loses to it by more than 2 standard deviations.
+
+The sweep is resumable (a run whose training, evaluation and audit are done is skipped) and can be split with
+``--presets``, ``--only`` and ``--seeds``; ``--report`` regenerates the page's block from every finished run in OUT.
+Writes to OUT: ``worlds/<preset>/`` (with the cached unimodal weights), ``runs/<preset>/<method>-s<seed>/``,
+``results.csv``, ``paired.csv``, ``summary.md`` and ``phase_diagram.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmarks.scheduler_sweep import epoch_rows
+from benchmarks.shapes_sweep import AUDITED, EVALUATED, collect, completed, falcon, replace_block, seeds_phrase, Variant
+
+PRESETS = ("coco-like", "medium", "dense")
+"""The regimes, sparse to dense (``falcon_cli/data/shapes/presets.py``)."""
+
+METHODS: dict[str, tuple[str, list[str]]] = {
+    "uniform": ("shapes-uniform", []),
+    "grit": ("shapes-grit", []),
+    "q05": ("shapes-q05", []),
+    "mafa": ("shapes-mafa", []),
+    "glofnd": ("shapes-glofnd", []),
+    "falcon": ("shapes-falcon", []),
+    "falcon-margin": ("shapes-falcon-margin", []),
+}
+"""Method -> (shipped recipe, extra overrides): uniform batches, GRIT (q = 1), a fixed q = 0.5, MAFA and GloFND
+(the false-negative methods), paper-exact FALCON and FALCON with the positive-margin reward."""
+
+GATE_METHODS = ("uniform", "grit", "q05")
+GATE_PRESETS = ("coco-like", "dense")
+
+
+@dataclass(frozen=True)
+class PhaseBudget:
+    """One world size and training budget for every run of the sweep."""
+
+    images: int
+    """Images of each regime's world, split by ``splits``."""
+    epochs: int
+    batch: int
+    space: int
+    """|M|: pairs per search space."""
+    splits: dict[str, float] = field(default_factory=lambda: {"train": 0.5, "val": 0.05, "test": 0.45})
+    """A test split as large as the training one: test images cost no training, and their count sets the noise."""
+    size: int = 32
+    warmup: int = 20
+    lr: float = 3e-4
+    unimodal_image_epochs: int = 30
+    unimodal_text_epochs: int = 20
+    eval_every: int = 1
+    audit_pairs: int = 20000
+
+    def data_overrides(self, preset: str, out: Path) -> list[str]:
+        """The world of ``preset`` (shared by every run of the regime) and the tokenizer every recipe trains alike."""
+        return [f"data.dataset={out / 'worlds' / preset}", f"data.shapes.preset={preset}", f"data.shapes.images={self.images}",
+                f"data.shapes.size={self.size}", "data.shapes.nlvr2_statements_per_image=1", "data.tokenizer_vocab_size=1000",
+                *(f"data.shapes.splits.{split}={fraction}" for split, fraction in self.splits.items()),
+                f"pretrain.image_size={self.size}", f"unimodal.image_epochs={self.unimodal_image_epochs}",
+                f"unimodal.text_epochs={self.unimodal_text_epochs}"]
+
+    def run_overrides(self, preset: str, out: Path, seed: int) -> list[str]:
+        """Everything a method's run gets besides its recipe: world, unimodal start, budget, learning curve."""
+        return [f"seed={seed}", *self.data_overrides(preset, out), "pretrain.vision_weights=unimodal",
+                "pretrain.text_weights=unimodal", f"pretrain.epochs={self.epochs}", f"pretrain.batch_size={self.batch}",
+                f"pretrain.search_space_size={self.space}", f"pretrain.warmup_steps={self.warmup}", f"pretrain.lr={self.lr}",
+                "pretrain.num_workers=0", "pretrain.eval_split=test", f"pretrain.eval_every={self.eval_every}"]
+
+
+BUDGETS: dict[str, PhaseBudget] = {
+    "cpu": PhaseBudget(images=4500, epochs=6, batch=32, space=500),
+    "quick": PhaseBudget(images=120, epochs=2, batch=8, space=40, warmup=2, unimodal_image_epochs=1, unimodal_text_epochs=1,
+                         audit_pairs=2000),
+    "gpu": PhaseBudget(images=12000, epochs=12, batch=64, space=1000, warmup=100),
+}
+"""``cpu``: 2,250 training images (11,250 pairs) and 2,025 test images (10,125 captions) of 32 pixels per regime, 6
+epochs of batch 32. ``quick``: a smoke test of the pipeline (nothing learns). ``gpu``: a larger world and budget."""
+
+
+def plan(presets, methods, seeds) -> list[tuple[str, str, int]]:
+    """(preset, method, seed) in run order: regime by regime, seed by seed, every method of a seed together."""
+    return [(preset, method, seed) for preset in presets for seed in seeds for method in methods]
+
+
+def run_dir(out: Path, preset: str, method: str, seed: int) -> Path:
+    return out / "runs" / preset / f"{method}-s{seed}"
+
+
+def prepare(preset: str, seed: int, out: Path, budget: PhaseBudget, threads: int) -> None:
+    """The regime's world (generated by the first call) and the seed's unimodal encoders, trained once."""
+    run = out / "unimodal" / f"{preset}-s{seed}"
+    if not completed(run, "unimodal"):
+        falcon("run", "--recipe", "shapes-uniform", "--run-dir", str(run), "--overwrite", "stages=[data, unimodal]",
+               f"seed={seed}", *budget.data_overrides(preset, out), log=out / "logs" / f"unimodal-{preset}-s{seed}.log",
+               threads=threads)
+
+
+def run_one(preset: str, method: str, seed: int, out: Path, budget: PhaseBudget, threads: int) -> dict:
+    """Train, evaluate and audit one (preset, method, seed), skipping the parts already done; its row."""
+    run = run_dir(out, preset, method, seed)
+    log = out / "logs" / f"{preset}-{method}-s{seed}.log"
+    recipe, extra = METHODS[method]
+    if not completed(run, "pretrain"):
+        falcon("run", "--recipe", recipe, "--run-dir", str(run), "--overwrite", "stages=[data, pretrain]",
+               *budget.run_overrides(preset, out, seed), *extra, log=log, threads=threads)
+    if not (run / EVALUATED).exists():
+        falcon("evaluate", "retrieval", str(run), "--itc-only", log=log, threads=threads)
+    if not (run / AUDITED).exists():
+        falcon("audit-false-negatives", str(run), "--judge", "oracle", "--max-pairs", str(budget.audit_pairs),
+               log=log, threads=threads)
+    return run_row(preset, method, seed, run)
+
+
+def finished_rows(out: Path) -> list[dict]:
+    """The row of every run in ``out`` that is trained, evaluated and audited."""
+    rows = []
+    for preset in PRESETS:
+        for method in METHODS:
+            for run in sorted((out / "runs" / preset).glob(f"{method}-s*")):
+                seed = run.name.removeprefix(f"{method}-s")
+                if seed.isdigit() and (run / EVALUATED).exists() and (run / AUDITED).exists():
+                    rows.append(run_row(preset, method, int(seed), run))
+    return rows
+
+
+def run_row(preset: str, method: str, seed: int, run: Path) -> dict:
+    """A run's numbers: retrieval with intervals, the chain's false-negative rate, FALCON's q against the oracle."""
+    row = collect(Variant(method), seed, run)
+    retrieval = json.loads((run / EVALUATED).read_text())["rows"][0]
+    for key in ("i2t_R@1", "t2i_R@1", "oracle_i2t_R@1", "oracle_t2i_R@1"):
+        row[f"{key}_lo"], row[f"{key}_hi"] = retrieval.get(f"{key}_lo"), retrieval.get(f"{key}_hi")
+    epochs = epoch_rows(method, seed, run)
+    row["q_fn_density_corr"] = epochs[-1].get("q_fn_density_corr") if epochs else None
+    row["preset"] = preset
+    return row
+
+
+# --- the statistics -----------------------------------------------------------------------------------------------
+
+def paired(table, preset: str, method: str, reference: str, metric: str = "R@1") -> dict | None:
+    """``method`` minus ``reference`` seed by seed on ``preset``: mean, std over seeds (ddof 1), the seeds both ran,
+    on how many the difference is positive, and ``beyond_2std``: whether |mean| exceeds twice the std (the gate's
+    criterion; with one seed there is no std and it is False)."""
+    import numpy as np
+
+    rows = table[table["preset"] == preset]
+    a = rows[rows["method"] == method].set_index("seed")[metric]
+    b = rows[rows["method"] == reference].set_index("seed")[metric]
+    seeds = sorted(set(a.index) & set(b.index))
+    if not seeds:
+        return None
+    diff = np.array([a[s] - b[s] for s in seeds], dtype=float)
+    std = float(diff.std(ddof=1)) if len(diff) > 1 else float("nan")
+    return {"preset": preset, "method": method, "reference": reference, "metric": metric, "seeds": len(seeds),
+            "mean": float(diff.mean()), "std": std, "positive": int((diff > 0).sum()), "negative": int((diff < 0).sum()),
+            "beyond_2std": bool(len(diff) > 1 and abs(diff.mean()) > 2 * std), "per_seed": diff.round(4).tolist()}
+
+
+def gate(table) -> tuple[bool | None, list[str]]:
+    """The premise check: (passed, or None when its runs are missing; one line per half)."""
+    lines, verdicts = [], []
+    sparse = paired(table, "coco-like", "grit", "uniform")
+    if sparse is None:
+        lines.append("- `coco-like`: GRIT and uniform have not both run yet.")
+        verdicts.append(None)
+    else:
+        ok = sparse["mean"] > 0 and sparse["beyond_2std"]
+        verdicts.append(ok)
+        lines.append(f"- `coco-like`, GRIT − uniform R@1: {_difference(sparse)}: "
+                     + ("**passes** (GRIT ahead by more than 2 std)." if ok else "**fails** (needs GRIT ahead by more than 2 std)."))
+    dense = paired(table, "dense", "grit", "q05")
+    chain = paired(table, "dense", "grit", "q05", metric="fn_rate_chain")
+    if dense is None or chain is None:
+        lines.append("- `dense`: GRIT and q = 0.5 have not both run yet.")
+        verdicts.append(None)
+    else:
+        ok = dense["mean"] < 0 and dense["beyond_2std"] and chain["mean"] > 0 and chain["beyond_2std"]
+        verdicts.append(ok)
+        lines.append(f"- `dense`, GRIT − q = 0.5: R@1 {_difference(dense)}; chain FN % {_difference(chain)}: "
+                     + ("**passes** (GRIT loses, its chain picks more false negatives, both beyond 2 std)." if ok else
+                        "**fails** (needs GRIT behind and its chain FN rate above q = 0.5's, both beyond 2 std)."))
+    passed = None if None in verdicts else all(verdicts)
+    return passed, lines
+
+
+def _difference(d: dict) -> str:
+    std = "n/a" if d["std"] != d["std"] else f"{d['std']:.2f}"
+    return f"{d['mean']:+.2f} ± {std} over {d['seeds']} seeds (positive on {d['positive']})"
+
+
+# --- the report ---------------------------------------------------------------------------------------------------
+
+def world_rates(out: Path, presets) -> dict[str, dict]:
+    """Per regime: the train split's random-pair and near-miss false-negative rates, and the test split's size."""
+    rates = {}
+    for preset in presets:
+        path = out / "worlds" / preset / "world.json"
+        if path.exists():
+            world = json.loads(path.read_text())
+            train = world["statistics"]["false_negative_density"]["train"]
+            rates[preset] = {"pair": train.get("pair_negative_fn_rate"), "near_miss": train.get("near_miss_fn_rate"),
+                             "test_images": world["counts"]["images"]["test"], "test_captions": world["counts"]["captions"]["test"]}
+    return rates
+
+
+def summary_lines(table, out: Path) -> list[str]:
+    """Per regime: each method's mean ± std over seeds (R@1, FN-aware R@1, chain FN %, corr(E[q], FN density)),
+    its paired difference from uniform and from GRIT, and a typical run's 95% interval."""
+    rates = world_rates(out, PRESETS)
+    lines = []
+    for preset in [p for p in PRESETS if p in set(table["preset"])]:
+        rows = table[table["preset"] == preset]
+        rate = rates.get(preset, {})
+        head = f"**`{preset}`**"
+        if rate:
+            head += (f" (a random pair is a false negative {100 * rate['pair']:.2f}% of the time"
+                     + (f", a near miss {100 * rate['near_miss']:.1f}%" if rate.get("near_miss") is not None else "")
+                     + f"; test: {rate['test_images']:,} images, {rate['test_captions']:,} captions)")
+        lines += [head, "", "| method | seeds | R@1 | FN-aware R@1 | chain FN % | corr(E[q], FN density) | "
+                  "Δ R@1 vs uniform | Δ R@1 vs GRIT | Δ FN-aware vs uniform |", "|---|---|---|---|---|---|---|---|---|"]
+        for method in [m for m in METHODS if m in set(rows["method"])]:
+            mine = rows[rows["method"] == method]
+            cells = [_mean_std(mine, "R@1"), _mean_std(mine, "oracle_R@1"), _mean_std(mine, "fn_rate_chain"),
+                     _mean_std(mine, "q_fn_density_corr", digits=2)]
+            for reference, metric in (("uniform", "R@1"), ("grit", "R@1"), ("uniform", "oracle_R@1")):
+                d = paired(table, preset, method, reference, metric) if method != reference else None
+                cells.append("—" if d is None else f"{d['mean']:+.2f} ± {0 if d['std'] != d['std'] else d['std']:.2f} "
+                             f"({d['positive']}/{d['seeds']} +)" + (" *" if d["beyond_2std"] else ""))
+            lines.append(f"| {method} | {len(mine)} | " + " | ".join(cells) + " |")
+        widths = (rows["i2t_R@1_hi"] - rows["i2t_R@1_lo"]).dropna()
+        if len(widths):
+            lines += ["", f"One run's i2t R@1 has a 95% interval {widths.median():.1f} points wide (median over runs; "
+                          "Wilson, over the test images); t2i's, over five times as many captions, about half that."]
+        lines.append("")
+    lines.append("R@1: the mean of i2t and t2i R@1 (%, ITC ranking on the test split), mean ± std over seeds. Δ: the "
+                 "paired difference, seed by seed, mean ± std, and on how many seeds it is positive; * marks a mean "
+                 "beyond 2 std of the differences.")
+    return lines
+
+
+def _mean_std(rows, key: str, digits: int = 1) -> str:
+    values = rows[key].dropna() if key in rows else []
+    if len(values) == 0:
+        return "—"
+    std = values.std() if len(values) > 1 else 0.0
+    return f"{values.mean():.{digits}f} ± {std:.{digits}f}"
+
+
+def figure(table, out: Path) -> Path:
+    """R@1, FN-aware R@1 and the chain's false-negative rate against the regime's density, one line per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rates = world_rates(out, PRESETS)
+    presets = [p for p in PRESETS if p in set(table["preset"])]
+    x = [100 * rates[p]["pair"] if p in rates else i for i, p in enumerate(presets)]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for ax, (key, title) in zip(axes, (("R@1", "R@1 (%)"), ("oracle_R@1", "FN-aware R@1 (%)"),
+                                       ("fn_rate_chain", "chain FN % (picks that are false negatives)"))):
+        for method in [m for m in METHODS if m in set(table["method"])]:
+            means, stds, xs = [], [], []
+            for xi, preset in zip(x, presets):
+                values = table[(table["preset"] == preset) & (table["method"] == method)][key].dropna()
+                if len(values):
+                    xs.append(xi), means.append(values.mean()), stds.append(values.std() if len(values) > 1 else 0.0)
+            if xs:
+                ax.errorbar(xs, means, yerr=stds, marker="o", capsize=3, label=method)
+        ax.set_xscale("log")
+        ax.set_xlabel("a random pair is a false negative (%, train split)")
+        ax.set_title(title)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "phase_diagram.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_report(report: Path, out: Path, table, budget_name: str, budget: PhaseBudget, command: str, jobs: int,
+                 figure_path: Path) -> None:
+    """Rewrite the page's ``phase`` block from the sweep's table; copy the CSV and figure to ``docs/results/``."""
+    import shutil
+
+    assets = report.parent / "results"
+    assets.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(out / "results.csv", assets / "phase_results.csv")
+    shutil.copyfile(figure_path, assets / "phase_diagram.png")
+    manifests = [json.loads((run_dir(out, p, m, s) / "manifest.json").read_text())
+                 for p, m, s in zip(table["preset"], table["method"], table["seed"])]
+    commits = sorted({f"`{(m['git']['sha'] or 'unknown')[:7]}`" + (" (uncommitted changes)" if m["git"]["dirty"] else "")
+                      for m in manifests})
+    passed, gate_lines = gate(table)
+    lines = ["<!-- Generated by benchmarks/phase_sweep.py --report; edit outside the markers. -->", "",
+             f"**Command:** `{command}`  ",
+             f"**Commits:** {', '.join(commits) or 'unknown'}; {platform.machine()}, {os.cpu_count()} CPU cores, {jobs} runs "
+             f"at a time; {len(table)} runs ({seeds_phrase(table['seed'])}).  ",
+             f"**Budget `{budget_name}`:** worlds of {budget.images:,} images of {budget.size} px (splits "
+             f"{', '.join(f'{k} {v:g}' for k, v in budget.splits.items())}); albef-tiny from the unimodal encoders "
+             f"({budget.unimodal_image_epochs} image and {budget.unimodal_text_epochs} text epochs), {budget.epochs} epochs "
+             f"of batch {budget.batch} at lr {budget.lr:g}, |M| {budget.space}.", "",
+             "**The gate** (the premise the papers start from): " + {True: "passed.", False: "failed.",
+                                                                      None: "not run yet."}[passed], "", *gate_lines, "",
+             *summary_lines(table, out), "", "![the phase diagram](results/phase_diagram.png)"]
+    replace_block(report, "<!-- phase:begin -->", "<!-- phase:end -->", lines)
+
+
+def main() -> None:
+    import argparse
+
+    import pandas as pd
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="Sweep directory (worlds, runs, logs, tables, figure).")
+    parser.add_argument("--budget", choices=list(BUDGETS), default="cpu")
+    parser.add_argument("--presets", nargs="+", choices=PRESETS, default=list(PRESETS))
+    parser.add_argument("--only", nargs="+", choices=list(METHODS), help="A subset of the methods.")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--gate", action="store_true", help="Only the gate: uniform, GRIT, q = 0.5 on coco-like and dense.")
+    parser.add_argument("--jobs", type=int, default=2, help="Runs at a time (each gets cores / jobs torch threads).")
+    parser.add_argument("--report", type=Path, help="Also rewrite this page's phase block (e.g. docs/results.md).")
+    args = parser.parse_args()
+
+    out, budget = args.out.resolve(), BUDGETS[args.budget]
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    presets = [p for p in args.presets if not args.gate or p in GATE_PRESETS]
+    methods = [m for m in METHODS if m in (GATE_METHODS if args.gate else args.only or METHODS)]
+    seeds = args.seeds[:1] if args.budget == "quick" else args.seeds
+    threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    start, failures = time.perf_counter(), []
+    for preset in presets:  # the world first (one process: the runs then only reuse it)
+        prepare(preset, seeds[0], out, budget, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        ready = {(p, s): pool.submit(prepare, p, s, out, budget, threads) for p in presets for s in seeds}
+
+        def after_prepare(preset: str, method: str, seed: int) -> dict:
+            ready[(preset, seed)].result()
+            return run_one(preset, method, seed, out, budget, threads)
+
+        futures = {key: pool.submit(after_prepare, *key) for key in plan(presets, methods, seeds)}
+        for (preset, method, seed), future in futures.items():
+            try:
+                row = future.result()
+            except Exception as exc:  # keep the other runs going; report every failure at the end
+                failures.append(f"{preset} {method} seed {seed}: {exc}")
+                print(f"FAILED {preset} {method} seed {seed}: {exc}", file=sys.stderr, flush=True)
+                continue
+            print(f"[{time.perf_counter() - start:6.0f} s] {preset} {method} seed {seed}: R@1 {row['R@1']:.1f}, "
+                  f"FN-aware {row['oracle_R@1']:.1f}", flush=True)
+    rows = finished_rows(out)  # every finished run in OUT: earlier invocations' too (the sweep is split with --only)
+    if rows:
+        table = pd.DataFrame(rows)
+        table.to_csv(out / "results.csv", index=False, float_format="%.4f")
+        pairs = [d for p in PRESETS for m in METHODS for ref in ("uniform", "grit") for metric in ("R@1", "oracle_R@1")
+                 if m != ref and (d := paired(table, p, m, ref, metric)) is not None]
+        pd.DataFrame(pairs).to_csv(out / "paired.csv", index=False, float_format="%.4f")
+        passed, gate_lines = gate(table)
+        (out / "summary.md").write_text("\n".join(["Gate: " + str(passed), *gate_lines, "", *summary_lines(table, out)]) + "\n")
+        print((out / "summary.md").read_text())
+        path = figure(table, out)
+        if args.report:
+            command = "PYTHONPATH=. .venv/bin/python benchmarks/phase_sweep.py " + " ".join(sys.argv[1:])
+            write_report(args.report.resolve(), out, table, args.budget, budget, command, args.jobs, path)
+    if failures:
+        raise SystemExit(f"{len(failures)} run(s) failed:\n" + "\n".join(failures))
+
+
+if __name__ == "__main__":
+    main()

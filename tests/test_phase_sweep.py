@@ -1,0 +1,87 @@
+"""benchmarks/phase_sweep.py on fabricated runs: the plan, paired differences, the gate, the report block."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from benchmarks import phase_sweep as sweep
+
+
+def _table(grit_minus_uniform: dict, seeds=range(5), dense_grit_minus_q05=(-2.0, -2.5, -1.5, -2.2, -1.8)):
+    rows = []
+    for s in seeds:
+        base = 20.0 + s  # seeds differ a lot; the paired differences do not
+        for method, value in (("uniform", base), ("grit", base + grit_minus_uniform[s]), ("q05", base + 0.5)):
+            rows.append({"preset": "coco-like", "method": method, "seed": s, "R@1": value, "oracle_R@1": value + 5,
+                         "fn_rate_chain": float("nan") if method == "uniform" else 1.0, "q_fn_density_corr": None,
+                         "i2t_R@1_lo": value - 2, "i2t_R@1_hi": value + 2})
+        for method, value, chain in (("uniform", base, float("nan")), ("grit", base + dense_grit_minus_q05[s], 40.0 + s),
+                                     ("q05", base, 20.0)):
+            rows.append({"preset": "dense", "method": method, "seed": s, "R@1": value, "oracle_R@1": value + 5,
+                         "fn_rate_chain": chain, "q_fn_density_corr": None, "i2t_R@1_lo": value - 2, "i2t_R@1_hi": value + 2})
+    return pd.DataFrame(rows)
+
+
+def test_plan_keeps_a_seeds_methods_together_and_the_budgets_meet_the_noise_target():
+    assert sweep.plan(["coco-like"], ["uniform", "grit"], [0, 1]) == [
+        ("coco-like", "uniform", 0), ("coco-like", "grit", 0), ("coco-like", "uniform", 1), ("coco-like", "grit", 1)]
+    cpu = sweep.BUDGETS["cpu"]
+    test_images = round(cpu.images * cpu.splits["test"])
+    assert test_images >= 2000 and 5 * test_images >= 10000  # the issue's size for a 0.5-point binomial std
+    assert set(sweep.GATE_METHODS) <= set(sweep.METHODS) and set(sweep.GATE_PRESETS) <= set(sweep.PRESETS)
+
+
+def test_paired_differences_against_a_hand_computation():
+    table = _table({0: 1.0, 1: 2.0, 2: 1.5, 3: 0.5, 4: 1.0})
+    d = sweep.paired(table, "coco-like", "grit", "uniform")
+    diffs = [1.0, 2.0, 1.5, 0.5, 1.0]
+    mean = sum(diffs) / 5
+    std = (sum((x - mean) ** 2 for x in diffs) / 4) ** 0.5
+    assert d["mean"] == pytest.approx(mean) and d["std"] == pytest.approx(std) and d["seeds"] == 5
+    assert d["positive"] == 5 and d["beyond_2std"] == (mean > 2 * std) and d["per_seed"] == diffs
+    assert sweep.paired(table, "coco-like", "mafa", "uniform") is None
+
+
+def test_the_gate_passes_only_when_both_halves_clear_two_standard_deviations():
+    passed, lines = sweep.gate(_table({0: 1.0, 1: 1.2, 2: 0.9, 3: 1.1, 4: 1.0}))
+    assert passed is True and all("passes" in line for line in lines)
+    noisy = {0: 3.0, 1: -1.0, 2: 2.0, 3: -0.5, 4: 1.0}  # GRIT ahead on average, but within the seed noise
+    passed, lines = sweep.gate(_table(noisy))
+    assert passed is False and "fails" in lines[0] and "passes" in lines[1]
+    passed, lines = sweep.gate(_table({s: 1.0 + 0.1 * s for s in range(5)}, dense_grit_minus_q05=(2, 1, 3, 2, 2)))
+    assert passed is False and "fails" in lines[1]
+    table = _table({s: 1.0 for s in range(5)})
+    passed, lines = sweep.gate(table[table["preset"] == "coco-like"])
+    assert passed is None and "not both run" in lines[1]
+
+
+def test_summary_and_report_block(tmp_path):
+    table = _table({0: 1.0, 1: 1.2, 2: 0.9, 3: 1.1, 4: 1.0})
+    out = tmp_path / "sweep"
+    (out / "worlds" / "coco-like").mkdir(parents=True)
+    (out / "worlds" / "coco-like" / "world.json").write_text(json.dumps({
+        "statistics": {"false_negative_density": {"train": {"pair_negative_fn_rate": 0.0024, "near_miss_fn_rate": 0.285}}},
+        "counts": {"images": {"test": 2025}, "captions": {"test": 10125}}}))
+    lines = sweep.summary_lines(table, out)
+    text = "\n".join(lines)
+    assert "a random pair is a false negative 0.24% of the time, a near miss 28.5%" in text
+    grit = next(line for line in lines if line.startswith("| grit |"))
+    assert "+1.04 ± 0.11 (5/5 +) *" in grit  # vs uniform: beyond 2 std
+    assert "| uniform | 5 | 22.0 ± 1.6 |" in text
+    for p, m, s in zip(table["preset"], table["method"], table["seed"]):
+        run = sweep.run_dir(out, p, m, s)
+        run.mkdir(parents=True)
+        (run / "manifest.json").write_text(json.dumps({"git": {"sha": "abcdef0123", "dirty": False}}))
+    table.to_csv(out / "results.csv", index=False)
+    figure = sweep.figure(table, out)
+    report = tmp_path / "docs" / "results.md"
+    report.parent.mkdir()
+    report.write_text("# Results\n\nbefore\n<!-- phase:begin -->\nold\n<!-- phase:end -->\nafter\n")
+    sweep.write_report(report, out, table, "cpu", sweep.BUDGETS["cpu"], "the command", 2, figure)
+    page = report.read_text()
+    assert "old" not in page and page.startswith("# Results\n\nbefore\n") and page.endswith("after\n")
+    assert "**The gate** (the premise the papers start from): passed." in page and "`abcdef0`" in page
+    assert (report.parent / "results" / "phase_diagram.png").is_file()
