@@ -13,6 +13,7 @@ from falcon_cli.errors import FalconError  # noqa: E402
 from falcon_cli.evaluation.eccv import (  # noqa: E402
     coco_1k_recalls, eccv_metrics, eccv_metrics_from_rankings, eccv_version,
 )
+from falcon_cli.evaluation.intervals import wilson_interval  # noqa: E402
 from falcon_cli.evaluation.multi_positive import multi_positive_metrics, stable_topk_indices  # noqa: E402
 from falcon_cli.evaluation.retrieval import recall_at_k  # noqa: E402
 
@@ -157,8 +158,10 @@ def test_coco_1k_small_hand_case():
     got = coco_1k_recalls(scores, img2txt, txt2img, folds=2, ks=(1, 2))
     fold_a = recall_at_k(scores[:2, :3], [[0, 1], [2]], [0, 0, 1], ks=(1, 2))
     fold_b = recall_at_k(scores[2:, 3:], [[0, 1], [2]], [0, 0, 1], ks=(1, 2))
-    for key in fold_a:
+    for key in (k for k in fold_a if not k.endswith(("_lo", "_hi"))):
         assert got[f"coco1k_{key}"] == pytest.approx((fold_a[key] + fold_b[key]) / 2)
+    for key, queries in (("i2t_R@1", 4), ("t2i_R@2", 6)):  # the interval is over every query of the direction
+        assert (got[f"coco1k_{key}_lo"], got[f"coco1k_{key}_hi"]) == pytest.approx(wilson_interval(got[f"coco1k_{key}"], queries))
     # A perfect diagonal with a strong cross-fold distractor: the distractor is outside the fold.
     scores = torch.zeros(4, 6)
     scores[torch.tensor(txt2img), torch.arange(6)] = 1.0

@@ -20,6 +20,7 @@ from typing import Mapping, Sequence
 import torch
 
 from falcon_cli.errors import FalconError
+from falcon_cli.evaluation.intervals import with_intervals
 from falcon_cli.evaluation.multi_positive import multi_positive_metrics, row_block, stable_topk_indices
 
 KS = (1, 5, 10)
@@ -180,7 +181,8 @@ def coco_1k_recalls(scores_i2t: torch.Tensor, img2txt: Sequence[Sequence[int]], 
 
     Images are split in order into ``folds`` equal folds (5 x 1000 on COCO 5K, in Karpathy
     order); a fold's texts are its images' captions (``scores_t2i``: see :func:`eccv_metrics`). Keys are ``recall_at_k``'s prefixed
-    with ``coco1k_`` (``coco1k_i2t_R@1``, ``coco1k_t2i_R@5``, ``coco1k_mean_R``), in percent.
+    with ``coco1k_`` (``coco1k_i2t_R@1``, ``coco1k_t2i_R@5``, ``coco1k_mean_R``), in percent, each R@K with its 95%
+    interval over all the direction's queries (``coco1k_i2t_R@1_lo`` / ``_hi``).
     """
     n_images, n_texts = scores_i2t.shape
     if folds < 1 or n_images % folds:
@@ -216,6 +218,8 @@ def coco_1k_recalls(scores_i2t: torch.Tensor, img2txt: Sequence[Sequence[int]], 
                 key = f"{direction}_R@{k}"
                 totals[key] = totals.get(key, 0.0) + recalls[f"R@{k}"] / folds
     result = {f"coco1k_{key}": value for key, value in totals.items()}
+    for key in totals:  # equal folds: the mean of the folds' recalls is the recall over all queries
+        with_intervals(result, f"coco1k_{key}", n_images if key.startswith("i2t") else n_texts)
     for direction in ("i2t", "t2i"):
         result[f"coco1k_{direction}_mean"] = sum(result[f"coco1k_{direction}_R@{k}"] for k in ks) / len(ks)
     result["coco1k_mean_R"] = (result["coco1k_i2t_mean"] + result["coco1k_t2i_mean"]) / 2
