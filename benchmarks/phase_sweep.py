@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.scheduler_sweep import epoch_rows
-from benchmarks.shapes_sweep import AUDITED, EVALUATED, collect, completed, falcon, replace_block, seeds_phrase, Variant
+from benchmarks.shapes_sweep import (AUDITED, EVALUATED, Variant, collect, completed, falcon, finished_futures,
+                                     replace_block, seeds_phrase)
 
 PRESETS = ("coco-like", "medium", "dense")
 """The regimes, sparse to dense (``falcon_cli/data/shapes/presets.py``)."""
@@ -367,13 +368,7 @@ def main() -> None:
             return run_one(preset, method, seed, out, budget, threads)
 
         futures = {key: pool.submit(after_prepare, *key) for key in plan(presets, methods, seeds)}
-        for (preset, method, seed), future in futures.items():
-            try:
-                row = future.result()
-            except Exception as exc:  # keep the other runs going; report every failure at the end
-                failures.append(f"{preset} {method} seed {seed}: {exc}")
-                print(f"FAILED {preset} {method} seed {seed}: {exc}", file=sys.stderr, flush=True)
-                continue
+        for (preset, method, seed), row in finished_futures(futures, failures):
             print(f"[{time.perf_counter() - start:6.0f} s] {preset} {method} seed {seed}: R@1 {row['R@1']:.1f}, "
                   f"FN-aware {row['oracle_R@1']:.1f}", flush=True)
     rows = finished_rows(out)  # every finished run in OUT: earlier invocations' too (the sweep is split with --only)

@@ -34,8 +34,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks.shapes_sweep import (SPLITS, Budget, Variant, falcon, replace_block, run_one, seeds_phrase,
-                                     sweep_parser)
+from benchmarks.shapes_sweep import (SPLITS, Budget, Variant, falcon, finished_futures, replace_block, run_one,
+                                     seeds_phrase, sweep_parser)
 
 METHODS: dict[str, tuple[str, list[str]]] = {
     "falcon": ("shapes-falcon", []),
@@ -331,13 +331,7 @@ def run_sweep(methods: dict[str, tuple[str, list[str]]], todo: list[tuple[str, i
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {(m, s): pool.submit(run_one, Variant(m), s, out, budget, threads, {}, recipe=methods[m])
                    for m, s in todo}
-        for (method, seed), future in futures.items():
-            try:
-                base = future.result()
-            except Exception as exc:  # keep the other runs going; report every failure at the end
-                failures.append(f"{method} seed {seed}: {exc}")
-                print(f"FAILED {method} seed {seed}: {exc}", file=sys.stderr, flush=True)
-                continue
+        for (method, seed), base in finished_futures(futures, failures):
             per_epoch = epoch_rows(method, seed, out / "runs" / f"{method}-s{seed}")
             epochs += per_epoch
             rows.append(run_row(base, per_epoch))

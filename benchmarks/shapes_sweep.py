@@ -520,6 +520,18 @@ def write_report(report: Path, out: Path, table, budget: Budget, seeds: list[int
     replace_block(report, BEGIN, END, block)
 
 
+def finished_futures(futures: dict, failures: list[str]):
+    """``(key, result)`` of each future, in the dict's order, as each finishes; a failed one is printed and added to
+    ``failures`` (``"<key> : <error>"``) so the other runs go on and every failure is reported at the end."""
+    for key, future in futures.items():
+        try:
+            yield key, future.result()
+        except Exception as exc:
+            name = " ".join(map(str, key)) if isinstance(key, tuple) else str(key)
+            failures.append(f"{name}: {exc}")
+            print(f"FAILED {name}: {exc}", file=sys.stderr, flush=True)
+
+
 def replace_block(report: Path, begin: str, end: str, lines: list[str]) -> None:
     """Rewrite the part of ``report`` between the markers ``begin`` and ``end`` with ``lines`` (atomically)."""
     from falcon_cli.artifacts.atomic import atomic_open
@@ -571,14 +583,8 @@ def main() -> None:
         waits: dict[tuple[str, int], Future] = {}
         for variant, seed in todo:
             waits[(variant.name, seed)] = pool.submit(run_one, variant, seed, out, budget, threads, waits)
-        for (name, seed), future in waits.items():
-            try:
-                rows.append(future.result())
-            except Exception as exc:  # keep the other runs going; report every failure at the end
-                failures.append(f"{name} seed {seed}: {exc}")
-                print(f"FAILED {name} seed {seed}: {exc}", file=sys.stderr, flush=True)
-                continue
-            row = rows[-1]
+        for (name, seed), row in finished_futures(waits, failures):
+            rows.append(row)
             print(f"[{time.perf_counter() - start:7.0f} s] {name} seed {seed}: R@1 {row['R@1']:.1f}, FN-aware R@1 "
                   f"{row['oracle_R@1']:.1f}, FN rate (chain) {row.get('fn_rate_chain', float('nan')):.1f}%", flush=True)
     if rows:

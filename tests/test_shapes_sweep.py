@@ -157,3 +157,17 @@ def test_replace_block_and_the_same_image_table(tmp_path):
     lines = table.splitlines()
     assert lines[2].startswith("| grit | 0, 1 | 18.5 ± 0.7 |") and lines[3].startswith("| grit-mask |")
     assert "| —" in lines[2]  # columns without values
+
+
+def test_finished_futures_yields_results_and_collects_failures(capsys):
+    from concurrent.futures import Future
+
+    from benchmarks.shapes_sweep import finished_futures
+
+    good, bad = Future(), Future()
+    good.set_result({"R@1": 1.0})
+    bad.set_exception(RuntimeError("exit 1"))
+    failures: list[str] = []
+    got = list(finished_futures({("grit", 0): bad, ("uniform", 0): good}, failures))
+    assert got == [(("uniform", 0), {"R@1": 1.0})]
+    assert failures == ["grit 0: exit 1"] and "FAILED grit 0: exit 1" in capsys.readouterr().err
