@@ -24,7 +24,7 @@ def pytest_configure(config):
 
 LONGEST_FIRST = ("test_pretrain.py", "test_finetune_evaluate.py", "test_relative_paths.py", "test_blip2_pretrain.py",
                  "test_dual_pretrain.py", "test_build_search_spaces.py", "test_unimodal.py", "test_pretrain_speed.py",
-                 "test_artifacts.py", "test_same_image.py", "test_embed.py", "test_learning_curve.py",
+                 "test_artifacts.py", "test_same_image.py", "test_embed.py",
                  "test_shapes_presets.py", "test_shapes_sweep.py", "test_scheduler_sweep.py", "test_distributed.py",
                  "test_hub.py")
 """The test files that run the CLI most (minutes each), in the order `make test` should start them."""

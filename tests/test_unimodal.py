@@ -1,4 +1,5 @@
-"""The unimodal stage: the shapes world's DeiT and BERT, cached per world, model and seed, and loaded by pretraining."""
+"""The unimodal stage: the shapes world's DeiT and BERT, cached per world, model and seed, and loaded by pretraining;
+and the learning curve (`pretrain.eval_every`) of a run that starts from them."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from tests.conftest import run_cli
 
 TINY = ["data.shapes.images=40", "data.shapes.size=24", "pretrain.image_size=24", "data.tokenizer_vocab_size=200",
         "data.verify_images=false", "unimodal.image_epochs=2", "unimodal.text_epochs=1", "unimodal.batch_size=8",
-        "pretrain.vision_weights=unimodal", "pretrain.text_weights=unimodal", "pretrain.epochs=1",
+        "pretrain.vision_weights=unimodal", "pretrain.text_weights=unimodal", "pretrain.epochs=2",
         "pretrain.max_steps_per_epoch=2", "pretrain.batch_size=8", "pretrain.num_workers=0", "pretrain.augment=test",
-        "pretrain.warmup_steps=1", "pretrain.eval_split=null", "pretrain.device=cpu", "unimodal.device=cpu"]
+        "pretrain.warmup_steps=1", "pretrain.eval_every=1", "pretrain.device=cpu", "unimodal.device=cpu"]
 
 
 def ok(proc):
@@ -52,6 +53,18 @@ def test_the_stage_trains_both_encoders_and_pretraining_starts_from_them(first):
     assert manifest["config"]["pretrain"]["vision_weights"] == "unimodal"  # the keyword stays on record
     row = json.loads((first / "a" / "results" / "unimodal.json").read_text())["rows"][0]
     assert row["weights"] == str(entry) and row["reused"] is False
+
+
+def test_the_learning_curve_has_a_point_per_epoch_and_ends_at_the_final_result(first):
+    """`pretrain.eval_every: 1`: zero-shot retrieval after every epoch, in metrics.jsonl (kind zero_shot)."""
+    from falcon_cli.runtime.metrics import read_metrics
+
+    curve = [r for r in read_metrics(first / "a" / "metrics.jsonl") if r.get("kind") == "zero_shot"]
+    assert [r["epoch"] for r in curve] == [0, 1]
+    final = next(r for r in json.loads((first / "a" / "results" / "retrieval_zeroshot.json").read_text())["rows"]
+                 if r["model"] == "trained")
+    for key in ("i2t_R@1", "t2i_R@5", "mean_R", "i2t_R@1_lo"):
+        assert curve[-1][key] == pytest.approx(final[key])
 
 
 def test_another_run_of_the_same_world_and_seed_reuses_them_and_another_seed_does_not(first):
