@@ -30,7 +30,8 @@ def markdown_table(rows: Sequence[dict], columns: Sequence[str] | None = None) -
     """
     columns = list(columns or dict.fromkeys(k for row in rows for k in row))
     bounded = {c for c in columns if f"{c}_lo" in columns and f"{c}_hi" in columns}
-    columns = [c for c in columns if not any(c in (f"{b}_lo", f"{b}_hi") for b in bounded)]
+    hidden = {f"{b}_{end}" for b in bounded for end in ("lo", "hi")}
+    columns = [c for c in columns if c not in hidden]
 
     def cell(row: dict, c: str) -> str:
         lo, hi = row.get(f"{c}_lo"), row.get(f"{c}_hi")

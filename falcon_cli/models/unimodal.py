@@ -36,8 +36,6 @@ REPORT_FILE = "report.json"
 """What each encoder reached on the world's validation split, and what produced them."""
 CACHE_DIR = "unimodal"
 """Default cache: ``<world>/unimodal/<key>/``."""
-KEYWORD = "unimodal"
-"""The ``pretrain.vision_weights`` / ``text_weights`` value that means "this run's unimodal weights"."""
 
 ATTRIBUTES = ("shape", "color", "size")
 
