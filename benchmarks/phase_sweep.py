@@ -173,6 +173,8 @@ def paired(table, preset: str, method: str, reference: str, metric: str = "R@1")
     criterion; with one seed there is no std and it is False)."""
     import numpy as np
 
+    if metric not in table:  # (no run has the number yet: uniform composes no chain)
+        return None
     rows = table[table["preset"] == preset]
     a = rows[rows["method"] == method].set_index("seed")[metric]
     b = rows[rows["method"] == reference].set_index("seed")[metric]

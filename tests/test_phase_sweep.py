@@ -85,3 +85,13 @@ def test_summary_and_report_block(tmp_path):
     assert "old" not in page and page.startswith("# Results\n\nbefore\n") and page.endswith("after\n")
     assert "**The gate** (the premise the papers start from): passed." in page and "`abcdef0`" in page
     assert (report.parent / "results" / "phase_diagram.png").is_file()
+
+
+def test_a_table_of_uniform_runs_alone_has_no_chain_column_and_no_verdict_yet(tmp_path):
+    """The first pilot: uniform runs only, so no run has a chain false-negative rate (the column is absent)."""
+    table = pd.DataFrame([{"preset": "coco-like", "method": "uniform", "seed": 0, "R@1": 4.0, "oracle_R@1": 9.0,
+                           "q_fn_density_corr": None, "i2t_R@1_lo": 3.0, "i2t_R@1_hi": 6.0}])
+    assert sweep.paired(table, "dense", "grit", "q05", metric="fn_rate_chain") is None
+    passed, lines = sweep.gate(table)
+    assert passed is None and all("not both run" in line for line in lines)
+    assert "| uniform | 1 | 4.0 ± 0.0 | 9.0 ± 0.0 | — |" in "\n".join(sweep.summary_lines(table, tmp_path))
