@@ -10,7 +10,8 @@ Reads top to bottom:
    spread within the ``max_pairs`` / ``steps`` budget;
 3. the judge's verdict on each (plus the oracle's, and the caption's specificity);
 4. the tables: false-negative rate by hardness and step window, what is left after filtering
-   by the judge's score at each threshold, the judge against the oracle;
+   by the judge's score at each threshold, the judge against the oracle, and (with an oracle) how
+   often the final model's top-1 / top-10 / median candidate of a search space is a true match;
 5. ``audit/`` written whole (a failed audit leaves the previous one untouched): audit.parquet,
    audit.md, the CSV tables, summary.json and the figures; a printed summary; the manifest.
 """
@@ -28,6 +29,7 @@ from falcon_cli.artifacts.atomic import atomic_dir, write_json, write_text
 from falcon_cli.artifacts.embeddings import check_fingerprint, read_embeddings
 from falcon_cli.artifacts.tables import AUDIT, write_table
 from falcon_cli.audit import report
+from falcon_cli.audit.candidates import oracle_candidate_risk
 from falcon_cli.audit.negatives import false_negative_rates, judge_negatives, used_negatives
 from falcon_cli.config.schema import Recipe
 from falcon_cli.data.datasets import pretrain_dataset
@@ -121,6 +123,12 @@ def _audit(config: Recipe, run: RunDirectory) -> dict:
     curve = report.filter_curve(audit, a.filter_thresholds, truth=truth)
     agreement = report.judge_agreement(audit)
     missed = report.missed_false_negatives(audit, a.examples)
+    # The premise under this run's final model: how often its hardest candidates are true matches.
+    risk = pd.DataFrame()
+    if oracle is not None:
+        last = int(log["epoch"].max())
+        risk = oracle_candidate_risk(features(last), pair_at, oracle.oracle, last,
+                                     space_size=config.pretrain.search_space_size, seed=config.seed)
     # What the quantile composer chose against the oracle's safe q and FN density (logged per chained slot).
     scheduler = summary_by_epoch(log)
     steps = audit["train_step"]
@@ -137,7 +145,7 @@ def _audit(config: Recipe, run: RunDirectory) -> dict:
         "negatives": list(a.negatives), "pairs": int(len(audit)), "steps_audited": int(steps.nunique()),
         "first_step": int(steps.min()), "last_step": int(steps.max()),
         "overall": overall.to_dict(orient="records"), "by_window": windows.to_dict(orient="records"),
-        "judge_vs_oracle": agreement.to_dict(orient="records"),
+        "judge_vs_oracle": agreement.to_dict(orient="records"), "candidate_risk": risk.to_dict(orient="records"),
         "scheduler_vs_oracle": scheduler.astype(object).where(scheduler.notna(), None).to_dict(orient="records"),
         "seconds": round(time.perf_counter() - started, 2),
     }
@@ -147,6 +155,8 @@ def _audit(config: Recipe, run: RunDirectory) -> dict:
         write_text(out / "fn_rate_by_step.csv", windows.to_csv(index=False))
         write_text(out / "fn_after_filter.csv", curve.to_csv(index=False))
         write_text(out / "judge_vs_oracle.csv", agreement.to_csv(index=False))
+        if not risk.empty:
+            write_text(out / "candidate_risk.csv", risk.to_csv(index=False))
         audit_figures.fn_rate_by_q(rates, out / "fn_rate_by_q.png", title=f"false negatives by hardness: {run.path.name}")
         audit_figures.fn_after_filter(curve, out / "fn_after_filter.png", judge=judge.name,
                                       truth="the oracle" if truth == "oracle" else "the judge")
@@ -158,7 +168,8 @@ def _audit(config: Recipe, run: RunDirectory) -> dict:
         write_text(out / "audit.md", report.audit_markdown(
             run=str(run.path), judge=judge.name, threshold=a.threshold, truth=truth,
             steps=(summary["steps_audited"], summary["first_step"], summary["last_step"]),
-            overall=overall, rates=rates, curve=curve, agreement=agreement, scheduler=scheduler, notes=notes))
+            overall=overall, rates=rates, curve=curve, agreement=agreement, scheduler=scheduler, notes=notes,
+            candidate_risk=risk))
         write_json(out / SUMMARY, summary)
     run.add_artifact(OUTPUT, schema="audit", schema_version=AUDIT.version, meta={"judge": judge.name, "pairs": len(audit)})
     _render(summary, overall, agreement)

@@ -8,7 +8,8 @@ stage gives the shapes runs the same kind of start. Reads top to bottom:
    ``pretrain.model`` at ``pretrain.image_size``, the run's tokenizer, and the cache entry those and the
    seed name (:func:`falcon_cli.config.unimodal.unimodal_weights`). A complete entry is reused as it is;
 2. the image encoder: the model's ViT classifies, per grid cell, the shape, the colour and the size
-   (or "empty") of the world's training images; accuracy on the validation images;
+   (or "empty") of the world's training images and of ``unimodal.extra_images`` scenes drawn afresh
+   (ImageNet is far larger than COCO); accuracy on the validation images;
 3. the text encoder: a BERT of the model's text width and ``text_layers + fusion_layers`` layers learns
    masked language modelling on the training captions; masked-token accuracy on the validation captions;
 4. both written atomically into the cache entry with ``report.json``; the run gets ``results/unimodal.*``.
@@ -27,14 +28,17 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
+from PIL import Image
 from safetensors.torch import save_file
 
 from falcon_cli.artifacts.atomic import atomic_dir, write_json
 from falcon_cli.artifacts.results import write_results
 from falcon_cli.config.schema import Recipe
-from falcon_cli.config.unimodal import unimodal_model_config, unimodal_weights
+from falcon_cli.config.unimodal import unimodal_model_config, unimodal_seed, unimodal_weights, world_config
 from falcon_cli.data.collate import tokenize
 from falcon_cli.data.images import load_image
+from falcon_cli.data.shapes.config import ShapesConfig
+from falcon_cli.data.shapes.generation import extra_scenes
 from falcon_cli.data.shapes.scene import scenes_from_objects_column
 from falcon_cli.data.tokenizer import load_run_tokenizer
 from falcon_cli.data.transforms import build_transform
@@ -74,34 +78,41 @@ def _unimodal(config: Recipe, run: RunDirectory) -> dict:
         return _record(run, weights.path, report, reused=True)
     model_config = unimodal_model_config(config, len(tokenizer))
     device = pick_device(u.device)
-    seed_everything(config.seed)
+    seed = unimodal_seed(config)  # (unimodal.seed, else the run's)
+    seed_everything(seed)
     world = Path(config.data.dataset)
     scenes = pq.read_table(world / "scenes.parquet", columns=["image_id", "split", "file", "objects"])
     vocabulary = json.loads((world / "world.json").read_text(encoding="utf-8"))["vocabulary"]
     start = time.perf_counter()
 
-    # 2. The image encoder: per cell, shape / colour / size or empty (class 0).
+    # 2. The image encoder: per cell, shape / colour / size or empty (class 0), on the world's training images
+    #    and ``extra_images`` scenes drawn afresh (the ImageNet analogue: many more images than pairs).
     arrays = scenes_from_objects_column(scenes.column("objects"))
-    labels = {name: torch.from_numpy(getattr(arrays, name).astype(np.int64) + 1) for name in ATTRIBUTES}  # -1 empty -> 0
-    classes = {"shape": len(vocabulary["shapes"]) + 1, "color": len(vocabulary["colors"]) + 1, "size": len(vocabulary["sizes"]) + 1}
     split = np.array(scenes.column("split").to_pylist())
+    rows = {name: np.flatnonzero(split == name) for name in ("train", "val")}
     transform = build_transform("test", model_config.image_size)  # no crops or flips: the labels name cells
     files = scenes.column("file").to_pylist()
-    rows = {name: torch.from_numpy(np.flatnonzero(split == name)) for name in ("train", "val")}
-    images = {name: torch.stack([transform(load_image(world / files[i])) for i in rows[name].tolist()]) for name in rows}
+    images = {name: _stack([transform(load_image(world / files[i])) for i in rows[name].tolist()]) for name in rows}
+    codes = {name: {a: getattr(arrays, a)[rows[name]] for a in ATTRIBUTES} for name in rows}
+    if u.extra_images:
+        extra, pixels = extra_scenes(ShapesConfig.model_validate(world_config(world)), u.extra_images, seed)
+        images["train"] = torch.cat([images["train"], _stack([transform(Image.fromarray(p)) for p in pixels])])
+        codes["train"] = {a: np.concatenate([codes["train"][a], getattr(extra, a)]) for a in ATTRIBUTES}
+    labels = {name: {a: torch.from_numpy(codes[name][a].astype(np.int64) + 1) for a in ATTRIBUTES}  # -1 empty -> 0
+              for name in rows}
+    classes = {"shape": len(vocabulary["shapes"]) + 1, "color": len(vocabulary["colors"]) + 1, "size": len(vocabulary["sizes"]) + 1}
     classifier = SceneAttributeClassifier(model_config, classes).to(device)
 
-    def image_loss(batch: torch.Tensor, rows_: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        logits = classifier(batch.to(device))
-        target = {name: labels[name][rows_].to(device) for name in ATTRIBUTES}
+    def image_loss(batch: torch.Tensor, target: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+        logits = classifier(batch.to(device, torch.float32))
+        target = {name: target[name].to(device) for name in ATTRIBUTES}
         loss = sum(F.cross_entropy(logits[n].flatten(0, 1), target[n].flatten()) for n in ATTRIBUTES) / len(ATTRIBUTES)
         return loss, {n: (logits[n].argmax(-1) == target[n]) for n in ATTRIBUTES}
 
-    image_report = _fit(classifier, u.image_epochs, u.batch_size, u.image_lr, u.weight_decay, config.seed,
-                        train=(images["train"], rows["train"]), step=image_loss, what="unimodal image")
-    image_report.update(_image_accuracy(classifier, image_loss, images["val"], rows["val"], u.batch_size))
-    # What answering "empty" everywhere scores: the chance level the accuracies above are to be read against.
-    image_report["val_empty_cells"] = round(100 * (labels["shape"][rows["val"]] == 0).float().mean().item(), 2)
+    image_report = _fit(classifier, u.image_epochs, u.batch_size, u.image_lr, u.weight_decay, seed,
+                        train=(images["train"], labels["train"]), step=image_loss, what="unimodal image")
+    image_report.update(_image_accuracy(classifier, image_loss, images["val"], labels["val"], u.batch_size))
+    image_report["train_images"], image_report["extra_images"] = len(images["train"]), u.extra_images
 
     # 3. The text encoder: masked language modelling on the training captions, cut where pretraining cuts them.
     captions = pq.read_table(world / "captions.parquet", columns=["split", "text"]).to_pydict()
@@ -110,7 +121,7 @@ def _unimodal(config: Recipe, run: RunDirectory) -> dict:
     bert = masked_language_model(model_config, len(tokenizer), tokenizer.pad_token_id).to(device)
     special = dict(vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id, pad_token_id=tokenizer.pad_token_id,
                    cls_token_id=tokenizer.cls_token_id, probability=u.mlm_probability)
-    mask_generator = torch.Generator().manual_seed(config.seed + 7000)
+    mask_generator = torch.Generator().manual_seed(seed + 7000)
 
     def text_loss(ids: torch.Tensor, mask: torch.Tensor, generator: torch.Generator = mask_generator):
         sample = MlmMask.sample(ids, mask, generator=generator, **special)
@@ -118,12 +129,12 @@ def _unimodal(config: Recipe, run: RunDirectory) -> dict:
         chosen = sample.labels.to(device) != -100
         return out.loss, {"token": (out.logits.argmax(-1) == sample.labels.to(device))[chosen]}
 
-    text_report = _fit(bert, u.text_epochs, u.batch_size, u.text_lr, u.weight_decay, config.seed + 1,
+    text_report = _fit(bert, u.text_epochs, u.batch_size, u.text_lr, u.weight_decay, seed + 1,
                        train=tokens["train"], step=text_loss, what="unimodal text")
-    text_report.update(_text_accuracy(text_loss, tokens["val"], u.batch_size, config.seed))
+    text_report.update(_text_accuracy(text_loss, tokens["val"], u.batch_size, seed))
 
     # 4. Both encoders, atomically, with what they reached and what produced them.
-    report = {"image": image_report, "text": text_report, "key": weights.key, "seed": config.seed,
+    report = {"image": image_report, "text": text_report, "key": weights.key, "seed": seed,
               "model": p.model, "image_size": model_config.image_size, "settings": u.model_dump(mode="json"),
               "seconds": round(time.perf_counter() - start, 1)}
     with atomic_dir(weights.path) as tmp:
@@ -143,7 +154,7 @@ def _fit(module: torch.nn.Module, epochs: int, batch_size: int, lr: float, weigh
     tensors split into shuffled batches along dim 0; ``step(*batch) -> (loss, hits)``. Returns the last loss."""
     module.train()
     optimizer = build_optimizer(module, lr, weight_decay)
-    n = len(train[0])
+    n = len(train[0])  # (the first of ``train`` is a tensor)
     steps_per_epoch = max(1, n // batch_size)
     total = max(1, epochs * steps_per_epoch)
     order = torch.Generator().manual_seed(seed)
@@ -155,7 +166,7 @@ def _fit(module: torch.nn.Module, epochs: int, batch_size: int, lr: float, weigh
             rows = permutation[k * batch_size:(k + 1) * batch_size]
             warm = min(1.0, (done + 1) / steps_per_epoch)
             set_learning_rate(optimizer, lr * warm * (0.01 + 0.99 * 0.5 * (1 + math.cos(math.pi * done / total))))
-            loss, _ = step(*(t[rows] for t in train))
+            loss, _ = step(*(_take(t, rows) for t in train))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -166,18 +177,23 @@ def _fit(module: torch.nn.Module, epochs: int, batch_size: int, lr: float, weigh
 
 
 @torch.no_grad()
-def _image_accuracy(classifier, step, images: torch.Tensor, rows: torch.Tensor, batch_size: int) -> dict:
-    """Per attribute, the share of validation cells classified right; and the share of images with every cell right."""
+def _image_accuracy(classifier, step, images: torch.Tensor, labels: dict[str, torch.Tensor], batch_size: int) -> dict:
+    """Per attribute, the share of validation cells classified right, over every cell and over the occupied cells
+    alone (the informative one: most cells are empty); the share of images with every cell right; and what
+    answering "empty" everywhere scores (the chance level of the first)."""
     classifier.eval()
     hits = {n: [] for n in ATTRIBUTES}
     for k in range(0, len(images), batch_size):
-        _, batch_hits = step(images[k:k + batch_size], rows[k:k + batch_size])
+        _, batch_hits = step(images[k:k + batch_size], _take(labels, slice(k, k + batch_size)))
         for n in ATTRIBUTES:
             hits[n].append(batch_hits[n].cpu())
     per = {n: torch.cat(hits[n]) for n in ATTRIBUTES}                                   # [images, 9] each
+    occupied = labels["shape"] > 0
     every_cell = torch.stack([per[n].all(dim=1) for n in ATTRIBUTES]).all(dim=0)
     return {**{f"val_{n}_accuracy": round(100 * per[n].float().mean().item(), 2) for n in ATTRIBUTES},
-            "val_scene_accuracy": round(100 * every_cell.float().mean().item(), 2), "val_images": len(images)}
+            **{f"val_{n}_accuracy_occupied": round(100 * per[n][occupied].float().mean().item(), 2) for n in ATTRIBUTES},
+            "val_scene_accuracy": round(100 * every_cell.float().mean().item(), 2), "val_images": len(images),
+            "val_empty_cells": round(100 * (~occupied).float().mean().item(), 2)}
 
 
 @torch.no_grad()
@@ -192,6 +208,16 @@ def _text_accuracy(step, tokens, batch_size: int, seed: int) -> dict:
     hits = torch.cat(hits)
     return {"val_masked_token_accuracy": round(100 * hits.float().mean().item(), 2), "val_masked_tokens": int(hits.numel()),
             "val_captions": int(len(ids))}
+
+
+def _take(batch, rows):
+    """``batch[rows]``, or a dict of those."""
+    return {k: v[rows] for k, v in batch.items()} if isinstance(batch, dict) else batch[rows]
+
+
+def _stack(images: list[torch.Tensor]) -> torch.Tensor:
+    """The transformed images as one half-precision tensor (what is kept in memory; steps cast to float32)."""
+    return torch.stack(images).half() if images else torch.empty(0, dtype=torch.float16)
 
 
 def _record(run: RunDirectory, path: Path, report: dict, *, reused: bool) -> dict:

@@ -95,3 +95,18 @@ def test_a_table_of_uniform_runs_alone_has_no_chain_column_and_no_verdict_yet(tm
     passed, lines = sweep.gate(table)
     assert passed is None and all("not both run" in line for line in lines)
     assert "| uniform | 1 | 4.0 ± 0.0 | 9.0 ± 0.0 | — |" in "\n".join(sweep.summary_lines(table, tmp_path))
+
+
+def test_every_seed_of_a_regime_starts_from_one_pair_of_unimodal_encoders(tmp_path):
+    """With `unimodal_seed` set, the runs of every seed pass the same `unimodal.seed` (one cache entry, trained
+    once); without it, each seed has its own."""
+    from dataclasses import replace
+
+    cpu = sweep.BUDGETS["cpu"]
+    shared = [o for o in cpu.run_overrides("coco-like", tmp_path, 3) if o.startswith("unimodal.")]
+    assert "unimodal.seed=0" in shared and f"unimodal.extra_images={cpu.unimodal_extra_images}" in shared
+    assert shared == [o for o in cpu.run_overrides("coco-like", tmp_path, 4) if o.startswith("unimodal.")]
+    assert {cpu.unimodal_seed_of(s) for s in range(5)} == {0}
+    own = replace(cpu, unimodal_seed=None)
+    assert "unimodal.seed=null" in own.run_overrides("coco-like", tmp_path, 3)
+    assert [own.unimodal_seed_of(s) for s in range(3)] == [0, 1, 2]

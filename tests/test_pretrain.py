@@ -465,7 +465,7 @@ def test_audit_false_negatives_with_the_oracle(falcon_run, world, tmp_path):
     assert {p.name for p in out.iterdir()} == {
         "audit.parquet", "audit.md", "summary.json", "fn_rate_by_q.csv", "fn_rate_by_step.csv", "fn_after_filter.csv",
         "judge_vs_oracle.csv", "fn_rate_by_q.png", "fn_after_filter.png", "missed_examples.png",
-        "scheduler_vs_oracle.csv", "scheduler_vs_oracle.png"}
+        "scheduler_vs_oracle.csv", "scheduler_vs_oracle.png", "candidate_risk.csv"}
     audit = read_table(out / "audit.parquet", AUDIT)
     assert 0 < len(audit) <= 600 and set(audit["kind"]) == {"chain", "itm"} and set(audit["direction"]) == {"i2t", "t2i"}
 
@@ -502,6 +502,25 @@ def test_audit_false_negatives_with_the_oracle(falcon_run, world, tmp_path):
         assert row["q_fn_density_corr"] == pytest.approx(logged[row["epoch"]]["q_fn_density_corr"])
         assert row["chain_fn_rate"] == pytest.approx(logged[row["epoch"]]["chain_fn_rate"])
     assert "q against the oracle" in (out / "audit.md").read_text()
+    # How risky the final model's hard candidates are: candidate_risk on the last epoch's cache and the oracle.
+    import pandas as pd
+    import torch
+
+    from falcon_cli.artifacts.embeddings import read_embeddings
+    from falcon_cli.audit.candidates import candidate_risk
+
+    last = max(int(p.stem.split("_")[1]) for p in (run_dir / "embeddings").glob("epoch_*.h5"))
+    cache = read_embeddings(run_dir / "embeddings" / f"epoch_{last:03d}.h5")
+    image_ids = [records[int(p)].extra["image_id"] for p in cache.pair_id]
+    want = candidate_risk(torch.as_tensor(cache.image), torch.as_tensor(cache.text), np.array(image_ids),
+                          oracle.matrix(image_ids, [records[int(p)].extra["caption_id"] for p in cache.pair_id]),
+                          space_size=manifest["config"]["pretrain"]["search_space_size"], seed=manifest["config"]["seed"])
+    risk = pd.read_csv(out / "candidate_risk.csv").set_index("direction")
+    assert list(risk.index) == ["t2i", "i2t", "both"] and (risk["epoch"] == last).all()
+    for direction in risk.index:
+        for rank in ("top-1", "top-10", "median", "random"):
+            assert risk.loc[direction, rank] == pytest.approx(want[direction][rank])
+    assert summary["candidate_risk"][2]["direction"] == "both" and "How risky the hard candidates" in (out / "audit.md").read_text()
 
 
 def test_audit_false_negatives_of_two_runs_with_their_own_itm_head(falcon_run, tmp_path):

@@ -190,3 +190,26 @@ def test_near_miss_false_negative_rate_matches_a_brute_force_count(tmp_path):
         assert stats["near_miss_fn_rate"] == pytest.approx(np.mean(rates), abs=2e-6)
         assert 0 < stats["near_miss_fn_rate"] < 1
         assert stats["by_kind"]["full"]["near_miss_fn_rate"] == 0  # a near miss never fits the whole description
+
+
+def test_extra_scenes_are_drawn_from_the_worlds_distribution_and_rendered_as_the_world_renders():
+    """The unimodal image encoder's ImageNet: fresh scenes with the world's objects per scene and vocabulary,
+    the same for the same seed, another draw for another seed, pixels as render_scene gives them."""
+    from falcon_cli.data.shapes.config import ShapesConfig
+    from falcon_cli.data.shapes.generation import extra_scenes
+    from falcon_cli.data.shapes.render import render_scene
+    from falcon_cli.data.shapes.seeding import STREAM_EXTRA_PIXELS, stream_generator
+
+    config = ShapesConfig(preset="coco-like", images=40, size=24)
+    scenes, pixels = extra_scenes(config, 30, seed=3)
+    assert pixels.shape == (30, 24, 24, 3) and pixels.dtype == np.uint8
+    objects = scenes.occupied.sum(axis=1)
+    assert objects.min() >= config.min_objects and objects.max() <= config.max_objects
+    assert scenes.shape.max() < config.num_shapes and scenes.color.max() < config.num_colors
+    again, pixels_again = extra_scenes(config, 30, seed=3)
+    assert np.array_equal(again.shape, scenes.shape) and np.array_equal(pixels_again, pixels)
+    other, _ = extra_scenes(config, 30, seed=4)
+    assert not np.array_equal(other.shape, scenes.shape)
+    image = render_scene(scenes.shape[7], scenes.color[7], scenes.size[7], stream_generator(config.seed, STREAM_EXTRA_PIXELS, 3, 7),
+                         image_size=24, background_noise=config.background_noise)
+    assert np.array_equal(np.asarray(image), pixels[7])

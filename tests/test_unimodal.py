@@ -90,3 +90,55 @@ def test_pretraining_from_unimodal_weights_that_do_not_exist_is_one_line(first):
 def test_unimodal_weights_are_for_albef_models_only():
     proc = run_cli("recipes", "show", "shapes-siglip", "pretrain.vision_weights=unimodal")
     assert proc.returncode != 0 and "unimodal stage trains ALBEF's encoders" in proc.stderr
+
+
+@pytest.mark.parametrize("image_size,patch_size", [(32, 8), (48, 8), (24, 8), (16, 8), (64, 16)])
+def test_cell_pooling_weighs_each_patch_by_the_pixels_it_shares_with_the_cell(image_size, patch_size):
+    """Against counting pixels: the share of a cell's pixels that fall in each patch (cells and patches need not
+    line up; a cell smaller than a patch still gets the patches it overlaps)."""
+    import torch
+
+    from falcon_cli.models.unimodal import cell_pooling
+
+    # Each pixel's cell and patch, on a 3x finer grid so that cell borders at thirds fall between subpixels.
+    fine = 3 * image_size
+    axis = torch.arange(fine)
+    cell = (axis * 3) // fine                 # (pixel + k/3) lies in cell floor(3 * (pixel + k/3) / size)
+    patch = axis // (3 * patch_size)
+    grid = image_size // patch_size
+    cells = (cell[:, None] * 3 + cell[None, :]).flatten()
+    patches = (patch[:, None] * grid + patch[None, :]).flatten()
+    counts = torch.zeros(9, grid * grid, dtype=torch.float64)
+    counts.index_put_((cells, patches), torch.ones(len(cells), dtype=torch.float64), accumulate=True)
+    expected = counts / counts.sum(dim=1, keepdim=True)
+    got = cell_pooling(image_size, patch_size)
+    assert got.shape == (9, grid * grid)
+    assert torch.allclose(got.double(), expected, atol=1e-6)
+
+
+def test_where_cells_line_up_with_patches_each_cell_pools_exactly_its_own():
+    """At 48 px with 8 px patches a cell is 2x2 patches: it takes those four, a quarter each, and nothing else."""
+    import torch
+
+    from falcon_cli.models.unimodal import cell_pooling
+
+    pool = cell_pooling(48, 8)             # cells line up with 2x2 patches at 48 px
+    assert ((pool > 0).sum(dim=1) == 4).all()
+    top_left = pool[0].view(6, 6)
+    assert torch.allclose(top_left[:2, :2], torch.full((2, 2), 0.25)) and top_left[2:].sum() == 0 and top_left[:, 2:].sum() == 0
+
+
+def test_extra_images_and_a_shared_unimodal_seed(first):
+    """`unimodal.extra_images` adds fresh scenes to the image encoder's training set (and is part of the cache key);
+    `unimodal.seed` makes runs of other seeds share one entry."""
+    extra = [*TINY, "unimodal.extra_images=24", "unimodal.seed=5"]
+    ok(run_cli("unimodal", "--recipe", "shapes-demo", "--run-dir", first / "e", f"data.dataset={first / 'world'}", *extra))
+    row = json.loads((first / "e" / "results" / "unimodal.json").read_text())["rows"][0]
+    assert row["reused"] is False and row["image_train_images"] == 32 + 24 and row["image_extra_images"] == 24
+    assert 0 <= row["image_val_shape_accuracy_occupied"] <= 100
+    report = json.loads((first / "e" / "results" / "unimodal.json").read_text())
+    ok(run_cli("unimodal", "--recipe", "shapes-demo", "--run-dir", first / "f", f"data.dataset={first / 'world'}", *extra,
+               "seed=2"))
+    again = json.loads((first / "f" / "results" / "unimodal.json").read_text())
+    assert again["rows"][0]["reused"] is True and again["rows"][0]["weights"] == row["weights"]
+    assert report["meta"]["seed"] == again["meta"]["seed"] == 5

@@ -134,7 +134,7 @@ def markdown_table(frame: pd.DataFrame, percent: tuple[str, ...] = ()) -> str:
 
 def audit_markdown(*, run: str, judge: str, threshold: float, truth: str, steps: tuple[int, int, int], overall: pd.DataFrame,
                    rates: pd.DataFrame, curve: pd.DataFrame, agreement: pd.DataFrame, notes: list[str],
-                   scheduler: pd.DataFrame | None = None) -> str:
+                   scheduler: pd.DataFrame | None = None, candidate_risk: pd.DataFrame | None = None) -> str:
     """``audit.md``: the audit's tables with one line of explanation each."""
     audited, first, last = steps
     lines = [f"# False-negative audit of {run}\n",
@@ -157,6 +157,12 @@ def audit_markdown(*, run: str, judge: str, threshold: float, truth: str, steps:
              "false negatives above its true negatives at any threshold (0.5: not at all).\n" if not agreement.empty else "",
              markdown_table(agreement, percent=("precision", "recall", "f1")) if not agreement.empty
              else "(no oracle for this data)\n"]
+    if candidate_risk is not None and not candidate_risk.empty:
+        lines += ["## How risky the hard candidates are under the final model (the premise of Figure 2)\n",
+                  "The pairs cut into random search spaces of `space_size`; each anchor's candidates of other images "
+                  "ranked by the last epoch's similarity; the share that the oracle calls true matches at rank 1, "
+                  "rank 10, the median rank, and over all candidates (`random`: a uniform pick).\n",
+                  markdown_table(candidate_risk, percent=("top-1", "top-10", "median", "random"))]
     if scheduler is not None and not scheduler.empty:
         lines += ["## The composer's q against the oracle, per epoch\n",
                   "Over the chained slots: `q_fn_density_corr`, the correlation of E[q] (or the fixed q) with the "

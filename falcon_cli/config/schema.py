@@ -469,6 +469,14 @@ class UnimodalConfig(Section):
     and the size (or empty), the ImageNet analogue."""
     text_epochs: int = Field(20, ge=0)
     """Epochs of the text encoder over the training captions: masked language modelling, the BERT analogue."""
+    extra_images: int = Field(0, ge=0)
+    """Scenes drawn afresh from the world's scene distribution (its objects per scene and vocabulary) and rendered
+    in memory, added to the world's training images for the image encoder: ImageNet is far larger than COCO, and
+    at 32-48 px a ViT learns shapes only from many thousands of images. None of them is in the world."""
+    seed: int | None = None
+    """The seed of the unimodal encoders (their init, data order, masks and extra scenes); None = the run's
+    ``seed``. A sweep that starts every seed of a comparison from the same encoders (as every ALBEF run starts
+    from the same DeiT and BERT) sets it, so the encoders are trained once."""
     batch_size: int = Field(64, ge=1)
     """Images or captions per step."""
     image_lr: float = Field(1e-3, gt=0)

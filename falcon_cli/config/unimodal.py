@@ -32,12 +32,17 @@ def world_config(dataset: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))["config"]
 
 
+def unimodal_seed(config: Recipe) -> int:
+    """The seed the unimodal encoders are trained with: ``unimodal.seed``, else the run's."""
+    return config.seed if config.unimodal.seed is None else config.unimodal.seed
+
+
 def unimodal_weights(config: Recipe, vocabulary: dict[str, int]) -> UnimodalWeights:
     """The cache entry of ``config``'s world, model, tokenizer (``vocabulary``), unimodal settings and seed."""
     u = config.unimodal
-    settings = u.model_dump(mode="json", exclude={"cache_dir", "device"})
+    settings = u.model_dump(mode="json", exclude={"cache_dir", "device", "seed"})
     settings["max_text_length"] = config.pretrain.max_text_length  # captions are cut where pretraining cuts them
     return UnimodalWeights.for_run(u.cache_dir or Path(config.data.dataset) / CACHE_DIR,
                                    world=world_config(config.data.dataset),
                                    model=unimodal_model_config(config, len(vocabulary)), vocabulary=vocabulary,
-                                   settings=settings, seed=config.seed)
+                                   settings=settings, seed=unimodal_seed(config))

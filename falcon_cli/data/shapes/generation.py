@@ -29,6 +29,8 @@ from falcon_cli.data.shapes.render import png_bytes, render_scene
 from falcon_cli.data.shapes.scene import SceneArrays, near_miss, sample_scene, scene_objects
 from falcon_cli.data.shapes.seeding import (
     STREAM_CAPTIONS,
+    STREAM_EXTRA_PIXELS,
+    STREAM_EXTRA_SCENES,
     STREAM_NEAR_MISSES,
     STREAM_PIXELS,
     STREAM_QUESTIONS,
@@ -232,3 +234,20 @@ def duplicate_captions(captions: list[dict]) -> dict:
         seen_text.add(text)
         seen_form.add(form)
     return {"same_text": same_text, "same_logical_form": same_form, "images": len(images)}
+
+
+def extra_scenes(config: ShapesConfig, count: int, seed: int) -> tuple[SceneArrays, np.ndarray]:
+    """``count`` scenes drawn afresh from ``config``'s scene distribution (objects per scene, vocabulary; each
+    drawn on its own, no near misses) and rendered in memory at ``config.size``: ``(scenes, uint8 [count, size,
+    size, 3])``. None of them is in the world: they are the unimodal image encoder's ImageNet, far more images
+    than the paired data, as ImageNet is to COCO. ``seed`` picks the draw (streams apart from the world's)."""
+    arrays = [np.empty((count, len(POSITIONS)), dtype=np.int8) for _ in range(3)]
+    pixels = np.empty((count, config.size, config.size, 3), dtype=np.uint8)
+    for i in track(range(count), "drawing extra scenes"):
+        drawn = sample_scene(stream_random(config.seed, STREAM_EXTRA_SCENES, seed, i), min_objects=config.min_objects,
+                             max_objects=config.max_objects, num_shapes=config.num_shapes, num_colors=config.num_colors)
+        for arr, row in zip(arrays, drawn):
+            arr[i] = row
+        pixels[i] = np.asarray(render_scene(*drawn, stream_generator(config.seed, STREAM_EXTRA_PIXELS, seed, i),
+                                            image_size=config.size, background_noise=config.background_noise))
+    return SceneArrays(*arrays), pixels

@@ -23,6 +23,8 @@ STREAM_QUESTIONS = 4
 STREAM_SPLITS = 5
 STREAM_STATEMENTS = 6
 STREAM_NEAR_MISSES = 7
+STREAM_EXTRA_SCENES = 8
+STREAM_EXTRA_PIXELS = 9
 
 
 def stream_random(seed: int, stream: int, *index: int) -> random.Random:
