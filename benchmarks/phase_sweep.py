@@ -172,6 +172,9 @@ def run_row(preset: str, method: str, seed: int, run: Path) -> dict:
     retrieval = json.loads((run / EVALUATED).read_text())["rows"][0]
     for key in ("i2t_R@1", "t2i_R@1", "oracle_i2t_R@1", "oracle_t2i_R@1"):
         row[f"{key}_lo"], row[f"{key}_hi"] = retrieval.get(f"{key}_lo"), retrieval.get(f"{key}_hi")
+    risk = json.loads((run / "audit" / "summary.json").read_text()).get("candidate_risk") or []
+    for entry in (r for r in risk if r["direction"] == "both"):  # the final model's candidates by hardness (audit)
+        row.update({f"risk_{rank}": 100 * entry[rank] for rank in ("top-1", "top-10", "median", "random")})
     epochs = epoch_rows(method, seed, run)
     row["q_fn_density_corr"] = epochs[-1].get("q_fn_density_corr") if epochs else None
     row["preset"] = preset
@@ -272,6 +275,12 @@ def summary_lines(table, out: Path) -> list[str]:
                 cells.append("—" if d is None else f"{d['mean']:+.2f} ± {0 if d['std'] != d['std'] else d['std']:.2f} "
                              f"({d['positive']}/{d['seeds']} +)" + (" *" if d["beyond_2std"] else ""))
             lines.append(f"| {method} | {len(mine)} | " + " | ".join(cells) + " |")
+        risk = rows[rows["method"] == "uniform"]
+        if "risk_top-1" in risk and risk["risk_top-1"].notna().any():
+            lines += ["", "Under uniform's final models, a search space's hardest candidate is a true match "
+                          f"{_mean_std(risk, 'risk_top-1')}% of the time, the 10th hardest {_mean_std(risk, 'risk_top-10')}%, "
+                          f"the median one {_mean_std(risk, 'risk_median')}%, any one {_mean_std(risk, 'risk_random')}% "
+                          "(`audit/candidate_risk.csv`: Figure 2's premise, risk rising with hardness)."]
         widths = (rows["i2t_R@1_hi"] - rows["i2t_R@1_lo"]).dropna()
         if len(widths):
             lines += ["", f"One run's i2t R@1 has a 95% interval {widths.median():.1f} points wide (median over runs; "

@@ -60,6 +60,9 @@ def test_the_gate_passes_only_when_both_halves_clear_two_standard_deviations():
 
 def test_summary_and_report_block(tmp_path):
     table = _table({0: 1.0, 1: 1.2, 2: 0.9, 3: 1.1, 4: 1.0})
+    uniform = table["method"] == "uniform"
+    table.loc[uniform, "risk_top-1"], table.loc[uniform, "risk_top-10"] = 30.0 + table["seed"], 10.0
+    table.loc[uniform, "risk_median"], table.loc[uniform, "risk_random"] = 0.5, 0.3
     out = tmp_path / "sweep"
     (out / "worlds" / "coco-like").mkdir(parents=True)
     (out / "worlds" / "coco-like" / "world.json").write_text(json.dumps({
@@ -71,6 +74,7 @@ def test_summary_and_report_block(tmp_path):
     grit = next(line for line in lines if line.startswith("| grit |"))
     assert "+1.04 ± 0.11 (5/5 +) *" in grit  # vs uniform: beyond 2 std
     assert "| uniform | 5 | 22.0 ± 1.6 |" in text
+    assert "hardest candidate is a true match 32.0 ± 1.6% of the time, the 10th hardest 10.0 ± 0.0%" in text
     for p, m, s in zip(table["preset"], table["method"], table["seed"]):
         run = sweep.run_dir(out, p, m, s)
         run.mkdir(parents=True)
