@@ -247,8 +247,22 @@ def world_rates(out: Path, presets) -> dict[str, dict]:
             world = json.loads(path.read_text())
             train = world["statistics"]["false_negative_density"]["train"]
             rates[preset] = {"pair": train.get("pair_negative_fn_rate"), "near_miss": train.get("near_miss_fn_rate"),
-                             "test_images": world["counts"]["images"]["test"], "test_captions": world["counts"]["captions"]["test"]}
+                             "test_images": world["counts"]["images"]["test"], "test_captions": world["counts"]["captions"]["test"],
+                             "t2i_ceiling": t2i_ceiling(path.parent)}
     return rates
+
+
+def t2i_ceiling(world: Path) -> float | None:
+    """The standard t2i R@1 (%) of a perfect model: each test caption ranks the test images it truly describes first,
+    in an order nothing in the caption can decide, so it finds its own image with probability 1 / (their number).
+    The mean of that over the test captions (``compatibility_test.parquet``: every true test pair)."""
+    import pandas as pd
+
+    path = world / "compatibility_test.parquet"
+    if not path.exists():
+        return None
+    described = pd.read_parquet(path, columns=["caption_id"])["caption_id"].value_counts()
+    return float(100 * (1.0 / described).mean())
 
 
 def summary_lines(table, out: Path) -> list[str]:
@@ -263,7 +277,8 @@ def summary_lines(table, out: Path) -> list[str]:
         if rate:
             head += (f" (a random pair is a false negative {100 * rate['pair']:.2f}% of the time"
                      + (f", a near miss {100 * rate['near_miss']:.1f}%" if rate.get("near_miss") is not None else "")
-                     + f"; test: {rate['test_images']:,} images, {rate['test_captions']:,} captions)")
+                     + f"; test: {rate['test_images']:,} images, {rate['test_captions']:,} captions"
+                     + (f"; a perfect model's t2i R@1: {rate['t2i_ceiling']:.1f}%" if rate.get("t2i_ceiling") else "") + ")")
         lines += [head, "", "| method | seeds | R@1 | FN-aware R@1 | chain FN % | corr(E[q], FN density) | "
                   "Δ R@1 vs uniform | Δ R@1 vs GRIT | Δ FN-aware vs uniform |", "|---|---|---|---|---|---|---|---|---|"]
         for method in [m for m in METHODS if m in set(rows["method"])]:

@@ -68,8 +68,12 @@ def test_summary_and_report_block(tmp_path):
     (out / "worlds" / "coco-like" / "world.json").write_text(json.dumps({
         "statistics": {"false_negative_density": {"train": {"pair_negative_fn_rate": 0.0024, "near_miss_fn_rate": 0.285}}},
         "counts": {"images": {"test": 2025}, "captions": {"test": 10125}}}))
+    # Captions 0-2 describe 1, 2 and 4 test images: a perfect model finds its own image (1 + 1/2 + 1/4) / 3 of the time.
+    pd.DataFrame({"image_id": [0, 1, 2, 3, 4, 5, 6], "caption_id": [0, 1, 1, 2, 2, 2, 2]}).to_parquet(
+        out / "worlds" / "coco-like" / "compatibility_test.parquet")
     lines = sweep.summary_lines(table, out)
     text = "\n".join(lines)
+    assert "a perfect model's t2i R@1: 58.3%" in text
     assert "a random pair is a false negative 0.24% of the time, a near miss 28.5%" in text
     grit = next(line for line in lines if line.startswith("| grit |"))
     assert "+1.04 ± 0.11 (5/5 +) *" in grit  # vs uniform: beyond 2 std
