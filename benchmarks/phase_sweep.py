@@ -328,7 +328,7 @@ def figure(table, out: Path) -> Path:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     for ax, (key, title) in zip(axes, (("R@1", "R@1 (%)"), ("oracle_R@1", "FN-aware R@1 (%)"),
                                        ("fn_rate_chain", "chain FN % (picks that are false negatives)"))):
-        for method in [m for m in METHODS if m in set(table["method"])]:
+        for method in [m for m in METHODS if m in set(table["method"]) and key in table]:  # (uniform alone: no chain)
             means, stds, xs = [], [], []
             for xi, preset in zip(x, presets):
                 values = table[(table["preset"] == preset) & (table["method"] == method)][key].dropna()

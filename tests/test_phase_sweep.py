@@ -103,6 +103,7 @@ def test_a_table_of_uniform_runs_alone_has_no_chain_column_and_no_verdict_yet(tm
     passed, lines = sweep.gate(table)
     assert passed is None and all("not both run" in line for line in lines)
     assert "| uniform | 1 | 4.0 ± 0.0 | 9.0 ± 0.0 | — |" in "\n".join(sweep.summary_lines(table, tmp_path))
+    assert sweep.figure(table, tmp_path).is_file()  # (its chain panel stays empty)
 
 
 def test_every_seed_of_a_regime_starts_from_one_pair_of_unimodal_encoders(tmp_path):
