@@ -251,7 +251,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
         state.save(epoch + 1, 0)
         if seen:  # (log.txt shows each epoch even with no progress bar: sweeps, cluster jobs)
             elapsed = time.perf_counter() - tick
-            log_epoch("pretrain", epoch, p.epochs, steps=state.step, loss=float(out.loss), pairs_per_s=seen / elapsed,
+            log_epoch("pretrain", epoch, p.epochs, steps=state.step, loss=float(out.loss.detach()), pairs_per_s=seen / elapsed,
                       seconds=elapsed)
 
     # 6. Zero-shot retrieval with the trained model (ITC only; ITM re-ranking is `falcon evaluate`).
