@@ -473,7 +473,7 @@ class UnimodalConfig(Section):
     """Scenes drawn afresh from the world's scene distribution (its objects per scene and vocabulary) and rendered
     in memory, added to the world's training images for the image encoder: ImageNet is far larger than COCO, and
     at 32-48 px a ViT learns shapes only from many thousands of images. None of them is in the world."""
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0)
     """The seed of the unimodal encoders (their init, data order, masks and extra scenes); None = the run's
     ``seed``. A sweep that starts every seed of a comparison from the same encoders (as every ALBEF run starts
     from the same DeiT and BERT) sets it, so the encoders are trained once."""
