@@ -9,9 +9,9 @@ Methods x world regimes (``falcon data shapes --preset``: ``coco-like``, ``mediu
 Every run of a regime starts from the same unimodal encoders (the ``unimodal`` stage: the world's DeiT and BERT
 analogues, the image encoder on 20,000 extra scenes; trained once per regime, ``unimodal.seed`` 0, as every ALBEF
 run starts from the same DeiT and BERT), and every run of a (regime, seed) draws the same first-epoch data order
-and the same init of what the encoders do not cover; evaluation is deterministic. So the methods are compared seed by seed: each method's per-seed difference from uniform and from
-GRIT, its mean, its standard deviation over seeds and on how many seeds it has the same sign. Every R@1 also carries
-its binomial 95% interval over the test queries.
+and the same init of what the encoders do not cover; evaluation is deterministic. So the methods are compared seed
+by seed: each method's per-seed difference from uniform and from GRIT, its mean, its standard deviation over seeds
+and on how many seeds it has the same sign. Every R@1 also carries its binomial 95% interval over the test queries.
 
 **The gate** (``--gate``: uniform, GRIT and q = 0.5 on ``coco-like`` and ``dense``) checks that the testbed
 reproduces the premise the papers start from before any method is judged: on ``coco-like`` GRIT beats uniform by

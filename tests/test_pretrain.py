@@ -512,8 +512,9 @@ def test_audit_false_negatives_with_the_oracle(falcon_run, world, tmp_path):
     last = max(int(p.stem.split("_")[1]) for p in (run_dir / "embeddings").glob("epoch_*.h5"))
     cache = read_embeddings(run_dir / "embeddings" / f"epoch_{last:03d}.h5")
     image_ids = [records[int(p)].extra["image_id"] for p in cache.pair_id]
+    truth = oracle.matrix(image_ids, [records[int(p)].extra["caption_id"] for p in cache.pair_id])  # every pair at once
     want = candidate_risk(torch.as_tensor(cache.image), torch.as_tensor(cache.text), np.array(image_ids),
-                          oracle.matrix(image_ids, [records[int(p)].extra["caption_id"] for p in cache.pair_id]),
+                          lambda rows: truth[rows][:, rows],
                           space_size=manifest["config"]["pretrain"]["search_space_size"], seed=manifest["config"]["seed"])
     risk = pd.read_csv(out / "candidate_risk.csv").set_index("direction")
     assert list(risk.index) == ["t2i", "i2t", "both"] and (risk["epoch"] == last).all()

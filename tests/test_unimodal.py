@@ -129,14 +129,14 @@ def test_where_cells_line_up_with_patches_each_cell_pools_exactly_its_own():
 
 
 def test_extra_images_and_a_shared_unimodal_seed(first):
-    """`unimodal.extra_images` adds fresh scenes to the image encoder's training set (and is part of the cache key);
-    `unimodal.seed` makes runs of other seeds share one entry."""
+    """`unimodal.extra_images` adds fresh scenes to the image encoder's training set; `unimodal.seed` makes runs of
+    other seeds share one entry."""
     extra = [*TINY, "unimodal.extra_images=24", "unimodal.seed=5"]
     ok(run_cli("unimodal", "--recipe", "shapes-demo", "--run-dir", first / "e", f"data.dataset={first / 'world'}", *extra))
-    row = json.loads((first / "e" / "results" / "unimodal.json").read_text())["rows"][0]
+    report = json.loads((first / "e" / "results" / "unimodal.json").read_text())
+    row = report["rows"][0]
     assert row["reused"] is False and row["image_train_images"] == 32 + 24 and row["image_extra_images"] == 24
     assert 0 <= row["image_val_shape_accuracy_occupied"] <= 100
-    report = json.loads((first / "e" / "results" / "unimodal.json").read_text())
     ok(run_cli("unimodal", "--recipe", "shapes-demo", "--run-dir", first / "f", f"data.dataset={first / 'world'}", *extra,
                "seed=2"))
     again = json.loads((first / "f" / "results" / "unimodal.json").read_text())

@@ -14,6 +14,8 @@ left out, so the rates are about telling different scenes apart.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import pandas as pd
 import torch
@@ -22,20 +24,20 @@ RANKS = ("top-1", "top-10", "median", "random")
 """The candidates whose truth is read: the hardest, the 10th hardest, the median one, and any one (the mean over all)."""
 
 
-def candidate_risk(image_feat: torch.Tensor, text_feat: torch.Tensor, image_ids: np.ndarray, truth: np.ndarray, *,
-                   space_size: int, seed: int = 0) -> dict[str, dict[str, float]]:
+def candidate_risk(image_feat: torch.Tensor, text_feat: torch.Tensor, image_ids: np.ndarray,
+                   truth: Callable[[np.ndarray], np.ndarray], *, space_size: int, seed: int = 0) -> dict[str, dict[str, float]]:
     """``{direction: {rank: false-negative rate}}`` for directions ``t2i``, ``i2t`` and ``both`` (anchors pooled).
 
     ``image_feat`` / ``text_feat``: ``[N, D]`` features of N pairs (pair k = image ``image_ids[k]`` with its
-    caption k); ``truth``: ``bool [N, N]``, entry ``[i, j]`` whether caption j describes pair i's image (its
-    rows for pairs sharing an image are equal). The pairs are shuffled with ``seed`` and cut into spaces of
+    caption k); ``truth(rows)``: ``bool [m, m]`` for the pairs at ``rows``, entry ``[i, j]`` whether caption
+    ``rows[j]`` describes pair ``rows[i]``'s image (asked one search space at a time, so the truth of N x N pairs
+    is never held at once). The pairs are shuffled with ``seed`` and cut into spaces of
     ``space_size`` (a last, smaller space is kept when it has at least two images). Each rate is a share of
     anchors with at least as many candidates as the rank needs; ``anchors_<rank>`` says how many that was.
     """
     n = len(image_ids)
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     image_ids = torch.as_tensor(np.asarray(image_ids), dtype=torch.int64)
-    truth_t = torch.as_tensor(np.asarray(truth, dtype=bool))
     hits = {d: {r: [] for r in RANKS} for d in ("t2i", "i2t")}
     for start in range(0, n, space_size):
         rows = order[start:start + space_size]
@@ -44,7 +46,7 @@ def candidate_risk(image_feat: torch.Tensor, text_feat: torch.Tensor, image_ids:
         if len(first) < 2:
             continue
         sim = (image_feat[rows].float() @ text_feat[rows].float().T)       # [m, m]: pair i's image, caption j
-        true = truth_t[rows][:, rows]                                        # [m, m]: caption j describes image i
+        true = torch.as_tensor(np.asarray(truth(rows.numpy()), dtype=bool))  # [m, m]: caption j describes image i
         other = ids[:, None] != ids[None, :]                                 # candidates of other images
         # Caption anchors (columns) over the distinct images of the space (rows in ``first``).
         _read(sim[first].T, true[first].T, other[first].T, hits["t2i"])
@@ -78,7 +80,7 @@ def _read(scores: torch.Tensor, true: torch.Tensor, allowed: torch.Tensor, hits:
         ok = position < count
         hits[rank].append(sorted_true[ok].gather(1, position[ok, None]).squeeze(1))
     ok = count > 0
-    hits["random"].append((sorted_true * allowed.gather(1, ranked).float()).sum(dim=1)[ok] / count[ok])
+    hits["random"].append((true & allowed).sum(dim=1)[ok].float() / count[ok])
 
 
 def oracle_candidate_risk(embeddings, pair_at, oracle, epoch: int, *, space_size: int, seed: int = 0) -> pd.DataFrame:
@@ -88,9 +90,9 @@ def oracle_candidate_risk(embeddings, pair_at, oracle, epoch: int, *, space_size
     and how many anchors it counts."""
     pairs = [pair_at(epoch, int(p)) for p in embeddings.pair_id]
     image_ids = np.array([p.image_id for p in pairs], dtype=np.int64)
-    truth = oracle.matrix(image_ids, np.array([p.caption_id for p in pairs], dtype=np.int64))
-    risk = candidate_risk(torch.as_tensor(embeddings.image), torch.as_tensor(embeddings.text), image_ids, truth,
-                          space_size=space_size, seed=seed)
+    caption_ids = np.array([p.caption_id for p in pairs], dtype=np.int64)
+    risk = candidate_risk(torch.as_tensor(embeddings.image), torch.as_tensor(embeddings.text), image_ids,
+                          lambda rows: oracle.matrix(image_ids[rows], caption_ids[rows]), space_size=space_size, seed=seed)
     return pd.DataFrame([{"epoch": epoch, "space_size": space_size, "direction": d, **values} for d, values in risk.items()])
 
 

@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from falcon_cli.models.config import AlbefConfig
 from falcon_cli.data.shapes.vocabulary import GRID
+from falcon_cli.models.config import AlbefConfig
 from falcon_cli.models.vision import build_vision_encoder
 
 VISION_FILE = "vision.safetensors"
