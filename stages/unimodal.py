@@ -173,7 +173,7 @@ def _fit(module: torch.nn.Module, epochs: int, batch_size: int, lr: float, weigh
             done += 1
         log_epoch(what, epoch, epochs, steps=done, loss=float(loss.detach()), seconds=time.perf_counter() - tick)
     module.eval()
-    return {"epochs": epochs, "steps": done, "final_loss": round(float(loss), 4) if loss is not None else None}
+    return {"epochs": epochs, "steps": done, "final_loss": round(float(loss.detach()), 4) if loss is not None else None}
 
 
 @torch.no_grad()

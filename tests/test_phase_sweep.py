@@ -82,7 +82,9 @@ def test_summary_and_report_block(tmp_path):
     for p, m, s in zip(table["preset"], table["method"], table["seed"]):
         run = sweep.run_dir(out, p, m, s)
         run.mkdir(parents=True)
-        (run / "manifest.json").write_text(json.dumps({"git": {"sha": "abcdef0123", "dirty": False}}))
+        (run / "manifest.json").write_text(json.dumps({
+            "git": {"sha": "abcdef0123", "dirty": False}, "host": {"cpus": 16, "gpus": ["NVIDIA H200"]},
+            "stages": {"pretrain": {"result": {"device": "cuda", "precision": "bf16"}}}}))
     table.to_csv(out / "results.csv", index=False)
     figure = sweep.figure(table, out)
     report = tmp_path / "docs" / "results.md"
@@ -92,6 +94,7 @@ def test_summary_and_report_block(tmp_path):
     page = report.read_text()
     assert "old" not in page and page.startswith("# Results\n\nbefore\n") and page.endswith("after\n")
     assert "**The gate** (the premise the papers start from): passed." in page and "`abcdef0`" in page
+    assert "16 CPU cores, NVIDIA H200 (cuda, bf16), 2 runs at a time" in page  # where the runs trained
     assert (report.parent / "results" / "phase_diagram.png").is_file()
 
 
@@ -119,3 +122,45 @@ def test_every_seed_of_a_regime_starts_from_one_pair_of_unimodal_encoders(tmp_pa
     own = replace(cpu, unimodal_seed=None)
     assert "unimodal.seed=null" in own.run_overrides("coco-like", tmp_path, 3)
     assert [own.unimodal_seed_of(s) for s in range(3)] == [0, 1, 2]
+
+
+def _finished_run(run, method: str, seed: int, r1: float) -> None:
+    """The files a trained, evaluated and audited run leaves that the sweep's tables read."""
+    (run / "results").mkdir(parents=True)
+    (run / "audit").mkdir()
+    (run / "manifest.json").write_text(json.dumps({
+        "git": {"sha": "0123456789", "dirty": False}, "host": {"cpus": 2, "gpus": []},
+        "config": {"pretrain": {"search_space_size": 500, "epochs": 12}},
+        "stages": {"pretrain": {"status": "completed", "start": "2026-11-26T00:00:00+00:00",
+                                "end": "2026-11-26T00:12:00+00:00", "result": {"device": "cpu", "precision": "fp32"}}}}))
+    metrics = ("i2t_R@1", "t2i_R@1", "oracle_i2t_R@1", "oracle_t2i_R@1")
+    (run / "results" / "retrieval.json").write_text(json.dumps({"rows": [{k: r1 for k in metrics}]}))
+    overall = [{"kind": "all", "oracle_rate": 0.05}] + ([{"kind": "chain", "oracle_rate": 0.1}] if method != "uniform" else [])
+    (run / "audit" / "summary.json").write_text(json.dumps({"overall": overall}))
+    (run / "metrics.jsonl").write_text("")
+
+
+def test_collect_rebuilds_the_tables_and_report_from_runs_made_elsewhere_and_runs_nothing(tmp_path):
+    """`--collect`: runs trained on another machine (copied into OUT) give the tables and the page's block; no world
+    is generated and no run is started, even for the (preset, method, seed) that are missing."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "sweep"
+    for seed in range(2):
+        for method, r1 in (("uniform", 20.0 + seed), ("grit", 21.0 + seed)):
+            _finished_run(sweep.run_dir(out, "coco-like", method, seed), method, seed, r1)
+    report = tmp_path / "results.md"
+    report.write_text("<!-- phase:begin -->\n<!-- phase:end -->\n")
+    repo = Path(sweep.__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(repo / "benchmarks" / "phase_sweep.py"), "--out", str(out), "--gate",
+                           "--collect", "--report", str(report)], cwd=tmp_path, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin", "MPLBACKEND": "Agg"})
+    assert proc.returncode == 0, proc.stderr
+    assert not (out / "worlds").exists() and not list((out / "logs").iterdir())  # nothing generated or run
+    table = pd.read_csv(out / "results.csv")
+    assert sorted(zip(table["method"], table["seed"])) == [("grit", 0), ("grit", 1), ("uniform", 0), ("uniform", 1)]
+    page = report.read_text()
+    assert "| grit | 2 | 21.5 ± 0.7 |" in page and "+1.00 ± 0.00 (2/2 +)" in page
+    assert "2 CPU cores (cpu, fp32); 4 runs" in page  # (no "runs at a time": collected, not run here)

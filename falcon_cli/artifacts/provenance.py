@@ -52,9 +52,14 @@ def package_versions() -> dict[str, str | None]:
 
 
 def host_info() -> dict:
-    """Host name, platform and CPU count."""
+    """Host name, platform, CPU count and the names of the visible GPUs (empty without CUDA, or where torch is not
+    imported yet: importing it costs seconds)."""
+    torch = sys.modules.get("torch")
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch is not None and \
+        torch.cuda.is_available() else []
     return {
         "hostname": socket.gethostname(),
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
+        "gpus": gpus,
     }
