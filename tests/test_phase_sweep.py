@@ -10,6 +10,12 @@ import pytest
 from benchmarks import phase_sweep as sweep
 
 
+CONFIG = {"data": {"shapes": {"images": 3000, "size": 32, "splits": {"train": 0.3, "test": 0.7}}},
+          "pretrain": {"epochs": 12, "batch_size": 64, "lr": 3e-4, "min_lr": 1e-5, "search_space_size": 500},
+          "unimodal": {"image_epochs": 12, "extra_images": 20000, "text_epochs": 20}}
+"""The parts of a run's resolved config that the report's budget line reads."""
+
+
 def _table(grit_minus_uniform: dict, seeds=range(5), dense_grit_minus_q05=(-2.0, -2.5, -1.5, -2.2, -1.8)):
     rows = []
     for s in seeds:
@@ -56,6 +62,9 @@ def test_the_gate_passes_only_when_both_halves_clear_two_standard_deviations():
     table = _table({s: 1.0 for s in range(5)})
     passed, lines = sweep.gate(table[table["preset"] == "coco-like"])
     assert passed is None and "not both run" in lines[1]
+    noisy_table = _table(noisy)
+    passed, lines = sweep.gate(noisy_table[noisy_table["preset"] == "coco-like"])
+    assert passed is False and "fails" in lines[0]  # one failed half decides it, the other still missing
 
 
 def test_summary_and_report_block(tmp_path):
@@ -83,18 +92,21 @@ def test_summary_and_report_block(tmp_path):
         run = sweep.run_dir(out, p, m, s)
         run.mkdir(parents=True)
         (run / "manifest.json").write_text(json.dumps({
-            "git": {"sha": "abcdef0123", "dirty": False}, "host": {"cpus": 16, "gpus": ["NVIDIA H200"]},
+            "git": {"sha": "abcdef0123", "dirty": False}, "host": {"cpus": 16, "gpus": ["NVIDIA H200"]}, "config": CONFIG,
             "stages": {"pretrain": {"result": {"device": "cuda", "precision": "bf16"}}}}))
     table.to_csv(out / "results.csv", index=False)
     figure = sweep.figure(table, out)
     report = tmp_path / "docs" / "results.md"
     report.parent.mkdir()
     report.write_text("# Results\n\nbefore\n<!-- phase:begin -->\nold\n<!-- phase:end -->\nafter\n")
-    sweep.write_report(report, out, table, "cpu", sweep.BUDGETS["cpu"], "the command", 2, figure)
+    sweep.write_report(report, out, table, "the command", 2, figure)
     page = report.read_text()
     assert "old" not in page and page.startswith("# Results\n\nbefore\n") and page.endswith("after\n")
     assert "**The gate** (the premise the papers start from): passed." in page and "`abcdef0`" in page
     assert "16 CPU cores, NVIDIA H200 (cuda, bf16), 2 runs at a time" in page  # where the runs trained
+    assert ("worlds of 3,000 images of 32 px (splits train 0.3, test 0.7); albef-tiny from the unimodal encoders (12 "
+            "image epochs on 20,000 extra scenes, 20 text epochs), 12 epochs of batch 64 at lr 0.0003 (cosine to 1e-05), "
+            "|M| 500") in page  # the budget the runs' manifests record
     assert (report.parent / "results" / "phase_diagram.png").is_file()
 
 
@@ -119,6 +131,8 @@ def test_every_seed_of_a_regime_starts_from_one_pair_of_unimodal_encoders(tmp_pa
     assert "unimodal.seed=0" in shared and f"unimodal.extra_images={cpu.unimodal_extra_images}" in shared
     assert shared == [o for o in cpu.run_overrides("coco-like", tmp_path, 4) if o.startswith("unimodal.")]
     assert {cpu.unimodal_seed_of(s) for s in range(5)} == {0}
+    assert not any(o.startswith("pretrain.min_lr=") for o in shared + cpu.run_overrides("coco-like", tmp_path, 3))
+    assert "pretrain.min_lr=1e-05" in replace(cpu, min_lr=1e-5).run_overrides("coco-like", tmp_path, 3)
     own = replace(cpu, unimodal_seed=None)
     assert "unimodal.seed=null" in own.run_overrides("coco-like", tmp_path, 3)
     assert [own.unimodal_seed_of(s) for s in range(3)] == [0, 1, 2]
@@ -130,7 +144,7 @@ def _finished_run(run, method: str, seed: int, r1: float) -> None:
     (run / "audit").mkdir()
     (run / "manifest.json").write_text(json.dumps({
         "git": {"sha": "0123456789", "dirty": False}, "host": {"cpus": 2, "gpus": []},
-        "config": {"pretrain": {"search_space_size": 500, "epochs": 12}},
+        "config": CONFIG,
         "stages": {"pretrain": {"status": "completed", "start": "2026-11-26T00:00:00+00:00",
                                 "end": "2026-11-26T00:12:00+00:00", "result": {"device": "cpu", "precision": "fp32"}}}}))
     metrics = ("i2t_R@1", "t2i_R@1", "oracle_i2t_R@1", "oracle_t2i_R@1")
