@@ -351,7 +351,8 @@ def figure(table, out: Path) -> Path:
                 if len(values):
                     xs.append(xi), means.append(values.mean()), stds.append(values.std() if len(values) > 1 else 0.0)
             if xs:
-                ax.errorbar(xs, means, yerr=stds, marker="o", capsize=3, label=method)
+                ax.errorbar(xs, means, yerr=stds, marker="o", capsize=3, label=method,
+                            color=f"C{list(METHODS).index(method)}")  # (one colour per method in every panel)
         ax.set_xscale("log")
         ax.set_xlabel("a random pair is a false negative (%, train split)")
         ax.set_title(title)

@@ -178,3 +178,23 @@ def test_collect_rebuilds_the_tables_and_report_from_runs_made_elsewhere_and_run
     page = report.read_text()
     assert "| grit | 2 | 21.5 ± 0.7 |" in page and "+1.00 ± 0.00 (2/2 +)" in page
     assert "2 CPU cores (cpu, fp32); 4 runs" in page  # (no "runs at a time": collected, not run here)
+
+
+def test_each_method_keeps_its_colour_in_every_panel(tmp_path, monkeypatch):
+    """Uniform has no chain false-negative rate, so the chain panel draws one line fewer: the colours must still
+    follow the method, not the order of drawing (a first figure showed GRIT in uniform's colour there)."""
+    from matplotlib.axes import Axes
+
+    drawn, errorbar = [], Axes.errorbar
+
+    def recording(self, *args, **kwargs):
+        drawn.append((kwargs["label"], kwargs.get("color")))
+        return errorbar(self, *args, **kwargs)
+
+    monkeypatch.setattr(Axes, "errorbar", recording)
+    sweep.figure(_table({s: 1.0 for s in range(5)}), tmp_path)
+    colours = {}
+    for method, colour in drawn:
+        colours.setdefault(method, set()).add(colour)
+    assert [m for m, _ in drawn].count("uniform") == 2 and [m for m, _ in drawn].count("grit") == 3
+    assert all(len(c) == 1 and None not in c for c in colours.values()) and len({*map(frozenset, colours.values())}) == 3
