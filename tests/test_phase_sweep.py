@@ -62,6 +62,9 @@ def test_the_gate_passes_only_when_both_halves_clear_two_standard_deviations():
     table = _table({s: 1.0 for s in range(5)})
     passed, lines = sweep.gate(table[table["preset"] == "coco-like"])
     assert passed is None and "not both run" in lines[1]
+    clear = _table({s: 1.0 + 0.1 * s for s in range(5)})
+    passed, lines = sweep.gate(clear[clear["seed"] < 2])  # clear on two seeds, but two say too little
+    assert passed is None and all("no verdict before 5 paired seeds" in line for line in lines)
     noisy_table = _table(noisy)
     passed, lines = sweep.gate(noisy_table[noisy_table["preset"] == "coco-like"])
     assert passed is False and "fails" in lines[0]  # one failed half decides it, the other still missing
