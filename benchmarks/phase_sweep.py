@@ -29,6 +29,7 @@ Writes to OUT: ``worlds/<preset>/`` (with the cached unimodal weights), ``runs/<
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -200,8 +201,23 @@ def run_row(preset: str, method: str, seed: int, run: Path) -> dict:
         row.update({f"risk_{rank}": 100 * entry[rank] for rank in ("top-1", "top-10", "median", "random")})
     epochs = epoch_rows(method, seed, run)
     row["q_fn_density_corr"] = epochs[-1].get("q_fn_density_corr") if epochs else None
+    row["itm_final"] = final_epoch_mean(run, "itm")
     row["preset"] = preset
     return row
+
+
+ITM_PRIOR = -(math.log(1 / 3) / 3 + 2 * math.log(2 / 3) / 3)
+"""The ITM loss of a head that has learned nothing but the label rate: one positive per two negatives, so the
+entropy of 1/3 (0.637)."""
+
+
+def final_epoch_mean(run: Path, key: str) -> float | None:
+    """The mean of ``key`` over the training-step records of the run's last epoch (``metrics.jsonl``)."""
+    from falcon_cli.runtime.metrics import read_metrics
+
+    steps = [r for r in read_metrics(run / "metrics.jsonl") if r.get("kind") is None and r.get(key) is not None]
+    last = [r[key] for r in steps if r["epoch"] == steps[-1]["epoch"]] if steps else []
+    return sum(last) / len(last) if last else None
 
 
 # --- the statistics -----------------------------------------------------------------------------------------------
@@ -328,6 +344,11 @@ def summary_lines(table, out: Path) -> list[str]:
                           f"{_mean_std(risk, 'risk_top-1')}% of the time, the 10th hardest {_mean_std(risk, 'risk_top-10')}%, "
                           f"the median one {_mean_std(risk, 'risk_median')}%, any one {_mean_std(risk, 'risk_random')}% "
                           "(`audit/candidate_risk.csv`: Figure 2's premise, risk rising with hardness)."]
+        if "itm_final" in rows and rows["itm_final"].notna().any():
+            per_method = ", ".join(f"{m} {_mean_std(rows[rows['method'] == m], 'itm_final', digits=3)}"
+                                   for m in METHODS if m in set(rows["method"]))
+            lines += ["", f"ITM loss over the final epoch: {per_method} (a head that has learned nothing but the "
+                          f"label rate scores {ITM_PRIOR:.3f}: one positive per two negatives)."]
         widths = (rows["i2t_R@1_hi"] - rows["i2t_R@1_lo"]).dropna()
         if len(widths):
             lines += ["", f"One run's i2t R@1 has a 95% interval {widths.median():.1f} points wide (median over runs; "

@@ -83,8 +83,11 @@ def test_summary_and_report_block(tmp_path):
     # Captions 0-2 describe 1, 2 and 4 test images: a perfect model finds its own image (1 + 1/2 + 1/4) / 3 of the time.
     pd.DataFrame({"image_id": [0, 1, 2, 3, 4, 5, 6], "caption_id": [0, 1, 1, 2, 2, 2, 2]}).to_parquet(
         out / "worlds" / "coco-like" / "compatibility_test.parquet")
+    table["itm_final"] = 0.6 + 0.01 * (table["method"] == "grit")
     lines = sweep.summary_lines(table, out)
     text = "\n".join(lines)
+    assert "ITM loss over the final epoch: uniform 0.600 ± 0.000, grit 0.610 ± 0.000, q05 0.600 ± 0.000" in text
+    assert "learned nothing but the label rate scores 0.637" in text
     assert "a perfect model's t2i R@1: 58.3%" in text
     assert "a random pair is a false negative 0.24% of the time, a near miss 28.5%" in text
     grit = next(line for line in lines if line.startswith("| grit |"))
@@ -152,10 +155,11 @@ def _finished_run(run, method: str, seed: int, r1: float) -> None:
         "stages": {"pretrain": {"status": "completed", "start": "2026-11-26T00:00:00+00:00",
                                 "end": "2026-11-26T00:12:00+00:00", "result": {"device": "cpu", "precision": "fp32"}}}}))
     metrics = ("i2t_R@1", "t2i_R@1", "oracle_i2t_R@1", "oracle_t2i_R@1")
+    steps = [{"step": k, "epoch": k // 2, "itm": 0.7 - 0.01 * k} for k in range(4)]  # the last epoch: 0.68, 0.67
     (run / "results" / "retrieval.json").write_text(json.dumps({"rows": [{k: r1 for k in metrics}]}))
     overall = [{"kind": "all", "oracle_rate": 0.05}] + ([{"kind": "chain", "oracle_rate": 0.1}] if method != "uniform" else [])
     (run / "audit" / "summary.json").write_text(json.dumps({"overall": overall}))
-    (run / "metrics.jsonl").write_text("")
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
 
 
 def test_collect_rebuilds_the_tables_and_report_from_runs_made_elsewhere_and_runs_nothing(tmp_path):
@@ -179,6 +183,7 @@ def test_collect_rebuilds_the_tables_and_report_from_runs_made_elsewhere_and_run
     assert not (out / "worlds").exists() and not list((out / "logs").iterdir())  # nothing generated or run
     table = pd.read_csv(out / "results.csv")
     assert sorted(zip(table["method"], table["seed"])) == [("grit", 0), ("grit", 1), ("uniform", 0), ("uniform", 1)]
+    assert table["itm_final"].round(4).eq(0.675).all()  # the mean over the last epoch's steps
     page = report.read_text()
     assert "| grit | 2 | 21.5 ± 0.7 |" in page and "+1.00 ± 0.00 (2/2 +)" in page
     assert "2 CPU cores (cpu, fp32); 4 runs" in page  # (no "runs at a time": collected, not run here)
