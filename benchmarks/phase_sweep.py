@@ -135,6 +135,30 @@ two (docs/results.md). ``quick``: a smoke test of the pipeline (nothing learns).
 large (3,600 training images), not yet run."""
 
 
+def changed_budget(budget: PhaseBudget, settings: list[str]) -> PhaseBudget:
+    """``budget`` with ``FIELD=VALUE`` settings applied, each value read as the field's type (``none`` for an
+    optional one); a bad setting exits with one line naming it."""
+    import dataclasses
+    import typing
+
+    hints = {name: hint for name, hint in typing.get_type_hints(PhaseBudget).items() if name != "splits"}
+    changes = {}
+    for setting in settings:
+        name, _, value = setting.partition("=")
+        if name not in hints or not value:
+            raise SystemExit(f"--set {setting}: expected FIELD=VALUE with FIELD one of {', '.join(hints)}")
+        options = typing.get_args(hints[name])
+        kind = next((t for t in options if t is not type(None)), hints[name])
+        if type(None) in options and value.lower() == "none":
+            changes[name] = None
+            continue
+        try:
+            changes[name] = kind(value)
+        except ValueError:
+            raise SystemExit(f"--set {setting}: {value!r} is not a {kind.__name__}") from None
+    return dataclasses.replace(budget, **changes)
+
+
 def plan(presets, methods, seeds) -> list[tuple[str, str, int]]:
     """(preset, method, seed) in run order: regime by regime, seed by seed, every method of a seed together."""
     return [(preset, method, seed) for preset in presets for seed in seeds for method in methods]
@@ -454,6 +478,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="Sweep directory (worlds, runs, logs, tables, figure).")
     parser.add_argument("--budget", choices=list(BUDGETS), default="cpu")
+    parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE",
+                        help="Change fields of the budget, e.g. --set epochs=36 min_lr=1e-5 (a pilot; use its own --out).")
     parser.add_argument("--presets", nargs="+", choices=PRESETS, default=list(PRESETS))
     parser.add_argument("--only", nargs="+", choices=list(METHODS), help="A subset of the methods.")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
@@ -465,7 +491,7 @@ def main() -> None:
                              "(e.g. runs made on another machine).")
     args = parser.parse_args()
 
-    out, budget = args.out.resolve(), BUDGETS[args.budget]
+    out, budget = args.out.resolve(), changed_budget(BUDGETS[args.budget], args.set)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     presets = [p for p in args.presets if not args.gate or p in GATE_PRESETS]
     methods = [m for m in METHODS if m in (GATE_METHODS if args.gate else args.only or METHODS)]

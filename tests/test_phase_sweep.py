@@ -207,3 +207,15 @@ def test_each_method_keeps_its_colour_in_every_panel(tmp_path, monkeypatch):
         colours.setdefault(method, set()).add(colour)
     assert [m for m, _ in drawn].count("uniform") == 2 and [m for m, _ in drawn].count("grit") == 3
     assert all(len(c) == 1 and None not in c for c in colours.values()) and len({*map(frozenset, colours.values())}) == 3
+
+
+def test_set_changes_budget_fields_with_their_types_and_names_a_bad_one():
+    cpu = sweep.BUDGETS["cpu"]
+    pilot = sweep.changed_budget(cpu, ["epochs=36", "min_lr=2e-5", "unimodal_seed=none", "lr=1e-4"])
+    assert (pilot.epochs, pilot.min_lr, pilot.unimodal_seed, pilot.lr) == (36, 2e-5, None, 1e-4)
+    assert (pilot.images, pilot.splits) == (cpu.images, cpu.splits) and sweep.changed_budget(cpu, []) == cpu
+    for bad, says in ((["epochs=x"], "'x' is not a int"), (["nope=1"], "FIELD one of images, epochs"),
+                      (["splits=1"], "FIELD one of"), (["epochs"], "expected FIELD=VALUE"),
+                      (["epochs=none"], "'none' is not a int")):
+        with pytest.raises(SystemExit, match=says):
+            sweep.changed_budget(cpu, bad)
