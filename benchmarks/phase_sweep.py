@@ -485,6 +485,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--gate", action="store_true", help="Only the gate: uniform, GRIT, q = 0.5 on coco-like and dense.")
     parser.add_argument("--jobs", type=int, default=2, help="Runs at a time (each gets cores / jobs torch threads).")
+    parser.add_argument("--threads", type=int, help="Torch threads per run instead of cores / jobs (e.g. with a "
+                                                       "second sweep beside this one).")
     parser.add_argument("--report", type=Path, help="Also rewrite this page's phase block (e.g. docs/results.md).")
     parser.add_argument("--collect", action="store_true",
                         help="Run nothing: only rebuild the tables, figure and --report from the finished runs in OUT "
@@ -496,7 +498,7 @@ def main() -> None:
     presets = [p for p in args.presets if not args.gate or p in GATE_PRESETS]
     methods = [m for m in METHODS if m in (GATE_METHODS if args.gate else args.only or METHODS)]
     seeds = args.seeds[:1] if args.budget == "quick" else args.seeds
-    threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
     start, failures = time.perf_counter(), []
     if args.collect:
         presets = []  # (nothing to prepare or run)
