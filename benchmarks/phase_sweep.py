@@ -126,12 +126,12 @@ extra scenes. Sized by pilots on ``coco-like``, uniform, seed 0 (issue 34's note
 from encoders that had seen the world's 900 images alone, 6 epochs of batch 32 levelled off at 5.2 / 3.7; from the
 encoders with extra scenes (shape read right in 97% of occupied cells, against chance before) the same 6 epochs
 reach 21.6 / 14.5, 12 epochs 28.6 / 15.2, and 12 epochs of batch 64 30.2 / 15.4. t2i stops rising after about 4
-epochs (the regime's perfect model scores 52%), i2t keeps moving by several points from epoch to epoch. A run
+epochs (the regime's perfect model scores 52%). A run
 took about 30 minutes with three others sharing the 2 cores, so the gate's 30 runs take several hours here: split
 it with ``--only`` / ``--seeds``, or run it on a GPU (one H200, ``--jobs 8``: 15 runs in under 7 minutes). The
 cosine ends at ALBEF's 1e-5 (``min_lr``): with the recipes' 1e-4 (a third of the peak, set for runs from random
-weights) the last epoch still moved i2t R@1 by 3.1 points on average over five seeds, with 1e-5 by 1.1 and 0.5 on
-two (docs/results.md). ``quick``: a smoke test of the pipeline (nothing learns). ``gpu``: a world four times as
+weights) the last epoch still moved uniform's i2t R@1 by 3.1 points on average over five seeds, with 1e-5 by 0.6
+(docs/results.md). ``quick``: a smoke test of the pipeline (nothing learns). ``gpu``: a world four times as
 large (3,600 training images), not yet run."""
 
 

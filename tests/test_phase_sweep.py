@@ -145,7 +145,7 @@ def test_every_seed_of_a_regime_starts_from_one_pair_of_unimodal_encoders(tmp_pa
     assert [own.unimodal_seed_of(s) for s in range(3)] == [0, 1, 2]
 
 
-def _finished_run(run, method: str, seed: int, r1: float) -> None:
+def _finished_run(run, method: str, r1: float) -> None:
     """The files a trained, evaluated and audited run leaves that the sweep's tables read."""
     (run / "results").mkdir(parents=True)
     (run / "audit").mkdir()
@@ -172,7 +172,7 @@ def test_collect_rebuilds_the_tables_and_report_from_runs_made_elsewhere_and_run
     out = tmp_path / "sweep"
     for seed in range(2):
         for method, r1 in (("uniform", 20.0 + seed), ("grit", 21.0 + seed)):
-            _finished_run(sweep.run_dir(out, "coco-like", method, seed), method, seed, r1)
+            _finished_run(sweep.run_dir(out, "coco-like", method, seed), method, r1)
     report = tmp_path / "results.md"
     report.write_text("<!-- phase:begin -->\n<!-- phase:end -->\n")
     repo = Path(sweep.__file__).resolve().parents[1]
