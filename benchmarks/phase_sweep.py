@@ -39,7 +39,7 @@ from pathlib import Path
 
 from benchmarks.scheduler_sweep import epoch_rows
 from benchmarks.shapes_sweep import (AUDITED, EVALUATED, Variant, collect, completed, falcon, finished_futures,
-                                     replace_block, seeds_phrase)
+                                     replace_block, seeds_phrase, train)
 
 PRESETS = ("coco-like", "medium", "dense")
 """The regimes, sparse to dense (``falcon_cli/data/shapes/presets.py``)."""
@@ -192,8 +192,8 @@ def run_one(preset: str, method: str, seed: int, out: Path, budget: PhaseBudget,
     log = out / "logs" / f"{preset}-{method}-s{seed}.log"
     recipe, extra = METHODS[method]
     if not completed(run, "pretrain"):
-        falcon("run", "--recipe", recipe, "--run-dir", str(run), "--overwrite", "stages=[data, pretrain]",
-               *budget.run_overrides(preset, out, seed), *extra, log=log, threads=threads)
+        train(run, recipe, "stages=[data, pretrain]", *budget.run_overrides(preset, out, seed), *extra, log=log,
+              threads=threads)
     if not (run / EVALUATED).exists():
         falcon("evaluate", "retrieval", str(run), "--itc-only", log=log, threads=threads)
     if not (run / AUDITED).exists():

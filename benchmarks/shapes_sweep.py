@@ -162,6 +162,20 @@ def falcon(*args: str, log: Path, threads: int) -> None:
         raise RuntimeError(f"falcon {' '.join(args)} failed (exit {proc.returncode}); {log}:\n{tail}")
 
 
+def train(run: Path, recipe: str, *overrides: str, log: Path, threads: int) -> None:
+    """``falcon run --recipe RECIPE --run-dir RUN OVERRIDES``: continued from its latest checkpoint where an interrupted
+    sweep left one (``--resume``: a sweep stopped after 30 of a run's 36 epochs loses one epoch, not 30), from the
+    start otherwise or when the resume is refused, e.g. because the run in RUN had another config (``--overwrite``)."""
+    args = ("run", "--recipe", recipe, "--run-dir", str(run), *overrides)
+    if (run / "checkpoints" / "latest").exists():
+        try:
+            return falcon(*args, "--resume", log=log, threads=threads)
+        except RuntimeError:
+            with log.open("a") as out:
+                out.write("\n(the resume failed: training again from the start)\n")
+    falcon(*args, "--overwrite", log=log, threads=threads)
+
+
 EVALUATED, AUDITED = Path("results/retrieval.json"), Path("audit/summary.json")
 """What `falcon evaluate retrieval` and `falcon audit-false-negatives` leave in a run when done."""
 
@@ -192,8 +206,7 @@ def run_one(variant: Variant, seed: int, out: Path, budget: Budget, threads: int
         waits[("uniform", seed)].result()  # the auxiliary model must be trained first
         overrides.append(f"embed.encoder=falcon:{out / 'runs' / f'uniform-s{seed}'}")
     if not completed(run, "pretrain"):
-        falcon("run", "--recipe", recipe, "--run-dir", str(run), "--overwrite", *overrides,
-               log=log, threads=threads)
+        train(run, recipe, *overrides, log=log, threads=threads)
     if not (run / EVALUATED).exists():
         falcon("evaluate", "retrieval", str(run), "--itc-only", log=log, threads=threads)
     if not (run / AUDITED).exists():

@@ -140,6 +140,30 @@ def test_a_run_counts_as_finished_only_with_all_three_parts(tmp_path):
     assert not sweep.finished(run), "killed mid-training"
 
 
+def test_an_interrupted_run_resumes_from_its_checkpoint_and_a_refused_resume_trains_again(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_falcon(*args, log, threads):
+        calls.append(args[-1])
+        if args[-1] == "--resume" and refuse:
+            raise RuntimeError("falcon run failed (exit 1)")
+
+    monkeypatch.setattr(sweep, "falcon", fake_falcon)
+    run, log, refuse = tmp_path / "grit-s0", tmp_path / "grit-s0.log", False
+    sweep.train(run, "shapes-grit", "seed=0", log=log, threads=1)
+    assert calls == ["--overwrite"]  # nothing to continue
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "latest").write_text("00000710")
+    calls.clear()
+    sweep.train(run, "shapes-grit", "seed=0", log=log, threads=1)
+    assert calls == ["--resume"]  # killed after an epoch's checkpoint: continue it
+    calls.clear()
+    refuse = True  # e.g. the run there had another config
+    sweep.train(run, "shapes-grit", "seed=0", log=log, threads=1)
+    assert calls == ["--resume", "--overwrite"]
+    assert "training again from the start" in log.read_text()
+
+
 def test_replace_block_and_the_same_image_table(tmp_path):
     """The report block is replaced between its markers only; the same-image table keeps the variants' order."""
     import pandas as pd
