@@ -145,8 +145,9 @@ def test_every_seed_of_a_regime_starts_from_one_pair_of_unimodal_encoders(tmp_pa
     assert [own.unimodal_seed_of(s) for s in range(3)] == [0, 1, 2]
 
 
-def _finished_run(run, method: str, r1: float) -> None:
-    """The files a trained, evaluated and audited run leaves that the sweep's tables read."""
+def _finished_run(run, method: str, r1: float, reranked: float | None = None) -> None:
+    """The files a trained, evaluated and audited run leaves that the sweep's tables read (``reranked``: with an ITM
+    re-ranked row at depth 8, every R@1 that value)."""
     (run / "results").mkdir(parents=True)
     (run / "audit").mkdir()
     (run / "manifest.json").write_text(json.dumps({
@@ -156,7 +157,9 @@ def _finished_run(run, method: str, r1: float) -> None:
                                 "end": "2026-11-26T00:12:00+00:00", "result": {"device": "cpu", "precision": "fp32"}}}}))
     metrics = ("i2t_R@1", "t2i_R@1", "oracle_i2t_R@1", "oracle_t2i_R@1")
     steps = [{"step": k, "epoch": k // 2, "itm": 0.7 - 0.01 * k} for k in range(4)]  # the last epoch: 0.68, 0.67
-    (run / "results" / "retrieval.json").write_text(json.dumps({"rows": [{k: r1 for k in metrics}]}))
+    rows = [{"scoring": "itc", **{k: r1 for k in metrics}}]
+    rows += [{"scoring": "itc+itm@8", **{k: reranked for k in metrics}}] if reranked is not None else []
+    (run / "results" / "retrieval.json").write_text(json.dumps({"rows": rows}))
     overall = [{"kind": "all", "oracle_rate": 0.05}] + ([{"kind": "chain", "oracle_rate": 0.1}] if method != "uniform" else [])
     (run / "audit" / "summary.json").write_text(json.dumps({"overall": overall}))
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
@@ -171,8 +174,8 @@ def test_collect_rebuilds_the_tables_and_report_from_runs_made_elsewhere_and_run
 
     out = tmp_path / "sweep"
     for seed in range(2):
-        for method, r1 in (("uniform", 20.0 + seed), ("grit", 21.0 + seed)):
-            _finished_run(sweep.run_dir(out, "coco-like", method, seed), method, r1)
+        for method, r1, reranked in (("uniform", 20.0 + seed, 25.0 + seed), ("grit", 21.0 + seed, 23.5 + 2 * seed)):
+            _finished_run(sweep.run_dir(out, "coco-like", method, seed), method, r1, reranked)
     report = tmp_path / "results.md"
     report.write_text("<!-- phase:begin -->\n<!-- phase:end -->\n")
     repo = Path(sweep.__file__).resolve().parents[1]
@@ -187,6 +190,22 @@ def test_collect_rebuilds_the_tables_and_report_from_runs_made_elsewhere_and_run
     page = report.read_text()
     assert "| grit | 2 | 21.5 ± 0.7 |" in page and "+1.00 ± 0.00 (2/2 +)" in page
     assert "2 CPU cores (cpu, fp32); 4 runs" in page  # (no "runs at a time": collected, not run here)
+    assert ("top 8 ITC candidates re-ranked by the ITM head (ALBEF's evaluation): uniform 25.5 ± 0.7 (FN-aware 25.5 ± 0.7); "
+            "grit 24.5 ± 1.4 (FN-aware 24.5 ± 1.4, -1.00 ± 0.71 against uniform (0/2 +))") in page
+    paired = pd.read_csv(out / "paired.csv")
+    rerank = paired[(paired["metric"] == "rerank_R@1") & (paired["reference"] == "uniform")]
+    assert rerank["per_seed"].tolist() == ["[-1.5, -0.5]"]  # grit - uniform, seed by seed
+
+
+def test_a_run_ranked_by_itc_alone_is_evaluated_again_when_the_budget_re_ranks(tmp_path):
+    run = tmp_path / "grit-s0"
+    assert not sweep.evaluated(run, 0)
+    _finished_run(run, "grit", 20.0)
+    assert sweep.evaluated(run, 0) and not sweep.evaluated(run, 8) and sweep.reranked(run) is None
+    other = tmp_path / "grit-s1"
+    _finished_run(other, "grit", 20.0, reranked=22.0)
+    assert sweep.evaluated(other, 8) and not sweep.evaluated(other, 16)  # re-ranked at another depth
+    assert sweep.run_row("coco-like", "grit", 1, other)["rerank_R@1"] == 22.0
 
 
 def test_each_method_keeps_its_colour_in_every_panel(tmp_path, monkeypatch):
