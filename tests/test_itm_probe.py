@@ -44,12 +44,19 @@ def fusion_and_head(seed: int = 0):
     return fusion, torch.nn.Linear(16, 2)
 
 
-def test_the_harness_learns_matching_when_captions_carry_their_image():
-    e, img2txt = synthetic_split(240, 6, linked=True)
+def train_on_synthetic(linked: bool, negatives: str) -> tuple[list[dict], dict]:
+    """300 steps of the harness on :func:`synthetic_split` (180 training images, 60 held out): the curve, and the
+    held-out pairs."""
+    e, img2txt = synthetic_split(240, 6, linked=linked)
     fusion, head = fusion_and_head()
     held_out = itm_probe.probe_pairs(e.similarity(), img2txt, torch.arange(180, 240), torch.Generator().manual_seed(0))
     curve = itm_probe.train_fusion(fusion, head, e, img2txt, torch.arange(180), held_out, steps=300, lr=3e-3, batch=32,
-                                   negatives="random", log=lambda line: None)
+                                   negatives=negatives, log=lambda line: None)
+    return curve, held_out
+
+
+def test_the_harness_learns_matching_when_captions_carry_their_image():
+    curve, _ = train_on_synthetic(linked=True, negatives="random")
     assert curve[0]["itm_auc_random"] == pytest.approx(0.5, abs=0.15)  # nothing learned yet
     assert curve[-1]["itm_auc_random"] > 0.8  # a random other image usually shows another class
     assert curve[-1]["loss"] < itm_probe.ITM_PRIOR - 0.1
@@ -59,22 +66,14 @@ def test_the_harness_learns_matching_when_captions_carry_their_image():
 def test_hardest_negatives_that_are_matches_teach_nothing_even_against_random_images():
     """The ITC's hardest other image shares the caption's class here: every mined negative looks exactly like a
     positive, so the best the head can do is the prior, and it learns nothing it could use on easy pairs either."""
-    e, img2txt = synthetic_split(240, 6, linked=True)
-    fusion, head = fusion_and_head()
-    held_out = itm_probe.probe_pairs(e.similarity(), img2txt, torch.arange(180, 240), torch.Generator().manual_seed(0))
+    curve, held_out = train_on_synthetic(linked=True, negatives="hardest")
     assert held_out["hardest"].tolist() != held_out["random"].tolist()
-    curve = itm_probe.train_fusion(fusion, head, e, img2txt, torch.arange(180), held_out, steps=300, lr=3e-3, batch=32,
-                                   negatives="hardest", log=lambda line: None)
     assert curve[-1]["itm_auc_random"] < 0.7
     assert curve[-1]["loss"] > itm_probe.ITM_PRIOR - 0.05
 
 
 def test_the_harness_learns_nothing_when_captions_are_unrelated_to_their_image():
-    e, img2txt = synthetic_split(240, 6, linked=False)
-    fusion, head = fusion_and_head()
-    held_out = itm_probe.probe_pairs(e.similarity(), img2txt, torch.arange(180, 240), torch.Generator().manual_seed(0))
-    curve = itm_probe.train_fusion(fusion, head, e, img2txt, torch.arange(180), held_out, steps=300, lr=3e-3, batch=32,
-                                   negatives="random", log=lambda line: None)
+    curve, _ = train_on_synthetic(linked=False, negatives="random")
     assert curve[-1]["itm_auc_random"] == pytest.approx(0.5, abs=0.15)
     assert curve[-1]["loss"] > itm_probe.ITM_PRIOR - 0.05  # the best it can do is the prior
 
