@@ -39,6 +39,9 @@ from falcon_cli.audit.report import rank_auc  # noqa: E402
 from falcon_cli.objectives.itm import hardest_negatives, itm_loss, itm_pair_indices  # noqa: E402
 from falcon_cli.objectives.mlm import MlmMask  # noqa: E402
 
+MIN_IMAGES_TO_TRAIN = 8
+"""``--steps`` trains on three quarters of the test images and measures on the rest, at least two of them."""
+
 ITM_PRIOR = 0.637
 """Mean ITM cross-entropy of a head that has learned nothing: one match in three pairs, -(ln 1/3 + 2 ln 2/3) / 3."""
 
@@ -203,6 +206,10 @@ def main(argv: list[str] | None = None) -> dict:
     torch.manual_seed(args.seed)
     model, tokenizer, e, img2txt = encode(args.run, args.world, args.cache)
     n = len(img2txt) if args.images <= 0 else min(args.images, len(img2txt))
+    if n < (MIN_IMAGES_TO_TRAIN if args.steps else 2):
+        raise SystemExit(f"{args.run}: {n} test images; the probe needs at least 2"
+                         + (f", and --steps at least {MIN_IMAGES_TO_TRAIN} (a quarter held out)" if args.steps else "")
+                         + " (a larger world, or --images 0)")
     g = torch.Generator().manual_seed(args.seed)
     everything = probe_pairs(e.similarity(), img2txt, torch.arange(n), g)
     result = {"run": str(args.run), "images": n, "itm_prior": ITM_PRIOR,

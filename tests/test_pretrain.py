@@ -90,6 +90,28 @@ def test_golden_losses(reference_run):
 GOLDEN = [9.462, 9.389, 9.271]  # albef-tiny with mean pooling (0.2.0 notes)
 
 
+def test_itm_probe_of_a_run_from_another_directory(reference_run, tmp_path):
+    """benchmarks/itm_probe.py on a trained run, given by a relative path: the probe's numbers and its JSON; too few
+    test images to train on, or a directory that is not a run, get one line."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "FALCON_PROGRESS": "0"}
+    script = str(REPO / "benchmarks" / "itm_probe.py")
+    run = os.path.relpath(reference_run, tmp_path)
+    proc = subprocess.run([sys.executable, script, run, "--out", "probe.json"], cwd=tmp_path,
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads((tmp_path / "probe.json").read_text())
+    assert result["images"] == 4  # the tiny world's test split
+    for key in ("itm_auc_random", "itm_auc_hardest", "itc_auc_random", "itc_auc_hardest", "mlm_own_image",
+                "mlm_random_image"):
+        assert 0.0 <= result[key] <= 1.0, key
+    assert "AUC against a random image" in proc.stdout
+    few = subprocess.run([sys.executable, script, run, "--steps", "4"], cwd=tmp_path, capture_output=True, text=True,
+                         env=env, timeout=300)  # (the training harness itself: tests/test_itm_probe.py)
+    assert few.returncode != 0 and "4 test images" in few.stderr and "--steps at least 8" in few.stderr
+    bad = subprocess.run([sys.executable, script, "nowhere"], cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert bad.returncode != 0 and "nowhere: not a run directory" in bad.stderr
+
+
 def test_a_refused_resume_changes_nothing_on_disk(world, reference_run, tmp_path):
     """Resuming a finished run with another number of processes is refused in one line, and the run's
     record (manifest, config, log) stays byte for byte as it was: still completed, its result kept."""
