@@ -39,11 +39,15 @@ from falcon_cli.audit.report import rank_auc  # noqa: E402
 from falcon_cli.objectives.itm import hardest_negatives, itm_loss, itm_pair_indices  # noqa: E402
 from falcon_cli.objectives.mlm import MlmMask  # noqa: E402
 
+from benchmarks.phase_sweep import ITM_PRIOR  # noqa: E402  (0.637: what a head that has learned nothing scores)
+
 MIN_IMAGES_TO_TRAIN = 8
 """``--steps`` trains on three quarters of the test images and measures on the rest, at least two of them."""
 
-ITM_PRIOR = 0.637
-"""Mean ITM cross-entropy of a head that has learned nothing: one match in three pairs, -(ln 1/3 + 2 ln 2/3) / 3."""
+
+def other_index(n: int, generator: torch.Generator) -> torch.Tensor:
+    """For each of ``n`` positions a uniformly drawn other position (int64 [n])."""
+    return (torch.arange(n) + torch.randint(1, n, (n,), generator=generator)) % n
 
 
 def probe_pairs(similarity: torch.Tensor, img2txt: list[list[int]], images: torch.Tensor,
@@ -52,7 +56,7 @@ def probe_pairs(similarity: torch.Tensor, img2txt: list[list[int]], images: torc
     whose ITC similarity to the caption is highest (``similarity`` [n_images, n_texts]). Int64 [n] each."""
     texts = torch.tensor([img2txt[i][0] for i in images.tolist()])
     n = len(images)
-    random_other = images[(torch.arange(n) + torch.randint(1, n, (n,), generator=generator)) % n]
+    random_other = images[other_index(n, generator)]
     rows = similarity[images][:, texts].t().clone()  # [caption, candidate image]
     rows.fill_diagonal_(float("-inf"))
     return {"image": images, "text": texts, "random": random_other, "hardest": images[rows.argmax(dim=1)]}
@@ -88,8 +92,8 @@ def matching_aucs(fusion, head, e, pairs: dict[str, torch.Tensor]) -> dict[str, 
     fusion.eval()
     itm = {k: match_probability(fusion, head, e, pairs[k], pairs["text"]) for k in ("image", "random", "hardest")}
     fusion.train(was_training)
-    sims = e.similarity()
-    itc = {k: sims[pairs[k], pairs["text"]] for k in ("image", "random", "hardest")}
+    # the ITC cosine of each pair alone (the split's whole similarity matrix is not needed here)
+    itc = {k: (e.image_feat[pairs[k]] * e.text_feat[pairs["text"]]).sum(-1) for k in ("image", "random", "hardest")}
     return {"itm_auc_random": auc(itm["image"], itm["random"]), "itm_auc_hardest": auc(itm["image"], itm["hardest"]),
             "itc_auc_random": auc(itc["image"], itc["random"]), "itc_auc_hardest": auc(itc["image"], itc["hardest"])}
 
@@ -139,8 +143,7 @@ def train_fusion(fusion, head, e, img2txt: list[list[int]], train_images: torch.
             s = sims[images][:, texts]
             neg_text, neg_image = hardest_negatives(s, s.t())
         else:
-            neg_text = (torch.arange(b) + torch.randint(1, b, (b,), generator=g)) % b
-            neg_image = (torch.arange(b) + torch.randint(1, b, (b,), generator=g)) % b
+            neg_text, neg_image = other_index(b, g), other_index(b, g)
         pairs = itm_pair_indices(neg_text, neg_image)
         logits = itm_logits(fusion, head, e, images[pairs.image_index], texts[pairs.text_index])
         loss = itm_loss(logits[:b], logits[b:])
@@ -210,8 +213,8 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"{args.run}: {n} test images; the probe needs at least 2"
                          + (f", and --steps at least {MIN_IMAGES_TO_TRAIN} (a quarter held out)" if args.steps else "")
                          + " (a larger world, or --images 0)")
-    g = torch.Generator().manual_seed(args.seed)
-    everything = probe_pairs(e.similarity(), img2txt, torch.arange(n), g)
+    g, similarity = torch.Generator().manual_seed(args.seed), e.similarity()
+    everything = probe_pairs(similarity, img2txt, torch.arange(n), g)
     result = {"run": str(args.run), "images": n, "itm_prior": ITM_PRIOR,
               **matching_aucs(model.fusion_encoder, model.itm_head, e, everything),
               **mlm_with_and_without_image(model, tokenizer, e, everything, seed=args.seed)}
@@ -227,7 +230,7 @@ def main(argv: list[str] | None = None) -> dict:
             init_bert_weights(model.fusion_encoder)
             model.itm_head.reset_parameters()
         split = int(0.75 * n)
-        held_out = probe_pairs(e.similarity(), img2txt, torch.arange(split, n), g)
+        held_out = probe_pairs(similarity, img2txt, torch.arange(split, n), g)
         print(f"  training the fusion and ITM head ({args.start}, {args.negatives} negatives, lr {args.lr:g}) on "
               f"{split} images, measured on {n - split}:")
         result.update(start=args.start, negatives=args.negatives, lr=args.lr,

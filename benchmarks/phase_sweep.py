@@ -209,9 +209,9 @@ def run_one(preset: str, method: str, seed: int, out: Path, budget: PhaseBudget,
     return run_row(preset, method, seed, run)
 
 
-def reranked(run: Path) -> dict | None:
-    """The run's ITM re-ranked retrieval row (``scoring`` ``itc+itm@K``), or None when it was ranked by ITC only."""
-    rows = json.loads((run / EVALUATED).read_text())["rows"] if (run / EVALUATED).exists() else []
+def reranked(rows: list[dict]) -> dict | None:
+    """The ITM re-ranked row (``scoring`` ``itc+itm@K``) of a run's retrieval ``rows``, or None when it was ranked by
+    ITC only."""
     return next((r for r in rows if str(r.get("scoring", "")).startswith("itc+itm@")), None)
 
 
@@ -220,7 +220,8 @@ def evaluated(run: Path, rerank_k: int) -> bool:
     (a run evaluated by ITC alone before the budget did is evaluated again)."""
     if not (run / EVALUATED).exists():
         return False
-    return not rerank_k or (reranked(run) or {}).get("scoring") == f"itc+itm@{rerank_k}"
+    rows = json.loads((run / EVALUATED).read_text())["rows"]
+    return not rerank_k or (reranked(rows) or {}).get("scoring") == f"itc+itm@{rerank_k}"
 
 
 def finished_rows(out: Path) -> list[dict]:
@@ -238,7 +239,8 @@ def finished_rows(out: Path) -> list[dict]:
 def run_row(preset: str, method: str, seed: int, run: Path) -> dict:
     """A run's numbers: retrieval with intervals, the chain's false-negative rate, FALCON's q against the oracle."""
     row = collect(Variant(method), seed, run)
-    retrieval = json.loads((run / EVALUATED).read_text())["rows"][0]
+    rankings = json.loads((run / EVALUATED).read_text())["rows"]
+    retrieval = rankings[0]
     for key in ("i2t_R@1", "t2i_R@1", "oracle_i2t_R@1", "oracle_t2i_R@1"):
         row[f"{key}_lo"], row[f"{key}_hi"] = retrieval.get(f"{key}_lo"), retrieval.get(f"{key}_hi")
     risk = json.loads((run / "audit" / "summary.json").read_text()).get("candidate_risk") or []
@@ -247,7 +249,7 @@ def run_row(preset: str, method: str, seed: int, run: Path) -> dict:
     epochs = epoch_rows(method, seed, run)
     row["q_fn_density_corr"] = epochs[-1].get("q_fn_density_corr") if epochs else None
     row["itm_final"] = final_epoch_mean(run, "itm")
-    itm = reranked(run)  # ALBEF's evaluation: ITC's top k re-ranked by the ITM head
+    itm = reranked(rankings)  # ALBEF's evaluation: ITC's top k re-ranked by the ITM head
     if itm is not None:
         row.update({f"rerank_{key}": itm[key] for key in ("i2t_R@1", "t2i_R@1", "oracle_i2t_R@1", "oracle_t2i_R@1")})
         row["rerank_R@1"] = (itm["i2t_R@1"] + itm["t2i_R@1"]) / 2
@@ -292,6 +294,13 @@ def paired(table, preset: str, method: str, reference: str, metric: str = "R@1")
     return {"preset": preset, "method": method, "reference": reference, "metric": metric, "seeds": len(seeds),
             "mean": float(diff.mean()), "std": std, "positive": int((diff > 0).sum()), "negative": int((diff < 0).sum()),
             "beyond_2std": bool(len(diff) > 1 and abs(diff.mean()) > 2 * std), "per_seed": diff.round(4).tolist()}
+
+
+def difference_phrase(d: dict) -> str:
+    """A :func:`paired` difference as the tables write it: mean ± std (0 with one seed), on how many seeds it is
+    positive, and * when the mean lies beyond 2 std."""
+    std = 0 if d["std"] != d["std"] else d["std"]
+    return f"{d['mean']:+.2f} ± {std:.2f} ({d['positive']}/{d['seeds']} +)" + (" *" if d["beyond_2std"] else "")
 
 
 def gate(table) -> tuple[bool | None, list[str]]:
@@ -386,8 +395,7 @@ def summary_lines(table, out: Path) -> list[str]:
                      _mean_std(mine, "q_fn_density_corr", digits=2)]
             for reference, metric in (("uniform", "R@1"), ("grit", "R@1"), ("uniform", "oracle_R@1")):
                 d = paired(table, preset, method, reference, metric) if method != reference else None
-                cells.append("—" if d is None else f"{d['mean']:+.2f} ± {0 if d['std'] != d['std'] else d['std']:.2f} "
-                             f"({d['positive']}/{d['seeds']} +)" + (" *" if d["beyond_2std"] else ""))
+                cells.append("—" if d is None else difference_phrase(d))
             lines.append(f"| {method} | {len(mine)} | " + " | ".join(cells) + " |")
         risk = rows[rows["method"] == "uniform"]
         if "risk_top-1" in risk and risk["risk_top-1"].notna().any():
@@ -406,8 +414,7 @@ def summary_lines(table, out: Path) -> list[str]:
             for method in [m for m in METHODS if m in set(rows["method"])]:
                 mine = rows[rows["method"] == method]
                 d = paired(table, preset, method, "uniform", "rerank_R@1") if method != "uniform" else None
-                versus = "" if d is None else (f", {d['mean']:+.2f} ± {0 if d['std'] != d['std'] else d['std']:.2f} "
-                                               f"against uniform ({d['positive']}/{d['seeds']} +)")
+                versus = "" if d is None else f", {difference_phrase(d)} against uniform"
                 cells.append(f"{method} {_mean_std(mine, 'rerank_R@1')} (FN-aware "
                              f"{_mean_std(mine, 'rerank_oracle_R@1')}{versus})")
             lines += ["", f"R@1 with each query's top {k} ITC candidates re-ranked by the ITM head (ALBEF's evaluation): "
@@ -559,7 +566,8 @@ def main() -> None:
     if rows:
         table = pd.DataFrame(rows)
         table.to_csv(out / "results.csv", index=False, float_format="%.4f")
-        pairs = [d for p in PRESETS for m in METHODS for ref in ("uniform", "grit") for metric in ("R@1", "oracle_R@1", "rerank_R@1")
+        metrics = ("R@1", "oracle_R@1", "rerank_R@1")
+        pairs = [d for p in PRESETS for m in METHODS for ref in ("uniform", "grit") for metric in metrics
                  if m != ref and (d := paired(table, p, m, ref, metric)) is not None]
         pd.DataFrame(pairs).to_csv(out / "paired.csv", index=False, float_format="%.4f")
         passed, gate_lines = gate(table)
