@@ -1,7 +1,9 @@
-"""Shared test helpers: run the real CLI in a subprocess, tiny shapes worlds built once per session."""
+"""Shared test helpers: run the real CLI in its own process (forked from a pre-imported zygote), tiny shapes worlds."""
 
 from __future__ import annotations
 
+import atexit
+import json
 import os
 import shutil
 import subprocess
@@ -22,12 +24,12 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
-LONGEST_FIRST = ("test_pretrain.py", "test_finetune_evaluate.py", "test_relative_paths.py", "test_blip2_pretrain.py",
-                 "test_dual_pretrain.py", "test_build_search_spaces.py", "test_unimodal.py", "test_pretrain_speed.py",
-                 "test_artifacts.py", "test_same_image.py", "test_embed.py",
-                 "test_shapes_presets.py", "test_shapes_sweep.py", "test_scheduler_sweep.py", "test_distributed.py",
-                 "test_hub.py")
-"""The test files that run the CLI most (minutes each), in the order `make test` should start them."""
+LONGEST_FIRST = ("test_pretrain.py", "test_blip2_pretrain.py", "test_pretrain_speed.py", "test_finetune_evaluate.py",
+                 "test_dual_pretrain.py", "test_hub.py", "test_build_search_spaces.py", "test_distributed.py",
+                 "test_relative_paths.py", "test_embed.py", "test_eval_eccv.py", "test_evaluation_scoring.py",
+                 "test_same_image.py", "test_sigmoid_loss.py", "test_cli.py", "test_unimodal.py", "test_artifacts.py",
+                 "test_cli_zygote.py")
+"""The longest test files (measured with ``--durations=0``), in the order `make test` should start them."""
 
 
 def pytest_collection_modifyitems(config, items):
@@ -52,16 +54,83 @@ def pytest_sessionstart(session):
             shutil.rmtree(old, ignore_errors=True)
 
 
+class CliZygote:
+    """A process that has imported falcon once (``tests/cli_zygote.py``) and forks one child per command line:
+    each child runs the real ``falcon`` entry point in its own process, working directory, environment and
+    standard streams, without the ~6 seconds of imports a fresh interpreter spends first. Only for commands
+    whose environment is the one the zygote started with (a variable read at import time is then the same);
+    anything else, or ``FALCON_TEST_FRESH_PROCESS=1``, runs in a fresh interpreter."""
+
+    def __init__(self, env: dict):
+        self.env = dict(env)
+        self.proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "cli_zygote.py")], cwd=REPO, env=self.env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True, bufsize=1)
+
+    def serves(self, env: dict) -> bool:
+        """Whether a command with ``env`` can run here: the zygote is alive and started with that environment
+        (pytest's PYTEST_CURRENT_TEST, which changes with every test and which falcon never reads, aside)."""
+        strip = lambda e: {k: v for k, v in e.items() if k != "PYTEST_CURRENT_TEST"}  # noqa: E731
+        return self.proc.poll() is None and strip(self.env) == strip(env)
+
+    def run(self, argv: list[str], cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
+        import signal
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="falcon-cli-") as tmp:
+            out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+            request = {"argv": argv, "cwd": str(cwd), "env": env, "stdout": str(out), "stderr": str(err)}
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            pid = json.loads(self._reply(timeout=120))["pid"]
+            try:
+                status = json.loads(self._reply(timeout))["status"]
+            except subprocess.TimeoutExpired:
+                os.kill(pid, signal.SIGKILL)
+                self._reply(timeout=60)
+                raise
+            return subprocess.CompletedProcess(["falcon", *argv], os.waitstatus_to_exitcode(status),
+                                               out.read_text(errors="replace"), err.read_text(errors="replace"))
+
+    def _reply(self, timeout: float) -> str:
+        import select
+
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            raise subprocess.TimeoutExpired("falcon", timeout)
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the CLI zygote (tests/cli_zygote.py) exited; run with FALCON_TEST_FRESH_PROCESS=1 to see why")
+        return line
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+
+
+_zygote: CliZygote | None = None
+
+
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, check: bool = False) -> subprocess.CompletedProcess:
-    """Run ``falcon ARGS`` as a user would (a fresh process), capturing output."""
+    """Run ``falcon ARGS`` as a user would (its own process), capturing output."""
+    global _zygote
     # One intra-op thread: the suite already keeps both cores busy, and oversubscribed OpenMP
     # threads make tiny CPU steps several times slower.
     full_env = {**os.environ, "FALCON_PROGRESS": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})}
     full_env.pop("FALCON_DEBUG", None)
-    proc = subprocess.run([sys.executable, "-m", "falcon_cli", *map(str, args)], cwd=cwd or REPO,
-                          capture_output=True, text=True, env=full_env, timeout=600)
+    argv = [str(a) for a in args]
+    if os.environ.get("FALCON_TEST_FRESH_PROCESS") != "1" and not env:
+        if _zygote is None or not _zygote.serves(full_env):
+            if _zygote is not None:
+                _zygote.close()
+            _zygote = CliZygote(full_env)
+            atexit.register(_zygote.close)
+        proc = _zygote.run(argv, Path(cwd or REPO), full_env, timeout=600)
+    else:
+        proc = subprocess.run([sys.executable, "-m", "falcon_cli", *argv], cwd=cwd or REPO,
+                              capture_output=True, text=True, env=full_env, timeout=600)
     if check and proc.returncode != 0:
-        raise AssertionError(f"falcon {' '.join(map(str, args))} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+        raise AssertionError(f"falcon {' '.join(argv)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
 
 

@@ -25,7 +25,7 @@ SIZE = 48
 def recipe_args(world) -> list[str]:
     # One world serves shapes-demo and shapes-warmstart runs here, so their world settings must agree
     # (shapes-demo writes 3 NLVR2 statements per image).
-    return [f"data.dataset={world}", "data.shapes.images=40", "data.tokenizer_vocab_size=200", "data.verify_images=false",
+    return [f"data.dataset={world}", "data.shapes.images=40", "data.shapes.size=32", "pretrain.image_size=32", "data.tokenizer_vocab_size=200", "data.verify_images=false",
             "data.shapes.nlvr2_statements_per_image=3"]
 
 

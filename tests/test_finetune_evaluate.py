@@ -9,7 +9,7 @@ import torch
 
 from tests.conftest import run_cli
 
-TINY = ["data.shapes.images=40", "data.tokenizer_vocab_size=200", "pretrain.epochs=1", "pretrain.batch_size=16",
+TINY = ["data.shapes.images=40", "data.shapes.size=32", "pretrain.image_size=32", "data.tokenizer_vocab_size=200", "pretrain.epochs=1", "pretrain.batch_size=16",
         "pretrain.max_steps_per_epoch=3", "finetune.retrieval.max_steps_per_epoch=3",
         "pretrain.augment=test", "pretrain.num_workers=0", "pretrain.warmup_steps=2",
         "finetune.num_workers=0", "finetune.retrieval.epochs=1", "finetune.retrieval.batch_size=8",

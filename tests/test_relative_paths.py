@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import run_cli
 
-TINY = ["data.dataset=data/w", "data.shapes.images=40", "data.tokenizer_vocab_size=200", "data.verify_images=false",
+TINY = ["data.dataset=data/w", "data.shapes.images=40", "data.shapes.size=32", "pretrain.image_size=32", "data.tokenizer_vocab_size=200", "data.verify_images=false",
         "pretrain.epochs=2", "pretrain.batch_size=16", "pretrain.search_space_size=32", "pretrain.augment=test",
         "pretrain.num_workers=0", "pretrain.warmup_steps=2", "pretrain.checkpoint_every=2",
         "finetune.num_workers=0", "finetune.vqa.epochs=1", "finetune.vqa.batch_size=16", "finetune.vqa.max_steps_per_epoch=2",
