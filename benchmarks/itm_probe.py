@@ -86,8 +86,15 @@ def auc(positive: torch.Tensor, negative: torch.Tensor) -> float:
     return rank_auc(scores, labels)
 
 
+def wins(own: torch.Tensor, other: torch.Tensor) -> float:
+    """The share of captions whose own image scores above their other image (ties half): the comparison a
+    re-ranking makes within one query, where :func:`auc` pools every caption's scores."""
+    return float(((own > other).double() + 0.5 * (own == other).double()).mean())
+
+
 def matching_aucs(fusion, head, e, pairs: dict[str, torch.Tensor]) -> dict[str, float]:
-    """ITM AUC of each caption's own image against a random and against the ITC-hardest other image, and the ITC's."""
+    """ITM AUC of each caption's own image against a random and against the ITC-hardest other image, and the ITC's;
+    ``*_wins_*``: the same comparisons caption by caption (:func:`wins`)."""
     was_training = fusion.training
     fusion.eval()
     itm = {k: match_probability(fusion, head, e, pairs[k], pairs["text"]) for k in ("image", "random", "hardest")}
@@ -95,7 +102,9 @@ def matching_aucs(fusion, head, e, pairs: dict[str, torch.Tensor]) -> dict[str, 
     # the ITC cosine of each pair alone (the split's whole similarity matrix is not needed here)
     itc = {k: (e.image_feat[pairs[k]] * e.text_feat[pairs["text"]]).sum(-1) for k in ("image", "random", "hardest")}
     return {"itm_auc_random": auc(itm["image"], itm["random"]), "itm_auc_hardest": auc(itm["image"], itm["hardest"]),
-            "itc_auc_random": auc(itc["image"], itc["random"]), "itc_auc_hardest": auc(itc["image"], itc["hardest"])}
+            "itc_auc_random": auc(itc["image"], itc["random"]), "itc_auc_hardest": auc(itc["image"], itc["hardest"]),
+            "itm_wins_random": wins(itm["image"], itm["random"]), "itm_wins_hardest": wins(itm["image"], itm["hardest"]),
+            "itc_wins_hardest": wins(itc["image"], itc["hardest"])}
 
 
 @torch.no_grad()
@@ -221,6 +230,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{args.run}: {n} test images, one caption each")
     print(f"  ITM head as trained: AUC against a random image {result['itm_auc_random']:.3f}, against the ITC-hardest "
           f"{result['itm_auc_hardest']:.3f} (ITC: {result['itc_auc_random']:.3f}, {result['itc_auc_hardest']:.3f})")
+    print(f"  caption by caption, its own image above a random one: ITM {result['itm_wins_random']:.3f}; above the "
+          f"ITC-hardest: ITM {result['itm_wins_hardest']:.3f}, ITC {result['itc_wins_hardest']:.3f}")
     print(f"  MLM accuracy with the caption's own image {result['mlm_own_image']:.3f}, "
           f"with a random image {result['mlm_random_image']:.3f}")
     if args.steps:

@@ -93,3 +93,11 @@ def test_auc_is_the_mann_whitney_statistic_with_ties_half():
     expected = sum((p > n) + 0.5 * (p == n) for p in positive.tolist() for n in negative.tolist()) / 6
     assert itm_probe.auc(positive, negative) == pytest.approx(expected)
     assert itm_probe.auc(torch.tensor([1.0]), torch.tensor([0.0])) == 1.0
+
+
+def test_wins_compare_each_caption_with_its_own_other_image_only():
+    own, other = torch.tensor([0.9, 0.2, 0.5, 0.1]), torch.tensor([0.1, 0.3, 0.5, 0.0])
+    assert itm_probe.wins(own, other) == pytest.approx((1 + 0 + 0.5 + 1) / 4)
+    # a head right on every query but scaled differently per query: a re-ranking is perfect, the pooled AUC is not
+    own, other = torch.tensor([0.9, 0.3]), torch.tensor([0.8, 0.2])
+    assert itm_probe.wins(own, other) == 1.0 and itm_probe.auc(own, other) == pytest.approx(0.75)
