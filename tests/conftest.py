@@ -57,9 +57,10 @@ def pytest_sessionstart(session):
 class CliZygote:
     """A process that has imported falcon once (``tests/cli_zygote.py``) and forks one child per command line:
     each child runs the real ``falcon`` entry point in its own process, working directory, environment and
-    standard streams, without the ~6 seconds of imports a fresh interpreter spends first. Only for commands
-    whose environment is the one the zygote started with (a variable read at import time is then the same);
-    anything else, or ``FALCON_TEST_FRESH_PROCESS=1``, runs in a fresh interpreter."""
+    standard streams, without the ~6 seconds of imports a fresh interpreter spends first. A zygote serves only
+    the environment it started with (a variable read at import time is then the same): :func:`run_cli` starts a
+    new one when the test process's environment has changed, and runs a command given its own ``env``, or any
+    command under ``FALCON_TEST_FRESH_PROCESS=1``, in a fresh interpreter."""
 
     def __init__(self, env: dict):
         self.env = dict(env)
