@@ -182,6 +182,12 @@ def generate_world(preset: str, out: Path, budget: PhaseBudget, threads: int) ->
                threads=threads)
 
 
+def threads_per_encoder(cores: int, jobs: int, encoders: int) -> int:
+    """Torch threads for each unimodal training: every run waits for its encoders, so when fewer encoders than
+    ``jobs`` train at once they share all the cores (one regime and one unimodal seed: all of them)."""
+    return max(1, cores // max(1, min(jobs, encoders)))
+
+
 def prepare(preset: str, seed: int, out: Path, budget: PhaseBudget, threads: int) -> None:
     """The unimodal encoders that runs of ``seed`` on ``preset`` start from, trained once (the world must exist)."""
     seed = budget.unimodal_seed_of(seed)
@@ -552,7 +558,8 @@ def main() -> None:
         generate_world(preset, out, budget, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         encoders = {(p, budget.unimodal_seed_of(s)) for p in presets for s in seeds}  # (each trained once)
-        ready = {key: pool.submit(prepare, *key, out, budget, threads) for key in sorted(encoders)}
+        encoder_threads = args.threads or threads_per_encoder(os.cpu_count() or 1, args.jobs, len(encoders))
+        ready = {key: pool.submit(prepare, *key, out, budget, encoder_threads) for key in sorted(encoders)}
 
         def after_prepare(preset: str, method: str, seed: int) -> dict:
             ready[(preset, budget.unimodal_seed_of(seed))].result()

@@ -239,3 +239,11 @@ def test_set_changes_budget_fields_with_their_types_and_names_a_bad_one():
                       (["epochs=none"], "'none' is not a int")):
         with pytest.raises(SystemExit, match=says):
             sweep.changed_budget(cpu, bad)
+
+
+def test_encoders_that_train_alone_get_every_core():
+    """One encoder pair before two jobs' runs: both cores (the runs wait for it); as many encoders as jobs: a share."""
+    assert sweep.threads_per_encoder(cores=2, jobs=2, encoders=1) == 2
+    assert sweep.threads_per_encoder(cores=16, jobs=8, encoders=3) == 5
+    assert sweep.threads_per_encoder(cores=16, jobs=8, encoders=9) == 2
+    assert sweep.threads_per_encoder(cores=2, jobs=4, encoders=4) == 1

@@ -10,6 +10,7 @@ uses a synonym with probability ``paraphrase_prob``. ``parser.parse_caption`` in
 
 from __future__ import annotations
 
+import math
 import random
 
 from falcon_cli.data.shapes import logical_forms as lfs
@@ -212,6 +213,7 @@ def sample_captions(
     kind_weights: list[float],
     paraphrase_prob: float,
     min_attributes: int = 0,
+    scene_captions: int = 0,
 ) -> list[dict]:
     """``count`` captions true of one scene: ``{"kind", "logical_form", "key", "text", "paraphrased"}`` each.
 
@@ -219,6 +221,10 @@ def sample_captions(
     one-object scenes. Logical forms are distinct within an image while possible: when the drawn
     kind has none left, another enabled kind stands in (so ``kind`` may differ from the schedule);
     a scene with no new form of any enabled kind repeats one (``world.json`` counts those).
+
+    ``scene_captions`` of them (as many as the scene has orderings) are whole-scene descriptions
+    that list the objects in distinct drawn orders, the rest follow ``kind_weights``, and the
+    captions come out shuffled (with 0 nothing is drawn for this, so other worlds stay identical).
     """
     weights = [float(w) for w in kind_weights]
     if len(objects) < 2:
@@ -227,7 +233,12 @@ def sample_captions(
             weights = [0.0 if kind == "relation" else 1.0 for kind in CAPTION_KINDS]
     captions: list[dict] = []
     seen: set[str] = set()
-    for kind_index in _kind_schedule(count, weights, rng):
+    for lf in _scene_orderings(objects, min(scene_captions, count), rng):
+        key = lfs.form_key(lf)
+        seen.add(key)
+        text, paraphrased = render_caption_detailed(lf, rng, paraphrase_prob)
+        captions.append({"kind": "full", "logical_form": lf, "key": key, "text": text, "paraphrased": paraphrased})
+    for kind_index in _kind_schedule(count - len(captions), weights, rng):
         kind = CAPTION_KINDS[kind_index]
         lf, key = _new_form(kind, objects, rng, min_attributes, seen)
         if key in seen:
@@ -243,4 +254,21 @@ def sample_captions(
         seen.add(key)
         text, paraphrased = render_caption_detailed(lf, rng, paraphrase_prob)
         captions.append({"kind": kind, "logical_form": lf, "key": key, "text": text, "paraphrased": paraphrased})
+    if scene_captions:
+        rng.shuffle(captions)  # (the whole-scene descriptions are not always the first pairs of an image)
     return captions
+
+
+def _scene_orderings(objects: list[dict], n: int, rng: random.Random) -> list[dict]:
+    """Up to ``n`` whole-scene forms of ``objects``, each listing them in a different random order
+    (as many as there are orderings: a scene of k objects has k! of them)."""
+    if n <= 0:
+        return []
+    n = min(n, math.factorial(len(objects)))
+    described = [lfs.describe(o["size"], o["color"], o["shape"], o["position"]) for o in objects]
+    orders: list[tuple[int, ...]] = []
+    while len(orders) < n:
+        order = tuple(rng.sample(range(len(objects)), len(objects)))
+        if order not in orders:
+            orders.append(order)
+    return [lfs.scene([described[i] for i in order]) for order in orders]

@@ -94,6 +94,8 @@ class ShapesConfig(_Section):
     """Relative weights of the caption kinds."""
     captions_per_image: int = Field(5, ge=1, le=20)
     """Captions per image (kinds drawn without replacement while enough kinds are enabled)."""
+    scene_captions: int = Field(0, ge=0, le=20)
+    """How many of each image's captions are whole-scene descriptions, each listing the objects in another order (as each of COCO's five captions describes the whole image); at most the scene's orderings (2 for two objects, 6 for three) and ``captions_per_image``; the other captions follow ``caption_mix``. 0: whole-scene descriptions only as ``caption_mix`` draws them (one per scene)."""
     splits: SplitFractions = SplitFractions()
     """Fractions of images in train / val / test."""
     vqa_questions_per_image: int = Field(3, ge=0, le=10)

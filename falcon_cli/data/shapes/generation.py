@@ -88,7 +88,7 @@ def _image_job(job: tuple) -> tuple[int, list[list[dict]], list[list[dict]]]:
         objects = scene_objects(shape[k], color[k], size[k])
         captions.append(sample_captions(objects, stream_random(config.seed, STREAM_CAPTIONS, i), count=config.captions_per_image,
                                         kind_weights=weights, paraphrase_prob=config.paraphrase_prob,
-                                        min_attributes=config.min_attributes))
+                                        min_attributes=config.min_attributes, scene_captions=config.scene_captions))
         questions.append(sample_questions(objects, stream_random(config.seed, STREAM_QUESTIONS, i), count=config.vqa_questions_per_image,
                                           num_shapes=config.num_shapes, num_colors=config.num_colors, variation=config.vqa_answer_variation))
     return start, captions, questions
