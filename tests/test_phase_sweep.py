@@ -247,3 +247,21 @@ def test_encoders_that_train_alone_get_every_core():
     assert sweep.threads_per_encoder(cores=16, jobs=8, encoders=3) == 5
     assert sweep.threads_per_encoder(cores=16, jobs=8, encoders=9) == 2
     assert sweep.threads_per_encoder(cores=2, jobs=4, encoders=4) == 1
+
+
+def test_the_budgets_keep_every_word_of_a_coco_like_caption(tmp_path):
+    """A whole-scene caption of four objects is ~40 tokens; cut at ALBEF's 25 it would name fewer objects than
+    the oracle judges it by. Tokens counted as BERT's pre-tokenizer splits words and punctuation (a world-trained
+    vocabulary holds every word whole), plus [CLS] and [SEP]."""
+    import re
+
+    from falcon_cli.data.shapes import ShapesConfig, generate_world
+
+    world = generate_world(ShapesConfig(preset="coco-like", images=240, size=24, paraphrase_prob=0.5), tmp_path / "w").out_dir
+    captions = [c for entry in json.loads((world / "retrieval_test.json").read_text()) for c in entry["caption"]]
+    longest = max(len(re.findall(r"\w+|[^\w\s]", c)) + 2 for c in captions)
+    assert longest > 25  # (the check means something: the default limit would cut)
+    for name in ("cpu", "gpu"):
+        assert f"pretrain.max_text_length={sweep.BUDGETS[name].max_text_length}" in sweep.BUDGETS[name].run_overrides(
+            "coco-like", tmp_path, 0)
+        assert longest <= sweep.BUDGETS[name].max_text_length
