@@ -25,7 +25,10 @@ class _Section(BaseModel):
 
 
 class CaptionMix(_Section):
-    """Relative weights of the caption kinds (need not sum to 1; 0 disables a kind)."""
+    """Relative weights of the caption kinds (need not sum to 1; 0 disables a kind). An image's captions are drawn
+    in rounds of one caption per enabled kind, the weights ordering each round, so they set which kinds fill a last,
+    partial round rather than the shares (five captions over three kinds: one or two of each);
+    ``ShapesConfig.scene_captions`` sets a share of whole-scene descriptions."""
 
     attribute: float = Field(1.0, ge=0)
     """One attribute of one object: "a red shape", "there is a circle", "a small thing"."""
