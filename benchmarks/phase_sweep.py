@@ -22,6 +22,10 @@ than q = 0.5's and loses to it by more than 2 standard deviations.
 The sweep is resumable (a run whose training, evaluation and audit are done is skipped) and can be split with
 ``--presets``, ``--only`` and ``--seeds``; ``--report`` regenerates the page's block from every finished run in OUT,
 and ``--collect`` does only that (runs trained elsewhere, e.g. eight at a time on a GPU with ``--jobs 8``).
+``--rows CSV`` adds the runs an earlier sweep recorded in its ``results.csv`` (``docs/results/phase_results.csv``
+is the last report's) whose directories are gone, e.g. seeds trained in an earlier session: each row records the
+world it trained on (a fingerprint of its ``world.json``), its budget, commit and machine, and a preset's rows
+must share one world and one budget.
 Writes to OUT: ``worlds/<preset>/`` (with the cached unimodal weights), ``runs/<preset>/<method>-s<seed>/``,
 ``results.csv``, ``paired.csv``, ``summary.md`` and ``phase_diagram.png``.
 """
@@ -267,7 +271,64 @@ def run_row(preset: str, method: str, seed: int, run: Path) -> dict:
         row["rerank_oracle_R@1"] = (itm["oracle_i2t_R@1"] + itm["oracle_t2i_R@1"]) / 2
         row["rerank_k"] = int(itm["scoring"].removeprefix("itc+itm@"))
     row["preset"] = preset
+    manifest = json.loads((run / "manifest.json").read_text())
+    git = manifest.get("git") or {}
+    row["commit"] = (git.get("sha") or "unknown")[:7] + (" (uncommitted changes)" if git.get("dirty") else "")
+    row["machine"], row["budget"], row["world"] = machine(manifest), budget_phrase(manifest), world_fingerprint(manifest)
     return row
+
+
+def world_fingerprint(manifest: dict) -> str:
+    """12 hex digits of the world a run trained on: its ``world.json`` config (every knob its preset resolved to,
+    as generated), so rows of one preset name from before and after a preset changed are told apart; ``unknown``
+    when the world is gone."""
+    import hashlib
+
+    path = Path(manifest["config"]["data"].get("dataset") or "") / "world.json"
+    if not path.is_file():
+        return "unknown"
+    config = json.loads(path.read_text())["config"]
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
+
+
+LEDGER_KEYS = ("preset", "method", "seed")
+
+
+def merge_ledgers(rows: list[dict], ledgers: list[Path]) -> list[dict]:
+    """``rows`` (the finished runs in OUT) and the rows of earlier sweeps' ``results.csv`` files whose (preset,
+    method, seed) OUT does not hold: runs whose directories are gone (another session, another machine). Every
+    row of a preset must share one world and one budget, or paired differences would compare unlike runs: a
+    ledger that breaks this is refused with one line naming it, the run and what differs."""
+    import pandas as pd
+
+    merged = list(rows)
+    have = {tuple(r[k] for k in LEDGER_KEYS) for r in rows}
+    for ledger in ledgers:
+        if not ledger.is_file():
+            raise SystemExit(f"--rows {ledger}: no such file (a results.csv written by this sweep)")
+        table = pd.read_csv(ledger, dtype={"commit": str, "machine": str, "budget": str, "world": str})
+        missing = [k for k in (*LEDGER_KEYS, "world", "budget", "R@1") if k not in table]
+        if missing:
+            raise SystemExit(f"--rows {ledger}: no column '{missing[0]}' (written before rows recorded their world "
+                              "and budget; collect those runs from their directories instead)")
+        for row in table.to_dict("records"):
+            row = {k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()}
+            row["seed"] = int(row["seed"])
+            key = tuple(row[k] for k in LEDGER_KEYS)
+            if key not in have:
+                merged.append(row)
+                have.add(key)
+    for preset in sorted({r["preset"] for r in merged}):
+        mine = [r for r in merged if r["preset"] == preset]
+        for field in ("world", "budget"):
+            first = mine[0]
+            other = next((r for r in mine if r.get(field) != first.get(field)), None)
+            if other is not None:
+                raise SystemExit(
+                    f"--rows: {preset} {other['method']} seed {other['seed']} ran on another {field} than {first['method']} "
+                    f"seed {first['seed']} ({other.get(field)!s:.80} vs {first.get(field)!s:.80}); paired differences need "
+                    "one world and one budget per preset: drop the stale rows or use another --out")
+    return merged
 
 
 ITM_PRIOR = -(math.log(1 / 3) / 3 + 2 * math.log(2 / 3) / 3)
@@ -510,17 +571,14 @@ def write_report(report: Path, out: Path, table, command: str, jobs: int, figure
     assets.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(out / "results.csv", assets / "phase_results.csv")
     shutil.copyfile(figure_path, assets / "phase_diagram.png")
-    manifests = [json.loads((run_dir(out, p, m, s) / "manifest.json").read_text())
-                 for p, m, s in zip(table["preset"], table["method"], table["seed"])]
-    commits = sorted({f"`{(m['git']['sha'] or 'unknown')[:7]}`" + (" (uncommitted changes)" if m["git"]["dirty"] else "")
-                      for m in manifests})
-    machines = sorted({machine(m) for m in manifests})
+    commits = sorted({f"`{c[:7]}`{c[7:]}" for c in table["commit"]})
+    machines = sorted(set(table["machine"]))
     passed, gate_lines = gate(table)
     lines = ["<!-- Generated by benchmarks/phase_sweep.py --report; edit outside the markers. -->", "",
              f"**Command:** `{command}`  ",
              f"**Commits:** {', '.join(commits) or 'unknown'}; {'; '.join(machines)}"
              + (f", {jobs} runs at a time" if jobs else "") + f"; {len(table)} runs ({seeds_phrase(table['seed'])}).  ",
-             f"**Budget** (from the runs' manifests): {'; '.join(sorted({budget_phrase(m) for m in manifests}))}.", "",
+             f"**Budget** (from the runs' manifests): {'; '.join(sorted(set(table['budget'])))}.", "",
              "**The gate** (the premise the papers start from): " + {True: "passed.", False: "failed.",
                                                                       None: "not complete yet."}[passed], "", *gate_lines, "",
              *summary_lines(table, out), "", "![the phase diagram](results/phase_diagram.png)"]
@@ -545,6 +603,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, help="Torch threads per run instead of cores / jobs (e.g. with a "
                                                        "second sweep beside this one).")
     parser.add_argument("--report", type=Path, help="Also rewrite this page's phase block (e.g. docs/results.md).")
+    parser.add_argument("--rows", type=Path, nargs="+", default=[], metavar="CSV",
+                        help="Also count the runs recorded in these results.csv files (an earlier session's or "
+                             "machine's, e.g. docs/results/phase_results.csv) that OUT does not hold; a preset's rows "
+                             "must share one world and budget.")
     parser.add_argument("--collect", action="store_true",
                         help="Run nothing: only rebuild the tables, figure and --report from the finished runs in OUT "
                              "(e.g. runs made on another machine).")
@@ -556,6 +618,7 @@ def main() -> None:
     methods = [m for m in METHODS if m in (GATE_METHODS if args.gate else args.only or METHODS)]
     seeds = args.seeds[:1] if args.budget == "quick" else args.seeds
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
+    merge_ledgers([], args.rows)  # (a bad --rows file fails now, not after the runs)
     start, failures = time.perf_counter(), []
     if args.collect:
         presets = []  # (nothing to prepare or run)
@@ -574,7 +637,9 @@ def main() -> None:
         for (preset, method, seed), row in finished_futures(futures, failures):
             print(f"[{time.perf_counter() - start:6.0f} s] {preset} {method} seed {seed}: R@1 {row['R@1']:.1f}, "
                   f"FN-aware {row['oracle_R@1']:.1f}", flush=True)
-    rows = finished_rows(out)  # every finished run in OUT: earlier invocations' too (the sweep is split with --only)
+    # Every finished run in OUT (earlier invocations' too: the sweep is split with --only), and the rows of earlier
+    # sweeps whose run directories are gone (--rows).
+    rows = merge_ledgers(finished_rows(out), args.rows)
     if rows:
         table = pd.DataFrame(rows)
         table.to_csv(out / "results.csv", index=False, float_format="%.4f")

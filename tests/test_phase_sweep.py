@@ -94,12 +94,10 @@ def test_summary_and_report_block(tmp_path):
     assert "+1.04 ± 0.11 (5/5 +) *" in grit  # vs uniform: beyond 2 std
     assert "| uniform | 5 | 22.0 ± 1.6 |" in text
     assert "hardest candidate is a true match 32.0 ± 1.6% of the time, the 10th hardest 10.0 ± 0.0%" in text
-    for p, m, s in zip(table["preset"], table["method"], table["seed"]):
-        run = sweep.run_dir(out, p, m, s)
-        run.mkdir(parents=True)
-        (run / "manifest.json").write_text(json.dumps({
-            "git": {"sha": "abcdef0123", "dirty": False}, "host": {"cpus": 16, "gpus": ["NVIDIA H200"]}, "config": CONFIG,
-            "stages": {"pretrain": {"result": {"device": "cuda", "precision": "bf16"}}}}))
+    manifest = {"git": {"sha": "abcdef0123", "dirty": False}, "host": {"cpus": 16, "gpus": ["NVIDIA H200"]},
+                "config": CONFIG, "stages": {"pretrain": {"result": {"device": "cuda", "precision": "bf16"}}}}
+    # (what run_row records from each run's manifest)
+    table["commit"], table["machine"], table["budget"] = "abcdef0", sweep.machine(manifest), sweep.budget_phrase(manifest)
     table.to_csv(out / "results.csv", index=False)
     figure = sweep.figure(table, out)
     report = tmp_path / "docs" / "results.md"
@@ -265,3 +263,79 @@ def test_the_budgets_keep_every_word_of_a_coco_like_caption(tmp_path):
         assert f"pretrain.max_text_length={sweep.BUDGETS[name].max_text_length}" in sweep.BUDGETS[name].run_overrides(
             "coco-like", tmp_path, 0)
         assert longest <= sweep.BUDGETS[name].max_text_length
+
+
+def _collect(out, report, *extra, cwd):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(sweep.__file__).resolve().parents[1]
+    return subprocess.run([sys.executable, str(repo / "benchmarks" / "phase_sweep.py"), "--out", str(out), "--gate",
+                           "--collect", "--report", str(report), *extra], cwd=cwd, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin", "MPLBACKEND": "Agg"})
+
+
+def test_rows_of_runs_whose_directories_are_gone_join_the_tables(tmp_path):
+    """A session that trained seeds 0 and 1 and kept only its results.csv, then one that trains seed 2: `--rows`
+    gives the report all three seeds, paired as if every run were in OUT; a run in OUT wins over its ledger row."""
+    earlier, now = tmp_path / "earlier", tmp_path / "now"
+    for seed in range(2):
+        for method, r1 in (("uniform", 20.0 + seed), ("grit", 21.0 + seed)):
+            _finished_run(sweep.run_dir(earlier, "coco-like", method, seed), method, r1, 25.0)
+    report = tmp_path / "results.md"
+    report.write_text("<!-- phase:begin -->\n<!-- phase:end -->\n")
+    assert _collect(earlier, report, cwd=tmp_path).returncode == 0
+    ledger = tmp_path / "ledger.csv"
+    ledger.write_bytes((earlier / "results.csv").read_bytes())
+    table = pd.read_csv(ledger, dtype={"commit": str})
+    assert set(table["world"]) == {"unknown"} and table["budget"].str.contains("albef-tiny").all()
+    assert set(table["commit"]) == {"0123456"}
+    for method, r1 in (("uniform", 22.0), ("grit", 24.0)):
+        _finished_run(sweep.run_dir(now, "coco-like", method, 2), method, r1, 25.0)
+    _finished_run(sweep.run_dir(now, "coco-like", "grit", 1), "grit", 30.0, 25.0)  # retrained here: this one counts
+    proc = _collect(now, report, "--rows", "ledger.csv", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    merged = pd.read_csv(now / "results.csv").set_index(["method", "seed"])["R@1"]
+    assert merged[("uniform", 0)] == 20.0 and merged[("grit", 1)] == 30.0 and merged[("grit", 2)] == 24.0
+    page = report.read_text()
+    assert "| grit | 3 |" in page and "6 runs (seeds 0, 1, 2)" in page
+
+
+def test_rows_from_another_world_or_budget_or_an_old_file_are_refused_in_one_line(tmp_path):
+    row = {"preset": "coco-like", "method": "uniform", "seed": 0, "R@1": 20.0, "world": "aaaaaaaaaaaa", "budget": "B"}
+    mine = [{**row, "method": "grit", "R@1": 21.0}]
+    good = tmp_path / "good.csv"
+    pd.DataFrame([row]).to_csv(good, index=False)
+    assert len(sweep.merge_ledgers(mine, [good])) == 2
+    stale = tmp_path / "stale.csv"
+    pd.DataFrame([{**row, "world": "bbbbbbbbbbbb"}]).to_csv(stale, index=False)
+    with pytest.raises(SystemExit, match=r"coco-like uniform seed 0 ran on another world than grit seed 0 "
+                                         r"\(bbbbbbbbbbbb vs aaaaaaaaaaaa\)"):
+        sweep.merge_ledgers(mine, [stale])
+    other_budget = tmp_path / "budget.csv"
+    pd.DataFrame([{**row, "budget": "C"}]).to_csv(other_budget, index=False)
+    with pytest.raises(SystemExit, match="ran on another budget"):
+        sweep.merge_ledgers(mine, [other_budget])
+    old = tmp_path / "old.csv"
+    pd.DataFrame([{k: v for k, v in row.items() if k != "world"}]).to_csv(old, index=False)
+    with pytest.raises(SystemExit, match=r"old.csv: no column 'world'"):
+        sweep.merge_ledgers([], [old])
+    with pytest.raises(SystemExit, match=r"nowhere.csv: no such file"):
+        sweep.merge_ledgers([], [tmp_path / "nowhere.csv"])
+    # The command line checks the files before it trains anything.
+    proc = _collect(tmp_path / "out", tmp_path / "r.md", "--rows", "old.csv", cwd=tmp_path)
+    assert proc.returncode != 0 and proc.stderr.strip().splitlines()[-1].startswith("--rows old.csv: no column 'world'")
+
+
+def test_the_world_fingerprint_tells_a_changed_preset_apart(tmp_path):
+    """Two worlds of one preset name but other knobs (coco-like before and after issue 34 changed it) differ; the
+    same world read twice does not; a world that is gone is `unknown`."""
+    from falcon_cli.data.shapes import ShapesConfig, generate_world
+
+    now = generate_world(ShapesConfig(preset="coco-like", images=40, size=24), tmp_path / "now").out_dir
+    before = generate_world(ShapesConfig(preset="coco-like", images=40, size=24, scene_captions=0,
+                                         caption_mix={"position": 1, "relation": 3, "full": 1}), tmp_path / "before").out_dir
+    prints = [sweep.world_fingerprint({"config": {"data": {"dataset": str(w)}}}) for w in (now, before, now)]
+    assert prints[0] == prints[2] != prints[1] and len(prints[0]) == 12
+    assert sweep.world_fingerprint({"config": {"data": {"dataset": str(tmp_path / "gone")}}}) == "unknown"
