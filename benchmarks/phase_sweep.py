@@ -56,9 +56,15 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "glofnd": ("shapes-glofnd", []),
     "falcon": ("shapes-falcon", []),
     "falcon-margin": ("shapes-falcon-margin", []),
+    "grit-mask": ("shapes-grit", ["pretrain.same_image=mask"]),
 }
 """Method -> (shipped recipe, extra overrides): uniform batches, GRIT (q = 1), a fixed q = 0.5, MAFA and GloFND
-(the false-negative methods), paper-exact FALCON and FALCON with the positive-margin reward."""
+(the false-negative methods), paper-exact FALCON and FALCON with the positive-margin reward; and ``grit-mask``, a
+diagnostic run only when named (``--only``): GRIT with the pairs that share the anchor's image kept out of the ITC
+denominators and ITM mining (``pretrain.same_image: mask``), which tells how much of GRIT's result is those pairs."""
+
+DIAGNOSTICS = ("grit-mask",)
+"""Methods the sweep runs only when ``--only`` names them (not part of the phase diagram)."""
 
 GATE_METHODS = ("uniform", "grit", "q05")
 GATE_PRESETS = ("coco-like", "dense")
@@ -172,6 +178,13 @@ def changed_budget(budget: PhaseBudget, settings: list[str]) -> PhaseBudget:
         except ValueError:
             raise SystemExit(f"--set {setting}: {value!r} is not a {kind.__name__}") from None
     return dataclasses.replace(budget, **changes)
+
+
+def selected_methods(gate: bool, only: list[str] | None) -> list[str]:
+    """The methods a sweep runs, in :data:`METHODS` order: the gate's, those ``--only`` names, or every method but
+    the :data:`DIAGNOSTICS`."""
+    wanted = GATE_METHODS if gate else only or [m for m in METHODS if m not in DIAGNOSTICS]
+    return [m for m in METHODS if m in wanted]
 
 
 def plan(presets, methods, seeds) -> list[tuple[str, str, int]]:
@@ -615,7 +628,7 @@ def main() -> None:
     out, budget = args.out.resolve(), changed_budget(BUDGETS[args.budget], args.set)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     presets = [p for p in args.presets if not args.gate or p in GATE_PRESETS]
-    methods = [m for m in METHODS if m in (GATE_METHODS if args.gate else args.only or METHODS)]
+    methods = selected_methods(args.gate, args.only)
     seeds = args.seeds[:1] if args.budget == "quick" else args.seeds
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
     merge_ledgers([], args.rows)  # (a bad --rows file fails now, not after the runs)

@@ -339,3 +339,12 @@ def test_the_world_fingerprint_tells_a_changed_preset_apart(tmp_path):
     prints = [sweep.world_fingerprint({"config": {"data": {"dataset": str(w)}}}) for w in (now, before, now)]
     assert prints[0] == prints[2] != prints[1] and len(prints[0]) == 12
     assert sweep.world_fingerprint({"config": {"data": {"dataset": str(tmp_path / "gone")}}}) == "unknown"
+
+
+def test_the_diagnostic_arm_runs_only_when_named():
+    """`grit-mask` (GRIT with same-image pairs masked) is not part of the phase diagram or the gate."""
+    assert "grit-mask" not in sweep.selected_methods(False, None)
+    assert sweep.selected_methods(False, None) == [m for m in sweep.METHODS if m != "grit-mask"]
+    assert sweep.selected_methods(True, None) == list(sweep.GATE_METHODS)
+    assert sweep.selected_methods(False, ["grit-mask", "uniform"]) == ["uniform", "grit-mask"]
+    assert sweep.METHODS["grit-mask"] == ("shapes-grit", ["pretrain.same_image=mask"])
