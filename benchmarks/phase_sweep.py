@@ -333,13 +333,13 @@ def merge_ledgers(rows: list[dict], ledgers: list[Path]) -> list[dict]:
                 have.add(key)
     for preset in sorted({r["preset"] for r in merged}):
         mine = [r for r in merged if r["preset"] == preset]
-        for field in ("world", "budget"):
+        for column in ("world", "budget"):
             first = mine[0]
-            other = next((r for r in mine if r.get(field) != first.get(field)), None)
+            other = next((r for r in mine if r.get(column) != first.get(column)), None)
             if other is not None:
                 raise SystemExit(
-                    f"--rows: {preset} {other['method']} seed {other['seed']} ran on another {field} than {first['method']} "
-                    f"seed {first['seed']} ({other.get(field)!s:.80} vs {first.get(field)!s:.80}); paired differences need "
+                    f"--rows: {preset} {other['method']} seed {other['seed']} ran on another {column} than {first['method']} "
+                    f"seed {first['seed']} ({other.get(column)!s:.80} vs {first.get(column)!s:.80}); paired differences need "
                     "one world and one budget per preset: drop the stale rows or use another --out")
     return merged
 
