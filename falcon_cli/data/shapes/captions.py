@@ -236,8 +236,7 @@ def sample_captions(
     for lf in _scene_orderings(objects, min(scene_captions, count), rng):
         key = lfs.form_key(lf)
         seen.add(key)
-        text, paraphrased = render_caption_detailed(lf, rng, paraphrase_prob)
-        captions.append({"kind": "full", "logical_form": lf, "key": key, "text": text, "paraphrased": paraphrased})
+        captions.append(_caption("full", lf, key, rng, paraphrase_prob))
     for kind_index in _kind_schedule(count - len(captions), weights, rng):
         kind = CAPTION_KINDS[kind_index]
         lf, key = _new_form(kind, objects, rng, min_attributes, seen)
@@ -252,11 +251,16 @@ def sample_captions(
                 kind = CAPTION_KINDS[k]
                 lf, key = _new_form(kind, objects, rng, min_attributes, seen)
         seen.add(key)
-        text, paraphrased = render_caption_detailed(lf, rng, paraphrase_prob)
-        captions.append({"kind": kind, "logical_form": lf, "key": key, "text": text, "paraphrased": paraphrased})
+        captions.append(_caption(kind, lf, key, rng, paraphrase_prob))
     if scene_captions:
         rng.shuffle(captions)  # (the whole-scene descriptions are not always the first pairs of an image)
     return captions
+
+
+def _caption(kind: str, lf: dict, key: str, rng: random.Random, paraphrase_prob: float) -> dict:
+    """One caption record of :func:`sample_captions`: the form rendered to text (synonyms drawn from ``rng``)."""
+    text, paraphrased = render_caption_detailed(lf, rng, paraphrase_prob)
+    return {"kind": kind, "logical_form": lf, "key": key, "text": text, "paraphrased": paraphrased}
 
 
 def _scene_orderings(objects: list[dict], n: int, rng: random.Random) -> list[dict]:
@@ -265,7 +269,7 @@ def _scene_orderings(objects: list[dict], n: int, rng: random.Random) -> list[di
     if n <= 0:
         return []
     n = min(n, math.factorial(len(objects)))
-    described = [lfs.describe(o["size"], o["color"], o["shape"], o["position"]) for o in objects]
+    described = sample_form("full", objects, rng)["objects"]  # (the canonical whole-scene form draws nothing)
     orders: list[tuple[int, ...]] = []
     while len(orders) < n:
         order = tuple(rng.sample(range(len(objects)), len(objects)))
