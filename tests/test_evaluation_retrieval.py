@@ -40,6 +40,35 @@ def test_recall_matches_brute_force():
     assert abs(result["mean_R"] - expected_mean) < 1e-9
 
 
+def sorted_ranks(scores, img2txt, txt2img, scores_t2i=None):
+    """The ranks by a stable descending sort of every row (the straightforward reference)."""
+    image_ranks = []
+    for i, texts in enumerate(img2txt):
+        order = scores[i].argsort(descending=True, stable=True).tolist()
+        image_ranks.append(min((order.index(t) for t in texts), default=torch.iinfo(torch.long).max))
+    scores_t = scores.t() if scores_t2i is None else scores_t2i
+    text_ranks = [scores_t[t].argsort(descending=True, stable=True).tolist().index(g) for t, g in enumerate(txt2img)]
+    return image_ranks, text_ranks
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_ranks_equal_a_stable_sort_with_many_ties(seed):
+    # Scores drawn from a few values: most rows hold ties among positives and between positives and
+    # negatives on both sides of them; ITM re-ranking gives t2i its own matrix; one image has no caption.
+    generator = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
+    n_images = 17
+    img2txt, txt2img = random_captions(rng, n_images, 4)
+    img2txt[5] = []
+    txt2img = [g if g != 5 else 4 for g in txt2img]
+    n_texts = len(txt2img)
+    scores = torch.randint(0, 4, (n_images, n_texts), generator=generator).float() / 3
+    scores_t2i = torch.randint(0, 3, (n_texts, n_images), generator=generator).float()
+    for matrix in (None, scores_t2i):
+        image_ranks, text_ranks = retrieval_ranks(scores, img2txt, txt2img, matrix)
+        assert (image_ranks.tolist(), text_ranks.tolist()) == sorted_ranks(scores, img2txt, txt2img, matrix)
+
+
 def test_perfect_and_reversed_rankings():
     img2txt = [[0, 1], [2], [3, 4]]
     txt2img = [0, 0, 1, 2, 2]
