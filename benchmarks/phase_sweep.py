@@ -78,7 +78,8 @@ class PhaseBudget:
     """One world size and training budget for every run of the sweep."""
 
     images: int
-    """Images of each regime's world, split by ``splits``."""
+    """Images of each regime's world, split by ``splits``, where training images keep all their captions (else
+    more training images: :meth:`world_size`)."""
     epochs: int
     batch: int
     space: int
@@ -107,11 +108,29 @@ class PhaseBudget:
     """The evaluation also re-ranks each query's top ``rerank_k`` ITC candidates by the ITM head (ALBEF's retrieval
     evaluation, reported beside the ITC ranking); 0 = ITC only."""
 
+    def world_size(self, preset: str) -> tuple[int, dict[str, float]]:
+        """Images and split fractions of ``preset``'s world. ``images`` and ``splits`` hold for a preset whose
+        training images keep all their captions. A preset that keeps fewer (``train_captions_per_image``) gets
+        proportionally more training images and the same val and test images, so that every regime trains
+        on the same number of pairs and is tested on the same number of images and captions."""
+        from falcon_cli.data.shapes.config import ShapesConfig, split_sizes
+
+        world = ShapesConfig(preset=preset, images=self.images, splits=self.splits)
+        kept = world.train_captions_per_image or world.captions_per_image
+        if kept == world.captions_per_image:
+            return self.images, dict(self.splits)
+        family = world.near_misses + 1  # (splits are cut by families: a scene and its near misses)
+        sizes = split_sizes(-(-self.images // family), world.splits)
+        sizes["train"] = round(sizes["train"] * world.captions_per_image / kept)
+        families = sum(sizes.values())
+        return families * family, {split: n / families for split, n in sizes.items()}
+
     def data_overrides(self, preset: str, out: Path) -> list[str]:
         """The world of ``preset`` (shared by every run of the regime) and the tokenizer every recipe trains alike."""
-        return [f"data.dataset={out / 'worlds' / preset}", f"data.shapes.preset={preset}", f"data.shapes.images={self.images}",
+        images, splits = self.world_size(preset)
+        return [f"data.dataset={out / 'worlds' / preset}", f"data.shapes.preset={preset}", f"data.shapes.images={images}",
                 f"data.shapes.size={self.size}", "data.shapes.nlvr2_statements_per_image=1", "data.tokenizer_vocab_size=1000",
-                *(f"data.shapes.splits.{split}={fraction}" for split, fraction in self.splits.items()),
+                *(f"data.shapes.splits.{split}={fraction!r}" for split, fraction in splits.items()),
                 f"pretrain.image_size={self.size}", f"pretrain.max_text_length={self.max_text_length}",
                 f"unimodal.image_epochs={self.unimodal_image_epochs}",
                 f"unimodal.text_epochs={self.unimodal_text_epochs}", f"unimodal.extra_images={self.unimodal_extra_images}",
@@ -301,6 +320,9 @@ def world_fingerprint(manifest: dict) -> str:
     if not path.is_file():
         return "unknown"
     config = json.loads(path.read_text())["config"]
+    # Knobs at None are left out: a knob added later whose None leaves worlds as they were (world.json records it
+    # from then on) must not tell a regenerated world from the same world generated before it existed.
+    config = {key: value for key, value in config.items() if value is not None}
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
 
 

@@ -40,6 +40,27 @@ def test_plan_keeps_a_seeds_methods_together_and_the_budgets_meet_the_noise_targ
     assert set(sweep.GATE_METHODS) <= set(sweep.METHODS) and set(sweep.GATE_PRESETS) <= set(sweep.PRESETS)
 
 
+@pytest.mark.parametrize("budget", ["cpu", "gpu", "quick"])
+def test_every_regime_trains_on_as_many_pairs_and_tests_on_the_same_split(budget):
+    """coco-like and medium keep one caption per training image: their worlds get five times the training images
+    and the same val and test images as the budget's world with all five (splits are cut by families of a scene
+    and its three near misses, so the dense world, families of one, differs by less than a family)."""
+    from falcon_cli.data.shapes.config import SPLITS, ShapesConfig, assign_splits
+
+    def counts(world: ShapesConfig) -> tuple[int, int, int]:
+        codes = assign_splits(world)
+        train = int((codes == SPLITS.index("train")).sum()) * (world.train_captions_per_image or world.captions_per_image)
+        return (train, *(int((codes == SPLITS.index(split)).sum()) for split in ("val", "test")))
+
+    b = sweep.BUDGETS[budget]
+    sized = {preset: counts(ShapesConfig(preset=preset, images=images, splits=splits))
+             for preset in sweep.PRESETS for images, splits in [b.world_size(preset)]}
+    every_caption = counts(ShapesConfig(preset="coco-like", images=b.images, splits=b.splits, train_captions_per_image=None))
+    assert sized["coco-like"] == sized["medium"] == every_caption
+    assert all(abs(x - y) <= 4 * 5 for x, y in zip(sized["coco-like"], sized["dense"]))
+    assert b.world_size("dense") == (b.images, b.splits)
+
+
 def test_paired_differences_against_a_hand_computation():
     table = _table({0: 1.0, 1: 2.0, 2: 1.5, 3: 0.5, 4: 1.0})
     d = sweep.paired(table, "coco-like", "grit", "uniform")
@@ -334,11 +355,18 @@ def test_the_world_fingerprint_tells_a_changed_preset_apart(tmp_path):
     from falcon_cli.data.shapes import ShapesConfig, generate_world
 
     now = generate_world(ShapesConfig(preset="coco-like", images=40, size=24), tmp_path / "now").out_dir
-    before = generate_world(ShapesConfig(preset="coco-like", images=40, size=24, scene_captions=0,
+    before = generate_world(ShapesConfig(preset="coco-like", images=40, size=24, scene_captions=0, train_captions_per_image=None,
                                          caption_mix={"position": 1, "relation": 3, "full": 1}), tmp_path / "before").out_dir
     prints = [sweep.world_fingerprint({"config": {"data": {"dataset": str(w)}}}) for w in (now, before, now)]
     assert prints[0] == prints[2] != prints[1] and len(prints[0]) == 12
     assert sweep.world_fingerprint({"config": {"data": {"dataset": str(tmp_path / "gone")}}}) == "unknown"
+    # The same world written before a knob existed (no key in world.json) and after (the knob at its no-op None).
+    older = tmp_path / "older"
+    older.mkdir()
+    world = json.loads((before / "world.json").read_text())
+    assert world["config"].pop("train_captions_per_image", "missing") is None
+    (older / "world.json").write_text(json.dumps(world))
+    assert sweep.world_fingerprint({"config": {"data": {"dataset": str(older)}}}) == prints[1]
 
 
 def test_the_diagnostic_arm_runs_only_when_named():

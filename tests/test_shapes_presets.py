@@ -188,6 +188,29 @@ def test_coco_like_and_medium_share_their_scenes(tmp_path):
     assert (worlds["coco-like"] / "images" / "000007.png").read_bytes() == (worlds["medium"] / "images" / "000007.png").read_bytes()
 
 
+def test_training_images_keep_the_first_of_their_captions_and_the_rest_of_the_world_is_unchanged(tmp_path):
+    """``train_captions_per_image`` (1 in coco-like and medium): a training image keeps the first of the captions it
+    would have had, val and test images keep all five, caption ids stay the rows of captions.parquet, and nothing
+    else moves; no training pair shares its image with another."""
+    worlds = {name: generate_world(ShapesConfig(preset="coco-like", images=160, size=24, train_captions_per_image=kept),
+                                   tmp_path / name).out_dir for name, kept in (("all", None), ("one", 1))}
+    assert ShapesConfig(preset="coco-like").train_captions_per_image == 1
+    full, web = (pq.read_table(worlds[name] / "captions.parquet").to_pandas() for name in ("all", "one"))
+    train = "train"
+    per_image = web.groupby(["split", "image_id"]).size()
+    assert (per_image.loc[train] == 1).all() and (per_image.drop(index=train, level=0) == 5).all()
+    assert web["caption_id"].tolist() == list(range(len(web)))
+    kept = full[(full["split"] != train) | (full["index"] == 0)]
+    assert web["text"].tolist() == kept["text"].tolist() and web["image_id"].tolist() == kept["image_id"].tolist()
+    assert (worlds["all"] / "images" / "000042.png").read_bytes() == (worlds["one"] / "images" / "000042.png").read_bytes()
+    pairs = json.loads((worlds["one"] / "pretrain.json").read_text())
+    assert len(pairs) == len({p["image"] for p in pairs}) == (per_image.loc[train]).size
+    stats = json.loads((worlds["one"] / "world.json").read_text())["statistics"]["false_negative_density"]
+    assert stats["train"]["same_image_pair_rate"] == 0 < stats["test"]["same_image_pair_rate"]
+    with pytest.raises(ValueError, match="train_captions_per_image .6. must be <= captions_per_image .5."):
+        ShapesConfig(train_captions_per_image=6)
+
+
 def test_an_older_world_that_repeats_captions_is_not_reused_silently(tmp_path):
     """A world written before repeats were avoided (simulated: a repeat, and no duplicate count in world.json)."""
     config = ShapesConfig(images=40, seed=1)

@@ -97,6 +97,8 @@ class ShapesConfig(_Section):
     """Relative weights of the caption kinds."""
     captions_per_image: int = Field(5, ge=1, le=20)
     """Captions per image (kinds drawn without replacement while enough kinds are enabled)."""
+    train_captions_per_image: Optional[int] = Field(None, ge=1, le=20)
+    """Captions kept per training image: the first N of the ``captions_per_image`` drawn for it (in the order ``scene_captions`` shuffles them into), so the kept ones follow the same mix. Val and test images keep all. None: all. 1 makes a training batch hold each image once, as in CC3M and the other web corpora the papers pretrain on, where another caption of the anchor's own image, a false negative by construction, is rare."""
     scene_captions: int = Field(0, ge=0, le=20)
     """How many of each image's captions are whole-scene descriptions, each listing the objects in another order (as each of COCO's five captions describes the whole image); at most the scene's orderings (2 for two objects, 6 for three) and ``captions_per_image``; the other captions follow ``caption_mix``. 0: whole-scene descriptions only as ``caption_mix`` draws them (one per scene)."""
     splits: SplitFractions = SplitFractions()
@@ -121,6 +123,9 @@ class ShapesConfig(_Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> "ShapesConfig":
+        if self.train_captions_per_image is not None and self.train_captions_per_image > self.captions_per_image:
+            raise ValueError(f"train_captions_per_image ({self.train_captions_per_image}) must be <= captions_per_image "
+                             f"({self.captions_per_image}): it keeps the first N of each training image's captions")
         if self.min_objects > self.max_objects:
             raise ValueError(f"min_objects ({self.min_objects}) must be <= max_objects ({self.max_objects})")
         codes = assign_splits(self)

@@ -181,9 +181,12 @@ def generate_content(config: ShapesConfig, root: Path, workers: int) -> WorldCon
     _balance_existence(questions, image_split)
 
     captions: list[dict] = []
+    train, kept = SPLITS.index("train"), config.train_captions_per_image
     for i, drawn in enumerate(c for _, chunk, _ in chunks for c in chunk):
+        if kept is not None and image_split[i] == train:
+            drawn = drawn[:kept]  # (every image draws all its captions, so the kept ones are those of the full world)
         for k, caption in enumerate(drawn):
-            caption.update(caption_id=i * config.captions_per_image + k, image_id=i, index=k, split=int(image_split[i]))
+            caption.update(caption_id=len(captions), image_id=i, index=k, split=int(image_split[i]))
             captions.append(caption)
 
     # The oracle judges every caption against every image, once per distinct logical form.
