@@ -7,17 +7,20 @@ name with every value it resolved to. The measured rates of each preset are in d
 
 - ``coco-like``: mostly whole-scene captions, as COCO's: of an image's five, four describe the
   whole scene (each listing the objects in another order) and one names a relation between two of
-  them, every object by size, colour and shape; 2-4 objects from 8 colours and 6 shapes. A random
+  them, every object by size, colour and shape; 2-4 objects from 8 colours and 6 shapes. A training
+  image keeps one of its five captions, as in the web corpora the papers pretrain on. A random
   in-batch negative is almost never a false one (COCO: about 0.15% caption→image). Each drawn scene
   comes with three near misses (one attribute, one cell or one relation changed), so the top
   candidates of a search space are close, and sometimes true (a near miss about one time in ten,
   where the relation caption does not mention what changed). Until issue 34's gate the preset drew
   relations, positions and one whole-scene description per image (``caption_mix.position=1
   caption_mix.relation=3 caption_mix.full=1 scene_captions=0``: a near miss false 27.7% of the
-  time); there GRIT lost to uniform (docs/results.md).
+  time); there GRIT lost to uniform (docs/results.md). Then every training image kept its five
+  captions (``train_captions_per_image=null``), and GRIT's chain walked between captions of one
+  image, false negatives by construction.
 - ``medium``: the same scenes, with relations, positions and one whole-scene description per
-  image, objects named by 1-3 attributes: a random negative is false a few percent of the time, a
-  near miss often.
+  image, objects named by 1-3 attributes, one caption per training image: a random negative is
+  false a few percent of the time, a near miss often.
 - ``dense``: the default world (every caption kind, 1-4 objects, 6 colours, 4 shapes): a random
   negative is false about one time in six. The sweeps up to issue 33 ran in it.
 
@@ -50,11 +53,11 @@ _SCENE_CAPTIONS = {"attribute": 0.0, "combination": 0.0, "position": 0.0, "relat
 
 PRESETS: dict[str, WorldPreset] = {
     "coco-like": WorldPreset(
-        "four whole-scene captions and one relation per image: a random negative is false ~0.1% of the time (COCO: ~0.15%); near misses are the hard negatives",
+        "four whole-scene captions and one relation per image, one of them kept per training image: a random negative is false ~0.02% of the time (COCO: ~0.15%); near misses are the hard negatives",
         {**_NEAR_MISS_SCENES, **_WEB_PAIRS, "min_attributes": 3, "caption_mix": _SCENE_CAPTIONS, "scene_captions": 4},
     ),
     "medium": WorldPreset(
-        "the same scenes with broader captions (objects named by 1-3 attributes): a random negative is false ~3.5% of the time",
+        "the same scenes with broader captions (objects named by 1-3 attributes), one per training image: a random negative is false ~3.3% of the time",
         {**_NEAR_MISS_SCENES, **_WEB_PAIRS, "min_attributes": 1, "caption_mix": _SPECIFIC_KINDS},
     ),
     "dense": WorldPreset(
