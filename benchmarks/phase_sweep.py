@@ -157,8 +157,9 @@ BUDGETS: dict[str, PhaseBudget] = {
     "gpu": PhaseBudget(images=12000, epochs=12, batch=64, space=1000, warmup=100, unimodal_extra_images=20000,
                        unimodal_image_epochs=12, min_lr=1e-5, rerank_k=8, max_text_length=48),
 }
-"""``cpu``: per regime 900 training images (4,500 pairs) and 2,010 test images (10,050 captions: a binomial std of
-about 0.45 points for t2i R@1 near 30%) of 32 pixels, 36 epochs of batch 64, from unimodal encoders trained on 20,000
+"""``cpu``: per regime 4,500 training pairs (``dense``: 900 images with five captions each; ``coco-like`` and
+``medium``: 4,500 images with one each, :meth:`PhaseBudget.world_size`) and about 2,010 test images (10,050
+captions: a binomial std of about 0.45 points for t2i R@1 near 30%) of 32 pixels, 36 epochs of batch 64, from unimodal encoders trained on 20,000
 extra scenes; the evaluation also re-ranks ITC's top 8 by the ITM head. Sized by pilots on ``coco-like``, uniform,
 seed 0 (issue 34's notes; i2t / t2i R@1 on the test split): from encoders that had seen the world's 900 images alone,
 6 epochs of batch 32 levelled off at 5.2 / 3.7; from the encoders with extra scenes (shape read right in 97% of
@@ -172,7 +173,8 @@ here: split it with ``--seeds`` (an interrupted run continues from its last epoc
 ends at ALBEF's 1e-5 (``min_lr``): with the recipes' 1e-4 (a third of the peak, set for runs from random weights)
 the last epoch still moved uniform's i2t R@1 by 3.1 points on average over five seeds (12 epochs), with 1e-5 by
 0.6 (docs/results.md). ``quick``: a smoke test of the pipeline (nothing learns). ``gpu``: a world four times as
-large (3,600 training images, 3,375 steps in 12 epochs, more than the 2,556 of the ``cpu`` budget), not yet run."""
+large (18,000 training pairs, 3,375 steps in 12 epochs, more than the 2,556 of the ``cpu`` budget), not yet run.
+The pilots above ran in the first ``coco-like``; issue 34's notes and docs/results.md have the later worlds' runs."""
 
 
 def changed_budget(budget: PhaseBudget, settings: list[str]) -> PhaseBudget:
