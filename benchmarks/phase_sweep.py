@@ -169,11 +169,12 @@ batch 64 30.2 / 15.4. ITC retrieval stops rising after about 12 epochs, but the 
 uniform's ITM loss leaves the prior near epoch 10 and ends at 0.38, GRIT's (harder batches) near epoch 16, ending
 at 0.56, and re-ranking by ITM then lifts uniform's t2i R@1 from 15.5 to 20.9 (docs/results.md). A 36-epoch run
 takes 68 minutes with another beside it on the 2 cores, so the gate's coco-like half (10 runs) takes about 6 hours
-here: split it with ``--seeds`` (an interrupted run continues from its last epoch), or run it on a GPU. The cosine
+here: split it with ``--seeds`` (an interrupted run continues from its last epoch), or run it on a GPU (on an H200
+ten runs at once took about 20 s an epoch each before two host costs were fixed: docs/results.md). The cosine
 ends at ALBEF's 1e-5 (``min_lr``): with the recipes' 1e-4 (a third of the peak, set for runs from random weights)
 the last epoch still moved uniform's i2t R@1 by 3.1 points on average over five seeds (12 epochs), with 1e-5 by
-0.6 (docs/results.md). ``quick``: a smoke test of the pipeline (nothing learns). ``gpu``: a world four times as
-large (18,000 training pairs, 3,375 steps in 12 epochs, more than the 2,556 of the ``cpu`` budget), not yet run.
+0.6 (docs/results.md). ``quick``: a smoke test of the pipeline (nothing learns). ``gpu``: a larger world
+(30,000 training pairs, 5,628 steps in 12 epochs, against the 2,556 of the ``cpu`` budget), not yet run.
 The pilots above ran in the first ``coco-like``; issue 34's notes and docs/results.md have the later worlds' runs."""
 
 
