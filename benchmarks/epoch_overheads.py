@@ -11,7 +11,8 @@
   backend and, for those not initialised, records a stack trace per call.
 
 A single-process GPU profile of the ``cpu`` phase-sweep budget (H200, one torch thread per run as the sweep
-gives each of its runs) put 20 s of 3 epochs' 113 s in the item seeding and 19 s in the sorts; docs/results.md.
+gives each of its runs) put 20 s of 3 epochs' 113 s in the item seeding (``cProfile`` inflates it about 14x) and
+19 s in the sorts; docs/results.md.
 """
 
 from __future__ import annotations

@@ -113,17 +113,16 @@ class PhaseBudget:
         training images keep all their captions. A preset that keeps fewer (``train_captions_per_image``) gets
         proportionally more training images and the same val and test images, so that every regime trains
         on the same number of pairs and is tested on the same number of images and captions."""
-        from falcon_cli.data.shapes.config import ShapesConfig, split_sizes
+        from falcon_cli.data.shapes.config import ShapesConfig, family_split_sizes
 
         world = ShapesConfig(preset=preset, images=self.images, splits=self.splits)
         kept = world.train_captions_per_image or world.captions_per_image
         if kept == world.captions_per_image:
             return self.images, dict(self.splits)
-        family = world.near_misses + 1  # (splits are cut by families: a scene and its near misses)
-        sizes = split_sizes(-(-self.images // family), world.splits)
+        sizes = family_split_sizes(world)  # (splits are cut by families: a scene and its near misses)
         sizes["train"] = round(sizes["train"] * world.captions_per_image / kept)
         families = sum(sizes.values())
-        return families * family, {split: n / families for split, n in sizes.items()}
+        return families * (world.near_misses + 1), {split: n / families for split, n in sizes.items()}
 
     def data_overrides(self, preset: str, out: Path) -> list[str]:
         """The world of ``preset`` (shared by every run of the regime) and the tokenizer every recipe trains alike."""

@@ -145,7 +145,7 @@ class PretrainDataset(LoadedDataset):
         # augmented the same way whichever worker loads it and in whatever order, which is
         # what makes a resumed run identical to an uninterrupted one. Only the CPU generator is seeded
         # (what the transform draws from): ``torch.manual_seed`` also seeds every accelerator backend, and
-        # an uninitialised one records a stack trace per call (1.5 ms an item, half of a GPU run's epoch).
+        # an uninitialised one records a stack trace per call (about 0.1 ms an item: benchmarks/epoch_overheads.py).
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(item_seed(self.seed, self.epoch, record.pair_id))
             image = self.transform(image)

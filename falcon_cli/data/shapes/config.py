@@ -147,13 +147,18 @@ def split_sizes(images: int, fractions: SplitFractions) -> dict[str, int]:
     return {"train": images - val - test, "val": val, "test": test}
 
 
+def family_split_sizes(config: "ShapesConfig") -> dict[str, int]:
+    """Scene families per split (a scene and its ``near_misses`` share one; the last may be cut short)."""
+    return split_sizes(-(-config.images // (config.near_misses + 1)), config.splits)
+
+
 def assign_splits(config: "ShapesConfig") -> np.ndarray:
     """Split code (index into ``SPLITS``) per image: a seeded permutation of the scene families cut
     by the fractions, so a scene and its near misses always share a split (with ``near_misses`` = 0
     every image is its own family)."""
     family_size = config.near_misses + 1
-    families = -(-config.images // family_size)
-    sizes = split_sizes(families, config.splits)
+    sizes = family_split_sizes(config)
+    families = sum(sizes.values())
     order = stream_generator(config.seed, STREAM_SPLITS).permutation(families)
     family_split = np.empty(families, dtype=np.int8)
     start = 0
