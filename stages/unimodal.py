@@ -109,7 +109,7 @@ def _unimodal(config: Recipe, run: RunDirectory) -> dict:
         loss = sum(F.cross_entropy(logits[n].flatten(0, 1), target[n].flatten()) for n in ATTRIBUTES) / len(ATTRIBUTES)
         return loss, {n: (logits[n].argmax(-1) == target[n]) for n in ATTRIBUTES}
 
-    image_report = _fit(classifier, u.image_epochs, u.batch_size, u.image_lr, u.weight_decay, seed,
+    image_report = _fit(classifier, u.image_epochs, u.batch_size, u.image_lr, u.weight_decay, u.grad_clip, seed,
                         train=(images["train"], labels["train"]), step=image_loss, what="unimodal image")
     image_report.update(_image_accuracy(classifier, image_loss, images["val"], labels["val"], u.batch_size))
     image_report["train_images"], image_report["extra_images"] = len(images["train"]), u.extra_images
@@ -129,7 +129,7 @@ def _unimodal(config: Recipe, run: RunDirectory) -> dict:
         chosen = sample.labels.to(device) != -100
         return out.loss, {"token": (out.logits.argmax(-1) == sample.labels.to(device))[chosen]}
 
-    text_report = _fit(bert, u.text_epochs, u.batch_size, u.text_lr, u.weight_decay, seed + 1,
+    text_report = _fit(bert, u.text_epochs, u.batch_size, u.text_lr, u.weight_decay, u.grad_clip, seed + 1,
                        train=tokens["train"], step=text_loss, what="unimodal text")
     text_report.update(_text_accuracy(text_loss, tokens["val"], u.batch_size, seed))
 
@@ -148,19 +148,24 @@ def _unimodal(config: Recipe, run: RunDirectory) -> dict:
 
 # --- the pieces the story above calls ------------------------------------------------------------------------
 
-def _fit(module: torch.nn.Module, epochs: int, batch_size: int, lr: float, weight_decay: float, seed: int, *,
-         train, step, what: str) -> dict:
-    """Train ``module`` with AdamW (warm-up over the first epoch, cosine to 1% of ``lr``) on ``train``, a tuple of
-    tensors split into shuffled batches along dim 0; ``step(*batch) -> (loss, hits)``. Returns the last loss."""
+def _fit(module: torch.nn.Module, epochs: int, batch_size: int, lr: float, weight_decay: float,
+         grad_clip: float | None, seed: int, *, train, step, what: str) -> dict:
+    """Train ``module`` with AdamW (warm-up over the first epoch, cosine to 1% of ``lr``, the gradient norm clipped
+    to ``grad_clip`` unless None) on ``train``, a tuple of tensors split into shuffled batches along dim 0;
+    ``step(*batch) -> (loss, hits)``. Returns the last loss, the largest gradient norm seen (before clipping) and
+    on how many steps it was clipped."""
     module.train()
     optimizer = build_optimizer(module, lr, weight_decay)
+    parameters = [q for q in module.parameters() if q.requires_grad]
     n = len(train[0])  # (the first of ``train`` is a tensor)
     steps_per_epoch = max(1, n // batch_size)
     total = max(1, epochs * steps_per_epoch)
     order = torch.Generator().manual_seed(seed)
-    loss, done = None, 0
+    limit = math.inf if grad_clip is None else grad_clip
+    loss, done, largest, clipped = None, 0, 0.0, 0
     for epoch in range(epochs):
         tick = time.perf_counter()
+        epoch_largest, epoch_clipped = torch.zeros(()), torch.zeros((), dtype=torch.long)  # (summed without a sync)
         permutation = torch.randperm(n, generator=order)
         for k in track(range(steps_per_epoch), f"{what} epoch {epoch}"):
             rows = permutation[k * batch_size:(k + 1) * batch_size]
@@ -169,11 +174,17 @@ def _fit(module: torch.nn.Module, epochs: int, batch_size: int, lr: float, weigh
             loss, _ = step(*(_take(t, rows) for t in train))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(parameters, limit).detach()  # (the norm before clipping)
+            epoch_largest = torch.maximum(epoch_largest.to(norm.device), norm)
+            epoch_clipped = epoch_clipped.to(norm.device) + (norm > limit)
             optimizer.step()
             done += 1
-        log_epoch(what, epoch, epochs, steps=done, loss=float(loss.detach()), seconds=time.perf_counter() - tick)
+        largest, clipped = max(largest, float(epoch_largest)), clipped + int(epoch_clipped)
+        log_epoch(what, epoch, epochs, steps=done, loss=float(loss.detach()), max_grad_norm=float(epoch_largest),
+                  clipped_steps=int(epoch_clipped), seconds=time.perf_counter() - tick)
     module.eval()
-    return {"epochs": epochs, "steps": done, "final_loss": round(float(loss.detach()), 4) if loss is not None else None}
+    return {"epochs": epochs, "steps": done, "final_loss": round(float(loss.detach()), 4) if loss is not None else None,
+            "max_grad_norm": round(largest, 4), "clipped_steps": clipped}
 
 
 @torch.no_grad()

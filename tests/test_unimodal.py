@@ -4,6 +4,7 @@ and the learning curve (`pretrain.eval_every`) of a run that starts from them.""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
@@ -142,3 +143,52 @@ def test_extra_images_and_a_shared_unimodal_seed(first):
     again = json.loads((first / "f" / "results" / "unimodal.json").read_text())
     assert again["rows"][0]["reused"] is True and again["rows"][0]["weights"] == row["weights"]
     assert report["meta"]["seed"] == again["meta"]["seed"] == 5
+
+
+def _fit_linear(grad_clip, scale=1e3):
+    """Two steps of `_fit` on a linear model whose loss gradient has norm about ``scale``."""
+    import torch
+
+    from stages.unimodal import _fit
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    x = torch.randn(16, 4)
+
+    def step(batch):
+        return scale * model(batch).pow(2).mean(), {}
+
+    before = [p.detach().clone() for p in model.parameters()]
+    report = _fit(model, 1, 8, 1.0, 0.0, grad_clip, 0, train=(x,), step=step, what="test")
+    return report, before, list(model.parameters())
+
+
+def test_fit_clips_the_gradient_norm_and_reports_how_often():
+    """`unimodal.grad_clip`: every step of a loss with a huge gradient is clipped (and counted); without it none is,
+    and the norm before clipping is reported either way."""
+    import torch
+
+    clipped, _, _ = _fit_linear(1.0)
+    free, _, _ = _fit_linear(None)
+    assert clipped["steps"] == free["steps"] == 2
+    assert clipped["clipped_steps"] == 2 and free["clipped_steps"] == 0
+    assert clipped["max_grad_norm"] > 100 and free["max_grad_norm"] > 100
+    gentle, _, _ = _fit_linear(1e6)  # a limit above every norm clips nothing
+    assert gentle["clipped_steps"] == 0 and gentle["max_grad_norm"] == pytest.approx(free["max_grad_norm"])
+    # Clipping changes what AdamW sees: the second step's update differs from the unclipped run's.
+    _, before, after_clipped = _fit_linear(1.0)
+    _, _, after_free = _fit_linear(None)
+    assert not all(torch.allclose(a, b) for a, b in zip(after_clipped, after_free))
+    assert not all(torch.allclose(a, b) for a, b in zip(after_clipped, before))
+
+
+def test_the_clip_is_a_setting_of_the_cache_entry(first):
+    """Encoders trained with another `unimodal.grad_clip` are another entry; the report records the clipping."""
+    ok(run_cli("unimodal", "--recipe", "shapes-demo", "--run-dir", first / "g", f"data.dataset={first / 'world'}", *TINY,
+               "unimodal.grad_clip=null"))
+    row = json.loads((first / "g" / "results" / "unimodal.json").read_text())["rows"][0]
+    assert row["reused"] is False and row["image_clipped_steps"] == 0 and row["image_max_grad_norm"] > 0
+    default = json.loads((first / "a" / "results" / "unimodal.json").read_text())["rows"][0]
+    assert default["weights"] != row["weights"] and "image_clipped_steps" in default
+    report = json.loads((Path(row["weights"]) / "report.json").read_text())
+    assert report["settings"]["grad_clip"] is None

@@ -485,6 +485,10 @@ class UnimodalConfig(Section):
     """Peak AdamW learning rate of the text encoder (same schedule)."""
     weight_decay: float = Field(0.05, ge=0)
     """AdamW weight decay of both."""
+    grad_clip: float | None = Field(1.0, gt=0)
+    """Clip the global gradient norm of both to this value (None = no clipping). Without it a ViT at peak ``image_lr``
+    can diverge for an epoch and end far worse: the third ``coco-like`` world's encoder (seed 0) jumped from loss
+    0.23 to 1.18 in its second epoch and read shape right in 65% of occupied cells instead of ~97%."""
     mlm_probability: float = Field(0.15, gt=0, lt=1)
     """Share of caption tokens masked (BERT's 15%, 80/10/10 as in pretraining's MLM)."""
     cache_dir: Annotated[Path | None, InputPath()] = None
