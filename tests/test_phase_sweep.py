@@ -349,6 +349,23 @@ def test_rows_from_another_world_or_budget_or_an_old_file_are_refused_in_one_lin
     assert proc.returncode != 0 and proc.stderr.strip().splitlines()[-1].startswith("--rows old.csv: no column 'world'")
 
 
+def test_the_budget_names_the_unimodal_clip_so_rows_from_unclipped_encoders_do_not_pair_with_clipped_ones(tmp_path):
+    """Runs from before `unimodal.grad_clip` existed (or with it off) keep their phrase; clipped ones differ, and
+    a ledger mixing them is refused."""
+    def phrase(**unimodal):
+        config = {**CONFIG, "unimodal": {**CONFIG["unimodal"], **unimodal}}
+        return sweep.budget_phrase({"config": config})
+
+    assert phrase() == phrase(grad_clip=None) and "clipped" not in phrase()
+    assert "20 text epochs, gradient norm clipped to 1)" in phrase(grad_clip=1.0)
+    row = {"preset": "coco-like", "method": "uniform", "seed": 1, "R@1": 20.0, "world": "aaaaaaaaaaaa", "budget": phrase()}
+    ledger = tmp_path / "unclipped.csv"
+    pd.DataFrame([row]).to_csv(ledger, index=False)
+    clipped = [{**row, "seed": 0, "budget": phrase(grad_clip=1.0)}]
+    with pytest.raises(SystemExit, match="ran on another budget"):
+        sweep.merge_ledgers(clipped, [ledger])
+
+
 def test_the_world_fingerprint_tells_a_changed_preset_apart(tmp_path):
     """Two worlds of one preset name but other knobs (coco-like before and after issue 34 changed it) differ; the
     same world read twice does not; a world that is gone is `unknown`."""
