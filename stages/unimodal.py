@@ -165,7 +165,8 @@ def _fit(module: torch.nn.Module, epochs: int, batch_size: int, lr: float, weigh
     loss, done, largest, clipped = None, 0, 0.0, 0
     for epoch in range(epochs):
         tick = time.perf_counter()
-        epoch_largest, epoch_clipped = torch.zeros(()), torch.zeros((), dtype=torch.long)  # (summed without a sync)
+        epoch_largest = torch.zeros((), device=parameters[0].device)  # (kept on the device: no sync per step)
+        epoch_clipped = torch.zeros((), dtype=torch.long, device=parameters[0].device)
         permutation = torch.randperm(n, generator=order)
         for k in track(range(steps_per_epoch), f"{what} epoch {epoch}"):
             rows = permutation[k * batch_size:(k + 1) * batch_size]
@@ -174,9 +175,8 @@ def _fit(module: torch.nn.Module, epochs: int, batch_size: int, lr: float, weigh
             loss, _ = step(*(_take(t, rows) for t in train))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            norm = torch.nn.utils.clip_grad_norm_(parameters, limit).detach()  # (the norm before clipping)
-            epoch_largest = torch.maximum(epoch_largest.to(norm.device), norm)
-            epoch_clipped = epoch_clipped.to(norm.device) + (norm > limit)
+            norm = torch.nn.utils.clip_grad_norm_(parameters, limit)  # (the norm before clipping)
+            epoch_largest, epoch_clipped = torch.maximum(epoch_largest, norm), epoch_clipped + (norm > limit)
             optimizer.step()
             done += 1
         largest, clipped = max(largest, float(epoch_largest)), clipped + int(epoch_clipped)
