@@ -27,7 +27,8 @@ is the last report's) whose directories are gone, e.g. seeds trained in an earli
 world it trained on (a fingerprint of its ``world.json``), its budget, commit and machine, and a preset's rows
 must share one world and one budget.
 Writes to OUT: ``worlds/<preset>/`` (with the cached unimodal weights), ``runs/<preset>/<method>-s<seed>/``,
-``results.csv``, ``paired.csv``, ``summary.md`` and ``phase_diagram.png``.
+``results.csv``, ``paired.csv``, ``summary.md``, ``phase_diagram.png``, and the runs' learning curves (R@1 after
+every epoch): ``curves.csv`` and ``phase_curves.png``.
 """
 
 from __future__ import annotations
@@ -382,6 +383,116 @@ def final_epoch_mean(run: Path, key: str) -> float | None:
     return sum(last) / len(last) if last else None
 
 
+def curve_rows(preset: str, method: str, seed: int, run: Path) -> list[dict]:
+    """A run's learning curve, one row per epoch: the zero-shot test R@1 evaluated after the epoch (i2t, t2i, with
+    their 95% intervals, and their mean) and the mean ITM loss of the epoch's steps. Epochs count from 1; a record
+    written twice (a run resumed from a checkpoint) counts once, the later one."""
+    from falcon_cli.runtime.metrics import read_metrics
+
+    records = read_metrics(run / "metrics.jsonl")
+    itm: dict[int, list[float]] = {}
+    evaluations: dict[int, dict] = {}
+    for record in records:
+        if record.get("kind") is None and record.get("itm") is not None:
+            itm.setdefault(record["epoch"], []).append(record["itm"])
+        elif record.get("kind") == "zero_shot":
+            evaluations[record["epoch"]] = record
+    keys = ("i2t_R@1", "i2t_R@1_lo", "i2t_R@1_hi", "t2i_R@1", "t2i_R@1_lo", "t2i_R@1_hi")
+    return [{"preset": preset, "method": method, "seed": seed, "epoch": epoch + 1,
+             **{key: record.get(key) for key in keys}, "R@1": (record["i2t_R@1"] + record["t2i_R@1"]) / 2,
+             "itm": sum(itm[epoch]) / len(itm[epoch]) if itm.get(epoch) else None}
+            for epoch, record in sorted(evaluations.items())]
+
+
+def curves(out: Path, table) -> list[dict]:
+    """The learning curve of every run in ``table`` whose directory is in ``out`` (rows from ``--rows`` have none)."""
+    rows = []
+    for preset, method, seed in zip(table["preset"], table["method"], table["seed"]):
+        run = run_dir(out, preset, method, int(seed))
+        if (run / "metrics.jsonl").exists():
+            rows += curve_rows(preset, method, int(seed), run)
+    return rows
+
+
+def convergence_lines(curve_table) -> list[str]:
+    """Per regime: has uniform's R@1 stopped rising? Its mean over the last quarter of the epochs minus its mean over
+    the quarter before, seed by seed (mean ± std), and how far GRIT's curve sits from it over those last epochs."""
+    lines = []
+    for preset in [p for p in PRESETS if p in set(curve_table["preset"])]:
+        rows = curve_table[curve_table["preset"] == preset]
+        uniform = rows[rows["method"] == "uniform"].pivot_table(index="epoch", columns="seed", values="R@1")
+        uniform = uniform.dropna(axis=1)  # (seeds evaluated after every epoch only)
+        epochs = len(uniform)
+        width = epochs // 4
+        if width < 1 or uniform.shape[1] == 0:
+            continue
+        late, before = uniform.iloc[-width:].mean(), uniform.iloc[-2 * width:-width].mean()
+        rise = late - before
+        spread = f" ± {rise.std(ddof=1):.2f}" if len(rise) > 1 else ""
+        last = uniform.index[-1]
+        line = (f"`{preset}`: uniform's R@1 changed by {rise.mean():+.2f}{spread} points from epochs "
+                f"{_span(uniform.index[-2 * width], uniform.index[-width - 1])} to {_span(uniform.index[-width], last)} "
+                f"(mean of each window, seed by seed over {uniform.shape[1]} seeds); after epoch {last}: "
+                f"{uniform.iloc[-1].mean():.1f}")
+        grit = rows[rows["method"] == "grit"].pivot_table(index="epoch", columns="seed", values="R@1")
+        seeds = sorted(set(grit.columns) & set(uniform.columns))
+        if seeds and set(uniform.index[-width:]) <= set(grit.index):
+            gap = (grit.loc[uniform.index[-width:], seeds] - uniform.loc[uniform.index[-width:], seeds]).mean()
+            spread = f" ± {gap.std(ddof=1):.2f}" if len(gap) > 1 else ""
+            line += (f". GRIT − uniform over those last {width} epochs: {gap.mean():+.2f}{spread} "
+                     f"(positive on {int((gap > 0).sum())} of {len(gap)} seeds)")
+        lines.append(line + ".")
+    return lines
+
+
+def _span(first: int, last: int) -> str:
+    """A window of epochs in words: ``3`` or ``3–5``."""
+    return f"{first}" if first == last else f"{first}–{last}"
+
+
+def curve_figure(curve_table, out: Path) -> Path:
+    """Per regime: each method's R@1 after every epoch (mean ± std over seeds), each method's paired difference from
+    uniform, and the ITM loss, against the epoch."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    presets = [p for p in PRESETS if p in set(curve_table["preset"])]
+    fig, axes = plt.subplots(len(presets), 3, figsize=(15, 4.2 * len(presets)), squeeze=False)
+    for row, preset in zip(axes, presets):
+        rows = curve_table[curve_table["preset"] == preset]
+        methods = [m for m in METHODS if m in set(rows["method"])]
+        uniform = rows[rows["method"] == "uniform"].pivot_table(index="epoch", columns="seed", values="R@1")
+        for method in methods:
+            colour = f"C{list(METHODS).index(method)}"
+            for ax, key in ((row[0], "R@1"), (row[2], "itm")):
+                wide = rows[rows["method"] == method].pivot_table(index="epoch", columns="seed", values=key)
+                if wide.empty:
+                    continue
+                mean, std = wide.mean(axis=1), wide.std(axis=1, ddof=1).fillna(0)
+                ax.plot(mean.index, mean, color=colour, label=f"{method} ({wide.shape[1]} seeds)")
+                ax.fill_between(mean.index, mean - std, mean + std, color=colour, alpha=0.2)
+            wide = rows[rows["method"] == method].pivot_table(index="epoch", columns="seed", values="R@1")
+            seeds = sorted(set(wide.columns) & set(uniform.columns))
+            if method != "uniform" and seeds:
+                diff = (wide[seeds] - uniform[seeds]).dropna()
+                mean, std = diff.mean(axis=1), diff.std(axis=1, ddof=1).fillna(0)
+                row[1].plot(mean.index, mean, color=colour, label=f"{method} − uniform ({len(seeds)} paired seeds)")
+                row[1].fill_between(mean.index, mean - std, mean + std, color=colour, alpha=0.2)
+        row[1].axhline(0, color="grey", lw=0.8)
+        row[2].axhline(ITM_PRIOR, color="grey", lw=0.8, ls="--", label="ITM prior (nothing learned)")
+        for ax, title in zip(row, ("R@1 (%, ITC, test split)", "paired difference in R@1 (points)", "ITM loss")):
+            ax.set_title(f"{preset}: {title}")
+            ax.set_xlabel("epoch")
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "phase_curves.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 # --- the statistics -----------------------------------------------------------------------------------------------
 
 def paired(table, preset: str, method: str, reference: str, metric: str = "R@1") -> dict | None:
@@ -400,9 +511,22 @@ def paired(table, preset: str, method: str, reference: str, metric: str = "R@1")
         return None
     diff = np.array([a[s] - b[s] for s in seeds], dtype=float)
     std = float(diff.std(ddof=1)) if len(diff) > 1 else float("nan")
+    positive, negative = int((diff > 0).sum()), int((diff < 0).sum())
+    t = float(diff.mean() / (std / math.sqrt(len(diff)))) if len(diff) > 1 and std > 0 else float("nan")
     return {"preset": preset, "method": method, "reference": reference, "metric": metric, "seeds": len(seeds),
-            "mean": float(diff.mean()), "std": std, "positive": int((diff > 0).sum()), "negative": int((diff < 0).sum()),
-            "beyond_2std": bool(len(diff) > 1 and abs(diff.mean()) > 2 * std), "per_seed": diff.round(4).tolist()}
+            "mean": float(diff.mean()), "std": std, "positive": positive, "negative": negative,
+            "beyond_2std": bool(len(diff) > 1 and abs(diff.mean()) > 2 * std), "t": t,
+            "sign_p": sign_test(positive, negative), "per_seed": diff.round(4).tolist()}
+
+
+def sign_test(positive: int, negative: int) -> float:
+    """The exact two-sided sign test's p-value: how often a fair coin over the ``positive + negative`` seeds whose
+    difference is not zero gives a split at least this uneven (1.0 with no such seed)."""
+    n = positive + negative
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(positive, negative) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
 
 
 def difference_phrase(d: dict) -> str:
@@ -424,6 +548,10 @@ def gate(table) -> tuple[bool | None, list[str]]:
         verdicts.append(_verdict(ok, sparse))
         lines.append(f"- `coco-like`, GRIT − uniform R@1: {_difference(sparse)}: " + _words(
             verdicts[-1], "**passes** (GRIT ahead by more than 2 std).", "**fails** (needs GRIT ahead by more than 2 std)."))
+        rerank = paired(table, "coco-like", "grit", "uniform", metric="rerank_R@1")
+        if rerank is not None and rerank["seeds"] > 1:  # (beside the verdict, which stays on the ITC ranking)
+            lines.append(f"  With ALBEF's evaluation (ITC's top k re-ranked by the ITM head; not what the gate judges): "
+                         f"{_difference(rerank)}, " + ("beyond" if rerank["beyond_2std"] else "within") + " 2 std.")
     dense = paired(table, "dense", "grit", "q05")
     chain = paired(table, "dense", "grit", "q05", metric="fn_rate_chain")
     if dense is None or chain is None:
@@ -449,8 +577,12 @@ def _words(verdict: bool | None, passes: str, fails: str) -> str:
 
 
 def _difference(d: dict) -> str:
+    """A difference in the gate's words: mean ± std over seeds, how many positive, and (with 3+ seeds) the paired t
+    and the sign test, which ask a weaker question than the gate's 2 std: is the mean difference not zero?"""
     std = "n/a" if d["std"] != d["std"] else f"{d['std']:.2f}"
-    return f"{d['mean']:+.2f} ± {std} over {d['seeds']} seeds (positive on {d['positive']})"
+    tests = (f"; paired t {d['t']:.2f} on {d['seeds'] - 1} df, sign test p = {d['sign_p']:.3f}"
+             if d["seeds"] > 2 and d["t"] == d["t"] else "")
+    return f"{d['mean']:+.2f} ± {std} over {d['seeds']} seeds (positive on {d['positive']}{tests})"
 
 
 # --- the report ---------------------------------------------------------------------------------------------------
@@ -604,14 +736,27 @@ def budget_phrase(manifest: dict) -> str:
             f"|M| {p['search_space_size']}")
 
 
-def write_report(report: Path, out: Path, table, command: str, jobs: int, figure_path: Path) -> None:
-    """Rewrite the page's ``phase`` block from the sweep's table; copy the CSV and figure to ``docs/results/``."""
+def write_report(report: Path, out: Path, table, command: str, jobs: int, figure_path: Path, curve_table=None) -> None:
+    """Rewrite the page's ``phase`` block from the sweep's table; copy the CSVs and figures to ``docs/results/``
+    (the learning curves too when OUT holds the runs' directories; an earlier report's curves are removed when not,
+    so the page never shows curves of other runs)."""
     import shutil
 
     assets = report.parent / "results"
     assets.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(out / "results.csv", assets / "phase_results.csv")
     shutil.copyfile(figure_path, assets / "phase_diagram.png")
+    curve_lines = []
+    if curve_table is not None and len(curve_table):
+        shutil.copyfile(out / "curves.csv", assets / "phase_curves.csv")
+        shutil.copyfile(out / "phase_curves.png", assets / "phase_curves.png")
+        runs = curve_table.groupby(["preset", "method", "seed"]).ngroups
+        curve_lines = ["", f"**Learning curves** (zero-shot test R@1 after every epoch, {runs} of the {len(table)} runs; "
+                       "`results/phase_curves.csv`):", "", *[f"- {line}" for line in convergence_lines(curve_table)], "",
+                       "![the learning curves](results/phase_curves.png)"]
+    else:
+        for name in ("phase_curves.csv", "phase_curves.png"):
+            (assets / name).unlink(missing_ok=True)
     commits = sorted({f"`{c[:7]}`{c[7:]}" for c in table["commit"]})
     machines = sorted(set(table["machine"]))
     passed, gate_lines = gate(table)
@@ -622,7 +767,7 @@ def write_report(report: Path, out: Path, table, command: str, jobs: int, figure
              f"**Budget** (from the runs' manifests): {'; '.join(sorted(set(table['budget'])))}.", "",
              "**The gate** (the premise the papers start from): " + {True: "passed.", False: "failed.",
                                                                       None: "not complete yet."}[passed], "", *gate_lines, "",
-             *summary_lines(table, out), "", "![the phase diagram](results/phase_diagram.png)"]
+             *summary_lines(table, out), "", "![the phase diagram](results/phase_diagram.png)", *curve_lines]
     replace_block(report, "<!-- phase:begin -->", "<!-- phase:end -->", lines)
 
 
@@ -692,9 +837,14 @@ def main() -> None:
         (out / "summary.md").write_text("\n".join(["Gate: " + str(passed), *gate_lines, "", *summary_lines(table, out)]) + "\n")
         print((out / "summary.md").read_text())
         path = figure(table, out)
+        curve_table = pd.DataFrame(curves(out, table))
+        if len(curve_table):
+            curve_table.to_csv(out / "curves.csv", index=False, float_format="%.4f")
+            curve_figure(curve_table, out)
+            print("\n".join(convergence_lines(curve_table)))
         if args.report:
             command = "PYTHONPATH=. .venv/bin/python benchmarks/phase_sweep.py " + " ".join(sys.argv[1:])
-            write_report(args.report.resolve(), out, table, command, 0 if args.collect else args.jobs, path)
+            write_report(args.report.resolve(), out, table, command, 0 if args.collect else args.jobs, path, curve_table)
     if failures:
         raise SystemExit(f"{len(failures)} run(s) failed:\n" + "\n".join(failures))
 

@@ -69,7 +69,15 @@ def test_paired_differences_against_a_hand_computation():
     std = (sum((x - mean) ** 2 for x in diffs) / 4) ** 0.5
     assert d["mean"] == pytest.approx(mean) and d["std"] == pytest.approx(std) and d["seeds"] == 5
     assert d["positive"] == 5 and d["beyond_2std"] == (mean > 2 * std) and d["per_seed"] == diffs
+    assert d["t"] == pytest.approx(mean / (std / 5 ** 0.5)) and d["sign_p"] == pytest.approx(2 / 2 ** 5)
     assert sweep.paired(table, "coco-like", "mafa", "uniform") is None
+
+
+def test_the_sign_test_against_binomial_counts():
+    assert sweep.sign_test(9, 0) == pytest.approx(2 / 512)  # all nine seeds one way
+    assert sweep.sign_test(6, 3) == pytest.approx(2 * (1 + 9 + 36 + 84) / 512)  # P(at most 3 of 9), both tails
+    assert sweep.sign_test(3, 6) == sweep.sign_test(6, 3)
+    assert sweep.sign_test(5, 5) == 1.0 and sweep.sign_test(0, 0) == 1.0  # (ties at zero are not counted)
 
 
 def test_the_gate_passes_only_when_both_halves_clear_two_standard_deviations():
@@ -393,3 +401,63 @@ def test_the_diagnostic_arm_runs_only_when_named():
     assert sweep.selected_methods(True, None) == list(sweep.GATE_METHODS)
     assert sweep.selected_methods(False, ["grit-mask", "uniform"]) == ["uniform", "grit-mask"]
     assert sweep.METHODS["grit-mask"] == ("shapes-grit", ["pretrain.same_image=mask"])
+
+
+def _zero_shot(epoch: int, i2t: float, t2i: float) -> dict:
+    return {"step": 10 * (epoch + 1), "epoch": epoch, "kind": "zero_shot", "i2t_R@1": i2t, "i2t_R@1_lo": i2t - 2,
+            "i2t_R@1_hi": i2t + 2, "t2i_R@1": t2i, "t2i_R@1_lo": t2i - 1, "t2i_R@1_hi": t2i + 1}
+
+
+def test_a_runs_curve_counts_epochs_from_one_and_a_resumed_runs_repeated_record_once(tmp_path):
+    records = [{"step": 1, "epoch": 0, "itm": 0.6}, {"step": 2, "epoch": 0, "itm": 0.4}, _zero_shot(0, 30.0, 20.0),
+               {"step": 3, "epoch": 1, "itm": 0.5}, _zero_shot(1, 40.0, 30.0),
+               _zero_shot(1, 44.0, 32.0), {"step": 3, "epoch": 1, "itm": 0.3}]  # (epoch 1 again, after a resume)
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"torn')
+    rows = sweep.curve_rows("coco-like", "grit", 3, tmp_path)
+    assert [r["epoch"] for r in rows] == [1, 2]
+    assert rows[0]["R@1"] == 25.0 and rows[0]["itm"] == pytest.approx(0.5) and rows[0]["t2i_R@1_hi"] == 21.0
+    assert rows[1]["R@1"] == 38.0 and rows[1]["i2t_R@1"] == 44.0 and rows[1]["itm"] == pytest.approx(0.4)
+    assert rows[1]["method"] == "grit" and rows[1]["seed"] == 3
+
+
+def test_the_convergence_line_compares_the_last_quarter_of_epochs_with_the_one_before():
+    rows = []
+    for seed, slope in ((0, 1.0), (1, 2.0)):
+        for epoch in range(1, 9):  # 8 epochs: windows 5-6 and 7-8
+            rows.append({"preset": "coco-like", "method": "uniform", "seed": seed, "epoch": epoch, "R@1": slope * epoch})
+            rows.append({"preset": "coco-like", "method": "grit", "seed": seed, "epoch": epoch,
+                         "R@1": slope * epoch + (1.0 if seed == 0 else -0.5)})
+    (line,) = sweep.convergence_lines(pd.DataFrame(rows))
+    # uniform rises by 2 (seed 0) and 4 (seed 1) points between the windows: mean 3, std 1.41
+    assert line.startswith("`coco-like`: uniform's R@1 changed by +3.00 ± 1.41 points from epochs 5–6 to 7–8")
+    assert "after epoch 8: 12.0" in line and "GRIT − uniform over those last 2 epochs: +0.25 ± 1.06 (positive on 1 of 2 seeds)" in line
+    assert sweep.convergence_lines(pd.DataFrame(rows[:6])) == []  # (3 epochs: no quarter to compare)
+
+
+def test_collect_writes_the_learning_curves_and_the_report_shows_them_only_for_runs_it_holds(tmp_path):
+    out = tmp_path / "sweep"
+    for seed in range(2):
+        for method, r1 in (("uniform", 20.0 + seed), ("grit", 21.0 + seed)):
+            run = sweep.run_dir(out, "coco-like", method, seed)
+            _finished_run(run, method, r1)
+            with (run / "metrics.jsonl").open("a") as f:
+                for epoch in range(4):
+                    f.write(json.dumps(_zero_shot(epoch, r1 + epoch, r1 + epoch)) + "\n")
+    report = tmp_path / "results.md"
+    report.write_text("<!-- phase:begin -->\n<!-- phase:end -->\n")
+    proc = _collect(out, report, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    curves = pd.read_csv(out / "curves.csv")
+    assert len(curves) == 16 and sorted(curves["epoch"].unique()) == [1, 2, 3, 4]
+    assert (out / "phase_curves.png").stat().st_size > 0 and (tmp_path / "results" / "phase_curves.png").exists()
+    page = report.read_text()
+    assert "**Learning curves** (zero-shot test R@1 after every epoch, 4 of the 4 runs" in page
+    assert "uniform's R@1 changed by +1.00 ± 0.00 points from epochs 3 to 4" in page
+    assert "![the learning curves](results/phase_curves.png)" in page
+
+    # Rows whose runs are gone (--rows) have no curves: the page and docs/results/ then show none, not stale ones.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = _collect(elsewhere, report, "--rows", str(out / "results.csv"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "Learning curves" not in report.read_text() and not (tmp_path / "results" / "phase_curves.png").exists()
