@@ -374,13 +374,21 @@ ITM_PRIOR = -(math.log(1 / 3) / 3 + 2 * math.log(2 / 3) / 3)
 entropy of 1/3 (0.637)."""
 
 
+def epoch_means(records: list[dict], key: str) -> dict[int, float]:
+    """Per epoch (0-based, as recorded), the mean of ``key`` over its training-step records (``metrics.jsonl``)."""
+    values: dict[int, list[float]] = {}
+    for record in records:
+        if record.get("kind") is None and record.get(key) is not None:
+            values.setdefault(record["epoch"], []).append(record[key])
+    return {epoch: sum(v) / len(v) for epoch, v in values.items()}
+
+
 def final_epoch_mean(run: Path, key: str) -> float | None:
     """The mean of ``key`` over the training-step records of the run's last epoch (``metrics.jsonl``)."""
     from falcon_cli.runtime.metrics import read_metrics
 
-    steps = [r for r in read_metrics(run / "metrics.jsonl") if r.get("kind") is None and r.get(key) is not None]
-    last = [r[key] for r in steps if r["epoch"] == steps[-1]["epoch"]] if steps else []
-    return sum(last) / len(last) if last else None
+    means = epoch_means(read_metrics(run / "metrics.jsonl"), key)
+    return means[max(means)] if means else None
 
 
 def curve_rows(preset: str, method: str, seed: int, run: Path) -> list[dict]:
@@ -390,18 +398,12 @@ def curve_rows(preset: str, method: str, seed: int, run: Path) -> list[dict]:
     from falcon_cli.runtime.metrics import read_metrics
 
     records = read_metrics(run / "metrics.jsonl")
-    itm: dict[int, list[float]] = {}
-    evaluations: dict[int, dict] = {}
-    for record in records:
-        if record.get("kind") is None and record.get("itm") is not None:
-            itm.setdefault(record["epoch"], []).append(record["itm"])
-        elif record.get("kind") == "zero_shot":
-            evaluations[record["epoch"]] = record
+    itm = epoch_means(records, "itm")
+    evaluations = {record["epoch"]: record for record in records if record.get("kind") == "zero_shot"}  # (later wins)
     keys = ("i2t_R@1", "i2t_R@1_lo", "i2t_R@1_hi", "t2i_R@1", "t2i_R@1_lo", "t2i_R@1_hi")
     return [{"preset": preset, "method": method, "seed": seed, "epoch": epoch + 1,
              **{key: record.get(key) for key in keys}, "R@1": (record["i2t_R@1"] + record["t2i_R@1"]) / 2,
-             "itm": sum(itm[epoch]) / len(itm[epoch]) if itm.get(epoch) else None}
-            for epoch, record in sorted(evaluations.items())]
+             "itm": itm.get(epoch)} for epoch, record in sorted(evaluations.items())]
 
 
 def curves(out: Path, table) -> list[dict]:
@@ -450,6 +452,13 @@ def _span(first: int, last: int) -> str:
     return f"{first}" if first == last else f"{first}–{last}"
 
 
+def _band(ax, wide, colour: str, label: str) -> None:
+    """An epoch × seed table as its mean over seeds, with a ± 1 std band (none with one seed)."""
+    mean, std = wide.mean(axis=1), wide.std(axis=1, ddof=1).fillna(0)
+    ax.plot(mean.index, mean, color=colour, label=label)
+    ax.fill_between(mean.index, mean - std, mean + std, color=colour, alpha=0.2)
+
+
 def curve_figure(curve_table, out: Path) -> Path:
     """Per regime: each method's R@1 after every epoch (mean ± std over seeds), each method's paired difference from
     uniform, and the ITM loss, against the epoch."""
@@ -466,20 +475,15 @@ def curve_figure(curve_table, out: Path) -> Path:
         uniform = rows[rows["method"] == "uniform"].pivot_table(index="epoch", columns="seed", values="R@1")
         for method in methods:
             colour = f"C{list(METHODS).index(method)}"
-            for ax, key in ((row[0], "R@1"), (row[2], "itm")):
-                wide = rows[rows["method"] == method].pivot_table(index="epoch", columns="seed", values=key)
-                if wide.empty:
-                    continue
-                mean, std = wide.mean(axis=1), wide.std(axis=1, ddof=1).fillna(0)
-                ax.plot(mean.index, mean, color=colour, label=f"{method} ({wide.shape[1]} seeds)")
-                ax.fill_between(mean.index, mean - std, mean + std, color=colour, alpha=0.2)
-            wide = rows[rows["method"] == method].pivot_table(index="epoch", columns="seed", values="R@1")
-            seeds = sorted(set(wide.columns) & set(uniform.columns))
+            mine = rows[rows["method"] == method]
+            r1 = mine.pivot_table(index="epoch", columns="seed", values="R@1")
+            _band(row[0], r1, colour, f"{method} ({r1.shape[1]} seeds)")
+            itm = mine.pivot_table(index="epoch", columns="seed", values="itm")
+            if not itm.empty:
+                _band(row[2], itm, colour, f"{method} ({itm.shape[1]} seeds)")
+            seeds = sorted(set(r1.columns) & set(uniform.columns))
             if method != "uniform" and seeds:
-                diff = (wide[seeds] - uniform[seeds]).dropna()
-                mean, std = diff.mean(axis=1), diff.std(axis=1, ddof=1).fillna(0)
-                row[1].plot(mean.index, mean, color=colour, label=f"{method} − uniform ({len(seeds)} paired seeds)")
-                row[1].fill_between(mean.index, mean - std, mean + std, color=colour, alpha=0.2)
+                _band(row[1], (r1[seeds] - uniform[seeds]).dropna(), colour, f"{method} − uniform ({len(seeds)} paired seeds)")
         row[1].axhline(0, color="grey", lw=0.8)
         row[2].axhline(ITM_PRIOR, color="grey", lw=0.8, ls="--", label="ITM prior (nothing learned)")
         for ax, title in zip(row, ("R@1 (%, ITC, test split)", "paired difference in R@1 (points)", "ITM loss")):
