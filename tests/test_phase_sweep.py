@@ -82,7 +82,10 @@ def test_the_sign_test_against_binomial_counts():
 
 def test_the_gate_passes_only_when_both_halves_clear_two_standard_deviations():
     passed, lines = sweep.gate(_table({0: 1.0, 1: 1.2, 2: 0.9, 3: 1.1, 4: 1.0}))
-    assert passed is True and all("passes" in line for line in lines)
+    assert passed is True and all("passes" in line for line in lines if not line.startswith("  "))
+    # Beside the dense verdict, not part of it: GRIT − q = 0.5 in FN-aware R@1 (here the same as in R@1).
+    assert lines[-1].startswith("  FN-aware R@1") and "-2.00 ± 0.38 over 5 seeds (positive on 0" in lines[-1]
+    assert lines[-1].endswith("beyond 2 std.")
     noisy = {0: 3.0, 1: -1.0, 2: 2.0, 3: -0.5, 4: 1.0}  # GRIT ahead on average, but within the seed noise
     passed, lines = sweep.gate(_table(noisy))
     assert passed is False and "fails" in lines[0] and "passes" in lines[1]
@@ -93,10 +96,17 @@ def test_the_gate_passes_only_when_both_halves_clear_two_standard_deviations():
     assert passed is None and "not both run" in lines[1]
     clear = _table({s: 1.0 + 0.1 * s for s in range(5)})
     passed, lines = sweep.gate(clear[clear["seed"] < 2])  # clear on two seeds, but two say too little
-    assert passed is None and all("no verdict before 5 paired seeds" in line for line in lines)
+    assert passed is None and all("no verdict before 5 paired seeds" in line for line in lines if not line.startswith("  "))
     noisy_table = _table(noisy)
     passed, lines = sweep.gate(noisy_table[noisy_table["preset"] == "coco-like"])
     assert passed is False and "fails" in lines[0]  # one failed half decides it, the other still missing
+
+
+def test_the_budget_line_names_each_regime_only_when_their_budgets_differ():
+    table = pd.DataFrame({"preset": ["dense", "coco-like", "coco-like", "dense"], "budget": ["B", "A", "A", "B"]})
+    assert sweep.budget_lines(table) == "`coco-like`: A; `dense`: B"  # sparse to dense, whatever the row order
+    table["budget"] = "A"
+    assert sweep.budget_lines(table) == "A"
 
 
 def test_summary_and_report_block(tmp_path):
