@@ -465,6 +465,14 @@ def test_collect_writes_the_learning_curves_and_the_report_shows_them_only_for_r
     assert "uniform's R@1 changed by +1.00 ± 0.00 points from epochs 3 to 4" in page
     assert "![the learning curves](results/phase_curves.png)" in page
 
+    # A regime whose runs hold no uniform has no paired difference to draw: the panel says so, with no warning.
+    import warnings
+
+    curves = pd.read_csv(out / "curves.csv")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert sweep.curve_figure(curves[curves["method"] == "grit"], tmp_path).stat().st_size > 0
+
     # Rows whose runs are gone (--rows) have no curves: the page and docs/results/ then show none, not stale ones.
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
