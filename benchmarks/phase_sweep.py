@@ -557,8 +557,8 @@ def gate(table) -> tuple[bool | None, list[str]]:
             verdicts[-1], "**passes** (GRIT ahead by more than 2 std).", "**fails** (needs GRIT ahead by more than 2 std)."))
         rerank = paired(table, "coco-like", "grit", "uniform", metric="rerank_R@1")
         if rerank is not None and rerank["seeds"] > 1:  # (beside the verdict, which stays on the ITC ranking)
-            lines.append(f"  With ALBEF's evaluation (ITC's top k re-ranked by the ITM head; not what the gate judges): "
-                         f"{_difference(rerank)}, " + ("beyond" if rerank["beyond_2std"] else "within") + " 2 std.")
+            lines.append(_aside("With ALBEF's evaluation (ITC's top k re-ranked by the ITM head; not what the gate "
+                                "judges)", rerank))
     dense = paired(table, "dense", "grit", "q05")
     chain = paired(table, "dense", "grit", "q05", metric="fn_rate_chain")
     if dense is None or chain is None:
@@ -572,11 +572,15 @@ def gate(table) -> tuple[bool | None, list[str]]:
             "**fails** (needs GRIT behind and its chain FN rate above q = 0.5's, both beyond 2 std)."))
         aware = paired(table, "dense", "grit", "q05", metric="oracle_R@1")
         if aware is not None and aware["seeds"] > 1:  # (beside the verdict: standard R@1 is capped here, see below)
-            lines.append(f"  FN-aware R@1 (every true match counts; in a world this dense a caption truly describes "
-                         f"several test images, which caps standard R@1; not what the gate judges): {_difference(aware)}, "
-                         + ("beyond" if aware["beyond_2std"] else "within") + " 2 std.")
+            lines.append(_aside("FN-aware R@1 (every true match counts; in a world this dense a caption truly describes "
+                                "several test images, which caps standard R@1; not what the gate judges)", aware))
     passed = False if False in verdicts else None if None in verdicts else True  # (one failed half fails it)
     return passed, lines
+
+
+def _aside(what: str, d: dict) -> str:
+    """An indented line beside a half's verdict: another metric's difference, and whether it clears 2 std."""
+    return f"  {what}: {_difference(d)}, " + ("beyond" if d["beyond_2std"] else "within") + " 2 std."
 
 
 def _verdict(ok: bool, d: dict) -> bool | None:
