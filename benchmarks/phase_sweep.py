@@ -58,13 +58,16 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "falcon": ("shapes-falcon", []),
     "falcon-margin": ("shapes-falcon-margin", []),
     "grit-mask": ("shapes-grit", ["pretrain.same_image=mask"]),
+    "grit-oracle": ("shapes-grit", ["pretrain.oracle_negatives=mask"]),
 }
 """Method -> (shipped recipe, extra overrides): uniform batches, GRIT (q = 1), a fixed q = 0.5, MAFA and GloFND
 (the false-negative methods), paper-exact FALCON and FALCON with the positive-margin reward; and ``grit-mask``, a
 diagnostic run only when named (``--only``): GRIT with the pairs that share the anchor's image kept out of the ITC
-denominators and ITM mining (``pretrain.same_image: mask``), which tells how much of GRIT's result is those pairs."""
+denominators and ITM mining (``pretrain.same_image: mask``), which tells how much of GRIT's result is those pairs;
+and ``grit-oracle``, GRIT with every pair the oracle says truly matches kept out the same way
+(``pretrain.oracle_negatives: mask``): what the false negatives cost GRIT, the most a false-negative method could win."""
 
-DIAGNOSTICS = ("grit-mask",)
+DIAGNOSTICS = ("grit-mask", "grit-oracle")
 """Methods the sweep runs only when ``--only`` names them (not part of the phase diagram)."""
 
 GATE_METHODS = ("uniform", "grit", "q05")

@@ -35,6 +35,7 @@ from falcon_cli.config.schema import Recipe
 from falcon_cli.data.datasets import pretrain_dataset
 from falcon_cli.data.pairs import records_fingerprint
 from falcon_cli.data.shared_images import SharedImages
+from falcon_cli.objectives.false_negative_builder import excluded_negatives
 from falcon_cli.data.spec import load_spec
 from falcon_cli.errors import FalconError
 from falcon_cli.judges import load_judge
@@ -100,7 +101,7 @@ def _audit(config: Recipe, run: RunDirectory) -> dict:
 
     # 2. The negatives the run used, over whole steps evenly spread within the budget.
     negatives = used_negatives(log, kinds=a.negatives, features=features, max_pairs=a.max_pairs, max_steps=a.steps,
-                               same_image=shared.mask if config.pretrain.same_image == "mask" else None)
+                               same_image=excluded_negatives(config.pretrain, spec, dataset.records))
     if negatives.empty:
         raise FalconError(f"{log_path}: no {' or '.join(a.negatives)} negatives to audit (uniform batches have no chain "
                           "negatives: add itm to audit.negatives; or raise audit.max_pairs)")

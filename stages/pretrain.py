@@ -41,7 +41,6 @@ from falcon_cli.data.collate import PretrainCollate
 from falcon_cli.data.datasets import pretrain_dataset, retrieval_dataset
 from falcon_cli.data.pairs import records_fingerprint
 from falcon_cli.data.preloaded import PreloadedImages
-from falcon_cli.data.shared_images import SharedImages
 from falcon_cli.data.spec import load_spec
 from falcon_cli.data.tokenizer import load_run_tokenizer
 from falcon_cli.data.transforms import build_transform
@@ -51,7 +50,7 @@ from falcon_cli.frameworks import build_objective, model_framework, model_overri
 from falcon_cli.judges.oracle import in_batch_truth
 from falcon_cli.models.albef_checkpoint import load_albef_checkpoint
 from falcon_cli.models.registry import create_model
-from falcon_cli.objectives.false_negative_builder import build_false_negatives
+from falcon_cli.objectives.false_negative_builder import build_false_negatives, excluded_negatives
 from falcon_cli.objectives.false_negatives import FlagsAgainstOracle, StepContext
 from falcon_cli.objectives.itc import alpha_ramp
 from falcon_cli.objectives.mlm import MlmMask
@@ -115,7 +114,9 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
     # image (false negatives by construction) out of the ITC denominators and ITM mining.
     method, truth = build_false_negatives(config, spec, dataset, device, run,
                                           warn=lambda line: console.print(f"[yellow]warning:[/] {line}"))
-    shared_images = SharedImages(dataset.records, device) if p.same_image == "mask" else None
+    # `oracle_negatives: mask` (a diagnostic) keeps every truly matching pair out the same way.
+    excluded = excluded_negatives(p, spec, dataset.records, device, check=False)
+    masked_key = "oracle_masked" if p.oracle_negatives == "mask" else "same_image_masked"  # (metrics.jsonl)
     objective = build_objective(framework, model, p, method).to(device)
     false_negatives = objective.false_negatives  # (the method, or the framework's plain ITC)
     if p.compile:
@@ -201,7 +202,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
             set_learning_rate(optimizer, lr)
             inputs, pair_ids = step_inputs(batch, device, preloaded, generators["mask"] if framework.masked_language
                                            else None, p.mlm_probability, special)
-            same_image = shared_images.mask(pair_ids, check=False) if shared_images is not None else None
+            same_image = excluded(pair_ids) if excluded is not None else None
             if falcon_epoch:  # L(θ_k) from a no-grad pass, where the reward needs one
                 falcon.before(objective, inputs, same_image)
             with autocast(precision, device):
@@ -228,7 +229,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
                               temperature=out.temperature, pairs_per_s=seen / max(elapsed, 1e-9), elapsed_s=elapsed,
                               text_tokens=inputs[1].shape[1], peak_memory_mib=peak_memory_mib(device),
                               sampler=epochs.sampler(index), **{k: update.get(k) for k in FALCON_LOGGED},
-                              **({"same_image_masked": same_image.sum()} if same_image is not None else {}),
+                              **({masked_key: same_image.sum()} if same_image is not None else {}),
                               **false_negatives.stats)
             if p.checkpoint_every and state.step % p.checkpoint_every == 0 and index + 1 < total:
                 state.save(epoch, index + 1)

@@ -405,9 +405,12 @@ def test_the_world_fingerprint_tells_a_changed_preset_apart(tmp_path):
 
 
 def test_the_diagnostic_arm_runs_only_when_named():
-    """`grit-mask` (GRIT with same-image pairs masked) is not part of the phase diagram or the gate."""
+    """The diagnostic arms (`grit-mask`: same-image pairs masked; `grit-oracle`: every true match masked) run only
+    when named: they are not part of the phase diagram or the gate."""
     assert "grit-mask" not in sweep.selected_methods(False, None)
-    assert sweep.selected_methods(False, None) == [m for m in sweep.METHODS if m != "grit-mask"]
+    assert sweep.selected_methods(False, None) == [m for m in sweep.METHODS if m not in ("grit-mask", "grit-oracle")]
+    assert sweep.selected_methods(False, ["grit-oracle"]) == ["grit-oracle"]
+    assert sweep.METHODS["grit-oracle"] == ("shapes-grit", ["pretrain.oracle_negatives=mask"])
     assert sweep.selected_methods(True, None) == list(sweep.GATE_METHODS)
     assert sweep.selected_methods(False, ["grit-mask", "uniform"]) == ["uniform", "grit-mask"]
     assert sweep.METHODS["grit-mask"] == ("shapes-grit", ["pretrain.same_image=mask"])

@@ -386,6 +386,12 @@ class PretrainConfig(Section):
     ALBEF, GRIT-VLP and FALCON do, although each is a false negative by construction; ``mask`` removes them
     from the ITC softmax denominators and from ITM negative mining (and from FALCON's ITC/ITM rewards).
     ``mask`` needs ``itc: grit`` and ``false_negatives`` ``none`` or ``glofnd``."""
+    oracle_negatives: Literal["keep", "mask"] = "keep"
+    """A diagnostic on a shapes world, not a method: ``mask`` removes every in-batch pair that the world's oracle
+    says truly matches (pairs that show the same image included) from the ITC denominators and ITM mining, as
+    ``same_image: mask`` does for shared images. It reads the ground truth no real run has, so it measures what the
+    false negatives cost a composer: the most any false-negative method could win back. ``keep``: train as usual.
+    ``mask`` needs a shapes world, ``itc: grit`` and ``false_negatives: none``."""
 
     @model_validator(mode="after")
     def _check_false_negatives(self) -> "PretrainConfig":
@@ -396,6 +402,10 @@ class PretrainConfig(Section):
             raise ValueError("same_image=mask works on the in-batch ITC with false_negatives none or glofnd "
                              f"(got itc={self.itc}, false_negatives={self.false_negatives}); MAFA, SRCL and DiHT "
                              "handle false negatives their own way")
+        if self.oracle_negatives == "mask" and (self.itc != "grit" or self.false_negatives != "none"):
+            raise ValueError("oracle_negatives=mask works on the in-batch ITC with false_negatives none (got "
+                             f"itc={self.itc}, false_negatives={self.false_negatives}): it is the bound the "
+                             "false-negative methods are measured against, not one to combine with them")
         if self.mafa.low > self.mafa.high:
             raise ValueError(f"mafa.low ({self.mafa.low}) must not exceed mafa.high ({self.mafa.high})")
         if self.itc_consistency_weight is None:  # the one place a method's own loss is filled in

@@ -12,6 +12,7 @@ import torch
 
 from falcon_cli.artifacts.embeddings import check_fingerprint, read_embeddings
 from falcon_cli.data.pairs import records_fingerprint
+from falcon_cli.data.shared_images import SharedImages
 from falcon_cli.errors import FalconError
 from falcon_cli.judges import JudgedPair, load_judge
 from falcon_cli.judges.oracle import in_batch_truth
@@ -82,4 +83,30 @@ def _mafa(p: Any, world: Any, dataset: Any) -> methods.Mafa:
     return methods.Mafa(discriminator, high=m.high, low=m.low, smoothing=m.smoothing, mlm_pairs=m.mlm_pairs)
 
 
-__all__ = ["FLAGGING_METHODS", "build_false_negatives"]
+def excluded_negatives(p: Any, spec: Any, records: Any, device: torch.device | str = "cpu", *,
+                       check: bool = True) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """``exclude(pair_ids) -> bool [B, B]`` on ``device``: the in-batch pairs (rows images, columns texts, off the
+    diagonal) kept out of the ITC denominators and ITM mining, or None when none are (``p``: the pretrain
+    settings). ``same_image: mask``: pairs that show the same image; ``oracle_negatives: mask``: every pair the
+    shapes oracle says truly matches (a superset: another caption of an image describes it). The pretrain stage
+    masks with it and the audit replays the same ITM mining. ``check``: fail on an unknown pair id (the training
+    loop, whose ids come from the dataset itself, skips that host synchronisation)."""
+    parts = []
+    if p.same_image == "mask":
+        shared = SharedImages(records, device)
+        parts.append(lambda ids: shared.mask(ids, check=check))
+    if p.oracle_negatives == "mask":
+        if spec.shapes_world is None:
+            raise FalconError(f"pretrain.oracle_negatives=mask: the dataset in {spec.base_dir} is not a shapes world (its "
+                              "dataset.yaml names no shapes_world), so no oracle knows its false negatives; set "
+                              "pretrain.oracle_negatives=keep")
+        truth = in_batch_truth(spec.resolve(spec.shapes_world), records)  # (on the host: a diagnostic, not for speed)
+        parts.append(lambda ids: truth(ids.cpu()).to(device))
+    if not parts:
+        return None
+    if len(parts) == 1:
+        return parts[0]
+    return lambda ids: parts[0](ids) | parts[1](ids)
+
+
+__all__ = ["FLAGGING_METHODS", "build_false_negatives", "excluded_negatives"]
