@@ -396,7 +396,8 @@ def final_epoch_mean(run: Path, key: str) -> float | None:
 
 def curve_rows(preset: str, method: str, seed: int, run: Path) -> list[dict]:
     """A run's learning curve, one row per epoch: the zero-shot test R@1 evaluated after the epoch (i2t, t2i, with
-    their 95% intervals, and their mean) and the mean ITM loss of the epoch's steps. Epochs count from 1; a record
+    their 95% intervals, and their mean), the FN-aware R@1 (runs since the curve records it; None before) and the
+    mean ITM loss of the epoch's steps. Epochs count from 1; a record
     written twice (a run resumed from a checkpoint) counts once, the later one."""
     from falcon_cli.runtime.metrics import read_metrics
 
@@ -406,6 +407,7 @@ def curve_rows(preset: str, method: str, seed: int, run: Path) -> list[dict]:
     keys = ("i2t_R@1", "i2t_R@1_lo", "i2t_R@1_hi", "t2i_R@1", "t2i_R@1_lo", "t2i_R@1_hi")
     return [{"preset": preset, "method": method, "seed": seed, "epoch": epoch + 1,
              **{key: record.get(key) for key in keys}, "R@1": (record["i2t_R@1"] + record["t2i_R@1"]) / 2,
+             "FN-aware R@1": (record["oracle_i2t_R@1"] + record["oracle_t2i_R@1"]) / 2 if "oracle_i2t_R@1" in record else None,
              "itm": itm.get(epoch)} for epoch, record in sorted(evaluations.items())]
 
 

@@ -34,7 +34,7 @@ from falcon_cli.artifacts.results import write_results
 from falcon_cli.config.schema import Recipe
 from falcon_cli.data.collate import Nlvr2Collate, VqaCollate, tokenize
 from falcon_cli.data.datasets import nlvr2_dataset, retrieval_dataset, vqa_answer_list, vqa_dataset
-from falcon_cli.data.retrieval import SplitIds, ids_from_entries, split_ids
+from falcon_cli.data.retrieval import SplitIds, split_ids
 from falcon_cli.data.spec import load_spec
 from falcon_cli.data.tokenizer import load_run_tokenizer
 from falcon_cli.data.transforms import build_transform
@@ -42,13 +42,12 @@ from falcon_cli.errors import FalconError
 from falcon_cli.evaluation.downstream import answer_questions, nlvr2_accuracy
 from falcon_cli.runtime.run_dir import RunDirectory
 from falcon_cli.evaluation import eccv  # (called through the module: the seam where tests stand in for eccv_caption)
-from falcon_cli.data.shapes.oracle import ShapesOracle
 from falcon_cli.evaluation.eccv import COCO_TEST_IMAGES
 from falcon_cli.evaluation.multi_positive import fn_aware_retrieval
 from falcon_cli.evaluation.retrieval import recall_at_k
 from falcon_cli.evaluation.scoring import embed_split, retrieval_scores
 from falcon_cli.evaluation.vqa_accuracy import vqa_score
-from falcon_cli.evaluation.zero_shot import split_targets
+from falcon_cli.evaluation.zero_shot import oracle_positives, split_targets
 from falcon_cli.frameworks import framework_of
 from falcon_cli.models.pretrained import (UNSTATED_TEXT_LENGTH, find_checkpoint, finetuned_weights, model_from_checkpoint,
                                          task_model_from_checkpoint, trained_text_length)
@@ -210,13 +209,10 @@ def oracle_truth(ctx: Context, dataset) -> Callable:
     if ctx.spec.shapes_world is None:
         raise FalconError(f"evaluate.retrieval.false_negatives=oracle: dataset {ctx.spec.name} has no shapes_world "
                           "(the oracle exists only for generated shapes worlds); use eccv, auto or none")
-    ids = ids_from_entries(dataset.records)
-    if ids is None:
+    positives = oracle_positives(ctx.spec, dataset)
+    if positives is None:
         raise FalconError(f"evaluate.retrieval.false_negatives=oracle: the {ctx.e.retrieval.split} split's entries "
                           "need image_id and caption_ids (the shapes world writes them); regenerate the world")
-
-    oracle = ShapesOracle.load(ctx.spec.resolve(ctx.spec.shapes_world))
-    positives = torch.from_numpy(oracle.matrix(ids.image_ids, ids.caption_ids))
     return lambda i2t, t2i: fn_aware_retrieval(i2t, positives, "oracle", scores_t2i=t2i)
 
 

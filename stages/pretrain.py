@@ -45,7 +45,7 @@ from falcon_cli.data.spec import load_spec
 from falcon_cli.data.tokenizer import load_run_tokenizer
 from falcon_cli.data.transforms import build_transform
 from falcon_cli.errors import FalconError
-from falcon_cli.evaluation.zero_shot import zero_shot_retrieval
+from falcon_cli.evaluation.zero_shot import oracle_positives, zero_shot_retrieval
 from falcon_cli.frameworks import build_objective, model_framework, model_overrides
 from falcon_cli.judges.oracle import in_batch_truth
 from falcon_cli.models.albef_checkpoint import load_albef_checkpoint
@@ -171,9 +171,12 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
                             start=epochs.steps(0) if p.epochs > 1 else min(10, max(epochs.steps(0) - p.profile_steps, 0)))
 
     # Only rank 0 evaluates, so only rank 0 loads the eval split.
+    # On a shapes world every number also comes false-negative aware (any true match counts), as `falcon evaluate`'s.
     eval_split = retrieval_dataset(spec, p.eval_split, build_transform("test", resolution)) if p.eval_split and main else None
+    positives = oracle_positives(spec, eval_split) if eval_split is not None else None
     if eval_split is not None and state.checkpoint is None:
-        results["untrained"] = zero_shot_retrieval(model, eval_split, tokenizer, device, max_length=p.max_text_length)
+        results["untrained"] = zero_shot_retrieval(model, eval_split, tokenizer, device, positives=positives,
+                                                   max_length=p.max_text_length)
     preloaded = preload_images(dataset, device, p.num_workers) if p.preload_images else None
     D.barrier()
 
@@ -247,7 +250,8 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
                                "split": "pretrain", "epoch": epoch, FINGERPRINT_ATTR: fingerprint})
             run.add_artifact(path, schema="embeddings", schema_version=1)
         if eval_split is not None and p.eval_every and (epoch + 1) % p.eval_every == 0 and epoch + 1 < p.epochs:
-            curve = zero_shot_retrieval(model, eval_split, tokenizer, device, max_length=p.max_text_length)
+            curve = zero_shot_retrieval(model, eval_split, tokenizer, device, positives=positives,
+                                        max_length=p.max_text_length)
             metrics.write(step=state.step, epoch=epoch, kind="zero_shot", **curve)  # the learning curve
         state.save(epoch + 1, 0)
         if seen:  # (log.txt shows each epoch even with no progress bar: sweeps, cluster jobs)
@@ -257,7 +261,8 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
 
     # 6. Zero-shot retrieval with the trained model (ITC only; ITM re-ranking is `falcon evaluate`).
     if eval_split is not None:
-        results["trained"] = zero_shot_retrieval(model, eval_split, tokenizer, device, max_length=p.max_text_length)
+        results["trained"] = zero_shot_retrieval(model, eval_split, tokenizer, device, positives=positives,
+                                                 max_length=p.max_text_length)
         if p.eval_every:  # the curve's last point
             metrics.write(step=state.step, epoch=p.epochs - 1, kind="zero_shot", **results["trained"])
         write_results(run, results, split=p.eval_split, resolution=resolution, step=state.step)

@@ -431,6 +431,14 @@ def test_a_runs_curve_counts_epochs_from_one_and_a_resumed_runs_repeated_record_
     assert rows[0]["R@1"] == 25.0 and rows[0]["itm"] == pytest.approx(0.5) and rows[0]["t2i_R@1_hi"] == 21.0
     assert rows[1]["R@1"] == 38.0 and rows[1]["i2t_R@1"] == 44.0 and rows[1]["itm"] == pytest.approx(0.4)
     assert rows[1]["method"] == "grit" and rows[1]["seed"] == 3
+    assert rows[0]["FN-aware R@1"] is None  # (a run from before the curve recorded it)
+
+
+def test_a_curve_carries_the_fn_aware_r1_where_the_run_recorded_it(tmp_path):
+    point = {**_zero_shot(0, 30.0, 20.0), "oracle_i2t_R@1": 50.0, "oracle_t2i_R@1": 70.0}
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(point) + "\n")
+    (row,) = sweep.curve_rows("dense", "grit-oracle", 0, tmp_path)
+    assert row["FN-aware R@1"] == 60.0 and row["R@1"] == 25.0
 
 
 def test_the_convergence_line_compares_the_last_quarter_of_epochs_with_the_one_before():

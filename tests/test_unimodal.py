@@ -64,8 +64,10 @@ def test_the_learning_curve_has_a_point_per_epoch_and_ends_at_the_final_result(f
     assert [r["epoch"] for r in curve] == [0, 1]
     final = next(r for r in json.loads((first / "a" / "results" / "retrieval_zeroshot.json").read_text())["rows"]
                  if r["model"] == "trained")
-    for key in ("i2t_R@1", "t2i_R@5", "mean_R", "i2t_R@1_lo"):
+    for key in ("i2t_R@1", "t2i_R@5", "mean_R", "i2t_R@1_lo", "oracle_i2t_R@1", "oracle_t2i_R@1_hi"):
         assert curve[-1][key] == pytest.approx(final[key])
+    for point in curve:  # (a shapes world: every true match counts too, so those recalls can only be higher)
+        assert point["oracle_i2t_R@1"] >= point["i2t_R@1"] and point["oracle_t2i_R@1"] >= point["t2i_R@1"]
 
 
 def test_another_run_of_the_same_world_and_seed_reuses_them_and_another_seed_does_not(first):

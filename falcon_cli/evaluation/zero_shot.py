@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from falcon_cli.evaluation.multi_positive import fn_aware_retrieval
 from falcon_cli.evaluation.retrieval import recall_at_k
 from falcon_cli.evaluation.scoring import embed_split
 
@@ -16,10 +17,32 @@ def itc_scores(model, dataset, tokenizer, device: torch.device, *, batch_size: i
                        autocast=autocast, num_workers=num_workers, keep_tokens=False).similarity()
 
 
-def zero_shot_retrieval(model, dataset, tokenizer, device: torch.device, **kwargs) -> dict[str, float]:
-    """ITC-only recall@1/5/10 in both directions (percent) on a retrieval eval split."""
-    scores = itc_scores(model, dataset, tokenizer, device, **kwargs)
-    return recall_at_k(scores.cpu(), *split_targets(dataset))
+def zero_shot_retrieval(model, dataset, tokenizer, device: torch.device, *, positives: torch.Tensor | None = None,
+                        **kwargs) -> dict[str, float]:
+    """ITC-only recall@1/5/10 in both directions (percent) on a retrieval eval split. With ``positives`` (bool
+    [n_images, n_texts], every true pair: :func:`oracle_positives`) also the false-negative-aware metrics, keyed
+    ``oracle_…`` as ``falcon evaluate`` keys them."""
+    scores = itc_scores(model, dataset, tokenizer, device, **kwargs).cpu()
+    result = recall_at_k(scores, *split_targets(dataset))
+    if positives is not None:
+        result.update(fn_aware_retrieval(scores, positives, "oracle"))
+    return result
+
+
+def oracle_positives(spec, dataset) -> torch.Tensor | None:
+    """bool [n_images, n_texts]: which captions of a retrieval split truly describe which of its images, by the
+    shapes world's oracle; None when the dataset is not a shapes world or its entries carry no image and caption ids
+    (``falcon evaluate`` says why where the metric was asked for)."""
+    from falcon_cli.data.retrieval import ids_from_entries
+    from falcon_cli.data.shapes.oracle import ShapesOracle
+
+    if spec.shapes_world is None:
+        return None
+    ids = ids_from_entries(dataset.records)
+    if ids is None:
+        return None
+    oracle = ShapesOracle.load(spec.resolve(spec.shapes_world))
+    return torch.from_numpy(oracle.matrix(ids.image_ids, ids.caption_ids))
 
 
 def split_targets(dataset) -> tuple[list[list[int]], list[int]]:
