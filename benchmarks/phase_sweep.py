@@ -59,15 +59,17 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "falcon-margin": ("shapes-falcon-margin", []),
     "grit-mask": ("shapes-grit", ["pretrain.same_image=mask"]),
     "grit-oracle": ("shapes-grit", ["pretrain.oracle_negatives=mask"]),
+    "uniform-oracle": ("shapes-uniform", ["pretrain.oracle_negatives=mask"]),
 }
 """Method -> (shipped recipe, extra overrides): uniform batches, GRIT (q = 1), a fixed q = 0.5, MAFA and GloFND
 (the false-negative methods), paper-exact FALCON and FALCON with the positive-margin reward; and ``grit-mask``, a
 diagnostic run only when named (``--only``): GRIT with the pairs that share the anchor's image kept out of the ITC
 denominators and ITM mining (``pretrain.same_image: mask``), which tells how much of GRIT's result is those pairs;
 and ``grit-oracle``, GRIT with every pair the oracle says truly matches kept out the same way
-(``pretrain.oracle_negatives: mask``): what the false negatives cost GRIT, the most a false-negative method could win."""
+(``pretrain.oracle_negatives: mask``): what the false negatives cost GRIT, the most a false-negative method could win;
+``uniform-oracle`` the same for uniform batches (beside ``grit-oracle``: what hardness gives once no negative is false)."""
 
-DIAGNOSTICS = ("grit-mask", "grit-oracle")
+DIAGNOSTICS = ("grit-mask", "grit-oracle", "uniform-oracle")
 """Methods the sweep runs only when ``--only`` names them (not part of the phase diagram)."""
 
 GATE_METHODS = ("uniform", "grit", "q05")
