@@ -683,6 +683,7 @@ def summary_lines(table, out: Path) -> list[str]:
                              f"{_mean_std(mine, 'rerank_oracle_R@1')}{versus})")
             lines += ["", f"R@1 with each query's top {k} ITC candidates re-ranked by the ITM head (ALBEF's evaluation): "
                           + "; ".join(cells) + "."]
+        lines += oracle_lines(table, preset)
         widths = (rows["i2t_R@1_hi"] - rows["i2t_R@1_lo"]).dropna()
         if len(widths):
             lines += ["", f"One run's i2t R@1 has a 95% interval {widths.median():.1f} points wide (median over runs; "
@@ -692,6 +693,34 @@ def summary_lines(table, out: Path) -> list[str]:
                  "paired difference, seed by seed, mean ± std, and on how many seeds it is positive; * marks a mean "
                  "beyond 2 std of the differences.")
     return lines
+
+
+ORACLE_ARMS = (("grit-oracle", "grit"), ("uniform-oracle", "uniform"))
+"""The diagnostic arms that mask every false negative, each with the arm it is the same run of without the mask."""
+
+
+def oracle_lines(table, preset: str) -> list[str]:
+    """What the false negatives cost, where a regime has the oracle arms: each masked arm minus the same composer
+    unmasked, seed by seed (FN-aware, standard and re-ranked FN-aware R@1), and GRIT − uniform with both masked (what
+    hardness gives once no negative is false). No lines without the arms."""
+    metrics = (("FN-aware R@1", "oracle_R@1"), ("R@1", "R@1"), ("re-ranked FN-aware R@1", "rerank_oracle_R@1"))
+
+    def differences(method: str, reference: str) -> str:
+        found = [(name, paired(table, preset, method, reference, metric)) for name, metric in metrics]
+        return "; ".join(f"{name} {difference_phrase(d)}" for name, d in found if d is not None)
+
+    lines = []
+    for arm, base in ORACLE_ARMS:
+        said = differences(arm, base)
+        if said:
+            lines.append(f"- `{arm}` − `{base}` (every false negative kept out of ITC and ITM): {said}.")
+    said = differences("grit-oracle", "uniform-oracle")
+    if said:
+        lines.append(f"- `grit-oracle` − `uniform-oracle` (hardness, once no negative is false): {said}.")
+    if not lines:
+        return []
+    return ["", "What the false negatives cost (a diagnostic: `pretrain.oracle_negatives: mask`, the oracle's ground "
+                "truth, which no real run has; paired seeds):", *lines]
 
 
 def _mean_std(rows, key: str, digits: int = 1) -> str:

@@ -492,3 +492,26 @@ def test_collect_writes_the_learning_curves_and_the_report_shows_them_only_for_r
     proc = _collect(elsewhere, report, "--rows", str(out / "results.csv"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "Learning curves" not in report.read_text() and not (tmp_path / "results" / "phase_curves.png").exists()
+
+
+def test_the_oracle_arms_say_what_the_false_negatives_cost_and_what_hardness_gives_without_them(tmp_path):
+    """`grit-oracle` − `grit`, `uniform-oracle` − `uniform` and `grit-oracle` − `uniform-oracle`, seed by seed, in the
+    regime's block; a regime without the arms gets no such line."""
+    rows = []
+    for seed in (0, 1):
+        for method, fn_aware in (("uniform", 60.0), ("grit", 61.0), ("uniform-oracle", 70.0 + seed), ("grit-oracle", 73.0)):
+            rows.append({"preset": "dense", "method": method, "seed": seed, "R@1": 17.0 - 7 * ("oracle" in method),
+                         "oracle_R@1": fn_aware, "rerank_oracle_R@1": fn_aware + 10, "i2t_R@1_lo": 1.0, "i2t_R@1_hi": 3.0})
+    rows.append({"preset": "coco-like", "method": "uniform", "seed": 0, "R@1": 60.0, "oracle_R@1": 62.0,
+                 "i2t_R@1_lo": 1.0, "i2t_R@1_hi": 3.0})
+    table = pd.DataFrame(rows)
+    lines = sweep.oracle_lines(table, "dense")
+    assert lines[2] == ("- `grit-oracle` − `grit` (every false negative kept out of ITC and ITM): FN-aware R@1 +12.00 ± "
+                        "0.00 (2/2 +) *; R@1 -7.00 ± 0.00 (0/2 +) *; re-ranked FN-aware R@1 +12.00 ± 0.00 (2/2 +) *.")
+    assert lines[3].startswith("- `uniform-oracle` − `uniform` (every false negative kept out of ITC and ITM): "
+                               "FN-aware R@1 +10.50 ± 0.71 (2/2 +) *")
+    assert lines[4].startswith("- `grit-oracle` − `uniform-oracle` (hardness, once no negative is false): "
+                               "FN-aware R@1 +2.50 ± 0.71 (2/2 +) *")
+    assert sweep.oracle_lines(table, "coco-like") == []
+    page = "\n".join(sweep.summary_lines(table, tmp_path))
+    assert page.count("What the false negatives cost") == 1 and "| grit-oracle | 2 |" in page
