@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from falcon_cli.data.retrieval import ids_from_entries
+from falcon_cli.data.shapes.oracle import ShapesOracle
 from falcon_cli.evaluation.multi_positive import fn_aware_retrieval
 from falcon_cli.evaluation.retrieval import recall_at_k
 from falcon_cli.evaluation.scoring import embed_split
@@ -33,9 +35,6 @@ def oracle_positives(spec, dataset) -> torch.Tensor | None:
     """bool [n_images, n_texts]: which captions of a retrieval split truly describe which of its images, by the
     shapes world's oracle; None when the dataset is not a shapes world or its entries carry no image and caption ids
     (``falcon evaluate`` says why where the metric was asked for)."""
-    from falcon_cli.data.retrieval import ids_from_entries
-    from falcon_cli.data.shapes.oracle import ShapesOracle
-
     if spec.shapes_world is None:
         return None
     ids = ids_from_entries(dataset.records)
