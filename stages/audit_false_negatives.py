@@ -35,12 +35,12 @@ from falcon_cli.config.schema import Recipe
 from falcon_cli.data.datasets import pretrain_dataset
 from falcon_cli.data.pairs import records_fingerprint
 from falcon_cli.data.shared_images import SharedImages
-from falcon_cli.objectives.false_negative_builder import excluded_negatives
 from falcon_cli.data.spec import load_spec
 from falcon_cli.errors import FalconError
 from falcon_cli.judges import load_judge
 from falcon_cli.judges.oracle import OracleJudge
 from falcon_cli.judges.pairs import DatasetPairs
+from falcon_cli.objectives.false_negative_builder import excluded_negatives
 from falcon_cli.reporting import audit_figures
 from falcon_cli.runtime.console import make_console
 from falcon_cli.runtime.distributed import on_rank_zero

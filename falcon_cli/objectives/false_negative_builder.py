@@ -91,22 +91,16 @@ def excluded_negatives(p: Any, spec: Any, records: Any, device: torch.device | s
     shapes oracle says truly matches (a superset: another caption of an image describes it). The pretrain stage
     masks with it and the audit replays the same ITM mining. ``check``: fail on an unknown pair id (the training
     loop, whose ids come from the dataset itself, skips that host synchronisation)."""
-    parts = []
-    if p.same_image == "mask":
-        shared = SharedImages(records, device)
-        parts.append(lambda ids: shared.mask(ids, check=check))
-    if p.oracle_negatives == "mask":
+    if p.oracle_negatives == "mask":  # (it holds every same-image pair too, so it stands for both)
         if spec.shapes_world is None:
             raise FalconError(f"pretrain.oracle_negatives=mask: the dataset in {spec.base_dir} is not a shapes world (its "
                               "dataset.yaml names no shapes_world), so no oracle knows its false negatives; set "
                               "pretrain.oracle_negatives=keep")
         truth = in_batch_truth(spec.resolve(spec.shapes_world), records)  # (on the host: a diagnostic, not for speed)
-        parts.append(lambda ids: truth(ids.cpu()).to(device))
-    if not parts:
-        return None
-    if len(parts) == 1:
-        return parts[0]
-    return lambda ids: parts[0](ids) | parts[1](ids)
-
+        return lambda ids: truth(ids.cpu()).to(device)
+    if p.same_image == "mask":
+        shared = SharedImages(records, device)
+        return lambda ids: shared.mask(ids, check=check)
+    return None
 
 __all__ = ["FLAGGING_METHODS", "build_false_negatives", "excluded_negatives"]
