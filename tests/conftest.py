@@ -246,3 +246,20 @@ def random_captions(rng, n_images: int, max_captions: int) -> tuple[list[list[in
         img2txt.append(caps)
         txt2img.extend([i] * len(caps))
     return img2txt, txt2img
+
+
+@pytest.fixture(scope="module")
+def tiny_shapes_world(tmp_path_factory):
+    """A tiny shapes world (the demo recipe's, 40 images) with its dataset spec and pretraining records (one caption
+    each, with image and caption ids): ``{"dir", "spec", "records"}``."""
+    from falcon_cli.config.recipes import load_recipe
+    from falcon_cli.data.datasets import pretrain_dataset
+    from falcon_cli.data.shapes import generate_world
+    from falcon_cli.data.spec import load_spec
+
+    world = tmp_path_factory.mktemp("tiny-shapes") / "world"
+    overrides = [f"data.dataset={world}", "data.shapes.images=40", "data.tokenizer_vocab_size=200", "data.verify_images=false"]
+    config, _ = load_recipe("shapes-demo", overrides)
+    generate_world(config.data.shapes, world, workers=1)
+    spec = load_spec(world)
+    return {"dir": world, "spec": spec, "records": pretrain_dataset(spec, transform=None).records}

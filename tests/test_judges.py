@@ -6,23 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from falcon_cli.config.recipes import load_recipe
-from falcon_cli.data.datasets import pretrain_dataset
-from falcon_cli.data.shapes import ShapesOracle, generate_world
-from falcon_cli.data.spec import load_spec
+from falcon_cli.data.shapes import ShapesOracle
 from falcon_cli.errors import FalconError
 from falcon_cli.judges import DEFAULT_BLIP_MODEL, Judge, JudgedPair, is_false_negative, load_judge
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    """A tiny shapes world and its pretraining records (one caption each, with image and caption ids)."""
-    world = tmp_path_factory.mktemp("judges") / "world"
-    overrides = [f"data.dataset={world}", "data.shapes.images=40", "data.tokenizer_vocab_size=200", "data.verify_images=false"]
-    config, _ = load_recipe("shapes-demo", overrides)
-    generate_world(config.data.shapes, world, workers=1)
-    records = pretrain_dataset(load_spec(world), transform=None).records
-    return {"dir": world, "records": records}
+def world(tiny_shapes_world):
+    return tiny_shapes_world
 
 
 def judged(record, caption_record=None) -> JudgedPair:

@@ -10,7 +10,7 @@ import torch
 
 from falcon_cli.config.recipes import load_recipe
 from falcon_cli.data.datasets import pretrain_dataset
-from falcon_cli.data.shapes import ShapesOracle, generate_world
+from falcon_cli.data.shapes import ShapesOracle
 from falcon_cli.data.shared_images import SharedImages
 from falcon_cli.data.spec import load_spec
 from falcon_cli.errors import FalconError
@@ -18,13 +18,8 @@ from falcon_cli.objectives.false_negative_builder import excluded_negatives
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    """A tiny dense shapes world (several captions per image) and its pretraining records."""
-    world = tmp_path_factory.mktemp("oracle-negatives") / "world"
-    overrides = [f"data.dataset={world}", "data.shapes.images=40", "data.tokenizer_vocab_size=200", "data.verify_images=false"]
-    config, _ = load_recipe("shapes-demo", overrides)
-    generate_world(config.data.shapes, world, workers=1)
-    return {"dir": world, "spec": load_spec(world), "records": pretrain_dataset(load_spec(world), transform=None).records}
+def world(tiny_shapes_world):
+    return tiny_shapes_world
 
 
 def settings(**changes):
