@@ -18,7 +18,7 @@ import pytest
 from falcon_cli.artifacts.atomic import atomic_open, write_json
 from falcon_cli.artifacts.embeddings import EmbeddingsWriter, read_embeddings, write_embeddings
 from falcon_cli.runtime.run_dir import RunDirectory, read_manifest, sha256_file
-from falcon_cli.artifacts.config_diff import config_differences
+from falcon_cli.artifacts.config_diff import config_differences, with_missing_keys
 from falcon_cli.artifacts.tables import BATCHES, SEARCH_SPACES, read_table, write_table
 from falcon_cli.errors import FalconError
 
@@ -352,3 +352,10 @@ def test_read_manifest_errors(tmp_path):
 def test_config_differences():
     assert config_differences({"a": {"b": 1}, "c": 2}, {"a": {"b": 2}, "c": 2}) == ["a.b: 1 -> 2"]
     assert config_differences({"a": {"b": 1}}, {"a": 3, "d": None}) == ["a: {'b': 1} -> 3"]
+
+
+def test_missing_keys_are_filled_at_every_depth_and_recorded_values_kept():
+    stored = {"a": {"b": 1}, "c": 2}
+    current = {"a": {"b": 5, "new": "x"}, "c": 3, "d": {"e": None}}
+    assert with_missing_keys(stored, current) == {"a": {"b": 1, "new": "x"}, "c": 2, "d": {"e": None}}
+    assert stored == {"a": {"b": 1}, "c": 2}  # (not changed in place)

@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 from falcon_cli.runtime.console import make_console
 
-from falcon_cli.config.recipes import load_recipe, place_dataset
+from falcon_cli.config.recipes import as_current_config, load_recipe, place_dataset
 from falcon_cli.runtime.distributed import is_main_process
 from falcon_cli.runtime.run_dir import RunDirectory
 
@@ -34,7 +34,8 @@ def run_recipe(
     run_dir = run_dir or Path("runs") / config.name
     place_dataset(config, run_dir)
     run = RunDirectory.open(run_dir, config=config.model_dump(mode="json"), seed=config.seed,
-                            command=["falcon", *sys.argv[1:]], overwrite=overwrite)
+                            command=["falcon", *sys.argv[1:]], overwrite=overwrite,
+                            as_current=as_current_config)
     if is_main_process():
         console.print(f"[bold]falcon run[/] {config.name} ({path}) → {run_dir}  stages: {' → '.join(config.stages)}")
     run_stages(config, run, resume=resume, overwrite=overwrite)

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from falcon_cli.config.paths import absolute_input_paths
-from falcon_cli.config.recipes import load_recipe, place_dataset
+from falcon_cli.config.recipes import as_current_config, load_recipe, place_dataset
 from falcon_cli.config.recipes import apply_overrides, validate_config
 from falcon_cli.errors import FalconError
 from falcon_cli.runtime.console import make_console
@@ -28,7 +28,8 @@ def run_single_stage(stage: str, recipe: str, run_dir: Path | None, overrides: l
     data_done = (run_dir / "manifest.json").exists() and \
         read_manifest(run_dir).get("stages", {}).get("data", {}).get("status") == "completed"
     run = RunDirectory.open(run_dir, config=config.model_dump(mode="json"), seed=config.seed,
-                            command=["falcon", *sys.argv[1:]], overwrite=overwrite)
+                            command=["falcon", *sys.argv[1:]], overwrite=overwrite,
+                            as_current=as_current_config)
     run_stages(config, run, [stage] if data_done else ["data", stage], overwrite=overwrite, **options)
     if is_main_process():
         console.print(f"[green]done[/]: {run_dir}/{output}")

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from falcon_cli.artifacts.config_diff import with_missing_keys
 from falcon_cli.config.paths import absolute_input_paths
 from falcon_cli.config.schema import Recipe
 from falcon_cli.errors import FalconError
@@ -203,6 +204,17 @@ def _error_key(err: dict[str, Any]) -> str:
         else:
             parts.append(str(part))
     return ".".join(parts)
+
+
+def as_current_config(stored: dict[str, Any]) -> dict[str, Any]:
+    """A run's recorded config with the fields the schema gained since it was written filled with their defaults
+    (the defaults of new fields keep the behaviour runs had before them), every recorded value as it was; the
+    recorded config unchanged where today's schema no longer accepts it (its differences are then reported)."""
+    try:
+        current = Recipe.model_validate(stored).model_dump(mode="json")
+    except (ValidationError, ValueError, TypeError):
+        return stored
+    return with_missing_keys(stored, current)
 
 
 def validate_config(raw: dict[str, Any], source: str, overridden: dict[str, str] | None = None,

@@ -19,7 +19,7 @@ import socket
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -69,12 +69,14 @@ class RunDirectory:
 
     @classmethod
     def open(cls, path: str | Path, *, config: dict, seed: int, command: list[str] | None = None,
-             overwrite: bool = False) -> "RunDirectory":
+             overwrite: bool = False, as_current: Callable[[dict], dict] | None = None) -> "RunDirectory":
         """Create the run directory (or continue one made with the same config) and write its manifest.
 
         A directory that already holds a run with a different resolved config is refused
         (with the keys that differ) unless ``overwrite`` is set, so two experiments never
-        mix their artifacts.
+        mix their artifacts. ``as_current`` maps the stored config to the schema of today
+        (:func:`falcon_cli.config.recipes.as_current_config`), so a field added since the run
+        was made, whose default is the behaviour it had, does not count as a difference.
         """
         run = cls(path)
         # Rank 0 alone locks, checks and writes the run directory; other ranks keep an unsaved copy.
@@ -85,7 +87,7 @@ class RunDirectory:
             created_lock = not (run.path / LOCK).exists()
             acquire_lock(run.path)  # one writer at a time; dies with the process
             try:
-                previous = run._check_reusable(config, overwrite)
+                previous = run._check_reusable(config, overwrite, as_current)
             except BaseException:
                 release_lock(run.path)
                 if created_lock:
@@ -127,11 +129,13 @@ class RunDirectory:
             run.save()
         return run
 
-    def _check_reusable(self, config: dict, overwrite: bool) -> dict[str, Any]:
+    def _check_reusable(self, config: dict, overwrite: bool, as_current: Callable[[dict], dict] | None = None
+                        ) -> dict[str, Any]:
         """The previous manifest of this directory ({} if new); refuse a different config or a foreign directory."""
         if (self.path / MANIFEST).exists():
             previous = read_manifest(self.path)
-            diffs = config_differences(previous.get("config", {}), config)
+            stored = previous.get("config", {})
+            diffs = config_differences(as_current(stored) if as_current else stored, config)
             if diffs and not overwrite:
                 shown = "; ".join(diffs[:3]) + (f"; and {len(diffs) - 3} more" if len(diffs) > 3 else "")
                 raise FalconError(
