@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.scheduler_sweep import epoch_rows
+from falcon_cli.data.shapes.near_misses import NEAR_MISS_KINDS, family_size
 from benchmarks.shapes_sweep import (AUDITED, EVALUATED, Variant, collect, completed, falcon, finished_futures,
                                      replace_block, seeds_phrase, train)
 
@@ -255,7 +256,7 @@ def run_one(preset: str, method: str, seed: int, out: Path, budget: PhaseBudget,
     if not completed(run, "pretrain"):
         train(run, recipe, "stages=[data, pretrain]", *budget.run_overrides(preset, out, seed), *extra, log=log,
               threads=threads)
-    if not evaluated(run, budget.rerank_k):
+    if not evaluated(run, budget.rerank_k, out / "worlds" / preset):
         ranking = ["--rerank", "--k", str(budget.rerank_k)] if budget.rerank_k else ["--itc-only"]
         falcon("evaluate", "retrieval", str(run), *ranking, log=log, threads=threads)
     if not (run / AUDITED).exists():
@@ -270,13 +271,18 @@ def reranked(rows: list[dict]) -> dict | None:
     return next((r for r in rows if str(r.get("scoring", "")).startswith("itc+itm@")), None)
 
 
-def evaluated(run: Path, rerank_k: int) -> bool:
+def evaluated(run: Path, rerank_k: int, world: Path) -> bool:
     """The run has its retrieval results, with the ITM re-ranking at depth ``rerank_k`` where the budget asks for it
-    (a run evaluated by ITC alone before the budget did is evaluated again)."""
+    (a run evaluated by ITC alone before the budget did is evaluated again), and on a ``world`` with near-miss
+    families their confusions, where its checkpoints are still there to give them (runs brought back from another
+    machine often keep none)."""
     if not (run / EVALUATED).exists():
         return False
     rows = json.loads((run / EVALUATED).read_text())["rows"]
-    return not rerank_k or (reranked(rows) or {}).get("scoring") == f"itc+itm@{rerank_k}"
+    if rerank_k and (reranked(rows) or {}).get("scoring") != f"itc+itm@{rerank_k}":
+        return False
+    has_checkpoint = any((run / "checkpoints").glob("*/model.safetensors"))
+    return (run / NEAR_MISSES).exists() or family_size(world) <= 1 or not has_checkpoint
 
 
 def finished_rows(out: Path) -> list[dict]:
@@ -310,12 +316,30 @@ def run_row(preset: str, method: str, seed: int, run: Path) -> dict:
         row["rerank_R@1"] = (itm["i2t_R@1"] + itm["t2i_R@1"]) / 2
         row["rerank_oracle_R@1"] = (itm["oracle_i2t_R@1"] + itm["oracle_t2i_R@1"]) / 2
         row["rerank_k"] = int(itm["scoring"].removeprefix("itc+itm@"))
+    row.update(near_miss_columns(run))
     row["preset"] = preset
     manifest = json.loads((run / "manifest.json").read_text())
     git = manifest.get("git") or {}
     row["commit"] = (git.get("sha") or "unknown")[:7] + (" (uncommitted changes)" if git.get("dirty") else "")
     row["machine"], row["budget"], row["world"] = machine(manifest), budget_phrase(manifest), world_fingerprint(manifest)
     return row
+
+
+NEAR_MISSES = Path("results") / "near_misses.json"
+"""``falcon evaluate``'s near-miss confusions (worlds with near-miss families only)."""
+
+
+def near_miss_columns(run: Path) -> dict:
+    """A run's near-miss confusions as row columns ``nm_{itc|rerank}_{i2t|t2i}_{kind}`` (percent of comparisons a
+    sibling the query does not match wins); none when the run has no ``results/near_misses.json``."""
+    path = run / NEAR_MISSES
+    if not path.exists():
+        return {}
+    columns = {}
+    for r in json.loads(path.read_text())["rows"]:
+        scoring = "itc" if r["scoring"] == "itc" else "rerank"
+        columns.update({f"nm_{scoring}_{r['direction']}_{kind}": r.get(kind) for kind in (*NEAR_MISS_KINDS, "all")})
+    return columns
 
 
 def world_fingerprint(manifest: dict) -> str:
@@ -518,8 +542,8 @@ def paired(table, preset: str, method: str, reference: str, metric: str = "R@1")
     if metric not in table:  # (no run has the number yet: uniform composes no chain)
         return None
     rows = table[table["preset"] == preset]
-    a = rows[rows["method"] == method].set_index("seed")[metric]
-    b = rows[rows["method"] == reference].set_index("seed")[metric]
+    a = rows[rows["method"] == method].set_index("seed")[metric].dropna()  # (runs without the number are left out)
+    b = rows[rows["method"] == reference].set_index("seed")[metric].dropna()
     seeds = sorted(set(a.index) & set(b.index))
     if not seeds:
         return None
@@ -684,6 +708,7 @@ def summary_lines(table, out: Path) -> list[str]:
             lines += ["", f"R@1 with each query's top {k} ITC candidates re-ranked by the ITM head (ALBEF's evaluation): "
                           + "; ".join(cells) + "."]
         lines += oracle_lines(table, preset)
+        lines += near_miss_lines(table, preset)
         widths = (rows["i2t_R@1_hi"] - rows["i2t_R@1_lo"]).dropna()
         if len(widths):
             lines += ["", f"One run's i2t R@1 has a 95% interval {widths.median():.1f} points wide (median over runs; "
@@ -721,6 +746,37 @@ def oracle_lines(table, preset: str) -> list[str]:
         return []
     return ["", "What the false negatives cost (a diagnostic: `pretrain.oracle_negatives: mask`, the oracle's ground "
                 "truth, which no real run has; paired seeds):", *lines]
+
+
+def near_miss_lines(table, preset: str) -> list[str]:
+    """Where a regime's runs have near-miss confusions (``results/near_misses.json``): per method, how often a
+    sibling scene a caption does not describe outranks the caption's own image (t2i), by what separates them, under
+    ITC and re-ranked by ITM; then each method minus uniform, seed by seed. No lines without them."""
+    rows = table[table["preset"] == preset]
+    if "nm_itc_t2i_all" not in rows or rows["nm_itc_t2i_all"].isna().all():
+        return []
+    kinds = (*NEAR_MISS_KINDS, "all")
+    methods = [m for m in METHODS if m in set(rows["method"][rows["nm_itc_t2i_all"].notna()])]
+    lines = ["", "Near misses (`results/near_misses.json`; t2i: how often a sibling scene that a test caption does not "
+                 "describe outranks the caption's own image, %, ITC / re-ranked by ITM; 50 is chance):", "",
+             "| method | seeds | " + " | ".join(kinds) + " |", "|---|---|" + "---|" * len(kinds)]
+    for method in methods:
+        mine = rows[(rows["method"] == method) & rows["nm_itc_t2i_all"].notna()]
+        cells = [f"{_mean(mine, f'nm_itc_t2i_{k}')} / {_mean(mine, f'nm_rerank_t2i_{k}')}" for k in kinds]
+        lines.append(f"| {method} | {len(mine)} | " + " | ".join(cells) + " |")
+    for method in (m for m in methods if m != "uniform"):
+        found = [(k, paired(table, preset, method, "uniform", f"nm_{scoring}_t2i_{k}"), scoring)
+                 for scoring in ("itc", "rerank") for k in kinds]
+        said = [f"{k} {'ITC' if scoring == 'itc' else 're-ranked'} {difference_phrase(d)}" for k, d, scoring in found
+                if d is not None]
+        if said:
+            lines.append(f"- `{method}` − `uniform` (points; negative: fewer confusions): " + "; ".join(said) + ".")
+    return lines
+
+
+def _mean(rows, key: str) -> str:
+    values = rows[key].dropna() if key in rows else []
+    return "—" if len(values) == 0 else f"{values.mean():.1f}"
 
 
 def _mean_std(rows, key: str, digits: int = 1) -> str:

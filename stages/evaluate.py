@@ -34,7 +34,9 @@ from falcon_cli.artifacts.results import write_results
 from falcon_cli.config.schema import Recipe
 from falcon_cli.data.collate import Nlvr2Collate, VqaCollate, tokenize
 from falcon_cli.data.datasets import nlvr2_dataset, retrieval_dataset, vqa_answer_list, vqa_dataset
-from falcon_cli.data.retrieval import SplitIds, split_ids
+from falcon_cli.data.retrieval import SplitIds, ids_from_entries, split_ids
+from falcon_cli.data.shapes.near_misses import family_pairs, family_size
+from falcon_cli.data.shapes.oracle import ShapesOracle
 from falcon_cli.data.spec import load_spec
 from falcon_cli.data.tokenizer import load_run_tokenizer
 from falcon_cli.data.transforms import build_transform
@@ -44,6 +46,7 @@ from falcon_cli.runtime.run_dir import RunDirectory
 from falcon_cli.evaluation import eccv  # (called through the module: the seam where tests stand in for eccv_caption)
 from falcon_cli.evaluation.eccv import COCO_TEST_IMAGES
 from falcon_cli.evaluation.multi_positive import fn_aware_retrieval
+from falcon_cli.evaluation.near_misses import near_miss_confusion
 from falcon_cli.evaluation.retrieval import recall_at_k
 from falcon_cli.evaluation.scoring import embed_split, retrieval_scores
 from falcon_cli.evaluation.vqa_accuracy import vqa_score
@@ -100,6 +103,7 @@ def evaluate_retrieval(ctx: Context) -> dict:
     k = None if r.itc_only else r.k
     checkpoints = {name: resolve_model(ctx, name) for name in r.models}  # every path checked before any scoring
     truth, dataset, loaded_at = None, None, None  # truth: (kind, metrics(i2t, t2i) or None, meta)
+    near_misses, near_miss_rows = None, []  # near_misses: (i2t, t2i) -> confusion rows, on worlds with near misses
     rows = []
     for name, checkpoint in checkpoints.items():
         model = model_from_checkpoint(checkpoint, e.image_size, vocab_size=len(ctx.tokenizer)).to(ctx.device)
@@ -116,6 +120,7 @@ def evaluate_retrieval(ctx: Context) -> dict:
             dataset, loaded_at = retrieval_dataset(ctx.spec, r.split, build_transform("test", resolution)), resolution
             if first:  # the ground truth depends on the split's entries only
                 truth = false_negative_truth(ctx, dataset)
+                near_misses = near_miss_truth(ctx, dataset) if truth[0] == "oracle" else None
         text_length = ctx.text_length(checkpoint)
         embeddings = embed_split(model, dataset, ctx.tokenizer, ctx.device, batch_size=e.batch_size,
                                  max_length=text_length, autocast=ctx.autocast(), num_workers=e.num_workers,
@@ -130,6 +135,8 @@ def evaluate_retrieval(ctx: Context) -> dict:
             if truth[1] is not None:
                 row.update(truth[1](i2t, t2i))
             rows.append({**row, "checkpoint": str(checkpoint)})
+            if near_misses is not None:
+                near_miss_rows += [{"model": name, "scoring": scoring, **r} for r in near_misses(i2t, t2i)]
         del model, embeddings
     if all(row["scoring"] == "itc" for row in rows):  # (ITC only asked, or models without an ITM head)
         k = None
@@ -139,7 +146,38 @@ def evaluate_retrieval(ctx: Context) -> dict:
     if D.is_main_process():
         console.print(write_results(ctx.run, "retrieval", rows, meta,
                                     f"Retrieval on `{r.split}` ({meta['scoring']}{'' if k is None else f', k={k}'}, percent)"))
+        if near_miss_rows:
+            console.print(write_near_misses(ctx, near_miss_rows, meta))
     return {"meta": meta, "rows": rows}
+
+
+def near_miss_truth(ctx: Context, dataset) -> Callable | None:
+    """On a shapes world drawn with near misses: ``(i2t, t2i) -> rows`` of :func:`near_miss_confusion` (how often a
+    sibling the query does not match outranks its own match, by kind of difference); None otherwise."""
+    size = family_size(ctx.spec.resolve(ctx.spec.shapes_world))
+    if size <= 1:
+        return None
+    positives = oracle_positives(ctx.spec, dataset)
+    oracle = ShapesOracle.load(ctx.spec.resolve(ctx.spec.shapes_world))
+    image_ids = ids_from_entries(dataset.records).image_ids
+    pairs = family_pairs(oracle.scenes, oracle.image_rows(image_ids), image_ids, size)
+    img2txt = split_targets(dataset)[0]
+    return lambda i2t, t2i: near_miss_confusion(i2t, t2i, img2txt, positives, pairs)
+
+
+def write_near_misses(ctx: Context, rows: list[dict], meta: dict) -> str:
+    """``results/near_misses.{json,csv,md}``: one row per model, scoring and direction, a column per kind of
+    difference (percent of comparisons the sibling wins); the comparisons per kind go into the meta."""
+    wide, counts = {}, {}
+    for r in rows:
+        key = (r["model"], r["scoring"], r["direction"])
+        wide.setdefault(key, {"model": r["model"], "scoring": r["scoring"], "direction": r["direction"]})[r["kind"]] = r["confusion"]
+        counts.setdefault(r["direction"], {})[r["kind"]] = r["comparisons"]
+    info = {key: meta[key] for key in ("dataset", "split", "k", "units") if key in meta}
+    return write_results(ctx.run, "near_misses", list(wide.values()), {**info, "comparisons": counts},
+                         f"Near misses on `{meta['split']}`: how often a sibling scene the query does not match outranks "
+                         f"its own match, by what separates them (percent; 50 = chance; comparisons "
+                         + "; ".join(f"{d}: {c['all']:,}" for d, c in counts.items()) + ")")
 
 
 def resolve_model(ctx: Context, name: str) -> Path:

@@ -91,6 +91,7 @@ def test_evaluate_a_checkpoint_and_both_models(run_dir):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = rows(run_dir, "retrieval")
     assert [(r["model"], r["scoring"]) for r in result["rows"]] == [(str(checkpoint), "itc")]
+    assert not (run_dir / "results" / "near_misses.json").exists()  # the demo world has no near-miss families
     proc = run_cli("evaluate", "retrieval", run_dir, "--model", "pretrained", "--model", "finetuned", "--rerank", "--k", "3",
                    "--false-negatives", "none")
     assert proc.returncode == 0, proc.stdout + proc.stderr

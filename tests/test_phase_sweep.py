@@ -235,15 +235,55 @@ def test_collect_rebuilds_the_tables_and_report_from_runs_made_elsewhere_and_run
 
 
 def test_a_run_ranked_by_itc_alone_is_evaluated_again_when_the_budget_re_ranks(tmp_path):
-    run = tmp_path / "grit-s0"
-    assert not sweep.evaluated(run, 0)
+    run, world = tmp_path / "grit-s0", tmp_path / "world"  # (no world.json: no near-miss families)
+    assert not sweep.evaluated(run, 0, world)
     _finished_run(run, "grit", 20.0)
-    assert sweep.evaluated(run, 0) and not sweep.evaluated(run, 8)
+    assert sweep.evaluated(run, 0, world) and not sweep.evaluated(run, 8, world)
     assert sweep.reranked(json.loads((run / "results" / "retrieval.json").read_text())["rows"]) is None
     other = tmp_path / "grit-s1"
     _finished_run(other, "grit", 20.0, reranked=22.0)
-    assert sweep.evaluated(other, 8) and not sweep.evaluated(other, 16)  # re-ranked at another depth
+    assert sweep.evaluated(other, 8, world) and not sweep.evaluated(other, 16, world)  # re-ranked at another depth
     assert sweep.run_row("coco-like", "grit", 1, other)["rerank_R@1"] == 22.0
+
+
+def test_on_a_world_with_near_misses_a_run_is_evaluated_again_for_them_while_its_checkpoints_are_there(tmp_path):
+    world = tmp_path / "world"
+    world.mkdir()
+    (world / "world.json").write_text(json.dumps({"config": {"near_misses": 3}}))
+    run = tmp_path / "grit-s0"
+    _finished_run(run, "grit", 20.0, reranked=22.0)
+    assert sweep.evaluated(run, 8, world)  # brought back without checkpoints: nothing to evaluate them with
+    (run / "checkpoints" / "00000010").mkdir(parents=True)
+    (run / "checkpoints" / "00000010" / "model.safetensors").write_bytes(b"")
+    assert not sweep.evaluated(run, 8, world)
+    assert sweep.evaluated(run, 8, tmp_path / "plain")  # (a world without families needs none)
+    kinds = {"color": 2.0, "shape": 9.0, "size": 8.0, "move": 30.0, "swap": 51.0, "several": 10.0, "all": 14.0}
+    rows = [{"model": "pretrained", "scoring": scoring, "direction": direction, **kinds}
+            for scoring in ("itc", "itc+itm@8") for direction in ("i2t", "t2i")]
+    (run / "results" / "near_misses.json").write_text(json.dumps({"meta": {}, "rows": rows}))
+    assert sweep.evaluated(run, 8, world)
+    row = sweep.run_row("coco-like", "grit", 0, run)
+    assert row["nm_itc_t2i_swap"] == 51.0 and row["nm_rerank_i2t_all"] == 14.0
+
+
+def test_near_miss_lines_give_each_methods_confusions_and_its_paired_difference_from_uniform():
+    rows = []
+    for seed in (0, 1):
+        for method, swap in (("uniform", 50.0), ("grit", 48.0 - seed)):
+            row = {"preset": "coco-like", "method": method, "seed": seed, "R@1": 60.0}
+            for scoring, shift in (("itc", 0.0), ("rerank", -10.0)):
+                row.update({f"nm_{scoring}_t2i_{k}": 5.0 + shift for k in (*sweep.NEAR_MISS_KINDS, "all")})
+                row[f"nm_{scoring}_t2i_swap"] = swap + shift
+            rows.append(row)
+    rows.append({"preset": "dense", "method": "uniform", "seed": 0, "R@1": 17.0})
+    table = pd.DataFrame(rows)
+    lines = sweep.near_miss_lines(table, "coco-like")
+    assert "| uniform | 2 | 5.0 / -5.0 | 5.0 / -5.0 | 5.0 / -5.0 | 5.0 / -5.0 | 50.0 / 40.0 | 5.0 / -5.0 | 5.0 / -5.0 |" in lines
+    assert "| grit | 2 | " in "\n".join(lines) and "47.5 / 37.5" in "\n".join(lines)
+    grit = next(line for line in lines if line.startswith("- `grit` − `uniform`"))
+    assert "swap ITC -2.50 ± 0.71 (0/2 +) *" in grit and "swap re-ranked -2.50 ± 0.71 (0/2 +) *" in grit
+    assert "color ITC +0.00 ± 0.00 (0/2 +)" in grit
+    assert sweep.near_miss_lines(table, "dense") == []
 
 
 def test_each_method_keeps_its_colour_in_every_panel(tmp_path, monkeypatch):

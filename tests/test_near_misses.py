@@ -1,0 +1,142 @@
+"""Near-miss families: what separates two siblings, and how often retrieval confuses them (``results/near_misses``)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from falcon_cli.data.shapes.near_misses import NEAR_MISS_KINDS, difference_kinds, family_pairs
+from falcon_cli.data.shapes.scene import EMPTY, SceneArrays, near_miss, sample_scene
+from falcon_cli.evaluation.near_misses import near_miss_confusion
+from tests.conftest import random_captions, run_cli
+
+
+def _scene(objects: dict[int, tuple[int, int, int]]):
+    """Three length-9 code rows from {cell: (shape, color, size)}."""
+    rows = np.full((3, 9), EMPTY, dtype=np.int8)
+    for cell, codes in objects.items():
+        rows[:, cell] = codes
+    return rows
+
+
+def _arrays(scenes) -> SceneArrays:
+    return SceneArrays(*(np.stack([s[k] for s in scenes]) for k in range(3)))
+
+
+def test_each_kind_of_difference_is_named():
+    base = {0: (0, 0, 0), 4: (1, 2, 1), 8: (2, 3, 0)}
+    variants = {
+        "color": {**base, 4: (1, 5, 1)},
+        "shape": {**base, 0: (3, 0, 0)},
+        "size": {**base, 8: (2, 3, 1)},
+        "move": {0: (0, 0, 0), 4: (1, 2, 1), 6: (2, 3, 0)},
+        "swap": {0: (1, 2, 1), 4: (0, 0, 0), 8: (2, 3, 0)},
+        "several": {**base, 0: (3, 0, 0), 4: (1, 5, 1)},  # two objects changed
+    }
+    scenes = [_scene(base)] + [_scene(v) for v in variants.values()]
+    scenes.append(_scene({**base, 4: (1, 5, 0)}))  # one object, two attributes
+    scenes.append(_scene({0: (0, 0, 0), 4: (1, 2, 1)}))  # an object removed
+    arrays = _arrays(scenes)
+    others = np.arange(1, len(scenes))
+    kinds = difference_kinds(arrays, np.zeros(len(others), dtype=int), others).tolist()
+    assert kinds == [*variants, "several", "several"]
+    assert difference_kinds(arrays, others, np.zeros(len(others), dtype=int)).tolist() == kinds  # symmetric
+
+
+def test_a_scene_and_its_near_miss_differ_in_one_named_thing():
+    drawn, misses = [], []
+    for seed in range(300):
+        rng = random.Random(seed)
+        scene = sample_scene(rng, min_objects=2, max_objects=4, num_shapes=6, num_colors=8)
+        drawn.append(np.stack(scene))
+        misses.append(np.stack(near_miss(scene, rng, num_shapes=6, num_colors=8)))
+    kinds = difference_kinds(_arrays(drawn + misses), np.arange(300), np.arange(300, 600))
+    assert "several" not in set(kinds)
+    assert set(kinds) == set(NEAR_MISS_KINDS) - {"several"}
+
+
+def test_family_pairs_are_every_ordered_pair_within_a_family():
+    rng = random.Random(0)
+    scenes = _arrays([np.stack(sample_scene(rng, min_objects=2, max_objects=4, num_shapes=6, num_colors=8))
+                      for _ in range(12)])
+    image_ids = np.array([9, 8, 0, 1, 3, 11, 5])  # families of 4: {0, 1, 3}, {5}, {8, 9, 11}
+    scene_rows = image_ids  # scene row = image id here
+    first, second, kinds = family_pairs(scenes, scene_rows, image_ids, 4)
+    got = sorted(zip(image_ids[first].tolist(), image_ids[second].tolist()))
+    want = sorted((a, b) for a in image_ids for b in image_ids if a != b and a // 4 == b // 4)
+    assert got == want
+    assert kinds.tolist() == difference_kinds(scenes, image_ids[first], image_ids[second]).tolist()
+    assert [len(x) for x in family_pairs(scenes, scene_rows, image_ids, 1)] == [0, 0, 0]
+
+
+def _reference(i2t, t2i, img2txt, positives, pairs):
+    """The same counts, one comparison at a time."""
+    counts = {}
+    for a, b, kind in zip(*pairs):
+        for direction in ("i2t", "t2i"):
+            n, won = counts.get((direction, kind), (0, 0))
+            if direction == "t2i":
+                for t in img2txt[a]:
+                    if not positives[b, t]:
+                        n, won = n + 1, won + int(t2i[t, b] > t2i[t, a])
+            else:
+                best = max(i2t[a, t] for t in img2txt[a])
+                for u in img2txt[b]:
+                    if not positives[a, u]:
+                        n, won = n + 1, won + int(i2t[a, u] > best)
+            counts[(direction, kind)] = (n, won)
+    return counts
+
+
+def test_confusion_matches_a_comparison_by_comparison_reference():
+    rng = random.Random(3)
+    torch.manual_seed(3)
+    n_images = 24
+    img2txt, txt2img = random_captions(rng, n_images, 4)
+    i2t = torch.randn(n_images, len(txt2img))
+    t2i = i2t.t() + 0.3 * torch.randn(len(txt2img), n_images)  # re-ranking changes some scores
+    positives = torch.rand(n_images, len(txt2img)) < 0.15
+    for i, caps in enumerate(img2txt):
+        positives[i, caps] = True
+    scenes = _arrays([np.stack(sample_scene(rng, min_objects=2, max_objects=4, num_shapes=6, num_colors=8))
+                      for _ in range(n_images)])
+    pairs = family_pairs(scenes, np.arange(n_images), np.arange(n_images), 4)
+    rows = near_miss_confusion(i2t, t2i, img2txt, positives, pairs)
+    reference = _reference(i2t, t2i, img2txt, positives, pairs)
+    for row in rows:
+        if row["kind"] == "all":
+            n = sum(v[0] for (d, _), v in reference.items() if d == row["direction"])
+            won = sum(v[1] for (d, _), v in reference.items() if d == row["direction"])
+        else:
+            n, won = reference.get((row["direction"], row["kind"]), (0, 0))
+        assert row["comparisons"] == n
+        assert row["confusion"] == (pytest.approx(100 * won / n) if n else None)
+    assert sum(r["comparisons"] for r in rows if r["kind"] == "all") > 0
+    # A model that scores every true pair above every other pair confuses nothing.
+    perfect = positives.float()
+    assert all(r["confusion"] in (0.0, None) for r in near_miss_confusion(perfect, perfect.t(), img2txt, positives, pairs))
+
+
+def test_evaluate_writes_near_misses_on_a_world_with_near_misses(tmp_path):
+    run = tmp_path / "run"
+    world = tmp_path / "world"
+    proc = run_cli("pretrain", "--recipe", "shapes-demo", "--run-dir", run, f"data.dataset={world}",
+                   "data.shapes.preset=coco-like", "data.shapes.images=80", "data.tokenizer_vocab_size=200",
+                   "pretrain.epochs=1", "pretrain.batch_size=16", "pretrain.search_space_size=32",
+                   "pretrain.num_workers=0", "pretrain.warmup_steps=2", "pretrain.eval_split=null")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = run_cli("evaluate", "retrieval", run, "--rerank", "--k", "3")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Near misses on `test`" in proc.stderr
+    result = json.loads((run / "results" / "near_misses.json").read_text())
+    assert [(r["scoring"], r["direction"]) for r in result["rows"]] == [
+        ("itc", "i2t"), ("itc", "t2i"), ("itc+itm@3", "i2t"), ("itc+itm@3", "t2i")]
+    counts = result["meta"]["comparisons"]
+    assert counts["t2i"]["all"] == sum(counts["t2i"][k] for k in NEAR_MISS_KINDS) > 0
+    for row in result["rows"]:
+        for kind in (*NEAR_MISS_KINDS, "all"):
+            assert row[kind] is None if counts[row["direction"]][kind] == 0 else 0 <= row[kind] <= 100
