@@ -304,7 +304,11 @@ def run_row(preset: str, method: str, seed: int, run: Path) -> dict:
     retrieval = rankings[0]
     for key in ("i2t_R@1", "t2i_R@1", "oracle_i2t_R@1", "oracle_t2i_R@1"):
         row[f"{key}_lo"], row[f"{key}_hi"] = retrieval.get(f"{key}_lo"), retrieval.get(f"{key}_hi")
-    risk = json.loads((run / "audit" / "summary.json").read_text()).get("candidate_risk") or []
+    audit = json.loads((run / "audit" / "summary.json").read_text())
+    risk = audit.get("candidate_risk") or []
+    shares = audit.get("near_misses_in_batch") or []
+    if shares:  # the share of batch rows with a sibling scene in their batch, over the whole run
+        row["near_miss_share"] = 100 * sum(s["share"] * s["rows"] for s in shares) / sum(s["rows"] for s in shares)
     for entry in (r for r in risk if r["direction"] == "both"):  # the final model's candidates by hardness (audit)
         row.update({f"risk_{rank}": 100 * entry[rank] for rank in ("top-1", "top-10", "median", "random")})
     epochs = epoch_rows(method, seed, run)
@@ -753,17 +757,19 @@ def near_miss_lines(table, preset: str) -> list[str]:
     sibling scene a caption does not describe outranks the caption's own image (t2i), by what separates them, under
     ITC and re-ranked by ITM; then each method minus uniform, seed by seed. No lines without them."""
     rows = table[table["preset"] == preset]
-    if "nm_itc_t2i_all" not in rows or rows["nm_itc_t2i_all"].isna().all():
+    measured = [key for key in ("nm_itc_t2i_all", "near_miss_share") if key in rows and rows[key].notna().any()]
+    if not measured:
         return []
     kinds = (*NEAR_MISS_KINDS, "all")
-    methods = [m for m in METHODS if m in set(rows["method"][rows["nm_itc_t2i_all"].notna()])]
-    lines = ["", "Near misses (`results/near_misses.json`; t2i: how often a sibling scene that a test caption does not "
-                 "describe outranks the caption's own image, %, ITC / re-ranked by ITM; 50 is chance):", "",
-             "| method | seeds | " + " | ".join(kinds) + " |", "|---|---|" + "---|" * len(kinds)]
+    methods = [m for m in METHODS if m in set(rows["method"][rows[measured].notna().any(axis=1)])]
+    lines = ["", "Near misses (t2i, `results/near_misses.json`: how often a sibling scene that a test caption does not "
+                 "describe outranks the caption's own image, %, ITC / re-ranked by ITM, 50 is chance; sibling in batch: "
+                 "the share of training batch rows whose scene had a sibling in the same batch, `audit/summary.json`):",
+             "", "| method | seeds | sibling in batch % | " + " | ".join(kinds) + " |", "|---|---|---|" + "---|" * len(kinds)]
     for method in methods:
-        mine = rows[(rows["method"] == method) & rows["nm_itc_t2i_all"].notna()]
+        mine = rows[(rows["method"] == method) & rows[measured].notna().any(axis=1)]
         cells = [f"{_mean(mine, f'nm_itc_t2i_{k}')} / {_mean(mine, f'nm_rerank_t2i_{k}')}" for k in kinds]
-        lines.append(f"| {method} | {len(mine)} | " + " | ".join(cells) + " |")
+        lines.append(f"| {method} | {len(mine)} | {_mean(mine, 'near_miss_share')} | " + " | ".join(cells) + " |")
     for method in (m for m in methods if m != "uniform"):
         found = [(k, paired(table, preset, method, "uniform", f"nm_{scoring}_t2i_{k}"), scoring)
                  for scoring in ("itc", "rerank") for k in kinds]

@@ -12,6 +12,7 @@ Reads top to bottom:
 4. the tables: false-negative rate by hardness and step window, what is left after filtering
    by the judge's score at each threshold, the judge against the oracle, and (with an oracle) how
    often the final model's top-1 / top-10 / median candidate of a search space is a true match;
+   on a world with near-miss families, how often a batch row has a sibling scene in its batch;
 5. ``audit/`` written whole (a failed audit leaves the previous one untouched): audit.parquet,
    audit.md, the CSV tables, summary.json and the figures; a printed summary; the manifest.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 from rich.table import Table
@@ -30,10 +32,12 @@ from falcon_cli.artifacts.embeddings import check_fingerprint, read_embeddings
 from falcon_cli.artifacts.tables import AUDIT, write_table
 from falcon_cli.audit import report
 from falcon_cli.audit.candidates import oracle_candidate_risk
+from falcon_cli.audit.near_misses import near_miss_share
 from falcon_cli.audit.negatives import false_negative_rates, judge_negatives, used_negatives
 from falcon_cli.config.schema import Recipe
 from falcon_cli.data.datasets import pretrain_dataset
 from falcon_cli.data.pairs import records_fingerprint
+from falcon_cli.data.shapes.near_misses import family_size
 from falcon_cli.data.shared_images import SharedImages
 from falcon_cli.data.spec import load_spec
 from falcon_cli.errors import FalconError
@@ -130,6 +134,13 @@ def _audit(config: Recipe, run: RunDirectory) -> dict:
         last = int(log["epoch"].max())
         risk = oracle_candidate_risk(features(last), pair_at, oracle.oracle, last,
                                      space_size=config.pretrain.search_space_size, seed=config.seed)
+    # How often the composer put near misses together (worlds with near-miss families).
+    size = family_size(world) if world is not None else 1
+    siblings = pd.DataFrame()
+    if size > 1:
+        image_of_pair = np.full(max(r.pair_id for r in dataset.records) + 1, -1, dtype=np.int64)
+        image_of_pair[[r.pair_id for r in dataset.records]] = [int(r.extra["image_id"]) for r in dataset.records]
+        siblings = near_miss_share(log, image_of_pair // size)
     # What the quantile composer chose against the oracle's safe q and FN density (logged per chained slot).
     scheduler = summary_by_epoch(log)
     steps = audit["train_step"]
@@ -147,6 +158,7 @@ def _audit(config: Recipe, run: RunDirectory) -> dict:
         "first_step": int(steps.min()), "last_step": int(steps.max()),
         "overall": overall.to_dict(orient="records"), "by_window": windows.to_dict(orient="records"),
         "judge_vs_oracle": agreement.to_dict(orient="records"), "candidate_risk": risk.to_dict(orient="records"),
+        "near_misses_in_batch": siblings.to_dict(orient="records"),
         "scheduler_vs_oracle": scheduler.astype(object).where(scheduler.notna(), None).to_dict(orient="records"),
         "seconds": round(time.perf_counter() - started, 2),
     }

@@ -140,3 +140,25 @@ def test_evaluate_writes_near_misses_on_a_world_with_near_misses(tmp_path):
     for row in result["rows"]:
         for kind in (*NEAR_MISS_KINDS, "all"):
             assert row[kind] is None if counts[row["direction"]][kind] == 0 else 0 <= row[kind] <= 100
+    # The audit says how often the run's batches held a near miss of a row's scene.
+    proc = run_cli("audit-false-negatives", run, "--judge", "oracle", "--negatives", "itm")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    shares = json.loads((run / "audit" / "summary.json").read_text())["near_misses_in_batch"]
+    assert [s["epoch"] for s in shares] == [0] and 0 <= shares[0]["share"] <= 1 and shares[0]["rows"] > 0
+
+
+def test_near_miss_share_counts_rows_whose_family_meets_again_in_their_batch():
+    import pandas as pd
+
+    from falcon_cli.audit.near_misses import near_miss_share
+
+    family = np.array([0, 0, 1, 1, 2, 3, 3, 4])  # pair -> family
+    log = pd.DataFrame({"epoch": [0, 0, 0, 0, 0, 0, 1, 1, 1, 1],
+                        "step": [0, 0, 0, 1, 1, 1, 0, 0, 0, 0],
+                        "pair_id": [0, 1, 4, 2, 5, 7, 2, 3, 6, 5]})
+    share = near_miss_share(log, family)
+    # epoch 0: step 0 holds pairs 0 and 1 (one family) and 4; step 1 holds families 1, 3, 4 once each -> 2 of 6.
+    # epoch 1: one step with pairs 2, 3 (family 1) and 6, 5 (family 3) -> 4 of 4.
+    assert share.to_dict(orient="records") == [{"epoch": 0, "share": pytest.approx(2 / 6), "rows": 6},
+                                               {"epoch": 1, "share": 1.0, "rows": 4}]
+    assert near_miss_share(log.iloc[:0], family).empty

@@ -262,15 +262,20 @@ def test_on_a_world_with_near_misses_a_run_is_evaluated_again_for_them_while_its
             for scoring in ("itc", "itc+itm@8") for direction in ("i2t", "t2i")]
     (run / "results" / "near_misses.json").write_text(json.dumps({"meta": {}, "rows": rows}))
     assert sweep.evaluated(run, 8, world)
+    summary = json.loads((run / "audit" / "summary.json").read_text())
+    summary["near_misses_in_batch"] = [{"epoch": 0, "share": 0.1, "rows": 30}, {"epoch": 1, "share": 0.3, "rows": 10}]
+    (run / "audit" / "summary.json").write_text(json.dumps(summary))
     row = sweep.run_row("coco-like", "grit", 0, run)
     assert row["nm_itc_t2i_swap"] == 51.0 and row["nm_rerank_i2t_all"] == 14.0
+    assert row["near_miss_share"] == pytest.approx(15.0)  # weighted by rows
 
 
 def test_near_miss_lines_give_each_methods_confusions_and_its_paired_difference_from_uniform():
     rows = []
     for seed in (0, 1):
         for method, swap in (("uniform", 50.0), ("grit", 48.0 - seed)):
-            row = {"preset": "coco-like", "method": method, "seed": seed, "R@1": 60.0}
+            row = {"preset": "coco-like", "method": method, "seed": seed, "R@1": 60.0,
+                   "near_miss_share": 4.0 if method == "uniform" else 20.0 + seed}
             for scoring, shift in (("itc", 0.0), ("rerank", -10.0)):
                 row.update({f"nm_{scoring}_t2i_{k}": 5.0 + shift for k in (*sweep.NEAR_MISS_KINDS, "all")})
                 row[f"nm_{scoring}_t2i_swap"] = swap + shift
@@ -278,8 +283,8 @@ def test_near_miss_lines_give_each_methods_confusions_and_its_paired_difference_
     rows.append({"preset": "dense", "method": "uniform", "seed": 0, "R@1": 17.0})
     table = pd.DataFrame(rows)
     lines = sweep.near_miss_lines(table, "coco-like")
-    assert "| uniform | 2 | 5.0 / -5.0 | 5.0 / -5.0 | 5.0 / -5.0 | 5.0 / -5.0 | 50.0 / 40.0 | 5.0 / -5.0 | 5.0 / -5.0 |" in lines
-    assert "| grit | 2 | " in "\n".join(lines) and "47.5 / 37.5" in "\n".join(lines)
+    assert "| uniform | 2 | 4.0 | 5.0 / -5.0 | 5.0 / -5.0 | 5.0 / -5.0 | 5.0 / -5.0 | 50.0 / 40.0 | 5.0 / -5.0 | 5.0 / -5.0 |" in lines
+    assert "| grit | 2 | 20.5 | " in "\n".join(lines) and "47.5 / 37.5" in "\n".join(lines)
     grit = next(line for line in lines if line.startswith("- `grit` − `uniform`"))
     assert "swap ITC -2.50 ± 0.71 (0/2 +) *" in grit and "swap re-ranked -2.50 ± 0.71 (0/2 +) *" in grit
     assert "color ITC +0.00 ± 0.00 (0/2 +)" in grit
