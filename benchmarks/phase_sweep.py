@@ -323,7 +323,7 @@ def run_row(preset: str, method: str, seed: int, run: Path) -> dict:
     row.update(near_miss_columns(run))
     row["preset"] = preset
     manifest = json.loads((run / "manifest.json").read_text())
-    git = manifest.get("git") or {}
+    git = manifest.get("stages", {}).get("pretrain", {}).get("git") or manifest.get("git") or {}  # what trained it
     row["commit"] = (git.get("sha") or "unknown")[:7] + (" (uncommitted changes)" if git.get("dirty") else "")
     row["machine"], row["budget"], row["world"] = machine(manifest), budget_phrase(manifest), world_fingerprint(manifest)
     return row
@@ -828,7 +828,8 @@ def figure(table, out: Path) -> Path:
 
 def machine(manifest: dict) -> str:
     """Where a run trained, from its manifest: CPU cores, GPU (if any), device and precision."""
-    host, result = manifest.get("host", {}), manifest["stages"]["pretrain"].get("result", {})
+    stage = manifest["stages"]["pretrain"]
+    host, result = stage.get("host") or manifest.get("host", {}), stage.get("result", {})
     gpus = host.get("gpus") or []
     return (f"{host.get('cpus', '?')} CPU cores" + (f", {gpus[0]}" if gpus else "")
             + f" ({result.get('device', '?')}, {result.get('precision', '?')})")

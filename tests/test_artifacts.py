@@ -322,6 +322,8 @@ def test_run_directory_manifest(tmp_path):
     assert manifest["config"] == {"seed": 3, "data": {"dataset": "x"}}
     assert manifest["artifacts"]["out.txt"]["sha256"] == sha256_file(run.path / "out.txt")
     assert manifest["stages"]["data"]["result"] == {"n": 1}
+    assert manifest["stages"]["data"]["git"] == manifest["git"]  # the code and machine the stage ran with
+    assert manifest["stages"]["data"]["host"] == manifest["host"]
     assert manifest["packages"]["numpy"] == np.__version__
     assert {"sha", "dirty"} <= set(manifest["git"]) and manifest["host"]["hostname"]
     assert (run.path / "config.yaml").read_text().startswith("seed: 3")

@@ -268,6 +268,12 @@ def test_on_a_world_with_near_misses_a_run_is_evaluated_again_for_them_while_its
     row = sweep.run_row("coco-like", "grit", 0, run)
     assert row["nm_itc_t2i_swap"] == 51.0 and row["nm_rerank_i2t_all"] == 14.0
     assert row["near_miss_share"] == pytest.approx(15.0)  # weighted by rows
+    # Evaluated again later, elsewhere: the row names the commit and machine that trained the run.
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["stages"]["pretrain"].update(git={"sha": "feedbeef00", "dirty": False}, host={"cpus": 16, "gpus": ["H200"]})
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    row = sweep.run_row("coco-like", "grit", 0, run)
+    assert row["commit"] == "feedbee" and row["machine"] == "16 CPU cores, H200 (cpu, fp32)"
 
 
 def test_near_miss_lines_give_each_methods_confusions_and_its_paired_difference_from_uniform():

@@ -213,8 +213,11 @@ class RunDirectory:
     # -- stages and artifacts ----------------------------------------------------------------
 
     def record_stage(self, name: str, *, start: str, status: str, result: dict | None = None) -> None:
-        """Record one stage's start, end, status and result summary in the manifest."""
-        self.manifest["stages"][name] = {"start": start, "end": now(), "status": status, "result": result or {}}
+        """Record one stage's start, end, status, result summary, and the code and machine it ran on (this
+        invocation's ``git`` and ``host``: the manifest's top-level ones are the latest command's, which an evaluation
+        after training, perhaps on another machine, replaces)."""
+        self.manifest["stages"][name] = {"start": start, "end": now(), "status": status, "result": result or {},
+                                         "git": self.manifest.get("git"), "host": self.manifest.get("host")}
         self.save()
 
     def add_artifact(self, path: str | Path, *, schema: str, schema_version: int, meta: dict | None = None) -> None:
