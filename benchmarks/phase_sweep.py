@@ -5,6 +5,7 @@
     PYTHONPATH=. .venv/bin/python benchmarks/phase_sweep.py --out runs/phase --presets medium --only falcon falcon-margin
     PYTHONPATH=. .venv/bin/python benchmarks/phase_sweep.py --out /tmp/phase --budget quick            # a smoke test
     PYTHONPATH=. .venv/bin/python benchmarks/phase_sweep.py --out runs/gpu --gate --collect --report docs/results.md
+    PYTHONPATH=. .venv/bin/python benchmarks/phase_sweep.py --out runs/phase --presets medium --seeds 0 --curves grit grit-oracle
 
 Methods x world regimes (``falcon data shapes --preset``: ``coco-like``, ``medium``, ``dense``) x paired seeds.
 Every run of a regime starts from the same unimodal encoders (the ``unimodal`` stage: the world's DeiT and BERT
@@ -22,6 +23,8 @@ than q = 0.5's and loses to it by more than 2 standard deviations.
 The sweep is resumable (a run whose training, evaluation and audit are done is skipped) and can be split with
 ``--presets``, ``--only`` and ``--seeds``; ``--report`` regenerates the page's block from every finished run in OUT,
 and ``--collect`` does only that (runs trained elsewhere, e.g. eight at a time on a GPU with ``--jobs 8``).
+``--curves METHOD ...`` prints the learning curves of those methods' runs side by side, epoch by epoch (runs still
+training or paused too), and runs nothing.
 ``--rows CSV`` adds the runs an earlier sweep recorded in its ``results.csv`` (``docs/results/phase_results.csv``
 is the last report's) whose directories are gone, e.g. seeds trained in an earlier session: each row records the
 world it trained on (a fingerprint of its ``world.json``), its budget, commit and machine, and a preset's rows
@@ -439,6 +442,28 @@ def curve_rows(preset: str, method: str, seed: int, run: Path) -> list[dict]:
              **{key: record.get(key) for key in keys}, "R@1": (record["i2t_R@1"] + record["t2i_R@1"]) / 2,
              "FN-aware R@1": (record["oracle_i2t_R@1"] + record["oracle_t2i_R@1"]) / 2 if "oracle_i2t_R@1" in record else None,
              "itm": itm.get(epoch)} for epoch, record in sorted(evaluations.items())]
+
+
+def side_by_side(out: Path, preset: str, seed: int, methods: list[str]) -> list[str]:
+    """The learning curves of ``methods``' runs of (``preset``, ``seed``) as one Markdown table, epoch by epoch: R@1 and
+    FN-aware R@1 (where the run records it) and the epoch's mean ITM loss; runs that are still training or paused
+    included, their missing epochs blank. Methods without a run directory are left out."""
+    found = {m: curve_rows(preset, m, seed, run_dir(out, preset, m, seed)) for m in methods
+             if (run_dir(out, preset, m, seed) / "metrics.jsonl").exists()}
+    if not found:
+        return [f"no runs of {', '.join(methods)} on {preset}, seed {seed}, in {out}"]
+    by_epoch = {m: {r["epoch"]: r for r in rows} for m, rows in found.items()}
+    epochs = sorted({e for rows in by_epoch.values() for e in rows})
+    lines = [f"`{preset}`, seed {seed}: R@1 / FN-aware R@1 / ITM loss after each epoch", "",
+             "| epoch | " + " | ".join(found) + " |", "|---|" + "---|" * len(found)]
+    for epoch in epochs:
+        cells = []
+        for method in found:
+            r = by_epoch[method].get(epoch)
+            cells.append("" if r is None else " / ".join("—" if v is None else f"{v:.{d}f}"
+                                                        for v, d in ((r["R@1"], 1), (r["FN-aware R@1"], 1), (r["itm"], 3))))
+        lines.append(f"| {epoch} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def curves(out: Path, table) -> list[dict]:
@@ -917,12 +942,18 @@ def main() -> None:
                         help="Also count the runs recorded in these results.csv files (an earlier session's or "
                              "machine's, e.g. docs/results/phase_results.csv) that OUT does not hold; a preset's rows "
                              "must share one world and budget.")
+    parser.add_argument("--curves", nargs="+", choices=list(METHODS), metavar="METHOD",
+                        help="Run nothing: print these methods' learning curves side by side for the first of --presets "
+                             "and --seeds (runs still training or paused too).")
     parser.add_argument("--collect", action="store_true",
                         help="Run nothing: only rebuild the tables, figure and --report from the finished runs in OUT "
                              "(e.g. runs made on another machine).")
     args = parser.parse_args()
 
     out, budget = args.out.resolve(), changed_budget(BUDGETS[args.budget], args.set)
+    if args.curves:
+        print("\n".join(side_by_side(out, args.presets[0], args.seeds[0], args.curves)))
+        return
     (out / "logs").mkdir(parents=True, exist_ok=True)
     presets = [p for p in args.presets if not args.gate or p in GATE_PRESETS]
     methods = selected_methods(args.gate, args.only)

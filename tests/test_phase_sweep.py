@@ -566,3 +566,27 @@ def test_the_oracle_arms_say_what_the_false_negatives_cost_and_what_hardness_giv
     assert sweep.oracle_lines(table, "coco-like") == []
     page = "\n".join(sweep.summary_lines(table, tmp_path))
     assert page.count("What the false negatives cost") == 1 and "| grit-oracle | 2 |" in page
+
+
+def test_curves_side_by_side_include_runs_still_training(tmp_path):
+    out = tmp_path / "sweep"
+
+    def write(method: str, epochs: int, fn_aware: bool) -> None:
+        run = sweep.run_dir(out, "medium", method, 0)
+        run.mkdir(parents=True)
+        records = []
+        for epoch in range(epochs):
+            records.append({"step": 2 * epoch, "epoch": epoch, "itm": 0.6})
+            evaluation = {"kind": "zero_shot", "epoch": epoch, "i2t_R@1": 10.0 + epoch, "t2i_R@1": 20.0 + epoch}
+            if fn_aware:
+                evaluation.update({"oracle_i2t_R@1": 30.0, "oracle_t2i_R@1": 40.0})
+            records.append(evaluation)
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    write("grit", 3, True)
+    write("grit-oracle", 1, False)  # paused after its first epoch, and from before the FN-aware curve
+    lines = sweep.side_by_side(out, "medium", 0, ["grit", "q05", "grit-oracle"])
+    assert lines[2] == "| epoch | grit | grit-oracle |"  # (q05 has no run)
+    assert lines[4] == "| 1 | 15.0 / 35.0 / 0.600 | 15.0 / — / 0.600 |"
+    assert lines[6] == "| 3 | 17.0 / 35.0 / 0.600 |  |"
+    assert sweep.side_by_side(out, "dense", 0, ["grit"]) == [f"no runs of grit on dense, seed 0, in {out}"]
