@@ -46,9 +46,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.scheduler_sweep import epoch_rows
-from falcon_cli.data.shapes.near_misses import NEAR_MISS_KINDS, family_size
 from benchmarks.shapes_sweep import (AUDITED, EVALUATED, Variant, collect, completed, falcon, finished_futures,
                                      replace_block, seeds_phrase, train)
+from falcon_cli.artifacts.checkpoints import WEIGHTS
+from falcon_cli.data.shapes.near_misses import NEAR_MISS_KINDS, family_size
 
 PRESETS = ("coco-like", "medium", "dense")
 """The regimes, sparse to dense (``falcon_cli/data/shapes/presets.py``)."""
@@ -284,7 +285,7 @@ def evaluated(run: Path, rerank_k: int, world: Path) -> bool:
     rows = json.loads((run / EVALUATED).read_text())["rows"]
     if rerank_k and (reranked(rows) or {}).get("scoring") != f"itc+itm@{rerank_k}":
         return False
-    has_checkpoint = any((run / "checkpoints").glob("*/model.safetensors"))
+    has_checkpoint = any((run / "checkpoints").glob(f"*/{WEIGHTS}"))
     return (run / NEAR_MISSES).exists() or family_size(world) <= 1 or not has_checkpoint
 
 
@@ -793,8 +794,9 @@ def near_miss_lines(table, preset: str) -> list[str]:
              "", "| method | seeds | sibling in batch % | " + " | ".join(kinds) + " |", "|---|---|---|" + "---|" * len(kinds)]
     for method in methods:
         mine = rows[(rows["method"] == method) & rows[measured].notna().any(axis=1)]
-        cells = [f"{_mean(mine, f'nm_itc_t2i_{k}')} / {_mean(mine, f'nm_rerank_t2i_{k}')}" for k in kinds]
-        lines.append(f"| {method} | {len(mine)} | {_mean(mine, 'near_miss_share')} | " + " | ".join(cells) + " |")
+        mean = lambda key: _mean_std(mine, key, std=False)  # noqa: E731
+        cells = [f"{mean(f'nm_itc_t2i_{k}')} / {mean(f'nm_rerank_t2i_{k}')}" for k in kinds]
+        lines.append(f"| {method} | {len(mine)} | {mean('near_miss_share')} | " + " | ".join(cells) + " |")
     for method in (m for m in methods if m != "uniform"):
         found = [(k, paired(table, preset, method, "uniform", f"nm_{scoring}_t2i_{k}"), scoring)
                  for scoring in ("itc", "rerank") for k in kinds]
@@ -805,17 +807,15 @@ def near_miss_lines(table, preset: str) -> list[str]:
     return lines
 
 
-def _mean(rows, key: str) -> str:
-    values = rows[key].dropna() if key in rows else []
-    return "—" if len(values) == 0 else f"{values.mean():.1f}"
-
-
-def _mean_std(rows, key: str, digits: int = 1) -> str:
+def _mean_std(rows, key: str, digits: int = 1, std: bool = True) -> str:
+    """``rows[key]``'s mean ± std over its non-missing values (``std=False``: the mean alone); — when none."""
     values = rows[key].dropna() if key in rows else []
     if len(values) == 0:
         return "—"
-    std = values.std() if len(values) > 1 else 0.0
-    return f"{values.mean():.{digits}f} ± {std:.{digits}f}"
+    if not std:
+        return f"{values.mean():.{digits}f}"
+    spread = values.std() if len(values) > 1 else 0.0
+    return f"{values.mean():.{digits}f} ± {spread:.{digits}f}"
 
 
 def figure(table, out: Path) -> Path:

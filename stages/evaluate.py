@@ -157,8 +157,8 @@ def near_miss_truth(ctx: Context, dataset) -> Callable | None:
     size = family_size(ctx.spec.resolve(ctx.spec.shapes_world))
     if size <= 1:
         return None
-    positives = oracle_positives(ctx.spec, dataset)
     oracle = ShapesOracle.load(ctx.spec.resolve(ctx.spec.shapes_world))
+    positives = oracle_positives(ctx.spec, dataset, oracle)
     image_ids = ids_from_entries(dataset.records).image_ids
     pairs = family_pairs(oracle.scenes, oracle.image_rows(image_ids), image_ids, size)
     img2txt = split_targets(dataset)[0]

@@ -212,7 +212,7 @@ def as_current_config(stored: dict[str, Any]) -> dict[str, Any]:
     recorded config unchanged where today's schema no longer accepts it (its differences are then reported)."""
     try:
         current = Recipe.model_validate(stored).model_dump(mode="json")
-    except (ValidationError, ValueError, TypeError):
+    except (ValueError, TypeError):  # (pydantic's ValidationError is a ValueError)
         return stored
     return with_missing_keys(stored, current)
 

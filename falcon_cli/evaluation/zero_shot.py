@@ -31,16 +31,16 @@ def zero_shot_retrieval(model, dataset, tokenizer, device: torch.device, *, posi
     return result
 
 
-def oracle_positives(spec, dataset) -> torch.Tensor | None:
+def oracle_positives(spec, dataset, oracle: ShapesOracle | None = None) -> torch.Tensor | None:
     """bool [n_images, n_texts]: which captions of a retrieval split truly describe which of its images, by the
-    shapes world's oracle; None when the dataset is not a shapes world or its entries carry no image and caption ids
-    (``falcon evaluate`` says why where the metric was asked for)."""
+    shapes world's oracle (``oracle``: the world's, already loaded); None when the dataset is not a shapes world or
+    its entries carry no image and caption ids (``falcon evaluate`` says why where the metric was asked for)."""
     if spec.shapes_world is None:
         return None
     ids = ids_from_entries(dataset.records)
     if ids is None:
         return None
-    oracle = ShapesOracle.load(spec.resolve(spec.shapes_world))
+    oracle = oracle or ShapesOracle.load(spec.resolve(spec.shapes_world))
     return torch.from_numpy(oracle.matrix(ids.image_ids, ids.caption_ids))
 
 

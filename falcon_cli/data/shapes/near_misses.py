@@ -53,10 +53,9 @@ def difference_kinds(scenes: SceneArrays, a: np.ndarray, b: np.ndarray) -> np.nd
 
     # Two objects swapped: two occupied cells changed, each holding the other's object.
     two = same_cells & (changed == 2)
-    first = cell_differs.argmax(axis=1)
-    second = 8 - cell_differs[:, ::-1].argmax(axis=1)
-    swapped = ((attrs_a[rows, first] == attrs_b[rows, second]).all(axis=1)
-               & (attrs_a[rows, second] == attrs_b[rows, first]).all(axis=1) & occupied_a[rows, first])
+    last = 8 - cell_differs[:, ::-1].argmax(axis=1)  # (and ``cell`` is the first changed one)
+    swapped = ((attrs_a[rows, cell] == attrs_b[rows, last]).all(axis=1)
+               & (attrs_a[rows, last] == attrs_b[rows, cell]).all(axis=1) & occupied_a[rows, cell])
     kinds[two & swapped] = "swap"
 
     # One object moved: a cell emptied, another filled with the same object, every other cell unchanged.
