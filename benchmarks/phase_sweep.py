@@ -114,6 +114,10 @@ class PhaseBudget:
     ``gpu`` budgets keep 48: a ``coco-like`` whole-scene caption of four objects is 40-43 tokens, and cut at 25 it
     would name fewer objects than the oracle judges it by."""
     eval_every: int = 1
+    train_scale: float = 1.0
+    """Training images as a multiple of what ``images`` and ``splits`` give (val and test unchanged): more distinct
+    pairs for the same test split, e.g. ``--set train_scale=3`` in a world where the model memorises its 4,500
+    training pairs (``medium``; docs/results.md). Runs of another scale belong in another ``--out``."""
     audit_pairs: int = 20000
     rerank_k: int = 0
     """The evaluation also re-ranks each query's top ``rerank_k`` ITC candidates by the ITM head (ALBEF's retrieval
@@ -123,15 +127,16 @@ class PhaseBudget:
         """Images and split fractions of ``preset``'s world. ``images`` and ``splits`` hold for a preset whose
         training images keep all their captions. A preset that keeps fewer (``train_captions_per_image``) gets
         proportionally more training images and the same val and test images, so that every regime trains
-        on the same number of pairs and is tested on the same number of images and captions."""
+        on the same number of pairs and is tested on the same number of images and captions; ``train_scale``
+        multiplies the training images of every preset alike."""
         from falcon_cli.data.shapes.config import ShapesConfig, family_split_sizes
 
         world = ShapesConfig(preset=preset, images=self.images, splits=self.splits)
         kept = world.train_captions_per_image or world.captions_per_image
-        if kept == world.captions_per_image:
+        if kept == world.captions_per_image and self.train_scale == 1:
             return self.images, dict(self.splits)
         sizes = family_split_sizes(world)  # (splits are cut by families: a scene and its near misses)
-        sizes["train"] = round(sizes["train"] * world.captions_per_image / kept)
+        sizes["train"] = round(sizes["train"] * world.captions_per_image / kept * self.train_scale)
         families = sum(sizes.values())
         return families * (world.near_misses + 1), {split: n / families for split, n in sizes.items()}
 

@@ -33,7 +33,9 @@ from falcon_cli.artifacts.atomic import write_json
 from falcon_cli.artifacts.results import write_results
 from falcon_cli.config.schema import Recipe
 from falcon_cli.data.collate import Nlvr2Collate, VqaCollate, tokenize
-from falcon_cli.data.datasets import nlvr2_dataset, retrieval_dataset, vqa_answer_list, vqa_dataset
+from falcon_cli.data.datasets import (nlvr2_dataset, pretrain_retrieval_dataset, retrieval_dataset, vqa_answer_list,
+                                      vqa_dataset)
+from falcon_cli.artifacts.results import results_name
 from falcon_cli.data.retrieval import SplitIds, ids_from_entries, split_ids
 from falcon_cli.data.shapes.near_misses import family_pairs, family_size
 from falcon_cli.data.shapes.oracle import ShapesOracle
@@ -45,7 +47,7 @@ from falcon_cli.evaluation.downstream import answer_questions, nlvr2_accuracy
 from falcon_cli.runtime.run_dir import RunDirectory
 from falcon_cli.evaluation import eccv  # (called through the module: the seam where tests stand in for eccv_caption)
 from falcon_cli.evaluation.eccv import COCO_TEST_IMAGES
-from falcon_cli.evaluation.multi_positive import fn_aware_retrieval
+from falcon_cli.evaluation.multi_positive import fn_aware_retrieval, perfect_recall_at_1
 from falcon_cli.evaluation.near_misses import near_miss_confusion
 from falcon_cli.evaluation.retrieval import recall_at_k
 from falcon_cli.evaluation.scoring import embed_split, retrieval_scores
@@ -117,7 +119,7 @@ def evaluate_retrieval(ctx: Context) -> dict:
         resolution = model.config.image_size
         if loaded_at != resolution:  # checkpoints fine-tuned at another resolution get their own transform
             first = dataset is None
-            dataset, loaded_at = retrieval_dataset(ctx.spec, r.split, build_transform("test", resolution)), resolution
+            dataset, loaded_at = split_dataset(ctx, build_transform("test", resolution)), resolution
             if first:  # the ground truth depends on the split's entries only
                 truth = false_negative_truth(ctx, dataset)
                 near_misses = near_miss_truth(ctx, dataset) if truth[0] == "oracle" else None
@@ -144,11 +146,20 @@ def evaluate_retrieval(ctx: Context) -> dict:
             "k": k, "false_negatives": truth[0], **truth[2], "images": len(dataset), "texts": len(dataset.text),
             "units": "percent"}
     if D.is_main_process():
-        console.print(write_results(ctx.run, "retrieval", rows, meta,
+        console.print(write_results(ctx.run, results_name("retrieval", r.split), rows, meta,
                                     f"Retrieval on `{r.split}` ({meta['scoring']}{'' if k is None else f', k={k}'}, percent)"))
         if near_miss_rows:
             console.print(write_near_misses(ctx, near_miss_rows, meta))
     return {"meta": meta, "rows": rows}
+
+
+def split_dataset(ctx: Context, transform):
+    """The retrieval split ``evaluate.retrieval.split`` names: a val/test file of the spec, or the pretraining pairs
+    grouped by image (``pretrain``)."""
+    r = ctx.e.retrieval
+    if r.split == "pretrain":
+        return pretrain_retrieval_dataset(ctx.spec, transform, max_images=r.pretrain_images)
+    return retrieval_dataset(ctx.spec, r.split, transform)
 
 
 def near_miss_truth(ctx: Context, dataset) -> Callable | None:
@@ -174,7 +185,8 @@ def write_near_misses(ctx: Context, rows: list[dict], meta: dict) -> str:
         wide.setdefault(key, {"model": r["model"], "scoring": r["scoring"], "direction": r["direction"]})[r["kind"]] = r["confusion"]
         counts.setdefault(r["direction"], {})[r["kind"]] = r["comparisons"]
     info = {key: meta[key] for key in ("dataset", "split", "k", "units") if key in meta}
-    return write_results(ctx.run, "near_misses", list(wide.values()), {**info, "comparisons": counts},
+    return write_results(ctx.run, results_name("near_misses", meta["split"]), list(wide.values()),
+                         {**info, "comparisons": counts},
                          f"Near misses on `{meta['split']}`: how often a sibling scene the query does not match outranks "
                          f"its own match, by what separates them (percent; 50 = chance; comparisons "
                          + "; ".join(f"{d}: {c['all']:,}" for d, c in counts.items()) + ")")
@@ -198,10 +210,14 @@ def false_negative_truth(ctx: Context, dataset) -> tuple[str, Callable | None, d
     wanted = r.false_negatives
     if wanted == "auto" and ctx.spec.shapes_world is not None:
         wanted = "oracle"
+    if wanted == "auto" and r.split == "pretrain":
+        skipped = "ECCV Caption, CxC and COCO 1K/5K metrics skipped: they annotate the COCO 5K test split, not pretraining pairs"
+        return "none", None, {"false_negatives_skipped": skipped}
     if wanted == "none":
         return "none", None, {}
     if wanted == "oracle":
-        return "oracle", oracle_truth(ctx, dataset), {}
+        metrics, perfect = oracle_truth(ctx, dataset)
+        return "oracle", metrics, {f"perfect_{direction}_R@1": value for direction, value in perfect.items()}
     ids, problem = coco_test_ids(ctx, dataset)
     meta = {} if ids is None else {"coco_ids": ids.counts()}
     if ids is not None and ids.source != "entries" and D.is_main_process():
@@ -242,8 +258,10 @@ def coco_test_ids(ctx: Context, dataset) -> tuple[SplitIds | None, str | None]:
     return ids, None
 
 
-def oracle_truth(ctx: Context, dataset) -> Callable:
-    """The shapes oracle's metrics: every caption that truly describes an image is a positive."""
+def oracle_truth(ctx: Context, dataset) -> tuple[Callable, dict]:
+    """The shapes oracle's metrics (every caption that truly describes an image is a positive), and the standard
+    R@1 a perfect model scores on the split per direction (``meta.perfect_t2i_R@1``, ``perfect_i2t_R@1``: above it,
+    a model tells apart what the captions do not say)."""
     if ctx.spec.shapes_world is None:
         raise FalconError(f"evaluate.retrieval.false_negatives=oracle: dataset {ctx.spec.name} has no shapes_world "
                           "(the oracle exists only for generated shapes worlds); use eccv, auto or none")
@@ -251,7 +269,9 @@ def oracle_truth(ctx: Context, dataset) -> Callable:
     if positives is None:
         raise FalconError(f"evaluate.retrieval.false_negatives=oracle: the {ctx.e.retrieval.split} split's entries "
                           "need image_id and caption_ids (the shapes world writes them); regenerate the world")
-    return lambda i2t, t2i: fn_aware_retrieval(i2t, positives, "oracle", scores_t2i=t2i)
+    perfect = {direction: round(value, 2) for direction, value in
+               perfect_recall_at_1(positives, split_targets(dataset)[0]).items()}
+    return lambda i2t, t2i: fn_aware_retrieval(i2t, positives, "oracle", scores_t2i=t2i), perfect
 
 
 # --- VQA ------------------------------------------------------------------------------------------

@@ -117,3 +117,25 @@ def test_each_recall_has_its_wilson_interval():
     assert (metrics["i2t_R@1_lo"], metrics["i2t_R@1_hi"]) == pytest.approx(wilson_interval(75.0, 4))
     table = markdown_table([{"model": "m", "i2t_R@1": 75.0, "i2t_R@1_lo": 30.06, "i2t_R@1_hi": 95.44}])
     assert "| model | i2t_R@1 |" in table and "75.00 [30.1, 95.4]" in table and "_lo" not in table
+
+
+def test_perfect_recall_is_what_a_perfect_model_scores_with_true_matches_in_random_order():
+    """A perfect model ranks every true match first in an order the query cannot decide: averaged over many such
+    random orders, its standard R@1 (the real ``recall_at_k``) is ``perfect_recall_at_1``."""
+    from falcon_cli.evaluation.multi_positive import perfect_recall_at_1
+
+    g = torch.Generator().manual_seed(0)
+    img2txt, txt2img = random_captions(random.Random(1), 12, 3)
+    positives = torch.rand(12, len(txt2img), generator=g) < 0.25
+    for image, texts in enumerate(img2txt):
+        positives[image, texts] = True
+    draws = [recall_at_k(positives.float() + 0.5 * torch.rand(positives.shape, generator=g), img2txt, txt2img)
+             for _ in range(3000)]
+    perfect = perfect_recall_at_1(positives, img2txt)
+    for direction in ("i2t", "t2i"):
+        simulated = sum(d[f"{direction}_R@1"] for d in draws) / len(draws)
+        assert simulated == pytest.approx(perfect[direction], abs=1.0)
+    # By hand: one image with its caption, which also describes a second image; the second image's caption does not
+    # describe the first. t2i: 1/2 and 1; i2t: the first image has one true caption (its own), the second two.
+    by_hand = perfect_recall_at_1(torch.tensor([[True, False], [True, True]]), [[0], [1]])
+    assert by_hand == pytest.approx({"t2i": 75.0, "i2t": 75.0})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -121,14 +122,21 @@ def test_confusion_matches_a_comparison_by_comparison_reference():
     assert all(r["confusion"] in (0.0, None) for r in near_miss_confusion(perfect, perfect.t(), img2txt, positives, pairs))
 
 
-def test_evaluate_writes_near_misses_on_a_world_with_near_misses(tmp_path):
-    run = tmp_path / "run"
-    world = tmp_path / "world"
+@pytest.fixture(scope="module")
+def coco_like_run(tmp_path_factory):
+    """A one-epoch run on a tiny ``coco-like`` world (near-miss families, one caption per training image)."""
+    root = tmp_path_factory.mktemp("coco-like")
+    run, world = root / "run", root / "world"
     proc = run_cli("pretrain", "--recipe", "shapes-demo", "--run-dir", run, f"data.dataset={world}",
                    "data.shapes.preset=coco-like", "data.shapes.images=80", "data.tokenizer_vocab_size=200",
                    "pretrain.epochs=1", "pretrain.batch_size=16", "pretrain.search_space_size=32",
                    "pretrain.num_workers=0", "pretrain.warmup_steps=2", "pretrain.eval_split=null")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    return run, world
+
+
+def test_evaluate_writes_near_misses_on_a_world_with_near_misses(coco_like_run):
+    run, _ = coco_like_run
     proc = run_cli("evaluate", "retrieval", run, "--rerank", "--k", "3")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Near misses on `test`" in proc.stderr
@@ -145,6 +153,55 @@ def test_evaluate_writes_near_misses_on_a_world_with_near_misses(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     shares = json.loads((run / "audit" / "summary.json").read_text())["near_misses_in_batch"]
     assert [s["epoch"] for s in shares] == [0] and 0 <= shares[0]["share"] <= 1 and shares[0]["rows"] > 0
+
+
+def test_pretrain_split_scores_the_pairs_the_run_trained_on_beside_the_test_split(coco_like_run):
+    run, world = coco_like_run
+    here = run.parent  # relative paths, as a user types them
+    proc = run_cli("evaluate", "retrieval", "run", "--itc-only", cwd=here)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    test_result = (run / "results" / "retrieval.json").read_bytes()
+    proc = run_cli("evaluate", "retrieval", "run", "--split", "pretrain", "--itc-only", cwd=here)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "results/retrieval_pretrain.md" in proc.stdout + proc.stderr
+    assert (run / "results" / "retrieval.json").read_bytes() == test_result  # the test split's results stay
+    assert (run / "results" / "near_misses_pretrain.json").exists()
+    result = json.loads((run / "results" / "retrieval_pretrain.json").read_text())
+    pairs = json.loads((world / "pretrain.json").read_text())
+    meta, (row,) = result["meta"], result["rows"]
+    assert meta["split"] == "pretrain" and meta["false_negatives"] == "oracle"
+    assert 0 < meta["perfect_t2i_R@1"] <= 100 and 0 < meta["perfect_i2t_R@1"] <= 100  # what reading the captions allows
+    assert (meta["images"], meta["texts"]) == (len({p["image"] for p in pairs}), len(pairs))
+    for direction in ("i2t", "t2i"):  # every pair is a true match, so the oracle's R@1 is at least the standard one
+        assert 0 <= row[f"{direction}_R@1"] <= row[f"oracle_{direction}_R@1"] <= 100
+    # A cap draws that many images, the same ones every time, and keeps each image's pairs together.
+    proc = run_cli("evaluate", "retrieval", "run", "--split", "pretrain", "--itc-only",
+                   "--set", "evaluate.retrieval.pretrain_images=7", cwd=here)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads((run / "results" / "retrieval_pretrain.json").read_text())["meta"]["images"] == 7
+
+
+def test_pretrain_retrieval_dataset_groups_pairs_by_image(coco_like_run):
+    from falcon_cli.data.datasets import pretrain_retrieval_dataset
+    from falcon_cli.data.retrieval import ids_from_entries
+    from falcon_cli.data.spec import load_spec
+
+    _, world = coco_like_run
+    spec = load_spec(world)
+    pairs = json.loads((world / "pretrain.json").read_text())
+    full = pretrain_retrieval_dataset(spec, lambda image: image)
+    assert len(full) == len({p["image"] for p in pairs}) and len(full.text) == len(pairs)
+    for item, record in enumerate(full.records):  # each image holds exactly its pairs' captions and ids
+        mine = [p for p in pairs if p["image"] == Path(record["image"]).relative_to(world).as_posix()]
+        assert record["caption_ids"] == [p["caption_id"] for p in mine]
+        assert {p["image_id"] for p in mine} == {record["image_id"]}
+        assert [full.txt2img[t] for t in full.img2txt[item]] == [item] * len(mine)
+    assert ids_from_entries(full.records) is not None
+    some = pretrain_retrieval_dataset(spec, lambda image: image, max_images=5)
+    again = pretrain_retrieval_dataset(spec, lambda image: image, max_images=5)
+    assert len(some) == 5 and [r["image"] for r in some.records] == [r["image"] for r in again.records]
+    order = [r["image"] for r in full.records]
+    assert sorted(order.index(r["image"]) for r in some.records) == [order.index(r["image"]) for r in some.records]
 
 
 def test_near_miss_share_counts_rows_whose_family_meets_again_in_their_batch():

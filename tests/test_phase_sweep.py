@@ -59,6 +59,14 @@ def test_every_regime_trains_on_as_many_pairs_and_tests_on_the_same_split(budget
     assert sized["coco-like"] == sized["medium"] == every_caption
     assert all(abs(x - y) <= 4 * 5 for x, y in zip(sized["coco-like"], sized["dense"]))
     assert b.world_size("dense") == (b.images, b.splits)
+    # train_scale multiplies the training pairs of every regime and keeps val and test.
+    import dataclasses
+
+    tripled = dataclasses.replace(b, train_scale=3)
+    for preset in sweep.PRESETS:
+        images, splits = tripled.world_size(preset)
+        train, val, test = counts(ShapesConfig(preset=preset, images=images, splits=splits))
+        assert abs(train - 3 * sized[preset][0]) <= 4 * 5 and (val, test) == sized[preset][1:]
 
 
 def test_paired_differences_against_a_hand_computation():

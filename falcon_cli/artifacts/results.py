@@ -44,6 +44,13 @@ def markdown_table(rows: Sequence[dict], columns: Sequence[str] | None = None) -
     return "\n".join(lines)
 
 
+def results_name(kind: str, split: str) -> str:
+    """The results file of a retrieval evaluation (``retrieval``, ``near_misses``) on ``split``: the kind itself for
+    the val and test splits (one evaluation split per run), with ``_pretrain`` for the pretraining pairs, which are
+    scored beside them."""
+    return f"{kind}_pretrain" if split == "pretrain" else kind
+
+
 def write_results(run, name: str, rows: Sequence[dict], meta: dict, title: str) -> str:
     """Write ``results/<name>.json|csv|md`` into ``run`` (a RunDirectory) and return the Markdown."""
     import pandas as pd
@@ -59,4 +66,4 @@ def write_results(run, name: str, rows: Sequence[dict], meta: dict, title: str) 
     return md
 
 
-__all__ = ["RESULTS", "markdown_table", "write_results"]
+__all__ = ["RESULTS", "markdown_table", "results_name", "write_results"]

@@ -7,6 +7,7 @@ from typing import List, Optional
 
 import typer
 
+from falcon_cli.artifacts.results import results_name
 from falcon_cli.cli.single_stage import run_config, run_stage_in, yaml_value
 from falcon_cli.errors import FalconError
 from falcon_cli.runtime.console import make_console
@@ -29,7 +30,8 @@ def retrieval(
                                               "checkpoint directory, or an official ALBEF/GRIT-VLP/MAFA .pth file; repeat "
                                               "for several rows [default: the checkpoint given, else the config's "
                                               "evaluate.retrieval.models]."),
-    split: Optional[str] = typer.Option(None, "--split", help="val or test [default: test]."),
+    split: Optional[str] = typer.Option(None, "--split", help="val, test, or pretrain (the pairs the run trained on, "
+                                        "grouped by image: the memorisation gap beside test) [default: test]."),
     k: Optional[int] = typer.Option(None, "--k", help="ITM re-ranking depth (COCO 5K: 256, Flickr 1K: 128)."),
     itc_only: Optional[bool] = typer.Option(None, "--itc-only/--rerank", help="Rank by ITC similarity only (fast)."),
     rerank_score: Optional[str] = typer.Option(None, "--rerank-score", help="itm (ALBEF: the match logit), itm+itc "
@@ -42,7 +44,8 @@ def retrieval(
     settings: Optional[List[str]] = SETTINGS,
 ) -> None:
     """Image-text retrieval: ITC for all pairs, the top k re-ranked by ITM; TR/IR R@1/5/10 and false-negative-aware
-    metrics (the shapes oracle, or ECCV Caption / CxC / COCO 1K on COCO 5K). Writes results/retrieval.{json,csv,md}.
+    metrics (the shapes oracle, or ECCV Caption / CxC / COCO 1K on COCO 5K). Writes results/retrieval.{json,csv,md}
+    (``--split pretrain``: results/retrieval_pretrain.*).
 
     Example: falcon evaluate retrieval runs/shapes-demo --model pretrained --model finetuned
     """
@@ -111,5 +114,6 @@ def _evaluate(task: str, run_dir: Path, options: dict, device, batch_size, setti
     overrides += list(settings or [])
     config = run_config(run_dir, overrides, ("evaluate",))
     run_stage_in(run_dir, config, "evaluate")
-    console.print(f"[green]done[/]: {run_dir}/results/{task}.md")
+    name = results_name(task, config.evaluate.retrieval.split) if task == "retrieval" else task
+    console.print(f"[green]done[/]: {run_dir}/results/{name}.md")
 

@@ -757,8 +757,14 @@ class RetrievalEvalConfig(Section):
     """Which weights to evaluate, one row each: ``pretrained`` (the run's latest pretraining checkpoint:
     zero-shot, FALCON's protocol), ``finetuned`` (``finetune/retrieval/best``: MAFA's and SRCL's protocol),
     a checkpoint directory, or an official ALBEF / GRIT-VLP / MAFA ``.pth`` file."""
-    split: Literal["val", "test"] = "test"
-    """The retrieval split."""
+    split: Literal["pretrain", "val", "test"] = "test"
+    """The retrieval split; ``pretrain``: the pretraining pairs the run trained on, one item per image with every
+    caption it is paired with (at most ``pretrain_images`` images), scored as a split: beside ``test``, how much of
+    what the model ranks well it only memorised. Its results go to ``results/retrieval_pretrain.*`` (and
+    ``near_misses_pretrain.*``), so the test split's stay."""
+    pretrain_images: int | None = Field(5000, ge=1)
+    """With ``split: pretrain``: at most this many of the pretraining images, drawn at random (seed 0, the same for
+    every run of a dataset), as a 5K test split has; None = all of them."""
     k: int = Field(256, ge=1)
     """Re-ranking depth: the ITC top k of each query are re-scored with the ITM match logit (COCO 5K:
     256, Flickr30k 1K: 128)."""

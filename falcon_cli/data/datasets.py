@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from falcon_cli.data.loading import OnMissing, load_source
+from falcon_cli.data.loading import LoadedSource, OnMissing, load_source
 from falcon_cli.data.nlvr2 import NLVR2Dataset
 from falcon_cli.data.pretrain import PretrainDataset, load_pretrain_records
 from falcon_cli.data.retrieval import RetrievalEvalDataset, RetrievalTrainDataset
@@ -53,6 +53,47 @@ def retrieval_dataset(
     source = load_source(ref.path, ref.fmt, ref.root, _policy(spec, on_missing))  # type: ignore[arg-type]
     cls = RetrievalTrainDataset if split == "train" else RetrievalEvalDataset
     return cls(source, transform, max_words=max_words)
+
+
+def pretrain_retrieval_dataset(
+    spec: DatasetSpec,
+    transform: Callable,
+    *,
+    max_images: int | None = None,
+    seed: int = 0,
+    on_missing: OnMissing | None = None,
+    max_words: int = DEFAULT_MAX_WORDS,
+) -> RetrievalEvalDataset:
+    """The pretraining pairs as a retrieval split: one item per image, with every caption the pretraining files
+    pair it with, so that a model can be scored on what it trained on (beside the test split: the memorisation
+    gap). ``max_images``: at most that many images, drawn at random with ``seed`` (kept in file order); None =
+    all. Entries keep ``image_id`` and get ``caption_ids`` where every pair carries ``image_id`` and
+    ``caption_id`` (a shapes world's do), so the oracle's metrics apply."""
+    import random
+
+    sources = split_sources(spec, "pretrain", "train")
+    records, reports = load_pretrain_records([s.path for s in sources], sources[0].root, _policy(spec, on_missing))
+    by_image: dict = {}
+    for record in records:
+        by_image.setdefault(record.image, []).append(record)
+    images = list(by_image)
+    if max_images is not None and len(images) > max_images:
+        keep = set(random.Random(seed).sample(range(len(images)), max_images))
+        images = [image for n, image in enumerate(images) if n in keep]
+    with_ids = all("image_id" in r.extra and "caption_id" in r.extra and len(r.captions) == 1 for r in records)
+    entries = []
+    for image in images:
+        pairs = by_image[image]
+        entry = {"image": str(image), "caption": [c for r in pairs for c in r.captions],
+                 "pair_ids": [r.pair_id for r in pairs]}
+        if with_ids:
+            entry.update(image_id=pairs[0].extra["image_id"], caption_ids=[r.extra["caption_id"] for r in pairs])
+        entries.append(entry)
+    source = LoadedSource(path=sources[0].path, indices=list(range(len(entries))), entries=entries,
+                          images=[[image] for image in images], report=reports[0])
+    dataset = RetrievalEvalDataset(source, transform, max_words=max_words)
+    dataset.load_reports = list(reports)
+    return dataset
 
 
 def vqa_dataset(

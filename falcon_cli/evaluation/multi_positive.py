@@ -148,3 +148,21 @@ def fn_aware_retrieval(scores_i2t: torch.Tensor, positives_i2t: torch.Tensor, pr
         result[f"{prefix}_{direction}_mAP@R"] = metrics["mAP@R"]
     result[f"{prefix}_mean_R"] = sum(recalls) / len(recalls)
     return result
+
+
+def perfect_recall_at_1(positives_i2t: torch.Tensor, img2txt: Sequence[Sequence[int]]) -> dict[str, float]:
+    """The standard R@1 (%) of a perfect model, which ranks every true match first in an order the query cannot
+    decide: a caption finds its own image with probability 1 / (the images it truly describes), an image one of its
+    own captions with probability (its own captions) / (the captions that truly describe it). Standard R@1 above it
+    means the model tells apart what the data does not: on training pairs, that it memorised them.
+    ``positives_i2t``: bool [n_images, n_texts]; ``img2txt``: each image's own captions (all of them positives)."""
+    positives = positives_i2t.bool()
+    own = torch.zeros_like(positives)
+    for image, texts in enumerate(img2txt):
+        own[image, list(texts)] = True
+    own &= positives  # (an own caption the oracle does not count as a match is never found first)
+    per_text = positives.sum(0).clamp(min=1).double()
+    per_image = positives.sum(1).clamp(min=1).double()
+    return {"i2t": 100.0 * (own.sum(1).double() / per_image).mean().item(),
+            "t2i": 100.0 * (own.sum(0).double() / per_text).mean().item()}
+
