@@ -179,6 +179,11 @@ def test_pretrain_split_scores_the_pairs_the_run_trained_on_beside_the_test_spli
                    "--set", "evaluate.retrieval.pretrain_images=7", cwd=here)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads((run / "results" / "retrieval_pretrain.json").read_text())["meta"]["images"] == 7
+    # Without --split the next evaluation scores the test split again, not the pairs asked for last time.
+    proc = run_cli("evaluate", "retrieval", "run", "--itc-only", cwd=here)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "results/retrieval.md" in proc.stdout + proc.stderr
+    assert json.loads((run / "results" / "retrieval.json").read_text())["meta"]["split"] == "test"
 
 
 def test_pretrain_retrieval_dataset_groups_pairs_by_image(coco_like_run):

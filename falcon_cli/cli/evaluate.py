@@ -31,7 +31,8 @@ def retrieval(
                                               "for several rows [default: the checkpoint given, else the config's "
                                               "evaluate.retrieval.models]."),
     split: Optional[str] = typer.Option(None, "--split", help="val, test, or pretrain (the pairs the run trained on, "
-                                        "grouped by image: the memorisation gap beside test) [default: test]."),
+                                        "grouped by image: the memorisation gap beside test; only when given) "
+                                        "[default: the run's evaluate.retrieval.split, test]."),
     k: Optional[int] = typer.Option(None, "--k", help="ITM re-ranking depth (COCO 5K: 256, Flickr 1K: 128)."),
     itc_only: Optional[bool] = typer.Option(None, "--itc-only/--rerank", help="Rank by ITC similarity only (fast)."),
     rerank_score: Optional[str] = typer.Option(None, "--rerank-score", help="itm (ALBEF: the match logit), itm+itc "
@@ -113,6 +114,9 @@ def _evaluate(task: str, run_dir: Path, options: dict, device, batch_size, setti
     overrides += [f"evaluate.{key}={value}" for key, value in (("device", device), ("batch_size", batch_size)) if value is not None]
     overrides += list(settings or [])
     config = run_config(run_dir, overrides, ("evaluate",))
+    if task == "retrieval" and options.get("split") is None and config.evaluate.retrieval.split == "pretrain":
+        # The pretraining pairs are scored when asked for; a run scored on them before goes back to the test split.
+        config = run_config(run_dir, [*overrides, "evaluate.retrieval.split=test"], ("evaluate",))
     run_stage_in(run_dir, config, "evaluate")
     name = results_name(task, config.evaluate.retrieval.split) if task == "retrieval" else task
     console.print(f"[green]done[/]: {run_dir}/results/{name}.md")
