@@ -119,6 +119,9 @@ class PhaseBudget:
     pairs for the same test split, e.g. ``--set train_scale=3`` in a world where the model memorises its 4,500
     training pairs (``medium``; docs/results.md). Runs of another scale belong in another ``--out``."""
     audit_pairs: int = 20000
+    memorisation_images: int = 0
+    """Training images the evaluation also scores as a split (``falcon evaluate retrieval --split pretrain``, ITC),
+    beside the test split: above a perfect model's R@1 there, a run has memorised its training pairs; 0 = not."""
     rerank_k: int = 0
     """The evaluation also re-ranks each query's top ``rerank_k`` ITC candidates by the ITM head (ALBEF's retrieval
     evaluation, reported beside the ITC ranking); 0 = ITC only."""
@@ -166,11 +169,12 @@ class PhaseBudget:
 
 BUDGETS: dict[str, PhaseBudget] = {
     "cpu": PhaseBudget(images=3000, epochs=36, batch=64, space=500, splits={"train": 0.3, "val": 0.03, "test": 0.67},
-                       unimodal_extra_images=20000, unimodal_image_epochs=12, min_lr=1e-5, rerank_k=8, max_text_length=48),
+                       unimodal_extra_images=20000, unimodal_image_epochs=12, min_lr=1e-5, rerank_k=8, max_text_length=48,
+                       memorisation_images=2012),
     "quick": PhaseBudget(images=120, epochs=2, batch=8, space=40, warmup=2, unimodal_image_epochs=1, unimodal_text_epochs=1,
-                         audit_pairs=2000),
+                         audit_pairs=2000, memorisation_images=20),
     "gpu": PhaseBudget(images=12000, epochs=12, batch=64, space=1000, warmup=100, unimodal_extra_images=20000,
-                       unimodal_image_epochs=12, min_lr=1e-5, rerank_k=8, max_text_length=48),
+                       unimodal_image_epochs=12, min_lr=1e-5, rerank_k=8, max_text_length=48, memorisation_images=5000),
 }
 """``cpu``: per regime 4,500 training pairs (``dense``: 900 images with five captions each; ``coco-like`` and
 ``medium``: 4,500 images with one each, :meth:`PhaseBudget.world_size`) and about 2,010 test images (10,050
@@ -268,10 +272,22 @@ def run_one(preset: str, method: str, seed: int, out: Path, budget: PhaseBudget,
     if not evaluated(run, budget.rerank_k, out / "worlds" / preset):
         ranking = ["--rerank", "--k", str(budget.rerank_k)] if budget.rerank_k else ["--itc-only"]
         falcon("evaluate", "retrieval", str(run), *ranking, log=log, threads=threads)
+    if budget.memorisation_images and not (run / MEMORISATION).exists() and has_checkpoint(run):
+        falcon("evaluate", "retrieval", str(run), "--split", "pretrain", "--itc-only", "--set",
+               f"evaluate.retrieval.pretrain_images={budget.memorisation_images}", log=log, threads=threads)
     if not (run / AUDITED).exists():
         falcon("audit-false-negatives", str(run), "--judge", "oracle", "--max-pairs", str(budget.audit_pairs),
                log=log, threads=threads)
     return run_row(preset, method, seed, run)
+
+
+MEMORISATION = Path("results") / "retrieval_pretrain.json"
+"""``falcon evaluate retrieval --split pretrain``: the run's training pairs scored as a split."""
+
+
+def has_checkpoint(run: Path) -> bool:
+    """The run still has a checkpoint to evaluate (runs brought back from another machine often keep none)."""
+    return any((run / "checkpoints").glob(f"*/{WEIGHTS}"))
 
 
 def reranked(rows: list[dict]) -> dict | None:
@@ -290,8 +306,7 @@ def evaluated(run: Path, rerank_k: int, world: Path) -> bool:
     rows = json.loads((run / EVALUATED).read_text())["rows"]
     if rerank_k and (reranked(rows) or {}).get("scoring") != f"itc+itm@{rerank_k}":
         return False
-    has_checkpoint = any((run / "checkpoints").glob(f"*/{WEIGHTS}"))
-    return (run / NEAR_MISSES).exists() or family_size(world) <= 1 or not has_checkpoint
+    return (run / NEAR_MISSES).exists() or family_size(world) <= 1 or not has_checkpoint(run)
 
 
 def finished_rows(out: Path) -> list[dict]:
@@ -330,6 +345,7 @@ def run_row(preset: str, method: str, seed: int, run: Path) -> dict:
         row["rerank_oracle_R@1"] = (itm["oracle_i2t_R@1"] + itm["oracle_t2i_R@1"]) / 2
         row["rerank_k"] = int(itm["scoring"].removeprefix("itc+itm@"))
     row.update(near_miss_columns(run))
+    row.update(memorisation_columns(run))
     row["preset"] = preset
     manifest = json.loads((run / "manifest.json").read_text())
     git = manifest.get("stages", {}).get("pretrain", {}).get("git") or manifest.get("git") or {}  # what trained it
@@ -340,6 +356,33 @@ def run_row(preset: str, method: str, seed: int, run: Path) -> dict:
 
 NEAR_MISSES = Path("results") / "near_misses.json"
 """``falcon evaluate``'s near-miss confusions (worlds with near-miss families only)."""
+
+
+def memorisation_columns(run: Path) -> dict:
+    """From the run's training pairs scored as a split (:data:`MEMORISATION`): ITC t2i R@1 and the perfect model's
+    (``train_t2i_R@1``, ``train_perfect_t2i_R@1``), FN-aware t2i R@1 (``train_oracle_t2i_R@1``), and how many training
+    images; nothing when the run has none."""
+    if not (run / MEMORISATION).exists():
+        return {}
+    result = json.loads((run / MEMORISATION).read_text())
+    row, meta = next(r for r in result["rows"] if r["scoring"] == "itc"), result["meta"]
+    return {"train_t2i_R@1": row["t2i_R@1"], "train_oracle_t2i_R@1": row.get("oracle_t2i_R@1"),
+            "train_perfect_t2i_R@1": meta.get("perfect_t2i_R@1"), "train_images": meta["images"]}
+
+
+def memorisation_lines(table, preset: str) -> list[str]:
+    """Where a regime's runs scored their training pairs: per method, t2i R@1 on them against a perfect model's, beside
+    the test split's (above the perfect model on training pairs: memorised). No lines without them."""
+    rows = table[table["preset"] == preset]
+    if "train_t2i_R@1" not in rows or rows["train_t2i_R@1"].isna().all():
+        return []
+    rows = rows[rows["train_t2i_R@1"].notna()]
+    cells = [f"{method} {_mean_std(mine, 'train_t2i_R@1')} on them, {_mean_std(mine, 't2i_R@1')} on test ({len(mine)} "
+             f"run{'s' if len(mine) > 1 else ''})" for method in METHODS
+             for mine in [rows[rows["method"] == method]] if len(mine)]
+    images, perfect = int(rows["train_images"].median()), rows["train_perfect_t2i_R@1"].median()
+    return ["", f"Memorised? ITC t2i R@1 on {images:,} training images scored as a split (`results/retrieval_pretrain.json`; "
+                f"a perfect model, reading the captions alone, scores {perfect:.1f} there): " + "; ".join(cells) + "."]
 
 
 def near_miss_columns(run: Path) -> dict:
@@ -744,6 +787,7 @@ def summary_lines(table, out: Path) -> list[str]:
                           + "; ".join(cells) + "."]
         lines += oracle_lines(table, preset)
         lines += near_miss_lines(table, preset)
+        lines += memorisation_lines(table, preset)
         widths = (rows["i2t_R@1_hi"] - rows["i2t_R@1_lo"]).dropna()
         if len(widths):
             lines += ["", f"One run's i2t R@1 has a 95% interval {widths.median():.1f} points wide (median over runs; "

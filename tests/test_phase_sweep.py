@@ -598,3 +598,37 @@ def test_curves_side_by_side_include_runs_still_training(tmp_path):
     assert lines[4] == "| 1 | 15.0 / 35.0 / 0.600 | 15.0 / — / 0.600 |"
     assert lines[6] == "| 3 | 17.0 / 35.0 / 0.600 |  |"
     assert sweep.side_by_side(out, "dense", 0, ["grit"]) == [f"no runs of grit on dense, seed 0, in {out}"]
+
+
+def test_a_run_scores_its_training_pairs_while_its_checkpoints_are_there_and_the_report_sets_them_beside_a_perfect_model(
+        tmp_path, monkeypatch):
+    import dataclasses
+
+    out = tmp_path / "sweep"
+    run = sweep.run_dir(out, "coco-like", "grit", 0)
+    _finished_run(run, "grit", 20.0)
+    calls = []
+    monkeypatch.setattr(sweep, "falcon", lambda *args, **kw: calls.append(args))
+    monkeypatch.setattr(sweep, "completed", lambda *args: True)
+    monkeypatch.setattr(sweep, "evaluated", lambda *args: True)
+    budget = dataclasses.replace(sweep.BUDGETS["quick"], memorisation_images=300)
+    row = sweep.run_one("coco-like", "grit", 0, out, budget, threads=1)
+    assert calls == [] and "train_t2i_R@1" not in row  # brought back without checkpoints: nothing to score them with
+    (run / "checkpoints" / "00000010").mkdir(parents=True)
+    (run / "checkpoints" / "00000010" / "model.safetensors").write_bytes(b"")
+    sweep.run_one("coco-like", "grit", 0, out, dataclasses.replace(budget, memorisation_images=0), threads=1)
+    assert calls == []  # the budget does not ask for it
+    sweep.run_one("coco-like", "grit", 0, out, budget, threads=1)
+    assert calls == [("evaluate", "retrieval", str(run), "--split", "pretrain", "--itc-only", "--set",
+                      "evaluate.retrieval.pretrain_images=300")]
+    (run / "results" / "retrieval_pretrain.json").write_text(json.dumps({
+        "meta": {"split": "pretrain", "images": 300, "perfect_t2i_R@1": 27.5},
+        "rows": [{"scoring": "itc", "t2i_R@1": 61.0, "oracle_t2i_R@1": 74.0}]}))
+    calls.clear()
+    row = sweep.run_one("coco-like", "grit", 0, out, budget, threads=1)
+    assert calls == []  # scored once
+    assert (row["train_t2i_R@1"], row["train_perfect_t2i_R@1"], row["train_images"]) == (61.0, 27.5, 300)
+    table = pd.DataFrame([{**row, "method": "grit", "seed": 0}])
+    (line,) = [l for l in sweep.memorisation_lines(table, "coco-like") if l]
+    assert "300 training images" in line and "scores 27.5 there" in line and "grit 61.0 ± 0.0 on them, 20.0 ± 0.0 on test" in line
+    assert sweep.memorisation_lines(table, "dense") == []
