@@ -380,9 +380,10 @@ def memorisation_lines(table, preset: str) -> list[str]:
     cells = [f"{method} {_mean_std(mine, 'train_t2i_R@1')} on them, {_mean_std(mine, 't2i_R@1')} on test ({len(mine)} "
              f"run{'s' if len(mine) > 1 else ''})" for method in METHODS
              for mine in [rows[rows["method"] == method]] if len(mine)]
-    images, perfect = int(rows["train_images"].median()), rows["train_perfect_t2i_R@1"].median()
-    return ["", f"Memorised? ITC t2i R@1 on {images:,} training images scored as a split (`results/retrieval_pretrain.json`; "
-                f"a perfect model, reading the captions alone, scores {perfect:.1f} there): " + "; ".join(cells) + "."]
+    images, perfect = int(rows["train_images"].median()), rows["train_perfect_t2i_R@1"].dropna().median()
+    ceiling = "" if perfect != perfect else f"; a perfect model, reading the captions alone, scores {perfect:.1f} there"
+    return ["", f"Memorised? ITC t2i R@1 on {images:,} training images scored as a split (`results/retrieval_pretrain.json`"
+                f"{ceiling}): " + "; ".join(cells) + "."]
 
 
 def near_miss_columns(run: Path) -> dict:

@@ -632,3 +632,6 @@ def test_a_run_scores_its_training_pairs_while_its_checkpoints_are_there_and_the
     (line,) = [l for l in sweep.memorisation_lines(table, "coco-like") if l]
     assert "300 training images" in line and "scores 27.5 there" in line and "grit 61.0 ± 0.0 on them, 20.0 ± 0.0 on test" in line
     assert sweep.memorisation_lines(table, "dense") == []
+    older = table.assign(**{"train_perfect_t2i_R@1": None})  # scored before the results carried the perfect model's
+    (line,) = [l for l in sweep.memorisation_lines(older, "coco-like") if l]
+    assert "perfect" not in line and "grit 61.0 ± 0.0 on them" in line
