@@ -381,7 +381,7 @@ def memorisation_lines(table, preset: str) -> list[str]:
              f"run{'s' if len(mine) > 1 else ''})" for method in METHODS
              for mine in [rows[rows["method"] == method]] if len(mine)]
     images, perfect = int(rows["train_images"].median()), rows["train_perfect_t2i_R@1"].dropna().median()
-    ceiling = "" if perfect != perfect else f"; a perfect model, reading the captions alone, scores {perfect:.1f} there"
+    ceiling = "" if math.isnan(perfect) else f"; a perfect model, reading the captions alone, scores {perfect:.1f} there"
     return ["", f"Memorised? ITC t2i R@1 on {images:,} training images scored as a split (`results/retrieval_pretrain.json`"
                 f"{ceiling}): " + "; ".join(cells) + "."]
 

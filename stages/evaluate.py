@@ -30,12 +30,11 @@ from typing import Callable
 import torch
 
 from falcon_cli.artifacts.atomic import write_json
-from falcon_cli.artifacts.results import write_results
+from falcon_cli.artifacts.results import results_name, write_results
 from falcon_cli.config.schema import Recipe
 from falcon_cli.data.collate import Nlvr2Collate, VqaCollate, tokenize
 from falcon_cli.data.datasets import (nlvr2_dataset, pretrain_retrieval_dataset, retrieval_dataset, vqa_answer_list,
                                       vqa_dataset)
-from falcon_cli.artifacts.results import results_name
 from falcon_cli.data.retrieval import SplitIds, ids_from_entries, split_ids
 from falcon_cli.data.shapes.near_misses import family_pairs, family_size
 from falcon_cli.data.shapes.oracle import ShapesOracle

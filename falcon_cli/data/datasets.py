@@ -84,8 +84,7 @@ def pretrain_retrieval_dataset(
     entries = []
     for image in images:
         pairs = by_image[image]
-        entry = {"image": str(image), "caption": [c for r in pairs for c in r.captions],
-                 "pair_ids": [r.pair_id for r in pairs]}
+        entry = {"image": str(image), "caption": [c for r in pairs for c in r.captions]}
         if with_ids:
             entry.update(image_id=pairs[0].extra["image_id"], caption_ids=[r.extra["caption_id"] for r in pairs])
         entries.append(entry)

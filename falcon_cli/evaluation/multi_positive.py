@@ -165,4 +165,3 @@ def perfect_recall_at_1(positives_i2t: torch.Tensor, img2txt: Sequence[Sequence[
     per_image = positives.sum(1).clamp(min=1).double()
     return {"i2t": 100.0 * (own.sum(1).double() / per_image).mean().item(),
             "t2i": 100.0 * (own.sum(0).double() / per_text).mean().item()}
-
