@@ -294,3 +294,20 @@ def test_config_errors_name_the_problem():
         Blip2Config(**{**TINY, "qformer_heads": 5})
     with pytest.raises(ValueError, match="dec_token_id 60 is outside"):
         Blip2Config(**{**TINY, "dec_token_id": 60})
+
+
+def test_match_probability_is_the_itm_heads_judgement_of_each_chosen_pair():
+    """BLIP-2's judgement for FALCON's ``positive_margin+itm`` reward: the Q-Former's ITM head on each pair."""
+    from falcon_cli.sampling.scheduler import chain_pairs
+
+    model = tiny_model()
+    objective = Blip2Objective(model).eval()
+    images, ids, mask = batch(4)
+    image_index, text_index = chain_pairs(4)
+    with torch.no_grad():
+        out = objective(images, ids, mask)
+        got = objective.match_probability(out, ids, mask, image_index, text_index)
+        for p, (i, j) in enumerate(zip(image_index.tolist(), text_index.tolist())):
+            want = torch.softmax(model.itm_logits(out.image_tokens[i:i + 1], ids[j:j + 1], mask[j:j + 1]), -1)[0, 1]
+            assert got[p].item() == pytest.approx(want.item(), abs=1e-5), (i, j)
+    assert got.shape == (6,)

@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+import yaml
 
 from falcon_cli.runtime.metrics import read_metrics
 from tests.conftest import REPO
@@ -388,13 +389,18 @@ def test_profile_steps_write_a_trace_and_a_summary_with_falcons_parts(falcon_run
     assert any(event.get("name") == "falcon/reward" for event in trace["traceEvents"])
 
 
-def test_positive_margin_reward_scores_each_pick_from_the_training_forward(world, reference_run, tmp_path_factory):
+@pytest.fixture(scope="module")
+def margin_run(world, reference_run, tmp_path_factory):
+    return _falcon_reference(world, tmp_path_factory, [*FALCON, "pretrain.epochs=2", "pretrain.reward=positive_margin"])
+
+
+def test_positive_margin_reward_scores_each_pick_from_the_training_forward(margin_run):
     """``reward: positive_margin``: no reward passes; each step's reward is the mean over the batch's picks
     of their similarity to the anchor (unit features: within [-2, 2]), charged past the anchor's own pair,
     and the scheduler learns from it."""
     from falcon_cli.sampling.batch_log import read_batch_log
 
-    run = _falcon_reference(world, tmp_path_factory, [*FALCON, "pretrain.epochs=2", "pretrain.reward=positive_margin"])
+    run = margin_run
     steps = [r for r in read_metrics(run / "metrics.jsonl") if "loss" in r and r["sampler"] == "falcon"]
     rewards = np.array([r["reward"] for r in steps])
     assert len(rewards) == 10 and np.isfinite(rewards).all() and len(set(rewards.tolist())) > 1
@@ -403,6 +409,25 @@ def test_positive_margin_reward_scores_each_pick_from_the_training_forward(world
     assert (chained["alpha"] - 0.974).abs().max() > 1e-3  # the scheduler moved
     summary = [r for r in read_metrics(run / "metrics.jsonl") if r.get("kind") == "epoch_summary"][-1]
     assert summary["reward_count"] == 10 and -1 <= summary["reward_fn_corr"] <= 1
+
+
+def test_the_itm_charged_margin_pays_less_for_picks_the_model_judges_matches(world, margin_run, tmp_path_factory):
+    """``reward: positive_margin+itm``: the positive margin less twice the ITM head's match probability of each
+    pick with its anchor. Up to the first FALCON step both runs are the same, so that step's reward is the
+    margin's less a charge in (0, 2]; from then on the scheduler learns from the charged reward."""
+    run = _falcon_reference(world, tmp_path_factory, [*FALCON, "pretrain.epochs=2", "pretrain.reward=positive_margin+itm"])
+
+    def falcon_steps(path):
+        return [r for r in read_metrics(path / "metrics.jsonl") if "loss" in r and r["sampler"] == "falcon"]
+
+    charged, margin = falcon_steps(run), falcon_steps(margin_run)
+    assert len(charged) == len(margin) == 10 and charged[0]["step"] == margin[0]["step"]
+    assert 0 < margin[0]["reward"] - charged[0]["reward"] <= 2 + 1e-6
+    assert np.isfinite([r["reward"] for r in charged]).all()
+    summary = [r for r in read_metrics(run / "metrics.jsonl") if r.get("kind") == "epoch_summary"][-1]
+    assert summary["reward_count"] == 10 and -1 <= summary["reward_fn_corr"] <= 1
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert config["pretrain"]["reward"] == "positive_margin+itm" and config["pretrain"]["reward_itm_weight"] == 2.0
 
 
 def test_every_pair_trained_each_epoch_when_the_search_space_is_not_a_multiple_of_the_batch(world, tmp_path):

@@ -84,6 +84,30 @@ def test_positive_margin_rewards_match_a_plain_loop():
     assert positive_margin_rewards(image[:1], text[:1]).tolist() == [0.0]
 
 
+def test_chain_pairs_and_pick_match_fold_both_directions_back_to_the_pick():
+    """Slot k's pick is judged with its anchor in slot k − 1 both ways (anchor image with pick caption, pick image
+    with anchor caption); its per-slot match probability is the mean of the two; slot 0 has no pick."""
+    from falcon_cli.sampling.scheduler import chain_pairs, pick_match
+
+    image_index, text_index = chain_pairs(4)
+    assert list(zip(image_index.tolist(), text_index.tolist())) == [(0, 1), (1, 2), (2, 3), (1, 0), (2, 1), (3, 2)]
+    judged = {pair: 0.1 * (i + 1) for i, pair in enumerate(zip(image_index.tolist(), text_index.tolist()))}
+    got = pick_match(torch.tensor(list(judged.values())), 4)
+    want = [0.0] + [(judged[(k - 1, k)] + judged[(k, k - 1)]) / 2 for k in range(1, 4)]
+    assert got.tolist() == pytest.approx(want)
+    assert chain_pairs(1)[0].numel() == 0 and pick_match(torch.zeros(0), 1).tolist() == [0.0]
+
+
+def test_the_itm_charged_margin_needs_an_itm_head_and_per_pick_credit():
+    from falcon_cli.config.schema import PretrainConfig
+
+    assert PretrainConfig(scheduler_credit="chosen", reward="positive_margin+itm").reward_itm_weight == 2.0
+    with pytest.raises(ValueError, match=r"positive_margin\+itm .* needs scheduler_credit: chosen"):
+        PretrainConfig(scheduler_credit="pair", reward="positive_margin+itm")
+    with pytest.raises(ValueError, match="no ITM head to judge a pick: positive_margin stands in"):
+        PretrainConfig(model="dual-tiny-clip", composer="falcon", scheduler_credit="chosen", reward="positive_margin+itm")
+
+
 def test_step_rewards_give_each_q_the_right_caption():
     per_slot = torch.tensor([1.0, 2.0, 4.0, 8.0])  # slot t+1 was chosen by step t's q, drawn for slot t
     assert step_rewards(per_slot, 3, "anchor").tolist() == [1, 2, 4]

@@ -230,3 +230,22 @@ def test_alignment_reward_is_minus_each_pairs_own_cosine(model):
     with pytest.raises(ValueError, match="mlm or alignment"):
         objective.measure(images, ids, attention, mask, parts=("alignment", "mlm"), per_pair=True)
     objective.train()
+
+
+def test_match_probability_is_the_itm_heads_judgement_of_each_chosen_pair(model):
+    """FALCON's ``positive_margin+itm`` reward asks the model whether each chained pick matches its anchor: the
+    ITM head's softmax match probability of (image i, caption j), as a plain per-pair fusion pass gives it."""
+    from falcon_cli.sampling.scheduler import chain_pairs
+
+    objective = VlpObjective(model).eval()
+    images, ids, attention, mask = batch(b=5, seed=2)
+    image_index, text_index = chain_pairs(5)
+    with torch.no_grad():
+        out = objective(images, ids, attention, mask)
+        got = objective.match_probability(out, ids, attention, image_index, text_index)
+        text_tokens, _ = model.encode_text(ids, attention)
+        for p, (i, j) in enumerate(zip(image_index.tolist(), text_index.tolist())):
+            fused = model.fuse(text_tokens[j:j + 1], attention[j:j + 1], out.image_tokens[i:i + 1])
+            want = torch.softmax(model.itm_logits(fused), -1)[0, 1]
+            assert got[p].item() == pytest.approx(want.item(), abs=1e-5), (i, j)
+    assert got.shape == (8,) and not got.requires_grad

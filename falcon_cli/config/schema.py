@@ -27,7 +27,7 @@ StageName = Literal["data", "unimodal", "embed", "build_search_spaces", "pretrai
 STAGE_ORDER: tuple[str, ...] = ("data", "unimodal", "embed", "build_search_spaces", "pretrain", "audit_false_negatives",
                                 "finetune", "evaluate")
 
-PER_PAIR_REWARDS = ("mlm", "itg", "caption", "alignment", "positive_margin")
+PER_PAIR_REWARDS = ("mlm", "itg", "caption", "alignment", "positive_margin", "positive_margin+itm")
 """Rewards measured per pair, which a per-step ``scheduler_credit`` can hand to single q's."""
 
 TaskName = Literal["retrieval", "vqa", "nlvr2"]
@@ -263,7 +263,7 @@ class PretrainConfig(Section):
     scheduler_grad_clip: float | None = Field(None, gt=0)
     """Clip the scheduler's gradient norm (None: no clipping, as in the paper)."""
     reward: Literal["mlm", "itg", "caption", "itc", "itc+itm", "itc+itm+mlm", "itc+itm+itg", "itc+caption", "alignment",
-                    "positive_margin"] = "mlm"
+                    "positive_margin", "positive_margin+itm"] = "mlm"
     """The scheduler's reward: the decrease of this loss on the batch, before vs after the VLP update.
     ``mlm`` and ``itc+itm+mlm`` for ALBEF models, ``itg`` and ``itc+itm+itg`` for BLIP-2 (which has no MLM:
     the paper's Table 3 uses its image-grounded text generation loss), ``caption``, ``itc`` and ``itc+caption`` for
@@ -272,13 +272,22 @@ class PretrainConfig(Section):
     its pair apart), per pair with a per-step ``scheduler_credit``. ``positive_margin`` (ours): no loss
     decrease but each pick's similarity to its anchor, charged ``1 + reward_overshoot`` times for every bit
     it rises above the anchor's own pair (a likely false negative); read from the training forward's
-    features (no extra pass), with ``scheduler_credit: chosen``."""
+    features (no extra pass), with ``scheduler_credit: chosen``. ``positive_margin+itm`` (ours, ALBEF and BLIP-2):
+    the positive margin less ``reward_itm_weight`` times the model's own ITM match probability of the pick with
+    its anchor (the mean over anchor image with pick caption and pick image with anchor caption), so a pick the
+    model itself believes matches its anchor (a likely false negative) pays less, at any hardness; one no-grad
+    eval-mode pass of the fusion layers over the batch's 2(B - 1) chained pairs. A dual encoder has no ITM head:
+    there ``positive_margin`` stands in, since its only judgement of a pair is the similarity the margin reads."""
     reward_overshoot: float = Field(1.0, ge=0)
     """``reward: positive_margin``: how much more a pick loses per unit of similarity above its anchor's own
     pair than it gains per unit below (0: the reward falls flat past the pair)."""
     reward_margin: float = Field(0.0, ge=0)
     """``reward: positive_margin``: the charge starts this far below the anchor's own pair (in units of
     the composer's similarity S, which spans [-2, 2]): a larger margin moves every anchor's best q down."""
+    reward_itm_weight: float = Field(2.0, ge=0)
+    """``reward: positive_margin+itm``: the charge per unit of the model's ITM match probability of a pick with its
+    anchor (0: the positive margin alone). 2 spans the composer's similarity S (in [-2, 2]), so a pick the head is
+    sure of loses as much as the hardest pick can win."""
     reward_mode: Literal["train", "eval"] = "train"
     """``train``: the training forward's loss before, one no-grad train-mode pass after (one extra forward);
     ``eval``: two no-grad eval-mode passes (no dropout noise; two extra forwards)."""
@@ -414,13 +423,19 @@ class PretrainConfig(Section):
         if self.reward_baseline == "batch_mean" and self.scheduler_credit == "batch":
             raise ValueError("reward_baseline=batch_mean needs a per-step scheduler_credit (chosen, anchor or pair); "
                              "with one reward per batch every advantage would be 0")
+        if self.composer == "falcon" and self.reward not in framework.rewards:
+            raise ValueError(f"reward={self.reward}: {self.model} is a {framework.name} model, whose rewards are "
+                             f"{', '.join(framework.rewards)}" + (" (BLIP-2 has no MLM: its reward is itg)"
+                                                                  if self.reward == "mlm" else
+                                                                  " (it has no ITM head to judge a pick: positive_margin "
+                                                                  "stands in)" if self.reward.endswith("+itm") else ""))
         per_pair = [name for name in PER_PAIR_REWARDS if name in framework.rewards]
         if self.scheduler_credit != "batch" and (self.reward not in per_pair or self.scheduler_level != "instance"):
             raise ValueError(f"scheduler_credit={self.scheduler_credit} credits each q with one pair's reward: it needs "
                              f"reward: {' or '.join(per_pair)} and scheduler_level: instance "
                              f"(got {self.reward}, {self.scheduler_level})")
-        if self.reward == "positive_margin" and self.scheduler_credit != "chosen":
-            raise ValueError(f"reward=positive_margin scores each pick for the anchor that chose it: it needs "
+        if self.reward.startswith("positive_margin") and self.scheduler_credit != "chosen":
+            raise ValueError(f"reward={self.reward} scores each pick for the anchor that chose it: it needs "
                              f"scheduler_credit: chosen (got {self.scheduler_credit})")
         if self.composer != "uniform" and self.search_space_size < self.batch_size:
             raise ValueError(f"search_space_size ({self.search_space_size}) is smaller than batch_size ({self.batch_size}): "
@@ -435,10 +450,6 @@ class PretrainConfig(Section):
                              "augment: test (or preload_images: false for ALBEF's random augmentation)")
         if self.init is not None and (self.vision_weights or self.text_weights):
             raise ValueError("init loads every weight; leave vision_weights and text_weights unset with it")
-        if self.composer == "falcon" and self.reward not in framework.rewards:
-            raise ValueError(f"reward={self.reward}: {self.model} is a {framework.name} model, whose rewards are "
-                             f"{', '.join(framework.rewards)}" + (" (BLIP-2 has no MLM: its reward is itg)"
-                                                                  if self.reward == "mlm" else ""))
         if not framework.frozen_image_encoder and self.vision_trainable_epochs:
             raise ValueError(f"vision_trainable_epochs={self.vision_trainable_epochs}: a BLIP-2 setting (its frozen image "
                              f"encoder); {self.model} trains its image encoder throughout")

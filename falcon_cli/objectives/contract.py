@@ -14,7 +14,9 @@ is a :class:`PretrainObjective`:
 * :meth:`~PretrainObjective.checkpoint_parts`: what a checkpoint keeps besides the model;
 * :meth:`~PretrainObjective.image_state`: the ``(tokens, features)`` of a forward's output that
   :meth:`~PretrainObjective.measure` can reuse instead of encoding the images again;
-* :meth:`~PretrainObjective.measure`: any of the named losses without gradient (FALCON's reward parts).
+* :meth:`~PretrainObjective.measure`: any of the named losses without gradient (FALCON's reward parts);
+* :meth:`~PretrainObjective.match_probability`: the ITM head's judgement of chosen pairs (ALBEF, BLIP-2), for
+  FALCON's ``positive_margin+itm`` reward.
   The argument checks and the image reuse are here; each objective computes its parts in ``measure_parts``.
 """
 
@@ -57,6 +59,13 @@ class PretrainObjective(nn.Module):
                              f"not {parts}")
         image_tokens, image_feat = self.model.encode_image(images) if image is None else image
         return self.measure_parts(image_tokens, image_feat, input_ids, attention_mask, mask, parts, same_image, per_pair)
+
+    def match_probability(self, out: Any, input_ids: Tensor, attention_mask: Tensor, image_index: Tensor,
+                          text_index: Tensor) -> Tensor:
+        """The ITM head's match probability ``[P]`` (float32, no gradient) of P (image, caption) pairs of the batch a
+        forward returned ``out`` for: image ``image_index[p]`` with caption ``text_index[p]``. The images are the
+        forward's own tokens; the captions are encoded now. Only frameworks with an ITM head have one."""
+        raise NotImplementedError(f"{type(self).__name__} has no image-text matching head")
 
     def measure_parts(self, image_tokens: Tensor, image_feat: Tensor, input_ids: Tensor, attention_mask: Tensor,
                       mask: Any, parts: tuple[str, ...], same_image: Tensor | None, per_pair: bool) -> dict[str, Tensor]:

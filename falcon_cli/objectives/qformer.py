@@ -117,6 +117,14 @@ class Blip2Objective(PretrainObjective):
         return mined_itm_loss(itc, pair_logits, sample=sample, generator=generator, mining=mining, same_image=same_image)
 
     @torch.no_grad()
+    def match_probability(self, out: Blip2Losses, input_ids: Tensor, attention_mask: Tensor, image_index: Tensor,
+                          text_index: Tensor) -> Tensor:
+        """ITM match probabilities of chosen pairs (:meth:`PretrainObjective.match_probability`): queries and
+        caption through the Q-Former's joint pass over the forward's image embeddings, then the ITM head."""
+        logits = self.model.itm_logits(out.image_tokens[image_index], input_ids[text_index], attention_mask[text_index])
+        return logits.float().softmax(-1)[:, 1]
+
+    @torch.no_grad()
     def measure_parts(self, image_embeds: Tensor, queries: Tensor, input_ids: Tensor, attention_mask: Tensor,
                       mask: Any, parts: tuple[str, ...], same_image: Tensor | None, per_pair: bool) -> dict[str, Tensor]:
         """BLIP-2's ``itc``, ``itm``, ``itg`` and ``alignment`` (:meth:`PretrainObjective.measure`) from the image

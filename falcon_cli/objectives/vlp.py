@@ -156,6 +156,16 @@ class VlpObjective(PretrainObjective):
             return {}
         return {"momentum": nn.ModuleDict({"encoders": self.momentum_encoders, "queue": self.queue})}
 
+    @torch.no_grad()
+    def match_probability(self, out: VlpLosses, input_ids: Tensor, attention_mask: Tensor, image_index: Tensor,
+                          text_index: Tensor) -> Tensor:
+        """ITM match probabilities of chosen pairs (:meth:`PretrainObjective.match_probability`): the captions
+        through the text encoder once, then the fusion layers and ITM head on each pair."""
+        text_tokens, _ = self.model.encode_text(input_ids, attention_mask)
+        logits = self.model.pair_itm_logits(out.image_tokens[image_index], text_tokens[text_index], None,
+                                            attention_mask[text_index])
+        return logits.float().softmax(-1)[:, 1]
+
     def measure_parts(self, image_tokens: Tensor, image_feat: Tensor, input_ids: Tensor, attention_mask: Tensor,
                       mask: MlmMask, parts: tuple[str, ...], same_image: Tensor | None, per_pair: bool) -> dict[str, Tensor]:
         """ALBEF's ``itc``, ``itm``, ``mlm`` and ``alignment`` (:meth:`PretrainObjective.measure`). ITM negatives are

@@ -2,13 +2,14 @@
 
 Algorithm 2: after the model's update on batch k, the reward Δ = L(θ_k) − L(θ_{k+1}) on that batch (the
 identical MLM mask), or, with ``reward: positive_margin``, each pick's hardness charged past its anchor's own
-pair, read from the step's own forward (no extra pass); then one REINFORCE update of the scheduler with the
+pair, read from the step's own forward (no extra pass; ``positive_margin+itm`` also charges the model's own ITM
+match probability of each pick with its anchor, one no-grad pass of the fusion layers); then one REINFORCE update of the scheduler with the
 q's batch k was composed with. Per-step credit (``scheduler_credit``) scores each caption apart, each q
 credited with the Δ of the pair it chose.
 
 The model's side is reached only through the objective (duck-typed: the framework's): ``measure`` (the
 reward's losses without gradient), ``model.encode_image`` and ``image_state`` (the training forward's image
-tokens and features, for ``reward_images: reuse``).
+tokens and features, for ``reward_images: reuse``), ``match_probability`` (the ITM head's judgement of pairs).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from torch.profiler import record_function
 
 from falcon_cli.runtime.precision import autocast
 from falcon_cli.sampling.composers import Batch
-from falcon_cli.sampling.scheduler import NegativeScheduler, positive_margin_rewards
+from falcon_cli.sampling.scheduler import NegativeScheduler, chain_pairs, pick_match, positive_margin_rewards
 
 
 def measure_reward_loss(objective, scheduler: NegativeScheduler, precision: str, device: torch.device, *,
@@ -48,14 +49,14 @@ class FalconStep:
     Args:
         scheduler: FALCON's :class:`~falcon_cli.sampling.scheduler.NegativeScheduler`.
         p: the pretrain settings (``reward``, ``reward_mode``, ``reward_images``, ``reward_overshoot``,
-            ``reward_margin``).
+            ``reward_margin``, ``reward_itm_weight``).
         precision, device: the training step's.
     """
 
     def __init__(self, scheduler: NegativeScheduler, p: Any, precision: str, device: torch.device):
         self.scheduler, self.precision, self.device = scheduler, precision, device
         self.reward, self.eval_mode, self.reuse = p.reward, p.reward_mode == "eval", p.reward_images == "reuse"
-        self.overshoot, self.margin = p.reward_overshoot, p.reward_margin
+        self.overshoot, self.margin, self.itm_weight = p.reward_overshoot, p.reward_margin, p.reward_itm_weight
         self.per_pair = scheduler.per_step
         self.rewards: list[float] = []
         """This epoch's mean reward per step (kept in checkpoints for the epoch summary)."""
@@ -67,7 +68,20 @@ class FalconStep:
     @property
     def from_forward(self) -> bool:
         """The reward is read from the training forward itself (``positive_margin``): no reward passes."""
-        return self.reward == "positive_margin"
+        return self.reward.startswith("positive_margin")
+
+    def pick_match(self, objective, out, inputs: tuple) -> torch.Tensor:
+        """Per-slot ITM match probability ``[b]`` of each pick with its anchor (slot 0: 0), in eval mode (the
+        head's judgement without dropout noise), under the training step's precision."""
+        b = len(inputs[1])
+        image_index, text_index = chain_pairs(b, inputs[1].device)
+        objective.eval()
+        try:
+            with record_function("falcon/reward"), autocast(self.precision, self.device):
+                pairs = objective.match_probability(out, inputs[1], inputs[2], image_index, text_index)
+        finally:
+            objective.train()
+        return pick_match(pairs, b)
 
     def _measure(self, objective, inputs: tuple, same_image, image=None) -> tuple[torch.Tensor, tuple]:
         with record_function("falcon/reward"):
@@ -87,6 +101,8 @@ class FalconStep:
         the update's ``reward`` (the step's mean), ``advantage`` and ``concentration``."""
         if self.from_forward:  # each pick's hardness, charged past its anchor's own pair (θ_k's features)
             delta = positive_margin_rewards(out.image_feat, out.text_feat, self.overshoot, self.margin)
+            if self.reward == "positive_margin+itm":  # a pick the model itself judges a match pays for it
+                delta = delta - self.itm_weight * self.pick_match(objective, out, inputs)
         else:
             before, image = self._before, self._image
             if before is None:  # L(θ_k) is the training forward's own loss, and its image

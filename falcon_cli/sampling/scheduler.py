@@ -39,10 +39,12 @@ from falcon_cli.sampling.policy import RewardBaseline, SchedulerPolicy, beta_log
 REWARDS: dict[str, tuple[str, ...]] = {"mlm": ("mlm",), "itg": ("itg",), "itc+itm": ("itc", "itm"),
                                         "itc+itm+mlm": ("itc", "itm", "mlm"), "itc+itm+itg": ("itc", "itm", "itg"),
                                         "caption": ("caption",), "itc": ("itc",), "itc+caption": ("itc", "caption"),
-                                        "alignment": ("alignment",), "positive_margin": ()}
+                                        "alignment": ("alignment",), "positive_margin": (),
+                                        "positive_margin+itm": ()}
 """Reward name -> the losses whose decrease is the reward (``alignment``: minus each pair's own image-text
 cosine, so its decrease is the rise of that cosine). ``positive_margin`` measures no loss: it is
-:func:`positive_margin_rewards` of the training forward's features."""
+:func:`positive_margin_rewards` of the training forward's features; ``positive_margin+itm`` charges that
+the model's ITM match probability of each pick (:func:`chain_pairs`)."""
 
 
 def register_reward(name: str, parts: tuple[str, ...]) -> None:
@@ -81,6 +83,25 @@ def positive_margin_rewards(image_feat: Tensor, text_feat: Tensor, overshoot: fl
     hardness = (anchor_i * pick_t).sum(-1) + (anchor_t * pick_i).sum(-1)
     own = 2 * (anchor_i * anchor_t).sum(-1) - margin
     out[1:] = hardness - (1 + overshoot) * (hardness - own).clamp(min=0)
+    return out
+
+
+def chain_pairs(b: int, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
+    """The (image, text) pairs of a chained batch of ``b`` slots whose match a model judges for FALCON's reward:
+    ``(image_index, text_index)``, int64 ``[2(b - 1)]``. The first b - 1 pair each anchor's image (slot k - 1)
+    with its pick's caption (slot k), the last b - 1 each pick's image with its anchor's caption: the two
+    directions of the composer's similarity S. :func:`pick_match` folds the judgements back to slots."""
+    anchor = torch.arange(max(b - 1, 0), device=device)
+    return torch.cat([anchor, anchor + 1]), torch.cat([anchor + 1, anchor])
+
+
+def pick_match(pair_probability: Tensor, b: int) -> Tensor:
+    """Per-slot match probabilities ``[b]`` from those of :func:`chain_pairs`' pairs (``[2(b - 1)]``): slot k > 0
+    gets the mean of its two directions with its anchor, slot 0 (no pick) 0."""
+    out = torch.zeros(b, dtype=torch.float32, device=pair_probability.device)
+    if b > 1:
+        p = pair_probability.detach().float()
+        out[1:] = (p[:b - 1] + p[b - 1:]) / 2
     return out
 
 
