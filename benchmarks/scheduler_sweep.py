@@ -45,22 +45,34 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "falcon-plus-margin-0": ("shapes-falcon-plus", ["pretrain.reward=positive_margin"]),
     "falcon-plus-margin-0.25": ("shapes-falcon-plus", ["pretrain.reward=positive_margin", "pretrain.reward_margin=0.25"]),
     "falcon-plus-margin-0.5": ("shapes-falcon-plus", ["pretrain.reward=positive_margin", "pretrain.reward_margin=0.5"]),
+    "falcon-plus-margin-0.5-itm": ("shapes-falcon-plus", ["pretrain.reward=positive_margin+itm",
+                                                          "pretrain.reward_margin=0.5"]),
     "grit": ("shapes-grit", []),
     "uniform": ("shapes-uniform", []),
     "q05": ("shapes-q05", []),
+    "q0": ("shapes-q05", ["pretrain.quantile=0"]),
+    "q025": ("shapes-q05", ["pretrain.quantile=0.25"]),
+    "q075": ("shapes-q05", ["pretrain.quantile=0.75"]),
+    "q1": ("shapes-q05", ["pretrain.quantile=1"]),
 }
 """Method -> (shipped recipe, extra overrides). FALCON paper-exact, the improved scheduler with its MLM reward
 credited per caption and with the alignment reward (each pair's own image-text cosine, eval mode, credited to
 the q whose pick sat next to it) and with the positive-margin reward (each pick's similarity to its anchor,
 charged once it comes within a margin of 0, 0.25 or 0.5 of the anchor's own pair; credited to the q that chose
-it), and the baselines the issue names (GRIT = q = 1, uniform = no chain, q = 0.5)."""
+it), the same at margin 0.5 less twice the model's own ITM match probability of each pick with its anchor
+(``positive_margin+itm``: a reward that sees which picks the model believes are matches), and the baselines the
+issue names (GRIT, uniform = no chain, q = 0.5); q = 0, 0.25, 0.75 and 1 (the quantile composer, q = 1 GRIT's
+chain with the oracle's view) draw the fixed-q frontier with q = 0.5."""
 
 BASELINES = ("grit", "uniform", "q05")
 """What the improved scheduler must beat."""
 
 IMPROVED = ("falcon-plus", "falcon-plus-alignment", "falcon-plus-margin-0", "falcon-plus-margin-0.25",
-            "falcon-plus-margin-0.5")
+            "falcon-plus-margin-0.5", "falcon-plus-margin-0.5-itm")
 """The improved schedulers the issue's targets are checked for."""
+
+FRONTIER: dict[str, float] = {"q0": 0.0, "q025": 0.25, "q05": 0.5, "q075": 0.75, "q1": 1.0}
+"""The fixed-q runs whose chain false-negative rates, against their q, are the frontier a scheduler is judged by."""
 
 BUDGETS: dict[str, Budget] = {
     "learning": Budget(images=700, epochs=11, batch=16, spaces={"medium": 350}, warmup=10, audit_pairs=20000,
