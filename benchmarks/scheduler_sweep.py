@@ -156,7 +156,7 @@ def verdict(table) -> list[str]:
     """The issue's two targets, checked on the numbers: (1) corr(E[q], FN density) ≤ −0.3 on every seed of the
     improved scheduler; (2) its mean R@1 above every baseline's by more than 2 standard deviations (the larger of
     the two methods' seed std)."""
-    lines = []
+    lines, points = [], frontier_rows(table)
     for improved in IMPROVED:
         plus = table[table["method"] == improved]
         if plus.empty:
@@ -166,6 +166,16 @@ def verdict(table) -> list[str]:
         lines.append(f"- **{improved}, anchor dependence:** corr(E[q], FN density) in the last epoch per seed: "
                      f"{', '.join(f'{v:+.2f}' for v in corr)} — target ≤ −0.30 on every seed: "
                      f"**{'met' if met else 'not met'}**.")
+        reward = plus["reward_fn_corr"].astype(float) if "reward_fn_corr" in plus else plus["R@1"].iloc[:0]
+        if reward.notna().any():  # issue 35: a reward that can teach the scheduler to avoid false picks pays less for them
+            lines.append(f"- **{improved}, the reward sees false picks:** corr(reward, FN pick) in the last epoch per "
+                         f"seed: {', '.join(f'{v:+.2f}' for v in reward)} — target ≤ −0.30 on every seed: "
+                         f"**{'met' if bool((reward <= -0.3).all()) else 'not met'}**.")
+        gap = points.loc[points["method"] == improved, "gap"]
+        if len(gap):
+            lines.append(f"- **{improved}, against the fixed-q frontier:** chain FN % minus the frontier's at the same "
+                         f"mean q, per seed: {', '.join(f'{v:+.1f}' for v in gap)} points — target ≤ −5 on every seed: "
+                         f"**{'met' if bool((gap <= -5).all()) else 'not met'}**.")
         mean, std = plus["R@1"].mean(), plus["R@1"].std(ddof=1) if len(plus) > 1 else 0.0
         for base in BASELINES:
             rows = table[table["method"] == base]
@@ -177,6 +187,54 @@ def verdict(table) -> list[str]:
             lines.append(f"- **{improved}, R@1 vs {base}:** {mean:.1f} vs {bmean:.1f} (difference {mean - bmean:+.1f}, "
                          f"2 std = {margin:.1f}): **{'beats it' if won else 'does not beat it'}** by the issue's margin.")
     return lines or ["No improved scheduler has a finished run yet."]
+
+
+def frontier_rows(table):
+    """Each scheduler run's point against the fixed-q frontier of its own seed: its last epoch's mean q and chain
+    FN rate (``q_mean``, ``chain_fn_rate``), the frontier's FN rate at that q (linear between the seed's fixed-q
+    runs, :data:`FRONTIER`) and ``gap``, the difference in points (below 0: fewer false negatives than one q for
+    every anchor gives at the same mean hardness). Empty where a seed has fewer than two fixed-q runs."""
+    import numpy as np
+    import pandas as pd
+
+    fixed = table[table["method"].isin(list(FRONTIER))].assign(level=lambda t: t["method"].map(FRONTIER))
+    rows = []
+    for _, run in table[table["method"].str.startswith("falcon")].iterrows():
+        curve = fixed[(fixed["seed"] == run["seed"]) & fixed["chain_fn_rate"].notna()].sort_values("level")
+        if len(curve) < 2 or run["q_mean"] != run["q_mean"] or run["chain_fn_rate"] != run["chain_fn_rate"]:
+            continue
+        at = float(np.interp(run["q_mean"], curve["level"], curve["chain_fn_rate"].astype(float)))
+        rows.append({"method": run["method"], "seed": run["seed"], "q_mean": run["q_mean"],
+                     "chain_fn_rate": run["chain_fn_rate"], "frontier_fn_rate": at,
+                     "gap": 100 * (run["chain_fn_rate"] - at), "fixed_runs": len(curve)})
+    return pd.DataFrame(rows, columns=["method", "seed", "q_mean", "chain_fn_rate", "frontier_fn_rate", "gap",
+                                       "fixed_runs"])
+
+
+def frontier_table(table) -> str:
+    """The fixed-q frontier (chain FN % per q, over seeds) and each scheduler's vertical distance to it, seed by seed
+    (:func:`frontier_rows`); the issue's target is a gap of −5 points or less on every seed."""
+    fixed = table[table["method"].isin(list(FRONTIER))]
+    if fixed.empty:
+        return "(no fixed-q run yet)\n"
+    lines = ["| fixed q | seeds | chain FN % |", "|---|---|---|"]
+    for method, level in FRONTIER.items():
+        values = 100 * fixed.loc[fixed["method"] == method, "chain_fn_rate"].astype(float).dropna()
+        if len(values):
+            lines.append(f"| {level:g} | {len(values)} | {values.mean():.1f} ± {values.std(ddof=1) if len(values) > 1 else 0:.1f} |")
+    points = frontier_rows(table)
+    if points.empty:
+        return "\n".join(lines) + "\n"
+    lines += ["", "| scheduler | seeds | mean q | chain FN % | the frontier at that q, % | gap, points (per seed) | "
+              "below by ≥ 5 |", "|---|---|---|---|---|---|---|"]
+    for method in [m for m in METHODS if m in set(points["method"])]:
+        rows = points[points["method"] == method].sort_values("seed")
+        gap = rows["gap"]
+        lines.append(f"| {method} | {len(rows)} | {rows['q_mean'].mean():.2f} | {100 * rows['chain_fn_rate'].mean():.1f} | "
+                     f"{100 * rows['frontier_fn_rate'].mean():.1f} | {gap.mean():+.1f} ± "
+                     f"{gap.std(ddof=1) if len(gap) > 1 else 0:.1f} ({', '.join(f'{v:+.1f}' for v in gap)}) | "
+                     f"{int((gap <= -5).sum())}/{len(gap)} |")
+    return "\n".join(lines) + "\n"
 
 
 Q_BUCKETS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
@@ -227,7 +285,8 @@ def falcon_logs(out: Path, methods) -> list:
 
 def figure(epochs, out: Path, methods=None, name: str = "scheduler_sweep.png") -> Path:
     """Per FALCON variant and seed, over epochs: corr(E[q], anchor FN density), the std of E[q] and mean q;
-    and for every quantile composer the chain FN rate against a random pick's."""
+    for every quantile composer the chain FN rate against a random pick's; and the last epoch's chain FN rate against
+    mean q, the fixed-q runs as a curve per seed and each scheduler run as a point (the frontier)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -235,7 +294,7 @@ def figure(epochs, out: Path, methods=None, name: str = "scheduler_sweep.png") -
 
     from falcon_cli.reporting.figures import _save_png as save_png
 
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    fig, axes = plt.subplots(1, 4, figsize=(19, 4))
     for i, method in enumerate(m for m in (methods or METHODS) if m in set(epochs["method"])):
         for seed, rows in epochs[epochs["method"] == method].groupby("seed"):
             label = method if seed == epochs["seed"].min() else None
@@ -253,6 +312,19 @@ def figure(epochs, out: Path, methods=None, name: str = "scheduler_sweep.png") -
                 title="anchor dependence (target: below −0.3)")
     axes[1].set(xlabel="epoch", ylabel="q", ylim=(0, 1), title="E[q]: mean (solid), std across anchors (dotted)")
     axes[2].set(xlabel="epoch", ylabel="%", title="false negatives among the composer's picks")
+    # the frontier: each run's last epoch, fixed q as one line per seed, every scheduler as its points
+    last = epochs.sort_values("epoch").groupby(["method", "seed"], as_index=False).last()
+    for seed, rows in last[last["method"].isin(list(FRONTIER))].groupby("seed"):
+        rows = rows.assign(level=rows["method"].map(FRONTIER)).sort_values("level")
+        axes[3].plot(rows["level"], 100 * rows["chain_fn_rate"].astype(float), color="grey", marker="s", markersize=3,
+                     label="one q for every anchor" if seed == last["seed"].min() else None)
+    for i, method in enumerate(m for m in (methods or METHODS) if m in set(last["method"])):
+        if "falcon" in method:
+            rows = last[last["method"] == method]
+            axes[3].scatter(rows["q_mean"].astype(float), 100 * rows["chain_fn_rate"].astype(float), color=f"C{i}",
+                            label=method, zorder=3)
+    axes[3].set(xlabel="mean q (last epoch)", ylabel="chain FN %", xlim=(-0.02, 1.02),
+                title="the fixed-q frontier (a scheduler's goal: below it)")
     for ax in axes:
         ax.legend(fontsize=7)
     fig.tight_layout()
@@ -370,7 +442,9 @@ def main() -> None:
         table, per_epoch = pd.DataFrame(rows), pd.DataFrame(epochs)
         table.to_csv(out / "results.csv", index=False, float_format="%.4f")
         per_epoch.to_csv(out / "epochs.csv", index=False, float_format="%.4f")
-        (out / "summary.md").write_text(summary_table(table) + "\n" + "\n".join(verdict(table)) + "\n")
+        (out / "summary.md").write_text(summary_table(table) + "\n" + "\n".join(verdict(table)) + "\n\n"
+                                        + "The fixed-q frontier:\n\n" + frontier_table(table))
+        frontier_rows(table).to_csv(out / "frontier.csv", index=False, float_format="%.4f")
         print((out / "summary.md").read_text())
         path = figure(per_epoch if len(per_epoch) else pd.DataFrame(columns=["method", "seed", "epoch", *SUMMARY_KEYS]), out)
         if args.report:

@@ -13,7 +13,7 @@ from benchmarks import scheduler_sweep as sweep
 def test_the_learning_budget_gives_every_falcon_run_over_1000_scheduler_updates():
     assert sweep.scheduler_updates(sweep.BUDGETS["learning"]) >= 1000
     assert sweep.scheduler_updates(sweep.BUDGETS["gpu"]) > sweep.scheduler_updates(sweep.BUDGETS["learning"])
-    assert set(sweep.BASELINES) | {"falcon", *sweep.IMPROVED} == set(sweep.METHODS)
+    assert set(sweep.BASELINES) | {"falcon", *sweep.IMPROVED} | set(sweep.FRONTIER) == set(sweep.METHODS)
 
 
 def _metrics(path, corrs):
@@ -74,3 +74,44 @@ def test_fn_rate_by_q_buckets_q_and_anchor_density_terciles():
     assert "| 3 | 33.3 | 0.0 | 0.0 | 100.0 |" in low and "| 3 | 100.0 | 100.0 | 100.0 | 100.0 |" in high
     assert not any(line.startswith("| [0.4") for line in lines), "empty buckets are left out"
     assert "no FALCON batch log" in sweep.fn_rate_by_q([])
+
+
+def test_the_frontier_gap_is_the_schedulers_fn_rate_less_the_fixed_q_curve_of_its_own_seed():
+    """Seed 0's fixed-q runs put the curve at 10 % (q 0), 20 % (q 0.5) and 40 % (q 1); a scheduler at mean q 0.75 and
+    22 % sits 8 points below it (30 % there). Seed 1 has one fixed-q run: no curve, no point."""
+    rows = [{"method": m, "seed": 0, "R@1": 10.0, "q_fn_density_corr": float("nan"), "chain_fn_rate": fn,
+             "q_mean": q} for m, q, fn in (("q0", 0.0, 0.10), ("q05", 0.5, 0.20), ("q1", 1.0, 0.40))]
+    rows += [{"method": "q05", "seed": 1, "R@1": 10.0, "q_fn_density_corr": float("nan"), "chain_fn_rate": 0.2, "q_mean": 0.5}]
+    rows += [{"method": "falcon-plus-margin-0.5-itm", "seed": s, "R@1": 11.0, "q_fn_density_corr": -0.4,
+              "chain_fn_rate": 0.22, "q_mean": 0.75, "reward_fn_corr": c} for s, c in ((0, -0.35), (1, -0.1))]
+    table = pd.DataFrame(rows)
+    points = sweep.frontier_rows(table)
+    assert len(points) == 1 and points.iloc[0]["seed"] == 0
+    assert points.iloc[0]["frontier_fn_rate"] == pytest.approx(0.30) and points.iloc[0]["gap"] == pytest.approx(-8.0)
+    text = sweep.frontier_table(table)
+    assert "| 0.5 | 2 | 20.0 ± 0.0 |" in text and "| falcon-plus-margin-0.5-itm | 1 | 0.75 | 22.0 | 30.0 | -8.0 ± 0.0 (-8.0) | 1/1 |" in text
+    lines = sweep.verdict(table)
+    reward = next(line for line in lines if "the reward sees false picks" in line)
+    assert "-0.35, -0.10" in reward and "**not met**" in reward
+    frontier = next(line for line in lines if "against the fixed-q frontier" in line)
+    assert "-8.0 points" in frontier and "**met**" in frontier
+
+
+def test_the_figure_draws_the_frontier_beside_the_curves(tmp_path):
+    import matplotlib.pyplot as plt
+
+    epochs = pd.DataFrame([{"method": m, "seed": s, "epoch": e, "q_fn_density_corr": -0.2, "expected_q_mean": 0.5,
+                            "expected_q_std": 0.1, "chain_fn_rate": fn + 0.01 * e, "fn_density_mean": 0.3, "q_mean": q}
+                           for s in (0, 1) for e in (1, 2)
+                           for m, q, fn in (("q0", 0.0, 0.1), ("q05", 0.5, 0.2), ("q1", 1.0, 0.4),
+                                            ("falcon-plus-margin-0.5-itm", 0.6, 0.15))])
+    opened = []
+    real = plt.subplots
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(plt, "subplots", lambda *a, **k: opened.append(real(*a, **k)) or opened[-1])
+        path = sweep.figure(epochs, tmp_path)
+    assert path.exists() and path.stat().st_size > 0
+    frontier = opened[0][1][3]
+    assert len(frontier.lines) == 2, "one fixed-q curve per seed"
+    assert [list(line.get_ydata()) for line in frontier.lines][0] == pytest.approx([12.0, 22.0, 42.0])  # last epoch
+    assert frontier.collections[0].get_offsets().flatten().tolist() == pytest.approx([0.6, 17.0, 0.6, 17.0])
