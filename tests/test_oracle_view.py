@@ -11,7 +11,7 @@ import torch
 
 from falcon_cli.artifacts.tables import BATCHES, TableSchema, read_table, write_table
 from falcon_cli.sampling.batch_log import BatchLog, read_batch_log
-from falcon_cli.sampling.composers import batches_from_state, batches_state
+from falcon_cli.sampling.composers import FIXED_Q_FIELDS, FIXED_Q_LEVELS, Batch, batches_from_state, batches_state
 from falcon_cli.sampling.oracle_view import composition_summary, pearson
 from falcon_cli.sampling.quantile import QuantileSpaces
 from tests.test_quantile import batch_tuples, make_cache, same, toy_policy
@@ -32,7 +32,8 @@ def random_truth(seed: int = 0, density: float = 0.3):
 
 
 def replay(batches, shuffled, width, image, text, world):
-    """Per chained slot, what the oracle says, one candidate at a time: (safe q, density, is FN)."""
+    """Per chained slot, what the oracle says, one candidate at a time: (safe q, density, is FN, and whether each
+    fixed q's nearest-rank pick among the same candidates would have been one)."""
     spaces = [shuffled[s:s + width].tolist() for s in range(0, len(shuffled), width)]
     used: set[int] = set()
     out = []
@@ -52,14 +53,15 @@ def replay(batches, shuffled, width, image, text, world):
             n = len(left)
             safe_q = math.nan if not safe else (safe[-1] / (n - 1) if n > 1 else 1.0)
             density = sum(fn(j) for j in space if j != anchor) / (len(space) - 1)
-            out.append((safe_q, density, float(fn(chosen))))
+            fixed = [float(fn(left[math.floor(level * (n - 1) + 0.5)])) for level in FIXED_Q_LEVELS]
+            out.append((safe_q, density, float(fn(chosen)), *fixed))
             used.add(chosen)
     return out
 
 
 def logged(batches):
-    return [(float(b.safe_q[t]), float(b.anchor_fn_density[t]), float(b.chosen_is_fn[t]))
-            for b in batches for t in range(1, len(b))]
+    return [(float(b.safe_q[t]), float(b.anchor_fn_density[t]), float(b.chosen_is_fn[t]),
+             *(float(getattr(b, name)[t]) for name in FIXED_Q_FIELDS)) for b in batches for t in range(1, len(b))]
 
 
 def close(expected, got):
@@ -84,6 +86,9 @@ def test_oracle_view_equals_a_plain_replay_and_changes_no_choice(source):
     close(replay(batches, shuffled, 20, image, text, world), logged(batches))
     assert all(torch.isnan(b.safe_q[0]) for b in batches), "a batch's first slot is not chained"
     assert all(torch.isnan(b.chosen_is_fn).all() for b in composed["without"][0])
+    if source != "policy":  # a fixed q's own pick is its counterfactual one
+        own = FIXED_Q_FIELDS[FIXED_Q_LEVELS.index(source)]
+        assert all(torch.equal(b.chosen_is_fn[1:], getattr(b, own)[1:]) for b in batches)
 
 
 def test_oracle_view_one_space_at_a_time_and_through_checkpoints():
@@ -97,7 +102,7 @@ def test_oracle_view_one_space_at_a_time_and_through_checkpoints():
     close(replay(batches, spaces.shuffled, 15, image, text, world), logged(batches))
     close(logged(batches), logged(batches_from_state(batches_state(batches))))
     old = batches_state(batches)  # a checkpoint from before the oracle view: its slots come back NaN
-    for key in ("safe_q", "anchor_fn_density", "chosen_is_fn"):
+    for key in Batch.ORACLE_FIELDS:
         del old[key]
     assert all(math.isnan(v) for row in logged(batches_from_state(old)) for v in row)
 
@@ -112,17 +117,23 @@ def test_batch_log_keeps_the_oracle_view_and_reads_version_1_logs(tmp_path):
     log.extend(1, batches)
     log.write(1)
     rows = read_batch_log(tmp_path / "batches.parquet")
-    assert np.allclose(rows["chosen_is_fn"].dropna(), [v for _, _, v in logged(batches)])
+    assert np.allclose(rows["chosen_is_fn"].dropna(), [row[2] for row in logged(batches)])
     # a version-1 part (before the oracle columns): read, the new columns NaN; a newer version is refused
     v1 = TableSchema("batches", 1, BATCHES.columns[:12], unique=BATCHES.unique)
     write_table(tmp_path / "v1.parquet", rows[v1.names], v1)
     old = read_table(tmp_path / "v1.parquet", BATCHES)
     assert list(old.columns) == BATCHES.names and old["safe_q"].isna().all()
     assert (old["q"].fillna(-1) == rows["q"].fillna(-1)).all()
-    v3 = TableSchema("batches", 3, BATCHES.columns, unique=BATCHES.unique)
-    write_table(tmp_path / "v3.parquet", rows, v3)
-    with pytest.raises(Exception, match="schema version 3"):
-        read_table(tmp_path / "v3.parquet", BATCHES)
+    assert np.allclose(rows["fn_at_q50"].dropna(), rows["chosen_is_fn"].dropna())  # q = 0.5's own pick
+    # a version-2 part (before the fixed-q columns): read, those columns NaN
+    v2 = TableSchema("batches", 2, BATCHES.columns[:15], unique=BATCHES.unique)
+    write_table(tmp_path / "v2.parquet", rows[v2.names], v2)
+    older = read_table(tmp_path / "v2.parquet", BATCHES)
+    assert older["fn_at_q0"].isna().all() and np.allclose(older["chosen_is_fn"].dropna(), rows["chosen_is_fn"].dropna())
+    v4 = TableSchema("batches", 4, BATCHES.columns, unique=BATCHES.unique)
+    write_table(tmp_path / "v4.parquet", rows, v4)
+    with pytest.raises(Exception, match="schema version 4"):
+        read_table(tmp_path / "v4.parquet", BATCHES)
 
 
 def plain_pearson(x, y):
@@ -157,6 +168,18 @@ def test_composition_summary_against_plain_arithmetic():
     fixed = chained.assign(q=0.5, alpha=np.nan, beta=np.nan)
     assert composition_summary(fixed)["q_fn_density_corr"] is None
     assert composition_summary(fixed)["chain_fn_rate"] == pytest.approx(fn.mean())
+    assert summary["frontier_fn_rate"] is None, "no counterfactual picks: no frontier"
+    # the fixed-q frontier on the same slots: each level's FN rate, the curve at the epoch's mean q
+    picks = {name: (rng.uniform(size=n) < rate).astype(float)
+             for name, rate in zip(FIXED_Q_FIELDS, (0.1, 0.15, 0.2, 0.3, 0.5))}
+    scored = composition_summary(chained.assign(**picks))
+    rates = [picks[name].mean() for name in FIXED_Q_FIELDS]
+    assert [scored[f"fn_rate_at_{name[6:]}"] for name in FIXED_Q_FIELDS] == pytest.approx(rates)
+    low = max(i for i, level in enumerate(FIXED_Q_LEVELS) if level <= q.mean())
+    weight = (q.mean() - FIXED_Q_LEVELS[low]) / (FIXED_Q_LEVELS[low + 1] - FIXED_Q_LEVELS[low])
+    curve = rates[low] + weight * (rates[low + 1] - rates[low])
+    assert scored["frontier_fn_rate"] == pytest.approx(curve)
+    assert scored["frontier_gap"] == pytest.approx(fn.mean() - curve)
     blind = chained.assign(anchor_fn_density=np.nan, safe_q=np.nan, chosen_is_fn=np.nan)
     assert composition_summary(blind)["chain_fn_rate"] is None
     assert pearson(np.ones(5), np.arange(5)) is None

@@ -83,7 +83,8 @@ def test_the_frontier_gap_is_the_schedulers_fn_rate_less_the_fixed_q_curve_of_it
              "q_mean": q} for m, q, fn in (("q0", 0.0, 0.10), ("q05", 0.5, 0.20), ("q1", 1.0, 0.40))]
     rows += [{"method": "q05", "seed": 1, "R@1": 10.0, "q_fn_density_corr": float("nan"), "chain_fn_rate": 0.2, "q_mean": 0.5}]
     rows += [{"method": "falcon-plus-margin-0.5-itm", "seed": s, "R@1": 11.0, "q_fn_density_corr": -0.4,
-              "chain_fn_rate": 0.22, "q_mean": 0.75, "reward_fn_corr": c} for s, c in ((0, -0.35), (1, -0.1))]
+              "chain_fn_rate": 0.22, "q_mean": 0.75, "reward_fn_corr": c, "frontier_gap": g}
+             for s, c, g in ((0, -0.35, -0.06), (1, -0.1, -0.04))]
     table = pd.DataFrame(rows)
     points = sweep.frontier_rows(table)
     assert len(points) == 1 and points.iloc[0]["seed"] == 0
@@ -95,6 +96,8 @@ def test_the_frontier_gap_is_the_schedulers_fn_rate_less_the_fixed_q_curve_of_it
     assert "-0.35, -0.10" in reward and "**not met**" in reward
     frontier = next(line for line in lines if "against the fixed-q frontier" in line)
     assert "-8.0 points" in frontier and "**met**" in frontier
+    own = next(line for line in lines if "its own anchors" in line)
+    assert "-6.0, -4.0 points" in own and "**not met**" in own
 
 
 def test_the_figure_draws_the_frontier_beside_the_curves(tmp_path):

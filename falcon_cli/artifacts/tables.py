@@ -55,18 +55,22 @@ SEARCH_SPACES = TableSchema(
 """Which search space each pair belongs to in each epoch (``search_spaces.parquet``)."""
 
 BATCHES = TableSchema(
-    "batches", 2,
+    "batches", 3,
     (("epoch", pa.int64()), ("step", pa.int64()), ("rank", pa.int64()), ("slot", pa.int64()),
      ("pair_id", pa.int64()), ("anchor_pair_id", pa.int64()), ("q", pa.float32()), ("alpha", pa.float32()),
      ("beta", pa.float32()), ("similarity_to_anchor", pa.float32()), ("quantile_rank", pa.float32()),
      ("sampler", pa.string()), ("safe_q", pa.float32()), ("anchor_fn_density", pa.float32()),
-     ("chosen_is_fn", pa.float32())),
+     ("chosen_is_fn", pa.float32()), ("fn_at_q0", pa.float32()), ("fn_at_q25", pa.float32()),
+     ("fn_at_q50", pa.float32()), ("fn_at_q75", pa.float32()), ("fn_at_q100", pa.float32())),
     unique=("epoch", "step", "rank", "slot"),
-    added={"safe_q": 2, "anchor_fn_density": 2, "chosen_is_fn": 2},
+    added={"safe_q": 2, "anchor_fn_density": 2, "chosen_is_fn": 2, "fn_at_q0": 3, "fn_at_q25": 3, "fn_at_q50": 3,
+           "fn_at_q75": 3, "fn_at_q100": 3},
 )
 """Every composed mini-batch, one row per slot (``batches.parquet``, the batch log). Version 2 added
 the oracle's view of each chained slot (shapes world, quantile composers): ``safe_q``,
-``anchor_fn_density``, ``chosen_is_fn``; version-1 logs read with those columns NaN."""
+``anchor_fn_density``, ``chosen_is_fn``; version 3 whether the pick of each fixed q (0, 0.25, 0.5, 0.75, 1) for
+the same anchor would have been a false negative, ``fn_at_q0`` … ``fn_at_q100``. Older logs read with the
+columns they lack NaN."""
 
 AUDIT = TableSchema(
     "audit", 1,

@@ -168,7 +168,10 @@ def audit_markdown(*, run: str, judge: str, threshold: float, truth: str, steps:
                   "Over the chained slots: `q_fn_density_corr`, the correlation of E[q] (or the fixed q) with the "
                   "anchor's false-negative density in its search space (FALCON's claim: below 0); `expected_q_std`, "
                   "how much E[q] differs across anchors; `safe_q_mean`, the oracle's highest q whose pick is a true "
-                  "negative; `q_above_safe_share`, how often q went past it; `chain_fn_rate`, false-negative picks.\n",
+                  "negative; `q_above_safe_share`, how often q went past it; `chain_fn_rate`, false-negative picks; "
+                  "`frontier_fn_rate`, the false-negative rate one fixed q for every anchor would have had on the same "
+                  "anchors at the same mean q (the fixed-q frontier), and `frontier_gap`, `chain_fn_rate` less it "
+                  "(below 0: fewer false negatives than the frontier at equal hardness).\n",
                   markdown_table(scheduler)]
     return "\n".join(lines)
 

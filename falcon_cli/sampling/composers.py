@@ -48,6 +48,13 @@ DEFAULT_MAX_CHUNK_BYTES = 1 << 30
 
 
 # --- the batch record ---------------------------------------------------------------------
+FIXED_Q_LEVELS = (0.0, 0.25, 0.5, 0.75, 1.0)
+"""The q's of the fixed-q frontier each chained slot is scored at (``Batch.fn_at_q0`` … ``fn_at_q100``)."""
+
+FIXED_Q_FIELDS = ("fn_at_q0", "fn_at_q25", "fn_at_q50", "fn_at_q75", "fn_at_q100")
+"""The batch fields of :data:`FIXED_Q_LEVELS`, in order."""
+
+
 @dataclass
 class Batch:
     """One composed mini-batch: ``pair_ids`` [b] int64 plus per-slot metadata for the batch log.
@@ -71,6 +78,9 @@ class Batch:
       would have been a true negative (NaN if every remaining candidate is a false negative).
     - ``anchor_fn_density``: the share of the anchor's search space that are its false negatives.
     - ``chosen_is_fn``: 1.0 if the slot is a false negative of its anchor, else 0.0.
+    - ``fn_at_q0`` … ``fn_at_q100``: 1.0 if the pick one fixed q (:data:`FIXED_Q_LEVELS`) would have made for
+      the same anchor among the same remaining candidates is a false negative, else 0.0: the fixed-q frontier on
+      the very anchors a scheduler saw (:func:`~falcon_cli.sampling.oracle_view.composition_summary`).
     """
 
     pair_ids: torch.Tensor
@@ -84,9 +94,15 @@ class Batch:
     safe_q: torch.Tensor | None = None
     anchor_fn_density: torch.Tensor | None = None
     chosen_is_fn: torch.Tensor | None = None
+    fn_at_q0: torch.Tensor | None = None
+    fn_at_q25: torch.Tensor | None = None
+    fn_at_q50: torch.Tensor | None = None
+    fn_at_q75: torch.Tensor | None = None
+    fn_at_q100: torch.Tensor | None = None
 
     FIELDS = ("pair_ids", "anchor_pair_id", "q", "alpha", "beta", "similarity_to_anchor", "quantile_rank")
-    ORACLE_FIELDS = ("safe_q", "anchor_fn_density", "chosen_is_fn")
+    ORACLE_FIELDS = ("safe_q", "anchor_fn_density", "chosen_is_fn", "fn_at_q0", "fn_at_q25", "fn_at_q50", "fn_at_q75",
+                     "fn_at_q100")
 
     def __post_init__(self) -> None:
         n = len(self.pair_ids)

@@ -20,6 +20,8 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from falcon_cli.sampling.composers import FIXED_Q_FIELDS, FIXED_Q_LEVELS
+
 
 def pearson(x: np.ndarray, y: np.ndarray) -> float | None:
     """Pearson correlation of two equal-length vectors; None with fewer than 3 points or no spread."""
@@ -55,6 +57,12 @@ def composition_summary(rows: pd.DataFrame, rewards: Sequence[float] = (),
       (no safe q at all counts as exceeded).
     - ``chain_fn_rate``: share of the chained slots that are false negatives of their anchor.
     - ``fn_density_mean``: mean anchor false-negative density (what a random pick would hit).
+    - ``fn_rate_at_q0`` … ``fn_rate_at_q100``: the share of the same slots whose pick would have been a false
+      negative had one fixed q (0, 0.25, 0.5, 0.75, 1) chosen it for the same anchor among the same candidates:
+      the fixed-q frontier on the anchors this composer saw.
+    - ``frontier_fn_rate``: that frontier at the epoch's ``q_mean`` (linear between its levels), and
+      ``frontier_gap`` = ``chain_fn_rate`` − ``frontier_fn_rate``: below 0, the composer's picks hold fewer false
+      negatives than one q for every anchor at the same mean hardness (FALCON's claim, as one number).
     """
     chained = rows[rows["q"].notna()]
     q = chained["q"].astype(np.float64)
@@ -77,7 +85,7 @@ def composition_summary(rows: pd.DataFrame, rewards: Sequence[float] = (),
     density = chained["anchor_fn_density"].astype(np.float64) if "anchor_fn_density" in chained else None
     if density is None or not density.notna().any():
         summary.update(q_fn_density_corr=None, q_safe_corr=None, safe_q_mean=None, q_above_safe_share=None,
-                       chain_fn_rate=None, fn_density_mean=None)
+                       chain_fn_rate=None, fn_density_mean=None, **dict.fromkeys(FRONTIER_KEYS))
         return summary
     known = density.notna()
     safe = chained["safe_q"].astype(np.float64)
@@ -90,11 +98,34 @@ def composition_summary(rows: pd.DataFrame, rewards: Sequence[float] = (),
         chain_fn_rate=float(chained["chosen_is_fn"].astype(np.float64)[known].mean()),
         fn_density_mean=float(density[known].mean()),
     )
+    summary.update(frontier(chained[known], summary["chain_fn_rate"], summary["q_mean"]))
     return summary
 
 
+FRONTIER_KEYS = (*(f"fn_rate_at_{name[len('fn_at_'):]}" for name in FIXED_Q_FIELDS), "frontier_fn_rate", "frontier_gap")
+"""The epoch summary's fixed-q frontier keys (:func:`composition_summary`)."""
+
+
+def frontier(slots: pd.DataFrame, chain_fn_rate: float | None, q_mean: float | None) -> dict:
+    """The fixed-q frontier on ``slots`` (chained, with the oracle's view): the false-negative rate of each fixed
+    q's counterfactual pick, that curve at ``q_mean`` and the composer's distance to it (all None where the
+    slots carry no counterfactual picks, e.g. a batch log from before they were recorded)."""
+    out = dict.fromkeys(FRONTIER_KEYS)
+    columns = [name for name in FIXED_Q_FIELDS if name in slots]
+    scored = slots[columns].astype(np.float64).notna().all(1) if len(columns) == len(FIXED_Q_FIELDS) else None
+    if scored is None or not scored.any():
+        return out
+    rates = slots.loc[scored, columns].astype(np.float64).mean().to_numpy()
+    out.update({key: float(rate) for key, rate in zip(FRONTIER_KEYS, rates)})
+    if q_mean is not None and chain_fn_rate is not None:
+        out["frontier_fn_rate"] = float(np.interp(q_mean, FIXED_Q_LEVELS, rates))
+        out["frontier_gap"] = chain_fn_rate - out["frontier_fn_rate"]
+    return out
+
+
 SUMMARY_COLUMNS = ("epoch", "chained_slots", "q_mean", "expected_q_mean", "expected_q_std", "q_fn_density_corr",
-                   "q_safe_corr", "safe_q_mean", "q_above_safe_share", "chain_fn_rate", "fn_density_mean")
+                   "q_safe_corr", "safe_q_mean", "q_above_safe_share", "chain_fn_rate", "fn_density_mean",
+                   "frontier_fn_rate", "frontier_gap")
 """The per-epoch table of :func:`summary_by_epoch` (the audit's ``scheduler_vs_oracle.csv``)."""
 
 
@@ -110,4 +141,5 @@ def summary_by_epoch(log: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
 
 
-__all__ = ["SUMMARY_COLUMNS", "composition_summary", "expected_q", "pearson", "summary_by_epoch"]
+__all__ = ["FRONTIER_KEYS", "SUMMARY_COLUMNS", "composition_summary", "expected_q", "frontier", "pearson",
+           "summary_by_epoch"]

@@ -48,7 +48,7 @@ import torch
 
 from falcon_cli.errors import FalconError
 from falcon_cli.sampling.cache import EmbeddingCache, as_id_tensor
-from falcon_cli.sampling.composers import Batch, _check_config, num_space_batches
+from falcon_cli.sampling.composers import FIXED_Q_FIELDS, FIXED_Q_LEVELS, Batch, _check_config, num_space_batches
 from falcon_cli.sampling.policy import check_beta_parameters, draw_q, numpy_generator
 from falcon_cli.sampling.scheduler_features import SchedulerFeatures
 
@@ -266,7 +266,8 @@ class QuantileSpaces:
             start from built search spaces): they are not shuffled.
         truth: the oracle, ``truth(pair_ids) -> bool [n, n]`` (a shapes world; ``judges.oracle.in_batch_truth``):
             every batch then carries the oracle's view of its chained slots (``safe_q``,
-            ``anchor_fn_density``, ``chosen_is_fn``). It changes no choice and draws no randomness.
+            ``anchor_fn_density``, ``chosen_is_fn``, and ``fn_at_q0`` … ``fn_at_q100``: what each fixed q would have
+            picked for the same anchor). It changes no choice and draws no randomness.
     """
 
     def __init__(self, pair_ids: Any, cache: EmbeddingCache, search_space_size: int, batch_size: int,
@@ -500,6 +501,8 @@ def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[
     last, q, qs, ranks, anchors, chosens = first, None, [], [], [], []
     oracle = tables.host("false_negative").reshape(-1, width) if tables.false_negative is not None else None
     safe, chosen_fn = np.full((a, taken), -1, dtype=np.int64), np.zeros((a, taken), dtype=bool)
+    fixed_fn = np.zeros((a, taken, len(FIXED_Q_LEVELS)), dtype=bool)  # what each fixed q would have picked
+    levels = np.asarray(FIXED_Q_LEVELS)
     for t in range(taken):
         if policy is not None:
             if (level == "batch" and q is None) or (level == "instance" and t < all_go):  # every space draws
@@ -522,9 +525,12 @@ def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[
             chosen[i] = candidates[free[r[i]] if r[i] < len(free) else width - 1]
             if oracle is not None:  # the oracle's view (no effect on the choice): the last available true negative
                 fn = oracle[row_of[i] + last[i]]                                        # [W] by local index
-                true_negative = (~fn.take(candidates.take(free))).nonzero()[0]          # ranks among the available
+                ordered_fn = fn.take(candidates.take(free))                             # by rank among the available
+                true_negative = (~ordered_fn).nonzero()[0]
                 safe[i, t] = true_negative[-1] if len(true_negative) else -1
                 chosen_fn[i, t] = fn[chosen[i]]
+                if len(ordered_fn):
+                    fixed_fn[i, t] = ordered_fn[nearest_rank(levels, len(ordered_fn))]
             avail[i, chosen[i]] = False
         anchors.append(last)
         chosens.append(chosen)
@@ -538,7 +544,7 @@ def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[
              "q": np.full_like(left_np, float(source)) if policy is None else stacked(qs),
              "anchor": stacked(anchors).astype(np.int64), "chosen": stacked(chosens).astype(np.int64)}
     if oracle is not None:  # rank of the last safe candidate (-1: none), and whether the pick is a false negative
-        steps.update(safe=safe, chosen_fn=chosen_fn)
+        steps.update(safe=safe, chosen_fn=chosen_fn, fixed_fn=fixed_fn)
     return _round_columns(tables, features, group_np, first, steps, batch_size, level,
                           None if policy is None else (alpha_np, beta_np))
 
@@ -588,7 +594,8 @@ def _round_columns(tables: SpaceTables, features: tuple[torch.Tensor, torch.Tens
             safe_q = np.where(safe < 0, nan, np.where(n > 1, safe / np.maximum(n - 1, 1), 1.0))
         density = tables.false_negative_density()[group]                                 # [a, W]
         columns.update(safe_q=column(safe_q, nan, nan), anchor_fn_density=column(np.take_along_axis(density, anchor, 1), nan, nan),
-                       chosen_is_fn=column(steps["chosen_fn"], nan, nan))
+                       chosen_is_fn=column(steps["chosen_fn"], nan, nan),
+                       **{name: column(steps["fixed_fn"][:, :, k], nan, nan) for k, name in enumerate(FIXED_Q_FIELDS)})
     else:
         columns.update({k: torch.full((a, batch_size), nan) for k in Batch.ORACLE_FIELDS})
     columns["local"][:, 0] = torch.from_numpy(first)
