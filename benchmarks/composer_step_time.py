@@ -5,7 +5,11 @@ compose an epoch (GRIT chains every search space through the embedding cache), a
 the epoch's steps. `falcon` adds, per step: the reward's extra no-grad forward (L_after, train
 mode: the default), composing its batch on demand (each search space's sorted tables when the
 space is entered, the scheduler on the space's remaining rows, the chain) and the scheduler's
-REINFORCE update. Everything is timed in the same process; the ratios are printed.
+REINFORCE update. The positive-margin rewards make no pass (the training forward's features):
+`falcon-margin` is the step, composition and update alone; `falcon-margin-itm` adds the ITM head's
+judgement of each pick with its anchor (`reward: positive_margin+itm`: the captions through the text
+encoder once, the fusion layers and head on 2(B - 1) pairs, no gradient). Everything is timed in the
+same process; the ratios are printed.
 
     PYTHONPATH=. .venv/bin/python benchmarks/composer_step_time.py                 # shapes-demo scale
     PYTHONPATH=. .venv/bin/python benchmarks/composer_step_time.py --pairs 566747 --batch 96 --space 1920 --steps 3
@@ -29,7 +33,7 @@ from falcon_cli.objectives.vlp import VlpObjective  # noqa: E402
 from falcon_cli.sampling.cache import EmbeddingCache  # noqa: E402
 from falcon_cli.sampling.composers import GritComposer, UniformComposer  # noqa: E402
 from falcon_cli.sampling.quantile import QuantileSpaces  # noqa: E402
-from falcon_cli.sampling.scheduler import NegativeScheduler  # noqa: E402
+from falcon_cli.sampling.scheduler import NegativeScheduler, chain_pairs  # noqa: E402
 
 
 def timed(fn, repeats: int) -> float:
@@ -107,6 +111,16 @@ def main() -> None:
     with torch.no_grad():
         encoding = objective.model.encode_image(images)
     reuse_time = timed(lambda: reward_pass(encoding), args.steps)  # reward_images: reuse
+    with torch.no_grad():
+        out = objective(images, input_ids, attention, mask)
+    pairs = chain_pairs(args.batch)
+
+    def itm_judgement():  # reward: positive_margin+itm, in eval mode as FalconStep.pick_match
+        objective.eval()
+        objective.match_probability(out, input_ids, attention, *pairs)
+        objective.train()
+
+    itm_time = timed(itm_judgement, args.steps)
     print(f"pairs {args.pairs:,}, batch {args.batch}, |M| {args.space}, {steps_per_epoch} steps/epoch, "
           f"torch threads {torch.get_num_threads()}")
     print(f"training step (albef-tiny): {step_time * 1000:.1f} ms")
@@ -121,9 +135,15 @@ def main() -> None:
     per_step["falcon-reuse"] = per_step["falcon"] - reward_time + reuse_time
     print(f"falcon, reward_images=reuse: reward forward {reuse_time * 1000:.1f} ms -> "
           f"{per_step['falcon-reuse'] * 1000:.1f} ms per step")
+    per_step["falcon-margin"] = per_step["falcon"] - reward_time
+    per_step["falcon-margin-itm"] = per_step["falcon-margin"] + itm_time
+    print(f"falcon, reward positive_margin: no pass -> {per_step['falcon-margin'] * 1000:.1f} ms per step; "
+          f"positive_margin+itm: ITM judgement {itm_time * 1000:.1f} ms -> {per_step['falcon-margin-itm'] * 1000:.1f} ms")
     print(f"grit / uniform per-step time: {per_step['grit'] / per_step['uniform']:.4f}")
     print(f"falcon / grit per-step time: {per_step['falcon'] / per_step['grit']:.4f} "
-          f"(reward_images=reuse: {per_step['falcon-reuse'] / per_step['grit']:.4f})")
+          f"(reward_images=reuse: {per_step['falcon-reuse'] / per_step['grit']:.4f}; positive_margin: "
+          f"{per_step['falcon-margin'] / per_step['grit']:.4f}; positive_margin+itm: "
+          f"{per_step['falcon-margin-itm'] / per_step['grit']:.4f})")
 
 
 if __name__ == "__main__":
