@@ -47,6 +47,8 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "falcon-plus-margin-0.5": ("shapes-falcon-plus", ["pretrain.reward=positive_margin", "pretrain.reward_margin=0.5"]),
     "falcon-plus-margin-0.5-itm": ("shapes-falcon-plus", ["pretrain.reward=positive_margin+itm",
                                                           "pretrain.reward_margin=0.5"]),
+    "falcon-plus-margin-0.5-itm-w6": ("shapes-falcon-plus", ["pretrain.reward=positive_margin+itm",
+                                                             "pretrain.reward_margin=0.5", "pretrain.reward_itm_weight=6"]),
     "grit": ("shapes-grit", []),
     "uniform": ("shapes-uniform", []),
     "q05": ("shapes-q05", []),
@@ -60,7 +62,8 @@ credited per caption and with the alignment reward (each pair's own image-text c
 the q whose pick sat next to it) and with the positive-margin reward (each pick's similarity to its anchor,
 charged once it comes within a margin of 0, 0.25 or 0.5 of the anchor's own pair; credited to the q that chose
 it), the same at margin 0.5 less twice the model's own ITM match probability of each pick with its anchor
-(``positive_margin+itm``: a reward that sees which picks the model believes are matches), and the baselines the
+(``positive_margin+itm``: a reward that sees which picks the model believes are matches; ``-w6`` charges six times
+the probability), and the baselines the
 issue names (GRIT, uniform = no chain, q = 0.5); q = 0, 0.25, 0.75 and 1 (the quantile composer, q = 1 GRIT's
 chain with the oracle's view) draw the fixed-q frontier with q = 0.5."""
 
@@ -68,7 +71,7 @@ BASELINES = ("grit", "uniform", "q05")
 """What the improved scheduler must beat."""
 
 IMPROVED = ("falcon-plus", "falcon-plus-alignment", "falcon-plus-margin-0", "falcon-plus-margin-0.25",
-            "falcon-plus-margin-0.5", "falcon-plus-margin-0.5-itm")
+            "falcon-plus-margin-0.5", "falcon-plus-margin-0.5-itm", "falcon-plus-margin-0.5-itm-w6")
 """The improved schedulers the issue's targets are checked for."""
 
 FRONTIER: dict[str, float] = {"q0": 0.0, "q025": 0.25, "q05": 0.5, "q075": 0.75, "q1": 1.0}

@@ -63,6 +63,14 @@ def test_coco_albef_is_falcon_with_the_papers_hyperparameters_and_siblings_diffe
     for plus_name, margin_name in [("shapes-falcon-plus", "shapes-falcon-margin"), ("coco-albef-plus", "coco-albef-margin")]:
         plus, margin = (load_recipe(name)[0].pretrain.model_dump() for name in (plus_name, margin_name))
         assert {k: v for k, v in margin.items() if plus[k] != v} == {"reward": "positive_margin", "reward_margin": 0.5}
+    # the ITM-charged margin: one key over the margin recipes; for BLIP-2, the improved scheduler and both keys
+    for margin_name, itm_name in [("shapes-falcon-margin", "shapes-falcon-itm"), ("coco-albef-margin", "coco-albef-itm")]:
+        margin, itm = (load_recipe(name)[0].pretrain.model_dump() for name in (margin_name, itm_name))
+        assert {k: v for k, v in itm.items() if margin[k] != v} == {"reward": "positive_margin+itm"}
+    for base_name, itm_name in [("shapes-blip2-falcon", "shapes-blip2-falcon-itm"), ("coco-blip2", "coco-blip2-itm")]:
+        base_p, itm = (load_recipe(name)[0].pretrain.model_dump() for name in (base_name, itm_name))
+        assert {k: v for k, v in itm.items() if base_p[k] != v} == {**PLUS_SCHEDULER, "reward": "positive_margin+itm",
+                                                                     "reward_margin": 0.5}, itm_name
 
 
 PLUS_SCHEDULER = {"scheduler_features": ["positive", "spread"], "scheduler_credit": "chosen",
