@@ -97,7 +97,7 @@ def scheduler_updates(budget: Budget) -> int:
     return (budget.epochs - 1) * num_space_batches(pairs, budget.spaces["medium"], budget.batch, False)
 
 SUMMARY_KEYS = ("q_fn_density_corr", "expected_q_std", "expected_q_mean", "q_mean", "safe_q_mean", "q_above_safe_share",
-                "chain_fn_rate", "fn_density_mean", "reward_fn_corr", "frontier_fn_rate", "frontier_gap")
+                "chain_fn_rate", "fn_density_mean", "reward_fn_corr", "frontier_fn_rate", "frontier_gap", "itm_fn_auc")
 """The epoch summary keys (``metrics.jsonl``, kind ``epoch_summary``) the sweep keeps per epoch."""
 
 
@@ -133,7 +133,7 @@ COLUMNS = [("R@1", "R@1"), ("oracle_R@1", "FN-aware R@1"), ("fn_rate_chain_audit
            ("fn_density_mean", "FN % of a random pick"), ("q_fn_density_corr", "corr(E[q], FN density)"),
            ("q_fn_density_corr_late", "same, late-epoch mean"), ("expected_q_std", "std E[q]"), ("q_mean", "mean q"),
            ("safe_q_mean", "safe q"), ("q_above_safe_share", "q > safe q"), ("reward_fn_corr", "corr(reward, FN pick)"),
-           ("frontier_gap", "gap to the frontier, same anchors"),
+           ("itm_fn_auc", "ITM AUC, false picks"), ("frontier_gap", "gap to the frontier, same anchors"),
            ("seconds_per_epoch", "s / epoch")]
 """The summary table's columns: results.csv key -> header (percent for R@1 and the FN rates)."""
 PERCENT = {"chain_fn_rate", "fn_density_mean", "q_above_safe_share", "frontier_gap"}

@@ -242,7 +242,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
             metrics.write(step=state.step, epoch=epoch, kind="false_negatives", **flagged)
         if falcon_epoch:  # what the scheduler did this epoch (this rank)
             metrics.write(step=state.step, epoch=epoch, kind="epoch_summary",
-                          **composition_summary(batch_log.rows(epoch), falcon.rewards, falcon.credited))
+                          **composition_summary(batch_log.rows(epoch), falcon.rewards, falcon.credited, falcon.judged))
         epochs.end()
         if main:
             path = cache.save(run.path / "embeddings" / f"epoch_{epoch:03d}.h5",

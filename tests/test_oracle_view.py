@@ -164,6 +164,14 @@ def test_composition_summary_against_plain_arithmetic():
     assert summary["expected_q_std"] == pytest.approx(float(np.std(mean_q)))
     assert summary["q_mean"] == pytest.approx(q.mean())
     assert summary["reward_mean"] == pytest.approx(0.0) and summary["reward_count"] == 3
+    assert summary["itm_fn_corr"] is None and summary["itm_fn_auc"] is None  # no judge
+    # the ITM judge of each pick: its correlation with a false pick, and how often a false pick outscores a true one
+    judged = [[0.9, 1.0], [0.2, 0.0], [0.6, 1.0], [0.6, 0.0], [0.1, 0.0], [float("nan"), 1.0]]
+    seen = composition_summary(chained, judged=judged)
+    kept = judged[:5]
+    assert seen["itm_fn_corr"] == pytest.approx(plain_pearson([p for p, _ in kept], [f for _, f in kept]))
+    pairs = [(a, b) for a, fa in kept if fa for b, fb in kept if not fb]
+    assert seen["itm_fn_auc"] == pytest.approx(sum(1.0 if a > b else 0.5 if a == b else 0.0 for a, b in pairs) / len(pairs))
     # a fixed q (no Beta): no correlation; no oracle columns: the oracle keys are None
     fixed = chained.assign(q=0.5, alpha=np.nan, beta=np.nan)
     assert composition_summary(fixed)["q_fn_density_corr"] is None

@@ -411,6 +411,10 @@ def test_positive_margin_reward_scores_each_pick_from_the_training_forward(margi
     assert summary["reward_count"] == 10 and -1 <= summary["reward_fn_corr"] <= 1
 
 
+def margin_summary(run):
+    return [r for r in read_metrics(run / "metrics.jsonl") if r.get("kind") == "epoch_summary"][-1]
+
+
 def test_the_itm_charged_margin_pays_less_for_picks_the_model_judges_matches(world, margin_run, tmp_path_factory):
     """``reward: positive_margin+itm``: the positive margin less twice the ITM head's match probability of each
     pick with its anchor. Up to the first FALCON step both runs are the same, so that step's reward is the
@@ -426,6 +430,8 @@ def test_the_itm_charged_margin_pays_less_for_picks_the_model_judges_matches(wor
     assert np.isfinite([r["reward"] for r in charged]).all()
     summary = [r for r in read_metrics(run / "metrics.jsonl") if r.get("kind") == "epoch_summary"][-1]
     assert summary["reward_count"] == 10 and -1 <= summary["reward_fn_corr"] <= 1
+    assert 0 <= summary["itm_fn_auc"] <= 1 and -1 <= summary["itm_fn_corr"] <= 1  # the tiny world has false picks
+    assert "itm_fn_corr" in summary and margin_summary(margin_run)["itm_fn_corr"] is None  # only the ITM reward judges
     config = yaml.safe_load((run / "config.yaml").read_text())
     assert config["pretrain"]["reward"] == "positive_margin+itm" and config["pretrain"]["reward_itm_weight"] == 2.0
 

@@ -62,6 +62,9 @@ class FalconStep:
         """This epoch's mean reward per step (kept in checkpoints for the epoch summary)."""
         self.credited: list[list[float]] = []
         """Per used step: [its credited reward, whether its pick was a false negative (NaN without an oracle)]."""
+        self.judged: list[list[float]] = []
+        """``positive_margin+itm``, per pick: [the ITM head's match probability of it with its anchor, whether it
+        was a false negative (NaN without an oracle)]: does the judge see the false picks, apart from the margin?"""
         self._before: torch.Tensor | None = None
         self._image: tuple | None = None
 
@@ -102,7 +105,9 @@ class FalconStep:
         if self.from_forward:  # each pick's hardness, charged past its anchor's own pair (θ_k's features)
             delta = positive_margin_rewards(out.image_feat, out.text_feat, self.overshoot, self.margin)
             if self.reward == "positive_margin+itm":  # a pick the model itself judges a match pays for it
-                delta = delta - self.itm_weight * self.pick_match(objective, out, inputs)
+                match = self.pick_match(objective, out, inputs)
+                delta = delta - self.itm_weight * match
+                self.judged += torch.stack([match[1:].double().cpu(), composed.chosen_is_fn[1:].double()], 1).tolist()
         else:
             before, image = self._before, self._image
             if before is None:  # L(θ_k) is the training forward's own loss, and its image
@@ -118,13 +123,15 @@ class FalconStep:
 
     def reset(self) -> None:
         """A new epoch: its record starts empty."""
-        self.rewards, self.credited = [], []
+        self.rewards, self.credited, self.judged = [], [], []
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rewards": list(self.rewards), "credited": [list(c) for c in self.credited]}
+        return {"rewards": list(self.rewards), "credited": [list(c) for c in self.credited],
+                "judged": [list(j) for j in self.judged]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rewards, self.credited = list(state["rewards"]), [list(c) for c in state["credited"]]
+        self.judged = [list(j) for j in state.get("judged", [])]  # (absent from older checkpoints)
 
 
 __all__ = ["FalconStep", "measure_reward_loss"]

@@ -20,6 +20,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from falcon_cli.audit.report import rank_auc
 from falcon_cli.sampling.composers import FIXED_Q_FIELDS, FIXED_Q_LEVELS
 
 
@@ -37,7 +38,7 @@ def expected_q(rows: pd.DataFrame) -> pd.Series:
 
 
 def composition_summary(rows: pd.DataFrame, rewards: Sequence[float] = (),
-                        credited: Sequence[Sequence[float]] = ()) -> dict:
+                        credited: Sequence[Sequence[float]] = (), judged: Sequence[Sequence[float]] = ()) -> dict:
     """One epoch of a quantile composer: the q's it used, FALCON's rewards, and the oracle's view.
 
     ``rows``: batch-log rows (:func:`~falcon_cli.sampling.batch_log.read_batch_log`, one epoch).
@@ -48,6 +49,9 @@ def composition_summary(rows: pd.DataFrame, rewards: Sequence[float] = (),
     - ``reward_fn_corr``: over FALCON's used steps (``credited``: [reward credited to the step's q, 1.0 if
       its pick was a false negative else 0.0]), the correlation of the two. A reward that can teach the
       scheduler to avoid false negatives pays less for them: this must be below 0.
+    - ``itm_fn_corr`` / ``itm_fn_auc``: with ``reward: positive_margin+itm`` (``judged``: per pick [the ITM head's
+      match probability with its anchor, 1.0 if a false negative else 0.0]), the correlation of the two and the
+      chance a false pick outscores a true one (0.5: the judge sees nothing): the judge alone, apart from the margin.
     - ``expected_q_mean`` / ``expected_q_std``: E[q] of the Betas over the chained slots (std = how much
       the scheduler tells anchors apart).
     - ``q_fn_density_corr``: Pearson correlation over chained slots of E[q] (FALCON) or q (fixed /
@@ -75,6 +79,11 @@ def composition_summary(rows: pd.DataFrame, rewards: Sequence[float] = (),
     pairs = np.asarray(list(credited), dtype=np.float64).reshape(-1, 2)
     pairs = pairs[~np.isnan(pairs).any(1)]
     summary["reward_fn_corr"] = pearson(pairs[:, 0], pairs[:, 1]) if len(pairs) else None
+    seen = np.asarray(list(judged), dtype=np.float64).reshape(-1, 2)
+    seen = seen[~np.isnan(seen).any(1)]
+    summary["itm_fn_corr"] = pearson(seen[:, 0], seen[:, 1]) if len(seen) else None
+    auc = rank_auc(seen[:, 0], seen[:, 1] > 0.5) if len(seen) else float("nan")
+    summary["itm_fn_auc"] = None if auc != auc else auc
 
     mean_q = expected_q(chained).astype(np.float64) if len(chained) else pd.Series(dtype=np.float64)
     has_beta = mean_q.notna()
