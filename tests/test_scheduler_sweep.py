@@ -118,3 +118,34 @@ def test_the_figure_draws_the_frontier_beside_the_curves(tmp_path):
     assert len(frontier.lines) == 2, "one fixed-q curve per seed"
     assert [list(line.get_ydata()) for line in frontier.lines][0] == pytest.approx([12.0, 22.0, 42.0])  # last epoch
     assert frontier.collections[0].get_offsets().flatten().tolist() == pytest.approx([0.6, 17.0, 0.6, 17.0])
+
+
+def test_write_report_rewrites_only_its_own_block_and_names_its_files_after_it(tmp_path):
+    """``--block frontier`` (issue 35's) leaves issue 20's ``scheduler`` block and files alone."""
+    out = tmp_path / "sweep"
+    rows = [{"method": m, "seed": 0, "R@1": 10.0, "q_fn_density_corr": float("nan"), "chain_fn_rate": fn, "q_mean": q}
+            for m, q, fn in (("q0", 0.0, 0.1), ("q1", 1.0, 0.4))]
+    rows.append({"method": "falcon-plus-margin-0.5-itm", "seed": 0, "R@1": 11.0, "q_fn_density_corr": -0.4,
+                 "chain_fn_rate": 0.2, "q_mean": 0.5})
+    table = pd.DataFrame(rows)
+    for row in rows:
+        run = out / "runs" / f"{row['method']}-s0"
+        run.mkdir(parents=True)
+        (run / "manifest.json").write_text(json.dumps({"git": {"sha": "abc1234def", "dirty": False},
+                                                       "created": "2026-11-27T10:00:00", "end": "2026-11-27T10:30:00"}))
+    table.to_csv(out / "results.csv", index=False)
+    table.to_csv(out / "epochs.csv", index=False)
+    sweep.frontier_rows(table).to_csv(out / "frontier.csv", index=False)
+    figure = out / "frontier_sweep.png"
+    figure.write_bytes(b"png")
+    page = tmp_path / "docs" / "results.md"
+    page.parent.mkdir()
+    page.write_text("<!-- scheduler:begin -->\nissue 20\n<!-- scheduler:end -->\n\n<!-- frontier:begin -->\nold\n<!-- frontier:end -->\n")
+    sweep.write_report(page, out, table, sweep.BUDGETS["learning"], "learning", "the command", 2, 3, figure,
+                       block_name="frontier")
+    text = page.read_text()
+    assert "issue 20" in text and "old" not in text and "`abc1234`" in text
+    assert "-5.0 ± 0.0 (-5.0) | 1/1 |" in text, "the frontier at q 0.5 is 25 %: the scheduler at 20 % is 5 points below"
+    assert "results/frontier_results.csv" in text and "results/frontier_sweep.png" in text
+    assets = {p.name for p in (page.parent / "results").iterdir()}
+    assert assets == {"frontier_results.csv", "frontier_epochs.csv", "frontier_frontier.csv", "frontier_sweep.png"}
