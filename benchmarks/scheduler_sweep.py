@@ -34,8 +34,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks.shapes_sweep import (SPLITS, Budget, Variant, falcon, finished_futures, replace_block, run_one,
-                                     seeds_phrase, sweep_parser)
+from benchmarks.shapes_sweep import (SPLITS, Budget, Variant, falcon, finished, finished_futures, replace_block,
+                                     run_one, seeds_phrase, sweep_parser)
 
 METHODS: dict[str, tuple[str, list[str]]] = {
     "falcon": ("shapes-falcon", []),
@@ -73,6 +73,10 @@ BASELINES = ("grit", "uniform", "q05")
 IMPROVED = ("falcon-plus", "falcon-plus-alignment", "falcon-plus-margin-0", "falcon-plus-margin-0.25",
             "falcon-plus-margin-0.5", "falcon-plus-margin-0.5-itm", "falcon-plus-margin-0.5-itm-w6")
 """The improved schedulers the issue's targets are checked for."""
+
+DEFAULT = ("falcon", "falcon-plus", "falcon-plus-alignment", "falcon-plus-margin-0", "falcon-plus-margin-0.25",
+           "falcon-plus-margin-0.5", "grit", "uniform", "q05")
+"""What the sweep runs without ``--only`` (issue 20's comparison); the rest run when named."""
 
 FRONTIER: dict[str, float] = {"q0": 0.0, "q025": 0.25, "q05": 0.5, "q075": 0.75, "q1": 1.0}
 """The fixed-q runs whose chain false-negative rates, against their q, are the frontier a scheduler is judged by."""
@@ -439,6 +443,17 @@ def run_sweep(methods: dict[str, tuple[str, list[str]]], todo: list[tuple[str, i
     return rows, epochs, failures
 
 
+def finished_runs(out: Path) -> list[tuple[str, int]]:
+    """(method, seed) of every run in ``out/runs`` that is trained, evaluated and audited, in :data:`METHODS`'
+    order, seeds ascending (``--collect``)."""
+    found = []
+    for method in METHODS:
+        seeds = sorted(int(tail) for tail in (p.name[len(method) + 2:] for p in (out / "runs").glob(f"{method}-s*"))
+                       if tail.isdigit())
+        found += [(method, seed) for seed in seeds if finished(out / "runs" / f"{method}-s{seed}")]
+    return found
+
+
 def main() -> None:
     import pandas as pd
 
@@ -449,12 +464,17 @@ def main() -> None:
                         help="With --report: the page's block to rewrite, <!-- BLOCK:begin --> ... <!-- BLOCK:end --> "
                              "(default scheduler, issue 20's; frontier: issue 35's), and the prefix of its files "
                              "in results/.")
+    parser.add_argument("--collect", action="store_true",
+                        help="Train nothing: tables, figure and report from every finished run in OUT (e.g. the fixed-q "
+                             "runs of one seed beside the schedulers of three).")
     args = parser.parse_args()
 
     out = args.out.resolve()
     budget = BUDGETS[args.budget]
     seeds = args.seeds[:1] if args.budget == "quick" else args.seeds
-    todo = [(method, seed) for seed in seeds for method in METHODS if method in (args.only or METHODS)]
+    todo = [(method, seed) for seed in seeds for method in METHODS if method in (args.only or DEFAULT)]
+    if args.collect:  # train nothing: every finished run in OUT, whatever --only and --seeds say
+        todo = finished_runs(out)
     rows, epochs, failures = run_sweep(METHODS, todo, out, budget, args.jobs,
                                        lambda row: f"corr(E[q], FN density) {row['q_fn_density_corr']:+.2f}")
     if rows:

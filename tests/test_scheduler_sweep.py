@@ -149,3 +149,25 @@ def test_write_report_rewrites_only_its_own_block_and_names_its_files_after_it(t
     assert "results/frontier_results.csv" in text and "results/frontier_sweep.png" in text
     assets = {p.name for p in (page.parent / "results").iterdir()}
     assert assets == {"frontier_results.csv", "frontier_epochs.csv", "frontier_frontier.csv", "frontier_sweep.png"}
+
+
+def test_collect_takes_every_finished_run_and_nothing_half_done(tmp_path):
+    from benchmarks.shapes_sweep import AUDITED, EVALUATED
+
+    def run(name, done=True):
+        path = tmp_path / "runs" / name
+        (path / EVALUATED).parent.mkdir(parents=True)
+        (path / AUDITED).parent.mkdir(parents=True)
+        status = "completed" if done else "running"
+        (path / "manifest.json").write_text(json.dumps({"stages": {"pretrain": {"status": status}}}))
+        (path / EVALUATED).write_text("{}")
+        (path / AUDITED).write_text("{}")
+
+    for name in ("q0-s0", "q1-s0", "falcon-plus-margin-0.5-s2", "falcon-plus-margin-0.5-s10",
+                 "falcon-plus-margin-0.5-itm-s1", "falcon-plus-margin-0.5-itm-w6-s0"):
+        run(name)
+    run("q05-s0", done=False)
+    (tmp_path / "runs" / "unknown-s0").mkdir()
+    assert sweep.finished_runs(tmp_path) == [("falcon-plus-margin-0.5", 2), ("falcon-plus-margin-0.5", 10),
+                                             ("falcon-plus-margin-0.5-itm", 1), ("falcon-plus-margin-0.5-itm-w6", 0),
+                                             ("q0", 0), ("q1", 0)]
