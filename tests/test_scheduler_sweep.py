@@ -14,6 +14,7 @@ def test_the_learning_budget_gives_every_falcon_run_over_1000_scheduler_updates(
     assert sweep.scheduler_updates(sweep.BUDGETS["learning"]) >= 1000
     assert sweep.scheduler_updates(sweep.BUDGETS["gpu"]) > sweep.scheduler_updates(sweep.BUDGETS["learning"])
     assert set(sweep.BASELINES) | {"falcon", *sweep.IMPROVED} | set(sweep.FRONTIER) == set(sweep.METHODS)
+    assert set(sweep.DEFAULT) < set(sweep.METHODS) and "q1" not in sweep.DEFAULT  # issue 35's runs only when named
 
 
 def _metrics(path, corrs):
