@@ -131,8 +131,13 @@ def test_summary_and_report_block(tmp_path):
     pd.DataFrame({"image_id": [0, 1, 2, 3, 4, 5, 6], "caption_id": [0, 1, 1, 2, 2, 2, 2]}).to_parquet(
         out / "worlds" / "coco-like" / "compatibility_test.parquet")
     table["itm_final"] = 0.6 + 0.01 * (table["method"] == "grit")
+    assert "fixed-q frontier" not in "\n".join(sweep.summary_lines(table, out))  # no FALCON run: no frontier line
+    q05 = table["method"] == "q05"
+    table["frontier_gap"] = None
+    table.loc[q05, "frontier_gap"] = -6.0 + table.loc[q05, "seed"].astype(float)  # -6 ... -2 points
     lines = sweep.summary_lines(table, out)
     text = "\n".join(lines)
+    assert "issue 35's target: −5 or less on every seed): q05 -4.0 ± 1.6 (2/5 seeds ≤ −5)." in text
     assert "ITM loss over the final epoch: uniform 0.600 ± 0.000, grit 0.610 ± 0.000, q05 0.600 ± 0.000" in text
     assert "learned nothing but the label rate scores 0.637" in text
     assert "a perfect model's t2i R@1: 58.3%" in text
