@@ -2,7 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python benchmarks/phase_sweep.py --out runs/phase --gate                    # the gate first
     PYTHONPATH=. .venv/bin/python benchmarks/phase_sweep.py --out runs/phase --report docs/results.md   # the phase diagram
-    PYTHONPATH=. .venv/bin/python benchmarks/phase_sweep.py --out runs/phase --presets medium --only falcon falcon-margin
+    PYTHONPATH=. .venv/bin/python benchmarks/phase_sweep.py --out runs/phase --presets medium --only falcon falcon-margin falcon-itm
     PYTHONPATH=. .venv/bin/python benchmarks/phase_sweep.py --out /tmp/phase --budget quick            # a smoke test
     PYTHONPATH=. .venv/bin/python benchmarks/phase_sweep.py --out runs/gpu --gate --collect --report docs/results.md
     PYTHONPATH=. .venv/bin/python benchmarks/phase_sweep.py --out runs/phase --presets medium --seeds 0 --curves grit grit-oracle
