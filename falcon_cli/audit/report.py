@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from falcon_cli.sampling.oracle_view import rank_auc
+
 
 def truth_column(audit: pd.DataFrame) -> str:
     """``oracle`` when every row has the oracle's verdict, else ``is_false_negative`` (the judge's own)."""
@@ -89,17 +91,6 @@ def judge_agreement(audit: pd.DataFrame) -> pd.DataFrame:
                      "precision": precision, "recall": recall, "f1": f1,
                      "auc": rank_auc(part["score"].to_numpy(float), true)})
     return pd.DataFrame(rows)
-
-
-def rank_auc(score: np.ndarray, positive: np.ndarray) -> float:
-    """Area under the ROC curve of ``score`` for the bool labels ``positive`` (Mann-Whitney: the
-    chance a positive outscores a negative, ties half); NaN without both kinds."""
-    n_pos = int(positive.sum())
-    n_neg = len(positive) - n_pos
-    if not n_pos or not n_neg:
-        return float("nan")
-    ranks = pd.Series(score).rank(method="average").to_numpy()
-    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
 def missed_false_negatives(audit: pd.DataFrame, count: int) -> pd.DataFrame:

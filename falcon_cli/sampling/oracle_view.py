@@ -20,7 +20,6 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from falcon_cli.audit.report import rank_auc
 from falcon_cli.sampling.composers import FIXED_Q_FIELDS, FIXED_Q_LEVELS
 
 
@@ -30,6 +29,17 @@ def pearson(x: np.ndarray, y: np.ndarray) -> float | None:
     if len(x) < 3 or x.std() == 0 or y.std() == 0:
         return None
     return float(np.corrcoef(x, y)[0, 1])
+
+
+def rank_auc(score: np.ndarray, positive: np.ndarray) -> float:
+    """Area under the ROC curve of ``score`` for the bool labels ``positive`` (Mann-Whitney: the
+    chance a positive outscores a negative, ties half); NaN without both kinds."""
+    n_pos = int(positive.sum())
+    n_neg = len(positive) - n_pos
+    if not n_pos or not n_neg:
+        return float("nan")
+    ranks = pd.Series(score).rank(method="average").to_numpy()
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
 def expected_q(rows: pd.DataFrame) -> pd.Series:
@@ -151,4 +161,4 @@ def summary_by_epoch(log: pd.DataFrame) -> pd.DataFrame:
 
 
 __all__ = ["FRONTIER_KEYS", "SUMMARY_COLUMNS", "composition_summary", "expected_q", "frontier", "pearson",
-           "summary_by_epoch"]
+           "rank_auc", "summary_by_epoch"]
