@@ -2,9 +2,9 @@
 
 Algorithm 2: after the model's update on batch k, the reward Δ = L(θ_k) − L(θ_{k+1}) on that batch (the
 identical MLM mask), or, with ``reward: positive_margin``, each pick's hardness charged past its anchor's own
-pair, read from the step's own forward (no extra pass; ``positive_margin+itm`` also charges the model's own ITM
-match probability of each pick with its anchor, one no-grad pass of the fusion layers); then one REINFORCE update of the scheduler with the
-q's batch k was composed with. Per-step credit (``scheduler_credit``) scores each caption apart, each q
+pair, read from the step's own forward (no extra pass; ``positive_margin+itm`` also charges the model's own
+ITM match probability of each pick with its anchor, one no-grad pass of the fusion layers); then one
+REINFORCE update of the scheduler with the q's batch k was composed with. Per-step credit (``scheduler_credit``) scores each caption apart, each q
 credited with the Δ of the pair it chose.
 
 The model's side is reached only through the objective (duck-typed: the framework's): ``measure`` (the
@@ -70,7 +70,8 @@ class FalconStep:
 
     @property
     def from_forward(self) -> bool:
-        """The reward is read from the training forward itself (``positive_margin``): no reward passes."""
+        """The reward is read from the training forward itself (``positive_margin``, ``positive_margin+itm``):
+        no reward passes of the losses."""
         return self.reward.startswith("positive_margin")
 
     def pick_match(self, objective, out, inputs: tuple) -> torch.Tensor:
