@@ -15,12 +15,16 @@
 #   bash benchmarks/device_call.sh suite 340                  # the whole suite, 15 workers (~6 min on an H100)
 #   bash benchmarks/device_call.sh speed 540 ceiling base-grit base-falcon-reuse-eager compose-ops
 #   bash benchmarks/device_call.sh tests 150 tests/test_pretrain.py::test_kill_and_resume_is_exact
+#   bash benchmarks/device_call.sh phase 530 --presets dense --only falcon falcon-itm --seeds 0 1 2 --jobs 12 --threads 1
+# (phase: benchmarks/phase_sweep.py --out runs/phase-web with those arguments; carry the world and its unimodal
+# encoders too, e.g. runs/phase-web/worlds/dense and runs/phase-web/unimodal; the run directories come back without
+# their checkpoints, one archive per method, for `phase_sweep.py --out runs/phase-web --collect` here.)
 # The second argument is the part's time limit in seconds; keep it under the call's own (600 s at most).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-what=${1:?suite, speed or tests}; limit=${2:?seconds}; shift 2
+what=${1:?suite, speed, tests or phase}; limit=${2:?seconds}; shift 2
 out=${OUT:?set OUT: the folder whose files come back from the device machine}
-case "$what" in suite|speed|tests) ;; *) echo "unknown part '$what': suite, speed or tests" >&2; exit 2 ;; esac
+case "$what" in suite|speed|tests|phase) ;; *) echo "unknown part '$what': suite, speed, tests or phase" >&2; exit 2 ;; esac
 # it installs into the machine's own Python: never on a development machine
 command -v nvidia-smi > /dev/null || { echo "device_call.sh is for the lent GPU machine (no nvidia-smi here)" >&2; exit 2; }
 export PYTHONUNBUFFERED=1 FALCON_PROGRESS=0
@@ -45,4 +49,11 @@ case "$what" in
     cp /tmp/speed/speed.json /tmp/speed/speed.md "$out/" 2>/dev/null
     (cd /tmp/speed && tar czf "$out/runs.tgz" runs/*/profile runs/*/metrics.jsonl runs/*/manifest.json 2>/dev/null)
     grep -v "pretrain --recipe" "$out/speed.log" | tail -n 25 ;;
+  phase)  # a part of the phase diagram; what a run wrote comes back even when the limit stops it mid-run
+    timeout "$limit" python3 benchmarks/phase_sweep.py --out runs/phase-web "$@" > "$out/phase.log" 2>&1
+    echo "phase_sweep exit $? (124: stopped at ${limit} s)"
+    for method in $(ls runs/phase-web/runs/*/ 2>/dev/null | sed -n 's/-s[0-9]*$//p' | sort -u); do
+      tar czf "$out/phase-$method.tgz" --exclude=checkpoints runs/phase-web/runs/*/"$method"-s* runs/phase-web/logs
+    done
+    ls -la "$out"; tail -n 20 "$out/phase.log" ;;
 esac

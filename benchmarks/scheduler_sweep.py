@@ -49,6 +49,7 @@ METHODS: dict[str, tuple[str, list[str]]] = {
                                                           "pretrain.reward_margin=0.5"]),
     "falcon-plus-margin-0.5-itm-w6": ("shapes-falcon-plus", ["pretrain.reward=positive_margin+itm",
                                                              "pretrain.reward_margin=0.5", "pretrain.reward_itm_weight=6"]),
+    "falcon-plus-margin-0.5-itm-excess": ("shapes-falcon-itm-excess", []),
     "grit": ("shapes-grit", []),
     "uniform": ("shapes-uniform", []),
     "q05": ("shapes-q05", []),
@@ -63,7 +64,8 @@ the q whose pick sat next to it) and with the positive-margin reward (each pick'
 charged once it comes within a margin of 0, 0.25 or 0.5 of the anchor's own pair; credited to the q that chose
 it), the same at margin 0.5 less twice the model's own ITM match probability of each pick with its anchor
 (``positive_margin+itm``: a reward that sees which picks the model believes are matches; ``-w6`` charges six times
-the probability), and the baselines the
+the probability; ``-excess`` six times its excess over the batch's picks of the same hardness, ``reward_itm_charge:
+excess``), and the baselines the
 issue names (GRIT, uniform = no chain, q = 0.5); q = 0, 0.25, 0.75 and 1 (the quantile composer, q = 1 GRIT's
 chain with the oracle's view) draw the fixed-q frontier with q = 0.5."""
 
@@ -71,7 +73,8 @@ BASELINES = ("grit", "uniform", "q05")
 """What the improved scheduler must beat."""
 
 IMPROVED = ("falcon-plus", "falcon-plus-alignment", "falcon-plus-margin-0", "falcon-plus-margin-0.25",
-            "falcon-plus-margin-0.5", "falcon-plus-margin-0.5-itm", "falcon-plus-margin-0.5-itm-w6")
+            "falcon-plus-margin-0.5", "falcon-plus-margin-0.5-itm", "falcon-plus-margin-0.5-itm-w6",
+            "falcon-plus-margin-0.5-itm-excess")
 """The improved schedulers the issue's targets are checked for."""
 
 DEFAULT = ("falcon", "falcon-plus", "falcon-plus-alignment", "falcon-plus-margin-0", "falcon-plus-margin-0.25",
@@ -101,7 +104,8 @@ def scheduler_updates(budget: Budget) -> int:
     return (budget.epochs - 1) * num_space_batches(pairs, budget.spaces["medium"], budget.batch, False)
 
 SUMMARY_KEYS = ("q_fn_density_corr", "expected_q_std", "expected_q_mean", "q_mean", "safe_q_mean", "q_above_safe_share",
-                "chain_fn_rate", "fn_density_mean", "reward_fn_corr", "frontier_fn_rate", "frontier_gap", "itm_fn_auc")
+                "chain_fn_rate", "fn_density_mean", "reward_fn_corr", "frontier_fn_rate", "frontier_gap", "itm_fn_auc",
+                "charge_fn_auc")
 """The epoch summary keys (``metrics.jsonl``, kind ``epoch_summary``) the sweep keeps per epoch."""
 
 
@@ -137,7 +141,7 @@ COLUMNS = [("R@1", "R@1"), ("oracle_R@1", "FN-aware R@1"), ("fn_rate_chain_audit
            ("fn_density_mean", "FN % of a random pick"), ("q_fn_density_corr", "corr(E[q], FN density)"),
            ("q_fn_density_corr_late", "same, late-epoch mean"), ("expected_q_std", "std E[q]"), ("q_mean", "mean q"),
            ("safe_q_mean", "safe q"), ("q_above_safe_share", "q > safe q"), ("reward_fn_corr", "corr(reward, FN pick)"),
-           ("itm_fn_auc", "ITM AUC, false picks"), ("frontier_gap", "gap to the frontier, same anchors"),
+           ("itm_fn_auc", "ITM AUC, false picks"), ("charge_fn_auc", "charge AUC, false picks"), ("frontier_gap", "gap to the frontier, same anchors"),
            ("seconds_per_epoch", "s / epoch")]
 """The summary table's columns: results.csv key -> header (percent for R@1 and the FN rates)."""
 PERCENT = {"chain_fn_rate", "fn_density_mean", "q_above_safe_share", "frontier_gap"}

@@ -67,6 +67,8 @@ def test_coco_albef_is_falcon_with_the_papers_hyperparameters_and_siblings_diffe
     for margin_name, itm_name in [("shapes-falcon-margin", "shapes-falcon-itm"), ("coco-albef-margin", "coco-albef-itm")]:
         margin, itm = (load_recipe(name)[0].pretrain.model_dump() for name in (margin_name, itm_name))
         assert {k: v for k, v in itm.items() if margin[k] != v} == {"reward": "positive_margin+itm"}
+    itm, excess = (load_recipe(name)[0].pretrain.model_dump() for name in ("shapes-falcon-itm", "shapes-falcon-itm-excess"))
+    assert {k: v for k, v in excess.items() if itm[k] != v} == {"reward_itm_charge": "excess", "reward_itm_weight": 6.0}
     for base_name, itm_name in [("shapes-blip2-falcon", "shapes-blip2-falcon-itm"), ("coco-blip2", "coco-blip2-itm")]:
         base_p, itm = (load_recipe(name)[0].pretrain.model_dump() for name in (base_name, itm_name))
         assert {k: v for k, v in itm.items() if base_p[k] != v} == {**PLUS_SCHEDULER, "reward": "positive_margin+itm",

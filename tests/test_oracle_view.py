@@ -172,6 +172,11 @@ def test_composition_summary_against_plain_arithmetic():
     assert seen["itm_fn_corr"] == pytest.approx(plain_pearson([p for p, _ in kept], [f for _, f in kept]))
     pairs = [(a, b) for a, fa in kept if fa for b, fb in kept if not fb]
     assert seen["itm_fn_auc"] == pytest.approx(sum(1.0 if a > b else 0.5 if a == b else 0.0 for a, b in pairs) / len(pairs))
+    assert seen["charge_fn_auc"] == seen["itm_fn_auc"]  # (two columns: an older checkpoint, the charge was the probability)
+    # a third column: the charge paid (reward_itm_charge: excess), judged the same way and apart from the probability
+    charged = composition_summary(chained, judged=[[p, f, c] for (p, f), c in zip(judged, (0.1, 0.3, -0.2, 0.4, 0.0, 0.2))])
+    assert charged["itm_fn_auc"] == seen["itm_fn_auc"] and charged["charge_fn_auc"] == pytest.approx(1 / 6)
+    assert charged["charge_fn_corr"] == pytest.approx(plain_pearson([0.1, 0.3, -0.2, 0.4, 0.0], [f for _, f in kept]))
     # a fixed q (no Beta): no correlation; no oracle columns: the oracle keys are None
     fixed = chained.assign(q=0.5, alpha=np.nan, beta=np.nan)
     assert composition_summary(fixed)["q_fn_density_corr"] is None

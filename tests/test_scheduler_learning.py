@@ -84,6 +84,39 @@ def test_positive_margin_rewards_match_a_plain_loop():
     assert positive_margin_rewards(image[:1], text[:1]).tolist() == [0.0]
 
 
+def test_excess_over_hardness_is_the_residual_of_a_least_squares_line():
+    """``reward_itm_charge: excess``: each pick's match probability less the line of probability on hardness fitted
+    through the batch's picks (numpy's polyfit as the reference); slot 0 has no pick; the charge is orthogonal
+    to hardness (it does not price hardness again) and keeps what the line cannot explain."""
+    from falcon_cli.sampling.scheduler import chain_hardness, excess_over_hardness, positive_margin_rewards
+
+    g = torch.Generator().manual_seed(3)
+    image = torch.nn.functional.normalize(torch.randn(12, 8, generator=g), dim=-1)
+    text = torch.nn.functional.normalize(torch.randn(12, 8, generator=g), dim=-1)
+    hardness, own = chain_hardness(image, text)
+    for k in range(1, 12):
+        assert hardness[k].item() == pytest.approx(float(image[k - 1] @ text[k] + text[k - 1] @ image[k]), abs=1e-6)
+        assert own[k].item() == pytest.approx(2 * float(image[k - 1] @ text[k - 1]), abs=1e-6)
+    assert hardness[0] == own[0] == 0
+    assert torch.allclose(positive_margin_rewards(image, text, 1.0, -10.0)[1:], hardness[1:])  # (never charged)
+    match = torch.rand(12, generator=g)
+    excess = excess_over_hardness(match, hardness)
+    x, y = hardness[1:].double().numpy(), match[1:].double().numpy()
+    slope, intercept = np.polyfit(x, y, 1)
+    np.testing.assert_allclose(excess[1:].numpy(), y - (slope * x + intercept), atol=1e-5)
+    assert excess[0] == 0 and abs(float(excess[1:] @ (hardness[1:] - hardness[1:].mean()))) < 1e-4
+    # a probability that is a line of hardness is charged nothing; one pick above the line is charged most
+    lifted = 0.3 + 0.2 * hardness
+    lifted[5] += 0.25
+    charged = excess_over_hardness(lifted, hardness)
+    assert int(charged.argmax()) == 5 and charged[1:].abs().sum() < 0.25 * 2 + 1e-5
+    assert excess_over_hardness(0.3 + 0.2 * hardness, hardness).abs().max() < 1e-5
+    # one hardness for every pick: no slope, the charge is the probability less its mean
+    flat = excess_over_hardness(match, torch.ones(12))
+    np.testing.assert_allclose(flat[1:].numpy(), (match[1:] - match[1:].mean()).numpy(), atol=1e-6)
+    assert excess_over_hardness(match[:1], hardness[:1]).tolist() == [0.0]
+
+
 def test_chain_pairs_and_pick_match_fold_both_directions_back_to_the_pick():
     """Slot k's pick is judged with its anchor in slot k − 1 both ways (anchor image with pick caption, pick image
     with anchor caption); its per-slot match probability is the mean of the two; slot 0 has no pick."""
@@ -186,3 +219,52 @@ def test_the_improved_scheduler_learns_the_noise_free_bandit_and_the_papers_does
     assert learned["concentration"] <= 50 + 1e-3
     baseline = bandit.run_bandit(anchors, paper, updates=600, batch=32, noise=0.0, common=3.0, every=600)[-1]
     assert baseline["r2"] < 0.2, baseline
+
+
+@pytest.mark.parametrize("charge", ["absolute", "excess"])
+def test_falcon_step_charges_the_itm_judgement_it_is_configured_for(charge):
+    """``FalconStep`` with ``reward: positive_margin+itm``: each pick's reward is the positive margin less
+    ``reward_itm_weight`` times the charge (the judge's probability, or its excess over hardness), the scheduler is
+    credited with it per pick, and the epoch's ``judged`` record keeps [probability, false negative, charge]."""
+    from types import SimpleNamespace
+
+    from falcon_cli.config.schema import PretrainConfig
+    from falcon_cli.sampling.falcon_step import FalconStep
+    from falcon_cli.sampling.scheduler import chain_hardness, chain_pairs, excess_over_hardness, pick_match, positive_margin_rewards
+
+    b, g = 6, torch.Generator().manual_seed(1)
+    image = torch.nn.functional.normalize(torch.randn(b, 8, generator=g), dim=-1)
+    text = torch.nn.functional.normalize(torch.randn(b, 8, generator=g), dim=-1)
+    pair_probability = torch.rand(2 * (b - 1), generator=g)
+
+    class Judge:  # the objective's side FalconStep reaches: eval/train and the ITM head's judgement of pairs
+        def eval(self):
+            self.mode = "eval"
+
+        def train(self):
+            self.mode = "train"
+
+        def match_probability(self, out, input_ids, attention_mask, image_index, text_index):
+            assert self.mode == "eval"  # the head judges without dropout
+            expected = chain_pairs(b)
+            assert torch.equal(image_index, expected[0]) and torch.equal(text_index, expected[1])
+            return pair_probability
+
+    p = PretrainConfig(scheduler_credit="chosen", reward="positive_margin+itm", reward_margin=0.5,
+                       reward_itm_weight=3.0, reward_itm_charge=charge, reward_baseline="batch_mean")
+    scheduler = NegativeScheduler(quantiles=4, hidden=8, blocks=1, reward="positive_margin+itm", credit="chosen",
+                                  baseline="batch_mean")
+    step = FalconStep(scheduler, p, "fp32", torch.device("cpu"))
+    fn = torch.tensor([float("nan"), 1, 0, 0, 1, 0])
+    record = {"s_hat": torch.rand(b - 1, 4, generator=g), "q": torch.rand(b - 1, generator=g)}
+    out = SimpleNamespace(image_feat=image, text_feat=text)
+    inputs = (None, torch.zeros(b, 3, dtype=torch.long), torch.ones(b, 3, dtype=torch.long))
+    judge = Judge()
+    step.after(judge, out, {}, inputs, None, SimpleNamespace(chosen_is_fn=fn), record)
+    match = pick_match(pair_probability, b)
+    paid = match if charge == "absolute" else excess_over_hardness(match, chain_hardness(image, text)[0])
+    expected = positive_margin_rewards(image, text, 1.0, 0.5) - 3.0 * paid
+    assert judge.mode == "train"
+    np.testing.assert_allclose([r for r, _ in step.credited], expected[1:].numpy(), atol=1e-5)
+    np.testing.assert_allclose(np.array(step.judged)[:, [0, 2]], torch.stack([match, paid], 1)[1:].numpy(), atol=1e-6)
+    assert [f for _, f, _ in step.judged] == fn[1:].tolist()

@@ -21,7 +21,8 @@ from torch.profiler import record_function
 
 from falcon_cli.runtime.precision import autocast
 from falcon_cli.sampling.composers import Batch
-from falcon_cli.sampling.scheduler import NegativeScheduler, chain_pairs, pick_match, positive_margin_rewards
+from falcon_cli.sampling.scheduler import (NegativeScheduler, chain_hardness, chain_pairs, excess_over_hardness,
+                                          pick_match, positive_margin_rewards)
 
 
 def measure_reward_loss(objective, scheduler: NegativeScheduler, precision: str, device: torch.device, *,
@@ -49,7 +50,7 @@ class FalconStep:
     Args:
         scheduler: FALCON's :class:`~falcon_cli.sampling.scheduler.NegativeScheduler`.
         p: the pretrain settings (``reward``, ``reward_mode``, ``reward_images``, ``reward_overshoot``,
-            ``reward_margin``, ``reward_itm_weight``).
+            ``reward_margin``, ``reward_itm_weight``, ``reward_itm_charge``).
         precision, device: the training step's.
     """
 
@@ -57,6 +58,7 @@ class FalconStep:
         self.scheduler, self.precision, self.device = scheduler, precision, device
         self.reward, self.eval_mode, self.reuse = p.reward, p.reward_mode == "eval", p.reward_images == "reuse"
         self.overshoot, self.margin, self.itm_weight = p.reward_overshoot, p.reward_margin, p.reward_itm_weight
+        self.itm_charge = p.reward_itm_charge
         self.per_pair = scheduler.per_step
         self.rewards: list[float] = []
         """This epoch's mean reward per step (kept in checkpoints for the epoch summary)."""
@@ -64,7 +66,8 @@ class FalconStep:
         """Per used step: [its credited reward, whether its pick was a false negative (NaN without an oracle)]."""
         self.judged: list[list[float]] = []
         """``positive_margin+itm``, per pick: [the ITM head's match probability of it with its anchor, whether it
-        was a false negative (NaN without an oracle)]: does the judge see the false picks, apart from the margin?"""
+        was a false negative (NaN without an oracle), the charge per unit of weight (the probability, or its excess
+        over the batch's picks of the same hardness)]: does the judge see the false picks, apart from the margin?"""
         self._before: torch.Tensor | None = None
         self._image: tuple | None = None
 
@@ -107,8 +110,12 @@ class FalconStep:
             delta = positive_margin_rewards(out.image_feat, out.text_feat, self.overshoot, self.margin)
             if self.reward == "positive_margin+itm":  # a pick the model itself judges a match pays for it
                 match = self.pick_match(objective, out, inputs)
-                delta = delta - self.itm_weight * match
-                self.judged += torch.stack([match[1:].double().cpu(), composed.chosen_is_fn[1:].double()], 1).tolist()
+                charge = match
+                if self.itm_charge == "excess":  # only what its hardness does not explain (the margin prices that)
+                    charge = excess_over_hardness(match, chain_hardness(out.image_feat, out.text_feat)[0])
+                delta = delta - self.itm_weight * charge
+                self.judged += torch.stack([match[1:].double().cpu(), composed.chosen_is_fn[1:].double(),
+                                            charge[1:].double().cpu()], 1).tolist()
         else:
             before, image = self._before, self._image
             if before is None:  # L(θ_k) is the training forward's own loss, and its image

@@ -62,6 +62,8 @@ def composition_summary(rows: pd.DataFrame, rewards: Sequence[float] = (),
     - ``itm_fn_corr`` / ``itm_fn_auc``: with ``reward: positive_margin+itm`` (``judged``: per pick [the ITM head's
       match probability with its anchor, 1.0 if a false negative else 0.0]), the correlation of the two and the
       chance a false pick outscores a true one (0.5: the judge sees nothing): the judge alone, apart from the margin.
+      ``charge_fn_corr`` / ``charge_fn_auc``: the same for the charge the reward paid (``judged``' third column;
+      with ``reward_itm_charge: excess`` the probability's excess over picks of the same hardness).
     - ``expected_q_mean`` / ``expected_q_std``: E[q] of the Betas over the chained slots (std = how much
       the scheduler tells anchors apart).
     - ``q_fn_density_corr``: Pearson correlation over chained slots of E[q] (FALCON) or q (fixed /
@@ -89,11 +91,13 @@ def composition_summary(rows: pd.DataFrame, rewards: Sequence[float] = (),
     pairs = np.asarray(list(credited), dtype=np.float64).reshape(-1, 2)
     pairs = pairs[~np.isnan(pairs).any(1)]
     summary["reward_fn_corr"] = pearson(pairs[:, 0], pairs[:, 1]) if len(pairs) else None
-    seen = np.asarray(list(judged), dtype=np.float64).reshape(-1, 2)
-    seen = seen[~np.isnan(seen).any(1)]
-    summary["itm_fn_corr"] = pearson(seen[:, 0], seen[:, 1]) if len(seen) else None
-    auc = rank_auc(seen[:, 0], seen[:, 1] > 0.5) if len(seen) else float("nan")
-    summary["itm_fn_auc"] = None if auc != auc else auc
+    seen = [list(j) for j in judged]
+    seen = np.asarray([j + [j[0]] if len(j) == 2 else j for j in seen], dtype=np.float64).reshape(-1, 3)
+    seen = seen[~np.isnan(seen).any(1)]  # (older checkpoints: [match, fn] only, the charge was the match)
+    for key, column in (("itm", 0), ("charge", 2)):
+        summary[f"{key}_fn_corr"] = pearson(seen[:, column], seen[:, 1]) if len(seen) else None
+        auc = rank_auc(seen[:, column], seen[:, 1] > 0.5) if len(seen) else float("nan")
+        summary[f"{key}_fn_auc"] = None if auc != auc else auc
 
     mean_q = expected_q(chained).astype(np.float64) if len(chained) else pd.Series(dtype=np.float64)
     has_beta = mean_q.notna()

@@ -75,14 +75,39 @@ def positive_margin_rewards(image_feat: Tensor, text_feat: Tensor, overshoot: fl
     scheduler can learn depends on the anchor; ``margin`` moves every crossing point down.
     Slot 0 (no pick) gets 0.
     """
+    hardness, own = chain_hardness(image_feat, text_feat)
+    out = torch.zeros_like(hardness)
+    out[1:] = hardness[1:] - (1 + overshoot) * (hardness[1:] - (own[1:] - margin)).clamp(min=0)
+    return out
+
+
+def chain_hardness(image_feat: Tensor, text_feat: Tensor) -> tuple[Tensor, Tensor]:
+    """Per slot of a chained batch (features ``[b, D]``, L2-normalised, slot order): the hardness of the pick in
+    slot k for its anchor in slot k − 1, S = I₍ₖ₋₁₎·Tₖ + T₍ₖ₋₁₎·Iₖ (the composer's similarity), and the anchor's own
+    pair on the same scale, 2 I₍ₖ₋₁₎·T₍ₖ₋₁₎; float32 ``[b]`` each, slot 0 (no pick) 0."""
     image, text = image_feat.detach().float(), text_feat.detach().float()
-    out = torch.zeros(len(image), dtype=torch.float32, device=image.device)
-    if len(image) < 2:
+    hardness = torch.zeros(len(image), dtype=torch.float32, device=image.device)
+    own = torch.zeros_like(hardness)
+    if len(image) >= 2:
+        anchor_i, anchor_t, pick_i, pick_t = image[:-1], text[:-1], image[1:], text[1:]
+        hardness[1:] = (anchor_i * pick_t).sum(-1) + (anchor_t * pick_i).sum(-1)
+        own[1:] = 2 * (anchor_i * anchor_t).sum(-1)
+    return hardness, own
+
+
+def excess_over_hardness(match: Tensor, hardness: Tensor) -> Tensor:
+    """Per slot ``[b]``: how much more the judge believes each pick matches its anchor than the batch's picks of the
+    same hardness do: ``match`` less the least-squares line of ``match`` on ``hardness`` over slots 1…b − 1 (slot 0,
+    no pick: 0). Orthogonal to hardness within the batch, so a charge of it does not push every anchor to easier
+    picks (the margin decides how hard) but only away from the picks the judge finds matchier than their hardness
+    explains: FALCON's claim that the right q depends on the anchor, as a signal."""
+    out = torch.zeros(len(match), dtype=torch.float32, device=match.device)
+    if len(match) < 2:
         return out
-    anchor_i, anchor_t, pick_i, pick_t = image[:-1], text[:-1], image[1:], text[1:]
-    hardness = (anchor_i * pick_t).sum(-1) + (anchor_t * pick_i).sum(-1)
-    own = 2 * (anchor_i * anchor_t).sum(-1) - margin
-    out[1:] = hardness - (1 + overshoot) * (hardness - own).clamp(min=0)
+    y, x = match[1:].detach().float(), hardness[1:].detach().float()
+    x_c, y_c = x - x.mean(), y - y.mean()
+    slope = (x_c * y_c).sum() / (x_c * x_c).sum().clamp(min=1e-12)  # (one hardness for all: x_c = 0, no slope)
+    out[1:] = y_c - slope * x_c
     return out
 
 
