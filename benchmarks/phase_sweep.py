@@ -26,7 +26,8 @@ and ``--collect`` does only that (runs trained elsewhere, e.g. eight at a time o
 ``--curves METHOD ...`` prints the learning curves of those methods' runs side by side, epoch by epoch (runs still
 training or paused too), and runs nothing.
 ``--rows CSV`` adds the runs an earlier sweep recorded in its ``results.csv`` (``docs/results/phase_results.csv``
-is the last report's) whose directories are gone, e.g. seeds trained in an earlier session: each row records the
+is the last report's) whose directories are gone, e.g. seeds trained in an earlier session, with their learning
+curves where a ``phase_curves.csv`` lies beside the CSV: each row records the
 world it trained on (a fingerprint of its ``world.json``), its budget, commit and machine, and a preset's rows
 must share one world and one budget.
 Writes to OUT: ``worlds/<preset>/`` (with the cached unimodal weights), ``runs/<preset>/<method>-s<seed>/``,
@@ -530,6 +531,25 @@ def curves(out: Path, table) -> list[dict]:
         if (run / "metrics.jsonl").exists():
             rows += curve_rows(preset, method, int(seed), run)
     return rows
+
+
+def ledger_curves(curve_table, ledgers: list[Path]):
+    """``curve_table`` with the learning curves an earlier report kept beside each ``--rows`` CSV (its
+    ``phase_curves.csv``) for the runs whose directories are gone: a run with its directory in OUT keeps its own."""
+    import pandas as pd
+
+    keys = ["preset", "method", "seed"]
+    have = set(map(tuple, curve_table[keys].astype({"seed": int}).itertuples(index=False))) if len(curve_table) else set()
+    parts = [curve_table]
+    for ledger in ledgers:
+        path = ledger.parent / "phase_curves.csv"
+        if path.is_file():
+            earlier = pd.read_csv(path)
+            kept = [(p, m, int(s)) not in have for p, m, s in earlier[keys].itertuples(index=False)]
+            parts.append(earlier[kept])
+            have |= set(map(tuple, earlier[kept][keys].astype({"seed": int}).itertuples(index=False)))
+    parts = [part for part in parts if len(part)]
+    return pd.concat(parts, ignore_index=True) if parts else curve_table
 
 
 def convergence_lines(curve_table) -> list[str]:
@@ -1057,7 +1077,7 @@ def main() -> None:
         (out / "summary.md").write_text("\n".join(["Gate: " + str(passed), *gate_lines, "", *summary_lines(table, out)]) + "\n")
         print((out / "summary.md").read_text())
         path = figure(table, out)
-        curve_table = pd.DataFrame(curves(out, table))
+        curve_table = ledger_curves(pd.DataFrame(curves(out, table)), args.rows)
         if len(curve_table):
             curve_table.to_csv(out / "curves.csv", index=False, float_format="%.4f")
             curve_figure(curve_table, out)

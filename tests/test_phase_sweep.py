@@ -550,7 +550,24 @@ def test_collect_writes_the_learning_curves_and_the_report_shows_them_only_for_r
         warnings.simplefilter("error")
         assert sweep.curve_figure(curves[curves["method"] == "grit"], tmp_path).stat().st_size > 0
 
-    # Rows whose runs are gone (--rows) have no curves: the page and docs/results/ then show none, not stale ones.
+    # Rows whose runs are gone (--rows) bring the curves their report kept beside them (phase_curves.csv), and a
+    # run held in OUT keeps its own: a report regenerated from a ledger loses no learning curve.
+    import shutil
+
+    ledger = tmp_path / "ledger"
+    shutil.copytree(tmp_path / "results", ledger)
+    kept = sweep.run_dir(tmp_path / "partly", "coco-like", "grit", 1)
+    _finished_run(kept, "grit", 22.0)
+    with (kept / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps(_zero_shot(0, 50.0, 50.0)) + "\n")
+    proc = _collect(tmp_path / "partly", report, "--rows", str(ledger / "phase_results.csv"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "**Learning curves** (zero-shot test R@1 after every epoch, 4 of the 4 runs" in report.read_text()
+    merged = pd.read_csv(tmp_path / "results" / "phase_curves.csv")
+    assert len(merged) == 13 and merged.query("method == 'grit' and seed == 1")["R@1"].tolist() == [50.0]
+
+    # Rows whose runs are gone (--rows) and no curves beside them: the page and docs/results/ then show none, not
+    # stale ones.
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     proc = _collect(elsewhere, report, "--rows", str(out / "results.csv"), cwd=tmp_path)
