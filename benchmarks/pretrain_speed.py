@@ -8,7 +8,9 @@ One command measures every speed target of issue 22 on the local GPU and writes 
   preloaded onto the GPU (``pretrain.preload_images``: in-memory data, no decoding): GRIT batches
   eager, compiled and compiled with CUDA graphs (``base-grit-graphs``), FALCON with the exact reward
   (``reward_images: recompute``) and with ``reuse``, compiled and eager (``-eager``: no minutes of
-  compiling, where device time is short).
+  compiling, where device time is short); ``base-falcon-margin-eager`` and ``base-falcon-itm-eager``: the
+  rewards read from the training forward (``positive_margin``, and ``positive_margin+itm`` with the ITM head's
+  judgement of every pick, ``reward_itm_charge: excess``), eager, against ``base-grit`` (target ≤ 1.06).
   Each run's steady rate is read from its second epoch (the composer's own batches) in
   ``metrics.jsonl``; MFU = pairs/s x the analytic FLOPs per pair (:mod:`falcon_cli.models.flops`, at
   the logged caption lengths) / the ceiling;
@@ -97,6 +99,7 @@ def runs(smoke: bool, workers: int) -> dict[str, list[str]]:
               "pretrain.vision_weights=null", "pretrain.caption_weight=1.0"]  # sigmoid + caption loss, as SigLIP 2
     preload = ["pretrain.preload_images=true", "pretrain.augment=test"]
     falcon = ["pretrain.composer=falcon", "pretrain.reward=mlm"]
+    margin = ["pretrain.composer=falcon", "pretrain.scheduler_credit=chosen", "pretrain.reward=positive_margin"]
     tiny = ["--recipe", "shapes-falcon", "pretrain.precision=fp32", "pretrain.epochs=2"]
     # the first steps of epoch 1 profiled (profile/summary.txt: where each millisecond goes); the rate is read later
     profile = ["pretrain.profile_steps=3"]
@@ -111,6 +114,11 @@ def runs(smoke: bool, workers: int) -> dict[str, list[str]]:
                                      *([] if smoke else ["pretrain.compile_mode=reduce-overhead"])],
         "base-falcon-recompute-eager": [*base, *preload, *falcon, "pretrain.reward_images=recompute"],
         "base-falcon-reuse-eager": [*base, *preload, *falcon, "pretrain.reward_images=reuse", *profile],
+        # issue 35's rewards, read from the training forward (no loss passes): the positive margin alone, and less the
+        # ITM head's judgement of each pick (one no-grad pass of the fusion layers over the 2(B - 1) chained pairs)
+        "base-falcon-margin-eager": [*base, *preload, *margin, *profile],
+        "base-falcon-itm-eager": [*base, *preload, *margin[:-1], "pretrain.reward=positive_margin+itm",
+                                  "pretrain.reward_itm_charge=excess", *profile],
         "base-falcon-recompute": [*base, *preload, *falcon, "pretrain.reward_images=recompute", *compile_, *profile],
         "base-falcon-reuse": [*base, *preload, *falcon, "pretrain.reward_images=reuse", *compile_, *profile],
         "base-grit-jpeg": [*base, "pretrain.composer=grit", *compile_, "pretrain.augment=pretrain",
@@ -366,7 +374,9 @@ def report(results: dict) -> str:
               ("FALCON (reuse) time per step / GRIT (compiled)", "base-grit-compile", "base-falcon-reuse", 1.06),
               ("FALCON (reuse) time per step / GRIT (CUDA graphs)", "base-grit-graphs", "base-falcon-reuse-graphs", 1.06),
               ("FALCON (recompute) time per step / GRIT (eager)", "base-grit", "base-falcon-recompute-eager", 1.26),
-              ("FALCON (reuse) time per step / GRIT (eager)", "base-grit", "base-falcon-reuse-eager", 1.06)]
+              ("FALCON (reuse) time per step / GRIT (eager)", "base-grit", "base-falcon-reuse-eager", 1.06),
+              ("FALCON (positive margin) time per step / GRIT (eager)", "base-grit", "base-falcon-margin-eager", 1.06),
+              ("FALCON (positive margin + ITM) time per step / GRIT (eager)", "base-grit", "base-falcon-itm-eager", 1.06)]
     lines.append("")
     for label, grit, falcon, target in ratios:
         if rate(grit) and rate(falcon):

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from tests.conftest import REPO
 
@@ -60,6 +61,25 @@ def test_the_report_states_each_target_as_a_ratio_of_one_run():
     runs["base-falcon-reuse-graphs"] = {**runs["base-grit"], "pairs_per_s": 1600.0}
     text = pretrain_speed.report({"device": "H100", "ceiling_flops": 9e14, "runs": runs})
     assert "FALCON (reuse) time per step / GRIT (CUDA graphs): 1.250 (target ≤ 1.06)" in text
+    runs["base-falcon-itm-eager"] = {**runs["base-grit"], "pairs_per_s": 925.0}
+    text = pretrain_speed.report({"device": "H100", "ceiling_flops": 9e14, "runs": runs})
+    assert "FALCON (positive margin + ITM) time per step / GRIT (eager): 1.081 (target ≤ 1.06)" in text
+    assert "FALCON (positive margin) time per step" not in text  # (a run not measured: no line)
+
+
+def test_the_reward_runs_are_valid_configs_of_the_rewards_they_name():
+    """The GPU parts for issue 35's rewards resolve to valid pretrain configs (a bad override would only show on
+    the lent machine, after minutes of its time)."""
+    from falcon_cli.config.schema import PretrainConfig
+
+    for name, reward, charge in (("base-falcon-margin-eager", "positive_margin", "absolute"),
+                                 ("base-falcon-itm-eager", "positive_margin+itm", "excess")):
+        settings = dict(o.removeprefix("pretrain.").split("=", 1) for o in pretrain_speed.runs(False, 4)[name]
+                        if o.startswith("pretrain."))
+        settings = {k: yaml.safe_load(v) for k, v in settings.items()}
+        config = PretrainConfig(**settings)
+        assert (config.composer, config.reward, config.reward_itm_charge) == ("falcon", reward, charge)
+        assert config.model == "albef-base" and config.precision == "bf16" and config.scheduler_credit == "chosen"
 
 
 def test_the_steady_rate_is_the_median_step_and_a_one_off_stall_does_not_set_it(tmp_path):
