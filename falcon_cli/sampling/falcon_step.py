@@ -4,8 +4,8 @@ Algorithm 2: after the model's update on batch k, the reward Δ = L(θ_k) − L(
 identical MLM mask), or, with ``reward: positive_margin``, each pick's hardness charged past its anchor's own
 pair, read from the step's own forward (no extra pass; ``positive_margin+itm`` also charges the model's own
 ITM match probability of each pick with its anchor, one no-grad pass of the fusion layers); then one
-REINFORCE update of the scheduler with the q's batch k was composed with. Per-step credit (``scheduler_credit``) scores each caption apart, each q
-credited with the Δ of the pair it chose.
+REINFORCE update of the scheduler with the q's batch k was composed with. Per-step credit
+(``scheduler_credit``) scores each caption apart, each q credited with the Δ of the pair it chose.
 
 The model's side is reached only through the objective (duck-typed: the framework's): ``measure`` (the
 reward's losses without gradient), ``model.encode_image`` and ``image_state`` (the training forward's image
@@ -21,8 +21,8 @@ from torch.profiler import record_function
 
 from falcon_cli.runtime.precision import autocast
 from falcon_cli.sampling.composers import Batch
-from falcon_cli.sampling.scheduler import (NegativeScheduler, chain_hardness, chain_pairs, excess_over_hardness,
-                                          pick_match, positive_margin_rewards)
+from falcon_cli.sampling.scheduler import (NegativeScheduler, chain_hardness, chain_pairs, charged_margin,
+                                          excess_over_hardness, pick_match)
 
 
 def measure_reward_loss(objective, scheduler: NegativeScheduler, precision: str, device: torch.device, *,
@@ -107,12 +107,13 @@ class FalconStep:
         """After the update: the reward, then the scheduler's update with the batch's ``record``; returns
         the update's ``reward`` (the step's mean), ``advantage`` and ``concentration``."""
         if self.from_forward:  # each pick's hardness, charged past its anchor's own pair (θ_k's features)
-            delta = positive_margin_rewards(out.image_feat, out.text_feat, self.overshoot, self.margin)
+            hardness, own = chain_hardness(out.image_feat, out.text_feat)
+            delta = charged_margin(hardness, own, self.overshoot, self.margin)
             if self.reward == "positive_margin+itm":  # a pick the model itself judges a match pays for it
                 match = self.pick_match(objective, out, inputs)
                 charge = match
                 if self.itm_charge == "excess":  # only what its hardness does not explain (the margin prices that)
-                    charge = excess_over_hardness(match, chain_hardness(out.image_feat, out.text_feat)[0])
+                    charge = excess_over_hardness(match, hardness)
                 delta = delta - self.itm_weight * charge
                 self.judged += torch.stack([match[1:].double().cpu(), composed.chosen_is_fn[1:].double(),
                                             charge[1:].double().cpu()], 1).tolist()

@@ -91,9 +91,9 @@ def composition_summary(rows: pd.DataFrame, rewards: Sequence[float] = (),
     pairs = np.asarray(list(credited), dtype=np.float64).reshape(-1, 2)
     pairs = pairs[~np.isnan(pairs).any(1)]
     summary["reward_fn_corr"] = pearson(pairs[:, 0], pairs[:, 1]) if len(pairs) else None
-    seen = [list(j) for j in judged]
-    seen = np.asarray([j + [j[0]] if len(j) == 2 else j for j in seen], dtype=np.float64).reshape(-1, 3)
-    seen = seen[~np.isnan(seen).any(1)]  # (older checkpoints: [match, fn] only, the charge was the match)
+    # (older checkpoints keep [match, fn] only: their charge was the match)
+    seen = np.asarray([[*j, j[0]] if len(j) == 2 else list(j) for j in judged], dtype=np.float64).reshape(-1, 3)
+    seen = seen[~np.isnan(seen).any(1)]
     for key, column in (("itm", 0), ("charge", 2)):
         summary[f"{key}_fn_corr"] = pearson(seen[:, column], seen[:, 1]) if len(seen) else None
         auc = rank_auc(seen[:, column], seen[:, 1] > 0.5) if len(seen) else float("nan")

@@ -75,7 +75,13 @@ def positive_margin_rewards(image_feat: Tensor, text_feat: Tensor, overshoot: fl
     scheduler can learn depends on the anchor; ``margin`` moves every crossing point down.
     Slot 0 (no pick) gets 0.
     """
-    hardness, own = chain_hardness(image_feat, text_feat)
+    return charged_margin(*chain_hardness(image_feat, text_feat), overshoot, margin)
+
+
+def charged_margin(hardness: Tensor, own: Tensor, overshoot: float = 1.0, margin: float = 0.0) -> Tensor:
+    """:func:`positive_margin_rewards` from the chain's :func:`chain_hardness` (for a caller that also needs the
+    hardness itself, e.g. ``reward_itm_charge: excess``): S − (1 + ``overshoot``)·max(0, S − (S_own − ``margin``)),
+    slot 0 (no pick) 0."""
     out = torch.zeros_like(hardness)
     out[1:] = hardness[1:] - (1 + overshoot) * (hardness[1:] - (own[1:] - margin)).clamp(min=0)
     return out
