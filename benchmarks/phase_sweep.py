@@ -65,6 +65,7 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "falcon-margin": ("shapes-falcon-margin", []),
     "falcon-itm": ("shapes-falcon-itm", []),
     "falcon-itm-excess": ("shapes-falcon-itm-excess", []),
+    "falcon-itm-expected": ("shapes-falcon-itm-expected", []),
     "grit-mask": ("shapes-grit", ["pretrain.same_image=mask"]),
     "grit-oracle": ("shapes-grit", ["pretrain.oracle_negatives=mask"]),
     "uniform-oracle": ("shapes-uniform", ["pretrain.oracle_negatives=mask"]),
@@ -72,7 +73,8 @@ METHODS: dict[str, tuple[str, list[str]]] = {
 """Method -> (shipped recipe, extra overrides): uniform batches, GRIT (q = 1), a fixed q = 0.5, MAFA and GloFND
 (the false-negative methods), paper-exact FALCON, FALCON with the positive-margin reward and FALCON with that
 margin less the model's ITM match probability of each pick (issue 35's reward), and less only that
-probability's excess over picks of the same hardness (``falcon-itm-excess``); and ``grit-mask``, a
+probability's excess over picks of the same hardness (``falcon-itm-excess``), or with each pick's margin paid only
+as far as the head calls it a true negative (``falcon-itm-expected``); and ``grit-mask``, a
 diagnostic run only when named (``--only``): GRIT with the pairs that share the anchor's image kept out of the ITC
 denominators and ITM mining (``pretrain.same_image: mask``), which tells how much of GRIT's result is those pairs;
 and ``grit-oracle``, GRIT with every pair the oracle says truly matches kept out the same way

@@ -50,6 +50,7 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "falcon-plus-margin-0.5-itm-w6": ("shapes-falcon-plus", ["pretrain.reward=positive_margin+itm",
                                                              "pretrain.reward_margin=0.5", "pretrain.reward_itm_weight=6"]),
     "falcon-plus-margin-0.5-itm-excess": ("shapes-falcon-itm-excess", []),
+    "falcon-plus-margin-0.5-itm-expected": ("shapes-falcon-itm-expected", []),
     "grit": ("shapes-grit", []),
     "uniform": ("shapes-uniform", []),
     "q05": ("shapes-q05", []),
@@ -65,7 +66,8 @@ charged once it comes within a margin of 0, 0.25 or 0.5 of the anchor's own pair
 it), the same at margin 0.5 less twice the model's own ITM match probability of each pick with its anchor
 (``positive_margin+itm``: a reward that sees which picks the model believes are matches; ``-w6`` charges six times
 the probability; ``-excess`` six times its excess over the batch's picks of the same hardness, ``reward_itm_charge:
-excess``), and the baselines the
+excess``; ``-expected`` the margin paid only as far as the head calls the pick a true negative, a match worth -2,
+``reward_itm_charge: expected``), and the baselines the
 issue names (GRIT, uniform = no chain, q = 0.5); q = 0, 0.25, 0.75 and 1 (the quantile composer, q = 1 GRIT's
 chain with the oracle's view) draw the fixed-q frontier with q = 0.5."""
 
@@ -74,7 +76,7 @@ BASELINES = ("grit", "uniform", "q05")
 
 IMPROVED = ("falcon-plus", "falcon-plus-alignment", "falcon-plus-margin-0", "falcon-plus-margin-0.25",
             "falcon-plus-margin-0.5", "falcon-plus-margin-0.5-itm", "falcon-plus-margin-0.5-itm-w6",
-            "falcon-plus-margin-0.5-itm-excess")
+            "falcon-plus-margin-0.5-itm-excess", "falcon-plus-margin-0.5-itm-expected")
 """The improved schedulers the issue's targets are checked for."""
 
 DEFAULT = ("falcon", "falcon-plus", "falcon-plus-alignment", "falcon-plus-margin-0", "falcon-plus-margin-0.25",

@@ -117,6 +117,22 @@ def test_excess_over_hardness_is_the_residual_of_a_least_squares_line():
     assert excess_over_hardness(match[:1], hardness[:1]).tolist() == [0.0]
 
 
+def test_expected_worth_stops_paying_for_hardness_where_the_judge_starts_charging():
+    """``reward_itm_charge: expected``: (1 - p)·margin - w·p per pick; a pick the judge is sure of is worth -w at
+    any hardness, one it calls a true negative its whole margin; between, harder picks pay less the more the judge
+    believes them; slot 0 has no pick."""
+    from falcon_cli.sampling.scheduler import expected_worth
+
+    margin = torch.tensor([0.7, -0.5, 0.2, 1.5, 1.5, 1.5])
+    match = torch.tensor([0.9, 0.0, 1.0, 0.0, 0.5, 1.0])
+    worth = expected_worth(margin, match, 2.0)
+    np.testing.assert_allclose(worth.numpy(), [0.0, -0.5, -2.0, 1.5, 0.5 * 1.5 - 1.0, -2.0], atol=1e-6)
+    # the hardness a pick pays for shrinks with the judge's belief: d worth / d margin = 1 - p
+    harder = expected_worth(margin + 0.4, match, 2.0)
+    np.testing.assert_allclose((harder - worth)[1:].numpy(), 0.4 * (1 - match[1:]).numpy(), atol=1e-6)
+    assert expected_worth(margin[:1], match[:1], 2.0).tolist() == [0.0]
+
+
 def test_chain_pairs_and_pick_match_fold_both_directions_back_to_the_pick():
     """Slot k's pick is judged with its anchor in slot k − 1 both ways (anchor image with pick caption, pick image
     with anchor caption); its per-slot match probability is the mean of the two; slot 0 has no pick."""
@@ -221,7 +237,7 @@ def test_the_improved_scheduler_learns_the_noise_free_bandit_and_the_papers_does
     assert baseline["r2"] < 0.2, baseline
 
 
-@pytest.mark.parametrize("charge", ["absolute", "excess"])
+@pytest.mark.parametrize("charge", ["absolute", "excess", "expected"])
 def test_falcon_step_charges_the_itm_judgement_it_is_configured_for(charge):
     """``FalconStep`` with ``reward: positive_margin+itm``: each pick's reward is the positive margin less
     ``reward_itm_weight`` times the charge (the judge's probability, or its excess over hardness), the scheduler is
@@ -262,8 +278,14 @@ def test_falcon_step_charges_the_itm_judgement_it_is_configured_for(charge):
     judge = Judge()
     step.after(judge, out, {}, inputs, None, SimpleNamespace(chosen_is_fn=fn), record)
     match = pick_match(pair_probability, b)
-    paid = match if charge == "absolute" else excess_over_hardness(match, chain_hardness(image, text)[0])
-    expected = positive_margin_rewards(image, text, 1.0, 0.5) - 3.0 * paid
+    margin = positive_margin_rewards(image, text, 1.0, 0.5)
+    if charge == "expected":  # written out: worth the margin when a true negative (1 - p), -3 when a match (p)
+        expected = torch.tensor([0.0] + [(1 - match[k].item()) * margin[k].item() - 3.0 * match[k].item()
+                                         for k in range(1, b)])
+        paid = (margin - expected) / 3.0
+    else:
+        paid = match if charge == "absolute" else excess_over_hardness(match, chain_hardness(image, text)[0])
+        expected = margin - 3.0 * paid
     assert judge.mode == "train"
     np.testing.assert_allclose([r for r, _ in step.credited], expected[1:].numpy(), atol=1e-5)
     np.testing.assert_allclose(np.array(step.judged)[:, [0, 2]], torch.stack([match, paid], 1)[1:].numpy(), atol=1e-6)

@@ -288,12 +288,15 @@ class PretrainConfig(Section):
     """``reward: positive_margin+itm``: the charge per unit of the model's ITM match probability of a pick with its
     anchor (0: the positive margin alone). 2 spans the composer's similarity S (in [-2, 2]), so a pick the head is
     sure of loses as much as the hardest pick can win."""
-    reward_itm_charge: Literal["absolute", "excess"] = "absolute"
+    reward_itm_charge: Literal["absolute", "excess", "expected"] = "absolute"
     """``reward: positive_margin+itm``: what a pick is charged for. ``absolute``: the ITM match probability itself
     (harder picks look more like matches, so it also charges hardness, which the margin already prices);
     ``excess``: the probability less the least-squares line of probability on hardness (the composer's S) over
     the batch's picks, i.e. only how much more the model believes a pick matches its anchor than picks of the
-    same hardness do: the margin decides how hard, the charge which anchors' hard picks are likely false."""
+    same hardness do: the margin decides how hard, the charge which anchors' hard picks are likely false;
+    ``expected``: the pick's worth if the head is right, (1 − p)·margin − ``reward_itm_weight``·p: the hardness pays
+    only as far as the head calls the pick a true negative, so a pick it is sure of is worth −weight at any
+    hardness (the other two add a charge to a margin that keeps paying for hardness)."""
     reward_mode: Literal["train", "eval"] = "train"
     """``train``: the training forward's loss before, one no-grad train-mode pass after (one extra forward);
     ``eval``: two no-grad eval-mode passes (no dropout noise; two extra forwards)."""

@@ -22,7 +22,7 @@ from torch.profiler import record_function
 from falcon_cli.runtime.precision import autocast
 from falcon_cli.sampling.composers import Batch
 from falcon_cli.sampling.scheduler import (NegativeScheduler, chain_hardness, chain_pairs, charged_margin,
-                                          excess_over_hardness, pick_match)
+                                          excess_over_hardness, expected_worth, pick_match)
 
 
 def measure_reward_loss(objective, scheduler: NegativeScheduler, precision: str, device: torch.device, *,
@@ -66,8 +66,8 @@ class FalconStep:
         """Per used step: [its credited reward, whether its pick was a false negative (NaN without an oracle)]."""
         self.judged: list[list[float]] = []
         """``positive_margin+itm``, per pick: [the ITM head's match probability of it with its anchor, whether it
-        was a false negative (NaN without an oracle), the charge per unit of weight (the probability, or its excess
-        over the batch's picks of the same hardness)]: does the judge see the false picks, apart from the margin?"""
+        was a false negative (NaN without an oracle), the charge per unit of weight (the probability, its excess
+        over the batch's picks of the same hardness, or what ``expected`` took from the margin over the weight)]: does the judge see the false picks, apart from the margin?"""
         self._before: torch.Tensor | None = None
         self._image: tuple | None = None
 
@@ -111,10 +111,14 @@ class FalconStep:
             delta = charged_margin(hardness, own, self.overshoot, self.margin)
             if self.reward == "positive_margin+itm":  # a pick the model itself judges a match pays for it
                 match = self.pick_match(objective, out, inputs)
-                charge = match
-                if self.itm_charge == "excess":  # only what its hardness does not explain (the margin prices that)
-                    charge = excess_over_hardness(match, hardness)
-                delta = delta - self.itm_weight * charge
+                if self.itm_charge == "expected":  # the margin only as far as the judge calls the pick a true negative
+                    worth = expected_worth(delta, match, self.itm_weight)
+                    charge, delta = (delta - worth) / (self.itm_weight or 1.0), worth
+                else:
+                    charge = match
+                    if self.itm_charge == "excess":  # only what its hardness does not explain (the margin prices that)
+                        charge = excess_over_hardness(match, hardness)
+                    delta = delta - self.itm_weight * charge
                 self.judged += torch.stack([match[1:].double().cpu(), composed.chosen_is_fn[1:].double(),
                                             charge[1:].double().cpu()], 1).tolist()
         else:

@@ -117,6 +117,18 @@ def excess_over_hardness(match: Tensor, hardness: Tensor) -> Tensor:
     return out
 
 
+def expected_worth(margin: Tensor, match: Tensor, worth_of_match: float) -> Tensor:
+    """Per slot ``[b]``, ``reward_itm_charge: expected``: what a pick is worth if the judge is right about it. With
+    probability ``match`` it matches its anchor (a false negative, worth ``-worth_of_match``), otherwise it is a
+    true negative worth its ``margin`` reward (:func:`charged_margin`): (1 − p)·margin − w·p. Unlike a charge
+    added to the margin, the hardness stops paying where the judge starts charging: a pick the head is sure of
+    is worth −w however hard it is. Slot 0 (no pick) 0."""
+    p = match.detach().float().clamp(0, 1)
+    out = (1 - p) * margin.float() - worth_of_match * p
+    out[:1] = 0
+    return out
+
+
 def chain_pairs(b: int, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
     """The (image, text) pairs of a chained batch of ``b`` slots whose match a model judges for FALCON's reward:
     ``(image_index, text_index)``, int64 ``[2(b - 1)]``. The first b - 1 pair each anchor's image (slot k - 1)
