@@ -525,6 +525,23 @@ def side_by_side(out: Path, preset: str, seed: int, methods: list[str]) -> list[
     return lines
 
 
+def epoch_table(out: Path, preset: str, seed: int, methods: list[str]) -> list[dict]:
+    """Per method and epoch of (``preset``, ``seed``): the composition summary (chain FN %, frontier gap, the
+    reward's and the judge's view of the false picks: :func:`~benchmarks.scheduler_sweep.epoch_rows`) beside the R@1
+    and FN-aware R@1 evaluated after that epoch; runs still training or stopped included (a learning curve).
+    ``epoch`` as the summary records it, from 0 (a FALCON run's epoch 0 trains on uniform batches and has no
+    summary, so its first row is epoch 1, the second epoch, scored by the curve's epoch 2)."""
+    rows = []
+    for method in methods:
+        run = run_dir(out, preset, method, seed)
+        if not (run / "metrics.jsonl").exists():
+            continue
+        scores = {r["epoch"]: r for r in curve_rows(preset, method, seed, run)}
+        rows += [{**row, "R@1": scores.get(row["epoch"] + 1, {}).get("R@1"),
+                  "FN-aware R@1": scores.get(row["epoch"] + 1, {}).get("FN-aware R@1")} for row in epoch_rows(method, seed, run)]
+    return rows
+
+
 def curves(out: Path, table) -> list[dict]:
     """The learning curve of every run in ``table`` whose directory is in ``out`` (rows from ``--rows`` have none)."""
     rows = []
@@ -1032,6 +1049,9 @@ def main() -> None:
     parser.add_argument("--curves", nargs="+", choices=list(METHODS), metavar="METHOD",
                         help="Run nothing: print these methods' learning curves side by side for the first of --presets "
                              "and --seeds (runs still training or paused too).")
+    parser.add_argument("--epochs-csv", type=Path, metavar="CSV",
+                        help="With --curves: also write those runs' composition summary and R@1 per epoch to this CSV "
+                             "(e.g. docs/results/dense_falcon_itm_margin_first_epochs.csv).")
     parser.add_argument("--collect", action="store_true",
                         help="Run nothing: only rebuild the tables, figure and --report from the finished runs in OUT "
                              "(e.g. runs made on another machine).")
@@ -1040,6 +1060,15 @@ def main() -> None:
     out, budget = args.out.resolve(), changed_budget(BUDGETS[args.budget], args.set)
     if args.curves:
         print("\n".join(side_by_side(out, args.presets[0], args.seeds[0], args.curves)))
+        if args.epochs_csv:
+            import pandas as pd
+
+            from falcon_cli.artifacts.atomic import atomic_path
+
+            with atomic_path(args.epochs_csv) as tmp:
+                pd.DataFrame(epoch_table(out, args.presets[0], args.seeds[0], args.curves)).to_csv(
+                    tmp, index=False, float_format="%.4f")
+            print(f"wrote {args.epochs_csv}")
         return
     (out / "logs").mkdir(parents=True, exist_ok=True)
     presets = [p for p in args.presets if not args.gate or p in GATE_PRESETS]

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
 
 from benchmarks import phase_sweep as sweep
+from tests.conftest import REPO
 
 
 CONFIG = {"data": {"shapes": {"images": 3000, "size": 32, "splits": {"train": 0.3, "test": 0.7}}},
@@ -620,6 +624,31 @@ def test_curves_side_by_side_include_runs_still_training(tmp_path):
     assert lines[4] == "| 1 | 15.0 / 35.0 / 0.600 | 15.0 / — / 0.600 |"
     assert lines[6] == "| 3 | 17.0 / 35.0 / 0.600 |  |"
     assert sweep.side_by_side(out, "dense", 0, ["grit"]) == [f"no runs of grit on dense, seed 0, in {out}"]
+
+
+def test_the_epoch_table_sets_each_epochs_composition_beside_the_r1_scored_after_that_same_epoch(tmp_path):
+    """``--curves … --epochs-csv``: a FALCON run's epoch summary (0-based; epoch 0 has none, its batches are uniform)
+    beside the zero-shot scores written at the end of the same epoch; runs stopped mid-budget count."""
+    out = tmp_path / "sweep"
+    run = sweep.run_dir(out, "dense", "falcon-itm-expected", 0)
+    run.mkdir(parents=True)
+    records = [{"step": 1, "epoch": 0, "itm": 0.6}, {**_zero_shot(0, 2.0, 4.0), "oracle_i2t_R@1": 20.0, "oracle_t2i_R@1": 30.0}]
+    for epoch in (1, 2):
+        records += [{"step": 10 * epoch + 1, "epoch": epoch, "itm": 0.5},
+                    {"step": 10 * epoch + 5, "epoch": epoch, "kind": "epoch_summary", "q_mean": 0.1 * epoch,
+                     "reward_fn_corr": -0.3, "frontier_gap": -0.05 * epoch},
+                    {**_zero_shot(epoch, 10.0 * epoch, 20.0 * epoch), "oracle_i2t_R@1": 40.0, "oracle_t2i_R@1": 50.0 + epoch}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    rows = sweep.epoch_table(out, "dense", 0, ["falcon-itm", "falcon-itm-expected"])  # (falcon-itm has no run)
+    assert [(r["method"], r["epoch"], r["q_mean"], r["R@1"], r["FN-aware R@1"]) for r in rows] == [
+        ("falcon-itm-expected", 1, 0.1, 15.0, 45.5), ("falcon-itm-expected", 2, 0.2, 30.0, 46.0)]
+    assert rows[1]["frontier_gap"] == -0.1 and rows[0]["itm_fn_auc"] is None  # (absent keys: blank)
+    csv = tmp_path / "epochs.csv"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "phase_sweep.py"), "--out", str(out), "--presets", "dense",
+                           "--seeds", "0", "--curves", "falcon-itm-expected", "--epochs-csv", str(csv)],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr
+    assert list(pd.read_csv(csv)["R@1"]) == [15.0, 30.0]
 
 
 def test_a_run_scores_its_training_pairs_while_its_checkpoints_are_there_and_the_report_sets_them_beside_a_perfect_model(
