@@ -177,6 +177,15 @@ def test_composition_summary_against_plain_arithmetic():
     charged = composition_summary(chained, judged=[[p, f, c] for (p, f), c in zip(judged, (0.1, 0.3, -0.2, 0.4, 0.0, 0.2))])
     assert charged["itm_fn_auc"] == seen["itm_fn_auc"] and charged["charge_fn_auc"] == pytest.approx(1 / 6)
     assert charged["charge_fn_corr"] == pytest.approx(plain_pearson([0.1, 0.3, -0.2, 0.4, 0.0], [f for _, f in kept]))
+    # hardness alone as a judge: the pick's similarity to its anchor against the oracle (slots without one left out)
+    assert summary["hardness_fn_auc"] is None  # (no similarity column)
+    similarity = rng.uniform(-1, 2, n)
+    similarity[3] = np.nan
+    hard = composition_summary(chained.assign(similarity_to_anchor=similarity))
+    keep = ~np.isnan(similarity)
+    assert hard["hardness_fn_corr"] == pytest.approx(plain_pearson(list(similarity[keep]), list(fn[keep])))
+    pairs = [(a, b) for a, fa in zip(similarity[keep], fn[keep]) if fa for b, fb in zip(similarity[keep], fn[keep]) if not fb]
+    assert hard["hardness_fn_auc"] == pytest.approx(sum(1.0 if a > b else 0.5 if a == b else 0.0 for a, b in pairs) / len(pairs))
     # a fixed q (no Beta): no correlation; no oracle columns: the oracle keys are None
     fixed = chained.assign(q=0.5, alpha=np.nan, beta=np.nan)
     assert composition_summary(fixed)["q_fn_density_corr"] is None

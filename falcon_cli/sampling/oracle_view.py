@@ -73,6 +73,10 @@ def composition_summary(rows: pd.DataFrame, rewards: Sequence[float] = (),
       (no safe q at all counts as exceeded).
     - ``chain_fn_rate``: share of the chained slots that are false negatives of their anchor.
     - ``fn_density_mean``: mean anchor false-negative density (what a random pick would hit).
+    - ``hardness_fn_corr`` / ``hardness_fn_auc``: over the same slots, the pick's similarity to its anchor (the
+      composer's S) against whether it was a false negative: how much hardness alone says about a false pick. A
+      reward that pays for hardness pays for false negatives as much as this; a judge adds only what it sees
+      beyond it (compare ``itm_fn_auc``).
     - ``fn_rate_at_q0`` … ``fn_rate_at_q100``: the share of the same slots whose pick would have been a false
       negative had one fixed q (0, 0.25, 0.5, 0.75, 1) chosen it for the same anchor among the same candidates:
       the fixed-q frontier on the anchors this composer saw.
@@ -108,7 +112,8 @@ def composition_summary(rows: pd.DataFrame, rewards: Sequence[float] = (),
     density = chained["anchor_fn_density"].astype(np.float64) if "anchor_fn_density" in chained else None
     if density is None or not density.notna().any():
         summary.update(q_fn_density_corr=None, q_safe_corr=None, safe_q_mean=None, q_above_safe_share=None,
-                       chain_fn_rate=None, fn_density_mean=None, **dict.fromkeys(FRONTIER_KEYS))
+                       chain_fn_rate=None, fn_density_mean=None, hardness_fn_corr=None, hardness_fn_auc=None,
+                       **dict.fromkeys(FRONTIER_KEYS))
         return summary
     known = density.notna()
     safe = chained["safe_q"].astype(np.float64)
@@ -121,6 +126,13 @@ def composition_summary(rows: pd.DataFrame, rewards: Sequence[float] = (),
         chain_fn_rate=float(chained["chosen_is_fn"].astype(np.float64)[known].mean()),
         fn_density_mean=float(density[known].mean()),
     )
+    fn = chained["chosen_is_fn"].astype(np.float64)
+    scored = (known & fn.notna() & chained["similarity_to_anchor"].notna() if "similarity_to_anchor" in chained
+              else pd.Series(False, index=chained.index))
+    hardness = chained["similarity_to_anchor"].astype(np.float64)[scored] if scored.any() else None
+    auc = rank_auc(hardness.to_numpy(), fn[scored].to_numpy() > 0.5) if hardness is not None else float("nan")
+    summary.update(hardness_fn_corr=pearson(hardness.to_numpy(), fn[scored].to_numpy()) if hardness is not None else None,
+                   hardness_fn_auc=None if auc != auc else auc)
     summary.update(frontier(chained[known], summary["chain_fn_rate"], summary["q_mean"]))
     return summary
 
@@ -148,7 +160,7 @@ def frontier(slots: pd.DataFrame, chain_fn_rate: float | None, q_mean: float | N
 
 SUMMARY_COLUMNS = ("epoch", "chained_slots", "q_mean", "expected_q_mean", "expected_q_std", "q_fn_density_corr",
                    "q_safe_corr", "safe_q_mean", "q_above_safe_share", "chain_fn_rate", "fn_density_mean",
-                   "frontier_fn_rate", "frontier_gap")
+                   "hardness_fn_corr", "hardness_fn_auc", "frontier_fn_rate", "frontier_gap")
 """The per-epoch table of :func:`summary_by_epoch` (the audit's ``scheduler_vs_oracle.csv``)."""
 
 
