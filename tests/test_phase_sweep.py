@@ -643,6 +643,19 @@ def test_the_epoch_table_sets_each_epochs_composition_beside_the_r1_scored_after
     assert [(r["method"], r["epoch"], r["q_mean"], r["R@1"], r["FN-aware R@1"]) for r in rows] == [
         ("falcon-itm-expected", 1, 0.1, 15.0, 45.5), ("falcon-itm-expected", 2, 0.2, 30.0, 46.0)]
     assert rows[1]["frontier_gap"] == -0.1 and rows[0]["itm_fn_auc"] is None  # (absent keys: blank)
+    assert rows[0]["hardness_fn_auc"] is None  # (no batch log to recompute it from)
+    # a key the run did not record, recomputed from its batch log; one it recorded kept as recorded
+    from falcon_cli.artifacts.tables import BATCHES, write_table
+
+    similarity, fn = [0.9, 0.1, 0.8, 0.7], [1.0, 0.0, 0.0, 1.0]  # one true pick above one false one: AUC 3 / 4
+    log = pd.DataFrame({name: [None] * 8 for name in BATCHES.names})
+    log = log.assign(epoch=[1] * 4 + [2] * 4, step=[0, 0, 1, 1] * 2, rank=0, slot=[0, 1] * 4, pair_id=range(8),
+                     anchor_pair_id=range(8), q=0.3, similarity_to_anchor=similarity * 2, sampler="falcon",
+                     anchor_fn_density=0.2, chosen_is_fn=fn * 2)[BATCHES.names]
+    write_table(run / "batches.parquet", log, BATCHES)
+    rows = sweep.epoch_table(out, "dense", 0, ["falcon-itm-expected"])
+    assert [r["hardness_fn_auc"] for r in rows] == [pytest.approx(0.75)] * 2
+    assert rows[1]["frontier_gap"] == -0.1 and rows[1]["q_mean"] == 0.2
     csv = tmp_path / "epochs.csv"
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "phase_sweep.py"), "--out", str(out), "--presets", "dense",
                            "--seeds", "0", "--curves", "falcon-itm-expected", "--epochs-csv", str(csv)],

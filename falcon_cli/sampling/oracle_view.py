@@ -147,7 +147,7 @@ def frontier(slots: pd.DataFrame, chain_fn_rate: float | None, q_mean: float | N
     slots carry no counterfactual picks, e.g. a batch log from before they were recorded)."""
     out = dict.fromkeys(FRONTIER_KEYS)
     columns = [name for name in FIXED_Q_FIELDS if name in slots]
-    scored = slots[columns].astype(np.float64).notna().all(1) if len(columns) == len(FIXED_Q_FIELDS) else None
+    scored = slots[columns].astype(np.float64).notna().all(axis=1) if len(columns) == len(FIXED_Q_FIELDS) else None
     if scored is None or not scored.any():
         return out
     rates = slots.loc[scored, columns].astype(np.float64).mean().to_numpy()
