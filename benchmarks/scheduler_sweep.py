@@ -107,7 +107,7 @@ def scheduler_updates(budget: Budget) -> int:
 
 SUMMARY_KEYS = ("q_fn_density_corr", "expected_q_std", "expected_q_mean", "q_mean", "safe_q_mean", "q_above_safe_share",
                 "chain_fn_rate", "fn_density_mean", "reward_fn_corr", "frontier_fn_rate", "frontier_gap", "itm_fn_auc",
-                "charge_fn_auc", "hardness_fn_auc")
+                "charge_fn_auc", "hardness_fn_auc", "itm_fn_corr", "charge_fn_corr", "hardness_fn_corr")
 """The epoch summary keys (``metrics.jsonl``, kind ``epoch_summary``) the sweep keeps per epoch."""
 
 
