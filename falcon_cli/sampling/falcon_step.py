@@ -67,7 +67,8 @@ class FalconStep:
         self.judged: list[list[float]] = []
         """``positive_margin+itm``, per pick: [the ITM head's match probability of it with its anchor, whether it
         was a false negative (NaN without an oracle), the charge per unit of weight (the probability, its excess
-        over the batch's picks of the same hardness, or what ``expected`` took from the margin over the weight)]: does the judge see the false picks, apart from the margin?"""
+        over the batch's picks of the same hardness, or what ``expected`` took from the margin over the weight)]:
+        does the judge see the false picks, apart from the margin?"""
         self._before: torch.Tensor | None = None
         self._image: tuple | None = None
 

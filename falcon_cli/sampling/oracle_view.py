@@ -42,6 +42,15 @@ def rank_auc(score: np.ndarray, positive: np.ndarray) -> float:
     return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
+def judge_view(score: np.ndarray, false_pick: np.ndarray) -> tuple[float | None, float | None]:
+    """How well ``score`` tells the false picks (``false_pick`` 1.0) from the true ones (0.0): their Pearson
+    correlation and the chance a false pick outscores a true one (AUC); None where there is nothing to measure."""
+    if not len(score):
+        return None, None
+    auc = rank_auc(score, false_pick > 0.5)
+    return pearson(score, false_pick), None if auc != auc else auc
+
+
 def expected_q(rows: pd.DataFrame) -> pd.Series:
     """E[q] = α / (α + β) of each chained slot's Beta (NaN where q did not come from a Beta)."""
     return rows["alpha"] / (rows["alpha"] + rows["beta"])
@@ -99,9 +108,7 @@ def composition_summary(rows: pd.DataFrame, rewards: Sequence[float] = (),
     seen = np.asarray([[*j, j[0]] if len(j) == 2 else list(j) for j in judged], dtype=np.float64).reshape(-1, 3)
     seen = seen[~np.isnan(seen).any(1)]
     for key, column in (("itm", 0), ("charge", 2)):
-        summary[f"{key}_fn_corr"] = pearson(seen[:, column], seen[:, 1]) if len(seen) else None
-        auc = rank_auc(seen[:, column], seen[:, 1] > 0.5) if len(seen) else float("nan")
-        summary[f"{key}_fn_auc"] = None if auc != auc else auc
+        summary[f"{key}_fn_corr"], summary[f"{key}_fn_auc"] = judge_view(seen[:, column], seen[:, 1])
 
     mean_q = expected_q(chained).astype(np.float64) if len(chained) else pd.Series(dtype=np.float64)
     has_beta = mean_q.notna()
@@ -127,12 +134,9 @@ def composition_summary(rows: pd.DataFrame, rewards: Sequence[float] = (),
         fn_density_mean=float(density[known].mean()),
     )
     fn = chained["chosen_is_fn"].astype(np.float64)
-    scored = (known & fn.notna() & chained["similarity_to_anchor"].notna() if "similarity_to_anchor" in chained
-              else pd.Series(False, index=chained.index))
-    hardness = chained["similarity_to_anchor"].astype(np.float64)[scored] if scored.any() else None
-    auc = rank_auc(hardness.to_numpy(), fn[scored].to_numpy() > 0.5) if hardness is not None else float("nan")
-    summary.update(hardness_fn_corr=pearson(hardness.to_numpy(), fn[scored].to_numpy()) if hardness is not None else None,
-                   hardness_fn_auc=None if auc != auc else auc)
+    hardness = chained["similarity_to_anchor"].astype(np.float64) if "similarity_to_anchor" in chained else fn * np.nan
+    scored = known & fn.notna() & hardness.notna()
+    summary["hardness_fn_corr"], summary["hardness_fn_auc"] = judge_view(hardness[scored].to_numpy(), fn[scored].to_numpy())
     summary.update(frontier(chained[known], summary["chain_fn_rate"], summary["q_mean"]))
     return summary
 
@@ -176,5 +180,5 @@ def summary_by_epoch(log: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
 
 
-__all__ = ["FRONTIER_KEYS", "SUMMARY_COLUMNS", "composition_summary", "expected_q", "frontier", "pearson",
+__all__ = ["FRONTIER_KEYS", "SUMMARY_COLUMNS", "composition_summary", "expected_q", "frontier", "judge_view", "pearson",
            "rank_auc", "summary_by_epoch"]
