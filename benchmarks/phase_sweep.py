@@ -66,6 +66,7 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "falcon-itm": ("shapes-falcon-itm", []),
     "falcon-itm-excess": ("shapes-falcon-itm-excess", []),
     "falcon-itm-expected": ("shapes-falcon-itm-expected", []),
+    "falcon-oracle": ("shapes-falcon-oracle", []),
     "grit-mask": ("shapes-grit", ["pretrain.same_image=mask"]),
     "grit-oracle": ("shapes-grit", ["pretrain.oracle_negatives=mask"]),
     "uniform-oracle": ("shapes-uniform", ["pretrain.oracle_negatives=mask"]),
@@ -79,9 +80,11 @@ diagnostic run only when named (``--only``): GRIT with the pairs that share the 
 denominators and ITM mining (``pretrain.same_image: mask``), which tells how much of GRIT's result is those pairs;
 and ``grit-oracle``, GRIT with every pair the oracle says truly matches kept out the same way
 (``pretrain.oracle_negatives: mask``): what the false negatives cost GRIT, the most a false-negative method could win;
-``uniform-oracle`` the same for uniform batches (beside ``grit-oracle``: what hardness gives once no negative is false)."""
+``uniform-oracle`` the same for uniform batches (beside ``grit-oracle``: what hardness gives once no negative is false);
+``falcon-oracle``, the expected-worth reward with the oracle as its judge (``shapes-falcon-oracle``): what a perfect
+judge of the picks would buy the scheduler."""
 
-DIAGNOSTICS = ("grit-mask", "grit-oracle", "uniform-oracle")
+DIAGNOSTICS = ("grit-mask", "grit-oracle", "uniform-oracle", "falcon-oracle")
 """Methods the sweep runs only when ``--only`` names them (not part of the phase diagram)."""
 
 GATE_METHODS = ("uniform", "grit", "q05")

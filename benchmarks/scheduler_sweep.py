@@ -51,6 +51,7 @@ METHODS: dict[str, tuple[str, list[str]]] = {
                                                              "pretrain.reward_margin=0.5", "pretrain.reward_itm_weight=6"]),
     "falcon-plus-margin-0.5-itm-excess": ("shapes-falcon-itm-excess", []),
     "falcon-plus-margin-0.5-itm-expected": ("shapes-falcon-itm-expected", []),
+    "falcon-plus-margin-0.5-oracle-expected": ("shapes-falcon-oracle", []),
     "grit": ("shapes-grit", []),
     "uniform": ("shapes-uniform", []),
     "q05": ("shapes-q05", []),
@@ -67,7 +68,8 @@ it), the same at margin 0.5 less twice the model's own ITM match probability of 
 (``positive_margin+itm``: a reward that sees which picks the model believes are matches; ``-w6`` charges six times
 the probability; ``-excess`` six times its excess over the batch's picks of the same hardness, ``reward_itm_charge:
 excess``; ``-expected`` the margin paid only as far as the head calls the pick a true negative, a match worth -2,
-``reward_itm_charge: expected``), and the baselines the
+``reward_itm_charge: expected``; ``-oracle-expected`` the same with the world's oracle as the judge, a diagnostic:
+the ceiling of any judge), and the baselines the
 issue names (GRIT, uniform = no chain, q = 0.5); q = 0, 0.25, 0.75 and 1 (the quantile composer, q = 1 GRIT's
 chain with the oracle's view) draw the fixed-q frontier with q = 0.5."""
 
@@ -76,7 +78,8 @@ BASELINES = ("grit", "uniform", "q05")
 
 IMPROVED = ("falcon-plus", "falcon-plus-alignment", "falcon-plus-margin-0", "falcon-plus-margin-0.25",
             "falcon-plus-margin-0.5", "falcon-plus-margin-0.5-itm", "falcon-plus-margin-0.5-itm-w6",
-            "falcon-plus-margin-0.5-itm-excess", "falcon-plus-margin-0.5-itm-expected")
+            "falcon-plus-margin-0.5-itm-excess", "falcon-plus-margin-0.5-itm-expected",
+            "falcon-plus-margin-0.5-oracle-expected")
 """The improved schedulers the issue's targets are checked for."""
 
 DEFAULT = ("falcon", "falcon-plus", "falcon-plus-alignment", "falcon-plus-margin-0", "falcon-plus-margin-0.25",

@@ -117,21 +117,22 @@ NOT_ALBEF = (("itc", "grit"), ("init", None), ("compile", False))
 FRAMEWORKS: dict[str, Framework] = {
     "albef": Framework("albef", FAMILIES["albef"], losses=("itc", "itm", "mlm"),
                        rewards=("mlm", "itc+itm", "itc+itm+mlm", "alignment", "positive_margin",
-                                "positive_margin+itm"),
+                                "positive_margin+itm", "positive_margin+oracle"),
                        masked_language=True, rerank="itm", itc_label_smoothing=0.0, itc_stop_gradient=True,
                        consistency_weight=ITC_CONSISTENCY_WEIGHT["none"],  # GRIT-VLP's 0.2
                        objective=_albef_objective, weight_fields={"vision": "vision_weights", "text": "text_weights"},
                        pad_token=False, frozen_image_encoder=False, unimodal_init=True),
     "blip2": Framework("blip2", FAMILIES["blip2"], losses=("itc", "itm", "itg"),
                        rewards=("itg", "itc+itm", "itc+itm+itg", "alignment", "positive_margin",
-                                "positive_margin+itm"),
+                                "positive_margin+itm", "positive_margin+oracle"),
                        masked_language=False, rerank="itm+itc", itc_label_smoothing=BLIP2_ITC_LABEL_SMOOTHING,
                        itc_stop_gradient=False, consistency_weight=0.0, objective=_blip2_objective,
                        # text weights are the Q-Former's: a BLIP-2 checkpoint, or BERT for a fresh Q-Former
                        weight_fields={"vision": "vision_weights", "text": "qformer_weights"},
                        pad_token=False, frozen_image_encoder=True, fixed_settings=NOT_ALBEF),
     "dual": Framework("dual", FAMILIES["dual"], losses=("itc", "caption"),
-                      rewards=("caption", "itc", "itc+caption", "alignment", "positive_margin"),
+                      rewards=("caption", "itc", "itc+caption", "alignment", "positive_margin",
+                               "positive_margin+oracle"),
                       masked_language=False, rerank="none", itc_label_smoothing=0.0, itc_stop_gradient=False,
                       consistency_weight=0.0, objective=_dual_objective,
                       # the whole open_clip model's weights (a pretrained tag or file); no separate text source

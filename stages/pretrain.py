@@ -140,6 +140,10 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
     # false-negative density, the safe q, whether the pick is one): it changes no choice.
     chain_truth = (truth or in_batch_truth(spec.resolve(spec.shapes_world), dataset.records)
                    if spec.shapes_world is not None and p.composer in QUANTILE_COMPOSERS else None)
+    if scheduler is not None and p.reward == "positive_margin+oracle" and chain_truth is None:
+        raise FalconError(f"pretrain.reward=positive_margin+oracle: the dataset in {spec.base_dir} is not a shapes world "
+                          "(its dataset.yaml names no shapes_world), so no oracle judges the picks; use "
+                          "pretrain.reward=positive_margin+itm (the model's own ITM head)")
     composer = build_composer(p, truth=chain_truth, source=scheduler.alpha_beta if scheduler is not None else None)
     generators = run_generators(config.seed, rank, device)
     batch_log = BatchLog(run.path / "batches.parquet", part_rank=rank)

@@ -476,7 +476,7 @@ def test_the_diagnostic_arm_runs_only_when_named():
     """The diagnostic arms (`grit-mask`: same-image pairs masked; `grit-oracle`: every true match masked) run only
     when named: they are not part of the phase diagram or the gate."""
     assert "grit-mask" not in sweep.selected_methods(False, None)
-    diagnostics = ("grit-mask", "grit-oracle", "uniform-oracle")
+    diagnostics = ("grit-mask", "grit-oracle", "uniform-oracle", "falcon-oracle")
     assert sweep.selected_methods(False, None) == [m for m in sweep.METHODS if m not in diagnostics]
     assert sweep.selected_methods(False, ["uniform-oracle", "grit-oracle"]) == ["grit-oracle", "uniform-oracle"]
     assert sweep.METHODS["uniform-oracle"] == ("shapes-uniform", ["pretrain.oracle_negatives=mask"])
@@ -484,6 +484,7 @@ def test_the_diagnostic_arm_runs_only_when_named():
     assert sweep.selected_methods(True, None) == list(sweep.GATE_METHODS)
     assert sweep.selected_methods(False, ["grit-mask", "uniform"]) == ["uniform", "grit-mask"]
     assert sweep.METHODS["grit-mask"] == ("shapes-grit", ["pretrain.same_image=mask"])
+    assert sweep.METHODS["falcon-oracle"] == ("shapes-falcon-oracle", [])
 
 
 def _zero_shot(epoch: int, i2t: float, t2i: float) -> dict:

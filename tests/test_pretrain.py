@@ -436,6 +436,36 @@ def test_the_itm_charged_margin_pays_less_for_picks_the_model_judges_matches(wor
     assert config["pretrain"]["reward"] == "positive_margin+itm" and config["pretrain"]["reward_itm_weight"] == 2.0
 
 
+def test_the_oracle_judge_charges_exactly_the_false_picks_and_needs_a_shapes_world(world, reference_run, tmp_path_factory):
+    """``reward: positive_margin+oracle`` with ``reward_itm_charge: expected`` (the diagnostic ceiling of a judge):
+    every false pick is worth −2 and every true one its margin (within [−2, 2]), so the reward falls with a false
+    pick far more than any model judge makes it, and the judge's AUC against the oracle is 1. On a dataset that is no
+    shapes world the run stops before training with one line naming the dataset and the reward to use instead."""
+    import shutil
+
+    from tests.conftest import run_cli
+
+    run = _falcon_reference(world, tmp_path_factory, [*FALCON, "pretrain.epochs=2", "pretrain.reward=positive_margin+oracle",
+                                                     "pretrain.reward_itm_charge=expected"])
+    summary = [r for r in read_metrics(run / "metrics.jsonl") if r.get("kind") == "epoch_summary"][-1]
+    assert summary["itm_fn_auc"] == 1.0 and summary["itm_fn_corr"] == pytest.approx(1.0)
+    assert summary["reward_fn_corr"] < -0.5, summary["reward_fn_corr"]
+    rewards = [r["reward"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r and r["sampler"] == "falcon"]
+    assert len(rewards) == 10 and min(rewards) >= -2 - 1e-6
+
+    plain = tmp_path_factory.mktemp("plain") / "world"  # the same pairs, its dataset.yaml without the world
+    shutil.copytree(world, plain)
+    spec = yaml.safe_load((plain / "dataset.yaml").read_text())
+    spec.pop("shapes_world")
+    (plain / "dataset.yaml").write_text(yaml.safe_dump(spec))
+    run_dir = tmp_path_factory.mktemp("plain-run") / "run"
+    proc = run_cli(*pretrain_args(run_dir, plain, *FALCON, "pretrain.reward=positive_margin+oracle"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "reward=positive_margin+oracle" in lines[0] and str(plain) in lines[0], proc.stderr
+    assert "positive_margin+itm" in lines[0] and not (run_dir / "checkpoints").exists()
+
+
 def test_every_pair_trained_each_epoch_when_the_search_space_is_not_a_multiple_of_the_batch(world, tmp_path):
     """|M| = 24, B = 16: each of the 6 full spaces yields a batch of 16 and one of 8, the last space (16 pairs)
     one batch: 13 steps, more than the ceil(160 / 16) = 10 of a uniform epoch. All 13 are trained. (FALCON's

@@ -155,6 +155,12 @@ def test_the_itm_charged_margin_needs_an_itm_head_and_per_pick_credit():
         PretrainConfig(scheduler_credit="pair", reward="positive_margin+itm")
     with pytest.raises(ValueError, match="no ITM head to judge a pick: positive_margin stands in"):
         PretrainConfig(model="dual-tiny-clip", composer="falcon", scheduler_credit="chosen", reward="positive_margin+itm")
+    # the oracle needs no head: every framework takes it (the shapes world is checked when the run starts)
+    for model, extra in (("dual-tiny-clip", {"caption_weight": 0}), ("albef-tiny", {}), ("blip2-tiny", {})):
+        assert PretrainConfig(model=model, composer="falcon", scheduler_credit="chosen", reward="positive_margin+oracle",
+                              **extra).reward == "positive_margin+oracle"
+    with pytest.raises(ValueError, match=r"positive_margin\+oracle .* needs scheduler_credit: chosen"):
+        PretrainConfig(scheduler_credit="pair", reward="positive_margin+oracle")
 
 
 def test_step_rewards_give_each_q_the_right_caption():
@@ -235,6 +241,41 @@ def test_the_improved_scheduler_learns_the_noise_free_bandit_and_the_papers_does
     assert learned["concentration"] <= 50 + 1e-3
     baseline = bandit.run_bandit(anchors, paper, updates=600, batch=32, noise=0.0, common=3.0, every=600)[-1]
     assert baseline["r2"] < 0.2, baseline
+
+
+@pytest.mark.parametrize("charge", ["absolute", "expected"])
+def test_falcon_step_charges_the_oracle_verdict_with_no_pass_of_the_model(charge):
+    """``reward: positive_margin+oracle``: the judge is the batch's oracle verdict on each pick (``chosen_is_fn``),
+    so the model is never asked (the objective here has no ``match_probability``); with ``expected`` a true pick
+    is worth its margin and a false one ``-reward_itm_weight``, whatever its hardness. A chained slot without a
+    verdict is an error, not a silent zero."""
+    from types import SimpleNamespace
+
+    from falcon_cli.config.schema import PretrainConfig
+    from falcon_cli.errors import FalconError
+    from falcon_cli.sampling.falcon_step import FalconStep, oracle_match
+    from falcon_cli.sampling.scheduler import positive_margin_rewards
+
+    b, g = 6, torch.Generator().manual_seed(2)
+    image = torch.nn.functional.normalize(torch.randn(b, 8, generator=g), dim=-1)
+    text = torch.nn.functional.normalize(torch.randn(b, 8, generator=g), dim=-1)
+    p = PretrainConfig(scheduler_credit="chosen", reward="positive_margin+oracle", reward_margin=0.5,
+                       reward_itm_weight=3.0, reward_itm_charge=charge)
+    scheduler = NegativeScheduler(quantiles=4, hidden=8, blocks=1, reward="positive_margin+oracle", credit="chosen")
+    step = FalconStep(scheduler, p, "fp32", torch.device("cpu"))
+    fn = torch.tensor([float("nan"), 1, 0, 0, 1, 0])
+    record = {"s_hat": torch.rand(b - 1, 4, generator=g), "q": torch.rand(b - 1, generator=g)}
+    out = SimpleNamespace(image_feat=image, text_feat=text)
+    inputs = (None, torch.zeros(b, 3, dtype=torch.long), torch.ones(b, 3, dtype=torch.long))
+    step.after(SimpleNamespace(), out, {}, inputs, None, SimpleNamespace(chosen_is_fn=fn), record)
+    margin = positive_margin_rewards(image, text, 1.0, 0.5)[1:]
+    false = fn[1:].bool()
+    expected = torch.where(false, torch.full_like(margin, -3.0), margin) if charge == "expected" else margin - 3.0 * fn[1:]
+    np.testing.assert_allclose([r for r, _ in step.credited], expected.numpy(), atol=1e-5)
+    assert [row[:2] for row in step.judged] == [[f, f] for f in fn[1:].tolist()]  # the judge is the truth itself
+    assert oracle_match(SimpleNamespace(chosen_is_fn=fn), torch.device("cpu")).tolist() == [0, 1, 0, 0, 1, 0]
+    with pytest.raises(FalconError, match="no oracle verdict"):
+        oracle_match(SimpleNamespace(chosen_is_fn=torch.full((b,), float("nan"))), torch.device("cpu"))
 
 
 @pytest.mark.parametrize("charge", ["absolute", "excess", "expected"])

@@ -27,7 +27,8 @@ StageName = Literal["data", "unimodal", "embed", "build_search_spaces", "pretrai
 STAGE_ORDER: tuple[str, ...] = ("data", "unimodal", "embed", "build_search_spaces", "pretrain", "audit_false_negatives",
                                 "finetune", "evaluate")
 
-PER_PAIR_REWARDS = ("mlm", "itg", "caption", "alignment", "positive_margin", "positive_margin+itm")
+PER_PAIR_REWARDS = ("mlm", "itg", "caption", "alignment", "positive_margin", "positive_margin+itm",
+                    "positive_margin+oracle")
 """Rewards measured per pair, which a per-step ``scheduler_credit`` can hand to single q's."""
 
 TaskName = Literal["retrieval", "vqa", "nlvr2"]
@@ -263,7 +264,7 @@ class PretrainConfig(Section):
     scheduler_grad_clip: float | None = Field(None, gt=0)
     """Clip the scheduler's gradient norm (None: no clipping, as in the paper)."""
     reward: Literal["mlm", "itg", "caption", "itc", "itc+itm", "itc+itm+mlm", "itc+itm+itg", "itc+caption", "alignment",
-                    "positive_margin", "positive_margin+itm"] = "mlm"
+                    "positive_margin", "positive_margin+itm", "positive_margin+oracle"] = "mlm"
     """The scheduler's reward: the decrease of this loss on the batch, before vs after the VLP update.
     ``mlm`` and ``itc+itm+mlm`` for ALBEF models, ``itg`` and ``itc+itm+itg`` for BLIP-2 (which has no MLM:
     the paper's Table 3 uses its image-grounded text generation loss), ``caption``, ``itc`` and ``itc+caption`` for
@@ -277,7 +278,10 @@ class PretrainConfig(Section):
     its anchor (the mean over anchor image with pick caption and pick image with anchor caption), so a pick the
     model itself believes matches its anchor (a likely false negative) pays less, at any hardness; one no-grad
     eval-mode pass of the fusion layers over the batch's 2(B - 1) chained pairs. A dual encoder has no ITM head:
-    there ``positive_margin`` stands in, since its only judgement of a pair is the similarity the margin reads."""
+    there ``positive_margin`` stands in, since its only judgement of a pair is the similarity the margin reads.
+    ``positive_margin+oracle`` (ours, a diagnostic on a shapes world, every framework): the same charge with the
+    world's ground truth as the judge (p = 1 for a pick that truly matches its anchor, else 0), which no real run
+    has: what a perfect judge of the picks would buy the scheduler, the ceiling of every ``+itm`` charge."""
     reward_overshoot: float = Field(1.0, ge=0)
     """``reward: positive_margin``: how much more a pick loses per unit of similarity above its anchor's own
     pair than it gains per unit below (0: the reward falls flat past the pair)."""
@@ -285,12 +289,13 @@ class PretrainConfig(Section):
     """``reward: positive_margin``: the charge starts this far below the anchor's own pair (in units of
     the composer's similarity S, which spans [-2, 2]): a larger margin moves every anchor's best q down."""
     reward_itm_weight: float = Field(2.0, ge=0)
-    """``reward: positive_margin+itm``: the charge per unit of the model's ITM match probability of a pick with its
-    anchor (0: the positive margin alone). 2 spans the composer's similarity S (in [-2, 2]), so a pick the head is
+    """``reward: positive_margin+itm`` (or ``+oracle``): the charge per unit of the judge's match probability of a
+    pick with its anchor (0: the positive margin alone). 2 spans the composer's similarity S (in [-2, 2]), so a pick the head is
     sure of loses as much as the hardest pick can win."""
     reward_itm_charge: Literal["absolute", "excess", "expected"] = "absolute"
-    """``reward: positive_margin+itm``: what a pick is charged for. ``absolute``: the ITM match probability itself
-    (harder picks look more like matches, so it also charges hardness, which the margin already prices);
+    """``reward: positive_margin+itm`` (or ``+oracle``, whose p is 0 or 1): what a pick is charged for.
+    ``absolute``: the ITM match probability itself (harder picks look more like matches, so it also charges
+    hardness, which the margin already prices);
     ``excess``: the probability less the least-squares line of probability on hardness (the composer's S) over
     the batch's picks, i.e. only how much more the model believes a pick matches its anchor than picks of the
     same hardness do: the margin decides how hard, the charge which anchors' hard picks are likely false;

@@ -3,7 +3,8 @@
 Algorithm 2: after the model's update on batch k, the reward Δ = L(θ_k) − L(θ_{k+1}) on that batch (the
 identical MLM mask), or, with ``reward: positive_margin``, each pick's hardness charged past its anchor's own
 pair, read from the step's own forward (no extra pass; ``positive_margin+itm`` also charges the model's own
-ITM match probability of each pick with its anchor, one no-grad pass of the fusion layers); then one
+ITM match probability of each pick with its anchor, one no-grad pass of the fusion layers, and
+``positive_margin+oracle`` the shapes world's ground truth of it, a diagnostic); then one
 REINFORCE update of the scheduler with the q's batch k was composed with. Per-step credit
 (``scheduler_credit``) scores each caption apart, each q credited with the Δ of the pair it chose.
 
@@ -19,10 +20,28 @@ from typing import Any
 import torch
 from torch.profiler import record_function
 
+from falcon_cli.errors import FalconError
 from falcon_cli.runtime.precision import autocast
 from falcon_cli.sampling.composers import Batch
 from falcon_cli.sampling.scheduler import (NegativeScheduler, chain_hardness, chain_pairs, charged_margin,
                                           excess_over_hardness, expected_worth, pick_match)
+
+
+JUDGED_REWARDS = ("positive_margin+itm", "positive_margin+oracle")
+"""The rewards that charge each pick a judge's belief that it matches its anchor (``reward_itm_charge``)."""
+
+
+def oracle_match(composed: Batch, device: torch.device) -> torch.Tensor:
+    """Per slot ``[b]`` on ``device``, ``reward: positive_margin+oracle``: 1.0 where the shapes world's oracle says the
+    pick truly matches its anchor (``Batch.chosen_is_fn``), else 0.0; slot 0 (no pick) 0. A chained slot the oracle
+    did not judge is an error (the composer was built without the world's truth)."""
+    truth = composed.chosen_is_fn.float()
+    if len(truth) > 1 and torch.isnan(truth[1:]).any():
+        raise FalconError("reward=positive_margin+oracle: the batch's picks carry no oracle verdict (the dataset is not "
+                          "a shapes world, or the composer was built without its truth); use reward=positive_margin+itm")
+    out = torch.zeros(len(truth), dtype=torch.float32)
+    out[1:] = truth[1:]
+    return out.to(device)
 
 
 def measure_reward_loss(objective, scheduler: NegativeScheduler, precision: str, device: torch.device, *,
@@ -65,16 +84,16 @@ class FalconStep:
         self.credited: list[list[float]] = []
         """Per used step: [its credited reward, whether its pick was a false negative (NaN without an oracle)]."""
         self.judged: list[list[float]] = []
-        """``positive_margin+itm``, per pick: [the ITM head's match probability of it with its anchor, whether it
-        was a false negative (NaN without an oracle), the charge per unit of weight (the probability, its excess
-        over the batch's picks of the same hardness, or what ``expected`` took from the margin over the weight)]:
-        does the judge see the false picks, apart from the margin?"""
+        """``positive_margin+itm`` (``+oracle``), per pick: [the judge's match probability of it with its anchor,
+        whether it was a false negative (NaN without an oracle), the charge per unit of weight (the probability, its
+        excess over the batch's picks of the same hardness, or what ``expected`` took from the margin over the
+        weight)]: does the judge see the false picks, apart from the margin?"""
         self._before: torch.Tensor | None = None
         self._image: tuple | None = None
 
     @property
     def from_forward(self) -> bool:
-        """The reward is read from the training forward itself (``positive_margin``, ``positive_margin+itm``):
+        """The reward is read from the training forward itself (``positive_margin``, ``+itm``, ``+oracle``):
         no reward passes of the losses."""
         return self.reward.startswith("positive_margin")
 
@@ -110,8 +129,9 @@ class FalconStep:
         if self.from_forward:  # each pick's hardness, charged past its anchor's own pair (θ_k's features)
             hardness, own = chain_hardness(out.image_feat, out.text_feat)
             delta = charged_margin(hardness, own, self.overshoot, self.margin)
-            if self.reward == "positive_margin+itm":  # a pick the model itself judges a match pays for it
-                match = self.pick_match(objective, out, inputs)
+            if self.reward in JUDGED_REWARDS:  # a pick its judge (the ITM head, or the oracle) calls a match pays
+                match = (self.pick_match(objective, out, inputs) if self.reward == "positive_margin+itm"
+                         else oracle_match(composed, delta.device))
                 if self.itm_charge == "expected":  # the margin only as far as the judge calls the pick a true negative
                     worth = expected_worth(delta, match, self.itm_weight)
                     charge, delta = (delta - worth) / (self.itm_weight or 1.0), worth
@@ -148,4 +168,4 @@ class FalconStep:
         self.judged = [list(j) for j in state.get("judged", [])]  # (absent from older checkpoints)
 
 
-__all__ = ["FalconStep", "measure_reward_loss"]
+__all__ = ["JUDGED_REWARDS", "FalconStep", "measure_reward_loss", "oracle_match"]

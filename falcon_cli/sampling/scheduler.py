@@ -40,11 +40,12 @@ REWARDS: dict[str, tuple[str, ...]] = {"mlm": ("mlm",), "itg": ("itg",), "itc+it
                                         "itc+itm+mlm": ("itc", "itm", "mlm"), "itc+itm+itg": ("itc", "itm", "itg"),
                                         "caption": ("caption",), "itc": ("itc",), "itc+caption": ("itc", "caption"),
                                         "alignment": ("alignment",), "positive_margin": (),
-                                        "positive_margin+itm": ()}
+                                        "positive_margin+itm": (), "positive_margin+oracle": ()}
 """Reward name -> the losses whose decrease is the reward (``alignment``: minus each pair's own image-text
 cosine, so its decrease is the rise of that cosine). ``positive_margin`` measures no loss: it is
 :func:`positive_margin_rewards` of the training forward's features; ``positive_margin+itm`` charges that
-the model's ITM match probability of each pick (:func:`chain_pairs`)."""
+the model's ITM match probability of each pick (:func:`chain_pairs`), ``positive_margin+oracle`` the shapes world's
+ground truth of it (a diagnostic: what a perfect judge would buy)."""
 
 
 def register_reward(name: str, parts: tuple[str, ...]) -> None:
