@@ -535,20 +535,14 @@ def epoch_table(out: Path, preset: str, seed: int, methods: list[str]) -> list[d
     ``epoch`` as the summary records it, from 0 (a FALCON run's epoch 0 trains on uniform batches and has no
     summary, so its first row is epoch 1, the second epoch, scored by the curve's epoch 2). A key the run did not
     record (it trained before the key existed) is recomputed from its batch log where the log has what it needs."""
-    from falcon_cli.sampling.batch_log import read_batch_log
-    from falcon_cli.sampling.oracle_view import summary_by_epoch
-
     rows = []
     for method in methods:
         run = run_dir(out, preset, method, seed)
         if not (run / "metrics.jsonl").exists():
             continue
         scores = {r["epoch"]: r for r in curve_rows(preset, method, seed, run)}
-        logged = (summary_by_epoch(read_batch_log(run / "batches.parquet")).set_index("epoch").to_dict("index")
-                  if (run / "batches.parquet").exists() else {})
         for row in epoch_rows(method, seed, run):
-            missing = {k: v for k, v in logged.get(row["epoch"], {}).items() if k in row and row[k] is None}
-            rows.append({**row, **missing, "R@1": scores.get(row["epoch"] + 1, {}).get("R@1"),
+            rows.append({**row, "R@1": scores.get(row["epoch"] + 1, {}).get("R@1"),
                          "FN-aware R@1": scores.get(row["epoch"] + 1, {}).get("FN-aware R@1")})
     return rows
 

@@ -52,6 +52,7 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "falcon-plus-margin-0.5-itm-excess": ("shapes-falcon-itm-excess", []),
     "falcon-plus-margin-0.5-itm-expected": ("shapes-falcon-itm-expected", []),
     "falcon-plus-margin-0.5-oracle-expected": ("shapes-falcon-oracle", []),
+    "falcon-plus-margin-0.5-oracle-expected-w0.5": ("shapes-falcon-oracle", ["pretrain.reward_itm_weight=0.5"]),
     "grit": ("shapes-grit", []),
     "uniform": ("shapes-uniform", []),
     "q05": ("shapes-q05", []),
@@ -69,7 +70,8 @@ it), the same at margin 0.5 less twice the model's own ITM match probability of 
 the probability; ``-excess`` six times its excess over the batch's picks of the same hardness, ``reward_itm_charge:
 excess``; ``-expected`` the margin paid only as far as the head calls the pick a true negative, a match worth -2,
 ``reward_itm_charge: expected``; ``-oracle-expected`` the same with the world's oracle as the judge, a diagnostic:
-the ceiling of any judge), and the baselines the
+the ceiling of any judge; ``-w0.5`` a false pick worth -0.5, so that the scheduler trades at harder q), and the
+baselines the
 issue names (GRIT, uniform = no chain, q = 0.5); q = 0, 0.25, 0.75 and 1 (the quantile composer, q = 1 GRIT's
 chain with the oracle's view) draw the fixed-q frontier with q = 0.5."""
 
@@ -79,7 +81,7 @@ BASELINES = ("grit", "uniform", "q05")
 IMPROVED = ("falcon-plus", "falcon-plus-alignment", "falcon-plus-margin-0", "falcon-plus-margin-0.25",
             "falcon-plus-margin-0.5", "falcon-plus-margin-0.5-itm", "falcon-plus-margin-0.5-itm-w6",
             "falcon-plus-margin-0.5-itm-excess", "falcon-plus-margin-0.5-itm-expected",
-            "falcon-plus-margin-0.5-oracle-expected")
+            "falcon-plus-margin-0.5-oracle-expected", "falcon-plus-margin-0.5-oracle-expected-w0.5")
 """The improved schedulers the issue's targets are checked for."""
 
 DEFAULT = ("falcon", "falcon-plus", "falcon-plus-alignment", "falcon-plus-margin-0", "falcon-plus-margin-0.25",
@@ -110,16 +112,26 @@ def scheduler_updates(budget: Budget) -> int:
 
 SUMMARY_KEYS = ("q_fn_density_corr", "expected_q_std", "expected_q_mean", "q_mean", "safe_q_mean", "q_above_safe_share",
                 "chain_fn_rate", "fn_density_mean", "reward_fn_corr", "frontier_fn_rate", "frontier_gap", "itm_fn_auc",
-                "charge_fn_auc", "hardness_fn_auc", "itm_fn_corr", "charge_fn_corr", "hardness_fn_corr")
+                "charge_fn_auc", "hardness_fn_auc", "itm_fn_corr", "charge_fn_corr", "hardness_fn_corr",
+                "best_by_density_fn_rate", "best_by_anchor_fn_rate")
 """The epoch summary keys (``metrics.jsonl``, kind ``epoch_summary``) the sweep keeps per epoch."""
 
 
 def epoch_rows(method: str, seed: int, run: Path) -> list[dict]:
-    """One row per epoch with a composition summary (FALCON, q = 0.5 epochs; none for GRIT and uniform)."""
+    """One row per epoch with a composition summary (FALCON, q = 0.5 epochs; none for GRIT and uniform). A key
+    the run did not record (it trained before the key existed) is recomputed from its batch log where the log has
+    what it needs."""
     from falcon_cli.runtime.metrics import read_metrics
+    from falcon_cli.sampling.batch_log import read_batch_log
+    from falcon_cli.sampling.oracle_view import summary_by_epoch
 
-    return [{"method": method, "seed": seed, "epoch": r["epoch"], **{k: r.get(k) for k in SUMMARY_KEYS}}
+    rows = [{"method": method, "seed": seed, "epoch": r["epoch"], **{k: r.get(k) for k in SUMMARY_KEYS}}
             for r in read_metrics(run / "metrics.jsonl") if r.get("kind") == "epoch_summary"]
+    if any(v is None for row in rows for v in row.values()) and (run / "batches.parquet").exists():
+        logged = summary_by_epoch(read_batch_log(run / "batches.parquet")).set_index("epoch").to_dict("index")
+        for row in rows:
+            row.update({k: v for k, v in logged.get(row["epoch"], {}).items() if k in row and row[k] is None})
+    return rows
 
 
 def run_row(base: dict, epochs: list[dict]) -> dict:
@@ -146,10 +158,13 @@ COLUMNS = [("R@1", "R@1"), ("oracle_R@1", "FN-aware R@1"), ("fn_rate_chain_audit
            ("fn_density_mean", "FN % of a random pick"), ("q_fn_density_corr", "corr(E[q], FN density)"),
            ("q_fn_density_corr_late", "same, late-epoch mean"), ("expected_q_std", "std E[q]"), ("q_mean", "mean q"),
            ("safe_q_mean", "safe q"), ("q_above_safe_share", "q > safe q"), ("reward_fn_corr", "corr(reward, FN pick)"),
-           ("itm_fn_auc", "ITM AUC, false picks"), ("charge_fn_auc", "charge AUC, false picks"), ("frontier_gap", "gap to the frontier, same anchors"),
-           ("seconds_per_epoch", "s / epoch")]
+           ("itm_fn_auc", "ITM AUC, false picks"), ("charge_fn_auc", "charge AUC, false picks"),
+           ("frontier_fn_rate", "frontier FN %, same anchors and mean q"), ("frontier_gap", "gap to the frontier, same anchors"),
+           ("best_by_density_fn_rate", "best FN % knowing each anchor's density"),
+           ("best_by_anchor_fn_rate", "best FN % knowing each anchor's false picks"), ("seconds_per_epoch", "s / epoch")]
 """The summary table's columns: results.csv key -> header (percent for R@1 and the FN rates)."""
-PERCENT = {"chain_fn_rate", "fn_density_mean", "q_above_safe_share", "frontier_gap"}
+PERCENT = {"chain_fn_rate", "fn_density_mean", "q_above_safe_share", "frontier_fn_rate", "frontier_gap",
+           "best_by_density_fn_rate", "best_by_anchor_fn_rate"}
 
 
 def summary_table(table, methods=None, columns=None) -> str:
@@ -198,6 +213,13 @@ def verdict(table) -> list[str]:
             lines.append(f"- **{improved}, against the frontier on its own anchors** (what each fixed q would have "
                          f"picked for the same anchors): {', '.join(f'{v:+.1f}' for v in same)} points — target ≤ −5 on "
                          f"every seed: **{'met' if bool((same.round(6) <= -5).all()) else 'not met'}**.")
+        room = (100 * (plus["frontier_fn_rate"] - plus["best_by_density_fn_rate"]).astype(float)
+                if "best_by_density_fn_rate" in plus else plus["R@1"].iloc[:0])
+        if room.notna().any():  # how far below the frontier a scheduler that knew each anchor's density could go
+            lines.append(f"- **{improved}, the room below the frontier:** the best mix of the five fixed q's per density "
+                         f"decile lies {', '.join(f'{v:.1f}' for v in room)} points below the frontier at the same mean "
+                         f"q, per seed (knowing each anchor's false picks: "
+                         f"{', '.join(f'{v:.1f}' for v in 100 * (plus['frontier_fn_rate'] - plus['best_by_anchor_fn_rate']))}).")
         mean, std = plus["R@1"].mean(), plus["R@1"].std(ddof=1) if len(plus) > 1 else 0.0
         for base in BASELINES:
             rows = table[table["method"] == base]

@@ -205,3 +205,54 @@ def test_composition_summary_against_plain_arithmetic():
     blind = chained.assign(anchor_fn_density=np.nan, safe_q=np.nan, chosen_is_fn=np.nan)
     assert composition_summary(blind)["chain_fn_rate"] is None
     assert pearson(np.ones(5), np.arange(5)) is None
+    # what more knowledge could reach at the same mean q: per density decile, per anchor, against a brute force
+    verdicts = np.stack([picks[name] for name in FIXED_Q_FIELDS], 1)
+    decile = np.argsort(np.argsort(density)) * 10 // n
+    by_decile = np.stack([verdicts[decile == d].mean(0) for d in range(10)])
+    assert scored["best_by_density_fn_rate"] == pytest.approx(brute_best(by_decile, np.full(10, 4), q.mean()))
+    assert scored["best_by_anchor_fn_rate"] == pytest.approx(brute_best(verdicts, np.ones(n), q.mean()))
+    assert scored["best_by_anchor_fn_rate"] <= scored["best_by_density_fn_rate"] <= scored["frontier_fn_rate"] + 1e-12
+
+
+def brute_best(rates, weights, q_mean):
+    """The lowest FN rate at mean q ``q_mean`` over every mix of per-group fixed-q choices, by another route than
+    the code's: the achievable (mean q, rate) set is the weighted Minkowski sum of each group's five points, mixed;
+    its lower convex hull, read at ``q_mean``."""
+    share = np.asarray(weights, float) / np.sum(weights)
+    points = np.zeros((1, 2))
+    for row, w in zip(rates, share):  # Minkowski sum of the groups' (q, rate) point sets, pruned to its hull
+        candidates = (points[:, None, :] + w * np.stack([FIXED_Q_LEVELS, row], 1)[None]).reshape(-1, 2)
+        points = lower_hull(candidates)
+    return float(np.interp(q_mean, points[:, 0], points[:, 1]))
+
+
+def cross(u, v):
+    return u[0] * v[1] - u[1] * v[0]
+
+
+def lower_hull(points):
+    points = np.unique(np.round(points, 12), axis=0)  # sorted by q, then rate
+    hull = []
+    for p in points:
+        while len(hull) >= 2 and cross(hull[-1] - hull[-2], p - hull[-2]) <= 0:
+            hull.pop()
+        hull.append(p)
+    return np.array(hull)
+
+
+def test_the_best_mix_gives_each_group_its_cheap_hardness():
+    """Two halves of the anchors: one whose picks are never false, one whose are false at every q above 0. At mean
+    q 0.5 the best mix gives the first half q = 1 and the second q = 0: no false pick, where one q for all (0.5) has
+    half of them false; with one group it is that group's lower hull."""
+    from falcon_cli.sampling.oracle_view import best_mix_fn_rate
+
+    rates = np.array([[0.0, 0, 0, 0, 0], [0.0, 1, 1, 1, 1]])
+    assert best_mix_fn_rate(rates, np.array([5, 5]), 0.5) == pytest.approx(0.0)
+    # at 0.75 the second half must average q 0.5: half of it at q 1 (false), half at q 0 (true), not all at q 0.5
+    assert best_mix_fn_rate(rates, np.array([5, 5]), 0.75) == pytest.approx(0.25)
+    assert best_mix_fn_rate(np.array([[0.1, 0.4, 0.45, 0.5, 0.6]]), np.array([1]), 0.25) == pytest.approx(
+        0.1 + 0.25 * (0.6 - 0.1) / 1.0)  # (0.25, 0.4) lies above the chord from q 0 to q 1: the mix of those two wins
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        rates, weights, q_mean = rng.uniform(size=(4, 5)), rng.integers(1, 9, 4), rng.uniform()
+        assert best_mix_fn_rate(rates, weights, q_mean) == pytest.approx(brute_best(rates, weights, q_mean))

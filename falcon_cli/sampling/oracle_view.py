@@ -92,6 +92,12 @@ def composition_summary(rows: pd.DataFrame, rewards: Sequence[float] = (),
     - ``frontier_fn_rate``: that frontier at the epoch's ``q_mean`` (linear between its levels), and
       ``frontier_gap`` = ``chain_fn_rate`` − ``frontier_fn_rate``: below 0, the composer's picks hold fewer false
       negatives than one q for every anchor at the same mean hardness (FALCON's claim, as one number).
+    - ``best_by_density_fn_rate``: the fewest false picks any choice among those five q's could make at the same
+      mean q if it knew each anchor's false-negative density (one mix of the five per density decile of the
+      epoch's anchors: what a scheduler whose features told it the density exactly could reach; in-sample, so a
+      little optimistic); ``best_by_anchor_fn_rate``: the same if it knew, for each anchor, which of the five
+      picks are false (one mix per anchor: the most any per-anchor q could reach, with a perfect judge behind it).
+      Between ``frontier_fn_rate`` and these lies what a scheduler can win (:func:`best_mix_fn_rate`).
     """
     chained = rows[rows["q"].notna()]
     q = chained["q"].astype(np.float64)
@@ -141,7 +147,8 @@ def composition_summary(rows: pd.DataFrame, rewards: Sequence[float] = (),
     return summary
 
 
-FRONTIER_KEYS = (*(f"fn_rate_at_{name[len('fn_at_'):]}" for name in FIXED_Q_FIELDS), "frontier_fn_rate", "frontier_gap")
+FRONTIER_KEYS = (*(f"fn_rate_at_{name[len('fn_at_'):]}" for name in FIXED_Q_FIELDS), "frontier_fn_rate", "frontier_gap",
+                 "best_by_density_fn_rate", "best_by_anchor_fn_rate")
 """The epoch summary's fixed-q frontier keys (:func:`composition_summary`)."""
 
 
@@ -154,17 +161,58 @@ def frontier(slots: pd.DataFrame, chain_fn_rate: float | None, q_mean: float | N
     scored = slots[columns].astype(np.float64).notna().all(axis=1) if len(columns) == len(FIXED_Q_FIELDS) else None
     if scored is None or not scored.any():
         return out
-    rates = slots.loc[scored, columns].astype(np.float64).mean().to_numpy()
+    picks = slots.loc[scored, columns].astype(np.float64).to_numpy()
+    rates = picks.mean(0)
     out.update({key: float(rate) for key, rate in zip(FRONTIER_KEYS, rates)})
     if q_mean is not None and chain_fn_rate is not None:
         out["frontier_fn_rate"] = float(np.interp(q_mean, FIXED_Q_LEVELS, rates))
         out["frontier_gap"] = chain_fn_rate - out["frontier_fn_rate"]
+    if q_mean is not None:
+        # per anchor: its five verdicts (at most 32 patterns); per density decile: their rates in the decile
+        patterns, count = np.unique(picks, axis=0, return_counts=True)
+        out["best_by_anchor_fn_rate"] = best_mix_fn_rate(patterns, count, q_mean)
+        density = slots.loc[scored, "anchor_fn_density"].astype(np.float64).to_numpy()
+        decile = np.minimum(np.argsort(np.argsort(density, kind="stable"), kind="stable") * 10 // len(density), 9)
+        groups = [decile == d for d in range(10) if (decile == d).any()]
+        out["best_by_density_fn_rate"] = best_mix_fn_rate(np.stack([picks[g].mean(0) for g in groups]),
+                                                          np.array([g.sum() for g in groups]), q_mean)
     return out
+
+
+def best_mix_fn_rate(rates: np.ndarray, weights: np.ndarray, q_mean: float,
+                     levels: Sequence[float] = FIXED_Q_LEVELS) -> float:
+    """The lowest mean false-negative rate a policy reaches at mean q ``q_mean`` when it may mix the fixed q
+    ``levels`` differently for each group of anchors, knowing each group's rate at each level (``rates``
+    ``[groups, levels]``, ``weights`` ``[groups]``: anchors per group). Exact: each group's lower convex hull of
+    (q, rate), and the groups' hull segments taken flattest first (the most q bought per false negative), from
+    every group at the lowest level until the mean q is reached."""
+    levels = np.asarray(levels, dtype=np.float64)
+    share = np.asarray(weights, dtype=np.float64) / np.sum(weights)
+    rate = float(share @ rates[:, 0])
+    segments = []  # (slope, mean-q length, rate change) of every group's lower hull
+    for row, w in zip(np.asarray(rates, dtype=np.float64), share):
+        hull = [0]
+        for k in range(1, len(levels)):  # monotone chain: keep the hull convex from below
+            while len(hull) > 1 and ((row[hull[-1]] - row[hull[-2]]) * (levels[k] - levels[hull[-1]])
+                                     >= (row[k] - row[hull[-1]]) * (levels[hull[-1]] - levels[hull[-2]])):
+                hull.pop()
+            hull.append(k)
+        for a, b in zip(hull, hull[1:]):
+            segments.append(((row[b] - row[a]) / (levels[b] - levels[a]), w * (levels[b] - levels[a]),
+                             w * (row[b] - row[a])))
+    need = q_mean - levels[0]
+    for slope, length, change in sorted(segments, key=lambda seg: seg[0]):
+        if need <= 0:
+            break
+        take = min(1.0, need / length)
+        rate, need = rate + take * change, need - take * length
+    return float(rate)
 
 
 SUMMARY_COLUMNS = ("epoch", "chained_slots", "q_mean", "expected_q_mean", "expected_q_std", "q_fn_density_corr",
                    "q_safe_corr", "safe_q_mean", "q_above_safe_share", "chain_fn_rate", "fn_density_mean",
-                   "hardness_fn_corr", "hardness_fn_auc", "frontier_fn_rate", "frontier_gap")
+                   "hardness_fn_corr", "hardness_fn_auc", "frontier_fn_rate", "frontier_gap", "best_by_density_fn_rate",
+                   "best_by_anchor_fn_rate")
 """The per-epoch table of :func:`summary_by_epoch` (the audit's ``scheduler_vs_oracle.csv``)."""
 
 
@@ -180,5 +228,5 @@ def summary_by_epoch(log: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
 
 
-__all__ = ["FRONTIER_KEYS", "SUMMARY_COLUMNS", "composition_summary", "expected_q", "frontier", "judge_view", "pearson",
+__all__ = ["FRONTIER_KEYS", "SUMMARY_COLUMNS", "best_mix_fn_rate", "composition_summary", "expected_q", "frontier", "judge_view", "pearson",
            "rank_auc", "summary_by_epoch"]
