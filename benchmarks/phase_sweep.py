@@ -349,6 +349,9 @@ def run_row(preset: str, method: str, seed: int, run: Path) -> dict:
     row["q_fn_density_corr"] = epochs[-1].get("q_fn_density_corr") if epochs else None
     gap = epochs[-1].get("frontier_gap") if epochs else None  # points below the fixed-q frontier, its own anchors
     row["frontier_gap"] = None if gap is None else 100 * gap
+    best = epochs[-1].get("best_by_density_fn_rate") if epochs else None  # what knowing each anchor's density allows
+    line = epochs[-1].get("frontier_fn_rate") if epochs else None
+    row["frontier_room"] = None if best is None or line is None else 100 * (line - best)
     row["itm_final"] = final_epoch_mean(run, "itm")
     itm = reranked(rankings)  # ALBEF's evaluation: ITC's top k re-ranked by the ITM head
     if itm is not None:
@@ -545,6 +548,14 @@ def epoch_table(out: Path, preset: str, seed: int, methods: list[str]) -> list[d
             rows.append({**row, "R@1": scores.get(row["epoch"] + 1, {}).get("R@1"),
                          "FN-aware R@1": scores.get(row["epoch"] + 1, {}).get("FN-aware R@1")})
     return rows
+
+
+def _room(rows) -> str:
+    """``; room … points``: how far below the frontier a mix of fixed q's per density decile lies at the runs' mean q
+    (``frontier_room``, points), where the runs recorded it."""
+    if "frontier_room" not in rows or not rows["frontier_room"].notna().any():
+        return ""
+    return f"; room knowing each anchor's density {_mean_std(rows, 'frontier_room')}"
 
 
 def curves(out: Path, table) -> list[dict]:
@@ -821,7 +832,7 @@ def summary_lines(table, out: Path) -> list[str]:
                           "seed): " + "; ".join(
                               f"{m} {_mean_std(gaps[gaps['method'] == m], 'frontier_gap')} "
                               f"({int((gaps.loc[gaps['method'] == m, 'frontier_gap'].round(6) <= -5).sum())}/"
-                              f"{int((gaps['method'] == m).sum())} seeds ≤ −5)"
+                              f"{int((gaps['method'] == m).sum())} seeds ≤ −5{_room(gaps[gaps['method'] == m])})"
                               for m in METHODS if m in set(gaps["method"])) + "."]
         risk = rows[rows["method"] == "uniform"]
         if "risk_top-1" in risk and risk["risk_top-1"].notna().any():

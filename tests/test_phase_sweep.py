@@ -142,6 +142,9 @@ def test_summary_and_report_block(tmp_path):
     lines = sweep.summary_lines(table, out)
     text = "\n".join(lines)
     assert "issue 35's target: −5 or less on every seed): q05 -4.0 ± 1.6 (2/5 seeds ≤ −5)." in text
+    table.loc[q05, "frontier_room"] = 8.0 + table.loc[q05, "seed"].astype(float)  # what a density-aware q could win
+    text = "\n".join(sweep.summary_lines(table, out))
+    assert "q05 -4.0 ± 1.6 (2/5 seeds ≤ −5; room knowing each anchor's density 10.0 ± 1.6)." in text
     assert "ITM loss over the final epoch: uniform 0.600 ± 0.000, grit 0.610 ± 0.000, q05 0.600 ± 0.000" in text
     assert "learned nothing but the label rate scores 0.637" in text
     assert "a perfect model's t2i R@1: 58.3%" in text
