@@ -71,9 +71,8 @@ the probability; ``-excess`` six times its excess over the batch's picks of the 
 excess``; ``-expected`` the margin paid only as far as the head calls the pick a true negative, a match worth -2,
 ``reward_itm_charge: expected``; ``-oracle-expected`` the same with the world's oracle as the judge, a diagnostic:
 the ceiling of any judge; ``-w0.5`` a false pick worth -0.5, so that the scheduler trades at harder q), and the
-baselines the
-issue names (GRIT, uniform = no chain, q = 0.5); q = 0, 0.25, 0.75 and 1 (the quantile composer, q = 1 GRIT's
-chain with the oracle's view) draw the fixed-q frontier with q = 0.5."""
+baselines the issue names (GRIT, uniform = no chain, q = 0.5); q = 0, 0.25, 0.75 and 1 (the quantile composer,
+q = 1 GRIT's chain with the oracle's view) draw the fixed-q frontier with q = 0.5."""
 
 BASELINES = ("grit", "uniform", "q05")
 """What the improved scheduler must beat."""
@@ -123,11 +122,12 @@ def epoch_rows(method: str, seed: int, run: Path) -> list[dict]:
     what it needs."""
     from falcon_cli.runtime.metrics import read_metrics
     from falcon_cli.sampling.batch_log import read_batch_log
-    from falcon_cli.sampling.oracle_view import summary_by_epoch
+    from falcon_cli.sampling.oracle_view import SUMMARY_COLUMNS, summary_by_epoch
 
     rows = [{"method": method, "seed": seed, "epoch": r["epoch"], **{k: r.get(k) for k in SUMMARY_KEYS}}
             for r in read_metrics(run / "metrics.jsonl") if r.get("kind") == "epoch_summary"]
-    if any(v is None for row in rows for v in row.values()) and (run / "batches.parquet").exists():
+    from_log = set(SUMMARY_KEYS) & set(SUMMARY_COLUMNS)  # (the reward's and the judge's keys are not in the log)
+    if any(row[k] is None for row in rows for k in from_log) and (run / "batches.parquet").exists():
         logged = summary_by_epoch(read_batch_log(run / "batches.parquet")).set_index("epoch").to_dict("index")
         for row in rows:
             row.update({k: v for k, v in logged.get(row["epoch"], {}).items() if k in row and row[k] is None})

@@ -228,5 +228,5 @@ def summary_by_epoch(log: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
 
 
-__all__ = ["FRONTIER_KEYS", "SUMMARY_COLUMNS", "best_mix_fn_rate", "composition_summary", "expected_q", "frontier", "judge_view", "pearson",
-           "rank_auc", "summary_by_epoch"]
+__all__ = ["FRONTIER_KEYS", "SUMMARY_COLUMNS", "best_mix_fn_rate", "composition_summary", "expected_q", "frontier",
+           "judge_view", "pearson", "rank_auc", "summary_by_epoch"]
