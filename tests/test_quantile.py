@@ -292,6 +292,54 @@ def test_record_holds_the_rows_and_qs_the_policy_used():
     assert torch.allclose(record["q"].float(), batch.q[1:])
 
 
+def test_level_record_is_what_every_level_would_have_picked_from_the_same_candidates():
+    """``scheduler_credit: levels``: at each step the record holds, for every q of the grid, the pick a chain at
+    that q would have made for the same anchor among the candidates still available (ascending S, equal values by
+    descending index, the nearest rank), its S to the anchor, the anchor's own 2 I·T and the oracle's verdict on it;
+    written out plainly here. The chain's own choices and randomness are those of a composer without the grid."""
+    cache, image, text = make_cache(36, seed=5)
+    truth_table = torch.rand(36, 36, generator=torch.Generator().manual_seed(9)) < 0.3
+    index = {int(p): i for i, p in enumerate(cache.pair_ids)}
+
+    def truth(ids):
+        local = torch.tensor([index[int(i)] for i in ids])
+        return truth_table[local][:, local]
+
+    grid = [0.05, 0.35, 0.65, 0.95]
+    plain = QuantileSpaces(cache.pair_ids, cache, 36, 9, torch.Generator().manual_seed(2), truth=truth)
+    spaces = QuantileSpaces(cache.pair_ids, cache, 36, 9, torch.Generator().manual_seed(2), truth=truth,
+                            credit_levels=grid)
+    s = image @ text.T + text @ image.T
+    g_plain, g = torch.Generator().manual_seed(4), torch.Generator().manual_seed(4)
+    chosen: set[int] = set()
+    steps = 0
+    while spaces.has_next():
+        expected_batch, expected_record = plain.next_batch(toy_policy, g_plain)
+        batch, record = spaces.next_batch(toy_policy, g)
+        assert torch.equal(batch.pair_ids, expected_batch.pair_ids)
+        assert torch.equal(batch.q.nan_to_num(-1), expected_batch.q.nan_to_num(-1))
+        assert torch.equal(record["q"].nan_to_num(-1), expected_record["q"].nan_to_num(-1))
+        assert "level_hardness" not in expected_record
+        ids = [index[int(p)] for p in batch.pair_ids]
+        local = {index[int(p)]: i for i, p in enumerate(spaces.space_ids(0))}  # ties: by descending space position
+        chosen.add(ids[0])
+        for t in range(1, len(ids)):
+            a = ids[t - 1]
+            candidates = sorted((j for j in range(36) if j not in chosen and j != a),
+                                key=lambda j: (float(s[a, j]), -local[j]))
+            for k, q in enumerate(grid):
+                pick = candidates[quantile.nearest_rank(q, len(candidates))]
+                assert float(record["level_hardness"][t - 1, k]) == pytest.approx(float(s[a, pick]), abs=1e-5)
+                fn = bool(truth_table[a, pick] or truth_table[pick, a])
+                assert float(record["level_fn"][t - 1, k]) == float(fn)
+            assert float(record["level_own"][t - 1]) == pytest.approx(float(2 * image[a] @ text[a]), abs=1e-5)
+            chosen.add(ids[t])
+            steps += 1
+        taken = len(ids) - 1
+        assert torch.isnan(record["level_hardness"][taken:]).all() and torch.isnan(record["level_own"][taken:]).all()
+    assert steps == 36 - 4  # four batches of a 36-pair space, each with a first pair that no level chose
+
+
 @pytest.mark.parametrize("level", ["instance", "batch"])
 def test_every_logged_column_is_what_it_says(level):
     """The columns a batch carries into the batch log, recomputed plainly from the features and the policy:

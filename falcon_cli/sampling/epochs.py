@@ -27,6 +27,7 @@ from falcon_cli.sampling.feed import FalconFeed, loader_settings
 from falcon_cli.sampling.oracle_view import composition_summary
 from falcon_cli.sampling.quantile import QSource, QuantileSpaces
 from falcon_cli.sampling.quantile_composer import QUANTILE_COMPOSERS, QuantileComposer
+from falcon_cli.sampling.scheduler import level_grid
 from falcon_cli.sampling.warm_start import WarmStart
 
 
@@ -43,7 +44,9 @@ def build_composer(p: Any, *, truth: Callable[[torch.Tensor], torch.Tensor] | No
                             progressive=(p.progressive_start, p.progressive_end, p.epochs), source=source,
                             level=p.scheduler_level if p.composer == "falcon" else "instance",
                             quantiles=p.quantile_levels, temperature=p.quantile_temperature,
-                            features=p.scheduler_features, truth=truth)
+                            features=p.scheduler_features, truth=truth,
+                            credit_levels=(level_grid(p.scheduler_levels)
+                                           if p.composer == "falcon" and p.scheduler_credit == "levels" else None))
 
 
 class EpochBatches:

@@ -268,13 +268,18 @@ class QuantileSpaces:
             every batch then carries the oracle's view of its chained slots (``safe_q``,
             ``anchor_fn_density``, ``chosen_is_fn``, and ``fn_at_q0`` … ``fn_at_q100``: what each fixed q would have
             picked for the same anchor). It changes no choice and draws no randomness.
+        credit_levels: FALCON's ``scheduler_credit: levels``: the grid of q's whose picks each on-demand batch's
+            scheduler record also carries for every step (``level_hardness``, ``level_own``, ``level_fn``: what each
+            q would have picked for the same anchor, from the same candidates; see :func:`compose_round`). Changes
+            no choice and draws no randomness.
     """
 
     def __init__(self, pair_ids: Any, cache: EmbeddingCache, search_space_size: int, batch_size: int,
                  generator: torch.Generator, *, drop_last: bool = False, level: str = "instance",
                  quantiles: int = 100, temperature: float = 1.0, features: Sequence[str] = ("softmax",),
                  sampler: str = "quantile", grouped: bool = False,
-                 truth: Callable[[torch.Tensor], torch.Tensor] | None = None):
+                 truth: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 credit_levels: Sequence[float] | None = None):
         if level not in ("instance", "batch"):
             raise ValueError(f"level must be 'instance' or 'batch', got {level!r}")
         ids = as_id_tensor(pair_ids).cpu()
@@ -287,6 +292,7 @@ class QuantileSpaces:
         self.features = tuple(features)
         self.sampler = sampler
         self.truth = truth
+        self.credit_levels = None if credit_levels is None else np.asarray(credit_levels, dtype=np.float64)
         n = len(ids)
         self.width = max(1, min(int(search_space_size), n))
         self.shuffled = ids if grouped else ids[torch.randperm(n, generator=generator)]
@@ -363,7 +369,7 @@ class QuantileSpaces:
                 raise StopIteration("every search space of the epoch has been composed")
             self._enter(following[0])
         columns, record = compose_round(self.tables, self.available, self.snapshot, source, self.batch_size, generator,
-                                        level=self.level)
+                                        level=self.level, credit_levels=self.credit_levels)
         ids = self.space_ids(self.current)
         return _to_batch(columns, 0, ids, self.sampler), {k: v[0] for k, v in record.items()}
 
@@ -443,8 +449,8 @@ def _to_batch(columns: dict[str, torch.Tensor], j: int, ids: torch.Tensor, sampl
 @torch.no_grad()
 def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[torch.Tensor, torch.Tensor],
                   source: QSource, batch_size: int, generator: torch.Generator, *, level: str = "instance",
-                  active: torch.Tensor | None = None,
-                  alpha_beta: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+                  active: torch.Tensor | None = None, alpha_beta: tuple[torch.Tensor, torch.Tensor] | None = None,
+                  credit_levels: np.ndarray | None = None) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """One batch from each active space (Algorithm 1), updating ``available`` [S, W] in place.
 
     Every active space must have a pair left. A policy runs once, on the Ŝ rows of every
@@ -456,6 +462,13 @@ def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[
     have candidates (batch level: one call at the first step, for all active spaces). Returns per-slot columns ``[A, B]`` (A active spaces) and the scheduler record
     ``{"s_hat": [A, k, m], "q": [A, k]}`` (k = B - 1 at instance level, 1 at batch level;
     NaN q = step not taken).
+
+    ``credit_levels`` (a policy at instance level: ``scheduler_credit: levels``): the record also holds, per step,
+    the picks each of these q's would have made for the same anchor among the same available candidates (the
+    nearest rank, as the chain's own pick): ``level_hardness`` ``[A, k, L]`` their similarity S = I_a·T_j + T_a·I_j
+    to the anchor and ``level_own`` ``[A, k]`` the anchor's own pair on that scale, 2 I_a·T_a (from ``features``,
+    the epoch's snapshot), and ``level_fn`` ``[A, k, L]`` the oracle's verdict on each (1.0: a false negative;
+    NaN without an oracle); NaN where a step was not taken. No randomness is drawn for them.
     """
     _check_q_source(source)
     device = available.device
@@ -503,6 +516,10 @@ def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[
     safe, chosen_fn = np.full((a, taken), -1, dtype=np.int64), np.zeros((a, taken), dtype=bool)
     fixed_fn = np.zeros((a, taken, len(FIXED_Q_LEVELS)), dtype=bool)  # what each fixed q would have picked
     levels = np.asarray(FIXED_Q_LEVELS)
+    counterfactual = credit_levels is not None and policy is not None and level == "instance"
+    if counterfactual:  # the local index of what each credit level would have picked (-1: step not taken)
+        level_pick = np.full((a, taken, len(credit_levels)), -1, dtype=np.int64)
+        level_fn = np.full((a, taken, len(credit_levels)), np.nan)
     for t in range(taken):
         if policy is not None:
             if (level == "batch" and q is None) or (level == "instance" and t < all_go):  # every space draws
@@ -523,6 +540,10 @@ def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[
             candidates = order_rows[row_of[i] + last[i]]
             free = avail[i].take(candidates).nonzero()[0]
             chosen[i] = candidates[free[r[i]] if r[i] < len(free) else width - 1]
+            if counterfactual and len(free):
+                level_pick[i, t] = candidates.take(free.take(nearest_rank(credit_levels, len(free))))
+                if oracle is not None:
+                    level_fn[i, t] = oracle[row_of[i] + last[i]].take(level_pick[i, t])
             if oracle is not None:  # the oracle's view (no effect on the choice): the last available true negative
                 fn = oracle[row_of[i] + last[i]]                                        # [W] by local index
                 ordered_fn = fn.take(candidates.take(free))                             # by rank among the available
@@ -545,6 +566,8 @@ def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[
              "anchor": stacked(anchors).astype(np.int64), "chosen": stacked(chosens).astype(np.int64)}
     if oracle is not None:  # rank of the last safe candidate (-1: none), and whether the pick is a false negative
         steps.update(safe=safe, chosen_fn=chosen_fn, fixed_fn=fixed_fn)
+    if counterfactual:
+        steps.update(level_pick=level_pick, level_fn=level_fn)
     return _round_columns(tables, features, group_np, first, steps, batch_size, level,
                           None if policy is None else (alpha_np, beta_np))
 
@@ -609,4 +632,23 @@ def _round_columns(tables: SpaceTables, features: tuple[torch.Tensor, torch.Tens
         rows = torch.from_numpy((row_of + anchor).reshape(-1)).to(device)
         record = {"s_hat": tables.s_hat.view(-1, m)[rows].view(a, taken, m),
                   "q": torch.from_numpy(np.where(go, q, nan)).to(device)}
+        if "level_pick" in steps:
+            record.update(_level_record(features, row_of, anchor, steps["level_pick"], steps["level_fn"], device))
     return columns, record
+
+
+def _level_record(features: tuple[torch.Tensor, torch.Tensor], row_of: np.ndarray, anchor: np.ndarray,
+                  pick: np.ndarray, fn: np.ndarray, device: torch.device) -> dict[str, torch.Tensor]:
+    """``scheduler_credit: levels``: the record's ``level_hardness`` ``[a, k, L]``, ``level_own`` ``[a, k]`` and
+    ``level_fn`` ``[a, k, L]`` (see :func:`compose_round`) from the grid's picks ``pick`` (local, -1: not taken),
+    one gather of the snapshot's features on their device."""
+    image, text = (t.reshape(-1, t.shape[-1]) for t in features)
+    left = torch.from_numpy(row_of + anchor).to(image.device)                        # [a, k]
+    right = torch.from_numpy(row_of[..., None] + np.maximum(pick, 0)).to(image.device)  # [a, k, L]
+    anchor_i, anchor_t = image[left].float(), text[left].float()
+    hardness = ((anchor_i[:, :, None] * text[right].float()).sum(-1)
+                + (anchor_t[:, :, None] * image[right].float()).sum(-1))
+    missing = torch.from_numpy(pick < 0).to(image.device)
+    own = torch.where(missing.all(-1), float("nan"), 2 * (anchor_i * anchor_t).sum(-1))
+    return {"level_hardness": hardness.masked_fill(missing, float("nan")).to(device), "level_own": own.to(device),
+            "level_fn": torch.from_numpy(np.where(pick < 0, np.nan, fn)).to(device)}
