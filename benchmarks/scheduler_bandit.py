@@ -73,9 +73,12 @@ SETTINGS: dict[str, Setting] = {
     "plus, batch credit": Setting(PLUS_FEATURES, options={**PAPER, "baseline": "ema", "normalize": True, **STEADY}),
     "plus, softmax input": Setting(options={**PAPER, **ANCHOR, **STEADY}),
     "plus": Setting(PLUS_FEATURES, options={**PAPER, **ANCHOR, **STEADY}),
+    "levels, softmax input": Setting(options={**PAPER, "credit": "levels"}),
+    "levels": Setting(PLUS_FEATURES, options={**PAPER, "credit": "levels", "normalize": True, **STEADY}),
 }
 """Name -> setting: the paper's scheduler, each change alone, and ``plus`` (every change: ``shapes-falcon-plus``)
-with one part taken back at a time."""
+with one part taken back at a time; ``levels`` (``scheduler_credit: levels``): every anchor's reward known at each
+q of a grid (noise drawn apart per level, the batch's shock the same for all), not only at the q it drew."""
 
 
 # --- the anchors --------------------------------------------------------------------------------
@@ -222,9 +225,15 @@ def run_bandit(anchors: Anchors, setting: Setting, *, updates: int, batch: int, 
         pick = space[torch.from_numpy(rng.choice(len(space), size=min(batch - 1, len(space)), replace=False))]
         alpha, beta = scheduler.alpha_beta(rows[pick])
         q = sample_q(alpha, beta, rng).double()
+        record = {"s_hat": rows[pick], "q": q}
+        if scheduler.grid is not None:  # every level of the grid scored for each anchor: [anchors, levels]
+            grid = scheduler.grid.double()
+            level = -(grid[None, :] - anchors.q_star[pick].double()[:, None]) ** 2 / scale
+            level = level + noise * torch.from_numpy(rng.standard_normal(level.shape)) + common * float(rng.standard_normal())
+            scheduler.update(record, level)
+            continue
         reward = -(q - anchors.q_star[pick].double()) ** 2 / scale
         reward = reward + noise * torch.from_numpy(rng.standard_normal(len(pick))) + common * float(rng.standard_normal())
-        record = {"s_hat": rows[pick], "q": q}
         # what training passes: the batch's one Δ (paper), or per slot (anchor t's reward in slot t)
         scheduler.update(record, torch.cat([reward, reward[-1:]]) if scheduler.per_step else float(reward.mean()))
     return out

@@ -375,7 +375,7 @@ def build_scheduler(p, device: torch.device) -> NegativeScheduler:
                              reward_mode=p.reward_mode, credit=p.scheduler_credit, baseline=p.reward_baseline,
                              baseline_decay=p.reward_baseline_decay, normalize=p.scheduler_advantage_norm,
                              entropy=p.scheduler_entropy, max_concentration=p.scheduler_max_concentration,
-                             grad_clip=p.scheduler_grad_clip, device=device)
+                             grad_clip=p.scheduler_grad_clip, levels=p.scheduler_levels, device=device)
 
 
 def warm_start(config: Recipe, run: RunDirectory, all_ids: torch.Tensor, device: torch.device, fingerprint: str) -> WarmStart:

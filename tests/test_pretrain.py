@@ -439,14 +439,18 @@ def test_the_itm_charged_margin_pays_less_for_picks_the_model_judges_matches(wor
 def test_the_oracle_judge_charges_exactly_the_false_picks_and_needs_a_shapes_world(world, reference_run, tmp_path_factory):
     """``reward: positive_margin+oracle`` with ``reward_itm_charge: expected`` (the diagnostic ceiling of a judge):
     every false pick is worth −2 and every true one its margin (within [−2, 2]), so the reward falls with a false
-    pick far more than any model judge makes it, and the judge's AUC against the oracle is 1. On a dataset that is no
-    shapes world the run stops before training with one line naming the dataset and the reward to use instead."""
+    pick far more than any model judge makes it, and the judge's AUC against the oracle is 1; the scheduler learns from
+    every level of a grid per anchor (``scheduler_credit: levels``: the composer's level picks, judged by the oracle,
+    end to end). On a dataset that is no shapes world the run stops before training with one line naming the dataset
+    and the reward to use instead."""
     import shutil
 
     from tests.conftest import run_cli
 
     run = _falcon_reference(world, tmp_path_factory, [*FALCON, "pretrain.epochs=2", "pretrain.reward=positive_margin+oracle",
-                                                     "pretrain.reward_itm_charge=expected"])
+                                                     "pretrain.reward_itm_charge=expected", "pretrain.scheduler_credit=levels",
+                                                     "pretrain.reward_baseline=none", "pretrain.scheduler_levels=5"])
+    assert json.loads((run / "manifest.json").read_text())["config"]["pretrain"]["scheduler_credit"] == "levels"
     summary = [r for r in read_metrics(run / "metrics.jsonl") if r.get("kind") == "epoch_summary"][-1]
     assert summary["itm_fn_auc"] == 1.0 and summary["itm_fn_corr"] == pytest.approx(1.0)
     assert summary["reward_fn_corr"] < -0.5, summary["reward_fn_corr"]

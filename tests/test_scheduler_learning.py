@@ -331,3 +331,153 @@ def test_falcon_step_charges_the_itm_judgement_it_is_configured_for(charge):
     np.testing.assert_allclose([r for r, _ in step.credited], expected[1:].numpy(), atol=1e-5)
     np.testing.assert_allclose(np.array(step.judged)[:, [0, 2]], torch.stack([match, paid], 1)[1:].numpy(), atol=1e-6)
     assert [f for _, f, _ in step.judged] == fn[1:].tolist()
+
+
+def test_level_weights_are_the_beta_density_on_the_grid_normalised():
+    from falcon_cli.sampling.scheduler import level_grid, level_weights
+
+    grid = torch.from_numpy(level_grid(4))
+    assert grid.tolist() == [0.125, 0.375, 0.625, 0.875]
+    with pytest.raises(ValueError, match="at least 2"):
+        level_grid(1)
+    alpha, beta = torch.tensor([2.0, 0.7]), torch.tensor([5.0, 0.7])
+    weights = level_weights(alpha, beta, grid)
+    for i in range(2):
+        density = torch.distributions.Beta(alpha[i].double(), beta[i].double()).log_prob(grid).exp()
+        torch.testing.assert_close(weights[i].double(), density / density.sum(), rtol=1e-5, atol=1e-6)
+
+
+def test_level_credit_moves_each_anchors_beta_toward_its_best_level():
+    """Two kinds of anchor whose rewards peak at opposite ends of the grid (the same for every level of the other
+    kind plus a shift the batch shares, which the within-anchor mean removes): 150 updates of ``credit: levels`` put
+    the first kind's mean q low and the second's high, and scale-free (a reward 1000x larger learns the same)."""
+    rows = torch.cat([torch.eye(4)[:1].repeat(8, 1), torch.eye(4)[1:2].repeat(8, 1)])
+    means = []
+    for scale in (1.0, 1000.0):
+        torch.manual_seed(0)
+        scheduler = NegativeScheduler(quantiles=4, hidden=16, blocks=1, lr=1e-2, credit="levels", levels=5,
+                                      normalize=True)
+        grid = scheduler.grid.double()
+        best = torch.cat([torch.full((8,), 0.1), torch.full((8,), 0.9)]).double()
+        for step in range(150):
+            level = scale * (-(grid[None] - best[:, None]).abs() + 3.0 * np.sin(step))
+            update = scheduler.update({"s_hat": rows, "q": torch.full((16,), 0.5)}, level)
+        alpha, beta = scheduler.alpha_beta(rows)
+        mean = alpha / (alpha + beta)
+        assert float(mean[:8].max()) < 0.25 and float(mean[8:].min()) > 0.75, mean
+        assert update["rewards"].shape == (16,)
+        means.append(mean)
+    torch.testing.assert_close(means[0], means[1], atol=0.02, rtol=0)
+    with pytest.raises(ValueError, match="own baseline"):
+        NegativeScheduler(quantiles=4, credit="levels", baseline="ema")
+    with pytest.raises(ValueError, match="finite reward per used step and level"):
+        scheduler.update({"s_hat": rows, "q": torch.full((16,), 0.5)}, torch.zeros(16, 3))
+
+
+def test_level_credit_learns_the_noise_free_bandit():
+    """The harness's known optimum: ``credit: levels`` (every anchor's reward known on the grid) tracks q* on
+    held-out anchors within 400 updates, as the per-caption REINFORCE scheduler does without noise."""
+    setting = bandit.SETTINGS["levels"]
+    anchors = bandit.synthetic_anchors([(setting.features, 1.0)])
+    learned = bandit.run_bandit(anchors, setting, updates=400, batch=32, noise=0.0, common=3.0, every=400, hidden=64)[-1]
+    assert learned["corr"] > 0.8 and learned["r2"] > 0.5, learned
+
+
+def test_level_credit_needs_a_reward_it_can_score_on_the_grid():
+    from falcon_cli.config.schema import PretrainConfig
+
+    ok = PretrainConfig(scheduler_credit="levels", reward="positive_margin")
+    assert ok.scheduler_levels == 10
+    assert PretrainConfig(scheduler_credit="levels", reward="positive_margin+oracle",
+                          reward_itm_charge="expected").scheduler_credit == "levels"
+    for bad, match in [({"reward": "positive_margin+itm"}, "forward of every level's pick"),
+                       ({"reward": "mlm"}, "needs reward: positive_margin or positive_margin\\+oracle"),
+                       ({"reward": "positive_margin", "reward_baseline": "batch_mean"}, "its own baseline"),
+                       ({"reward": "positive_margin+oracle", "reward_itm_charge": "excess"}, "not a grid's"),
+                       ({"reward": "positive_margin", "scheduler_levels": 1}, "greater than or equal to 2")]:
+        with pytest.raises(ValueError, match=match):
+            PretrainConfig(scheduler_credit="levels", **bad)
+
+
+@pytest.mark.parametrize("reward", ["positive_margin", "positive_margin+oracle"])
+def test_falcon_step_scores_every_level_and_credits_the_pick_with_its_own_reward(reward):
+    """``scheduler_credit: levels``: the scheduler learns from the grid's rewards (the margin of each level's pick
+    from the record, charged by the oracle where it judges), written out here; the epoch's ``credited`` record
+    keeps what each step's own pick earned in the forward, so ``reward_fn_corr`` means what it means elsewhere."""
+    from types import SimpleNamespace
+
+    from falcon_cli.config.schema import PretrainConfig
+    from falcon_cli.errors import FalconError
+    from falcon_cli.sampling.falcon_step import FalconStep, level_rewards
+    from falcon_cli.sampling.scheduler import positive_margin_rewards
+
+    b, levels, g = 6, 3, torch.Generator().manual_seed(3)
+    image = torch.nn.functional.normalize(torch.randn(b, 8, generator=g), dim=-1)
+    text = torch.nn.functional.normalize(torch.randn(b, 8, generator=g), dim=-1)
+    p = PretrainConfig(scheduler_credit="levels", reward=reward, reward_margin=0.5, reward_itm_weight=2.0,
+                       reward_itm_charge="expected", scheduler_levels=levels)
+    scheduler = NegativeScheduler(quantiles=4, hidden=8, blocks=1, reward=reward, credit="levels", levels=levels)
+    step = FalconStep(scheduler, p, "fp32", torch.device("cpu"))
+    hardness = torch.rand(b - 1, levels, generator=g) * 4 - 2
+    own = torch.rand(b - 1, generator=g) * 2
+    verdict = (torch.rand(b - 1, levels, generator=g) < 0.4).double()
+    record = {"s_hat": torch.rand(b - 1, 4, generator=g), "q": torch.rand(b - 1, generator=g).double(),
+              "level_hardness": hardness, "level_own": own, "level_fn": verdict}
+    record["q"][-1] = float("nan")  # a step the batch did not take
+    for name in ("level_hardness", "level_fn"):
+        record[name][-1] = float("nan")
+    record["level_own"][-1] = float("nan")
+    got = level_rewards(record, reward, 1.0, 0.5, 2.0, "expected")
+    for t in range(b - 2):
+        for k in range(levels):
+            s, line = float(hardness[t, k]), float(own[t]) - 0.5
+            margin = s if s <= line else line - (s - line)
+            want = (-2.0 if verdict[t, k] else margin) if reward.endswith("oracle") else margin
+            assert float(got[t, k]) == pytest.approx(want, abs=1e-5)
+    assert torch.isnan(got[-1]).all()
+    fn = torch.tensor([float("nan"), 1, 0, 0, 1, 0])
+    before = [q.detach().clone() for q in scheduler.policy.parameters()]
+    step.after(SimpleNamespace(), SimpleNamespace(image_feat=image, text_feat=text), {},
+               (None, torch.zeros(b, 3, dtype=torch.long), torch.ones(b, 3, dtype=torch.long)), None,
+               SimpleNamespace(chosen_is_fn=fn), record)
+    assert any(not torch.equal(x, y) for x, y in zip(before, scheduler.policy.parameters()))
+    own_pick = positive_margin_rewards(image, text, 1.0, 0.5)[1:b - 1]
+    if reward.endswith("oracle"):
+        own_pick = torch.where(fn[1:b - 1].bool(), torch.full_like(own_pick, -2.0), own_pick)
+    np.testing.assert_allclose([r for r, _ in step.credited], own_pick.numpy(), atol=1e-5)
+    if reward.endswith("oracle"):
+        record["level_fn"] = torch.full_like(verdict, float("nan"))
+        with pytest.raises(FalconError, match="no oracle verdict"):
+            level_rewards(record, reward, 1.0, 0.5, 2.0, "expected")
+
+
+def test_rank_hardness_pays_each_pick_its_rank_until_the_judge_charges_it():
+    """``reward_hardness: rank``: a true pick is worth its rank among its anchor's candidates (the batch's
+    ``quantile_rank``; on the grid, each level's q), a false one ``-reward_itm_weight`` (``expected``), whatever the
+    similarities; without a judge the option is refused (a rank alone pays for harder without end)."""
+    from types import SimpleNamespace
+
+    from falcon_cli.config.schema import PretrainConfig
+    from falcon_cli.sampling.falcon_step import FalconStep, level_rewards
+
+    with pytest.raises(ValueError, match="needs reward: positive_margin\\+itm or positive_margin\\+oracle"):
+        PretrainConfig(scheduler_credit="chosen", reward="positive_margin", reward_hardness="rank")
+    b, g = 5, torch.Generator().manual_seed(4)
+    image = torch.nn.functional.normalize(torch.randn(b, 8, generator=g), dim=-1)
+    text = torch.nn.functional.normalize(torch.randn(b, 8, generator=g), dim=-1)
+    p = PretrainConfig(scheduler_credit="chosen", reward="positive_margin+oracle", reward_hardness="rank",
+                       reward_itm_charge="expected", reward_itm_weight=1.0)
+    step = FalconStep(NegativeScheduler(quantiles=4, hidden=8, blocks=1, reward=p.reward, credit="chosen"), p, "fp32",
+                      torch.device("cpu"))
+    fn = torch.tensor([float("nan"), 0, 1, 0, 0])
+    rank = torch.tensor([float("nan"), 0.25, 0.9, 1.0, 0.0])
+    record = {"s_hat": torch.rand(b - 1, 4, generator=g), "q": torch.rand(b - 1, generator=g)}
+    step.after(SimpleNamespace(), SimpleNamespace(image_feat=image, text_feat=text), {},
+               (None, torch.zeros(b, 3, dtype=torch.long), torch.ones(b, 3, dtype=torch.long)), None,
+               SimpleNamespace(chosen_is_fn=fn, quantile_rank=rank), record)
+    assert [r for r, _ in step.credited] == pytest.approx([0.25, -1.0, 1.0, 0.0])
+    grid = torch.tensor([0.25, 0.75])
+    levels = {"level_hardness": torch.tensor([[5.0, -5.0], [float("nan")] * 2]), "level_own": torch.tensor([0.0, float("nan")]),
+              "level_fn": torch.tensor([[0.0, 1.0], [float("nan")] * 2])}
+    got = level_rewards(levels, "positive_margin+oracle", 1.0, 0.5, 1.0, "expected", "rank", grid)
+    assert got[0].tolist() == [0.25, -1.0] and torch.isnan(got[1]).all()

@@ -292,6 +292,14 @@ class PretrainConfig(Section):
     """``reward: positive_margin+itm`` (or ``+oracle``): the charge per unit of the judge's match probability of a
     pick with its anchor (0: the positive margin alone). 2 spans the composer's similarity S (in [-2, 2]), so a pick the head is
     sure of loses as much as the hardest pick can win."""
+    reward_hardness: Literal["margin", "rank"] = "margin"
+    """``reward: positive_margin+itm`` (or ``+oracle``): what a pick's hardness is worth before its judge's charge.
+    ``margin``: the positive margin (its similarity to the anchor, charged past the anchor's own pair less
+    ``reward_margin``); ``rank``: its rank among the anchor's candidates, 0 the easiest, 1 the hardest (the batch's
+    ``quantile_rank``; under ``scheduler_credit: levels`` each level's q): every anchor's hardness on one scale,
+    whatever its own pair, so that only the judge says where hard stops paying. With ``reward_itm_charge: expected``
+    a true pick is worth its rank and a false one ``-reward_itm_weight``. Needs a judge (a rank alone pays for
+    harder without end)."""
     reward_itm_charge: Literal["absolute", "excess", "expected"] = "absolute"
     """``reward: positive_margin+itm`` (or ``+oracle``, whose p is 0 or 1): what a pick is charged for.
     ``absolute``: the ITM match probability itself (harder picks look more like matches, so it also charges
@@ -314,11 +322,20 @@ class PretrainConfig(Section):
     ``batch_mean`` (per-step credit: the mean reward of the batch's other steps)."""
     reward_baseline_decay: float = Field(0.9, ge=0, lt=1)
     """Decay of the ``ema`` reward baseline."""
-    scheduler_credit: Literal["batch", "anchor", "chosen", "pair"] = "batch"
+    scheduler_credit: Literal["batch", "anchor", "chosen", "pair", "levels"] = "batch"
     """Which q a reward credits: ``batch`` (the paper: the batch's Δ for every q), or per step from the
     per-pair decrease Δᵢ (reward: mlm or alignment): ``chosen`` (the q that brought pair i into the batch gets
     Δᵢ), ``anchor`` (the q drawn for anchor i gets Δᵢ), ``pair`` (the mean of both). One more no-grad
-    forward per step (L_before per caption)."""
+    forward per step (L_before per caption). ``levels`` (ours; ``reward: positive_margin`` or
+    ``positive_margin+oracle``): not the one q each anchor drew, but every q of a grid of ``scheduler_levels``:
+    the composer also finds, at each step, the pick each level would have made for the same anchor among the same
+    candidates, the reward scores all of them from the epoch's cached features (and the oracle's verdict), and the
+    scheduler moves each anchor's Beta toward the levels that scored above that anchor's mean (no sampled q in
+    the gradient, no baseline). ``positive_margin+itm`` cannot: its judge would need a forward of every level's
+    pick."""
+    scheduler_levels: int = Field(10, ge=2, le=100)
+    """``scheduler_credit: levels``: how many q's each anchor is scored at, the centres of equal bins of [0, 1]
+    (10: q = 0.05, 0.15, …, 0.95)."""
     scheduler_advantage_norm: bool = False
     """Divide advantages by their running root-mean-square (the scheduler's step no longer scales with Δ)."""
     scheduler_entropy: float = Field(0.0, ge=0)
@@ -448,9 +465,23 @@ class PretrainConfig(Section):
             raise ValueError(f"scheduler_credit={self.scheduler_credit} credits each q with one pair's reward: it needs "
                              f"reward: {' or '.join(per_pair)} and scheduler_level: instance "
                              f"(got {self.reward}, {self.scheduler_level})")
-        if self.reward.startswith("positive_margin") and self.scheduler_credit != "chosen":
+        if self.reward.startswith("positive_margin") and self.scheduler_credit not in ("chosen", "levels"):
             raise ValueError(f"reward={self.reward} scores each pick for the anchor that chose it: it needs "
-                             f"scheduler_credit: chosen (got {self.scheduler_credit})")
+                             f"scheduler_credit: chosen or levels (got {self.scheduler_credit})")
+        if self.reward_hardness == "rank" and self.reward not in ("positive_margin+itm", "positive_margin+oracle"):
+            raise ValueError(f"reward_hardness=rank pays for harder picks until a judge charges them: it needs reward: "
+                             f"positive_margin+itm or positive_margin+oracle (got {self.reward})")
+        if self.scheduler_credit == "levels":
+            if self.reward not in ("positive_margin", "positive_margin+oracle"):
+                raise ValueError(f"scheduler_credit=levels scores the pick of every level from cached features: it needs "
+                                 f"reward: positive_margin or positive_margin+oracle (got {self.reward}; the ITM head "
+                                 "would need a forward of every level's pick)")
+            if self.reward_baseline != "none":
+                raise ValueError(f"scheduler_credit=levels is its own baseline (each anchor's mean over the levels): "
+                                 f"set reward_baseline: none (got {self.reward_baseline})")
+            if self.reward == "positive_margin+oracle" and self.reward_itm_charge == "excess":
+                raise ValueError("scheduler_credit=levels with reward_itm_charge=excess: the excess is fitted over a "
+                                 "batch's picks, not a grid's; use reward_itm_charge: expected or absolute")
         if self.composer != "uniform" and self.search_space_size < self.batch_size:
             raise ValueError(f"search_space_size ({self.search_space_size}) is smaller than batch_size ({self.batch_size}): "
                              f"the {self.composer} composer builds each batch inside one search space; use a "

@@ -6,7 +6,9 @@ pair, read from the step's own forward (no extra pass; ``positive_margin+itm`` a
 ITM match probability of each pick with its anchor, one no-grad pass of the fusion layers, and
 ``positive_margin+oracle`` the shapes world's ground truth of it, a diagnostic); then one
 REINFORCE update of the scheduler with the q's batch k was composed with. Per-step credit
-(``scheduler_credit``) scores each caption apart, each q credited with the Δ of the pair it chose.
+(``scheduler_credit``) scores each caption apart, each q credited with the Δ of the pair it chose; ``levels``
+scores, per anchor, the pick of every q of a grid (the composer's record: :func:`level_rewards`) and updates the
+scheduler with those instead of the drawn q's.
 
 The model's side is reached only through the objective (duck-typed: the framework's): ``measure`` (the
 reward's losses without gradient), ``model.encode_image`` and ``image_state`` (the training forward's image
@@ -24,7 +26,8 @@ from falcon_cli.errors import FalconError
 from falcon_cli.runtime.precision import autocast
 from falcon_cli.sampling.composers import Batch
 from falcon_cli.sampling.scheduler import (NegativeScheduler, chain_hardness, chain_pairs, charged_margin,
-                                          excess_over_hardness, expected_worth, pick_match)
+                                          excess_over_hardness, expected_worth, judged_worth, margin_worth, pick_match,
+                                          step_rewards)
 
 
 JUDGED_REWARDS = ("positive_margin+itm", "positive_margin+oracle")
@@ -42,6 +45,29 @@ def oracle_match(composed: Batch, device: torch.device) -> torch.Tensor:
     out = torch.zeros(len(truth), dtype=torch.float32)
     out[1:] = truth[1:]
     return out.to(device)
+
+
+def level_rewards(record: dict[str, torch.Tensor], reward: str, overshoot: float, margin: float, weight: float,
+                  charge: str, hardness: str = "margin", grid: torch.Tensor | None = None) -> torch.Tensor:
+    """``scheduler_credit: levels``: the reward ``[k, L]`` of every level's pick for each step's anchor, from the
+    composer's record (``level_hardness``, ``level_own``: the epoch's cached features; ``level_fn``: the oracle's
+    verdict), as the training forward's own picks are scored: the positive margin (:func:`margin_worth`), and with
+    ``positive_margin+oracle`` the judge's charge (``expected``: (1 − p)·margin − w·p; ``absolute``: margin − w·p).
+    ``hardness: rank``: each level's pick is worth its level's q (``grid``, ``[L]``) instead of the margin.
+    Steps not taken stay NaN (the scheduler leaves them out); a taken step whose level the oracle did not judge is
+    an error."""
+    worth = margin_worth(record["level_hardness"].float(), record["level_own"].float()[..., None], overshoot, margin)
+    if hardness == "rank":  # the level itself, where a step was taken
+        worth = (worth * 0 + grid.to(worth.device).float()).masked_fill(torch.isnan(worth), float("nan"))
+    if reward == "positive_margin+oracle":
+        verdict = record["level_fn"].to(worth.device)
+        if torch.isnan(verdict).logical_and(~torch.isnan(worth)).any():
+            raise FalconError("reward=positive_margin+oracle: the composer's level picks carry no oracle verdict (the "
+                              "dataset is not a shapes world); use reward=positive_margin")
+        p = verdict.nan_to_num(0.0)
+        worth = judged_worth(worth, p, weight) if charge == "expected" else worth - weight * p
+        worth = worth.masked_fill(torch.isnan(verdict), float("nan"))
+    return worth
 
 
 def measure_reward_loss(objective, scheduler: NegativeScheduler, precision: str, device: torch.device, *,
@@ -77,7 +103,7 @@ class FalconStep:
         self.scheduler, self.precision, self.device = scheduler, precision, device
         self.reward, self.eval_mode, self.reuse = p.reward, p.reward_mode == "eval", p.reward_images == "reuse"
         self.overshoot, self.margin, self.itm_weight = p.reward_overshoot, p.reward_margin, p.reward_itm_weight
-        self.itm_charge = p.reward_itm_charge
+        self.itm_charge, self.hardness = p.reward_itm_charge, p.reward_hardness
         self.per_pair = scheduler.per_step
         self.rewards: list[float] = []
         """This epoch's mean reward per step (kept in checkpoints for the epoch summary)."""
@@ -129,6 +155,9 @@ class FalconStep:
         if self.from_forward:  # each pick's hardness, charged past its anchor's own pair (θ_k's features)
             hardness, own = chain_hardness(out.image_feat, out.text_feat)
             delta = charged_margin(hardness, own, self.overshoot, self.margin)
+            if self.hardness == "rank":  # each pick's rank among its anchor's candidates (slot 0, no pick: 0)
+                delta = composed.quantile_rank.float().nan_to_num(0.0).to(delta.device)
+                delta[:1] = 0
             if self.reward in JUDGED_REWARDS:  # a pick its judge (the ITM head, or the oracle) calls a match pays
                 match = (self.pick_match(objective, out, inputs) if self.reward == "positive_margin+itm"
                          else oracle_match(composed, delta.device))
@@ -149,10 +178,17 @@ class FalconStep:
             after, _ = self._measure(objective, inputs, same_image, image=image if self.reuse else None)
             delta = before - after
         self.rewards.append(float((delta[1:] if self.from_forward else delta).mean()))  # (slot 0 has no pick)
+        levels = self.scheduler.grid is not None
         with record_function("falcon/update"):
-            update = self.scheduler.update(record, delta if self.per_pair else self.rewards[-1])
-        picked = composed.chosen_is_fn[1:][:len(update["rewards"])].double()
-        self.credited += torch.stack([update["rewards"], picked], 1).tolist()
+            target = (level_rewards(record, self.reward, self.overshoot, self.margin, self.itm_weight, self.itm_charge,
+                                    self.hardness, self.scheduler.grid) if levels
+                      else delta if self.per_pair else self.rewards[-1])
+            update = self.scheduler.update(record, target)
+        # what each used step's own pick earned (under levels, the update learned from the grid instead)
+        credited = (step_rewards(delta.cpu(), len(record["q"]), "chosen")[~torch.isnan(record["q"]).cpu()] if levels
+                    else update["rewards"])
+        picked = composed.chosen_is_fn[1:][:len(credited)].double()
+        self.credited += torch.stack([credited.cpu(), picked], 1).tolist()
         return {"reward": self.rewards[-1], "advantage": update["advantage"], "concentration": update["concentration"]}
 
     def reset(self) -> None:
@@ -168,4 +204,4 @@ class FalconStep:
         self.judged = [list(j) for j in state.get("judged", [])]  # (absent from older checkpoints)
 
 
-__all__ = ["JUDGED_REWARDS", "FalconStep", "measure_reward_loss", "oracle_match"]
+__all__ = ["JUDGED_REWARDS", "FalconStep", "level_rewards", "measure_reward_loss", "oracle_match"]

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -53,8 +54,32 @@ def register_reward(name: str, parts: tuple[str, ...]) -> None:
     REWARDS[name] = tuple(parts)
 
 
-CREDITS = ("batch", "anchor", "chosen", "pair")
-"""Which q's log-probability a reward multiplies (see :func:`step_rewards`)."""
+CREDITS = ("batch", "anchor", "chosen", "pair", "levels")
+"""Which q's log-probability a reward multiplies (see :func:`step_rewards`); ``levels``: not the drawn q's, but a
+grid of q's whose picks were all scored for the same anchor (:func:`level_loss`)."""
+
+
+def level_grid(count: int) -> np.ndarray:
+    """The q's ``scheduler_credit: levels`` scores for every anchor: the centres of ``count`` equal bins of [0, 1],
+    (k + 1/2) / count (float64), inside (0, 1) so that every Beta density is finite there."""
+    if count < 2:
+        raise ValueError(f"a level grid needs at least 2 levels, got {count}")
+    return (np.arange(count, dtype=np.float64) + 0.5) / count
+
+
+def level_weights(alpha: Tensor, beta: Tensor, grid: Tensor) -> Tensor:
+    """``[k, L]``: how much of each anchor's Beta(α, β) (``[k]``) falls at each level of ``grid`` (``[L]``), as the
+    densities at the levels normalised over them (a quadrature of the Beta on the grid's bins; differentiable)."""
+    return beta_log_prob(alpha[:, None], beta[:, None], grid[None, :]).softmax(-1)
+
+
+def level_loss(alpha: Tensor, beta: Tensor, grid: Tensor, advantage: Tensor) -> Tensor:
+    """``scheduler_credit: levels``' loss: minus the expected advantage over the grid, −Σ_steps Σ_l w_l·A_l with
+    w = :func:`level_weights`. Where REINFORCE learns from the one q each anchor drew (whose reward mixes the
+    anchor's level with everything else the step did), this compares, for the same anchor, every q of the grid:
+    its gradient moves each Beta's mass toward the levels that scored above the anchor's mean, and vanishes when
+    all of it sits on the best one."""
+    return -(level_weights(alpha, beta, grid) * advantage.to(alpha.dtype)).sum()
 
 BASELINES = ("none", "ema", "batch_mean")
 """What is subtracted from a reward before it multiplies a log-probability."""
@@ -81,11 +106,16 @@ def positive_margin_rewards(image_feat: Tensor, text_feat: Tensor, overshoot: fl
 
 def charged_margin(hardness: Tensor, own: Tensor, overshoot: float = 1.0, margin: float = 0.0) -> Tensor:
     """:func:`positive_margin_rewards` from the chain's :func:`chain_hardness` (for a caller that also needs the
-    hardness itself, e.g. ``reward_itm_charge: excess``): S − (1 + ``overshoot``)·max(0, S − (S_own − ``margin``)),
-    slot 0 (no pick) 0."""
+    hardness itself, e.g. ``reward_itm_charge: excess``): :func:`margin_worth` per slot, slot 0 (no pick) 0."""
     out = torch.zeros_like(hardness)
-    out[1:] = hardness[1:] - (1 + overshoot) * (hardness[1:] - (own[1:] - margin)).clamp(min=0)
+    out[1:] = margin_worth(hardness[1:], own[1:], overshoot, margin)
     return out
+
+
+def margin_worth(hardness: Tensor, own: Tensor, overshoot: float = 1.0, margin: float = 0.0) -> Tensor:
+    """The positive margin's worth of picks of ``hardness`` S for anchors whose own pair sits at ``own`` (elementwise,
+    broadcast): S − (1 + ``overshoot``)·max(0, S − (S_own − ``margin``))."""
+    return hardness - (1 + overshoot) * (hardness - (own - margin)).clamp(min=0)
 
 
 def chain_hardness(image_feat: Tensor, text_feat: Tensor) -> tuple[Tensor, Tensor]:
@@ -124,10 +154,15 @@ def expected_worth(margin: Tensor, match: Tensor, worth_of_match: float) -> Tens
     true negative worth its ``margin`` reward (:func:`charged_margin`): (1 − p)·margin − w·p. Unlike a charge
     added to the margin, the hardness stops paying where the judge starts charging: a pick the head is sure of
     is worth −w however hard it is. Slot 0 (no pick) 0."""
-    p = match.detach().float().clamp(0, 1)
-    out = (1 - p) * margin.float() - worth_of_match * p
+    out = judged_worth(margin, match, worth_of_match)
     out[:1] = 0
     return out
+
+
+def judged_worth(margin: Tensor, match: Tensor, worth_of_match: float) -> Tensor:
+    """:func:`expected_worth` elementwise (every entry a pick): (1 − p)·margin − w·p."""
+    p = match.detach().float().clamp(0, 1)
+    return (1 - p) * margin.float() - worth_of_match * p
 
 
 def chain_pairs(b: int, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
@@ -182,8 +217,10 @@ class NegativeScheduler:
             MLP (256, 2 in the paper).
         lr, weight_decay: AdamW (1e-4, 0.01).
         reward: a :data:`REWARDS` name. reward_mode: ``train`` or ``eval`` (see module doc).
-        credit: ``batch`` (the paper: one reward for every q of the batch) or a per-step credit
-            of :func:`step_rewards` (rewards passed per slot).
+        credit: ``batch`` (the paper: one reward for every q of the batch), a per-step credit
+            of :func:`step_rewards` (rewards passed per slot), or ``levels`` (rewards passed per step and level of
+            the grid, :func:`level_loss`).
+        levels: ``credit: levels``: the grid's size (:func:`level_grid`).
         baseline: ``none`` (paper), ``ema`` (a moving average of the mean reward) or ``batch_mean``
             (per-step credit only: each step's baseline is the mean of the batch's *other* steps'
             rewards, which removes what every pair's loss shares, e.g. the step's overall decrease).
@@ -198,7 +235,7 @@ class NegativeScheduler:
                  weight_decay: float = 0.01, reward: str = "mlm", reward_mode: str = "train",
                  credit: str = "batch", baseline: str = "none", baseline_decay: float = 0.9, normalize: bool = False,
                  entropy: float = 0.0, max_concentration: float | None = None, grad_clip: float | None = None,
-                 device: torch.device | str = "cpu"):
+                 levels: int = 10, device: torch.device | str = "cpu"):
         if reward not in REWARDS:
             raise ValueError(f"unknown reward {reward!r}; known: {', '.join(REWARDS)}")
         if credit not in CREDITS or baseline not in BASELINES:
@@ -206,6 +243,8 @@ class NegativeScheduler:
         if baseline == "batch_mean" and credit == "batch":
             raise ValueError("baseline 'batch_mean' needs a per-step credit (anchor, chosen or pair): with one reward "
                              "per batch every advantage would be 0")
+        if credit == "levels" and baseline != "none":
+            raise ValueError(f"credit 'levels' is its own baseline (each step's mean over the grid); got baseline {baseline!r}")
         self.policy = SchedulerPolicy(quantiles=quantiles, hidden=hidden, blocks=blocks,
                                       max_concentration=max_concentration).to(device)
         if _world() > 1:  # every rank starts from rank 0's φ (ranks seed differently), as DDP does for the model
@@ -220,6 +259,7 @@ class NegativeScheduler:
         self.scale = RewardBaseline(0.99) if normalize else None  # running mean of advantage²
         self.entropy = float(entropy)
         self.grad_clip = grad_clip
+        self.grid = torch.from_numpy(level_grid(levels)).float().to(device) if credit == "levels" else None
 
     @property
     def per_step(self) -> bool:
@@ -255,25 +295,43 @@ class NegativeScheduler:
         """One REINFORCE step from a batch's record ({"s_hat": [k, d], "q": [k]}) and its reward.
 
         ``reward``: Δ of the batch (a number), or the batch's per-slot Δᵢ ``[b]`` (slot order), which
-        ``credit`` maps to steps (:func:`step_rewards`; under ``batch`` credit their mean is the reward).
+        ``credit`` maps to steps (:func:`step_rewards`; under ``batch`` credit their mean is the reward);
+        under ``levels`` credit, the reward of every level's pick per step of the record ``[k, L]``.
         Returns the summed log-probability, the mean advantage, the mean concentration α + β, and
-        ``rewards``: the reward each used step was credited with ([k] CPU float64, before any baseline).
+        ``rewards``: the reward each used step was credited with ([k] CPU float64, before any baseline;
+        ``levels``: the policy's expected reward over the grid).
         """
         device = next(self.policy.parameters()).device  # a lagged feed's records come from CPU workers
         used = ~torch.isnan(record["q"])
         s_hat, q = record["s_hat"][used].to(device), record["q"][used].to(device).float()
         k = int(used.sum())
-        if isinstance(reward, Tensor) and reward.numel() > 1:
-            per_slot = reward.detach().double().cpu()
-            rewards = step_rewards(per_slot, len(used), self.credit)[used.cpu()]
-            batch_reward = float(per_slot.mean())
-        else:
-            batch_reward = float(reward)
-            rewards = torch.full((k,), batch_reward, dtype=torch.float64)
-        advantage = self.advantages(rewards).to(device)
         alpha, beta = self.policy(s_hat)
         log_prob = beta_log_prob(alpha, beta, q)
-        loss = reinforce_loss(advantage, log_prob)
+        if self.grid is not None:  # every level's pick scored for the same anchor: no sampled q in the gradient
+            level = reward.detach().to(device).double()[used.to(device)]
+            if level.shape != (k, len(self.grid)) or not torch.isfinite(level).all():
+                raise ValueError(f"credit 'levels' needs a finite reward per used step and level, [{k}, {len(self.grid)}]; "
+                                 f"got shape {tuple(level.shape)}")
+            advantage = level - level.mean(-1, keepdim=True)
+            if self.scale is not None:
+                self.scale.update(float((advantage ** 2).mean()) if k else 0.0)
+                advantage = advantage / max(self.scale.value, 1e-12) ** 0.5
+            loss = level_loss(alpha, beta, self.grid, advantage)
+            with torch.no_grad():
+                weights = level_weights(alpha, beta, self.grid).double()
+                rewards = (weights * level).sum(-1).cpu()
+                advantage = (weights * advantage).sum(-1)
+            batch_reward = float(rewards.mean()) if k else 0.0
+        else:
+            if isinstance(reward, Tensor) and reward.numel() > 1:
+                per_slot = reward.detach().double().cpu()
+                rewards = step_rewards(per_slot, len(used), self.credit)[used.cpu()]
+                batch_reward = float(per_slot.mean())
+            else:
+                batch_reward = float(reward)
+                rewards = torch.full((k,), batch_reward, dtype=torch.float64)
+            advantage = self.advantages(rewards).to(device)
+            loss = reinforce_loss(advantage, log_prob)
         if self.entropy:
             loss = loss - self.entropy * torch.distributions.Beta(alpha, beta).entropy().sum()
         self.optimizer.zero_grad(set_to_none=True)
