@@ -8,8 +8,9 @@ space is entered, the scheduler on the space's remaining rows, the chain) and th
 REINFORCE update. The positive-margin rewards make no pass (the training forward's features):
 `falcon-margin` is the step, composition and update alone; `falcon-margin-itm` adds the ITM head's
 judgement of each pick with its anchor (`reward: positive_margin+itm`: the captions through the text
-encoder once, the fusion layers and head on 2(B - 1) pairs, no gradient). Everything is timed in the
-same process; the ratios are printed.
+encoder once, the fusion layers and head on 2(B - 1) pairs, no gradient); `falcon-margin-levels`
+(`scheduler_credit: levels`) composes with the 10 level picks per step and their margins from the cache, and
+updates the scheduler from all of them. Everything is timed in the same process; the ratios are printed.
 
     PYTHONPATH=. .venv/bin/python benchmarks/composer_step_time.py                 # shapes-demo scale
     PYTHONPATH=. .venv/bin/python benchmarks/composer_step_time.py --pairs 566747 --batch 96 --space 1920 --steps 3
@@ -33,7 +34,8 @@ from falcon_cli.objectives.vlp import VlpObjective  # noqa: E402
 from falcon_cli.sampling.cache import EmbeddingCache  # noqa: E402
 from falcon_cli.sampling.composers import GritComposer, UniformComposer  # noqa: E402
 from falcon_cli.sampling.quantile import QuantileSpaces  # noqa: E402
-from falcon_cli.sampling.scheduler import NegativeScheduler, chain_pairs  # noqa: E402
+from falcon_cli.sampling.falcon_step import level_rewards  # noqa: E402
+from falcon_cli.sampling.scheduler import NegativeScheduler, chain_pairs, level_grid  # noqa: E402
 
 
 def timed(fn, repeats: int) -> float:
@@ -68,23 +70,27 @@ def main() -> None:
         compose[composer.name] = timed(lambda c=composer: c.compose_epoch(1, ids, cache, generator), 3)
     steps_per_epoch = -(-args.pairs // args.batch)
     # FALCON: every batch of an epoch on demand, each followed by the scheduler's update
-    scheduler = NegativeScheduler(quantiles=100)
+    scheduler = NegativeScheduler(quantiles=100)  # the paper's: its reward (mlm) is the timed reward pass
     falcon_parts: dict[str, float] = {}
 
-    def falcon_epoch():
+    def falcon_epoch(levels: bool = False):
+        learner = NegativeScheduler(quantiles=100, credit="levels") if levels else scheduler
         generator = torch.Generator().manual_seed(0)
-        spaces = QuantileSpaces(ids, cache, args.space, args.batch, generator)
+        spaces = QuantileSpaces(ids, cache, args.space, args.batch, generator,
+                                credit_levels=level_grid(10) if levels else None)
         compose_s = update_s = 0.0
         while spaces.has_next():
             start = time.perf_counter()
-            _, record = spaces.next_batch(scheduler.alpha_beta, generator)
+            _, record = spaces.next_batch(learner.alpha_beta, generator)
             middle = time.perf_counter()
-            scheduler.update(record, 0.01)
+            learner.update(record, level_rewards(record, "positive_margin", 1.0, 0.5, 2.0, "expected") if levels else 0.01)
             compose_s, update_s = compose_s + middle - start, update_s + time.perf_counter() - middle
-        falcon_parts.update(compose=compose_s, update=update_s)
+        prefix = "levels_" if levels else ""
+        falcon_parts.update({prefix + "compose": compose_s, prefix + "update": update_s})
 
-    falcon_epoch()  # warm-up
-    falcon_epoch()
+    for levels in (False, True):
+        falcon_epoch(levels)  # warm-up
+        falcon_epoch(levels)
 
     # One training step of albef-tiny on a synthetic batch (identical for both composers).
     vocab = 300
@@ -139,11 +145,19 @@ def main() -> None:
     per_step["falcon-margin-itm"] = per_step["falcon-margin"] + itm_time
     print(f"falcon, reward positive_margin: no pass -> {per_step['falcon-margin'] * 1000:.1f} ms per step; "
           f"positive_margin+itm: ITM judgement {itm_time * 1000:.1f} ms -> {per_step['falcon-margin-itm'] * 1000:.1f} ms")
+    levels_ms = (falcon_parts["levels_compose"] + falcon_parts["levels_update"]) / steps_per_epoch * 1000
+    per_step["falcon-margin-levels"] = step_time + levels_ms / 1000
+    print(f"falcon, positive_margin with scheduler_credit=levels (10 levels): compose "
+          f"{falcon_parts['levels_compose'] / steps_per_epoch * 1000:.1f} ms + update "
+          f"{falcon_parts['levels_update'] / steps_per_epoch * 1000:.1f} ms per step -> "
+          f"{per_step['falcon-margin-levels'] * 1000:.1f} ms per step")
     print(f"grit / uniform per-step time: {per_step['grit'] / per_step['uniform']:.4f}")
     print(f"falcon / grit per-step time: {per_step['falcon'] / per_step['grit']:.4f} "
           f"(reward_images=reuse: {per_step['falcon-reuse'] / per_step['grit']:.4f}; positive_margin: "
           f"{per_step['falcon-margin'] / per_step['grit']:.4f}; positive_margin+itm: "
-          f"{per_step['falcon-margin-itm'] / per_step['grit']:.4f})")
+          f"{per_step['falcon-margin-itm'] / per_step['grit']:.4f}; positive_margin, levels: "
+          f"{per_step['falcon-margin-levels'] / per_step['grit']:.4f})")
+    print(f"levels / positive_margin per-step time: {per_step['falcon-margin-levels'] / per_step['falcon-margin']:.4f}")
 
 
 if __name__ == "__main__":

@@ -53,6 +53,13 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "falcon-plus-margin-0.5-itm-expected": ("shapes-falcon-itm-expected", []),
     "falcon-plus-margin-0.5-oracle-expected": ("shapes-falcon-oracle", []),
     "falcon-plus-margin-0.5-oracle-expected-w0.5": ("shapes-falcon-oracle", ["pretrain.reward_itm_weight=0.5"]),
+    "falcon-plus-margin-0.5-levels": ("shapes-falcon-levels", []),
+    "falcon-plus-margin-0.5-oracle-levels": ("shapes-falcon-levels", ["pretrain.reward=positive_margin+oracle",
+                                                                     "pretrain.reward_itm_charge=expected"]),
+    "falcon-plus-rank-oracle": ("shapes-falcon-oracle", ["pretrain.reward_hardness=rank", "pretrain.reward_itm_weight=1"]),
+    "falcon-plus-rank-oracle-levels": ("shapes-falcon-levels", ["pretrain.reward=positive_margin+oracle",
+                                                                "pretrain.reward_itm_charge=expected",
+                                                                "pretrain.reward_hardness=rank", "pretrain.reward_itm_weight=1"]),
     "grit": ("shapes-grit", []),
     "uniform": ("shapes-uniform", []),
     "q05": ("shapes-q05", []),
@@ -70,7 +77,11 @@ it), the same at margin 0.5 less twice the model's own ITM match probability of 
 the probability; ``-excess`` six times its excess over the batch's picks of the same hardness, ``reward_itm_charge:
 excess``; ``-expected`` the margin paid only as far as the head calls the pick a true negative, a match worth -2,
 ``reward_itm_charge: expected``; ``-oracle-expected`` the same with the world's oracle as the judge, a diagnostic:
-the ceiling of any judge; ``-w0.5`` a false pick worth -0.5, so that the scheduler trades at harder q), and the
+the ceiling of any judge; ``-w0.5`` a false pick worth -0.5, so that the scheduler trades at harder q; ``-levels``
+the margin scored at every q of a 10-level grid per anchor, ``scheduler_credit: levels``, and ``-oracle-levels`` the
+same with the oracle's charge, expected, w = 2; ``-rank-oracle`` a pick worth its rank among the anchor's candidates
+when the oracle calls it a true negative and -1 when not, ``reward_hardness: rank``, REINFORCE on the drawn q, and
+``-rank-oracle-levels`` the same scored at every level), and the
 baselines the issue names (GRIT, uniform = no chain, q = 0.5); q = 0, 0.25, 0.75 and 1 (the quantile composer,
 q = 1 GRIT's chain with the oracle's view) draw the fixed-q frontier with q = 0.5."""
 
@@ -80,7 +91,9 @@ BASELINES = ("grit", "uniform", "q05")
 IMPROVED = ("falcon-plus", "falcon-plus-alignment", "falcon-plus-margin-0", "falcon-plus-margin-0.25",
             "falcon-plus-margin-0.5", "falcon-plus-margin-0.5-itm", "falcon-plus-margin-0.5-itm-w6",
             "falcon-plus-margin-0.5-itm-excess", "falcon-plus-margin-0.5-itm-expected",
-            "falcon-plus-margin-0.5-oracle-expected", "falcon-plus-margin-0.5-oracle-expected-w0.5")
+            "falcon-plus-margin-0.5-oracle-expected", "falcon-plus-margin-0.5-oracle-expected-w0.5",
+            "falcon-plus-margin-0.5-levels", "falcon-plus-margin-0.5-oracle-levels", "falcon-plus-rank-oracle",
+            "falcon-plus-rank-oracle-levels")
 """The improved schedulers the issue's targets are checked for."""
 
 DEFAULT = ("falcon", "falcon-plus", "falcon-plus-alignment", "falcon-plus-margin-0", "falcon-plus-margin-0.25",
