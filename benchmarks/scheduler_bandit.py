@@ -149,6 +149,13 @@ def build_anchors(image: torch.Tensor, text: torch.Tensor, truth, width: int, fe
 
 def shapes_run_anchors(run: Path, width: int, feature_sets: list[tuple], epoch: int | None = None, seed: int = 0) -> Anchors:
     """Anchors from a shapes run: its embeddings of ``epoch`` (default the last) and its world's oracle."""
+    image, text, truth = shapes_run_world(run, epoch)
+    return build_anchors(image, text, truth, width, feature_sets, seed=seed)
+
+
+def shapes_run_world(run: Path, epoch: int | None = None):
+    """A shapes run's embeddings of ``epoch`` (default the last) as (image, text) ``[N, D]`` and its world's oracle,
+    ``truth(indices) -> bool [n, n]`` (entry [i, j]: caption j describes image i)."""
     from falcon_cli.artifacts.embeddings import read_embeddings
     from falcon_cli.runtime.run_dir import read_manifest
     from falcon_cli.data.datasets import pretrain_dataset
@@ -165,14 +172,21 @@ def shapes_run_anchors(run: Path, width: int, feature_sets: list[tuple], epoch: 
     truth_of = in_batch_truth(spec.resolve(spec.shapes_world), pretrain_dataset(spec, transform=None).records)
     pair_ids = torch.from_numpy(emb.pair_id)
     image, text = torch.from_numpy(emb.image).float(), torch.from_numpy(emb.text).float()
-    return build_anchors(image, text, lambda idx: truth_of(pair_ids[idx]), width, feature_sets, seed=seed)
+    return image, text, lambda idx: truth_of(pair_ids[idx])
 
 
 def synthetic_anchors(feature_sets: list[tuple], *, pairs: int = 1200, width: int = 200, dim: int = 32,
                       seed: int = 0) -> Anchors:
+    """The anchors of :func:`synthetic_world`, in spaces of ``width``."""
+    image, text, truth = synthetic_world(pairs=pairs, dim=dim, seed=seed)
+    return build_anchors(image, text, truth, width, feature_sets, seed=seed)
+
+
+def synthetic_world(*, pairs: int = 1200, dim: int = 32, seed: int = 0):
     """A world with a known structure: pairs belong to concepts of very different sizes (1 to 300 pairs);
     pairs of one concept are each other's false negatives and each other's nearest neighbours, so an
-    anchor's FN density grows with its concept's size, which its row shows (how many pairs beat its own)."""
+    anchor's FN density grows with its concept's size, which its row shows (how many pairs beat its own).
+    Returns (image, text) features ``[pairs, dim]`` and ``truth(indices) -> bool [n, n]``."""
     g = torch.Generator().manual_seed(seed)
     sizes, total = [], 0
     while total < pairs:
@@ -185,8 +199,7 @@ def synthetic_anchors(feature_sets: list[tuple], *, pairs: int = 1200, width: in
         return torch.nn.functional.normalize(centres[concept] + 0.6 / dim ** 0.5 * torch.randn(pairs, dim, generator=g), dim=1)
 
     image, text = view(), view()
-    return build_anchors(image, text, lambda idx: concept[idx][:, None] == concept[idx][None, :], width,
-                         feature_sets, seed=seed)
+    return image, text, lambda idx: concept[idx][:, None] == concept[idx][None, :]
 
 
 # --- the bandit ---------------------------------------------------------------------------------
@@ -289,15 +302,15 @@ def markdown(rows: list[dict], ceilings: dict, anchors: Anchors, command: str, s
     return lines
 
 
-def replace_block(report: Path, lines: list[str]) -> None:
+def replace_block(report: Path, lines: list[str], begin: str = BEGIN, end: str = END) -> None:
     """Rewrite the part of ``report`` between the markers (appending them at the end if absent)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import shapes_sweep
 
     text = report.read_text()
-    if BEGIN not in text:
-        report.write_text(text.rstrip() + f"\n\n{BEGIN}\n{END}\n")
-    shapes_sweep.replace_block(report, BEGIN, END, lines)
+    if begin not in text:
+        report.write_text(text.rstrip() + f"\n\n{begin}\n{end}\n")
+    shapes_sweep.replace_block(report, begin, end, lines)
 
 
 def main(argv: list[str] | None = None) -> int:

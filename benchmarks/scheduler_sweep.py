@@ -56,10 +56,10 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "falcon-plus-margin-0.5-levels": ("shapes-falcon-levels", []),
     "falcon-plus-margin-0.5-oracle-levels": ("shapes-falcon-levels", ["pretrain.reward=positive_margin+oracle",
                                                                      "pretrain.reward_itm_charge=expected"]),
-    "falcon-plus-rank-oracle": ("shapes-falcon-oracle", ["pretrain.reward_hardness=rank", "pretrain.reward_itm_weight=1"]),
+    "falcon-plus-rank-oracle": ("shapes-falcon-oracle", ["pretrain.reward_hardness=rank"]),
     "falcon-plus-rank-oracle-levels": ("shapes-falcon-levels", ["pretrain.reward=positive_margin+oracle",
                                                                 "pretrain.reward_itm_charge=expected",
-                                                                "pretrain.reward_hardness=rank", "pretrain.reward_itm_weight=1"]),
+                                                                "pretrain.reward_hardness=rank"]),
     "grit": ("shapes-grit", []),
     "uniform": ("shapes-uniform", []),
     "q05": ("shapes-q05", []),
@@ -80,7 +80,7 @@ excess``; ``-expected`` the margin paid only as far as the head calls the pick a
 the ceiling of any judge; ``-w0.5`` a false pick worth -0.5, so that the scheduler trades at harder q; ``-levels``
 the margin scored at every q of a 10-level grid per anchor, ``scheduler_credit: levels``, and ``-oracle-levels`` the
 same with the oracle's charge, expected, w = 2; ``-rank-oracle`` a pick worth its rank among the anchor's candidates
-when the oracle calls it a true negative and -1 when not, ``reward_hardness: rank``, REINFORCE on the drawn q, and
+when the oracle calls it a true negative and -2 when not, ``reward_hardness: rank``, REINFORCE on the drawn q, and
 ``-rank-oracle-levels`` the same scored at every level), and the
 baselines the issue names (GRIT, uniform = no chain, q = 0.5); q = 0, 0.25, 0.75 and 1 (the quantile composer,
 q = 1 GRIT's chain with the oracle's view) draw the fixed-q frontier with q = 0.5."""

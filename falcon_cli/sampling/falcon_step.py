@@ -58,7 +58,7 @@ def level_rewards(record: dict[str, torch.Tensor], reward: str, overshoot: float
     an error."""
     worth = margin_worth(record["level_hardness"].float(), record["level_own"].float()[..., None], overshoot, margin)
     if hardness == "rank":  # the level itself, where a step was taken
-        worth = (worth * 0 + grid.to(worth.device).float()).masked_fill(torch.isnan(worth), float("nan"))
+        worth = grid.to(worth.device).float().expand_as(worth).masked_fill(torch.isnan(worth), float("nan"))
     if reward == "positive_margin+oracle":
         verdict = record["level_fn"].to(worth.device)
         if torch.isnan(verdict).logical_and(~torch.isnan(worth)).any():
