@@ -34,8 +34,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from falcon_cli.sampling.policy import sample_q  # noqa: E402
 from falcon_cli.sampling.quantile import nearest_rank, space_tables  # noqa: E402
 from falcon_cli.sampling.scheduler import NegativeScheduler, level_grid  # noqa: E402
+import scheduler_bandit  # noqa: E402
 
 BEGIN, END = "<!-- frontier-harness:begin -->", "<!-- frontier-harness:end -->"
 FIXED = np.linspace(0, 1, 21)
@@ -61,15 +63,13 @@ def frontier_anchors(image: torch.Tensor, text: torch.Tensor, truth, width: int,
                      held_out: float = 0.3, seed: int = 0) -> FrontierAnchors:
     """Split the pairs (shuffled) into full spaces of ``width`` and tabulate every anchor's picks at each q
     (nearest rank among all of its space's other pairs, as the composer orders them)."""
-    perm = torch.randperm(len(image), generator=torch.Generator().manual_seed(seed))
-    spaces = [perm[s:s + width] for s in range(0, len(perm) - width + 1, width)]
+    spaces = scheduler_bandit.full_spaces(len(image), width, seed)
     grid_ranks = torch.from_numpy(nearest_rank(level_grid(levels), width - 1))
     fixed_ranks = torch.from_numpy(nearest_rank(FIXED, width - 1))
     rows, level_fn, fixed_fn, density = [], [], [], []
     for members in spaces:
         tables = space_tables(image[members][None], text[members][None], torch.tensor([width]), features=FEATURES)
-        fn = truth(members).bool()
-        fn = (fn | fn.T) & ~torch.eye(width, dtype=torch.bool)
+        fn = scheduler_bandit.space_false_negatives(truth, members)
         order = tables.order[0].long()[:, :width - 1]  # ascending similarity; the anchor itself last
         rows.append(tables.s_hat[0])
         level_fn.append(fn.gather(1, order[:, grid_ranks]))
@@ -86,8 +86,8 @@ def run_policy(anchors: FrontierAnchors, credit: str, weight: float, *, updates:
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     scheduler = NegativeScheduler(quantiles=anchors.rows.shape[1], **CREDITS[credit])
-    grid = scheduler.grid.double() if scheduler.grid is not None else torch.from_numpy(level_grid(10))
-    level_reward = grid[None] * (1 - anchors.level_fn) - weight * anchors.level_fn
+    if credit == "levels":
+        level_reward = scheduler.grid.double()[None] * (1 - anchors.level_fn) - weight * anchors.level_fn
     fixed_reward = torch.from_numpy(FIXED)[None] * (1 - anchors.fixed_fn) - weight * anchors.fixed_fn
     train = (~anchors.held_out).nonzero().flatten()
     for _ in range(updates):
@@ -96,12 +96,12 @@ def run_policy(anchors: FrontierAnchors, credit: str, weight: float, *, updates:
             scheduler.update({"s_hat": anchors.rows[pick], "q": torch.full((len(pick),), 0.5)}, level_reward[pick])
             continue
         alpha, beta = scheduler.alpha_beta(anchors.rows[pick])
-        q = torch.from_numpy(rng.beta(alpha.double().numpy(), beta.double().numpy()))
+        q = sample_q(alpha.double(), beta.double(), rng)
         reward = fixed_reward[pick].gather(1, nearest_fixed(q)[:, None])[:, 0]
         scheduler.update({"s_hat": anchors.rows[pick], "q": q}, torch.cat([torch.zeros(1, dtype=torch.float64), reward]))
     held = anchors.held_out
     alpha, beta = scheduler.alpha_beta(anchors.rows[held])
-    q = torch.from_numpy(rng.beta(alpha.double().numpy()[None].repeat(draws, 0), beta.double().numpy()[None].repeat(draws, 0)))
+    q = sample_q(alpha.double().expand(draws, -1), beta.double().expand(draws, -1), rng)  # [draws, held-out anchors]
     fn = float(anchors.fixed_fn[held].gather(1, nearest_fixed(q).T).mean())
     mean_q, expected = float(q.mean()), (alpha / (alpha + beta)).double()
     frontier = float(np.interp(mean_q, FIXED, anchors.fixed_fn[held].mean(0).numpy()))
@@ -136,7 +136,6 @@ def markdown(frame, command: str, source: str, seconds: float, anchors: Frontier
 
 def main(argv: list[str] | None = None) -> int:
     import pandas as pd
-    import scheduler_bandit
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)

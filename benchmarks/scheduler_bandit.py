@@ -118,20 +118,30 @@ def safe_quantile(order: torch.Tensor, false_negative: torch.Tensor, size: int) 
     return torch.where(last >= 0, q, torch.full_like(q, float("nan"))).float()
 
 
+def full_spaces(n: int, width: int, seed: int) -> list[torch.Tensor]:
+    """The pairs 0 … n − 1, shuffled with ``seed``, split into spaces of ``width`` (full spaces only)."""
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    return [perm[s:s + width] for s in range(0, n - width + 1, width)]
+
+
+def space_false_negatives(truth, members: torch.Tensor) -> torch.Tensor:
+    """``[W, W]`` bool of a space: pair j is a false negative of anchor a when either's caption truly describes the
+    other's image (the unified similarity is symmetric); never the diagonal."""
+    fn = truth(members).bool()
+    return (fn | fn.T) & ~torch.eye(len(members), dtype=torch.bool)
+
+
 def build_anchors(image: torch.Tensor, text: torch.Tensor, truth, width: int, feature_sets: list[tuple],
                   *, quantiles: int = 100, held_out: float = 0.25, seed: int = 0) -> Anchors:
     """Split the pairs (shuffled) into spaces of ``width``, and tabulate every anchor.
 
     ``truth(indices [W]) -> bool [W, W]``: entry [i, j] says caption j describes image i.
     """
-    g = torch.Generator().manual_seed(seed)
-    perm = torch.randperm(len(image), generator=g)
-    spaces = [perm[s:s + width] for s in range(0, len(perm) - width + 1, width)]  # full spaces only
+    spaces = full_spaces(len(image), width, seed)
     rows = {key: [] for key in feature_sets}
     q_star, density, space_of = [], [], []
     for s, members in enumerate(spaces):
-        fn = truth(members)
-        fn = (fn | fn.T) & ~torch.eye(width, dtype=torch.bool)
+        fn = space_false_negatives(truth, members)
         size = torch.tensor([width])
         for key in feature_sets:
             tables = space_tables(image[members][None], text[members][None], size, quantiles=quantiles,

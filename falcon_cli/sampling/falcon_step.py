@@ -56,9 +56,12 @@ def level_rewards(record: dict[str, torch.Tensor], reward: str, overshoot: float
     ``hardness: rank``: each level's pick is worth its level's q (``grid``, ``[L]``) instead of the margin.
     Steps not taken stay NaN (the scheduler leaves them out); a taken step whose level the oracle did not judge is
     an error."""
-    worth = margin_worth(record["level_hardness"].float(), record["level_own"].float()[..., None], overshoot, margin)
+    level_hardness = record["level_hardness"].float()
     if hardness == "rank":  # the level itself, where a step was taken
-        worth = grid.to(worth.device).float().expand_as(worth).masked_fill(torch.isnan(worth), float("nan"))
+        worth = grid.to(level_hardness.device).float().expand_as(level_hardness)
+        worth = worth.masked_fill(torch.isnan(level_hardness), float("nan"))
+    else:
+        worth = margin_worth(level_hardness, record["level_own"].float()[..., None], overshoot, margin)
     if reward == "positive_margin+oracle":
         verdict = record["level_fn"].to(worth.device)
         if torch.isnan(verdict).logical_and(~torch.isnan(worth)).any():
@@ -154,10 +157,11 @@ class FalconStep:
         the update's ``reward`` (the step's mean), ``advantage`` and ``concentration``."""
         if self.from_forward:  # each pick's hardness, charged past its anchor's own pair (θ_k's features)
             hardness, own = chain_hardness(out.image_feat, out.text_feat)
-            delta = charged_margin(hardness, own, self.overshoot, self.margin)
             if self.hardness == "rank":  # each pick's rank among its anchor's candidates (slot 0, no pick: 0)
-                delta = composed.quantile_rank.float().nan_to_num(0.0).to(delta.device)
+                delta = composed.quantile_rank.float().nan_to_num(0.0).to(hardness.device)
                 delta[:1] = 0
+            else:
+                delta = charged_margin(hardness, own, self.overshoot, self.margin)
             if self.reward in JUDGED_REWARDS:  # a pick its judge (the ITM head, or the oracle) calls a match pays
                 match = (self.pick_match(objective, out, inputs) if self.reward == "positive_margin+itm"
                          else oracle_match(composed, delta.device))

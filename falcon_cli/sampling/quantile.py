@@ -542,10 +542,10 @@ def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[
             chosen[i] = candidates[free[r[i]] if r[i] < len(free) else width - 1]
             if counterfactual and len(free):
                 level_pick[i, t] = candidates.take(free.take(nearest_rank(credit_levels, len(free))))
-                if oracle is not None:
-                    level_fn[i, t] = oracle[row_of[i] + last[i]].take(level_pick[i, t])
             if oracle is not None:  # the oracle's view (no effect on the choice): the last available true negative
                 fn = oracle[row_of[i] + last[i]]                                        # [W] by local index
+                if counterfactual and len(free):
+                    level_fn[i, t] = fn.take(level_pick[i, t])
                 ordered_fn = fn.take(candidates.take(free))                             # by rank among the available
                 true_negative = (~ordered_fn).nonzero()[0]
                 safe[i, t] = true_negative[-1] if len(true_negative) else -1
