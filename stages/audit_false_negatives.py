@@ -48,6 +48,8 @@ from falcon_cli.objectives.false_negative_builder import excluded_negatives
 from falcon_cli.reporting import audit_figures
 from falcon_cli.runtime.console import make_console
 from falcon_cli.runtime.distributed import on_rank_zero
+from falcon_cli.runtime.loggers import RunLoggers
+from falcon_cli.runtime.metrics import read_metrics
 from falcon_cli.runtime.run_dir import RunDirectory
 from falcon_cli.sampling.batch_log import read_batch_log
 from falcon_cli.sampling.oracle_view import summary_by_epoch
@@ -72,6 +74,8 @@ def _audit(config: Recipe, run: RunDirectory) -> dict:
     if not log_path.exists():
         raise FalconError(f"{log_path}: not found; audit a run whose pretrain stage has finished (it writes the batch log)")
     log = read_batch_log(log_path)
+    # The figures also go to the pretraining run's loggers (TensorBoard, wandb, MLflow), their packages checked now.
+    loggers = RunLoggers(config.pretrain.loggers, run.path / "loggers", what="pretrain.loggers", name=run.path.name)
     spec = load_spec(config.data.dataset)
     world = spec.resolve(spec.shapes_world) if spec.shapes_world is not None else None
     kind = a.judge if a.judge != "auto" else ("oracle" if world is not None else "blip")
@@ -185,8 +189,21 @@ def _audit(config: Recipe, run: RunDirectory) -> dict:
             candidate_risk=risk))
         write_json(out / SUMMARY, summary)
     run.add_artifact(OUTPUT, schema="audit", schema_version=AUDIT.version, meta={"judge": judge.name, "pairs": len(audit)})
+    log_figures(loggers, run)
     _render(summary, overall, agreement)
     return {k: summary[k] for k in ("judge", "pairs", "steps_audited", "overall", "seconds")}
+
+
+def log_figures(loggers: RunLoggers, run: RunDirectory) -> None:
+    """The audit's figures as images in the pretraining run's loggers (``audit/<figure>``), at its last step."""
+    if not loggers:
+        return
+    metrics = run.path / "metrics.jsonl"
+    step = max((r.get("step", 0) for r in read_metrics(metrics)), default=0) if metrics.exists() else 0
+    loggers.open(step)  # (continues the run's wandb and MLflow runs; TensorBoard appends)
+    for figure in sorted((run.path / OUTPUT).glob("*.png")):
+        loggers.image(f"{OUTPUT.name}/{figure.stem}", figure, step)
+    loggers.close()
 
 
 def _examples(missed: pd.DataFrame, pair_at) -> list[dict]:

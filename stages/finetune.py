@@ -55,6 +55,7 @@ from falcon_cli.objectives.retrieval import RetrievalObjective
 from falcon_cli.objectives.text_assignment import text_assignment_loss, text_assignment_pairs
 from falcon_cli.runtime import distributed as D
 from falcon_cli.runtime.console import make_console
+from falcon_cli.runtime.loggers import RunLoggers, require as require_loggers
 from falcon_cli.runtime.metrics import MetricsLog
 from falcon_cli.runtime.optim import build_optimizer, learning_rate, set_learning_rate
 from falcon_cli.runtime.precision import autocast, grad_scaler, pick_device, resolve_precision
@@ -79,6 +80,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
         spec.on_missing = config.data.on_missing
     tokenizer = load_run_tokenizer(run.path, config.name)
     start = find_checkpoint(f.checkpoint or run.path, "finetune.checkpoint")
+    require_loggers(f.loggers, "finetune.loggers")  # (each task opens its own: finetune/<task>/loggers/)
     ctx = Context(config, run, spec, tokenizer, device, precision, resume, overwrite)
 
     # 2. The tasks, one after another, each from the pretrained weights. A task (or its text-assignment
@@ -259,7 +261,9 @@ def fit(ctx: Context, name: str, trainable: LossModule, weights: dict[str, nn.Mo
         find_unused_parameters=True) if world > 1 else trainable
     optimizer = build_optimizer(trainable, t.lr, t.weight_decay)
     scaler = grad_scaler(ctx.precision, device)
-    metrics = MetricsLog(out / "metrics.jsonl")
+    metrics = MetricsLog(out / "metrics.jsonl", RunLoggers(f.loggers, out / "loggers", what="finetune.loggers",
+                                                           name=f"{ctx.run.path.name}/{name}", main=main,
+                                                           config=ctx.config.model_dump(mode="json")))
     # Checkpoints after each epoch hold the weights, optimizer, scaler, every rank's RNG, the best epoch so far
     # and the scores; a task's checkpoints are never trained over without --resume or --overwrite.
     state = TrainState(out / "checkpoints", weights, shared={"optimizer": optimizer, "scaler": scaler},
@@ -308,6 +312,7 @@ def fit(ctx: Context, name: str, trainable: LossModule, weights: dict[str, nn.Mo
         D.barrier()
     if t.epochs == 0 and main:  # nothing to train: the starting weights are the task's weights
         save_best(out, weights["model"], {"task": name, "epoch": None, **meta})
+    metrics.close()
     D.barrier()
     return {"epochs": t.epochs, "steps": step, "steps_per_epoch": steps, "examples": len(dataset),
             "best": best, "history": history, "weights": str(finetuned_weights(ctx.run.path, name))}

@@ -59,6 +59,7 @@ from falcon_cli.runtime import distributed as D
 from falcon_cli.runtime.checkpoint import latest_checkpoint, rewind_latest
 from falcon_cli.runtime.console import make_console
 from falcon_cli.runtime.finite import NonFiniteGuard
+from falcon_cli.runtime.loggers import RunLoggers
 from falcon_cli.runtime.metrics import MetricsLog
 from falcon_cli.runtime.optim import build_optimizer, learning_rate, set_learning_rate
 from falcon_cli.runtime.precision import autocast, grad_scaler, pick_device, resolve_precision
@@ -67,7 +68,7 @@ from falcon_cli.runtime.progress import log_epoch, track
 from falcon_cli.runtime.run_dir import RunDirectory
 from falcon_cli.runtime.seeding import seed_everything
 from falcon_cli.runtime.train_state import Generators, GlobalRng, TrainState
-from falcon_cli.sampling.batch_log import BatchLog, read_batch_log
+from falcon_cli.sampling.batch_log import BatchLog, part_name, read_batch_log
 from falcon_cli.sampling.cache import EmbeddingCache
 from falcon_cli.sampling.epochs import EpochBatches, build_composer
 from falcon_cli.sampling.falcon_step import FalconStep
@@ -91,6 +92,9 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
     rank, world, main = D.rank(), D.world_size(), D.is_main_process()
     precision = resolve_precision(p.precision, device)
     seed_everything(config.seed + rank)
+    # The run's loggers besides metrics.jsonl (TensorBoard, wandb, MLflow): their packages checked now, before any work.
+    loggers = RunLoggers(p.loggers, run.path / "loggers", what="pretrain.loggers", name=run.path.name,
+                         config=config.model_dump(mode="json"), main=main)
 
     # 2. Data, tokenizer (the one the data stage saved in this run), model and its framework's objective.
     spec = load_spec(config.data.dataset)
@@ -151,7 +155,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
                           compose_generator=generators["compose"], batch_log=batch_log, warm=warm,
                           max_steps=p.max_steps_per_epoch)
     flags = FlagsAgainstOracle(false_negatives, truth, device) if truth is not None else None
-    metrics = MetricsLog(run.path / "metrics.jsonl")
+    metrics = MetricsLog(run.path / "metrics.jsonl", loggers)
     total_steps = sum(epochs.steps(e) for e in range(p.epochs))
     if main:
         console.print(f"[bold]pretrain[/] {p.model} ({model.num_parameters() / 1e6:.1f}M parameters) on {device}, "
@@ -168,7 +172,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
                                  "falcon": falcon, "flags": flags},
                        meta={"model": p.model, "image_size": resolution, "max_text_length": p.max_text_length})
     state.begin(resume=resume, overwrite=overwrite)
-    metrics.truncate_after(state.step)  # what the killed run logged after its checkpoint goes
+    metrics.truncate_after(state.step)  # what the killed run logged after its checkpoint goes (the loggers start here)
     results = state.values.setdefault("results", {})
     update_model = ModelUpdate(objective, optimizer, scaler, precision, p, framework.losses, state)
     profiler = StepProfiler(run.path / "profile", p.profile_steps, device=device, enabled=main,
@@ -248,6 +252,8 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
             metrics.write(step=state.step, epoch=epoch, kind="epoch_summary",
                           **composition_summary(batch_log.rows(epoch), falcon.rewards, falcon.credited, falcon.judged))
         epochs.end()
+        if loggers and p.composer in QUANTILE_COMPOSERS:  # the epoch's q's (this rank's), as a histogram
+            metrics.histogram("epoch_summary/q", read_batch_log(batch_log.path / part_name(epoch, rank))["q"], state.step)
         if main:
             path = cache.save(run.path / "embeddings" / f"epoch_{epoch:03d}.h5",
                               {"model": p.model, "checkpoint": f"step {state.step}", "dataset": spec.name,
@@ -273,6 +279,8 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
     D.barrier()
     if main:
         record_artifacts(run, with_q_figure=p.composer in QUANTILE_COMPOSERS)
+        metrics.image(Q_FIGURE, run.path / f"{Q_FIGURE}.png", state.step)
+    metrics.close()
     return {"steps": state.step, "epochs": p.epochs, "pairs": len(dataset), "world_size": world,
             "precision": precision, "device": str(device), "retrieval": results}
 
@@ -322,13 +330,17 @@ def peak_memory_mib(device: torch.device) -> float | None:
     return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
 
 
+Q_FIGURE = "figures/q_over_training"
+"""The figure of q over training (quantile composers), without ``.png``: also its tag in the loggers."""
+
+
 def record_artifacts(run: RunDirectory, *, with_q_figure: bool) -> None:
     """The manifest's record of what pretraining wrote besides checkpoints and embeddings: the batch log, the
     metrics log and, for the quantile composers, the figure of q over training."""
     run.add_artifact("batches.parquet", schema="batches", schema_version=BATCHES.version)
     run.add_artifact("metrics.jsonl", schema="metrics", schema_version=1)
     if with_q_figure:
-        figure = q_over_training(read_batch_log(run.path / "batches.parquet"), run.path / "figures" / "q_over_training.png")
+        figure = q_over_training(read_batch_log(run.path / "batches.parquet"), run.path / f"{Q_FIGURE}.png")
         run.add_artifact(figure, schema="figure", schema_version=1)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from falcon_cli.config.paths import InputPath
 from falcon_cli.data.shapes.config import ShapesConfig
@@ -19,6 +19,7 @@ from falcon_cli.errors import FalconError
 from falcon_cli.frameworks import model_framework
 from falcon_cli.method_weights import ITC_CONSISTENCY_WEIGHT
 from falcon_cli.models.registry import get_model_config
+from falcon_cli.runtime.loggers import LoggerName
 
 StageName = Literal["data", "unimodal", "embed", "build_search_spaces", "pretrain", "audit_false_negatives", "finetune",
                     "evaluate"]
@@ -33,6 +34,16 @@ PER_PAIR_REWARDS = ("mlm", "itg", "caption", "alignment", "positive_margin", "po
 
 TaskName = Literal["retrieval", "vqa", "nlvr2"]
 """ALBEF's downstream tasks: image-text retrieval, VQA and NLVR2."""
+
+
+def _distinct_loggers(names: list[str]) -> list[str]:
+    if len(set(names)) != len(names):
+        raise ValueError(f"loggers must be distinct, got {names}")
+    return names
+
+
+Loggers = Annotated[list[LoggerName], AfterValidator(_distinct_loggers)]
+"""``pretrain.loggers`` / ``finetune.loggers``: where the metrics go (:mod:`falcon_cli.runtime.loggers`)."""
 
 
 class Section(BaseModel):
@@ -397,6 +408,11 @@ class PretrainConfig(Section):
     one-epoch run) and write ``profile/trace.json`` and ``profile/summary.txt`` (0 = off)."""
     log_every: int = Field(10, ge=1)
     """Write a metrics.jsonl record every N steps."""
+    loggers: Loggers = ["jsonl"]
+    """Where the metrics go: ``jsonl`` (``metrics.jsonl``, always written), ``tensorboard``, ``wandb`` (offline
+    unless ``WANDB_MODE`` says otherwise), ``mlflow``; each under ``<run>/loggers/<name>/``, each an optional extra
+    (``pip install 'falcon-vlp[tensorboard]'``). They get every number of ``metrics.jsonl``, a histogram of the
+    q's per epoch (quantile composers) and the figures (docs/monitoring.md)."""
     checkpoint_every: int = Field(0, ge=0)
     """Also checkpoint every N steps (0 = only at the end of each epoch)."""
     keep_last: int = Field(3, ge=1)
@@ -796,6 +812,9 @@ class FinetuneConfig(Section):
     resize only (the shapes world, whose captions name positions and sizes)."""
     log_every: int = Field(10, ge=1)
     """Write a ``finetune/<task>/metrics.jsonl`` record every N steps."""
+    loggers: Loggers = ["jsonl"]
+    """Where the metrics go, as ``pretrain.loggers``: ``jsonl`` (always written), ``tensorboard``, ``wandb``,
+    ``mlflow``, each task's under ``finetune/<task>/loggers/<name>/`` (docs/monitoring.md)."""
 
     @model_validator(mode="after")
     def _check(self) -> "FinetuneConfig":
