@@ -67,6 +67,11 @@ def _prepare(config: Recipe, run: RunDirectory) -> dict:
     pairs = pretrain_dataset(spec, transform=None)
     result["pretrain_pairs"] = len(pairs)
     result["load"] = pairs.load_summary()
+    if spec.pretrain_shards:  # what the run read: the shard index and the fingerprint of its rows
+        from falcon_cli.data.shards import load_index
+
+        index = load_index(spec)
+        result["shard_index"] = {"path": str(index.path), "shards": len(index.shards), "fingerprint": index.fingerprint}
     if pairs.dropped:
         log.warning("skipped %d pretraining pairs whose images are missing (on_missing=skip)", pairs.dropped)
 

@@ -43,6 +43,51 @@ def shapes(
     console.print(f"[green]wrote[/] {out}  (check it with: falcon data check {out})")
 
 
+@app.command("index")
+def index(
+    spec: Path = typer.Argument(..., help="A dataset.yaml naming pretrain_shards, or the directory holding one."),
+    on_missing: Optional[str] = typer.Option(None, "--on-missing", help="fail (default: the spec's) or skip: keys without an image or caption."),
+) -> None:
+    """Index a dataset's webdataset shards once, so that pretraining can read any pair by id: writes
+    shards-index.parquet (offsets of each image inside its tar, captions, pair ids) beside dataset.yaml.
+
+    Example: falcon data index data/cc3m
+    """
+    from falcon_cli.data.shards import build_index
+    from falcon_cli.data.spec import load_spec
+
+    dataset = load_spec(spec)
+    if on_missing not in (None, "fail", "skip"):
+        raise FalconError(f"--on-missing: expected fail or skip, got {on_missing!r}")
+    built = build_index(dataset, on_missing=on_missing)
+    skipped = f", {built.incomplete_count:,} incomplete keys left out (first: {', '.join(built.incomplete)})" \
+        if built.incomplete_count else ""
+    console.print(f"[green]wrote[/] {built.path}: {built.table.num_rows:,} pairs in {len(built.shards):,} shards"
+                  f"{skipped}; fingerprint {built.fingerprint[:12]}")
+
+
+@app.command("shards")
+def shards(
+    spec: Path = typer.Argument(..., help="A dataset.yaml with pretraining JSON files, or the directory holding one."),
+    out: Path = typer.Option(..., "--out", help="Directory for the shards and their dataset.yaml (must not exist)."),
+    samples_per_shard: int = typer.Option(1000, "--samples-per-shard", min=1, help="Pairs per tar shard."),
+) -> None:
+    """Write a dataset's pretraining pairs as webdataset tar shards ({pair_id}.jpg/.png + .txt + .json, the
+    image bytes unchanged), with a dataset.yaml that names them (the other sections point back at the original
+    files) and their index. Pair ids are kept.
+
+    Example: falcon data shards data/shapes --out data/shapes-shards --samples-per-shard 500
+    """
+    from falcon_cli.data.shards import convert_to_shards
+    from falcon_cli.data.spec import load_spec
+
+    if out.exists():
+        raise FalconError(f"{out}: already exists; give --out a new directory")
+    built = convert_to_shards(load_spec(spec), out, samples_per_shard=samples_per_shard)
+    console.print(f"[green]wrote[/] {out}: {built.table.num_rows:,} pairs in {len(built.shards):,} shards, "
+                  f"indexed (train on it with data.dataset={out})")
+
+
 @app.command("check")
 def check(
     spec: Path = typer.Argument(..., help="A dataset.yaml, or the directory holding one (e.g. a shapes world)."),

@@ -299,7 +299,7 @@ def check_dataset(spec: DatasetSpec, *, verify_images: bool = True) -> DatasetRe
     """
     report = DatasetReport(name=spec.name, spec=str(spec_file(spec)), verify_images=verify_images)
     refs = spec_sources(spec)
-    if not refs:
+    if not refs and not spec.pretrain_shards:
         report.spec_problems.append(
             f"{spec_file(spec)}: names no annotation files; add pretrain, retrieval, vqa or nlvr2 files"
         )
@@ -307,7 +307,50 @@ def check_dataset(spec: DatasetSpec, *, verify_images: bool = True) -> DatasetRe
     all_paths = [resolved for p in pending for _, _, resolved, _ in p.refs]
     distinct = len(set(all_paths))
     status = scan_images(all_paths, verify=verify_images, description=f"checking {distinct:,} images")
+    if spec.pretrain_shards:
+        report.sources.append(_check_shards(spec, verify_images))
     for p in pending:
         _count_images(p, status, verify_images, spec.on_missing)
         report.sources.append(p.report)
+    return report
+
+
+def _check_shards(spec: DatasetSpec, verify: bool) -> SourceReport:
+    """The shards of ``pretrain_shards`` through their index: the index matches them, every key has an image and a
+    caption, and (with ``verify``) every image decodes from its byte range."""
+    from falcon_cli.data.shards import index_path, load_index
+
+    report = SourceReport(label="pretrain/shards", path=str(index_path(spec)), format="webdataset")
+    try:
+        index = load_index(spec)
+    except FalconError as exc:
+        report.error = str(exc)
+        report.problems.append(str(exc))
+        return report
+    report.entries = index.keys
+    if index.incomplete_count:
+        line = (f"{index.path}: {index.incomplete_count:,} of {index.keys:,} keys have no image or caption "
+                f"(first: {', '.join(index.incomplete)})")
+        if spec.on_missing == "skip":
+            report.warnings.append(f"{line}; on_missing=skip leaves them out")
+        else:
+            report.problems.append(f"{line}; fix the shards and re-index, or set on_missing: skip")
+    from falcon_cli.data.shards import shard_records
+
+    records, _ = shard_records(spec, on_missing="skip")
+    images = [r.image for r in records]
+    status = scan_images(images, verify=verify, description=f"checking {len(images):,} shard images")
+    missing = [str(i) for i in images if status[i] is ImageStatus.MISSING]
+    unreadable = [str(i) for i in images if status[i] is ImageStatus.UNREADABLE]
+    report.images, report.images_missing = len(images), len(missing)
+    report.images_unreadable = len(unreadable) if verify else None
+    report.images_found = len(images) - len(missing) - len(unreadable)
+    report.first_missing, report.first_unreadable = missing[:SHOWN_PATHS], unreadable[:SHOWN_PATHS]
+    if missing:
+        report.problems.append(f"{index.path}: {len(missing):,} images lie past the end of their shard (first: "
+                               f"{', '.join(report.first_missing)}); the shards are truncated: re-download them "
+                               f"and run `falcon data index {spec.base_dir}`")
+    if unreadable:
+        report.problems.append(f"{index.path}: {len(unreadable):,} of {len(images):,} images cannot be decoded "
+                               f"(first: {', '.join(report.first_unreadable)}); re-download or remove them")
     return report

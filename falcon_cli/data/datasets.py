@@ -8,6 +8,7 @@ whose ``load_reports`` / ``load_summary()`` say what was dropped. Build the tran
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable
 
 from falcon_cli.data.loading import LoadedSource, OnMissing, load_source
@@ -25,6 +26,17 @@ def _policy(spec: DatasetSpec, on_missing: OnMissing | None) -> OnMissing:
     return on_missing if on_missing is not None else spec.on_missing
 
 
+def pretrain_records(spec: DatasetSpec, on_missing: OnMissing | None = None):
+    """``(records, load reports)`` of the spec's pretraining pairs: from its JSON files, or through the shard
+    index when it names ``pretrain_shards``. Every stage reads pretraining pairs through here."""
+    if spec.pretrain_shards:
+        from falcon_cli.data.shards import shard_records
+
+        return shard_records(spec, _policy(spec, on_missing))
+    sources = split_sources(spec, "pretrain", "train")
+    return load_pretrain_records([s.path for s in sources], sources[0].root, _policy(spec, on_missing))  # type: ignore[arg-type]
+
+
 def pretrain_dataset(
     spec: DatasetSpec,
     transform: Callable,
@@ -33,9 +45,8 @@ def pretrain_dataset(
     seed: int = 0,
     max_words: int = DEFAULT_MAX_WORDS,
 ) -> PretrainDataset:
-    """The spec's pretraining pairs (all ``pretrain`` files, global ``pair_id`` s)."""
-    sources = split_sources(spec, "pretrain", "train")
-    records, reports = load_pretrain_records([s.path for s in sources], sources[0].root, _policy(spec, on_missing))  # type: ignore[arg-type]
+    """The spec's pretraining pairs (all ``pretrain`` files or shards, global ``pair_id`` s)."""
+    records, reports = pretrain_records(spec, on_missing)
     return PretrainDataset(records, transform, seed=seed, max_words=max_words, load_reports=reports)
 
 
@@ -71,11 +82,12 @@ def pretrain_retrieval_dataset(
     ``caption_id`` (a shapes world's do), so the oracle's metrics apply."""
     import random
 
-    sources = split_sources(spec, "pretrain", "train")
-    records, reports = load_pretrain_records([s.path for s in sources], sources[0].root, _policy(spec, on_missing))
+    from falcon_cli.data.shared_images import image_keys
+
+    records, reports = pretrain_records(spec, on_missing)
     by_image: dict = {}
-    for record in records:
-        by_image.setdefault(record.image, []).append(record)
+    for key, record in zip(image_keys(records), records):  # image_id where every pair has one (shards copy images)
+        by_image.setdefault(key, []).append(record)
     images = list(by_image)
     if max_images is not None and len(images) > max_images:
         keep = set(random.Random(seed).sample(range(len(images)), max_images))
@@ -84,12 +96,12 @@ def pretrain_retrieval_dataset(
     entries = []
     for image in images:
         pairs = by_image[image]
-        entry = {"image": str(image), "caption": [c for r in pairs for c in r.captions]}
+        entry = {"image": str(pairs[0].image), "caption": [c for r in pairs for c in r.captions]}
         if with_ids:
             entry.update(image_id=pairs[0].extra["image_id"], caption_ids=[r.extra["caption_id"] for r in pairs])
         entries.append(entry)
-    source = LoadedSource(path=sources[0].path, indices=list(range(len(entries))), entries=entries,
-                          images=[[image] for image in images], report=reports[0])
+    source = LoadedSource(path=Path(reports[0].source), indices=list(range(len(entries))), entries=entries,
+                          images=[[by_image[image][0].image] for image in images], report=reports[0])
     dataset = RetrievalEvalDataset(source, transform, max_words=max_words)
     dataset.load_reports = list(reports)
     return dataset

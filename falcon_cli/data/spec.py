@@ -8,6 +8,7 @@ directory that holds the spec file. Example::
     name: coco
     image_root: /data/coco/images          # images referenced by relative paths live here
     pretrain: [coco_pretrain.json]          # ALBEF pretraining JSON files
+    # or, for web-scale sets: pretrain_shards: "cc3m/{00000..00331}.tar" (then `falcon data index`)
     retrieval:
       train: coco_karpathy_train.json
       val: coco_karpathy_val.json
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from falcon_cli.errors import FalconError
 
@@ -103,6 +104,12 @@ class DatasetSpec(_Section):
     """Directory that relative image paths are resolved against (absolute paths are used as is)."""
     pretrain: list[Path] = []
     """ALBEF pretraining JSON files: a list of ``{"image", "caption": str | [str, ...]}``."""
+    pretrain_shards: list[str] = []
+    """Pretraining pairs as webdataset tar shards instead (img2dataset's ``{key}.jpg`` + ``.txt``/``.json``): paths or
+    brace patterns (``shards/{00000..00099}.tar``), relative to the spec. Read by pair id through the index that
+    ``falcon data index`` builds once (:mod:`falcon_cli.data.shards`)."""
+    shard_index: Path | None = None
+    """Where the shard index lives (default: ``shards-index.parquet`` beside ``dataset.yaml``)."""
     retrieval: RetrievalSources | None = None
     """Karpathy retrieval splits."""
     vqa: VQASources | None = None
@@ -114,7 +121,14 @@ class DatasetSpec(_Section):
     on_missing: Literal["fail", "skip"] = "fail"
     """What to do with entries whose image file is missing: ``fail`` (default) or ``skip`` (drop and count)."""
 
-    _lists = field_validator("pretrain", mode="before")(_as_list)
+    _lists = field_validator("pretrain", "pretrain_shards", mode="before")(_as_list)
+
+    @model_validator(mode="after")
+    def _one_pretrain_source(self):
+        if self.pretrain and self.pretrain_shards:
+            raise ValueError("pretraining pairs come from JSON files (pretrain) or from shards (pretrain_shards), "
+                             "not both; keep one key")
+        return self
 
     # Set by load_spec: the directory relative paths are resolved against.
     base_dir: Path = Path(".")
