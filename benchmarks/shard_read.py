@@ -4,8 +4,8 @@
 
 Writes ``--pairs`` JPEGs (``--size`` px, CC3M-like 20-40 KB) as files with a pretraining JSON, converts them
 with ``falcon data shards`` (the same bytes in tars of ``--per-shard`` pairs) and its index, then reads the
-pairs in one random order of ids, the two layouts taking turns each round (this machine is noisy: the ratio is
-taken within a round, and the median over rounds reported). Two reads: the encoded bytes only, and the bytes
+pairs in a random order of ids per round, each pair read from both layouts back to back (taking turns at going
+first: this machine is noisy, so the ratio is taken within a round, and the median over rounds reported). Two reads: the encoded bytes only, and the bytes
 decoded to RGB (:func:`falcon_cli.data.images.load_image`, what a DataLoader worker does before the transform).
 The page cache is warm for both (the first round is a warm-up and is not counted).
 """
@@ -43,13 +43,18 @@ def write_files(root: Path, pairs: int, size: int, seed: int) -> None:
     (root / "dataset.yaml").write_text("name: bench\npretrain: [pretrain.json]\n")
 
 
-def time_reads(images: list, order: list[int], decode: bool) -> float:
-    """Pairs per second reading ``images[i]`` for i in ``order``."""
+def time_reads(layouts: dict[str, list], order: list[int], decode: bool) -> dict[str, float]:
+    """Pairs per second of each layout reading ``images[i]`` for i in ``order``: the two read the same pair back
+    to back, taking turns at going first, so that a noisy neighbour slows both alike."""
     read = (lambda image: load_image(image)) if decode else (lambda image: image.read_bytes())
-    start = time.perf_counter()
-    for i in order:
-        read(images[i])
-    return len(order) / (time.perf_counter() - start)
+    names = list(layouts)
+    spent = dict.fromkeys(names, 0.0)
+    for n, i in enumerate(order):
+        for name in (names if n % 2 == 0 else names[::-1]):
+            start = time.perf_counter()
+            read(layouts[name][i])
+            spent[name] += time.perf_counter() - start
+    return {name: len(order) / spent[name] for name in names}
 
 
 def main() -> None:
@@ -75,8 +80,7 @@ def main() -> None:
             rates: dict = {"files": [], "shards": []}
             for round_ in range(args.rounds + 1):
                 order = random.Random(args.seed + round_).sample(range(args.pairs), args.pairs)
-                names = ["files", "shards"] if round_ % 2 == 0 else ["shards", "files"]
-                measured = {name: time_reads(layouts[name], order, decode) for name in names}
+                measured = time_reads(layouts, order, decode)
                 if round_:  # round 0 warms the page cache and the shard descriptors
                     for name, rate in measured.items():
                         rates[name].append(rate)
