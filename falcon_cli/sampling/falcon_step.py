@@ -201,11 +201,15 @@ class FalconStep:
 
     def state_dict(self) -> dict[str, Any]:
         return {"rewards": list(self.rewards), "credited": [list(c) for c in self.credited],
-                "judged": [list(j) for j in self.judged]}
+                "judged": [list(j) for j in self.judged], "scheduler_running": self.scheduler.running_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rewards, self.credited = list(state["rewards"]), [list(c) for c in state["credited"]]
         self.judged = [list(j) for j in state.get("judged", [])]  # (absent from older checkpoints)
+        # this rank's reward baseline and advantage scale (the shared scheduler state holds rank 0's; absent from
+        # checkpoints saved before they were kept per rank)
+        if state.get("scheduler_running") is not None:
+            self.scheduler.load_running_state(state["scheduler_running"])
 
 
 __all__ = ["JUDGED_REWARDS", "FalconStep", "level_rewards", "measure_reward_loss", "oracle_match"]

@@ -356,6 +356,20 @@ class NegativeScheduler:
                 "baseline": self.baseline.state_dict() if self.baseline is not None else None,
                 "scale": self.scale.state_dict() if self.scale is not None else None}
 
+    def running_state(self) -> dict[str, Any]:
+        """The reward baseline's and the advantage scale's running values. Under torchrun they follow this rank's own
+        rewards, so they differ between ranks (φ and its optimizer do not): checkpoints keep one per rank
+        (:class:`~falcon_cli.sampling.falcon_step.FalconStep` saves them), or a resume would give every rank rank 0's."""
+        return {"baseline": self.baseline.state_dict() if self.baseline is not None else None,
+                "scale": self.scale.state_dict() if self.scale is not None else None}
+
+    def load_running_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`running_state` (after :meth:`load_state_dict`, which restored rank 0's)."""
+        if self.baseline is not None and state.get("baseline") is not None:
+            self.baseline.load_state_dict(state["baseline"])
+        if self.scale is not None and state.get("scale") is not None:
+            self.scale.load_state_dict(state["scale"])
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.policy.load_state_dict(state["policy"])
         self.optimizer.load_state_dict(state["optimizer"])
