@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import os
 from typing import Callable
 
 from falcon_cli.config.recipes import place_dataset
@@ -19,7 +20,7 @@ from falcon_cli.config.schema import Recipe
 from falcon_cli.errors import Refused
 from falcon_cli.runtime import distributed as D
 from falcon_cli.runtime.precision import pick_device
-from falcon_cli.runtime.run_dir import RunDirectory, now
+from falcon_cli.runtime.run_dir import MANIFEST, RunDirectory, now
 
 log = logging.getLogger("falcon")
 
@@ -27,6 +28,21 @@ log = logging.getLogger("falcon")
 def stage_function(name: str) -> Callable[[Recipe, RunDirectory], dict]:
     """The ``run`` function of stage ``name`` (imported lazily: stages pull in heavy libraries)."""
     return importlib.import_module(f"stages.{name}").run
+
+
+def join_processes(config: Recipe, run_dir, command: str, **options) -> None:
+    """Under torchrun: join the process group and check that every rank (every node) was launched with the same
+    resolved config, run directory, command and options, before anything is written to the run directory
+    (:func:`~falcon_cli.runtime.distributed.check_same_launch`: one line naming the node that differs). A no-op
+    in a single process. The CLI calls it before opening the run directory; :func:`run_stages` checks again."""
+    D.init_distributed(pick_device(config.pretrain.device).type)
+    D.check_same_launch(launch(config, run_dir, command=command, **options))
+
+
+def launch(config: Recipe, run_dir, **options) -> dict:
+    """What every rank must agree on: the resolved config, the run directory (absolute) and the options."""
+    return {**config.model_dump(mode="json"), "--run-dir": os.path.abspath(run_dir),
+            **{f"--{key.replace('_', '-')}": value for key, value in options.items()}}
 
 
 def run_stages(config: Recipe, run: RunDirectory, stages: list[str] | None = None, **options) -> dict[str, dict]:
@@ -43,6 +59,10 @@ def run_stages(config: Recipe, run: RunDirectory, stages: list[str] | None = Non
     place_dataset(config, run.path)  # (the CLI placed it before recording the config; this serves direct callers)
     results: dict[str, dict] = {}
     try:
+        # Every rank reads back what rank 0 writes (checkpoints, search spaces, embeddings): the run directory must be
+        # the same on every node (a shared filesystem); then every rank must run the same stages with the same config.
+        D.check_shared_file(run.path / MANIFEST, "run directory")
+        D.check_same_launch(launch(config, run.path, stages=stages or list(config.stages), **options))
         for name in stages or list(config.stages):
             start = now()
             log.info("stage %s: start", name)

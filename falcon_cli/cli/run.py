@@ -28,11 +28,12 @@ def run_recipe(
 
     Example: falcon run --recipe shapes-demo --run-dir runs/demo data.shapes.images=500
     """
-    from stages import run_stages  # (lazy: stages import heavy libraries; keep `falcon --help` fast)
+    from stages import join_processes, run_stages  # (lazy: stages import heavy libraries; keep `falcon --help` fast)
 
     config, path = load_recipe(recipe, overrides or [])
     run_dir = run_dir or Path("runs") / config.name
     place_dataset(config, run_dir)
+    join_processes(config, run_dir, "run", resume=resume, overwrite=overwrite)  # (torchrun: every node the same launch)
     run = RunDirectory.open(run_dir, config=config.model_dump(mode="json"), seed=config.seed,
                             command=["falcon", *sys.argv[1:]], overwrite=overwrite,
                             as_current=as_current_config)

@@ -20,11 +20,12 @@ def run_single_stage(stage: str, recipe: str, run_dir: Path | None, overrides: l
                      output: str, **options) -> None:
     """Run ``stage`` of ``recipe`` in ``run_dir`` (default ``runs/<recipe name>``), after the data stage
     when the run has not completed it; ``options`` (e.g. ``resume``) go to the stages; prints ``output``."""
-    from stages import run_stages  # (lazy: stages import heavy libraries; keep `falcon --help` fast)
+    from stages import join_processes, run_stages  # (lazy: stages import heavy libraries; keep `falcon --help` fast)
 
     config, _ = load_recipe(recipe, overrides or [])
     run_dir = run_dir or Path("runs") / config.name
     place_dataset(config, run_dir)
+    join_processes(config, run_dir, stage, overwrite=overwrite, **options)  # (torchrun: every node the same launch)
     data_done = (run_dir / "manifest.json").exists() and \
         read_manifest(run_dir).get("stages", {}).get("data", {}).get("status") == "completed"
     run = RunDirectory.open(run_dir, config=config.model_dump(mode="json"), seed=config.seed,
@@ -55,8 +56,9 @@ def run_config(run_dir: Path, overrides: list[str], sections: tuple[str, ...]):
 def run_stage_in(run_dir: Path, config, stage: str, **options) -> None:
     """Run ``stage`` in the existing run ``run_dir`` with ``config`` (from :func:`run_config`), recording the
     changed sections and this command line in the manifest."""
-    from stages import run_stages  # (lazy: stages import heavy libraries; keep `falcon --help` fast)
+    from stages import join_processes, run_stages  # (lazy: stages import heavy libraries; keep `falcon --help` fast)
 
+    join_processes(config, run_dir, stage, **options)  # (torchrun: every node the same launch)
     run = RunDirectory.open(run_dir, config=config.model_dump(mode="json"), seed=config.seed,
                             command=["falcon", *sys.argv[1:]], overwrite=True)
     run_stages(config, run, [stage], **options)

@@ -269,6 +269,11 @@ def acquire_lock(run_dir: Path) -> None:
         # from it do not hold it on after a kill -9 (flock would be shared with them).
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
+        if exc.errno == errno.ENOLCK:  # a network filesystem mounted without locking (NFS without lockd, `nolock`)
+            os.close(fd)
+            raise FalconError(f"{run_dir}: its filesystem does not support POSIX locks (ENOLCK), which keep one writer "
+                              "per run directory; mount it with locking (NFS: lockd or NFSv4) or use a --run-dir on a "
+                              "filesystem that has them (docs/cluster.md)") from None
         if exc.errno not in (errno.EACCES, errno.EAGAIN):
             os.close(fd)
             raise
