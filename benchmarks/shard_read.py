@@ -70,7 +70,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="shard-read-") as tmp:
         files = Path(tmp) / "files"
         write_files(files, args.pairs, args.size, args.seed)
-        convert_to_shards(load_spec(files), Path(tmp) / "shards", samples_per_shard=args.per_shard)
+        convert_to_shards(load_spec(files), pretrain_records(load_spec(files))[0], Path(tmp) / "shards",
+                          samples_per_shard=args.per_shard)
         layouts = {name: [r.image for r in pretrain_records(load_spec(Path(tmp) / name))[0]]
                    for name in ("files", "shards")}
         mean_kb = statistics.mean(i.stat().st_size for i in layouts["files"]) / 1024

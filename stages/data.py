@@ -22,6 +22,7 @@ from falcon_cli.config.schema import Recipe
 from falcon_cli.data.check import check_dataset
 from falcon_cli.data.datasets import pretrain_dataset
 from falcon_cli.data.shapes import generate_world
+from falcon_cli.data.shards import load_index
 from falcon_cli.data.spec import load_spec
 from falcon_cli.data.tokenizer import RUN_TOKENIZER_DIR, load_tokenizer, train_wordpiece_tokenizer
 from falcon_cli.errors import FalconError
@@ -68,8 +69,6 @@ def _prepare(config: Recipe, run: RunDirectory) -> dict:
     result["pretrain_pairs"] = len(pairs)
     result["load"] = pairs.load_summary()
     if spec.pretrain_shards:  # what the run read: the shard index and the fingerprint of its rows
-        from falcon_cli.data.shards import load_index
-
         index = load_index(spec)
         result["shard_index"] = {"path": str(index.path), "shards": len(index.shards), "fingerprint": index.fingerprint}
     if pairs.dropped:

@@ -39,7 +39,7 @@ def test_keys_split_at_the_first_dot_of_the_file_name():
 def shards(tiny_shapes_world, tmp_path_factory):
     """The tiny world's pretraining pairs as shards of 64 pairs (``falcon data shards``), with their index."""
     out = tmp_path_factory.mktemp("shards") / "world-shards"
-    convert_to_shards(tiny_shapes_world["spec"], out, samples_per_shard=64)
+    convert_to_shards(tiny_shapes_world["spec"], tiny_shapes_world["records"], out, samples_per_shard=64)
     return out
 
 

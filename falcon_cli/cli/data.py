@@ -53,6 +53,7 @@ def index(
 
     Example: falcon data index data/cc3m
     """
+    # (lazy: the dataset readers import torch and PIL; keep `falcon --help` fast)
     from falcon_cli.data.shards import build_index
     from falcon_cli.data.spec import load_spec
 
@@ -78,12 +79,15 @@ def shards(
 
     Example: falcon data shards data/shapes --out data/shapes-shards --samples-per-shard 500
     """
+    # (lazy: the dataset readers import torch and PIL; keep `falcon --help` fast)
+    from falcon_cli.data.datasets import pretrain_records
     from falcon_cli.data.shards import convert_to_shards
     from falcon_cli.data.spec import load_spec
 
     if out.exists():
         raise FalconError(f"{out}: already exists; give --out a new directory")
-    built = convert_to_shards(load_spec(spec), out, samples_per_shard=samples_per_shard)
+    source = load_spec(spec)
+    built = convert_to_shards(source, pretrain_records(source)[0], out, samples_per_shard=samples_per_shard)
     console.print(f"[green]wrote[/] {out}: {built.table.num_rows:,} pairs in {len(built.shards):,} shards, "
                   f"indexed (train on it with data.dataset={out})")
 

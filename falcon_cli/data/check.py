@@ -17,6 +17,7 @@ from falcon_cli.data.images import ImageStatus, resolve_image_path, scan_images
 from falcon_cli.data.json_io import read_json_list
 from falcon_cli.data.loading import SHOWN_PATHS, root_function, missing_images_message
 from falcon_cli.data.schema import EntryIssue, nonempty_string
+from falcon_cli.data.shards import index_path, load_index, shard_records
 from falcon_cli.data.sources import SourceRef, spec_file, spec_sources
 from falcon_cli.data.spec import DatasetSpec
 from falcon_cli.errors import FalconError
@@ -318,8 +319,6 @@ def check_dataset(spec: DatasetSpec, *, verify_images: bool = True) -> DatasetRe
 def _check_shards(spec: DatasetSpec, verify: bool) -> SourceReport:
     """The shards of ``pretrain_shards`` through their index: the index matches them, every key has an image and a
     caption, and (with ``verify``) every image decodes from its byte range."""
-    from falcon_cli.data.shards import index_path, load_index
-
     report = SourceReport(label="pretrain/shards", path=str(index_path(spec)), format="webdataset")
     try:
         index = load_index(spec)
@@ -335,8 +334,6 @@ def _check_shards(spec: DatasetSpec, verify: bool) -> SourceReport:
             report.warnings.append(f"{line}; on_missing=skip leaves them out")
         else:
             report.problems.append(f"{line}; fix the shards and re-index, or set on_missing: skip")
-    from falcon_cli.data.shards import shard_records
-
     records, _ = shard_records(spec, on_missing="skip")
     images = [r.image for r in records]
     status = scan_images(images, verify=verify, description=f"checking {len(images):,} shard images")

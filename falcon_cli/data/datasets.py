@@ -15,6 +15,8 @@ from falcon_cli.data.loading import LoadedSource, OnMissing, load_source
 from falcon_cli.data.nlvr2 import NLVR2Dataset
 from falcon_cli.data.pretrain import PretrainDataset, load_pretrain_records
 from falcon_cli.data.retrieval import RetrievalEvalDataset, RetrievalTrainDataset
+from falcon_cli.data.shards import shard_records
+from falcon_cli.data.shared_images import image_keys
 from falcon_cli.data.sources import spec_file, split_sources
 from falcon_cli.data.spec import DatasetSpec
 from falcon_cli.data.text import DEFAULT_MAX_WORDS
@@ -30,8 +32,6 @@ def pretrain_records(spec: DatasetSpec, on_missing: OnMissing | None = None):
     """``(records, load reports)`` of the spec's pretraining pairs: from its JSON files, or through the shard
     index when it names ``pretrain_shards``. Every stage reads pretraining pairs through here."""
     if spec.pretrain_shards:
-        from falcon_cli.data.shards import shard_records
-
         return shard_records(spec, _policy(spec, on_missing))
     sources = split_sources(spec, "pretrain", "train")
     return load_pretrain_records([s.path for s in sources], sources[0].root, _policy(spec, on_missing))  # type: ignore[arg-type]
@@ -81,8 +81,6 @@ def pretrain_retrieval_dataset(
     all. Entries keep ``image_id`` and get ``caption_ids`` where every pair carries ``image_id`` and
     ``caption_id`` (a shapes world's do), so the oracle's metrics apply."""
     import random
-
-    from falcon_cli.data.shared_images import image_keys
 
     records, reports = pretrain_records(spec, on_missing)
     by_image: dict = {}

@@ -28,9 +28,13 @@ from typing import Iterable, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import yaml
 
-from falcon_cli.artifacts.atomic import atomic_path
+from falcon_cli.artifacts.atomic import atomic_dir, atomic_path
 from falcon_cli.data.images import ShardImage
+from falcon_cli.data.loading import LoadReport
+from falcon_cli.data.pretrain import PretrainRecord
+from falcon_cli.data.spec import SPEC_FILENAME, load_spec
 from falcon_cli.errors import FalconError
 from falcon_cli.runtime.progress import track
 
@@ -258,9 +262,6 @@ def load_index(spec) -> ShardIndex:
 def shard_records(spec, on_missing: str | None = None):
     """The pretraining records of a spec's shards (``(records, [load report])``, as
     :func:`falcon_cli.data.pretrain.load_pretrain_records` gives for JSON files)."""
-    from falcon_cli.data.loading import LoadReport
-    from falcon_cli.data.pretrain import PretrainRecord
-
     policy = on_missing if on_missing is not None else spec.on_missing
     index = load_index(spec)
     if index.incomplete_count and policy != "skip":
@@ -312,18 +313,11 @@ def _absolute(spec, value):
     return str(spec.resolve(Path(value))) if isinstance(value, str) else value
 
 
-def convert_to_shards(spec, out: Path, *, samples_per_shard: int = 1000) -> ShardIndex:
-    """Write a spec's pretraining pairs as shards under ``out/shards`` with a ``dataset.yaml`` naming them and their
+def convert_to_shards(spec, records: Sequence, out: Path, *, samples_per_shard: int = 1000) -> ShardIndex:
+    """Write a spec's pretraining pairs (``records``, from :func:`falcon_cli.data.datasets.pretrain_records`) as shards under ``out/shards`` with a ``dataset.yaml`` naming them and their
     index (``falcon data shards``); the other sections of the spec point back at the original files. Built in a
     temporary directory and renamed into place whole. Pair ids are kept when no pair was skipped (keys are
     ``{pair_id:09d}``; the index numbers keys by position)."""
-    import yaml
-
-    from falcon_cli.artifacts.atomic import atomic_dir
-    from falcon_cli.data.datasets import pretrain_records
-    from falcon_cli.data.spec import SPEC_FILENAME, load_spec
-
-    records, _ = pretrain_records(spec)
     raw = spec.model_dump(mode="json", exclude={"base_dir", "pretrain", "shard_index"}, exclude_none=True)
     for key in ("image_root", "shapes_world", "retrieval", "vqa", "nlvr2"):
         if key in raw:
