@@ -48,7 +48,8 @@ import torch
 
 from falcon_cli.errors import FalconError
 from falcon_cli.sampling.cache import EmbeddingCache, as_id_tensor
-from falcon_cli.sampling.composers import FIXED_Q_FIELDS, FIXED_Q_LEVELS, Batch, _check_config, num_space_batches
+from falcon_cli.sampling.composers import (FIXED_Q_FIELDS, FIXED_Q_LEVELS, Batch, _check_config, _torch_threads,
+                                          num_space_batches)
 from falcon_cli.sampling.policy import check_beta_parameters, draw_q, numpy_generator
 from falcon_cli.sampling.scheduler_features import SchedulerFeatures
 
@@ -400,9 +401,16 @@ class QuantileSpaces:
             self.available = state["available"].to(device)
 
     # every space at once (fixed q) ----------------------------------------------------------
-    def compose_all(self, source: QSource, generator: torch.Generator, *, spaces_per_chunk: int | None = None) -> list[Batch]:
+    def compose_all(self, source: QSource, generator: torch.Generator, *, spaces_per_chunk: int | None = None,
+                    step_threads: int | None = 1) -> list[Batch]:
         """Every batch of the epoch, spaces advancing together in chunks (for a fixed q, or a
-        policy that does not change meanwhile). Batches are returned space by space."""
+        policy that does not change meanwhile). Batches are returned space by space.
+
+        ``step_threads``: on CPU, torch threads for the rounds (the chain's small gathers and sums; restored
+        after; ``None`` keeps torch's setting); the tables (products, sorts) and the policy use torch's
+        setting. As for GRIT (:class:`~falcon_cli.sampling.composers.GritComposer`): on a busy 2-core machine
+        OpenMP threads competing for the cores made each round ~40x slower (70 ms against 1.7 ms for the
+        per-slot columns of 2 spaces; ``benchmarks/scale_simulation.py``)."""
         out: list[Batch] = []
         if spaces_per_chunk is None:  # order table + features + a few W-rows per space
             per_space = self.width * self.width * (2 if self.width < 32768 else 4) + self.width * (self.quantiles * 4 + 1024)
@@ -417,14 +425,15 @@ class QuantileSpaces:
                 outputs = [source(tables.s_hat[i]) for i in range(len(group))]
                 alpha_beta = tuple(torch.stack([o[k].float() for o in outputs]) for k in (0, 1))
             per_space: list[list[Batch]] = [[] for _ in group]
-            for _ in range(max(self.batches_in_space(s) for s in group)):
-                active = torch.tensor([self._usable(available[i]) for i in range(len(group))])
-                if not active.any():
-                    break
-                columns, _ = compose_round(tables, available, (image, text), source, self.batch_size, generator,
-                                           level=self.level, active=active, alpha_beta=alpha_beta)
-                for j, i in enumerate(active.nonzero().flatten().tolist()):
-                    per_space[i].append(_to_batch(columns, j, self.space_ids(group[i]), self.sampler))
+            with _torch_threads(step_threads if image.device.type == "cpu" else None):
+                for _ in range(max(self.batches_in_space(s) for s in group)):
+                    active = torch.tensor([self._usable(available[i]) for i in range(len(group))])
+                    if not active.any():
+                        break
+                    columns, _ = compose_round(tables, available, (image, text), source, self.batch_size, generator,
+                                               level=self.level, active=active, alpha_beta=alpha_beta)
+                    for j, i in enumerate(active.nonzero().flatten().tolist()):
+                        per_space[i].append(_to_batch(columns, j, self.space_ids(group[i]), self.sampler))
             for batches in per_space:
                 out.extend(batches)
             del tables, alpha_beta  # before the next chunk's tables exist: one chunk's tables in memory at a time
