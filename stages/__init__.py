@@ -19,6 +19,7 @@ from falcon_cli.config.recipes import place_dataset
 from falcon_cli.config.schema import Recipe
 from falcon_cli.errors import Refused
 from falcon_cli.runtime import distributed as D
+from falcon_cli.runtime.loggers import require as require_loggers
 from falcon_cli.runtime.precision import pick_device
 from falcon_cli.runtime.run_dir import MANIFEST, RunDirectory, now
 
@@ -63,6 +64,10 @@ def run_stages(config: Recipe, run: RunDirectory, stages: list[str] | None = Non
         # the same on every node (a shared filesystem); then every rank must run the same stages with the same config.
         D.check_shared_file(run.path / MANIFEST, "run directory")
         D.check_same_launch(launch(config, run.path, stages=stages or list(config.stages), **options))
+        # The optional loggers' packages before the first stage, not after the data stage's minutes: one line naming the extra.
+        for stage, section in (("pretrain", config.pretrain), ("finetune", config.finetune)):
+            if stage in (stages or config.stages):
+                require_loggers(section.loggers, f"{stage}.loggers")
         for name in stages or list(config.stages):
             start = now()
             log.info("stage %s: start", name)

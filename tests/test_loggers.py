@@ -107,6 +107,35 @@ def test_mlflow_writes_a_file_store_in_the_run_directory(tmp_path, monkeypatch):
     assert list((store / "mlruns").glob(f"*/{run_id}/artifacts/figures/q_over_training.png"))
 
 
+def _without_wandb(monkeypatch):
+    real_import = builtins.__import__
+
+    def no_wandb(name, *args, **kwargs):
+        if name == "wandb" or name.startswith("wandb."):
+            raise ModuleNotFoundError("No module named 'wandb'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delitem(__import__("sys").modules, "wandb", raising=False)
+    monkeypatch.setattr(builtins, "__import__", no_wandb)
+
+
+def test_a_missing_package_stops_a_pipeline_before_its_first_stage(monkeypatch, tmp_path):
+    """`falcon run` names the missing extra before the data stage spends its minutes, and writes nothing of it."""
+    from falcon_cli.config.recipes import load_recipe
+    from falcon_cli.runtime.run_dir import RunDirectory
+    from stages import run_stages
+
+    config, _ = load_recipe("shapes-demo", [f"data.dataset={tmp_path / 'world'}", "finetune.loggers=[jsonl,wandb]"])
+    run = RunDirectory.open(tmp_path / "run", config=config.model_dump(mode="json"), seed=0)
+    _without_wandb(monkeypatch)
+    try:
+        with pytest.raises(FalconError, match=r"^finetune.loggers names 'wandb' but the package is not installed"):
+            run_stages(config, run)
+    finally:
+        run.close()
+    assert not (tmp_path / "world").exists() and not (tmp_path / "run" / "data").exists()
+
+
 def test_a_missing_package_is_one_line_naming_the_extra(monkeypatch):
     real_import = builtins.__import__
 
