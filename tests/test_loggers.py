@@ -137,15 +137,7 @@ def test_a_missing_package_stops_a_pipeline_before_its_first_stage(monkeypatch, 
 
 
 def test_a_missing_package_is_one_line_naming_the_extra(monkeypatch):
-    real_import = builtins.__import__
-
-    def no_wandb(name, *args, **kwargs):
-        if name == "wandb" or name.startswith("wandb."):
-            raise ModuleNotFoundError("No module named 'wandb'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.delitem(__import__("sys").modules, "wandb", raising=False)
-    monkeypatch.setattr(builtins, "__import__", no_wandb)
+    _without_wandb(monkeypatch)
     with pytest.raises(FalconError) as error:
         RunLoggers(["jsonl", "wandb"], "unused", what="pretrain.loggers", name="run")
     message = str(error.value)
