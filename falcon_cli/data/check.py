@@ -334,7 +334,7 @@ def _check_shards(spec: DatasetSpec, verify: bool) -> SourceReport:
             report.warnings.append(f"{line}; on_missing=skip leaves them out")
         else:
             report.problems.append(f"{line}; fix the shards and re-index, or set on_missing: skip")
-    records, _ = shard_records(spec, on_missing="skip")
+    records, _ = shard_records(spec, on_missing="skip", index=index)
     images = [r.image for r in records]
     status = scan_images(images, verify=verify, description=f"checking {len(images):,} shard images")
     missing = [str(i) for i in images if status[i] is ImageStatus.MISSING]

@@ -259,11 +259,12 @@ def load_index(spec) -> ShardIndex:
                       meta["fingerprint"])
 
 
-def shard_records(spec, on_missing: str | None = None):
+def shard_records(spec, on_missing: str | None = None, index: ShardIndex | None = None):
     """The pretraining records of a spec's shards (``(records, [load report])``, as
-    :func:`falcon_cli.data.pretrain.load_pretrain_records` gives for JSON files)."""
+    :func:`falcon_cli.data.pretrain.load_pretrain_records` gives for JSON files); ``index``: the spec's index
+    when the caller has loaded it already."""
     policy = on_missing if on_missing is not None else spec.on_missing
-    index = load_index(spec)
+    index = index if index is not None else load_index(spec)
     if index.incomplete_count and policy != "skip":
         raise FalconError(f"{index.path}: {index.incomplete_count:,} keys have no image or caption (first: "
                           f"{', '.join(index.incomplete)}); fix the shards and re-index, or set on_missing: skip")
