@@ -52,8 +52,17 @@ case "$what" in
   phase)  # a part of the phase diagram; what a run wrote comes back even when the limit stops it mid-run
     timeout "$limit" python3 benchmarks/phase_sweep.py --out runs/phase-web "$@" > "$out/phase.log" 2>&1
     echo "phase_sweep exit $? (124: stopped at ${limit} s)"
+    # one archive per method, without checkpoints and per-epoch embedding caches (evaluation and audit ran here);
+    # an archive over 15 MB (a file that large does not come back) is split into one per seed half
+    tar czf "$out/phase-logs.tgz" runs/phase-web/logs
     for method in $(ls runs/phase-web/runs/*/ 2>/dev/null | sed -n 's/-s[0-9]*$//p' | sort -u); do
-      tar czf "$out/phase-$method.tgz" --exclude=checkpoints runs/phase-web/runs/*/"$method"-s* runs/phase-web/logs
+      runs=(runs/phase-web/runs/*/"$method"-s*)
+      tar czf "$out/phase-$method.tgz" --exclude=checkpoints --exclude=embeddings "${runs[@]}"
+      if [ "$(stat -c %s "$out/phase-$method.tgz")" -gt 15000000 ]; then
+        half=$(( (${#runs[@]} + 1) / 2 )); rm "$out/phase-$method.tgz"
+        tar czf "$out/phase-$method-a.tgz" --exclude=checkpoints --exclude=embeddings "${runs[@]:0:half}"
+        tar czf "$out/phase-$method-b.tgz" --exclude=checkpoints --exclude=embeddings "${runs[@]:half}"
+      fi
     done
     ls -la "$out"; tail -n 20 "$out/phase.log" ;;
 esac

@@ -35,6 +35,7 @@ from falcon_cli.config.schema import Recipe
 from falcon_cli.data.collate import Nlvr2Collate, VqaCollate, tokenize
 from falcon_cli.data.datasets import (nlvr2_dataset, pretrain_retrieval_dataset, retrieval_dataset, vqa_answer_list,
                                       vqa_dataset)
+from falcon_cli.data.pairs import caption_pairs, pairs_fingerprint
 from falcon_cli.data.retrieval import SplitIds, ids_from_entries, split_ids
 from falcon_cli.data.shapes.near_misses import family_pairs, family_size
 from falcon_cli.data.shapes.oracle import ShapesOracle
@@ -143,6 +144,7 @@ def evaluate_retrieval(ctx: Context) -> dict:
         k = None
     meta = {"dataset": ctx.spec.name, "split": r.split, "scoring": "itc" if k is None else "itc+itm",
             "k": k, "false_negatives": truth[0], **truth[2], "images": len(dataset), "texts": len(dataset.text),
+            "split_fingerprint": pairs_fingerprint(caption_pairs(dataset), ctx.spec.base_dir),  # (falcon compare)
             "units": "percent"}
     if D.is_main_process():
         console.print(write_results(ctx.run, results_name("retrieval", r.split), rows, meta,

@@ -282,7 +282,8 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
         metrics.image(Q_FIGURE, run.path / f"{Q_FIGURE}.png", state.step)
     metrics.close()
     return {"steps": state.step, "epochs": p.epochs, "pairs": len(dataset), "world_size": world,
-            "precision": precision, "device": str(device), "retrieval": results}
+            "precision": precision, "device": str(device), "retrieval": results,
+            "dataset_fingerprint": fingerprint}  # (`falcon compare` refuses runs of other pairs)
 
 
 # --- the pieces the story above calls ------------------------------------------------------------------------

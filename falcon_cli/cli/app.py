@@ -14,7 +14,7 @@ import typer
 from falcon_cli.runtime.console import make_console
 
 from falcon_cli import __version__
-from falcon_cli.cli import audit, data, embed, evaluate, finetune, pretrain, recipes, run, search_spaces, unimodal
+from falcon_cli.cli import audit, compare, data, embed, evaluate, finetune, pretrain, recipes, run, search_spaces, unimodal
 from falcon_cli.errors import FalconError, storage_error
 
 app = typer.Typer(
@@ -35,6 +35,7 @@ app.command(name="embed")(embed.embed)
 app.command(name="build-search-spaces")(search_spaces.build_search_spaces)
 app.command(name="audit-false-negatives")(audit.audit_false_negatives)
 app.command(name="finetune")(finetune.finetune)
+app.command(name="compare")(compare.compare)
 app.add_typer(evaluate.app, name="evaluate")
 
 

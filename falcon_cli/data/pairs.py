@@ -46,8 +46,13 @@ def split_pairs(spec, split: str, on_missing: str | None, seed: int) -> tuple[li
         pairs = [Pair(r.index, r.image, pre_caption(r.caption)) for r in dataset.records]
     else:
         dataset = retrieval_dataset(spec, split, transform=None, on_missing=policy)
-        pairs = [Pair(t, dataset.image[dataset.txt2img[t]], caption) for t, caption in enumerate(dataset.text)]
+        pairs = caption_pairs(dataset)
     return pairs, list(dataset.load_reports), policy
+
+
+def caption_pairs(dataset) -> list[Pair]:
+    """One pair per caption of a retrieval split (``text``, ``image``, ``txt2img``), id = the caption's index."""
+    return [Pair(t, dataset.image[dataset.txt2img[t]], caption) for t, caption in enumerate(dataset.text)]
 
 
 def pairs_fingerprint(pairs: Iterable[Pair], root: str | Path) -> str:
@@ -78,4 +83,4 @@ def split_fingerprint(spec, split: str, on_missing: str | None, seed: int = 0) -
     return pairs_fingerprint(pairs, spec.base_dir)
 
 
-__all__ = ["Pair", "split_pairs", "pairs_fingerprint", "records_fingerprint", "split_fingerprint"]
+__all__ = ["Pair", "split_pairs", "caption_pairs", "pairs_fingerprint", "records_fingerprint", "split_fingerprint"]

@@ -1,0 +1,433 @@
+"""Finished runs side by side, judged over seeds: each method's mean with its t interval, and its difference from a
+baseline method seed by seed, with the paired-t interval (``falcon compare``).
+
+A run is read from its directory alone: ``manifest.json`` (seed, resolved config, what the stages recorded) and the
+``results/*.json`` that ``falcon evaluate`` wrote. Runs are grouped into methods by their resolved configs (the
+recipe's name, plus the settings that tell runs of one recipe apart), or by ``--label``, and paired by seed. Runs
+that cannot be compared (other pretraining pairs, another evaluation split or evaluation settings, another budget)
+are refused with one line naming the run and what differs.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from falcon_cli.errors import FalconError
+from falcon_cli.evaluation.intervals import (Z95, interval_verdict, mean_interval, paired_difference,
+                                             wilson_interval)
+
+RESULT_FILES = {"retrieval": Path("results/retrieval.json"), "vqa": Path("results/vqa.json"),
+                "nlvr2": Path("results/nlvr2.json"), "audit": Path("audit/summary.json")}
+"""Where a run's numbers come from: what ``falcon evaluate`` and ``falcon audit-false-negatives`` write."""
+
+IDENTITY_IGNORED = ("seed", "description", "stages", "data", "unimodal", "evaluate", "audit", "finetune",
+                    "pretrain.device", "pretrain.precision", "pretrain.num_workers", "pretrain.log_every",
+                    "pretrain.loggers", "pretrain.checkpoint_every", "pretrain.keep_last", "pretrain.profile_steps",
+                    "pretrain.eval_split", "pretrain.eval_every", "pretrain.compile", "pretrain.compile_mode",
+                    "pretrain.preload_images")
+"""Config keys that do not make a method: the seed, where the data lives and how it is read (the pretraining pairs
+are checked by their fingerprint instead), the unimodal start and the later stages (the evaluation settings are
+checked on the results), and how a run is executed and logged."""
+
+BUDGET_KEYS = ("pretrain.model", "pretrain.image_size", "pretrain.epochs", "pretrain.batch_size",
+               "pretrain.max_steps_per_epoch", "pretrain.max_text_length", "pretrain.vision_weights",
+               "pretrain.text_weights", "world_size")
+"""What every compared run must share: the model, its inputs and the training it got (``world_size`` times
+``batch_size`` is the global batch)."""
+
+EVALUATION_KEYS = {"retrieval": ("dataset", "split", "split_fingerprint", "k", "images", "texts", "false_negatives",
+                                 "max_text_length", "resolution", "scoring"),
+                   "vqa": ("dataset", "split", "questions", "k", "max_text_length", "resolution", "answer_processing"),
+                   "nlvr2": ("dataset", "max_text_length", "resolution", "statements"),
+                   "audit": ("judge", "threshold")}
+"""Per source, the evaluation settings every run's numbers must share (taken from the results' meta and rows)."""
+
+
+@dataclass
+class Run:
+    """One finished run as :func:`read_run` finds it."""
+
+    path: Path
+    seed: int
+    recipe: str
+    config: dict
+    dataset: str
+    """The pretraining pairs: their fingerprint (``pretrain`` stage), else the shapes world's or the data path."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Every number the run's results give, by metric name (:func:`metric_names`)."""
+    settings: dict[str, dict] = field(default_factory=dict)
+    """Per metric name, the evaluation settings it was measured under."""
+    counts: dict[str, int] = field(default_factory=dict)
+    """Per metric name, the queries (or questions, statements) behind a percentage: its binomial interval's n."""
+    label: str = ""
+
+
+def _flat(config: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _read_json(path: Path, run: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise FalconError(f"{path}: line {exc.lineno}: invalid JSON ({exc.msg}); write it again "
+                          f"(falcon evaluate ... {run})") from None
+
+
+def read_run(path: str | Path) -> Run:
+    """A run directory's seed, config, pretraining-data identity and every number its results hold."""
+    path = Path(path)
+    manifest_path = path / "manifest.json"
+    if not manifest_path.is_file():
+        raise FalconError(f"{path}: not a run directory (no manifest.json); give the directories `falcon run` or "
+                          "`falcon pretrain` wrote")
+    manifest = _read_json(manifest_path, path)
+    config = manifest.get("config") or {}
+    run = Run(path=path, seed=int(manifest.get("seed", config.get("seed", 0))), recipe=str(config.get("name", path.name)),
+              config=config, dataset=_dataset_identity(manifest))
+    run.config = {**config, "world_size": manifest.get("world_size", 1)}
+    for source, relative in RESULT_FILES.items():
+        if (path / relative).is_file():
+            _add_numbers(run, source, _read_json(path / relative, path))
+    if not run.metrics:
+        raise FalconError(f"{path}: no results yet (no {', '.join(str(p) for p in RESULT_FILES.values())}); "
+                          f"evaluate it first: falcon evaluate retrieval {path}")
+    return run
+
+
+def _dataset_identity(manifest: dict) -> str:
+    """The pretraining pairs a run trained on: the fingerprint its pretrain stage recorded; for runs from before
+    it did, the shard index's fingerprint, the shapes world's generation config, or else the data path."""
+    stages = manifest.get("stages") or {}
+    result = (stages.get("pretrain") or {}).get("result") or {}
+    if result.get("dataset_fingerprint"):
+        return f"pairs {result['dataset_fingerprint'][:12]}"
+    data = (stages.get("data") or {}).get("result") or {}
+    if (data.get("shard_index") or {}).get("fingerprint"):
+        return f"shards {data['shard_index']['fingerprint'][:12]}"
+    dataset = str(((manifest.get("config") or {}).get("data") or {}).get("dataset") or "")
+    world = Path(dataset) / "world.json"
+    if world.is_file():
+        generated = {k: v for k, v in json.loads(world.read_text()).get("config", {}).items() if v is not None}
+        return "shapes world " + hashlib.sha256(json.dumps(generated, sort_keys=True).encode()).hexdigest()[:12]
+    return f"path {dataset}"
+
+
+def _add_numbers(run: Run, source: str, result: dict) -> None:
+    meta, rows = result.get("meta") or {}, result.get("rows") or []
+    if source == "retrieval":
+        for row in rows:
+            scoring = "itc" if row.get("scoring") == "itc" else "rerank"
+            prefix = ("" if row.get("model") in (None, "pretrained") else f"{row['model']}/") + scoring + ":"
+            settings = {**{k: meta.get(k) for k in EVALUATION_KEYS["retrieval"]},
+                        **{k: row[k] for k in ("max_text_length", "resolution", "scoring") if k in row}}
+            numbers = {k: float(v) for k, v in row.items() if _is_number(v) and k not in ("resolution", "max_text_length")
+                       and not k.endswith(("_lo", "_hi"))}
+            for key in list(numbers):  # both directions averaged: R@1 = (i2t R@1 + t2i R@1) / 2, oracle_R@1, ...
+                if "i2t_" in key and key.replace("i2t_", "t2i_") in numbers:
+                    numbers[key.replace("i2t_", "", 1)] = (numbers[key] + numbers[key.replace("i2t_", "t2i_")]) / 2
+            for key, value in numbers.items():
+                name = prefix + key
+                run.metrics[name], run.settings[name] = value, settings
+                n = meta.get("images") if "i2t_" in key else meta.get("texts") if "t2i_" in key else None
+                if n:
+                    run.counts[name] = int(n)
+    elif source == "vqa":
+        for row in rows:
+            if _is_number(row.get("accuracy")):
+                run.metrics["vqa:accuracy"] = float(row["accuracy"])
+                run.settings["vqa:accuracy"] = {**{k: meta.get(k) for k in EVALUATION_KEYS["vqa"]},
+                                                "split": row.get("split"), "questions": row.get("questions")}
+                run.counts["vqa:accuracy"] = int(row.get("questions") or 0)
+    elif source == "nlvr2":
+        for row in rows:
+            if _is_number(row.get("accuracy")):
+                name = f"nlvr2:{row.get('split')}"
+                run.metrics[name] = float(row["accuracy"])
+                run.settings[name] = {**{k: meta.get(k) for k in EVALUATION_KEYS["nlvr2"]},
+                                      "statements": row.get("statements")}
+                run.counts[name] = int(row.get("statements") or 0)
+    elif source == "audit":  # the used negatives' false-negative rates, percent
+        settings = {k: result.get(k) for k in EVALUATION_KEYS["audit"]}
+        for row in result.get("overall") or []:
+            for key, suffix in (("rate", ""), ("oracle_rate", "_oracle")):
+                if _is_number(row.get(key)):
+                    name = f"audit:{row['kind']}_fn{suffix}"
+                    run.metrics[name], run.settings[name] = 100.0 * float(row[key]), settings
+                    run.counts[name] = int(row.get("negatives") or 0)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def metric_names(runs: Sequence[Run]) -> list[str]:
+    """The metrics every run has, in the order the first run's results list them."""
+    return [name for name in runs[0].metrics if all(name in r.metrics for r in runs)]
+
+
+def label_runs(runs: Sequence[Run], labels: Sequence[str] = ()) -> None:
+    """Give each run its method's label: ``NAME=GLOB`` from ``labels`` where the run's path matches GLOB, else the
+    recipe's name followed by the config settings (``key=value``) that tell it apart from other runs of that
+    recipe."""
+    rules = []
+    for rule in labels:
+        name, sep, pattern = rule.partition("=")
+        if not sep or not name or not pattern:
+            raise FalconError(f"--label {rule}: expected NAME=GLOB, e.g. --label falcon='runs/falcon-s*'")
+        rules.append((name, pattern))
+    identities = {id(r): _identity(r.config) for r in runs}
+    for run in runs:
+        matched = [name for name, pattern in rules if fnmatch.fnmatch(str(run.path), pattern)
+                   or fnmatch.fnmatch(run.path.name, pattern)]
+        if matched:
+            run.label = matched[0]
+            continue
+        siblings = [identities[id(r)] for r in runs if r.recipe == run.recipe]
+        mine = identities[id(run)]
+        varying = sorted(k for k in set().union(*siblings) if len({repr(s.get(k)) for s in siblings}) > 1)
+        run.label = " ".join([run.recipe, *(f"{k}={_value(mine.get(k))}" for k in varying)])
+
+
+def _identity(config: dict) -> dict:
+    flat = _flat(config)
+    return {k: v for k, v in flat.items()
+            if not any(k == key or k.startswith(key + ".") for key in IDENTITY_IGNORED + BUDGET_KEYS)}
+
+
+def _value(value) -> str:
+    return "null" if value is None else json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+
+
+def check_comparable(runs: Sequence[Run], metrics: Sequence[str], allow_mismatch: bool = False) -> list[str]:
+    """Refuse (one line, naming the run and what differs) runs of other pretraining pairs, budgets or evaluation
+    settings than the first run; with ``allow_mismatch`` return those lines as warnings instead. Also refuse two
+    runs of one method and seed, and a metric some run lacks."""
+    first = runs[0]
+    problems = []
+    for run in runs[1:]:
+        if run.dataset != first.dataset:
+            problems.append(f"{run.path}: pretrained on other pairs than {first.path} ({run.dataset} vs "
+                            f"{first.dataset}); compare runs of one dataset")
+        a, b = _flat(first.config), _flat(run.config)
+        for key in BUDGET_KEYS:
+            if a.get(key) != b.get(key):
+                problems.append(f"{run.path}: another budget than {first.path} ({key}: {b.get(key)!r} vs "
+                                f"{a.get(key)!r}); compare runs trained alike")
+                break
+    for metric in metrics:
+        missing = [r for r in runs if metric not in r.metrics]
+        if len(missing) == len(runs):
+            available = ", ".join(metric_names(runs)[:12]) or "none in common"
+            raise FalconError(f"--metric {metric}: no run has it; the runs' results give: {available}")
+        if missing:
+            have = [m for m in missing[0].metrics if m.split(":")[0] == metric.split(":")[0]][:6]
+            raise FalconError(f"{missing[0].path}: no {metric} in its results"
+                              + (f" (it has {', '.join(have)})" if have else "")
+                              + f"; evaluate it as the others were (e.g. falcon evaluate retrieval {missing[0].path}"
+                              + (" --rerank" if metric.startswith("rerank:") else "") + ")")
+        for run in runs[1:]:
+            s, f = run.settings[metric], first.settings[metric]
+            key = next((k for k in f if k in s and s.get(k) != f.get(k)), None)
+            if key is not None:
+                problems.append(f"{run.path}: {metric} measured with {key} = {s.get(key)!r}, {first.path} with "
+                                f"{f.get(key)!r}; evaluate the runs alike")
+    seen: dict[tuple[str, int], Path] = {}
+    for run in runs:
+        other = seen.setdefault((run.label, run.seed), run.path)
+        if other != run.path:
+            raise FalconError(f"{run.path}: the same method ({run.label}) and seed ({run.seed}) as {other}; give one "
+                              "run per method and seed, or tell them apart with --label NAME=GLOB")
+    problems = list(dict.fromkeys(problems))
+    if problems and not allow_mismatch:
+        raise FalconError(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+                          + "; --allow-mismatch compares them anyway and flags it in the report")
+    return problems
+
+
+@dataclass
+class Comparison:
+    """What :func:`compare_runs` found: per metric, one summary row per method and the per-seed values."""
+
+    metrics: list[str]
+    baseline: str
+    methods: list[str]
+    summary: list[dict]
+    per_seed: list[dict]
+    warnings: list[str]
+
+
+def compare_runs(runs: Sequence[Run], metrics: Sequence[str], baseline: str | None = None,
+                 allow_mismatch: bool = False) -> Comparison:
+    """Each method's mean over its seeds with the t interval (one seed: the binomial interval over its queries),
+    and its paired difference from ``baseline`` (default: the first run's method) over the seeds both ran."""
+    warnings = check_comparable(runs, metrics, allow_mismatch)
+    methods = list(dict.fromkeys(r.label for r in runs))
+    baseline = baseline if baseline is not None else methods[0]
+    if baseline not in methods:
+        raise FalconError(f"--baseline {baseline}: no such method among the runs ({', '.join(methods)})")
+    by_method = {m: {r.seed: r for r in runs if r.label == m} for m in methods}
+    for method, seeds in by_method.items():
+        if len(seeds) == 1:
+            run = next(iter(seeds.values()))
+            warnings.append(f"{run.path}: the only seed of {method}: one seed, no verdict; train it with more seeds "
+                            f"(seed=1, seed=2, ...) for a paired interval")
+    summary, per_seed = [], []
+    for metric in metrics:
+        reference = by_method[baseline]
+        for method in methods:
+            seeds = by_method[method]
+            values = [seeds[s].metrics[metric] for s in sorted(seeds)]
+            m = mean_interval(values)
+            lo, hi = (m.lo, m.hi) if m.n > 1 else single_run_interval(metric, values[0], next(iter(seeds.values())))
+            row = {"metric": metric, "method": method, "seeds": m.n, "mean": m.mean, "std": m.std, "lo": lo, "hi": hi,
+                   "interval": "t over seeds" if m.n > 1 else "binomial over queries"}
+            shared = sorted(set(seeds) & set(reference))
+            if method != baseline and shared:
+                d = paired_difference([seeds[s].metrics[metric] for s in shared],
+                                      [reference[s].metrics[metric] for s in shared])
+                row.update({"baseline": baseline, "paired_seeds": d.n, "difference": d.mean, "difference_lo": d.lo,
+                            "difference_hi": d.hi, "positive": d.positive, "t": d.t,
+                            "verdict": _verdict_word(d.lo, d.hi, d.n)})
+            elif method != baseline:
+                row.update({"baseline": baseline, "paired_seeds": 0, "verdict": "no seed in common with the baseline"})
+            summary.append(row)
+            per_seed += [{"metric": metric, "method": method, "seed": s, "value": seeds[s].metrics[metric],
+                          "run": str(seeds[s].path)} for s in sorted(seeds)]
+    return Comparison(list(metrics), baseline, methods, summary, per_seed, warnings)
+
+
+def _verdict_word(lo: float, hi: float, n: int) -> str:
+    """A word only where the interval excludes zero; ``—`` where it holds it."""
+    verdict = interval_verdict(lo, hi, n)
+    return "—" if verdict == "no difference" else verdict
+
+
+def single_run_interval(metric: str, value: float, run: Run) -> tuple[float, float]:
+    """One run's 95% interval over its queries: Wilson's for a one-direction percentage; for a two-direction mean
+    (``R@1`` = the mean of i2t and t2i) the normal interval of the mean of two independent proportions; nan where
+    the count of queries is unknown."""
+    if metric in run.counts and run.counts[metric] > 0:
+        return wilson_interval(value, run.counts[metric])
+    key = metric.split(":", 1)[-1]
+    prefix = metric[: len(metric) - len(key)]
+    parts = []
+    for direction in ("i2t_", "t2i_"):
+        for name in (f"{prefix}{direction}{key}", f"{prefix}{key.replace('oracle_', 'oracle_' + direction, 1)}"):
+            if name in run.counts and name != metric:
+                parts.append((run.metrics[name] / 100.0, run.counts[name]))
+                break
+    if len(parts) != 2:
+        return (float("nan"), float("nan"))
+    half = Z95 * math.sqrt(sum(p * (1 - p) / n for p, n in parts)) / 2
+    return (100.0 * max(0.0, value / 100 - half), 100.0 * min(1.0, value / 100 + half))
+
+
+def _interval(mean: float, lo: float, hi: float, signed: bool = False) -> str:
+    number = f"{mean:+.2f}" if signed else f"{mean:.2f}"
+    return number if lo != lo or hi != hi else f"{number} [{lo:+.2f}, {hi:+.2f}]" if signed else f"{number} [{lo:.2f}, {hi:.2f}]"
+
+
+def markdown(comparison: Comparison) -> str:
+    """The comparison as Markdown: per metric, one row per method (mean and 95% interval over seeds; its paired
+    difference from the baseline with the paired-t 95% interval, the seeds paired, on how many it is positive, and
+    a verdict only where the interval excludes zero), then any warnings."""
+    lines = ["# Runs compared over seeds", "",
+             f"Baseline: **{comparison.baseline}**. Means with their 95% interval over seeds (Student's t; one seed: "
+             "the binomial interval over its queries). Differences are paired by seed, with the paired-t 95% "
+             "interval; a verdict is given only where that interval excludes zero.", ""]
+    for metric in comparison.metrics:
+        lines += [f"## {metric}", "", "| method | seeds | mean [95% CI] | − baseline [95% CI] | paired seeds | positive | verdict |",
+                  "|---|---|---|---|---|---|---|"]
+        for row in (r for r in comparison.summary if r["metric"] == metric):
+            if row["method"] == comparison.baseline:
+                diff, n, positive, verdict = "(baseline)", "", "", ""
+            elif row.get("paired_seeds"):
+                diff = _interval(row["difference"], row["difference_lo"], row["difference_hi"], signed=True)
+                n, positive, verdict = row["paired_seeds"], f"{row['positive']}/{row['paired_seeds']}", row["verdict"]
+            else:
+                diff, n, positive, verdict = "", 0, "", row["verdict"]
+            lines.append(f"| {row['method']} | {row['seeds']} | {_interval(row['mean'], row['lo'], row['hi'])} | {diff} "
+                         f"| {n} | {positive} | {verdict} |")
+        lines.append("")
+    if comparison.warnings:
+        lines += ["## Warnings", "", *(f"- {w}" for w in comparison.warnings), ""]
+    lines += ["## Runs", "", "| method | seed | run |", "|---|---|---|"]
+    seen = set()
+    for row in comparison.per_seed:
+        if (row["method"], row["seed"]) not in seen:
+            seen.add((row["method"], row["seed"]))
+            lines.append(f"| {row['method']} | {row['seed']} | {row['run']} |")
+    return "\n".join(lines) + "\n"
+
+
+def figure(comparison: Comparison, path: str | Path) -> Path:
+    """Per metric, two panels: each method's per-seed values with its mean and interval, and each method's per-seed
+    differences from the baseline with the paired interval (a dashed line at zero)."""
+    from matplotlib.figure import Figure
+
+    from falcon_cli.reporting.figures import _save_png
+
+    n = len(comparison.metrics)
+    fig = Figure(figsize=(11, 0.6 + (1.0 + 0.45 * len(comparison.methods)) * n))
+    axes = fig.subplots(n, 2, squeeze=False)
+    for (left, right), metric in zip(axes, comparison.metrics):
+        rows = {r["method"]: r for r in comparison.summary if r["metric"] == metric}
+        for y, method in enumerate(comparison.methods):
+            row = rows[method]
+            values = [r["value"] for r in comparison.per_seed if r["metric"] == metric and r["method"] == method]
+            left.scatter(values, [y] * len(values), s=14, color="0.55", zorder=2)
+            if row["lo"] == row["lo"]:
+                left.plot([row["lo"], row["hi"]], [y, y], color="C0", lw=2.5, zorder=3)
+            left.scatter([row["mean"]], [y], color="C0", marker="D", s=30, zorder=4)
+            if row.get("paired_seeds"):
+                seeds = {r["seed"]: r["value"] for r in comparison.per_seed if r["metric"] == metric and r["method"] == method}
+                base = {r["seed"]: r["value"] for r in comparison.per_seed if r["metric"] == metric
+                        and r["method"] == comparison.baseline}
+                diffs = [seeds[s] - base[s] for s in seeds if s in base]
+                colour = {"higher": "C2", "lower": "C3"}.get(row["verdict"], "C0")
+                right.scatter(diffs, [y] * len(diffs), s=14, color="0.55", zorder=2)
+                if row["difference_lo"] == row["difference_lo"]:
+                    right.plot([row["difference_lo"], row["difference_hi"]], [y, y], color=colour, lw=2.5, zorder=3)
+                right.scatter([row["difference"]], [y], color=colour, marker="D", s=30, zorder=4)
+        for ax in (left, right):
+            ax.set_yticks(range(len(comparison.methods)))
+            ax.set_yticklabels(comparison.methods if ax is left else [""] * len(comparison.methods), fontsize=8)
+            ax.set_ylim(len(comparison.methods) - 0.5, -0.5)
+            ax.grid(axis="x", alpha=0.3)
+        right.axvline(0, color="0.3", ls="--", lw=1)
+        left.set_title(f"{metric}: per seed (grey), mean and 95% interval", fontsize=9)
+        right.set_title(f"− {comparison.baseline}, paired by seed, 95% interval", fontsize=9)
+    fig.tight_layout()
+    return _save_png(fig, path)
+
+
+def write_comparison(comparison: Comparison, out_dir: str | Path) -> Path:
+    """``comparison.md``, ``comparison.csv`` (a row per metric and method), ``per_seed.csv`` and ``comparison.png``
+    into ``out_dir``, replaced whole (atomically: an interrupted write leaves the old directory)."""
+    import pandas as pd
+
+    from falcon_cli.artifacts.atomic import atomic_dir, write_text
+
+    with atomic_dir(out_dir) as out:
+        write_text(out / "comparison.md", markdown(comparison))
+        write_text(out / "comparison.csv", pd.DataFrame(comparison.summary).to_csv(index=False, float_format="%.6f"))
+        write_text(out / "per_seed.csv", pd.DataFrame(comparison.per_seed).to_csv(index=False, float_format="%.6f"))
+        figure(comparison, out / "comparison.png")
+    return Path(out_dir)
+
+
+__all__ = ["Run", "read_run", "label_runs", "metric_names", "check_comparable", "compare_runs", "Comparison",
+           "single_run_interval", "markdown", "figure", "write_comparison"]

@@ -1,0 +1,216 @@
+"""`falcon compare`: the interval arithmetic against plain references, and the command on runs a real tiny run's
+results stand in for (their numbers set per method and seed, so every interval is known)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from falcon_cli.evaluation.intervals import mean_interval, paired_difference, t_cdf, t_quantile
+from tests.conftest import assert_png, run_cli
+
+# Student's t, 97.5% quantiles, as printed in statistics tables (three decimals).
+T_TABLE = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+           11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
+           20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048,
+           29: 2.045, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980, math.inf: 1.960}
+
+
+def test_t_quantiles_match_the_printed_table():
+    for df, expected in T_TABLE.items():
+        assert t_quantile(0.975, df) == pytest.approx(expected, abs=6e-4), df
+
+
+def test_t_quantiles_match_closed_forms_and_a_plain_integration():
+    for p in (0.6, 0.9, 0.975, 0.995):
+        assert t_quantile(p, 1) == pytest.approx(math.tan(math.pi * (p - 0.5)), rel=1e-10)  # Cauchy
+        assert t_quantile(p, 2) == pytest.approx((2 * p - 1) / math.sqrt(2 * p * (1 - p)), rel=1e-10)
+        assert t_quantile(1 - p, 7) == pytest.approx(-t_quantile(p, 7), rel=1e-12)
+
+    def density(x, df):
+        return math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi) \
+            * (1 + x * x / df) ** (-(df + 1) / 2)
+
+    def cdf(t, df, steps=4000):  # Simpson's rule from 0 to t, plus the half below 0
+        h = t / steps
+        total = density(0, df) + density(t, df) + sum((4 if i % 2 else 2) * density(i * h, df) for i in range(1, steps))
+        return 0.5 + total * h / 3
+
+    for df in (3, 4, 8, 13):
+        for p in (0.9, 0.975):
+            lo, hi = 0.0, 20.0
+            for _ in range(60):
+                mid = (lo + hi) / 2
+                lo, hi = (mid, hi) if cdf(mid, df) < p else (lo, mid)
+            assert t_quantile(p, df) == pytest.approx((lo + hi) / 2, abs=1e-6), (df, p)
+            assert t_cdf(t_quantile(p, df), df) == pytest.approx(p, abs=1e-12)
+
+
+def test_mean_and_paired_intervals_against_the_formula():
+    a, b = [64.4, 63.5, 73.7, 69.3, 74.5], [68.1, 66.2, 66.6, 65.0, 67.6]
+    diff = [x - y for x, y in zip(a, b)]
+    mean = sum(diff) / 5
+    std = math.sqrt(sum((d - mean) ** 2 for d in diff) / 4)
+    half = 2.7764451051977987 * std / math.sqrt(5)
+    d = paired_difference(a, b)
+    assert (d.n, d.positive, d.negative) == (5, 3, 2)
+    assert d.mean == pytest.approx(mean, abs=1e-12) and d.std == pytest.approx(std, abs=1e-12)
+    assert (d.lo, d.hi) == pytest.approx((mean - half, mean + half), abs=1e-9)
+    assert d.t == pytest.approx(mean / (std / math.sqrt(5)))
+    assert d.verdict == ("higher" if mean - half > 0 else "no difference")
+    assert paired_difference([2, 2.2, 2.4], [0, 0, 0]).verdict == "higher"
+    assert paired_difference([1, 2, 3], [0, 0, 0]).verdict == "no difference"  # (t(2) = 4.30: the interval holds 0)
+    assert paired_difference([0, 0.1, 0], [1, 1, 1.1]).verdict == "lower"
+    assert paired_difference([1], [0]).verdict == "one seed: no verdict"
+    single = mean_interval([3.0])
+    assert single.n == 1 and math.isnan(single.lo) and math.isnan(single.std)
+
+
+# --- the command ----------------------------------------------------------------------------------------------------
+
+TINY = ["data.shapes.images=40", "data.shapes.size=32", "pretrain.image_size=32", "data.tokenizer_vocab_size=200",
+        "pretrain.epochs=1", "pretrain.batch_size=16", "pretrain.max_steps_per_epoch=2", "pretrain.num_workers=0",
+        "pretrain.warmup_steps=1", "stages=[data, pretrain, evaluate]", "evaluate.tasks=[retrieval]",
+        "evaluate.num_workers=0", "evaluate.retrieval.k=4", "evaluate.batch_size=16"]
+
+# (method, seed) -> (i2t R@1, t2i R@1) of the re-ranked row; the ITC row gets these minus 10
+VALUES = {("uniform", 0): (60.0, 50.0), ("uniform", 1): (62.0, 51.0), ("uniform", 2): (58.0, 49.0),
+          ("grit", 0): (64.0, 52.0), ("grit", 1): (65.0, 52.5), ("grit", 2): (61.0, 50.0)}
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    """One real tiny run: data, one epoch of GRIT pretraining, retrieval evaluated by ITC and re-ranked by ITM."""
+    root = tmp_path_factory.mktemp("compare-source")
+    run = root / "run"
+    proc = run_cli("run", "--recipe", "shapes-demo", "--run-dir", run, f"data.dataset={root / 'world'}", *TINY)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return run
+
+
+def make_run(source: Path, target: Path, method: str, seed: int, values: tuple[float, float] | None = None) -> Path:
+    """A copy of ``source``'s manifest and results as ``method`` (grit: the recipe's composer; uniform: composer
+    uniform) and ``seed``, its R@1 set to ``values``."""
+    target.mkdir(parents=True)
+    shutil.copytree(source / "results", target / "results")
+    manifest = json.loads((source / "manifest.json").read_text())
+    manifest["seed"] = manifest["config"]["seed"] = seed
+    manifest["config"]["pretrain"]["composer"] = method
+    (target / "manifest.json").write_text(json.dumps(manifest))
+    if values is not None:
+        path = target / "results" / "retrieval.json"
+        result = json.loads(path.read_text())
+        for row in result["rows"]:
+            shift = 10.0 if row["scoring"] == "itc" else 0.0
+            row["i2t_R@1"], row["t2i_R@1"] = values[0] - shift, values[1] - shift
+        path.write_text(json.dumps(result))
+    return target
+
+
+@pytest.fixture
+def runs(source, tmp_path):
+    for (method, seed), values in VALUES.items():
+        make_run(source, tmp_path / "runs" / f"{method}-s{seed}", method, seed, values)
+    return tmp_path
+
+
+def test_compare_pairs_seeds_and_matches_the_reference(runs):
+    proc = run_cli("compare", "runs/uniform-s0", "runs/uniform-s1", "runs/uniform-s2", "runs/grit-s0", "runs/grit-s1",
+                   "runs/grit-s2", "--metric", "rerank:R@1", "--metric", "itc:t2i_R@1", "--out", "cmp", cwd=runs)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    table = pd.read_csv(runs / "cmp" / "comparison.csv")
+    assert list(table["method"].unique()) == ["shapes-demo pretrain.composer=uniform",
+                                              "shapes-demo pretrain.composer=grit"]
+    t2 = 4.302652729749464  # t(0.975, 2)
+    for metric, pick in (("rerank:R@1", lambda v: (v[0] + v[1]) / 2), ("itc:t2i_R@1", lambda v: v[1] - 10)):
+        rows = table[table["metric"] == metric].set_index("method")
+        for method in ("uniform", "grit"):
+            values = [pick(VALUES[(method, s)]) for s in range(3)]
+            mean = sum(values) / 3
+            std = math.sqrt(sum((v - mean) ** 2 for v in values) / 2)
+            row = rows.loc[f"shapes-demo pretrain.composer={method}"]
+            assert row["seeds"] == 3 and row["mean"] == pytest.approx(mean, abs=1e-6)
+            assert (row["lo"], row["hi"]) == pytest.approx((mean - t2 * std / math.sqrt(3), mean + t2 * std / math.sqrt(3)), abs=1e-6)
+        diff = [pick(VALUES[("grit", s)]) - pick(VALUES[("uniform", s)]) for s in range(3)]
+        mean = sum(diff) / 3
+        half = t2 * math.sqrt(sum((d - mean) ** 2 for d in diff) / 2) / math.sqrt(3)
+        row = rows.loc["shapes-demo pretrain.composer=grit"]
+        assert row["paired_seeds"] == 3 and row["positive"] == sum(d > 0 for d in diff)
+        assert (row["difference"], row["difference_lo"], row["difference_hi"]) == \
+            pytest.approx((mean, mean - half, mean + half), abs=1e-6)
+        assert row["verdict"] == ("higher" if mean - half > 0 else "lower" if mean + half < 0 else "—")
+    per_seed = pd.read_csv(runs / "cmp" / "per_seed.csv")
+    assert len(per_seed) == 12 and set(per_seed["seed"]) == {0, 1, 2}
+    report = (runs / "cmp" / "comparison.md").read_text()
+    assert "## rerank:R@1" in report and "paired-t 95%" in report and "runs/grit-s2" in report
+    (runs / "cmp" / "comparison.csv").unlink(), (runs / "cmp" / "per_seed.csv").unlink()
+    (runs / "cmp" / "comparison.md").unlink()
+    assert_png(runs / "cmp" / "comparison.png")
+
+
+def test_labels_baseline_and_default_metric(runs):
+    proc = run_cli("compare", *(f"runs/{m}-s{s}" for m in ("uniform", "grit") for s in range(3)),
+                   "--label", "U=*uniform*", "--label", "G=*grit*", "--baseline", "G", cwd=runs)
+    assert proc.returncode == 0, proc.stderr
+    table = pd.read_csv(runs / "runs" / "comparison" / "comparison.csv")  # (default: beside the first run)
+    assert set(table["metric"]) == {"rerank:R@1"} and list(table["method"]) == ["U", "G"]
+    assert table.set_index("method").loc["U", "difference"] < 0
+    listed = run_cli("compare", "runs/uniform-s0", "--list-metrics", cwd=runs).stdout.split()
+    assert {"rerank:R@1", "itc:R@1", "itc:oracle_R@1", "itc:i2t_R@5", "rerank:mean_R"} <= set(listed)
+
+
+def test_one_seed_gets_its_binomial_interval_and_no_verdict(runs):
+    proc = run_cli("compare", "runs/uniform-s0", "runs/grit-s0", "--metric", "itc:i2t_R@1", "--out", "one", cwd=runs)
+    assert proc.returncode == 0, proc.stderr
+    assert "one seed, no verdict" in proc.stdout + proc.stderr
+    row = pd.read_csv(runs / "one" / "comparison.csv").iloc[1]
+    images = json.loads((runs / "runs" / "grit-s0" / "results" / "retrieval.json").read_text())["meta"]["images"]
+    from falcon_cli.evaluation.intervals import wilson_interval
+    assert (row["lo"], row["hi"]) == pytest.approx(wilson_interval(54.0, images), abs=1e-6)
+    assert row["verdict"] == "one seed: no verdict" and row["interval"] == "binomial over queries"
+
+
+@pytest.mark.parametrize("break_it, words", [
+    ("dataset", "pretrained on other pairs"),
+    ("k", "measured with k = "),
+    ("budget", "another budget"),
+    ("no results", "no results yet"),
+    ("metric", "no run has it"),
+    ("same seed", "the same method"),
+])
+def test_runs_that_cannot_be_compared_get_one_line_and_nothing_is_written(runs, break_it, words):
+    run = runs / "runs" / "grit-s2"
+    manifest = json.loads((run / "manifest.json").read_text())
+    result = json.loads((run / "results" / "retrieval.json").read_text())
+    metric = "rerank:R@1"
+    if break_it == "dataset":
+        manifest["stages"]["pretrain"]["result"]["dataset_fingerprint"] = "0" * 64
+    elif break_it == "k":
+        result["meta"]["k"] = 16
+    elif break_it == "budget":
+        manifest["config"]["pretrain"]["epochs"] = 30
+    elif break_it == "no results":
+        shutil.rmtree(run / "results")
+    elif break_it == "metric":
+        metric = "vqa:accuracy"
+    elif break_it == "same seed":
+        manifest["seed"] = 1
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    if (run / "results").exists():
+        (run / "results" / "retrieval.json").write_text(json.dumps(result))
+    proc = run_cli("compare", *(f"runs/{m}-s{s}" for m in ("uniform", "grit") for s in range(3)), "--metric", metric,
+                   "--out", "cmp", cwd=runs)
+    assert proc.returncode == 2 and words in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    if break_it not in ("metric", "same seed"):
+        assert str(Path("runs") / "grit-s2") in proc.stderr
+    assert not (runs / "cmp").exists()
+    if break_it in ("dataset", "k", "budget"):  # compared anyway when asked, and flagged
+        proc = run_cli("compare", *(f"runs/{m}-s{s}" for m in ("uniform", "grit") for s in range(3)), "--metric",
+                       metric, "--out", "cmp", "--allow-mismatch", cwd=runs)
+        assert proc.returncode == 0 and words in (runs / "cmp" / "comparison.md").read_text()
