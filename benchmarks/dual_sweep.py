@@ -22,9 +22,10 @@ import platform
 import sys
 from pathlib import Path
 
-from benchmarks.scheduler_sweep import (BUDGETS, COLUMNS, copy_assets, figure, run_manifests, run_sweep, scheduler_updates,
-                                        summary_table)
+from benchmarks.scheduler_sweep import (BUDGETS, COLUMNS, copy_assets, figure, paired_words, run_manifests, run_sweep,
+                                        scheduler_updates, summary_table)
 from benchmarks.shapes_sweep import replace_block, seeds_phrase, sweep_parser
+from falcon_cli.evaluation.intervals import paired_by_seed
 
 ONLY_TRAIN = "stages=[data,pretrain]"  # evaluation and audit as the other sweeps run them (run_one)
 METHODS: dict[str, tuple[str, list[str]]] = {
@@ -41,8 +42,8 @@ DUAL_COLUMNS = [("R@1", "R@1"), ("i2t_R@1", "i2t R@1"), ("t2i_R@1", "t2i R@1"), 
 
 
 def verdict(table) -> list[str]:
-    """What the table says about FALCON against each baseline: its mean R@1 and FN-aware R@1 differences, and
-    whether they exceed 2 standard deviations (the larger of the two methods' seed std)."""
+    """What the table says about FALCON against each baseline: its R@1, FN-aware R@1 and t2i R@1 differences seed by
+    seed, with the paired-t 95% interval (a direction only where it excludes zero)."""
     lines = []
     mine = table[table["method"] == "siglip-falcon"]
     if mine.empty:
@@ -50,15 +51,11 @@ def verdict(table) -> list[str]:
     for key, what in (("R@1", "R@1"), ("oracle_R@1", "FN-aware R@1"), ("t2i_R@1", "t2i R@1")):
         for base in ("siglip-uniform", "siglip-grit", "siglip-q05"):
             rows = table[table["method"] == base]
-            if rows.empty:
+            d = paired_by_seed(mine.set_index("seed")[key].to_dict(), rows.set_index("seed")[key].to_dict())
+            if d is None:
                 continue
-            a, b = mine[key].astype(float), rows[key].astype(float)
-            margin = 2 * max(a.std(ddof=1) if len(a) > 1 else 0.0, b.std(ddof=1) if len(b) > 1 else 0.0)
-            difference = a.mean() - b.mean()
-            outcome = ("beats it" if difference > margin else "loses to it" if -difference > margin
-                       else "within 2 std: no difference shown")
-            lines.append(f"- **FALCON vs {base.removeprefix('siglip-')}, {what}:** {a.mean():.1f} vs {b.mean():.1f} "
-                         f"(difference {difference:+.1f}, 2 std = {margin:.1f}): **{outcome}**.")
+            lines.append(f"- **FALCON vs {base.removeprefix('siglip-')}, {what}:** {mine[key].mean():.1f} vs "
+                         f"{rows[key].mean():.1f}; {paired_words(d)}.")
     return lines
 
 

@@ -12,13 +12,15 @@ Every run of a regime starts from the same unimodal encoders (the ``unimodal`` s
 analogues, the image encoder on 20,000 extra scenes; trained once per regime, ``unimodal.seed`` 0, as every ALBEF
 run starts from the same DeiT and BERT), and every run of a (regime, seed) draws the same first-epoch data order
 and the same init of what the encoders do not cover; evaluation is deterministic. So the methods are compared seed
-by seed: each method's per-seed difference from uniform and from GRIT, its mean, its standard deviation over seeds
-and on how many seeds it has the same sign. Every R@1 also carries its binomial 95% interval over the test queries.
+by seed: each method's per-seed difference from uniform and from GRIT, its mean with the paired-t 95% interval
+(``falcon_cli.evaluation.intervals``, what ``falcon compare`` uses) and on how many seeds it has the same sign. Every
+R@1 also carries its binomial 95% interval over the test queries.
 
 **The gate** (``--gate``: uniform, GRIT and q = 0.5 on ``coco-like`` and ``dense``) checks that the testbed
-reproduces the premise the papers start from before any method is judged: on ``coco-like`` GRIT beats uniform by
-more than 2 standard deviations of the paired difference; on ``dense`` GRIT's chain picks far more false negatives
-than q = 0.5's and loses to it by more than 2 standard deviations.
+reproduces the premise the papers start from before any method is judged, by paired 95% intervals over
+:data:`GATE_SEEDS` or more seeds: on ``coco-like`` GRIT beats uniform (on ALBEF's protocol, ITC's top k re-ranked by
+the ITM head, where that head has learned; else ITC); on ``dense`` GRIT's chain picks more false negatives than
+q = 0.5's and GRIT loses to it (FN-aware R@1: standard R@1 is capped there).
 
 The sweep is resumable (a run whose training, evaluation and audit are done is skipped) and can be split with
 ``--presets``, ``--only`` and ``--seeds``; ``--report`` regenerates the page's block from every finished run in OUT,
@@ -67,6 +69,8 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "falcon-itm-excess": ("shapes-falcon-itm-excess", []),
     "falcon-itm-expected": ("shapes-falcon-itm-expected", []),
     "falcon-oracle": ("shapes-falcon-oracle", []),
+    "srcl": ("shapes-srcl", []),
+    "diht": ("shapes-diht", []),
     "grit-mask": ("shapes-grit", ["pretrain.same_image=mask"]),
     "grit-oracle": ("shapes-grit", ["pretrain.oracle_negatives=mask"]),
     "uniform-oracle": ("shapes-uniform", ["pretrain.oracle_negatives=mask"]),
@@ -82,7 +86,12 @@ and ``grit-oracle``, GRIT with every pair the oracle says truly matches kept out
 (``pretrain.oracle_negatives: mask``): what the false negatives cost GRIT, the most a false-negative method could win;
 ``uniform-oracle`` the same for uniform batches (beside ``grit-oracle``: what hardness gives once no negative is false);
 ``falcon-oracle``, the expected-worth reward with the oracle as its judge (``shapes-falcon-oracle``): what a perfect
-judge of the picks would buy the scheduler."""
+judge of the picks would buy the scheduler; ``srcl`` (its auxiliary model: the same seed's uniform run, so the
+sweep trains uniform first) and ``diht`` (HN-NCE on uniform batches), the other false-negative-aware methods."""
+
+AUXILIARY = {"srcl": "uniform"}
+"""Methods whose run embeds the pairs with another method's finished run of the same (regime, seed) first (SRCL's
+frozen auxiliary model: ``embed.encoder=falcon:RUN``)."""
 
 DIAGNOSTICS = ("grit-mask", "grit-oracle", "uniform-oracle", "falcon-oracle")
 """Methods the sweep runs only when ``--only`` names them (not part of the phase diagram)."""
@@ -276,9 +285,15 @@ def run_one(preset: str, method: str, seed: int, out: Path, budget: PhaseBudget,
     run = run_dir(out, preset, method, seed)
     log = out / "logs" / f"{preset}-{method}-s{seed}.log"
     recipe, extra = METHODS[method]
+    stages = "stages=[data, pretrain]"
+    if method in AUXILIARY and not completed(run, "pretrain"):  # (SRCL: the pairs embedded by its auxiliary first)
+        auxiliary = run_dir(out, preset, AUXILIARY[method], seed)
+        if not has_checkpoint(auxiliary):
+            raise RuntimeError(f"{method} seed {seed} on {preset}: its auxiliary model {auxiliary} has no checkpoint; "
+                               f"run it in the same sweep (--only {AUXILIARY[method]} {method})")
+        stages, extra = "stages=[data, embed, pretrain]", [*extra, f"embed.encoder=falcon:{auxiliary}"]
     if not completed(run, "pretrain"):
-        train(run, recipe, "stages=[data, pretrain]", *budget.run_overrides(preset, out, seed), *extra, log=log,
-              threads=threads)
+        train(run, recipe, stages, *budget.run_overrides(preset, out, seed), *extra, log=log, threads=threads)
     if not evaluated(run, budget.rerank_k, out / "worlds" / preset):
         ranking = ["--rerank", "--k", str(budget.rerank_k)] if budget.rerank_k else ["--itc-only"]
         falcon("evaluate", "retrieval", str(run), *ranking, log=log, threads=threads)
@@ -674,27 +689,22 @@ def curve_figure(curve_table, out: Path) -> Path:
 # --- the statistics -----------------------------------------------------------------------------------------------
 
 def paired(table, preset: str, method: str, reference: str, metric: str = "R@1") -> dict | None:
-    """``method`` minus ``reference`` seed by seed on ``preset``: mean, std over seeds (ddof 1), the seeds both ran,
-    on how many the difference is positive, and ``beyond_2std``: whether |mean| exceeds twice the std (the gate's
-    criterion; with one seed there is no std and it is False)."""
-    import numpy as np
+    """``method`` minus ``reference`` seed by seed on ``preset`` (``falcon_cli.evaluation.intervals.paired_difference``):
+    mean, std over seeds (ddof 1), the paired-t 95% interval (``lo``, ``hi``), the seeds both ran, on how many the
+    difference is positive, and the verdict (``higher`` / ``lower`` only where the interval excludes zero)."""
+    from falcon_cli.evaluation.intervals import paired_by_seed
 
     if metric not in table:  # (no run has the number yet: uniform composes no chain)
         return None
     rows = table[table["preset"] == preset]
-    a = rows[rows["method"] == method].set_index("seed")[metric].dropna()  # (runs without the number are left out)
-    b = rows[rows["method"] == reference].set_index("seed")[metric].dropna()
-    seeds = sorted(set(a.index) & set(b.index))
-    if not seeds:
+    d = paired_by_seed(rows[rows["method"] == method].set_index("seed")[metric].to_dict(),
+                       rows[rows["method"] == reference].set_index("seed")[metric].to_dict())
+    if d is None:
         return None
-    diff = np.array([a[s] - b[s] for s in seeds], dtype=float)
-    std = float(diff.std(ddof=1)) if len(diff) > 1 else float("nan")
-    positive, negative = int((diff > 0).sum()), int((diff < 0).sum())
-    t = float(diff.mean() / (std / math.sqrt(len(diff)))) if len(diff) > 1 and std > 0 else float("nan")
-    return {"preset": preset, "method": method, "reference": reference, "metric": metric, "seeds": len(seeds),
-            "mean": float(diff.mean()), "std": std, "positive": positive, "negative": negative,
-            "beyond_2std": bool(len(diff) > 1 and abs(diff.mean()) > 2 * std), "t": t,
-            "sign_p": sign_test(positive, negative), "per_seed": diff.round(4).tolist()}
+    return {"preset": preset, "method": method, "reference": reference, "metric": metric, "seeds": d.n,
+            "mean": d.mean, "std": d.std, "lo": d.lo, "hi": d.hi, "positive": d.positive, "negative": d.negative,
+            "t": d.t, "verdict": d.verdict, "sign_p": sign_test(d.positive, d.negative),
+            "per_seed": [round(x, 4) for x in d.per_seed]}
 
 
 def sign_test(positive: int, negative: int) -> float:
@@ -708,50 +718,77 @@ def sign_test(positive: int, negative: int) -> float:
 
 
 def difference_phrase(d: dict) -> str:
-    """A :func:`paired` difference as the tables write it: mean ± std (0 with one seed), on how many seeds it is
-    positive, and * when the mean lies beyond 2 std."""
-    std = 0 if d["std"] != d["std"] else d["std"]
-    return f"{d['mean']:+.2f} ± {std:.2f} ({d['positive']}/{d['seeds']} +)" + (" *" if d["beyond_2std"] else "")
+    """A :func:`paired` difference as the tables write it: mean [paired-t 95% interval] and on how many seeds it is
+    positive, emphasised (**) where the interval excludes zero; one seed: the difference alone."""
+    if d["seeds"] < 2:
+        return f"{d['mean']:+.2f} (1 seed)"
+    phrase = f"{d['mean']:+.2f} [{d['lo']:+.2f}, {d['hi']:+.2f}]"
+    return (f"**{phrase}**" if d["verdict"] in ("higher", "lower") else phrase) + f" ({d['positive']}/{d['seeds']} +)"
+
+
+GATE_HEAD_MARGIN = 0.05
+"""An ITM head has learned where its final-epoch loss, averaged over a half's runs, is this far below the prior
+(:data:`ITM_PRIOR`); only then does the gate read ALBEF's protocol (ITC's top k re-ranked by that head)."""
+
+
+def gate_metric(table, preset: str, methods: tuple[str, str], aware: bool) -> tuple[str, str]:
+    """(column, words) the gate judges a half on: ALBEF's protocol (ITC's top k re-ranked by the ITM head) where the
+    half's runs have it and their head has learned, else the ITC ranking; FN-aware where ``aware`` (a world so dense
+    that a caption truly describes several test images caps standard R@1)."""
+    rows = table[(table["preset"] == preset) & table["method"].isin(methods)]
+    learned = "itm_final" in rows and rows["itm_final"].notna().any() and \
+        rows["itm_final"].mean() < ITM_PRIOR - GATE_HEAD_MARGIN
+    reranked = "rerank_R@1" in rows and rows["rerank_R@1"].notna().all() and learned
+    if reranked:
+        return ("rerank_oracle_R@1", "FN-aware re-ranked R@1") if aware else ("rerank_R@1", "re-ranked R@1 (ALBEF's protocol)")
+    return ("oracle_R@1", "FN-aware ITC R@1") if aware else ("R@1", "ITC R@1")
 
 
 def gate(table) -> tuple[bool | None, list[str]]:
-    """The premise check: (passed, or None when its runs are missing; one line per half)."""
+    """The premise check, judged by paired 95% intervals (paired t over seeds): (passed, or None when its runs are
+    missing or have fewer than :data:`GATE_SEEDS` paired seeds; one line per half, the other rankings beside).
+
+    ``coco-like``: GRIT ahead of uniform, the interval above zero. ``dense``: GRIT's chain picks more false negatives
+    than q = 0.5's and GRIT is behind it, both intervals excluding zero."""
     lines, verdicts = [], []
-    sparse = paired(table, "coco-like", "grit", "uniform")
+    column, words = gate_metric(table, "coco-like", ("grit", "uniform"), aware=False)
+    sparse = paired(table, "coco-like", "grit", "uniform", column)
     if sparse is None:
         lines.append("- `coco-like`: GRIT and uniform have not both run yet.")
         verdicts.append(None)
     else:
-        ok = sparse["mean"] > 0 and sparse["beyond_2std"]
-        verdicts.append(_verdict(ok, sparse))
-        lines.append(f"- `coco-like`, GRIT − uniform R@1: {_difference(sparse)}: " + _words(
-            verdicts[-1], "**passes** (GRIT ahead by more than 2 std).", "**fails** (needs GRIT ahead by more than 2 std)."))
-        rerank = paired(table, "coco-like", "grit", "uniform", metric="rerank_R@1")
-        if rerank is not None and rerank["seeds"] > 1:  # (beside the verdict, which stays on the ITC ranking)
-            lines.append(_aside("With ALBEF's evaluation (ITC's top k re-ranked by the ITM head; not what the gate "
-                                "judges)", rerank))
-    dense = paired(table, "dense", "grit", "q05")
+        verdicts.append(_verdict(sparse["lo"] > 0, sparse))
+        lines.append(f"- `coco-like`, GRIT − uniform, {words}: {_difference(sparse)}: " + _words(
+            verdicts[-1], "**passes** (GRIT ahead: the interval lies above zero).",
+            "**fails** (needs GRIT ahead, the interval above zero)."))
+        for other, name in (("R@1", "ITC R@1"), ("rerank_R@1", "re-ranked R@1"), ("oracle_R@1", "FN-aware ITC R@1")):
+            d = paired(table, "coco-like", "grit", "uniform", other) if other != column else None
+            if d is not None and d["seeds"] > 1:
+                lines.append(_aside(name, d))
+    column, words = gate_metric(table, "dense", ("grit", "q05"), aware=True)
+    dense = paired(table, "dense", "grit", "q05", column)
     chain = paired(table, "dense", "grit", "q05", metric="fn_rate_chain")
     if dense is None or chain is None:
         lines.append("- `dense`: GRIT and q = 0.5 have not both run yet.")
         verdicts.append(None)
     else:
-        ok = dense["mean"] < 0 and dense["beyond_2std"] and chain["mean"] > 0 and chain["beyond_2std"]
-        verdicts.append(_verdict(ok, dense))
-        lines.append(f"- `dense`, GRIT − q = 0.5: R@1 {_difference(dense)}; chain FN % {_difference(chain)}: " + _words(
-            verdicts[-1], "**passes** (GRIT loses, its chain picks more false negatives, both beyond 2 std).",
-            "**fails** (needs GRIT behind and its chain FN rate above q = 0.5's, both beyond 2 std)."))
-        aware = paired(table, "dense", "grit", "q05", metric="oracle_R@1")
-        if aware is not None and aware["seeds"] > 1:  # (beside the verdict: standard R@1 is capped here, see below)
-            lines.append(_aside("FN-aware R@1 (every true match counts; in a world this dense a caption truly describes "
-                                "several test images, which caps standard R@1; not what the gate judges)", aware))
+        verdicts.append(_verdict(dense["hi"] < 0 and chain["lo"] > 0, dense))
+        lines.append(f"- `dense`, GRIT − q = 0.5: {words} {_difference(dense)}; chain FN % {_difference(chain)}: " + _words(
+            verdicts[-1], "**passes** (GRIT behind and its chain picking more false negatives, both intervals clear "
+                          "of zero).",
+            "**fails** (needs GRIT behind, its interval below zero, and its chain FN rate above q = 0.5's)."))
+        for other, name in (("R@1", "ITC R@1"), ("rerank_oracle_R@1", "FN-aware re-ranked R@1")):
+            d = paired(table, "dense", "grit", "q05", other) if other != column else None
+            if d is not None and d["seeds"] > 1:
+                lines.append(_aside(name, d))
     passed = False if False in verdicts else None if None in verdicts else True  # (one failed half fails it)
     return passed, lines
 
 
 def _aside(what: str, d: dict) -> str:
-    """An indented line beside a half's verdict: another metric's difference, and whether it clears 2 std."""
-    return f"  {what}: {_difference(d)}, " + ("beyond" if d["beyond_2std"] else "within") + " 2 std."
+    """An indented line beside a half's verdict: another ranking's difference, and what its interval says."""
+    said = {"higher": "above zero", "lower": "below zero"}.get(d["verdict"], "holding zero")
+    return f"  {what} (beside the verdict): {_difference(d)}, the interval {said}."
 
 
 def _verdict(ok: bool, d: dict) -> bool | None:
@@ -764,12 +801,14 @@ def _words(verdict: bool | None, passes: str, fails: str) -> str:
 
 
 def _difference(d: dict) -> str:
-    """A difference in the gate's words: mean ± std over seeds, how many positive, and (with 3+ seeds) the paired t
-    and the sign test, which ask a weaker question than the gate's 2 std: is the mean difference not zero?"""
-    std = "n/a" if d["std"] != d["std"] else f"{d['std']:.2f}"
+    """A difference in the gate's words: mean [paired-t 95% interval] over n seeds, how many positive, and (with 3+
+    seeds) the t statistic and the sign test."""
+    if d["seeds"] < 2:
+        return f"{d['mean']:+.2f} on one seed"
     tests = (f"; paired t {d['t']:.2f} on {d['seeds'] - 1} df, sign test p = {d['sign_p']:.3f}"
              if d["seeds"] > 2 and d["t"] == d["t"] else "")
-    return f"{d['mean']:+.2f} ± {std} over {d['seeds']} seeds (positive on {d['positive']}{tests})"
+    return (f"{d['mean']:+.2f} [{d['lo']:+.2f}, {d['hi']:+.2f}] over {d['seeds']} seeds "
+            f"(positive on {d['positive']}{tests})")
 
 
 # --- the report ---------------------------------------------------------------------------------------------------
@@ -865,8 +904,8 @@ def summary_lines(table, out: Path) -> list[str]:
                           "Wilson, over the test images); t2i's, over five times as many captions, about half that."]
         lines.append("")
     lines.append("R@1: the mean of i2t and t2i R@1 (%, ITC ranking on the test split), mean ± std over seeds. Δ: the "
-                 "paired difference, seed by seed, mean ± std, and on how many seeds it is positive; * marks a mean "
-                 "beyond 2 std of the differences.")
+                 "paired difference, seed by seed: its mean, its paired-t 95% interval and on how many seeds it is "
+                 "positive; emphasised where the interval excludes zero.")
     return lines
 
 
@@ -1102,11 +1141,16 @@ def main() -> None:
         encoder_threads = args.threads or threads_per_encoder(os.cpu_count() or 1, args.jobs, len(encoders))
         ready = {key: pool.submit(prepare, *key, out, budget, encoder_threads) for key in sorted(encoders)}
 
+        futures: dict = {}
+
         def after_prepare(preset: str, method: str, seed: int) -> dict:
             ready[(preset, budget.unimodal_seed_of(seed))].result()
+            if (preset, AUXILIARY.get(method), seed) in futures:  # (submitted before this run: no deadlock)
+                futures[(preset, AUXILIARY[method], seed)].result()
             return run_one(preset, method, seed, out, budget, threads)
 
-        futures = {key: pool.submit(after_prepare, *key) for key in plan(presets, methods, seeds)}
+        for key in plan(presets, methods, seeds):
+            futures[key] = pool.submit(after_prepare, *key)
         for (preset, method, seed), row in finished_futures(futures, failures):
             print(f"[{time.perf_counter() - start:6.0f} s] {preset} {method} seed {seed}: R@1 {row['R@1']:.1f}, "
                   f"FN-aware {row['oracle_R@1']:.1f}", flush=True)

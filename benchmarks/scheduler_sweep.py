@@ -36,6 +36,7 @@ from pathlib import Path
 
 from benchmarks.shapes_sweep import (SPLITS, Budget, Variant, falcon, finished, finished_futures, replace_block,
                                      run_one, seeds_phrase, sweep_parser)
+from falcon_cli.evaluation.intervals import PairedDifference, paired_by_seed
 
 METHODS: dict[str, tuple[str, list[str]]] = {
     "falcon": ("shapes-falcon", []),
@@ -197,10 +198,18 @@ def summary_table(table, methods=None, columns=None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def paired_words(d: PairedDifference) -> str:
+    """A paired difference in a verdict line: mean [paired-t 95% interval] over n seeds, and what the interval says
+    (a direction only where it excludes zero)."""
+    if d.n < 2:
+        return f"{d.mean:+.1f} on one seed: **no verdict** (one seed)"
+    outcome = {"higher": "beats it", "lower": "loses to it"}.get(d.verdict, "no difference shown (the interval holds zero)")
+    return f"paired over {d.n} seeds {d.mean:+.1f} [{d.lo:+.1f}, {d.hi:+.1f}]: **{outcome}**"
+
+
 def verdict(table) -> list[str]:
     """The issue's two targets, checked on the numbers: (1) corr(E[q], FN density) ≤ −0.3 on every seed of the
-    improved scheduler; (2) its mean R@1 above every baseline's by more than 2 standard deviations (the larger of
-    the two methods' seed std)."""
+    improved scheduler; (2) its R@1 above every baseline's, seed by seed, the paired-t 95% interval above zero."""
     lines, points = [], frontier_rows(table)
     for improved in IMPROVED:
         plus = table[table["method"] == improved]
@@ -233,16 +242,13 @@ def verdict(table) -> list[str]:
                          f"decile lies {', '.join(f'{v:.1f}' for v in room)} points below the frontier at the same mean "
                          f"q, per seed (knowing each anchor's false picks: "
                          f"{', '.join(f'{v:.1f}' for v in 100 * (plus['frontier_fn_rate'] - plus['best_by_anchor_fn_rate']))}).")
-        mean, std = plus["R@1"].mean(), plus["R@1"].std(ddof=1) if len(plus) > 1 else 0.0
         for base in BASELINES:
             rows = table[table["method"] == base]
-            if rows.empty:
+            d = paired_by_seed(plus.set_index("seed")["R@1"].to_dict(), rows.set_index("seed")["R@1"].to_dict())
+            if d is None:
                 continue
-            bmean, bstd = rows["R@1"].mean(), rows["R@1"].std(ddof=1) if len(rows) > 1 else 0.0
-            margin = 2 * max(std, bstd)
-            won = mean - bmean > margin
-            lines.append(f"- **{improved}, R@1 vs {base}:** {mean:.1f} vs {bmean:.1f} (difference {mean - bmean:+.1f}, "
-                         f"2 std = {margin:.1f}): **{'beats it' if won else 'does not beat it'}** by the issue's margin.")
+            lines.append(f"- **{improved}, R@1 vs {base}:** {plus['R@1'].mean():.1f} vs {rows['R@1'].mean():.1f}; "
+                         f"{paired_words(d)}.")
     return lines or ["No improved scheduler has a finished run yet."]
 
 

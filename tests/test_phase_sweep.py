@@ -80,8 +80,13 @@ def test_paired_differences_against_a_hand_computation():
     mean = sum(diffs) / 5
     std = (sum((x - mean) ** 2 for x in diffs) / 4) ** 0.5
     assert d["mean"] == pytest.approx(mean) and d["std"] == pytest.approx(std) and d["seeds"] == 5
-    assert d["positive"] == 5 and d["beyond_2std"] == (mean > 2 * std) and d["per_seed"] == diffs
+    half = 2.7764451051977987 * std / 5 ** 0.5  # t(0.975, 4): the paired interval, not 2 std
+    assert d["positive"] == 5 and d["per_seed"] == diffs and d["verdict"] == "higher"
+    assert (d["lo"], d["hi"]) == pytest.approx((mean - half, mean + half))
     assert d["t"] == pytest.approx(mean / (std / 5 ** 0.5)) and d["sign_p"] == pytest.approx(2 / 2 ** 5)
+    # A mean within 2 std of the differences but clear of zero by its paired interval: the old criterion missed it.
+    wide = sweep.paired(_table({0: 0.2, 1: 2.0, 2: 1.0, 3: 1.6, 4: 1.2}), "coco-like", "grit", "uniform")
+    assert wide["mean"] < 2 * wide["std"] and wide["lo"] > 0 and wide["verdict"] == "higher"
     assert sweep.paired(table, "coco-like", "mafa", "uniform") is None
 
 
@@ -92,26 +97,42 @@ def test_the_sign_test_against_binomial_counts():
     assert sweep.sign_test(5, 5) == 1.0 and sweep.sign_test(0, 0) == 1.0  # (ties at zero are not counted)
 
 
-def test_the_gate_passes_only_when_both_halves_clear_two_standard_deviations():
+def test_the_gate_passes_only_when_both_halves_clear_zero_by_their_paired_intervals():
     passed, lines = sweep.gate(_table({0: 1.0, 1: 1.2, 2: 0.9, 3: 1.1, 4: 1.0}))
     assert passed is True and all("passes" in line for line in lines if not line.startswith("  "))
-    # Beside the dense verdict, not part of it: GRIT − q = 0.5 in FN-aware R@1 (here the same as in R@1).
-    assert lines[-1].startswith("  FN-aware R@1") and "-2.00 ± 0.38 over 5 seeds (positive on 0" in lines[-1]
-    assert lines[-1].endswith("beyond 2 std.")
-    noisy = {0: 3.0, 1: -1.0, 2: 2.0, 3: -0.5, 4: 1.0}  # GRIT ahead on average, but within the seed noise
+    # No re-ranked column and no ITM loss: both halves read the ITC ranking, dense its FN-aware R@1.
+    assert "GRIT − uniform, ITC R@1: +1.04 [+0.90, +1.18] over 5 seeds" in lines[0]
+    assert "GRIT − q = 0.5: FN-aware ITC R@1 -2.00 [-2.47, -1.53] over 5 seeds" in lines[2]
+    # Beside the dense verdict, not part of it: GRIT − q = 0.5 in standard ITC R@1 (here the same numbers).
+    assert lines[-1].startswith("  ITC R@1 (beside the verdict)") and lines[-1].endswith("the interval below zero.")
+    noisy = {0: 3.0, 1: -1.0, 2: 2.0, 3: -0.5, 4: 1.0}  # GRIT ahead on average, but its interval holds zero
     passed, lines = sweep.gate(_table(noisy))
-    assert passed is False and "fails" in lines[0] and "passes" in lines[1]
+    assert passed is False and "fails" in lines[0] and "passes" in lines[2]
     passed, lines = sweep.gate(_table({s: 1.0 + 0.1 * s for s in range(5)}, dense_grit_minus_q05=(2, 1, 3, 2, 2)))
-    assert passed is False and "fails" in lines[1]
+    assert passed is False and "fails" in next(line for line in lines if line.startswith("- `dense`"))
     table = _table({s: 1.0 for s in range(5)})
     passed, lines = sweep.gate(table[table["preset"] == "coco-like"])
-    assert passed is None and "not both run" in lines[1]
+    assert passed is None and "not both run" in lines[-1]
     clear = _table({s: 1.0 + 0.1 * s for s in range(5)})
     passed, lines = sweep.gate(clear[clear["seed"] < 2])  # clear on two seeds, but two say too little
     assert passed is None and all("no verdict before 5 paired seeds" in line for line in lines if not line.startswith("  "))
     noisy_table = _table(noisy)
     passed, lines = sweep.gate(noisy_table[noisy_table["preset"] == "coco-like"])
     assert passed is False and "fails" in lines[0]  # one failed half decides it, the other still missing
+
+
+def test_the_gate_reads_albefs_protocol_where_the_itm_head_learns():
+    table = _table({0: 1.0, 1: 1.2, 2: 0.9, 3: 1.1, 4: 1.0})
+    table["rerank_R@1"] = table["R@1"] + 10 - 3 * (table["method"] == "grit")  # re-ranked, GRIT behind
+    table["rerank_oracle_R@1"] = table["rerank_R@1"] + 5
+    table["itm_final"] = 0.40  # the head left the prior (0.637)
+    passed, lines = sweep.gate(table)
+    assert "re-ranked R@1 (ALBEF's protocol): -1.96" in lines[0] and "fails" in lines[0]
+    assert any(line.startswith("  ITC R@1 (beside the verdict): +1.04") for line in lines)
+    assert "FN-aware re-ranked R@1" in next(line for line in lines if line.startswith("- `dense`"))
+    table["itm_final"] = 0.63  # at the prior: the head's ranking says nothing, the gate reads ITC
+    passed, lines = sweep.gate(table)
+    assert passed is True and "ITC R@1: +1.04" in lines[0]
 
 
 def test_the_budget_line_names_each_regime_only_when_their_budgets_differ():
@@ -150,7 +171,7 @@ def test_summary_and_report_block(tmp_path):
     assert "a perfect model's t2i R@1: 58.3%" in text
     assert "a random pair is a false negative 0.24% of the time, a near miss 28.5%" in text
     grit = next(line for line in lines if line.startswith("| grit |"))
-    assert "+1.04 ± 0.11 (5/5 +) *" in grit  # vs uniform: beyond 2 std
+    assert "**+1.04 [+0.90, +1.18]** (5/5 +)" in grit  # vs uniform: the paired interval excludes zero
     assert "| uniform | 5 | 22.0 ± 1.6 |" in text
     assert "hardest candidate is a true match 32.0 ± 1.6% of the time, the 10th hardest 10.0 ± 0.0%" in text
     manifest = {"git": {"sha": "abcdef0123", "dirty": False}, "host": {"cpus": 16, "gpus": ["NVIDIA H200"]},
@@ -245,10 +266,10 @@ def test_collect_rebuilds_the_tables_and_report_from_runs_made_elsewhere_and_run
     assert sorted(zip(table["method"], table["seed"])) == [("grit", 0), ("grit", 1), ("uniform", 0), ("uniform", 1)]
     assert table["itm_final"].round(4).eq(0.675).all()  # the mean over the last epoch's steps
     page = report.read_text()
-    assert "| grit | 2 | 21.5 ± 0.7 |" in page and "+1.00 ± 0.00 (2/2 +)" in page
+    assert "| grit | 2 | 21.5 ± 0.7 |" in page and "**+1.00 [+1.00, +1.00]** (2/2 +)" in page
     assert "2 CPU cores (cpu, fp32); 4 runs" in page  # (no "runs at a time": collected, not run here)
     assert ("top 8 ITC candidates re-ranked by the ITM head (ALBEF's evaluation): uniform 25.5 ± 0.7 (FN-aware 25.5 ± 0.7); "
-            "grit 24.5 ± 1.4 (FN-aware 24.5 ± 1.4, -1.00 ± 0.71 (0/2 +) against uniform)") in page
+            "grit 24.5 ± 1.4 (FN-aware 24.5 ± 1.4, -1.00 [-7.35, +5.35] (0/2 +) against uniform)") in page
     paired = pd.read_csv(out / "paired.csv")
     rerank = paired[(paired["metric"] == "rerank_R@1") & (paired["reference"] == "uniform")]
     assert rerank["per_seed"].tolist() == ["[-1.5, -0.5]"]  # grit - uniform, seed by seed
@@ -312,8 +333,8 @@ def test_near_miss_lines_give_each_methods_confusions_and_its_paired_difference_
     assert "| uniform | 2 | 4.0 | 5.0 / -5.0 | 5.0 / -5.0 | 5.0 / -5.0 | 5.0 / -5.0 | 50.0 / 40.0 | 5.0 / -5.0 | 5.0 / -5.0 |" in lines
     assert "| grit | 2 | 20.5 | " in "\n".join(lines) and "47.5 / 37.5" in "\n".join(lines)
     grit = next(line for line in lines if line.startswith("- `grit` − `uniform`"))
-    assert "swap ITC -2.50 ± 0.71 (0/2 +) *" in grit and "swap re-ranked -2.50 ± 0.71 (0/2 +) *" in grit
-    assert "color ITC +0.00 ± 0.00 (0/2 +)" in grit
+    assert "swap ITC -2.50 [-8.85, +3.85] (0/2 +)" in grit and "swap re-ranked -2.50 [-8.85, +3.85] (0/2 +)" in grit
+    assert "color ITC +0.00 [+0.00, +0.00] (0/2 +)" in grit
     assert sweep.near_miss_lines(table, "dense") == []
 
 
@@ -595,12 +616,13 @@ def test_the_oracle_arms_say_what_the_false_negatives_cost_and_what_hardness_giv
                  "i2t_R@1_lo": 1.0, "i2t_R@1_hi": 3.0})
     table = pd.DataFrame(rows)
     lines = sweep.oracle_lines(table, "dense")
-    assert lines[2] == ("- `grit-oracle` − `grit` (every false negative kept out of ITC and ITM): FN-aware R@1 +12.00 ± "
-                        "0.00 (2/2 +) *; R@1 -7.00 ± 0.00 (0/2 +) *; re-ranked FN-aware R@1 +12.00 ± 0.00 (2/2 +) *.")
+    assert lines[2] == ("- `grit-oracle` − `grit` (every false negative kept out of ITC and ITM): FN-aware R@1 **+12.00 "
+                        "[+12.00, +12.00]** (2/2 +); R@1 **-7.00 [-7.00, -7.00]** (0/2 +); re-ranked FN-aware R@1 **+12.00 "
+                        "[+12.00, +12.00]** (2/2 +).")
     assert lines[3].startswith("- `uniform-oracle` − `uniform` (every false negative kept out of ITC and ITM): "
-                               "FN-aware R@1 +10.50 ± 0.71 (2/2 +) *")
+                               "FN-aware R@1 **+10.50 [+4.15, +16.85]** (2/2 +)")
     assert lines[4].startswith("- `grit-oracle` − `uniform-oracle` (hardness, once no negative is false): "
-                               "FN-aware R@1 +2.50 ± 0.71 (2/2 +) *")
+                               "FN-aware R@1 +2.50 [-3.85, +8.85] (2/2 +)")
     assert sweep.oracle_lines(table, "coco-like") == []
     page = "\n".join(sweep.summary_lines(table, tmp_path))
     assert page.count("What the false negatives cost") == 1 and "| grit-oracle | 2 |" in page

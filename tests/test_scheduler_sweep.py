@@ -44,17 +44,18 @@ def _table(plus_r1, plus_corr):
     return pd.DataFrame(rows)
 
 
-def test_verdict_checks_every_seed_and_two_standard_deviations():
+def test_verdict_checks_every_seed_and_the_paired_interval():
     won = sweep.verdict(_table([15.0, 15.5, 16.0], [-0.35, -0.4, -0.31]))
     assert "**met**" in won[0] and all("beats it" in line for line in won[1:])
-    # GRIT's std is 1.0: a 3.0 lead over its 11.0 is beyond 2 std; the same lead with one seed at -0.29 fails target 1
+    # Three points ahead of GRIT on every seed: the interval is [+3, +3]; one seed at -0.29 fails target 1
     lost = sweep.verdict(_table([13.0, 14.0, 15.0], [-0.35, -0.29, -0.5]))
     assert "**not met**" in lost[0]
     grit = next(line for line in lost if "vs grit" in line)
     assert len(lost) == 4, "one improved scheduler ran: its target line and three baselines"
-    assert "+3.0" in grit and "2 std = 2.0" in grit and "beats it" in grit
-    assert "does not beat it" in next(line for line in sweep.verdict(_table([12.0, 12.5, 13.0], [-1, -1, -1]))
-                                      if "vs grit" in line)
+    assert "paired over 3 seeds +3.0 [+3.0, +3.0]" in grit and "beats it" in grit
+    # Ahead by 2.0, -0.5 and 1.0: the mean is positive but t(0.975, 2) = 4.30 puts zero inside the interval
+    noisy = next(line for line in sweep.verdict(_table([12.0, 10.5, 13.0], [-1, -1, -1])) if "vs grit" in line)
+    assert "+0.8 [-2.3, +4.0]" in noisy and "no difference shown (the interval holds zero)" in noisy
 
 
 def test_summary_table_is_mean_and_std_with_dashes_where_a_method_has_no_number():

@@ -5,7 +5,7 @@ normal approximation is not)."""
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 Z95 = 1.959963984540054
 """The standard normal's 97.5% quantile."""
@@ -170,3 +170,16 @@ def interval_verdict(lo: float, hi: float, n: int) -> str:
     if hi < 0:
         return "lower"
     return "no difference"
+
+
+def paired_by_seed(a: Mapping, b: Mapping, level: float = 0.95) -> PairedDifference | None:
+    """:func:`paired_difference` of two methods' values keyed by seed, over the seeds both have (in seed order);
+    None when they share none. Missing values (None, nan) leave their seed out."""
+    def present(values: Mapping) -> dict:
+        return {seed: float(v) for seed, v in values.items() if v is not None and v == v}
+
+    a, b = present(a), present(b)
+    seeds = sorted(set(a) & set(b))
+    if not seeds:
+        return None
+    return paired_difference([a[s] for s in seeds], [b[s] for s in seeds], level)

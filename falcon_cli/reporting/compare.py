@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Sequence
 
 from falcon_cli.errors import FalconError
-from falcon_cli.evaluation.intervals import (Z95, interval_verdict, mean_interval, paired_difference,
-                                             wilson_interval)
+from falcon_cli.evaluation.intervals import Z95, interval_verdict, mean_interval, paired_by_seed, wilson_interval
 
 RESULT_FILES = {"retrieval": Path("results/retrieval.json"), "vqa": Path("results/vqa.json"),
                 "nlvr2": Path("results/nlvr2.json"), "audit": Path("audit/summary.json")}
@@ -294,10 +293,9 @@ def compare_runs(runs: Sequence[Run], metrics: Sequence[str], baseline: str | No
             lo, hi = (m.lo, m.hi) if m.n > 1 else single_run_interval(metric, values[0], next(iter(seeds.values())))
             row = {"metric": metric, "method": method, "seeds": m.n, "mean": m.mean, "std": m.std, "lo": lo, "hi": hi,
                    "interval": "t over seeds" if m.n > 1 else "binomial over queries"}
-            shared = sorted(set(seeds) & set(reference))
-            if method != baseline and shared:
-                d = paired_difference([seeds[s].metrics[metric] for s in shared],
-                                      [reference[s].metrics[metric] for s in shared])
+            d = None if method == baseline else paired_by_seed({s: r.metrics[metric] for s, r in seeds.items()},
+                                                                 {s: r.metrics[metric] for s, r in reference.items()})
+            if d is not None:
                 row.update({"baseline": baseline, "paired_seeds": d.n, "difference": d.mean, "difference_lo": d.lo,
                             "difference_hi": d.hi, "positive": d.positive, "t": d.t,
                             "verdict": _verdict_word(d.lo, d.hi, d.n)})
