@@ -725,3 +725,31 @@ def test_a_run_scores_its_training_pairs_while_its_checkpoints_are_there_and_the
     older = table.assign(**{"train_perfect_t2i_R@1": None})  # scored before the results carried the perfect model's
     (line,) = [l for l in sweep.memorisation_lines(older, "coco-like") if l]
     assert "perfect" not in line and "grit 61.0 ± 0.0 on them" in line
+
+
+def test_srcl_embeds_the_pairs_with_the_same_seeds_uniform_run_first(tmp_path, monkeypatch):
+    """SRCL's frozen auxiliary model is the same (regime, seed)'s uniform run: its run gets the embed stage with that
+    run as the encoder, and is refused (one message naming it) while that run has no checkpoint."""
+    calls = []
+    monkeypatch.setattr(sweep, "train", lambda run, recipe, *overrides, log, threads: calls.append((recipe, overrides)))
+    monkeypatch.setattr(sweep, "completed", lambda run, stage: False)
+    with pytest.raises(RuntimeError, match="auxiliary model .*uniform-s3 has no checkpoint.*--only uniform srcl"):
+        sweep.run_one("dense", "srcl", 3, tmp_path, sweep.BUDGETS["quick"], threads=1)
+    checkpoint = sweep.run_dir(tmp_path, "dense", "uniform", 3) / "checkpoints" / "12"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / sweep.WEIGHTS).write_bytes(b"weights")
+    class Trained(Exception):
+        pass
+
+    def stop(*args):
+        raise Trained  # (evaluation and audit are not this test's)
+
+    monkeypatch.setattr(sweep, "evaluated", stop)
+    with pytest.raises(Trained):
+        sweep.run_one("dense", "srcl", 3, tmp_path, sweep.BUDGETS["quick"], threads=1)
+    recipe, overrides = calls[-1]
+    assert recipe == "shapes-srcl" and overrides[0] == "stages=[data, embed, pretrain]"
+    assert f"embed.encoder=falcon:{sweep.run_dir(tmp_path, 'dense', 'uniform', 3)}" in overrides
+    with pytest.raises(Trained):
+        sweep.run_one("dense", "diht", 3, tmp_path, sweep.BUDGETS["quick"], threads=1)
+    assert calls[-1][0] == "shapes-diht" and calls[-1][1][0] == "stages=[data, pretrain]"
