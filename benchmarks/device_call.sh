@@ -16,11 +16,15 @@
 #   bash benchmarks/device_call.sh speed 540 ceiling base-grit base-falcon-reuse-eager compose-ops
 #   bash benchmarks/device_call.sh tests 150 tests/test_pretrain.py::test_kill_and_resume_is_exact
 #   bash benchmarks/device_call.sh phase 540 --presets coco-like --only falcon falcon-margin --seeds 1 2 3 4 --jobs 8 --threads 2
-#   (issue 59's dense rows, 35 runs, four calls of about ten; SRCL's auxiliary is the same seed's uniform run, so
-#   uniform trains again in the call before srcl's and its checkpoints stay on the machine between the calls:)
-#   bash benchmarks/device_call.sh phase 560 --presets dense --only uniform mafa glofnd diht --seeds 0 1 --jobs 8 --threads 2
-#   bash benchmarks/device_call.sh phase 560 --presets dense --only srcl falcon falcon-margin --seeds 0 1 --jobs 6 --threads 2
-#   (then seeds 2 3 4 the same way; carry runs/phase-web/worlds/dense and runs/phase-web/unimodal)
+#   (issue 59's dense rows: five paired seeds of mafa, glofnd, diht, falcon and falcon-margin, ten runs a call; SRCL's
+#   auxiliary is the same seed's uniform run, which must still have its checkpoint, so srcl trains in the call that
+#   trains its uniform, the sweep waiting for each uniform before its srcl; carry runs/phase-web/worlds/dense and
+#   runs/phase-web/unimodal:)
+#   bash benchmarks/device_call.sh phase 560 --presets dense --only mafa glofnd --seeds 0 1 2 3 4 --jobs 10 --threads 1
+#   bash benchmarks/device_call.sh phase 560 --presets dense --only diht falcon-margin --seeds 0 1 2 3 4 --jobs 10 --threads 1
+#   bash benchmarks/device_call.sh phase 560 --presets dense --only falcon --seeds 0 1 2 3 4 --jobs 5 --threads 3
+#   bash benchmarks/device_call.sh phase 560 --presets dense --only uniform srcl --seeds 0 1 2 --jobs 6 --threads 2
+#   bash benchmarks/device_call.sh phase 560 --presets dense --only uniform srcl --seeds 3 4 --jobs 4 --threads 4
 # (phase: benchmarks/phase_sweep.py --out runs/phase-web with those arguments; carry the world and its unimodal
 # encoders too, e.g. runs/phase-web/worlds/dense and runs/phase-web/unimodal; the run directories come back without
 # their checkpoints, one archive per method, for `phase_sweep.py --out runs/phase-web --collect` here.)
