@@ -36,7 +36,7 @@ out=${OUT:?set OUT: the folder whose files come back from the device machine}
 case "$what" in suite|speed|tests|phase) ;; *) echo "unknown part '$what': suite, speed, tests or phase" >&2; exit 2 ;; esac
 # it installs into the machine's own Python: never on a development machine
 command -v nvidia-smi > /dev/null || { echo "device_call.sh is for the lent GPU machine (no nvidia-smi here)" >&2; exit 2; }
-export PYTHONUNBUFFERED=1 FALCON_PROGRESS=0
+export PYTHONUNBUFFERED=1 FALCON_PROGRESS=0 PYTHONPATH=.  # (the benchmarks import each other as a package)
 python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl > "$out/setup.log" 2>&1
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >> "$out/setup.log" 2>&1
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc
