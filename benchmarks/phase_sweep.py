@@ -53,6 +53,7 @@ from benchmarks.shapes_sweep import (AUDITED, EVALUATED, Variant, collect, compl
                                      replace_block, seeds_phrase, train)
 from falcon_cli.artifacts.checkpoints import WEIGHTS
 from falcon_cli.data.shapes.near_misses import NEAR_MISS_KINDS, family_size
+from falcon_cli.evaluation.intervals import paired_by_seed
 
 PRESETS = ("coco-like", "medium", "dense")
 """The regimes, sparse to dense (``falcon_cli/data/shapes/presets.py``)."""
@@ -604,7 +605,8 @@ def ledger_curves(curve_table, ledgers: list[Path]):
 
 def convergence_lines(curve_table) -> list[str]:
     """Per regime: has uniform's R@1 stopped rising? Its mean over the last quarter of the epochs minus its mean over
-    the quarter before, seed by seed (mean ± std), and how far GRIT's curve sits from it over those last epochs."""
+    the quarter before, seed by seed (mean and paired-t 95% interval), and how far GRIT's curve sits from it over
+    those last epochs."""
     lines = []
     for preset in [p for p in PRESETS if p in set(curve_table["preset"])]:
         rows = curve_table[curve_table["preset"] == preset]
@@ -615,22 +617,26 @@ def convergence_lines(curve_table) -> list[str]:
         if width < 1 or uniform.shape[1] == 0:
             continue
         late, before = uniform.iloc[-width:].mean(), uniform.iloc[-2 * width:-width].mean()
-        rise = late - before
-        spread = f" ± {rise.std(ddof=1):.2f}" if len(rise) > 1 else ""
+        rise = paired_by_seed(late.to_dict(), before.to_dict())
         last = uniform.index[-1]
-        line = (f"`{preset}`: uniform's R@1 changed by {rise.mean():+.2f}{spread} points from epochs "
+        line = (f"`{preset}`: uniform's R@1 changed by {_ci(rise)} points from epochs "
                 f"{_span(uniform.index[-2 * width], uniform.index[-width - 1])} to {_span(uniform.index[-width], last)} "
                 f"(mean of each window, seed by seed over {uniform.shape[1]} seeds); after epoch {last}: "
                 f"{uniform.iloc[-1].mean():.1f}")
         grit = rows[rows["method"] == "grit"].pivot_table(index="epoch", columns="seed", values="R@1")
         seeds = sorted(set(grit.columns) & set(uniform.columns))
         if seeds and set(uniform.index[-width:]) <= set(grit.index):
-            gap = (grit.loc[uniform.index[-width:], seeds] - uniform.loc[uniform.index[-width:], seeds]).mean()
-            spread = f" ± {gap.std(ddof=1):.2f}" if len(gap) > 1 else ""
-            line += (f". GRIT − uniform over those last {width} epochs: {gap.mean():+.2f}{spread} "
-                     f"(positive on {int((gap > 0).sum())} of {len(gap)} seeds)")
+            window = uniform.index[-width:]
+            gap = paired_by_seed(grit.loc[window, seeds].mean().to_dict(), uniform.loc[window, seeds].mean().to_dict())
+            line += (f". GRIT − uniform over those last {width} epochs: {_ci(gap)} "
+                     f"(positive on {gap.positive} of {gap.n} seeds)")
         lines.append(line + ".")
     return lines
+
+
+def _ci(d) -> str:
+    """A paired difference (``PairedDifference``) as mean [paired-t 95% interval]; the mean alone with one seed."""
+    return f"{d.mean:+.2f}" if d.n < 2 else f"{d.mean:+.2f} [{d.lo:+.2f}, {d.hi:+.2f}]"
 
 
 def _span(first: int, last: int) -> str:
@@ -692,8 +698,6 @@ def paired(table, preset: str, method: str, reference: str, metric: str = "R@1")
     """``method`` minus ``reference`` seed by seed on ``preset`` (``falcon_cli.evaluation.intervals.paired_difference``):
     mean, std over seeds (ddof 1), the paired-t 95% interval (``lo``, ``hi``), the seeds both ran, on how many the
     difference is positive, and the verdict (``higher`` / ``lower`` only where the interval excludes zero)."""
-    from falcon_cli.evaluation.intervals import paired_by_seed
-
     if metric not in table:  # (no run has the number yet: uniform composes no chain)
         return None
     rows = table[table["preset"] == preset]

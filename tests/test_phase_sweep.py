@@ -545,8 +545,8 @@ def test_the_convergence_line_compares_the_last_quarter_of_epochs_with_the_one_b
                          "R@1": slope * epoch + (1.0 if seed == 0 else -0.5)})
     (line,) = sweep.convergence_lines(pd.DataFrame(rows))
     # uniform rises by 2 (seed 0) and 4 (seed 1) points between the windows: mean 3, std 1.41
-    assert line.startswith("`coco-like`: uniform's R@1 changed by +3.00 ± 1.41 points from epochs 5–6 to 7–8")
-    assert "after epoch 8: 12.0" in line and "GRIT − uniform over those last 2 epochs: +0.25 ± 1.06 (positive on 1 of 2 seeds)" in line
+    assert line.startswith("`coco-like`: uniform's R@1 changed by +3.00 [-9.71, +15.71] points from epochs 5–6 to 7–8")
+    assert "after epoch 8: 12.0" in line and "GRIT − uniform over those last 2 epochs: +0.25 [-9.28, +9.78] (positive on 1 of 2 seeds)" in line
     assert sweep.convergence_lines(pd.DataFrame(rows[:6])) == []  # (3 epochs: no quarter to compare)
 
 
@@ -568,7 +568,7 @@ def test_collect_writes_the_learning_curves_and_the_report_shows_them_only_for_r
     assert (out / "phase_curves.png").stat().st_size > 0 and (tmp_path / "results" / "phase_curves.png").exists()
     page = report.read_text()
     assert "**Learning curves** (zero-shot test R@1 after every epoch, 4 of the 4 runs" in page
-    assert "uniform's R@1 changed by +1.00 ± 0.00 points from epochs 3 to 4" in page
+    assert "uniform's R@1 changed by +1.00 [+1.00, +1.00] points from epochs 3 to 4" in page
     assert "![the learning curves](results/phase_curves.png)" in page
 
     # A regime whose runs hold no uniform has no paired difference to draw: the panel says so, with no warning.
