@@ -168,6 +168,7 @@ def test_one_seed_gets_its_binomial_interval_and_no_verdict(runs):
     proc = run_cli("compare", "runs/uniform-s0", "runs/grit-s0", "--metric", "itc:i2t_R@1", "--out", "one", cwd=runs)
     assert proc.returncode == 0, proc.stderr
     assert "one seed, no verdict" in proc.stdout + proc.stderr
+    assert "trained on" not in proc.stdout + proc.stderr  # (every run: the same device and precision)
     row = pd.read_csv(runs / "one" / "comparison.csv").iloc[1]
     images = json.loads((runs / "runs" / "grit-s0" / "results" / "retrieval.json").read_text())["meta"]["images"]
     from falcon_cli.evaluation.intervals import wilson_interval
@@ -210,7 +211,12 @@ def test_runs_that_cannot_be_compared_get_one_line_and_nothing_is_written(runs, 
     if break_it not in ("metric", "same seed"):
         assert str(Path("runs") / "grit-s2") in proc.stderr
     assert not (runs / "cmp").exists()
+    if break_it == "dataset":  # (another device or precision is no refusal: a warning in the report)
+        manifest["stages"]["pretrain"]["result"].update(device="cuda:0", precision="bf16")
+        (run / "manifest.json").write_text(json.dumps(manifest))
     if break_it in ("dataset", "k", "budget"):  # compared anyway when asked, and flagged
         proc = run_cli("compare", *(f"runs/{m}-s{s}" for m in ("uniform", "grit") for s in range(3)), "--metric",
                        metric, "--out", "cmp", "--allow-mismatch", cwd=runs)
-        assert proc.returncode == 0 and words in (runs / "cmp" / "comparison.md").read_text()
+        report = (runs / "cmp" / "comparison.md").read_text()
+        assert proc.returncode == 0 and words in report
+        assert ("the runs trained on cpu fp32 and on cuda:0 bf16" in report) == (break_it == "dataset")

@@ -65,6 +65,8 @@ class Run:
     counts: dict[str, int] = field(default_factory=dict)
     """Per metric name, the queries (or questions, statements) behind a percentage: its binomial interval's n."""
     label: str = ""
+    trained_on: str = ""
+    """Where pretraining ran: device and precision (``cuda:0 bf16``, ``cpu fp32``), as the pretrain stage recorded."""
 
 
 def _flat(config: dict, prefix: str = "") -> dict:
@@ -97,6 +99,8 @@ def read_run(path: str | Path) -> Run:
     run = Run(path=path, seed=int(manifest.get("seed", config.get("seed", 0))), recipe=str(config.get("name", path.name)),
               config=config, dataset=_dataset_identity(manifest))
     run.config = {**config, "world_size": manifest.get("world_size", 1)}
+    result = ((manifest.get("stages") or {}).get("pretrain") or {}).get("result") or {}
+    run.trained_on = " ".join(str(result[k]) for k in ("device", "precision") if result.get(k))
     for source, relative in RESULT_FILES.items():
         if (path / relative).is_file():
             _add_numbers(run, source, _read_json(path / relative, path))
@@ -273,6 +277,10 @@ def compare_runs(runs: Sequence[Run], metrics: Sequence[str], baseline: str | No
     """Each method's mean over its seeds with the t interval (one seed: the binomial interval over its queries),
     and its paired difference from ``baseline`` (default: the first run's method) over the seeds both ran."""
     warnings = check_comparable(runs, metrics, allow_mismatch)
+    places = {r.trained_on for r in runs if r.trained_on}
+    if len(places) > 1:  # (allowed: seeds trained on a GPU beside seeds trained on a CPU are still paired runs)
+        warnings.append(f"the runs trained on {' and on '.join(sorted(places))}: such runs drift apart as two seeds "
+                        "would, so pair like with like where you can")
     methods = list(dict.fromkeys(r.label for r in runs))
     baseline = baseline if baseline is not None else methods[0]
     if baseline not in methods:
