@@ -220,3 +220,52 @@ def test_runs_that_cannot_be_compared_get_one_line_and_nothing_is_written(runs, 
         report = (runs / "cmp" / "comparison.md").read_text()
         assert proc.returncode == 0 and words in report
         assert ("the runs trained on cpu fp32 and on cuda:0 bf16" in report) == (break_it == "dataset")
+
+
+def test_what_identifies_a_runs_pretraining_pairs(tmp_path):
+    """The pretrain stage's fingerprint first; for runs from before it recorded one, the shard index's fingerprint,
+    then the shapes world's generation config (wherever the world lies), then the data path."""
+    from falcon_cli.reporting.compare import _dataset_identity
+
+    manifest = {"config": {"data": {"dataset": str(tmp_path / "world")}},
+                "stages": {"pretrain": {"result": {"dataset_fingerprint": "ab" * 32}},
+                           "data": {"result": {"shard_index": {"fingerprint": "cd" * 32}}}}}
+    assert _dataset_identity(manifest) == "pairs " + "ab" * 6
+    del manifest["stages"]["pretrain"]
+    assert _dataset_identity(manifest) == "shards " + "cd" * 6
+    del manifest["stages"]["data"]
+    assert _dataset_identity(manifest) == f"path {tmp_path / 'world'}"
+    for place in ("world", "copy"):  # the same generated world in two places is one dataset
+        (tmp_path / place).mkdir()
+        (tmp_path / place / "world.json").write_text(json.dumps({"config": {"preset": "dense", "images": 9, "x": None}}))
+    first = _dataset_identity(manifest)
+    manifest["config"]["data"]["dataset"] = str(tmp_path / "copy")
+    assert first.startswith("shapes world ") and _dataset_identity(manifest) == first
+
+
+def test_coco_results_give_their_false_negative_aware_metrics_both_ways_averaged(tmp_path):
+    """A COCO run's rows (ECCV, CxC and COCO 5k keys, a fine-tuned model beside the pretrained one) are read as the
+    shapes runs' are: every number by name, each pair of directions also averaged, counts for the intervals."""
+    from falcon_cli.reporting.compare import read_run, single_run_interval
+
+    run = tmp_path / "coco-run"
+    (run / "results").mkdir(parents=True)
+    (run / "manifest.json").write_text(json.dumps({"seed": 3, "world_size": 8, "config": {
+        "name": "coco-albef", "data": {"dataset": "data/coco"}, "pretrain": {"epochs": 30}}}))
+    rows = [{"model": "pretrained", "scoring": "itc+itm@256", "i2t_R@1": 60.0, "t2i_R@1": 40.0, "eccv_i2t_mAP@R": 30.0,
+             "eccv_t2i_mAP@R": 40.0, "coco5k_i2t_R@1": 61.0, "coco5k_t2i_R@1": 41.0, "max_text_length": 30,
+             "resolution": 384},
+            {"model": "finetuned", "scoring": "itc", "i2t_R@1": 70.0, "t2i_R@1": 50.0, "max_text_length": 30,
+             "resolution": 384}]
+    (run / "results" / "retrieval.json").write_text(json.dumps(
+        {"meta": {"dataset": "coco", "split": "test", "k": 256, "images": 5000, "texts": 25000}, "rows": rows}))
+    (run / "results" / "vqa.json").write_text(json.dumps({"meta": {"dataset": "coco"}, "rows": [
+        {"split": "test", "questions": 1000, "accuracy": 71.5}]}))
+    found = read_run(run)
+    assert found.seed == 3 and found.recipe == "coco-albef" and found.dataset == "path data/coco"
+    assert found.metrics["rerank:R@1"] == 50.0 and found.metrics["rerank:eccv_mAP@R"] == 35.0
+    assert found.metrics["rerank:coco5k_R@1"] == 51.0 and found.metrics["finetuned/itc:R@1"] == 60.0
+    assert found.metrics["vqa:accuracy"] == 71.5 and found.counts["vqa:accuracy"] == 1000
+    lo, hi = single_run_interval("rerank:R@1", 50.0, found)
+    half = 1.959963984540054 * math.sqrt(0.6 * 0.4 / 5000 + 0.4 * 0.6 / 25000) / 2
+    assert (lo, hi) == pytest.approx((50 - 100 * half, 50 + 100 * half))
