@@ -66,6 +66,7 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "glofnd": ("shapes-glofnd", []),
     "falcon": ("shapes-falcon", []),
     "falcon-margin": ("shapes-falcon-margin", []),
+    "falcon-margin-top": ("shapes-falcon-margin-top", []),
     "falcon-itm": ("shapes-falcon-itm", []),
     "falcon-itm-excess": ("shapes-falcon-itm-excess", []),
     "falcon-itm-expected": ("shapes-falcon-itm-expected", []),
@@ -87,7 +88,9 @@ and ``grit-oracle``, GRIT with every pair the oracle says truly matches kept out
 (``pretrain.oracle_negatives: mask``): what the false negatives cost GRIT, the most a false-negative method could win;
 ``uniform-oracle`` the same for uniform batches (beside ``grit-oracle``: what hardness gives once no negative is false);
 ``falcon-oracle``, the expected-worth reward with the oracle as its judge (``shapes-falcon-oracle``): what a perfect
-judge of the picks would buy the scheduler; ``srcl`` (its auxiliary model: the same seed's uniform run, so the
+judge of the picks would buy the scheduler; ``falcon-margin-top``, the positive margin with q on a log-rank scale
+(``pretrain.quantile_scale: log_rank``: q = 0.94 is the most similar candidate, not the 31st of 500);
+``srcl`` (its auxiliary model: the same seed's uniform run, so the
 sweep trains uniform first) and ``diht`` (HN-NCE on uniform batches), the other false-negative-aware methods."""
 
 AUXILIARY = {"srcl": "uniform"}

@@ -46,7 +46,7 @@ def test_only_working_commands_are_registered():
 
     # ML commands (embed, evaluate, ...) arrive with the stages that implement them: no placeholders.
     assert set(typer.main.get_command(app).commands) == {"data", "recipes", "run", "pretrain", "unimodal", "embed", "build-search-spaces",
-                                                         "audit-false-negatives", "finetune", "evaluate"}
+                                                         "audit-false-negatives", "finetune", "evaluate", "compare"}
     evaluate = typer.main.get_command(app).commands["evaluate"]
     assert set(evaluate.commands) == {"retrieval", "vqa", "nlvr2"}
 

@@ -264,6 +264,7 @@ def test_every_numeric_config_field_has_its_range():
     ("pretrain.checkpoint_every=-1", "pretrain.checkpoint_every': input should be greater than or equal to 0"),
     ("pretrain.keep_last=-1", "pretrain.keep_last': input should be greater than or equal to 1"),
     ("audit.filter_thresholds=[0.5,1.5]", "audit.filter_thresholds[1]': input should be less than or equal to 1"),
+    ("pretrain.quantile_scale=log", "pretrain.quantile_scale': expected one of linear or log_rank, got 'log'"),
 ])
 def test_values_the_code_cannot_run_with_are_refused_by_the_schema(override, message):
     with pytest.raises(FalconError) as err:
@@ -279,6 +280,9 @@ def test_rules_across_fields_name_the_overrides_that_broke_them():
     assert load_recipe("shapes-demo", ["pretrain.search_space_size=8", "pretrain.composer=uniform"])[0]
     with pytest.raises(FalconError, match=r"min_lr .* must not exceed lr"):
         load_recipe("shapes-demo", ["pretrain.lr=1e-6"])
+    with pytest.raises(FalconError, match="quantile_scale=log_rank changes how a drawn q picks: composer grit draws none"):
+        load_recipe("shapes-demo", ["pretrain.quantile_scale=log_rank"])  # (the demo's composer is GRIT)
+    assert load_recipe("shapes-demo", ["pretrain.quantile_scale=log_rank", "pretrain.composer=quantile"])[0]
 
 
 def test_bad_values_stop_the_cli_before_the_run_directory_exists(tmp_path):

@@ -39,11 +39,13 @@ def plain_s_hat(row_without_diagonal, m=100):
     return torch.softmax(torch.quantile(row_without_diagonal.double(), levels).float(), 0)
 
 
-def reference(spaces_ids, img, txt, batch_size, source, generator, *, drop_last=False, level="instance"):
+def reference(spaces_ids, img, txt, batch_size, source, generator, *, drop_last=False, level="instance",
+              scale="linear"):
     """Algorithm 1, one candidate at a time, over spaces in lockstep, with the fast path's order of
     random draws: per round one uniform per active space (its start), then per step the rule's draws.
     ``img``/``txt`` [S, W, D]: position k of space s has features img[s, k]. ``source``: a fixed q or
-    a policy applied to plain Ŝ rows (torch.quantile of the row without its diagonal)."""
+    a policy applied to plain Ŝ rows (torch.quantile of the row without its diagonal). ``scale``: ``linear``
+    (the q-quantile's nearest rank) or ``log_rank`` (the k-th most similar, k = n^(1 - q) rounded)."""
     sims = [[[float(img[s][a] @ txt[s][b] + txt[s][a] @ img[s][b]) for b in range(len(ids))]
              for a in range(len(ids))] for s, ids in enumerate(spaces_ids)]
     available = [list(range(len(ids))) for ids in spaces_ids]
@@ -85,7 +87,10 @@ def reference(spaces_ids, img, txt, batch_size, source, generator, *, drop_last=
             for s, last, q in zip(going, lasts, qs):
                 row = sims[s][last]
                 candidates = sorted(available[s], key=lambda j: (row[j], -j))
-                r = min(math.floor(q * (len(candidates) - 1) + 0.5), len(candidates) - 1)
+                if scale == "linear":
+                    r = min(math.floor(q * (len(candidates) - 1) + 0.5), len(candidates) - 1)
+                else:  # counted from the most similar: k = 1 is the last of the ascending order
+                    r = len(candidates) - math.floor(len(candidates) ** (1 - q) + 0.5)
                 chosen = candidates[r]
                 available[s].remove(chosen)
                 chains[s].append((chosen, last, q))
@@ -164,11 +169,12 @@ def test_quantile_features_do_not_depend_on_candidate_order():
     assert torch.allclose(a[perm], b, atol=1e-6)
 
 
-@pytest.mark.parametrize("q", [0.0, 0.3, 0.5, 1.0])
-def test_fixed_q_one_space_at_a_time_equals_reference(q):
+@pytest.mark.parametrize("scale", ["linear", "log_rank"])
+@pytest.mark.parametrize("q", [0.0, 0.3, 0.5, 0.94, 1.0])
+def test_fixed_q_one_space_at_a_time_equals_reference(q, scale):
     cache, image, text = make_cache(45)
     g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
-    spaces = QuantileSpaces(cache.pair_ids, cache, search_space_size=20, batch_size=6, generator=g1)
+    spaces = QuantileSpaces(cache.pair_ids, cache, search_space_size=20, batch_size=6, generator=g1, scale=scale)
     got = []
     while spaces.has_next():
         batch, record = spaces.next_batch(q, g1)
@@ -178,24 +184,25 @@ def test_fixed_q_one_space_at_a_time_equals_reference(q):
     expected = []
     for s in range(3):
         part = shuffled[s * 20:(s + 1) * 20]
-        expected += reference([part], *space_features([part], image, text), 6, q, g2)[0]
+        expected += reference([part], *space_features([part], image, text), 6, q, g2, scale=scale)[0]
     same(expected, got)
     assert sorted(p for b in got for p, _, _ in b) == list(range(100, 145)), "every pair exactly once"
     assert [len(b) for b in got] == [6, 6, 6, 2, 6, 6, 6, 2, 5]
 
 
-@pytest.mark.parametrize("level", ["instance", "batch"])
+@pytest.mark.parametrize("level, scale", [("instance", "linear"), ("batch", "linear"), ("instance", "log_rank")])
 @pytest.mark.parametrize("width", [20, 15])  # last batches of 6 and 3; of 1 (no step at all) and 5
-def test_beta_rule_lockstep_equals_reference(level, width):
+def test_beta_rule_lockstep_equals_reference(level, width, scale):
     cache, image, text = make_cache(50, seed=2)
     rule = toy_policy
     g1, g2 = torch.Generator().manual_seed(11), torch.Generator().manual_seed(11)
-    spaces = QuantileSpaces(cache.pair_ids, cache, search_space_size=width, batch_size=7, generator=g1, level=level)
+    spaces = QuantileSpaces(cache.pair_ids, cache, search_space_size=width, batch_size=7, generator=g1, level=level,
+                            scale=scale)
     got = spaces.compose_all(rule, g1)
     shuffled = cache.pair_ids[torch.randperm(50, generator=g2)]
     parts = [shuffled[s * width:(s + 1) * width] for s in range(math.ceil(50 / width))]
-    expected = [b for space in reference(parts, *space_features(parts, image, text), 7, rule, g2, level=level)
-                for b in space]
+    expected = [b for space in reference(parts, *space_features(parts, image, text), 7, rule, g2, level=level,
+                                         scale=scale) for b in space]
     same(expected, [batch_tuples(b) for b in got])
     if level == "batch":
         for b in got:
@@ -417,3 +424,37 @@ def test_a_quantile_composer_refuses_the_state_of_another():
     _composer("quantile").load_state_dict(state)
     with pytest.raises(FalconError, match="progressive composer state does not match"):
         _composer("progressive").load_state_dict(state)
+
+
+def test_the_log_rank_position_counts_from_the_most_similar():
+    """``quantile_position(q, n, "log_rank")``: the k-th most similar of n with k = n^(1 - q) rounded, against a plain
+    loop; q = 1 the most similar, q = 0 the least, NaN or no candidate 0; ``linear`` is the nearest rank."""
+    for n in (1, 2, 3, 7, 20, 500):
+        for q in (0.0, 0.1, 0.5, 0.8, 0.94, 0.99, 1.0):
+            k = math.floor(n ** (1 - q) + 0.5)
+            assert quantile.quantile_position(q, n, "log_rank") == n - k, (n, q)
+            assert quantile.quantile_position(q, n, "linear") == quantile.nearest_rank(q, n)
+    assert quantile.quantile_position(1.0, 500, "log_rank") == 499 and quantile.quantile_position(0.0, 500, "log_rank") == 0
+    assert quantile.quantile_position(0.94, 500, "log_rank") == 499  # the most similar (500^0.06 = 1.45)
+    assert quantile.quantile_position(0.9, 500, "log_rank") == 498  # the 2nd (500^0.1 = 1.86)
+    assert quantile.nearest_rank(0.94, 500) == 469  # linearly: the 31st
+    assert quantile.quantile_position(float("nan"), 30, "log_rank") == 0
+    assert list(quantile.quantile_position([0.5, 0.5], [0, -3], "log_rank")) == [0, 0]
+    with pytest.raises(ValueError, match="scale must be one of"):
+        quantile.quantile_position(0.5, 10, "log")
+
+
+def test_the_log_rank_recipe_reaches_the_composer(tmp_path):
+    """`shapes-falcon-margin-top` end to end (tiny): its chained picks sit far higher in their candidates' order
+    than their q (a q-quantile would put them at q on average), and the batch log says so."""
+    from falcon_cli.sampling.batch_log import read_batch_log
+    from tests.conftest import TINY_FRAMEWORK_RUN, run_cli
+
+    run = tmp_path / "run"
+    proc = run_cli("pretrain", "--recipe", "shapes-falcon-margin-top", "--run-dir", run,
+                   f"data.dataset={tmp_path / 'world'}", *TINY_FRAMEWORK_RUN, "pretrain.epochs=2")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    log = read_batch_log(run / "batches.parquet")
+    chained = log[(log["epoch"] == 1) & log["q"].notna()]
+    assert len(chained) > 20
+    assert chained["quantile_rank"].mean() > chained["q"].mean() + 0.15

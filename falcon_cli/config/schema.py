@@ -254,6 +254,12 @@ class PretrainConfig(Section):
     """q of ``composer: progressive`` at the last epoch (linear in between)."""
     scheduler_level: Literal["instance", "batch"] = "instance"
     """FALCON: one q per anchor (``instance``, the paper's default) or one per batch, drawn from its first pair's Beta."""
+    quantile_scale: Literal["linear", "log_rank"] = "linear"
+    """How a quantile composer's q picks among a step's n candidates (every composer that draws q: fixed,
+    progressive, FALCON): ``linear``, the paper's, the q-quantile of their similarities (q = 0.94 of 500 is the 31st
+    most similar); ``log_rank``, the k-th most similar with k = round(n^(1 - q)) (q = 1 the most similar, q = 0 the
+    least; q = 0.94 of 500 the most similar, q = 0.9 the 2nd), so that a Beta over q can put real mass on the top few candidates, where
+    GRIT's picks are (docs/results.md: FALCON in the testbed, five paired seeds)."""
     quantile_levels: int = Field(100, ge=2)
     """m: quantiles per similarity row (the scheduler's input width)."""
     quantile_temperature: float = Field(1.0, gt=0)
@@ -462,6 +468,9 @@ class PretrainConfig(Section):
             raise ValueError("oracle_negatives=mask works on the in-batch ITC with false_negatives none (got "
                              f"itc={self.itc}, false_negatives={self.false_negatives}): it is the bound the "
                              "false-negative methods are measured against, not one to combine with them")
+        if self.quantile_scale != "linear" and self.composer in ("uniform", "grit"):
+            raise ValueError(f"quantile_scale={self.quantile_scale} changes how a drawn q picks: composer {self.composer} "
+                             "draws none; use it with composer quantile, progressive or falcon")
         if self.mafa.low > self.mafa.high:
             raise ValueError(f"mafa.low ({self.mafa.low}) must not exceed mafa.high ({self.mafa.high})")
         if self.itc_consistency_weight is None:  # the one place a method's own loss is filled in

@@ -44,7 +44,7 @@ def build_composer(p: Any, *, truth: Callable[[torch.Tensor], torch.Tensor] | No
                             progressive=(p.progressive_start, p.progressive_end, p.epochs), source=source,
                             level=p.scheduler_level if p.composer == "falcon" else "instance",
                             quantiles=p.quantile_levels, temperature=p.quantile_temperature,
-                            features=p.scheduler_features, truth=truth,
+                            features=p.scheduler_features, truth=truth, scale=p.quantile_scale,
                             credit_levels=(level_grid(p.scheduler_levels)
                                            if p.composer == "falcon" and p.scheduler_credit == "levels" else None))
 

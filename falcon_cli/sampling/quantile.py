@@ -75,6 +75,27 @@ def nearest_rank(q, n) -> np.ndarray:
     return np.fmax(np.floor(q * (n - 1) + 0.5), 0).astype(np.int64)  # (fmax: NaN -> 0)
 
 
+QUANTILE_SCALES = ("linear", "log_rank")
+"""How q maps to a candidate (``pretrain.quantile_scale``): see :func:`quantile_position`."""
+
+
+def quantile_position(q, n, scale: str = "linear") -> np.ndarray:
+    """Position (0 = the least similar) of the pick at hardness q among ``n`` candidates sorted by ascending
+    similarity. ``linear``: the q-quantile's nearest rank (:func:`nearest_rank`, the paper's). ``log_rank``: the k-th
+    most similar with k = round(n^(1 - q)), so q = 1 is the most similar, q = 0 the least, and the top ranks take a
+    share of q's range that does not shrink with n (in 500 candidates q = 0.94 is the most similar and q = 0.9 the 2nd, where
+    linearly it is the 30th). A NaN q (a step not taken) or no candidate gives 0."""
+    if scale == "linear":
+        return nearest_rank(q, n)
+    if scale != "log_rank":
+        raise ValueError(f"scale must be one of {QUANTILE_SCALES}, got {scale!r}")
+    q, n = np.asarray(q, dtype=np.float64), np.asarray(n, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        from_top = np.floor(np.power(np.fmax(n, 1.0), 1.0 - q) + 0.5)  # k: 1 = the most similar
+        position = np.where(n >= 1, n - from_top, 0.0)
+    return np.clip(np.nan_to_num(position, nan=0.0), 0, None).astype(np.int64)
+
+
 def unified_similarity(image: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
     """``S = I Tᵀ + T Iᵀ`` for features ``[..., W, D]`` (float32): image-to-text plus text-to-image."""
     image, text = image.float(), text.float()
@@ -273,6 +294,8 @@ class QuantileSpaces:
             scheduler record also carries for every step (``level_hardness``, ``level_own``, ``level_fn``: what each
             q would have picked for the same anchor, from the same candidates; see :func:`compose_round`). Changes
             no choice and draws no randomness.
+        scale: how q picks among a step's candidates, ``linear`` (the paper's quantile) or ``log_rank`` (the k-th
+            most similar, k = n^(1 - q)); :func:`quantile_position`.
     """
 
     def __init__(self, pair_ids: Any, cache: EmbeddingCache, search_space_size: int, batch_size: int,
@@ -280,9 +303,12 @@ class QuantileSpaces:
                  quantiles: int = 100, temperature: float = 1.0, features: Sequence[str] = ("softmax",),
                  sampler: str = "quantile", grouped: bool = False,
                  truth: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                 credit_levels: Sequence[float] | None = None):
+                 credit_levels: Sequence[float] | None = None, scale: str = "linear"):
         if level not in ("instance", "batch"):
             raise ValueError(f"level must be 'instance' or 'batch', got {level!r}")
+        if scale not in QUANTILE_SCALES:
+            raise ValueError(f"scale must be one of {QUANTILE_SCALES}, got {scale!r}")
+        self.scale = scale
         ids = as_id_tensor(pair_ids).cpu()
         self.cache = cache
         self.batch_size = int(batch_size)
@@ -370,7 +396,7 @@ class QuantileSpaces:
                 raise StopIteration("every search space of the epoch has been composed")
             self._enter(following[0])
         columns, record = compose_round(self.tables, self.available, self.snapshot, source, self.batch_size, generator,
-                                        level=self.level, credit_levels=self.credit_levels)
+                                        level=self.level, credit_levels=self.credit_levels, scale=self.scale)
         ids = self.space_ids(self.current)
         return _to_batch(columns, 0, ids, self.sampler), {k: v[0] for k, v in record.items()}
 
@@ -431,7 +457,8 @@ class QuantileSpaces:
                     if not active.any():
                         break
                     columns, _ = compose_round(tables, available, (image, text), source, self.batch_size, generator,
-                                               level=self.level, active=active, alpha_beta=alpha_beta)
+                                               level=self.level, active=active, alpha_beta=alpha_beta,
+                                               scale=self.scale)
                     for j, i in enumerate(active.nonzero().flatten().tolist()):
                         per_space[i].append(_to_batch(columns, j, self.space_ids(group[i]), self.sampler))
             for batches in per_space:
@@ -459,7 +486,8 @@ def _to_batch(columns: dict[str, torch.Tensor], j: int, ids: torch.Tensor, sampl
 def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[torch.Tensor, torch.Tensor],
                   source: QSource, batch_size: int, generator: torch.Generator, *, level: str = "instance",
                   active: torch.Tensor | None = None, alpha_beta: tuple[torch.Tensor, torch.Tensor] | None = None,
-                  credit_levels: np.ndarray | None = None) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+                  credit_levels: np.ndarray | None = None,
+                  scale: str = "linear") -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """One batch from each active space (Algorithm 1), updating ``available`` [S, W] in place.
 
     Every active space must have a pair left. A policy runs once, on the Ŝ rows of every
@@ -478,6 +506,9 @@ def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[
     to the anchor and ``level_own`` ``[A, k]`` the anchor's own pair on that scale, 2 I_a·T_a (from ``features``,
     the epoch's snapshot), and ``level_fn`` ``[A, k, L]`` the oracle's verdict on each (1.0: a false negative;
     NaN without an oracle); NaN where a step was not taken. No randomness is drawn for them.
+
+    ``scale``: how q picks among the candidates left (:func:`quantile_position`), for the chain, the credit levels
+    and the oracle's fixed-q frontier alike.
     """
     _check_q_source(source)
     device = available.device
@@ -515,7 +546,7 @@ def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[
     left_np = (n[:, None] - np.arange(1, taken + 1)).astype(np.float64)  # [a, taken]
     all_go = int(n.min()) - 1  # before step all_go every space still has a candidate
     if policy is None:  # every rank is known in advance
-        rank = nearest_rank(float(source), left_np)
+        rank = quantile_position(float(source), left_np, scale)
     else:  # q is drawn with numpy, from this round's generator
         alpha_np, beta_np = (t.double().cpu().numpy() for t in (alpha_all, beta_all))
         check_beta_parameters(alpha_np, beta_np)
@@ -537,7 +568,7 @@ def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[
                 going = left_np[:, t] > 0
                 q = np.full(a, np.nan)
                 q[going] = draw_q(alpha_np[going, last[going]], beta_np[going, last[going]], q_generator)
-            r = nearest_rank(q, left_np[:, t])
+            r = quantile_position(q, left_np[:, t], scale)
             qs.append(q)
             ranks.append(r)
         else:
@@ -550,7 +581,7 @@ def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[
             free = avail[i].take(candidates).nonzero()[0]
             chosen[i] = candidates[free[r[i]] if r[i] < len(free) else width - 1]
             if counterfactual and len(free):
-                level_pick[i, t] = candidates.take(free.take(nearest_rank(credit_levels, len(free))))
+                level_pick[i, t] = candidates.take(free.take(quantile_position(credit_levels, len(free), scale)))
             if oracle is not None:  # the oracle's view (no effect on the choice): the last available true negative
                 fn = oracle[row_of[i] + last[i]]                                        # [W] by local index
                 if counterfactual and len(free):
@@ -560,7 +591,7 @@ def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[
                 safe[i, t] = true_negative[-1] if len(true_negative) else -1
                 chosen_fn[i, t] = fn[chosen[i]]
                 if len(ordered_fn):
-                    fixed_fn[i, t] = ordered_fn[nearest_rank(levels, len(ordered_fn))]
+                    fixed_fn[i, t] = ordered_fn[quantile_position(levels, len(ordered_fn), scale)]
             avail[i, chosen[i]] = False
         anchors.append(last)
         chosens.append(chosen)

@@ -47,6 +47,8 @@ class QuantileComposer:
         truth: the oracle (a shapes world): every batch then carries its view of the chained slots.
         credit_levels: FALCON's ``scheduler_credit: levels`` grid: each on-demand batch's scheduler record also
             carries every level's pick per step (:class:`~falcon_cli.sampling.quantile.QuantileSpaces`).
+        scale: how q picks among a step's candidates (``pretrain.quantile_scale``: ``linear`` or ``log_rank``;
+            :func:`~falcon_cli.sampling.quantile.quantile_position`).
     """
 
     def __init__(self, name: str, batch_size: int, search_space_size: int, *, drop_last: bool = False,
@@ -54,7 +56,7 @@ class QuantileComposer:
                  source: QSource | None = None, level: str = "instance", quantiles: int = 100,
                  temperature: float = 1.0, features: Sequence[str] = ("softmax",),
                  truth: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                 credit_levels: Sequence[float] | None = None):
+                 credit_levels: Sequence[float] | None = None, scale: str = "linear"):
         if name not in QUANTILE_COMPOSERS:
             raise ValueError(f"name must be one of {QUANTILE_COMPOSERS}, got {name!r}")
         if batch_size < 1 or search_space_size < 1:
@@ -63,7 +65,7 @@ class QuantileComposer:
         self.batch_size, self.search_space_size, self.drop_last = int(batch_size), int(search_space_size), bool(drop_last)
         self.quantile, self.progressive, self.source = quantile, progressive, source
         self.level, self.quantiles, self.temperature, self.features = level, quantiles, temperature, tuple(features)
-        self.truth, self.credit_levels = truth, credit_levels
+        self.truth, self.credit_levels, self.scale = truth, credit_levels, scale
 
     def q(self, epoch: int) -> QSource:
         """Where ``epoch``'s q comes from: a number (fixed, progressive) or FALCON's policy."""
@@ -83,7 +85,8 @@ class QuantileComposer:
         return QuantileSpaces(pair_ids, cache, grouped_width or self.search_space_size, self.batch_size, generator,
                               drop_last=self.drop_last, level=self.level, quantiles=self.quantiles,
                               temperature=self.temperature, features=self.features, sampler=self.name,
-                              grouped=grouped_width is not None, truth=self.truth, credit_levels=self.credit_levels)
+                              grouped=grouped_width is not None, truth=self.truth, credit_levels=self.credit_levels,
+                              scale=self.scale)
 
     def compose_epoch(self, epoch: int, pair_ids: Any, cache: EmbeddingCache | None,
                       generator: torch.Generator, *, grouped_width: int | None = None) -> list[Batch]:
