@@ -75,6 +75,8 @@ def test_coco_albef_is_falcon_with_the_papers_hyperparameters_and_siblings_diffe
     assert {k: v for k, v in oracle.items() if expected[k] != v} == {"reward": "positive_margin+oracle"}
     margin, levels = (load_recipe(name)[0].pretrain.model_dump() for name in ("shapes-falcon-margin", "shapes-falcon-levels"))
     assert {k: v for k, v in levels.items() if margin[k] != v} == {"scheduler_credit": "levels", "reward_baseline": "none"}
+    top = load_recipe("shapes-falcon-margin-top")[0].pretrain.model_dump()  # the margin with q on the log-rank scale
+    assert {k: v for k, v in top.items() if margin[k] != v} == {"quantile_scale": "log_rank"}
     for base_name, itm_name in [("shapes-blip2-falcon", "shapes-blip2-falcon-itm"), ("coco-blip2", "coco-blip2-itm")]:
         base_p, itm = (load_recipe(name)[0].pretrain.model_dump() for name in (base_name, itm_name))
         assert {k: v for k, v in itm.items() if base_p[k] != v} == {**PLUS_SCHEDULER, "reward": "positive_margin+itm",
