@@ -193,6 +193,11 @@ def test_runs_that_cannot_be_compared_get_one_line_and_nothing_is_written(runs, 
         manifest["stages"]["pretrain"]["result"]["dataset_fingerprint"] = "0" * 64
     elif break_it == "k":
         result["meta"]["k"] = 16
+        for other in ("uniform-s0", "grit-s0"):  # (written before retrieval results recorded it: unknown, no difference)
+            path = runs / "runs" / other / "results" / "retrieval.json"
+            older = json.loads(path.read_text())
+            del older["meta"]["split_fingerprint"]
+            path.write_text(json.dumps(older))
     elif break_it == "budget":
         manifest["config"]["pretrain"]["epochs"] = 30
     elif break_it == "no results":
@@ -223,24 +228,26 @@ def test_runs_that_cannot_be_compared_get_one_line_and_nothing_is_written(runs, 
 
 
 def test_what_identifies_a_runs_pretraining_pairs(tmp_path):
-    """The pretrain stage's fingerprint first; for runs from before it recorded one, the shard index's fingerprint,
-    then the shapes world's generation config (wherever the world lies), then the data path."""
-    from falcon_cli.reporting.compare import _dataset_identity
+    """Every identity a manifest gives, most precise first (the pretrain stage's fingerprint, the shard index's, the
+    shapes world's generation config wherever the world lies, the data path); two runs are compared on the most
+    precise kind both have, so a run from before the fingerprint existed still pairs with one after it."""
+    from falcon_cli.reporting.compare import _dataset_identities, same_pairs
 
-    manifest = {"config": {"data": {"dataset": str(tmp_path / "world")}},
-                "stages": {"pretrain": {"result": {"dataset_fingerprint": "ab" * 32}},
-                           "data": {"result": {"shard_index": {"fingerprint": "cd" * 32}}}}}
-    assert _dataset_identity(manifest) == "pairs " + "ab" * 6
-    del manifest["stages"]["pretrain"]
-    assert _dataset_identity(manifest) == "shards " + "cd" * 6
-    del manifest["stages"]["data"]
-    assert _dataset_identity(manifest) == f"path {tmp_path / 'world'}"
     for place in ("world", "copy"):  # the same generated world in two places is one dataset
         (tmp_path / place).mkdir()
         (tmp_path / place / "world.json").write_text(json.dumps({"config": {"preset": "dense", "images": 9, "x": None}}))
-    first = _dataset_identity(manifest)
-    manifest["config"]["data"]["dataset"] = str(tmp_path / "copy")
-    assert first.startswith("shapes world ") and _dataset_identity(manifest) == first
+    new = {"config": {"data": {"dataset": str(tmp_path / "world")}},
+           "stages": {"pretrain": {"result": {"dataset_fingerprint": "ab" * 32}},
+                      "data": {"result": {"shard_index": {"fingerprint": "cd" * 32}}}}}
+    found = _dataset_identities(new)
+    assert list(found) == ["pairs", "shards", "shapes world", "path"] and found["pairs"] == "ab" * 6
+    old = {"config": {"data": {"dataset": str(tmp_path / "copy")}}, "stages": {}}
+    assert list(_dataset_identities(old)) == ["shapes world", "path"]
+    assert same_pairs(found, _dataset_identities(old)) == (True, f"shapes world {found['shapes world']} vs "
+                                                                 f"{found['shapes world']}")
+    other = {**new, "stages": {"pretrain": {"result": {"dataset_fingerprint": "ef" * 32}}}}
+    assert same_pairs(found, _dataset_identities(other)) == (False, f"pairs {'ef' * 6} vs {'ab' * 6}")
+    assert same_pairs({"path": "a"}, {"path": "b"})[0] is False
 
 
 def test_coco_results_give_their_false_negative_aware_metrics_both_ways_averaged(tmp_path):
@@ -262,7 +269,7 @@ def test_coco_results_give_their_false_negative_aware_metrics_both_ways_averaged
     (run / "results" / "vqa.json").write_text(json.dumps({"meta": {"dataset": "coco"}, "rows": [
         {"split": "test", "questions": 1000, "accuracy": 71.5}]}))
     found = read_run(run)
-    assert found.seed == 3 and found.recipe == "coco-albef" and found.dataset == "path data/coco"
+    assert found.seed == 3 and found.recipe == "coco-albef" and found.dataset == {"path": "data/coco"}
     assert found.metrics["rerank:R@1"] == 50.0 and found.metrics["rerank:eccv_mAP@R"] == 35.0
     assert found.metrics["rerank:coco5k_R@1"] == 51.0 and found.metrics["finetuned/itc:R@1"] == 60.0
     assert found.metrics["vqa:accuracy"] == 71.5 and found.counts["vqa:accuracy"] == 1000

@@ -56,8 +56,9 @@ class Run:
     seed: int
     recipe: str
     config: dict
-    dataset: str
-    """The pretraining pairs: their fingerprint (``pretrain`` stage), else the shapes world's or the data path."""
+    dataset: dict[str, str]
+    """The pretraining pairs' identities (:func:`_dataset_identities`): their fingerprint, the shard index's, the
+    shapes world's, the data path; runs are compared on the most precise kind both have."""
     metrics: dict[str, float] = field(default_factory=dict)
     """Every number the run's results give, by metric name (:func:`metric_names`)."""
     settings: dict[str, dict] = field(default_factory=dict)
@@ -97,7 +98,7 @@ def read_run(path: str | Path) -> Run:
     manifest = _read_json(manifest_path, path)
     config = manifest.get("config") or {}
     run = Run(path=path, seed=int(manifest.get("seed", config.get("seed", 0))), recipe=str(config.get("name", path.name)),
-              config=config, dataset=_dataset_identity(manifest))
+              config=config, dataset=_dataset_identities(manifest))
     run.config = {**config, "world_size": manifest.get("world_size", 1)}
     result = ((manifest.get("stages") or {}).get("pretrain") or {}).get("result") or {}
     run.trained_on = " ".join(str(result[k]) for k in ("device", "precision") if result.get(k))
@@ -110,22 +111,32 @@ def read_run(path: str | Path) -> Run:
     return run
 
 
-def _dataset_identity(manifest: dict) -> str:
-    """The pretraining pairs a run trained on: the fingerprint its pretrain stage recorded; for runs from before
-    it did, the shard index's fingerprint, the shapes world's generation config, or else the data path."""
+def _dataset_identities(manifest: dict) -> dict[str, str]:
+    """Every identity of the pretraining pairs a run's manifest gives, most precise first: the fingerprint its pretrain
+    stage recorded (``pairs``), the shard index's (``shards``), the shapes world's generation config (``shapes
+    world``, wherever the world lies), and the data path (``path``). Runs from before a kind was recorded lack it."""
     stages = manifest.get("stages") or {}
+    found = {}
     result = (stages.get("pretrain") or {}).get("result") or {}
     if result.get("dataset_fingerprint"):
-        return f"pairs {result['dataset_fingerprint'][:12]}"
+        found["pairs"] = result["dataset_fingerprint"][:12]
     data = (stages.get("data") or {}).get("result") or {}
     if (data.get("shard_index") or {}).get("fingerprint"):
-        return f"shards {data['shard_index']['fingerprint'][:12]}"
+        found["shards"] = data["shard_index"]["fingerprint"][:12]
     dataset = str(((manifest.get("config") or {}).get("data") or {}).get("dataset") or "")
     world = Path(dataset) / "world.json"
     if world.is_file():
         generated = {k: v for k, v in json.loads(world.read_text()).get("config", {}).items() if v is not None}
-        return "shapes world " + hashlib.sha256(json.dumps(generated, sort_keys=True).encode()).hexdigest()[:12]
-    return f"path {dataset}"
+        found["shapes world"] = hashlib.sha256(json.dumps(generated, sort_keys=True).encode()).hexdigest()[:12]
+    found["path"] = dataset
+    return found
+
+
+def same_pairs(a: dict[str, str], b: dict[str, str]) -> tuple[bool, str]:
+    """Whether two runs' identities (:func:`_dataset_identities`) name the same pretraining pairs, judged by the most
+    precise kind both have, and the words for that kind's two values."""
+    kind = next(k for k in a if k in b)  # ("path" is always there)
+    return a[kind] == b[kind], f"{kind} {b[kind]} vs {a[kind]}"
 
 
 def _add_numbers(run: Run, source: str, result: dict) -> None:
@@ -221,9 +232,10 @@ def check_comparable(runs: Sequence[Run], metrics: Sequence[str], allow_mismatch
     first = runs[0]
     problems = []
     for run in runs[1:]:
-        if run.dataset != first.dataset:
-            problems.append(f"{run.path}: pretrained on other pairs than {first.path} ({run.dataset} vs "
-                            f"{first.dataset}); compare runs of one dataset")
+        same, words = same_pairs(first.dataset, run.dataset)
+        if not same:
+            problems.append(f"{run.path}: pretrained on other pairs than {first.path} ({words}); compare runs of "
+                            "one dataset")
         a, b = _flat(first.config), _flat(run.config)
         for key in BUDGET_KEYS:
             if a.get(key) != b.get(key):
@@ -243,7 +255,7 @@ def check_comparable(runs: Sequence[Run], metrics: Sequence[str], allow_mismatch
                               + (" --rerank" if metric.startswith("rerank:") else "") + ")")
         for run in runs[1:]:
             s, f = run.settings[metric], first.settings[metric]
-            key = next((k for k in f if k in s and s.get(k) != f.get(k)), None)
+            key = next((k for k in f if s.get(k) is not None and f[k] is not None and s[k] != f[k]), None)
             if key is not None:
                 problems.append(f"{run.path}: {metric} measured with {key} = {s.get(key)!r}, {first.path} with "
                                 f"{f.get(key)!r}; evaluate the runs alike")
