@@ -563,10 +563,27 @@ def epoch_table(out: Path, preset: str, seed: int, methods: list[str]) -> list[d
         if not (run / "metrics.jsonl").exists():
             continue
         scores = {r["epoch"]: r for r in curve_rows(preset, method, seed, run)}
+        tops = top_shares(run)
         for row in epoch_rows(method, seed, run):
-            rows.append({**row, "R@1": scores.get(row["epoch"] + 1, {}).get("R@1"),
+            rows.append({**row, **tops.get(row["epoch"], {}), "R@1": scores.get(row["epoch"] + 1, {}).get("R@1"),
                          "FN-aware R@1": scores.get(row["epoch"] + 1, {}).get("FN-aware R@1")})
     return rows
+
+
+def top_shares(run: Path) -> dict[int, dict[str, float]]:
+    """Per epoch, from the run's batch log: how often a chained pick was the most similar candidate left
+    (``top1_share``: quantile rank 1, GRIT's pick every time) and among the most similar 1% (``top1pct_share``)."""
+    import pandas as pd
+
+    from falcon_cli.sampling.batch_log import read_batch_log
+
+    if not (run / "batches.parquet").exists():
+        return {}
+    log = read_batch_log(run / "batches.parquet")
+    chained = log[log["q"].notna()]
+    rank = chained["quantile_rank"].astype(float)
+    shares = pd.DataFrame({"epoch": chained["epoch"], "top1_share": rank >= 1.0 - 1e-6, "top1pct_share": rank >= 0.99})
+    return shares.groupby("epoch").mean().to_dict("index")
 
 
 def _room(rows) -> str:

@@ -677,10 +677,13 @@ def test_the_epoch_table_sets_each_epochs_composition_beside_the_r1_scored_after
     log = pd.DataFrame({name: [None] * 8 for name in BATCHES.names})
     log = log.assign(epoch=[1] * 4 + [2] * 4, step=[0, 0, 1, 1] * 2, rank=0, slot=[0, 1] * 4, pair_id=range(8),
                      anchor_pair_id=range(8), q=0.3, similarity_to_anchor=similarity * 2, sampler="falcon",
-                     anchor_fn_density=0.2, chosen_is_fn=fn * 2)[BATCHES.names]
+                     anchor_fn_density=0.2, chosen_is_fn=fn * 2,
+                     quantile_rank=[1.0, 0.5, 0.995, 0.2] + [1.0, 1.0, 0.98, 1.0])[BATCHES.names]
     write_table(run / "batches.parquet", log, BATCHES)
     rows = sweep.epoch_table(out, "dense", 0, ["falcon-itm-expected"])
     assert [r["hardness_fn_auc"] for r in rows] == [pytest.approx(0.75)] * 2
+    # how often a pick was the most similar candidate left, and among the top 1%
+    assert [(r["top1_share"], r["top1pct_share"]) for r in rows] == [(0.25, 0.5), (0.75, 0.75)]
     assert rows[1]["frontier_gap"] == -0.1 and rows[1]["q_mean"] == 0.2
     csv = tmp_path / "epochs.csv"
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "phase_sweep.py"), "--out", str(out), "--presets", "dense",
