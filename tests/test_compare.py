@@ -231,7 +231,7 @@ def test_what_identifies_a_runs_pretraining_pairs(tmp_path):
     """Every identity a manifest gives, most precise first (the pretrain stage's fingerprint, the shard index's, the
     shapes world's generation config wherever the world lies, the data path); two runs are compared on the most
     precise kind both have, so a run from before the fingerprint existed still pairs with one after it."""
-    from falcon_cli.reporting.compare import _dataset_identities, same_pairs
+    from falcon_cli.evaluation.compare import _dataset_identities, same_pairs
 
     for place in ("world", "copy"):  # the same generated world in two places is one dataset
         (tmp_path / place).mkdir()
@@ -253,7 +253,7 @@ def test_what_identifies_a_runs_pretraining_pairs(tmp_path):
 def test_coco_results_give_their_false_negative_aware_metrics_both_ways_averaged(tmp_path):
     """A COCO run's rows (ECCV, CxC and COCO 5k keys, a fine-tuned model beside the pretrained one) are read as the
     shapes runs' are: every number by name, each pair of directions also averaged, counts for the intervals."""
-    from falcon_cli.reporting.compare import read_run, single_run_interval
+    from falcon_cli.evaluation.compare import read_run, single_run_interval
 
     run = tmp_path / "coco-run"
     (run / "results").mkdir(parents=True)

@@ -1,5 +1,5 @@
 """``falcon compare``: finished runs side by side, each method's mean over seeds and its paired difference from a
-baseline, with 95% intervals (the library: ``falcon_cli/reporting/compare.py``)."""
+baseline, with 95% intervals (the library: ``falcon_cli/evaluation/compare.py``)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,8 @@ def compare(
 
     Example: falcon compare runs/uniform-s* runs/grit-s* runs/falcon-s* --baseline shapes-uniform --metric rerank:R@1 --metric itc:R@1
     """
-    from falcon_cli.reporting.compare import compare_runs, label_runs, metric_names, read_run, write_comparison
+    # (lazy: pandas and matplotlib; keep `falcon --help` fast)
+    from falcon_cli.evaluation.compare import compare_runs, label_runs, metric_names, read_run, write_comparison
 
     runs = [read_run(path) for path in dict.fromkeys(run_dirs)]  # every run read before anything is written
     if list_metrics:

@@ -18,6 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from falcon_cli.artifacts.atomic import atomic_dir, atomic_path, write_text
 from falcon_cli.errors import FalconError
 from falcon_cli.evaluation.intervals import Z95, interval_verdict, mean_interval, paired_by_seed, wilson_interval
 
@@ -394,10 +399,6 @@ def markdown(comparison: Comparison) -> str:
 def figure(comparison: Comparison, path: str | Path) -> Path:
     """Per metric, two panels: each method's per-seed values with its mean and interval, and each method's per-seed
     differences from the baseline with the paired interval (a dashed line at zero)."""
-    from matplotlib.figure import Figure
-
-    from falcon_cli.reporting.figures import _save_png
-
     n = len(comparison.metrics)
     fig = Figure(figsize=(11, 0.6 + (1.0 + 0.45 * len(comparison.methods)) * n))
     axes = fig.subplots(n, 2, squeeze=False)
@@ -428,17 +429,16 @@ def figure(comparison: Comparison, path: str | Path) -> Path:
         right.axvline(0, color="0.3", ls="--", lw=1)
         left.set_title(f"{metric}: per seed (grey), mean and 95% interval", fontsize=9)
         right.set_title(f"− {comparison.baseline}, paired by seed, 95% interval", fontsize=9)
+    FigureCanvasAgg(fig)  # (headless, no pyplot state: as falcon_cli/reporting/figures.py draws)
     fig.tight_layout()
-    return _save_png(fig, path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    return Path(path)
 
 
 def write_comparison(comparison: Comparison, out_dir: str | Path) -> Path:
     """``comparison.md``, ``comparison.csv`` (a row per metric and method), ``per_seed.csv`` and ``comparison.png``
     into ``out_dir``, replaced whole (atomically: an interrupted write leaves the old directory)."""
-    import pandas as pd
-
-    from falcon_cli.artifacts.atomic import atomic_dir, write_text
-
     with atomic_dir(out_dir) as out:
         write_text(out / "comparison.md", markdown(comparison))
         write_text(out / "comparison.csv", pd.DataFrame(comparison.summary).to_csv(index=False, float_format="%.6f"))
