@@ -306,8 +306,8 @@ def compare_runs(runs: Sequence[Run], metrics: Sequence[str], baseline: str | No
     for method, seeds in by_method.items():
         if len(seeds) == 1:
             run = next(iter(seeds.values()))
-            warnings.append(f"{run.path}: the only seed of {method}: one seed, no verdict; train it with more seeds "
-                            f"(seed=1, seed=2, ...) for a paired interval")
+            warnings.append(f"{run.path}: the only seed of {method}: one seed, no verdict; train more seeds of it "
+                            f"(the seed=N override; the baseline's too) for a paired interval")
     summary, per_seed = [], []
     for metric in metrics:
         reference = by_method[baseline]
