@@ -38,9 +38,11 @@ def compare(
 ) -> None:
     """Compare methods over paired seeds: means with 95% intervals, differences from a baseline with paired-t 95% intervals.
 
-    Runs are grouped into methods by their resolved configs (or --label) and paired by seed. A verdict (higher,
-    lower) is given only where the paired interval excludes zero; a method with one seed gets its binomial
-    interval and no verdict.
+    Runs are grouped into methods by their resolved configs (or --label) and paired by seed.
+
+    A verdict (higher, lower) is given only where the paired interval excludes zero; a method with one seed gets its binomial interval and no verdict.
+
+    Writes comparison.md, comparison.csv, per_seed.csv and comparison.png (docs/compare.md).
 
     Example: falcon compare runs/uniform-s* runs/grit-s* runs/falcon-s* --baseline shapes-uniform --metric rerank:R@1 --metric itc:R@1
     """
