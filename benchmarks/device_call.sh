@@ -18,6 +18,8 @@
 #   bash benchmarks/device_call.sh phase 540 --presets coco-like --only falcon falcon-margin --seeds 1 2 3 4 --jobs 8 --threads 2
 #   (the positive margin with q on the log-rank scale, five paired seeds beside the coco-like ledger's:)
 #   bash benchmarks/device_call.sh phase 560 --presets coco-like --only falcon-margin-top --seeds 0 1 2 3 4 --jobs 5 --threads 3
+#   (on that scale, rewards that need not charge a scene's true near misses: the ITM head's judgement, the oracle's)
+#   bash benchmarks/device_call.sh phase 560 --presets coco-like --only falcon-itm-expected-top falcon-oracle-top --seeds 1 2 3 4 --jobs 8 --threads 2
 #   (issue 59's dense rows: five paired seeds of mafa, glofnd, diht, falcon and falcon-margin, ten runs a call; SRCL's
 #   auxiliary is the same seed's uniform run, which must still have its checkpoint, so srcl trains in the call that
 #   trains its uniform, the sweep waiting for each uniform before its srcl; carry runs/phase-web/worlds/dense and

@@ -71,6 +71,8 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "falcon-itm-excess": ("shapes-falcon-itm-excess", []),
     "falcon-itm-expected": ("shapes-falcon-itm-expected", []),
     "falcon-oracle": ("shapes-falcon-oracle", []),
+    "falcon-itm-expected-top": ("shapes-falcon-itm-expected", ["pretrain.quantile_scale=log_rank"]),
+    "falcon-oracle-top": ("shapes-falcon-oracle", ["pretrain.quantile_scale=log_rank"]),
     "srcl": ("shapes-srcl", []),
     "diht": ("shapes-diht", []),
     "grit-mask": ("shapes-grit", ["pretrain.same_image=mask"]),
@@ -89,7 +91,9 @@ and ``grit-oracle``, GRIT with every pair the oracle says truly matches kept out
 ``uniform-oracle`` the same for uniform batches (beside ``grit-oracle``: what hardness gives once no negative is false);
 ``falcon-oracle``, the expected-worth reward with the oracle as its judge (``shapes-falcon-oracle``): what a perfect
 judge of the picks would buy the scheduler; ``falcon-margin-top``, the positive margin with q on a log-rank scale
-(``pretrain.quantile_scale: log_rank``: q = 0.94 is the most similar candidate, not the 31st of 500);
+(``pretrain.quantile_scale: log_rank``: q = 0.94 is the most similar candidate, not the 31st of 500), and on that
+scale the margin paid only as far as the ITM head (``falcon-itm-expected-top``) or, a diagnostic, the oracle
+(``falcon-oracle-top``) calls a pick a true negative: rewards that need not charge a scene's true near misses;
 ``srcl`` (its auxiliary model: the same seed's uniform run, so the
 sweep trains uniform first) and ``diht`` (HN-NCE on uniform batches), the other false-negative-aware methods."""
 
@@ -97,7 +101,7 @@ AUXILIARY = {"srcl": "uniform"}
 """Methods whose run embeds the pairs with another method's finished run of the same (regime, seed) first (SRCL's
 frozen auxiliary model: ``embed.encoder=falcon:RUN``)."""
 
-DIAGNOSTICS = ("grit-mask", "grit-oracle", "uniform-oracle", "falcon-oracle")
+DIAGNOSTICS = ("grit-mask", "grit-oracle", "uniform-oracle", "falcon-oracle", "falcon-oracle-top")
 """Methods the sweep runs only when ``--only`` names them (not part of the phase diagram)."""
 
 GATE_METHODS = ("uniform", "grit", "q05")
