@@ -500,8 +500,9 @@ def test_the_diagnostic_arm_runs_only_when_named():
     """The diagnostic arms (`grit-mask`: same-image pairs masked; `grit-oracle`: every true match masked) run only
     when named: they are not part of the phase diagram or the gate."""
     assert "grit-mask" not in sweep.selected_methods(False, None)
-    diagnostics = ("grit-mask", "grit-oracle", "uniform-oracle", "falcon-oracle")
+    diagnostics = ("grit-mask", "grit-oracle", "uniform-oracle", "falcon-oracle", "falcon-oracle-top")
     assert sweep.selected_methods(False, None) == [m for m in sweep.METHODS if m not in diagnostics]
+    assert sweep.METHODS["falcon-oracle-top"] == ("shapes-falcon-oracle", ["pretrain.quantile_scale=log_rank"])
     assert sweep.selected_methods(False, ["uniform-oracle", "grit-oracle"]) == ["grit-oracle", "uniform-oracle"]
     assert sweep.METHODS["uniform-oracle"] == ("shapes-uniform", ["pretrain.oracle_negatives=mask"])
     assert sweep.METHODS["grit-oracle"] == ("shapes-grit", ["pretrain.oracle_negatives=mask"])
