@@ -53,6 +53,7 @@ from benchmarks.shapes_sweep import (AUDITED, EVALUATED, Variant, collect, compl
                                      replace_block, seeds_phrase, train)
 from falcon_cli.artifacts.checkpoints import WEIGHTS
 from falcon_cli.data.shapes.near_misses import NEAR_MISS_KINDS, family_size
+from falcon_cli.evaluation.compare import shapes_world_fingerprint
 from falcon_cli.evaluation.intervals import paired_by_seed
 
 PRESETS = ("coco-like", "medium", "dense")
@@ -438,19 +439,10 @@ def near_miss_columns(run: Path) -> dict:
 
 
 def world_fingerprint(manifest: dict) -> str:
-    """12 hex digits of the world a run trained on: its ``world.json`` config (every knob its preset resolved to,
-    as generated), so rows of one preset name from before and after a preset changed are told apart; ``unknown``
-    when the world is gone."""
-    import hashlib
-
-    path = Path(manifest["config"]["data"].get("dataset") or "") / "world.json"
-    if not path.is_file():
-        return "unknown"
-    config = json.loads(path.read_text())["config"]
-    # Knobs at None are left out: a knob added later whose None leaves worlds as they were (world.json records it
-    # from then on) must not tell a regenerated world from the same world generated before it existed.
-    config = {key: value for key, value in config.items() if value is not None}
-    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
+    """12 hex digits of the world a run trained on (``falcon compare``'s
+    :func:`~falcon_cli.evaluation.compare.shapes_world_fingerprint` of its ``data.dataset``), so rows of one preset
+    name from before and after a preset changed are told apart; ``unknown`` when the world is gone."""
+    return shapes_world_fingerprint(manifest["config"]["data"].get("dataset") or "") or "unknown"
 
 
 LEDGER_KEYS = ("preset", "method", "seed")

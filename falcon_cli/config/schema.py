@@ -258,8 +258,8 @@ class PretrainConfig(Section):
     """How a quantile composer's q picks among a step's n candidates (every composer that draws q: fixed,
     progressive, FALCON): ``linear``, the paper's, the q-quantile of their similarities (q = 0.94 of 500 is the 31st
     most similar); ``log_rank``, the k-th most similar with k = round(n^(1 - q)) (q = 1 the most similar, q = 0 the
-    least; q = 0.94 of 500 the most similar, q = 0.9 the 2nd), so that a Beta over q can put real mass on the top few candidates, where
-    GRIT's picks are (docs/results.md: FALCON in the testbed, five paired seeds)."""
+    least; q = 0.94 of 500 the most similar, q = 0.9 the 2nd), so that a Beta over q can put real mass on the top
+    few candidates, where GRIT's picks are (docs/results.md: FALCON in the testbed, five paired seeds)."""
     quantile_levels: int = Field(100, ge=2)
     """m: quantiles per similarity row (the scheduler's input width)."""
     quantile_temperature: float = Field(1.0, gt=0)

@@ -102,11 +102,10 @@ def read_run(path: str | Path) -> Run:
                           "`falcon pretrain` wrote")
     manifest = _read_json(manifest_path, path)
     config = manifest.get("config") or {}
-    run = Run(path=path, seed=int(manifest.get("seed", config.get("seed", 0))), recipe=str(config.get("name", path.name)),
-              config=config, dataset=_dataset_identities(manifest))
-    run.config = {**config, "world_size": manifest.get("world_size", 1)}
     result = ((manifest.get("stages") or {}).get("pretrain") or {}).get("result") or {}
-    run.trained_on = " ".join(str(result[k]) for k in ("device", "precision") if result.get(k))
+    run = Run(path=path, seed=int(manifest.get("seed", config.get("seed", 0))), recipe=str(config.get("name", path.name)),
+              config={**config, "world_size": manifest.get("world_size", 1)}, dataset=_dataset_identities(manifest),
+              trained_on=" ".join(str(result[k]) for k in ("device", "precision") if result.get(k)))
     for source, relative in RESULT_FILES.items():
         if (path / relative).is_file():
             _add_numbers(run, source, _read_json(path / relative, path))
@@ -129,12 +128,22 @@ def _dataset_identities(manifest: dict) -> dict[str, str]:
     if (data.get("shard_index") or {}).get("fingerprint"):
         found["shards"] = data["shard_index"]["fingerprint"][:12]
     dataset = str(((manifest.get("config") or {}).get("data") or {}).get("dataset") or "")
-    world = Path(dataset) / "world.json"
-    if world.is_file():
-        generated = {k: v for k, v in json.loads(world.read_text()).get("config", {}).items() if v is not None}
-        found["shapes world"] = hashlib.sha256(json.dumps(generated, sort_keys=True).encode()).hexdigest()[:12]
+    world = shapes_world_fingerprint(dataset)
+    if world is not None:
+        found["shapes world"] = world
     found["path"] = dataset
     return found
+
+
+def shapes_world_fingerprint(dataset: str | Path) -> str | None:
+    """12 hex digits of the shapes world in ``dataset``: its ``world.json`` generation config (every knob its preset
+    resolved to); None where the directory holds no world. Knobs at None are left out, so a knob added later whose
+    None leaves worlds as they were does not tell a regenerated world from the same world generated before it."""
+    path = Path(dataset) / "world.json"
+    if not path.is_file():
+        return None
+    config = {k: v for k, v in json.loads(path.read_text()).get("config", {}).items() if v is not None}
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def same_pairs(a: dict[str, str], b: dict[str, str]) -> tuple[bool, str]:
@@ -447,5 +456,5 @@ def write_comparison(comparison: Comparison, out_dir: str | Path) -> Path:
     return Path(out_dir)
 
 
-__all__ = ["Run", "read_run", "label_runs", "metric_names", "check_comparable", "compare_runs", "Comparison",
+__all__ = ["Run", "read_run", "shapes_world_fingerprint", "label_runs", "metric_names", "check_comparable", "compare_runs", "Comparison",
            "single_run_interval", "markdown", "figure", "write_comparison"]

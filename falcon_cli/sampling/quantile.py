@@ -83,8 +83,8 @@ def quantile_position(q, n, scale: str = "linear") -> np.ndarray:
     """Position (0 = the least similar) of the pick at hardness q among ``n`` candidates sorted by ascending
     similarity. ``linear``: the q-quantile's nearest rank (:func:`nearest_rank`, the paper's). ``log_rank``: the k-th
     most similar with k = round(n^(1 - q)), so q = 1 is the most similar, q = 0 the least, and the top ranks take a
-    share of q's range that does not shrink with n (in 500 candidates q = 0.94 is the most similar and q = 0.9 the 2nd, where
-    linearly it is the 30th). A NaN q (a step not taken) or no candidate gives 0."""
+    share of q's range that does not shrink with n (of 500 candidates q = 0.94 is the most similar and q = 0.9 the
+    2nd, where linearly q = 0.94 is the 31st). A NaN q (a step not taken) or no candidate gives 0."""
     if scale == "linear":
         return nearest_rank(q, n)
     if scale != "log_rank":
