@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from falcon_cli.config.recipes import (
-    apply_overrides, find_recipe, list_recipes, load_recipe, parse_override, recipe_header, valid_keys,
+    STUDY_DIR, apply_overrides, find_recipe, list_recipes, load_recipe, parse_override, read_recipe, recipe_group,
+    recipe_header, valid_keys,
 )
 from falcon_cli.config.schema import Recipe
 from falcon_cli.errors import FalconError
@@ -155,7 +156,7 @@ def test_find_recipe_by_name_path_and_unknown(tmp_path):
     assert find_recipe("shapes-demo").name == "shapes-demo.yaml"
     custom = write(tmp_path / "mine.yaml", "data: {dataset: x}\n")
     assert find_recipe(str(custom)) == custom
-    with pytest.raises(FalconError, match=r"unknown recipe 'shapes-dmo': did you mean 'shapes-demo'\? valid recipes: .*shapes-demo"):
+    with pytest.raises(FalconError, match=r"unknown recipe 'shapes-dmo': did you mean 'shapes-demo'\? `falcon recipes list`"):
         find_recipe("shapes-dmo")
     with pytest.raises(FalconError, match="not found"):
         find_recipe(str(tmp_path / "missing.yaml"))
@@ -353,3 +354,34 @@ def test_input_paths_become_absolute_against_the_working_directory(tmp_path, mon
     # Resolving again (a stored config read from another directory) changes nothing that is absolute.
     again = absolute_input_paths(config.model_copy(deep=True), tmp_path / "other")
     assert again.model_dump() == config.model_dump()
+
+
+def test_study_recipes_live_apart_but_resolve_by_name_and_list_in_their_group():
+    recipes = list_recipes()
+    assert recipes["shapes-falcon-margin"].parent.name == STUDY_DIR
+    assert recipes["coco-albef-grit"].parent.name == "recipes"
+    assert load_recipe("shapes-falcon-margin")[0].pretrain.reward == "positive_margin"  # (its base, shapes-falcon-plus, too)
+    assert recipe_group("shapes-falcon-margin", recipes["shapes-falcon-margin"]).startswith("Studies")
+    assert recipe_group("coco-albef-grit", recipes["coco-albef-grit"]).startswith("COCO, ALBEF")
+    assert recipe_group("coco-siglip", recipes["coco-siglip"]).startswith("COCO, dual")
+    assert recipe_group("shapes-blip2", recipes["shapes-blip2"]).startswith("Shapes world on CPU, BLIP-2")
+    assert recipe_group("shapes-mafa", recipes["shapes-mafa"]).startswith("Shapes world on CPU, albef-tiny")
+    # the recipes a user starts from: the demo, every COCO ALBEF baseline, every shapes baseline, not a study
+    starters = [n for n, p in recipes.items() if p.parent.name != STUDY_DIR]
+    for method in ("uniform", "grit", "q0", "q05", "hardening", "softening", "mafa", "srcl", "diht", "glofnd"):
+        assert f"coco-albef-{method}" in starters and f"shapes-{method}" in starters
+    assert not any("reward" in n or "space" in n for n in starters)
+
+
+def test_every_description_fits_one_line_of_the_list():
+    for name, path in list_recipes().items():
+        description = read_recipe(path).get("description", "")
+        assert 0 < len(description) <= 72 and "\n" not in description, name
+
+
+def test_a_recipe_path_that_moved_names_where_it_is_now(tmp_path):
+    with pytest.raises(FalconError, match=r"recipes/shapes-falcon-margin.yaml not found: it moved to .*recipes/"
+                                          r"studies/shapes-falcon-margin.yaml \(`--recipe shapes-falcon-margin`"):
+        find_recipe("recipes/shapes-falcon-margin.yaml")
+    with pytest.raises(FalconError, match=r"recipe file .*nowhere.yaml not found$"):
+        find_recipe(tmp_path / "nowhere.yaml")
