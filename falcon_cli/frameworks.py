@@ -81,13 +81,13 @@ class Framework:
     def plain_itc(self) -> Any:
         """The framework's in-batch ITC without a false-negative method (``false_negatives: none``): a
         :class:`~falcon_cli.objectives.false_negatives.PlainItc` with its label smoothing and stop-gradient."""
-        from falcon_cli.objectives.false_negatives import PlainItc  # (lazy: `falcon --help` reads this module)
+        from falcon_cli.objectives.false_negatives import PlainItc  # (lazy: validating a config reads this module)
 
         return PlainItc(label_smoothing=self.itc_label_smoothing, stop_gradient=self.itc_stop_gradient)
 
 
-# The objectives, imported when built (lazy): every config validation reads this module, `falcon --help`
-# included, and needs no loss.
+# The objectives, imported when built (lazy): every config validation reads this module (`falcon recipes
+# validate` included) and needs no loss.
 def _albef_objective(model: Any, p: Any, false_negatives: Any) -> Any:
     """ALBEF's ITC (GRIT's in-batch or a momentum queue) + ITM + MLM."""
     from falcon_cli.objectives.vlp import VlpObjective  # (lazy: see above)

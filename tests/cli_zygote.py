@@ -1,12 +1,13 @@
 """A parent process that has already imported falcon, for the test suite's CLI runs.
 
-A ``falcon`` process spends about 6 of its first 7 seconds importing torch, torch._dynamo (every optimizer
-step needs it), torchvision, transformers, open_clip and matplotlib; most test runs train for a fraction of a
-second after that. This script imports all of it once, then serves requests from :func:`tests.conftest.run_cli`:
-for each command line it forks a child that takes the request's working directory, environment, argv and
-standard streams (files the test reads back) and runs ``falcon_cli.cli.app.main`` exactly as
-``python -m falcon_cli`` would, in its own process, with its own exit status. The zygote itself never runs a
-torch operation (no thread pools, no CUDA context), so forking it is safe.
+A ``falcon`` command that runs a stage spends about 6 of its first 7 seconds importing torch, torch._dynamo
+(every optimizer step needs it), torchvision, transformers, open_clip and matplotlib; most test runs train for
+a fraction of a second after that. This script imports all of it once, then serves requests from
+:func:`tests.conftest.run_cli`: for each command line it forks a child that takes the request's working
+directory, environment, argv and standard streams (files the test reads back) and runs
+``falcon_cli.cli.app.main`` exactly as ``python -m falcon_cli`` would, in its own process, with its own exit
+status. The zygote itself never runs a torch operation (no thread pools, no CUDA context), so forking it is
+safe.
 
 Protocol (one JSON object per line): a request ``{"argv", "cwd", "env", "stdout", "stderr"}`` on stdin is
 answered with ``{"pid": P}`` when the child starts and ``{"status": S}`` (its ``os.wait`` status) when it ends.
@@ -21,18 +22,26 @@ import sys
 
 
 def preload() -> None:
-    """Import what a falcon command imports (each module is imported once, here, for every child)."""
+    """Import what a falcon command imports (each module is imported once, here, for every child).
+
+    Every module of falcon_cli and stages: the command line imports the stages, and the stages some of falcon's
+    own modules (a model family's network, a judge), only where a command runs them, so that `falcon --help`
+    stays fast (tests/test_cli_latency.py); a child should find them all imported.
+    """
     import importlib
     import pkgutil
 
+    import falcon_cli
     import stages
 
     # torch._dynamo: the first optimizer step imports it; transformers: the run tokenizer's class
-    for name in ("torch._dynamo", "torchvision", "falcon_cli.cli.app", "falcon_cli.reporting.figures"):
+    for name in ("torch._dynamo", "torchvision"):
         importlib.import_module(name)
     importlib.import_module("transformers").BertTokenizerFast
-    for module in pkgutil.iter_modules(stages.__path__):
-        importlib.import_module(f"stages.{module.name}")
+    for package in (falcon_cli, stages):
+        for module in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
+            if not module.name.endswith(".__main__"):  # (`python -m falcon_cli` itself: it would run the command)
+                importlib.import_module(module.name)
     for optional in ("open_clip", "timm", "h5py", "pyarrow.parquet"):
         try:
             importlib.import_module(optional)

@@ -39,6 +39,28 @@ def test_every_help_shows_a_real_example(falcon_command, command):
     assert "Example" in proc.output and "falcon " in proc.output.split("Example", 1)[1]
 
 
+def test_every_help_reflows_in_80_columns(falcon_command):
+    """Rich wraps a help paragraph to the terminal but keeps a line break inside it (a line broken in the source
+    shows as a ragged one): each paragraph is one line, or a list of example lines that fit in 80 columns."""
+    import inspect
+
+    def walk(command, path):
+        yield path, command
+        for name, sub in getattr(command, "commands", {}).items():
+            yield from walk(sub, [*path, name])
+
+    ragged, long = [], []
+    for path, command in walk(falcon_command, ["falcon"]):
+        for paragraph in inspect.cleandoc(command.help or "").split("\n\n"):
+            lines = paragraph.splitlines()
+            listed = [line for line in lines if line.startswith(("Example", "  "))]
+            if len(lines) > 1 and listed != lines[1:] and listed != lines:
+                ragged.append(f"{' '.join(path)}: {lines[0][:50]}...")
+            long += [f"{' '.join(path)}: {line}" for line in listed if len(line) > 78]  # (80 less Rich's margins)
+    assert not ragged, "help paragraphs broken mid-sentence:\n" + "\n".join(ragged)
+    assert not long, "example lines that wrap in 80 columns:\n" + "\n".join(long)
+
+
 def test_only_working_commands_are_registered():
     import typer
 

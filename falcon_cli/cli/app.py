@@ -17,10 +17,11 @@ from falcon_cli import __version__
 from falcon_cli.cli import audit, compare, data, embed, evaluate, finetune, pretrain, recipes, run, search_spaces, unimodal
 from falcon_cli.errors import FalconError, storage_error
 
+# Help texts are docstrings in Rich markup: Rich reflows a paragraph to the terminal's width, and keeps a line
+# break inside one. So each paragraph of a command's docstring is one line, and its first paragraph (the line
+# `falcon --help` lists it with) one sentence; a line break only between the lines of a list (the examples).
 app = typer.Typer(
     name="falcon",
-    help="False-negative-aware vision-language pretraining: FALCON and its baselines.\n\n"
-    "Example: falcon run --recipe shapes-demo --run-dir runs/demo",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -52,7 +53,14 @@ def _root(
 ) -> None:
     """False-negative-aware vision-language pretraining: FALCON and its baselines.
 
-    Example: falcon run --recipe shapes-demo --run-dir runs/demo
+    Examples of typical use:
+      falcon run --recipe shapes-demo --run-dir runs/demo
+      falcon pretrain --recipe coco-albef
+      falcon audit-false-negatives runs/x --judge oracle
+      falcon evaluate retrieval runs/x
+      falcon compare runs/a-s* runs/b-s*
+
+    The recipes: falcon recipes list. A command's options: falcon COMMAND --help.
     """
     if debug:
         os.environ["FALCON_DEBUG"] = "1"

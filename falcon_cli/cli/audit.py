@@ -42,7 +42,7 @@ def audit_false_negatives(
 
     Settings come from the run's own audit section; the options here change it (recorded in the manifest).
 
-    Example: falcon audit-false-negatives runs/shapes-q1 runs/shapes-q05 runs/shapes-q0 --judge oracle
+    Example: falcon audit-false-negatives runs/q1 runs/q05 runs/q0 --judge oracle
     """
     from falcon_cli.audit.compare import write_comparison  # (lazy: pandas and figures; keep `falcon --help` fast)
 

@@ -36,15 +36,16 @@ def compare(
                                         "evaluation settings anyway, each difference flagged in the report."),
     list_metrics: bool = typer.Option(False, "--list-metrics", help="Print the metrics every run has, and exit."),
 ) -> None:
-    """Compare methods over paired seeds: means with 95% intervals, differences from a baseline with paired-t 95% intervals.
+    """Compare methods over paired seeds: means and differences from a baseline, with 95% intervals.
 
-    Runs are grouped into methods by their resolved configs (or --label) and paired by seed.
+    Runs are grouped into methods by their resolved configs (or --label) and paired by seed. Differences from the baseline get paired-t 95% intervals.
 
     A verdict (higher, lower) is given only where the paired interval excludes zero; a method with one seed gets its binomial interval and no verdict.
 
     Writes comparison.md, comparison.csv, per_seed.csv and comparison.png (docs/compare.md).
 
-    Example: falcon compare runs/uniform-s* runs/grit-s* runs/falcon-s* --baseline shapes-uniform --metric rerank:R@1 --metric itc:R@1
+    Example: falcon compare runs/uniform-s* runs/falcon-s* --metric rerank:R@1
+    Example: falcon compare runs/*-s* --baseline shapes-uniform
     """
     # (lazy: pandas and matplotlib; keep `falcon --help` fast)
     from falcon_cli.evaluation.compare import compare_runs, label_runs, metric_names, read_run, write_comparison

@@ -6,12 +6,10 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from falcon_cli.runtime.console import make_console
 
 from falcon_cli.artifacts.atomic import write_json
-from falcon_cli.config.recipes import apply_overrides, validate_config
-from falcon_cli.data.shapes import ShapesConfig, generate_world
 from falcon_cli.errors import FalconError
+from falcon_cli.runtime.console import make_console
 
 app = typer.Typer(help="Generate the shapes world; check a dataset.\n\nExample: falcon data shapes --out data/shapes --images 300 --seed 1",
                   no_args_is_help=True)
@@ -29,12 +27,18 @@ def shapes(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing world made with other settings."),
     overrides: Optional[List[str]] = typer.Argument(None, help="More knobs as key=value, e.g. max_objects=3 num_colors=8", show_default=False),
 ) -> None:
-    """Generate the shapes world: images, scene graphs, captions with logical forms, the oracle's
-    compatibility table, and retrieval / pretraining / VQA / NLVR2 files in the real formats.
+    """Generate the shapes world: images with exactly known captions, and the oracle that judges them.
+
+    The world holds the images and their scene graphs, captions with logical forms, the oracle's compatibility table, and retrieval / pretraining / VQA / NLVR2 files in the real formats.
 
     Example: falcon data shapes --out data/shapes --images 300 --seed 1 --preview
-    Example: falcon data shapes --out data/coco-like --preset coco-like --images 4000 --size 32
+    Example: falcon data shapes --out data/coco-like --preset coco-like --size 32
     """
+    # (lazy: the config schema (pydantic), and the world's writers (pandas, PIL); keep `falcon --help` fast)
+    from falcon_cli.config.recipes import apply_overrides, validate_config
+    from falcon_cli.data.shapes.config import ShapesConfig
+    from falcon_cli.data.shapes.world import generate_world
+
     raw = {"images": images, "seed": seed, "size": size} | ({"preset": preset} if preset else {})
     raw, given = apply_overrides(raw, overrides or [], model=ShapesConfig)
     config = validate_config(raw, "falcon data shapes", given, model=ShapesConfig)
@@ -48,8 +52,9 @@ def index(
     spec: Path = typer.Argument(..., help="A dataset.yaml naming pretrain_shards, or the directory holding one."),
     on_missing: Optional[str] = typer.Option(None, "--on-missing", help="fail (default: the spec's) or skip: keys without an image or caption."),
 ) -> None:
-    """Index a dataset's webdataset shards once, so that pretraining can read any pair by id: writes
-    shards-index.parquet (offsets of each image inside its tar, captions, pair ids) beside dataset.yaml.
+    """Index a dataset's webdataset shards once, so that pretraining can read any pair by id.
+
+    Writes shards-index.parquet (offsets of each image inside its tar, captions, pair ids) beside dataset.yaml.
 
     Example: falcon data index data/cc3m
     """
@@ -73,11 +78,11 @@ def shards(
     out: Path = typer.Option(..., "--out", help="Directory for the shards and their dataset.yaml (must not exist)."),
     samples_per_shard: int = typer.Option(1000, "--samples-per-shard", min=1, help="Pairs per tar shard."),
 ) -> None:
-    """Write a dataset's pretraining pairs as webdataset tar shards ({pair_id}.jpg/.png + .txt + .json, the
-    image bytes unchanged), with a dataset.yaml that names them (the other sections point back at the original
-    files) and their index. Pair ids are kept.
+    """Write a dataset's pretraining pairs as webdataset tar shards, with their index.
 
-    Example: falcon data shards data/shapes --out data/shapes-shards --samples-per-shard 500
+    Each pair becomes {pair_id}.jpg/.png + .txt + .json, the image bytes unchanged; the new dataset.yaml names the shards, and its other sections point back at the original files. Pair ids are kept.
+
+    Example: falcon data shards data/shapes --out data/shapes-shards
     """
     # (lazy: the dataset readers import torch and PIL; keep `falcon --help` fast)
     from falcon_cli.data.datasets import pretrain_records
@@ -99,8 +104,9 @@ def check(
     on_missing: Optional[str] = typer.Option(None, "--on-missing", help="fail (default) or skip: how missing images count."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON to this file."),
 ) -> None:
-    """Check a dataset: entries, images found / missing / unreadable, empty captions, duplicate ids,
-    bad labels, per source. Exits 1 when a problem is found.
+    """Check a dataset: images found, missing or unreadable, empty captions, duplicate ids, bad labels.
+
+    Counts per source; exits 1 when a problem is found.
 
     Example: falcon data check data/shapes
     """

@@ -20,13 +20,12 @@ def embed(
 ) -> None:
     """Embed every image-caption pair of a dataset split into embeddings/embeddings.h5.
 
-    Encoders: open_clip:<model> with embed.pretrained (a tag or a local checkpoint file), or
-    falcon:<run or checkpoint directory> (its projected ITC features).
+    Encoders: open_clip:<model> with embed.pretrained (a tag or a local checkpoint file), or falcon:<run or checkpoint directory> (its projected ITC features).
 
     Writes in chunks of embed.chunk_size pairs; after a kill, --resume continues from the last completed chunk.
 
     Runs the data stage first when the run directory has not done it.
 
-    Example: falcon embed --recipe shapes-demo --run-dir runs/emb embed.encoder=falcon:runs/demo embed.split=pretrain
+    Example: falcon embed --recipe shapes-demo embed.encoder=falcon:runs/demo
     """
     run_single_stage("embed", recipe, run_dir, overrides, overwrite=overwrite, output="embeddings/embeddings.h5", resume=resume)

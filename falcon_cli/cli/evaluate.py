@@ -44,11 +44,11 @@ def retrieval(
     batch_size: Optional[int] = BATCH,
     settings: Optional[List[str]] = SETTINGS,
 ) -> None:
-    """Image-text retrieval: ITC for all pairs, the top k re-ranked by ITM; TR/IR R@1/5/10 and false-negative-aware
-    metrics (the shapes oracle, or ECCV Caption / CxC / COCO 1K on COCO 5K). Writes results/retrieval.{json,csv,md}
-    (``--split pretrain``: results/retrieval_pretrain.*).
+    """Image-text retrieval: ITC for all pairs, the top k re-ranked by ITM.
 
-    Example: falcon evaluate retrieval runs/shapes-demo --model pretrained --model finetuned
+    Scores TR/IR R@1/5/10 and false-negative-aware metrics: the shapes oracle's, or ECCV Caption / CxC / COCO 1K on COCO 5K. Writes results/retrieval.{json,csv,md} (with --split pretrain: results/retrieval_pretrain.*).
+
+    Example: falcon evaluate retrieval runs/demo -m pretrained -m finetuned
     """
     run_dir, checkpoint = _locate(target)
     models = list(model or ([str(checkpoint)] if checkpoint is not None else []))
@@ -66,8 +66,9 @@ def vqa(
     batch_size: Optional[int] = BATCH,
     settings: Optional[List[str]] = SETTINGS,
 ) -> None:
-    """VQA: rank the answer list with the fine-tuned decoder; results/vqa_result_<split>.json (server format) and the
-    local VQA accuracy where the split has answers (results/vqa.{json,csv,md}).
+    """VQA: rank the answer list with the fine-tuned decoder.
+
+    Writes results/vqa_result_<split>.json (the server's format) and, where the split has answers, the local VQA accuracy (results/vqa.{json,csv,md}).
 
     Example: falcon evaluate vqa runs/shapes-demo --split test
     """
@@ -83,7 +84,9 @@ def nlvr2(
     batch_size: Optional[int] = BATCH,
     settings: Optional[List[str]] = SETTINGS,
 ) -> None:
-    """NLVR2: accuracy of the fine-tuned classifier on dev and test-P (results/nlvr2.{json,csv,md}).
+    """NLVR2: accuracy of the fine-tuned classifier on dev and test-P.
+
+    Writes results/nlvr2.{json,csv,md}.
 
     Example: falcon evaluate nlvr2 runs/shapes-demo
     """

@@ -25,14 +25,13 @@ def finetune(
                                    "also reuse a run directory that holds a run with a different config."),
     overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides, e.g. finetune.vqa.epochs=2", show_default=False),
 ) -> None:
-    """Fine-tune the run's pretrained model: retrieval (ITC with a momentum queue + ITM), VQA (answer
-    decoder from the fusion layers) or NLVR2 (text-assignment pretraining, then the classifier).
+    """Fine-tune the run's pretrained model on retrieval, VQA or NLVR2.
 
-    Writes RUN_DIR/finetune/<task>/: checkpoints/, best/ (the kept weights) and metrics.jsonl. A task that
-    already has checkpoints is refused unless --resume (continue it) or --overwrite (train it again).
-    Under torchrun the batch size is per process.
+    Retrieval: ITC with a momentum queue + ITM; VQA: an answer decoder from the fusion layers; NLVR2: text-assignment pretraining, then the classifier.
 
-    Example: falcon finetune --run-dir runs/shapes-demo --task vqa finetune.vqa.epochs=2
+    Writes RUN_DIR/finetune/<task>/: checkpoints/, best/ (the kept weights) and metrics.jsonl. A task that already has checkpoints is refused unless --resume (continue it) or --overwrite (train it again). Under torchrun the batch size is per process.
+
+    Example: falcon finetune --run-dir runs/demo --task vqa finetune.vqa.epochs=2
     """
     tasks = _tasks(task)
     settings = list(overrides or []) + ([f"finetune.tasks=[{', '.join(tasks)}]"] if tasks else [])

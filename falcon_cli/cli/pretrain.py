@@ -17,11 +17,11 @@ def pretrain(
     overwrite: bool = typer.Option(False, "--overwrite", help="Reuse a run directory that holds a run with a different config, or train again over its checkpoints."),
     overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides, e.g. pretrain.epochs=3", show_default=False),
 ) -> None:
-    """Pretrain a model (ALBEF, BLIP-2 stage 1 or a dual encoder; the recipe's model) with its batch composer.
+    """Pretrain a model (ALBEF, BLIP-2 stage 1 or a dual encoder: the recipe's) with its batch composer.
 
-    Runs the data stage first when the run directory has not done it. Works the same under
-    torchrun (batch size is per process): torchrun --nproc_per_node 2 -m falcon_cli pretrain --recipe shapes-demo
+    Runs the data stage first when the run directory has not done it. Works the same under torchrun, where the batch size is per process.
 
-    Example: falcon pretrain --recipe shapes-demo --run-dir runs/demo pretrain.epochs=2
+    Example: falcon pretrain --recipe shapes-demo pretrain.epochs=2
+    Example: torchrun --nproc_per_node 2 -m falcon_cli pretrain -r shapes-demo
     """
     run_single_stage("pretrain", recipe, run_dir, overrides, overwrite=overwrite, output="manifest.json", resume=resume)

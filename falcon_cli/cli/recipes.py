@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import List, Optional
 
 import typer
-from falcon_cli.runtime.console import make_console
 from rich.table import Table
 
-from falcon_cli.config.recipes import find_recipe, list_recipes, load_recipe, read_recipe, recipe_header, resolved_yaml
 from falcon_cli.errors import FalconError
+from falcon_cli.runtime.console import make_console
 
 app = typer.Typer(help="List, show and validate recipes.\n\nExample: falcon recipes show shapes-demo", no_args_is_help=True)
 console = make_console()
@@ -17,15 +16,28 @@ console = make_console()
 
 @app.command("list")
 def list_() -> None:
-    """List the recipes found by name (shipped ones and $FALCON_RECIPE_PATH).
+    """List the recipes, grouped by what they are for.
+
+    The demo, COCO per framework and method, the shapes world per method, then the studies (recipes/studies/) and your own ($FALCON_RECIPE_PATH).
 
     Example: falcon recipes list
     """
-    table = Table("recipe", "stages", "description", box=None, header_style="bold")
+    from falcon_cli.config.recipes import RECIPE_GROUPS, list_recipes, read_recipe, recipe_group  # (lazy: fast --help)
+
+    groups: dict[str, list[tuple[str, str]]] = {}
     for name, path in list_recipes().items():
-        raw = read_recipe(path)
-        table.add_row(name, " → ".join(raw.get("stages", [])), str(raw.get("description", "")))
-    console.print(table)
+        groups.setdefault(recipe_group(name, path), []).append((name, str(read_recipe(path).get("description", ""))))
+    order = [title for title, _ in RECIPE_GROUPS]
+    width = max((len(name) for rows in groups.values() for name, _ in rows), default=0)
+    for title in sorted(groups, key=lambda t: order.index(t) if t in order else len(order)):
+        table = Table(box=None, show_header=False, padding=(0, 2, 0, 2))
+        table.add_column(no_wrap=True, style="cyan", min_width=width)
+        table.add_column(overflow="ellipsis", no_wrap=True)
+        for name, description in groups[title]:
+            table.add_row(name, description)
+        console.print(f"[bold]{title}[/]")
+        console.print(table)
+    console.print("[dim]falcon recipes show NAME: every resolved key · falcon run --recipe NAME: run it[/]")
 
 
 @app.command("show")
@@ -37,6 +49,8 @@ def show(
 
     Example: falcon recipes show shapes-demo data.shapes.images=500
     """
+    from falcon_cli.config.recipes import load_recipe, recipe_header, resolved_yaml  # (lazy: the schema; a fast --help)
+
     config, path = load_recipe(recipe, overrides or [])
     header = recipe_header(path)
     if header:
@@ -49,11 +63,15 @@ def show(
 def validate(
     recipes: Optional[List[str]] = typer.Argument(None, help="Recipe names or paths (default: every shipped recipe)."),
 ) -> None:
-    """Validate recipes against the config schema; exit 2 on the first invalid one.
+    """Validate recipes against the config schema; exit 2 if any is invalid.
 
-    Example: falcon recipes validate            # all shipped recipes
-             falcon recipes validate my.yaml
+    Without names, every recipe found by name.
+
+    Example: falcon recipes validate
+    Example: falcon recipes validate my.yaml
     """
+    from falcon_cli.config.recipes import find_recipe, list_recipes, load_recipe  # (lazy: the schema; a fast --help)
+
     names = recipes or list(list_recipes())
     failures = 0
     for name in names:

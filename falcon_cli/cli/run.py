@@ -7,11 +7,8 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from falcon_cli.runtime.console import make_console
 
-from falcon_cli.config.recipes import as_current_config, load_recipe, place_dataset
-from falcon_cli.runtime.distributed import is_main_process
-from falcon_cli.runtime.run_dir import RunDirectory
+from falcon_cli.runtime.console import make_console
 
 console = make_console()
 
@@ -26,9 +23,13 @@ def run_recipe(
 ) -> None:
     """Run a recipe: every stage it lists, in order, into one run directory.
 
-    Example: falcon run --recipe shapes-demo --run-dir runs/demo data.shapes.images=500
+    Example: falcon run --recipe shapes-demo --run-dir runs/demo
     """
-    from stages import join_processes, run_stages  # (lazy: stages import heavy libraries; keep `falcon --help` fast)
+    # (lazy: the config schema, the run directory, and the stages' heavy libraries; keep `falcon --help` fast)
+    from falcon_cli.config.recipes import as_current_config, load_recipe, place_dataset
+    from falcon_cli.runtime.distributed import is_main_process
+    from falcon_cli.runtime.run_dir import RunDirectory
+    from stages import join_processes, run_stages
 
     config, path = load_recipe(recipe, overrides or [])
     run_dir = run_dir or Path("runs") / config.name

@@ -31,6 +31,6 @@ def build_search_spaces(
 
     Runs the data stage first when the run directory has not done it.
 
-    Example: falcon build-search-spaces --recipe shapes-demo --run-dir runs/demo search_spaces.embeddings=emb.h5
+    Example: falcon build-search-spaces --recipe shapes-warmstart   (k-means)
     """
     run_single_stage("build_search_spaces", recipe, run_dir, overrides, overwrite=overwrite, output="search_spaces.parquet")

@@ -1,17 +1,17 @@
-"""One stage as its own command (``falcon pretrain``, ``falcon embed``, ``falcon build-search-spaces``)."""
+"""One stage as its own command (``falcon pretrain``, ``falcon embed``, ``falcon build-search-spaces``).
+
+The stage commands import this module at their top, so it imports the config schema (pydantic), the run
+directory and the stages inside the functions that use them: ``falcon --help`` and ``falcon COMMAND --help``
+need none of them.
+"""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from falcon_cli.config.paths import absolute_input_paths
-from falcon_cli.config.recipes import as_current_config, load_recipe, place_dataset
-from falcon_cli.config.recipes import apply_overrides, validate_config
 from falcon_cli.errors import FalconError
 from falcon_cli.runtime.console import make_console
-from falcon_cli.runtime.distributed import is_main_process
-from falcon_cli.runtime.run_dir import RunDirectory, read_manifest
 
 console = make_console()
 
@@ -20,7 +20,11 @@ def run_single_stage(stage: str, recipe: str, run_dir: Path | None, overrides: l
                      output: str, **options) -> None:
     """Run ``stage`` of ``recipe`` in ``run_dir`` (default ``runs/<recipe name>``), after the data stage
     when the run has not completed it; ``options`` (e.g. ``resume``) go to the stages; prints ``output``."""
-    from stages import join_processes, run_stages  # (lazy: stages import heavy libraries; keep `falcon --help` fast)
+    # (lazy: the config schema, the run directory, and the stages' heavy libraries; keep `falcon --help` fast)
+    from falcon_cli.config.recipes import as_current_config, load_recipe, place_dataset
+    from falcon_cli.runtime.distributed import is_main_process
+    from falcon_cli.runtime.run_dir import RunDirectory, read_manifest
+    from stages import join_processes, run_stages
 
     config, _ = load_recipe(recipe, overrides or [])
     run_dir = run_dir or Path("runs") / config.name
@@ -39,6 +43,11 @@ def run_single_stage(stage: str, recipe: str, run_dir: Path | None, overrides: l
 def run_config(run_dir: Path, overrides: list[str], sections: tuple[str, ...]):
     """The config recorded in ``run_dir``'s manifest with ``overrides`` applied; only keys of ``sections``
     may change (the rest is what the run was trained with). Validated, nothing run yet."""
+    # (lazy: the config schema and the run directory; keep `falcon --help` fast)
+    from falcon_cli.config.paths import absolute_input_paths
+    from falcon_cli.config.recipes import apply_overrides, validate_config
+    from falcon_cli.runtime.run_dir import read_manifest
+
     for text in overrides:
         if not text.strip().startswith(tuple(f"{s}." for s in sections)):
             allowed = ", ".join(f"{s}.*" for s in sections)
@@ -56,7 +65,9 @@ def run_config(run_dir: Path, overrides: list[str], sections: tuple[str, ...]):
 def run_stage_in(run_dir: Path, config, stage: str, **options) -> None:
     """Run ``stage`` in the existing run ``run_dir`` with ``config`` (from :func:`run_config`), recording the
     changed sections and this command line in the manifest."""
-    from stages import join_processes, run_stages  # (lazy: stages import heavy libraries; keep `falcon --help` fast)
+    # (lazy: the run directory, and the stages' heavy libraries; keep `falcon --help` fast)
+    from falcon_cli.runtime.run_dir import RunDirectory
+    from stages import join_processes, run_stages
 
     join_processes(config, run_dir, stage, **options)  # (torchrun: every node the same launch)
     run = RunDirectory.open(run_dir, config=config.model_dump(mode="json"), seed=config.seed,

@@ -17,13 +17,12 @@ def unimodal(
     overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides, e.g. unimodal.image_epochs=10",
                                                     show_default=False),
 ) -> None:
-    """Train the shapes world's DeiT and BERT analogues for pretrain.model (per-cell shape, colour and size
-    classification; masked language modelling on the training captions), or reuse them: they are kept once
-    per world, model, tokenizer, settings and seed (<world>/unimodal/<key>/). Pretraining starts from them
-    with pretrain.vision_weights=unimodal pretrain.text_weights=unimodal.
+    """Train the shapes world's DeiT and BERT analogues for pretrain.model, or reuse them.
+
+    The image encoder learns to classify each grid cell's shape, colour and size, the text encoder masked language modelling on the training captions. They are kept once per world, model, tokenizer, settings and seed (<world>/unimodal/<key>/); pretraining starts from them with pretrain.vision_weights=unimodal pretrain.text_weights=unimodal.
 
     Runs the data stage first when the run directory has not done it.
 
-    Example: falcon unimodal --recipe shapes-demo --run-dir runs/uni unimodal.image_epochs=10
+    Example: falcon unimodal --recipe shapes-demo unimodal.image_epochs=10
     """
     run_single_stage("unimodal", recipe, run_dir, overrides, overwrite=overwrite, output="results/unimodal.md")

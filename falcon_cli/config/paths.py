@@ -16,7 +16,9 @@ Schema fields declare themselves with an :class:`InputPath` marker in their anno
 
 from __future__ import annotations
 
+import functools
 import os
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -67,13 +69,27 @@ def _marker(field) -> InputPath | None:
     return next((m for m in field.metadata if isinstance(m, InputPath)), None)
 
 
+@functools.cache
+def _path_fields(model: type[BaseModel]) -> tuple[tuple[str, InputPath | None], ...]:
+    """The fields of a config class that are input paths (with their marker) or may hold sections (marker None):
+    worked out once per class, since ``falcon recipes validate`` walks every recipe."""
+    fields = []
+    for name, field in model.model_fields.items():
+        marker = _marker(field)
+        annotation = field.annotation
+        may_be_section = marker is None and any(isinstance(t, type) and issubclass(t, BaseModel)
+                                                for t in (annotation, *typing.get_args(annotation)))
+        if marker is not None or may_be_section:
+            fields.append((name, marker))
+    return tuple(fields)
+
+
 def absolute_input_paths(config: BaseModel, base: str | Path | None = None) -> BaseModel:
     """Make every :class:`InputPath` value of ``config`` (and its sections) absolute against ``base``
     (default: the working directory), in place; returns ``config``."""
     base = Path(os.path.abspath(base if base is not None else os.getcwd()))
-    for name, field in type(config).model_fields.items():
+    for name, marker in _path_fields(type(config)):
         value = getattr(config, name)
-        marker = _marker(field)
         if marker is not None:
             resolved = marker.resolve(value, base)
             if resolved != value:

@@ -7,20 +7,23 @@ and the value given.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import os
 import types
 import typing
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from falcon_cli.artifacts.config_diff import with_missing_keys
 from falcon_cli.config.paths import absolute_input_paths
-from falcon_cli.config.schema import Recipe
 from falcon_cli.errors import FalconError
+
+if TYPE_CHECKING:
+    from falcon_cli.config.schema import Recipe
 
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 """libyaml's safe loader where PyYAML was built with it: ``recipes list`` and ``recipes validate`` read every
@@ -56,8 +59,9 @@ def list_recipes() -> dict[str, Path]:
     recipe beside the others wins over a study of the same name)."""
     found: dict[str, Path] = {}
     for directory in recipe_dirs():
-        for path in [*sorted(directory.glob("*.yaml")), *sorted((directory / STUDY_DIR).glob("*.yaml"))]:
-            found.setdefault(path.stem, path)
+        for folder in (directory, directory / STUDY_DIR):
+            for path in sorted(folder.glob("*.yaml"), key=lambda p: p.name):
+                found.setdefault(path.stem, path)
     return dict(sorted(found.items()))
 
 
@@ -86,16 +90,39 @@ def find_recipe(name_or_path: str | Path) -> Path:
         if path.is_file():
             return path
         raise FalconError(f"recipe file {path} not found{_moved_hint(path)}")
+    for directory in recipe_dirs():  # (the file itself first: listing every folder per `base:` was the slow part)
+        for path in (directory / f"{text}.yaml", directory / STUDY_DIR / f"{text}.yaml"):
+            if path.is_file():
+                return path
     recipes = list_recipes()
-    if text in recipes:
-        return recipes[text]
     near = difflib.get_close_matches(text, recipes, n=1)
     hint = f"did you mean '{near[0]}'? " if near else ""
     raise FalconError(f"unknown recipe '{text}': {hint}`falcon recipes list` shows them all")
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
-    """Read a YAML mapping, turning syntax errors into one line with file, line and column."""
+    """Read a YAML mapping, turning syntax errors into one line with file, line and column. A file read before
+    and unchanged since (same size and modification time) is not parsed again: ``falcon recipes validate`` reads
+    each ``base:`` recipe once, not once per recipe that extends it. The caller gets its own copy."""
+    try:
+        stat = path.stat()
+    except OSError:
+        stat = None
+    key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size) if stat is not None else None
+    if key is not None and key in _YAML_CACHE:
+        return copy.deepcopy(_YAML_CACHE[key])
+    raw = _parse_yaml(path)
+    if key is not None:
+        _YAML_CACHE[key] = copy.deepcopy(raw)
+    return raw
+
+
+_YAML_CACHE: dict[tuple[str, int, int], dict[str, Any]] = {}
+"""Mappings already parsed in this process, by (file, modification time, size)."""
+
+
+def _parse_yaml(path: Path) -> dict[str, Any]:
+    """:func:`read_yaml`'s parse, uncached."""
     try:
         raw = yaml.load(path.read_text(encoding="utf-8"), Loader=SAFE_LOADER)
     except yaml.YAMLError as exc:
@@ -127,8 +154,18 @@ def _section_type(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def valid_keys(model: type[BaseModel] = Recipe, prefix: str = "") -> list[str]:
+def recipe_schema() -> type[Recipe]:
+    """The schema a recipe validates against (:class:`~falcon_cli.config.schema.Recipe`), the ``model`` of the
+    functions below when they are given none."""
+    # (lazy: pydantic builds the schema's ~30 models in a fifth of a second; `falcon recipes list` needs none)
+    from falcon_cli.config.schema import Recipe
+
+    return Recipe
+
+
+def valid_keys(model: type[BaseModel] | None = None, prefix: str = "") -> list[str]:
     """Every dotted key the schema accepts (sections and leaves), e.g. ``data.shapes.images``."""
+    model = model or recipe_schema()
     keys = []
     for name, field in model.model_fields.items():
         key = f"{prefix}{name}"
@@ -139,7 +176,7 @@ def valid_keys(model: type[BaseModel] = Recipe, prefix: str = "") -> list[str]:
     return keys
 
 
-def _unknown_key_error(key: str, source: str, model: type[BaseModel] = Recipe, prefix: str = "") -> FalconError:
+def _unknown_key_error(key: str, source: str, model: type[BaseModel], prefix: str = "") -> FalconError:
     """The error for an unknown dotted ``key``; ``model`` is the section at ``prefix``."""
     candidates = [prefix + k for k in valid_keys(model)]
     near = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
@@ -147,8 +184,9 @@ def _unknown_key_error(key: str, source: str, model: type[BaseModel] = Recipe, p
     return FalconError(f"{source}: unknown key '{key}'{hint} (`falcon recipes show NAME` lists the keys)")
 
 
-def check_keys(raw: dict[str, Any], source: str, model: type[BaseModel] = Recipe, prefix: str = "") -> None:
+def check_keys(raw: dict[str, Any], source: str, model: type[BaseModel] | None = None, prefix: str = "") -> None:
     """Reject any key the schema does not know, naming the nearest valid key."""
+    model = model or recipe_schema()
     for name, value in raw.items():
         key = f"{prefix}{name}"
         if name not in model.model_fields:
@@ -177,12 +215,15 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, parsed
 
 
-def apply_overrides(raw: dict[str, Any], overrides: list[str], model: type[BaseModel] = Recipe) -> tuple[dict[str, Any], dict[str, str]]:
-    """Set each ``key=value`` into a copy of ``raw`` (keys checked against ``model``).
+def apply_overrides(raw: dict[str, Any], overrides: list[str],
+                    model: type[BaseModel] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+    """Set each ``key=value`` into a copy of ``raw`` (keys checked against ``model``, default :func:`recipe_schema`).
 
     Returns the new mapping and ``{key: override text}`` so errors can point at the override.
     """
     import copy
+
+    model = model or recipe_schema()
 
     result = copy.deepcopy(raw)
     given: dict[str, str] = {}
@@ -248,15 +289,17 @@ def as_current_config(stored: dict[str, Any]) -> dict[str, Any]:
     (the defaults of new fields keep the behaviour runs had before them), every recorded value as it was; the
     recorded config unchanged where today's schema no longer accepts it (its differences are then reported)."""
     try:
-        current = Recipe.model_validate(stored).model_dump(mode="json")
+        current = recipe_schema().model_validate(stored).model_dump(mode="json")
     except (ValueError, TypeError):  # (pydantic's ValidationError is a ValueError)
         return stored
     return with_missing_keys(stored, current)
 
 
 def validate_config(raw: dict[str, Any], source: str, overridden: dict[str, str] | None = None,
-                    model: type[BaseModel] = Recipe) -> Any:
-    """Validate a raw mapping into ``model``; errors name the key (or the override) and the problem."""
+                    model: type[BaseModel] | None = None) -> Any:
+    """Validate a raw mapping into ``model`` (default :func:`recipe_schema`); errors name the key (or the override)
+    and the problem."""
+    model = model or recipe_schema()
     check_keys(raw, source, model)
     try:
         return model.model_validate(raw)

@@ -47,9 +47,9 @@ Loggers = Annotated[list[LoggerName], AfterValidator(_distinct_loggers)]
 
 
 class Section(BaseModel):
-    """Base of every config section: unknown keys are errors, field docstrings are descriptions."""
+    """Base of every config section: unknown keys are errors, every field has a docstring (read by falcon_cli.field_docs, not at class creation: a fast CLI)."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class DataConfig(Section):

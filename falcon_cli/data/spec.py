@@ -39,7 +39,7 @@ SPEC_FILENAME = "dataset.yaml"
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid")
 
 
 def _as_list(value):

@@ -32,6 +32,7 @@ from falcon_cli.models.bert import FusionEncoder, MLMHead, TextEncoder, init_ber
 from falcon_cli.models.config import AlbefConfig
 from falcon_cli.models.similarity import image_text_similarity
 from falcon_cli.models.vision import build_vision_encoder
+from falcon_cli.models.weights import load_bert_weights, load_vision_weights
 
 
 class Encodings(NamedTuple):
@@ -186,3 +187,14 @@ class ALBEF(nn.Module):
     def num_image_tokens(self) -> int:
         """Tokens per image: patches plus [CLS]."""
         return (self.config.image_size // self.config.patch_size) ** 2 + 1
+
+
+def build_albef(config: AlbefConfig) -> ALBEF:
+    """An :class:`ALBEF` of ``config`` with its pretrained image (timm/DeiT) and text (BERT) weights, if named
+    (the ``albef`` family's builder, :mod:`falcon_cli.models.families`)."""
+    model = ALBEF(config)
+    if config.vision_weights:
+        load_vision_weights(model.visual_encoder, config.vision_weights)
+    if config.text_weights:
+        load_bert_weights(model, config.text_weights)
+    return model

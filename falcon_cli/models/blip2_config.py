@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 class Blip2Config(BaseModel):
     """Sizes and weight sources of a BLIP-2 stage-1 model (frozen image encoder + Q-Former + heads)."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     framework: Literal["blip2"] = "blip2"
     """The model family (:mod:`falcon_cli.frameworks`)."""

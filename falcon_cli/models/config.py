@@ -24,7 +24,7 @@ class AlbefConfig(BaseModel):
     self-attention, cross-attention to all image tokens, and a feed-forward block.
     """
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     framework: Literal["albef"] = "albef"
     """The model family (:mod:`falcon_cli.frameworks`); a JSON config with ``"framework": "blip2"`` is a

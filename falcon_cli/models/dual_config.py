@@ -16,7 +16,7 @@ from falcon_cli.models.open_clip_names import LOCAL_DIR
 class DualConfig(BaseModel):
     """Sizes, losses and weight sources of a dual encoder (``framework: dual``)."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     framework: Literal["dual"] = "dual"
     """The model family (:mod:`falcon_cli.frameworks`)."""

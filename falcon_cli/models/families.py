@@ -7,7 +7,7 @@ record instead of comparing framework names; the training side of a framework (l
 re-ranking rule) is :class:`falcon_cli.frameworks.Framework`, which carries its family.
 
 The config class and the builder are named by import path (``module:attribute``) and imported on first use:
-reading a model config (which every ``falcon --help`` does) must not import the networks, and the networks
+reading a model config (which validating a recipe does) must not import the networks, and the networks
 themselves import the config modules.
 """
 
@@ -57,7 +57,7 @@ class ModelFamily:
 
 
 FAMILIES: dict[str, ModelFamily] = {
-    "albef": ModelFamily("albef", "ALBEF", "falcon_cli.models.config:AlbefConfig", "falcon_cli.models.registry:build_albef",
+    "albef": ModelFamily("albef", "ALBEF", "falcon_cli.models.config:AlbefConfig", "falcon_cli.models.albef:build_albef",
                          itm_head=True, downstream=True, appended_tokens=0),
     "blip2": ModelFamily("blip2", "BLIP-2", "falcon_cli.models.blip2_config:Blip2Config",
                          "falcon_cli.models.qformer:build_blip2", itm_head=True, downstream=False, appended_tokens=1),

@@ -4,6 +4,10 @@ Every ``configs/<name>.json`` beside this module is a model; :func:`add_model_co
 registers more (a file or a directory of files). A JSON file holds the fields of
 :class:`~falcon_cli.models.config.AlbefConfig`; fields left out take their defaults.
 
+Reading the configs imports no network and no torch: the config schema checks model names here, and
+``falcon recipes validate`` must not wait for torch. Each family's builder is imported when a model is built
+(:mod:`falcon_cli.models.families`), as are the weight readers of :func:`model_from_weights`.
+
 >>> model = create_model("albef-tiny", vocab_size=len(tokenizer))            # doctest: +SKIP
 >>> model = create_model("albef-base", vision_weights="timm:deit_base_patch16_224.fb_in1k",
 ...                      text_weights="bert-base-uncased")                    # doctest: +SKIP
@@ -16,16 +20,14 @@ import json
 import os
 from importlib import resources
 from pathlib import Path
-from typing import Any
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from falcon_cli.errors import FalconError
-from falcon_cli.models.albef import ALBEF
 from falcon_cli.models.config import AlbefConfig, apply_overrides, make_config
 from falcon_cli.models.families import model_family
-from falcon_cli.models.weights import (load_bert_weights, load_vision_weights, load_weights, read_weights_config,
-                                       without_weight_sources)
+
+if TYPE_CHECKING:
+    from torch import nn
 
 _CONFIGS: dict[str, AlbefConfig] = {}
 _LOADED_BUILTINS = False
@@ -101,16 +103,6 @@ def build_model(config: AlbefConfig):
     return model_family(config).build(config)
 
 
-def build_albef(config: AlbefConfig) -> ALBEF:
-    """An :class:`ALBEF` of ``config`` with its pretrained image (timm/DeiT) and text (BERT) weights, if named."""
-    model = ALBEF(config)
-    if config.vision_weights:
-        load_vision_weights(model.visual_encoder, config.vision_weights)
-    if config.text_weights:
-        load_bert_weights(model, config.text_weights)
-    return model
-
-
 def resolve_model_config(name: str, **overrides: Any) -> AlbefConfig:
     """The registered config ``name`` with ``overrides`` (config fields) applied and validated."""
     return apply_overrides(get_model_config(name), overrides, f"model '{name}'")
@@ -128,6 +120,9 @@ def create_model(name: str, **overrides: Any):
 def model_from_weights(path: str | os.PathLike) -> nn.Module:
     """Rebuild the model saved by :func:`~falcon_cli.artifacts.state_dicts.save_weights` (config from the
     metadata; no pretrained sources read)."""
+    # (lazy: torch; the config schema reads this module's names and configs)
+    from falcon_cli.models.weights import load_weights, read_weights_config, without_weight_sources
+
     model = build_model(without_weight_sources(read_weights_config(path)))
     load_weights(model, path)
     return model

@@ -26,11 +26,12 @@ import math
 import os
 import uuid
 from pathlib import Path
-from typing import Any, Iterable, Literal, Protocol
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Iterable, Literal, Protocol
 
 from falcon_cli.errors import FalconError
+
+if TYPE_CHECKING:  # (numpy is imported where a histogram or an image is logged: the config schema reads LoggerName)
+    import numpy as np
 
 LoggerName = Literal["jsonl", "tensorboard", "wandb", "mlflow"]
 """The loggers a training section can name."""
@@ -234,6 +235,8 @@ class RunLoggers:
 
     def histogram(self, tag: str, values: Any, step: int) -> None:
         """A histogram of ``values`` (non-finite ones left out; nothing when none is left)."""
+        import numpy as np
+
         values = np.asarray(values, dtype=np.float64).ravel()
         values = values[np.isfinite(values)]
         if len(values):
@@ -265,6 +268,7 @@ def _run_id(directory: Path, start_step: int, create) -> str:
 
 def _pixels(path: Path) -> np.ndarray:
     """A PNG as an RGB HWC uint8 array."""
+    import numpy as np
     from PIL import Image
 
     with Image.open(path) as image:

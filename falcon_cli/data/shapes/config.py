@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import math
-from typing import Literal, Optional
+from typing import TYPE_CHECKING, Literal, Optional
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from falcon_cli.data.shapes.presets import PRESETS, apply_preset
-from falcon_cli.data.shapes.seeding import STREAM_SPLITS, stream_generator
 from falcon_cli.data.shapes.vocabulary import COLORS, SHAPES
+
+if TYPE_CHECKING:  # (numpy is imported where the splits are drawn: the config schema reads this module)
+    import numpy as np
 
 __all__ = ["CAPTION_KINDS", "PRESETS", "SPLITS", "CaptionMix", "ShapesConfig", "SplitFractions", "assign_splits", "split_sizes"]
 
@@ -21,7 +22,7 @@ SPLITS: tuple[str, ...] = ("train", "val", "test")
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid")
 
 
 class CaptionMix(_Section):
@@ -128,9 +129,11 @@ class ShapesConfig(_Section):
                              f"({self.captions_per_image}): it keeps the first N of each training image's captions")
         if self.min_objects > self.max_objects:
             raise ValueError(f"min_objects ({self.min_objects}) must be <= max_objects ({self.max_objects})")
-        codes = assign_splits(self)
-        sizes = {name: int((codes == k).sum()) for k, name in enumerate(SPLITS)}
-        small = {name: n for name, n in sizes.items() if n < 2}
+        small = {name: n for name, n in smallest_split_sizes(self).items() if n < 2}
+        if small:  # one split may be short of 2 images: which one depends on the seeded draw
+            codes = assign_splits(self)
+            sizes = {name: int((codes == k).sum()) for k, name in enumerate(SPLITS)}
+            small = {name: n for name, n in sizes.items() if n < 2}
         if small:
             detail = ", ".join(f"{name}={n}" for name, n in small.items())
             raise ValueError(
@@ -152,10 +155,23 @@ def family_split_sizes(config: "ShapesConfig") -> dict[str, int]:
     return split_sizes(-(-config.images // (config.near_misses + 1)), config.splits)
 
 
+def smallest_split_sizes(config: "ShapesConfig") -> dict[str, int]:
+    """Images per split if the last scene family, cut short to ``images``, falls into that split: a lower bound
+    of each split's size that needs no draw (:func:`assign_splits` says where that family goes)."""
+    family_size = config.near_misses + 1
+    sizes = family_split_sizes(config)
+    cut = sum(sizes.values()) * family_size - config.images
+    return {name: families * family_size - cut for name, families in sizes.items()}
+
+
 def assign_splits(config: "ShapesConfig") -> np.ndarray:
     """Split code (index into ``SPLITS``) per image: a seeded permutation of the scene families cut
     by the fractions, so a scene and its near misses always share a split (with ``near_misses`` = 0
     every image is its own family)."""
+    import numpy as np
+
+    from falcon_cli.data.shapes.seeding import STREAM_SPLITS, stream_generator  # (lazy: numpy; see the imports)
+
     family_size = config.near_misses + 1
     sizes = family_split_sizes(config)
     families = sum(sizes.values())
