@@ -80,7 +80,7 @@ def _prepare(config: Recipe, run: RunDirectory) -> dict:
         captions = [caption for record in pairs.records for caption in record.captions]
         tokenizer = train_wordpiece_tokenizer(captions, target, vocab_size=data.tokenizer_vocab_size)
     else:
-        tokenizer = load_tokenizer(data.tokenizer)
+        tokenizer = load_tokenizer(data.tokenizer, "data.tokenizer")
         with atomic_dir(target) as tmp:
             tokenizer.save_pretrained(str(tmp))
     run.add_artifact(RUN_TOKENIZER_DIR, schema="tokenizer", schema_version=1, meta={"source": data.tokenizer})

@@ -1,9 +1,10 @@
 """Text tokenizers: load a BERT WordPiece or a dual encoder's tokenizer, or train a small one offline.
 
 ``load_tokenizer("bert-base-uncased")`` loads from the Hugging Face hub or its local
-cache; ``load_tokenizer(path)`` loads a saved directory. With no network and nothing
-cached, :func:`train_wordpiece_tokenizer` builds a BERT-compatible uncased WordPiece
-tokenizer from the captions themselves (what tests and the shapes world use).
+cache (``bert-base-uncased@<commit sha>`` pins a revision); ``load_tokenizer(path)`` loads a
+saved directory. With no network and nothing cached, :func:`train_wordpiece_tokenizer` builds a
+BERT-compatible uncased WordPiece tokenizer from the captions themselves (what tests and the shapes
+world use).
 
 Other tokenizers load too: a source whose ``tokenizer_config.json`` names a non-BERT
 ``tokenizer_class`` (CLIP's BPE ``openai/clip-vit-base-patch16``, SigLIP's SentencePiece
@@ -20,7 +21,7 @@ from typing import Iterable
 
 from falcon_cli.artifacts.atomic import atomic_dir
 from falcon_cli.errors import FalconError
-from falcon_cli.runtime.hub import hub_hint, prepare_hub
+from falcon_cli.runtime.hub import HubRef, hub_hint, is_local, note_hub, note_local, prepare_hub
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 """BERT's special tokens; a trained vocabulary starts with them (``[PAD]`` = 0)."""
@@ -32,10 +33,6 @@ WORDPIECE_CLASSES = ("BertTokenizer", "DistilBertTokenizer")
 """``tokenizer_class`` values (with or without ``Fast``) loaded as BERT WordPiece tokenizers, as is a
 source that names no class (``bert-base-uncased``'s config names none); any other class loads with
 ``AutoTokenizer``."""
-
-
-def _looks_like_path(name: str) -> bool:
-    return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1 or os.sep in name and os.sep != "/"
 
 
 def _first_line(exc: BaseException) -> str:
@@ -53,12 +50,12 @@ def _usable(tokenizer) -> bool:
     return len(vocab) > len(SPECIAL_TOKENS) and all(token in vocab for token in SPECIAL_TOKENS)
 
 
-def _from_pretrained(source: str, **kwargs):
+def _from_pretrained(source: str, revision: str | None = None, **kwargs):
     """``BertTokenizerFast.from_pretrained`` that returns ``(tokenizer or None, reason)``."""
     from transformers import BertTokenizerFast
 
     try:
-        tokenizer = BertTokenizerFast.from_pretrained(source, **kwargs)
+        tokenizer = BertTokenizerFast.from_pretrained(source, revision=revision, **kwargs)
     except Exception as exc:  # OSError offline / unknown repo, ValueError on bad files, ...
         return None, _first_line(exc)
     if not _usable(tokenizer):
@@ -66,12 +63,12 @@ def _from_pretrained(source: str, **kwargs):
     return tokenizer, ""
 
 
-def _declared_class(source: str, **kwargs) -> str | None:
+def _declared_class(source: str, revision: str | None = None, **kwargs) -> str | None:
     """The ``tokenizer_class`` named by ``source``'s ``tokenizer_config.json`` (None: no file, no field)."""
     from transformers.models.auto.tokenization_auto import get_tokenizer_config
 
     try:
-        return get_tokenizer_config(source, **kwargs).get("tokenizer_class")
+        return get_tokenizer_config(source, revision=revision, **kwargs).get("tokenizer_class")
     except Exception:  # unreadable JSON, offline, unknown repo: decided by what loads
         return None
 
@@ -81,7 +78,7 @@ def _is_wordpiece(class_name: str | None) -> bool:
     return class_name is None or class_name.removesuffix("Fast") in WORDPIECE_CLASSES
 
 
-def _from_auto(source: str, declared: str | None = None, **kwargs):
+def _from_auto(source: str, declared: str | None = None, revision: str | None = None, **kwargs):
     """``AutoTokenizer.from_pretrained`` that returns ``(tokenizer or None, reason)``; where that fails, the
     ``declared`` class (the one ``source``'s ``tokenizer_config.json`` names, :func:`_declared_class`).
 
@@ -93,7 +90,7 @@ def _from_auto(source: str, declared: str | None = None, **kwargs):
     from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(source, revision=revision, **kwargs)
     except Exception as exc:  # OSError offline / unknown repo, ValueError / ImportError on files it cannot read
         # transformers 5.17's AutoTokenizer always reads the repo's config.json first, and open_clip's hub
         # repos (timm/ViT-B-16-SigLIP2) have none: offline that fails even with the tokenizer cached. The
@@ -102,7 +99,7 @@ def _from_auto(source: str, declared: str | None = None, **kwargs):
         if declared_class is None:
             return None, _first_line(exc)
         try:
-            tokenizer = declared_class.from_pretrained(source, **kwargs)
+            tokenizer = declared_class.from_pretrained(source, revision=revision, **kwargs)
         except Exception:
             return None, _first_line(exc)
     extra = set(tokenizer.get_added_vocab()) | set(tokenizer.all_special_tokens)
@@ -111,16 +108,16 @@ def _from_auto(source: str, declared: str | None = None, **kwargs):
     return tokenizer, ""
 
 
-def _load(source: str, **kwargs):
+def _load(source: str, revision: str | None = None, **kwargs):
     """``(tokenizer or None, reason)``: ``AutoTokenizer`` when ``source`` names a non-BERT tokenizer class;
     otherwise BERT WordPiece (:func:`_from_pretrained`), and ``AutoTokenizer`` only if that fails and
-    gives a non-BERT tokenizer (the reason stays BERT's)."""
-    declared = _declared_class(source, **kwargs)
+    gives a non-BERT tokenizer (the reason stays BERT's). ``revision``: the hub revision (None: main)."""
+    declared = _declared_class(source, revision, **kwargs)
     if not _is_wordpiece(declared):
-        return _from_auto(source, declared, **kwargs)
-    tokenizer, reason = _from_pretrained(source, **kwargs)
+        return _from_auto(source, declared, revision, **kwargs)
+    tokenizer, reason = _from_pretrained(source, revision, **kwargs)
     if tokenizer is None:
-        other, _ = _from_auto(source, declared, **kwargs)
+        other, _ = _from_auto(source, declared, revision, **kwargs)
         if other is not None and not _is_wordpiece(type(other).__name__):
             return other, ""
     return tokenizer, reason
@@ -139,16 +136,18 @@ def _ready(tokenizer, source: str):
     return tokenizer
 
 
-def load_tokenizer(name_or_path: str | os.PathLike):
+def load_tokenizer(name_or_path: str | os.PathLike, what: str | None = None):
     """A tokenizer from a local directory or a hub id: a ``BertTokenizerFast`` for BERT WordPiece
     tokenizers (``bert-base-uncased``, :func:`train_wordpiece_tokenizer`'s), else transformers'
     ``AutoTokenizer`` (a dual encoder's: ``openai/clip-vit-base-patch16``, ``timm/ViT-B-16-SigLIP``),
     with a pad token (:func:`_ready`).
 
-    A directory that exists is loaded from disk; anything else is treated as a hub id,
-    looked up in the local Hugging Face cache first and then on the hub (unless
-    ``HF_HUB_OFFLINE=1``, or the hub does not answer: :func:`~falcon_cli.runtime.hub.prepare_hub`).
-    Failure is a one-line :class:`FalconError`.
+    A directory that exists is loaded from disk; anything else is treated as a hub id
+    (``NAME@REVISION`` pins a revision: :class:`~falcon_cli.runtime.hub.HubRef`), looked up in the
+    local Hugging Face cache first and then on the hub (unless ``HF_HUB_OFFLINE=1``, or the hub does
+    not answer: :func:`~falcon_cli.runtime.hub.prepare_hub`). Failure is a one-line :class:`FalconError`.
+    ``what`` names the config key the value came from (``data.tokenizer``): errors name it, and the run's
+    manifest records the source (a hub id is recorded whatever ``what``; a directory only with it).
     """
     name = str(name_or_path)
     path = Path(name).expanduser()
@@ -159,16 +158,20 @@ def load_tokenizer(name_or_path: str | os.PathLike):
                 f"{path}: not a tokenizer directory ({reason}); it needs tokenizer.json or vocab.txt "
                 "(train one with train_wordpiece_tokenizer)"
             )
+        if what is not None:
+            note_local(path, what)
         return _ready(tokenizer, str(path))
-    if path.exists() or _looks_like_path(name):
+    if is_local(name):
         raise FalconError(f"{path}: tokenizer directory not found (give a saved tokenizer directory or a hub id)")
-    tokenizer, reason = _load(name, local_files_only=True)
+    ref = HubRef.parse(name, what or "tokenizer")
+    tokenizer, reason = _load(ref.repo, ref.revision, local_files_only=True)
     if tokenizer is None and prepare_hub():
-        tokenizer, reason = _load(name)
+        tokenizer, reason = _load(ref.repo, ref.revision)
     if tokenizer is None:
         why = hub_hint(name) or ("it is not a local directory and not in the Hugging Face cache; download it once "
                                  "with network access, or pass a saved tokenizer directory")
         raise FalconError(f"tokenizer '{name}' could not be loaded ({reason}): {why}")
+    note_hub(ref, what or "tokenizer")
     return _ready(tokenizer, f"tokenizer '{name}'")
 
 

@@ -23,10 +23,12 @@ JUDGE_KINDS = ("blip", "oracle", "checkpoint")
 
 
 def load_judge(kind: str, *, model: str | Path | None = None, world: str | Path | None = None,
-               run: str | Path | None = None, device: str = "auto", fp16: bool = False, batch_size: int = 64) -> Judge:
+               run: str | Path | None = None, device: str = "auto", fp16: bool = False, batch_size: int = 64,
+               what: str = "judge_model") -> Judge:
     """Build a judge.
 
-    ``blip``: ``model`` = hub id or local directory (default :data:`DEFAULT_BLIP_MODEL`);
+    ``blip``: ``model`` = hub id (``NAME@REVISION`` pins it) or local directory (default :data:`DEFAULT_BLIP_MODEL`;
+    ``what``: the config key it came from, for errors and the run's record);
     ``oracle``: ``world`` = the shapes world directory; ``checkpoint``: ``run`` = a falcon
     run directory or checkpoint directory. ``device``, ``fp16`` (CUDA only) and
     ``batch_size`` apply to the model judges. Problems are one-line :class:`FalconError` s.
@@ -35,7 +37,8 @@ def load_judge(kind: str, *, model: str | Path | None = None, world: str | Path 
     if kind == "blip":
         from falcon_cli.judges.blip import BlipJudge  # (lazy: see above)
 
-        return BlipJudge(model if model is not None else DEFAULT_BLIP_MODEL, device=device, fp16=fp16, batch_size=batch_size)
+        return BlipJudge(model if model is not None else DEFAULT_BLIP_MODEL, device=device, fp16=fp16, batch_size=batch_size,
+                         what=what)
     if kind == "oracle":
         from falcon_cli.judges.oracle import OracleJudge  # (lazy: see above)
 

@@ -36,7 +36,8 @@ from torch import nn
 from falcon_cli.data.normalization import CLIP_MEAN, CLIP_STD
 from falcon_cli.errors import FalconError
 from falcon_cli.models.dual_config import DualConfig, is_coca_name  # noqa: F401 (the model's config, here too)
-from falcon_cli.models.open_clip_names import HF_HUB, LOCAL_DIR, _check_open_clip_name, _check_open_clip_pretrained, _first_line
+from falcon_cli.models.open_clip_names import (HF_HUB, LOCAL_DIR, _check_open_clip_name, _check_open_clip_pretrained,
+                                              _first_line, note_open_clip, pinned_open_clip)
 from falcon_cli.runtime.hub import hub_hint, prepare_hub
 
 
@@ -253,10 +254,15 @@ def _named_open_clip(config: DualConfig) -> nn.Module:
     if from_hub:
         prepare_hub()
     try:
-        clip = open_clip.create_model(name, pretrained=weights)
+        # (the tag's preprocessing is not taken: a dual encoder normalises with its config's image_mean/image_std)
+        load_name, load_weights, _ = pinned_open_clip(name, weights, open_clip, "open_clip_model", "vision_weights")
+        clip = open_clip.create_model(load_name, pretrained=load_weights)
+    except FalconError:
+        raise
     except Exception as exc:  # open_clip raises RuntimeError/ValueError/OSError for weights it cannot load
         why = (hub_hint(weights or name) if from_hub else "") or "give a local checkpoint file or a tag in open_clip's cache"
         raise FalconError(f"open_clip could not build {name} with weights {weights!r} ({_first_line(exc)}); {why}") from None
+    note_open_clip(name, weights, open_clip, "open_clip_model", "vision_weights")
     if is_coca(clip) and weights is None and not name.startswith((LOCAL_DIR, HF_HUB)):
         init_multimodal_transformer(clip.text_decoder)  # a CoCa from scratch
     size = getattr(clip.visual, "image_size", None)

@@ -37,7 +37,7 @@ from falcon_cli.errors import FalconError
 from falcon_cli.models.blip2_config import Blip2Config  # noqa: F401 (the model's config, here too)
 from falcon_cli.models.similarity import image_text_similarity
 from falcon_cli.models.weights import load_vision_weights
-from falcon_cli.runtime.hub import hub_hint, prepare_hub
+from falcon_cli.runtime.hub import HubRef, hub_hint, hub_snapshot, is_local, note_hub, note_local, prepare_hub
 
 log = logging.getLogger("falcon")
 
@@ -288,22 +288,24 @@ def build_blip2(config: Blip2Config) -> Blip2QFormer:
 
 
 def resolve_checkpoint_dir(source: str, what: str) -> Path:
-    """A local directory, or a hub id fetched (safetensors and JSON files only) into the hub cache."""
+    """A local directory, or a hub id (``NAME@REVISION`` pins a revision) fetched (safetensors and JSON files only)
+    into the hub cache; noted for the run's manifest."""
     path = Path(source).expanduser()
     if path.is_dir():
+        note_local(path, what)
         return path
-    if path.exists() or source.startswith((".", "/", "~")):
+    if is_local(source) or source.startswith("."):
         raise FalconError(f"{what} '{source}': not a directory (give a HF BLIP-2 or BERT checkpoint directory, "
                           "or a hub id)")
-
+    ref = HubRef.parse(source, what)
     prepare_hub()
     try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(source, allow_patterns=["*.safetensors", "*.json", "*.txt"]))
+        directory = hub_snapshot(ref, ["*.safetensors", "*.json", "*.txt"])
     except Exception as exc:  # noqa: BLE001 - the hub's errors are many; one line says which source failed
         why = hub_hint(source) or str(exc).splitlines()[0]
         raise FalconError(f"{what} '{source}': cannot fetch it from the hub ({why}); give a local directory") from None
+    note_hub(ref, what)
+    return directory
 
 
 def _is_bert(directory: Path) -> bool:

@@ -38,37 +38,65 @@ log = logging.getLogger("falcon.models")
 # ---------------------------------------------------------------------------------------------
 # Image encoder.
 
-def _timm_state_dict(name: str, what: str) -> dict[str, torch.Tensor]:
+def _timm_hub_repo(name: str) -> tuple[str | None, str]:
+    """(the hub repository timm takes pretrained ``name``'s weights from, or None; its download URL, or "")."""
     import timm
 
-    from falcon_cli.runtime.hub import hub_hint, prepare_hub  # (lazy: huggingface_hub, only to download)
+    try:
+        cfg = timm.models.get_pretrained_cfg(name)
+    except RuntimeError:  # an unknown tag: create_model says so
+        cfg = None
+    repo = (getattr(cfg, "hf_hub_id", None) or "").split("@")[0].rstrip("/") or None
+    return repo, getattr(cfg, "url", None) or ""
 
+
+def _timm_state_dict(source: str, what: str) -> dict[str, torch.Tensor]:
+    """The pretrained weights of ``source`` (``timm:NAME`` or ``timm:NAME@REVISION``, the revision of the hub
+    repository timm takes NAME's weights from), noted for the run's manifest."""
+    import timm
+
+    # (lazy: huggingface_hub, only to download)
+    from falcon_cli.runtime.hub import HubRef, hub_hint, note_hub, note_url, prepare_hub
+
+    ref = HubRef.parse(source, what)
+    repo, url = _timm_hub_repo(ref.repo)
+    if ref.revision is not None and repo is None:
+        raise FalconError(f"{what} '{source}': timm takes {ref.repo}'s weights from {url or 'no hub repository'}, not "
+                          f"the Hugging Face hub, so no revision can be pinned; drop '@{ref.revision}'")
+    overlay = {"hf_hub_id": f"{repo}@{ref.revision}"} if ref.revision is not None else None
     prepare_hub()  # timm takes its weights from the Hugging Face hub (or its cache)
     try:
-        source = timm.create_model(name, pretrained=True, num_classes=0)
+        model = timm.create_model(ref.repo, pretrained=True, num_classes=0, pretrained_cfg_overlay=overlay)
     except Exception as exc:  # unknown name, offline without cache, ...
-        why = hub_hint(f"timm:{name}") or "check the name with timm.list_pretrained()"
-        raise FalconError(f"{what} 'timm:{name}': cannot load pretrained timm weights ({_first_line(exc)}); "
+        why = hub_hint(str(ref)) or "check the name with timm.list_pretrained()"
+        raise FalconError(f"{what} '{source}': cannot load pretrained timm weights ({_first_line(exc)}); "
                           f"{why}; or give a local .safetensors/.pth file") from None
-    return source.state_dict()
+    if repo is not None:
+        note_hub(ref, what, repo=repo)
+    else:
+        note_url(str(ref), url, what)
+    return model.state_dict()
 
 
 def load_vision_weights(encoder: nn.Module, source: str, what: str = "vision_weights") -> None:
     """Load ViT weights into ``encoder`` (a timm VisionTransformer) from ``source``.
 
-    ``source`` is ``timm:<model name>`` (pretrained weights via timm: hub or its cache) or a local
-    file/directory (see :func:`read_state_dict`); checkpoints with a ``visual_encoder.`` prefix
-    (ALBEF) are accepted. Position embeddings are resampled to the encoder's grid as ALBEF does
+    ``source`` is ``timm:<model name>`` (pretrained weights via timm: hub or its cache; ``@REVISION`` pins
+    the hub repository's revision) or a local file/directory (see :func:`read_state_dict`); checkpoints
+    with a ``visual_encoder.`` prefix (ALBEF) are accepted. Position embeddings are resampled to the encoder's grid as ALBEF does
     (:func:`~falcon_cli.models.vision.resize_pos_embed`), patch embeddings to its patch size by
     timm's checkpoint filter; the classifier head is dropped.
     Missing/unexpected keys are logged on one line; an incompatible source is a FalconError.
     """
     from timm.models.vision_transformer import checkpoint_filter_fn
 
+    from falcon_cli.runtime.hub import note_local  # (lazy: with the hub helpers above)
+
     if source.startswith("timm:"):
-        sd = _timm_state_dict(source[len("timm:"):], what)
+        sd = _timm_state_dict(source, what)
     else:
         sd = read_state_dict(source, what)
+        note_local(source, what)
     if any(k.startswith("visual_encoder.") for k in sd):
         sd = {k[len("visual_encoder."):]: v for k, v in sd.items() if k.startswith("visual_encoder.")}
     sd = _pos_embed_to_grid(sd, encoder)
@@ -133,27 +161,34 @@ def _read_bert(source: str, what: str):
     """``(state_dict, bert_config, missing_keys)`` of a transformers BERT checkpoint."""
     from transformers import BertForMaskedLM
 
-    from falcon_cli.runtime.hub import hub_hint, prepare_hub  # (lazy: huggingface_hub, only to download)
+    # (lazy: huggingface_hub, only to download)
+    from falcon_cli.runtime.hub import HubRef, hub_hint, is_local, note_hub, note_local, prepare_hub
 
     path = Path(source).expanduser()
-    looks_local = source.startswith(("/", "./", "../", "~")) or source.count("/") > 1 or path.exists()
+    looks_local = is_local(source)
     if path.is_file():
         raise FalconError(f"{what} '{source}': a file, but {what} takes a BERT hub id or a save_pretrained directory; "
                           "to start from a whole ALBEF/GRIT-VLP/MAFA checkpoint (.pth) set pretrain.init to it instead")
     if looks_local and not path.is_dir():
         raise FalconError(f"{what} '{source}': no such directory (give a hub id like bert-base-uncased or a "
                           "directory written by save_pretrained)")
-    if not looks_local:
+    ref = None if looks_local else HubRef.parse(source, what)
+    if ref is not None:
         prepare_hub()
     try:
         with quiet_transformers():
-            model, info = BertForMaskedLM.from_pretrained(str(path) if looks_local else source,
+            model, info = BertForMaskedLM.from_pretrained(str(path) if ref is None else ref.repo,
+                                                          revision=None if ref is None else ref.revision,
                                                           output_loading_info=True)
     except Exception as exc:  # offline and not cached, unknown id, bad files, ...
         why = "" if looks_local else hub_hint(source)
         raise FalconError(f"{what} '{source}': cannot load BERT weights ({_first_line(exc)}); " + (
             why or "offline, give a local directory saved with BertForMaskedLM.save_pretrained or fill the hub "
                    "cache while online")) from None
+    if ref is None:
+        note_local(path, what)
+    else:
+        note_hub(ref, what)
     return model.state_dict(), model.config, set(info.get("missing_keys", ()))
 
 
@@ -204,8 +239,8 @@ def load_bert_weights(model: nn.Module, source: str, what: str = "text_weights")
     Embeddings and layers ``0 .. text_layers-1`` go to the text encoder; the self-attention and
     feed-forward of the next ``fusion_layers`` layers go to the fusion layers (their
     cross-attention keeps its fresh BERT init); ``cls.predictions`` goes to the MLM head (its
-    decoder is tied to the word embeddings). ``source``: a hub id or a ``save_pretrained``
-    directory of ``BertForMaskedLM`` or ``BertModel`` (then the MLM head stays newly initialised).
+    decoder is tied to the word embeddings). ``source``: a hub id (``NAME@REVISION`` pins a revision) or a
+    ``save_pretrained`` directory of ``BertForMaskedLM`` or ``BertModel`` (then the MLM head stays newly initialised).
     """
     config: AlbefConfig = model.config
     sd, bert_config, missing = _read_bert(source, what)

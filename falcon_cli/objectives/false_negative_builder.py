@@ -69,7 +69,7 @@ def _mafa(p: Any, world: Any, dataset: Any) -> methods.Mafa:
         raise FalconError("pretrain.mafa.judge=checkpoint needs pretrain.mafa.judge_model=DIR: a falcon run or "
                           "checkpoint directory (the frozen connection discriminator)")
     judge = load_judge(m.judge, model=m.judge_model, world=world, run=m.judge_model, device=p.device, fp16=m.fp16,
-                       batch_size=m.batch_size)
+                       batch_size=m.batch_size, what="pretrain.mafa.judge_model")
     pairs = DatasetPairs(dataset)
 
     def discriminator(image_pairs: torch.Tensor, text_pairs: torch.Tensor, epoch: int) -> torch.Tensor:

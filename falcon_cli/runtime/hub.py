@@ -15,12 +15,25 @@ once per process:
 
 With ``HF_HUB_OFFLINE=1`` (or ``TRANSFORMERS_OFFLINE=1``) set, nothing is checked.
 ``FALCON_HUB_TIMEOUT`` (seconds, default 5) bounds the check.
+
+Pinning and the record. Wherever a hub id is accepted, ``NAME@REVISION`` pins it to a commit (or a tag or
+branch): :meth:`HubRef.parse` is the one parser, :func:`is_local` says first whether a value is a local path
+instead (a path that exists wins, '@' and all). Each loader notes what it loaded (:func:`note_hub`,
+:func:`note_local`, :func:`note_url`): for a hub id the repository, the revision asked for and the commit it
+resolved to, read from the local cache (:func:`resolved_sha`, offline too). The run directory takes the notes
+into the manifest at the end of each stage (:func:`take_sources`). A hub id not pinned to a commit logs one
+warning per id and run, with the ``NAME@<sha>`` to paste.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from falcon_cli.errors import FalconError
 
 log = logging.getLogger("falcon")
 
@@ -116,4 +129,155 @@ def hub_hint(source: str) -> str:
     return ""
 
 
-__all__ = ["DEFAULT_TIMEOUT_S", "check_timeout", "hub_endpoint", "hub_hint", "hub_offline", "prepare_hub"]
+# ---------------------------------------------------------------------------------------------
+# Revisions: NAME@REVISION, parsed in one place.
+
+PREFIXES = ("timm:", "hf-hub:")
+"""Prefixes a hub id may carry (timm's model names, open_clip's hub repositories); :meth:`HubRef.parse` keeps them."""
+PATH_STARTS = ("/", "./", "../", "~")
+"""How a local path starts; a hub id never does."""
+COMMIT_SHA = re.compile(r"[0-9a-f]{40}")
+"""A full git commit sha: the only revision that cannot move."""
+REVISION = re.compile(r"(?!.*\.\.)(?!.*//)[A-Za-z0-9_][A-Za-z0-9._/-]{0,254}(?<![./])")
+"""What a revision may look like: a commit sha, a tag or a branch (git's ref names, as the hub takes them)."""
+
+
+def is_local(text: str) -> bool:
+    """Whether ``text`` names a local file or directory rather than a hub id: it exists (a local path wins, '@' and
+    all), starts like a path (``/``, ``./``, ``../``, ``~``), or has more than one ``/`` before any ``@`` (a hub id has
+    at most one: ``org/name``)."""
+    name = text.split("@", 1)[0]
+    return (Path(text).expanduser().exists() or text.startswith(PATH_STARTS) or name.count("/") > 1
+            or (os.sep != "/" and os.sep in name))
+
+
+@dataclass(frozen=True)
+class HubRef:
+    """A hub id with an optional revision: ``org/name@rev`` is repository ``org/name`` at revision ``rev``.
+
+    ``repo`` is the hub repository for transformers ids and open_clip's ``hf-hub:`` names; for a timm name
+    (``timm:deit_base_patch16_224.fb_in1k``) or an open_clip pretrained tag (``laion2b_s34b_b79k``) it is that
+    name, which the library maps to a hub repository (the revision applies to that repository)."""
+
+    repo: str
+    revision: str | None = None
+    prefix: str = ""
+
+    @classmethod
+    def parse(cls, text: str, what: str = "hub id") -> "HubRef":
+        """Split ``[prefix]NAME[@REVISION]``; a malformed revision is a one-line :class:`FalconError` naming ``what``.
+        Decide with :func:`is_local` first whether ``text`` is a local path (those are never parsed)."""
+        prefix = next((p for p in PREFIXES if text.startswith(p)), "")
+        name, at, revision = text[len(prefix):].partition("@")
+        if not at:
+            return cls(name, None, prefix)
+        if not name:
+            raise FalconError(f"{what}={text!r}: nothing before '@'; write NAME@REVISION (e.g. bert-base-uncased@<commit sha>)")
+        if not REVISION.fullmatch(revision):
+            raise FalconError(f"{what}={text!r}: {revision!r} after '@' is not a revision; write NAME@REVISION with a commit "
+                              "sha (40 hex digits, as the hub's file history shows), a tag or a branch (letters, digits, "
+                              "'.', '_', '-', '/')")
+        return cls(name, revision, prefix)
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the revision is a full commit sha (a tag or a branch can move)."""
+        return self.revision is not None and COMMIT_SHA.fullmatch(self.revision) is not None
+
+    def __str__(self) -> str:
+        return f"{self.prefix}{self.repo}" + (f"@{self.revision}" if self.revision else "")
+
+
+def hub_file(ref: HubRef, filename: str) -> str:
+    """The local path of ``filename`` of hub repository ``ref.repo`` at ``ref.revision`` (downloaded unless cached)."""
+    from huggingface_hub import hf_hub_download
+
+    return hf_hub_download(repo_id=ref.repo, filename=filename, revision=ref.revision)
+
+
+def hub_snapshot(ref: HubRef, allow_patterns: list[str]) -> Path:
+    """The local snapshot directory of hub repository ``ref.repo`` at ``ref.revision`` holding the files that match
+    ``allow_patterns`` (downloaded unless cached); its name is the commit it resolved to."""
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(repo_id=ref.repo, revision=ref.revision, allow_patterns=allow_patterns))
+
+
+def resolved_sha(repo: str, revision: str | None = None) -> str | None:
+    """The commit ``revision`` (None: ``main``) of hub repository ``repo`` resolved to, read from the local cache
+    (``<HF_HUB_CACHE>/models--org--name/refs/<revision>``, which every download writes; offline too). A full commit
+    sha is its own answer; None when the cache does not say."""
+    if revision is not None and COMMIT_SHA.fullmatch(revision):
+        return revision
+    from huggingface_hub import constants
+
+    ref = Path(constants.HF_HUB_CACHE) / ("models--" + repo.replace("/", "--")) / "refs" / (revision or "main")
+    try:
+        sha = ref.read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    return sha if COMMIT_SHA.fullmatch(sha) else None
+
+
+# ---------------------------------------------------------------------------------------------
+# What this process loaded, for the run's manifest.
+
+_sources: list[dict] = []
+"""What loaders noted since the last :func:`take_sources`."""
+_warned: set[str] = set()
+"""Hub ids already warned about as unpinned (one warning per id and run: :func:`forget_sources` clears it)."""
+
+
+def note_hub(ref: HubRef, what: str, repo: str | None = None) -> dict:
+    """Note that hub id ``ref`` was loaded for ``what`` (the config key); ``repo``: the hub repository it came from
+    when that is not ``ref.repo`` (a timm name's, an open_clip tag's). Returns the note: ``key``, ``source``,
+    ``repo``, ``revision`` (None: none asked for) and ``sha`` (the commit resolved; None: unknown). Logs one warning
+    per id and run when it is not pinned to a commit."""
+    repo = repo or ref.repo
+    sha = resolved_sha(repo, ref.revision)
+    entry = {"key": what, "source": str(ref), "repo": repo, "revision": ref.revision, "sha": sha}
+    _sources.append(entry)
+    if not ref.pinned and str(ref) not in _warned:
+        _warned.add(str(ref))
+        asked = f"at the movable revision {ref.revision!r}" if ref.revision else "without a revision"
+        fix = (f"pin it as {ref.prefix}{ref.repo}@{sha}" if sha else
+               f"the local cache does not say which commit it resolved to; pin it as {ref.prefix}{ref.repo}@<commit sha>")
+        log.warning("%s '%s' loaded %s from %s: %s (docs/pretraining.md, pinning hub ids)", what, ref, asked, repo, fix)
+    return entry
+
+
+def note_local(path: str | os.PathLike, what: str) -> dict:
+    """Note that local file or directory ``path`` was loaded for ``what``; the run directory adds its fingerprint."""
+    entry = {"key": what, "path": os.path.abspath(Path(path).expanduser())}
+    _sources.append(entry)
+    return entry
+
+
+def note_url(source: str, url: str, what: str) -> dict:
+    """Note that ``source`` (a timm name, an open_clip tag) was downloaded from ``url``, not the hub (no revision there)."""
+    entry = {"key": what, "source": source, "url": url}
+    _sources.append(entry)
+    return entry
+
+
+def forget_sources() -> None:
+    """Start a new record: the notes so far are dropped and every unpinned id will be warned about again."""
+    _sources.clear()
+    _warned.clear()
+
+
+def take_sources() -> list[dict]:
+    """What was noted since the last call, in order, without repeats; the notes are cleared."""
+    taken, seen = [], set()
+    for entry in _sources:
+        key = tuple(sorted(entry.items()))
+        if key not in seen:
+            seen.add(key)
+            taken.append(dict(entry))
+    _sources.clear()
+    return taken
+
+
+__all__ = ["COMMIT_SHA", "DEFAULT_TIMEOUT_S", "HubRef", "check_timeout", "forget_sources", "hub_endpoint", "hub_file",
+           "hub_hint", "hub_offline", "hub_snapshot", "is_local", "note_hub", "note_local", "note_url", "prepare_hub",
+           "resolved_sha", "take_sources"]

@@ -1,9 +1,11 @@
 """The run directory: ``manifest.json``, ``config.yaml``, ``log.txt`` and the artifacts.
 
 A :class:`RunDirectory` records what produced a run (command line, resolved config, git
-SHA and dirty flag, package versions, seed, host, world size, start/end) and every
-artifact with its schema, version and sha256. The manifest is rewritten atomically
-after each change, so it is always complete on disk. Only rank 0 writes.
+SHA and dirty flag, package versions, seed, host, world size, start/end), every
+artifact with its schema, version and sha256, and per stage the pretrained sources it
+loaded (hub ids with the commit they resolved to, local files with their sha256). The
+manifest is rewritten atomically after each change, so it is always complete on disk.
+Only rank 0 writes.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from falcon_cli.artifacts.config_diff import config_differences
 from falcon_cli.artifacts.provenance import git_state, host_info, package_versions
 from falcon_cli.errors import FalconError
 from falcon_cli.runtime.distributed import is_main_process, world_size
+from falcon_cli.runtime.hub import forget_sources, take_sources
 
 MANIFEST_SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -48,6 +51,30 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
         while block := handle.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+def sha256_path(path: Path) -> dict[str, Any]:
+    """``sha256`` and ``bytes`` of a file; of a directory, a sha256 over its files' relative paths and sha256s in
+    order, their total ``bytes`` and the number of ``files``."""
+    if not path.is_dir():
+        return {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+    files = sorted(p for p in path.rglob("*") if p.is_file())
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.relative_to(path).as_posix().encode())
+        digest.update(sha256_file(f).encode())
+    return {"sha256": digest.hexdigest(), "bytes": sum(f.stat().st_size for f in files), "files": len(files)}
+
+
+def loaded_sources() -> list[dict[str, Any]]:
+    """The pretrained sources this process loaded since the last call (:func:`~falcon_cli.runtime.hub.take_sources`):
+    hub ids as noted (repository, revision, resolved commit), local files and directories with :func:`sha256_path`."""
+    sources = take_sources()
+    for entry in sources:
+        path = Path(entry["path"]) if "path" in entry else None
+        if path is not None and path.exists() and is_main_process():
+            entry.update(sha256_path(path))
+    return sources
 
 
 class RunDirectory:
@@ -79,6 +106,7 @@ class RunDirectory:
         was made, whose default is the behaviour it had, does not count as a difference.
         """
         run = cls(path)
+        forget_sources()  # what this process loaded before the run opened is not the run's
         # Rank 0 alone locks, checks and writes the run directory; other ranks keep an unsaved copy.
         previous = {}
         if is_main_process():
@@ -218,6 +246,9 @@ class RunDirectory:
         after training, perhaps on another machine, replaces)."""
         self.manifest["stages"][name] = {"start": start, "end": now(), "status": status, "result": result or {},
                                          "git": self.manifest.get("git"), "host": self.manifest.get("host")}
+        sources = loaded_sources()
+        if sources:  # hub ids (repo, revision, resolved sha) and local weights (path, sha256) the stage loaded
+            self.manifest["stages"][name]["sources"] = sources
         self.save()
 
     def add_artifact(self, path: str | Path, *, schema: str, schema_version: int, meta: dict | None = None) -> None:
@@ -234,16 +265,7 @@ class RunDirectory:
             rel = full.resolve().relative_to(self.path.resolve()).as_posix()
         except ValueError:
             rel = str(full.resolve())
-        entry = {"schema": schema, "schema_version": schema_version}
-        if full.is_dir():
-            files = sorted(p for p in full.rglob("*") if p.is_file())
-            digest = hashlib.sha256()
-            for f in files:
-                digest.update(f.relative_to(full).as_posix().encode())
-                digest.update(sha256_file(f).encode())
-            entry.update({"sha256": digest.hexdigest(), "bytes": sum(f.stat().st_size for f in files), "files": len(files)})
-        else:
-            entry.update({"sha256": sha256_file(full), "bytes": full.stat().st_size})
+        entry = {"schema": schema, "schema_version": schema_version, **sha256_path(full)}
         if meta:
             entry["meta"] = meta
         self.manifest["artifacts"][rel] = entry
