@@ -17,7 +17,9 @@ from typing import Callable
 
 from falcon_cli.config.recipes import place_dataset
 from falcon_cli.config.schema import Recipe
-from falcon_cli.errors import Refused
+from falcon_cli.data.sources import split_sources
+from falcon_cli.data.spec import load_spec
+from falcon_cli.errors import FalconError, Refused
 from falcon_cli.runtime import distributed as D
 from falcon_cli.runtime.loggers import require as require_loggers
 from falcon_cli.runtime.precision import pick_device
@@ -38,6 +40,49 @@ def join_processes(config: Recipe, run_dir, command: str, **options) -> None:
     in a single process. The CLI calls it before opening the run directory; :func:`run_stages` checks again."""
     D.init_distributed(pick_device(config.pretrain.device).type)
     D.check_same_launch(launch(config, run_dir, command=command, **options))
+
+
+def needed_splits(config: Recipe, stages: list[str]) -> list[tuple[str, str, str]]:
+    """The dataset splits that the stages after ``data`` will read, as ``(section, split, the key that asks for
+    it)``: pretraining pairs and its evaluation split, each fine-tuning task's training and selection splits,
+    each evaluated task's splits."""
+    needs = []
+    if "pretrain" in stages:
+        if config.pretrain.eval_split is not None:
+            needs.append(("retrieval", config.pretrain.eval_split, "pretrain.eval_split"))
+    if "finetune" in stages:
+        f = config.finetune
+        for task in f.tasks:
+            key = f"finetune.tasks names {task}"
+            if task == "retrieval":
+                needs += [("retrieval", "train", key), ("retrieval", f.retrieval.select_split, key)]
+            elif task == "vqa":
+                needs += [("vqa", split, key) for split in f.vqa.train_splits]
+            elif task == "nlvr2":
+                needs += [("nlvr2", "train", key), ("nlvr2", "dev", key)]
+    if "evaluate" in stages:
+        e = config.evaluate
+        for task in e.tasks:
+            key = f"evaluate.tasks names {task}"
+            if task == "retrieval" and e.retrieval.split != "pretrain":
+                needs.append(("retrieval", e.retrieval.split, key))
+            elif task == "vqa":
+                needs.append(("vqa", e.vqa.split, key))
+            elif task == "nlvr2":
+                needs += [("nlvr2", split, key) for split in e.nlvr2.splits]
+    return needs
+
+
+def check_needed_splits(config: Recipe, stages: list[str]) -> None:
+    """Refuse, before the first stage after ``data`` starts, a recipe whose later stages need a split its dataset
+    spec does not name (a retrieval-only COCO spec under a recipe that also fine-tunes VQA used to train for hours
+    before stopping): one line naming the file, the missing key and the setting that needs it."""
+    spec = load_spec(config.data.dataset)
+    for section, split, why in needed_splits(config, stages):
+        try:
+            split_sources(spec, section, split)
+        except FalconError as exc:
+            raise FalconError(f"{exc} ({why}; checked before any stage trains)") from None
 
 
 def launch(config: Recipe, run_dir, **options) -> dict:
@@ -68,7 +113,10 @@ def run_stages(config: Recipe, run: RunDirectory, stages: list[str] | None = Non
         for stage, section in (("pretrain", config.pretrain), ("finetune", config.finetune)):
             if stage in (stages or config.stages):
                 require_loggers(section.loggers, f"{stage}.loggers")
-        for name in stages or list(config.stages):
+        order = stages or list(config.stages)
+        for i, name in enumerate(order):
+            if name != "data" and all(earlier == "data" for earlier in order[:i]):
+                check_needed_splits(config, order[i:])  # (after the data stage: it may generate the dataset)
             start = now()
             log.info("stage %s: start", name)
             try:

@@ -101,7 +101,7 @@ def _audit(config: Recipe, run: RunDirectory) -> dict:
         return embeddings
 
     judge = load_judge(kind, model=a.judge_model, world=world, run=a.judge_model or run.path, device=a.device,
-                       fp16=a.fp16, batch_size=a.batch_size)
+                       fp16=a.fp16, batch_size=a.batch_size, what="audit.judge_model")
     oracle = None
     if world is not None:  # the ground truth, wherever the data has one
 
@@ -124,8 +124,9 @@ def _audit(config: Recipe, run: RunDirectory) -> dict:
 
     # 4. The tables.
     truth = report.truth_column(audit)
-    same_image = (shared.images(torch.as_tensor(audit["image_pair"].to_numpy()))
-                  == shared.images(torch.as_tensor(audit["caption_pair"].to_numpy()))).numpy()
+    # (copies: pandas hands out read-only arrays, which torch.as_tensor warns about on every audit)
+    same_image = (shared.images(torch.as_tensor(audit["image_pair"].to_numpy(copy=True)))
+                  == shared.images(torch.as_tensor(audit["caption_pair"].to_numpy(copy=True)))).numpy()
     overall = report.overall_rates(audit, same_image)
     rates = false_negative_rates(audit, hardness_buckets=a.hardness_buckets, step_windows=a.step_windows)
     windows = false_negative_rates(audit, hardness_buckets=None, step_windows=a.step_windows)

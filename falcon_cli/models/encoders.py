@@ -27,7 +27,8 @@ from PIL import Image
 from falcon_cli.artifacts.checkpoints import WEIGHTS, latest_checkpoint
 from falcon_cli.errors import FalconError
 from falcon_cli.models.open_clip_names import (HF_HUB, LOCAL_DIR, _check_open_clip_name,
-                                              _check_open_clip_pretrained, _first_line)
+                                              _check_open_clip_pretrained, _first_line, note_open_clip,
+                                              pinned_open_clip)
 from falcon_cli.data.collate import tokenize
 from falcon_cli.data.tokenizer import load_tokenizer
 from falcon_cli.models.dual import open_clip_image, open_clip_text
@@ -79,6 +80,7 @@ class OpenClipEncoder:
     ``name`` is an architecture (``ViT-B-32``, weights from ``pretrained``: a tag or a file) or
     carries its own weights: ``local-dir:DIR`` (``DIR/open_clip_config.json`` and a weights file)
     or ``hf-hub:ORG/REPO``; for those two open_clip ignores ``pretrained``, and so does this class.
+    ``hf-hub:ORG/REPO@REV`` and ``TAG@REV`` pin a revision (:func:`~falcon_cli.models.open_clip_names.pinned_open_clip`).
     ``checkpoint`` records what the weights were actually read from.
     """
 
@@ -96,19 +98,23 @@ class OpenClipEncoder:
         if from_hub:  # a pretrained tag or an hf-hub: repo: open_clip fetches it from the Hugging Face hub
             prepare_hub()
         try:
-            model, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=pretrained, device=device)
+            load_name, load_pretrained, extra = pinned_open_clip(name, pretrained, open_clip, "embed.encoder",
+                                                                 "embed.pretrained")
+            model, _, preprocess = open_clip.create_model_and_transforms(load_name, pretrained=load_pretrained,
+                                                                         device=device, **extra)
         except FalconError:
             raise
         except Exception as exc:  # open_clip raises RuntimeError/ValueError/OSError for weights it cannot load
             why = (hub_hint(checkpoint) if from_hub else "") or "give a local checkpoint file or a tag in open_clip's cache"
             raise FalconError(f"{what}: open_clip could not load weights for {name} ({_first_line(exc)}); {why}") from None
+        note_open_clip(name, pretrained, open_clip, "embed.encoder", "embed.pretrained")
         self.model = model.eval()
         self.device = device
         self.model_name = OPEN_CLIP_PREFIX + name
         self.checkpoint = checkpoint
         self.epoch = None
         self.image_transform = preprocess
-        self.tokenizer = OpenClipTokenizer(open_clip.get_tokenizer(name))
+        self.tokenizer = OpenClipTokenizer(open_clip.get_tokenizer(load_name))
 
     @torch.no_grad()
     def encode(self, images: torch.Tensor, text: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -187,7 +193,10 @@ def locate_falcon_checkpoint(path: str | Path) -> tuple[Path, Path | None]:
         raise FalconError(f"embed.encoder=falcon:{path}: not found; give a falcon run directory or a checkpoint directory")
     if (path / WEIGHTS).is_file():
         run_dir = path.parent.parent if path.parent.name == "checkpoints" else None
-        return path, run_dir
+        # a fine-tuned checkpoint (finetune/<task>/best, finetune/<task>/checkpoints/<step>) reads its run's tokenizer
+        finetuned = [p.parent for p in path.parents[:3]
+                     if p.name == "finetune" and (p.parent / TOKENIZER_DIR).is_dir()]
+        return path, finetuned[0] if finetuned else run_dir
     if (path / "checkpoints").is_dir():
         checkpoint = latest_checkpoint(path / "checkpoints")
         if checkpoint is None:
