@@ -24,7 +24,8 @@
 #   auxiliary is the same seed's uniform run, which must still have its checkpoint, so srcl trains in the call that
 #   trains its uniform, the sweep waiting for each uniform before its srcl; carry runs/phase-web/worlds/dense and
 #   runs/phase-web/unimodal:)
-#   bash benchmarks/device_call.sh phase 560 --presets dense --only mafa glofnd --seeds 0 1 2 3 4 --jobs 10 --threads 1
+#   (glofnd ran in issue 60; mafa's five stopped at epoch 30 of 36 in 780 s beside it: alone, five at a time)
+#   bash benchmarks/device_call.sh phase 560 --presets dense --only mafa --seeds 0 1 2 3 4 --jobs 5 --threads 3
 #   bash benchmarks/device_call.sh phase 560 --presets dense --only diht falcon-margin --seeds 0 1 2 3 4 --jobs 10 --threads 1
 #   bash benchmarks/device_call.sh phase 560 --presets dense --only falcon --seeds 0 1 2 3 4 --jobs 5 --threads 3
 #   bash benchmarks/device_call.sh phase 560 --presets dense --only uniform srcl --seeds 0 1 2 --jobs 6 --threads 2
