@@ -44,12 +44,11 @@ def join_processes(config: Recipe, run_dir, command: str, **options) -> None:
 
 def needed_splits(config: Recipe, stages: list[str]) -> list[tuple[str, str, str]]:
     """The dataset splits that the stages after ``data`` will read, as ``(section, split, the key that asks for
-    it)``: pretraining pairs and its evaluation split, each fine-tuning task's training and selection splits,
-    each evaluated task's splits."""
+    it)``: pretraining's evaluation split (its pairs the data stage checks), each fine-tuning task's training and
+    selection splits, each evaluated task's splits."""
     needs = []
-    if "pretrain" in stages:
-        if config.pretrain.eval_split is not None:
-            needs.append(("retrieval", config.pretrain.eval_split, "pretrain.eval_split"))
+    if "pretrain" in stages and config.pretrain.eval_split is not None:
+        needs.append(("retrieval", config.pretrain.eval_split, "pretrain.eval_split"))
     if "finetune" in stages:
         f = config.finetune
         for task in f.tasks:

@@ -142,12 +142,12 @@ def test_an_explicit_itc_consistency_weight_wins_over_the_methods_own(tmp_path, 
 
 
 def test_every_config_field_has_a_docstring():
-    from falcon_cli.config.recipes import _section_type
+    from falcon_cli.config.paths import section_type
 
     def walk(model):
         for name, field in model.model_fields.items():
             assert field_docstrings(model).get(name), f"{model.__name__}.{name} has no docstring"
-            sub = _section_type(field.annotation)
+            sub = section_type(field.annotation)
             if sub is not None:
                 walk(sub)
 
@@ -226,7 +226,7 @@ def test_every_numeric_config_field_has_its_range():
 
     import annotated_types
 
-    from falcon_cli.config.recipes import _section_type
+    from falcon_cli.config.paths import section_type
 
     bounds = (annotated_types.Ge, annotated_types.Gt, annotated_types.Le, annotated_types.Lt, annotated_types.Interval)
 
@@ -248,7 +248,7 @@ def test_every_numeric_config_field_has_its_range():
 
     def walk(model):
         for name, field in model.model_fields.items():
-            sub = _section_type(field.annotation)
+            sub = section_type(field.annotation)
             if sub is not None:
                 walk(sub)
             elif (numeric(field.annotation) and not bounded(field.annotation, field.metadata)

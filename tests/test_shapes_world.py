@@ -460,3 +460,20 @@ def test_world_json_has_no_timestamps_and_full_config(world):
     text = (world / "world.json").read_text()
     assert not re.search(r"\d{4}-\d{2}-\d{2}", text)
     assert (world / "preview.png").stat().st_size > 10_000
+
+
+def test_the_split_size_bound_never_exceeds_the_drawn_sizes():
+    """ShapesConfig checks every split for two images with a bound that needs no seeded draw, and draws only when
+    the bound says a split may be short: the bound must never be above the drawn size, or a short split would pass."""
+    from falcon_cli.data.shapes.config import SPLITS, assign_splits, smallest_split_sizes
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        images, near_misses = int(rng.integers(4, 200)), int(rng.integers(0, 4))
+        val, test = (float(x) for x in rng.uniform(0.02, 0.3, size=2))
+        config = ShapesConfig.model_construct(images=images, near_misses=near_misses, seed=int(rng.integers(0, 99)),
+                                              splits=ShapesConfig.model_fields["splits"].annotation(
+                                                  train=1 - val - test, val=val, test=test))
+        codes = assign_splits(config)
+        for k, name in enumerate(SPLITS):
+            assert smallest_split_sizes(config)[name] <= int((codes == k).sum()), (images, near_misses, val, test)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import os
+import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,19 +70,25 @@ def _marker(field) -> InputPath | None:
     return next((m for m in field.metadata if isinstance(m, InputPath)), None)
 
 
+def section_type(annotation: Any) -> type[BaseModel] | None:
+    """The BaseModel class inside an annotation such as ``ShapesConfig | None``, else None: the config section a
+    field holds."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            found = section_type(arg)
+            if found is not None:
+                return found
+    return None
+
+
 @functools.cache
 def _path_fields(model: type[BaseModel]) -> tuple[tuple[str, InputPath | None], ...]:
     """The fields of a config class that are input paths (with their marker) or may hold sections (marker None):
     worked out once per class, since ``falcon recipes validate`` walks every recipe."""
-    fields = []
-    for name, field in model.model_fields.items():
-        marker = _marker(field)
-        annotation = field.annotation
-        may_be_section = marker is None and any(isinstance(t, type) and issubclass(t, BaseModel)
-                                                for t in (annotation, *typing.get_args(annotation)))
-        if marker is not None or may_be_section:
-            fields.append((name, marker))
-    return tuple(fields)
+    return tuple((name, _marker(field)) for name, field in model.model_fields.items()
+                 if _marker(field) is not None or section_type(field.annotation) is not None)
 
 
 def absolute_input_paths(config: BaseModel, base: str | Path | None = None) -> BaseModel:

@@ -10,8 +10,6 @@ from __future__ import annotations
 import copy
 import difflib
 import os
-import types
-import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from falcon_cli.artifacts.config_diff import with_missing_keys
-from falcon_cli.config.paths import absolute_input_paths
+from falcon_cli.config.paths import absolute_input_paths, section_type
 from falcon_cli.errors import FalconError
 
 if TYPE_CHECKING:
@@ -54,14 +52,18 @@ def recipe_dirs() -> list[Path]:
     return [*extra, RECIPE_DIR]
 
 
+def recipe_folders() -> list[Path]:
+    """The folders a recipe is looked up in by name, in order: each of :func:`recipe_dirs`, then its studies."""
+    return [folder for directory in recipe_dirs() for folder in (directory, directory / STUDY_DIR)]
+
+
 def list_recipes() -> dict[str, Path]:
     """All recipes found by name, ``{name: path}``, sorted by name (earlier directories win; within one, a
     recipe beside the others wins over a study of the same name)."""
     found: dict[str, Path] = {}
-    for directory in recipe_dirs():
-        for folder in (directory, directory / STUDY_DIR):
-            for path in sorted(folder.glob("*.yaml"), key=lambda p: p.name):
-                found.setdefault(path.stem, path)
+    for folder in recipe_folders():
+        for path in sorted(folder.glob("*.yaml"), key=lambda p: p.name):
+            found.setdefault(path.stem, path)
     return dict(sorted(found.items()))
 
 
@@ -90,14 +92,17 @@ def find_recipe(name_or_path: str | Path) -> Path:
         if path.is_file():
             return path
         raise FalconError(f"recipe file {path} not found{_moved_hint(path)}")
-    for directory in recipe_dirs():  # (the file itself first: listing every folder per `base:` was the slow part)
-        for path in (directory / f"{text}.yaml", directory / STUDY_DIR / f"{text}.yaml"):
-            if path.is_file():
-                return path
+    for folder in recipe_folders():  # (the file itself first: listing every folder per `base:` was the slow part)
+        if (path := folder / f"{text}.yaml").is_file():
+            return path
     recipes = list_recipes()
     near = difflib.get_close_matches(text, recipes, n=1)
     hint = f"did you mean '{near[0]}'? " if near else ""
     raise FalconError(f"unknown recipe '{text}': {hint}`falcon recipes list` shows them all")
+
+
+_YAML_CACHE: dict[tuple[str, int, int], dict[str, Any]] = {}
+"""Mappings already parsed in this process, by (file, modification time, size)."""
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
@@ -115,10 +120,6 @@ def read_yaml(path: Path) -> dict[str, Any]:
     if key is not None:
         _YAML_CACHE[key] = copy.deepcopy(raw)
     return raw
-
-
-_YAML_CACHE: dict[tuple[str, int, int], dict[str, Any]] = {}
-"""Mappings already parsed in this process, by (file, modification time, size)."""
 
 
 def _parse_yaml(path: Path) -> dict[str, Any]:
@@ -142,18 +143,6 @@ def _parse_yaml(path: Path) -> dict[str, Any]:
 # Walking the schema: valid keys, nested sections, nearest-key suggestions.
 
 
-def _section_type(annotation: Any) -> type[BaseModel] | None:
-    """The BaseModel class inside an annotation such as ``ShapesConfig | None``, else None."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        for arg in typing.get_args(annotation):
-            found = _section_type(arg)
-            if found is not None:
-                return found
-    return None
-
-
 def recipe_schema() -> type[Recipe]:
     """The schema a recipe validates against (:class:`~falcon_cli.config.schema.Recipe`), the ``model`` of the
     functions below when they are given none."""
@@ -170,7 +159,7 @@ def valid_keys(model: type[BaseModel] | None = None, prefix: str = "") -> list[s
     for name, field in model.model_fields.items():
         key = f"{prefix}{name}"
         keys.append(key)
-        sub = _section_type(field.annotation)
+        sub = section_type(field.annotation)
         if sub is not None:
             keys.extend(valid_keys(sub, key + "."))
     return keys
@@ -191,7 +180,7 @@ def check_keys(raw: dict[str, Any], source: str, model: type[BaseModel] | None =
         key = f"{prefix}{name}"
         if name not in model.model_fields:
             raise _unknown_key_error(key, source, model, prefix)
-        sub = _section_type(model.model_fields[name].annotation)
+        sub = section_type(model.model_fields[name].annotation)
         if sub is not None and isinstance(value, dict):
             check_keys(value, source, sub, key + ".")
 
@@ -221,8 +210,6 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str],
 
     Returns the new mapping and ``{key: override text}`` so errors can point at the override.
     """
-    import copy
-
     model = model or recipe_schema()
 
     result = copy.deepcopy(raw)
