@@ -14,9 +14,27 @@ import errno
 class FalconError(Exception):
     """A user-facing error: one line that names what is wrong and how to fix it."""
 
+    label = "error"
+    """How the CLI labels the line (``error: ...``)."""
+
     def __init__(self, message: str, *, exit_code: int = 2):
         super().__init__(message)
         self.exit_code = exit_code
+
+
+REQUEUE_EXIT = 75
+"""Exit status of a preempted run (``EX_TEMPFAIL`` of sysexits.h: a temporary failure, run it again)."""
+
+
+class Preempted(FalconError):
+    """A run stopped on a preemption signal after checkpointing the step it was in (or, stopped at once, with its
+    previous checkpoint whole): ``--resume`` continues it. Exit status :data:`REQUEUE_EXIT`; the run's record
+    says ``preempted``."""
+
+    label = "preempted"
+
+    def __init__(self, message: str):
+        super().__init__(message, exit_code=REQUEUE_EXIT)
 
 
 class Refused(FalconError):

@@ -25,6 +25,7 @@ process; scoring is sharded across the processes).
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Callable
 
@@ -59,6 +60,7 @@ from falcon_cli.runtime.loggers import RunLoggers, require as require_loggers
 from falcon_cli.runtime.metrics import MetricsLog
 from falcon_cli.runtime.optim import build_optimizer, learning_rate, set_learning_rate
 from falcon_cli.runtime.precision import autocast, grad_scaler, pick_device, resolve_precision
+from falcon_cli.runtime.preemption import Preemption
 from falcon_cli.runtime.progress import log_epoch, track
 from falcon_cli.runtime.seeding import seed_everything
 from falcon_cli.runtime.train_state import GlobalRng, TrainState, refuse_training_over
@@ -250,8 +252,8 @@ def fit(ctx: Context, name: str, trainable: LossModule, weights: dict[str, nn.Mo
     trainable.to(device)
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=ctx.config.seed,
                                  drop_last=drop_last)
-    loader = DataLoader(dataset, batch_size=t.batch_size, sampler=sampler, collate_fn=collate, num_workers=f.num_workers,
-                        drop_last=drop_last, pin_memory=device.type == "cuda")
+    loader = epoch_loader(dataset, sampler, 0, t.batch_size, collate, drop_last=drop_last, num_workers=f.num_workers,
+                          pin_memory=device.type == "cuda", seed=ctx.config.seed)
     steps = len(loader) if t.max_steps_per_epoch is None else min(len(loader), t.max_steps_per_epoch)
     if t.epochs > 0 and steps == 0:
         raise FalconError(f"finetune.{name.split('/')[0]}: {len(dataset)} examples make no full batch of "
@@ -273,10 +275,17 @@ def fit(ctx: Context, name: str, trainable: LossModule, weights: dict[str, nn.Mo
     metrics.truncate_after(state.step)
     step, best, history = state.step, state.values.get("best"), state.values.get("history", [])
 
+    # A preemption notice (SIGTERM, SIGUSR1, SIGUSR2) stops every rank after the same step, checkpointed there.
+    preemption = Preemption(f.preempt_grace_s, key="finetune.preempt_grace_s", checkpoints=state.directory,
+                            say=console.print).install()
     for epoch in range(state.epoch, t.epochs):
         sampler.set_epoch(epoch)
         trainable.train()
-        for index, batch in enumerate(track(loader, f"{name} epoch {epoch}", total=steps)):
+        start, state.batch_index = state.batch_index, 0  # (a resumed epoch continues at its next batch)
+        loader = epoch_loader(dataset, sampler, start * t.batch_size, t.batch_size, collate, drop_last=drop_last,
+                              num_workers=f.num_workers, pin_memory=device.type == "cuda", seed=ctx.config.seed + epoch)
+        loss = None  # (none when a resumed epoch had no batch left)
+        for index, batch in enumerate(track(loader, f"{name} epoch {epoch}", total=steps - start), start=start):
             if index >= steps:
                 break
             lr = learning_rate(step, epoch, lr=t.lr, min_lr=t.min_lr, warmup_lr=t.warmup_lr,
@@ -295,6 +304,9 @@ def fit(ctx: Context, name: str, trainable: LossModule, weights: dict[str, nn.Mo
             step += 1
             if step % f.log_every == 0 or index == steps - 1:
                 metrics.write(step=step, epoch=epoch, loss=loss.detach().float(), lr=lr, **parts)
+            if preemption.requested():  # (a host-side all-reduce under torchrun: every rank stops after this step)
+                state.step, state.values = step, {"best": best, "history": history}
+                raise preemption.stop_after_step(state, epoch, index + 1)
         scores = select() if select is not None else {}
         value = scores.get(metric) if metric else None
         improved = best is None or value is None or value > best["score"]
@@ -306,16 +318,43 @@ def fit(ctx: Context, name: str, trainable: LossModule, weights: dict[str, nn.Mo
         if main:
             metrics.write(step=step, epoch=epoch, kind="epoch", **scores)
             console.print(f"{name} epoch {epoch}: " + (", ".join(f"{k} {v:.2f}" for k, v in scores.items()) or "done"))
-            log_epoch(f"finetune {name}", epoch, t.epochs, steps=step, loss=float(loss.detach()), **scores)
+            log_epoch(f"finetune {name}", epoch, t.epochs, steps=step, loss=float(loss.detach()) if loss is not None else None,
+                      **scores)
         state.step, state.values = step, {"best": best, "history": history}
-        state.save(epoch + 1, 0)
+        preemption.save(state, epoch + 1, 0)
+        if preemption.requested():  # (during the epoch's selection: its checkpoint is the place to continue from)
+            raise preemption.stop_after_step(state, epoch + 1, 0)
         D.barrier()
+    preemption.uninstall()
     if t.epochs == 0 and main:  # nothing to train: the starting weights are the task's weights
         save_best(out, weights["model"], {"task": name, "epoch": None, **meta})
     metrics.close()
     D.barrier()
     return {"epochs": t.epochs, "steps": step, "steps_per_epoch": steps, "examples": len(dataset),
             "best": best, "history": history, "weights": str(finetuned_weights(ctx.run.path, name))}
+
+
+def epoch_loader(dataset, sampler: DistributedSampler, skip: int, batch_size: int, collate, *, drop_last: bool,
+                 num_workers: int, pin_memory: bool, seed: int) -> DataLoader:
+    """The epoch's batches from the ``skip``-th example of this rank's order on (a resumed epoch continues at the
+    batch after its checkpoint, the same batches). The loader has its own generator: creating it must not draw from
+    the global RNG, or a resumed run's dropout would drift from the uninterrupted run's."""
+    order = SkipFirst(sampler, skip) if skip else sampler
+    return DataLoader(dataset, batch_size=batch_size, sampler=order, collate_fn=collate, num_workers=num_workers,
+                      drop_last=drop_last, pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed))
+
+
+class SkipFirst(torch.utils.data.Sampler):
+    """``sampler``'s indices after its first ``skip``."""
+
+    def __init__(self, sampler, skip: int):
+        self.sampler, self.skip = sampler, skip
+
+    def __iter__(self):
+        return itertools.islice(iter(self.sampler), self.skip, None)
+
+    def __len__(self) -> int:
+        return max(len(self.sampler) - self.skip, 0)
 
 
 def save_best(out: Path, model: nn.Module, meta: dict) -> None:

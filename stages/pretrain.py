@@ -63,19 +63,20 @@ from falcon_cli.runtime.loggers import RunLoggers
 from falcon_cli.runtime.metrics import MetricsLog
 from falcon_cli.runtime.optim import build_optimizer, learning_rate, set_learning_rate
 from falcon_cli.runtime.precision import autocast, grad_scaler, pick_device, resolve_precision
+from falcon_cli.runtime.preemption import Preemption
 from falcon_cli.runtime.profiling import StepProfiler
 from falcon_cli.runtime.progress import log_epoch, track
 from falcon_cli.runtime.run_dir import RunDirectory
 from falcon_cli.runtime.seeding import seed_everything
 from falcon_cli.runtime.train_state import Generators, GlobalRng, TrainState
 from falcon_cli.sampling.batch_log import BatchLog, part_name, read_batch_log
-from falcon_cli.sampling.cache import EmbeddingCache
 from falcon_cli.sampling.epochs import EpochBatches, build_composer
 from falcon_cli.sampling.falcon_step import FalconStep
 from falcon_cli.sampling.oracle_view import composition_summary
 from falcon_cli.sampling.quantile_composer import QUANTILE_COMPOSERS
 from falcon_cli.sampling.scheduler import NegativeScheduler
 from falcon_cli.sampling.scheduler_features import SchedulerFeatures
+from falcon_cli.sampling.sharded_cache import ShardedCache
 from falcon_cli.sampling.warm_start import WarmStart, load_warm_start
 
 log = logging.getLogger("falcon")
@@ -134,9 +135,10 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
 
     # 3. Batches: the composer (uniform, GRIT, a fixed or progressive quantile, or FALCON with its learned
     # scheduler), the cache of features it reads, the batch log. The shard generator is identical on every
-    # rank (so shards are disjoint); composition, masking and ITM draw from per-rank generators.
+    # rank (so shards are disjoint); composition, masking and ITM draw from per-rank generators. Under DDP each
+    # rank's cache holds its shards only, this epoch's and the next one's (about 2N / world rows).
     all_ids = torch.tensor(dataset.pair_ids, dtype=torch.long)
-    cache = EmbeddingCache(all_ids, model.config.embed_dim, device=device)
+    cache = ShardedCache(all_ids, model.config.embed_dim, device=device, rank=rank, world=world)
     warm = warm_start(config, run, all_ids, device, fingerprint) if p.search_spaces is not None else None
     scheduler = build_scheduler(p, device) if p.composer == "falcon" else None
     falcon = FalconStep(scheduler, p, precision, device) if scheduler is not None else None
@@ -163,12 +165,12 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
                       f"global batch {p.batch_size * world}; composer {p.composer}; {p.epochs} epochs")
 
     # 4. Checkpoints hold everything, so a resumed run continues exactly: the model alone (loadable by every
-    # later stage), momentum parts, GloFND's thresholds; optimizer, scaler, composer, cache, scheduler; and
-    # per rank every RNG, where its epoch stands, FALCON's epoch record and the flag counts.
+    # later stage), momentum parts, GloFND's thresholds; optimizer, scaler, composer, scheduler; and per rank
+    # every RNG, its embedding cache shards, where its epoch stands, FALCON's epoch record and the flag counts.
     state = TrainState(run.path / "checkpoints", checkpoint_weights(model, objective, false_negatives), what="pretraining", keep_last=p.keep_last, say=console.print,
-                       shared={"optimizer": optimizer, "scaler": scaler, "composer": composer, "cache": cache,
-                               "scheduler": scheduler},
-                       per_rank={"rng": GlobalRng(), "generators": generators, "epoch_batches": epochs,
+                       shared={"optimizer": optimizer, "scaler": scaler, "composer": composer, "scheduler": scheduler},
+                       # (the cache before epoch_batches: a resumed FALCON epoch's spaces read it)
+                       per_rank={"rng": GlobalRng(), "generators": generators, "cache": cache, "epoch_batches": epochs,
                                  "falcon": falcon, "flags": flags},
                        meta={"model": p.model, "image_size": resolution, "max_text_length": p.max_text_length})
     state.begin(resume=resume, overwrite=overwrite)
@@ -187,6 +189,10 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
                                                    max_length=p.max_text_length)
     preloaded = preload_images(dataset, device, p.num_workers) if p.preload_images else None
     D.barrier()
+    # A preemption notice (SIGTERM, SIGUSR1, SIGUSR2) stops every rank after the same step, checkpointed exactly
+    # there, with the requeue exit status (runtime/preemption.py; docs/cluster.md).
+    preemption = Preemption(p.preempt_grace_s, key="pretrain.preempt_grace_s", checkpoints=state.directory,
+                            say=console.print).install()
 
     # 5. Train. Each epoch is composed from the cache of the previous one (FALCON: one batch at a time, as
     # batch k + 1 depends on the scheduler after step k); the cache fills from the training forward itself.
@@ -226,7 +232,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
             update = {}
             if falcon_epoch:  # the reward of this batch, and the scheduler's REINFORCE update
                 update = falcon.after(objective, out, losses, inputs, same_image, *epochs.take(batch["pair_ids"]))
-            # The cache holds every rank's features: each rank composes next epoch from it.
+            # Every rank's features: a rank's next shard holds pairs the other ranks train now.
             cache.update(D.all_gather_cat(pair_ids), D.all_gather_cat(out.image_feat), D.all_gather_cat(out.text_feat))
             if flags is not None:  # what the method flagged vs the oracle
                 flags.observe(batch["pair_ids"])
@@ -243,7 +249,9 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
                               **({masked_key: same_image.sum()} if same_image is not None else {}),
                               **false_negatives.stats)
             if p.checkpoint_every and state.step % p.checkpoint_every == 0 and index + 1 < total:
-                state.save(epoch, index + 1)
+                preemption.save(state, epoch, index + 1)
+            if preemption.requested():  # (a host-side all-reduce under torchrun: every rank stops after this step)
+                raise preemption.stop_after_step(state, epoch, index + 1)
 
         flagged = flags.epoch_summary() if flags is not None else None  # precision / recall against the oracle
         if flagged is not None:
@@ -254,20 +262,24 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
         epochs.end()
         if loggers and p.composer in QUANTILE_COMPOSERS:  # the epoch's q's (this rank's), as a histogram
             metrics.histogram("epoch_summary/q", read_batch_log(batch_log.path / part_name(epoch, rank))["q"], state.step)
+        path = cache.save(run.path / "embeddings" / f"epoch_{epoch:03d}.h5",  # (every rank sends rank 0 its rows)
+                          {"model": p.model, "checkpoint": f"step {state.step}", "dataset": spec.name,
+                           "split": "pretrain", "epoch": epoch, FINGERPRINT_ATTR: fingerprint})
         if main:
-            path = cache.save(run.path / "embeddings" / f"epoch_{epoch:03d}.h5",
-                              {"model": p.model, "checkpoint": f"step {state.step}", "dataset": spec.name,
-                               "split": "pretrain", "epoch": epoch, FINGERPRINT_ATTR: fingerprint})
             run.add_artifact(path, schema="embeddings", schema_version=1)
         if eval_split is not None and p.eval_every and (epoch + 1) % p.eval_every == 0 and epoch + 1 < p.epochs:
             curve = zero_shot_retrieval(model, eval_split, tokenizer, device, positives=positives,
                                         max_length=p.max_text_length)
             metrics.write(step=state.step, epoch=epoch, kind="zero_shot", **curve)  # the learning curve
-        state.save(epoch + 1, 0)
+        preemption.save(state, epoch + 1, 0)
+        if preemption.requested():  # (during the epoch's end: its checkpoint is the place to continue from)
+            raise preemption.stop_after_step(state, epoch + 1, 0)
         if seen:  # (log.txt shows each epoch even with no progress bar: sweeps, cluster jobs)
             elapsed = time.perf_counter() - tick
             log_epoch("pretrain", epoch, p.epochs, steps=state.step, loss=float(out.loss.detach()), pairs_per_s=seen / elapsed,
                       seconds=elapsed)
+
+    preemption.uninstall()
 
     # 6. Zero-shot retrieval with the trained model (ITC only; ITM re-ranking is `falcon evaluate`).
     if eval_split is not None:

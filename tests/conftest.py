@@ -139,21 +139,29 @@ def kill_past_step(args, run_dir: Path, step: int, timeout: float = 300) -> None
     """Start ``falcon ARGS`` and SIGKILL it (no cleanup, as a real kill) once ``run_dir``'s metrics log reaches
     ``step``; the process must have been killed mid-training."""
     import signal
+
+    code, _ = signal_past_step(args, Path(run_dir) / "metrics.jsonl", step, signal.SIGKILL, timeout=timeout)
+    assert code == -signal.SIGKILL, "the run must be killed mid-training"
+
+
+def signal_past_step(args, metrics: Path, step: int, signum: int, timeout: float = 300) -> tuple[int, str]:
+    """Start ``falcon ARGS``, send it ``signum`` once the metrics log ``metrics`` reaches ``step``, and return its exit
+    status and standard error once it has ended."""
     import time
 
     from falcon_cli.runtime.metrics import read_metrics
 
     env = {**os.environ, "FALCON_PROGRESS": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "falcon_cli", *map(str, args)], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    metrics, deadline = Path(run_dir) / "metrics.jsonl", time.time() + timeout
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + timeout
     while time.time() < deadline and proc.poll() is None:
         if metrics.exists() and any(r.get("step", 0) >= step for r in read_metrics(metrics)):
-            proc.send_signal(signal.SIGKILL)
+            proc.send_signal(signum)
             break
         time.sleep(0.05)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the run must be killed mid-training"
+    _, stderr = proc.communicate(timeout=timeout)
+    return proc.returncode, stderr
 
 
 def assert_same_training(reference: Path, run_dir: Path, keys: tuple[str, ...]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -527,6 +528,38 @@ def test_falcon_kill_and_resume_is_exact(world, request, tmp_path, lagged):
     columns = ["epoch", "step", "slot", "pair_id", "anchor_pair_id"]
     assert ref_log[columns].equals(new_log[columns])
     assert (ref_log["q"].fillna(-1) - new_log["q"].fillna(-1)).abs().max() < 1e-5
+
+
+def test_a_preempted_falcon_run_checkpoints_the_step_it_was_in_and_resumes_exactly(world, falcon_run, tmp_path):
+    """SIGUSR1 inside the first FALCON epoch, between the step-8 and step-16 checkpoints: the run finishes its step,
+    checkpoints that exact point (not a multiple of checkpoint_every), exits with the requeue status and one line;
+    --resume then gives the uninterrupted run's losses, rewards, q, batch log and final weights."""
+    import torch
+    from safetensors.torch import load_file
+
+    from tests.conftest import assert_same_training, run_cli, signal_past_step
+
+    run_dir = tmp_path / "run"
+    code, stderr = signal_past_step(pretrain_args(run_dir, world, *FALCON), run_dir / "metrics.jsonl", 11, signal.SIGUSR1)
+    assert code == 75, stderr[-3000:]
+    lines = [line for line in stderr.splitlines() if line.startswith("preempted:")]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    found = re.search(r"SIGUSR1 at epoch \d+, step (\d+) \(\d+ batches of the epoch done\): saved (\S+)", lines[0])
+    assert found, lines[0]
+    step = int(found[1])
+    assert 11 <= step < 16, lines[0]
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"{step:08d}"
+    assert "--resume continues exactly" in lines[0] and "exit status 75" in lines[0]
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == manifest["stages"]["pretrain"]["status"] == "preempted"
+
+    resumed = run_cli(*pretrain_args(run_dir, world, *FALCON), "--resume")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"resumed from {run_dir / 'checkpoints' / f'{step:08d}'}" in resumed.stderr
+    assert_same_training(falcon_run, run_dir, ("loss", "mlm", "reward", "q_mean", "reward_mean"))
+    final = f"{int((falcon_run / 'checkpoints' / 'latest').read_text()):08d}"
+    ref, got = (load_file(d / "checkpoints" / final / "model.safetensors") for d in (falcon_run, run_dir))
+    assert ref.keys() == got.keys() and all(torch.allclose(ref[k], got[k], rtol=1e-4, atol=1e-6) for k in ref)
 
 
 # --- audit-false-negatives on the FALCON run: the oracle, the run's own ITM head, two runs side by side -------

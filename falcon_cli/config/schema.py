@@ -420,9 +420,19 @@ class PretrainConfig(Section):
     (``pip install 'falcon-vlp[tensorboard]'``). They get every number of ``metrics.jsonl``, a histogram of the
     q's per epoch (quantile composers) and the figures (docs/monitoring.md)."""
     checkpoint_every: int = Field(0, ge=0)
-    """Also checkpoint every N steps (0 = only at the end of each epoch)."""
+    """Also checkpoint every N steps (0 = only at the end of each epoch). Under ``torchrun --max-restarts N`` a
+    lost node costs at most this many steps (docs/cluster.md)."""
     keep_last: int = Field(3, ge=1)
     """How many checkpoints to keep."""
+    preempt_grace_s: float = Field(30.0, gt=0)
+    """Seconds between the first SIGTERM, SIGUSR1 or SIGUSR2 and the kill that follows it (SLURM's default is 30 s;
+    ``--signal=USR1@120`` gives 120). Every rank finishes its step, the run checkpoints that exact point and exits
+    with status 75 (docs/cluster.md); a step and a checkpoint that cannot finish within it exit with one line, the
+    previous checkpoint intact. A second signal (over a second after the first) exits at once."""
+    dist_timeout: float = Field(600.0, gt=0)
+    """Seconds any collective (all-gather, all-reduce, barrier) may wait under torchrun before the run stops with one
+    line naming the rank it lost; NCCL's and gloo's own defaults are 10-30 minutes of idle GPUs. Used for the
+    whole command (every stage)."""
     eval_split: Literal["val", "test"] | None = "test"
     """Zero-shot ITC retrieval on this retrieval split at the end (None = skip)."""
     eval_every: int = Field(0, ge=0)
@@ -821,6 +831,9 @@ class FinetuneConfig(Section):
     resize only (the shapes world, whose captions name positions and sizes)."""
     log_every: int = Field(10, ge=1)
     """Write a ``finetune/<task>/metrics.jsonl`` record every N steps."""
+    preempt_grace_s: float = Field(30.0, gt=0)
+    """As ``pretrain.preempt_grace_s``: on SIGTERM, SIGUSR1 or SIGUSR2 every rank finishes its step, the task
+    checkpoints that exact point and the command exits with status 75 (``--resume`` continues from it)."""
     loggers: Loggers = ["jsonl"]
     """Where the metrics go, as ``pretrain.loggers``: ``jsonl`` (always written), ``tensorboard``, ``wandb``,
     ``mlflow``, each task's under ``finetune/<task>/loggers/<name>/`` (docs/monitoring.md)."""
