@@ -19,7 +19,7 @@ from falcon_cli.config.recipes import place_dataset
 from falcon_cli.config.schema import Recipe
 from falcon_cli.data.sources import split_sources
 from falcon_cli.data.spec import load_spec
-from falcon_cli.errors import FalconError, Refused
+from falcon_cli.errors import FalconError, Preempted, Refused
 from falcon_cli.runtime import distributed as D
 from falcon_cli.runtime.loggers import require as require_loggers
 from falcon_cli.runtime.precision import pick_device
@@ -37,8 +37,10 @@ def join_processes(config: Recipe, run_dir, command: str, **options) -> None:
     """Under torchrun: join the process group and check that every rank (every node) was launched with the same
     resolved config, run directory, command and options, before anything is written to the run directory
     (:func:`~falcon_cli.runtime.distributed.check_same_launch`: one line naming the node that differs). A no-op
-    in a single process. The CLI calls it before opening the run directory; :func:`run_stages` checks again."""
-    D.init_distributed(pick_device(config.pretrain.device).type)
+    in a single process. The CLI calls it before opening the run directory; :func:`run_stages` checks again.
+    ``pretrain.dist_timeout`` bounds every collective of the command, and a lost rank stops every other
+    (:func:`~falcon_cli.runtime.distributed.init_distributed`)."""
+    D.init_distributed(pick_device(config.pretrain.device).type, config.pretrain.dist_timeout)
     D.check_same_launch(launch(config, run_dir, command=command, **options))
 
 
@@ -97,10 +99,13 @@ def run_stages(config: Recipe, run: RunDirectory, stages: list[str] | None = Non
 
     The run is marked ``failed`` (and the error re-raised) if a stage raises, ``completed`` otherwise; a
     stage that raises :class:`~falcon_cli.errors.Refused` leaves the run's record as it was before the command.
+    Under torchrun this is where a rank's error surfaces: it is published to every other rank (which then stop with
+    the same line), and a failed collective becomes one line naming the lost rank
+    (:func:`~falcon_cli.runtime.distributed.surface`).
     """
     # Under torchrun every rank runs the stages: join the process group first, so stages can
     # leave shared work (generating data, writing artifacts) to rank 0 and wait at a barrier.
-    D.init_distributed(pick_device(config.pretrain.device).type)
+    D.init_distributed(pick_device(config.pretrain.device).type, config.pretrain.dist_timeout)
     place_dataset(config, run.path)  # (the CLI placed it before recording the config; this serves direct callers)
     results: dict[str, dict] = {}
     try:
@@ -118,23 +123,38 @@ def run_stages(config: Recipe, run: RunDirectory, stages: list[str] | None = Non
                 check_needed_splits(config, order[i:])  # (after the data stage: it may generate the dataset)
             start = now()
             log.info("stage %s: start", name)
+            D.note_stage(name)  # (a lost rank's line says where the job stopped)
             try:
                 function = stage_function(name)
                 accepted = inspect.signature(function).parameters
                 results[name] = function(config, run, **{k: v for k, v in options.items() if k in accepted})
             except Refused:
                 raise
+            except Preempted as exc:  # checkpointed where it stopped: --resume continues it
+                log.warning("stage %s preempted: %s", name, exc)
+                run.record_stage(name, start=start, status="preempted")
+                raise
             except BaseException as exc:
-                log.error("stage %s failed: %s", name, exc or type(exc).__name__)
+                problem = D.surface(exc)  # every other rank learns first; a failed collective becomes one line
+                log.error("stage %s failed: %s", name, problem or type(problem).__name__)
                 run.record_stage(name, start=start, status="failed")
+                if problem is not exc:
+                    raise problem from exc
                 raise
             run.record_stage(name, start=start, status="completed", result=results[name])
             log.info("stage %s: done", name)
-    except Refused:
+    except Refused as exc:
+        D.surface(exc)
         run.restore()  # refused before it changed anything: the record stays as it was
         raise
-    except BaseException:
+    except Preempted:
+        run.close("preempted")
+        raise
+    except BaseException as exc:
+        problem = D.surface(exc)
         run.close("failed")
+        if problem is not exc:
+            raise problem from exc
         raise
     finally:
         D.shutdown()

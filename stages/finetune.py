@@ -63,7 +63,7 @@ from falcon_cli.runtime.precision import autocast, grad_scaler, pick_device, res
 from falcon_cli.runtime.preemption import Preemption
 from falcon_cli.runtime.progress import log_epoch, track
 from falcon_cli.runtime.seeding import seed_everything
-from falcon_cli.runtime.train_state import GlobalRng, TrainState, refuse_training_over
+from falcon_cli.runtime.train_state import Generators, GlobalRng, TrainState, refuse_training_over
 
 console = make_console(stderr=True)
 
@@ -147,7 +147,7 @@ def finetune_retrieval(ctx: Context, start: Path) -> dict:
     return fit(ctx, "retrieval", LossModule(objective, loss), {"model": model, "momentum": nn.ModuleDict(
         {"encoders": objective.momentum_encoders, "queue": objective.queue})}, train,
         RetrievalCollate(ctx.tokenizer, f.max_text_length), t, select=score, metric="mean_R", drop_last=True,
-        meta={"image_size": resolution})
+        meta={"image_size": resolution}, generators=Generators(itm=generator))
 
 
 # --- VQA ------------------------------------------------------------------------------------------
@@ -199,7 +199,8 @@ def finetune_nlvr2(ctx: Context, start: Path) -> dict:
                           max_steps_per_epoch=t.ta_max_steps)
         summary["text_assignment"] = fit(ctx, "nlvr2/text_assignment", LossModule(model, ta_loss), {"model": model},
                                          pairs, PretrainCollate(ctx.tokenizer, f.max_text_length), ta, drop_last=True,
-                                         meta={"image_size": albef.config.image_size})
+                                         meta={"image_size": albef.config.image_size},
+                                         generators=Generators(pairs=generator))
     # The classifier at its own resolution: position embeddings resampled, every other weight kept.
     state, config = at_resolution(model.state_dict(), model.config, t.image_size)
     if config.image_size != model.config.image_size:
@@ -242,9 +243,10 @@ class LossModule(nn.Module):
 
 def fit(ctx: Context, name: str, trainable: LossModule, weights: dict[str, nn.Module], dataset, collate,
         t: TaskTraining, *, select: Callable[[], dict] | None = None, metric: str | None = None,
-        drop_last: bool = False, meta: dict | None = None) -> dict:
+        drop_last: bool = False, meta: dict | None = None, generators: Generators | None = None) -> dict:
     """Train ``trainable`` on ``dataset`` for ``t.epochs``; after each epoch score it with ``select`` (or keep
-    the last epoch) and checkpoint ``weights``; the kept weights go to ``finetune/<name>/best/``."""
+    the last epoch) and checkpoint ``weights``; the kept weights go to ``finetune/<name>/best/``. ``generators``:
+    the loss's own generators (ITM negatives, text-assignment pairs), checkpointed per rank with the global RNGs."""
     f, device, main = ctx.f, ctx.device, D.is_main_process()
     out = ctx.run.path / FINETUNED / name
     meta = {"max_text_length": f.max_text_length, **(meta or {})}  # evaluation cuts captions where training did
@@ -269,7 +271,8 @@ def fit(ctx: Context, name: str, trainable: LossModule, weights: dict[str, nn.Mo
     # Checkpoints after each epoch hold the weights, optimizer, scaler, every rank's RNG, the best epoch so far
     # and the scores; a task's checkpoints are never trained over without --resume or --overwrite.
     state = TrainState(out / "checkpoints", weights, shared={"optimizer": optimizer, "scaler": scaler},
-                       per_rank={"rng": GlobalRng()}, what=f"{name} fine-tuning", keep_last=1, name=name,
+                       per_rank={"rng": GlobalRng(), "generators": generators}, what=f"{name} fine-tuning", keep_last=1,
+                       name=name,
                        meta={"task": name, **meta}, say=console.print)
     state.begin(resume=ctx.resume, overwrite=ctx.overwrite)
     metrics.truncate_after(state.step)
@@ -302,6 +305,7 @@ def fit(ctx: Context, name: str, trainable: LossModule, weights: dict[str, nn.Mo
             scaler.step(optimizer)
             scaler.update()
             step += 1
+            D.note_step(epoch, step)  # (under torchrun: the line a lost rank's peers print names this step)
             if step % f.log_every == 0 or index == steps - 1:
                 metrics.write(step=step, epoch=epoch, loss=loss.detach().float(), lr=lr, **parts)
             if preemption.requested():  # (a host-side all-reduce under torchrun: every rank stops after this step)

@@ -24,7 +24,7 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
-LONGEST_FIRST = ("test_pretrain.py", "test_tutorial_coco.py", "test_blip2_pretrain.py", "test_pretrain_speed.py",
+LONGEST_FIRST = ("test_cluster_faults.py", "test_pretrain.py", "test_tutorial_coco.py", "test_blip2_pretrain.py", "test_pretrain_speed.py",
                  "test_finetune_evaluate.py", "test_multinode.py", "test_shards.py", "test_dual_pretrain.py", "test_hub.py", "test_build_search_spaces.py", "test_distributed.py",
                  "test_relative_paths.py", "test_embed.py", "test_eval_eccv.py", "test_evaluation_scoring.py",
                  "test_same_image.py", "test_sigmoid_loss.py", "test_cli.py", "test_unimodal.py", "test_artifacts.py",

@@ -132,6 +132,45 @@ def test_resume_after_the_last_epoch_trains_nothing(run_dir):
     assert "resumed nlvr2" in proc.stderr and best.read_text() == before
 
 
+def test_a_preempted_fine_tuning_checkpoints_its_step_and_resumes_exactly(run_dir, tmp_path):
+    """SIGTERM in the middle of retrieval fine-tuning's first epoch: the step is finished and checkpointed, exit 75;
+    --resume continues from that batch: the losses of every step and the kept weights are the uninterrupted run's."""
+    import re
+    import shutil
+    import signal
+
+    from safetensors.torch import load_file
+
+    from falcon_cli.runtime.metrics import read_metrics
+    from tests.conftest import signal_past_step
+
+    longer = ["finetune.retrieval.epochs=2", "finetune.retrieval.max_steps_per_epoch=12", "finetune.log_every=1"]
+    reference, preempted = tmp_path / "reference", tmp_path / "preempted"
+    for copy in (reference, preempted):
+        shutil.copytree(run_dir, copy)
+    args = ["finetune", "--run-dir", "RUN", "--task", "retrieval", "--overwrite", *longer]
+    proc = run_cli(*[str(reference) if a == "RUN" else a for a in args])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    log = preempted / "finetune" / "retrieval" / "metrics.jsonl"
+    log.unlink()  # (the fixture's own fine-tuning logged these steps already)
+    code, stderr = signal_past_step([str(preempted) if a == "RUN" else a for a in args], log, 3, signal.SIGTERM)
+    assert code == 75, stderr[-3000:]
+    line = re.search(r"preempted: SIGTERM at epoch 0, step (\d+) \((\d+) batches of the epoch done\): saved \S+", stderr)
+    assert line and 3 <= int(line[1]) < 12 and line[1] == line[2], stderr[-3000:]
+    resumed = run_cli("finetune", "--run-dir", preempted, "--task", "retrieval", "--resume", *longer)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "resumed retrieval" in resumed.stderr
+    expected = read_metrics(reference / "finetune" / "retrieval" / "metrics.jsonl")
+    got = read_metrics(log)
+    assert [r["step"] for r in got] == [r["step"] for r in expected] and len(got) > 20
+    for a, b in zip(expected, got):
+        for key in ("loss", "itc", "itm", "lr", "r_mean"):
+            if a.get(key) is not None:
+                assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a["step"], key, a[key], b[key])
+    ref, new = (load_file(d / "finetune" / "retrieval" / "best" / "model.safetensors") for d in (reference, preempted))
+    assert all(torch.allclose(ref[k], new[k], rtol=1e-4, atol=1e-6) for k in ref)
+
+
 def test_finetuning_again_from_scratch_replaces_the_earlier_history(run_dir, tmp_path):
     import shutil
 

@@ -5,75 +5,14 @@ line, before anything in the run directory changes. docs/cluster.md."""
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
 from falcon_cli.runtime.metrics import read_metrics
-from tests.conftest import REPO
-from tests.test_pretrain import TINY
-
-# FALCON on the tiny world, world size 2 (batch 8 per rank): epoch 0 uniform, epoch 1 FALCON, 6 steps each; the
-# scheduler options with running state (the advantage scale) and checkpoints every 4 steps (4, 6: epoch end, 8, 12).
-FALCON = [*TINY, "pretrain.batch_size=8", "pretrain.max_steps_per_epoch=6", "pretrain.checkpoint_every=4",
-          "pretrain.composer=falcon", "pretrain.search_space_size=40", "pretrain.quantile_levels=20",
-          "pretrain.scheduler_lr=1e-2", "pretrain.scheduler_features=[positive,spread]", "pretrain.scheduler_credit=chosen",
-          "pretrain.reward_baseline=batch_mean", "pretrain.scheduler_advantage_norm=true", "pretrain.device=cpu"]
-ENV = {**os.environ, "FALCON_PROGRESS": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-
-
-def pretrain_args(run_dir: Path, world: Path, *extra) -> list[str]:
-    return ["-m", "falcon_cli", "pretrain", "--recipe", "shapes-demo", "--run-dir", str(run_dir), f"data.dataset={world}",
-            *FALCON, *extra]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
-def launch_nodes(args_per_node: list[list[str]], port: int) -> list[subprocess.Popen]:
-    """One ``torchrun --nnodes 2 --nproc-per-node 1`` per node, all meeting at a c10d rendezvous on localhost:port
-    (node ranks assigned by the rendezvous), each in its own session so a node can be killed whole."""
-    procs = []
-    for i, args in enumerate(args_per_node):
-        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(args_per_node)), "--nproc-per-node",
-                   "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}", "--rdzv-id", f"falcon-{port}",
-                   *args]
-        procs.append(subprocess.Popen(command, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True, start_new_session=True))
-    return procs
-
-
-def finish(procs: list[subprocess.Popen], timeout: float = 300) -> list[tuple[int, str]]:
-    outputs = [p.communicate(timeout=timeout)[0] for p in procs]
-    return [(p.returncode, out) for p, out in zip(procs, outputs)]
-
-
-def kill_node(proc: subprocess.Popen) -> None:
-    """SIGKILL a node: torchrun's agent and its workers (torchrun starts each worker in a session of its own)."""
-    stats = (_read(path) for path in Path("/proc").glob("[0-9]*/stat"))
-    children = [int(stat.split()[0]) for stat in stats if stat and int(stat.rsplit(")", 1)[1].split()[1]) == proc.pid]
-    for pid in [*children, proc.pid]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return ""
+from tests.torchrun_nodes import finish, free_port, kill_node, launch_nodes, one_node_reference, pretrain_args
 
 
 @pytest.fixture(scope="module")
@@ -84,12 +23,7 @@ def world(tmp_path_factory):
 @pytest.fixture(scope="module")
 def one_node_run(world, tmp_path_factory):
     """The reference: one node, two processes (``--standalone --nproc_per_node 2``), never killed."""
-    run_dir = tmp_path_factory.mktemp("one-node") / "run"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               *pretrain_args(run_dir, world)]
-    proc = subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return run_dir
+    return one_node_reference(tmp_path_factory.mktemp("one-node") / "run", world)
 
 
 def test_two_nodes_killed_and_resumed_make_the_one_node_run(world, one_node_run, tmp_path):
@@ -132,7 +66,10 @@ def test_two_nodes_killed_and_resumed_make_the_one_node_run(world, one_node_run,
     new_state = torch.load(run_dir / "checkpoints" / "00000012" / "training_state.pt", weights_only=True)
     for name, tensor in ref_state["scheduler"]["policy"].items():  # one φ
         torch.testing.assert_close(new_state["scheduler"]["policy"][name], tensor, rtol=1e-5, atol=1e-7)
-    scales = [[state["ranks"][r]["falcon"]["scheduler_running"]["scale"] for r in (0, 1)] for state in (ref_state, new_state)]
+    from falcon_cli.runtime.checkpoint import load_rank_state
+
+    scales = [[load_rank_state(d / "checkpoints" / "00000012", r)["falcon"]["scheduler_running"]["scale"] for r in (0, 1)]
+              for d in (one_node_run, run_dir)]
     for ref, new in zip(*scales):  # each rank's running advantage scale, restored per rank on resume
         assert new["count"] == ref["count"] == 6 and new["value"] == pytest.approx(ref["value"], rel=1e-5)
     assert scales[0][0]["value"] != scales[0][1]["value"], "the ranks' scales differ (their own rewards)"
@@ -141,6 +78,14 @@ def test_two_nodes_killed_and_resumed_make_the_one_node_run(world, one_node_run,
     ref_cache, new_cache = (read_embeddings(d / "embeddings" / "epoch_001.h5") for d in (one_node_run, run_dir))
     assert new_cache.image.shape == ref_cache.image.shape, "the cache holds both nodes' features"
     assert abs(ref_cache.image - new_cache.image).max() < 1e-4 and abs(ref_cache.text - new_cache.text).max() < 1e-4
+    # Inside the FALCON epoch (step 8) each rank's cache held its shard of this epoch and of the next (160 pairs / 2
+    # ranks: 80 rows each), in its own rank-<r>.pt (nothing gathered: training_state.pt holds no cache)
+    for d in (one_node_run, run_dir):
+        assert "cache" not in torch.load(d / "checkpoints" / "00000008" / "training_state.pt", weights_only=True)
+        caches = [load_rank_state(d / "checkpoints" / "00000008", r)["cache"] for r in (0, 1)]
+        for which in ("reading", "filling"):
+            ids = [set(c[which]["pair_ids"].tolist()) for c in caches]
+            assert [len(i) for i in ids] == [80, 80] and ids[0] | ids[1] == set(range(160)), which
 
 
 def test_a_node_with_another_config_is_refused_and_nothing_changes(world, one_node_run):
@@ -188,3 +133,59 @@ def test_a_run_directory_on_a_filesystem_without_locks_is_one_line(tmp_path, mon
     monkeypatch.setattr(fcntl, "lockf", no_locks)
     with pytest.raises(FalconError, match=r"does not support POSIX locks \(ENOLCK\).*docs/cluster.md"):
         acquire_lock(tmp_path)
+
+
+
+def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step_and_resumes_exactly(world, one_node_run, tmp_path):
+    """SIGUSR1 reaches only rank 1 (torchrun, two processes) inside the FALCON epoch: both ranks finish the same step,
+    the checkpoint holds that exact point (every rank's state), both exit with the requeue status; --resume makes what
+    the uninterrupted two-process run made (losses, rewards, q, the batch log of both ranks, the final weights)."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from tests.torchrun_nodes import ENV, REPO, _read, children
+
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               *pretrain_args(run_dir, world)]
+    agent = subprocess.Popen(command, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+    metrics, deadline, rank1 = run_dir / "metrics.jsonl", time.time() + 300, None
+    while time.time() < deadline and agent.poll() is None:
+        rank1 = rank1 or next((pid for pid in children(agent.pid)
+                               if "RANK=1" in _read(Path(f"/proc/{pid}/environ")).split("\0")), None)
+        if rank1 and metrics.exists() and any(r.get("step", 0) >= 7 for r in read_metrics(metrics)):  # FALCON: 7-12
+            os.kill(rank1, signal.SIGUSR1)
+            break
+        time.sleep(0.05)
+    out = agent.communicate(timeout=300)[0]
+    assert agent.returncode != 0, out[-3000:]
+    stops = re.findall(r"preempted: (SIGUSR1|a signal on another rank) at epoch 1, step (\d+) \(\d+ batches of the "
+                       r"epoch done\): (saved \S+|checkpoint saved by rank 0)", out)
+    assert sorted(s[0] for s in stops) == ["SIGUSR1", "a signal on another rank"], out[-3000:]
+    assert len({s[1] for s in stops}) == 1, "every rank stopped after the same step"
+    step = int(stops[0][1])
+    assert 7 <= step < 12 and (run_dir / "checkpoints" / "latest").read_text().strip() == f"{step:08d}"
+    assert re.search(r"exitcode\s*:\s*75", out), out[-3000:]
+
+    resumed = subprocess.run([*command, "--resume"], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    expected, got = read_metrics(one_node_run / "metrics.jsonl"), read_metrics(metrics)
+    assert [r.get("step") for r in got] == [r.get("step") for r in expected]
+    for a, b in zip(expected, got):
+        for key in ("loss", "itc", "itm", "mlm", "reward", "advantage", "q_mean", "lr"):
+            if a.get(key) is not None:
+                assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a.get("step"), key, a[key], b[key])
+    from falcon_cli.sampling.batch_log import read_batch_log
+
+    ref_log, new_log = read_batch_log(one_node_run / "batches.parquet"), read_batch_log(run_dir / "batches.parquet")
+    columns = ["epoch", "step", "rank", "slot", "pair_id", "anchor_pair_id", "sampler"]
+    assert ref_log[columns].equals(new_log[columns])
+    assert (ref_log["q"].fillna(-1) - new_log["q"].fillna(-1)).abs().max() < 1e-5
+    ref, new = (load_file(d / "checkpoints" / "00000012" / "model.safetensors") for d in (one_node_run, run_dir))
+    assert all(torch.allclose(ref[k], new[k], rtol=1e-5, atol=1e-7) for k in ref)

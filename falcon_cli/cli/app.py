@@ -72,11 +72,21 @@ def main(argv: list[str] | None = None) -> None:
     if "--debug" in argv:
         os.environ["FALCON_DEBUG"] = "1"
     try:
-        app(args=argv, prog_name="falcon")
+        try:
+            app(args=argv, prog_name="falcon")
+        except Exception as exc:
+            # Under torchrun: every other rank learns this rank's error (and stops with its line); a failed collective
+            # becomes one line naming the lost rank. A no-op in a single process (lazy: keeps `falcon --help` fast).
+            from falcon_cli.runtime.distributed import surface
+
+            problem = surface(exc)
+            if problem is not exc:
+                raise problem from exc
+            raise
     except FalconError as exc:
         if os.environ.get("FALCON_DEBUG") == "1":
             raise
-        make_console(stderr=True).print(f"[bold red]error:[/] {exc}")
+        make_console(stderr=True).print(f"[bold red]{exc.label}:[/] {exc}")
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         make_console(stderr=True).print("[bold red]interrupted[/]")

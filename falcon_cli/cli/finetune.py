@@ -20,7 +20,7 @@ def finetune(
     recipe: Optional[str] = typer.Option(None, "--recipe", "-r", help="Recipe name or YAML file; without it the config "
                                          "is the one recorded in --run-dir."),
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", "-o", help="Run directory (default: runs/<recipe name>)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue each task after its last finished epoch."),
+    resume: bool = typer.Option(False, "--resume", help="Continue each task from its last checkpoint (an epoch's end, or the step a preemption stopped it at)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Train a task again over its checkpoints; with --recipe "
                                    "also reuse a run directory that holds a run with a different config."),
     overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides, e.g. finetune.vqa.epochs=2", show_default=False),

@@ -37,6 +37,7 @@ from typing import Callable
 from falcon_cli.artifacts.checkpoints import LATEST, latest_checkpoint
 from falcon_cli.errors import REQUEUE_EXIT, Preempted
 from falcon_cli.runtime import distributed as D
+from falcon_cli.runtime.console import make_console
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 """The signals that mean "you are about to be killed: save and go"."""
@@ -57,11 +58,12 @@ class Preemption:
         key: the config key that sets ``grace_s``, for messages.
         checkpoints: the loop's ``checkpoints/`` directory (the lines that exit without a new checkpoint name
             the one ``--resume`` will continue from).
-        say: prints a line on this rank (the CLI's console).
+        say: prints a line on this rank (default: the console on standard error).
     """
 
-    def __init__(self, grace_s: float, *, key: str, checkpoints: Path, say: Callable[[str], None] = print):
-        self.grace_s, self.key, self.checkpoints, self.say = float(grace_s), key, Path(checkpoints), say
+    def __init__(self, grace_s: float, *, key: str, checkpoints: Path, say: Callable[[str], None] | None = None):
+        self.grace_s, self.key, self.checkpoints = float(grace_s), key, Path(checkpoints)
+        self.say = say or make_console(stderr=True).print
         self.signal: int | None = None
         """The first signal received (None: none yet)."""
         self.received_at: float | None = None
@@ -130,9 +132,9 @@ class Preemption:
         latest = pointer.read_text().strip() if pointer.exists() else None
         resume = (f"--resume continues from checkpoint {self.checkpoints / latest}, which is whole" if latest
                   else "no checkpoint was saved yet: --resume starts from scratch")
-        line = f"preempted on {D.where()}: {what}; {resume}"
+        where = f"{D.where()}: " if D.world_size() > 1 else ""
         try:
-            self.say(f"[bold red]preempted:[/] {line}")
+            self.say(f"[bold red]preempted:[/] {where}{what}; {resume}")
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
@@ -218,9 +220,13 @@ def _host_group():
     """A process group whose collectives run on the host (gloo): the per-step stop flag must not wait for the
     GPU. The default group when it is gloo already; otherwise a gloo group over every rank (created once, by
     every rank at the same point: :meth:`Preemption.__enter__`)."""
+    from datetime import timedelta
+
     import torch.distributed as dist
 
-    return dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+    if dist.get_backend() == "gloo":
+        return dist.group.WORLD
+    return dist.new_group(backend="gloo", timeout=timedelta(seconds=D.collective_timeout_s()))
 
 
 __all__ = ["DUPLICATE_S", "Preempted", "Preemption", "REQUEUE_EXIT", "SIGNALS", "requeue_slurm_job"]

@@ -29,7 +29,7 @@ from falcon_cli.artifacts.atomic import write_bytes, write_json, write_text
 from falcon_cli.artifacts.config_diff import config_differences
 from falcon_cli.artifacts.provenance import git_state, host_info, package_versions
 from falcon_cli.errors import FalconError
-from falcon_cli.runtime.distributed import is_main_process, world_size
+from falcon_cli.runtime.distributed import is_main_process, on_rank_zero, world_size
 from falcon_cli.runtime.hub import forget_sources, take_sources
 
 MANIFEST_SCHEMA_VERSION = 1
@@ -107,9 +107,8 @@ class RunDirectory:
         """
         run = cls(path)
         forget_sources()  # what this process loaded before the run opened is not the run's
-        # Rank 0 alone locks, checks and writes the run directory; other ranks keep an unsaved copy.
-        previous = {}
-        if is_main_process():
+
+        def lock_and_check() -> dict:
             existed = run.path.exists()
             run.path.mkdir(parents=True, exist_ok=True)
             created_lock = not (run.path / LOCK).exists()
@@ -125,7 +124,12 @@ class RunDirectory:
                 raise
             run._before = run._record_files()
             run._before["existed"] = existed
-            stale = remove_stale_temporaries(run.path)
+            return {"previous": previous, "stale": remove_stale_temporaries(run.path)}
+
+        # Rank 0 alone locks, checks and writes the run directory; other ranks keep an unsaved copy. Under torchrun
+        # they wait for rank 0's verdict and stop with its line when it refuses (a held lock, another run's config).
+        opened = on_rank_zero(lock_and_check)
+        previous, stale = opened.get("previous", {}), opened.get("stale", [])
         command = list(command if command is not None else sys.argv)
         run.manifest = {
             "schema_version": MANIFEST_SCHEMA_VERSION,
@@ -155,6 +159,10 @@ class RunDirectory:
                     "removed %d temporary file(s) an interrupted writer left: %s", len(stale),
                     ", ".join(str(p.relative_to(run.path)) for p in stale[:5]))
             run.save()
+        else:  # (the run's log is rank 0's log.txt; without a handler the others' stage log would reach stderr through
+            # logging's last resort, beside each error line they print: "stage pretrain failed: <the same line>")
+            run._log_handler = logging.NullHandler()
+            logging.getLogger("falcon").addHandler(run._log_handler)
         return run
 
     def _check_reusable(self, config: dict, overwrite: bool, as_current: Callable[[dict], dict] | None = None
