@@ -25,24 +25,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from falcon_cli.sampling.partition import kmeans_partition, partition_summary, random_partition  # noqa: E402
 from benchmarks.memory import max_rss_mib, rss_mib  # noqa: E402
 
 
-def synthetic(pairs: int, dim: int, topics: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Unit fp16 embeddings around ``topics`` directions with Zipf-like topic sizes."""
+def synthetic_chunks(pairs: int, dim: int, topics: int, seed: int, rows: int = 65536):
+    """Unit float32 (image, text) chunks of ``rows`` pairs (the last one shorter) around ``topics`` directions with
+    Zipf-like topic sizes: text is its image plus noise. Drawn chunk by chunk, so any size can be written to disk."""
     rng = np.random.default_rng(seed)
     centers = rng.standard_normal((topics, dim)).astype(np.float32)
     weights = 1.0 / np.arange(1, topics + 1)
-    topic = rng.choice(topics, size=pairs, p=weights / weights.sum())
+    for start in range(0, pairs, rows):
+        topic = rng.choice(topics, size=min(rows, pairs - start), p=weights / weights.sum())
+        base = centers[topic] + 1.5 * rng.standard_normal((len(topic), dim)).astype(np.float32)
+        other = base + 0.8 * rng.standard_normal(base.shape).astype(np.float32)
+        yield base / np.linalg.norm(base, axis=1, keepdims=True), other / np.linalg.norm(other, axis=1, keepdims=True)
+
+
+def synthetic(pairs: int, dim: int, topics: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Unit fp16 embeddings around ``topics`` directions (:func:`synthetic_chunks`), whole arrays."""
     image = np.empty((pairs, dim), dtype=np.float16)
     text = np.empty((pairs, dim), dtype=np.float16)
-    for start in range(0, pairs, 65536):
-        rows = slice(start, start + 65536)
-        base = centers[topic[rows]] + 1.5 * rng.standard_normal((len(topic[rows]), dim)).astype(np.float32)
-        other = base + 0.8 * rng.standard_normal(base.shape).astype(np.float32)
-        image[rows] = base / np.linalg.norm(base, axis=1, keepdims=True)
-        text[rows] = other / np.linalg.norm(other, axis=1, keepdims=True)
+    start = 0
+    for image_rows, text_rows in synthetic_chunks(pairs, dim, topics, seed):
+        image[start:start + len(image_rows)], text[start:start + len(text_rows)] = image_rows, text_rows
+        start += len(image_rows)
     return image, text
 
 
@@ -55,6 +61,8 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=20, help="k-means iterations (default 20)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    # (imported here, not at the top: scale_simulation.py imports synthetic_chunks to write a file, without torch)
+    from falcon_cli.sampling.partition import kmeans_partition, partition_summary, random_partition
 
     image, text = synthetic(args.pairs, args.dim, args.topics, args.seed)
     pair_ids = np.arange(args.pairs, dtype=np.int64)

@@ -4,8 +4,9 @@
     PYTHONPATH=. .venv/bin/python benchmarks/scale_simulation.py --pairs 100000 1000000 --out /tmp/scale.csv
     PYTHONPATH=. .venv/bin/python benchmarks/scale_simulation.py --pairs 4000000 --pieces compose --worlds 1 8
 
-Random unit 256-d embeddings stand in for a model's (the sizes are what matter). Each piece runs in its
-own subprocess, so the peak RSS reported (``ru_maxrss``) is that piece's alone:
+Random unit 256-d embeddings stand in for a model's (the sizes are what matter; the file's rows are the synthetic
+topic data of ``kmeans_partition.py``, so that k-means has clusters to find). Each piece runs in its own subprocess,
+so the peak RSS reported (``ru_maxrss``) is that piece's alone:
 
 * ``cache_write``: ``embeddings.h5`` written through the project's writer
   (:class:`~falcon_cli.artifacts.embeddings.EmbeddingsWriter`, chunks of 65,536 rows): seconds, bytes on disk.
@@ -15,7 +16,20 @@ own subprocess, so the peak RSS reported (``ru_maxrss``) is that piece's alone:
   pair, filled batch-wise through ``update`` (8,192 rows a call).
 * ``spaces_random``: ``random_partition`` and ``search_spaces.parquet`` written (``SEARCH_SPACES``): bytes on disk.
 * ``spaces_kmeans``: ``kmeans_partition`` (faiss; the synthetic topic data of ``kmeans_partition.py``), only up to
-  ``--kmeans-max-pairs`` (its cost grows about as N², k = N / |M| centroids): larger N are extrapolated.
+  ``--kmeans-max-pairs`` (its cost grows about as N², k = N / |M| centroids): larger N are extrapolated. The
+  embeddings in memory, as the stage held them before issue 61.
+* ``spaces_kmeans_sampled``: what ``falcon build-search-spaces`` now does with ``method: kmeans`` (``compare:
+  false``): :func:`~falcon_cli.sampling.partition.kmeans_partition_of` on the ``cache_write`` file opened with
+  :func:`~falcon_cli.artifacts.embeddings.open_embeddings` (a training sample and the candidate lists in memory, the
+  rows read in chunks), ``search_spaces.parquet`` written, and the summary's pass
+  (:func:`~falcon_cli.sampling.partition.partition_summary_of`). Not capped by ``--kmeans-max-pairs``.
+* ``warm_start_rank``: one rank's warm start at world ``W`` (rank 0):
+  :func:`~falcon_cli.sampling.warm_start.load_warm_start` of the ``spaces_random`` parquet and the ``cache_write``
+  file, its cache on the CPU (on a GPU node that cache, ``data_gib``, is device memory; the rest is host).
+* ``cache_shard``: what each rank holds of the training loop's cache at world ``W``
+  (:class:`~falcon_cli.sampling.sharded_cache.ShardedCache` on the CPU, rank 0: an epoch begun, both its caches,
+  filled by ``update`` with every pair's features in 8,192-row calls as the all-gathered steps do). ``data_gib``
+  is its device bytes (``nbytes``; on a GPU node they are on the GPU), checked against ``cache_bytes_per_rank``.
 * ``compose``: one epoch's FALCON composition of one rank's share (``world`` = 1: the whole epoch), as
   ``falcon_compose.py`` does: :class:`~falcon_cli.sampling.quantile.QuantileSpaces` (|M| ``--space``, B ``--batch``,
   m = 100) and ``compose_all`` with a freshly initialised :class:`~falcon_cli.sampling.policy.SchedulerPolicy`
@@ -52,7 +66,10 @@ GIB = 2**30
 COLUMNS = ("piece", "pairs", "dtype", "world", "rank_pairs", "spaces", "batches", "status", "seconds",
            "peak_rss_gib", "base_rss_gib", "data_gib", "disk_bytes", "load_avg", "note")
 ATTRS = dict(model="random", checkpoint="", dataset="scale-simulation", split="train", epoch=0)
-PIECES = ("cache_write", "cache_read", "cache_memory", "spaces_random", "spaces_kmeans", "compose")
+PIECES = ("cache_write", "cache_read", "cache_memory", "cache_shard", "spaces_random", "spaces_kmeans",
+          "spaces_kmeans_sampled", "warm_start_rank", "compose")
+PER_RANK = ("cache_shard", "warm_start_rank", "compose")
+"""Pieces run once per ``--worlds`` size (one rank's part); the others once per N."""
 
 
 def _bytes(dtype: str) -> int:
@@ -72,6 +89,13 @@ def predicted_gib(piece: str, pairs: int, dtype: str, rank_pairs: int) -> float:
         return pairs * 8 * 12 / GIB + 0.4
     if piece == "spaces_kmeans":
         return (pairs * DIM * (2 * 2 + 4 * 2) + pairs * 100) / GIB + 0.8
+    if piece == "spaces_kmeans_sampled":  # the sample (fp32), candidates and ids, the partition's columns, chunks
+        k = math.ceil(pairs / 5664)
+        return (256 * k * DIM * 4 * 2 + pairs * (8 * 12 + 8 * 12)) / GIB + 1.5
+    if piece == "warm_start_rank":  # the spaces table (pandas, sorted copies), ids, the rank's cache, torch
+        return (pairs * 200 + rank_pairs * (DIM * 2 * 2 + 26)) / GIB + 1.0
+    if piece == "cache_shard":  # two caches of the share, every pair id, torch
+        return (2 * rank_pairs * (DIM * 2 * _bytes(dtype) + 27) + pairs * 8) / GIB + 0.8
     if piece == "compose":  # the share's cache, ids, batches; one chunk of tables (512 MiB) and torch
         return (rank_pairs * DIM * 2 * _bytes(dtype) + rank_pairs * 400) / GIB + 1.5
     raise ValueError(piece)
@@ -99,17 +123,16 @@ def run_piece(args: argparse.Namespace) -> dict:
     result: dict = {"disk_bytes": "", "spaces": "", "batches": "", "note": ""}
     h5 = path / f"embeddings_{n}_{dtype}.h5"
     if piece == "cache_write":
+        from benchmarks.kmeans_partition import synthetic_chunks
         from falcon_cli.artifacts.embeddings import EmbeddingsWriter
-        pool = _pool(rng)
         base = rss_mib()
-        chunk, seconds = 65536, 0.0
+        start, seconds = 0, 0.0
         with EmbeddingsWriter(h5, n=n, dim=DIM, attrs=ATTRS, dtype="float16" if dtype == "fp16" else "float32") as writer:
-            for start in range(0, n, chunk):
-                rows = min(chunk, n - start)
-                image, text = pool[rng.integers(0, len(pool), rows)], pool[rng.integers(0, len(pool), rows)]
+            for image, text in synthetic_chunks(n, DIM, 300, 0):
                 tick = time.perf_counter()
-                writer.write(start, image, text, np.arange(start, start + rows, dtype=np.int64))
+                writer.write(start, image, text, np.arange(start, start + len(image), dtype=np.int64))
                 seconds += time.perf_counter() - tick
+                start += len(image)
             tick = time.perf_counter()
         seconds += time.perf_counter() - tick  # close: the file moved into place
         result.update(seconds=seconds, disk_bytes=h5.stat().st_size, data_gib=n * DIM * 2 * _bytes(dtype) / GIB,
@@ -138,6 +161,29 @@ def run_piece(args: argparse.Namespace) -> dict:
         tensors = (cache.image, cache.text, cache.pair_ids, cache._sorted_ids, cache._sorted_rows, cache.filled, cache.written)
         result.update(seconds=time.perf_counter() - tick, data_gib=sum(t.nbytes for t in tensors) / GIB,
                       note="EmbeddingCache of all N pairs filled by update() in 8,192-row calls (one per rank under DDP)")
+    elif piece == "cache_shard":
+        import torch
+        from falcon_cli.sampling.composers import shard_pair_ids
+        from falcon_cli.sampling.sharded_cache import ShardedCache, cache_bytes_per_rank
+        pool = torch.from_numpy(_pool(rng))
+        g = torch.Generator().manual_seed(0)
+        dtype_torch = torch.float16 if dtype == "fp16" else torch.float32
+        base = rss_mib()
+        tick = time.perf_counter()
+        ids = torch.arange(n)
+        cache = ShardedCache(ids, DIM, dtype=dtype_torch, rank=0, world=args.world)
+        shards = torch.Generator().manual_seed(1)
+        cache.begin(shard_pair_ids(ids, 0, args.world, shards), shard_pair_ids(ids, 0, args.world, shards))
+        order = ids[torch.randperm(n, generator=g)]  # an epoch's steps, all-gathered: every pair once
+        for start in range(0, n, 8192):
+            chunk = order[start:start + 8192]
+            cache.update(chunk, pool[torch.randint(len(pool), (len(chunk),), generator=g)],
+                         pool[torch.randint(len(pool), (len(chunk),), generator=g)])
+        expected = cache_bytes_per_rank(n, args.world, dim=DIM, dtype=dtype_torch)["device_bytes"]
+        assert cache.nbytes == expected, (cache.nbytes, expected)
+        result.update(seconds=time.perf_counter() - tick, data_gib=cache.nbytes / GIB,
+                      note=f"ShardedCache rank 0 of {args.world}: {cache.rows:,} rows (reading + filling), an epoch's "
+                           "updates; data = device bytes = cache_bytes_per_rank")
     elif piece == "spaces_random":
         from falcon_cli.artifacts.tables import SEARCH_SPACES, write_table
         from falcon_cli.sampling.partition import random_partition
@@ -149,8 +195,6 @@ def run_piece(args: argparse.Namespace) -> dict:
         write_table(out, partition.columns(ids, epoch=0, method="random", seed=0), SEARCH_SPACES)
         result.update(seconds=time.perf_counter() - tick, disk_bytes=out.stat().st_size, spaces=partition.num_spaces,
                       data_gib=n * 8 * 4 / GIB, note="random_partition + search_spaces.parquet")
-        if not args.keep_files:
-            out.unlink()
     elif piece == "spaces_kmeans":
         from benchmarks.kmeans_partition import synthetic
         from falcon_cli.sampling.partition import kmeans_partition
@@ -185,6 +229,33 @@ def run_piece(args: argparse.Namespace) -> dict:
                       data_gib=(cache.image.nbytes + cache.text.nbytes) / GIB,
                       note=f"|M| {args.space}, B {args.batch}, m 100, policy at instance level; cache of the share only")
         assert sum(len(b.pair_ids) for b in batches) == len(share)
+    elif piece == "spaces_kmeans_sampled":
+        from falcon_cli.artifacts.embeddings import open_embeddings
+        from falcon_cli.artifacts.tables import SEARCH_SPACES, write_table
+        from falcon_cli.sampling.partition import kmeans_partition_of, partition_summary_of
+        out = path / f"search_spaces_kmeans_{n}.parquet"
+        base = rss_mib()
+        tick = time.perf_counter()
+        with open_embeddings(h5) as embeddings:
+            partition = kmeans_partition_of(embeddings, args.space, 0)
+            write_table(out, partition.columns(embeddings.pair_id, epoch=0, method="kmeans", seed=0), SEARCH_SPACES)
+            summary = partition_summary_of({"kmeans": partition}, embeddings)["kmeans"]
+        result.update(seconds=time.perf_counter() - tick, spaces=partition.num_spaces, disk_bytes=out.stat().st_size,
+                      data_gib=(n * 8 * (8 + 4) + 256 * partition.num_spaces * DIM * 4) / GIB,
+                      note=f"kmeans_partition_of from the file + parquet + summary (within-space cosine joint "
+                           f"{summary['mean_cosine_joint']}); data = candidate lists (8 a pair) and training sample")
+        out.unlink()
+    elif piece == "warm_start_rank":
+        import torch
+        from falcon_cli.sampling.warm_start import load_warm_start
+        base = rss_mib()
+        tick = time.perf_counter()
+        warm = load_warm_start(path / f"search_spaces_{n}.parquet", h5, torch.arange(n), rank=0, world=args.world)
+        cache = warm.cache
+        result.update(seconds=time.perf_counter() - tick, spaces=math.ceil(n / warm.width),
+                      data_gib=(cache.image.nbytes + cache.text.nbytes + len(cache) * 26) / GIB,
+                      note=f"load_warm_start rank 0 of {args.world}: {len(cache):,} rows read; data = its cache "
+                           "(device memory on a GPU node)")
     else:
         raise ValueError(piece)
     result.update(peak_rss_gib=max_rss_mib() / 1024, base_rss_gib=base / 1024)
@@ -223,11 +294,13 @@ def plan(args: argparse.Namespace) -> list[tuple[str, int, str, int]]:
                     continue  # the partition has no features
                 if piece == "spaces_kmeans" and (dtype != "fp16"):
                     continue  # faiss reads the fp16 file's rows as float32 either way
-                if piece == "compose":
-                    if dtype not in args.compose_dtypes:
+                if piece in ("spaces_kmeans_sampled", "warm_start_rank") and dtype != args.dtypes[0]:
+                    continue  # (read as fp32 either way; the cache is fp16)
+                if piece in PER_RANK:
+                    if piece == "compose" and dtype not in args.compose_dtypes:
                         continue
                     for world in args.worlds:
-                        if world <= n:
+                        if world <= n and (world > 1 or piece == "compose"):  # (world 1: cache_memory, the old rows)
                             jobs.append((piece, n, dtype, world))
                     continue
                 jobs.append((piece, n, dtype, 1))
@@ -272,7 +345,9 @@ def main() -> None:
         args.workdir = temporary.name
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
-    for piece, n, dtype, world in plan(args):
+    jobs = plan(args)
+    last_use = files_last_used(jobs, Path(args.workdir))
+    for index, (piece, n, dtype, world) in enumerate(jobs):
         rank_pairs = math.ceil(n / world)
         row = {"piece": piece, "pairs": n, "dtype": dtype, "world": world, "rank_pairs": rank_pairs}
         need = predicted_gib(piece, n, dtype, rank_pairs)
@@ -284,8 +359,10 @@ def main() -> None:
             row["status"] = f"skipped: predicted peak {need:.1f} GiB > {room:.1f} GiB allowed"
         elif piece == "cache_write" and disk > disk_free:
             row["status"] = f"skipped: file {disk:.1f} GiB > {disk_free:.1f} GiB disk to spare"
-        elif piece == "cache_read" and not h5.exists():
+        elif piece in ("cache_read", "spaces_kmeans_sampled", "warm_start_rank") and not h5.exists():
             row["status"] = "skipped: no file (cache_write skipped)"
+        elif piece == "warm_start_rank" and not (Path(args.workdir) / f"search_spaces_{n}.parquet").exists():
+            row["status"] = "skipped: no search spaces (spaces_random skipped)"
         elif piece == "spaces_kmeans" and n > args.kmeans_max_pairs:
             row["status"] = f"skipped: N > --kmeans-max-pairs {args.kmeans_max_pairs}"
         elif piece == "compose" and args.compose_max_pairs and rank_pairs > args.compose_max_pairs:
@@ -293,8 +370,9 @@ def main() -> None:
         else:
             row.update(child(piece, n, dtype, world, args))
         row["load_avg"] = round(os.getloadavg()[0], 2)
-        if piece == "cache_read" and h5.exists() and not args.keep_files:
-            h5.unlink()
+        for file, last in last_use.items():
+            if last == index and file.exists() and not args.keep_files:
+                file.unlink()
         rows.append(row)
         print(" ".join(f"{k}={row.get(k)}" for k in ("piece", "pairs", "dtype", "world", "status", "seconds",
                                                       "peak_rss_gib", "disk_bytes")), flush=True)
@@ -302,6 +380,19 @@ def main() -> None:
     write(rows, fits, args)
     if temporary is not None:
         temporary.cleanup()
+
+
+def files_last_used(jobs: list[tuple[str, int, str, int]], workdir: Path) -> dict[Path, int]:
+    """The index of the last job that reads each file the jobs make (``embeddings_*.h5``: ``cache_write``'s;
+    ``search_spaces_*.parquet``: ``spaces_random``'s), so each is removed as soon as nothing needs it."""
+    last: dict[Path, int] = {}
+    for index, (piece, n, dtype, _) in enumerate(jobs):
+        h5, parquet = workdir / f"embeddings_{n}_{dtype}.h5", workdir / f"search_spaces_{n}.parquet"
+        if piece in ("cache_write", "cache_read", "spaces_kmeans_sampled", "warm_start_rank"):
+            last[h5] = index
+        if piece in ("spaces_random", "warm_start_rank"):
+            last[parquet] = index
+    return last
 
 
 def _key(row: dict) -> tuple:
@@ -325,7 +416,7 @@ def extrapolate(rows: list[dict], sizes: list[int]) -> dict:
     for row in rows:
         groups.setdefault((row["piece"], row["dtype"]), []).append(row)
     for (piece, dtype), members in groups.items():
-        x = "rank_pairs" if piece == "compose" else "pairs"
+        x = "rank_pairs" if piece in ("compose", "cache_shard") else "pairs"
         measured = [r for r in members if r.get("status") == "measured"]
         for field in ("seconds", "peak_rss_gib", "disk_bytes"):
             points = [(float(r[x]), float(r[field])) for r in measured if r.get(field) not in ("", None)]
@@ -360,12 +451,12 @@ def write(rows: list[dict], fits: dict, args: argparse.Namespace) -> None:
         lines.append(f"| {row['piece']} | {row['pairs']:,} | {row['dtype']} | {row['world']} | {row['rank_pairs']:,} | "
                      f"{row.get('status', '')} | {_fmt(row.get('seconds', ''))} | {_fmt(row.get('peak_rss_gib', ''))} | "
                      f"{_fmt(row.get('data_gib', ''))} | {_human(row.get('disk_bytes', ''))} |")
-    lines += ["", "Growth (N: pairs; compose: the rank's share): seconds = a N^b, peak RSS = c + k N, disk = a N^b.", "",
+    lines += ["", "Growth (N: pairs; compose, cache_shard: the rank's share): seconds = a N^b, peak RSS = c + k N, disk = a N^b.", "",
               "| piece | dtype | seconds: b | peak RSS: c GiB | peak RSS: GiB per 1M pairs | disk: bytes per pair at the largest N |",
               "|---|---|---|---|---|---|"]
     for piece, dtype in sorted({(p, d) for p, d, _ in fits}):
         t, m, d = (fits.get((piece, dtype, f)) for f in ("seconds", "peak_rss_gib", "disk_bytes"))
-        largest = max((float(r["rank_pairs" if piece == "compose" else "pairs"]) for r in rows
+        largest = max((float(r["rank_pairs" if piece in ("compose", "cache_shard") else "pairs"]) for r in rows
                        if r["piece"] == piece and r["dtype"] == dtype and r.get("status") == "measured"), default=0)
         per_pair = f"{d[0] * largest ** d[1] / largest:.1f}" if d and largest else ""
         lines.append(f"| {piece} | {dtype} | {f'{t[1]:.2f}' if t else ''} | {f'{m[0]:.2f}' if m else ''} | "

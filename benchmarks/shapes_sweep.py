@@ -420,13 +420,13 @@ def reward_table(out: Path) -> str:
 
 def _reward_record(run: Path) -> dict | None:
     """One FALCON run's last-epoch rewards and per-step mean q, and its mean q in the first and last FALCON epoch."""
-    from falcon_cli.runtime.checkpoint import load_training_state
+    from falcon_cli.runtime.checkpoint import load_rank_state
     from falcon_cli.sampling.batch_log import read_batch_log
 
     latest = run / "checkpoints" / "latest"
     if not latest.exists() or not (run / "batches.parquet").exists():
         return None
-    mine = load_training_state(run / "checkpoints" / latest.read_text().strip())["ranks"][0]
+    mine = load_rank_state(run / "checkpoints" / latest.read_text().strip(), 0)
     rewards = mine["falcon"]["rewards"] if "falcon" in mine else mine["rewards"]  # (checkpoints before TrainState)
     log = read_batch_log(run / "batches.parquet")
     log = log[log["sampler"] == "falcon"]

@@ -23,7 +23,7 @@ import numpy as np
 from rich.table import Table
 
 from falcon_cli.artifacts.atomic import write_json
-from falcon_cli.artifacts.embeddings import FINGERPRINT_ATTR, check_fingerprint, read_embeddings
+from falcon_cli.artifacts.embeddings import FINGERPRINT_ATTR, EmbeddingsFile, check_fingerprint, open_embeddings
 from falcon_cli.artifacts.tables import SEARCH_SPACES, write_table
 from falcon_cli.config.schema import Recipe
 from falcon_cli.data.shapes.oracle import ShapesOracle
@@ -32,7 +32,7 @@ from falcon_cli.runtime.console import make_console
 from falcon_cli.runtime.distributed import on_rank_zero
 from falcon_cli.runtime.run_dir import RunDirectory
 from falcon_cli.sampling.partition import (
-    Partition, false_negatives_in_spaces, kmeans_partition, partition_summary, random_partition,
+    Partition, false_negatives_in_spaces, kmeans_partition_of, partition_summary_of, random_partition,
 )
 from falcon_cli.data.datasets import pretrain_dataset
 from falcon_cli.data.pairs import split_fingerprint
@@ -52,20 +52,26 @@ def run(config: Recipe, run: RunDirectory) -> dict:
 
 def _build(config: Recipe, run: RunDirectory) -> dict:
     s = config.search_spaces
-    started = time.perf_counter()
-
-    # 1. Inputs and settings, all checked before any clustering.
     path = Path(s.embeddings) if s.embeddings is not None else run.path / DEFAULT_EMBEDDINGS
     if not path.exists():
         how = "set search_spaces.embeddings=PATH to an existing file" if s.embeddings is not None else \
             "run the embed stage first, or set search_spaces.embeddings=PATH to an existing embeddings.h5"
         raise FalconError(f"{path}: embeddings file not found; {how}")
+    # Read by row, never whole: a 14M-pair fp16 file is 14 GB (docs/scaling.md).
+    with open_embeddings(path) as embeddings:
+        return _build_from(config, run, path, embeddings)
+
+
+def _build_from(config: Recipe, run: RunDirectory, path: Path, embeddings: EmbeddingsFile) -> dict:
+    s = config.search_spaces
+    started = time.perf_counter()
+
+    # 1. Inputs and settings, all checked before any clustering (the norms: as each row is read).
     # |M| defaults to the batch composers' own search_space_size, so the spaces fit the run.
     size_key, size = ("search_spaces.size", s.size) if s.size is not None else \
         ("pretrain.search_space_size", config.pretrain.search_space_size)
     if size < 1:
         raise FalconError(f"{size_key}={size}: a search space needs at least 1 pair")
-    embeddings = read_embeddings(path)
     _check_same_dataset(config, path, embeddings.attrs)
     pair_ids = embeddings.pair_id
     if size > len(pair_ids):
@@ -76,7 +82,7 @@ def _build(config: Recipe, run: RunDirectory) -> dict:
     def build(method: str, partition_seed: int) -> Partition:
         if method == "random":
             return random_partition(pair_ids, size, partition_seed)
-        return kmeans_partition(embeddings.image, embeddings.text, pair_ids, size, partition_seed, iterations=s.kmeans_iterations)
+        return kmeans_partition_of(embeddings, size, partition_seed, iterations=s.kmeans_iterations)
 
     # 2. One partition per epoch, each with its own seed (seed + epoch: a row's seed rebuilds it).
     partitions = [build(s.method, seed + epoch) for epoch in range(s.epochs)]
@@ -90,7 +96,7 @@ def _build(config: Recipe, run: RunDirectory) -> dict:
     if s.compare:
         other = "random" if s.method == "kmeans" else "kmeans"
         compared[other] = build(other, seed)
-    stats = partition_summary(compared, embeddings.image, embeddings.text)
+    stats = partition_summary_of(compared, embeddings)
 
     # 4. False negatives inside the spaces, where an oracle knows them.
     if isinstance(judge, str):
@@ -108,7 +114,7 @@ def _build(config: Recipe, run: RunDirectory) -> dict:
         "embeddings": str(path),
         "embeddings_source": {k: embeddings.attrs.get(k) for k in ("model", "checkpoint", "dataset", "split", "epoch")},
         "pairs": int(len(pair_ids)),
-        "dim": int(embeddings.image.shape[1]),
+        "dim": embeddings.dim,
         "method": s.method,
         "size": int(size),
         "seed": int(seed),

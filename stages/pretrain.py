@@ -237,6 +237,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
             if flags is not None:  # what the method flagged vs the oracle
                 flags.observe(batch["pair_ids"])
             state.step += 1
+            D.note_step(epoch, state.step)  # (under torchrun: the line a lost rank's peers print names this step)
             seen += len(pair_ids) * world
             profiler.after(state.step)
 
@@ -262,7 +263,8 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
         epochs.end()
         if loggers and p.composer in QUANTILE_COMPOSERS:  # the epoch's q's (this rank's), as a histogram
             metrics.histogram("epoch_summary/q", read_batch_log(batch_log.path / part_name(epoch, rank))["q"], state.step)
-        path = cache.save(run.path / "embeddings" / f"epoch_{epoch:03d}.h5",  # (every rank sends rank 0 its rows)
+        # (every rank: rank 0 gathers the ranks' rows and writes them)
+        path = cache.save(run.path / "embeddings" / f"epoch_{epoch:03d}.h5",
                           {"model": p.model, "checkpoint": f"step {state.step}", "dataset": spec.name,
                            "split": "pretrain", "epoch": epoch, FINGERPRINT_ATTR: fingerprint})
         if main:
@@ -412,8 +414,10 @@ def warm_start(config: Recipe, run: RunDirectory, all_ids: torch.Tensor, device:
     spaces_path = run.path / "search_spaces.parquet" if p.search_spaces == "run" else Path(p.search_spaces)
     embeddings_path = (Path(config.search_spaces.embeddings) if config.search_spaces.embeddings is not None
                        else run.path / "embeddings" / "embeddings.h5")
-    return load_warm_start(spaces_path, embeddings_path, all_ids, device=device, fingerprint=fingerprint,
-                           dataset=str(config.data.dataset), warn=lambda line: console.print(f"[yellow]{line}[/]"))
+    # Each rank reads only the embeddings of its own block of the spaces (the cache holds no other rows).
+    return load_warm_start(spaces_path, embeddings_path, all_ids, rank=D.rank(), world=D.world_size(), device=device,
+                           fingerprint=fingerprint, dataset=str(config.data.dataset),
+                           warn=lambda line: console.print(f"[yellow]{line}[/]"))
 
 
 class ModelUpdate:

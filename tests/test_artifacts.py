@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from falcon_cli.artifacts.atomic import atomic_open, write_json
-from falcon_cli.artifacts.embeddings import EmbeddingsWriter, read_embeddings, write_embeddings
+from falcon_cli.artifacts.embeddings import EmbeddingsWriter, open_embeddings, read_embeddings, write_embeddings
 from falcon_cli.runtime.run_dir import RunDirectory, read_manifest, sha256_file
 from falcon_cli.artifacts.config_diff import config_differences, with_missing_keys
 from falcon_cli.artifacts.tables import BATCHES, SEARCH_SPACES, read_table, write_table
@@ -305,6 +305,58 @@ def test_embeddings_reader_validates(tmp_path):
     (tmp_path / "junk.h5").write_bytes(b"junk")
     with pytest.raises(FalconError, match="junk.h5: not a readable HDF5 file"):
         read_embeddings(tmp_path / "junk.h5")
+
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_open_embeddings_reads_rows_and_sorted_picks_as_read_embeddings_holds_them(tmp_path, monkeypatch, dtype):
+    from falcon_cli.artifacts import embeddings as module
+
+    monkeypatch.setattr(module, "READ_ROWS", 64)  # several slices per pick, and gaps that start new ones
+    monkeypatch.setattr(module, "READ_GAP", 5)
+    image, text = random_unit(500, 8, 0), random_unit(500, 8, 1)
+    path = write_embeddings(tmp_path / "e.h5", image, text, np.arange(1000, 500, -1), ATTRS, dtype=dtype)
+    whole = read_embeddings(path)
+    picks = [np.array([], dtype=np.int64), np.array([0]), np.array([499]), np.arange(500),
+             np.sort(np.random.default_rng(0).choice(500, 77, replace=False)), np.array([3, 3, 4, 200, 201, 499])]
+    with open_embeddings(path) as source:
+        assert (source.n, source.dim, source.dtype) == (500, 8, np.dtype(dtype))
+        assert source.pair_id.tolist() == whole.pair_id.tolist() and source.attrs == whole.attrs
+        for rows in picks:
+            got = source.take(rows)
+            assert got[0].dtype == np.dtype(dtype)
+            assert np.array_equal(got[0], whole.image[rows]) and np.array_equal(got[1], whole.text[rows])
+        image_rows, text_rows = source.rows(120, 260)
+        assert np.array_equal(image_rows, whole.image[120:260]) and np.array_equal(text_rows, whole.text[120:260])
+        with pytest.raises(ValueError, match="ascending"):
+            source.take(np.array([5, 4]))
+        with pytest.raises(ValueError, match="within 0..499"):
+            source.take(np.array([500]))
+    in_memory = whole.take(np.array([1, 7]))  # the arrays answer the same questions
+    assert (whole.n, whole.dim) == (500, 8) and np.array_equal(in_memory[1], whole.text[[1, 7]])
+
+
+def test_open_embeddings_validates_as_read_embeddings_and_checks_the_norms_it_reads(tmp_path):
+    path = tmp_path / "e.h5"
+    with h5py.File(path, "w") as f:
+        f["image"] = random_unit(6, 3, 0)
+        text = random_unit(6, 3, 1)
+        text[4] *= 3
+        f["text"] = text
+        f["pair_id"] = np.arange(6, dtype=np.int64)
+        f.attrs["schema_version"] = 1
+        for k, v in ATTRS.items():
+            f.attrs[k] = v
+    with open_embeddings(path) as source:
+        assert source.take(np.array([0, 5]))[0].shape == (2, 3)  # row 4 not read, not checked
+        with pytest.raises(FalconError, match=r"e.h5: 'text' row 4 has norm 3.0000; embeddings must be L2-normalised"):
+            source.take(np.array([1, 4]))
+        with pytest.raises(FalconError, match=r"'text' row 4 has norm"):
+            source.rows(3, 6)
+    with h5py.File(path, "a") as f:
+        f.attrs["schema_version"] = 2
+    with pytest.raises(FalconError, match=r"e.h5: embeddings schema_version 2"):
+        open_embeddings(path)
 
 
 # -- run directory -------------------------------------------------------------------------

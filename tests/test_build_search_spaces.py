@@ -339,3 +339,63 @@ def test_load_warm_start_checks_the_dataset_fingerprint(inputs, built, tmp_path)
     with pytest.raises(FalconError, match=rf"{stamped}: embeddings were computed on a different dataset than world .*"
                                           r"re-run `falcon embed` for this dataset"):
         load_warm_start(spaces, stamped, ids, fingerprint="b" * 64, dataset="world")
+
+
+def reference_load_warm_start(spaces_path, embeddings_path, pair_ids):
+    """The warm start as it was before it read by rank (issue 61): the whole file, a dict of every pair id, fp32
+    copies, a cache of every pair. Kept (checks left out) as the reference the per-rank reader must equal."""
+    import torch
+
+    from falcon_cli.artifacts.embeddings import read_embeddings
+    from falcon_cli.sampling.cache import EmbeddingCache
+    from falcon_cli.sampling.warm_start import WarmStart
+
+    rows = read_table(spaces_path, SEARCH_SPACES)
+    rows = rows[rows["epoch"] == 0].sort_values(["space_id", "position"], kind="stable")
+    width = int(rows.groupby("space_id", sort=True).size().to_numpy()[0])
+    embeddings = read_embeddings(embeddings_path)
+    rows_of = {int(p): r for r, p in enumerate(embeddings.pair_id)}
+    ids = pair_ids.cpu()
+    take = np.array([rows_of[int(p)] for p in ids.tolist()], dtype=np.int64)
+    cache = EmbeddingCache(ids, dim=int(embeddings.image.shape[1]))
+    cache.update(ids, torch.from_numpy(np.asarray(embeddings.image[take], dtype=np.float32)),
+                 torch.from_numpy(np.asarray(embeddings.text[take], dtype=np.float32)))
+    return WarmStart(order=torch.tensor(rows["pair_id"].to_numpy(dtype=np.int64)), width=width, cache=cache)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_each_rank_warm_starts_from_its_block_and_composes_epoch_0_as_before(inputs, built, tmp_path, world, monkeypatch):
+    """Every rank's cache holds exactly its block of the spaces, with the features the whole-file reader gave, and
+    epoch 0 (GRIT, a fixed quantile) composes the batches it composed from the cache of every pair."""
+    import torch
+
+    from falcon_cli.sampling import warm_start as module
+    from falcon_cli.sampling.batch_log import BatchLog
+    from falcon_cli.sampling.composers import GritComposer, shard_pair_ids
+    from falcon_cli.sampling.epochs import EpochBatches
+    from falcon_cli.sampling.quantile_composer import QuantileComposer
+    from falcon_cli.sampling.sharded_cache import ShardedCache
+
+    monkeypatch.setattr(module, "FILL_ROWS", 7)  # the cache filled in many chunks
+    spaces = built[0] / "search_spaces.parquet"
+    ids = torch.tensor([r.pair_id for r in inputs["records"]])
+    reference = reference_load_warm_start(spaces, inputs["embeddings"], ids)
+    for rank in range(world):
+        warm = module.load_warm_start(spaces, inputs["embeddings"], ids, rank=rank, world=world)
+        assert torch.equal(warm.order, reference.order) and warm.width == reference.width
+        block = shard_pair_ids(reference.order, rank, world, None)
+        assert sorted(warm.cache.pair_ids.tolist()) == sorted(block.tolist()), "the rank's block, nothing else"
+        assert bool(warm.cache.written.all())
+        for got, expected in zip(warm.cache.get(block), reference.cache.get(block)):
+            assert torch.equal(got, expected)
+        for make in (lambda: GritComposer(16, SIZE), lambda: QuantileComposer("quantile", 16, SIZE, quantile=0.7)):
+            composed = []
+            for start in (warm, reference):
+                epochs = EpochBatches(make(), ShardedCache(ids, 32, rank=rank, world=world), ids, rank=rank, world=world,
+                                      shard_generator=torch.Generator().manual_seed(0),
+                                      compose_generator=torch.Generator().manual_seed(1 + rank),
+                                      batch_log=BatchLog(tmp_path / f"log{len(composed)}", part_rank=rank), warm=start)
+                epochs.begin(0)
+                composed.append([(b.pair_ids.tolist(), b.anchor_pair_id.tolist(), b.q.nan_to_num(-1).tolist())
+                                 for b in epochs.batches])
+            assert composed[0] == composed[1] and len(composed[0]) > 0

@@ -51,6 +51,20 @@ def test_two_process_ddp_run(tmp_path):
 
     emb = read_embeddings(run_dir / "embeddings" / "epoch_001.h5")
     assert emb.image.shape[0] == 160, "the cache holds both ranks' features"
+    assert sorted(emb.pair_id) == list(range(160)), "each pair once"
+    # Each rank's cache holds its own shard only (N / world rows; between epochs: next epoch's), checkpointed in its
+    # own rank-<r>.pt, not gathered into training_state.pt
+    import torch
+
+    from falcon_cli.runtime.checkpoint import latest_checkpoint, load_rank_state, load_training_state
+
+    latest = latest_checkpoint(run_dir / "checkpoints")
+    assert "cache" not in load_training_state(latest) and "ranks" not in load_training_state(latest)
+    caches = [load_rank_state(latest, r)["cache"] for r in (0, 1)]
+    assert all(c["reading"] is None for c in caches), "between epochs: one cache per rank"
+    shards = [set(c["filling"]["pair_ids"].tolist()) for c in caches]
+    assert [len(s) for s in shards] == [80, 80] and shards[0] | shards[1] == set(range(160))
+    assert all(torch.equal(c["filling"]["written"], torch.ones(80, dtype=torch.bool)) for c in caches)
 
 
 def test_more_ranks_than_gpus_is_one_clear_error(monkeypatch):

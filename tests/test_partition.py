@@ -223,3 +223,159 @@ def test_kmeans_refuses_embeddings_that_do_not_fit_the_ids():
     broken[2, 1] = np.nan
     with pytest.raises(FalconError, match="NaN or infinite"):
         kmeans_partition(broken, image, np.arange(6), 2, seed=0)
+
+
+# --- k-means read by row: the same spaces as the whole-array implementation it replaced ----------------------
+
+def reference_kmeans_partition(image, text, pair_ids, size, seed, *, iterations=20, candidates=8):
+    """The k-means partition as it was before it read by row (issue 61): the joint embedding of all N in memory,
+    faiss subsampling it itself, one candidate search of all N, copies of the candidate lists. Kept verbatim (but
+    for names) as the reference the row-wise implementation must equal."""
+    import math
+
+    from falcon_cli.sampling.partition import _nearest, spherical_kmeans
+
+    def joint(rows):
+        out = np.empty((rows.size, image.shape[1]), dtype=np.float32)
+        for start in range(0, rows.size, 65536):
+            chunk = rows[start:start + 65536]
+            both = image[chunk].astype(np.float32) + text[chunk].astype(np.float32)
+            norms = np.linalg.norm(both, axis=1, keepdims=True)
+            out[start:start + chunk.size] = np.divide(both, norms, out=np.zeros_like(both), where=norms > 1e-12)
+        return out
+
+    def assignment(points, centroids, capacity, nearest):
+        n, k = points.shape[0], centroids.shape[0]
+        remaining = np.asarray(capacity, dtype=np.int64).copy()
+        score, cand = np.array(nearest[0], dtype=np.float32), np.array(nearest[1], dtype=np.int64)
+        width = cand.shape[1]
+        assign = np.full(n, -1, dtype=np.int64)
+        pending = np.arange(n, dtype=np.int64)
+        while pending.size:
+            is_open = remaining[cand[pending]] > 0
+            exhausted = ~is_open.any(axis=1)
+            if exhausted.any():
+                rows = pending[exhausted]
+                score[rows], cand[rows] = _nearest(points[rows], centroids, np.flatnonzero(remaining > 0), width)
+                is_open[exhausted] = remaining[cand[rows]] > 0
+            column = is_open.argmax(axis=1)
+            choice, similarity = cand[pending, column], score[pending, column]
+            order = np.lexsort((pending, -similarity, choice))
+            chosen = choice[order]
+            rank = np.arange(chosen.size) - np.searchsorted(chosen, chosen, side="left")
+            accepted = rank < remaining[chosen]
+            assign[pending[order[accepted]]] = chosen[accepted]
+            remaining -= np.bincount(chosen[accepted], minlength=k)
+            pending = pending[assign[pending] < 0]
+        return assign
+
+    ids = np.asarray(pair_ids, dtype=np.int64)
+    n = ids.size
+    canonical = np.argsort(ids, kind="stable")
+    points = joint(canonical)
+    k = math.ceil(n / size)
+    centroids = spherical_kmeans(points, k, seed, iterations)
+    nearest = _nearest(points, centroids, np.arange(k), max(1, min(int(candidates), k)))
+    remainder_centroid = int(np.argmin(np.bincount(nearest[1][:, 0], minlength=k)))
+    capacity = np.full(k, size, dtype=np.int64)
+    capacity[remainder_centroid] = n - (k - 1) * size
+    assign = assignment(points, centroids, capacity, nearest)
+    space_of_centroid = np.empty(k, dtype=np.int64)
+    others = np.flatnonzero(np.arange(k) != remainder_centroid)
+    space_of_centroid[others] = np.arange(k - 1)
+    space_of_centroid[remainder_centroid] = k - 1
+    space = space_of_centroid[assign]
+    similarity = np.einsum("nd,nd->n", points, centroids[assign])
+    order = np.lexsort((ids[canonical], -similarity, space))
+    position = np.empty(n, dtype=np.int64)
+    position[order] = np.arange(n) - np.searchsorted(space[order], space[order], side="left")
+    space_id, position_out = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    space_id[canonical], position_out[canonical] = space, position
+    return space_id, position_out
+
+
+@pytest.fixture
+def small_search_pieces(monkeypatch):
+    """faiss's BLAS search from 300 queries in blocks of 256 (its defaults: 128,000 and 4,096), and pieces of 1,024
+    rows: a few thousand points then take every path a 14M-pair build takes (BLAS blocks, several pieces, a tail)."""
+    import faiss
+
+    from falcon_cli.sampling import partition
+
+    saved = faiss.cvar.distance_compute_blas_threshold, faiss.cvar.distance_compute_blas_query_bs
+    faiss.cvar.distance_compute_blas_threshold, faiss.cvar.distance_compute_blas_query_bs = 300, 256
+    monkeypatch.setattr(partition, "SEARCH_ROWS", 1024)
+    monkeypatch.setattr(partition, "CHUNK_ROWS", 1000)
+    yield
+    faiss.cvar.distance_compute_blas_threshold, faiss.cvar.distance_compute_blas_query_bs = saved
+
+
+def random_pairs(n: int, dim: int, seed: int):
+    rng = np.random.default_rng(seed)
+    image = unit(rng.standard_normal((n, dim))).astype(np.float16)
+    text = unit(image.astype(np.float32) + 0.5 * rng.standard_normal((n, dim))).astype(np.float16)
+    ids = rng.permutation(n * 3)[:n]  # not contiguous, not sorted
+    return image, text, ids
+
+
+@pytest.mark.parametrize("n,size,candidates,seed", [
+    (3000, 100, 8, 0),     # 30 centroids, every point trains (n <= 256 k)
+    (3000, 97, 2, 1),      # 2 candidates: many points find all their candidates full
+    (6000, 1000, 8, 2),    # 6 centroids train on faiss's sample of 1,536 points
+    (4301, 450, 3, 3),     # sampled, refills, a remainder space
+])
+@pytest.mark.parametrize("pieces", ["default", "small"])
+def test_kmeans_partition_read_by_row_gives_the_spaces_of_the_whole_array_implementation(n, size, candidates, seed,
+                                                                                          pieces, request):
+    if pieces == "small":
+        request.getfixturevalue("small_search_pieces")
+    image, text, ids = random_pairs(n, 256, seed)  # D of the real cache: rounding differs between search paths
+    expected_space, expected_position = reference_kmeans_partition(image, text, ids, size, seed, candidates=candidates)
+    got = kmeans_partition(image, text, ids, size, seed, candidates=candidates)
+    assert np.array_equal(got.space_id, expected_space)
+    assert np.array_equal(got.position, expected_position)
+
+
+def test_kmeans_sample_is_the_sample_faiss_trains_on():
+    from falcon_cli.sampling.partition import KMEANS_MAX_POINTS_PER_CENTROID, kmeans_sample, spherical_kmeans
+
+    points = unit(np.random.default_rng(4).standard_normal((5000, 8)))
+    k = 7  # 5,000 > 7 x 256: faiss subsamples
+    sample = kmeans_sample(len(points), k, 11)
+    assert sample.size == k * KMEANS_MAX_POINTS_PER_CENTROID and np.unique(sample).size == sample.size
+    assert np.array_equal(spherical_kmeans(points[sample], k, 11), spherical_kmeans(points, k, 11))
+    assert np.array_equal(kmeans_sample(1000, 7, 11), np.arange(1000))
+
+
+def test_kmeans_and_summary_read_from_the_file_equal_the_arrays_in_memory(tmp_path, small_search_pieces):
+    from falcon_cli.artifacts.embeddings import open_embeddings, write_embeddings
+    from falcon_cli.sampling.partition import kmeans_partition_of, partition_summary_of
+
+    image, text, ids = random_pairs(3500, 256, 5)
+    path = write_embeddings(tmp_path / "e.h5", image, text, ids, dict(model="m", checkpoint="", dataset="d", split="s",
+                                                                      epoch=0))
+    with open_embeddings(path) as source:
+        stored_image, stored_text = source.rows(0, source.n)  # (the file renormalises: compare with what it holds)
+        got = kmeans_partition_of(source, 300, 0, candidates=3)
+        expected = reference_kmeans_partition(stored_image, stored_text, ids, 300, 0, candidates=3)
+        assert np.array_equal(got.space_id, expected[0]) and np.array_equal(got.position, expected[1])
+        partitions = {"kmeans": got, "random": random_partition(ids, 300, 0)}
+        from_file = partition_summary_of(partitions, source)
+    in_memory = partition_summary(partitions, stored_image, stored_text)
+    for name in partitions:
+        for key, value in in_memory[name].items():
+            assert from_file[name][key] == pytest.approx(value, abs=1.01e-4), (name, key)
+
+
+def test_candidate_search_in_pieces_gives_the_scores_of_one_search(small_search_pieces):
+    """Bit for bit (pieces that cut faiss's BLAS blocks differently change the last bits of 256-d scores)."""
+    from falcon_cli.sampling.partition import _nearest, _search_pieces, nearest_centroids
+
+    points = unit(np.random.default_rng(6).standard_normal((3000, 256)))
+    centroids = points[:30].copy()
+    assert _search_pieces(3000) == [(0, 1024), (1024, 2048), (2048, 3000)]
+    assert _search_pieces(2100) == [(0, 1024), (1024, 2100)]  # a tail under the BLAS threshold joins the piece before
+    assert _search_pieces(200) == [(0, 200)]
+    whole = _nearest(points, centroids, np.arange(30), 8)
+    pieces = nearest_centroids(lambda rows: points[rows], 3000, centroids, 8)
+    assert np.array_equal(pieces[0], whole[0]) and np.array_equal(pieces[1], whole[1])

@@ -89,3 +89,45 @@ def test_a_resume_with_nothing_to_resume_starts_fresh(tmp_path):
     state, *_ = make(tmp_path, lines=lines)
     assert state.begin(resume=True, overwrite=False) is None and state.step == 0
     assert any("nothing to resume" in line for line in lines)
+
+
+def test_each_rank_has_its_own_file_and_a_damaged_one_is_passed_over(tmp_path):
+    """The per-rank parts live in rank-<r>.pt beside training_state.pt (never gathered into it); a damaged rank file
+    makes the checkpoint damaged, and the resume continues from the one before it."""
+    from falcon_cli.runtime.checkpoint import load_rank_state, load_training_state
+
+    state, _, _, parts = make(tmp_path)
+    state.begin(resume=False, overwrite=False)
+    for step in (4, 8):
+        state.step, parts["mine"].value = step, step
+        state.save(0, step)
+    newest = tmp_path / "checkpoints" / "00000008"
+    assert "ranks" not in load_training_state(newest) and load_rank_state(newest, 0)["counter"] == {"value": 8}
+    (newest / "rank-0.pt").write_bytes((newest / "rank-0.pt").read_bytes()[:50])
+    lines = []
+    resumed, _, _, parts2 = make(tmp_path, lines=lines)
+    assert resumed.begin(resume=True, overwrite=False).name == "00000004" and parts2["mine"].value == 4
+    assert any("damaged checkpoints passed over" in line and "rank-0.pt" in line for line in lines)
+    (newest / "rank-0.pt").unlink()
+    (tmp_path / "checkpoints" / "00000004" / "rank-0.pt").rename(newest / "rank-0.pt")  # another step's file
+    with pytest.raises(Refused, match=r"rank-0.pt: holds rank 0 of 1 at step 4, expected rank 0 of 1 at step 8.*"
+                                      r"00000004.*rank-0.pt: missing"):
+        make(tmp_path)[0].begin(resume=True, overwrite=False)
+
+
+def test_a_checkpoint_from_before_rank_files_is_still_read(tmp_path):
+    """Older checkpoints hold every rank's parts in training_state.pt's ``ranks``, and held the embedding cache as a
+    shared part: a part that is per rank now restores from its shared copy."""
+    from falcon_cli.runtime.checkpoint import save_checkpoint
+
+    model = torch.nn.Linear(3, 2)
+    old = {"world_size": 1, "epoch": 1, "batch_index": 2, "global_step": 6, "values": {"best": 3},
+           "counter": {"value": 5}, "moved": {"value": 9}, "ranks": [{"counter": {"value": 7}}]}
+    save_checkpoint(tmp_path / "checkpoints", 6, {"model": model}, old, {"epoch": 1})
+    shared, mine, moved = Counter(), Counter(), Counter()
+    state = TrainState(tmp_path / "checkpoints", {"model": torch.nn.Linear(3, 2)}, what="test",
+                       shared={"counter": shared}, per_rank={"counter": mine, "moved": moved}, keep_last=2,
+                       say=lambda line: None)
+    assert state.begin(resume=True, overwrite=False).name == "00000006"
+    assert (state.epoch, state.batch_index, state.step, state.values) == (1, 2, 6, {"best": 3})
+    assert (shared.value, mine.value, moved.value) == (5, 7, 9)

@@ -8,6 +8,8 @@ run's weights, models included), below both so that neither imports the other::
       000120/
         model.safetensors     # WEIGHTS
         training_state.pt     # STATE
+        rank-0.pt             # rank_state_name(0): what rank 0 keeps of its own (RNGs, its cache shards, ...)
+        rank-1.pt             # ... one per rank (older checkpoints hold them in training_state.pt's "ranks")
         meta.json             # META
 """
 
@@ -21,6 +23,11 @@ WEIGHTS = "model.safetensors"
 STATE = "training_state.pt"
 META = "meta.json"
 LATEST = "latest"
+
+
+def rank_state_name(rank: int) -> str:
+    """The file of a checkpoint that holds rank ``rank``'s own state."""
+    return f"rank-{rank}.pt"
 
 
 def latest_checkpoint(directory: str | Path) -> Path | None:

@@ -5,10 +5,13 @@ few plain values the loop keeps across a resume (results so far, the best epoch,
 (``<name>.safetensors``), and the stateful parts of the run, each an object with ``state_dict`` /
 ``load_state_dict``:
 
-* ``shared`` parts are the same on every rank (optimizer, scaler, composer, embedding cache, scheduler):
-  rank 0's copy is saved and every rank restores it;
-* ``per_rank`` parts differ between ranks (RNG states, generators, where the rank's epoch stands): each
-  rank's copy is gathered to rank 0, saved in ``ranks[r]``, and restored on rank r.
+* ``shared`` parts are the same on every rank (optimizer, scaler, composer, scheduler): rank 0's copy is
+  saved and every rank restores it;
+* ``per_rank`` parts differ between ranks (RNG states, generators, the rank's embedding cache shards, where
+  its epoch stands): each rank writes its own ``rank-<r>.pt`` into the checkpoint rank 0 is writing (nothing
+  is gathered: the cache shards are gigabytes per rank) and restores it on resume. Checkpoints from before
+  held them in ``training_state.pt``'s ``ranks[r]``, and are still read; a part that was shared then and is
+  per rank now (the embedding cache) restores from its shared copy.
 
 :meth:`TrainState.begin` is the one place that decides between starting fresh, refusing to train over
 checkpoints the user did not ask to continue or replace, and resuming (passing over damaged checkpoints);
@@ -18,16 +21,17 @@ dictionaries, so a part added to the loop is saved and restored by naming it onc
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.distributed as dist
 
-from falcon_cli.errors import Refused
+from falcon_cli.errors import FalconError, Refused
 from falcon_cli.runtime import distributed as D
-from falcon_cli.runtime.checkpoint import resume_point, save_checkpoint
+from falcon_cli.runtime.checkpoint import (RANK_STATE, checkpoint_path, checkpoint_staging, resume_point,
+                                           save_checkpoint, save_rank_state, write_checkpoint)
 from falcon_cli.runtime.seeding import rng_state, set_rng_state
 
 
@@ -100,10 +104,13 @@ class TrainState:
 
         Checkpoints already in :attr:`directory` are never trained over by accident: without ``resume`` or
         ``overwrite`` this raises :class:`Refused`; with ``overwrite`` (and no ``resume``) they go. With
-        ``resume`` the newest intact checkpoint is loaded into every part (nothing to resume: fresh)."""
+        ``resume`` the newest checkpoint intact on every rank is loaded into every part (nothing to resume:
+        fresh); under DDP the ranks agree on it, so a rank file damaged on one rank sends all of them back to the
+        same earlier checkpoint."""
         refuse_training_over(self.directory, self.what, resume=resume, overwrite=overwrite)
-        main = D.is_main_process()
-        found = resume_point(self.directory, self.weights) if resume else None
+        main, world = D.is_main_process(), D.world_size()
+        found = resume_point(self.directory, self.weights, rank=D.rank(), world=world,
+                             agree=D.gather_objects if world > 1 else None) if resume else None
         checkpoint, state, damaged = found if found is not None else (None, None, [])
         if damaged and main:
             self.say(f"[yellow]damaged checkpoints passed over[/]: {'; '.join(damaged)}")
@@ -113,15 +120,12 @@ class TrainState:
                 if resume:
                     self.say(f"nothing to resume in {self.directory}: starting from scratch")
             return None
-        world = D.world_size()
-        if state["world_size"] != world:
-            raise Refused(f"{checkpoint}: saved with {state['world_size']} processes, resuming with {world}; "
-                          f"resume with the same number (nothing was changed)")
         for name, part in self.shared.items():
             part.load_state_dict(state[name])
-        mine = state["ranks"][D.rank()]
+        mine = state.pop(RANK_STATE)
         for name, part in self.per_rank.items():
-            part.load_state_dict(mine[name])
+            part.load_state_dict(mine[name] if name in mine else state[name])  # (else: shared in older checkpoints)
+        del mine
         self.epoch, self.batch_index, self.step = state["epoch"], state["batch_index"], state["global_step"]
         self.values = dict(state["values"])
         self.checkpoint = checkpoint
@@ -131,21 +135,44 @@ class TrainState:
 
     def save(self, epoch: int, batch_index: int) -> Path | None:
         """Checkpoint everything needed to continue at (``epoch``, ``batch_index``) after :attr:`step` steps.
-        Every rank calls it (the per-rank parts are gathered); rank 0 writes and returns the directory."""
+        Every rank calls it: each writes its own parts (``rank-<r>.pt``) into the checkpoint rank 0 opens, rank 0
+        writes the rest and puts the checkpoint in place once every rank's file is written; returns the directory
+        on rank 0, None elsewhere. A rank that fails to write makes every rank raise, the previous checkpoint
+        intact."""
         mine = {name: part.state_dict() for name, part in self.per_rank.items()}
-        world = D.world_size()
-        if world > 1:
-            ranks = [None] * world if D.is_main_process() else None
-            dist.gather_object(mine, ranks, dst=0)
-        else:
-            ranks = [mine]
-        if not D.is_main_process():
-            return None
+        world, rank, main = D.world_size(), D.rank(), D.is_main_process()
         state = {"world_size": world, "epoch": epoch, "batch_index": batch_index, "global_step": self.step,
-                 "ranks": ranks, "values": self.values,
-                 **{name: part.state_dict() for name, part in self.shared.items()}}
-        return save_checkpoint(self.directory, self.step, self.weights, state,
-                               {"epoch": epoch, "batch_index": batch_index, **self.meta}, keep_last=self.keep_last)
+                 "values": self.values, **{name: part.state_dict() for name, part in self.shared.items()}} if main else None
+        meta = {"epoch": epoch, "batch_index": batch_index, **self.meta}
+        if world == 1:
+            return save_checkpoint(self.directory, self.step, self.weights, state, meta, keep_last=self.keep_last,
+                                   ranks={0: mine})
+        with contextlib.ExitStack() as stack:
+            staging = None
+            if main:
+                try:
+                    staging = stack.enter_context(checkpoint_staging(self.directory, self.step, self.keep_last))
+                finally:  # (also when it failed: the other ranks wait for where to write)
+                    D.broadcast_object(None if staging is None else str(staging), 0)
+            else:
+                staging = D.broadcast_object(None, 0)
+                if staging is None:
+                    raise FalconError(f"checkpoint {self.step}: rank 0 could not open it in {self.directory}; the "
+                                      "previous checkpoint is intact")
+            problem = None
+            try:
+                save_rank_state(Path(staging), rank, mine, world=world, step=self.step)
+                del mine
+                if main:
+                    write_checkpoint(Path(staging), self.step, self.weights, state, meta)
+            except Exception as exc:  # (a full disk, a lost mount: every rank must hear of it)
+                problem = str(exc) or type(exc).__name__
+            failed = [(r, p) for r, p in enumerate(D.gather_objects(problem)) if p is not None]
+            if failed:  # (rank 0 leaves the staging block with it: the half-written checkpoint goes)
+                r, why = failed[0]
+                raise FalconError(f"checkpoint {self.step}: rank {r} could not write its part ({why}); the previous "
+                                  "checkpoint is intact")
+        return checkpoint_path(self.directory, self.step) if main else None
 
 
 __all__ = ["Generators", "GlobalRng", "TrainState", "refuse_training_over"]

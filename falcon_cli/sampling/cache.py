@@ -21,14 +21,13 @@ Typical use inside the training loop::
             cache.update(batch.pair_ids, out.image_feat, out.text_feat)
         cache.save(run / f"embeddings/epoch_{epoch}.h5", attrs)         # optional, rank 0
 
-**DDP.** The cache is global (every rank holds all ``N`` rows) because
-:func:`~falcon_cli.sampling.composers.shard_pair_ids` re-deals the pairs to ranks every
-epoch, so a rank composes from pairs other ranks trained. The caller therefore
-all-gathers ``pair_ids``, ``image_feat`` and ``text_feat`` across ranks (e.g. with
-:func:`falcon_cli.runtime.distributed.all_gather_cat`; batches have equal sizes on every
-rank) and passes the gathered tensors to :meth:`update` on every rank. (GRIT-VLP's code
-does not gather: each rank groups only what it saw itself, and its partition freezes
-after epoch 0.)
+**DDP.** :func:`~falcon_cli.sampling.composers.shard_pair_ids` re-deals the pairs to ranks every epoch, so a
+rank composes from pairs other ranks trained: the caller all-gathers ``pair_ids``, ``image_feat`` and
+``text_feat`` across ranks (e.g. with :func:`falcon_cli.runtime.distributed.all_gather_cat`; batches have equal
+sizes on every rank) and every rank stores them. A rank keeps only the rows of its own shards, this epoch's and
+the next one's: :class:`~falcon_cli.sampling.sharded_cache.ShardedCache` holds two caches of about ``N / world``
+rows (one process: this cache of every pair). (GRIT-VLP's code does not gather: each rank groups only what it
+saw itself, and its partition freezes after epoch 0.)
 """
 
 from __future__ import annotations
@@ -103,6 +102,15 @@ class EmbeddingCache:
         return len(self.pair_ids)
 
     # --- lookup -------------------------------------------------------------------------
+    def lookup(self, pair_ids: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """(row of each id, whether the cache holds it), both on the cache's device; the row of an id it does not
+        hold is meaningless. For a cache that holds some of the pairs (a rank's shard, :mod:`sharded_cache`)."""
+        ids = as_id_tensor(pair_ids, device=self.device)
+        if len(self._sorted_ids) == 0:
+            return torch.zeros_like(ids), torch.zeros(len(ids), dtype=torch.bool, device=self.device)
+        pos = torch.searchsorted(self._sorted_ids, ids).clamp_(max=len(self._sorted_ids) - 1)
+        return self._sorted_rows[pos], self._sorted_ids[pos] == ids
+
     def rows(self, pair_ids: Any) -> torch.Tensor:
         """Row index (int64, on the cache's device) of each id; :class:`FalconError` names an unknown id."""
         ids = as_id_tensor(pair_ids, device=self.device)
@@ -110,12 +118,18 @@ class EmbeddingCache:
             if len(ids):
                 raise FalconError(f"embedding cache: pair id {int(ids[0])} is not in the dataset (the cache is empty)")
             return ids
-        pos = torch.searchsorted(self._sorted_ids, ids).clamp_(max=len(self._sorted_ids) - 1)
-        bad = self._sorted_ids[pos] != ids
+        rows, found = self.lookup(ids)
+        bad = ~found
         if bool(bad.any()):
             raise FalconError(f"embedding cache: pair id {int(ids[bad][0])} is not in the dataset "
                               f"({int(bad.sum())} unknown id(s) of {len(ids)})")
-        return self._sorted_rows[pos]
+        return rows
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the cache holds on its device (features, ids, the id index and the masks)."""
+        return sum(t.numel() * t.element_size() for t in (self.image, self.text, self.pair_ids, self._sorted_ids,
+                                                           self._sorted_rows, self.filled, self.written))
 
     def get(self, pair_ids: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """(image [b, D], text [b, D]) features of ``pair_ids``, in the cache's dtype and device."""
@@ -130,7 +144,11 @@ class EmbeddingCache:
         Under DDP pass the features all-gathered across ranks (see the module docstring).
         If an id occurs twice in one call, one of its rows wins (on CUDA which one is unspecified).
         """
-        rows = self.rows(pair_ids)
+        self.store(self.rows(pair_ids), image_feat, text_feat)
+
+    @torch.no_grad()
+    def store(self, rows: torch.Tensor, image_feat: torch.Tensor, text_feat: torch.Tensor) -> None:
+        """:meth:`update` by row index (from :meth:`rows` or :meth:`lookup`): rows become ``filled`` and ``written``."""
         shape = (len(rows), self.dim)
         if tuple(image_feat.shape) != shape or tuple(text_feat.shape) != shape:
             raise ValueError(f"embedding cache update: expected features of shape {shape}, got image "
@@ -204,10 +222,11 @@ class EmbeddingCache:
             if tuple(state[key].shape) != (len(self), self.dim):
                 raise FalconError(f"embedding cache state: '{key}' has shape {tuple(state[key].shape)}, "
                                   f"expected {(len(self), self.dim)}")
-        self.image.copy_(state["image"].to(self.device, self.dtype))
-        self.text.copy_(state["text"].to(self.device, self.dtype))
-        self.filled.copy_(state["filled"].to(self.device, torch.bool))
-        self.written.copy_(state["written"].to(self.device, torch.bool))
+        # (copy_ moves and casts as it copies: no second device copy of the features, even for a moment)
+        self.image.copy_(state["image"])
+        self.text.copy_(state["text"])
+        self.filled.copy_(state["filled"])
+        self.written.copy_(state["written"])
 
 
 __all__ = ["EmbeddingCache", "as_id_tensor"]

@@ -8,7 +8,9 @@ so a resumed run trains exactly the batches the uninterrupted run would have.
 An epoch with a warm start (epoch 0 with ``pretrain.search_spaces``) takes the built spaces in order
 (under DDP each rank gets a contiguous block of them) and the embeddings that built them; every other
 epoch shuffles the pair ids with the shard generator (identical on every rank, so shards are disjoint)
-and composes from the model's own cache of the previous epoch.
+and composes from the model's own cache of the previous epoch. Under DDP that cache is sharded
+(:class:`~falcon_cli.sampling.sharded_cache.ShardedCache`): each epoch also deals, from a copy of the shard
+generator, the rank's shard of the next epoch, whose rows the cache fills meanwhile.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ import torch
 from torch.utils.data import DataLoader
 
 from falcon_cli.sampling.batch_log import BatchLog
-from falcon_cli.sampling.cache import EmbeddingCache
 from falcon_cli.sampling.composers import (Batch, BatchComposer, GritComposer, UniformComposer, batches_from_state,
                                           batches_state, shard_pair_ids)
 from falcon_cli.sampling.feed import FalconFeed, loader_settings
@@ -28,6 +29,7 @@ from falcon_cli.sampling.oracle_view import composition_summary
 from falcon_cli.sampling.quantile import QSource, QuantileSpaces
 from falcon_cli.sampling.quantile_composer import QUANTILE_COMPOSERS, QuantileComposer
 from falcon_cli.sampling.scheduler import level_grid
+from falcon_cli.sampling.sharded_cache import ShardedCache
 from falcon_cli.sampling.warm_start import WarmStart
 
 
@@ -54,7 +56,7 @@ class EpochBatches:
 
     Args:
         composer: any :class:`~falcon_cli.sampling.composers.BatchComposer`.
-        cache: the model's embedding cache (the previous epoch's features).
+        cache: the model's embedding cache (the previous epoch's features), this rank's shards of it.
         pair_ids: every pair id of the dataset.
         rank, world: this process and how many train.
         shard_generator: deals the shards (identical state on every rank).
@@ -64,7 +66,7 @@ class EpochBatches:
         max_steps: cap on the batches of an epoch (``max_steps_per_epoch``), or None.
     """
 
-    def __init__(self, composer: BatchComposer, cache: EmbeddingCache, pair_ids: torch.Tensor, *, rank: int, world: int,
+    def __init__(self, composer: BatchComposer, cache: ShardedCache, pair_ids: torch.Tensor, *, rank: int, world: int,
                  shard_generator: torch.Generator, compose_generator: torch.Generator, batch_log: BatchLog,
                  warm: WarmStart | None = None, max_steps: int | None = None):
         self.composer, self.cache, self.pair_ids = composer, cache, pair_ids
@@ -115,7 +117,8 @@ class EpochBatches:
         warm = self.warm_epoch(epoch)
         shard = (shard_pair_ids(self.warm.order, self.rank, self.world, None) if warm
                  else shard_pair_ids(self.pair_ids, self.rank, self.world, self.shard_generator))
-        cache = self.warm.cache if warm else self.cache
+        reading = self.cache.begin(shard, self.next_shard() if self.world > 1 else None)
+        cache = self.warm.cache if warm else reading
         width = self.warm.width if warm else None
         if self.on_demand(epoch):  # the spaces now, each batch when the previous step (and its update) is done
             self.spaces = self.composer.spaces(shard, cache, self.compose_generator, grouped_width=width)
@@ -128,6 +131,14 @@ class EpochBatches:
             self.batch_log.write(epoch)
         self.cache.reset()
         return True
+
+    def next_shard(self) -> torch.Tensor:
+        """This rank's shard of the epoch after the one being begun, dealt from a copy of the shard generator (the
+        generator itself stays where it is, so that epoch deals the same shard from it). A warm epoch deals without
+        the generator, so its successor deals from the generator's state as it is."""
+        peek = torch.Generator()
+        peek.set_state(self.shard_generator.get_state())
+        return shard_pair_ids(self.pair_ids, self.rank, self.world, peek)
 
     def loader(self, dataset, collate, start: int, *, num_workers: int, lag: int, pin_memory: bool,
                seed: int) -> tuple[DataLoader, int]:
@@ -152,10 +163,12 @@ class EpochBatches:
         return self.feed.take(pair_ids)
 
     def end(self) -> None:
-        """The epoch is trained: an on-demand epoch's batch log part is written; nothing of it is kept."""
+        """The epoch is trained: an on-demand epoch's batch log part is written; nothing of it is kept; the cache
+        completes next epoch's rows and lets this epoch's go (every rank calls this: a collective under DDP)."""
         if self.spaces is not None:
             self.batch_log.write(self.epoch)
         self.batches = self.spaces = self.feed = None
+        self.cache.end()
 
     # --- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -173,7 +186,7 @@ class EpochBatches:
         self.spaces, self._ahead = None, state["ahead"]
         if state["spaces"] is not None:
             warm = self.warm_epoch(self.epoch)
-            self.spaces = self.composer.spaces(torch.empty(0, dtype=torch.long), self.warm.cache if warm else self.cache,
+            self.spaces = self.composer.spaces(torch.empty(0, dtype=torch.long), self.warm.cache if warm else self.cache.reading,
                                                None, grouped_width=self.warm.width if warm else None)
             self.spaces.load_state_dict(state["spaces"])
             self.batch_log.load_state_dict(state["batch_log"])

@@ -15,6 +15,12 @@ Both return a :class:`Partition` (space id and position per pair, aligned with t
 The result depends only on the set of (pair id, embedding) rows and the seed, never on the
 row order of the input: every function first puts the rows in ascending pair-id order.
 
+The k-means spaces and the summary also read the embeddings by row (the ``*_of`` functions): from
+an ``embeddings.h5`` opened with :func:`~falcon_cli.artifacts.embeddings.open_embeddings`, a 14M-pair
+build holds the training sample and the candidate lists, never an N x D array. They read it in
+pair-id order, as ``falcon embed`` writes it; a file in another order is read across for every
+piece of :data:`SEARCH_ROWS` rows (the same result, more reading).
+
 The joint embedding of a pair is the L2-normalised **sum** of its (unit) image and text
 embeddings, :func:`joint_embedding`. Chosen over the normalised concatenation because the
 dot product of two sums, ``(i_a + t_a)·(i_b + t_b)``, contains the cross-modal terms
@@ -30,10 +36,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence, Union
 
 import numpy as np
 
+from falcon_cli.artifacts.embeddings import Embeddings, EmbeddingsFile
 from falcon_cli.errors import FalconError
 from falcon_cli.runtime.progress import track
 
@@ -42,6 +49,13 @@ if TYPE_CHECKING:  # the oracle is only needed on the shapes world
 
 CHUNK_ROWS = 65536
 """Rows processed at once where a per-row temporary of width D (or k) is needed."""
+
+SEARCH_ROWS = 262144
+"""Rows whose nearest centroids one faiss search finds (k-means' candidate lists are searched in such pieces)."""
+
+EmbeddingRows = Union[Embeddings, EmbeddingsFile]
+"""Embeddings read by row (``n``, ``dim``, ``pair_id``, ``rows(start, stop)``, ``take(ascending rows)``): in
+memory, or an ``embeddings.h5`` read as needed."""
 
 KMEANS_MAX_POINTS_PER_CENTROID = 256
 """k-means trains on at most this many points per centroid (a seeded sample; faiss's default).
@@ -115,6 +129,11 @@ def _check_seed(seed) -> int:
     return int(seed)
 
 
+def _in_memory(image: np.ndarray, text: np.ndarray) -> Embeddings:
+    """Arrays as :data:`EmbeddingRows` (for the functions that take either; no pair ids needed)."""
+    return Embeddings(image, text, np.empty(0, dtype=np.int64), {})
+
+
 def _check_embeddings(image: np.ndarray, text: np.ndarray, n: int | None = None) -> None:
     if image.ndim != 2 or image.shape != text.shape:
         raise FalconError(f"image {image.shape} and text {text.shape} embeddings must both be [N, D]")
@@ -155,14 +174,23 @@ def joint_embedding(image: np.ndarray, text: np.ndarray, rows: np.ndarray | None
     """
     _check_embeddings(image, text)
     rows = np.arange(image.shape[0]) if rows is None else np.asarray(rows)
-    out = np.empty((rows.size, image.shape[1]), dtype=np.float32)
+    return joint_rows(_in_memory(image, text), rows)
+
+
+def joint_rows(embeddings: EmbeddingRows, rows: np.ndarray) -> np.ndarray:
+    """``float32[len(rows), D]``: :func:`joint_embedding` of the pairs at ``rows`` (any order) of ``embeddings``,
+    read in ascending chunks of :data:`CHUNK_ROWS` rows. Each row's value depends on that row alone."""
+    rows = np.asarray(rows, dtype=np.int64)
+    order = np.argsort(rows, kind="stable")
+    out = np.empty((rows.size, embeddings.dim), dtype=np.float32)
     for start in range(0, rows.size, CHUNK_ROWS):
-        chunk = rows[start:start + CHUNK_ROWS]
-        joint = image[chunk].astype(np.float32) + text[chunk].astype(np.float32)
+        pick = order[start:start + CHUNK_ROWS]
+        image, text = embeddings.take(rows[pick])
+        joint = image.astype(np.float32) + text.astype(np.float32)
         if not np.isfinite(joint).all():
             raise FalconError("embeddings contain NaN or infinite values")
         norms = np.linalg.norm(joint, axis=1, keepdims=True)
-        out[start:start + chunk.size] = np.divide(joint, norms, out=np.zeros_like(joint), where=norms > 1e-12)
+        out[pick] = np.divide(joint, norms, out=np.zeros_like(joint), where=norms > 1e-12)
     return out
 
 
@@ -185,6 +213,23 @@ def spherical_kmeans(points: np.ndarray, k: int, seed: int, iterations: int = 20
     return np.ascontiguousarray(kmeans.centroids, dtype=np.float32)
 
 
+def kmeans_sample(n: int, k: int, seed: int) -> np.ndarray:
+    """``int64[m]``: which of ``n`` points faiss's k-means with ``k`` centroids and ``seed`` trains on, in its order.
+
+    All ``n`` when ``n <= k`` × :data:`KMEANS_MAX_POINTS_PER_CENTROID`; otherwise the first k × that of faiss's own
+    seeded permutation (``faiss.rand_perm``, as its ``Clustering`` subsamples). :func:`spherical_kmeans` of these
+    points alone gives the centroids it gives for all ``n``, so only the sample needs a joint embedding.
+    """
+    import faiss
+
+    limit = k * KMEANS_MAX_POINTS_PER_CENTROID
+    if n <= limit:
+        return np.arange(n, dtype=np.int64)
+    perm = np.empty(n, dtype=np.int32)  # faiss's permutation is of C ints
+    faiss.rand_perm(faiss.swig_ptr(perm), n, int(seed) % 2**31)  # the seed spherical_kmeans gives faiss
+    return perm[:limit].astype(np.int64)
+
+
 def _nearest(points: np.ndarray, centroids: np.ndarray, among: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-``width`` centroids of ``among`` by inner product for each point: (scores, centroid ids), best first.
 
@@ -205,8 +250,40 @@ def _nearest(points: np.ndarray, centroids: np.ndarray, among: np.ndarray, width
     return scores, ids.astype(np.int64)
 
 
-def balanced_assignment(points: np.ndarray, centroids: np.ndarray, capacity, candidates: int = 8,
-                        nearest: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+def _search_pieces(n: int) -> list[tuple[int, int]]:
+    """``(start, stop)`` pieces of ``0..n`` whose searches give exactly the scores of one search of all ``n``.
+
+    faiss searches ``distance_compute_blas_threshold`` queries or more with BLAS, in blocks of
+    ``distance_compute_blas_query_bs`` rows, and fewer one query at a time (other rounding). So a piece starts
+    at a multiple of the block and has at least the threshold of rows (a short tail joins the piece before),
+    or is all ``n``: every BLAS block holds the rows it would hold in one search."""
+    import faiss
+
+    threshold, block = int(faiss.cvar.distance_compute_blas_threshold), int(faiss.cvar.distance_compute_blas_query_bs)
+    if n < threshold:
+        return [(0, n)]
+    size = -(-max(SEARCH_ROWS, threshold) // block) * block
+    pieces = [(start, min(start + size, n)) for start in range(0, n, size)]
+    if len(pieces) > 1 and pieces[-1][1] - pieces[-1][0] < threshold:
+        pieces[-2:] = [(pieces[-2][0], n)]
+    return pieces
+
+
+def nearest_centroids(points: Callable[[np.ndarray], np.ndarray], n: int, centroids: np.ndarray,
+                      width: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``width`` nearest centroids of ``n`` points by inner product, (scores ``float32[n, width]``, ids
+    ``int64[n, width]``), best first; ``points(rows)`` gives the points at ``rows``. Searched in pieces
+    (:func:`_search_pieces`, :data:`SEARCH_ROWS` rows): memory is one piece, and the result is one search's."""
+    score = np.empty((n, width), dtype=np.float32)
+    cand = np.empty((n, width), dtype=np.int64)
+    among = np.arange(centroids.shape[0])
+    for start, stop in _search_pieces(n):
+        score[start:stop], cand[start:stop] = _nearest(points(np.arange(start, stop)), centroids, among, width)
+    return score, cand
+
+
+def balanced_assignment(points: np.ndarray | Callable[[np.ndarray], np.ndarray], centroids: np.ndarray, capacity,
+                        candidates: int = 8, nearest: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """``int64[N]``: a centroid for each point such that centroid c receives exactly ``capacity[c]`` points.
 
     Greedy in rounds (``sum(capacity)`` must equal N). In each round every unassigned point
@@ -220,27 +297,38 @@ def balanced_assignment(points: np.ndarray, centroids: np.ndarray, capacity, can
     N x k matrix); a point whose candidates are all full gets the nearest still-open ones
     (another search over the open centroids only). Because capacities only shrink, this
     gives exactly the result of ranking every centroid for every point. ``nearest`` may pass
-    that first search in: (scores, centroid ids), ``[N, w]`` each, best first, over all centroids.
+    that first search in: (scores, centroid ids), ``[N, w]`` each, best first, over all centroids;
+    its rows are refilled in place (no second copy of N x w candidates).
+
+    ``points``: ``float32[N, D]``, or a function giving the points at given rows (then ``nearest`` is
+    required): only the rows refilled are asked for, so N x D never needs to be in memory.
     """
-    points = np.ascontiguousarray(points, dtype=np.float32)
     centroids = np.ascontiguousarray(centroids, dtype=np.float32)
-    n, k = points.shape[0], centroids.shape[0]
+    k = centroids.shape[0]
+    if callable(points):
+        if nearest is None:
+            raise ValueError("balanced_assignment: points given as a function need their nearest centroids")
+        n, points_at = len(nearest[1]), points
+    else:
+        points = np.ascontiguousarray(points, dtype=np.float32)
+        n, points_at = points.shape[0], points.__getitem__
     remaining = np.asarray(capacity, dtype=np.int64).copy()
     if remaining.shape != (k,) or (remaining < 0).any() or remaining.sum() != n:
         raise FalconError(f"capacities must be {k} non-negative counts summing to the {n} points, got sum {remaining.sum()}")
     if nearest is None:
         score, cand = _nearest(points, centroids, np.flatnonzero(remaining > 0), max(1, min(int(candidates), k)))
     else:
-        score, cand = np.array(nearest[0], dtype=np.float32), np.array(nearest[1], dtype=np.int64)  # copies: refills write rows
+        score, cand = np.asarray(nearest[0], dtype=np.float32), np.asarray(nearest[1], dtype=np.int64)
     width = cand.shape[1]
     assign = np.full(n, -1, dtype=np.int64)
     pending = np.arange(n, dtype=np.int64)
     while pending.size:
-        is_open = remaining[cand[pending]] > 0
+        # (the first round asks about every point: no N x w copy of the candidates for it)
+        is_open = (remaining > 0)[cand if pending.size == n else cand[pending]]
         exhausted = ~is_open.any(axis=1)
         if exhausted.any():  # every candidate of these points is full: fetch the nearest open centroids
             rows = pending[exhausted]
-            score[rows], cand[rows] = _nearest(points[rows], centroids, np.flatnonzero(remaining > 0), width)
+            score[rows], cand[rows] = _nearest(points_at(rows), centroids, np.flatnonzero(remaining > 0), width)
             is_open[exhausted] = remaining[cand[rows]] > 0
         column = is_open.argmax(axis=1)
         choice, similarity = cand[pending, column], score[pending, column]
@@ -257,7 +345,16 @@ def balanced_assignment(points: np.ndarray, centroids: np.ndarray, capacity, can
 
 def kmeans_partition(image: np.ndarray, text: np.ndarray, pair_ids, size: int, seed: int, *,
                      iterations: int = 20, candidates: int = 8) -> Partition:
-    """Semantic search spaces: balanced spherical k-means on the joint embedding.
+    """Semantic search spaces of embeddings in memory: :func:`kmeans_partition_of` of ``image`` and ``text``
+    (``[N, D]``, row i the pair ``pair_ids[i]``)."""
+    ids = check_partition_inputs(pair_ids, size)
+    _check_embeddings(image, text, ids.size)
+    return kmeans_partition_of(Embeddings(image, text, ids, {}), size, seed, iterations=iterations, candidates=candidates)
+
+
+def kmeans_partition_of(embeddings: EmbeddingRows, size: int, seed: int, *, iterations: int = 20,
+                        candidates: int = 8) -> Partition:
+    """Semantic search spaces: balanced spherical k-means on the joint embedding of ``embeddings``' pairs.
 
     1. Joint embedding (:func:`joint_embedding`) of each pair, rows in ascending pair-id order.
     2. ``k = ceil(N / size)`` centroids by :func:`spherical_kmeans` (``iterations``, ``seed``).
@@ -268,20 +365,30 @@ def kmeans_partition(image: np.ndarray, text: np.ndarray, pair_ids, size: int, s
        last (so, as with :func:`random_partition`, only the last space may be smaller).
        ``position`` orders a space by cosine similarity to its centroid, most similar first
        (ties: lower pair id).
+
+    Memory: the joint embedding is computed only where it is used, from rows read as needed: for the
+    training sample (:func:`kmeans_sample`, at most 256 k points), for each piece of the candidate search
+    (:func:`nearest_centroids`), for the points whose candidates all fill up, and for each chunk of the
+    similarities of step 4. What stays is the sample and the candidate lists (N x ``candidates`` x 12 B);
+    ``embeddings`` is read about three times, plus the rows refilled. The result is that of one joint embedding
+    of every pair, bit for bit (the candidate search's pieces keep faiss's BLAS blocks: :func:`_search_pieces`).
     """
-    ids = check_partition_inputs(pair_ids, size)
-    _check_embeddings(image, text, ids.size)
+    ids = check_partition_inputs(embeddings.pair_id, size)
     seed = _check_seed(seed)
     n = ids.size
     canonical = np.argsort(ids, kind="stable")
-    points = joint_embedding(image, text, canonical)
+
+    def points(at: np.ndarray) -> np.ndarray:  # joint embeddings of the pairs at places `at` of the pair-id order
+        return joint_rows(embeddings, canonical[at])
+
     k = math.ceil(n / size)
-    centroids = spherical_kmeans(points, k, seed, iterations)
-    nearest = _nearest(points, centroids, np.arange(k), max(1, min(int(candidates), k)))
+    centroids = spherical_kmeans(points(kmeans_sample(n, k, seed)), k, seed, iterations)
+    nearest = nearest_centroids(points, n, centroids, max(1, min(int(candidates), k)))
     remainder_centroid = int(np.argmin(np.bincount(nearest[1][:, 0], minlength=k)))
     capacity = np.full(k, size, dtype=np.int64)
     capacity[remainder_centroid] = n - (k - 1) * size
     assign = balanced_assignment(points, centroids, capacity, nearest=nearest)
+    del nearest
 
     space_of_centroid = np.empty(k, dtype=np.int64)
     others = np.flatnonzero(np.arange(k) != remainder_centroid)
@@ -289,9 +396,9 @@ def kmeans_partition(image: np.ndarray, text: np.ndarray, pair_ids, size: int, s
     space_of_centroid[remainder_centroid] = k - 1
     space = space_of_centroid[assign]
     similarity = np.empty(n, dtype=np.float32)
-    for start in range(0, n, CHUNK_ROWS):
-        stop = start + CHUNK_ROWS
-        similarity[start:stop] = np.einsum("nd,nd->n", points[start:stop], centroids[assign[start:stop]])
+    for start in range(0, n, SEARCH_ROWS):  # (each row's product is its own: any pieces give the same values)
+        stop = min(start + SEARCH_ROWS, n)
+        similarity[start:stop] = np.einsum("nd,nd->n", points(np.arange(start, stop)), centroids[assign[start:stop]])
     order = np.lexsort((ids[canonical], -similarity, space))
     position = np.empty(n, dtype=np.int64)
     position[order] = np.arange(n) - np.searchsorted(space[order], space[order], side="left")
@@ -305,14 +412,39 @@ def kmeans_partition(image: np.ndarray, text: np.ndarray, pair_ids, size: int, s
 
 # --- what a partition is like -----------------------------------------------------------------
 
-def space_sums(space_id: np.ndarray, values: np.ndarray, num_spaces: int) -> np.ndarray:
-    """``float64[num_spaces, D]``: the sum of the ``values`` rows of each space (one vectorised sum per space)."""
+def _add_by_space(sums: np.ndarray, space_id: np.ndarray, values: np.ndarray) -> None:
+    """``sums[s] += `` the sum (float64) of the ``values`` rows whose ``space_id`` is ``s``."""
     order = np.argsort(space_id, kind="stable")
-    bounds = np.flatnonzero(np.diff(space_id[order])) + 1
-    sums = np.zeros((num_spaces, values.shape[1]), dtype=np.float64)
-    for rows in np.split(order, bounds):
-        sums[space_id[rows[0]]] = values[rows].sum(axis=0, dtype=np.float64)
-    return sums
+    ordered = space_id[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    sums[ordered[starts]] += np.add.reduceat(values[order], starts, axis=0, dtype=np.float64)
+
+
+def _space_cosines(space_ids: Sequence[np.ndarray], embeddings: EmbeddingRows) -> list[dict[str, float | None]]:
+    """:func:`within_space_cosines` of each of ``space_ids`` (aligned with ``embeddings``' rows), all from one
+    pass over the rows in chunks of :data:`CHUNK_ROWS`: memory is the per-space sums, k x D each."""
+    sizes = [np.bincount(space, minlength=int(space.max()) + 1).astype(np.float64) for space in space_ids]
+    sums = [{name: np.zeros((len(size), embeddings.dim)) for name in ("joint", "image", "text")} for size in sizes]
+    self_joint = self_i2t = 0.0  # sum over pairs of |u_a|^2 and of i_a.t_a
+    for start in range(0, embeddings.n, CHUNK_ROWS):
+        stop = min(start + CHUNK_ROWS, embeddings.n)
+        image, text = embeddings.rows(start, stop)
+        joint = joint_rows(_in_memory(image, text), np.arange(stop - start))  # (from the rows just read)
+        self_joint += _row_dots(joint, joint)
+        self_i2t += _row_dots(image, text)
+        for space, totals in zip(space_ids, sums):
+            for name, values in (("joint", joint), ("image", image), ("text", text)):
+                _add_by_space(totals[name], space[start:stop], values)
+    out = []
+    for size, totals in zip(sizes, sums):
+        ordered_pairs = float((size * (size - 1)).sum())
+        if ordered_pairs == 0:
+            out.append({"joint": None, "i2t": None})
+            continue
+        joint_total = float(np.einsum("kd,kd->", totals["joint"], totals["joint"])) - self_joint
+        i2t_total = float(np.einsum("kd,kd->", totals["image"], totals["text"])) - self_i2t
+        out.append({"joint": joint_total / ordered_pairs, "i2t": i2t_total / ordered_pairs})
+    return out
 
 
 def _row_dots(a: np.ndarray, b: np.ndarray) -> float:
@@ -325,8 +457,7 @@ def _row_dots(a: np.ndarray, b: np.ndarray) -> float:
     return total
 
 
-def within_space_cosines(space_id: np.ndarray, image: np.ndarray, text: np.ndarray,
-                         joint: np.ndarray | None = None) -> dict[str, float | None]:
+def within_space_cosines(space_id: np.ndarray, image: np.ndarray, text: np.ndarray) -> dict[str, float | None]:
     """Mean cosine similarity over all pairs (a, b), a != b, that share a space, computed exactly.
 
     - ``joint``: between joint embeddings (how alike two pairs of a space are);
@@ -337,41 +468,38 @@ def within_space_cosines(space_id: np.ndarray, image: np.ndarray, text: np.ndarr
     Pooled over spaces (every within-space pair weighs the same). None when no space has
     two pairs.
     """
-    joint = joint_embedding(image, text) if joint is None else joint
-    k = int(space_id.max()) + 1
-    sizes = np.bincount(space_id, minlength=k).astype(np.float64)
-    ordered_pairs = float((sizes * (sizes - 1)).sum())
-    if ordered_pairs == 0:
-        return {"joint": None, "i2t": None}
-    joint_sums = space_sums(space_id, joint, k)
-    i2t_sums = float(np.einsum("kd,kd->", space_sums(space_id, image, k), space_sums(space_id, text, k)))
-    joint_total = float(np.einsum("kd,kd->", joint_sums, joint_sums)) - _row_dots(joint, joint)
-    i2t_total = i2t_sums - _row_dots(image, text)
-    return {"joint": joint_total / ordered_pairs, "i2t": i2t_total / ordered_pairs}
+    _check_embeddings(image, text)
+    return _space_cosines([np.asarray(space_id)], _in_memory(image, text))[0]
 
 
 def partition_summary(partitions: Mapping[str, Partition], image: np.ndarray, text: np.ndarray) -> dict[str, dict]:
+    """:func:`partition_summary_of` embeddings in memory (``image`` / ``text`` rows aligned with the partitions' pairs)."""
+    _check_embeddings(image, text)
+    return partition_summary_of(partitions, _in_memory(image, text))
+
+
+def partition_summary_of(partitions: Mapping[str, Partition], embeddings: EmbeddingRows) -> dict[str, dict]:
     """Per named partition: ``spaces``, ``size_min`` / ``size_mean`` / ``size_max`` and the mean
     within-space cosines ``mean_cosine_joint`` and ``mean_cosine_i2t`` (:func:`within_space_cosines`).
 
-    ``image`` / ``text`` rows align with the partitions' pairs. A random partition's cosines
-    are about the dataset average; k-means spaces should score clearly higher.
+    ``embeddings``' rows align with the partitions' pairs; they are read once, in chunks, for all the
+    partitions together. A random partition's cosines are about the dataset average; k-means spaces
+    should score clearly higher.
     """
-    _check_embeddings(image, text)
-    joint = joint_embedding(image, text)
-    out = {}
     for name, partition in partitions.items():
-        if partition.space_id.shape != (image.shape[0],):
-            raise FalconError(f"partition '{name}' has {partition.space_id.size} pairs, the embeddings {image.shape[0]}")
+        if partition.space_id.shape != (embeddings.n,):
+            raise FalconError(f"partition '{name}' has {partition.space_id.size} pairs, the embeddings {embeddings.n}")
+    cosines = _space_cosines([p.space_id for p in partitions.values()], embeddings)
+    out = {}
+    for (name, partition), cosine in zip(partitions.items(), cosines):
         sizes = partition.sizes()
-        cosines = within_space_cosines(partition.space_id, image, text, joint)
         out[name] = {
             "spaces": int(sizes.size),
             "size_min": int(sizes.min()),
             "size_mean": round(float(sizes.mean()), 2),
             "size_max": int(sizes.max()),
-            "mean_cosine_joint": None if cosines["joint"] is None else round(cosines["joint"], 4),
-            "mean_cosine_i2t": None if cosines["i2t"] is None else round(cosines["i2t"], 4),
+            "mean_cosine_joint": None if cosine["joint"] is None else round(cosine["joint"], 4),
+            "mean_cosine_i2t": None if cosine["i2t"] is None else round(cosine["i2t"], 4),
         }
     return out
 
@@ -403,6 +531,7 @@ def false_negatives_in_spaces(partition: Partition, image_ids, caption_ids, orac
     }
 
 
-__all__ = ["Partition", "random_partition", "kmeans_partition", "balanced_assignment", "joint_embedding",
-           "spherical_kmeans", "check_partition_inputs", "space_sums", "within_space_cosines", "partition_summary",
+__all__ = ["Partition", "EmbeddingRows", "random_partition", "kmeans_partition", "kmeans_partition_of",
+           "balanced_assignment", "nearest_centroids", "joint_embedding", "joint_rows", "spherical_kmeans", "kmeans_sample",
+           "check_partition_inputs", "within_space_cosines", "partition_summary", "partition_summary_of",
            "false_negatives_in_spaces"]
