@@ -13,7 +13,8 @@ so the peak RSS reported (``ru_maxrss``) is that piece's alone:
 * ``cache_read``: the same file read back and validated (:func:`~falcon_cli.artifacts.embeddings.read_embeddings`,
   the whole arrays in memory).
 * ``cache_memory``: the training loop's in-memory :class:`~falcon_cli.sampling.cache.EmbeddingCache` of every
-  pair, filled batch-wise through ``update`` (8,192 rows a call).
+  pair, filled batch-wise through ``update`` (8,192 rows a call): a single process's cache (every rank's before
+  issue 61).
 * ``spaces_random``: ``random_partition`` and ``search_spaces.parquet`` written (``SEARCH_SPACES``): bytes on disk.
 * ``spaces_kmeans``: ``kmeans_partition`` (faiss; the synthetic topic data of ``kmeans_partition.py``), only up to
   ``--kmeans-max-pairs`` (its cost grows about as N², k = N / |M| centroids): larger N are extrapolated. The
@@ -34,8 +35,7 @@ so the peak RSS reported (``ru_maxrss``) is that piece's alone:
   ``falcon_compose.py`` does: :class:`~falcon_cli.sampling.quantile.QuantileSpaces` (|M| ``--space``, B ``--batch``,
   m = 100) and ``compose_all`` with a freshly initialised :class:`~falcon_cli.sampling.policy.SchedulerPolicy`
   (instance level). The rank's share is :func:`~falcon_cli.sampling.composers.shard_pair_ids` (rank 0 of
-  ``world``); its cache holds only the share's pairs (falcon's DDP cache holds all N on every rank: add the
-  ``cache_memory`` row for that).
+  ``world``); its cache holds only the share's pairs (the rank's training cache is the ``cache_shard`` row).
 
 A piece whose predicted peak exceeds ``--max-gb`` or what the machine has available less ``--keep-free-gb``, or
 whose file would not fit the disk, is not run: its row says ``skipped`` and why. Rows ``extrapolated`` come
@@ -160,7 +160,7 @@ def run_piece(args: argparse.Namespace) -> dict:
                          pool[torch.randint(len(pool), (len(chunk),), generator=g)])
         tensors = (cache.image, cache.text, cache.pair_ids, cache._sorted_ids, cache._sorted_rows, cache.filled, cache.written)
         result.update(seconds=time.perf_counter() - tick, data_gib=sum(t.nbytes for t in tensors) / GIB,
-                      note="EmbeddingCache of all N pairs filled by update() in 8,192-row calls (one per rank under DDP)")
+                      note="EmbeddingCache of all N pairs filled by update() in 8,192-row calls (a single process's)")
     elif piece == "cache_shard":
         import torch
         from falcon_cli.sampling.composers import shard_pair_ids
