@@ -58,15 +58,22 @@ _STORAGE_TEXT = {"no space left on device": errno.ENOSPC, "os error 28": errno.E
 """How libraries that do not raise ``OSError`` (safetensors, torch.save, h5py) word the same failures."""
 
 
-def storage_error(exc: BaseException, path: object = None) -> FalconError | None:
-    """The one-line error for a write that failed for want of space or permission (anywhere in
-    ``exc``'s chain of causes), naming ``path`` (else the file the OS named); None for anything else."""
+def causes(exc: BaseException):
+    """``exc`` and every exception in its chain of causes and contexts, each once."""
     seen, todo = set(), [exc]
     while todo:
         err = todo.pop()
         if err is None or id(err) in seen:
             continue
         seen.add(id(err))
+        yield err
+        todo += [err.__cause__, err.__context__]
+
+
+def storage_error(exc: BaseException, path: object = None) -> FalconError | None:
+    """The one-line error for a write that failed for want of space or permission (anywhere in
+    ``exc``'s chain of causes), naming ``path`` (else the file the OS named); None for anything else."""
+    for err in causes(exc):
         code = err.errno if isinstance(err, OSError) and err.errno in _STORAGE else next(
             (c for text, c in _STORAGE_TEXT.items() if text in str(err).lower()), None)
         if code is not None:
@@ -75,5 +82,4 @@ def storage_error(exc: BaseException, path: object = None) -> FalconError | None
             problem = FalconError(f"{where}: {what}; {advice}")
             problem.storage = err  # (an outer writer re-words it with its own target)
             return problem
-        todo += [err.__cause__, err.__context__]
     return None

@@ -288,21 +288,30 @@ def test_a_store_that_is_gone_names_the_rendezvous_host(monkeypatch):
                                    "job's store, which its torchrun agent holds, is gone")
 
 
+
+def watch_until_exit(monkeypatch, j, limit_s: float) -> list[int]:
+    """Run the watchdog of job ``j`` in its thread until it ends the process (``os._exit`` recorded, not called) or
+    ``limit_s`` passes; the exit statuses it asked for."""
+    from falcon_cli.runtime import distributed as D
+
+    ended = []
+    monkeypatch.setattr(D.os, "_exit", lambda code: (ended.append(code), j.stop.set()))  # (ends the thread)
+    start = time.monotonic()
+    D.threading.Thread(target=D._watch, args=(j,), daemon=True).start()
+    while not ended and time.monotonic() - start < limit_s:
+        time.sleep(0.05)
+    j.stop.set()
+    return ended
+
 def test_the_watchdog_ends_a_stuck_rank_with_the_published_line(monkeypatch, capsys):
     """Another rank published its error and this rank's main thread never surfaces it (stuck in a collective that does
     not fail): the watchdog prints the line and ends the process after its grace."""
     from falcon_cli.runtime import distributed as D
 
-    ended = []
     j = job(monkeypatch, timeout_s=2.0)
-    monkeypatch.setattr(D.os, "_exit", lambda code: (ended.append(code), j.stop.set()))  # (ends the thread)
     D._publish(j.store(), {"line": "rank 1's line", "kind": "FalconError", "code": 2, "rank": 1})
     start = time.monotonic()
-    thread = D.threading.Thread(target=D._watch, args=(j,), daemon=True)
-    thread.start()
-    while not ended and time.monotonic() - start < 30:
-        time.sleep(0.05)
-    j.stop.set()
+    ended = watch_until_exit(monkeypatch, j, 30)
     assert ended == [2] and j.exit_grace <= time.monotonic() - start < j.exit_grace + 10
     assert "error: rank 1's line" in capsys.readouterr().err
 
@@ -312,15 +321,8 @@ def test_the_watchdog_takes_a_silent_heartbeat_for_a_lost_rank(monkeypatch, caps
     watchdog publishes the lost rank's line (for every rank) and ends the process with it."""
     from falcon_cli.runtime import distributed as D
 
-    ended = []
     j = job(monkeypatch, timeout_s=2.0)
-    monkeypatch.setattr(D.os, "_exit", lambda code: (ended.append(code), j.stop.set()))  # (ends the thread)
-    start = time.monotonic()
-    thread = D.threading.Thread(target=D._watch, args=(j,), daemon=True)
-    thread.start()
-    while not ended and time.monotonic() - start < 60:
-        time.sleep(0.05)
-    j.stop.set()
+    ended = watch_until_exit(monkeypatch, j, 60)
     assert ended == [2], "ended"
     line = D._published(j.store())["line"]
     assert line.startswith("lost node 0 (gpu-0, rank 1) before the first stage: it stopped answering (no heartbeat for")

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from rich.markup import escape
 
-from falcon_cli.errors import FalconError, Preempted, Refused
+from falcon_cli.errors import FalconError, Preempted, Refused, causes
 from falcon_cli.runtime.console import make_console
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -510,17 +510,8 @@ def _is_backend_error(exc: BaseException) -> bool:
     """A failed collective or store operation (anywhere in ``exc``'s chain of causes)."""
     import torch.distributed as dist
 
-    seen, todo = set(), [exc]
-    while todo:
-        err = todo.pop()
-        if err is None or id(err) in seen:
-            continue
-        seen.add(id(err))
-        if isinstance(err, dist.DistError) or (
-                isinstance(err, RuntimeError) and any(word in str(err).lower() for word in _BACKEND_WORDS)):
-            return True
-        todo += [err.__cause__, err.__context__]
-    return False
+    return any(isinstance(err, dist.DistError) or (
+        isinstance(err, RuntimeError) and any(word in str(err).lower() for word in _BACKEND_WORDS)) for err in causes(exc))
 
 
 def _explain(job: _Job) -> FalconError:
