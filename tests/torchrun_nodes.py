@@ -46,16 +46,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_nodes(args_per_node: list[list[str]], port: int, torchrun: tuple[str, ...] = ()) -> list[subprocess.Popen]:
+def launch_nodes(args_per_node: list[list[str]], port: int, torchrun: tuple[str, ...] = (),
+                 env: dict[str, str] | None = None) -> list[subprocess.Popen]:
     """One ``torchrun --nnodes 2 --nproc-per-node 1`` per node (``torchrun``: more of its options, e.g.
-    ``--max-restarts``), all meeting at a c10d rendezvous on localhost:port (node ranks assigned by the rendezvous),
-    each in its own session so a node can be killed whole; stdout and stderr together in ``proc.stdout``."""
+    ``--max-restarts``; ``env``: more environment), all meeting at a c10d rendezvous on localhost:port (node ranks
+    assigned by the rendezvous), each in its own session so a node can be killed whole; stdout and stderr together
+    in ``proc.stdout``."""
     procs = []
     for args in args_per_node:
         command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(args_per_node)), "--nproc-per-node",
                    "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}", "--rdzv-id", f"falcon-{port}",
                    *torchrun, *args]
-        procs.append(subprocess.Popen(command, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        procs.append(subprocess.Popen(command, cwd=REPO, env={**ENV, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True, start_new_session=True))
     return procs
 

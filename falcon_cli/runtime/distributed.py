@@ -71,7 +71,23 @@ def init_distributed(device_type: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> 
         dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo", timeout=timedelta(seconds=timeout_s))
         _timeout_s = timeout_s
         _start_watch(timeout_s)
+        warning = restart_store_warning(os.environ)
+        if warning is not None and rank() == 0:
+            make_console(stderr=True).print(f"[yellow]warning:[/] {escape(warning)}")
     return True
+
+
+def restart_store_warning(env) -> str | None:
+    """The line to warn with when torchrun may restart workers (``--max-restarts``) over the store its rendezvous
+    shares with them, None otherwise. torchrun keeps that store across restarts and each agent counts its own
+    restarts, so a restarted worker can read the previous attempt's addresses from it and fail to connect, or with
+    NCCL connect to a stale id (pytorch/pytorch#135712, #167288; it failed this way in tests/test_cluster_faults.py).
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` in torchrun's environment gives every attempt a store of its own."""
+    if int(env.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) <= 0 or env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    return ("torchrun --max-restarts with the rendezvous store shared with the workers: a restarted job can read the "
+            "previous attempt's addresses from it and fail to reconnect (pytorch/pytorch#135712); export "
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 before torchrun (docs/cluster.md)")
 
 
 def barrier() -> None:
