@@ -15,6 +15,10 @@
 #   bash benchmarks/device_call.sh suite 340                  # the whole suite, 15 workers (~6 min on an H100)
 #   bash benchmarks/device_call.sh speed 540 ceiling base-grit base-falcon-reuse-eager compose-ops
 #   bash benchmarks/device_call.sh tests 150 tests/test_pretrain.py::test_kill_and_resume_is_exact
+#   (issue 62, the step captured whole, four calls: benchmarks/README.md, "The step captured whole")
+#   bash benchmarks/device_call.sh speed 560 ceiling base-grit-step base-falcon-reuse-step
+#   bash benchmarks/device_call.sh speed 560 ceiling base-falcon-recompute-step tiny-falcon-step
+#   bash benchmarks/device_call.sh speed 560 ceiling blip2-grit-step siglip-grit-step
 #   bash benchmarks/device_call.sh phase 540 --presets coco-like --only falcon falcon-margin --seeds 1 2 3 4 --jobs 8 --threads 2
 #   (the positive margin with q on the log-rank scale, five paired seeds beside the coco-like ledger's:)
 #   bash benchmarks/device_call.sh phase 560 --presets coco-like --only falcon-margin-top --seeds 0 1 2 3 4 --jobs 5 --threads 3
@@ -42,6 +46,7 @@ case "$what" in suite|speed|tests|phase) ;; *) echo "unknown part '$what': suite
 # it installs into the machine's own Python: never on a development machine
 command -v nvidia-smi > /dev/null || { echo "device_call.sh is for the lent GPU machine (no nvidia-smi here)" >&2; exit 2; }
 export PYTHONUNBUFFERED=1 FALCON_PROGRESS=0 PYTHONPATH=.  # (the benchmarks import each other as a package)
+export PYTHONFAULTHANDLER=1  # (a process that dies in native code, as tiny-falcon-graphs did, still prints its Python stack)
 python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl > "$out/setup.log" 2>&1
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >> "$out/setup.log" 2>&1
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc

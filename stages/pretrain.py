@@ -59,10 +59,11 @@ from falcon_cli.runtime import distributed as D
 from falcon_cli.runtime.checkpoint import latest_checkpoint, rewind_latest
 from falcon_cli.runtime.console import make_console
 from falcon_cli.runtime.finite import NonFiniteGuard
+from falcon_cli.runtime.graph_step import TrainingForward
 from falcon_cli.runtime.loggers import RunLoggers
 from falcon_cli.runtime.metrics import MetricsLog
 from falcon_cli.runtime.optim import build_optimizer, learning_rate, set_learning_rate
-from falcon_cli.runtime.precision import autocast, grad_scaler, pick_device, resolve_precision
+from falcon_cli.runtime.precision import grad_scaler, pick_device, resolve_precision
 from falcon_cli.runtime.preemption import Preemption
 from falcon_cli.runtime.profiling import StepProfiler
 from falcon_cli.runtime.progress import log_epoch, track
@@ -129,7 +130,9 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
     optimizer = build_optimizer(objective, p.lr, p.weight_decay)
     scaler = grad_scaler(precision, device)
     trainer = data_parallel(objective, device) if distributed else objective
-    collate = PretrainCollate(tokenizer, p.max_text_length)
+    # The step's forward, eager or captured whole (`graph_step`: one shape for every step, so captions padded).
+    forward = training_forward(trainer, p, precision, device)
+    collate = PretrainCollate(tokenizer, p.max_text_length, fixed_length=p.graph_step)
     special = dict(vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id,
                    pad_token_id=tokenizer.pad_token_id, cls_token_id=tokenizer.cls_token_id)
 
@@ -201,6 +204,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
         if p.vision_trainable_epochs and epoch >= p.vision_trainable_epochs and model.vision_trainable:
             model.set_image_encoder_trainable(False)  # frozen from here on, as BLIP-2's; DDP wraps what still trains
             trainer = data_parallel(objective, device) if distributed else objective
+            forward = training_forward(trainer, p, precision, device)
         if epochs.begin(epoch):  # composed now (not resumed in the middle of it)
             state.batch_index = 0
             if falcon is not None:
@@ -222,9 +226,8 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
             same_image = excluded(pair_ids) if excluded is not None else None
             if falcon_epoch:  # L(θ_k) from a no-grad pass, where the reward needs one
                 falcon.before(objective, inputs, same_image)
-            with autocast(precision, device):
-                context = StepContext(pair_ids, epoch, state.step, total_steps, same_image)
-                out = trainer(*inputs, alpha_ramp(p.distill_alpha, index, total, epoch), generators["itm"], context)
+            context = StepContext(pair_ids, epoch, state.step, total_steps, same_image)
+            out = forward(inputs, alpha_ramp(p.distill_alpha, index, total, epoch), generators["itm"], context)
             losses = {name: getattr(out, name) for name in framework.losses}  # (itc, itm, and mlm or itg)
             after = state.step + 1  # (reading the non-finite verdict is a host sync: only where the loop syncs anyway)
             update_model(out.loss, losses, epoch, sync=falcon_epoch or after % p.log_every == 0 or index == total - 1
@@ -309,6 +312,12 @@ def run_generators(seed: int, rank: int, device: torch.device) -> Generators:
                       compose=torch.Generator().manual_seed(seed + 1000 + rank),
                       mask=torch.Generator().manual_seed(seed + 2000 + rank),
                       itm=torch.Generator(device=device).manual_seed(seed + 3000 + rank))
+
+
+def training_forward(trainer: torch.nn.Module, p, precision: str, device: torch.device) -> TrainingForward:
+    """The step's forward through ``trainer`` with the pretrain settings ``p``: eager, or captured (``graph_step``)."""
+    return TrainingForward(trainer, precision, device, graph=p.graph_step, sample_itm=p.itm_negatives == "sample",
+                           mode=p.compile_mode, backend=p.graph_backend)
 
 
 def checkpoint_weights(model: torch.nn.Module, objective, false_negatives) -> dict[str, torch.nn.Module]:

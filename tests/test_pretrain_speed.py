@@ -65,6 +65,14 @@ def test_the_report_states_each_target_as_a_ratio_of_one_run():
     text = pretrain_speed.report({"device": "H100", "ceiling_flops": 9e14, "runs": runs})
     assert "FALCON (positive margin + ITM) time per step / GRIT (eager): 1.081 (target ≤ 1.06)" in text
     assert "FALCON (positive margin) time per step" not in text  # (a run not measured: no line)
+    runs["base-grit-step"] = {**runs["base-grit"], "pairs_per_s": 1500.0, "mfu": 0.383}
+    runs["base-falcon-recompute-step"] = {**runs["base-grit"], "pairs_per_s": 1250.0}
+    runs["tiny-falcon-step"] = {**runs["base-grit"], "pairs_per_s": 5200.0}
+    text = pretrain_speed.report({"device": "H100", "ceiling_flops": 9e14, "runs": runs})
+    assert "FALCON (recompute) time per step / GRIT (step captured): 1.200 (target ≤ 1.06)" in text
+    assert "- base-grit-step MFU: 38.3% (target ≥ 35%)" in text
+    assert "shapes-falcon with the step captured: 5,200 pairs/s (target ≥ 5,000)" in text
+    assert "FALCON (reuse) time per step / GRIT (step captured)" not in text
 
 
 def test_the_reward_runs_are_valid_configs_of_the_rewards_they_name():

@@ -409,6 +409,18 @@ class PretrainConfig(Section):
     """``torch.compile`` mode with ``compile: true``: ``reduce-overhead`` replays CUDA graphs (one graph per
     caption length), for steps bound by the host's kernel launches: albef-base GRIT on an H100 ran 1.8x its
     eager step; ``max-autotune`` also searches matrix-product kernels (long first compile)."""
+    graph_step: bool = False
+    """Capture the training step whole (experimental until measured on a GPU; docs/speed.md): the forward, every
+    loss, ITM mining and MLM in one ``torch.compile(fullgraph=True)`` graph, whose backward AOTAutograd compiles with
+    it; on CUDA with ``mode="reduce-overhead"`` (``compile_mode: max-autotune`` keeps its own), so both replay as CUDA
+    graphs. For that the step's shapes never change: captions are padded to ``max_text_length``, MLM weights its
+    masked positions instead of gathering them, and ITM's sampled negatives use uniforms drawn before the step from
+    the run's ITM generator. Not with MAFA (its judge runs on the host in the middle of the step), SRCL (its
+    mixing weight changes with every step) or ``compile`` (this compiles the whole step)."""
+    graph_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
+    """The compiler of ``graph_step``: ``inductor`` (generated kernels, the fast one), or, to debug a graph on
+    any machine, ``aot_eager`` (the same traced forward and backward graphs, run by eager kernels) or ``eager``
+    (Dynamo's capture only)."""
     profile_steps: int = Field(0, ge=0)
     """Profile this many training steps with ``torch.profiler`` from the first step of epoch 1 (step 10 of a
     one-epoch run) and write ``profile/trace.json`` and ``profile/summary.txt`` (0 = off)."""
@@ -483,6 +495,12 @@ class PretrainConfig(Section):
                              "draws none; use it with composer quantile, progressive or falcon")
         if self.mafa.low > self.mafa.high:
             raise ValueError(f"mafa.low ({self.mafa.low}) must not exceed mafa.high ({self.mafa.high})")
+        if self.graph_step and self.false_negatives in ("mafa", "srcl"):
+            raise ValueError(f"graph_step=true cannot capture false_negatives={self.false_negatives}: " + (
+                "MAFA asks its judge, on the host, about pairs mined in the middle of the step" if self.false_negatives == "mafa"
+                else "SRCL's mixing weight changes with every step (a new graph each step)") + "; set graph_step=false")
+        if self.graph_step and self.compile:
+            raise ValueError("graph_step=true compiles the whole step, compile=true the encoders alone: set one of them")
         if self.itc_consistency_weight is None:  # the one place a method's own loss is filled in
             self.itc_consistency_weight = (framework.consistency_weight if self.false_negatives == "none"
                                            else ITC_CONSISTENCY_WEIGHT[self.false_negatives])

@@ -22,22 +22,29 @@ class CaptionTokens:
     worker processes (FALCON's on-demand batches compose and load between steps). Called on a batch's texts it
     gives exactly :func:`tokenize`'s ``(input_ids, attention_mask)``: each caption truncated to ``max_length``
     tokens, padded on the right with the pad id to the batch's longest (a left-padding tokenizer: :func:`tokenize`
-    itself). The memory is one int32 array per distinct caption (COCO's 567K: about 90 MB)."""
+    itself). The memory is one int32 array per distinct caption (COCO's 567K: about 90 MB). ``fixed_length``: every
+    batch padded to ``max_length`` instead (``pretrain.graph_step``: one shape, so one captured graph, for every step)."""
 
-    def __init__(self, tokenizer, max_length: int):
-        self.tokenizer, self.max_length = tokenizer, max_length
+    def __init__(self, tokenizer, max_length: int, *, fixed_length: bool = False):
+        self.tokenizer, self.max_length, self.fixed_length = tokenizer, max_length, fixed_length
         self.ids: dict[str, np.ndarray] = {}
 
     def __call__(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         if getattr(self.tokenizer, "padding_side", "right") != "right":
-            return tokenize(self.tokenizer, texts, self.max_length)
+            input_ids, attention_mask = tokenize(self.tokenizer, texts, self.max_length)
+            if self.fixed_length and input_ids.shape[1] < self.max_length:  # (on the left, as the tokenizer pads)
+                extra = self.max_length - input_ids.shape[1]
+                input_ids = torch.nn.functional.pad(input_ids, (extra, 0), value=self.tokenizer.pad_token_id)
+                attention_mask = torch.nn.functional.pad(attention_mask, (extra, 0), value=0)
+            return input_ids, attention_mask
         missing = [text for text in dict.fromkeys(texts) if text not in self.ids]
         if missing:
             encoded = self.tokenizer(missing, truncation=True, max_length=self.max_length)["input_ids"]
             self.ids.update((text, np.asarray(ids, dtype=np.int32)) for text, ids in zip(missing, encoded))
         rows = [self.ids[text] for text in texts]
         lengths = np.array([len(row) for row in rows], dtype=np.int64)
-        input_ids = np.full((len(rows), int(lengths.max())), self.tokenizer.pad_token_id, dtype=np.int64)
+        width = self.max_length if self.fixed_length else int(lengths.max())
+        input_ids = np.full((len(rows), width), self.tokenizer.pad_token_id, dtype=np.int64)
         for i, row in enumerate(rows):
             input_ids[i, :len(row)] = row
         attention_mask = (np.arange(input_ids.shape[1])[None, :] < lengths[:, None]).astype(np.int64)
@@ -55,11 +62,12 @@ class TextCollate:
 class PretrainCollate(TextCollate):
     """Turn pretraining items into ``{"images", "input_ids", "attention_mask", "pair_ids"}`` (the reference
     truncates captions to 25 tokens). ``images`` is None when the items carry none (preloaded images). Each
-    caption is tokenised once (:class:`CaptionTokens`): the next epochs read its ids."""
+    caption is tokenised once (:class:`CaptionTokens`): the next epochs read its ids. ``fixed_length``: every
+    batch's captions padded to ``max_length`` (``pretrain.graph_step``)."""
 
-    def __init__(self, tokenizer, max_length: int = 25):
+    def __init__(self, tokenizer, max_length: int = 25, *, fixed_length: bool = False):
         super().__init__(tokenizer, max_length)
-        self.captions = CaptionTokens(tokenizer, max_length)
+        self.captions = CaptionTokens(tokenizer, max_length, fixed_length=fixed_length)
 
     def __call__(self, items: Sequence[dict]) -> dict[str, torch.Tensor]:
         input_ids, attention_mask = self.captions([item["caption"] for item in items])

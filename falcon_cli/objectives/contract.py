@@ -34,6 +34,11 @@ class PretrainObjective(nn.Module):
     """The reward part with a value per caption besides ``alignment`` (``mlm``, ``itg`` or ``caption``): the
     default part of :meth:`measure`, and with ``alignment`` the only one ``per_pair`` allows."""
 
+    fixed_shapes: bool = False
+    """Every loss over shapes that the batch's contents do not change (set by ``pretrain.graph_step``, whose
+    captured step cannot hold a data-dependent shape): ALBEF's MLM weights the masked positions instead of
+    gathering them."""
+
     def checkpoint_parts(self) -> dict[str, nn.Module]:
         """State a checkpoint keeps besides the model, as weight files (``{file stem: module}``): none by default;
         ALBEF's momentum encoders and queue under ``itc: momentum``."""

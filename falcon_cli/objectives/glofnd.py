@@ -225,6 +225,8 @@ class GlofndThresholds(nn.Module):
         """Buffer index (int64, on the buffers' device) of each id; ValueError names an unknown id."""
         ids = as_id_tensor(pair_ids, device=self.ids.device)
         pos = torch.searchsorted(self.ids, ids).clamp_(max=len(self.ids) - 1)
+        if torch.compiler.is_compiling():  # (pretrain.graph_step: the checks read the device; ids are the dataset's)
+            return pos
         bad = self.ids[pos] != ids
         if bool(bad.any()):
             raise ValueError(f"GloFND thresholds: pair id {int(ids[bad][0])} is not in the dataset "
@@ -287,7 +289,7 @@ class GlofndThresholds(nn.Module):
         if n < 2:
             raise ValueError(f"a GloFND update needs a batch of at least 2 pairs, got {n}")
         sorted_rows = torch.sort(rows).values
-        dup = sorted_rows[1:][sorted_rows[1:] == sorted_rows[:-1]]
+        dup = sorted_rows[1:][sorted_rows[1:] == sorted_rows[:-1]] if not torch.compiler.is_compiling() else ()
         if len(dup):
             raise ValueError(f"GloFND update: pair id {int(self.ids[dup[0]])} occurs more than once in the batch")
         if cos_i2t.shape != (n, n) or cos_t2i.shape != (n, n):

@@ -222,12 +222,14 @@ class MomentumQueue(nn.Module):
                               "choose queue_size divisible by the batch size and drop the last incomplete batch")
         if self.has_idx and idx is None:
             raise ValueError("this queue keeps ids: pass idx [B] to enqueue")
-        ptr = int(self.ptr)
-        self.image_queue[:, ptr:ptr + b] = image_feat.detach().t().to(self.image_queue.dtype)
-        self.text_queue[:, ptr:ptr + b] = text_feat.detach().t().to(self.text_queue.dtype)
+        # The columns from the pointer on, as an index tensor: the pointer is never read on the host (no sync, and
+        # pretrain.graph_step's captured step holds the write).
+        columns = (self.ptr + torch.arange(b, device=self.ptr.device)) % self.size
+        self.image_queue.index_copy_(1, columns, image_feat.detach().t().to(self.image_queue.dtype))
+        self.text_queue.index_copy_(1, columns, text_feat.detach().t().to(self.text_queue.dtype))
         if self.has_idx:
-            self.idx_queue[0, ptr:ptr + b] = idx.detach().reshape(-1).to(torch.long)
-        self.ptr[0] = (ptr + b) % self.size
+            self.idx_queue.index_copy_(1, columns, idx.detach().reshape(1, -1).to(torch.long))
+        self.ptr.copy_((self.ptr + b) % self.size)
 
 
 @torch.no_grad()

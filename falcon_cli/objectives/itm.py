@@ -74,14 +74,16 @@ def hardest_negatives(sim_i2t: Tensor, sim_t2i: Tensor, *,
 
 
 @torch.no_grad()
-def sample_negatives(sim_i2t: Tensor, sim_t2i: Tensor, generator: torch.Generator | None = None, *,
+def sample_negatives(sim_i2t: Tensor, sim_t2i: Tensor, generator: torch.Generator | Tensor | None = None, *,
                      positive_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """ALBEF's sampled in-batch negatives: one multinomial draw per anchor.
 
     Weights are ``softmax(sim[:, :B]) + 1e-4`` (ALBEF's floor, so every candidate keeps some
     mass even when the softmax underflows) with the diagonal and ``positive_mask`` entries
     set to 0. ``generator`` must live on the device of the similarities; a seeded generator
-    makes the draw reproducible.
+    makes the draw reproducible. A float tensor ``[2, B]`` of uniforms in [0, 1) instead draws each anchor's
+    negative by the inverse of its weights' CDF (the same distribution; ``pretrain.graph_step`` draws the
+    uniforms outside its captured step, which cannot hold a generator).
 
     Returns ``(neg_text_for_image, neg_image_for_text)``, both int64 [B] (same meaning as
     :func:`hardest_negatives`).
@@ -90,9 +92,20 @@ def sample_negatives(sim_i2t: Tensor, sim_t2i: Tensor, generator: torch.Generato
     with fp32_region(s_i2t.device):
         w_i2t = (F.softmax(s_i2t, dim=1) + 1e-4).masked_fill(ex_i2t, 0.0)
         w_t2i = (F.softmax(s_t2i, dim=1) + 1e-4).masked_fill(ex_t2i, 0.0)
+        if isinstance(generator, Tensor):
+            return inverse_cdf_draw(w_i2t, generator[0]), inverse_cdf_draw(w_t2i, generator[1])
         neg_text = torch.multinomial(w_i2t, 1, generator=generator).squeeze(1)
         neg_image = torch.multinomial(w_t2i, 1, generator=generator).squeeze(1)
     return neg_text, neg_image
+
+
+def inverse_cdf_draw(weights: Tensor, uniforms: Tensor) -> Tensor:
+    """One index per row of ``weights`` [B, N] (non-negative, each row with some mass), drawn with probability
+    proportional to the weight by ``uniforms`` [B] in [0, 1): the first index whose cumulative share exceeds it."""
+    cdf = weights.cumsum(1)
+    target = (uniforms.to(cdf.dtype) * cdf[:, -1]).unsqueeze(1)
+    index = torch.searchsorted(cdf, target, right=True).squeeze(1)
+    return index.clamp_(max=weights.shape[1] - 1)
 
 
 class ItmPairs(NamedTuple):
@@ -148,7 +161,7 @@ def itm_loss(logits_pos: Tensor, logits_neg: Tensor, *, neg_labels: Tensor | Non
 
 
 def mined_itm_loss(itc, pair_logits: Callable[[ItmPairs], Tensor], *, sample: bool = False,
-                   generator: torch.Generator | None = None, mining=None, same_image: Tensor | None = None) -> Tensor:
+                   generator: torch.Generator | Tensor | None = None, mining=None, same_image: Tensor | None = None) -> Tensor:
     """ITM on a batch's B positives plus one negative text per image and one negative image per text, mined
     from the ITC similarities ``itc.sim_i2t``/``itc.sim_t2i`` (:func:`hardest_negatives`, or ALBEF's and
     LAVIS's multinomial :func:`sample_negatives` with ``sample``), never a pair of ``same_image`` (bool

@@ -107,7 +107,7 @@ class MlmMask:
         return mask.to(device) if device is not None else mask
 
 
-def mlm_loss(logits: Tensor, labels: Tensor, *, per_sample: bool = False) -> Tensor:
+def mlm_loss(logits: Tensor, labels: Tensor, *, per_sample: bool = False, fixed_shape: bool = False) -> Tensor:
     """MLM cross-entropy over the predicted positions (``labels != -100``), in float32.
 
     Args:
@@ -122,10 +122,19 @@ def mlm_loss(logits: Tensor, labels: Tensor, *, per_sample: bool = False) -> Ten
     ``(labels[b] != -100).sum()``. A batch (or sample) without predicted tokens gives 0
     (not NaN), still connected to the graph. Only the predicted positions are cast to
     float32, so the [B, L, V] logits are never copied in full.
+
+    ``fixed_shape`` (the scalar only; ``pretrain.graph_step``): the same mean computed over every position, the
+    unpredicted ones weighted 0, so that no shape depends on the mask (a gather of the selected positions is a
+    data-dependent shape, which a captured graph cannot hold); it costs the float32 copy of all the logits.
     """
     if logits.shape[:-1] != labels.shape:
         raise ValueError(f"logits {tuple(logits.shape)} do not match labels {tuple(labels.shape)} (+ vocab dim)")
     sel = labels != IGNORE_INDEX
+    if fixed_shape and not per_sample:
+        with fp32_region(logits.device):
+            total = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1).long(),
+                                    ignore_index=IGNORE_INDEX, reduction="sum")
+        return total / sel.sum().clamp(min=1)
     picked = logits[sel].float()                       # [M, V]
     with fp32_region(logits.device):
         tok = F.cross_entropy(picked, labels[sel].long(), reduction="none")  # [M]

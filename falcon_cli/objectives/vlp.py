@@ -197,6 +197,8 @@ class VlpObjective(PretrainObjective):
         fused = model.fuse(masked_tokens, attention_mask, image_tokens)
         if per_sample:
             return mlm_loss(model.mlm_logits(fused), mask.labels, per_sample=True)
+        if self.fixed_shapes and extra is None:  # (graph_step: every position through the head, weighted)
+            return mlm_loss(model.mlm_logits(fused), mask.labels, fixed_shape=True)
         selected, labels = mask.selected, mask.labels
         if extra is not None and len(extra[0]):
             image_index, text_index = (i.to(image_tokens.device) for i in extra)
