@@ -17,6 +17,7 @@
 #   bash benchmarks/device_call.sh tests 150 tests/test_pretrain.py::test_kill_and_resume_is_exact
 #   (issue 62, the step captured whole, four calls: benchmarks/README.md, "The step captured whole")
 #   bash benchmarks/device_call.sh speed 560 ceiling base-grit-step base-falcon-reuse-step
+#   bash benchmarks/device_call.sh speed 560 ceiling base-falcon-reuse-step-overlap base-falcon-recompute-step-overlap
 #   bash benchmarks/device_call.sh speed 560 ceiling base-falcon-recompute-step tiny-falcon-step
 #   bash benchmarks/device_call.sh speed 560 ceiling blip2-grit-step siglip-grit-step
 #   bash benchmarks/device_call.sh phase 540 --presets coco-like --only falcon falcon-margin --seeds 1 2 3 4 --jobs 8 --threads 2

@@ -106,6 +106,7 @@ def runs(smoke: bool, workers: int) -> dict[str, list[str]]:
     compile_ = [] if smoke else ["pretrain.compile=true"]  # (compiling on a CPU takes minutes and tells nothing)
     # the whole step captured (pretrain.graph_step; on CUDA replayed as CUDA graphs); a smoke run only captures it
     graph = ["pretrain.graph_step=true", *(["pretrain.graph_backend=eager"] if smoke else [])]
+    overlap = ["pretrain.scheduler_lag=1", "pretrain.scheduler_overlap=true", "pretrain.num_workers=0"]
     return {
         "base-grit": [*base, *preload, "pretrain.composer=grit", *profile],
         "base-grit-compile": [*base, *preload, "pretrain.composer=grit", *compile_, *profile],
@@ -138,6 +139,11 @@ def runs(smoke: bool, workers: int) -> dict[str, list[str]]:
         "base-grit-step": [*base, *preload, "pretrain.composer=grit", *graph, *profile],
         "base-falcon-reuse-step": [*base, *preload, *falcon, "pretrain.reward_images=reuse", *graph, *profile],
         "base-falcon-recompute-step": [*base, *preload, *falcon, "pretrain.reward_images=recompute", *graph, *profile],
+        # the same with the scheduler's update after the next step's launch (the host's FALCON work beside the step)
+        "base-falcon-reuse-step-overlap": [*base, *preload, *falcon, "pretrain.reward_images=reuse", *graph, *overlap,
+                                           *profile],
+        "base-falcon-recompute-step-overlap": [*base, *preload, *falcon, "pretrain.reward_images=recompute", *graph,
+                                               *overlap, *profile],
         "tiny-falcon-step": [*tiny, "pretrain.preload_images=true", *graph],
         "blip2-grit-step": [*blip2, *preload, "pretrain.composer=grit", *graph, *profile],
         "siglip-grit-step": [*siglip, *preload, "pretrain.composer=grit", *graph, *profile],
@@ -384,6 +390,10 @@ def report(results: dict) -> str:
               ("FALCON (reuse) time per step / GRIT (CUDA graphs)", "base-grit-graphs", "base-falcon-reuse-graphs", 1.06),
               ("FALCON (reuse) time per step / GRIT (step captured)", "base-grit-step", "base-falcon-reuse-step", 1.06),
               ("FALCON (recompute) time per step / GRIT (step captured)", "base-grit-step", "base-falcon-recompute-step", 1.06),
+              ("FALCON (reuse, overlapped) time per step / GRIT (step captured)", "base-grit-step",
+               "base-falcon-reuse-step-overlap", 1.06),
+              ("FALCON (recompute, overlapped) time per step / GRIT (step captured)", "base-grit-step",
+               "base-falcon-recompute-step-overlap", 1.06),
               ("FALCON (recompute) time per step / GRIT (eager)", "base-grit", "base-falcon-recompute-eager", 1.26),
               ("FALCON (reuse) time per step / GRIT (eager)", "base-grit", "base-falcon-reuse-eager", 1.06),
               ("FALCON (positive margin) time per step / GRIT (eager)", "base-grit", "base-falcon-margin-eager", 1.06),

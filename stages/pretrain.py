@@ -212,8 +212,12 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
             if epochs.summary is not None:  # a quantile epoch composed up front: its q and the oracle's view
                 metrics.write(step=state.step, epoch=epoch, kind="epoch_summary", **epochs.summary)
         falcon_epoch = falcon is not None and epochs.on_demand(epoch)
+        # (scheduler_overlap: one step of the lag is the scheduler's own, the loader composes the rest ahead)
         loader, total = epochs.loader(dataset, collate, state.batch_index, num_workers=p.num_workers,
-                                      lag=p.scheduler_lag, pin_memory=device.type == "cuda", seed=config.seed + epoch)
+                                      lag=p.scheduler_lag - p.scheduler_overlap, pin_memory=device.type == "cuda",
+                                      seed=config.seed + epoch)
+        if falcon_epoch:  # (composition is FALCON's host work: on its own stream under scheduler_overlap)
+            loader = falcon.compose_within(loader)
         tick, seen = time.perf_counter(), 0
         for index, batch in enumerate(track(loader, f"epoch {epoch}", total=total - state.batch_index),
                                       start=state.batch_index):
@@ -257,6 +261,8 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
             if preemption.requested():  # (a host-side all-reduce under torchrun: every rank stops after this step)
                 raise preemption.stop_after_step(state, epoch, index + 1)
 
+        if falcon_epoch:  # (scheduler_overlap: the epoch's last update, still waiting)
+            falcon.flush()
         flagged = flags.epoch_summary() if flags is not None else None  # precision / recall against the oracle
         if flagged is not None:
             metrics.write(step=state.step, epoch=epoch, kind="false_negatives", **flagged)

@@ -24,10 +24,10 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
-LONGEST_FIRST = ("test_cluster_faults.py", "test_pretrain.py", "test_tutorial_coco.py", "test_blip2_pretrain.py", "test_pretrain_speed.py",
+LONGEST_FIRST = ("test_cluster_faults.py", "test_pretrain.py", "test_graph_step.py", "test_tutorial_coco.py", "test_blip2_pretrain.py", "test_pretrain_speed.py",
                  "test_finetune_evaluate.py", "test_multinode.py", "test_shards.py", "test_dual_pretrain.py", "test_hub.py", "test_build_search_spaces.py", "test_distributed.py",
                  "test_relative_paths.py", "test_embed.py", "test_eval_eccv.py", "test_evaluation_scoring.py",
-                 "test_same_image.py", "test_sigmoid_loss.py", "test_cli.py", "test_unimodal.py", "test_artifacts.py",
+                 "test_same_image.py", "test_scheduler_overlap.py", "test_sigmoid_loss.py", "test_cli.py", "test_unimodal.py", "test_artifacts.py",
                  "test_cli_zygote.py")
 """The longest test files (measured with ``--durations=0``), in the order `make test` should start them."""
 
@@ -162,6 +162,18 @@ def signal_past_step(args, metrics: Path, step: int, signum: int, timeout: float
         time.sleep(0.05)
     _, stderr = proc.communicate(timeout=timeout)
     return proc.returncode, stderr
+
+
+def preempt_and_resume(args: list, run_dir: Path, step: int) -> None:
+    """Run ``falcon ARGS`` (a pretraining into ``run_dir``), preempt it with SIGUSR1 once it has logged ``step``
+    (exit status 75), then run it again with ``--resume`` to the end."""
+    import signal
+
+    code, stderr = signal_past_step(args, Path(run_dir) / "metrics.jsonl", step, signal.SIGUSR1)
+    assert code == 75, stderr[-3000:]
+    resumed = run_cli(*args, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stderr
 
 
 def assert_same_training(reference: Path, run_dir: Path, keys: tuple[str, ...]) -> None:

@@ -90,6 +90,25 @@ def test_the_reward_runs_are_valid_configs_of_the_rewards_they_name():
         assert config.model == "albef-base" and config.precision == "bf16" and config.scheduler_credit == "chosen"
 
 
+def test_the_captured_step_runs_are_valid_configs():
+    """Issue 62's GPU runs resolve to valid pretrain configs with the step captured (and, where named, the
+    scheduler's overlapped update), on the GPU settings and on the smoke ones."""
+    from falcon_cli.config.recipes import load_recipe
+
+    for smoke in (False, True):
+        names = [name for name in pretrain_speed.runs(smoke, 4) if "-step" in name]
+        assert len(names) == 8
+        for name in names:
+            overrides = pretrain_speed.runs(smoke, 4)[name]
+            recipe = "shapes-demo"  # (as main() runs them: a --recipe of the run's own, else shapes-demo)
+            if overrides[:1] == ["--recipe"]:
+                recipe, overrides = overrides[1], overrides[2:]
+            config = load_recipe(recipe, overrides)[0].pretrain
+            assert config.graph_step and config.compile is False
+            assert config.scheduler_overlap == name.endswith("-overlap")
+            assert (config.graph_backend == "eager") == smoke
+
+
 def test_the_steady_rate_is_the_median_step_and_a_one_off_stall_does_not_set_it(tmp_path):
     # two epochs of 40 steps of 96 pairs logged every 5: 100 ms a step, the last (smaller) batch 2 s, and one
     # 3 s stall in epoch 1 (a CUDA-graph re-record on the H100); the old window counts the stall, the median not

@@ -363,6 +363,13 @@ class PretrainConfig(Section):
     """FALCON batches composed ahead of training: 0 = Algorithm 2 exactly (batch k+1 from the scheduler
     after update k; its items load between steps); L ≥ 1 = batch k+L is composed with the scheduler after
     update k−1 and loads in worker processes while steps compute (see falcon_cli/sampling/feed.py)."""
+    scheduler_overlap: bool = False
+    """Take one step of ``scheduler_lag`` (which must be ≥ 1) from the scheduler instead of the loader: the update of
+    step k is made after step k + 1 is launched, so the device trains step k + 1 while the host reads step k's
+    reward, updates the scheduler and composes the next batch (on CUDA on a stream of its own: no wait for the step
+    in flight); the loader then composes ``scheduler_lag − 1`` batches ahead. The same batches, updates and losses as
+    without it (tested); a step's ``reward``, ``advantage`` and ``concentration`` in metrics.jsonl are then those
+    of the update made during it: the previous step's (the epoch's last update is in its ``epoch_summary``)."""
 
     # -- optimisation ----------------------------------------------------------------------
     epochs: int = Field(3, ge=1)
@@ -415,8 +422,8 @@ class PretrainConfig(Section):
     it; on CUDA with ``mode="reduce-overhead"`` (``compile_mode: max-autotune`` keeps its own), so both replay as CUDA
     graphs. For that the step's shapes never change: captions are padded to ``max_text_length``, MLM weights its
     masked positions instead of gathering them, and ITM's sampled negatives use uniforms drawn before the step from
-    the run's ITM generator. Not with MAFA (its judge runs on the host in the middle of the step), SRCL (its
-    mixing weight changes with every step) or ``compile`` (this compiles the whole step)."""
+    the run's ITM generator. Not with MAFA (its judge runs on the host in the middle of the step) or ``compile``
+    (this compiles the whole step)."""
     graph_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
     """The compiler of ``graph_step``: ``inductor`` (generated kernels, the fast one), or, to debug a graph on
     any machine, ``aot_eager`` (the same traced forward and backward graphs, run by eager kernels) or ``eager``
@@ -495,10 +502,12 @@ class PretrainConfig(Section):
                              "draws none; use it with composer quantile, progressive or falcon")
         if self.mafa.low > self.mafa.high:
             raise ValueError(f"mafa.low ({self.mafa.low}) must not exceed mafa.high ({self.mafa.high})")
-        if self.graph_step and self.false_negatives in ("mafa", "srcl"):
-            raise ValueError(f"graph_step=true cannot capture false_negatives={self.false_negatives}: " + (
-                "MAFA asks its judge, on the host, about pairs mined in the middle of the step" if self.false_negatives == "mafa"
-                else "SRCL's mixing weight changes with every step (a new graph each step)") + "; set graph_step=false")
+        if self.graph_step and self.false_negatives == "mafa":
+            raise ValueError("graph_step=true cannot capture false_negatives=mafa: MAFA asks its judge, on the host, about "
+                             "pairs mined in the middle of the step; set graph_step=false")
+        if self.scheduler_overlap and self.scheduler_lag < 1:
+            raise ValueError("scheduler_overlap=true makes the scheduler's update one step late, which is a "
+                             "scheduler_lag of at least 1: set scheduler_lag=1 (or more)")
         if self.graph_step and self.compile:
             raise ValueError("graph_step=true compiles the whole step, compile=true the encoders alone: set one of them")
         if self.itc_consistency_weight is None:  # the one place a method's own loss is filled in

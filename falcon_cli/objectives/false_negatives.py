@@ -57,6 +57,9 @@ class StepContext:
     same_image: Tensor | None = None
     """bool [B, B]: pairs i != j of the batch that show the same image, to remove from the ITC
     denominators (``pretrain.same_image: mask``); None = none removed."""
+    progress: Tensor | None = None
+    """``step / total_steps`` as a 0-d float tensor on the device (``pretrain.graph_step``: a captured step reads
+    the schedule from it, so one graph serves every step); None: the methods read ``step`` and ``total_steps``."""
 
 
 class FalseNegatives(nn.Module):
@@ -186,8 +189,10 @@ class Srcl(FalseNegatives):
                                         negative_weights=pair_weights(w_i2t, w_t2i))
 
 
-def srcl_mix_at(context: StepContext, until: float) -> float:
-    """SRCL's mixing weight α at the context's step."""
+def srcl_mix_at(context: StepContext, until: float) -> float | Tensor:
+    """SRCL's mixing weight α at the context's step (a 0-d tensor from ``context.progress`` where given)."""
+    if context.progress is not None:
+        return (1.0 - context.progress / float(until)).clamp(min=0.0)
     return srcl_mix(context.step, context.total_steps, until=until)
 
 

@@ -177,9 +177,10 @@ def _srcl_log_weights(image_feat: Tensor, text_feat: Tensor, aux_image_feat: Ten
     _check_pair(aux_image_feat, aux_text_feat, "auxiliary features")
     if aux_image_feat.shape[0] != n:
         raise ValueError(f"auxiliary features have batch size {aux_image_feat.shape[0]}, expected {n}")
-    mix = _check_finite("mix", mix)
-    if not 0.0 <= mix <= 1.0:
-        raise ValueError(f"mix must lie in [0, 1], got {mix}")
+    if not isinstance(mix, Tensor):  # (a 0-d tensor: pretrain.graph_step's, computed on the device from the step)
+        mix = _check_finite("mix", mix)
+        if not 0.0 <= mix <= 1.0:
+            raise ValueError(f"mix must lie in [0, 1], got {mix}")
     delta = _check_finite("delta", delta)
     if delta < 0:
         raise ValueError(f"delta must be >= 0, got {delta}")

@@ -11,7 +11,8 @@ An eager step on a GPU is set by the host: albef-base launches about 24,000 oper
   ids come from the dataset itself), and the momentum queue's pointer stays a tensor;
 * generators: the MLM mask is drawn on the host before the step (as always), and ITM's sampled negatives get
   uniforms drawn before the step from the run's ITM generator (so a resumed run draws the same);
-* numbers that change every step: the distillation weight enters as a tensor.
+* numbers that change every step: the distillation weight and the step's progress (SRCL's mixing schedule) enter
+  as tensors.
 
 Outputs of a CUDA-graph replay are overwritten by the next replay, so the step's outputs are cloned (a few small
 tensors); the optimizer, gradient clipping and the non-finite guard run after it as before (fused and foreach
@@ -20,6 +21,7 @@ kernels: a handful of launches).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -43,6 +45,8 @@ class TrainingForward:
                  sample_itm: bool = False, mode: str | None = None, backend: str = "inductor"):
         self.trainer, self.precision, self.device, self.graph, self.sample_itm = trainer, precision, device, graph, sample_itm
         self.compiled = None
+        # The numbers that change every step, as device tensors set in place (a kernel argument, no copy from the host)
+        self.alpha, self.progress = (torch.zeros((), device=device) for _ in range(2))
         if graph:
             objective = trainer.module if isinstance(trainer, torch.nn.parallel.DistributedDataParallel) else trainer
             objective.fixed_shapes = True
@@ -60,11 +64,14 @@ class TrainingForward:
         # (drawn where the eager step's multinomial would draw, from the same generator: a resume replays them)
         itm = (torch.rand(2, batch, generator=itm_generator, device=itm_generator.device if itm_generator is not None
                           else self.device).to(self.device) if self.sample_itm else None)
-        alpha = torch.tensor(float(distill_alpha), device=self.device)
+        self.alpha.fill_(float(distill_alpha))
+        # (the step's place in the schedules, SRCL's mixing weight: a Python number would be baked into the graph)
+        self.progress.fill_(context.step / max(context.total_steps, 1))
+        context = dataclasses.replace(context, progress=self.progress)
         if self.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()  # (the previous step's outputs are no longer read)
         with autocast(self.precision, self.device):
-            out = self.compiled(*inputs, alpha, itm, context)
+            out = self.compiled(*inputs, self.alpha, itm, context)
         # A replay's outputs live in the graph's memory, which the next replay writes over: keep copies.
         return type(out)(*(t.clone() if isinstance(t, torch.Tensor) else t for t in out))
 

@@ -17,6 +17,7 @@ tokens and features, for ``reward_images: reuse``), ``match_probability`` (the I
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -100,10 +101,18 @@ class FalconStep:
         p: the pretrain settings (``reward``, ``reward_mode``, ``reward_images``, ``reward_overshoot``,
             ``reward_margin``, ``reward_itm_weight``, ``reward_itm_charge``).
         precision, device: the training step's.
+
+    ``p.scheduler_overlap``: the update of step k waits until step k + 1 has been launched (:meth:`settle`), so the
+    device runs step k + 1 while the host reads step k's reward, updates the scheduler and composes the next batch;
+    on CUDA that host work runs on a stream of its own, so its reads wait for step k's reward, not for step k + 1.
     """
 
     def __init__(self, scheduler: NegativeScheduler, p: Any, precision: str, device: torch.device):
         self.scheduler, self.precision, self.device = scheduler, precision, device
+        self.overlap = bool(getattr(p, "scheduler_overlap", False))
+        self.pending: dict[str, Any] | None = None
+        """(``overlap``) the last step's reward, whose update waits for the next step's launch."""
+        self.side = torch.cuda.Stream(device) if self.overlap and device.type == "cuda" else None
         self.reward, self.eval_mode, self.reuse = p.reward, p.reward_mode == "eval", p.reward_images == "reuse"
         self.overshoot, self.margin, self.itm_weight = p.reward_overshoot, p.reward_margin, p.reward_itm_weight
         self.itm_charge, self.hardness = p.reward_itm_charge, p.reward_hardness
@@ -153,8 +162,31 @@ class FalconStep:
 
     def after(self, objective, out, losses: dict[str, torch.Tensor], inputs: tuple, same_image: torch.Tensor | None,
               composed: Batch, record: dict[str, torch.Tensor]) -> dict[str, Any]:
-        """After the update: the reward, then the scheduler's update with the batch's ``record``; returns
-        the update's ``reward`` (the step's mean), ``advantage`` and ``concentration``."""
+        """After the update: the reward (:meth:`step_reward`), then the scheduler's update with the batch's ``record``
+        (:meth:`settle`: at once, or with ``overlap`` the previous step's); returns that update's ``reward`` (its
+        step's mean), ``advantage`` and ``concentration`` (empty when no update was made)."""
+        return self.settle(self.step_reward(objective, out, losses, inputs, same_image, composed, record))
+
+    def settle(self, pending: dict[str, Any]) -> dict[str, Any]:
+        """The scheduler's update from ``pending`` (:meth:`step_reward`'s), or with ``overlap`` from the one before it,
+        keeping this one for the next step (or :meth:`flush`)."""
+        if not self.overlap:
+            return self.update(pending)
+        previous, self.pending = self.pending, pending
+        return self.update(previous) if previous is not None else {}
+
+    def flush(self) -> dict[str, Any]:
+        """The update still waiting at the end of an epoch (``overlap``), if any."""
+        previous, self.pending = self.pending, None
+        return self.update(previous) if previous is not None else {}
+
+    @torch.no_grad()
+    def step_reward(self, objective, out, losses: dict[str, torch.Tensor], inputs: tuple, same_image: torch.Tensor | None,
+               composed: Batch, record: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """The step's reward, computed on the device and not read: ``{"delta"}`` (per slot, or the batch's), the
+        batch's scheduler ``record`` and what the update's bookkeeping needs (whether each pick was a false
+        negative; the judge's match and charge). Enqueued right after the step, before the next one."""
+        judged = None
         if self.from_forward:  # each pick's hardness, charged past its anchor's own pair (θ_k's features)
             hardness, own = chain_hardness(out.image_feat, out.text_feat)
             if self.hardness == "rank":  # each pick's rank among its anchor's candidates (slot 0, no pick: 0)
@@ -173,14 +205,45 @@ class FalconStep:
                     if self.itm_charge == "excess":  # only what its hardness does not explain (the margin prices that)
                         charge = excess_over_hardness(match, hardness)
                     delta = delta - self.itm_weight * charge
-                self.judged += torch.stack([match[1:].double().cpu(), composed.chosen_is_fn[1:].double(),
-                                            charge[1:].double().cpu()], 1).tolist()
+                judged = torch.stack([match[1:].double(), charge[1:].double()], 1)
         else:
             before, image = self._before, self._image
             if before is None:  # L(θ_k) is the training forward's own loss, and its image
                 before, image = self.scheduler.loss_value(losses), objective.image_state(out)
             after, _ = self._measure(objective, inputs, same_image, image=image if self.reuse else None)
             delta = before - after
+        pending = {"delta": delta.detach(), "record": record, "chosen_is_fn": composed.chosen_is_fn, "judged": judged}
+        if self.side is not None:  # (the side stream's reads wait for this event, not for the next step)
+            pending["ready"] = torch.cuda.Event()
+            pending["ready"].record()
+        return pending
+
+    def update(self, pending: dict[str, Any]) -> dict[str, Any]:
+        """Read ``pending``'s reward and update the scheduler with it (on the side stream under ``overlap`` on CUDA)."""
+        with self.host_work():
+            if pending.get("ready") is not None:
+                torch.cuda.current_stream().wait_event(pending["ready"])
+            return self._update(pending["delta"], pending["record"], pending["chosen_is_fn"], pending["judged"])
+
+    def compose_within(self, loader):
+        """``loader``'s batches, each asked for inside :meth:`host_work` (FALCON composes it then)."""
+        iterator = iter(loader)
+        while True:
+            with self.host_work():
+                batch = next(iterator, None)
+            if batch is None:
+                return
+            yield batch
+
+    def host_work(self):
+        """The context the host's FALCON work runs in: the side stream under ``overlap`` on CUDA (composition too)."""
+        return torch.cuda.stream(self.side) if self.side is not None else contextlib.nullcontext()
+
+    def _update(self, delta: torch.Tensor, record: dict[str, torch.Tensor], chosen_is_fn: torch.Tensor,
+                judged: torch.Tensor | None) -> dict[str, Any]:
+        if judged is not None:
+            self.judged += torch.cat([judged[:, :1].cpu(), chosen_is_fn[1:].double()[:, None],
+                                      judged[:, 1:].cpu()], 1).tolist()
         self.rewards.append(float((delta[1:] if self.from_forward else delta).mean()))  # (slot 0 has no pick)
         levels = self.scheduler.grid is not None
         with record_function("falcon/update"):
@@ -191,25 +254,49 @@ class FalconStep:
         # what each used step's own pick earned (under levels, the update learned from the grid instead)
         credited = (step_rewards(delta.cpu(), len(record["q"]), "chosen")[~torch.isnan(record["q"]).cpu()] if levels
                     else update["rewards"])
-        picked = composed.chosen_is_fn[1:][:len(credited)].double()
+        picked = chosen_is_fn[1:][:len(credited)].double()
         self.credited += torch.stack([credited.cpu(), picked], 1).tolist()
         return {"reward": self.rewards[-1], "advantage": update["advantage"], "concentration": update["concentration"]}
 
     def reset(self) -> None:
         """A new epoch: its record starts empty."""
         self.rewards, self.credited, self.judged = [], [], []
+        self.pending = None
 
     def state_dict(self) -> dict[str, Any]:
+        pending = None
+        if self.pending is not None:  # (overlap: the update the next step makes; a resumed run makes it there too)
+            pending = {key: _to_cpu(value) for key, value in self.pending.items() if key != "ready"}
         return {"rewards": list(self.rewards), "credited": [list(c) for c in self.credited],
-                "judged": [list(j) for j in self.judged], "scheduler_running": self.scheduler.running_state()}
+                "judged": [list(j) for j in self.judged], "scheduler_running": self.scheduler.running_state(),
+                "pending": pending}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        pending = state.get("pending")  # (absent from older checkpoints)
+        self.pending = None if pending is None else {key: _to_device(value, self.device) for key, value in pending.items()}
         self.rewards, self.credited = list(state["rewards"]), [list(c) for c in state["credited"]]
         self.judged = [list(j) for j in state.get("judged", [])]  # (absent from older checkpoints)
         # this rank's reward baseline and advantage scale (the shared scheduler state holds rank 0's; absent from
         # checkpoints saved before they were kept per rank)
         if state.get("scheduler_running") is not None:
             self.scheduler.load_running_state(state["scheduler_running"])
+
+
+def _to_cpu(value: Any) -> Any:
+    """A pending reward's tensors for a checkpoint: on the CPU, each with the device it goes back to."""
+    if isinstance(value, torch.Tensor):
+        return {"tensor": value.detach().cpu(), "device": "cuda" if value.is_cuda else "cpu"}
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    return value
+
+
+def _to_device(value: Any, device: torch.device) -> Any:
+    if isinstance(value, dict) and set(value) == {"tensor", "device"}:
+        return value["tensor"].to(device if value["device"] != "cpu" else "cpu")
+    if isinstance(value, dict):
+        return {k: _to_device(v, device) for k, v in value.items()}
+    return value
 
 
 __all__ = ["JUDGED_REWARDS", "FalconStep", "level_rewards", "measure_reward_loss", "oracle_match"]

@@ -1,0 +1,95 @@
+"""`pretrain.scheduler_overlap`: FALCON's update of step k made after step k + 1 is launched.
+
+Taking one step of ``scheduler_lag`` from the scheduler instead of the loader changes nothing the run computes: a
+lag-1 run with it (no loader look-ahead, no worker process) composes the same batches, makes the same updates and
+ends with the same weights as a lag-1 run without it (the loader one batch ahead). It resumes exactly after a
+preemption that falls between a step and its deferred update, and needs a lag."""
+
+from __future__ import annotations
+
+
+import pytest
+import torch
+
+from falcon_cli.runtime.metrics import read_metrics
+
+# FALCON on the tiny world with the per-caption reward paths of test_pretrain's FALCON runs (credit per pick, a
+# running advantage scale), checkpoints every 4 steps: 2 epochs of 10 steps, epoch 1 FALCON
+LAG1 = ["pretrain.composer=falcon", "pretrain.epochs=2", "pretrain.search_space_size=80", "pretrain.checkpoint_every=4",
+        "pretrain.quantile_levels=20", "pretrain.scheduler_lr=1e-2", "pretrain.scheduler_features=[positive,spread]",
+        "pretrain.scheduler_credit=chosen", "pretrain.reward_baseline=batch_mean", "pretrain.scheduler_advantage_norm=true",
+        "pretrain.device=cpu", "pretrain.scheduler_lag=1"]
+OVERLAP = [*LAG1, "pretrain.scheduler_overlap=true", "pretrain.num_workers=0"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The lag-1 run through the loader, and with the scheduler's deferred update."""
+    from tests.conftest import run_cli
+    from tests.test_pretrain import pretrain_args
+
+    root = tmp_path_factory.mktemp("overlap")
+    world = root / "world"
+    out = {}
+    for name, overrides in (("loader", LAG1), ("overlap", OVERLAP)):
+        done = run_cli(*pretrain_args(root / name, world, *overrides))
+        assert done.returncode == 0, done.stderr[-3000:]
+        out[name] = root / name
+    return world, out
+
+
+def rewards(run_dir) -> list[float]:
+    """The scheduler's rewards in the order its updates were made (overlap: each logged a step late)."""
+    return [r["reward"] for r in read_metrics(run_dir / "metrics.jsonl") if r.get("reward") is not None]
+
+
+def test_the_deferred_update_makes_the_lag_1_run(runs):
+    from safetensors.torch import load_file
+
+    from falcon_cli.sampling.batch_log import read_batch_log
+
+    _, out = runs
+    loader, overlap = out["loader"], out["overlap"]
+    ref_log, new_log = read_batch_log(loader / "batches.parquet"), read_batch_log(overlap / "batches.parquet")
+    columns = ["epoch", "step", "slot", "pair_id", "anchor_pair_id"]
+    assert ref_log[columns].equals(new_log[columns])
+    assert (ref_log["q"].fillna(-1) - new_log["q"].fillna(-1)).abs().max() < 1e-6
+    expected, got = rewards(loader), rewards(overlap)
+    # (the epoch's last update, made after its last step, is in the epoch summary below, not on a step's line)
+    assert len(expected) == len(got) + 1 > 5 and got == pytest.approx(expected[:-1], rel=1e-6, abs=1e-9)
+    steps = {r["step"]: r for r in read_metrics(loader / "metrics.jsonl") if r.get("kind") is None}
+    later = {r["step"]: r for r in read_metrics(overlap / "metrics.jsonl") if r.get("kind") is None}
+    assert steps.keys() == later.keys()
+    for step, record in steps.items():
+        for key in ("loss", "itc", "itm", "mlm"):
+            assert later[step][key] == pytest.approx(record[key], rel=1e-6), (step, key)
+    # each FALCON step's record carries the update made during it: the previous step's (none in the epoch's first)
+    falcon_steps = sorted(s for s, r in steps.items() if r.get("reward") is not None)
+    assert later[falcon_steps[0]].get("reward") is None
+    assert [later[s]["reward"] for s in falcon_steps[1:]] == pytest.approx([steps[s]["reward"] for s in falcon_steps[:-1]])
+    summaries = [[r for r in read_metrics(d / "metrics.jsonl") if r.get("kind") == "epoch_summary"] for d in (loader, overlap)]
+    assert summaries[0] and [s["reward_mean"] for s in summaries[1]] == pytest.approx([s["reward_mean"] for s in summaries[0]])
+    final = f"{int((loader / 'checkpoints' / 'latest').read_text()):08d}"
+    ref, new = (load_file(d / "checkpoints" / final / "model.safetensors") for d in (loader, overlap))
+    assert all(torch.equal(ref[k], new[k]) for k in ref)
+
+
+def test_a_preempted_overlapped_run_resumes_with_its_pending_update(runs, tmp_path):
+    """Preempted inside the FALCON epoch, the checkpoint holds the reward whose update the next step makes; resumed,
+    the run is the uninterrupted one."""
+    from tests.conftest import assert_same_training, preempt_and_resume
+    from tests.test_pretrain import pretrain_args
+
+    world, out = runs
+    run_dir = tmp_path / "run"
+    preempt_and_resume(pretrain_args(run_dir, world, *OVERLAP), run_dir, 13)
+    assert_same_training(out["overlap"], run_dir, ("loss", "mlm", "reward", "advantage"))
+    assert rewards(run_dir) == pytest.approx(rewards(out["overlap"]), rel=1e-6, abs=1e-9)
+
+
+def test_overlap_needs_a_lag(tmp_path):
+    from tests.conftest import run_cli
+
+    done = run_cli("pretrain", "--recipe", "shapes-demo", "--run-dir", str(tmp_path / "run"),
+                   "pretrain.scheduler_overlap=true")
+    assert done.returncode == 2 and "scheduler_overlap=true" in done.stderr and "scheduler_lag=1" in done.stderr
