@@ -53,8 +53,12 @@ class TrainingForward:
             if mode is None or mode == "default":
                 mode = "reduce-overhead" if device.type == "cuda" else None
             options = {"mode": mode} if backend == "inductor" and mode is not None else {}
-            # dynamic=None: shapes are fixed by construction; a last, smaller batch gets its own graph.
-            self.compiled = torch.compile(trainer, fullgraph=True, backend=backend, **options)
+            # The objective's own call is compiled, in place (parameter names unchanged), so that under DDP the
+            # wrapper stays outside the graph (Dynamo cannot hold DDP's forward whole) and its gradient hooks fire as
+            # the compiled backward produces each gradient. dynamic=None: the shapes are fixed by construction; a
+            # last, smaller batch gets a graph of its own.
+            objective.compile(fullgraph=True, backend=backend, **options)
+            self.compiled = trainer
 
     def __call__(self, inputs: tuple, distill_alpha: float, itm_generator: torch.Generator | None, context: Any):
         if self.compiled is None:
