@@ -93,3 +93,23 @@ def test_overlap_needs_a_lag(tmp_path):
     done = run_cli("pretrain", "--recipe", "shapes-demo", "--run-dir", str(tmp_path / "run"),
                    "pretrain.scheduler_overlap=true")
     assert done.returncode == 2 and "scheduler_overlap=true" in done.stderr and "scheduler_lag=1" in done.stderr
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the side stream and its events")
+def test_on_cuda_the_side_stream_composes_the_same_batches(tmp_path):
+    """On a GPU the host's FALCON work runs on a stream of its own, waiting on events for each step's reward: the
+    overlapped run still composes the lag-1 run's batches (q to 1e-4: CUDA's kernels are not bitwise repeatable)."""
+    from falcon_cli.sampling.batch_log import read_batch_log
+    from tests.conftest import run_cli
+    from tests.test_pretrain import pretrain_args
+
+    world = tmp_path / "world"
+    logs = []
+    for name, overrides in (("loader", LAG1), ("overlap", OVERLAP)):
+        overrides = [o for o in overrides if o != "pretrain.device=cpu"] + ["pretrain.device=cuda"]
+        done = run_cli(*pretrain_args(tmp_path / name, world, *overrides))
+        assert done.returncode == 0, done.stderr[-3000:]
+        logs.append(read_batch_log(tmp_path / name / "batches.parquet"))
+    columns = ["epoch", "step", "slot", "pair_id", "anchor_pair_id"]
+    assert logs[0][columns].equals(logs[1][columns])
+    assert (logs[0]["q"].fillna(-1) - logs[1]["q"].fillna(-1)).abs().max() < 1e-4
