@@ -233,12 +233,16 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
             context = StepContext(pair_ids, epoch, state.step, total_steps, same_image)
             out = forward(inputs, alpha_ramp(p.distill_alpha, index, total, epoch), generators["itm"], context)
             losses = {name: getattr(out, name) for name in framework.losses}  # (itc, itm, and mlm or itg)
-            after = state.step + 1  # (reading the non-finite verdict is a host sync: only where the loop syncs anyway)
-            update_model(out.loss, losses, epoch, sync=falcon_epoch or after % p.log_every == 0 or index == total - 1
-                         or bool(p.checkpoint_every and after % p.checkpoint_every == 0))
+            after = state.step + 1  # (reading the non-finite verdict is a host sync: only where the loop syncs anyway;
+            # FALCON's reward read syncs every step, except under scheduler_overlap, whose update reads the verdict)
+            update_model(out.loss, losses, epoch, sync=(falcon_epoch and not p.scheduler_overlap) or after % p.log_every == 0
+                         or index == total - 1 or bool(p.checkpoint_every and after % p.checkpoint_every == 0))
             update = {}
             if falcon_epoch:  # the reward of this batch, and the scheduler's REINFORCE update
-                update = falcon.after(objective, out, losses, inputs, same_image, *epochs.take(batch["pair_ids"]))
+                update = falcon.after(objective, out, losses, inputs, same_image, *epochs.take(batch["pair_ids"]),
+                                      halted=update_model.guard.halted)
+                if update.get("halted"):  # (scheduler_overlap: a step after a non-finite one updates nothing)
+                    update_model.stop_if_non_finite()
             # Every rank's features: a rank's next shard holds pairs the other ranks train now.
             cache.update(D.all_gather_cat(pair_ids), D.all_gather_cat(out.image_feat), D.all_gather_cat(out.text_feat))
             if flags is not None:  # what the method flagged vs the oracle
@@ -261,8 +265,8 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
             if preemption.requested():  # (a host-side all-reduce under torchrun: every rank stops after this step)
                 raise preemption.stop_after_step(state, epoch, index + 1)
 
-        if falcon_epoch:  # (scheduler_overlap: the epoch's last update, still waiting)
-            falcon.flush()
+        if falcon_epoch and falcon.flush().get("halted"):  # (scheduler_overlap: the epoch's last update, still waiting)
+            update_model.stop_if_non_finite()
         flagged = flags.epoch_summary() if flags is not None else None  # precision / recall against the oracle
         if flagged is not None:
             metrics.write(step=state.step, epoch=epoch, kind="false_negatives", **flagged)

@@ -113,3 +113,40 @@ def test_on_cuda_the_side_stream_composes_the_same_batches(tmp_path):
     columns = ["epoch", "step", "slot", "pair_id", "anchor_pair_id"]
     assert logs[0][columns].equals(logs[1][columns])
     assert (logs[0]["q"].fillna(-1) - logs[1]["q"].fillna(-1)).abs().max() < 1e-4
+
+
+def test_overlapped_updates_come_one_step_late_and_none_after_a_non_finite_step():
+    """FalconStep with overlap: each step's update is the previous step's, the last one waits for flush(), and the
+    non-finite guard's verdict travels with the reward: a reward from a step after a non-finite one updates no
+    scheduler (the loop then stops the run with the non-finite line)."""
+    from types import SimpleNamespace
+
+    from falcon_cli.config.schema import PretrainConfig
+    from falcon_cli.sampling.falcon_step import FalconStep
+    from falcon_cli.sampling.scheduler import NegativeScheduler
+
+    b, g = 6, torch.Generator().manual_seed(2)
+    p = PretrainConfig(composer="falcon", scheduler_credit="chosen", reward="positive_margin", scheduler_lag=1,
+                       scheduler_overlap=True)
+    scheduler = NegativeScheduler(quantiles=4, hidden=8, blocks=1, reward="positive_margin", credit="chosen")
+    step = FalconStep(scheduler, p, "fp32", torch.device("cpu"))
+
+    def one_step(halted: float) -> dict:
+        image, text = (torch.nn.functional.normalize(torch.randn(b, 8, generator=g), dim=-1) for _ in range(2))
+        record = {"s_hat": torch.rand(b - 1, 4, generator=g), "q": torch.rand(b - 1, generator=g)}
+        inputs = (None, torch.zeros(b, 3, dtype=torch.long), torch.ones(b, 3, dtype=torch.long))
+        return step.after(SimpleNamespace(), SimpleNamespace(image_feat=image, text_feat=text), {}, inputs, None,
+                          SimpleNamespace(chosen_is_fn=torch.zeros(b)), record, halted=torch.tensor(halted))
+
+    weights = lambda: [t.detach().clone() for t in scheduler.policy.parameters()]  # noqa: E731
+    assert one_step(0.0) == {} and len(step.rewards) == 0, "the first step's update waits for the next launch"
+    assert "reward" in one_step(0.0) and len(step.rewards) == 1
+    before = weights()
+    assert "reward" in one_step(1.0) and len(step.rewards) == 2, "(the finite step before it still updates)"
+    after_finite = weights()
+    assert any(not torch.equal(a, b) for a, b in zip(before, after_finite))
+    # (the guard's verdict stays 1 from the first non-finite step on)
+    assert one_step(1.0) == {"halted": True} and len(step.rewards) == 2
+    assert step.flush() == {"halted": True} and len(step.rewards) == 2
+    assert all(torch.equal(a, b) for a, b in zip(after_finite, weights())), "no update from a non-finite step"
+    assert step.flush() == {}, "nothing left waiting"

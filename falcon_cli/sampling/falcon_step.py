@@ -161,11 +161,14 @@ class FalconStep:
             self._before, self._image = self._measure(objective, inputs, same_image)
 
     def after(self, objective, out, losses: dict[str, torch.Tensor], inputs: tuple, same_image: torch.Tensor | None,
-              composed: Batch, record: dict[str, torch.Tensor]) -> dict[str, Any]:
+              composed: Batch, record: dict[str, torch.Tensor], halted: torch.Tensor | None = None) -> dict[str, Any]:
         """After the update: the reward (:meth:`step_reward`), then the scheduler's update with the batch's ``record``
         (:meth:`settle`: at once, or with ``overlap`` the previous step's); returns that update's ``reward`` (its
-        step's mean), ``advantage`` and ``concentration`` (empty when no update was made)."""
-        return self.settle(self.step_reward(objective, out, losses, inputs, same_image, composed, record))
+        step's mean), ``advantage`` and ``concentration`` (empty when no update was made). ``halted``: the
+        non-finite guard's verdict after this step (:class:`~falcon_cli.runtime.finite.NonFiniteGuard`), read with
+        the reward: a step after a non-finite one updates no scheduler, and the update returns ``{"halted": True}``
+        instead (the caller stops the run)."""
+        return self.settle(self.step_reward(objective, out, losses, inputs, same_image, composed, record, halted))
 
     def settle(self, pending: dict[str, Any]) -> dict[str, Any]:
         """The scheduler's update from ``pending`` (:meth:`step_reward`'s), or with ``overlap`` from the one before it,
@@ -182,7 +185,7 @@ class FalconStep:
 
     @torch.no_grad()
     def step_reward(self, objective, out, losses: dict[str, torch.Tensor], inputs: tuple, same_image: torch.Tensor | None,
-               composed: Batch, record: dict[str, torch.Tensor]) -> dict[str, Any]:
+                    composed: Batch, record: dict[str, torch.Tensor], halted: torch.Tensor | None = None) -> dict[str, Any]:
         """The step's reward, computed on the device and not read: ``{"delta"}`` (per slot, or the batch's), the
         batch's scheduler ``record`` and what the update's bookkeeping needs (whether each pick was a false
         negative; the judge's match and charge). Enqueued right after the step, before the next one."""
@@ -212,7 +215,8 @@ class FalconStep:
                 before, image = self.scheduler.loss_value(losses), objective.image_state(out)
             after, _ = self._measure(objective, inputs, same_image, image=image if self.reuse else None)
             delta = before - after
-        pending = {"delta": delta.detach(), "record": record, "chosen_is_fn": composed.chosen_is_fn, "judged": judged}
+        pending = {"delta": delta.detach(), "record": record, "chosen_is_fn": composed.chosen_is_fn, "judged": judged,
+                   "halted": None if halted is None else halted.detach().clone()}
         if self.side is not None:  # (the side stream's reads wait for this event, not for the next step)
             pending["ready"] = torch.cuda.Event()
             pending["ready"].record()
@@ -223,6 +227,8 @@ class FalconStep:
         with self.host_work():
             if pending.get("ready") is not None:
                 torch.cuda.current_stream().wait_event(pending["ready"])
+            if pending.get("halted") is not None and bool(pending["halted"]):  # (read after the event: step k's)
+                return {"halted": True}
             return self._update(pending["delta"], pending["record"], pending["chosen_is_fn"], pending["judged"])
 
     def compose_within(self, loader):
