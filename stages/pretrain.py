@@ -240,7 +240,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
             update = {}
             if falcon_epoch:  # the reward of this batch, and the scheduler's REINFORCE update
                 update = falcon.after(objective, out, losses, inputs, same_image, *epochs.take(batch["pair_ids"]),
-                                      halted=update_model.guard.halted)
+                                      halted=update_model.guard.halted if p.scheduler_overlap else None)
                 if update.get("halted"):  # (scheduler_overlap: a step after a non-finite one updates nothing)
                     update_model.stop_if_non_finite()
             # Every rank's features: a rank's next shard holds pairs the other ranks train now.

@@ -44,7 +44,6 @@ class TrainingForward:
     def __init__(self, trainer: torch.nn.Module, precision: str, device: torch.device, *, graph: bool = False,
                  sample_itm: bool = False, mode: str | None = None, backend: str = "inductor"):
         self.trainer, self.precision, self.device, self.graph, self.sample_itm = trainer, precision, device, graph, sample_itm
-        self.compiled = None
         # The numbers that change every step, as device tensors set in place (a kernel argument, no copy from the host)
         self.alpha, self.progress = (torch.zeros((), device=device) for _ in range(2))
         if graph:
@@ -58,10 +57,9 @@ class TrainingForward:
             # the compiled backward produces each gradient. dynamic=None: the shapes are fixed by construction; a
             # last, smaller batch gets a graph of its own.
             objective.compile(fullgraph=True, backend=backend, **options)
-            self.compiled = trainer
 
     def __call__(self, inputs: tuple, distill_alpha: float, itm_generator: torch.Generator | None, context: Any):
-        if self.compiled is None:
+        if not self.graph:
             with autocast(self.precision, self.device):
                 return self.trainer(*inputs, distill_alpha, itm_generator, context)
         batch = inputs[1].shape[0]
@@ -75,7 +73,7 @@ class TrainingForward:
         if self.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()  # (the previous step's outputs are no longer read)
         with autocast(self.precision, self.device):
-            out = self.compiled(*inputs, self.alpha, itm, context)
+            out = self.trainer(*inputs, self.alpha, itm, context)
         # A replay's outputs live in the graph's memory, which the next replay writes over: keep copies.
         return type(out)(*(t.clone() if isinstance(t, torch.Tensor) else t for t in out))
 
