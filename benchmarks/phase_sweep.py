@@ -147,6 +147,9 @@ class PhaseBudget:
     pairs for the same test split, e.g. ``--set train_scale=3`` in a world where the model memorises its 4,500
     training pairs (``medium``; docs/results.md). Runs of another scale belong in another ``--out``."""
     audit_pairs: int = 20000
+    world_seed: int = 0
+    """The seed the regime's world is generated with (``data.shapes.seed``): 0 is the evaluation world; the tuning
+    runs train on another (``falcon_cli.method_rules.TUNING_WORLD_SEED``), in another ``--out``."""
     memorisation_images: int = 0
     """Training images the evaluation also scores as a split (``falcon evaluate retrieval --split pretrain``, ITC),
     beside the test split: above a perfect model's R@1 there, a run has memorised its training pairs; 0 = not."""
@@ -175,6 +178,7 @@ class PhaseBudget:
         """The world of ``preset`` (shared by every run of the regime) and the tokenizer every recipe trains alike."""
         images, splits = self.world_size(preset)
         return [f"data.dataset={out / 'worlds' / preset}", f"data.shapes.preset={preset}", f"data.shapes.images={images}",
+                *([f"data.shapes.seed={self.world_seed}"] if self.world_seed else []),
                 f"data.shapes.size={self.size}", "data.shapes.nlvr2_statements_per_image=1", "data.tokenizer_vocab_size=1000",
                 *(f"data.shapes.splits.{split}={fraction!r}" for split, fraction in splits.items()),
                 f"pretrain.image_size={self.size}", f"pretrain.max_text_length={self.max_text_length}",
@@ -289,18 +293,22 @@ def prepare(preset: str, seed: int, out: Path, budget: PhaseBudget, threads: int
                threads=threads)
 
 
-def run_one(preset: str, method: str, seed: int, out: Path, budget: PhaseBudget, threads: int) -> dict:
-    """Train, evaluate and audit one (preset, method, seed), skipping the parts already done; its row."""
+def run_one(preset: str, method: str, seed: int, out: Path, budget: PhaseBudget, threads: int, *,
+            arm: tuple[str, list[str]] | None = None, auxiliary: str | None = None) -> dict:
+    """Train, evaluate and audit one (preset, method, seed), skipping the parts already done; its row. ``arm``:
+    (recipe, overrides) instead of :data:`METHODS`' entry; ``auxiliary``: the arm whose run of the same seed
+    embeds the pairs first (instead of :data:`AUXILIARY`'s)."""
     run = run_dir(out, preset, method, seed)
     log = out / "logs" / f"{preset}-{method}-s{seed}.log"
-    recipe, extra = METHODS[method]
+    recipe, extra = arm or METHODS[method]
+    auxiliary = auxiliary or AUXILIARY.get(method)
     stages = "stages=[data, pretrain]"
-    if method in AUXILIARY and not completed(run, "pretrain"):  # (SRCL: the pairs embedded by its auxiliary first)
-        auxiliary = run_dir(out, preset, AUXILIARY[method], seed)
-        if not has_checkpoint(auxiliary):
-            raise RuntimeError(f"{method} seed {seed} on {preset}: its auxiliary model {auxiliary} has no checkpoint; "
-                               f"run it in the same sweep (--only {AUXILIARY[method]} {method})")
-        stages, extra = "stages=[data, embed, pretrain]", [*extra, f"embed.encoder=falcon:{auxiliary}"]
+    if auxiliary is not None and not completed(run, "pretrain"):  # (SRCL: the pairs embedded by its auxiliary first)
+        aux_run = run_dir(out, preset, auxiliary, seed)
+        if not has_checkpoint(aux_run):
+            raise RuntimeError(f"{method} seed {seed} on {preset}: its auxiliary model {aux_run} has no checkpoint; "
+                               f"run it in the same sweep (--only {auxiliary} {method})")
+        stages, extra = "stages=[data, embed, pretrain]", [*extra, f"embed.encoder=falcon:{aux_run}"]
     if not completed(run, "pretrain"):
         train(run, recipe, stages, *budget.run_overrides(preset, out, seed), *extra, log=log, threads=threads)
     if not evaluated(run, budget.rerank_k, out / "worlds" / preset):

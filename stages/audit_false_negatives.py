@@ -109,7 +109,7 @@ def _audit(config: Recipe, run: RunDirectory) -> dict:
 
     # 2. The negatives the run used, over whole steps evenly spread within the budget.
     negatives = used_negatives(log, kinds=a.negatives, features=features, max_pairs=a.max_pairs, max_steps=a.steps,
-                               same_image=excluded_negatives(config.pretrain, spec, dataset.records))
+                               same_image=excluded_negatives(config.pretrain, spec, dataset.records, itm=True))
     if negatives.empty:
         raise FalconError(f"{log_path}: no {' or '.join(a.negatives)} negatives to audit (uniform batches have no chain "
                           "negatives: add itm to audit.negatives; or raise audit.max_pairs)")

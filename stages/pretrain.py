@@ -122,7 +122,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
                                           warn=lambda line: console.print(f"[yellow]warning:[/] {line}"))
     # `oracle_negatives: mask` (a diagnostic) keeps every truly matching pair out the same way.
     excluded = excluded_negatives(p, spec, dataset.records, device, check=False)
-    masked_key = "oracle_masked" if p.oracle_negatives == "mask" else "same_image_masked"  # (metrics.jsonl)
+    masked_key = "same_image_masked" if p.oracle_negatives == "keep" else "oracle_masked"  # (metrics.jsonl)
     objective = build_objective(framework, model, p, method).to(device)
     false_negatives = objective.false_negatives  # (the method, or the framework's plain ITC)
     if p.compile:
@@ -230,7 +230,8 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
             same_image = excluded(pair_ids) if excluded is not None else None
             if falcon_epoch:  # L(θ_k) from a no-grad pass, where the reward needs one
                 falcon.before(objective, inputs, same_image)
-            context = StepContext(pair_ids, epoch, state.step, total_steps, same_image)
+            context = StepContext(pair_ids, epoch, state.step, total_steps, same_image,
+                                  mask_itm=p.oracle_negatives != "mask_itc")
             out = forward(inputs, alpha_ramp(p.distill_alpha, index, total, epoch), generators["itm"], context)
             losses = {name: getattr(out, name) for name in framework.losses}  # (itc, itm, and mlm or itg)
             after = state.step + 1  # (reading the non-finite verdict is a host sync: only where the loop syncs anyway;

@@ -136,13 +136,13 @@ def test_mafa_converts_and_glofnd_drops_in_the_sigmoid_loss():
     judge = lambda image_ids, text_ids, epoch: ((image_ids == 0) & (text_ids == 2)).float()  # noqa: E731
     mafa = Mafa(judge, high=0.8, low=0.5)
     loss = mafa.sigmoid(image, text, t, b, context)
-    assert mafa.flagged_i2t[0, 2] and int(mafa.flagged_i2t.sum()) == 1
+    assert mafa.flagged[0][0, 2] and int(mafa.flagged[0].sum()) == 1
     labels = [[1.0 if i == j or (i, j) == (0, 2) else -1.0 for j in range(n)] for i in range(n)]
     assert float(loss) == pytest.approx(reference_sigmoid(image, text, 10, -3, labels, [[1.0] * n] * n), rel=1e-5)
 
     glofnd = Glofnd(list(range(n)), alpha=0.2, lr=0.5, start_epoch=1)
     loss = glofnd.sigmoid(image, text, t, b, context)
-    dropped = glofnd.flagged_i2t
+    dropped = glofnd.flagged[0]
     assert dropped[0, 2] and not dropped.diagonal().any()
     weights = [[0.0 if dropped[i, j] else 1.0 for j in range(n)] for i in range(n)]
     eye = [[1.0 if i == j else -1.0 for j in range(n)] for i in range(n)]

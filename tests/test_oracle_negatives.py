@@ -34,8 +34,13 @@ def test_oracle_mask_is_the_oracle_truth_off_the_diagonal(world):
     records = world["records"]
     exclude = excluded_negatives(settings(oracle_negatives="mask"), world["spec"], records)
     oracle = ShapesOracle.load(world["dir"])
+    # `mask_itc`: the same pairs leave the ITC; ITM's mining (and the audit's replay of it) keeps them
+    itc_only = settings(oracle_negatives="mask_itc")
+    assert excluded_negatives(itc_only, world["spec"], records, itm=True) is None
+    assert excluded_negatives(settings(oracle_negatives="mask"), world["spec"], records, itm=True) is not None
     batch = torch.tensor([records[k].pair_id for k in range(0, len(records), 3)][:24])
     got = exclude(batch)
+    assert excluded_negatives(itc_only, world["spec"], records)(batch).equal(got)
     by_id = {r.pair_id: r for r in records}
     for i, a in enumerate(batch.tolist()):
         for j, b in enumerate(batch.tolist()):
@@ -64,7 +69,10 @@ def test_refused_without_an_oracle_or_beside_a_method(world, tmp_path):
     for recipe in ("shapes-mafa", "shapes-glofnd"):
         with pytest.raises(FalconError, match="oracle_negatives=mask works on the in-batch ITC with false_negatives none"):
             load_recipe(recipe, ["pretrain.oracle_negatives=mask"])
-    with pytest.raises(FalconError, match="expected one of keep or mask"):
+    for recipe in ("shapes-diht", "shapes-glofnd"):
+        with pytest.raises(FalconError, match="oracle_negatives=mask_itc works on the in-batch ITC"):
+            load_recipe(recipe, ["pretrain.oracle_negatives=mask_itc"])
+    with pytest.raises(FalconError, match="expected one of keep, mask or mask_itc"):
         load_recipe("shapes-grit", ["pretrain.oracle_negatives=drop"])
 
 

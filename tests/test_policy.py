@@ -348,3 +348,52 @@ def test_scheduler_update_takes_cpu_records_on_a_cuda_policy():
     out = scheduler.update(record, reward=1.0)
     assert out["advantage"] == 1.0 and out["log_prob"] == out["log_prob"]
     assert any(not torch.equal(a, b) for a, b in zip(before, scheduler.policy.parameters()))
+
+
+def test_flags_and_weights_scored_in_both_directions_against_a_loop():
+    """FlagsAgainstOracle over two steps: a text anchor's flags are scored against the transposed truth (caption i
+    against image j), weights by the mean over the truly matching and over the true negatives, each direction and
+    pooled; an old checkpoint's image-only counts load as the image direction."""
+    from falcon_cli.objectives.false_negatives import FalseNegatives, FlagsAgainstOracle
+
+    g = torch.Generator().manual_seed(5)
+    truth = torch.rand(7, 7, generator=g) < 0.35  # rows images, columns captions
+    method = FalseNegatives()
+    flags = FlagsAgainstOracle(method, lambda ids: truth, torch.device("cpu"))
+    assert method.watched
+    steps = [tuple(torch.rand(7, 7, generator=g) < 0.3 for _ in range(2)) for _ in range(2)]
+    weights = [tuple(torch.rand(7, 7, generator=g) * 2 for _ in range(2)) for _ in range(2)]
+    for flagged, weight in zip(steps, weights):
+        method.flagged, method.weights = flagged, weight
+        flags.observe(torch.arange(7))
+    summary = flags.epoch_summary()
+    totals = {}
+    for d, matrix in enumerate((truth.tolist(), truth.t().tolist())):
+        tp = fp = fn = 0
+        w_false = w_true = n_false = n_true = 0.0
+        for flagged, weight in zip(steps, weights):
+            for i in range(7):
+                for j in range(7):
+                    if i == j:
+                        continue
+                    f, t, w = bool(flagged[d][i, j]), matrix[i][j], float(weight[d][i, j])
+                    tp, fp, fn = tp + (f and t), fp + (f and not t), fn + (t and not f)
+                    w_false, n_false = (w_false + w, n_false + 1) if t else (w_false, n_false)
+                    w_true, n_true = (w_true + w, n_true + 1) if not t else (w_true, n_true)
+        key = ("i2t", "t2i")[d]
+        assert summary[f"{key}_flagged"] == tp + fp and summary[f"{key}_true_false_negatives"] == tp + fn
+        assert summary[f"{key}_precision"] == pytest.approx(tp / (tp + fp))
+        assert summary[f"{key}_recall"] == pytest.approx(tp / (tp + fn))
+        assert summary[f"{key}_weight_false"] == pytest.approx(w_false / n_false)
+        assert summary[f"{key}_weight_true"] == pytest.approx(w_true / n_true)
+        totals[key] = (tp, fp, fn)
+    tp, fp, fn = (sum(v) for v in zip(*totals.values()))
+    assert summary["precision"] == pytest.approx(tp / (tp + fp)) and summary["recall"] == pytest.approx(tp / (tp + fn))
+    assert summary["negatives"] == 2 * 2 * 42
+    assert flags.epoch_summary() is None  # the counts start again at zero
+    flags.load_state_dict({"counts": [3, 1, 2, 42]})  # (image anchors only, as checkpoints before both directions)
+    assert flags.counts.tolist() == [[3, 1, 2, 42], [0, 0, 0, 0]]
+    restored = FlagsAgainstOracle(FalseNegatives(), lambda ids: truth, torch.device("cpu"))
+    flags.load_state_dict(flags.state_dict())
+    restored.load_state_dict(flags.state_dict())
+    assert restored.counts.equal(flags.counts) and restored.sums.equal(flags.sums)

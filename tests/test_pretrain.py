@@ -715,6 +715,7 @@ FN_METHODS = {
     "mafa": ["pretrain.false_negatives=mafa", "pretrain.mafa.judge=oracle"],
     "glofnd": ["pretrain.false_negatives=glofnd", "pretrain.glofnd.alpha=0.3", "pretrain.glofnd.lr=0.5",
                "pretrain.glofnd.start_epoch=1", "pretrain.checkpoint_every=1", "pretrain.keep_last=10"],
+    "diht": ["pretrain.false_negatives=diht", "pretrain.diht.beta=1.0"],
 }
 
 
@@ -733,7 +734,18 @@ def test_false_negative_methods_train_from_the_cli(world, reference_run, tmp_pat
     if method == "mafa":  # the oracle as discriminator: everything it converts is a true false negative
         assert all("fn_converted_i2t" in r and "fn_swapped_t2i" in r for r in steps)
         assert [r["epoch"] for r in summaries] == [0, 1] and sum(r["flagged"] for r in summaries) > 0
-        assert all(r["precision"] == 1.0 for r in summaries if r["flagged"])
+        for r in summaries:  # both directions scored, and the pooled counts are their sums
+            assert r["flagged"] == r["i2t_flagged"] + r["t2i_flagged"] and r["negatives"] == 2 * r["i2t_negatives"]
+            assert all(r[f"{key}precision"] == 1.0 for key in ("", "i2t_", "t2i_") if r[f"{key}flagged"])
+        assert sum(r["t2i_flagged"] for r in summaries) > 0
+    elif method == "diht":  # weights, not flags: the mean weight of the false and of the true negatives
+        assert [r["epoch"] for r in summaries] == [0, 1] and all("flagged" not in r for r in summaries)
+        for r in summaries:
+            for key in ("", "i2t_", "t2i_"):
+                assert r[f"{key}weight_false"] > 0 and r[f"{key}weight_true"] > 0 and 0 < r[f"{key}false_share"] < 1
+                # the weights average 1 over each anchor's negatives
+                mean = r[f"{key}false_share"] * r[f"{key}weight_false"] + (1 - r[f"{key}false_share"]) * r[f"{key}weight_true"]
+                assert mean == pytest.approx(1.0, abs=1e-6)
     elif method == "glofnd":  # thresholds learned from epoch 1 (steps 3, 4), with the authors' bias correction
         assert [r["epoch"] for r in summaries] == [1] and [r["epoch"] for r in steps] == [0, 0, 1, 1]  # nothing flagged before
         assert all(("glofnd_lambda_image" in r) == (r["epoch"] == 1) for r in steps)

@@ -130,6 +130,13 @@ def test_vlp_objective_masks_same_image_pairs_in_itc_and_itm():
     assert masked.itc.item() != pytest.approx(plain.itc.item(), rel=1e-6)
     assert measured["itc"].item() == pytest.approx(masked.itc.item(), rel=1e-5)
     assert measured["itm"].item() == pytest.approx(masked.itm.item(), rel=1e-5)
+    assert masked.itm.item() != pytest.approx(plain.itm.item(), rel=1e-6)  # (the hardest negative of 0 was 1)
+    # `oracle_negatives: mask_itc`: the ITC masked, ITM's mining as without the mask
+    with torch.no_grad():
+        itc_only = objective(images, ids, attention, mask,
+                             context=StepContext(torch.arange(4), same_image=same, mask_itm=False))
+    assert itc_only.itc.item() == pytest.approx(masked.itc.item(), rel=1e-5)
+    assert itc_only.itm.item() == pytest.approx(plain.itm.item(), rel=1e-5)
 
 
 def test_config_refuses_mask_where_it_does_not_apply():

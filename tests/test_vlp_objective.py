@@ -201,7 +201,7 @@ def test_active_false_negative_methods_change_the_loss_and_report(model):
     assert set(calls[0][0]) <= set(ids.tolist()) and set(calls[0][1]) <= set(ids.tolist())
     assert mafa.stats["fn_converted_i2t"] == 6 and mafa.stats["fn_converted_t2i"] == 6
     assert mafa.mining.neg_labels.tolist() == [1] * 12, "converted pairs are ITM matches"
-    assert len(mafa.mining.mlm_image_index) == 12 and int(mafa.flagged_i2t.sum()) == 6, "an MLM pair per conversion"
+    assert len(mafa.mining.mlm_image_index) == 12 and int(mafa.flagged[0].sum()) == 6, "an MLM pair per conversion"
     for part in ("itc", "itm", "mlm"):
         assert not torch.allclose(getattr(out, part), getattr(plain, part)), part
 

@@ -477,12 +477,14 @@ class PretrainConfig(Section):
     ALBEF, GRIT-VLP and FALCON do, although each is a false negative by construction; ``mask`` removes them
     from the ITC softmax denominators and from ITM negative mining (and from FALCON's ITC/ITM rewards).
     ``mask`` needs ``itc: grit`` and ``false_negatives`` ``none`` or ``glofnd``."""
-    oracle_negatives: Literal["keep", "mask"] = "keep"
+    oracle_negatives: Literal["keep", "mask", "mask_itc"] = "keep"
     """A diagnostic on a shapes world, not a method: ``mask`` removes every in-batch pair that the world's oracle
     says truly matches (pairs that show the same image included) from the ITC denominators and ITM mining, as
     ``same_image: mask`` does for shared images. It reads the ground truth no real run has, so it measures what the
-    false negatives cost a composer: the most any false-negative method could win back. ``keep``: train as usual.
-    ``mask`` needs a shapes world, ``itc: grit`` and ``false_negatives: none``."""
+    false negatives cost a composer: the most any false-negative method could win back. ``mask_itc`` removes them
+    from the ITC denominators alone (ITM mines its negatives as usual): the ceiling of a method that changes only
+    the ITC (GloFND, SRCL, DiHT). ``keep``: train as usual. Both masks need a shapes world, ``itc: grit`` and
+    ``false_negatives: none``."""
 
     @model_validator(mode="after")
     def _check_false_negatives(self) -> "PretrainConfig":
@@ -493,13 +495,17 @@ class PretrainConfig(Section):
             raise ValueError("same_image=mask works on the in-batch ITC with false_negatives none or glofnd "
                              f"(got itc={self.itc}, false_negatives={self.false_negatives}); MAFA, SRCL and DiHT "
                              "handle false negatives their own way")
-        if self.oracle_negatives == "mask" and (self.itc != "grit" or self.false_negatives != "none"):
-            raise ValueError("oracle_negatives=mask works on the in-batch ITC with false_negatives none (got "
+        if self.oracle_negatives != "keep" and (self.itc != "grit" or self.false_negatives != "none"):
+            raise ValueError(f"oracle_negatives={self.oracle_negatives} works on the in-batch ITC with false_negatives none (got "
                              f"itc={self.itc}, false_negatives={self.false_negatives}): it is the bound the "
                              "false-negative methods are measured against, not one to combine with them")
         if self.quantile_scale != "linear" and self.composer in ("uniform", "grit"):
             raise ValueError(f"quantile_scale={self.quantile_scale} changes how a drawn q picks: composer {self.composer} "
                              "draws none; use it with composer quantile, progressive or falcon")
+        if self.false_negatives == "glofnd" and self.glofnd.start_epoch >= self.epochs:
+            raise ValueError(f"glofnd.start_epoch={self.glofnd.start_epoch} is past the last epoch (epochs={self.epochs}: "
+                             f"0 to {self.epochs - 1}), so GloFND would never filter; set pretrain.glofnd.start_epoch "
+                             f"below {self.epochs} (docs/methods.md: start after the same fraction of training as the paper)")
         if self.mafa.low > self.mafa.high:
             raise ValueError(f"mafa.low ({self.mafa.low}) must not exceed mafa.high ({self.mafa.high})")
         if self.graph_step and self.false_negatives == "mafa":

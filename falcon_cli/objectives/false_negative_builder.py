@@ -1,7 +1,7 @@
 """The run's false-negative method, built from the pretrain settings with every input checked before any
 training: MAFA's judge, SRCL's auxiliary features, GloFND's per-pair thresholds, DiHT's weights, or the
-framework's plain ITC (``false_negatives: none``, built with the objective). On a shapes world the methods that flag false negatives
-(MAFA, GloFND) also get the oracle, so what they flag can be measured against the truth."""
+framework's plain ITC (``false_negatives: none``, built with the objective). On a shapes world every method but the plain ITC also gets the
+oracle, so what it flags (MAFA, GloFND) or how it weights (SRCL, DiHT) can be measured against the truth."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ from falcon_cli.judges.pairs import DatasetPairs
 from falcon_cli.objectives import false_negatives as methods
 from falcon_cli.sampling.cache import EmbeddingCache
 
-FLAGGING_METHODS = ("mafa", "glofnd")
-"""The methods that flag pairs as false negatives (their flags are compared with the oracle's truth)."""
+SCORED_METHODS = ("mafa", "glofnd", "srcl", "diht")
+"""The methods whose decisions about negatives are scored against the oracle's truth: MAFA and GloFND flag pairs
+as false negatives (converted, dropped), SRCL and DiHT weight every negative."""
 
 
 def build_false_negatives(config: Any, spec: Any, dataset: Any, device: torch.device, run: Any, *,
@@ -29,11 +30,11 @@ def build_false_negatives(config: Any, spec: Any, dataset: Any, device: torch.de
     """The run's false-negative method (``config.pretrain.false_negatives``; ``none``: None, the framework's plain
     ITC, which :func:`falcon_cli.frameworks.build_objective` supplies), every input checked now, and on a shapes
     world ``truth(pair_ids) -> bool [B, B]`` (image i truly described by caption j, off the diagonal) for the
-    methods that flag; None elsewhere. ``run``: the run directory (SRCL's default features are its
+    methods scored against it (:data:`SCORED_METHODS`); None elsewhere. ``run``: the run directory (SRCL's default features are its
     ``embeddings/embeddings.h5``); ``warn``: prints a warning line."""
     p = config.pretrain
     world = spec.resolve(spec.shapes_world) if spec.shapes_world is not None else None
-    truth = in_batch_truth(world, dataset.records) if world is not None and p.false_negatives in FLAGGING_METHODS else None
+    truth = in_batch_truth(world, dataset.records) if world is not None and p.false_negatives in SCORED_METHODS else None
     if p.false_negatives == "diht":
         return methods.Diht(beta=p.diht.beta, alpha=p.diht.alpha), truth
     if p.false_negatives == "srcl":
@@ -84,16 +85,18 @@ def _mafa(p: Any, world: Any, dataset: Any) -> methods.Mafa:
 
 
 def excluded_negatives(p: Any, spec: Any, records: Any, device: torch.device | str = "cpu", *,
-                       check: bool = True) -> Callable[[torch.Tensor], torch.Tensor] | None:
+                       check: bool = True, itm: bool = False) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """``exclude(pair_ids) -> bool [B, B]`` on ``device``: the in-batch pairs (rows images, columns texts, off the
     diagonal) kept out of the ITC denominators and ITM mining, or None when none are (``p``: the pretrain
     settings). ``same_image: mask``: pairs that show the same image; ``oracle_negatives: mask``: every pair the
     shapes oracle says truly matches (a superset: another caption of an image describes it). The pretrain stage
     masks with it and the audit replays the same ITM mining. ``check``: fail on an unknown pair id (the training
-    loop, whose ids come from the dataset itself, skips that host synchronisation)."""
-    if p.oracle_negatives == "mask":  # (it holds every same-image pair too, so it stands for both)
+    loop, whose ids come from the dataset itself, skips that host synchronisation). ``itm``: the pairs ITM's mining
+    skips, which ``oracle_negatives: mask_itc`` leaves out (its mask is the ITC's alone)."""
+    oracle = p.oracle_negatives == "mask" or (p.oracle_negatives == "mask_itc" and not itm)
+    if oracle:  # (it holds every same-image pair too, so it stands for both)
         if spec.shapes_world is None:
-            raise FalconError(f"pretrain.oracle_negatives=mask: the dataset in {spec.base_dir} is not a shapes world (its "
+            raise FalconError(f"pretrain.oracle_negatives={p.oracle_negatives}: the dataset in {spec.base_dir} is not a shapes world (its "
                               "dataset.yaml names no shapes_world), so no oracle knows its false negatives; set "
                               "pretrain.oracle_negatives=keep")
         truth = in_batch_truth(spec.resolve(spec.shapes_world), records)  # (on the host: a diagnostic, not for speed)
@@ -103,4 +106,4 @@ def excluded_negatives(p: Any, spec: Any, records: Any, device: torch.device | s
         return lambda ids: shared.mask(ids, check=check)
     return None
 
-__all__ = ["FLAGGING_METHODS", "build_false_negatives", "excluded_negatives"]
+__all__ = ["SCORED_METHODS", "build_false_negatives", "excluded_negatives"]

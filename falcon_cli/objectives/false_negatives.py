@@ -19,9 +19,10 @@ A dual encoder trained with SigLIP's sigmoid loss asks :meth:`FalseNegatives.sig
 (convert its label to +1, drop it, or weight it; see that method).
 
 What changes per step comes in a :class:`StepContext` (the batch's pair ids, the epoch, the step
-of the run). After each forward, ``flagged_i2t`` (bool [B, B], rows images, columns texts) says
-which in-batch negatives the method treated as false (MAFA: converted; GloFND: dropped) and
-``stats`` holds the step's counts, for the metrics log and for measuring the method against an oracle.
+of the run). After each forward, ``flagged`` (bool [B, B] per direction: image anchors over texts, text
+anchors over images) says which in-batch negatives the method treated as false (MAFA: converted; GloFND:
+dropped), ``weights`` (while watched) the weight SRCL or DiHT gave each negative, and ``stats`` holds the
+step's counts, for the metrics log and for measuring the method against an oracle.
 """
 
 from __future__ import annotations
@@ -57,9 +58,17 @@ class StepContext:
     same_image: Tensor | None = None
     """bool [B, B]: pairs i != j of the batch that show the same image, to remove from the ITC
     denominators (``pretrain.same_image: mask``); None = none removed."""
+    mask_itm: bool = True
+    """Whether ITM's negative mining skips the ``same_image`` pairs too (``pretrain.oracle_negatives: mask_itc``
+    keeps them out of the ITC alone: the ceiling of a method that changes only the ITC)."""
     progress: Tensor | None = None
     """``step / total_steps`` as a 0-d float tensor on the device (``pretrain.graph_step``: a captured step reads
     the schedule from it, so one graph serves every step); None: the methods read ``step`` and ``total_steps``."""
+
+    @property
+    def itm_excluded(self) -> Tensor | None:
+        """The pairs ITM's negative mining skips: ``same_image`` unless the mask is the ITC's alone."""
+        return self.same_image if self.mask_itm else None
 
 
 class FalseNegatives(nn.Module):
@@ -69,9 +78,20 @@ class FalseNegatives(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.flagged_i2t: Tensor | None = None
+        self.flagged: tuple[Tensor, Tensor] | None = None
+        """What the step judged false, per direction: (image anchors over texts [B, B], text anchors over images
+        [B, B]), bool, off the diagonal (MAFA converts, GloFND drops); None for a method that flags nothing."""
+        self.weights: tuple[Tensor, Tensor] | None = None
+        """The step's weight of every in-batch negative in the ITC denominator, per direction as ``flagged``
+        (SRCL, DiHT), kept only while :attr:`watched` (a weight below 1 down-weights the pair)."""
+        self.watched = False
+        """Set by :class:`FlagsAgainstOracle`: keep the step's weights for it (they cost a [B, B] pass)."""
         self.mining = None
         self.stats: dict[str, float | Tensor] = {}
+
+    def _reset(self, stats: dict | None = None) -> None:
+        """A new step: nothing flagged, weighted or mined yet."""
+        self.flagged, self.weights, self.mining, self.stats = None, None, None, stats or {}
 
     def checkpoint_parts(self) -> dict[str, nn.Module]:
         """State a checkpoint keeps as weight files (``{file stem: module}``): none, but GloFND's thresholds."""
@@ -81,7 +101,7 @@ class FalseNegatives(nn.Module):
             context: StepContext | None) -> ItcOutput:
         """The batch's ITC loss (plain GRIT ITC here, without the pairs that share an image if the context
         names them)."""
-        self.flagged_i2t, self.mining, self.stats = None, None, {}
+        self._reset()
         return itc_grit(image_feat, text_feat, temperature, consistency_weight=consistency_weight,
                         exclude=_same_image(context))
 
@@ -100,7 +120,7 @@ class FalseNegatives(nn.Module):
           ``(N - 1) softmax_{j != i}(β t s_ij)`` (the positive keeps weight 1: α has no counterpart);
         * SRCL: the same with SRCL's weights ``(N - 1) softmax_{j != i}(-δ cos_mix_ij)``.
         """
-        self.flagged_i2t, self.mining, self.stats = None, None, {}
+        self._reset()
         return distributed_sigmoid_loss(image_feat, text_feat, logit_scale, logit_bias, exclude=_same_image(context))
 
 
@@ -120,7 +140,7 @@ class PlainItc(FalseNegatives):
         self.label_smoothing, self.stop_gradient = float(label_smoothing), bool(stop_gradient)
 
     def itc(self, image_feat, text_feat, temperature, consistency_weight, context):
-        self.flagged_i2t, self.mining, self.stats = None, None, {}
+        self._reset()
         return itc_grit(image_feat, text_feat, temperature, consistency_weight=consistency_weight,
                         exclude=_same_image(context), label_smoothing=self.label_smoothing,
                         stop_gradient=self.stop_gradient)
@@ -146,12 +166,15 @@ class Diht(FalseNegatives):
         self.beta, self.alpha = float(beta), float(alpha)
 
     def itc(self, image_feat, text_feat, temperature, consistency_weight, context):
-        self.flagged_i2t, self.mining, self.stats = None, None, {}
-        return itc_hn_nce(image_feat, text_feat, temperature, beta_i2t=self.beta, beta_t2i=self.beta, alpha=self.alpha,
-                          consistency_weight=consistency_weight)
+        self._reset()
+        out = itc_hn_nce(image_feat, text_feat, temperature, beta_i2t=self.beta, beta_t2i=self.beta, alpha=self.alpha,
+                         consistency_weight=consistency_weight)
+        if self.watched:  # (the loss's own weights: from its detached logits)
+            self.weights = tuple(negative_log_weights(self.beta * sim.detach()).exp() for sim in (out.sim_i2t, out.sim_t2i))
+        return out
 
     def sigmoid(self, image_feat, text_feat, logit_scale, logit_bias, context):
-        self.flagged_i2t, self.mining, self.stats = None, None, {}
+        self._reset()
         with torch.no_grad():
             logits = image_text_similarity(image_feat.detach().float(), text_feat.detach().float()) * logit_scale.detach()
             weights = pair_weights(negative_log_weights(self.beta * logits).exp(),
@@ -173,16 +196,20 @@ class Srcl(FalseNegatives):
         context = _needs_context(self.name, context)
         aux_image, aux_text = self.aux_features(context.pair_ids)
         mix = srcl_mix_at(context, self.until)
-        self.flagged_i2t, self.mining, self.stats = None, None, {"srcl_mix": mix}
-        return itc_srcl(image_feat, text_feat, temperature, aux_image_feat=aux_image.to(image_feat.device).float(),
-                        aux_text_feat=aux_text.to(image_feat.device).float(), mix=mix, delta=self.delta,
-                        consistency_weight=consistency_weight)
+        self._reset({"srcl_mix": mix})
+        aux_image, aux_text = aux_image.to(image_feat.device).float(), aux_text.to(image_feat.device).float()
+        if self.watched:
+            with torch.no_grad():
+                self.weights = srcl_weights(image_feat.detach(), text_feat.detach(), aux_image_feat=aux_image,
+                                            aux_text_feat=aux_text, mix=mix, delta=self.delta)
+        return itc_srcl(image_feat, text_feat, temperature, aux_image_feat=aux_image, aux_text_feat=aux_text, mix=mix,
+                        delta=self.delta, consistency_weight=consistency_weight)
 
     def sigmoid(self, image_feat, text_feat, logit_scale, logit_bias, context):
         context = _needs_context(self.name, context)
         aux_image, aux_text = self.aux_features(context.pair_ids)
         mix = srcl_mix_at(context, self.until)
-        self.flagged_i2t, self.mining, self.stats = None, None, {"srcl_mix": mix}
+        self._reset({"srcl_mix": mix})
         w_i2t, w_t2i = srcl_weights(image_feat, text_feat, aux_image_feat=aux_image.to(image_feat.device).float(),
                                     aux_text_feat=aux_text.to(image_feat.device).float(), mix=mix, delta=self.delta)
         return distributed_sigmoid_loss(image_feat, text_feat, logit_scale, logit_bias,
@@ -220,7 +247,7 @@ class Glofnd(FalseNegatives):
 
     def itc(self, image_feat, text_feat, temperature, consistency_weight, context):
         context = _needs_context(self.name, context)
-        self.flagged_i2t, self.mining, self.stats = None, None, {}
+        self._reset()
         if not glofnd_active(context.epoch, self.start_epoch):
             return itc_grit(image_feat, text_feat, temperature, consistency_weight=consistency_weight,
                             exclude=context.same_image)
@@ -228,19 +255,19 @@ class Glofnd(FalseNegatives):
         itc, drop_i2t, drop_t2i = itc_glofnd(image_feat, text_feat, temperature, lambda_image=lambda_image,
                                              lambda_text=lambda_text, consistency_weight=consistency_weight,
                                              exclude=context.same_image)
-        self._record(drop_i2t, drop_t2i, lambda_image, lambda_text, flagged=drop_i2t)
+        self._record(drop_i2t, drop_t2i, lambda_image, lambda_text, flagged=(drop_i2t, drop_t2i))
         return itc
 
     def sigmoid(self, image_feat, text_feat, logit_scale, logit_bias, context):
         context = _needs_context(self.name, context)
-        self.flagged_i2t, self.mining, self.stats = None, None, {}
+        self._reset()
         if not glofnd_active(context.epoch, self.start_epoch):
             return distributed_sigmoid_loss(image_feat, text_feat, logit_scale, logit_bias, exclude=context.same_image)
         cos_i2t, cos_t2i, lambda_image, lambda_text = self._step_thresholds(image_feat, text_feat, context)
         drop_i2t, drop_t2i = glofnd_drop_masks(cos_i2t, cos_t2i, lambda_image.reshape(-1), lambda_text.reshape(-1))
         dropped = drop_i2t | drop_t2i.t()  # a pair above either of its anchors' thresholds
         removed = dropped if context.same_image is None else dropped | context.same_image.to(dropped.device).bool()
-        self._record(drop_i2t, drop_t2i, lambda_image, lambda_text, flagged=dropped)
+        self._record(drop_i2t, drop_t2i, lambda_image, lambda_text, flagged=(dropped, dropped.t()))
         return distributed_sigmoid_loss(image_feat, text_feat, logit_scale, logit_bias, exclude=removed)
 
     def _step_thresholds(self, image_feat: Tensor, text_feat: Tensor, context: StepContext):
@@ -251,10 +278,11 @@ class Glofnd(FalseNegatives):
         self._share_updates(context.pair_ids)
         return cos_i2t, cos_t2i, lambda_image.to(image_feat.device), lambda_text.to(image_feat.device)
 
-    def _record(self, drop_i2t: Tensor, drop_t2i: Tensor, lambda_image: Tensor, lambda_text: Tensor, *, flagged: Tensor) -> None:
-        """What the step flagged, and its stats as 0-d tensors (read, and synchronised, only on the steps the
-        metrics log writes)."""
-        self.flagged_i2t, self.mining = flagged, None
+    def _record(self, drop_i2t: Tensor, drop_t2i: Tensor, lambda_image: Tensor, lambda_text: Tensor, *,
+                flagged: tuple[Tensor, Tensor]) -> None:
+        """What the step flagged (per direction), and its stats as 0-d tensors (read, and synchronised, only on the
+        steps the metrics log writes)."""
+        self.flagged, self.mining = flagged, None
         self.stats = {"fn_dropped_i2t": drop_i2t.sum(), "fn_dropped_t2i": drop_t2i.sum(),
                       "glofnd_lambda_image": lambda_image.mean(), "glofnd_lambda_text": lambda_text.mean()}
 
@@ -290,7 +318,7 @@ class Mafa(FalseNegatives):
         self.mlm_pairs = mlm_pairs
 
     def _mine(self, image_feat: Tensor, text_feat: Tensor, temperature, context: StepContext):
-        """Connection mining of the batch (no gradient); sets ``flagged_i2t``, ``mining`` and ``stats``."""
+        """Connection mining of the batch (no gradient); sets ``flagged``, ``mining`` and ``stats``."""
         pair_ids = context.pair_ids
 
         def score(image_index: Tensor, text_index: Tensor) -> Tensor:
@@ -304,7 +332,7 @@ class Mafa(FalseNegatives):
             sim = image_text_similarity(v, t) / tau  # rows images; its transpose is the text-anchor view
             mining = connection_mining(sim, sim.t(), score, high=self.high, low=self.low, mlm_pairs=self.mlm_pairs)
         eye = torch.eye(len(pair_ids), dtype=torch.bool, device=mining.positive_mask_i2t.device)
-        self.flagged_i2t, self.mining = mining.positive_mask_i2t & ~eye, mining
+        self.flagged, self.mining = (mining.positive_mask_i2t & ~eye, mining.positive_mask_t2i & ~eye), mining
         self.stats = {"fn_converted_i2t": mining.converted_i2t, "fn_converted_t2i": mining.converted_t2i,
                       "fn_swapped_i2t": mining.swapped_i2t, "fn_swapped_t2i": mining.swapped_t2i}
         return mining
@@ -321,8 +349,12 @@ class Mafa(FalseNegatives):
         mining = self._mine(image_feat, text_feat, 1.0 / logit_scale.detach(), _needs_context(self.name, context))
         converted = mining.positive_mask_i2t | mining.positive_mask_t2i.t()
         eye = torch.eye(converted.shape[0], dtype=torch.bool, device=converted.device)
-        self.flagged_i2t, self.mining = converted & ~eye, None  # (no ITM to swap partners in, no MLM pairs)
+        self.flagged, self.mining = (converted & ~eye, converted.t() & ~eye), None  # (no ITM to swap in, no MLM pairs)
         return distributed_sigmoid_loss(image_feat, text_feat, logit_scale, logit_bias, positive_mask=converted)
+
+
+DIRECTIONS = ("i2t", "t2i")
+"""The two directions a method judges negatives in: image anchors over texts, text anchors over images."""
 
 
 def flag_counts(flagged: Tensor, truth: Tensor) -> Tensor:
@@ -335,43 +367,92 @@ def flag_counts(flagged: Tensor, truth: Tensor) -> Tensor:
                         (~flagged & truth & off).sum(), off.sum()]).long()
 
 
+def weight_sums(weights: Tensor, truth: Tensor) -> Tensor:
+    """``float64 [4]``: (the summed weight of the truly matching negatives, their count, the summed weight of the
+    true negatives, their count) for one batch; ``weights`` float [B, B], ``truth`` bool [B, B], the diagonal left
+    out. On ``weights``' device, like :func:`flag_counts`."""
+    truth = truth.to(weights.device).bool()
+    off = ~torch.eye(weights.shape[0], dtype=torch.bool, device=weights.device)
+    false, true = truth & off, ~truth & off
+    w = weights.detach().double()
+    return torch.stack([(w * false).sum(), false.sum().double(), (w * true).sum(), true.sum().double()])
+
+
 class FlagsAgainstOracle:
-    """An epoch's running :func:`flag_counts` of a flagging method (MAFA, GloFND) against the oracle's
-    ``truth(pair_ids) -> bool [B, B]``, kept on the device (no host sync per step) and summed over ranks at
-    the epoch's end."""
+    """An epoch's running scores of a false-negative method's decisions against the oracle's
+    ``truth(pair_ids) -> bool [B, B]`` (rows images, columns texts), in both directions: what it flagged
+    (:func:`flag_counts`: MAFA, GloFND) and the weights it gave (:func:`weight_sums`: SRCL, DiHT). Kept on the
+    device (no host sync per step) and summed over ranks at the epoch's end."""
 
     def __init__(self, method: FalseNegatives, truth: Callable[[Tensor], Tensor], device: torch.device):
         self.method, self.truth = method, truth
-        self.counts = torch.zeros(4, dtype=torch.long, device=device)
+        method.watched = True
+        self.counts = torch.zeros(2, 4, dtype=torch.long, device=device)
+        self.sums = torch.zeros(2, 4, dtype=torch.float64, device=device)
 
     def observe(self, pair_ids: Tensor) -> None:
-        """After a step: add what the method flagged in the batch of ``pair_ids`` (CPU ids) against the truth."""
-        if self.method.flagged_i2t is not None:
-            self.counts += flag_counts(self.method.flagged_i2t, self.truth(pair_ids))
+        """After a step: add what the method flagged or weighted in the batch of ``pair_ids`` (CPU ids) against the
+        truth (a text anchor's truth is the transpose: caption i against image j)."""
+        flagged, weights = self.method.flagged, self.method.weights
+        if flagged is None and weights is None:
+            return
+        truth = self.truth(pair_ids)
+        truths = (truth, truth.t())
+        for d in range(2):
+            if flagged is not None:
+                self.counts[d] += flag_counts(flagged[d], truths[d])
+            if weights is not None:
+                self.sums[d] += weight_sums(weights[d], truths[d])
 
     def epoch_summary(self) -> dict[str, float | int | None] | None:
         """The epoch's :func:`flag_summary` over every rank (None when nothing was compared: GloFND before its
-        start epoch flags nothing); the counts start again at zero."""
+        start epoch flags nothing, the plain ITC never does); the counts start again at zero."""
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(self.counts)
-        summary = flag_summary(self.counts) if int(self.counts[3]) else None
+            torch.distributed.all_reduce(self.sums)
+        compared = bool(self.counts[:, 3].sum()) or bool(self.sums[:, 1].sum() + self.sums[:, 3].sum())
+        summary = flag_summary(self.counts, self.sums) if compared else None
         self.counts.zero_()
+        self.sums.zero_()
         return summary
 
-    def state_dict(self) -> dict[str, list[int]]:
-        return {"counts": self.counts.tolist()}
+    def state_dict(self) -> dict[str, list]:
+        return {"counts": self.counts.tolist(), "sums": self.sums.tolist()}
 
-    def load_state_dict(self, state: dict[str, list[int]]) -> None:
-        self.counts = torch.tensor(state["counts"], dtype=torch.long, device=self.counts.device)
+    def load_state_dict(self, state: dict[str, list]) -> None:
+        counts = torch.tensor(state["counts"], dtype=torch.long)
+        if counts.dim() == 1:  # (a checkpoint from before both directions were scored: image anchors only)
+            counts = torch.stack([counts, torch.zeros_like(counts)])
+        self.counts = counts.to(self.counts.device)
+        self.sums = torch.tensor(state.get("sums", [[0.0] * 4] * 2), dtype=torch.float64, device=self.sums.device)
 
 
-def flag_summary(counts: Tensor) -> dict[str, float | int | None]:
-    """Precision / recall of the flags against the truth from :func:`flag_counts` totals."""
-    tp, fp, fn, negatives = (int(v) for v in counts.tolist())
-    return {"flagged": tp + fp, "true_false_negatives": tp + fn, "negatives": negatives,
-            "precision": tp / (tp + fp) if tp + fp else None, "recall": tp / (tp + fn) if tp + fn else None}
+def flag_summary(counts: Tensor, sums: Tensor | None = None) -> dict[str, float | int | None]:
+    """Precision / recall of the flags against the truth from :func:`flag_counts` totals (``counts`` [4], one
+    direction, or [2, 4], both: then each direction's keys prefixed ``i2t_`` / ``t2i_`` and the unprefixed ones
+    pooled over both), and the mean weight of the truly matching (``weight_false``) and of the true negatives
+    (``weight_true``) from :func:`weight_sums` totals, where the method weighs its negatives."""
+    counts = counts.reshape(-1, 4)
+    sums = torch.zeros(counts.shape[0], 4, dtype=torch.float64) if sums is None else sums.reshape(-1, 4)
+    rows = [(None, counts.sum(0), sums.sum(0))]
+    if counts.shape[0] == 2:
+        rows += [(d, counts[i], sums[i]) for i, d in enumerate(DIRECTIONS)]
+    out: dict[str, float | int | None] = {}
+    for direction, c, w in rows:
+        prefix = f"{direction}_" if direction else ""
+        tp, fp, fn, negatives = (int(v) for v in c.tolist())
+        if negatives:
+            out.update({f"{prefix}flagged": tp + fp, f"{prefix}true_false_negatives": tp + fn,
+                        f"{prefix}negatives": negatives, f"{prefix}precision": tp / (tp + fp) if tp + fp else None,
+                        f"{prefix}recall": tp / (tp + fn) if tp + fn else None})
+        w_false, n_false, w_true, n_true = (float(v) for v in w.tolist())
+        if n_false or n_true:
+            out.update({f"{prefix}weight_false": w_false / n_false if n_false else None,
+                        f"{prefix}weight_true": w_true / n_true if n_true else None,
+                        f"{prefix}false_share": n_false / (n_false + n_true)})
+    return out
 
 
 __all__ = ["StepContext", "FalseNegatives", "PlainItc", "Diht", "Srcl", "Glofnd", "Mafa", "FlagsAgainstOracle",
-           "flag_counts", "flag_summary",
+           "flag_counts", "weight_sums", "flag_summary", "DIRECTIONS",
            "pair_weights", "srcl_mix_at"]

@@ -96,7 +96,7 @@ class Blip2Objective(PretrainObjective):
         itc = self.false_negatives.itc(enc.image_feat, enc.text_feat, enc.temperature, self.consistency_weight, context)
         itm = self._itm_loss(enc.image_embeds, input_ids, attention_mask, itc, sample=self.itm_negatives == "sample",
                              generator=itm_generator, mining=self.false_negatives.mining,
-                             same_image=None if context is None else context.same_image)
+                             same_image=None if context is None else context.itm_excluded)
         itg = itg_loss(model.itg_logits(enc.image_embeds, input_ids, attention_mask), input_ids, attention_mask)
         loss = itc.loss + itm + itg
         return Blip2Losses(loss, itc.loss.detach(), itm.detach(), itg.detach(),

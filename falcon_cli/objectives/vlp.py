@@ -125,7 +125,7 @@ class VlpObjective(PretrainObjective):
 
         itm = self._itm_loss(enc.text_tokens, attention_mask, enc.image_tokens, itc,
                              sample=self.itm_negatives == "sample", generator=itm_generator, mining=mining,
-                             same_image=None if context is None else context.same_image)
+                             same_image=None if context is None else context.itm_excluded)
 
         # MLM: the masked caption through the text encoder, fused with its own image (MAFA: and with
         # the images it was found to match as well).

@@ -1,0 +1,419 @@
+"""A fair comparison where false negatives are dense: every false-negative method at settings derived from its paper
+by a written rule, one difference per arm, its decisions scored against the oracle, paired seeds (issue 67).
+
+    # everything, in order, resumable (a finished part of a run is skipped; an interrupted run resumes):
+    PYTHONPATH=. .venv/bin/python benchmarks/fair_dense.py --out runs/fair-dense --jobs 2 --threads 1
+    # the page's block, the rows and the figures from the finished runs (and the ledger's H200 rows):
+    PYTHONPATH=. .venv/bin/python benchmarks/fair_dense.py --out runs/fair-dense --collect --report docs/results.md
+
+The arms, all on the CPU in fp32 (a method arm trained there differs from the ledger's H200 bf16 runs in a second
+thing, the device, so it is compared with uniform trained here), each on the `dense` world and budget of
+``benchmarks/phase_sweep.py`` (``cpu``), from the same unimodal encoders, seeds 0-4:
+
+* ``uniform-cpu``: uniform batches, GRIT's ITC consistency term at 0.2 (the ledger's ``uniform``, here);
+* ``uniform-c0``: the control, uniform without the consistency term (weight 0): the base every false-negative
+  method drops the term from, so that each method's arm differs from it in its mechanism alone;
+* ``glofnd-rule``, ``mafa-rule``, ``srcl-rule``, ``diht-rule``: each method on uniform batches at its settings by
+  rule (:mod:`falcon_cli.method_rules`), its one tuned setting chosen on the tuning world; MAFA's Con-D and SRCL's
+  auxiliary model are the same seed's ``uniform-cpu`` run;
+* ``uniform-oracle-itc``: every false negative the oracle knows kept out of the ITC alone (``pretrain.
+  oracle_negatives: mask_itc``): the ceiling of a method that changes only the ITC (the ledger's ``uniform-oracle``
+  masks ITM's mining too, MAFA's ceiling).
+
+The tuning runs go first, in their own ``--tune-out`` (the tuning world: the same preset generated with world seed
+:data:`~falcon_cli.method_rules.TUNING_WORLD_SEED`, its own unimodal encoders): per method, each of its (at most two)
+candidate values once, seed 0, beside that world's ``uniform-cpu`` seed 0 (MAFA's and SRCL's model). The value with
+the higher FN-aware ITC R@1 on that world's test split is kept (``tuning.json``); nothing is chosen on the
+evaluation world.
+
+Writes to OUT: the runs (``runs/dense/<arm>-s<seed>/``), ``results.csv`` (a row per run), ``flags.csv`` (per run
+and epoch: what the method flagged or how it weighted, both directions, against the oracle), ``paired.csv``,
+``flags.png``; with ``--report``, the page's block between ``<!-- fair:begin -->`` and ``<!-- fair:end -->``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+from benchmarks.phase_sweep import (BUDGETS, EVALUATED, ITM_PRIOR, PhaseBudget, completed, generate_world, has_checkpoint,
+                                    merge_ledgers, prepare, run_dir, run_one, run_row)
+from benchmarks.shapes_sweep import AUDITED, finished_futures, replace_block
+from falcon_cli import method_rules as rules
+from falcon_cli.evaluation.intervals import paired_by_seed
+
+PRESET = "dense"
+BASE = "uniform-cpu"
+CONTROL = "uniform-c0"
+ITC_CEILING = "uniform-oracle-itc"
+RULE_ARMS = {"glofnd-rule": "glofnd", "mafa-rule": "mafa", "srcl-rule": "srcl", "diht-rule": "diht"}
+"""Arm -> the method (``pretrain.false_negatives``) it runs at its settings by rule."""
+ARMS = (BASE, CONTROL, *RULE_ARMS, ITC_CEILING)
+"""Every arm of the evaluation world, in the order the issue asks for (the base's seeds first: two methods read them)."""
+CEILING = {"glofnd": ITC_CEILING, "srcl": ITC_CEILING, "diht": ITC_CEILING, "mafa": "uniform-oracle"}
+"""Each method's ceiling: the oracle arm that masks what the method can act on (MAFA relabels ITM's pairs too, so
+its ceiling masks ITC and ITM: the ledger's H200 ``uniform-oracle``, usable only if the device moves uniform by
+less than :data:`DEVICE_TOLERANCE`)."""
+DEVICE_TOLERANCE = 0.5
+"""Points of R@1 within which the device's own effect (CPU uniform − H200 uniform, paired by seed: its 95%
+interval) must lie before an H200 arm of the ledger stands in for a CPU one."""
+
+
+def tuning_arm(method: str, value) -> str:
+    """The tuning run's arm name: the method and the value it tries (``glofnd-tune-15``)."""
+    return f"{method}-tune-{value:g}" if isinstance(value, float) else f"{method}-tune-{value}"
+
+
+def tuning_plan(testbed: rules.Testbed = rules.DENSE) -> list[tuple[str, str, object]]:
+    """(arm, method, value) of every tuning run, method by method."""
+    return [(tuning_arm(m, v), m, v) for m in RULE_ARMS.values() for v in dict.fromkeys(rules.candidates(m, testbed))]
+
+
+def testbed_of(budget: PhaseBudget) -> rules.Testbed:
+    """The rules' view of a budget: its epochs, batch and training pairs (five captions per `dense` training image),
+    with the tuning world's measured false-negative rate."""
+    images, splits = budget.world_size(PRESET)
+    return replace(rules.DENSE, epochs=budget.epochs, batch=budget.batch, pairs=round(images * splits["train"]) * 5)
+
+
+def arm_spec(arm: str, method: str | None, value, out: Path, seed: int,
+             testbed: rules.Testbed = rules.DENSE) -> tuple[str, list[str], str | None]:
+    """(recipe, overrides, auxiliary arm) of an arm: ``method`` at its tuned ``value`` for a rule or tuning arm."""
+    if arm == BASE:
+        return "shapes-uniform", [], None
+    if arm == CONTROL:
+        return "shapes-uniform", ["pretrain.itc_consistency_weight=0"], None
+    if arm == ITC_CEILING:
+        return "shapes-uniform", ["pretrain.oracle_negatives=mask_itc"], None
+    settings = rules.method_settings(method, value, testbed)
+    overrides = ["pretrain.composer=uniform", f"pretrain.false_negatives={method}",
+                 *(f"{k}={v}" for k, v in settings.items())]
+    auxiliary = None
+    if method == "mafa":  # its Con-D: the same seed's uniform run, trained on the same pairs
+        con_d = run_dir(out, PRESET, BASE, seed)
+        overrides += ["pretrain.mafa.judge=checkpoint", f"pretrain.mafa.judge_model={con_d}"]
+    elif method == "srcl":  # its frozen auxiliary model: the same seed's uniform run, embedded first
+        auxiliary = BASE
+    return f"shapes-{method}", overrides, auxiliary
+
+
+def needs(arm: str, method: str | None) -> str | None:
+    """The arm whose run of the same seed this arm reads (MAFA's Con-D, SRCL's auxiliary model)."""
+    return BASE if method in ("mafa", "srcl") else None
+
+
+def tuning_results(tune_out: Path, testbed: rules.Testbed = rules.DENSE) -> dict[str, dict]:
+    """Per method whose tuning runs have all finished: ``{"key", "value" (chosen), "runs": {value: metric}}``."""
+    chosen = {}
+    for method in RULE_ARMS.values():
+        results = {}
+        tried = tuple(dict.fromkeys(rules.candidates(method, testbed)))
+        for value in tried:
+            run = run_dir(tune_out, PRESET, tuning_arm(method, value), rules.TUNING_SEED)
+            if (run / EVALUATED).exists():
+                row = json.loads((run / EVALUATED).read_text())["rows"][0]
+                results[value] = (row["oracle_i2t_R@1"] + row["oracle_t2i_R@1"]) / 2
+        if results and len(results) == len(tried):
+            chosen[method] = {"key": rules.RULES[method].tuned.key, "value": rules.select(results), "runs": results}
+    return chosen
+
+
+def tuned_value(method: str, tune_out: Path, testbed: rules.Testbed = rules.DENSE):
+    """The method's tuned value: :data:`falcon_cli.method_rules.TUNED`'s, else the tuning runs' choice; None while
+    they have not finished."""
+    recorded = rules.TUNED.get(method)
+    if recorded is not None:
+        return next(iter(recorded.values()))
+    found = tuning_results(tune_out, testbed).get(method)
+    return None if found is None else found["value"]
+
+
+def run_arm(arm: str, method: str | None, value, seed: int, out: Path, budget: PhaseBudget, threads: int) -> dict:
+    recipe, overrides, auxiliary = arm_spec(arm, method, value, out, seed, testbed_of(budget))
+    if method == "mafa" and not has_checkpoint(run_dir(out, PRESET, BASE, seed)):
+        raise RuntimeError(f"mafa seed {seed}: its Con-D {run_dir(out, PRESET, BASE, seed)} has no checkpoint yet")
+    return run_one(PRESET, arm, seed, out, budget, threads, arm=(recipe, overrides), auxiliary=auxiliary)
+
+
+# --- rows ------------------------------------------------------------------------------------------------
+
+FLAG_KEYS = ("flagged", "precision", "recall", "weight_false", "weight_true", "false_share")
+
+
+def flag_rows(arm: str, seed: int, run: Path) -> list[dict]:
+    """A run's per-epoch ``kind: false_negatives`` records (both directions and pooled), one row per epoch (1-based);
+    a record written twice (a resumed run) counts once, the later one."""
+    from falcon_cli.runtime.metrics import read_metrics
+
+    records = {r["epoch"]: r for r in read_metrics(run / "metrics.jsonl") if r.get("kind") == "false_negatives"}
+    keys = [f"{d}{k}" for d in ("", "i2t_", "t2i_") for k in (*FLAG_KEYS, "true_false_negatives", "negatives")]
+    return [{"arm": arm, "seed": seed, "epoch": epoch + 1, **{k: r.get(k) for k in keys}}
+            for epoch, r in sorted(records.items())]
+
+
+def fair_row(arm: str, seed: int, run: Path) -> dict:
+    """A run's row (:func:`benchmarks.phase_sweep.run_row`) with its last epoch's flag scores (``flags_*``) and the
+    mean of each over the epochs the method acted in (``flags_mean_*``)."""
+    row = run_row(PRESET, arm, seed, run)
+    epochs = flag_rows(arm, seed, run)
+    for key in ("flagged", "precision", "recall", "weight_false", "weight_true", "i2t_precision", "i2t_recall",
+                "t2i_precision", "t2i_recall"):
+        values = [e[key] for e in epochs if e.get(key) is not None]
+        row[f"flags_{key}"] = values[-1] if values else None
+        row[f"flags_mean_{key}"] = sum(values) / len(values) if values else None
+    row["flags_epochs"] = len(epochs)
+    return row
+
+
+def finished(out: Path, arms) -> list[tuple[str, int, Path]]:
+    done = []
+    for arm in arms:
+        for run in sorted((out / "runs" / PRESET).glob(f"{arm}-s*")):
+            seed = run.name.removeprefix(f"{arm}-s")
+            if seed.isdigit() and (run / EVALUATED).exists() and (run / AUDITED).exists():
+                done.append((arm, int(seed), run))
+    return done
+
+
+# --- the report -----------------------------------------------------------------------------------------
+
+def _pairs(table, arm: str, reference: str, metric: str):
+    import pandas as pd
+
+    a, b = table[table["method"] == arm], table[table["method"] == reference]
+    if a.empty or b.empty or metric not in a or metric not in b:
+        return None
+    x = dict(zip(a["seed"], a[metric])), dict(zip(b["seed"], b[metric]))
+    seeds = sorted(s for s in x[0] if s in x[1] and not pd.isna(x[0][s]) and not pd.isna(x[1][s]))
+    if not seeds:
+        return None
+    return paired_by_seed([x[0][s] for s in seeds], [x[1][s] for s in seeds])
+
+
+def _d(d, digits: int = 2) -> str:
+    if d is None:
+        return "—"
+    if d.get("n", 0) < 2 or d.get("lo") is None or math.isnan(d.get("lo", float("nan"))):
+        return f"{d['mean']:+.{digits}f} ({d['n']} seed{'s' if d['n'] != 1 else ''})"
+    text = f"{d['mean']:+.{digits}f} [{d['lo']:+.{digits}f}, {d['hi']:+.{digits}f}]"
+    return f"**{text}**" if d["lo"] > 0 or d["hi"] < 0 else text
+
+
+def _m(rows, key: str, digits: int = 1) -> str:
+    values = rows[key].dropna() if key in rows else []
+    if len(values) == 0:
+        return "—"
+    return f"{values.mean():.{digits}f}" + (f" ± {values.std(ddof=1):.{digits}f}" if len(values) > 1 else "")
+
+
+def report_lines(table, tuning: dict, flags, command: str) -> list[str]:
+    """The page's block: the device's effect and the control first (the noise and the setup), then each method
+    against its base and its ceiling, its flags, and the tuning it was given."""
+    lines = [f"**Command:** `{command}`  ",
+             f"**Runs:** {len(table)} ({', '.join(f'{a} {len(table[table.method == a])}' for a in dict.fromkeys(table['method']))}); "
+             f"commits {', '.join(sorted(set(table['commit'])))}; {'; '.join(sorted(set(table['machine'])))}.", ""]
+    device = _pairs(table, BASE, "uniform", "oracle_R@1")
+    device_r1 = _pairs(table, BASE, "uniform", "R@1")
+    usable = device is not None and device["n"] >= 2 and -DEVICE_TOLERANCE <= device["lo"] and device["hi"] <= DEVICE_TOLERANCE
+    lines += ["*The device's own effect* (uniform on these 2 CPU cores, fp32, − the ledger's uniform on an H200, bf16, "
+              f"paired by seed): FN-aware ITC R@1 {_d(device)}, ITC R@1 {_d(device_r1)}. "
+              + ("Within ±0.5: the ledger's H200 oracle arms stand in for CPU ones." if usable else
+                 "Not within ±0.5 (or not yet measured): only CPU arms are compared below, and MAFA's full-oracle "
+                 "ceiling (the ledger's H200 `uniform-oracle`) is shown for scale, not subtracted."), ""]
+    control = {m: _pairs(table, CONTROL, BASE, m) for m in ("R@1", "oracle_R@1", "rerank_oracle_R@1")}
+    lines += ["*The control* (uniform without GRIT's consistency term − uniform with it, CPU): ITC R@1 "
+              f"{_d(control['R@1'])}, FN-aware ITC R@1 {_d(control['oracle_R@1'])}, FN-aware re-ranked R@1 "
+              f"{_d(control['rerank_oracle_R@1'])}. Every method below drops the term; its difference from the control "
+              "is its mechanism alone.", ""]
+    head = ("| arm | seeds | ITC R@1 | FN-aware ITC R@1 | FN-aware re-ranked R@1 | ITM loss, last epoch | "
+            "Δ FN-aware ITC vs control | Δ FN-aware re-ranked vs control | Δ ITC R@1 vs control | share of its ceiling's gain |")
+    lines += [head, "|---" * (head.count("|") - 1) + "|"]
+    for arm in [a for a in (BASE, CONTROL, *RULE_ARMS, ITC_CEILING, "uniform", "uniform-oracle") if a in set(table["method"])]:
+        rows = table[table["method"] == arm]
+        method = RULE_ARMS.get(arm)
+        cells = [f"`{arm}`", str(len(rows)), _m(rows, "R@1"), _m(rows, "oracle_R@1"), _m(rows, "rerank_oracle_R@1"),
+                 _m(rows, "itm_final", 3)]
+        if method is None:
+            cells += ["", "", "", ""]
+        else:
+            gain = _pairs(table, arm, CONTROL, "oracle_R@1")
+            ceiling = _pairs(table, CEILING[method], BASE, "oracle_R@1")
+            share = "—"
+            if gain is not None and ceiling is not None and (CEILING[method] != "uniform-oracle" or usable):
+                share = f"{100 * gain['mean'] / ceiling['mean']:.0f}% of {ceiling['mean']:+.2f}"
+            cells += [_d(gain), _d(_pairs(table, arm, CONTROL, "rerank_oracle_R@1")), _d(_pairs(table, arm, CONTROL, "R@1")),
+                      share]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"ITM loss: a head that has learned nothing but the label rate scores {ITM_PRIOR:.3f}. Share of its "
+              "ceiling's gain: the method's mean FN-aware ITC gain over the control, over the mean gain of its ceiling "
+              f"(`{ITC_CEILING}` for the ITC-only methods, the full oracle for MAFA) over uniform.", ""]
+    lines += ["*What each method flagged or weighted, against the oracle* (the last epoch; both directions pooled, then "
+              "image and text anchors; mean ± std over seeds):", "",
+              "| arm | flagged per epoch | precision | recall | i2t precision / recall | t2i precision / recall | "
+              "mean weight, false / true negatives |", "|---|---|---|---|---|---|---|"]
+    for arm in [a for a in RULE_ARMS if a in set(table["method"])]:
+        rows = table[table["method"] == arm]
+        lines.append(f"| `{arm}` | {_m(rows, 'flags_flagged', 0)} | {_m(rows, 'flags_precision', 3)} | "
+                     f"{_m(rows, 'flags_recall', 3)} | {_m(rows, 'flags_i2t_precision', 3)} / {_m(rows, 'flags_i2t_recall', 3)} | "
+                     f"{_m(rows, 'flags_t2i_precision', 3)} / {_m(rows, 'flags_t2i_recall', 3)} | "
+                     f"{_m(rows, 'flags_weight_false', 3)} / {_m(rows, 'flags_weight_true', 3)} |")
+    lines += ["", "![flags over training](results/fair_dense_flags.png)", ""]
+    if tuning:
+        lines += ["*The tuning* (the tuning world, world seed "
+                  f"{rules.TUNING_WORLD_SEED}, training seed {rules.TUNING_SEED}; FN-aware ITC R@1 on its test split):", ""]
+        for method, found in tuning.items():
+            tried = ", ".join(f"{found['key'].rsplit('.', 1)[-1]} = {v}: {r:.2f}" for v, r in found["runs"].items())
+            lines.append(f"- {method}: {tried}; kept {found['value']}.")
+        lines.append("")
+    return lines
+
+
+def flag_figure(flags, path: Path) -> Path | None:
+    """Per rule arm, precision and recall of its flags (or the mean weights it gave false and true negatives) over the
+    epochs, every seed a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = [a for a in RULE_ARMS if a in set(flags["arm"])] if len(flags) else []
+    if not arms:
+        return None
+    fig, axes = plt.subplots(1, len(arms), figsize=(4 * len(arms), 3.2), squeeze=False)
+    for ax, arm in zip(axes[0], arms):
+        rows = flags[flags["arm"] == arm]
+        weights = rows["weight_false"].notna().any()
+        series = (("weight_false", "false negatives' weight", "tab:red"), ("weight_true", "true negatives' weight", "tab:blue")) \
+            if weights else (("precision", "precision", "tab:red"), ("recall", "recall", "tab:blue"))
+        for key, label, colour in series:
+            for i, (seed, seed_rows) in enumerate(rows.groupby("seed")):
+                ax.plot(seed_rows["epoch"], seed_rows[key], color=colour, alpha=0.6, label=label if i == 0 else None)
+        ax.set_title(arm)
+        ax.set_xlabel("epoch")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main() -> None:
+    import argparse
+
+    import pandas as pd
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="The evaluation world's sweep directory.")
+    parser.add_argument("--tune-out", type=Path, help="The tuning world's sweep directory (default: OUT-tune).")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--only", nargs="+", choices=[*ARMS, "tune"], help="A subset of the arms (tune: the tuning runs).")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="Torch threads per run.")
+    parser.add_argument("--budget", choices=["cpu", "quick"], default="cpu", help="quick: a smoke test (nothing learns).")
+    parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE", help="Change fields of the budget.")
+    parser.add_argument("--rows", type=Path, nargs="+", default=[Path("docs/results/phase_results.csv")], metavar="CSV",
+                        help="The ledger's rows (the H200 uniform and oracle arms of the same world).")
+    parser.add_argument("--collect", action="store_true", help="Run nothing: the tables, figure and --report only.")
+    parser.add_argument("--report", type=Path, help="Rewrite this page's fair block (docs/results.md).")
+    args = parser.parse_args()
+
+    from benchmarks.phase_sweep import changed_budget
+
+    out = args.out.resolve()
+    tune_out = (args.tune_out or out.parent / f"{out.name}-tune").resolve()
+    budget = changed_budget(BUDGETS[args.budget], args.set)
+    testbed = testbed_of(budget)
+    tune_budget = replace(budget, world_seed=rules.TUNING_WORLD_SEED)
+    wanted = set(args.only or [*ARMS, "tune"])
+    start, failures = time.perf_counter(), []
+    if not args.collect:
+        for directory, b in ((out, budget), (tune_out, tune_budget)):
+            (directory / "logs").mkdir(parents=True, exist_ok=True)
+            generate_world(PRESET, directory, b, os.cpu_count() or 1)
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            ready = {d: pool.submit(prepare, PRESET, 0, d, b, args.threads * args.jobs)
+                     for d, b in ((out, budget), (tune_out, tune_budget))}
+            futures: dict = {}
+
+            def task(directory: Path, b: PhaseBudget, arm: str, method: str | None, value, seed: int,
+                     after: list) -> dict:
+                ready[directory].result()
+                for future in after:  # (submitted before this one: running or done, never queued behind it)
+                    future.result()
+                if method is not None and value is None:  # a rule arm: its method's tuned value
+                    value = tuned_value(method, tune_out, testbed)
+                    if value is None:
+                        raise RuntimeError(f"{arm}: {method}'s tuning runs in {tune_out} have not finished")
+                return run_arm(arm, method, value, seed, directory, b, args.threads)
+
+            def submit(directory, b, arm, method, value, seed, after=()):
+                key = ("tune" if directory == tune_out else "eval", arm, seed)
+                futures[key] = pool.submit(task, directory, b, arm, method, value, seed, list(after))
+
+            # The order the issue asks for, with what a run reads trained before it: the base's seed 0 and the tuning
+            # world's, the tuning runs, then every arm's seeds (the base's first: MAFA and SRCL read them).
+            if "tune" in wanted:
+                submit(tune_out, tune_budget, BASE, None, None, rules.TUNING_SEED)
+            if BASE in wanted:
+                submit(out, budget, BASE, None, None, args.seeds[0])
+            if "tune" in wanted:
+                for arm, method, value in tuning_plan(testbed):
+                    after = [futures[("tune", BASE, rules.TUNING_SEED)]] if needs(arm, method) else []
+                    submit(tune_out, tune_budget, arm, method, value, rules.TUNING_SEED, after)
+            for arm in [a for a in ARMS if a in wanted]:
+                method = RULE_ARMS.get(arm)
+                for seed in args.seeds:
+                    if ("eval", arm, seed) in futures:
+                        continue
+                    after = [f for f in (futures.get(("eval", BASE, seed)),) if f is not None and needs(arm, method)]
+                    after += [futures[("tune", a, rules.TUNING_SEED)] for a, m, _ in tuning_plan(testbed) if m == method
+                              and ("tune", a, rules.TUNING_SEED) in futures]
+                    submit(out, budget, arm, method, None, seed, after)
+            for (world, arm, seed), row in finished_futures(futures, failures):
+                print(f"[{time.perf_counter() - start:6.0f} s] {world} {arm} seed {seed}: R@1 {row['R@1']:.1f}, "
+                      f"FN-aware {row['oracle_R@1']:.1f}", flush=True)
+    tuning = tuning_results(tune_out, testbed)
+    if tuning:
+        (tune_out / "tuning.json").write_text(json.dumps(tuning, indent=1, default=str) + "\n")
+    done = finished(out, ARMS)
+    if not done:
+        print("no finished runs yet")
+    else:
+        rows = merge_ledgers([fair_row(arm, seed, run) for arm, seed, run in done],
+                             [p for p in args.rows if p.exists()])
+        table = pd.DataFrame([r for r in rows if r["preset"] == PRESET and r["method"] in (*ARMS, "uniform", "uniform-oracle")])
+        flags = pd.DataFrame([f for arm, seed, run in done for f in flag_rows(arm, seed, run)])
+        table.to_csv(out / "results.csv", index=False, float_format="%.4f")
+        flags.to_csv(out / "flags.csv", index=False, float_format="%.4f")
+        figure = flag_figure(flags, out / "flags.png")
+        command = "PYTHONPATH=. .venv/bin/python benchmarks/fair_dense.py " + " ".join(sys.argv[1:])
+        lines = report_lines(table, tuning, flags, command)
+        print("\n".join(lines))
+        if args.report:
+            report = args.report.resolve()
+            results = report.parent / "results"
+            table[table["method"].isin(ARMS)].to_csv(results / "fair_dense_results.csv", index=False, float_format="%.4f")
+            flags.to_csv(results / "fair_dense_flags.csv", index=False, float_format="%.4f")
+            if figure is not None:
+                import shutil
+
+                shutil.copyfile(figure, results / "fair_dense_flags.png")
+            if tuning:
+                pd.DataFrame([{"method": m, "key": f["key"], "value": v, "metric": r, "chosen": v == f["value"],
+                               "world_seed": rules.TUNING_WORLD_SEED, "seed": rules.TUNING_SEED}
+                              for m, f in tuning.items() for v, r in f["runs"].items()]).to_csv(
+                    results / "dense_tuning.csv", index=False, float_format="%.4f")
+            replace_block(report, "<!-- fair:begin -->", "<!-- fair:end -->",
+                          ["<!-- Generated by benchmarks/fair_dense.py --report; edit outside the markers. -->", "", *lines])
+    if failures:
+        raise SystemExit(f"{len(failures)} run(s) failed:\n" + "\n".join(failures))
+
+
+if __name__ == "__main__":
+    main()
