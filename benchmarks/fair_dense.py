@@ -60,6 +60,8 @@ CEILING = {"glofnd": ITC_CEILING, "srcl": ITC_CEILING, "diht": ITC_CEILING, "maf
 """Each method's ceiling: the oracle arm that masks what the method can act on (MAFA relabels ITM's pairs too, so
 its ceiling masks ITC and ITM: the ledger's H200 ``uniform-oracle``, usable only if the device moves uniform by
 less than :data:`DEVICE_TOLERANCE`)."""
+EVAL_EVERY = 3
+"""The learning curve's spacing in epochs (every epoch costs 10% more, and changes no other number)."""
 DEVICE_TOLERANCE = 0.5
 """Points of R@1 within which the device's own effect (CPU uniform − H200 uniform, paired by seed: its 95%
 interval) must lie before an H200 arm of the ledger stands in for a CPU one."""
@@ -184,25 +186,22 @@ def finished(out: Path, arms) -> list[tuple[str, int, Path]]:
 # --- the report -----------------------------------------------------------------------------------------
 
 def _pairs(table, arm: str, reference: str, metric: str):
-    import pandas as pd
-
+    """``arm − reference`` in ``metric``, seed by seed (:func:`~falcon_cli.evaluation.intervals.paired_by_seed`);
+    None where either has no run with it."""
     a, b = table[table["method"] == arm], table[table["method"] == reference]
     if a.empty or b.empty or metric not in a or metric not in b:
         return None
-    x = dict(zip(a["seed"], a[metric])), dict(zip(b["seed"], b[metric]))
-    seeds = sorted(s for s in x[0] if s in x[1] and not pd.isna(x[0][s]) and not pd.isna(x[1][s]))
-    if not seeds:
-        return None
-    return paired_by_seed([x[0][s] for s in seeds], [x[1][s] for s in seeds])
+    return paired_by_seed(dict(zip(a["seed"], a[metric])), dict(zip(b["seed"], b[metric])))
 
 
 def _d(d, digits: int = 2) -> str:
+    """A paired difference: its mean and 95% interval (emphasised where the interval excludes zero), with the seeds."""
     if d is None:
         return "—"
-    if d.get("n", 0) < 2 or d.get("lo") is None or math.isnan(d.get("lo", float("nan"))):
-        return f"{d['mean']:+.{digits}f} ({d['n']} seed{'s' if d['n'] != 1 else ''})"
-    text = f"{d['mean']:+.{digits}f} [{d['lo']:+.{digits}f}, {d['hi']:+.{digits}f}]"
-    return f"**{text}**" if d["lo"] > 0 or d["hi"] < 0 else text
+    if d.n < 2 or math.isnan(d.lo):
+        return f"{d.mean:+.{digits}f} ({d.n} seed{'s' if d.n != 1 else ''})"
+    text = f"{d.mean:+.{digits}f} [{d.lo:+.{digits}f}, {d.hi:+.{digits}f}]"
+    return (f"**{text}**" if d.lo > 0 or d.hi < 0 else text) + f" ({d.positive}/{d.n} +)"
 
 
 def _m(rows, key: str, digits: int = 1) -> str:
@@ -220,7 +219,7 @@ def report_lines(table, tuning: dict, flags, command: str) -> list[str]:
              f"commits {', '.join(sorted(set(table['commit'])))}; {'; '.join(sorted(set(table['machine'])))}.", ""]
     device = _pairs(table, BASE, "uniform", "oracle_R@1")
     device_r1 = _pairs(table, BASE, "uniform", "R@1")
-    usable = device is not None and device["n"] >= 2 and -DEVICE_TOLERANCE <= device["lo"] and device["hi"] <= DEVICE_TOLERANCE
+    usable = device is not None and device.n >= 2 and -DEVICE_TOLERANCE <= device.lo and device.hi <= DEVICE_TOLERANCE
     lines += ["*The device's own effect* (uniform on these 2 CPU cores, fp32, − the ledger's uniform on an H200, bf16, "
               f"paired by seed): FN-aware ITC R@1 {_d(device)}, ITC R@1 {_d(device_r1)}. "
               + ("Within ±0.5: the ledger's H200 oracle arms stand in for CPU ones." if usable else
@@ -246,7 +245,7 @@ def report_lines(table, tuning: dict, flags, command: str) -> list[str]:
             ceiling = _pairs(table, CEILING[method], BASE, "oracle_R@1")
             share = "—"
             if gain is not None and ceiling is not None and (CEILING[method] != "uniform-oracle" or usable):
-                share = f"{100 * gain['mean'] / ceiling['mean']:.0f}% of {ceiling['mean']:+.2f}"
+                share = f"{100 * gain.mean / ceiling.mean:.0f}% of {ceiling.mean:+.2f}"
             cells += [_d(gain), _d(_pairs(table, arm, CONTROL, "rerank_oracle_R@1")), _d(_pairs(table, arm, CONTROL, "R@1")),
                       share]
         lines.append("| " + " | ".join(cells) + " |")
@@ -317,7 +316,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="Torch threads per run.")
     parser.add_argument("--budget", choices=["cpu", "quick"], default="cpu", help="quick: a smoke test (nothing learns).")
     parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE", help="Change fields of the budget.")
-    parser.add_argument("--rows", type=Path, nargs="+", default=[Path("docs/results/phase_results.csv")], metavar="CSV",
+    parser.add_argument("--rows", type=Path, nargs="*", default=[Path("docs/results/phase_results.csv")], metavar="CSV",
                         help="The ledger's rows (the H200 uniform and oracle arms of the same world).")
     parser.add_argument("--collect", action="store_true", help="Run nothing: the tables, figure and --report only.")
     parser.add_argument("--report", type=Path, help="Rewrite this page's fair block (docs/results.md).")
@@ -327,7 +326,8 @@ def main() -> None:
 
     out = args.out.resolve()
     tune_out = (args.tune_out or out.parent / f"{out.name}-tune").resolve()
-    budget = changed_budget(BUDGETS[args.budget], args.set)
+    # The learning curve every third epoch (benchmarks/README.md, "A dense run's CPU time": the same numbers, 10% less)
+    budget = changed_budget(BUDGETS[args.budget], [f"eval_every={EVAL_EVERY}", *args.set])
     testbed = testbed_of(budget)
     tune_budget = replace(budget, world_seed=rules.TUNING_WORLD_SEED)
     wanted = set(args.only or [*ARMS, "tune"])

@@ -276,3 +276,32 @@ def test_coco_results_give_their_false_negative_aware_metrics_both_ways_averaged
     lo, hi = single_run_interval("rerank:R@1", 50.0, found)
     half = 1.959963984540054 * math.sqrt(0.6 * 0.4 / 5000 + 0.4 * 0.6 / 25000) / 2
     assert (lo, hi) == pytest.approx((50 - 100 * half, 50 + 100 * half))
+
+
+def test_flag_metrics_compare_and_a_method_without_them_is_refused(runs):
+    """``flags:precision`` is the last epoch's record of what the method flagged against the oracle (a resumed run's
+    record written again counts once); a run whose method gives no such number is refused with one line."""
+    precision = {0: (0.2, 0.3), 1: (0.25, 0.31), 2: (0.22, 0.36)}  # seed -> (uniform-named, grit-named) last epoch
+    for method, index in (("uniform", 0), ("grit", 1)):
+        for seed in range(3):
+            run = runs / "runs" / f"{method}-s{seed}"
+            manifest = json.loads((run / "manifest.json").read_text())
+            manifest["config"]["pretrain"]["false_negatives"] = "glofnd"
+            (run / "manifest.json").write_text(json.dumps(manifest))
+            records = [{"kind": "false_negatives", "epoch": 0, "step": 2, "precision": 0.9, "flagged": 4},
+                       {"kind": "false_negatives", "epoch": 1, "step": 4, "precision": 0.8, "flagged": 5},
+                       {"kind": "false_negatives", "epoch": 1, "step": 4, "precision": precision[seed][index], "flagged": 6}]
+            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    proc = run_cli("compare", *(f"runs/{m}-s{s}" for m in ("uniform", "grit") for s in range(3)),
+                   "--label", "U=*uniform*", "--label", "G=*grit*", "--baseline", "U", "--metric", "flags:precision",
+                   "--out", "cmp", cwd=runs)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    table = pd.read_csv(runs / "cmp" / "comparison.csv").set_index("method")
+    assert table.loc["G", "mean"] == pytest.approx(sum(v[1] for v in precision.values()) / 3, abs=1e-6)
+    assert table.loc["G", "difference"] == pytest.approx(sum(v[1] - v[0] for v in precision.values()) / 3, abs=1e-6)
+    (runs / "runs" / "grit-s2" / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 1.0}) + "\n")
+    proc = run_cli("compare", *(f"runs/{m}-s{s}" for m in ("uniform", "grit") for s in range(3)),
+                   "--label", "U=*uniform*", "--label", "G=*grit*", "--metric", "flags:precision", "--out", "cmp2", cwd=runs)
+    assert proc.returncode == 2 and not (runs / "cmp2").exists()
+    (line,) = proc.stderr.strip().splitlines()
+    assert "grit-s2: its method (pretrain.false_negatives=glofnd) gives no flags:precision" in line

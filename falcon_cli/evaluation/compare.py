@@ -30,6 +30,13 @@ RESULT_FILES = {"retrieval": Path("results/retrieval.json"), "vqa": Path("result
                 "nlvr2": Path("results/nlvr2.json"), "audit": Path("audit/summary.json")}
 """Where a run's numbers come from: what ``falcon evaluate`` and ``falcon audit-false-negatives`` write."""
 
+FLAGS_FILE = Path("metrics.jsonl")
+"""Where ``flags:`` metrics come from: the last epoch's ``kind: false_negatives`` record the pretrain stage writes on
+a shapes world, a false-negative method's decisions against the oracle (``flags:precision``, ``flags:recall``,
+``flags:i2t_precision``, ...; ``flags:weight_false`` / ``flags:weight_true`` for the methods that weight)."""
+
+FLAG_PRODUCERS = "MAFA and GloFND flag (flags:precision, flags:recall, flags:flagged), SRCL and DiHT weight (flags:weight_false, flags:weight_true)"
+
 IDENTITY_IGNORED = ("seed", "description", "stages", "data", "unimodal", "evaluate", "audit", "finetune",
                     "pretrain.device", "pretrain.precision", "pretrain.num_workers", "pretrain.log_every",
                     "pretrain.loggers", "pretrain.checkpoint_every", "pretrain.keep_last", "pretrain.profile_steps",
@@ -109,6 +116,8 @@ def read_run(path: str | Path) -> Run:
     for source, relative in RESULT_FILES.items():
         if (path / relative).is_file():
             _add_numbers(run, source, _read_json(path / relative, path))
+    if (path / FLAGS_FILE).is_file():
+        _add_flags(run, path / FLAGS_FILE)
     if not run.metrics:
         raise FalconError(f"{path}: no results yet (no {', '.join(str(p) for p in RESULT_FILES.values())}); "
                           f"evaluate it first: falcon evaluate retrieval {path}")
@@ -197,6 +206,20 @@ def _add_numbers(run: Run, source: str, result: dict) -> None:
                     run.counts[name] = int(row.get("negatives") or 0)
 
 
+def _add_flags(run: Run, path: Path) -> None:
+    """``flags:<key>`` from the last epoch's ``kind: false_negatives`` record of ``metrics.jsonl`` (a record written
+    again by a resumed run replaces the earlier one); nothing where the run has none."""
+    from falcon_cli.runtime.metrics import read_metrics
+
+    records = {r.get("epoch"): r for r in read_metrics(path) if r.get("kind") == "false_negatives"}
+    if not records:
+        return
+    last = records[max(records)]
+    for key, value in last.items():
+        if key not in ("kind", "epoch", "step") and _is_number(value):
+            run.metrics[f"flags:{key}"], run.settings[f"flags:{key}"] = float(value), {}
+
+
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
@@ -261,6 +284,10 @@ def check_comparable(runs: Sequence[Run], metrics: Sequence[str], allow_mismatch
         if len(missing) == len(runs):
             available = ", ".join(metric_names(runs)[:12]) or "none in common"
             raise FalconError(f"--metric {metric}: no run has it; the runs' results give: {available}")
+        if missing and metric.startswith("flags:"):
+            method = (_flat(missing[0].config).get("pretrain.false_negatives") or "none")
+            raise FalconError(f"{missing[0].path}: its method (pretrain.false_negatives={method}) gives no {metric}: "
+                              f"{FLAG_PRODUCERS}, on a shapes world only; compare the runs whose method gives it")
         if missing:
             have = [m for m in missing[0].metrics if m.split(":")[0] == metric.split(":")[0]][:6]
             raise FalconError(f"{missing[0].path}: no {metric} in its results"

@@ -76,7 +76,10 @@ def embed_split(model, dataset, tokenizer, device: torch.device, *, batch_size: 
         text_tokens.append(tokens if keep_tokens else tokens[:, :0])
         text_feat.append(feat.float())
     image_tokens, image_feat = [], []
-    loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda")
+    # A generator of its own: a DataLoader without one draws its workers' base seed from the global RNG, so an
+    # evaluation inside training (the learning curve) would change the dropout and masks of every later step.
+    loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda",
+                        generator=torch.Generator())
     for batch in track(loader, "encoding images"):
         with autocast:
             tokens, feat = model.encode_image(batch["image"].to(device, non_blocking=True))

@@ -1,0 +1,93 @@
+"""benchmarks/fair_dense.py: the order and dependencies of its runs, and its report's arithmetic on a table whose
+differences are known (the runs themselves are the sweep's; tests/test_method_rules.py checks the arms' settings)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from benchmarks import fair_dense as fair
+from falcon_cli import method_rules as rules
+
+
+def test_tuning_plan_gives_every_method_its_two_candidates_once():
+    plan = fair.tuning_plan()
+    assert [(m, v) for _, m, v in plan] == [(m, v) for m in ("glofnd", "mafa", "srcl", "diht") for v in rules.candidates(m)]
+    assert len({arm for arm, _, _ in plan}) == len(plan) == 8  # the issue's budget: two per method
+    assert fair.tuning_arm("srcl", 5.0) == "srcl-tune-5" and fair.tuning_arm("glofnd", 15) == "glofnd-tune-15"
+    assert fair.needs("mafa-rule", "mafa") == fair.needs("srcl-rule", "srcl") == fair.BASE
+    assert fair.needs("glofnd-rule", "glofnd") is None and fair.needs(fair.CONTROL, None) is None
+
+
+def test_tuning_is_chosen_on_the_tuning_world_and_waits_for_every_candidate(tmp_path):
+    import json
+
+    def evaluated(method, value, i2t, t2i):
+        run = fair.run_dir(tmp_path, fair.PRESET, fair.tuning_arm(method, value), rules.TUNING_SEED)
+        (run / "results").mkdir(parents=True)
+        (run / "results" / "retrieval.json").write_text(json.dumps({"rows": [{"oracle_i2t_R@1": i2t, "oracle_t2i_R@1": t2i}]}))
+
+    evaluated("diht", 0.25, 60.0, 70.0)
+    assert "diht" not in fair.tuning_results(tmp_path) and fair.tuned_value("diht", tmp_path) is None  # one of two
+    evaluated("diht", 0.5, 61.0, 70.0)
+    found = fair.tuning_results(tmp_path)["diht"]
+    assert found["value"] == 0.5 and found["runs"] == {0.25: 65.0, 0.5: 65.5} and found["key"] == "pretrain.diht.beta"
+    assert fair.tuned_value("diht", tmp_path) == 0.5
+
+
+def _table():
+    """Rows of three seeds: the control 1 point above uniform, GloFND 2 above the control on FN-aware R@1 (with a
+    per-seed wobble), the ITC-only oracle 8 above uniform, the H200 uniform 0.1 below the CPU one."""
+    rows = []
+    for seed, wobble in enumerate((-0.5, 0.0, 0.5)):
+        base = 60.0 + seed
+        for method, shift in (("uniform-cpu", 0.0), ("uniform-c0", 1.0), ("glofnd-rule", 3.0 + wobble),
+                              ("uniform-oracle-itc", 8.0), ("uniform", -0.1)):
+            rows.append({"method": method, "seed": seed, "preset": "dense", "R@1": 17.0 + shift / 10,
+                         "oracle_R@1": base + shift, "rerank_oracle_R@1": 48.0 + shift, "itm_final": 0.63,
+                         "commit": "abc1234", "machine": "2 CPU cores (cpu, fp32)",
+                         "flags_flagged": 100.0, "flags_precision": 0.4, "flags_recall": 0.3})
+    return pd.DataFrame(rows)
+
+
+def test_report_states_the_noise_the_control_and_each_methods_share_of_its_ceiling():
+    lines = fair.report_lines(_table(), {"glofnd": {"key": "pretrain.glofnd.start_epoch", "value": 15,
+                                                     "runs": {15: 60.1, 19: 59.0}}}, None, "cmd")
+    text = "\n".join(lines)
+    device = next(line for line in lines if line.startswith("*The device's own effect*"))
+    assert "+0.10 [+0.10, +0.10]" in device and "Within ±0.5" in device  # CPU − H200: the ledger's arms stand in
+    control = next(line for line in lines if line.startswith("*The control*"))
+    assert "FN-aware ITC R@1 **+1.00 [+1.00, +1.00]** (3/3 +)" in control
+    glofnd = next(line for line in lines if line.startswith("| `glofnd-rule`"))
+    t2 = 4.302652729749464  # t(0.975, 2): the per-seed differences from the control are 1.5, 2, 2.5
+    half = t2 * 0.5 / math.sqrt(3)
+    assert f"**+2.00 [{2 - half:+.2f}, {2 + half:+.2f}]** (3/3 +)" in glofnd
+    assert "25% of +8.00" in glofnd  # its 2 points of the ITC-only ceiling's 8
+    assert "| `glofnd-rule` | 100 ± 0 | 0.400 ± 0.000 | 0.300 ± 0.000 |" in text
+    assert "glofnd: start_epoch = 15: 60.10, start_epoch = 19: 59.00; kept 15." in text
+
+
+def test_report_without_the_device_check_subtracts_no_h200_ceiling():
+    table = _table()
+    table.loc[table["method"] == "uniform", "oracle_R@1"] += [2.0, -1.5, 3.0]  # the device moves uniform a lot
+    table = pd.concat([table, table[table["method"] == "uniform"].assign(**{"method": "uniform-oracle", "oracle_R@1": 70.0})])
+    mafa = table[table["method"] == "glofnd-rule"].assign(method="mafa-rule")
+    lines = fair.report_lines(pd.concat([table, mafa]), {}, None, "cmd")
+    assert any("Not within ±0.5" in line for line in lines)
+    row = next(line for line in lines if line.startswith("| `mafa-rule`"))
+    assert row.rstrip(" |").endswith("—")  # MAFA's ceiling is the H200 full oracle: not subtracted
+
+
+@pytest.mark.parametrize("arm", fair.ARMS)
+def test_every_arm_is_a_shipped_recipe(arm, tmp_path):
+    from falcon_cli.config.recipes import load_recipe
+
+    method = fair.RULE_ARMS.get(arm)
+    value = rules.candidates(method)[0] if method else None
+    recipe, overrides, _ = fair.arm_spec(arm, method, value, tmp_path, 0)
+    p = load_recipe(recipe, [*overrides, "pretrain.epochs=36"])[0].pretrain
+    assert p.composer == "uniform"
+    assert p.itc_consistency_weight == (0.2 if arm in (fair.BASE, fair.ITC_CEILING) else 0.0)
+    assert p.oracle_negatives == ("mask_itc" if arm == fair.ITC_CEILING else "keep")
