@@ -52,6 +52,18 @@ each, 36 epochs of batch 64. Its false-negative rate is the tuning world's (``--
 world generator: 0.178827 (the evaluation world's is 0.180980)."""
 
 
+COCO = Testbed("coco", epochs=20, batch=384, pairs=566_747, false_negative_rate=0.001)
+"""The COCO recipes (``coco-albef-*``): 20 epochs of 96 pairs on each of 4 GPUs (the FALCON paper's global batch
+384), COCO's 566,747 training pairs; a random COCO negative is a false negative about 0.05–0.15% of the time
+(ECCV Caption's annotations), so 0.1%."""
+
+COCO_RECIPES = {"glofnd": ("coco-albef-glofnd", 8), "mafa": ("coco-albef-mafa", 0.98), "srcl": ("coco-albef-srcl", 5.0),
+                "diht": ("coco-albef-diht", 0.5), "falcon": ("coco-albef", None)}
+"""Each method's COCO recipe and the candidate of its tuned setting that the recipe trains, untuned on COCO: GloFND
+the paper's first start (15 of 37), MAFA the 0.98 FALCON's COCO reproduction needed, SRCL falcon's default δ, DiHT
+the middle of the sweep."""
+
+
 def schedule(paper_epoch: float, paper_epochs: float, testbed: Testbed) -> int:
     """``schedule``: the testbed epoch at the same fraction of training as ``paper_epoch`` of ``paper_epochs``."""
     return int(round(paper_epoch / paper_epochs * testbed.epochs))
@@ -235,9 +247,13 @@ def rules_table(method: str, testbed: Testbed = DENSE) -> list[str]:
     """The markdown table of ``method``'s settings: the paper's, the rule, the testbed's (both candidates for the
     tuned one, the chosen one marked once :data:`TUNED` holds it)."""
     rules = RULES[method]
+    recipe, coco_value = COCO_RECIPES[method]
+    coco = method_settings(method, coco_value, COCO)
     lines = [f"**{rules.method}**: {rules.paper}. Testbed `{testbed.name}`: {testbed.epochs} epochs of batch "
-             f"{testbed.batch}, {testbed.pairs:,} pairs, false-negative rate {testbed.false_negative_rate:.3f}.", "",
-             "| key | the paper | rule | the testbed | how |", "|---|---|---|---|---|"]
+             f"{testbed.batch}, {testbed.pairs:,} pairs, false-negative rate {testbed.false_negative_rate:.3f}; "
+             f"`{recipe}`: {COCO.epochs} epochs of global batch {COCO.batch}, {COCO.pairs:,} pairs, false-negative rate "
+             f"{COCO.false_negative_rate:g}.", "",
+             f"| key | the paper | rule | the testbed | `{recipe}` | how |", "|---|---|---|---|---|---|"]
     chosen = TUNED.get(method, {})
     for s in rules.settings:
         if s.rule == "tuned":
@@ -250,11 +266,11 @@ def rules_table(method: str, testbed: Testbed = DENSE) -> list[str]:
             if rules.tuned is not None and tuned_value is None:
                 tuned_value = candidates(method, testbed)[0]
             value = _cell(s.value(testbed, {rules.tuned.key: tuned_value} if rules.tuned is not None else {}))
-        lines.append(f"| `{s.key}` | {s.paper} | {s.rule} | {value} | {s.how} |")
+        lines.append(f"| `{s.key}` | {s.paper} | {s.rule} | {value} | {_cell(coco[s.key]) if s.key in coco else '—'} | {s.how} |")
     return lines + [""] + [f"- {note}" for note in rules.notes] + ([""] if rules.notes else [])
 
 
-__all__ = ["Testbed", "DENSE", "Setting", "MethodRules", "RULES", "TUNED", "TUNING_WORLD_SEED", "TUNING_SEED",
+__all__ = ["Testbed", "DENSE", "COCO", "COCO_RECIPES", "Setting", "MethodRules", "RULES", "TUNED", "TUNING_WORLD_SEED", "TUNING_SEED",
            "TUNING_METRIC", "schedule", "rate", "candidates", "method_settings", "select", "rules_table", "rules_markdown"]
 
 

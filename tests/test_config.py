@@ -57,7 +57,8 @@ def test_coco_albef_is_falcon_with_the_papers_hyperparameters_and_siblings_diffe
     # the baselines train their papers' ITC: no GRIT consistency term (methods.md §2-§5, docs/methods.md)
     expected["coco-albef-srcl"] = {"composer": "uniform", "false_negatives": "srcl", "itc_consistency_weight": 0.0}
     expected["coco-albef-diht"] = {"composer": "uniform", "false_negatives": "diht", "itc_consistency_weight": 0.0}
-    expected["coco-albef-glofnd"] = {"composer": "uniform", "false_negatives": "glofnd", "itc_consistency_weight": 0.0}
+    expected["coco-albef-glofnd"] = {"composer": "uniform", "false_negatives": "glofnd", "itc_consistency_weight": 0.0,
+                                     "glofnd": {**defaults["glofnd"], "start_epoch": 8, "lr": 0.09167, "alpha": 0.001}}
     for name, changes in expected.items():
         sibling = load_recipe(name)[0].pretrain.model_dump()
         assert {k: v for k, v in sibling.items() if base[k] != v} == changes, name

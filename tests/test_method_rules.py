@@ -87,3 +87,16 @@ def test_a_start_epoch_past_the_last_is_refused(tmp_path):
     with pytest.raises(FalconError, match=r"glofnd.start_epoch=36 is past the last epoch \(epochs=36"):
         load_recipe("shapes-glofnd", ["pretrain.epochs=36", "pretrain.glofnd.start_epoch=36"])
     assert load_recipe("shapes-glofnd", ["pretrain.epochs=36", "pretrain.glofnd.start_epoch=35"])[0].pretrain.glofnd.start_epoch == 35
+
+
+@pytest.mark.parametrize("method", list(rules.COCO_RECIPES))
+def test_coco_recipes_take_the_rules_values(method):
+    """Each COCO recipe trains its method at the rules' values on COCO's schedule (a candidate of its tuned setting)."""
+    recipe, value = rules.COCO_RECIPES[method]
+    assert rules.RULES[method].tuned is None or value in rules.candidates(method, rules.COCO)
+    p = load_recipe(recipe)[0].pretrain
+    assert p.epochs == rules.COCO.epochs and p.batch_size * 4 == rules.COCO.batch
+    for key, expected in rules.method_settings(method, value, rules.COCO).items():
+        *sections, name = key.removeprefix("pretrain.").split(".")
+        got = getattr(getattr(p, sections[0]) if sections else p, name)
+        assert got == expected, (recipe, key, got, expected)
