@@ -1,11 +1,11 @@
-"""Do two runs have bitwise the same numbers? Every training step's losses (``metrics.jsonl``) and every result file
-they share (``results/*.json``, ``audit/summary.json``), compared value by value.
+"""Do two runs have bitwise the same numbers? Every logged training step's losses (``metrics.jsonl``) and every result
+file they share (``results/*.json``, ``audit/summary.json``), compared value by value.
 
     PYTHONPATH=. .venv/bin/python benchmarks/same_numbers.py RUN_A RUN_B
 
 What a speed change must leave alone (issue 67: cutting a `dense` run's per-epoch evaluation must not move its
 numbers): prints each difference (at most 20) and exits 1 if there is one, else one line and 0. Timing keys
-(seconds, pairs per second, memory) and the learning-curve records (``kind: zero_shot``, which a run evaluated less
+(seconds, pairs per second, memory), the paths that name each run's own directory, and the learning-curve records (``kind: zero_shot``, which a run evaluated less
 often has fewer of) are not compared; where both runs have a curve record of an epoch, it is.
 """
 
@@ -16,6 +16,17 @@ import sys
 from pathlib import Path
 
 TIMING = ("elapsed_s", "pairs_per_s", "peak_memory_mib", "seconds", "time", "start", "end")
+WHERE = ("checkpoint", "run", "path")
+"""Keys that name a run's own directory, not a number it computed."""
+
+
+def numbers(value):
+    """``value`` without its timing and location keys (at any depth)."""
+    if isinstance(value, dict):
+        return {k: numbers(v) for k, v in value.items() if k not in TIMING + WHERE}
+    if isinstance(value, list):
+        return [numbers(v) for v in value]
+    return value
 
 
 def step_records(run: Path) -> dict[tuple, dict]:
@@ -39,10 +50,10 @@ def differences(a: Path, b: Path) -> list[str]:
     for relative in sorted({p.relative_to(a) for p in (a / "results").glob("*.json")} | {Path("audit/summary.json")}):
         if not (a / relative).exists() or not (b / relative).exists():
             continue
-        ja, jb = (json.loads((run / relative).read_text()) for run in (a, b))
-        ja.get("meta", {}).pop("checkpoint", None), jb.get("meta", {}).pop("checkpoint", None)
-        if ja.get("rows", ja) != jb.get("rows", jb):
-            out.append(f"{relative}: the rows differ")
+        ja, jb = (numbers(json.loads((run / relative).read_text())) for run in (a, b))
+        if ja != jb:
+            keys = sorted(k for k in set(ja) | set(jb) if ja.get(k) != jb.get(k))
+            out.append(f"{relative}: {', '.join(keys)} differ")
     return out
 
 
@@ -53,7 +64,7 @@ def main() -> None:
         print(line)
     if found:
         raise SystemExit(f"{len(found)} difference(s) between {a} and {b}")
-    print(f"bitwise the same: every step's losses and every shared result of {a} and {b}")
+    print(f"bitwise the same: every logged step's losses and every shared result of {a} and {b}")
 
 
 if __name__ == "__main__":

@@ -91,3 +91,24 @@ def test_every_arm_is_a_shipped_recipe(arm, tmp_path):
     assert p.composer == "uniform"
     assert p.itc_consistency_weight == (0.2 if arm in (fair.BASE, fair.ITC_CEILING) else 0.0)
     assert p.oracle_negatives == ("mask_itc" if arm == fair.ITC_CEILING else "keep")
+
+
+def test_same_numbers_finds_a_moved_loss_and_ignores_timing_paths_and_curve_spacing(tmp_path):
+    import json
+
+    from benchmarks.same_numbers import differences
+
+    def run(name, loss, curve_epochs, seconds):
+        path = tmp_path / name
+        (path / "results").mkdir(parents=True)
+        records = [{"step": 25, "epoch": 0, "loss": 5.0, "pairs_per_s": seconds}, {"step": 50, "epoch": 1, "loss": loss}]
+        records += [{"kind": "zero_shot", "epoch": e, "step": 25 * (e + 1), "i2t_R@1": 10.0 + e} for e in curve_epochs]
+        (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        (path / "results" / "retrieval.json").write_text(json.dumps(
+            {"meta": {"checkpoint": str(path / "checkpoints")}, "rows": [{"R@1": 3.0, "checkpoint": str(path)}]}))
+        return path
+
+    every, third = run("every", 4.5, [0, 1], 40.0), run("third", 4.5, [1], 35.0)
+    assert differences(every, third) == []
+    moved = run("moved", 4.5000001, [1], 35.0)
+    assert differences(every, moved) == ["metrics.jsonl (None, 1, 50): loss 4.5 vs 4.5000001"]
