@@ -25,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from falcon_cli.artifacts.atomic import write_text
+
 
 @dataclass(frozen=True)
 class Testbed:
@@ -291,8 +293,6 @@ def main(argv: list[str] | None = None) -> None:
     """Rewrite the rules block of the page named on the command line (docs/methods.md)."""
     import sys
     from pathlib import Path
-
-    from falcon_cli.artifacts.atomic import write_text
 
     (page,) = argv if argv is not None else sys.argv[1:]
     text = Path(page).read_text()

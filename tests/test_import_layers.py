@@ -19,7 +19,8 @@ LAYERS: list[tuple[str, ...]] = [  # top to bottom; a module may import only fro
     ("stages",),                              # one module per pipeline stage
     ("falcon_cli.audit",),                    # the false-negative audit
     ("falcon_cli.evaluation", "falcon_cli.reporting"),
-    ("falcon_cli.config",),                   # the run's config schema and recipes (knows the models by name)
+    ("falcon_cli.config", "falcon_cli.method_rules"),  # the run's config schema and recipes (knows the models by
+    # name); each false-negative method's settings by rule from its paper (docs/methods.md)
     ("falcon_cli.frameworks",),               # what each model family trains and how it is scored
     ("falcon_cli.objectives",),               # losses, rewards, the false-negative methods (MAFA asks a judge)
     ("falcon_cli.judges",),                   # who decides whether a pair is a false negative: oracle, ITM, BLIP

@@ -89,7 +89,9 @@ def test_golden_losses(reference_run):
 # The first three total losses (ITC + ITM + MLM) of the tiny run above, on CPU in fp32. A change here
 # means the model, objectives, data order, masking or initialisation changed: if that was intended,
 # update the numbers and say why in the CHANGELOG.
-GOLDEN = [9.366, 9.275, 9.172]  # albef-tiny with mean pooling at 32 px (at 64 px, as before 0.2.x: 9.462, 9.389, 9.271)
+GOLDEN = [9.318, 9.252, 9.232]  # albef-tiny with mean pooling at 32 px. Until the evaluation before the first step had a
+# loader generator of its own it drew from the global RNG, and the dropout and masks were other ones: 9.366, 9.275,
+# 9.172 (at 64 px, as before 0.2.x: 9.462, 9.389, 9.271)
 
 
 def test_itm_probe_of_a_run_from_another_directory(reference_run, tmp_path):
@@ -845,7 +847,7 @@ def test_srcl_reads_its_auxiliary_features_by_pair_id_and_refuses_a_missing_file
     config, _ = load_recipe("shapes-demo", [f"data.dataset={world}", "pretrain.false_negatives=srcl",
                                             f"pretrain.srcl.aux_embeddings={aux}"])
     method, truth = build_false_negatives(config, spec, dataset, torch.device("cpu"), RunDirectory(tmp_path))
-    assert method.name == "srcl" and truth is None, "SRCL flags nothing: no oracle needed"
+    assert method.name == "srcl" and truth is not None, "SRCL's weights are scored against the oracle"
     stored = read_embeddings(aux)
     ids = torch.tensor([int(stored.pair_id[5]), int(stored.pair_id[0])])
     image, text = method.aux_features(ids)

@@ -25,6 +25,7 @@ from matplotlib.figure import Figure
 from falcon_cli.artifacts.atomic import atomic_dir, atomic_path, write_text
 from falcon_cli.errors import FalconError
 from falcon_cli.evaluation.intervals import Z95, interval_verdict, mean_interval, paired_by_seed, wilson_interval
+from falcon_cli.runtime.metrics import read_metrics
 
 RESULT_FILES = {"retrieval": Path("results/retrieval.json"), "vqa": Path("results/vqa.json"),
                 "nlvr2": Path("results/nlvr2.json"), "audit": Path("audit/summary.json")}
@@ -209,8 +210,6 @@ def _add_numbers(run: Run, source: str, result: dict) -> None:
 def _add_flags(run: Run, path: Path) -> None:
     """``flags:<key>`` from the last epoch's ``kind: false_negatives`` record of ``metrics.jsonl`` (a record written
     again by a resumed run replaces the earlier one); nothing where the run has none."""
-    from falcon_cli.runtime.metrics import read_metrics
-
     records = {r.get("epoch"): r for r in read_metrics(path) if r.get("kind") == "false_negatives"}
     if not records:
         return
