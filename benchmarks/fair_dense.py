@@ -60,6 +60,8 @@ CEILING = {"glofnd": ITC_CEILING, "srcl": ITC_CEILING, "diht": ITC_CEILING, "maf
 """Each method's ceiling: the oracle arm that masks what the method can act on (MAFA relabels ITM's pairs too, so
 its ceiling masks ITC and ITM: the ledger's H200 ``uniform-oracle``, usable only if the device moves uniform by
 less than :data:`DEVICE_TOLERANCE`)."""
+LEDGER = Path("docs/results/fair_dense_results.csv")
+"""This sweep's rows as last reported (``--report``): they stand for runs whose directories are gone."""
 EVAL_EVERY = 3
 """The learning curve's spacing in epochs (every epoch costs 10% more, and changes no other number)."""
 DEVICE_TOLERANCE = 0.5
@@ -292,7 +294,10 @@ def flag_figure(flags, path: Path) -> Path | None:
             if weights else (("precision", "precision", "tab:red"), ("recall", "recall", "tab:blue"))
         for key, label, colour in series:
             for i, (seed, seed_rows) in enumerate(rows.groupby("seed")):
-                ax.plot(seed_rows["epoch"], seed_rows[key], color=colour, alpha=0.6, label=label if i == 0 else None)
+                ax.plot(seed_rows["epoch"], seed_rows[key], color=colour, alpha=0.6, marker="o", markersize=2,
+                        label=label if i == 0 else None)
+        if not weights:
+            ax.set_ylim(-0.02, 1.02)
         ax.set_title(arm)
         ax.set_xlabel("epoch")
         ax.legend(fontsize=7)
@@ -316,8 +321,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="Torch threads per run.")
     parser.add_argument("--budget", choices=["cpu", "quick"], default="cpu", help="quick: a smoke test (nothing learns).")
     parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE", help="Change fields of the budget.")
-    parser.add_argument("--rows", type=Path, nargs="*", default=[Path("docs/results/phase_results.csv")], metavar="CSV",
-                        help="The ledger's rows (the H200 uniform and oracle arms of the same world).")
+    parser.add_argument("--rows", type=Path, nargs="*", default=[Path("docs/results/phase_results.csv"), LEDGER],
+                        metavar="CSV", help="Ledgers of rows whose run directories OUT lacks: the H200 uniform and oracle "
+                                            "arms of the same world, and this sweep's own rows as last reported (its "
+                                            "per-epoch flags beside them, in fair_dense_flags.csv).")
     parser.add_argument("--collect", action="store_true", help="Run nothing: the tables, figure and --report only.")
     parser.add_argument("--report", type=Path, help="Rewrite this page's fair block (docs/results.md).")
     args = parser.parse_args()
@@ -382,13 +389,19 @@ def main() -> None:
     if tuning:
         (tune_out / "tuning.json").write_text(json.dumps(tuning, indent=1, default=str) + "\n")
     done = finished(out, ARMS)
-    if not done:
+    ledgers = [p for p in args.rows if p.exists()]
+    if not done and LEDGER not in ledgers:
         print("no finished runs yet")
     else:
-        rows = merge_ledgers([fair_row(arm, seed, run) for arm, seed, run in done],
-                             [p for p in args.rows if p.exists()])
+        rows = merge_ledgers([fair_row(arm, seed, run) for arm, seed, run in done], ledgers)
         table = pd.DataFrame([r for r in rows if r["preset"] == PRESET and r["method"] in (*ARMS, "uniform", "uniform-oracle")])
         flags = pd.DataFrame([f for arm, seed, run in done for f in flag_rows(arm, seed, run)])
+        flag_ledger = LEDGER.with_name("fair_dense_flags.csv")
+        if LEDGER in ledgers and flag_ledger.exists():  # the per-epoch flags of runs whose directories are gone
+            earlier = pd.read_csv(flag_ledger)
+            have = {(a, s) for a, s, _ in done}
+            earlier = earlier[[(a, s) not in have for a, s in zip(earlier["arm"], earlier["seed"])]]
+            flags = pd.concat([flags, earlier], ignore_index=True) if len(flags) else earlier
         table.to_csv(out / "results.csv", index=False, float_format="%.4f")
         flags.to_csv(out / "flags.csv", index=False, float_format="%.4f")
         figure = flag_figure(flags, out / "flags.png")
