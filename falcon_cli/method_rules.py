@@ -87,8 +87,9 @@ class Setting:
     """The paper's setting, in words, with where it is stated."""
     rule: str
     """``schedule``, ``rate``, ``data``, ``paper``, ``tuned`` or ``base`` (the base every arm shares)."""
-    value: Callable[[Testbed, dict], object]
-    """The testbed's value from the testbed and the method's tuned values (``{key: value}``)."""
+    value: Callable[[Testbed, dict], object] | None
+    """The testbed's value from the testbed and the method's tuned values (``{key: value}``); None for the tuned
+    setting itself (its value is the tuning's)."""
     how: str
     """How the rule gives the value, in words."""
     candidates: Callable[[Testbed], tuple] | None = None
@@ -130,7 +131,7 @@ RULES: dict[str, MethodRules] = {
         "glofnd", "GloFND (Balmaseda et al.), bimodal CC3M: 37 epochs, global batch 1,024 (App. D.2)",
         settings=(
             Setting("pretrain.glofnd.start_epoch", "after 15 (SogCLR) or 20 (FastCLIP) of 37 epochs, tuned over "
-                    "{15, 20} (D.2)", "tuned", lambda t, tuned: tuned["pretrain.glofnd.start_epoch"],
+                    "{15, 20} (D.2)", "tuned", None,
                     "the two by `schedule`: round(15/37 × epochs), round(20/37 × epochs); the paper's own tuning "
                     "set (it tunes α too, which `data` sets here)", candidates=_glofnd_start),
             Setting("pretrain.glofnd.lr", "0.05 (Adam, β 0.9 / 0.98), λ from 1 (D.2)", "rate", _glofnd_lr,
@@ -147,7 +148,7 @@ RULES: dict[str, MethodRules] = {
         "mafa", "MAFA (Byun et al.), ALBEF on 4M: 20 epochs, batch 96, GRIT batches (§5.1)",
         settings=(
             Setting("pretrain.mafa.high", "τ = 0.8 (§4.1, its code); FALCON's COCO reproduction needed 0.98 "
-                    "(0.8 collapsed; FALCON Tab. 7)", "tuned", lambda t, tuned: tuned["pretrain.mafa.high"],
+                    "(0.8 collapsed; FALCON Tab. 7)", "tuned", None,
                     "the two values used by the paper and by FALCON's reproduction; MAFA's Tab. 15 finds "
                     "τ the stable one, FALCON's the one that broke", candidates=lambda t: (0.8, 0.98)),
             Setting("pretrain.mafa.low", "0.5: ambiguous band 0.5 < p < τ (§4.1)", "paper",
@@ -168,7 +169,7 @@ RULES: dict[str, MethodRules] = {
         "srcl", "SRCL, ALBEF on 4M: 30 epochs, batch 512 (App. D)",
         settings=(
             Setting("pretrain.srcl.delta", "δ, the weights' scale: not given (App. D); false negatives weighted "
-                    "about 0.12 (App. F)", "tuned", lambda t, tuned: tuned["pretrain.srcl.delta"],
+                    "about 0.12 (App. F)", "tuned", None,
                     "falcon's reconstruction w ∝ softmax(−δ cos): 5 (its default) and 10, which put a negative "
                     "0.3 in cosine above the rest at weights 0.22 and 0.05, around the paper's 0.12",
                     candidates=lambda t: (5.0, 10.0)),
@@ -184,7 +185,7 @@ RULES: dict[str, MethodRules] = {
         "diht", "DiHT's HN-NCE (Radenovic et al., 2023), as the FALCON paper re-implemented it in ALBEF (App. C.3)",
         settings=(
             Setting("pretrain.diht.beta", "β, the hardness: not in the FALCON paper, which re-implemented the loss; DiHT's suggested sweep {0.25, 0.5, 1}",
-                    "tuned", lambda t, tuned: tuned["pretrain.diht.beta"],
+                    "tuned", None,
                     "the two lower values of the sweep: a search space's hardest candidate is a true match about half "
                     "the time in this world's preset, and β = 1 weights the hardest most",
                     candidates=lambda t: (0.25, 0.5)),
@@ -231,7 +232,8 @@ def method_settings(method: str, tuned_value: object, testbed: Testbed = DENSE) 
     tuned = {rules.tuned.key: tuned_value} if rules.tuned is not None else {}
     if rules.tuned is not None and tuned_value not in candidates(method, testbed):
         raise ValueError(f"{rules.tuned.key}={tuned_value!r}: not one of the tuning candidates {candidates(method, testbed)}")
-    return {s.key: s.value(testbed, tuned) for s in rules.settings if s.rule != "base"}
+    return {s.key: tuned[s.key] if s.rule == "tuned" else s.value(testbed, tuned) for s in rules.settings
+            if s.rule != "base"}
 
 
 def select(results: dict[object, float]) -> object:
