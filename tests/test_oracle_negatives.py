@@ -74,6 +74,8 @@ def test_refused_without_an_oracle_or_beside_a_method(world, tmp_path):
             load_recipe(recipe, ["pretrain.oracle_negatives=mask_itc"])
     with pytest.raises(FalconError, match="oracle_negatives=mask_itc keeps ITM's mining as it is"):
         load_recipe("shapes-uniform", ["pretrain.oracle_negatives=mask_itc", "pretrain.same_image=mask"])
+    with pytest.raises(FalconError, match="FALCON's reward would measure ITM with the pairs masked"):
+        load_recipe("shapes-falcon", ["pretrain.oracle_negatives=mask_itc"])
     with pytest.raises(FalconError, match="expected one of keep, mask or mask_itc"):
         load_recipe("shapes-grit", ["pretrain.oracle_negatives=drop"])
 

@@ -499,9 +499,12 @@ class PretrainConfig(Section):
             raise ValueError(f"oracle_negatives={self.oracle_negatives} works on the in-batch ITC with false_negatives none (got "
                              f"itc={self.itc}, false_negatives={self.false_negatives}): it is the bound the "
                              "false-negative methods are measured against, not one to combine with them")
-        if self.oracle_negatives == "mask_itc" and self.same_image == "mask":
-            raise ValueError("oracle_negatives=mask_itc keeps ITM's mining as it is, and same_image=mask would change it: "
-                             "set one of them (the oracle's ITC mask already holds every same-image pair)")
+        if self.oracle_negatives == "mask_itc" and (self.same_image == "mask" or self.composer == "falcon"):
+            raise ValueError("oracle_negatives=mask_itc keeps ITM's mining as it is, and "
+                             + ("same_image=mask would change it: set one of them (the oracle's ITC mask already holds "
+                                "every same-image pair)" if self.same_image == "mask" else
+                                "FALCON's reward would measure ITM with the pairs masked: use oracle_negatives=mask "
+                                "with composer falcon"))
         if self.quantile_scale != "linear" and self.composer in ("uniform", "grit"):
             raise ValueError(f"quantile_scale={self.quantile_scale} changes how a drawn q picks: composer {self.composer} "
                              "draws none; use it with composer quantile, progressive or falcon")
