@@ -254,17 +254,11 @@ def report_lines(table, tuning: dict, flags, command: str) -> list[str]:
     lines += ["", f"ITM loss: a head that has learned nothing but the label rate scores {ITM_PRIOR:.3f}. Share of its "
               "ceiling's gain: the method's mean FN-aware ITC gain over the control, over the mean gain of its ceiling "
               f"(`{ITC_CEILING}` for the ITC-only methods, the full oracle for MAFA) over uniform.", ""]
-    lines += ["*What each method flagged or weighted, against the oracle* (the last epoch; both directions pooled, then "
-              "image and text anchors; mean ± std over seeds):", "",
-              "| arm | flagged per epoch | precision | recall | i2t precision / recall | t2i precision / recall | "
-              "mean weight, false / true negatives |", "|---|---|---|---|---|---|---|"]
-    for arm in [a for a in RULE_ARMS if a in set(table["method"])]:
-        rows = table[table["method"] == arm]
-        lines.append(f"| `{arm}` | {_m(rows, 'flags_flagged', 0)} | {_m(rows, 'flags_precision', 3)} | "
-                     f"{_m(rows, 'flags_recall', 3)} | {_m(rows, 'flags_i2t_precision', 3)} / {_m(rows, 'flags_i2t_recall', 3)} | "
-                     f"{_m(rows, 'flags_t2i_precision', 3)} / {_m(rows, 'flags_t2i_recall', 3)} | "
-                     f"{_m(rows, 'flags_weight_false', 3)} / {_m(rows, 'flags_weight_true', 3)} |")
-    lines += ["", "![flags over training](results/fair_dense_flags.png)", ""]
+    flagging = [a for a in RULE_ARMS if a in set(table["method"])]
+    if not flagging:
+        lines += ["*What each method flagged or weighted, against the oracle*: no method's run has finished yet.", ""]
+    else:
+        lines += _flag_lines(table, flagging)
     if tuning:
         lines += ["*The tuning* (the tuning world, world seed "
                   f"{rules.TUNING_WORLD_SEED}, training seed {rules.TUNING_SEED}; FN-aware ITC R@1 on its test split):", ""]
@@ -273,6 +267,21 @@ def report_lines(table, tuning: dict, flags, command: str) -> list[str]:
             lines.append(f"- {method}: {tried}; kept {found['value']}.")
         lines.append("")
     return lines
+
+
+def _flag_lines(table, arms: list[str]) -> list[str]:
+    """The flags table (the last epoch of each run, mean ± std over seeds) and the figure's link."""
+    lines = ["*What each method flagged or weighted, against the oracle* (the last epoch; both directions pooled, then "
+              "image and text anchors; mean ± std over seeds):", "",
+              "| arm | flagged per epoch | precision | recall | i2t precision / recall | t2i precision / recall | "
+              "mean weight, false / true negatives |", "|---|---|---|---|---|---|---|"]
+    for arm in arms:
+        rows = table[table["method"] == arm]
+        lines.append(f"| `{arm}` | {_m(rows, 'flags_flagged', 0)} | {_m(rows, 'flags_precision', 3)} | "
+                     f"{_m(rows, 'flags_recall', 3)} | {_m(rows, 'flags_i2t_precision', 3)} / {_m(rows, 'flags_i2t_recall', 3)} | "
+                     f"{_m(rows, 'flags_t2i_precision', 3)} / {_m(rows, 'flags_t2i_recall', 3)} | "
+                     f"{_m(rows, 'flags_weight_false', 3)} / {_m(rows, 'flags_weight_true', 3)} |")
+    return lines + ["", "![flags over training](results/fair_dense_flags.png)", ""]
 
 
 def flag_figure(flags, path: Path) -> Path | None:
@@ -403,7 +412,8 @@ def main() -> None:
             earlier = earlier[[(a, s) not in have for a, s in zip(earlier["arm"], earlier["seed"])]]
             flags = pd.concat([flags, earlier], ignore_index=True) if len(flags) else earlier
         table.to_csv(out / "results.csv", index=False, float_format="%.4f")
-        flags.to_csv(out / "flags.csv", index=False, float_format="%.4f")
+        if len(flags):
+            flags.to_csv(out / "flags.csv", index=False, float_format="%.4f")
         figure = flag_figure(flags, out / "flags.png")
         command = "PYTHONPATH=. .venv/bin/python benchmarks/fair_dense.py " + " ".join(sys.argv[1:])
         lines = report_lines(table, tuning, flags, command)
@@ -412,7 +422,8 @@ def main() -> None:
             report = args.report.resolve()
             results = report.parent / "results"
             table[table["method"].isin(ARMS)].to_csv(results / "fair_dense_results.csv", index=False, float_format="%.4f")
-            flags.to_csv(results / "fair_dense_flags.csv", index=False, float_format="%.4f")
+            if len(flags):
+                flags.to_csv(results / "fair_dense_flags.csv", index=False, float_format="%.4f")
             if figure is not None:
                 import shutil
 
