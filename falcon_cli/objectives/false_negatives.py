@@ -38,7 +38,8 @@ from falcon_cli.objectives.common import as_temperature, image_text_similarity
 from falcon_cli.objectives.glofnd import GlofndThresholds, cosine_matrices, glofnd_active, glofnd_drop_masks, itc_glofnd
 from falcon_cli.objectives.itc import ItcOutput, itc_grit
 from falcon_cli.objectives.mafa import connection_mining, smoothing
-from falcon_cli.objectives.reweighted_itc import itc_hn_nce, itc_srcl, negative_log_weights, srcl_mix, srcl_weights
+from falcon_cli.objectives.reweighted_itc import (itc_hn_nce, itc_srcl, negative_log_weights, srcl_log_weights, srcl_mix,
+                                                  srcl_weights)
 from falcon_cli.objectives.sigmoid import distributed_sigmoid_loss
 from falcon_cli.runtime.distributed import all_gather_cat
 
@@ -198,12 +199,11 @@ class Srcl(FalseNegatives):
         mix = srcl_mix_at(context, self.until)
         self._reset({"srcl_mix": mix})
         aux_image, aux_text = aux_image.to(image_feat.device).float(), aux_text.to(image_feat.device).float()
-        if self.watched:
-            with torch.no_grad():
-                self.weights = srcl_weights(image_feat.detach(), text_feat.detach(), aux_image_feat=aux_image,
-                                            aux_text_feat=aux_text, mix=mix, delta=self.delta)
+        log_weights = srcl_log_weights(image_feat, text_feat, aux_image, aux_text, mix, self.delta)
+        if self.watched:  # (the loss's own weights)
+            self.weights = (log_weights[0].exp(), log_weights[1].exp())
         return itc_srcl(image_feat, text_feat, temperature, aux_image_feat=aux_image, aux_text_feat=aux_text, mix=mix,
-                        delta=self.delta, consistency_weight=consistency_weight)
+                        delta=self.delta, consistency_weight=consistency_weight, log_weights=log_weights)
 
     def sigmoid(self, image_feat, text_feat, logit_scale, logit_bias, context):
         context = _needs_context(self.name, context)

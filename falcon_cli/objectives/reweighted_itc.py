@@ -64,7 +64,7 @@ from torch import Tensor
 from falcon_cli.objectives.common import as_temperature, fp32_region, image_text_similarity, soft_cross_entropy
 from falcon_cli.objectives.itc import ItcOutput, _check_pair, directional_logits
 
-__all__ = ["itc_hn_nce", "itc_srcl", "srcl_mix", "srcl_weights", "negative_log_weights"]
+__all__ = ["itc_hn_nce", "itc_srcl", "srcl_mix", "srcl_weights", "srcl_log_weights", "negative_log_weights"]
 
 
 def negative_log_weights(scores: Tensor) -> Tensor:
@@ -167,12 +167,13 @@ def srcl_weights(image_feat: Tensor, text_feat: Tensor, *, aux_image_feat: Tenso
     S-1 reconstruction of methods.md §3.5 (see the module docstring). Arguments as in
     :func:`itc_srcl`.
     """
-    log_i2t, log_t2i = _srcl_log_weights(image_feat, text_feat, aux_image_feat, aux_text_feat, mix, delta)
+    log_i2t, log_t2i = srcl_log_weights(image_feat, text_feat, aux_image_feat, aux_text_feat, mix, delta)
     return log_i2t.exp(), log_t2i.exp()
 
 
-def _srcl_log_weights(image_feat: Tensor, text_feat: Tensor, aux_image_feat: Tensor, aux_text_feat: Tensor,
-                      mix: float, delta: float) -> tuple[Tensor, Tensor]:
+def srcl_log_weights(image_feat: Tensor, text_feat: Tensor, aux_image_feat: Tensor, aux_text_feat: Tensor,
+                     mix: float, delta: float) -> tuple[Tensor, Tensor]:
+    """The logs of :func:`srcl_weights` (``log_w_i2t``, ``log_w_t2i``), what :func:`itc_srcl` weighs with."""
     n = _check_batch(image_feat, text_feat)
     _check_pair(aux_image_feat, aux_text_feat, "auxiliary features")
     if aux_image_feat.shape[0] != n:
@@ -195,7 +196,7 @@ def _srcl_log_weights(image_feat: Tensor, text_feat: Tensor, aux_image_feat: Ten
 
 def itc_srcl(image_feat: Tensor, text_feat: Tensor, temperature: float | Tensor, *,
              aux_image_feat: Tensor, aux_text_feat: Tensor, mix: float, delta: float = 1.0,
-             consistency_weight: float = 0.0) -> ItcOutput:
+             consistency_weight: float = 0.0, log_weights: tuple[Tensor, Tensor] | None = None) -> ItcOutput:
     """SRCL similarity-regulated in-batch ITC (methods.md §3.2-3.3), a replacement for :func:`itc_grit`.
 
     Args:
@@ -210,6 +211,8 @@ def itc_srcl(image_feat: Tensor, text_feat: Tensor, temperature: float | Tensor,
         delta: scale ``>= 0`` of the weights (S-1 reconstruction: inverse temperature on
             the mixed cosine); 0 = uniform weights = InfoNCE.
         consistency_weight: weight of GRIT's consistency term (0 = off).
+        log_weights: the logs of :func:`srcl_weights` of these arguments, where the caller computed them already
+            (to keep the weights too); None computes them here.
 
     With no gradient, ``cos_mix = mix * cos(aux) + (1 - mix) * cos(current)`` (rows = anchors)
     and ``w_ij = (N - 1) * softmax_{j != i}(-delta * cos_mix_ij)`` (:func:`srcl_weights`); then
@@ -221,7 +224,7 @@ def itc_srcl(image_feat: Tensor, text_feat: Tensor, temperature: float | Tensor,
 
     Returns :class:`ItcOutput` (``sim_*`` are the plain [B, B] float32 logits).
     """
-    log_w_i2t, log_w_t2i = _srcl_log_weights(image_feat, text_feat, aux_image_feat, aux_text_feat, mix, delta)
+    log_w_i2t, log_w_t2i = log_weights or srcl_log_weights(image_feat, text_feat, aux_image_feat, aux_text_feat, mix, delta)
     tau = as_temperature(temperature)
     with fp32_region(image_feat.device):
         sim_i2t, sim_t2i = directional_logits(image_feat.float(), text_feat.float(), tau)
