@@ -42,7 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from benchmarks.phase_sweep import (BUDGETS, EVALUATED, ITM_PRIOR, PhaseBudget, completed, generate_world, has_checkpoint,
+from benchmarks.phase_sweep import (BUDGETS, EVALUATED, ITM_PRIOR, PhaseBudget, generate_world, has_checkpoint,
                                     merge_ledgers, prepare, run_dir, run_one, run_row)
 from benchmarks.shapes_sweep import AUDITED, finished_futures, replace_block
 from falcon_cli import method_rules as rules
@@ -107,7 +107,7 @@ def arm_spec(arm: str, method: str | None, value, out: Path, seed: int,
     return f"shapes-{method}", overrides, auxiliary
 
 
-def needs(arm: str, method: str | None) -> str | None:
+def needs(method: str | None) -> str | None:
     """The arm whose run of the same seed this arm reads (MAFA's Con-D, SRCL's auxiliary model)."""
     return BASE if method in ("mafa", "srcl") else None
 
@@ -213,7 +213,7 @@ def _m(rows, key: str, digits: int = 1) -> str:
     return f"{values.mean():.{digits}f}" + (f" ± {values.std(ddof=1):.{digits}f}" if len(values) > 1 else "")
 
 
-def report_lines(table, tuning: dict, flags, command: str) -> list[str]:
+def report_lines(table, tuning: dict, command: str) -> list[str]:
     """The page's block: the device's effect and the control first (the noise and the setup), then each method
     against its base and its ceiling, its flags, and the tuning it was given."""
     lines = [f"**Command:** `{command}`  ",
@@ -380,14 +380,14 @@ def main() -> None:
                 submit(out, budget, BASE, None, None, args.seeds[0])
             if "tune" in wanted:
                 for arm, method, value in tuning_plan(testbed):
-                    after = [futures[("tune", BASE, rules.TUNING_SEED)]] if needs(arm, method) else []
+                    after = [futures[("tune", BASE, rules.TUNING_SEED)]] if needs(method) else []
                     submit(tune_out, tune_budget, arm, method, value, rules.TUNING_SEED, after)
             for arm in [a for a in ARMS if a in wanted]:
                 method = RULE_ARMS.get(arm)
                 for seed in args.seeds:
                     if ("eval", arm, seed) in futures:
                         continue
-                    after = [f for f in (futures.get(("eval", BASE, seed)),) if f is not None and needs(arm, method)]
+                    after = [f for f in (futures.get(("eval", BASE, seed)),) if f is not None and needs(method)]
                     after += [futures[("tune", a, rules.TUNING_SEED)] for a, m, _ in tuning_plan(testbed) if m == method
                               and ("tune", a, rules.TUNING_SEED) in futures]
                     submit(out, budget, arm, method, None, seed, after)
@@ -416,7 +416,7 @@ def main() -> None:
             flags.to_csv(out / "flags.csv", index=False, float_format="%.4f")
         figure = flag_figure(flags, out / "flags.png")
         command = "PYTHONPATH=. .venv/bin/python benchmarks/fair_dense.py " + " ".join(sys.argv[1:])
-        lines = report_lines(table, tuning, flags, command)
+        lines = report_lines(table, tuning, command)
         print("\n".join(lines))
         if args.report:
             report = args.report.resolve()

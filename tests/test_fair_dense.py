@@ -17,8 +17,8 @@ def test_tuning_plan_gives_every_method_its_two_candidates_once():
     assert [(m, v) for _, m, v in plan] == [(m, v) for m in ("glofnd", "mafa", "srcl", "diht") for v in rules.candidates(m)]
     assert len({arm for arm, _, _ in plan}) == len(plan) == 8  # the budget: two per method
     assert fair.tuning_arm("srcl", 5.0) == "srcl-tune-5" and fair.tuning_arm("glofnd", 15) == "glofnd-tune-15"
-    assert fair.needs("mafa-rule", "mafa") == fair.needs("srcl-rule", "srcl") == fair.BASE
-    assert fair.needs("glofnd-rule", "glofnd") is None and fair.needs(fair.CONTROL, None) is None
+    assert fair.needs("mafa") == fair.needs("srcl") == fair.BASE
+    assert fair.needs("glofnd") is None and fair.needs(None) is None
 
 
 def test_tuning_is_chosen_on_the_tuning_world_and_waits_for_every_candidate(tmp_path):
@@ -54,7 +54,7 @@ def _table():
 
 def test_report_states_the_noise_the_control_and_each_methods_share_of_its_ceiling():
     lines = fair.report_lines(_table(), {"glofnd": {"key": "pretrain.glofnd.start_epoch", "value": 15,
-                                                     "runs": {15: 60.1, 19: 59.0}}}, None, "cmd")
+                                                     "runs": {15: 60.1, 19: 59.0}}}, "cmd")
     text = "\n".join(lines)
     device = next(line for line in lines if line.startswith("*The device's own effect*"))
     assert "+0.10 [+0.10, +0.10]" in device and "Within ±0.5" in device  # CPU − H200: the ledger's arms stand in
@@ -74,7 +74,7 @@ def test_report_without_the_device_check_subtracts_no_h200_ceiling():
     table.loc[table["method"] == "uniform", "oracle_R@1"] += [2.0, -1.5, 3.0]  # the device moves uniform a lot
     table = pd.concat([table, table[table["method"] == "uniform"].assign(**{"method": "uniform-oracle", "oracle_R@1": 70.0})])
     mafa = table[table["method"] == "glofnd-rule"].assign(method="mafa-rule")
-    lines = fair.report_lines(pd.concat([table, mafa]), {}, None, "cmd")
+    lines = fair.report_lines(pd.concat([table, mafa]), {}, "cmd")
     assert any("Not within ±0.5" in line for line in lines)
     row = next(line for line in lines if line.startswith("| `mafa-rule`"))
     assert row.rstrip(" |").endswith("—")  # MAFA's ceiling is the H200 full oracle: not subtracted
