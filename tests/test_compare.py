@@ -305,3 +305,70 @@ def test_flag_metrics_compare_and_a_method_without_them_is_refused(runs):
     assert proc.returncode == 2 and not (runs / "cmp2").exists()
     (line,) = proc.stderr.strip().splitlines()
     assert "grit-s2: its method (pretrain.false_negatives=glofnd) gives no flags:precision" in line
+
+
+def _with_inputs(runs: Path, method: str, seed: int, values: tuple[float, float], **inputs) -> Path:
+    """A copy of grit-s``seed`` as ``method`` with per-seed ``inputs`` (``{key: absolute path}``) in its config."""
+    run = runs / "runs" / f"{method}-s{seed}"
+    shutil.copytree(runs / "runs" / f"grit-s{seed}", run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    pretrain = manifest["config"]["pretrain"]
+    pretrain["false_negatives"] = method
+    for key, path in inputs.items():
+        pretrain[method][key] = str(path)
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    result = json.loads((run / "results" / "retrieval.json").read_text())
+    for row in result["rows"]:
+        row["i2t_R@1"], row["t2i_R@1"] = values
+    (run / "results" / "retrieval.json").write_text(json.dumps(result))
+    return run
+
+
+def _auxiliary(runs: Path, seed: int, encoder: str) -> Path:
+    """An embed run of seed ``seed`` whose encoder is ``runs/<encoder>-s<seed>``: SRCL's auxiliary embeddings."""
+    aux = runs / "runs" / f"aux-s{seed}"
+    (aux / "embeddings").mkdir(parents=True)
+    (aux / "embeddings" / "embeddings.h5").write_bytes(b"h5")
+    manifest = json.loads((runs / "runs" / f"uniform-s{seed}" / "manifest.json").read_text())
+    manifest["config"]["embed"]["encoder"] = f"falcon:{runs / 'runs' / f'{encoder}-s{seed}'}"
+    (aux / "manifest.json").write_text(json.dumps(manifest))
+    return aux / "embeddings" / "embeddings.h5"
+
+
+def test_per_seed_inputs_do_not_make_a_method_but_what_made_them_must_agree(runs):
+    """MAFA's Con-D and SRCL's auxiliary embeddings are files each seed has its own: three seeds of each are one
+    method with a paired interval; an input made on other pairs, or seeds whose inputs other methods made, are
+    refused with one line."""
+    for seed in range(3):
+        base = VALUES[("uniform", seed)]
+        _with_inputs(runs, "mafa", seed, (base[0] + 2, base[1] + 1), judge_model=runs / "runs" / f"uniform-s{seed}")
+        _with_inputs(runs, "srcl", seed, (base[0] - 1, base[1]), aux_embeddings=_auxiliary(runs, seed, "uniform"))
+    names = [f"runs/{m}-s{s}" for m in ("uniform", "mafa", "srcl") for s in range(3)]
+    proc = run_cli("compare", *names, "--metric", "rerank:i2t_R@1", "--out", "cmp", cwd=runs)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    table = pd.read_csv(runs / "cmp" / "comparison.csv")
+    assert len(table) == 3 and list(table["seeds"]) == [3, 3, 3], table
+    assert not any("/" in method for method in table["method"]), list(table["method"])  # (no path in a label)
+    paired = table.set_index("method").filter(like="false_negatives=mafa", axis=0).iloc[0]
+    assert paired["paired_seeds"] == 3 and paired["difference"] == pytest.approx(2.0)
+
+    # SRCL seed 1's auxiliary model was trained on another world: refused, and nothing written.
+    uniform = runs / "runs" / "uniform-s1" / "manifest.json"
+    kept = uniform.read_text()
+    manifest = json.loads(kept)
+    manifest["stages"]["pretrain"]["result"]["dataset_fingerprint"] = "0" * 64
+    uniform.write_text(json.dumps(manifest))
+    proc = run_cli("compare", *(n for n in names if "srcl" in n), "--metric", "rerank:R@1", "--out", "bad", cwd=runs)
+    (line,) = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and not (runs / "bad").exists(), proc.stderr
+    assert "srcl-s1: its pretrain.srcl.aux_embeddings comes from" in line and "trained on other pairs" in line, line
+    uniform.write_text(kept)
+
+    # SRCL seed 2's auxiliary model is a GRIT run, the other seeds' a uniform one: one line, naming both.
+    shutil.rmtree(runs / "runs" / "aux-s2")
+    _auxiliary(runs, 2, "grit")
+    proc = run_cli("compare", *names, "--metric", "rerank:R@1", "--out", "bad", cwd=runs)
+    (line,) = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and not (runs / "bad").exists(), proc.stderr
+    assert "srcl-s2's pretrain.srcl.aux_embeddings was made otherwise than runs/srcl-s0's (embed.encoder: " \
+        in line and "pretrain.composer: grit vs uniform" in line and "--label" in line, line

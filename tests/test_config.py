@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from pathlib import Path
 
 import pytest
@@ -357,6 +359,19 @@ def test_input_paths_become_absolute_against_the_working_directory(tmp_path, mon
     # Resolving again (a stored config read from another directory) changes nothing that is absolute.
     again = absolute_input_paths(config.model_copy(deep=True), tmp_path / "other")
     assert again.model_dump() == config.model_dump()
+    # What `falcon compare` reads as a run's inputs: every input-path key, each value naming a file found as one.
+    from falcon_cli.config.paths import input_path_keys
+
+    markers = dict(input_path_keys(Recipe))
+    assert {"pretrain.mafa.judge_model", "pretrain.srcl.aux_embeddings", "embed.encoder", "data.dataset"} <= set(markers)
+    assert "pretrain.epochs" not in markers
+    dumped = config.model_dump()
+    found = {key: markers[key].artifact(value) for key in markers
+             if (value := functools.reduce(lambda d, k: d.get(k) if isinstance(d, dict) else None, key.split("."), dumped))}
+    assert found["embed.encoder"] == tmp_path / "runs" / "demo" and found["finetune.checkpoint"] == Path("/abs/run")
+    assert found["pretrain.srcl.aux_embeddings"] == tmp_path.parent / "elsewhere" / "aux.h5"
+    assert found["audit.judge_model"] is None and found["pretrain.vision_weights"] is None  # a hub id, a timm name
+    assert found["pretrain.search_spaces"] is None and found["data.tokenizer"] is None      # keywords
 
 
 def test_study_recipes_live_apart_but_resolve_by_name_and_list_in_their_group():

@@ -21,6 +21,7 @@ every ``coco-albef-*`` recipe, which says ``base: coco-albef``, resolves onto it
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -35,6 +36,7 @@ import threading
 from pathlib import Path
 from unittest import mock
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -367,8 +369,65 @@ def test_the_tutorial_runs_as_written(tiny, shell):
     done = {call.get("command") for call in calls}
     assert {"falcon finetune", "falcon embed", "falcon audit-false-negatives", "falcon evaluate retrieval",
             "falcon compare"} <= done, done
-    compare = [call for call in calls if call.get("command") == "falcon compare"][0]["params"]
-    assert compare["baseline"] == "coco-albef-grit" and "rerank:R@1" in compare["metric"], compare
+    compare = [call for call in calls if call.get("command") == "falcon compare"][0]
+    assert compare["params"]["baseline"] == "coco-albef-grit" and "rerank:R@1" in compare["params"]["metric"], compare
+
+    # Section 5 on the 8-GPU section's runs: each command's run directory stood in for by what it would write (its
+    # resolved config, made in order, so MAFA's Con-D and SRCL's auxiliary exist when their users resolve), then
+    # the tutorial's `falcon compare` for real. Every method is one row with its three seeds paired.
+    values = stand_in_runs(calls, smoke / "coco-albef-s0")
+    section5 = next(code for kind, code in blocks if kind == "resolve" and "falcon compare" in code)
+    proc, calls = shell(section5, "run", **variables)
+    assert proc.returncode == 0 and [call["args"][0] for call in calls] == ["compare"], _failed(proc)
+    table = pd.read_csv(runs / "comparison" / "comparison.csv")
+    rows = table[table["metric"] == "rerank:R@1"].set_index("method")
+    assert sorted(rows.index) == sorted(BASELINES) and set(rows["seeds"]) == {3}, rows
+    for recipe in ("coco-albef-mafa", "coco-albef-srcl"):
+        row = rows.loc[recipe]
+        difference = sum(values[recipe, s] - values["coco-albef-grit", s] for s in range(3)) / 3
+        assert row["paired_seeds"] == 3 and row["difference"] == pytest.approx(difference, abs=1e-6), row
+        assert row["difference_lo"] < difference < row["difference_hi"], row
+
+
+def stand_in_runs(calls: list[dict], template: Path) -> dict[tuple[str, int], float]:
+    """What the resolved commands would leave, written in their order: each pretrain, finetune and embed run
+    directory's manifest (its config resolved where it runs, once the runs before it exist), a fine-tuned
+    checkpoint's folder, an embeddings file, and each pretraining run's results (``template``'s, a real smoke run's,
+    with every R@1 set to a per-recipe offset plus per-seed noise). Returns ``{(recipe, seed): R@1}``."""
+    offsets: dict[str, int] = {}
+    values: dict[tuple[str, int], float] = {}
+    manifest = json.loads((template / "manifest.json").read_text())
+    for call in calls:
+        command, params = call.get("command", ""), call.get("params", {})
+        if command not in ("falcon pretrain", "falcon finetune", "falcon embed"):
+            continue
+        overrides = list(params.get("overrides") or ()) + list(params.get("settings") or ())
+        with contextlib.chdir(call["cwd"]):  # (as Commands resolves them)
+            config = Commands.resolve(params.get("recipe") or "coco-albef", overrides)
+        run = Path(call["cwd"]) / params["run_dir"]
+        if run.exists():  # (fine-tuning a pretrained run: its own directory, already stood in for)
+            continue
+        (run / "results").mkdir(parents=True)
+        stages = {"pretrain": manifest["stages"]["pretrain"]} if command == "falcon pretrain" else {}
+        (run / "manifest.json").write_text(json.dumps({**manifest, "seed": config.seed, "world_size": 8,
+                                                       "config": config.model_dump(mode="json"), "stages": stages}))
+        if command == "falcon finetune":
+            (run / "finetune" / "retrieval" / "best").mkdir(parents=True)
+        elif command == "falcon embed":
+            (run / "embeddings").mkdir()
+            (run / "embeddings" / "embeddings.h5").write_bytes(b"")
+        else:
+            offset = offsets.setdefault(params["recipe"], len(offsets))
+            value = values[params["recipe"], config.seed] = 40.0 + offset + 0.3 * ((config.seed * 7 + offset) % 3)
+            shutil.copytree(template / "audit", run / "audit")
+            result = json.loads((template / "results" / "retrieval.json").read_text())
+            for row in result["rows"]:
+                for key in [k for k in row if k.endswith("_R@1")]:
+                    row[key] = value
+                row.update({"eccv_i2t_mAP@R": value / 2, "eccv_t2i_mAP@R": value / 2})  # (the full COCO's ECCV
+                # Caption annotations give these; the tiny COCO has none)
+            (run / "results" / "retrieval.json").write_text(json.dumps(result))
+    return values
 
 
 def test_a_missing_karpathy_file_is_one_line_through_the_tutorials_commands(tiny, shell, tmp_path):

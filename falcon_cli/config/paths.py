@@ -65,6 +65,20 @@ class InputPath:
         absolute = Path(os.path.normpath(base / path))  # normpath: no symlinks resolved, '..' folded
         return prefix + str(absolute) if (prefix or isinstance(value, str)) else absolute
 
+    def artifact(self, value: Any) -> Path | None:
+        """The file or directory a resolved value names, else None: a hub id, a keyword, a value without one of the
+        prefixes, or a relative value (a resolved config holds every path it names absolute)."""
+        if value is None or isinstance(value, (list, tuple)):
+            return None
+        text = str(value)
+        if text in self.keywords:
+            return None
+        prefix = next((p for p in self.prefixes if text.startswith(p)), None) if self.prefixes else ""
+        if prefix is None:
+            return None
+        path = Path(text[len(prefix):]).expanduser()
+        return path if path.is_absolute() else None
+
 
 def _marker(field) -> InputPath | None:
     return next((m for m in field.metadata if isinstance(m, InputPath)), None)
@@ -89,6 +103,20 @@ def _path_fields(model: type[BaseModel]) -> tuple[tuple[str, InputPath | None], 
     worked out once per class, since ``falcon recipes validate`` walks every recipe."""
     return tuple((name, _marker(field)) for name, field in model.model_fields.items()
                  if _marker(field) is not None or section_type(field.annotation) is not None)
+
+
+@functools.cache
+def input_path_keys(model: type[BaseModel]) -> tuple[tuple[str, InputPath], ...]:
+    """``(dotted key, marker)`` of every input-path field of a config class and its sections
+    (``pretrain.srcl.aux_embeddings``): what ``falcon compare`` reads as a run's inputs rather than its method."""
+    found: list[tuple[str, InputPath]] = []
+    for name, marker in _path_fields(model):
+        if marker is not None:
+            found.append((name, marker))
+        else:
+            section = section_type(model.model_fields[name].annotation)
+            found += [(f"{name}.{key}", inner) for key, inner in input_path_keys(section)]
+    return tuple(found)
 
 
 def absolute_input_paths(config: BaseModel, base: str | Path | None = None) -> BaseModel:

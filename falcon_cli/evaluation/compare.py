@@ -6,6 +6,10 @@ A run is read from its directory alone: ``manifest.json`` (seed, resolved config
 recipe's name, plus the settings that tell runs of one recipe apart), or by ``--label``, and paired by seed. Runs
 that cannot be compared (other pretraining pairs, another evaluation split or evaluation settings, another budget)
 are refused with one line naming the run and what differs.
+
+A file or directory another run wrote (MAFA's Con-D, SRCL's auxiliary embeddings, a checkpoint to start from) is an
+*input*: each seed has its own, so its path does not make a method. What made it does: the seeds of one method must
+take their inputs from runs of one method, trained on the same pairs as they were (:class:`RunInput`).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import fnmatch
 import hashlib
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -53,12 +58,39 @@ BUDGET_KEYS = ("pretrain.model", "pretrain.image_size", "pretrain.epochs", "pret
 """What every compared run must share: the model, its inputs and the training it got (``world_size`` times
 ``batch_size`` is the global batch)."""
 
+PRODUCER_IGNORED = ("seed", "description", "stages", "data", "unimodal", "world_size")
+"""Config keys that do not change what a run wrote for another (:func:`input_source`): its seed and data (the pairs
+are checked by their identity instead); nor do the keys that only say how it ran (:data:`EXECUTION_FIELDS`)."""
+
+EXECUTION_FIELDS = frozenset({"device", "precision", "num_workers", "log_every", "loggers", "checkpoint_every",
+                              "keep_last", "profile_steps", "compile", "compile_mode", "preload_images", "eval_every",
+                              "eval_split", "chunk_size"})
+"""The last part of any key (``pretrain.device``, ``embed.num_workers``) that says how a stage ran, not what it
+computed."""
+
 EVALUATION_KEYS = {"retrieval": ("dataset", "split", "split_fingerprint", "k", "images", "texts", "false_negatives",
                                  "max_text_length", "resolution", "scoring"),
                    "vqa": ("dataset", "split", "questions", "k", "max_text_length", "resolution", "answer_processing"),
                    "nlvr2": ("dataset", "max_text_length", "resolution", "statements"),
                    "audit": ("judge", "threshold")}
 """Per source, the evaluation settings every run's numbers must share (taken from the results' meta and rows)."""
+
+
+@dataclass(frozen=True)
+class RunInput:
+    """One input of a run that names a file or directory (:func:`run_inputs`), and what made it."""
+
+    key: str
+    """The config key (``pretrain.srcl.aux_embeddings``)."""
+    path: Path
+    source: str
+    """What made it, in words: ``coco-albef-grit run (finetune.checkpoint from coco-albef-grit run)``; ``a file
+    outside any run``; ``a missing file``."""
+    identity: tuple
+    """What made it, compared: the producing run's settings (:data:`PRODUCER_IGNORED` aside), its own inputs by
+    their sources in turn."""
+    producers: tuple[tuple[Path, tuple[tuple[str, str], ...]], ...]
+    """Every run in the chain that made it, with its pretraining pairs' identities (:func:`_dataset_identities`)."""
 
 
 @dataclass
@@ -81,6 +113,8 @@ class Run:
     label: str = ""
     trained_on: str = ""
     """Where pretraining ran: device and precision (``cuda:0 bf16``, ``cpu fp32``), as the pretrain stage recorded."""
+    inputs: list[RunInput] = field(default_factory=list)
+    """Its inputs that other runs wrote (:func:`run_inputs`): per seed, so not part of its method."""
 
 
 def _flat(config: dict, prefix: str = "") -> dict:
@@ -114,6 +148,7 @@ def read_run(path: str | Path) -> Run:
     run = Run(path=path, seed=int(manifest.get("seed", config.get("seed", 0))), recipe=str(config.get("name", path.name)),
               config={**config, "world_size": manifest.get("world_size", 1)}, dataset=_dataset_identities(manifest),
               trained_on=" ".join(str(result[k]) for k in ("device", "precision") if result.get(k)))
+    run.inputs = run_inputs(config, Path(os.path.abspath(path)))
     for source, relative in RESULT_FILES.items():
         if (path / relative).is_file():
             _add_numbers(run, source, _read_json(path / relative, path))
@@ -123,6 +158,75 @@ def read_run(path: str | Path) -> Run:
         raise FalconError(f"{path}: no results yet (no {', '.join(str(p) for p in RESULT_FILES.values())}); "
                           f"evaluate it first: falcon evaluate retrieval {path}")
     return run
+
+
+def _input_keys() -> tuple:
+    from falcon_cli.config.paths import input_path_keys
+    from falcon_cli.config.schema import Recipe
+
+    return input_path_keys(Recipe)
+
+
+def _method_key(key: str) -> bool:
+    """Whether a config key can make a method (:data:`IDENTITY_IGNORED` and :data:`BUDGET_KEYS` cannot)."""
+    return not any(key == k or key.startswith(k + ".") for k in IDENTITY_IGNORED + BUDGET_KEYS)
+
+
+def _artifacts(config: dict, keys: Sequence[str] | None = None) -> dict[str, Path]:
+    """``{key: path}`` of the input-path values of a resolved config that name a file or directory (not a hub id, a
+    keyword or a name), among ``keys`` (default: every input-path key)."""
+    flat = _flat(config)
+    return {key: path for key, marker in _input_keys() if (keys is None or key in keys)
+            for path in [marker.artifact(flat.get(key))] if path is not None}
+
+
+def _run_holding(path: Path) -> Path | None:
+    """The run directory that holds ``path`` (``path`` itself, or the nearest folder above it with a
+    ``manifest.json``); None outside any run."""
+    for folder in [path, *path.parents]:
+        if (folder / "manifest.json").is_file():
+            return folder
+    return None
+
+
+def input_source(path: Path, within: Sequence[Path] = (), depth: int = 0) -> tuple[str, tuple, tuple]:
+    """``(words, identity, producers)`` of what made ``path`` (:class:`RunInput`): the run that holds it, its
+    settings, and in turn what made its own inputs (a run inside ``within`` is the consumer itself, not a maker)."""
+    if not path.exists():
+        return "a missing file", ("missing",), ()
+    producer = _run_holding(path)
+    if producer is None or producer in within or depth > 4:
+        return "a file outside any run", ("outside",), ()
+    manifest = _read_json(producer / "manifest.json", producer)
+    config = {**(manifest.get("config") or {}), "world_size": manifest.get("world_size", 1)}
+    flat = _flat(config)
+    own = {k: p for k, p in _artifacts(config).items() if not any(k == i or k.startswith(i + ".") for i in PRODUCER_IGNORED)}
+    settings = {k: v for k, v in flat.items() if k not in own and k.rpartition(".")[2] not in EXECUTION_FIELDS
+                and not any(k == i or k.startswith(i + ".") for i in PRODUCER_IGNORED)}
+    words, nested, producers = [], [], [(producer, tuple(_dataset_identities(manifest).items()))]
+    for key, inner in sorted(own.items()):
+        if _run_holding(inner) == producer:  # (its own files: part of what it is)
+            continue
+        inner_words, inner_identity, inner_producers = input_source(inner, (*within, producer), depth + 1)
+        words.append(f"{key} from {inner_words}")
+        nested.append((key, inner_identity))
+        producers += inner_producers
+    name = str(config.get("name", producer.name))
+    return (f"{name} run" + (f" ({'; '.join(words)})" if words else ""),
+            (name, tuple(sorted((k, _value(v)) for k, v in settings.items())), tuple(nested)), tuple(producers))
+
+
+def run_inputs(config: dict, path: Path) -> list[RunInput]:
+    """The inputs of a run that other runs wrote: the input-path settings that could make a method
+    (``pretrain.mafa.judge_model``, ``pretrain.srcl.aux_embeddings``, ``embed.encoder``, ``pretrain.init``, ...) and
+    name a file or directory outside the run itself."""
+    found = []
+    for key, artifact in _artifacts(config).items():
+        if not _method_key(key) or _run_holding(artifact) == path:
+            continue
+        words, identity, producers = input_source(artifact, (path,))
+        found.append(RunInput(key, artifact, words, identity, producers))
+    return found
 
 
 def _dataset_identities(manifest: dict) -> dict[str, str]:
@@ -252,9 +356,11 @@ def label_runs(runs: Sequence[Run], labels: Sequence[str] = ()) -> None:
 
 
 def _identity(config: dict) -> dict:
+    """The settings that make a run's method: every config key but :data:`IDENTITY_IGNORED`, :data:`BUDGET_KEYS`
+    and its inputs that other runs wrote (per seed: :func:`run_inputs`)."""
     flat = _flat(config)
-    return {k: v for k, v in flat.items()
-            if not any(k == key or k.startswith(key + ".") for key in IDENTITY_IGNORED + BUDGET_KEYS)}
+    inputs = _artifacts(config)
+    return {k: v for k, v in flat.items() if _method_key(k) and k not in inputs}
 
 
 def _value(value) -> str:
@@ -278,6 +384,14 @@ def check_comparable(runs: Sequence[Run], metrics: Sequence[str], allow_mismatch
                 problems.append(f"{run.path}: another budget than {first.path} ({key}: {b.get(key)!r} vs "
                                 f"{a.get(key)!r}); compare runs trained alike")
                 break
+    for run in runs:  # an input made on other pairs (an auxiliary model of another world) is not this run's method
+        for item in run.inputs:
+            for producer, identities in item.producers:
+                same, words = same_pairs(run.dataset, dict(identities))
+                if not same:
+                    problems.append(f"{run.path}: its {item.key} comes from {producer}, trained on other pairs than "
+                                    f"it was ({words}); make its inputs from runs on its own pairs")
+    check_inputs_alike(runs)
     for metric in metrics:
         missing = [r for r in runs if metric not in r.metrics]
         if len(missing) == len(runs):
@@ -310,6 +424,43 @@ def check_comparable(runs: Sequence[Run], metrics: Sequence[str], allow_mismatch
         raise FalconError(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
                           + "; --allow-mismatch compares them anyway and flags it in the report")
     return problems
+
+
+def check_inputs_alike(runs: Sequence[Run]) -> None:
+    """Refuse (one line) a method whose seeds take an input from runs of different methods: seed 0's SRCL auxiliary
+    from a uniform run, seed 1's from a GRIT run, say. Per-seed paths are expected; what made them must agree."""
+    first: dict[str, Run] = {}
+    for run in runs:
+        other = first.setdefault(run.label, run)
+        if other is run:
+            continue
+        mine, theirs = {i.key: i for i in run.inputs}, {i.key: i for i in other.inputs}
+        for key in sorted(set(mine) | set(theirs)):
+            a, b = theirs.get(key), mine.get(key)
+            if a is None or b is None or a.identity != b.identity:
+                mine_words, their_words = (i.source if i else "no file (not set)" for i in (b, a))
+                detail = _first_difference(a.identity, b.identity) if a and b else None
+                words = (f"{run.path}'s {key} comes from {mine_words}, {other.path}'s from {their_words}"
+                         if mine_words != their_words else f"{run.path}'s {key} was made otherwise than {other.path}'s")
+                raise FalconError(words + (f" ({detail})" if detail else "") + f", yet both are {run.label}: "
+                                  "the seeds of a method take their inputs from runs of one method; make them alike, "
+                                  "or tell the two apart with --label NAME=GLOB")
+
+
+def _first_difference(a: tuple, b: tuple) -> str | None:
+    """The first setting that tells two :attr:`RunInput.identity` apart, in words."""
+    if a[0] != b[0] or len(a) < 3 or len(b) < 3:
+        return f"a {b[0]} run vs a {a[0]} run" if len(a) > 1 and len(b) > 1 else None
+    settings_a, settings_b = dict(a[1]), dict(b[1])
+    for key in sorted(set(settings_a) | set(settings_b)):
+        if settings_a.get(key) != settings_b.get(key):
+            return f"{key}: {settings_b.get(key)} vs {settings_a.get(key)}"
+    nested_a, nested_b = dict(a[2]), dict(b[2])
+    for key in sorted(set(nested_a) | set(nested_b)):
+        if nested_a.get(key) != nested_b.get(key):
+            inner = _first_difference(nested_a.get(key) or ("none",), nested_b.get(key) or ("none",))
+            return f"{key}: {inner}" if inner else key
+    return None
 
 
 @dataclass
