@@ -28,6 +28,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from falcon_cli.artifacts.atomic import atomic_dir, atomic_path, write_text
+from falcon_cli.config.paths import input_path_keys
+from falcon_cli.config.schema import Recipe
 from falcon_cli.errors import FalconError
 from falcon_cli.evaluation.intervals import Z95, interval_verdict, mean_interval, paired_by_seed, wilson_interval
 from falcon_cli.runtime.metrics import read_metrics
@@ -161,9 +163,6 @@ def read_run(path: str | Path) -> Run:
 
 
 def _input_keys() -> tuple:
-    from falcon_cli.config.paths import input_path_keys
-    from falcon_cli.config.schema import Recipe
-
     return input_path_keys(Recipe)
 
 
