@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+from rich.markup import escape
 from rich.table import Table
 
 from falcon_cli.artifacts.atomic import atomic_dir, write_json, write_text
@@ -97,7 +98,7 @@ def _audit(config: Recipe, run: RunDirectory) -> dict:
         # (features of another dataset would pair the log's ids with the wrong pairs: refused, like every reader)
         warning = check_fingerprint(path, embeddings.attrs, fingerprint, config.data.dataset)
         if warning is not None:
-            console.print(f"[yellow]warning:[/] {warning}")
+            console.print(f"[yellow]warning:[/] {escape(warning)}")
         return embeddings
 
     judge = load_judge(kind, model=a.judge_model, world=world, run=a.judge_model or run.path, device=a.device,
@@ -221,8 +222,8 @@ def _examples(missed: pd.DataFrame, pair_at) -> list[dict]:
 
 
 def _render(summary: dict, overall: pd.DataFrame, agreement: pd.DataFrame) -> None:
-    table = Table(title=f"false negatives of the used negatives: {summary['run']} ({summary['pairs']} judged, "
-                        f"{summary['steps_audited']} steps, judge {summary['judge']})")
+    table = Table(title=escape(f"false negatives of the used negatives: {summary['run']} ({summary['pairs']} judged, "
+                               f"{summary['steps_audited']} steps, judge {summary['judge']})"))
     with_oracle = "oracle_rate" in overall.columns
     for column in ["negatives", "kind", "judge: false negatives"] + (["oracle: false negatives"] if with_oracle else []):
         table.add_column(column, justify="left" if column == "kind" else "right")

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from rich.markup import escape
 from rich.table import Table
 
 from falcon_cli.artifacts.atomic import write_json
@@ -141,7 +142,7 @@ def _check_same_dataset(config: Recipe, path: Path, attrs: dict) -> None:
                               f"({exc}); re-run `falcon embed` for this dataset") from None
     warning = check_fingerprint(path, attrs, expected, config.data.dataset)
     if warning is not None:
-        console.print(f"[yellow]warning:[/yellow] {warning}", markup=True, highlight=False)
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}", markup=True, highlight=False)
 
 
 def _oracle_for(config: Recipe, embeddings_path: Path, pair_ids: np.ndarray) -> tuple[ShapesOracle, np.ndarray, np.ndarray] | str:

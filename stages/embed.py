@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from rich.markup import escape
 from torch.utils.data import DataLoader, Dataset
 
 from falcon_cli.artifacts.atomic import atomic_path, write_json
@@ -83,7 +84,7 @@ def _embed(config: Recipe, run: RunDirectory, resume: bool) -> dict:
         partial.mkdir(parents=True)
         write_json(partial / PROGRESS, identity)
     elif is_main_process():
-        console.print(f"resuming: {len(done)} of {chunks} chunk(s) already embedded in {partial}")
+        console.print(f"resuming: {len(done)} of {chunks} chunk(s) already embedded in {escape(str(partial))}")
 
     # 3. Encode the missing chunks; batches never straddle a chunk, so each chunk is written as soon as it is complete.
     todo = [k for k in range(chunks) if k not in done]
@@ -156,7 +157,7 @@ def _embed(config: Recipe, run: RunDirectory, resume: bool) -> dict:
         "seconds": round(time.perf_counter() - started, 2),
         "pairs_per_s": round(encoded_pairs / encoding_seconds, 1) if encoded_pairs and encoding_seconds > 0 else None,
     }
-    console.print(f"embed: {total} pairs x {dim} ({dtype}) from {encoder.model_name} on {device}; "
+    console.print(f"embed: {total} pairs x {dim} ({dtype}) from {escape(encoder.model_name)} on {device}; "
                   f"{summary['images_failed']} image(s) failed; {summary['pairs_per_s']} pairs/s")
     return summary
 

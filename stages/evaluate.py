@@ -148,9 +148,9 @@ def evaluate_retrieval(ctx: Context) -> dict:
             "units": "percent"}
     if D.is_main_process():
         console.print(write_results(ctx.run, results_name("retrieval", r.split), rows, meta,
-                                    f"Retrieval on `{r.split}` ({meta['scoring']}{'' if k is None else f', k={k}'}, percent)"))
+                                    f"Retrieval on `{r.split}` ({meta['scoring']}{'' if k is None else f', k={k}'}, percent)"), markup=False)
         if near_miss_rows:
-            console.print(write_near_misses(ctx, near_miss_rows, meta))
+            console.print(write_near_misses(ctx, near_miss_rows, meta), markup=False)
     return {"meta": meta, "rows": rows}
 
 
@@ -305,7 +305,7 @@ def evaluate_vqa(ctx: Context) -> dict:
                                  for qid in (rec.question_id for rec in dataset.records)], indent=None)
         ctx.run.add_artifact(Path("results") / result_file.name, schema="vqa_server_result", schema_version=1)
         note = "" if "accuracy" in row else " (no answers in this split: submit the result file to the evaluation server)"
-        console.print(write_results(ctx.run, "vqa", [row], meta, f"VQA on `{v.split}`{note} (percent)"))
+        console.print(write_results(ctx.run, "vqa", [row], meta, f"VQA on `{v.split}`{note} (percent)"), markup=False)
     return {"meta": meta, "rows": [row]}
 
 
@@ -328,7 +328,7 @@ def evaluate_nlvr2(ctx: Context) -> dict:
     meta = {"dataset": ctx.spec.name, "checkpoint": str(checkpoint), "resolution": resolution, "max_text_length": text_length,
             "units": "percent"}
     if D.is_main_process():
-        console.print(write_results(ctx.run, "nlvr2", rows, meta, "NLVR2 accuracy (percent)"))
+        console.print(write_results(ctx.run, "nlvr2", rows, meta, "NLVR2 accuracy (percent)"), markup=False)
     return {"meta": meta, "rows": rows}
 
 

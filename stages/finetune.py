@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from rich.markup import escape
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
@@ -94,7 +95,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
     results = {}
     for task in f.tasks:
         if D.is_main_process():
-            console.print(f"[bold]finetune[/] {task} from {start} on {device}, {precision}")
+            console.print(f"[bold]finetune[/] {task} from {escape(str(start))} on {device}, {precision}")
         results[task] = TASKS[task](ctx, start)
     return {"start": str(start), **results}
 

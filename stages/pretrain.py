@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from rich.markup import escape
 
 from falcon_cli.artifacts.embeddings import FINGERPRINT_ATTR
 from falcon_cli.artifacts.results import write_results as write_results_table
@@ -119,7 +120,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
     # the shapes world the oracle measures what it flags. `same_image: mask` keeps pairs that show the same
     # image (false negatives by construction) out of the ITC denominators and ITM mining.
     method, truth = build_false_negatives(config, spec, dataset, device, run,
-                                          warn=lambda line: console.print(f"[yellow]warning:[/] {line}"))
+                                          warn=lambda line: console.print(f"[yellow]warning:[/] {escape(line)}"))
     # `oracle_negatives: mask` (a diagnostic) keeps every truly matching pair out the same way.
     excluded = excluded_negatives(p, spec, dataset.records, device, check=False)
     masked_key = "same_image_masked" if p.oracle_negatives == "keep" else "oracle_masked"  # (metrics.jsonl)
@@ -437,7 +438,7 @@ def warm_start(config: Recipe, run: RunDirectory, all_ids: torch.Tensor, device:
     # Each rank reads only the embeddings of its own block of the spaces (the cache holds no other rows).
     return load_warm_start(spaces_path, embeddings_path, all_ids, rank=D.rank(), world=D.world_size(), device=device,
                            fingerprint=fingerprint, dataset=str(config.data.dataset),
-                           warn=lambda line: console.print(f"[yellow]{line}[/]"))
+                           warn=lambda line: console.print(f"[yellow]{escape(line)}[/]"))
 
 
 class ModelUpdate:
@@ -510,4 +511,4 @@ def write_results(run: RunDirectory, results: dict, *, split: str, resolution: i
             "units": "percent"}
     rows = [{"model": name, **values} for name, values in results.items()]
     console.print(write_results_table(run, "retrieval_zeroshot", rows, meta,
-                                      f"Zero-shot retrieval on `{split}` (ITC similarity, percent)"))
+                                      f"Zero-shot retrieval on `{split}` (ITC similarity, percent)"), markup=False)

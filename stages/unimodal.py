@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
 from PIL import Image
+from rich.markup import escape
 from safetensors.torch import save_file
 
 from falcon_cli.artifacts.atomic import atomic_dir, write_json
@@ -74,7 +75,7 @@ def _unimodal(config: Recipe, run: RunDirectory) -> dict:
     weights = unimodal_weights(config, tokenizer.get_vocab())
     if weights.complete():
         report = json.loads(weights.report.read_text(encoding="utf-8"))
-        console.print(f"unimodal weights reused: {weights.path}")
+        console.print(f"unimodal weights reused: {escape(str(weights.path))}")
         return _record(run, weights.path, report, reused=True)
     model_config = unimodal_model_config(config, len(tokenizer))
     device = pick_device(u.device)
@@ -236,5 +237,5 @@ def _record(run: RunDirectory, path: Path, report: dict, *, reused: bool) -> dic
     row = {"weights": str(path), "reused": reused, **{f"image_{k}": v for k, v in report["image"].items()},
            **{f"text_{k}": v for k, v in report["text"].items()}}
     console.print(write_results(run, "unimodal", [row], {"key": report["key"], "seed": report["seed"], "units": "percent"},
-                                "Unimodal encoders (validation split, percent)"))
+                                "Unimodal encoders (validation split, percent)"), markup=False)
     return {"weights": str(path), "reused": reused, "image": report["image"], "text": report["text"]}

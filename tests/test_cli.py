@@ -155,6 +155,22 @@ def test_recipes_list_show_validate(cli, tmp_path):
     assert proc.returncode == 2 and "did you mean 'data.tokenizer'" in proc.stdout
 
 
+def test_recipe_headers_descriptions_and_errors_print_square_brackets_as_written(cli, tmp_path, monkeypatch):
+    """Rich would read ``[eccv]`` as a style and drop it: a header, a description and an error line print literally."""
+    mine = tmp_path / "recipes"
+    mine.mkdir()
+    (mine / "my-brackets.yaml").write_text(
+        "# Needs the extra: pip install 'falcon-vlp[eccv]'\n# falcon run --recipe my-brackets stages=[data]\n"
+        "base: shapes-demo\ndescription: shapes with [bold]brackets[/] kept\n")
+    monkeypatch.setenv("FALCON_RECIPE_PATH", str(mine))
+    shown = cli("recipes", "show", "my-brackets", check=True).stdout
+    assert "pip install 'falcon-vlp[eccv]'" in shown and "stages=[data]" in shown, shown
+    listed = cli("recipes", "list", check=True).stdout
+    assert "shapes with [bold]brackets[/] kept" in listed, listed
+    proc = cli("recipes", "show", "no-such[eccv]")
+    assert proc.returncode == 2 and "unknown recipe 'no-such[eccv]'" in proc.stderr, proc.stderr
+
+
 def test_run_recipe_end_to_end(cli, tmp_path):
     run_dir, world = tmp_path / "run", tmp_path / "world"
     args = ["run", "--recipe", "shapes-demo", "--run-dir", run_dir, f"data.dataset={world}", "stages=[data]",

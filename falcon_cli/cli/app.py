@@ -11,11 +11,12 @@ import os
 import sys
 
 import typer
-from falcon_cli.runtime.console import make_console
+from rich.markup import escape
 
 from falcon_cli import __version__
 from falcon_cli.cli import audit, compare, data, embed, evaluate, finetune, pretrain, recipes, run, search_spaces, unimodal
 from falcon_cli.errors import FalconError, storage_error
+from falcon_cli.runtime.console import make_console
 
 # Help texts are docstrings in Rich markup: Rich reflows a paragraph to the terminal's width, and keeps a line
 # break inside one. So each paragraph of a command's docstring is one line, and its first paragraph (the line
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     except FalconError as exc:
         if os.environ.get("FALCON_DEBUG") == "1":
             raise
-        make_console(stderr=True).print(f"[bold red]{exc.label}:[/] {exc}")
+        make_console(stderr=True).print(f"[bold red]{exc.label}:[/] {escape(str(exc))}")
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         make_console(stderr=True).print("[bold red]interrupted[/]")
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
         problem = storage_error(exc)
         if problem is None or os.environ.get("FALCON_DEBUG") == "1":
             raise
-        make_console(stderr=True).print(f"[bold red]error:[/] {problem}")
+        make_console(stderr=True).print(f"[bold red]error:[/] {escape(str(problem))}")
         sys.exit(problem.exit_code)
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich.markup import escape
 
 from falcon_cli.cli.single_stage import run_config, run_stage_in, yaml_value
 from falcon_cli.runtime.console import make_console
@@ -58,12 +59,12 @@ def audit_false_negatives(
     configs = [run_config(run_dir, overrides, ("audit",)) for run_dir in run_dirs]
     for run_dir, config in zip(run_dirs, configs):
         run_stage_in(run_dir, config, "audit_false_negatives")
-        console.print(f"[green]done[/]: {run_dir}/audit/audit.md")
+        console.print(f"[green]done[/]: {escape(str(run_dir))}/audit/audit.md")
     if len(run_dirs) > 1:
         out = compare_dir or Path(run_dirs[0]).parent / "audit-comparison"
         table = write_comparison(run_dirs, out)
         _print_comparison(table)
-        console.print(f"[green]done[/]: {out}/comparison.md")
+        console.print(f"[green]done[/]: {escape(str(out))}/comparison.md")
 
 
 def _print_comparison(table) -> None:
@@ -73,5 +74,5 @@ def _print_comparison(table) -> None:
     for column in table.columns:
         view.add_column(column, justify="left" if column in ("run", "judge", "kind") else "right")
     for row in table.to_dict(orient="records"):
-        view.add_row(*[f"{100 * v:.1f}%" if k.endswith("rate") else str(v) for k, v in row.items()])
+        view.add_row(*[f"{100 * v:.1f}%" if k.endswith("rate") else escape(str(v)) for k, v in row.items()])
     console.print(view)

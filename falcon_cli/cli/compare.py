@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich.markup import escape
 
 from falcon_cli.errors import FalconError
 from falcon_cli.runtime.console import make_console
@@ -68,15 +69,15 @@ def compare(
     write_comparison(result, target)
     _print(result)
     for warning in result.warnings:
-        console.print(f"[yellow]warning:[/] {warning}")
-    console.print(f"[green]done[/]: {target}/comparison.md")
+        console.print(f"[yellow]warning:[/] {escape(warning)}")
+    console.print(f"[green]done[/]: {escape(str(target))}/comparison.md")
 
 
 def _print(result) -> None:
     from rich.table import Table
 
     for metric in result.metrics:
-        view = Table(title=f"{metric}: mean over seeds, and − {result.baseline} paired by seed (95% intervals)")
+        view = Table(title=escape(f"{metric}: mean over seeds, and − {result.baseline} paired by seed (95% intervals)"))
         for column in ("method", "seeds", "mean [95% CI]", "difference [95% CI]", "positive", "verdict"):
             view.add_column(column, justify="left" if column in ("method", "verdict") else "right")
         for row in (r for r in result.summary if r["metric"] == metric):
@@ -89,5 +90,5 @@ def _print(result) -> None:
                 positive, verdict = f"{row['positive']}/{row['paired_seeds']}", row["verdict"]
             else:
                 diff, positive, verdict = "", "", row["verdict"]
-            view.add_row(row["method"], str(row["seeds"]), mean, diff, positive, verdict)
+            view.add_row(escape(row["method"]), str(row["seeds"]), mean, diff, positive, verdict)
         console.print(view)

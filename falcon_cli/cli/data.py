@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich.markup import escape
 
 from falcon_cli.artifacts.atomic import write_json
 from falcon_cli.errors import FalconError
@@ -44,7 +45,7 @@ def shapes(
     config = validate_config(raw, "falcon data shapes", given, model=ShapesConfig)
     summary = generate_world(config, out, preview=preview, overwrite=overwrite)
     summary.render(console)
-    console.print(f"[green]wrote[/] {out}  (check it with: falcon data check {out})")
+    console.print(f"[green]wrote[/] {escape(f'{out}  (check it with: falcon data check {out})')}")
 
 
 @app.command("index")
@@ -68,7 +69,7 @@ def index(
     built = build_index(dataset, on_missing=on_missing)
     skipped = f", {built.incomplete_count:,} incomplete keys left out (first: {', '.join(built.incomplete)})" \
         if built.incomplete_count else ""
-    console.print(f"[green]wrote[/] {built.path}: {built.table.num_rows:,} pairs in {len(built.shards):,} shards"
+    console.print(f"[green]wrote[/] {escape(str(built.path))}: {built.table.num_rows:,} pairs in {len(built.shards):,} shards"
                   f"{skipped}; fingerprint {built.fingerprint[:12]}")
 
 
@@ -94,7 +95,7 @@ def shards(
     source = load_spec(spec)
     built = convert_to_shards(source, pretrain_records(source)[0], out, samples_per_shard=samples_per_shard)
     console.print(f"[green]wrote[/] {out}: {built.table.num_rows:,} pairs in {len(built.shards):,} shards, "
-                  f"indexed (train on it with data.dataset={out})")
+                  f"indexed (train on it with data.dataset={escape(str(out))})")
 
 
 @app.command("check")
@@ -125,4 +126,4 @@ def check(
         write_json(json_out, report.to_dict())
     if not report.ok:
         raise FalconError(f"{spec}: {len(report.problems)} problem(s): {report.problems[0]}", exit_code=1)
-    console.print(f"[green]ok[/]: {spec} has no problems")
+    console.print(f"[green]ok[/]: {escape(str(spec))} has no problems")

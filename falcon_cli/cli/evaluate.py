@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich.markup import escape
 
 from falcon_cli.artifacts.results import results_name
 from falcon_cli.cli.single_stage import run_config, run_stage_in, yaml_value
@@ -122,5 +123,5 @@ def _evaluate(task: str, run_dir: Path, options: dict, device, batch_size, setti
         config = run_config(run_dir, [*overrides, "evaluate.retrieval.split=test"], ("evaluate",))
     run_stage_in(run_dir, config, "evaluate")
     name = results_name(task, config.evaluate.retrieval.split) if task == "retrieval" else task
-    console.print(f"[green]done[/]: {run_dir}/results/{name}.md")
+    console.print(f"[green]done[/]: {escape(f'{run_dir}/results/{name}.md')}")
 

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich.markup import escape
 
 from falcon_cli.cli.single_stage import run_config, run_single_stage, run_stage_in
 from falcon_cli.errors import FalconError
@@ -42,7 +43,7 @@ def finetune(
         raise FalconError("give --run-dir (a pretrained run) or --recipe; e.g. falcon finetune --run-dir runs/shapes-demo --task vqa")
     config = run_config(run_dir, settings, ("finetune",))
     run_stage_in(run_dir, config, "finetune", resume=resume, overwrite=overwrite)
-    console.print(f"[green]done[/]: {run_dir}/finetune")
+    console.print(f"[green]done[/]: {escape(str(run_dir))}/finetune")
 
 
 def _tasks(names: list[str] | None) -> list[str]:

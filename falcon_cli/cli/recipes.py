@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import List, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from falcon_cli.errors import FalconError
 from falcon_cli.runtime.console import make_console
@@ -34,8 +36,8 @@ def list_() -> None:
         table.add_column(no_wrap=True, style="cyan", min_width=width)
         table.add_column(overflow="ellipsis", no_wrap=True)
         for name, description in groups[title]:
-            table.add_row(name, description)
-        console.print(f"[bold]{title}[/]")
+            table.add_row(Text(name), Text(description))
+        console.print(f"[bold]{escape(title)}[/]")
         console.print(table)
     console.print("[dim]falcon recipes show NAME: every resolved key · falcon run --recipe NAME: run it[/]")
 
@@ -54,8 +56,8 @@ def show(
     config, path = load_recipe(recipe, overrides or [])
     header = recipe_header(path)
     if header:
-        console.print(f"[dim]{header}[/]\n")
-    console.print(f"# {path}")
+        console.print(Text(header + "\n", style="dim"))
+    console.print(f"# {path}", markup=False)
     console.print(resolved_yaml(config), markup=False)
 
 
@@ -79,9 +81,9 @@ def validate(
             path = find_recipe(name)
             load_recipe(path)
         except FalconError as exc:
-            console.print(f"[red]✗[/] {name}: {exc}")
+            console.print(f"[red]✗[/] {escape(f'{name}: {exc}')}")
             failures += 1
         else:
-            console.print(f"[green]✓[/] {name} ({path})")
+            console.print(f"[green]✓[/] {escape(f'{name} ({path})')}")
     if failures:
         raise FalconError(f"{failures} of {len(names)} recipes are invalid")

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich.markup import escape
 
 from falcon_cli.runtime.console import make_console
 
@@ -39,7 +40,7 @@ def run_recipe(
                             command=["falcon", *sys.argv[1:]], overwrite=overwrite,
                             as_current=as_current_config)
     if is_main_process():
-        console.print(f"[bold]falcon run[/] {config.name} ({path}) → {run_dir}  stages: {' → '.join(config.stages)}")
+        console.print(f"[bold]falcon run[/] {escape(f'{config.name} ({path}) → {run_dir}')}  stages: {' → '.join(config.stages)}")
     run_stages(config, run, resume=resume, overwrite=overwrite)
     if is_main_process():
-        console.print(f"[green]done[/]: {run_dir}/manifest.json")
+        console.print(f"[green]done[/]: {escape(str(run_dir))}/manifest.json")

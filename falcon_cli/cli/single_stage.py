@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from rich.markup import escape
 
 from falcon_cli.errors import FalconError
 from falcon_cli.runtime.console import make_console
@@ -37,7 +38,7 @@ def run_single_stage(stage: str, recipe: str, run_dir: Path | None, overrides: l
                             as_current=as_current_config)
     run_stages(config, run, [stage] if data_done else ["data", stage], overwrite=overwrite, **options)
     if is_main_process():
-        console.print(f"[green]done[/]: {run_dir}/{output}")
+        console.print(f"[green]done[/]: {escape(f'{run_dir}/{output}')}")
 
 
 def run_config(run_dir: Path, overrides: list[str], sections: tuple[str, ...]):

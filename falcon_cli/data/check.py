@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
+
 from falcon_cli.data.images import ImageStatus, resolve_image_path, scan_images
 from falcon_cli.data.json_io import read_json_list
 from falcon_cli.data.loading import SHOWN_PATHS, root_function, missing_images_message
@@ -118,27 +120,27 @@ class DatasetReport:
         from rich.table import Table
 
         # Compact headers: the table must fit an 80-column terminal and a CI log.
-        table = Table(title=f"dataset {self.name} ({self.spec})", box=None, header_style="bold", pad_edge=False)
+        table = Table(title=escape(f"dataset {self.name} ({self.spec})"), box=None, header_style="bold", pad_edge=False)
         for column in ("source", "file", "entries", "images", "missing", "unread.", "empty cap.",
                        "bad label", "dup.", "malf."):
             table.add_column(column, justify="left" if column in ("source", "file") else "right")
         for s in self.sources:
             if s.error is not None:
-                table.add_row(s.label, Path(s.path).name, "[red]unreadable file[/red]", *[""] * 7)
+                table.add_row(escape(s.label), escape(Path(s.path).name), "[red]unreadable file[/red]", *[""] * 7)
                 continue
             unreadable = "-" if s.images_unreadable is None else f"{s.images_unreadable:,}"
             table.add_row(
-                s.label, Path(s.path).name, f"{s.entries:,}", f"{s.images:,}",
+                escape(s.label), escape(Path(s.path).name), f"{s.entries:,}", f"{s.images:,}",
                 _flag(s.images_missing), _flag(s.images_unreadable or 0, unreadable),
                 _flag(s.empty_captions), _flag(s.bad_labels), _flag(s.duplicates, warn=True), _flag(s.malformed),
             )
         console.print(table)
         for line in self.problems:
-            console.print(f"[red]problem:[/red] {line}", markup=True, highlight=False)
+            console.print(f"[red]problem:[/red] {escape(line)}", markup=True, highlight=False)
         for line in self.warnings:
-            console.print(f"[yellow]warning:[/yellow] {line}", markup=True, highlight=False)
+            console.print(f"[yellow]warning:[/yellow] {escape(line)}", markup=True, highlight=False)
         verdict = "[green]ok[/green]" if self.ok else f"[red]{len(self.problems)} problem(s)[/red]"
-        console.print(f"{self.name}: {verdict}" + ("" if self.verify_images else " (images not decoded)"))
+        console.print(f"{escape(self.name)}: {verdict}" + ("" if self.verify_images else " (images not decoded)"))
 
 
 def _flag(count: int, text: str | None = None, warn: bool = False) -> str:
