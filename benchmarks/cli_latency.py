@@ -5,7 +5,7 @@ a bad override), next to ``python -c pass`` as the floor, and prints a markdown 
 wall time, its ratio to that floor, and its median CPU time (user + system: what a busy neighbour on a shared
 machine inflates less than the wall time). The repetitions are interleaved (round 1 of every command, then
 round 2, ...) so that such a neighbour slows every command alike. Target: every command within 0.5 s on a
-2-core CPU; tests/test_cli_latency.py checks the cause (no torch and friends imported), this script the effect.
+2-core CPU; tests/cli/test_cli_latency.py checks the cause (no torch and friends imported), this script the effect.
 The commands run with bytecode caching on (as an installed falcon does), whatever PYTHONDONTWRITEBYTECODE says.
 
     PYTHONPATH=. .venv/bin/python benchmarks/cli_latency.py

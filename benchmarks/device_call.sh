@@ -14,7 +14,7 @@
 # Then, as the device tool's command, with carry [".whl"]:
 #   bash benchmarks/device_call.sh suite 340                  # the whole suite, 15 workers (~6 min on an H100)
 #   bash benchmarks/device_call.sh speed 540 ceiling base-grit base-falcon-reuse-eager compose-ops
-#   bash benchmarks/device_call.sh tests 150 tests/test_pretrain.py::test_kill_and_resume_is_exact
+#   bash benchmarks/device_call.sh tests 150 tests/stages/test_pretrain.py::test_kill_and_resume_is_exact
 #   (issue 62, the step captured whole, four calls: benchmarks/README.md, "The step captured whole")
 #   bash benchmarks/device_call.sh speed 560 ceiling base-grit-step base-falcon-reuse-step
 #   bash benchmarks/device_call.sh speed 560 ceiling base-falcon-reuse-step-overlap base-falcon-recompute-step-overlap

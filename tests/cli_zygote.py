@@ -26,7 +26,7 @@ def preload() -> None:
 
     Every module of falcon_cli and stages: the command line imports the stages, and the stages some of falcon's
     own modules (a model family's network, a judge), only where a command runs them, so that `falcon --help`
-    stays fast (tests/test_cli_latency.py); a child should find them all imported.
+    stays fast (tests/cli/test_cli_latency.py); a child should find them all imported.
     """
     import importlib
     import pkgutil

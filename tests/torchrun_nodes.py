@@ -1,4 +1,4 @@
-"""Two 'nodes' on this machine, for the multi-node tests (tests/test_multinode.py, tests/test_cluster_faults.py):
+"""Two 'nodes' on this machine, for the multi-node tests (tests/runtime/test_multinode.py, tests/runtime/test_cluster_faults.py):
 each node is its own ``torchrun`` (one gloo process each, ``pretrain.device=cpu``) meeting the other at a c10d
 rendezvous on localhost, in its own session so that a node, or only its worker, can be killed."""
 
@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from tests.conftest import REPO
-from tests.test_pretrain import TINY
+from tests.stages.test_pretrain import TINY
 
 # FALCON on the tiny world, world size 2 (batch 8 per rank): epoch 0 uniform, epoch 1 FALCON, 6 steps each; the
 # scheduler options with running state (the advantage scale) and checkpoints every 4 steps (4, 6: epoch end, 8, 12).
@@ -32,7 +32,7 @@ def pretrain_args(run_dir: Path, world: Path, *extra) -> list[str]:
 
 def one_node_reference(run_dir: Path, world: Path) -> Path:
     """The uninterrupted reference: the FALCON run on one node with two processes (``--standalone --nproc_per_node
-    2``; two nodes make the same run, tests/test_multinode.py)."""
+    2``; two nodes make the same run, tests/runtime/test_multinode.py)."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                *pretrain_args(run_dir, world)]
     proc = subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)

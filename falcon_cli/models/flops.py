@@ -23,7 +23,7 @@ MLM head                 0.6        12.5 masked tokens x (768^2 + 768 x 30,522)
 
 76.2 GFLOP forward, 229 GFLOP per trained pair; FALCON's exact reward (``reward_images:
 recompute``) adds a no-grad image encoder + MLM path (55.4 GFLOP, 1.24x), ``reuse`` only
-the MLM path (9.0 GFLOP, 1.04x). ``tests/test_flops.py`` checks the counts against PyTorch's own
+the MLM path (9.0 GFLOP, 1.04x). ``tests/models/test_flops.py`` checks the counts against PyTorch's own
 ``FlopCounterMode`` on a real forward and a real training step.
 """
 

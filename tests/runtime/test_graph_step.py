@@ -220,7 +220,7 @@ def test_a_falcon_run_with_the_captured_step_resumes_exactly(tmp_path):
     from safetensors.torch import load_file
 
     from tests.conftest import assert_same_training, preempt_and_resume, run_cli
-    from tests.test_pretrain import pretrain_args
+    from tests.stages.test_pretrain import pretrain_args
 
     world = tmp_path / "world"
     reference = tmp_path / "reference"
@@ -274,7 +274,7 @@ def test_under_ddp_the_captured_step_trains_as_dynamo_alone_does(tmp_path):
     from safetensors.torch import load_file
 
     from tests.conftest import assert_same_training
-    from tests.test_pretrain import pretrain_args
+    from tests.stages.test_pretrain import pretrain_args
     from tests.torchrun_nodes import ENV, REPO
 
     world = tmp_path / "world"

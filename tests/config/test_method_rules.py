@@ -11,7 +11,7 @@ from falcon_cli import method_rules as rules
 from falcon_cli.config.recipes import load_recipe
 from falcon_cli.errors import FalconError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_rules_themselves():

@@ -145,7 +145,7 @@ def write_albef_coco(root: Path, train: int = 24, restval: int = 4, val: int = 6
 
 def write_tiny_models(root: Path, texts: list[str]) -> dict[str, Path]:
     """Local stand-ins for the hub weights: a BERT (tokenizer and weights) and a timm ViT of albef-tiny's sizes, and a
-    tiny BLIP ITM model with its processor (as tests/test_judges.py builds it)."""
+    tiny BLIP ITM model with its processor (as tests/judges/test_judges.py builds it)."""
     import torch
     from safetensors.torch import save_file
     from timm.models.vision_transformer import VisionTransformer

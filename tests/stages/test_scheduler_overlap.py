@@ -26,7 +26,7 @@ OVERLAP = [*LAG1, "pretrain.scheduler_overlap=true", "pretrain.num_workers=0"]
 def runs(tmp_path_factory):
     """The lag-1 run through the loader, and with the scheduler's deferred update."""
     from tests.conftest import run_cli
-    from tests.test_pretrain import pretrain_args
+    from tests.stages.test_pretrain import pretrain_args
 
     root = tmp_path_factory.mktemp("overlap")
     world = root / "world"
@@ -78,7 +78,7 @@ def test_a_preempted_overlapped_run_resumes_with_its_pending_update(runs, tmp_pa
     """Preempted inside the FALCON epoch, the checkpoint holds the reward whose update the next step makes; resumed,
     the run is the uninterrupted one."""
     from tests.conftest import assert_same_training, preempt_and_resume
-    from tests.test_pretrain import pretrain_args
+    from tests.stages.test_pretrain import pretrain_args
 
     world, out = runs
     run_dir = tmp_path / "run"
@@ -101,7 +101,7 @@ def test_on_cuda_the_side_stream_composes_the_same_batches(tmp_path):
     overlapped run still composes the lag-1 run's batches (q to 1e-4: CUDA's kernels are not bitwise repeatable)."""
     from falcon_cli.sampling.batch_log import read_batch_log
     from tests.conftest import run_cli
-    from tests.test_pretrain import pretrain_args
+    from tests.stages.test_pretrain import pretrain_args
 
     world = tmp_path / "world"
     logs = []

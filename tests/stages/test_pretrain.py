@@ -110,7 +110,7 @@ def test_itm_probe_of_a_run_from_another_directory(reference_run, tmp_path):
         assert 0.0 <= result[key] <= 1.0, key
     assert "AUC against a random image" in proc.stdout
     few = subprocess.run([sys.executable, script, run, "--steps", "4"], cwd=tmp_path, capture_output=True, text=True,
-                         env=env, timeout=300)  # (the training harness itself: tests/test_itm_probe.py)
+                         env=env, timeout=300)  # (the training harness itself: tests/benchmarks/test_itm_probe.py)
     assert few.returncode != 0 and "4 test images" in few.stderr and "--steps at least 8" in few.stderr
     bad = subprocess.run([sys.executable, script, "nowhere"], cwd=tmp_path, capture_output=True, text=True, env=env)
     assert bad.returncode != 0 and "nowhere: not a run directory" in bad.stderr
@@ -712,7 +712,7 @@ def test_audit_refuses_embeddings_of_another_dataset(falcon_run, tmp_path):
 
 
 # --- false-negative methods from the command line (two short epochs each). DiHT and SRCL change only the ITC
-# (tests/test_vlp_objective.py); SRCL's input is checked below, in process. -----------------------------------
+# (tests/objectives/test_vlp_objective.py); SRCL's input is checked below, in process. -----------------------------------
 FN_METHODS = {
     "mafa": ["pretrain.false_negatives=mafa", "pretrain.mafa.judge=oracle"],
     "glofnd": ["pretrain.false_negatives=glofnd", "pretrain.glofnd.alpha=0.3", "pretrain.glofnd.lr=0.5",

@@ -14,7 +14,7 @@ from falcon_cli.sampling.batch_log import BatchLog, read_batch_log
 from falcon_cli.sampling.composers import FIXED_Q_FIELDS, FIXED_Q_LEVELS, Batch, batches_from_state, batches_state
 from falcon_cli.sampling.oracle_view import composition_summary, pearson
 from falcon_cli.sampling.quantile import QuantileSpaces
-from tests.test_quantile import batch_tuples, make_cache, same, toy_policy
+from tests.sampling.test_quantile import batch_tuples, make_cache, same, toy_policy
 
 FIRST_ID, N = 100, 45
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from falcon_cli.runtime.metrics import read_metrics
 from tests.conftest import REPO
-from tests.test_pretrain import TINY
+from tests.stages.test_pretrain import TINY
 
 
 def test_two_process_ddp_run(tmp_path):

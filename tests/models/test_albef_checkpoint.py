@@ -95,7 +95,7 @@ def test_bert_names_are_transformers_names(source):
 
 
 def test_resolution_and_finetuned_layout(source, albef_pth, tmp_path):
-    from tests.test_models import _albef_resize
+    from tests.models.test_models import _albef_resize
 
     bigger = albef_from_file(albef_pth, image_size=96)
     assert bigger.config.image_size == 96

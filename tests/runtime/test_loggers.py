@@ -170,7 +170,7 @@ def test_config_rejects_unknown_and_repeated_loggers(override, message):
 def test_a_tiny_pretraining_run_logs_to_tensorboard(tmp_path):
     pytest.importorskip("tensorboard")
     from tests.conftest import run_cli
-    from tests.test_pretrain import pretrain_args
+    from tests.stages.test_pretrain import pretrain_args
 
     run_dir = tmp_path / "run"
     proc = run_cli(*pretrain_args(run_dir, tmp_path / "world", "pretrain.device=cpu", "pretrain.composer=quantile",
