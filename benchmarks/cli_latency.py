@@ -36,8 +36,13 @@ def commands(python: str, falcon: str) -> dict[str, list[str]]:
         "falcon recipes list": [falcon, "recipes", "list"],
         "falcon recipes show shapes-demo": [falcon, "recipes", "show", "shapes-demo"],
         "falcon recipes validate": [falcon, "recipes", "validate"],
-        "falcon recipes show shapes-demo pretrain.epochz=3": [falcon, "recipes", "show", "shapes-demo",
-                                                                "pretrain.epochz=3"],
+        "falcon recipes show shapes-demo pretrain.epochz=3": [
+            falcon,
+            "recipes",
+            "show",
+            "shapes-demo",
+            "pretrain.epochz=3",
+        ],
     }
 
 
@@ -60,8 +65,11 @@ def timed(argv: list[str]) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7, help="runs of each command (default 7)")
-    parser.add_argument("--falcon", default=str(Path(sys.executable).with_name("falcon")),
-                        help="the console script to time (default: the one beside this interpreter)")
+    parser.add_argument(
+        "--falcon",
+        default=str(Path(sys.executable).with_name("falcon")),
+        help="the console script to time (default: the one beside this interpreter)",
+    )
     args = parser.parse_args()
 
     lines = commands(sys.executable, args.falcon)
@@ -75,8 +83,10 @@ def main() -> None:
     times.update({label: [timed(argv)] for label, argv in once.items()})
 
     floor = statistics.median(wall for wall, _ in times["python -c pass"])
-    print(f"{args.repeats} interleaved runs each, medians ({os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
-          f"load average {os.getloadavg()[0]:.1f} at the end)\n")
+    print(
+        f"{args.repeats} interleaved runs each, medians ({os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
+        f"load average {os.getloadavg()[0]:.1f} at the end)\n"
+    )
     print("| command | wall s | × `python -c pass` | CPU s |")
     print("|---|---:|---:|---:|")
     for label, runs in times.items():

@@ -30,21 +30,27 @@ INITIAL_BETA_PARAMETER = 0.974
 
 def describe(run: Path) -> list[str]:
     config = yaml.safe_load((run / "config.yaml").read_text())["pretrain"]
-    lines = [f"{run}: reward {config['reward']}, baseline {config['reward_baseline']}, "
-             f"scheduler lr {config['scheduler_lr']}, level {config['scheduler_level']}, lag {config['scheduler_lag']}"]
+    lines = [
+        f"{run}: reward {config['reward']}, baseline {config['reward_baseline']}, "
+        f"scheduler lr {config['scheduler_lr']}, level {config['scheduler_level']}, lag {config['scheduler_lag']}"
+    ]
     log = read_batch_log(run / "batches.parquet")
     chained = log[(log["sampler"] == "falcon") & log["q"].notna()]
     records = read_metrics(run / "metrics.jsonl")
     summaries = {r["epoch"]: r for r in records if r.get("kind") == "epoch_summary"}
-    lines.append("  epoch  q mean  q std  q p10  q p90  |α-0.974| max  |β-0.974| max  reward mean ± std  advantage² mean")
+    lines.append(
+        "  epoch  q mean  q std  q p10  q p90  |α-0.974| max  |β-0.974| max  reward mean ± std  advantage² mean"
+    )
     for epoch, rows in chained.groupby("epoch"):
         advantages = [r["advantage"] for r in records if r["epoch"] == epoch and r.get("advantage") is not None]
         advantage2 = f"{sum(a * a for a in advantages) / len(advantages):15.2e}" if advantages else f"{'n/a':>15}"
         summary, q = summaries[epoch], rows["q"]
-        lines.append(f"  {epoch:5d}  {q.mean():6.3f}  {q.std():5.3f}  {q.quantile(0.1):5.3f}  {q.quantile(0.9):5.3f}  "
-                     f"{(rows['alpha'] - INITIAL_BETA_PARAMETER).abs().max():13.4f}  "
-                     f"{(rows['beta'] - INITIAL_BETA_PARAMETER).abs().max():13.4f}  "
-                     f"{summary['reward_mean']:8.4f} ± {summary['reward_std']:.4f}  {advantage2}")
+        lines.append(
+            f"  {epoch:5d}  {q.mean():6.3f}  {q.std():5.3f}  {q.quantile(0.1):5.3f}  {q.quantile(0.9):5.3f}  "
+            f"{(rows['alpha'] - INITIAL_BETA_PARAMETER).abs().max():13.4f}  "
+            f"{(rows['beta'] - INITIAL_BETA_PARAMETER).abs().max():13.4f}  "
+            f"{summary['reward_mean']:8.4f} ± {summary['reward_std']:.4f}  {advantage2}"
+        )
     results = json.loads((run / "results" / "retrieval_zeroshot.json").read_text())["rows"][-1]
     lines.append("  retrieval: " + ", ".join(f"{k} {v:.1f}" for k, v in results.items() if k != "model"))
     return lines

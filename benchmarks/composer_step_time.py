@@ -51,7 +51,9 @@ def timed(fn, repeats: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=4000, help="pairs in the epoch (default: the 1,000-image demo world)")
+    parser.add_argument(
+        "--pairs", type=int, default=4000, help="pairs in the epoch (default: the 1,000-image demo world)"
+    )
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--space", type=int, default=320, help="GRIT search-space size |M|")
     parser.add_argument("--steps", type=int, default=8, help="timed training steps")
@@ -76,14 +78,17 @@ def main() -> None:
     def falcon_epoch(levels: bool = False):
         learner = NegativeScheduler(quantiles=100, credit="levels") if levels else scheduler
         generator = torch.Generator().manual_seed(0)
-        spaces = QuantileSpaces(ids, cache, args.space, args.batch, generator,
-                                credit_levels=level_grid(10) if levels else None)
+        spaces = QuantileSpaces(
+            ids, cache, args.space, args.batch, generator, credit_levels=level_grid(10) if levels else None
+        )
         compose_s = update_s = 0.0
         while spaces.has_next():
             start = time.perf_counter()
             _, record = spaces.next_batch(learner.alpha_beta, generator)
             middle = time.perf_counter()
-            learner.update(record, level_rewards(record, "positive_margin", 1.0, 0.5, 2.0, "expected") if levels else 0.01)
+            learner.update(
+                record, level_rewards(record, "positive_margin", 1.0, 0.5, 2.0, "expected") if levels else 0.01
+            )
             compose_s, update_s = compose_s + middle - start, update_s + time.perf_counter() - middle
         prefix = "levels_" if levels else ""
         falcon_parts.update({prefix + "compose": compose_s, prefix + "update": update_s})
@@ -110,7 +115,9 @@ def main() -> None:
 
     def reward_pass(image=None):  # L_after: the batch again, no gradient, the identical mask
         with torch.no_grad():
-            scheduler.loss_value(objective.measure(images, input_ids, attention, mask, parts=scheduler.parts, image=image))
+            scheduler.loss_value(
+                objective.measure(images, input_ids, attention, mask, parts=scheduler.parts, image=image)
+            )
 
     step_time = timed(step, args.steps)
     reward_time = timed(reward_pass, args.steps)
@@ -127,8 +134,10 @@ def main() -> None:
         objective.train()
 
     itm_time = timed(itm_judgement, args.steps)
-    print(f"pairs {args.pairs:,}, batch {args.batch}, |M| {args.space}, {steps_per_epoch} steps/epoch, "
-          f"torch threads {torch.get_num_threads()}")
+    print(
+        f"pairs {args.pairs:,}, batch {args.batch}, |M| {args.space}, {steps_per_epoch} steps/epoch, "
+        f"torch threads {torch.get_num_threads()}"
+    )
     print(f"training step (albef-tiny): {step_time * 1000:.1f} ms")
     per_step = {}
     for name, seconds in compose.items():
@@ -136,27 +145,37 @@ def main() -> None:
         print(f"{name:8s} compose epoch {seconds * 1000:8.1f} ms -> {per_step[name] * 1000:.1f} ms per step")
     compose_ms, update_ms = (falcon_parts[k] / steps_per_epoch * 1000 for k in ("compose", "update"))
     per_step["falcon"] = step_time + reward_time + (falcon_parts["compose"] + falcon_parts["update"]) / steps_per_epoch
-    print(f"falcon   reward forward {reward_time * 1000:.1f} ms + compose {compose_ms:.1f} ms + scheduler update "
-          f"{update_ms:.1f} ms per step -> {per_step['falcon'] * 1000:.1f} ms per step")
+    print(
+        f"falcon   reward forward {reward_time * 1000:.1f} ms + compose {compose_ms:.1f} ms + scheduler update "
+        f"{update_ms:.1f} ms per step -> {per_step['falcon'] * 1000:.1f} ms per step"
+    )
     per_step["falcon-reuse"] = per_step["falcon"] - reward_time + reuse_time
-    print(f"falcon, reward_images=reuse: reward forward {reuse_time * 1000:.1f} ms -> "
-          f"{per_step['falcon-reuse'] * 1000:.1f} ms per step")
+    print(
+        f"falcon, reward_images=reuse: reward forward {reuse_time * 1000:.1f} ms -> "
+        f"{per_step['falcon-reuse'] * 1000:.1f} ms per step"
+    )
     per_step["falcon-margin"] = per_step["falcon"] - reward_time
     per_step["falcon-margin-itm"] = per_step["falcon-margin"] + itm_time
-    print(f"falcon, reward positive_margin: no pass -> {per_step['falcon-margin'] * 1000:.1f} ms per step; "
-          f"positive_margin+itm: ITM judgement {itm_time * 1000:.1f} ms -> {per_step['falcon-margin-itm'] * 1000:.1f} ms")
+    print(
+        f"falcon, reward positive_margin: no pass -> {per_step['falcon-margin'] * 1000:.1f} ms per step; "
+        f"positive_margin+itm: ITM judgement {itm_time * 1000:.1f} ms -> {per_step['falcon-margin-itm'] * 1000:.1f} ms"
+    )
     levels_ms = (falcon_parts["levels_compose"] + falcon_parts["levels_update"]) / steps_per_epoch * 1000
     per_step["falcon-margin-levels"] = step_time + levels_ms / 1000
-    print(f"falcon, positive_margin with scheduler_credit=levels (10 levels): compose "
-          f"{falcon_parts['levels_compose'] / steps_per_epoch * 1000:.1f} ms + update "
-          f"{falcon_parts['levels_update'] / steps_per_epoch * 1000:.1f} ms per step -> "
-          f"{per_step['falcon-margin-levels'] * 1000:.1f} ms per step")
+    print(
+        f"falcon, positive_margin with scheduler_credit=levels (10 levels): compose "
+        f"{falcon_parts['levels_compose'] / steps_per_epoch * 1000:.1f} ms + update "
+        f"{falcon_parts['levels_update'] / steps_per_epoch * 1000:.1f} ms per step -> "
+        f"{per_step['falcon-margin-levels'] * 1000:.1f} ms per step"
+    )
     print(f"grit / uniform per-step time: {per_step['grit'] / per_step['uniform']:.4f}")
-    print(f"falcon / grit per-step time: {per_step['falcon'] / per_step['grit']:.4f} "
-          f"(reward_images=reuse: {per_step['falcon-reuse'] / per_step['grit']:.4f}; positive_margin: "
-          f"{per_step['falcon-margin'] / per_step['grit']:.4f}; positive_margin+itm: "
-          f"{per_step['falcon-margin-itm'] / per_step['grit']:.4f}; positive_margin, levels: "
-          f"{per_step['falcon-margin-levels'] / per_step['grit']:.4f})")
+    print(
+        f"falcon / grit per-step time: {per_step['falcon'] / per_step['grit']:.4f} "
+        f"(reward_images=reuse: {per_step['falcon-reuse'] / per_step['grit']:.4f}; positive_margin: "
+        f"{per_step['falcon-margin'] / per_step['grit']:.4f}; positive_margin+itm: "
+        f"{per_step['falcon-margin-itm'] / per_step['grit']:.4f}; positive_margin, levels: "
+        f"{per_step['falcon-margin-levels'] / per_step['grit']:.4f})"
+    )
     print(f"levels / positive_margin per-step time: {per_step['falcon-margin-levels'] / per_step['falcon-margin']:.4f}")
 
 

@@ -56,12 +56,30 @@ def main() -> None:
         model = create_model("albef-tiny", vocab_size=len(load_tokenizer(source.path / "data" / "tokenizer")))
         save_checkpoint(source.path / "checkpoints", 0, {"model": model}, {}, {"epoch": 0, "model": "albef-tiny"})
 
-        config, _ = load_recipe("shapes-demo", [*world, f"embed.encoder=falcon:{source.path}", f"embed.device={args.device}",
-                                                f"embed.batch_size={args.batch_size}", f"embed.num_workers={args.workers}"])
+        config, _ = load_recipe(
+            "shapes-demo",
+            [
+                *world,
+                f"embed.encoder=falcon:{source.path}",
+                f"embed.device={args.device}",
+                f"embed.batch_size={args.batch_size}",
+                f"embed.num_workers={args.workers}",
+            ],
+        )
         run = RunDirectory.open(root / "embed", config=config.model_dump(mode="json"), seed=0)
         summary = run_stages(config, run, ["data", "embed"])["embed"]
-    print(json.dumps({"images": args.images, "batch_size": args.batch_size, "workers": args.workers,
-                      "threads": args.threads, **summary}, indent=2))
+    print(
+        json.dumps(
+            {
+                "images": args.images,
+                "batch_size": args.batch_size,
+                "workers": args.workers,
+                "threads": args.threads,
+                **summary,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

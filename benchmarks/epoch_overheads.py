@@ -35,7 +35,9 @@ def sorted_ranks(scores: torch.Tensor, img2txt, txt2img) -> tuple[torch.Tensor, 
         positives[i, list(texts)] = True
     image_ranks = torch.where(positives, rank, torch.iinfo(torch.long).max).min(dim=1).values
     order_t = scores.t().argsort(dim=1, descending=True, stable=True)
-    rank_t = torch.empty_like(order_t).scatter_(1, order_t, torch.arange(n_images, device=scores.device).expand(n_texts, -1))
+    rank_t = torch.empty_like(order_t).scatter_(
+        1, order_t, torch.arange(n_images, device=scores.device).expand(n_texts, -1)
+    )
     return image_ranks, rank_t.gather(1, torch.as_tensor(txt2img, device=scores.device)[:, None]).squeeze(1)
 
 
@@ -86,9 +88,13 @@ def main() -> None:
 
     all_s, cpu_s = timed(seed_all, args.repeats, "cpu"), timed(seed_cpu, args.repeats, "cpu")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.device}")
-    print(f"ranks, {args.images:,} x {n_texts:,}: sorted {sort_s:.3f} s, counted {count_s:.3f} s ({sort_s / count_s:.0f}x)")
-    print(f"item seeding, {args.items:,} items: torch.manual_seed {all_s:.3f} s, CPU generator {cpu_s:.4f} s "
-          f"({all_s / max(cpu_s, 1e-9):.0f}x)")
+    print(
+        f"ranks, {args.images:,} x {n_texts:,}: sorted {sort_s:.3f} s, counted {count_s:.3f} s ({sort_s / count_s:.0f}x)"
+    )
+    print(
+        f"item seeding, {args.items:,} items: torch.manual_seed {all_s:.3f} s, CPU generator {cpu_s:.4f} s "
+        f"({all_s / max(cpu_s, 1e-9):.0f}x)"
+    )
 
 
 if __name__ == "__main__":

@@ -42,8 +42,19 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from benchmarks.phase_sweep import (BUDGETS, EVALUATED, ITM_PRIOR, PhaseBudget, generate_world, has_checkpoint,
-                                    merge_ledgers, prepare, run_dir, run_one, run_row)
+from benchmarks.phase_sweep import (
+    BUDGETS,
+    EVALUATED,
+    ITM_PRIOR,
+    PhaseBudget,
+    generate_world,
+    has_checkpoint,
+    merge_ledgers,
+    prepare,
+    run_dir,
+    run_one,
+    run_row,
+)
 from benchmarks.shapes_sweep import AUDITED, finished_futures, replace_block
 from falcon_cli import method_rules as rules
 from falcon_cli.evaluation.intervals import paired_by_seed
@@ -86,8 +97,9 @@ def testbed_of(budget: PhaseBudget) -> rules.Testbed:
     return replace(rules.DENSE, epochs=budget.epochs, batch=budget.batch, pairs=round(images * splits["train"]) * 5)
 
 
-def arm_spec(arm: str, method: str | None, value, out: Path, seed: int,
-             testbed: rules.Testbed = rules.DENSE) -> tuple[str, list[str], str | None]:
+def arm_spec(
+    arm: str, method: str | None, value, out: Path, seed: int, testbed: rules.Testbed = rules.DENSE
+) -> tuple[str, list[str], str | None]:
     """(recipe, overrides, auxiliary arm) of an arm: ``method`` at its tuned ``value`` for a rule or tuning arm."""
     if arm == BASE:
         return "shapes-uniform", [], None
@@ -96,8 +108,11 @@ def arm_spec(arm: str, method: str | None, value, out: Path, seed: int,
     if arm == ITC_CEILING:
         return "shapes-uniform", ["pretrain.oracle_negatives=mask_itc"], None
     settings = rules.method_settings(method, value, testbed)
-    overrides = ["pretrain.composer=uniform", f"pretrain.false_negatives={method}",
-                 *(f"{k}={v}" for k, v in settings.items())]
+    overrides = [
+        "pretrain.composer=uniform",
+        f"pretrain.false_negatives={method}",
+        *(f"{k}={v}" for k, v in settings.items()),
+    ]
     auxiliary = None
     if method == "mafa":  # its Con-D: the same seed's uniform run, trained on the same pairs
         con_d = run_dir(out, PRESET, BASE, seed)
@@ -157,8 +172,10 @@ def flag_rows(arm: str, seed: int, run: Path) -> list[dict]:
 
     records = {r["epoch"]: r for r in read_metrics(run / "metrics.jsonl") if r.get("kind") == "false_negatives"}
     keys = [f"{d}{k}" for d in ("", "i2t_", "t2i_") for k in (*FLAG_KEYS, "true_false_negatives", "negatives")]
-    return [{"arm": arm, "seed": seed, "epoch": epoch + 1, **{k: r.get(k) for k in keys}}
-            for epoch, r in sorted(records.items())]
+    return [
+        {"arm": arm, "seed": seed, "epoch": epoch + 1, **{k: r.get(k) for k in keys}}
+        for epoch, r in sorted(records.items())
+    ]
 
 
 def fair_row(arm: str, seed: int, run: Path) -> dict:
@@ -166,8 +183,17 @@ def fair_row(arm: str, seed: int, run: Path) -> dict:
     mean of each over the epochs the method acted in (``flags_mean_*``)."""
     row = run_row(PRESET, arm, seed, run)
     epochs = flag_rows(arm, seed, run)
-    for key in ("flagged", "precision", "recall", "weight_false", "weight_true", "i2t_precision", "i2t_recall",
-                "t2i_precision", "t2i_recall"):
+    for key in (
+        "flagged",
+        "precision",
+        "recall",
+        "weight_false",
+        "weight_true",
+        "i2t_precision",
+        "i2t_recall",
+        "t2i_precision",
+        "t2i_recall",
+    ):
         values = [e[key] for e in epochs if e.get(key) is not None]
         row[f"flags_{key}"] = values[-1] if values else None
         row[f"flags_mean_{key}"] = sum(values) / len(values) if values else None
@@ -186,6 +212,7 @@ def finished(out: Path, arms) -> list[tuple[str, int, Path]]:
 
 
 # --- the report -----------------------------------------------------------------------------------------
+
 
 def _pairs(table, arm: str, reference: str, metric: str):
     """``arm − reference`` in ``metric``, seed by seed (:func:`~falcon_cli.evaluation.intervals.paired_by_seed`);
@@ -216,30 +243,52 @@ def _m(rows, key: str, digits: int = 1) -> str:
 def report_lines(table, tuning: dict, command: str) -> list[str]:
     """The page's block: the device's effect and the control first (the noise and the setup), then each method
     against its base and its ceiling, its flags, and the tuning it was given."""
-    lines = [f"**Command:** `{command}`  ",
-             f"**Runs:** {len(table)} ({', '.join(f'{a} {len(table[table.method == a])}' for a in dict.fromkeys(table['method']))}); "
-             f"commits {', '.join(sorted(set(table['commit'])))}; {'; '.join(sorted(set(table['machine'])))}.", ""]
+    lines = [
+        f"**Command:** `{command}`  ",
+        f"**Runs:** {len(table)} ({', '.join(f'{a} {len(table[table.method == a])}' for a in dict.fromkeys(table['method']))}); "
+        f"commits {', '.join(sorted(set(table['commit'])))}; {'; '.join(sorted(set(table['machine'])))}.",
+        "",
+    ]
     device = _pairs(table, BASE, "uniform", "oracle_R@1")
     device_r1 = _pairs(table, BASE, "uniform", "R@1")
     usable = device is not None and device.n >= 2 and -DEVICE_TOLERANCE <= device.lo and device.hi <= DEVICE_TOLERANCE
-    lines += ["*The device's own effect* (uniform on these 2 CPU cores, fp32, − the ledger's uniform on an H200, bf16, "
-              f"paired by seed): FN-aware ITC R@1 {_d(device)}, ITC R@1 {_d(device_r1)}. "
-              + ("Within ±0.5: the ledger's H200 oracle arms stand in for CPU ones." if usable else
-                 "Not within ±0.5 (or not yet measured): only CPU arms are compared below, and MAFA's full-oracle "
-                 "ceiling (the ledger's H200 `uniform-oracle`) is shown for scale, not subtracted."), ""]
+    lines += [
+        "*The device's own effect* (uniform on these 2 CPU cores, fp32, − the ledger's uniform on an H200, bf16, "
+        f"paired by seed): FN-aware ITC R@1 {_d(device)}, ITC R@1 {_d(device_r1)}. "
+        + (
+            "Within ±0.5: the ledger's H200 oracle arms stand in for CPU ones."
+            if usable
+            else "Not within ±0.5 (or not yet measured): only CPU arms are compared below, and MAFA's full-oracle "
+            "ceiling (the ledger's H200 `uniform-oracle`) is shown for scale, not subtracted."
+        ),
+        "",
+    ]
     control = {m: _pairs(table, CONTROL, BASE, m) for m in ("R@1", "oracle_R@1", "rerank_oracle_R@1")}
-    lines += ["*The control* (uniform without GRIT's consistency term − uniform with it, CPU): ITC R@1 "
-              f"{_d(control['R@1'])}, FN-aware ITC R@1 {_d(control['oracle_R@1'])}, FN-aware re-ranked R@1 "
-              f"{_d(control['rerank_oracle_R@1'])}. Every method below drops the term; its difference from the control "
-              "is its mechanism alone.", ""]
-    head = ("| arm | seeds | ITC R@1 | FN-aware ITC R@1 | FN-aware re-ranked R@1 | ITM loss, last epoch | "
-            "Δ FN-aware ITC vs control | Δ FN-aware re-ranked vs control | Δ ITC R@1 vs control | share of its ceiling's gain |")
+    lines += [
+        "*The control* (uniform without GRIT's consistency term − uniform with it, CPU): ITC R@1 "
+        f"{_d(control['R@1'])}, FN-aware ITC R@1 {_d(control['oracle_R@1'])}, FN-aware re-ranked R@1 "
+        f"{_d(control['rerank_oracle_R@1'])}. Every method below drops the term; its difference from the control "
+        "is its mechanism alone.",
+        "",
+    ]
+    head = (
+        "| arm | seeds | ITC R@1 | FN-aware ITC R@1 | FN-aware re-ranked R@1 | ITM loss, last epoch | "
+        "Δ FN-aware ITC vs control | Δ FN-aware re-ranked vs control | Δ ITC R@1 vs control | share of its ceiling's gain |"
+    )
     lines += [head, "|---" * (head.count("|") - 1) + "|"]
-    for arm in [a for a in (BASE, CONTROL, *RULE_ARMS, ITC_CEILING, "uniform", "uniform-oracle") if a in set(table["method"])]:
+    for arm in [
+        a for a in (BASE, CONTROL, *RULE_ARMS, ITC_CEILING, "uniform", "uniform-oracle") if a in set(table["method"])
+    ]:
         rows = table[table["method"] == arm]
         method = RULE_ARMS.get(arm)
-        cells = [f"`{arm}`", str(len(rows)), _m(rows, "R@1"), _m(rows, "oracle_R@1"), _m(rows, "rerank_oracle_R@1"),
-                 _m(rows, "itm_final", 3)]
+        cells = [
+            f"`{arm}`",
+            str(len(rows)),
+            _m(rows, "R@1"),
+            _m(rows, "oracle_R@1"),
+            _m(rows, "rerank_oracle_R@1"),
+            _m(rows, "itm_final", 3),
+        ]
         if method is None:
             cells += ["", "", "", ""]
         else:
@@ -248,20 +297,31 @@ def report_lines(table, tuning: dict, command: str) -> list[str]:
             share = "—"
             if gain is not None and ceiling is not None and (CEILING[method] != "uniform-oracle" or usable):
                 share = f"{100 * gain.mean / ceiling.mean:.0f}% of {ceiling.mean:+.2f}"
-            cells += [_d(gain), _d(_pairs(table, arm, CONTROL, "rerank_oracle_R@1")), _d(_pairs(table, arm, CONTROL, "R@1")),
-                      share]
+            cells += [
+                _d(gain),
+                _d(_pairs(table, arm, CONTROL, "rerank_oracle_R@1")),
+                _d(_pairs(table, arm, CONTROL, "R@1")),
+                share,
+            ]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", f"ITM loss: a head that has learned nothing but the label rate scores {ITM_PRIOR:.3f}. Share of its "
-              "ceiling's gain: the method's mean FN-aware ITC gain over the control, over the mean gain of its ceiling "
-              f"(`{ITC_CEILING}` for the ITC-only methods, the full oracle for MAFA) over uniform.", ""]
+    lines += [
+        "",
+        f"ITM loss: a head that has learned nothing but the label rate scores {ITM_PRIOR:.3f}. Share of its "
+        "ceiling's gain: the method's mean FN-aware ITC gain over the control, over the mean gain of its ceiling "
+        f"(`{ITC_CEILING}` for the ITC-only methods, the full oracle for MAFA) over uniform.",
+        "",
+    ]
     flagging = [a for a in RULE_ARMS if a in set(table["method"])]
     if not flagging:
         lines += ["*What each method flagged or weighted, against the oracle*: no method's run has finished yet.", ""]
     else:
         lines += _flag_lines(table, flagging)
     if tuning:
-        lines += ["*The tuning* (the tuning world, world seed "
-                  f"{rules.TUNING_WORLD_SEED}, training seed {rules.TUNING_SEED}; FN-aware ITC R@1 on its test split):", ""]
+        lines += [
+            "*The tuning* (the tuning world, world seed "
+            f"{rules.TUNING_WORLD_SEED}, training seed {rules.TUNING_SEED}; FN-aware ITC R@1 on its test split):",
+            "",
+        ]
         for method, found in tuning.items():
             tried = ", ".join(f"{found['key'].rsplit('.', 1)[-1]} = {v}: {r:.2f}" for v, r in found["runs"].items())
             lines.append(f"- {method}: {tried}; kept {found['value']}.")
@@ -271,16 +331,22 @@ def report_lines(table, tuning: dict, command: str) -> list[str]:
 
 def _flag_lines(table, arms: list[str]) -> list[str]:
     """The flags table (the last epoch of each run, mean ± std over seeds) and the figure's link."""
-    lines = ["*What each method flagged or weighted, against the oracle* (the last epoch; both directions pooled, then "
-              "image and text anchors; mean ± std over seeds):", "",
-              "| arm | flagged per epoch | precision | recall | i2t precision / recall | t2i precision / recall | "
-              "mean weight, false / true negatives |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "*What each method flagged or weighted, against the oracle* (the last epoch; both directions pooled, then "
+        "image and text anchors; mean ± std over seeds):",
+        "",
+        "| arm | flagged per epoch | precision | recall | i2t precision / recall | t2i precision / recall | "
+        "mean weight, false / true negatives |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for arm in arms:
         rows = table[table["method"] == arm]
-        lines.append(f"| `{arm}` | {_m(rows, 'flags_flagged', 0)} | {_m(rows, 'flags_precision', 3)} | "
-                     f"{_m(rows, 'flags_recall', 3)} | {_m(rows, 'flags_i2t_precision', 3)} / {_m(rows, 'flags_i2t_recall', 3)} | "
-                     f"{_m(rows, 'flags_t2i_precision', 3)} / {_m(rows, 'flags_t2i_recall', 3)} | "
-                     f"{_m(rows, 'flags_weight_false', 3)} / {_m(rows, 'flags_weight_true', 3)} |")
+        lines.append(
+            f"| `{arm}` | {_m(rows, 'flags_flagged', 0)} | {_m(rows, 'flags_precision', 3)} | "
+            f"{_m(rows, 'flags_recall', 3)} | {_m(rows, 'flags_i2t_precision', 3)} / {_m(rows, 'flags_i2t_recall', 3)} | "
+            f"{_m(rows, 'flags_t2i_precision', 3)} / {_m(rows, 'flags_t2i_recall', 3)} | "
+            f"{_m(rows, 'flags_weight_false', 3)} / {_m(rows, 'flags_weight_true', 3)} |"
+        )
     return lines + ["", "![flags over training](results/fair_dense_flags.png)", ""]
 
 
@@ -299,12 +365,25 @@ def flag_figure(flags, path: Path) -> Path | None:
     for ax, arm in zip(axes[0], arms):
         rows = flags[flags["arm"] == arm]
         weights = rows["weight_false"].notna().any()
-        series = (("weight_false", "false negatives' weight", "tab:red"), ("weight_true", "true negatives' weight", "tab:blue")) \
-            if weights else (("precision", "precision", "tab:red"), ("recall", "recall", "tab:blue"))
+        series = (
+            (
+                ("weight_false", "false negatives' weight", "tab:red"),
+                ("weight_true", "true negatives' weight", "tab:blue"),
+            )
+            if weights
+            else (("precision", "precision", "tab:red"), ("recall", "recall", "tab:blue"))
+        )
         for key, label, colour in series:
             for i, (seed, seed_rows) in enumerate(rows.groupby("seed")):
-                ax.plot(seed_rows["epoch"], seed_rows[key], color=colour, alpha=0.6, marker="o", markersize=2,
-                        label=label if i == 0 else None)
+                ax.plot(
+                    seed_rows["epoch"],
+                    seed_rows[key],
+                    color=colour,
+                    alpha=0.6,
+                    marker="o",
+                    markersize=2,
+                    label=label if i == 0 else None,
+                )
         if not weights:
             ax.set_ylim(-0.02, 1.02)
         ax.set_title(arm)
@@ -325,15 +404,25 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True, help="The evaluation world's sweep directory.")
     parser.add_argument("--tune-out", type=Path, help="The tuning world's sweep directory (default: OUT-tune).")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--only", nargs="+", choices=[*ARMS, "tune"], help="A subset of the arms (tune: the tuning runs).")
+    parser.add_argument(
+        "--only", nargs="+", choices=[*ARMS, "tune"], help="A subset of the arms (tune: the tuning runs)."
+    )
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="Torch threads per run.")
-    parser.add_argument("--budget", choices=["cpu", "quick"], default="cpu", help="quick: a smoke test (nothing learns).")
+    parser.add_argument(
+        "--budget", choices=["cpu", "quick"], default="cpu", help="quick: a smoke test (nothing learns)."
+    )
     parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE", help="Change fields of the budget.")
-    parser.add_argument("--rows", type=Path, nargs="*", default=[Path("docs/results/phase_results.csv"), LEDGER],
-                        metavar="CSV", help="Ledgers of rows whose run directories OUT lacks: the H200 uniform and oracle "
-                                            "arms of the same world, and this sweep's own rows as last reported (its "
-                                            "per-epoch flags beside them, in fair_dense_flags.csv).")
+    parser.add_argument(
+        "--rows",
+        type=Path,
+        nargs="*",
+        default=[Path("docs/results/phase_results.csv"), LEDGER],
+        metavar="CSV",
+        help="Ledgers of rows whose run directories OUT lacks: the H200 uniform and oracle "
+        "arms of the same world, and this sweep's own rows as last reported (its "
+        "per-epoch flags beside them, in fair_dense_flags.csv).",
+    )
     parser.add_argument("--collect", action="store_true", help="Run nothing: the tables, figure and --report only.")
     parser.add_argument("--report", type=Path, help="Rewrite this page's fair block (docs/results.md).")
     args = parser.parse_args()
@@ -353,12 +442,15 @@ def main() -> None:
             (directory / "logs").mkdir(parents=True, exist_ok=True)
             generate_world(PRESET, directory, b, os.cpu_count() or 1)
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            ready = {d: pool.submit(prepare, PRESET, 0, d, b, args.threads * args.jobs)
-                     for d, b in ((out, budget), (tune_out, tune_budget))}
+            ready = {
+                d: pool.submit(prepare, PRESET, 0, d, b, args.threads * args.jobs)
+                for d, b in ((out, budget), (tune_out, tune_budget))
+            }
             futures: dict = {}
 
-            def task(directory: Path, b: PhaseBudget, arm: str, method: str | None, value, seed: int,
-                     after: list) -> dict:
+            def task(
+                directory: Path, b: PhaseBudget, arm: str, method: str | None, value, seed: int, after: list
+            ) -> dict:
                 ready[directory].result()
                 for future in after:  # (submitted before this one: running or done, never queued behind it)
                     future.result()
@@ -388,12 +480,18 @@ def main() -> None:
                     if ("eval", arm, seed) in futures:
                         continue
                     after = [f for f in (futures.get(("eval", BASE, seed)),) if f is not None and needs(method)]
-                    after += [futures[("tune", a, rules.TUNING_SEED)] for a, m, _ in tuning_plan(testbed) if m == method
-                              and ("tune", a, rules.TUNING_SEED) in futures]
+                    after += [
+                        futures[("tune", a, rules.TUNING_SEED)]
+                        for a, m, _ in tuning_plan(testbed)
+                        if m == method and ("tune", a, rules.TUNING_SEED) in futures
+                    ]
                     submit(out, budget, arm, method, None, seed, after)
             for (world, arm, seed), row in finished_futures(futures, failures):
-                print(f"[{time.perf_counter() - start:6.0f} s] {world} {arm} seed {seed}: R@1 {row['R@1']:.1f}, "
-                      f"FN-aware {row['oracle_R@1']:.1f}", flush=True)
+                print(
+                    f"[{time.perf_counter() - start:6.0f} s] {world} {arm} seed {seed}: R@1 {row['R@1']:.1f}, "
+                    f"FN-aware {row['oracle_R@1']:.1f}",
+                    flush=True,
+                )
     tuning = tuning_results(tune_out, testbed)
     if tuning:
         (tune_out / "tuning.json").write_text(json.dumps(tuning, indent=1, default=str) + "\n")
@@ -403,7 +501,9 @@ def main() -> None:
         print("no finished runs yet")
     else:
         rows = merge_ledgers([fair_row(arm, seed, run) for arm, seed, run in done], ledgers)
-        table = pd.DataFrame([r for r in rows if r["preset"] == PRESET and r["method"] in (*ARMS, "uniform", "uniform-oracle")])
+        table = pd.DataFrame(
+            [r for r in rows if r["preset"] == PRESET and r["method"] in (*ARMS, "uniform", "uniform-oracle")]
+        )
         flags = pd.DataFrame([f for arm, seed, run in done for f in flag_rows(arm, seed, run)])
         flag_ledger = LEDGER.with_name("fair_dense_flags.csv")
         if LEDGER in ledgers and flag_ledger.exists():  # the per-epoch flags of runs whose directories are gone
@@ -421,7 +521,9 @@ def main() -> None:
         if args.report:
             report = args.report.resolve()
             results = report.parent / "results"
-            table[table["method"].isin(ARMS)].to_csv(results / "fair_dense_results.csv", index=False, float_format="%.4f")
+            table[table["method"].isin(ARMS)].to_csv(
+                results / "fair_dense_results.csv", index=False, float_format="%.4f"
+            )
             if len(flags):
                 flags.to_csv(results / "fair_dense_flags.csv", index=False, float_format="%.4f")
             if figure is not None:
@@ -429,12 +531,27 @@ def main() -> None:
 
                 shutil.copyfile(figure, results / "fair_dense_flags.png")
             if tuning:
-                pd.DataFrame([{"method": m, "key": f["key"], "value": v, "metric": r, "chosen": v == f["value"],
-                               "world_seed": rules.TUNING_WORLD_SEED, "seed": rules.TUNING_SEED}
-                              for m, f in tuning.items() for v, r in f["runs"].items()]).to_csv(
-                    results / "dense_tuning.csv", index=False, float_format="%.4f")
-            replace_block(report, "<!-- fair:begin -->", "<!-- fair:end -->",
-                          ["<!-- Generated by benchmarks/fair_dense.py --report; edit outside the markers. -->", "", *lines])
+                pd.DataFrame(
+                    [
+                        {
+                            "method": m,
+                            "key": f["key"],
+                            "value": v,
+                            "metric": r,
+                            "chosen": v == f["value"],
+                            "world_seed": rules.TUNING_WORLD_SEED,
+                            "seed": rules.TUNING_SEED,
+                        }
+                        for m, f in tuning.items()
+                        for v, r in f["runs"].items()
+                    ]
+                ).to_csv(results / "dense_tuning.csv", index=False, float_format="%.4f")
+            replace_block(
+                report,
+                "<!-- fair:begin -->",
+                "<!-- fair:end -->",
+                ["<!-- Generated by benchmarks/fair_dense.py --report; edit outside the markers. -->", "", *lines],
+            )
     if failures:
         raise SystemExit(f"{len(failures)} run(s) failed:\n" + "\n".join(failures))
 

@@ -36,7 +36,7 @@ def main() -> None:
     ids = torch.arange(args.pairs)
     cache = EmbeddingCache(ids, dim=256, device=args.device)
     for start in range(0, args.pairs, 8192):  # small chunks: the generator's temporaries stay out of the peak
-        chunk = ids[start:start + 8192]
+        chunk = ids[start : start + 8192]
         feats = torch.nn.functional.normalize(torch.randn(len(chunk), 2, 256, generator=g), dim=-1)
         cache.update(chunk.to(args.device), feats[:, 0].to(args.device), feats[:, 1].to(args.device))
     if args.source == "policy":
@@ -53,10 +53,11 @@ def main() -> None:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - tick
     peak = max_rss_mib() / 1024
-    print(f"pairs {args.pairs:,}  |M| {args.space}  B {args.batch}  m {args.quantiles}  source {args.source}  "
-          f"device {args.device}: {seconds:.1f} s, {len(batches)} batches, peak RSS {peak:.2f} GiB "
-          f"(RSS before composing, with torch and the cached embeddings: {before:.2f} GiB)")
-
+    print(
+        f"pairs {args.pairs:,}  |M| {args.space}  B {args.batch}  m {args.quantiles}  source {args.source}  "
+        f"device {args.device}: {seconds:.1f} s, {len(batches)} batches, peak RSS {peak:.2f} GiB "
+        f"(RSS before composing, with torch and the cached embeddings: {before:.2f} GiB)"
+    )
 
 
 if __name__ == "__main__":

@@ -26,11 +26,37 @@ from falcon_cli.sampling.quantile import QuantileSpaces  # noqa: E402
 from falcon_cli.sampling.scheduler import NegativeScheduler  # noqa: E402
 
 # aten operators that return views or metadata only: no kernel
-NO_KERNEL = {"aten::as_strided", "aten::view", "aten::select", "aten::unsqueeze", "aten::squeeze", "aten::reshape",
-             "aten::detach", "aten::lift_fresh", "aten::resolve_conj", "aten::resolve_neg", "aten::empty",
-             "aten::empty_strided", "aten::empty_like", "aten::slice", "aten::t", "aten::transpose", "aten::expand",
-             "aten::alias", "aten::_reshape_alias", "aten::to", "aten::numpy_T", "aten::contiguous", "aten::unbind",
-             "aten::split", "aten::chunk", "aten::permute", "aten::_unsafe_view", "aten::flatten", "aten::view_as"}
+NO_KERNEL = {
+    "aten::as_strided",
+    "aten::view",
+    "aten::select",
+    "aten::unsqueeze",
+    "aten::squeeze",
+    "aten::reshape",
+    "aten::detach",
+    "aten::lift_fresh",
+    "aten::resolve_conj",
+    "aten::resolve_neg",
+    "aten::empty",
+    "aten::empty_strided",
+    "aten::empty_like",
+    "aten::slice",
+    "aten::t",
+    "aten::transpose",
+    "aten::expand",
+    "aten::alias",
+    "aten::_reshape_alias",
+    "aten::to",
+    "aten::numpy_T",
+    "aten::contiguous",
+    "aten::unbind",
+    "aten::split",
+    "aten::chunk",
+    "aten::permute",
+    "aten::_unsafe_view",
+    "aten::flatten",
+    "aten::view_as",
+}
 """Operators that launch no kernel on a GPU (views, reshapes, empty allocations); step_operators.py uses it too."""
 HOST_READS = ("aten::_local_scalar_dense", "aten::nonzero")
 
@@ -62,9 +88,13 @@ def main() -> None:
     events = [e for e in prof.key_averages() if e.key.startswith("aten::")]
     per_batch = lambda keys: sum(e.count for e in events if keys(e.key)) / args.batches  # noqa: E731
     print(f"|M| {args.space}, B {args.batch}, {args.device}: per composed batch and scheduler update")
-    print(f"  aten operators {per_batch(lambda k: True):,.0f}, of them with a kernel {per_batch(lambda k: k not in NO_KERNEL):,.0f}")
-    print(f"  host reads (.item(), .cpu(), nonzero) {per_batch(lambda k: k in HOST_READS):,.0f}; "
-          f"host-to-device copies {per_batch(lambda k: k == 'aten::_to_copy'):,.0f}")
+    print(
+        f"  aten operators {per_batch(lambda k: True):,.0f}, of them with a kernel {per_batch(lambda k: k not in NO_KERNEL):,.0f}"
+    )
+    print(
+        f"  host reads (.item(), .cpu(), nonzero) {per_batch(lambda k: k in HOST_READS):,.0f}; "
+        f"host-to-device copies {per_batch(lambda k: k == 'aten::_to_copy'):,.0f}"
+    )
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     composing = updating = 0.0
     for _ in range(args.batches):  # unprofiled, the two parts timed apart (each ends with the device idle)
@@ -76,8 +106,10 @@ def main() -> None:
         scheduler.update(record, 0.01)
         sync()
         composing, updating = composing + middle - start, updating + time.perf_counter() - middle
-    print(f"  {(composing + updating) / args.batches * 1e3:.1f} ms per batch (unprofiled): composing "
-          f"{composing / args.batches * 1e3:.1f}, scheduler update {updating / args.batches * 1e3:.1f}")
+    print(
+        f"  {(composing + updating) / args.batches * 1e3:.1f} ms per batch (unprofiled): composing "
+        f"{composing / args.batches * 1e3:.1f}, scheduler update {updating / args.batches * 1e3:.1f}"
+    )
 
 
 if __name__ == "__main__":

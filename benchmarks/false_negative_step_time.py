@@ -55,7 +55,9 @@ METHODS = {
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--world", type=Path, default=None, help="a shapes world (default: generate 200 images in a temp dir)")
+    parser.add_argument(
+        "--world", type=Path, default=None, help="a shapes world (default: generate 200 images in a temp dir)"
+    )
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=6, help="timed steps per method (after one warm-up step)")
     parser.add_argument("--device", default="auto")
@@ -69,38 +71,64 @@ def main() -> None:
     spec = load_spec(world)
     transform = build_transform("test", 64)
     dataset = pretrain_dataset(spec, transform)
-    tokenizer = train_wordpiece_tokenizer([r.captions[0] for r in dataset.records], tmp / "run" / "data" / "tokenizer",
-                                          vocab_size=400)
+    tokenizer = train_wordpiece_tokenizer(
+        [r.captions[0] for r in dataset.records], tmp / "run" / "data" / "tokenizer", vocab_size=400
+    )
     collate = PretrainCollate(tokenizer, 25)
     torch.manual_seed(0)
     model = create_model("albef-tiny", vocab_size=len(tokenizer)).to(device)
     # The inputs the methods read: a frozen checkpoint (MAFA's Con-D) and an auxiliary model's features (SRCL).
-    save_checkpoint(tmp / "run" / "checkpoints", 1, {"model": create_model("albef-tiny", vocab_size=len(tokenizer))}, {},
-                    {"epoch": 1, "model": "albef-tiny"})
+    save_checkpoint(
+        tmp / "run" / "checkpoints",
+        1,
+        {"model": create_model("albef-tiny", vocab_size=len(tokenizer))},
+        {},
+        {"epoch": 1, "model": "albef-tiny"},
+    )
     aux = torch.nn.functional.normalize(torch.randn(len(dataset), 256), dim=1).numpy().astype(np.float16)
-    with EmbeddingsWriter(tmp / "aux.h5", n=len(dataset), dim=256,
-                          attrs=dict(model="random", checkpoint="", dataset=str(world), split="pretrain", epoch=0)) as writer:
+    with EmbeddingsWriter(
+        tmp / "aux.h5",
+        n=len(dataset),
+        dim=256,
+        attrs=dict(model="random", checkpoint="", dataset=str(world), split="pretrain", epoch=0),
+    ) as writer:
         writer.write(0, aux, aux, np.array(dataset.pair_ids, dtype=np.int64))
 
     rng = np.random.default_rng(0)
-    batches = [collate([dataset[i] for i in rng.choice(len(dataset), args.batch, replace=False)]) for _ in range(args.steps + 1)]
+    batches = [
+        collate([dataset[i] for i in rng.choice(len(dataset), args.batch, replace=False)])
+        for _ in range(args.steps + 1)
+    ]
     print(f"albef-tiny on {device}, batch {args.batch}, {args.steps} timed steps per method, world {world}")
     # Every method gets its own copy of the model; the methods take turns step by step, so drift in the
     # machine's speed (other processes, warm-up) hits them all alike.
     runs = {}
     for name, overrides in METHODS.items():
-        config, _ = load_recipe("shapes-demo", [f"data.dataset={world}", f"pretrain.srcl.aux_embeddings={tmp / 'aux.h5'}",
-                                                f"pretrain.mafa.judge_model={tmp / 'run'}", f"pretrain.device={device}",
-                                                *overrides])
+        config, _ = load_recipe(
+            "shapes-demo",
+            [
+                f"data.dataset={world}",
+                f"pretrain.srcl.aux_embeddings={tmp / 'aux.h5'}",
+                f"pretrain.mafa.judge_model={tmp / 'run'}",
+                f"pretrain.device={device}",
+                *overrides,
+            ],
+        )
         method, _ = build_false_negatives(config, spec, dataset, device, RunDirectory(tmp / "run"))
         objective = VlpObjective(copy.deepcopy(model), false_negatives=method).to(device)
         runs[name] = (objective, torch.optim.AdamW(objective.parameters(), lr=1e-5))
     timings = {name: [] for name in runs}
     for step, batch in enumerate(batches):
         images, ids, attention = (batch[k].to(device) for k in ("images", "input_ids", "attention_mask"))
-        mask = MlmMask.sample(ids, attention, vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id,
-                              pad_token_id=tokenizer.pad_token_id, cls_token_id=tokenizer.cls_token_id,
-                              generator=torch.Generator().manual_seed(step))
+        mask = MlmMask.sample(
+            ids,
+            attention,
+            vocab_size=len(tokenizer),
+            mask_token_id=tokenizer.mask_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            cls_token_id=tokenizer.cls_token_id,
+            generator=torch.Generator().manual_seed(step),
+        )
         context = StepContext(batch["pair_ids"].to(device), epoch=1, step=5, total_steps=10)
         for name, (objective, optimizer) in runs.items():
             if device.type == "cuda":

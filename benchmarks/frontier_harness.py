@@ -52,15 +52,23 @@ CREDITS = {"chosen": dict(credit="chosen", baseline="batch_mean", **STEADY), "le
 class FrontierAnchors:
     """Every anchor's input row, whether each grid level's and each fixed q's pick is a false negative, its density."""
 
-    rows: torch.Tensor        # [N, d]
-    level_fn: torch.Tensor    # [N, L] float64 (1: the level's pick is a false negative)
-    fixed_fn: torch.Tensor    # [N, len(FIXED)]
-    density: torch.Tensor     # [N]
-    held_out: torch.Tensor    # [N] bool: anchors of held-out spaces
+    rows: torch.Tensor  # [N, d]
+    level_fn: torch.Tensor  # [N, L] float64 (1: the level's pick is a false negative)
+    fixed_fn: torch.Tensor  # [N, len(FIXED)]
+    density: torch.Tensor  # [N]
+    held_out: torch.Tensor  # [N] bool: anchors of held-out spaces
 
 
-def frontier_anchors(image: torch.Tensor, text: torch.Tensor, truth, width: int, levels: int = 10, *,
-                     held_out: float = 0.3, seed: int = 0) -> FrontierAnchors:
+def frontier_anchors(
+    image: torch.Tensor,
+    text: torch.Tensor,
+    truth,
+    width: int,
+    levels: int = 10,
+    *,
+    held_out: float = 0.3,
+    seed: int = 0,
+) -> FrontierAnchors:
     """Split the pairs (shuffled) into full spaces of ``width`` and tabulate every anchor's picks at each q
     (nearest rank among all of its space's other pairs, as the composer orders them)."""
     spaces = scheduler_bandit.full_spaces(len(image), width, seed)
@@ -70,18 +78,31 @@ def frontier_anchors(image: torch.Tensor, text: torch.Tensor, truth, width: int,
     for members in spaces:
         tables = space_tables(image[members][None], text[members][None], torch.tensor([width]), features=FEATURES)
         fn = scheduler_bandit.space_false_negatives(truth, members)
-        order = tables.order[0].long()[:, :width - 1]  # ascending similarity; the anchor itself last
+        order = tables.order[0].long()[:, : width - 1]  # ascending similarity; the anchor itself last
         rows.append(tables.s_hat[0])
         level_fn.append(fn.gather(1, order[:, grid_ranks]))
         fixed_fn.append(fn.gather(1, order[:, fixed_ranks]))
         density.append(fn.double().sum(1) / (width - 1))
     space = torch.cat([torch.full((width,), s) for s in range(len(spaces))])
-    return FrontierAnchors(torch.cat(rows), torch.cat(level_fn).double(), torch.cat(fixed_fn).double(),
-                           torch.cat(density), space >= round(len(spaces) * (1 - held_out)))
+    return FrontierAnchors(
+        torch.cat(rows),
+        torch.cat(level_fn).double(),
+        torch.cat(fixed_fn).double(),
+        torch.cat(density),
+        space >= round(len(spaces) * (1 - held_out)),
+    )
 
 
-def run_policy(anchors: FrontierAnchors, credit: str, weight: float, *, updates: int, batch: int = 16,
-               seed: int = 0, draws: int = 20) -> dict:
+def run_policy(
+    anchors: FrontierAnchors,
+    credit: str,
+    weight: float,
+    *,
+    updates: int,
+    batch: int = 16,
+    seed: int = 0,
+    draws: int = 20,
+) -> dict:
     """Train a fresh scheduler with ``credit`` on the training anchors; its picks on the held-out ones."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -98,16 +119,31 @@ def run_policy(anchors: FrontierAnchors, credit: str, weight: float, *, updates:
         alpha, beta = scheduler.alpha_beta(anchors.rows[pick])
         q = sample_q(alpha.double(), beta.double(), rng)
         reward = fixed_reward[pick].gather(1, nearest_fixed(q)[:, None])[:, 0]
-        scheduler.update({"s_hat": anchors.rows[pick], "q": q}, torch.cat([torch.zeros(1, dtype=torch.float64), reward]))
+        scheduler.update(
+            {"s_hat": anchors.rows[pick], "q": q}, torch.cat([torch.zeros(1, dtype=torch.float64), reward])
+        )
     held = anchors.held_out
     alpha, beta = scheduler.alpha_beta(anchors.rows[held])
     q = sample_q(alpha.double().expand(draws, -1), beta.double().expand(draws, -1), rng)  # [draws, held-out anchors]
     fn = float(anchors.fixed_fn[held].gather(1, nearest_fixed(q).T).mean())
     mean_q, expected = float(q.mean()), (alpha / (alpha + beta)).double()
     frontier = float(np.interp(mean_q, FIXED, anchors.fixed_fn[held].mean(0).numpy()))
-    corr = float(np.corrcoef(expected.numpy(), anchors.density[held].numpy())[0, 1]) if float(expected.std()) > 1e-9 else 0.0
-    return {"credit": credit, "weight": weight, "seed": seed, "mean_q": mean_q, "std_expected_q": float(expected.std()),
-            "q_fn_density_corr": corr, "fn_rate": fn, "frontier_fn_rate": frontier, "gap_points": 100 * (fn - frontier)}
+    corr = (
+        float(np.corrcoef(expected.numpy(), anchors.density[held].numpy())[0, 1])
+        if float(expected.std()) > 1e-9
+        else 0.0
+    )
+    return {
+        "credit": credit,
+        "weight": weight,
+        "seed": seed,
+        "mean_q": mean_q,
+        "std_expected_q": float(expected.std()),
+        "q_fn_density_corr": corr,
+        "fn_rate": fn,
+        "frontier_fn_rate": frontier,
+        "gap_points": 100 * (fn - frontier),
+    }
 
 
 def nearest_fixed(q: torch.Tensor) -> torch.Tensor:
@@ -119,18 +155,27 @@ def markdown(frame, command: str, source: str, seconds: float, anchors: Frontier
     """The report block: per (credit, weight) the gap to the frontier per seed and its mean ± std."""
     held = anchors.held_out
     frontier = anchors.fixed_fn[held].mean(0).numpy()
-    lines = [f"Generated by `{command}` ({seconds / 60:.0f} min on {source}).", "",
-             f"Anchors: {len(held):,} ({int(held.sum()):,} held out, scored); FN density mean "
-             f"{float(anchors.density.mean()):.3f}; the frontier's FN % at q = 0, 0.25, 0.5, 0.75, 1: "
-             + ", ".join(f"{100 * frontier[i]:.1f}" for i in (0, 5, 10, 15, 20)) + ".", "",
-             "| credit | w | seeds | mean q | std E[q] | corr(E[q], FN density) | FN % of the picks | frontier FN %, same "
-             "mean q | gap (points), per seed | gap, mean ± std |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Generated by `{command}` ({seconds / 60:.0f} min on {source}).",
+        "",
+        f"Anchors: {len(held):,} ({int(held.sum()):,} held out, scored); FN density mean "
+        f"{float(anchors.density.mean()):.3f}; the frontier's FN % at q = 0, 0.25, 0.5, 0.75, 1: "
+        + ", ".join(f"{100 * frontier[i]:.1f}" for i in (0, 5, 10, 15, 20))
+        + ".",
+        "",
+        "| credit | w | seeds | mean q | std E[q] | corr(E[q], FN density) | FN % of the picks | frontier FN %, same "
+        "mean q | gap (points), per seed | gap, mean ± std |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for (credit, weight), sub in frame.groupby(["credit", "weight"], sort=False):
         gap = sub["gap_points"]
-        lines.append(f"| {credit} | {weight:g} | {len(sub)} | {sub.mean_q.mean():.2f} | {sub.std_expected_q.mean():.2f} | "
-                     f"{sub.q_fn_density_corr.mean():+.2f} | {100 * sub.fn_rate.mean():.1f} | "
-                     f"{100 * sub.frontier_fn_rate.mean():.1f} | " + ", ".join(f"{g:+.1f}" for g in gap)
-                     + f" | {gap.mean():+.1f} ± {gap.std(ddof=0):.1f} |")
+        lines.append(
+            f"| {credit} | {weight:g} | {len(sub)} | {sub.mean_q.mean():.2f} | {sub.std_expected_q.mean():.2f} | "
+            f"{sub.q_fn_density_corr.mean():+.2f} | {100 * sub.fn_rate.mean():.1f} | "
+            f"{100 * sub.frontier_fn_rate.mean():.1f} | "
+            + ", ".join(f"{g:+.1f}" for g in gap)
+            + f" | {gap.mean():+.1f} ± {gap.std(ddof=0):.1f} |"
+        )
     return lines
 
 
@@ -152,8 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     start = time.time()
-    image, text, truth = (scheduler_bandit.synthetic_world() if args.synthetic
-                          else scheduler_bandit.shapes_run_world(args.run, args.epoch))
+    image, text, truth = (
+        scheduler_bandit.synthetic_world()
+        if args.synthetic
+        else scheduler_bandit.shapes_run_world(args.run, args.epoch)
+    )
     width = min(args.width, len(image) // 4)
     anchors = frontier_anchors(image, text, truth, width)
     rows = []
@@ -162,14 +210,19 @@ def main(argv: list[str] | None = None) -> int:
             for seed in args.seeds:
                 row = run_policy(anchors, credit, weight, updates=args.updates, seed=seed)
                 rows.append(row)
-                print(f"{credit:7s} w {weight:<4g} seed {seed}: mean q {row['mean_q']:.3f}, std E[q] "
-                      f"{row['std_expected_q']:.3f}, FN {100 * row['fn_rate']:.1f}% vs frontier "
-                      f"{100 * row['frontier_fn_rate']:.1f}%: gap {row['gap_points']:+.1f} points", flush=True)
+                print(
+                    f"{credit:7s} w {weight:<4g} seed {seed}: mean q {row['mean_q']:.3f}, std E[q] "
+                    f"{row['std_expected_q']:.3f}, FN {100 * row['fn_rate']:.1f}% vs frontier "
+                    f"{100 * row['frontier_fn_rate']:.1f}%: gap {row['gap_points']:+.1f} points",
+                    flush=True,
+                )
     frame = pd.DataFrame(rows)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         frame.to_csv(args.out / "frontier.csv", index=False, float_format="%.4f")
-    command = "PYTHONPATH=. .venv/bin/python benchmarks/frontier_harness.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "PYTHONPATH=. .venv/bin/python benchmarks/frontier_harness.py " + " ".join(
+        sys.argv[1:] if argv is None else argv
+    )
     lines = markdown(frame, command, f"{torch.get_num_threads()} CPU threads", time.time() - start, anchors)
     print("\n".join(lines))
     if args.report is not None:

@@ -42,8 +42,9 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--step-threads", type=int, default=1,
-                        help="CPU threads for the step loop (default 1; 0: torch's setting)")
+    parser.add_argument(
+        "--step-threads", type=int, default=1, help="CPU threads for the step loop (default 1; 0: torch's setting)"
+    )
     parser.add_argument("--max-chunk-gb", type=float, default=1.0, help="memory bound for one chunk's blocks (GiB)")
     args = parser.parse_args()
     if args.threads:
@@ -54,13 +55,12 @@ def main() -> None:
     cache = EmbeddingCache(ids, dim=args.dim, device=device)
     gen = torch.Generator().manual_seed(args.seed)
     for start in range(0, args.pairs, 65536):  # fill in chunks: keep the set-up peak low
-        chunk = ids[start:start + 65536]
+        chunk = ids[start : start + 65536]
         image = torch.nn.functional.normalize(torch.randn(len(chunk), args.dim, generator=gen), dim=1)
         text = torch.nn.functional.normalize(torch.randn(len(chunk), args.dim, generator=gen), dim=1)
         cache.update(chunk, image, text)
     max_bytes = int(args.max_chunk_gb * 2**30)
-    composer = GritComposer(args.batch, args.space, max_chunk_bytes=max_bytes,
-                            step_threads=args.step_threads or None)
+    composer = GritComposer(args.batch, args.space, max_chunk_bytes=max_bytes, step_threads=args.step_threads or None)
     per_chunk, copy = chunk_plan(min(args.space, args.pairs), args.dim, max_bytes)
 
     if device.type == "cuda":
@@ -78,17 +78,25 @@ def main() -> None:
     seen = torch.cat([b.pair_ids for b in batches])
     assert len(seen) == args.pairs and torch.equal(seen.sort().values, ids), "an epoch must cover every pair once"
     spaces = -(-args.pairs // args.space)
-    print(f"pairs: {args.pairs}  |M|: {args.space}  B: {args.batch}  dim: {args.dim}  device: {device}  "
-          f"threads: {torch.get_num_threads()}  step threads: {args.step_threads or torch.get_num_threads()}")
-    print(f"search spaces: {spaces}  per chunk: {per_chunk}  chunks: {-(-spaces // per_chunk)}  "
-          f"two blocks (I2T and T2I): {copy}  batches: {len(batches)}")
+    print(
+        f"pairs: {args.pairs}  |M|: {args.space}  B: {args.batch}  dim: {args.dim}  device: {device}  "
+        f"threads: {torch.get_num_threads()}  step threads: {args.step_threads or torch.get_num_threads()}"
+    )
+    print(
+        f"search spaces: {spaces}  per chunk: {per_chunk}  chunks: {-(-spaces // per_chunk)}  "
+        f"two blocks (I2T and T2I): {copy}  batches: {len(batches)}"
+    )
     print(f"seconds: {seconds:.2f}")
-    print(f"cache: {2 * cache.image.numel() * cache.image.element_size() / 2**20:.0f} MiB  "
-          f"RSS before: {base_rss:.0f} MiB  max RSS before: {base_max:.0f} MiB  max RSS after: {peak_rss:.0f} MiB  "
-          f"peak growth: {max(0.0, peak_rss - base_rss):.0f} MiB")
+    print(
+        f"cache: {2 * cache.image.numel() * cache.image.element_size() / 2**20:.0f} MiB  "
+        f"RSS before: {base_rss:.0f} MiB  max RSS before: {base_max:.0f} MiB  max RSS after: {peak_rss:.0f} MiB  "
+        f"peak growth: {max(0.0, peak_rss - base_rss):.0f} MiB"
+    )
     if device.type == "cuda":
-        print(f"cuda peak during compose: {(torch.cuda.max_memory_allocated() - base) / 2**20:.0f} MiB above "
-              f"{base / 2**20:.0f} MiB allocated before")
+        print(
+            f"cuda peak during compose: {(torch.cuda.max_memory_allocated() - base) / 2**20:.0f} MiB above "
+            f"{base / 2**20:.0f} MiB allocated before"
+        )
 
 
 if __name__ == "__main__":

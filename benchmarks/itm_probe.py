@@ -50,8 +50,9 @@ def other_index(n: int, generator: torch.Generator) -> torch.Tensor:
     return (torch.arange(n) + torch.randint(1, n, (n,), generator=generator)) % n
 
 
-def probe_pairs(similarity: torch.Tensor, img2txt: list[list[int]], images: torch.Tensor,
-                generator: torch.Generator) -> dict[str, torch.Tensor]:
+def probe_pairs(
+    similarity: torch.Tensor, img2txt: list[list[int]], images: torch.Tensor, generator: torch.Generator
+) -> dict[str, torch.Tensor]:
     """For each image of ``images`` its first caption and two other images of ``images``: a random one and the one
     whose ITC similarity to the caption is highest (``similarity`` [n_images, n_texts]). Int64 [n] each."""
     texts = torch.tensor([img2txt[i][0] for i in images.tolist()])
@@ -67,7 +68,7 @@ def match_probability(fusion, head, e, images: torch.Tensor, texts: torch.Tensor
     """P(match) of the ITM head for the (image, text) pairs, from the cached encoder tokens of ``e``."""
     out = []
     for s in range(0, len(images), batch):
-        out.append(itm_logits(fusion, head, e, images[s:s + batch], texts[s:s + batch]).float().softmax(-1)[:, 1])
+        out.append(itm_logits(fusion, head, e, images[s : s + batch], texts[s : s + batch]).float().softmax(-1)[:, 1])
     return torch.cat(out)
 
 
@@ -101,23 +102,36 @@ def matching_aucs(fusion, head, e, pairs: dict[str, torch.Tensor]) -> dict[str, 
     fusion.train(was_training)
     # the ITC cosine of each pair alone (the split's whole similarity matrix is not needed here)
     itc = {k: (e.image_feat[pairs[k]] * e.text_feat[pairs["text"]]).sum(-1) for k in ("image", "random", "hardest")}
-    return {"itm_auc_random": auc(itm["image"], itm["random"]), "itm_auc_hardest": auc(itm["image"], itm["hardest"]),
-            "itc_auc_random": auc(itc["image"], itc["random"]), "itc_auc_hardest": auc(itc["image"], itc["hardest"]),
-            "itm_wins_random": wins(itm["image"], itm["random"]), "itm_wins_hardest": wins(itm["image"], itm["hardest"]),
-            "itc_wins_hardest": wins(itc["image"], itc["hardest"])}
+    return {
+        "itm_auc_random": auc(itm["image"], itm["random"]),
+        "itm_auc_hardest": auc(itm["image"], itm["hardest"]),
+        "itc_auc_random": auc(itc["image"], itc["random"]),
+        "itc_auc_hardest": auc(itc["image"], itc["hardest"]),
+        "itm_wins_random": wins(itm["image"], itm["random"]),
+        "itm_wins_hardest": wins(itm["image"], itm["hardest"]),
+        "itc_wins_hardest": wins(itc["image"], itc["hardest"]),
+    }
 
 
 @torch.no_grad()
-def mlm_with_and_without_image(model, tokenizer, e, pairs: dict[str, torch.Tensor], probability: float = 0.3,
-                               seed: int = 0) -> dict[str, float]:
+def mlm_with_and_without_image(
+    model, tokenizer, e, pairs: dict[str, torch.Tensor], probability: float = 0.3, seed: int = 0
+) -> dict[str, float]:
     """MLM accuracy of the fused captions with their own image and with a random one, the same masks for both."""
     was_training = model.training
     model.eval()
     texts = pairs["text"]
     ids, mask = e.text_ids[texts], e.text_mask[texts]
-    m = MlmMask.sample(ids, mask, vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id,
-                       pad_token_id=tokenizer.pad_token_id, cls_token_id=tokenizer.cls_token_id,
-                       probability=probability, generator=torch.Generator().manual_seed(seed))
+    m = MlmMask.sample(
+        ids,
+        mask,
+        vocab_size=len(tokenizer),
+        mask_token_id=tokenizer.mask_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        cls_token_id=tokenizer.cls_token_id,
+        probability=probability,
+        generator=torch.Generator().manual_seed(seed),
+    )
     selected = m.labels != -100
     text_tokens, _ = model.encode_text(m.masked_ids, mask)
     out = {}
@@ -128,9 +142,22 @@ def mlm_with_and_without_image(model, tokenizer, e, pairs: dict[str, torch.Tenso
     return out
 
 
-def train_fusion(fusion, head, e, img2txt: list[list[int]], train_images: torch.Tensor,
-                 eval_pairs: dict[str, torch.Tensor], *, steps: int, lr: float, batch: int = 64,
-                 negatives: str = "hardest", seed: int = 0, evaluations: int = 8, log=print) -> list[dict]:
+def train_fusion(
+    fusion,
+    head,
+    e,
+    img2txt: list[list[int]],
+    train_images: torch.Tensor,
+    eval_pairs: dict[str, torch.Tensor],
+    *,
+    steps: int,
+    lr: float,
+    batch: int = 64,
+    negatives: str = "hardest",
+    seed: int = 0,
+    evaluations: int = 8,
+    log=print,
+) -> list[dict]:
     """Train ``fusion`` and ``head`` on ITM over cached encoder tokens (the encoders stay frozen): batches of
     ``batch`` distinct images of ``train_images``, one random caption each, with the objective's hardest in-batch
     negatives by ITC or uniform random ones, at a constant ``lr`` (AdamW). Returns the learning curve: the mean
@@ -146,7 +173,9 @@ def train_fusion(fusion, head, e, img2txt: list[list[int]], train_images: torch.
     every, losses, start = max(1, steps // evaluations), [], time.time()
     for step in range(1, steps + 1):
         images = train_images[torch.randperm(len(train_images), generator=g)[:batch]]
-        texts = torch.tensor([img2txt[i][int(torch.randint(len(img2txt[i]), (1,), generator=g))] for i in images.tolist()])
+        texts = torch.tensor(
+            [img2txt[i][int(torch.randint(len(img2txt[i]), (1,), generator=g))] for i in images.tolist()]
+        )
         b = len(images)
         if negatives == "hardest":
             s = sims[images][:, texts]
@@ -164,8 +193,10 @@ def train_fusion(fusion, head, e, img2txt: list[list[int]], train_images: torch.
             point = {"step": step, "loss": float(np.mean(losses)), **matching_aucs(fusion, head, e, eval_pairs)}
             losses = []
             curve.append(point)
-            log(f"step {step:>6}: ITM loss {point['loss']:.3f}  AUC against a random image {point['itm_auc_random']:.3f}, "
-                f"against the ITC-hardest {point['itm_auc_hardest']:.3f}  ({time.time() - start:.0f} s)")
+            log(
+                f"step {step:>6}: ITM loss {point['loss']:.3f}  AUC against a random image {point['itm_auc_random']:.3f}, "
+                f"against the ITC-hardest {point['itm_auc_hardest']:.3f}  ({time.time() - start:.0f} s)"
+            )
     return curve
 
 
@@ -183,8 +214,9 @@ def encode(run: Path, world: str | None, cache: Path | None):
     config = yaml.safe_load((run / "config.yaml").read_text())
     model = model_from_checkpoint(find_checkpoint(run, "itm_probe.py RUN")).eval()
     if not hasattr(model, "fusion_encoder"):
-        raise SystemExit(f"{run}: the probe needs an ALBEF run (a fusion encoder and an ITM head), "
-                         f"got {type(model).__name__}")
+        raise SystemExit(
+            f"{run}: the probe needs an ALBEF run (a fusion encoder and an ITM head), got {type(model).__name__}"
+        )
     tokenizer = load_run_tokenizer(run, config["name"])
     if cache is not None and cache.exists():
         e, img2txt = torch.load(cache, weights_only=False)
@@ -199,15 +231,23 @@ def encode(run: Path, world: str | None, cache: Path | None):
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("run", type=Path, help="An ALBEF run directory (its latest checkpoint and test split).")
     parser.add_argument("--world", help="The dataset directory, when the run's recorded one has moved.")
     parser.add_argument("--images", type=int, default=0, help="Test images to use (0 = all).")
-    parser.add_argument("--steps", type=int, default=0, help="Train the fusion and ITM head this many steps (0 = probe only).")
+    parser.add_argument(
+        "--steps", type=int, default=0, help="Train the fusion and ITM head this many steps (0 = probe only)."
+    )
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--negatives", choices=["hardest", "random"], default="hardest")
-    parser.add_argument("--start", choices=["trained", "scratch"], default="trained",
-                        help="Train the run's fusion and head as they are, or re-initialised (BERT init).")
+    parser.add_argument(
+        "--start",
+        choices=["trained", "scratch"],
+        default="trained",
+        help="Train the run's fusion and head as they are, or re-initialised (BERT init).",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cache", type=Path, help="Where to keep the encoded test split between calls.")
     parser.add_argument("--out", type=Path, help="Write the results here (JSON).")
@@ -219,21 +259,33 @@ def main(argv: list[str] | None = None) -> dict:
     model, tokenizer, e, img2txt = encode(args.run, args.world, args.cache)
     n = len(img2txt) if args.images <= 0 else min(args.images, len(img2txt))
     if n < (MIN_IMAGES_TO_TRAIN if args.steps else 2):
-        raise SystemExit(f"{args.run}: {n} test images; the probe needs at least 2"
-                         + (f", and --steps at least {MIN_IMAGES_TO_TRAIN} (a quarter held out)" if args.steps else "")
-                         + " (a larger world, or --images 0)")
+        raise SystemExit(
+            f"{args.run}: {n} test images; the probe needs at least 2"
+            + (f", and --steps at least {MIN_IMAGES_TO_TRAIN} (a quarter held out)" if args.steps else "")
+            + " (a larger world, or --images 0)"
+        )
     g, similarity = torch.Generator().manual_seed(args.seed), e.similarity()
     everything = probe_pairs(similarity, img2txt, torch.arange(n), g)
-    result = {"run": str(args.run), "images": n, "itm_prior": ITM_PRIOR,
-              **matching_aucs(model.fusion_encoder, model.itm_head, e, everything),
-              **mlm_with_and_without_image(model, tokenizer, e, everything, seed=args.seed)}
+    result = {
+        "run": str(args.run),
+        "images": n,
+        "itm_prior": ITM_PRIOR,
+        **matching_aucs(model.fusion_encoder, model.itm_head, e, everything),
+        **mlm_with_and_without_image(model, tokenizer, e, everything, seed=args.seed),
+    }
     print(f"{args.run}: {n} test images, one caption each")
-    print(f"  ITM head as trained: AUC against a random image {result['itm_auc_random']:.3f}, against the ITC-hardest "
-          f"{result['itm_auc_hardest']:.3f} (ITC: {result['itc_auc_random']:.3f}, {result['itc_auc_hardest']:.3f})")
-    print(f"  caption by caption, its own image above a random one: ITM {result['itm_wins_random']:.3f}; above the "
-          f"ITC-hardest: ITM {result['itm_wins_hardest']:.3f}, ITC {result['itc_wins_hardest']:.3f}")
-    print(f"  MLM accuracy with the caption's own image {result['mlm_own_image']:.3f}, "
-          f"with a random image {result['mlm_random_image']:.3f}")
+    print(
+        f"  ITM head as trained: AUC against a random image {result['itm_auc_random']:.3f}, against the ITC-hardest "
+        f"{result['itm_auc_hardest']:.3f} (ITC: {result['itc_auc_random']:.3f}, {result['itc_auc_hardest']:.3f})"
+    )
+    print(
+        f"  caption by caption, its own image above a random one: ITM {result['itm_wins_random']:.3f}; above the "
+        f"ITC-hardest: ITM {result['itm_wins_hardest']:.3f}, ITC {result['itc_wins_hardest']:.3f}"
+    )
+    print(
+        f"  MLM accuracy with the caption's own image {result['mlm_own_image']:.3f}, "
+        f"with a random image {result['mlm_random_image']:.3f}"
+    )
     if args.steps:
         if args.start == "scratch":
             from falcon_cli.models.bert import init_bert_weights
@@ -242,12 +294,28 @@ def main(argv: list[str] | None = None) -> dict:
             model.itm_head.reset_parameters()
         split = int(0.75 * n)
         held_out = probe_pairs(similarity, img2txt, torch.arange(split, n), g)
-        print(f"  training the fusion and ITM head ({args.start}, {args.negatives} negatives, lr {args.lr:g}) on "
-              f"{split} images, measured on {n - split}:")
-        result.update(start=args.start, negatives=args.negatives, lr=args.lr,
-                      curve=train_fusion(model.fusion_encoder, model.itm_head, e, img2txt, torch.arange(split), held_out,
-                                         steps=args.steps, lr=args.lr, negatives=args.negatives, seed=args.seed,
-                                         log=lambda line: print("  " + line, flush=True)))
+        print(
+            f"  training the fusion and ITM head ({args.start}, {args.negatives} negatives, lr {args.lr:g}) on "
+            f"{split} images, measured on {n - split}:"
+        )
+        result.update(
+            start=args.start,
+            negatives=args.negatives,
+            lr=args.lr,
+            curve=train_fusion(
+                model.fusion_encoder,
+                model.itm_head,
+                e,
+                img2txt,
+                torch.arange(split),
+                held_out,
+                steps=args.steps,
+                lr=args.lr,
+                negatives=args.negatives,
+                seed=args.seed,
+                log=lambda line: print("  " + line, flush=True),
+            ),
+        )
     if args.out:
         from falcon_cli.artifacts.atomic import write_json
 

@@ -47,7 +47,7 @@ def synthetic(pairs: int, dim: int, topics: int, seed: int) -> tuple[np.ndarray,
     text = np.empty((pairs, dim), dtype=np.float16)
     start = 0
     for image_rows, text_rows in synthetic_chunks(pairs, dim, topics, seed):
-        image[start:start + len(image_rows)], text[start:start + len(text_rows)] = image_rows, text_rows
+        image[start : start + len(image_rows)], text[start : start + len(text_rows)] = image_rows, text_rows
         start += len(image_rows)
     return image, text
 
@@ -80,12 +80,20 @@ def main() -> None:
     peak = max_rss_mib()
 
     sizes = kmeans.sizes()
-    print(f"{args.pairs} pairs x {args.dim}, |M| = {args.space}: {kmeans.num_spaces} spaces, "
-          f"sizes {sizes.min()}..{sizes.max()} (last {sizes[-1]})")
-    print(f"kmeans_partition {kmeans_seconds:.1f} s, random_partition {random_seconds:.2f} s, partition_summary {summary_seconds:.1f} s")
-    print(f"peak RSS {peak:.0f} MiB ({peak - base_rss:+.0f} MiB over the {base_rss:.0f} MiB with the embeddings in memory)")
+    print(
+        f"{args.pairs} pairs x {args.dim}, |M| = {args.space}: {kmeans.num_spaces} spaces, "
+        f"sizes {sizes.min()}..{sizes.max()} (last {sizes[-1]})"
+    )
+    print(
+        f"kmeans_partition {kmeans_seconds:.1f} s, random_partition {random_seconds:.2f} s, partition_summary {summary_seconds:.1f} s"
+    )
+    print(
+        f"peak RSS {peak:.0f} MiB ({peak - base_rss:+.0f} MiB over the {base_rss:.0f} MiB with the embeddings in memory)"
+    )
     for name, stats in summary.items():
-        print(f"  {name:7s} mean within-space cosine: joint {stats['mean_cosine_joint']:.4f}, i2t {stats['mean_cosine_i2t']:.4f}")
+        print(
+            f"  {name:7s} mean within-space cosine: joint {stats['mean_cosine_joint']:.4f}, i2t {stats['mean_cosine_i2t']:.4f}"
+        )
 
 
 if __name__ == "__main__":

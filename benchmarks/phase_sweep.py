@@ -49,8 +49,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.scheduler_sweep import epoch_rows
-from benchmarks.shapes_sweep import (AUDITED, EVALUATED, Variant, collect, completed, falcon, finished_futures,
-                                     replace_block, seeds_phrase, train)
+from benchmarks.shapes_sweep import (
+    AUDITED,
+    EVALUATED,
+    Variant,
+    collect,
+    completed,
+    falcon,
+    finished_futures,
+    replace_block,
+    seeds_phrase,
+    train,
+)
 from falcon_cli.artifacts.checkpoints import WEIGHTS
 from falcon_cli.data.shapes.near_misses import NEAR_MISS_KINDS, family_size
 from falcon_cli.evaluation.compare import shapes_world_fingerprint
@@ -177,14 +187,22 @@ class PhaseBudget:
     def data_overrides(self, preset: str, out: Path) -> list[str]:
         """The world of ``preset`` (shared by every run of the regime) and the tokenizer every recipe trains alike."""
         images, splits = self.world_size(preset)
-        return [f"data.dataset={out / 'worlds' / preset}", f"data.shapes.preset={preset}", f"data.shapes.images={images}",
-                *([f"data.shapes.seed={self.world_seed}"] if self.world_seed else []),
-                f"data.shapes.size={self.size}", "data.shapes.nlvr2_statements_per_image=1", "data.tokenizer_vocab_size=1000",
-                *(f"data.shapes.splits.{split}={fraction!r}" for split, fraction in splits.items()),
-                f"pretrain.image_size={self.size}", f"pretrain.max_text_length={self.max_text_length}",
-                f"unimodal.image_epochs={self.unimodal_image_epochs}",
-                f"unimodal.text_epochs={self.unimodal_text_epochs}", f"unimodal.extra_images={self.unimodal_extra_images}",
-                f"unimodal.seed={'null' if self.unimodal_seed is None else self.unimodal_seed}"]
+        return [
+            f"data.dataset={out / 'worlds' / preset}",
+            f"data.shapes.preset={preset}",
+            f"data.shapes.images={images}",
+            *([f"data.shapes.seed={self.world_seed}"] if self.world_seed else []),
+            f"data.shapes.size={self.size}",
+            "data.shapes.nlvr2_statements_per_image=1",
+            "data.tokenizer_vocab_size=1000",
+            *(f"data.shapes.splits.{split}={fraction!r}" for split, fraction in splits.items()),
+            f"pretrain.image_size={self.size}",
+            f"pretrain.max_text_length={self.max_text_length}",
+            f"unimodal.image_epochs={self.unimodal_image_epochs}",
+            f"unimodal.text_epochs={self.unimodal_text_epochs}",
+            f"unimodal.extra_images={self.unimodal_extra_images}",
+            f"unimodal.seed={'null' if self.unimodal_seed is None else self.unimodal_seed}",
+        ]
 
     def unimodal_seed_of(self, seed: int) -> int:
         """The seed of the unimodal encoders that a run of ``seed`` starts from."""
@@ -192,21 +210,61 @@ class PhaseBudget:
 
     def run_overrides(self, preset: str, out: Path, seed: int) -> list[str]:
         """Everything a method's run gets besides its recipe: world, unimodal start, budget, learning curve."""
-        return [f"seed={seed}", *self.data_overrides(preset, out), "pretrain.vision_weights=unimodal",
-                "pretrain.text_weights=unimodal", f"pretrain.epochs={self.epochs}", f"pretrain.batch_size={self.batch}",
-                f"pretrain.search_space_size={self.space}", f"pretrain.warmup_steps={self.warmup}", f"pretrain.lr={self.lr}",
-                *([f"pretrain.min_lr={self.min_lr}"] if self.min_lr is not None else []),
-                "pretrain.num_workers=0", "pretrain.eval_split=test", f"pretrain.eval_every={self.eval_every}"]
+        return [
+            f"seed={seed}",
+            *self.data_overrides(preset, out),
+            "pretrain.vision_weights=unimodal",
+            "pretrain.text_weights=unimodal",
+            f"pretrain.epochs={self.epochs}",
+            f"pretrain.batch_size={self.batch}",
+            f"pretrain.search_space_size={self.space}",
+            f"pretrain.warmup_steps={self.warmup}",
+            f"pretrain.lr={self.lr}",
+            *([f"pretrain.min_lr={self.min_lr}"] if self.min_lr is not None else []),
+            "pretrain.num_workers=0",
+            "pretrain.eval_split=test",
+            f"pretrain.eval_every={self.eval_every}",
+        ]
 
 
 BUDGETS: dict[str, PhaseBudget] = {
-    "cpu": PhaseBudget(images=3000, epochs=36, batch=64, space=500, splits={"train": 0.3, "val": 0.03, "test": 0.67},
-                       unimodal_extra_images=20000, unimodal_image_epochs=12, min_lr=1e-5, rerank_k=8, max_text_length=48,
-                       memorisation_images=2012),
-    "quick": PhaseBudget(images=120, epochs=2, batch=8, space=40, warmup=2, unimodal_image_epochs=1, unimodal_text_epochs=1,
-                         audit_pairs=2000, memorisation_images=20),
-    "gpu": PhaseBudget(images=12000, epochs=12, batch=64, space=1000, warmup=100, unimodal_extra_images=20000,
-                       unimodal_image_epochs=12, min_lr=1e-5, rerank_k=8, max_text_length=48, memorisation_images=5000),
+    "cpu": PhaseBudget(
+        images=3000,
+        epochs=36,
+        batch=64,
+        space=500,
+        splits={"train": 0.3, "val": 0.03, "test": 0.67},
+        unimodal_extra_images=20000,
+        unimodal_image_epochs=12,
+        min_lr=1e-5,
+        rerank_k=8,
+        max_text_length=48,
+        memorisation_images=2012,
+    ),
+    "quick": PhaseBudget(
+        images=120,
+        epochs=2,
+        batch=8,
+        space=40,
+        warmup=2,
+        unimodal_image_epochs=1,
+        unimodal_text_epochs=1,
+        audit_pairs=2000,
+        memorisation_images=20,
+    ),
+    "gpu": PhaseBudget(
+        images=12000,
+        epochs=12,
+        batch=64,
+        space=1000,
+        warmup=100,
+        unimodal_extra_images=20000,
+        unimodal_image_epochs=12,
+        min_lr=1e-5,
+        rerank_k=8,
+        max_text_length=48,
+        memorisation_images=5000,
+    ),
 }
 """``cpu``: per regime 4,500 training pairs (``dense``: 900 images with five captions each; ``coco-like`` and
 ``medium``: 4,500 images with one each, :meth:`PhaseBudget.world_size`) and about 2,010 test images (10,050
@@ -272,9 +330,18 @@ def run_dir(out: Path, preset: str, method: str, seed: int) -> Path:
 def generate_world(preset: str, out: Path, budget: PhaseBudget, threads: int) -> None:
     """The regime's world, generated once (one process: every later stage only reads it)."""
     if not (out / "worlds" / preset / "world.json").exists():
-        falcon("run", "--recipe", "shapes-uniform", "--run-dir", str(out / "world-runs" / preset), "--overwrite",
-               "stages=[data]", *budget.data_overrides(preset, out), log=out / "logs" / f"world-{preset}.log",
-               threads=threads)
+        falcon(
+            "run",
+            "--recipe",
+            "shapes-uniform",
+            "--run-dir",
+            str(out / "world-runs" / preset),
+            "--overwrite",
+            "stages=[data]",
+            *budget.data_overrides(preset, out),
+            log=out / "logs" / f"world-{preset}.log",
+            threads=threads,
+        )
 
 
 def threads_per_encoder(cores: int, jobs: int, encoders: int) -> int:
@@ -288,13 +355,32 @@ def prepare(preset: str, seed: int, out: Path, budget: PhaseBudget, threads: int
     seed = budget.unimodal_seed_of(seed)
     run = out / "unimodal" / f"{preset}-s{seed}"
     if not completed(run, "unimodal"):
-        falcon("run", "--recipe", "shapes-uniform", "--run-dir", str(run), "--overwrite", "stages=[data, unimodal]",
-               f"seed={seed}", *budget.data_overrides(preset, out), log=out / "logs" / f"unimodal-{preset}-s{seed}.log",
-               threads=threads)
+        falcon(
+            "run",
+            "--recipe",
+            "shapes-uniform",
+            "--run-dir",
+            str(run),
+            "--overwrite",
+            "stages=[data, unimodal]",
+            f"seed={seed}",
+            *budget.data_overrides(preset, out),
+            log=out / "logs" / f"unimodal-{preset}-s{seed}.log",
+            threads=threads,
+        )
 
 
-def run_one(preset: str, method: str, seed: int, out: Path, budget: PhaseBudget, threads: int, *,
-            arm: tuple[str, list[str]] | None = None, auxiliary: str | None = None) -> dict:
+def run_one(
+    preset: str,
+    method: str,
+    seed: int,
+    out: Path,
+    budget: PhaseBudget,
+    threads: int,
+    *,
+    arm: tuple[str, list[str]] | None = None,
+    auxiliary: str | None = None,
+) -> dict:
     """Train, evaluate and audit one (preset, method, seed), skipping the parts already done; its row. ``arm``:
     (recipe, overrides) instead of :data:`METHODS`' entry; ``auxiliary``: the arm whose run of the same seed
     embeds the pairs first (instead of :data:`AUXILIARY`'s)."""
@@ -306,8 +392,10 @@ def run_one(preset: str, method: str, seed: int, out: Path, budget: PhaseBudget,
     if auxiliary is not None and not completed(run, "pretrain"):  # (SRCL: the pairs embedded by its auxiliary first)
         aux_run = run_dir(out, preset, auxiliary, seed)
         if not has_checkpoint(aux_run):
-            raise RuntimeError(f"{method} seed {seed} on {preset}: its auxiliary model {aux_run} has no checkpoint; "
-                               f"run it in the same sweep (--only {auxiliary} {method})")
+            raise RuntimeError(
+                f"{method} seed {seed} on {preset}: its auxiliary model {aux_run} has no checkpoint; "
+                f"run it in the same sweep (--only {auxiliary} {method})"
+            )
         stages, extra = "stages=[data, embed, pretrain]", [*extra, f"embed.encoder=falcon:{aux_run}"]
     if not completed(run, "pretrain"):
         train(run, recipe, stages, *budget.run_overrides(preset, out, seed), *extra, log=log, threads=threads)
@@ -315,11 +403,29 @@ def run_one(preset: str, method: str, seed: int, out: Path, budget: PhaseBudget,
         ranking = ["--rerank", "--k", str(budget.rerank_k)] if budget.rerank_k else ["--itc-only"]
         falcon("evaluate", "retrieval", str(run), *ranking, log=log, threads=threads)
     if budget.memorisation_images and not (run / MEMORISATION).exists() and has_checkpoint(run):
-        falcon("evaluate", "retrieval", str(run), "--split", "pretrain", "--itc-only", "--set",
-               f"evaluate.retrieval.pretrain_images={budget.memorisation_images}", log=log, threads=threads)
+        falcon(
+            "evaluate",
+            "retrieval",
+            str(run),
+            "--split",
+            "pretrain",
+            "--itc-only",
+            "--set",
+            f"evaluate.retrieval.pretrain_images={budget.memorisation_images}",
+            log=log,
+            threads=threads,
+        )
     if not (run / AUDITED).exists():
-        falcon("audit-false-negatives", str(run), "--judge", "oracle", "--max-pairs", str(budget.audit_pairs),
-               log=log, threads=threads)
+        falcon(
+            "audit-false-negatives",
+            str(run),
+            "--judge",
+            "oracle",
+            "--max-pairs",
+            str(budget.audit_pairs),
+            log=log,
+            threads=threads,
+        )
     return run_row(preset, method, seed, run)
 
 
@@ -397,7 +503,11 @@ def run_row(preset: str, method: str, seed: int, run: Path) -> dict:
     manifest = json.loads((run / "manifest.json").read_text())
     git = manifest.get("stages", {}).get("pretrain", {}).get("git") or manifest.get("git") or {}  # what trained it
     row["commit"] = (git.get("sha") or "unknown")[:7] + (" (uncommitted changes)" if git.get("dirty") else "")
-    row["machine"], row["budget"], row["world"] = machine(manifest), budget_phrase(manifest), world_fingerprint(manifest)
+    row["machine"], row["budget"], row["world"] = (
+        machine(manifest),
+        budget_phrase(manifest),
+        world_fingerprint(manifest),
+    )
     return row
 
 
@@ -413,8 +523,12 @@ def memorisation_columns(run: Path) -> dict:
         return {}
     result = json.loads((run / MEMORISATION).read_text())
     row, meta = next(r for r in result["rows"] if r["scoring"] == "itc"), result["meta"]
-    return {"train_t2i_R@1": row["t2i_R@1"], "train_oracle_t2i_R@1": row.get("oracle_t2i_R@1"),
-            "train_perfect_t2i_R@1": meta.get("perfect_t2i_R@1"), "train_images": meta["images"]}
+    return {
+        "train_t2i_R@1": row["t2i_R@1"],
+        "train_oracle_t2i_R@1": row.get("oracle_t2i_R@1"),
+        "train_perfect_t2i_R@1": meta.get("perfect_t2i_R@1"),
+        "train_images": meta["images"],
+    }
 
 
 def memorisation_lines(table, preset: str) -> list[str]:
@@ -424,13 +538,22 @@ def memorisation_lines(table, preset: str) -> list[str]:
     if "train_t2i_R@1" not in rows or rows["train_t2i_R@1"].isna().all():
         return []
     rows = rows[rows["train_t2i_R@1"].notna()]
-    cells = [f"{method} {_mean_std(mine, 'train_t2i_R@1')} on them, {_mean_std(mine, 't2i_R@1')} on test ({len(mine)} "
-             f"run{'s' if len(mine) > 1 else ''})" for method in METHODS
-             for mine in [rows[rows["method"] == method]] if len(mine)]
+    cells = [
+        f"{method} {_mean_std(mine, 'train_t2i_R@1')} on them, {_mean_std(mine, 't2i_R@1')} on test ({len(mine)} "
+        f"run{'s' if len(mine) > 1 else ''})"
+        for method in METHODS
+        for mine in [rows[rows["method"] == method]]
+        if len(mine)
+    ]
     images, perfect = int(rows["train_images"].median()), rows["train_perfect_t2i_R@1"].dropna().median()
-    ceiling = "" if math.isnan(perfect) else f"; a perfect model, reading the captions alone, scores {perfect:.1f} there"
-    return ["", f"Memorised? ITC t2i R@1 on {images:,} training images scored as a split (`results/retrieval_pretrain.json`"
-                f"{ceiling}): " + "; ".join(cells) + "."]
+    ceiling = (
+        "" if math.isnan(perfect) else f"; a perfect model, reading the captions alone, scores {perfect:.1f} there"
+    )
+    return [
+        "",
+        f"Memorised? ITC t2i R@1 on {images:,} training images scored as a split (`results/retrieval_pretrain.json`"
+        f"{ceiling}): " + "; ".join(cells) + ".",
+    ]
 
 
 def near_miss_columns(run: Path) -> dict:
@@ -471,8 +594,10 @@ def merge_ledgers(rows: list[dict], ledgers: list[Path]) -> list[dict]:
         table = pd.read_csv(ledger, dtype={"commit": str, "machine": str, "budget": str, "world": str})
         missing = [k for k in (*LEDGER_KEYS, "world", "budget", "R@1") if k not in table]
         if missing:
-            raise SystemExit(f"--rows {ledger}: no column '{missing[0]}' (written before rows recorded their world "
-                              "and budget; collect those runs from their directories instead)")
+            raise SystemExit(
+                f"--rows {ledger}: no column '{missing[0]}' (written before rows recorded their world "
+                "and budget; collect those runs from their directories instead)"
+            )
         for row in table.to_dict("records"):
             row = {k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()}
             row["seed"] = int(row["seed"])
@@ -489,7 +614,8 @@ def merge_ledgers(rows: list[dict], ledgers: list[Path]) -> list[dict]:
                 raise SystemExit(
                     f"--rows: {preset} {other['method']} seed {other['seed']} ran on another {column} than {first['method']} "
                     f"seed {first['seed']} ({other.get(column)!s:.80} vs {first.get(column)!s:.80}); paired differences need "
-                    "one world and one budget per preset: drop the stale rows or use another --out")
+                    "one world and one budget per preset: drop the stale rows or use another --out"
+                )
     return merged
 
 
@@ -526,30 +652,54 @@ def curve_rows(preset: str, method: str, seed: int, run: Path) -> list[dict]:
     itm = epoch_means(records, "itm")
     evaluations = {record["epoch"]: record for record in records if record.get("kind") == "zero_shot"}  # (later wins)
     keys = ("i2t_R@1", "i2t_R@1_lo", "i2t_R@1_hi", "t2i_R@1", "t2i_R@1_lo", "t2i_R@1_hi")
-    return [{"preset": preset, "method": method, "seed": seed, "epoch": epoch + 1,
-             **{key: record.get(key) for key in keys}, "R@1": (record["i2t_R@1"] + record["t2i_R@1"]) / 2,
-             "FN-aware R@1": (record["oracle_i2t_R@1"] + record["oracle_t2i_R@1"]) / 2 if "oracle_i2t_R@1" in record else None,
-             "itm": itm.get(epoch)} for epoch, record in sorted(evaluations.items())]
+    return [
+        {
+            "preset": preset,
+            "method": method,
+            "seed": seed,
+            "epoch": epoch + 1,
+            **{key: record.get(key) for key in keys},
+            "R@1": (record["i2t_R@1"] + record["t2i_R@1"]) / 2,
+            "FN-aware R@1": (record["oracle_i2t_R@1"] + record["oracle_t2i_R@1"]) / 2
+            if "oracle_i2t_R@1" in record
+            else None,
+            "itm": itm.get(epoch),
+        }
+        for epoch, record in sorted(evaluations.items())
+    ]
 
 
 def side_by_side(out: Path, preset: str, seed: int, methods: list[str]) -> list[str]:
     """The learning curves of ``methods``' runs of (``preset``, ``seed``) as one Markdown table, epoch by epoch: R@1 and
     FN-aware R@1 (where the run records it) and the epoch's mean ITM loss; runs that are still training or paused
     included, their missing epochs blank. Methods without a run directory are left out."""
-    found = {m: curve_rows(preset, m, seed, run_dir(out, preset, m, seed)) for m in methods
-             if (run_dir(out, preset, m, seed) / "metrics.jsonl").exists()}
+    found = {
+        m: curve_rows(preset, m, seed, run_dir(out, preset, m, seed))
+        for m in methods
+        if (run_dir(out, preset, m, seed) / "metrics.jsonl").exists()
+    }
     if not found:
         return [f"no runs of {', '.join(methods)} on {preset}, seed {seed}, in {out}"]
     by_epoch = {m: {r["epoch"]: r for r in rows} for m, rows in found.items()}
     epochs = sorted({e for rows in by_epoch.values() for e in rows})
-    lines = [f"`{preset}`, seed {seed}: R@1 / FN-aware R@1 / ITM loss after each epoch", "",
-             "| epoch | " + " | ".join(found) + " |", "|---|" + "---|" * len(found)]
+    lines = [
+        f"`{preset}`, seed {seed}: R@1 / FN-aware R@1 / ITM loss after each epoch",
+        "",
+        "| epoch | " + " | ".join(found) + " |",
+        "|---|" + "---|" * len(found),
+    ]
     for epoch in epochs:
         cells = []
         for method in found:
             r = by_epoch[method].get(epoch)
-            cells.append("" if r is None else " / ".join("—" if v is None else f"{v:.{d}f}"
-                                                        for v, d in ((r["R@1"], 1), (r["FN-aware R@1"], 1), (r["itm"], 3))))
+            cells.append(
+                ""
+                if r is None
+                else " / ".join(
+                    "—" if v is None else f"{v:.{d}f}"
+                    for v, d in ((r["R@1"], 1), (r["FN-aware R@1"], 1), (r["itm"], 3))
+                )
+            )
         lines.append(f"| {epoch} | " + " | ".join(cells) + " |")
     return lines
 
@@ -569,8 +719,14 @@ def epoch_table(out: Path, preset: str, seed: int, methods: list[str]) -> list[d
         scores = {r["epoch"]: r for r in curve_rows(preset, method, seed, run)}
         tops = top_shares(run)
         for row in epoch_rows(method, seed, run):
-            rows.append({**row, **tops.get(row["epoch"], {}), "R@1": scores.get(row["epoch"] + 1, {}).get("R@1"),
-                         "FN-aware R@1": scores.get(row["epoch"] + 1, {}).get("FN-aware R@1")})
+            rows.append(
+                {
+                    **row,
+                    **tops.get(row["epoch"], {}),
+                    "R@1": scores.get(row["epoch"] + 1, {}).get("R@1"),
+                    "FN-aware R@1": scores.get(row["epoch"] + 1, {}).get("FN-aware R@1"),
+                }
+            )
     return rows
 
 
@@ -614,7 +770,9 @@ def ledger_curves(curve_table, ledgers: list[Path]):
     import pandas as pd
 
     keys = ["preset", "method", "seed"]
-    have = set(map(tuple, curve_table[keys].astype({"seed": int}).itertuples(index=False))) if len(curve_table) else set()
+    have = (
+        set(map(tuple, curve_table[keys].astype({"seed": int}).itertuples(index=False))) if len(curve_table) else set()
+    )
     parts = [curve_table]
     for ledger in ledgers:
         path = ledger.parent / "phase_curves.csv"
@@ -640,20 +798,24 @@ def convergence_lines(curve_table) -> list[str]:
         width = epochs // 4
         if width < 1 or uniform.shape[1] == 0:
             continue
-        late, before = uniform.iloc[-width:].mean(), uniform.iloc[-2 * width:-width].mean()
+        late, before = uniform.iloc[-width:].mean(), uniform.iloc[-2 * width : -width].mean()
         rise = paired_by_seed(late.to_dict(), before.to_dict())
         last = uniform.index[-1]
-        line = (f"`{preset}`: uniform's R@1 changed by {_ci(rise)} points from epochs "
-                f"{_span(uniform.index[-2 * width], uniform.index[-width - 1])} to {_span(uniform.index[-width], last)} "
-                f"(mean of each window, seed by seed over {uniform.shape[1]} seeds); after epoch {last}: "
-                f"{uniform.iloc[-1].mean():.1f}")
+        line = (
+            f"`{preset}`: uniform's R@1 changed by {_ci(rise)} points from epochs "
+            f"{_span(uniform.index[-2 * width], uniform.index[-width - 1])} to {_span(uniform.index[-width], last)} "
+            f"(mean of each window, seed by seed over {uniform.shape[1]} seeds); after epoch {last}: "
+            f"{uniform.iloc[-1].mean():.1f}"
+        )
         grit = rows[rows["method"] == "grit"].pivot_table(index="epoch", columns="seed", values="R@1")
         seeds = sorted(set(grit.columns) & set(uniform.columns))
         if seeds and set(uniform.index[-width:]) <= set(grit.index):
             window = uniform.index[-width:]
             gap = paired_by_seed(grit.loc[window, seeds].mean().to_dict(), uniform.loc[window, seeds].mean().to_dict())
-            line += (f". GRIT − uniform over those last {width} epochs: {_ci(gap)} "
-                     f"(positive on {gap.positive} of {gap.n} seeds)")
+            line += (
+                f". GRIT − uniform over those last {width} epochs: {_ci(gap)} "
+                f"(positive on {gap.positive} of {gap.n} seeds)"
+            )
         lines.append(line + ".")
     return lines
 
@@ -699,7 +861,12 @@ def curve_figure(curve_table, out: Path) -> Path:
                 _band(row[2], itm, colour, f"{method} ({itm.shape[1]} seeds)")
             seeds = sorted(set(r1.columns) & set(uniform.columns))
             if method != "uniform" and seeds:
-                _band(row[1], (r1[seeds] - uniform[seeds]).dropna(), colour, f"{method} − uniform ({len(seeds)} paired seeds)")
+                _band(
+                    row[1],
+                    (r1[seeds] - uniform[seeds]).dropna(),
+                    colour,
+                    f"{method} − uniform ({len(seeds)} paired seeds)",
+                )
         row[1].axhline(0, color="grey", lw=0.8)
         row[2].axhline(ITM_PRIOR, color="grey", lw=0.8, ls="--", label="ITM prior (nothing learned)")
         for ax, title in zip(row, ("R@1 (%, ITC, test split)", "paired difference in R@1 (points)", "ITM loss")):
@@ -718,6 +885,7 @@ def curve_figure(curve_table, out: Path) -> Path:
 
 # --- the statistics -----------------------------------------------------------------------------------------------
 
+
 def paired(table, preset: str, method: str, reference: str, metric: str = "R@1") -> dict | None:
     """``method`` minus ``reference`` seed by seed on ``preset`` (``falcon_cli.evaluation.intervals.paired_difference``):
     mean, std over seeds (ddof 1), the paired-t 95% interval (``lo``, ``hi``), the seeds both ran, on how many the
@@ -725,14 +893,29 @@ def paired(table, preset: str, method: str, reference: str, metric: str = "R@1")
     if metric not in table:  # (no run has the number yet: uniform composes no chain)
         return None
     rows = table[table["preset"] == preset]
-    d = paired_by_seed(rows[rows["method"] == method].set_index("seed")[metric].to_dict(),
-                       rows[rows["method"] == reference].set_index("seed")[metric].to_dict())
+    d = paired_by_seed(
+        rows[rows["method"] == method].set_index("seed")[metric].to_dict(),
+        rows[rows["method"] == reference].set_index("seed")[metric].to_dict(),
+    )
     if d is None:
         return None
-    return {"preset": preset, "method": method, "reference": reference, "metric": metric, "seeds": d.n,
-            "mean": d.mean, "std": d.std, "lo": d.lo, "hi": d.hi, "positive": d.positive, "negative": d.negative,
-            "t": d.t, "verdict": d.verdict, "sign_p": sign_test(d.positive, d.negative),
-            "per_seed": [round(x, 4) for x in d.per_seed]}
+    return {
+        "preset": preset,
+        "method": method,
+        "reference": reference,
+        "metric": metric,
+        "seeds": d.n,
+        "mean": d.mean,
+        "std": d.std,
+        "lo": d.lo,
+        "hi": d.hi,
+        "positive": d.positive,
+        "negative": d.negative,
+        "t": d.t,
+        "verdict": d.verdict,
+        "sign_p": sign_test(d.positive, d.negative),
+        "per_seed": [round(x, 4) for x in d.per_seed],
+    }
 
 
 def sign_test(positive: int, negative: int) -> float:
@@ -741,7 +924,7 @@ def sign_test(positive: int, negative: int) -> float:
     n = positive + negative
     if n == 0:
         return 1.0
-    tail = sum(math.comb(n, k) for k in range(min(positive, negative) + 1)) / 2 ** n
+    tail = sum(math.comb(n, k) for k in range(min(positive, negative) + 1)) / 2**n
     return min(1.0, 2 * tail)
 
 
@@ -764,11 +947,18 @@ def gate_metric(table, preset: str, methods: tuple[str, str], aware: bool) -> tu
     half's runs have it and their head has learned, else the ITC ranking; FN-aware where ``aware`` (a world so dense
     that a caption truly describes several test images caps standard R@1)."""
     rows = table[(table["preset"] == preset) & table["method"].isin(methods)]
-    learned = "itm_final" in rows and rows["itm_final"].notna().any() and \
-        rows["itm_final"].mean() < ITM_PRIOR - GATE_HEAD_MARGIN
+    learned = (
+        "itm_final" in rows
+        and rows["itm_final"].notna().any()
+        and rows["itm_final"].mean() < ITM_PRIOR - GATE_HEAD_MARGIN
+    )
     reranked = "rerank_R@1" in rows and rows["rerank_R@1"].notna().all() and learned
     if reranked:
-        return ("rerank_oracle_R@1", "FN-aware re-ranked R@1") if aware else ("rerank_R@1", "re-ranked R@1 (ALBEF's protocol)")
+        return (
+            ("rerank_oracle_R@1", "FN-aware re-ranked R@1")
+            if aware
+            else ("rerank_R@1", "re-ranked R@1 (ALBEF's protocol)")
+        )
     return ("oracle_R@1", "FN-aware ITC R@1") if aware else ("R@1", "ITC R@1")
 
 
@@ -786,9 +976,14 @@ def gate(table) -> tuple[bool | None, list[str]]:
         verdicts.append(None)
     else:
         verdicts.append(_verdict(sparse["lo"] > 0, sparse))
-        lines.append(f"- `coco-like`, GRIT − uniform, {words}: {_difference(sparse)}: " + _words(
-            verdicts[-1], "**passes** (GRIT ahead: the interval lies above zero).",
-            "**fails** (needs GRIT ahead, the interval above zero)."))
+        lines.append(
+            f"- `coco-like`, GRIT − uniform, {words}: {_difference(sparse)}: "
+            + _words(
+                verdicts[-1],
+                "**passes** (GRIT ahead: the interval lies above zero).",
+                "**fails** (needs GRIT ahead, the interval above zero).",
+            )
+        )
         for other, name in (("R@1", "ITC R@1"), ("rerank_R@1", "re-ranked R@1"), ("oracle_R@1", "FN-aware ITC R@1")):
             d = paired(table, "coco-like", "grit", "uniform", other) if other != column else None
             if d is not None and d["seeds"] > 1:
@@ -801,10 +996,14 @@ def gate(table) -> tuple[bool | None, list[str]]:
         verdicts.append(None)
     else:
         verdicts.append(_verdict(dense["hi"] < 0 and chain["lo"] > 0, dense))
-        lines.append(f"- `dense`, GRIT − q = 0.5: {words} {_difference(dense)}; chain FN % {_difference(chain)}: " + _words(
-            verdicts[-1], "**passes** (GRIT behind and its chain picking more false negatives, both intervals clear "
-                          "of zero).",
-            "**fails** (needs GRIT behind, its interval below zero, and its chain FN rate above q = 0.5's)."))
+        lines.append(
+            f"- `dense`, GRIT − q = 0.5: {words} {_difference(dense)}; chain FN % {_difference(chain)}: "
+            + _words(
+                verdicts[-1],
+                "**passes** (GRIT behind and its chain picking more false negatives, both intervals clear of zero).",
+                "**fails** (needs GRIT behind, its interval below zero, and its chain FN rate above q = 0.5's).",
+            )
+        )
         for other, name in (("R@1", "ITC R@1"), ("rerank_oracle_R@1", "FN-aware re-ranked R@1")):
             d = paired(table, "dense", "grit", "q05", other) if other != column else None
             if d is not None and d["seeds"] > 1:
@@ -833,13 +1032,19 @@ def _difference(d: dict) -> str:
     seeds) the t statistic and the sign test."""
     if d["seeds"] < 2:
         return f"{d['mean']:+.2f} on one seed"
-    tests = (f"; paired t {d['t']:.2f} on {d['seeds'] - 1} df, sign test p = {d['sign_p']:.3f}"
-             if d["seeds"] > 2 and d["t"] == d["t"] else "")
-    return (f"{d['mean']:+.2f} [{d['lo']:+.2f}, {d['hi']:+.2f}] over {d['seeds']} seeds "
-            f"(positive on {d['positive']}{tests})")
+    tests = (
+        f"; paired t {d['t']:.2f} on {d['seeds'] - 1} df, sign test p = {d['sign_p']:.3f}"
+        if d["seeds"] > 2 and d["t"] == d["t"]
+        else ""
+    )
+    return (
+        f"{d['mean']:+.2f} [{d['lo']:+.2f}, {d['hi']:+.2f}] over {d['seeds']} seeds "
+        f"(positive on {d['positive']}{tests})"
+    )
 
 
 # --- the report ---------------------------------------------------------------------------------------------------
+
 
 def world_rates(out: Path, presets) -> dict[str, dict]:
     """Per regime: the train split's random-pair and near-miss false-negative rates, and the test split's size."""
@@ -849,9 +1054,13 @@ def world_rates(out: Path, presets) -> dict[str, dict]:
         if path.exists():
             world = json.loads(path.read_text())
             train = world["statistics"]["false_negative_density"]["train"]
-            rates[preset] = {"pair": train.get("pair_negative_fn_rate"), "near_miss": train.get("near_miss_fn_rate"),
-                             "test_images": world["counts"]["images"]["test"], "test_captions": world["counts"]["captions"]["test"],
-                             "t2i_ceiling": t2i_ceiling(path.parent)}
+            rates[preset] = {
+                "pair": train.get("pair_negative_fn_rate"),
+                "near_miss": train.get("near_miss_fn_rate"),
+                "test_images": world["counts"]["images"]["test"],
+                "test_captions": world["counts"]["captions"]["test"],
+                "t2i_ceiling": t2i_ceiling(path.parent),
+            }
     return rates
 
 
@@ -878,40 +1087,68 @@ def summary_lines(table, out: Path) -> list[str]:
         rate = rates.get(preset, {})
         head = f"**`{preset}`**"
         if rate:
-            head += (f" (a random pair is a false negative {100 * rate['pair']:.2f}% of the time"
-                     + (f", a near miss {100 * rate['near_miss']:.1f}%" if rate.get("near_miss") is not None else "")
-                     + f"; test: {rate['test_images']:,} images, {rate['test_captions']:,} captions"
-                     + (f"; a perfect model's t2i R@1: {rate['t2i_ceiling']:.1f}%" if rate.get("t2i_ceiling") else "") + ")")
-        lines += [head, "", "| method | seeds | R@1 | FN-aware R@1 | chain FN % | corr(E[q], FN density) | "
-                  "Δ R@1 vs uniform | Δ R@1 vs GRIT | Δ FN-aware vs uniform |", "|---|---|---|---|---|---|---|---|---|"]
+            head += (
+                f" (a random pair is a false negative {100 * rate['pair']:.2f}% of the time"
+                + (f", a near miss {100 * rate['near_miss']:.1f}%" if rate.get("near_miss") is not None else "")
+                + f"; test: {rate['test_images']:,} images, {rate['test_captions']:,} captions"
+                + (f"; a perfect model's t2i R@1: {rate['t2i_ceiling']:.1f}%" if rate.get("t2i_ceiling") else "")
+                + ")"
+            )
+        lines += [
+            head,
+            "",
+            "| method | seeds | R@1 | FN-aware R@1 | chain FN % | corr(E[q], FN density) | "
+            "Δ R@1 vs uniform | Δ R@1 vs GRIT | Δ FN-aware vs uniform |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for method in [m for m in METHODS if m in set(rows["method"])]:
             mine = rows[rows["method"] == method]
-            cells = [_mean_std(mine, "R@1"), _mean_std(mine, "oracle_R@1"), _mean_std(mine, "fn_rate_chain"),
-                     _mean_std(mine, "q_fn_density_corr", digits=2)]
+            cells = [
+                _mean_std(mine, "R@1"),
+                _mean_std(mine, "oracle_R@1"),
+                _mean_std(mine, "fn_rate_chain"),
+                _mean_std(mine, "q_fn_density_corr", digits=2),
+            ]
             for reference, metric in (("uniform", "R@1"), ("grit", "R@1"), ("uniform", "oracle_R@1")):
                 d = paired(table, preset, method, reference, metric) if method != reference else None
                 cells.append("—" if d is None else difference_phrase(d))
             lines.append(f"| {method} | {len(mine)} | " + " | ".join(cells) + " |")
         gaps = rows.dropna(subset=["frontier_gap"]) if "frontier_gap" in rows else rows.iloc[:0]
         if len(gaps):
-            lines += ["", "Against the fixed-q frontier on their own anchors (chain FN % less what one q for every anchor "
-                          "would have picked at the same mean q, points, last epoch; issue 35's target: −5 or less on every "
-                          "seed): " + "; ".join(
-                              f"{m} {_mean_std(gaps[gaps['method'] == m], 'frontier_gap')} "
-                              f"({int((gaps.loc[gaps['method'] == m, 'frontier_gap'].round(6) <= -5).sum())}/"
-                              f"{int((gaps['method'] == m).sum())} seeds ≤ −5{_room(gaps[gaps['method'] == m])})"
-                              for m in METHODS if m in set(gaps["method"])) + "."]
+            lines += [
+                "",
+                "Against the fixed-q frontier on their own anchors (chain FN % less what one q for every anchor "
+                "would have picked at the same mean q, points, last epoch; issue 35's target: −5 or less on every "
+                "seed): "
+                + "; ".join(
+                    f"{m} {_mean_std(gaps[gaps['method'] == m], 'frontier_gap')} "
+                    f"({int((gaps.loc[gaps['method'] == m, 'frontier_gap'].round(6) <= -5).sum())}/"
+                    f"{int((gaps['method'] == m).sum())} seeds ≤ −5{_room(gaps[gaps['method'] == m])})"
+                    for m in METHODS
+                    if m in set(gaps["method"])
+                )
+                + ".",
+            ]
         risk = rows[rows["method"] == "uniform"]
         if "risk_top-1" in risk and risk["risk_top-1"].notna().any():
-            lines += ["", "Under uniform's final models, a search space's hardest candidate is a true match "
-                          f"{_mean_std(risk, 'risk_top-1')}% of the time, the 10th hardest {_mean_std(risk, 'risk_top-10')}%, "
-                          f"the median one {_mean_std(risk, 'risk_median')}%, any one {_mean_std(risk, 'risk_random')}% "
-                          "(`audit/candidate_risk.csv`: Figure 2's premise, risk rising with hardness)."]
+            lines += [
+                "",
+                "Under uniform's final models, a search space's hardest candidate is a true match "
+                f"{_mean_std(risk, 'risk_top-1')}% of the time, the 10th hardest {_mean_std(risk, 'risk_top-10')}%, "
+                f"the median one {_mean_std(risk, 'risk_median')}%, any one {_mean_std(risk, 'risk_random')}% "
+                "(`audit/candidate_risk.csv`: Figure 2's premise, risk rising with hardness).",
+            ]
         if "itm_final" in rows and rows["itm_final"].notna().any():
-            per_method = ", ".join(f"{m} {_mean_std(rows[rows['method'] == m], 'itm_final', digits=3)}"
-                                   for m in METHODS if m in set(rows["method"]))
-            lines += ["", f"ITM loss over the final epoch: {per_method} (a head that has learned nothing but the "
-                          f"label rate scores {ITM_PRIOR:.3f}: one positive per two negatives)."]
+            per_method = ", ".join(
+                f"{m} {_mean_std(rows[rows['method'] == m], 'itm_final', digits=3)}"
+                for m in METHODS
+                if m in set(rows["method"])
+            )
+            lines += [
+                "",
+                f"ITM loss over the final epoch: {per_method} (a head that has learned nothing but the "
+                f"label rate scores {ITM_PRIOR:.3f}: one positive per two negatives).",
+            ]
         if "rerank_R@1" in rows and rows["rerank_R@1"].notna().any():
             k = int(rows["rerank_k"].dropna().iloc[0])
             cells = []
@@ -919,21 +1156,32 @@ def summary_lines(table, out: Path) -> list[str]:
                 mine = rows[rows["method"] == method]
                 d = paired(table, preset, method, "uniform", "rerank_R@1") if method != "uniform" else None
                 versus = "" if d is None else f", {difference_phrase(d)} against uniform"
-                cells.append(f"{method} {_mean_std(mine, 'rerank_R@1')} (FN-aware "
-                             f"{_mean_std(mine, 'rerank_oracle_R@1')}{versus})")
-            lines += ["", f"R@1 with each query's top {k} ITC candidates re-ranked by the ITM head (ALBEF's evaluation): "
-                          + "; ".join(cells) + "."]
+                cells.append(
+                    f"{method} {_mean_std(mine, 'rerank_R@1')} (FN-aware "
+                    f"{_mean_std(mine, 'rerank_oracle_R@1')}{versus})"
+                )
+            lines += [
+                "",
+                f"R@1 with each query's top {k} ITC candidates re-ranked by the ITM head (ALBEF's evaluation): "
+                + "; ".join(cells)
+                + ".",
+            ]
         lines += oracle_lines(table, preset)
         lines += near_miss_lines(table, preset)
         lines += memorisation_lines(table, preset)
         widths = (rows["i2t_R@1_hi"] - rows["i2t_R@1_lo"]).dropna()
         if len(widths):
-            lines += ["", f"One run's i2t R@1 has a 95% interval {widths.median():.1f} points wide (median over runs; "
-                          "Wilson, over the test images); t2i's, over five times as many captions, about half that."]
+            lines += [
+                "",
+                f"One run's i2t R@1 has a 95% interval {widths.median():.1f} points wide (median over runs; "
+                "Wilson, over the test images); t2i's, over five times as many captions, about half that.",
+            ]
         lines.append("")
-    lines.append("R@1: the mean of i2t and t2i R@1 (%, ITC ranking on the test split), mean ± std over seeds. Δ: the "
-                 "paired difference, seed by seed: its mean, its paired-t 95% interval and on how many seeds it is "
-                 "positive; emphasised where the interval excludes zero.")
+    lines.append(
+        "R@1: the mean of i2t and t2i R@1 (%, ITC ranking on the test split), mean ± std over seeds. Δ: the "
+        "paired difference, seed by seed: its mean, its paired-t 95% interval and on how many seeds it is "
+        "positive; emphasised where the interval excludes zero."
+    )
     return lines
 
 
@@ -961,8 +1209,12 @@ def oracle_lines(table, preset: str) -> list[str]:
         lines.append(f"- `grit-oracle` − `uniform-oracle` (hardness, once no negative is false): {said}.")
     if not lines:
         return []
-    return ["", "What the false negatives cost (a diagnostic: `pretrain.oracle_negatives: mask`, the oracle's ground "
-                "truth, which no real run has; paired seeds):", *lines]
+    return [
+        "",
+        "What the false negatives cost (a diagnostic: `pretrain.oracle_negatives: mask`, the oracle's ground "
+        "truth, which no real run has; paired seeds):",
+        *lines,
+    ]
 
 
 def near_miss_lines(table, preset: str) -> list[str]:
@@ -975,20 +1227,31 @@ def near_miss_lines(table, preset: str) -> list[str]:
         return []
     kinds = (*NEAR_MISS_KINDS, "all")
     methods = [m for m in METHODS if m in set(rows["method"][rows[measured].notna().any(axis=1)])]
-    lines = ["", "Near misses (t2i, `results/near_misses.json`: how often a sibling scene that a test caption does not "
-                 "describe outranks the caption's own image, %, ITC / re-ranked by ITM, 50 is chance; sibling in batch: "
-                 "the share of training batch rows whose scene had a sibling in the same batch, `audit/summary.json`):",
-             "", "| method | seeds | sibling in batch % | " + " | ".join(kinds) + " |", "|---|---|---|" + "---|" * len(kinds)]
+    lines = [
+        "",
+        "Near misses (t2i, `results/near_misses.json`: how often a sibling scene that a test caption does not "
+        "describe outranks the caption's own image, %, ITC / re-ranked by ITM, 50 is chance; sibling in batch: "
+        "the share of training batch rows whose scene had a sibling in the same batch, `audit/summary.json`):",
+        "",
+        "| method | seeds | sibling in batch % | " + " | ".join(kinds) + " |",
+        "|---|---|---|" + "---|" * len(kinds),
+    ]
     for method in methods:
         mine = rows[(rows["method"] == method) & rows[measured].notna().any(axis=1)]
         mean = lambda key: _mean_std(mine, key, std=False)  # noqa: E731
         cells = [f"{mean(f'nm_itc_t2i_{k}')} / {mean(f'nm_rerank_t2i_{k}')}" for k in kinds]
         lines.append(f"| {method} | {len(mine)} | {mean('near_miss_share')} | " + " | ".join(cells) + " |")
     for method in (m for m in methods if m != "uniform"):
-        found = [(k, paired(table, preset, method, "uniform", f"nm_{scoring}_t2i_{k}"), scoring)
-                 for scoring in ("itc", "rerank") for k in kinds]
-        said = [f"{k} {'ITC' if scoring == 'itc' else 're-ranked'} {difference_phrase(d)}" for k, d, scoring in found
-                if d is not None]
+        found = [
+            (k, paired(table, preset, method, "uniform", f"nm_{scoring}_t2i_{k}"), scoring)
+            for scoring in ("itc", "rerank")
+            for k in kinds
+        ]
+        said = [
+            f"{k} {'ITC' if scoring == 'itc' else 're-ranked'} {difference_phrase(d)}"
+            for k, d, scoring in found
+            if d is not None
+        ]
         if said:
             lines.append(f"- `{method}` − `uniform` (points; negative: fewer confusions): " + "; ".join(said) + ".")
     return lines
@@ -1016,8 +1279,14 @@ def figure(table, out: Path) -> Path:
     presets = [p for p in PRESETS if p in set(table["preset"])]
     x = [100 * rates[p]["pair"] if p in rates else i for i, p in enumerate(presets)]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for ax, (key, title) in zip(axes, (("R@1", "R@1 (%)"), ("oracle_R@1", "FN-aware R@1 (%)"),
-                                       ("fn_rate_chain", "chain FN % (picks that are false negatives)"))):
+    for ax, (key, title) in zip(
+        axes,
+        (
+            ("R@1", "R@1 (%)"),
+            ("oracle_R@1", "FN-aware R@1 (%)"),
+            ("fn_rate_chain", "chain FN % (picks that are false negatives)"),
+        ),
+    ):
         for method in [m for m in METHODS if m in set(table["method"]) and key in table]:  # (uniform alone: no chain)
             means, stds, xs = [], [], []
             for xi, preset in zip(x, presets):
@@ -1025,8 +1294,9 @@ def figure(table, out: Path) -> Path:
                 if len(values):
                     xs.append(xi), means.append(values.mean()), stds.append(values.std() if len(values) > 1 else 0.0)
             if xs:
-                ax.errorbar(xs, means, yerr=stds, marker="o", capsize=3, label=method,
-                            color=f"C{list(METHODS).index(method)}")  # (one colour per method in every panel)
+                ax.errorbar(
+                    xs, means, yerr=stds, marker="o", capsize=3, label=method, color=f"C{list(METHODS).index(method)}"
+                )  # (one colour per method in every panel)
         ax.set_xscale("log")
         ax.set_xlabel("a random pair is a false negative (%, train split)")
         ax.set_title(title)
@@ -1043,8 +1313,11 @@ def machine(manifest: dict) -> str:
     stage = manifest["stages"]["pretrain"]
     host, result = stage.get("host") or manifest.get("host", {}), stage.get("result", {})
     gpus = host.get("gpus") or []
-    return (f"{host.get('cpus', '?')} CPU cores" + (f", {gpus[0]}" if gpus else "")
-            + f" ({result.get('device', '?')}, {result.get('precision', '?')})")
+    return (
+        f"{host.get('cpus', '?')} CPU cores"
+        + (f", {gpus[0]}" if gpus else "")
+        + f" ({result.get('device', '?')}, {result.get('precision', '?')})"
+    )
 
 
 def budget_phrase(manifest: dict) -> str:
@@ -1057,10 +1330,12 @@ def budget_phrase(manifest: dict) -> str:
     # shape 65% of the time, the clipped one 97%). Runs from before the setting existed, or without a clip, keep the
     # phrase they had, so their ledger rows still match.
     clip = f", gradient norm clipped to {u['grad_clip']:g}" if u.get("grad_clip") is not None else ""
-    return (f"worlds of {world['images']:,} images of {world['size']} px (splits {splits}); albef-tiny from the unimodal "
-            f"encoders ({u['image_epochs']} image epochs on {u['extra_images']:,} extra scenes, {u['text_epochs']} text "
-            f"epochs{clip}), {p['epochs']} epochs of batch {p['batch_size']} at lr {p['lr']:g} (cosine to {p['min_lr']:g}), "
-            f"|M| {p['search_space_size']}")
+    return (
+        f"worlds of {world['images']:,} images of {world['size']} px (splits {splits}); albef-tiny from the unimodal "
+        f"encoders ({u['image_epochs']} image epochs on {u['extra_images']:,} extra scenes, {u['text_epochs']} text "
+        f"epochs{clip}), {p['epochs']} epochs of batch {p['batch_size']} at lr {p['lr']:g} (cosine to {p['min_lr']:g}), "
+        f"|M| {p['search_space_size']}"
+    )
 
 
 def budget_lines(table) -> str:
@@ -1087,23 +1362,40 @@ def write_report(report: Path, out: Path, table, command: str, jobs: int, figure
         shutil.copyfile(out / "curves.csv", assets / "phase_curves.csv")
         shutil.copyfile(out / "phase_curves.png", assets / "phase_curves.png")
         runs = curve_table.groupby(["preset", "method", "seed"]).ngroups
-        curve_lines = ["", f"**Learning curves** (zero-shot test R@1 after every epoch, {runs} of the {len(table)} runs; "
-                       "`results/phase_curves.csv`):", "", *[f"- {line}" for line in convergence_lines(curve_table)], "",
-                       "![the learning curves](results/phase_curves.png)"]
+        curve_lines = [
+            "",
+            f"**Learning curves** (zero-shot test R@1 after every epoch, {runs} of the {len(table)} runs; "
+            "`results/phase_curves.csv`):",
+            "",
+            *[f"- {line}" for line in convergence_lines(curve_table)],
+            "",
+            "![the learning curves](results/phase_curves.png)",
+        ]
     else:
         for name in ("phase_curves.csv", "phase_curves.png"):
             (assets / name).unlink(missing_ok=True)
     commits = sorted({f"`{c[:7]}`{c[7:]}" for c in table["commit"]})
     machines = sorted(set(table["machine"]))
     passed, gate_lines = gate(table)
-    lines = ["<!-- Generated by benchmarks/phase_sweep.py --report; edit outside the markers. -->", "",
-             f"**Command:** `{command}`  ",
-             f"**Commits:** {', '.join(commits) or 'unknown'}; {'; '.join(machines)}"
-             + (f", {jobs} runs at a time" if jobs else "") + f"; {len(table)} runs ({seeds_phrase(table['seed'])}).  ",
-             f"**Budget** (from the runs' manifests): {budget_lines(table)}.", "",
-             "**The gate** (the premise the papers start from): " + {True: "passed.", False: "failed.",
-                                                                      None: "not complete yet."}[passed], "", *gate_lines, "",
-             *summary_lines(table, out), "", "![the phase diagram](results/phase_diagram.png)", *curve_lines]
+    lines = [
+        "<!-- Generated by benchmarks/phase_sweep.py --report; edit outside the markers. -->",
+        "",
+        f"**Command:** `{command}`  ",
+        f"**Commits:** {', '.join(commits) or 'unknown'}; {'; '.join(machines)}"
+        + (f", {jobs} runs at a time" if jobs else "")
+        + f"; {len(table)} runs ({seeds_phrase(table['seed'])}).  ",
+        f"**Budget** (from the runs' manifests): {budget_lines(table)}.",
+        "",
+        "**The gate** (the premise the papers start from): "
+        + {True: "passed.", False: "failed.", None: "not complete yet."}[passed],
+        "",
+        *gate_lines,
+        "",
+        *summary_lines(table, out),
+        "",
+        "![the phase diagram](results/phase_diagram.png)",
+        *curve_lines,
+    ]
     replace_block(report, "<!-- phase:begin -->", "<!-- phase:end -->", lines)
 
 
@@ -1115,29 +1407,57 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="Sweep directory (worlds, runs, logs, tables, figure).")
     parser.add_argument("--budget", choices=list(BUDGETS), default="cpu")
-    parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE",
-                        help="Change fields of the budget, e.g. --set epochs=36 min_lr=1e-5 (a pilot; use its own --out).")
+    parser.add_argument(
+        "--set",
+        nargs="+",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="Change fields of the budget, e.g. --set epochs=36 min_lr=1e-5 (a pilot; use its own --out).",
+    )
     parser.add_argument("--presets", nargs="+", choices=PRESETS, default=list(PRESETS))
     parser.add_argument("--only", nargs="+", choices=list(METHODS), help="A subset of the methods.")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--gate", action="store_true", help="Only the gate: uniform, GRIT, q = 0.5 on coco-like and dense.")
+    parser.add_argument(
+        "--gate", action="store_true", help="Only the gate: uniform, GRIT, q = 0.5 on coco-like and dense."
+    )
     parser.add_argument("--jobs", type=int, default=2, help="Runs at a time (each gets cores / jobs torch threads).")
-    parser.add_argument("--threads", type=int, help="Torch threads per run instead of cores / jobs (e.g. with a "
-                                                       "second sweep beside this one).")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="Torch threads per run instead of cores / jobs (e.g. with a second sweep beside this one).",
+    )
     parser.add_argument("--report", type=Path, help="Also rewrite this page's phase block (e.g. docs/results.md).")
-    parser.add_argument("--rows", type=Path, nargs="+", default=[], metavar="CSV",
-                        help="Also count the runs recorded in these results.csv files (an earlier session's or "
-                             "machine's, e.g. docs/results/phase_results.csv) that OUT does not hold; a preset's rows "
-                             "must share one world and budget.")
-    parser.add_argument("--curves", nargs="+", choices=list(METHODS), metavar="METHOD",
-                        help="Run nothing: print these methods' learning curves side by side for the first of --presets "
-                             "and --seeds (runs still training or paused too).")
-    parser.add_argument("--epochs-csv", type=Path, metavar="CSV",
-                        help="With --curves: also write those runs' composition summary and R@1 per epoch to this CSV "
-                             "(e.g. docs/results/dense_falcon_itm_margin_first_epochs.csv).")
-    parser.add_argument("--collect", action="store_true",
-                        help="Run nothing: only rebuild the tables, figure and --report from the finished runs in OUT "
-                             "(e.g. runs made on another machine).")
+    parser.add_argument(
+        "--rows",
+        type=Path,
+        nargs="+",
+        default=[],
+        metavar="CSV",
+        help="Also count the runs recorded in these results.csv files (an earlier session's or "
+        "machine's, e.g. docs/results/phase_results.csv) that OUT does not hold; a preset's rows "
+        "must share one world and budget.",
+    )
+    parser.add_argument(
+        "--curves",
+        nargs="+",
+        choices=list(METHODS),
+        metavar="METHOD",
+        help="Run nothing: print these methods' learning curves side by side for the first of --presets "
+        "and --seeds (runs still training or paused too).",
+    )
+    parser.add_argument(
+        "--epochs-csv",
+        type=Path,
+        metavar="CSV",
+        help="With --curves: also write those runs' composition summary and R@1 per epoch to this CSV "
+        "(e.g. docs/results/dense_falcon_itm_margin_first_epochs.csv).",
+    )
+    parser.add_argument(
+        "--collect",
+        action="store_true",
+        help="Run nothing: only rebuild the tables, figure and --report from the finished runs in OUT "
+        "(e.g. runs made on another machine).",
+    )
     args = parser.parse_args()
 
     out, budget = args.out.resolve(), changed_budget(BUDGETS[args.budget], args.set)
@@ -1150,7 +1470,8 @@ def main() -> None:
 
             with atomic_path(args.epochs_csv) as tmp:
                 pd.DataFrame(epoch_table(out, args.presets[0], args.seeds[0], args.curves)).to_csv(
-                    tmp, index=False, float_format="%.4f")
+                    tmp, index=False, float_format="%.4f"
+                )
             print(f"wrote {args.epochs_csv}")
         return
     (out / "logs").mkdir(parents=True, exist_ok=True)
@@ -1180,8 +1501,11 @@ def main() -> None:
         for key in plan(presets, methods, seeds):
             futures[key] = pool.submit(after_prepare, *key)
         for (preset, method, seed), row in finished_futures(futures, failures):
-            print(f"[{time.perf_counter() - start:6.0f} s] {preset} {method} seed {seed}: R@1 {row['R@1']:.1f}, "
-                  f"FN-aware {row['oracle_R@1']:.1f}", flush=True)
+            print(
+                f"[{time.perf_counter() - start:6.0f} s] {preset} {method} seed {seed}: R@1 {row['R@1']:.1f}, "
+                f"FN-aware {row['oracle_R@1']:.1f}",
+                flush=True,
+            )
     # Every finished run in OUT (earlier invocations' too: the sweep is split with --only), and the rows of earlier
     # sweeps whose run directories are gone (--rows).
     rows = merge_ledgers(finished_rows(out), args.rows)
@@ -1189,11 +1513,19 @@ def main() -> None:
         table = pd.DataFrame(rows)
         table.to_csv(out / "results.csv", index=False, float_format="%.4f")
         metrics = ("R@1", "oracle_R@1", "rerank_R@1")
-        pairs = [d for p in PRESETS for m in METHODS for ref in ("uniform", "grit") for metric in metrics
-                 if m != ref and (d := paired(table, p, m, ref, metric)) is not None]
+        pairs = [
+            d
+            for p in PRESETS
+            for m in METHODS
+            for ref in ("uniform", "grit")
+            for metric in metrics
+            if m != ref and (d := paired(table, p, m, ref, metric)) is not None
+        ]
         pd.DataFrame(pairs).to_csv(out / "paired.csv", index=False, float_format="%.4f")
         passed, gate_lines = gate(table)
-        (out / "summary.md").write_text("\n".join(["Gate: " + str(passed), *gate_lines, "", *summary_lines(table, out)]) + "\n")
+        (out / "summary.md").write_text(
+            "\n".join(["Gate: " + str(passed), *gate_lines, "", *summary_lines(table, out)]) + "\n"
+        )
         print((out / "summary.md").read_text())
         path = figure(table, out)
         curve_table = ledger_curves(pd.DataFrame(curves(out, table)), args.rows)
@@ -1203,7 +1535,9 @@ def main() -> None:
             print("\n".join(convergence_lines(curve_table)))
         if args.report:
             command = "PYTHONPATH=. .venv/bin/python benchmarks/phase_sweep.py " + " ".join(sys.argv[1:])
-            write_report(args.report.resolve(), out, table, command, 0 if args.collect else args.jobs, path, curve_table)
+            write_report(
+                args.report.resolve(), out, table, command, 0 if args.collect else args.jobs, path, curve_table
+            )
     if failures:
         raise SystemExit(f"{len(failures)} run(s) failed:\n" + "\n".join(failures))
 

@@ -80,23 +80,41 @@ def matmul_ceiling(device: str, smoke: bool) -> float:
         if device == "cuda":
             torch.cuda.synchronize()
         times.append((time.perf_counter() - start) / (1 if smoke else 10))
-    return 2 * size ** 3 / statistics.median(times[1:])
+    return 2 * size**3 / statistics.median(times[1:])
 
 
 def runs(smoke: bool, workers: int) -> dict[str, list[str]]:
     """Every measured run: its ``falcon pretrain`` overrides (on top of the common ones)."""
+
     def shape(model: str, size: int) -> list[str]:
         if smoke:
-            return [f"pretrain.model={model}", "pretrain.image_size=32", "pretrain.batch_size=8",
-                    "pretrain.search_space_size=16", "pretrain.precision=fp32"]
-        return [f"pretrain.model={model}", f"pretrain.image_size={size}", "pretrain.batch_size=96",
-                "pretrain.search_space_size=960", "pretrain.precision=bf16"]
+            return [
+                f"pretrain.model={model}",
+                "pretrain.image_size=32",
+                "pretrain.batch_size=8",
+                "pretrain.search_space_size=16",
+                "pretrain.precision=fp32",
+            ]
+        return [
+            f"pretrain.model={model}",
+            f"pretrain.image_size={size}",
+            "pretrain.batch_size=96",
+            "pretrain.search_space_size=960",
+            "pretrain.precision=bf16",
+        ]
+
     base = shape("albef-tiny" if smoke else "albef-base", 256)
     # BLIP-2 stage 1 and a SigLIP 2 dual encoder, random init (no hub weights: the GPU machine has no network)
-    blip2 = [*shape("blip2-tiny" if smoke else "blip2-base", 224),
-             "pretrain.vision_weights=null", "pretrain.text_weights=null"]
-    siglip = [*shape("dual-tiny" if smoke else "siglip2-b16", 224),
-              "pretrain.vision_weights=null", "pretrain.caption_weight=1.0"]  # sigmoid + caption loss, as SigLIP 2
+    blip2 = [
+        *shape("blip2-tiny" if smoke else "blip2-base", 224),
+        "pretrain.vision_weights=null",
+        "pretrain.text_weights=null",
+    ]
+    siglip = [
+        *shape("dual-tiny" if smoke else "siglip2-b16", 224),
+        "pretrain.vision_weights=null",
+        "pretrain.caption_weight=1.0",
+    ]  # sigmoid + caption loss, as SigLIP 2
     preload = ["pretrain.preload_images=true", "pretrain.augment=test"]
     falcon = ["pretrain.composer=falcon", "pretrain.reward=mlm"]
     margin = ["pretrain.composer=falcon", "pretrain.scheduler_credit=chosen", "pretrain.reward=positive_margin"]
@@ -111,39 +129,89 @@ def runs(smoke: bool, workers: int) -> dict[str, list[str]]:
         "base-grit": [*base, *preload, "pretrain.composer=grit", *profile],
         "base-grit-compile": [*base, *preload, "pretrain.composer=grit", *compile_, *profile],
         # the encoders' kernels replayed from CUDA graphs (the H100's profiles: the host's launches set the step)
-        "base-grit-graphs": [*base, *preload, "pretrain.composer=grit", *compile_, *profile,
-                             *([] if smoke else ["pretrain.compile_mode=reduce-overhead"])],
-        "base-falcon-reuse-graphs": [*base, *preload, *falcon, "pretrain.reward_images=reuse", *compile_, *profile,
-                                     *([] if smoke else ["pretrain.compile_mode=reduce-overhead"])],
+        "base-grit-graphs": [
+            *base,
+            *preload,
+            "pretrain.composer=grit",
+            *compile_,
+            *profile,
+            *([] if smoke else ["pretrain.compile_mode=reduce-overhead"]),
+        ],
+        "base-falcon-reuse-graphs": [
+            *base,
+            *preload,
+            *falcon,
+            "pretrain.reward_images=reuse",
+            *compile_,
+            *profile,
+            *([] if smoke else ["pretrain.compile_mode=reduce-overhead"]),
+        ],
         "base-falcon-recompute-eager": [*base, *preload, *falcon, "pretrain.reward_images=recompute"],
         "base-falcon-reuse-eager": [*base, *preload, *falcon, "pretrain.reward_images=reuse", *profile],
         # issue 35's rewards, read from the training forward (no loss passes): the positive margin alone, and less the
         # ITM head's judgement of each pick (one no-grad pass of the fusion layers over the 2(B - 1) chained pairs)
         "base-falcon-margin-eager": [*base, *preload, *margin, *profile],
-        "base-falcon-itm-eager": [*base, *preload, *margin[:-1], "pretrain.reward=positive_margin+itm",
-                                  "pretrain.reward_itm_charge=excess", *profile],
+        "base-falcon-itm-eager": [
+            *base,
+            *preload,
+            *margin[:-1],
+            "pretrain.reward=positive_margin+itm",
+            "pretrain.reward_itm_charge=excess",
+            *profile,
+        ],
         "base-falcon-recompute": [*base, *preload, *falcon, "pretrain.reward_images=recompute", *compile_, *profile],
         "base-falcon-reuse": [*base, *preload, *falcon, "pretrain.reward_images=reuse", *compile_, *profile],
-        "base-grit-jpeg": [*base, "pretrain.composer=grit", *compile_, "pretrain.augment=pretrain",
-                           "pretrain.preload_images=false", f"pretrain.num_workers={workers}", "data.dataset=JPEG"],
-        "base-grit-jpeg-eager": [*base, "pretrain.composer=grit", "pretrain.augment=pretrain",
-                                 "pretrain.preload_images=false", f"pretrain.num_workers={workers}", "data.dataset=JPEG"],
+        "base-grit-jpeg": [
+            *base,
+            "pretrain.composer=grit",
+            *compile_,
+            "pretrain.augment=pretrain",
+            "pretrain.preload_images=false",
+            f"pretrain.num_workers={workers}",
+            "data.dataset=JPEG",
+        ],
+        "base-grit-jpeg-eager": [
+            *base,
+            "pretrain.composer=grit",
+            "pretrain.augment=pretrain",
+            "pretrain.preload_images=false",
+            f"pretrain.num_workers={workers}",
+            "data.dataset=JPEG",
+        ],
         "blip2-grit": [*blip2, *preload, "pretrain.composer=grit", *profile],
         "siglip-grit": [*siglip, *preload, "pretrain.composer=grit", *profile],
         "tiny-falcon-preload": [*tiny, "pretrain.preload_images=true", *profile],
         "tiny-grit-preload": [*tiny, "pretrain.preload_images=true", "pretrain.composer=grit", *profile],
         "tiny-falcon-decode": [*tiny, "pretrain.preload_images=false", f"pretrain.num_workers={min(workers, 4)}"],
-        "tiny-falcon-graphs": [*tiny, "pretrain.preload_images=true", *compile_,
-                               *([] if smoke else ["pretrain.compile_mode=reduce-overhead"])],
+        "tiny-falcon-graphs": [
+            *tiny,
+            "pretrain.preload_images=true",
+            *compile_,
+            *([] if smoke else ["pretrain.compile_mode=reduce-overhead"]),
+        ],
         # issue 62: the step captured whole, GRIT beside FALCON (both reward paths), the tiny model, BLIP-2, SigLIP 2
         "base-grit-step": [*base, *preload, "pretrain.composer=grit", *graph, *profile],
         "base-falcon-reuse-step": [*base, *preload, *falcon, "pretrain.reward_images=reuse", *graph, *profile],
         "base-falcon-recompute-step": [*base, *preload, *falcon, "pretrain.reward_images=recompute", *graph, *profile],
         # the same with the scheduler's update after the next step's launch (the host's FALCON work beside the step)
-        "base-falcon-reuse-step-overlap": [*base, *preload, *falcon, "pretrain.reward_images=reuse", *graph, *overlap,
-                                           *profile],
-        "base-falcon-recompute-step-overlap": [*base, *preload, *falcon, "pretrain.reward_images=recompute", *graph,
-                                               *overlap, *profile],
+        "base-falcon-reuse-step-overlap": [
+            *base,
+            *preload,
+            *falcon,
+            "pretrain.reward_images=reuse",
+            *graph,
+            *overlap,
+            *profile,
+        ],
+        "base-falcon-recompute-step-overlap": [
+            *base,
+            *preload,
+            *falcon,
+            "pretrain.reward_images=recompute",
+            *graph,
+            *overlap,
+            *profile,
+        ],
         "tiny-falcon-step": [*tiny, "pretrain.preload_images=true", *graph],
         "blip2-grit-step": [*blip2, *preload, "pretrain.composer=grit", *graph, *profile],
         "siglip-grit-step": [*siglip, *preload, "pretrain.composer=grit", *graph, *profile],
@@ -193,13 +261,21 @@ def steady_rate(run: Path, batch: int) -> dict:
     per_step = []
     for number in range(last + 1):
         logged = [r for r in rows if r["epoch"] == number]
-        per_step += [(r1["elapsed_s"] - r0["elapsed_s"]) / (r1["step"] - r0["step"])
-                     for r0, r1 in zip(logged[:-2], logged[1:-1]) if r1["step"] > r0["step"]]
+        per_step += [
+            (r1["elapsed_s"] - r0["elapsed_s"]) / (r1["step"] - r0["step"])
+            for r0, r1 in zip(logged[:-2], logged[1:-1])
+            if r1["step"] > r0["step"]
+        ]
     median = statistics.median(per_step) if per_step else 0.0
-    return {"pairs_per_s": batch / median if median > 0 else window, "window_pairs_per_s": window,
-            "intervals": len(per_step), "window_steps": b["step"] - a["step"], "epoch": last,
-            "text_tokens": statistics.fmean(r["text_tokens"] for r in epoch),
-            "peak_memory_mib": max((r.get("peak_memory_mib") or 0) for r in epoch) or None}
+    return {
+        "pairs_per_s": batch / median if median > 0 else window,
+        "window_pairs_per_s": window,
+        "intervals": len(per_step),
+        "window_steps": b["step"] - a["step"],
+        "epoch": last,
+        "text_tokens": statistics.fmean(r["text_tokens"] for r in epoch),
+        "peak_memory_mib": max((r.get("peak_memory_mib") or 0) for r in epoch) or None,
+    }
 
 
 def flops_per_pair(run: Path, text_tokens: float, reward_images: str | None, device: str = "cpu") -> dict:
@@ -220,8 +296,12 @@ def flops_per_pair(run: Path, text_tokens: float, reward_images: str | None, dev
     if p.get("image_size"):
         overrides["image_size"] = p["image_size"]
     length = round(text_tokens)
-    flops = pretrain_flops_per_pair(resolve_model_config(p["model"], **overrides), length,
-                                    p["mlm_probability"] * (length - 1), reward_images=reward_images)["total"]
+    flops = pretrain_flops_per_pair(
+        resolve_model_config(p["model"], **overrides),
+        length,
+        p["mlm_probability"] * (length - 1),
+        reward_images=reward_images,
+    )["total"]
     return {"flops_per_pair": flops, "flops_method": "analytic", "vocab_size": overrides["vocab_size"]}
 
 
@@ -250,8 +330,14 @@ def counted_flops_per_pair(run: Path, text_tokens: float, device: str, batch: in
     tokenizer = load_run_tokenizer(run, manifest["name"])
     framework = model_framework(p["model"])
     torch.manual_seed(0)
-    overrides = model_overrides(framework, len(tokenizer), vision_weights=None, text_weights=None,
-                                image_size=p.get("image_size"), pad_token_id=tokenizer.pad_token_id)
+    overrides = model_overrides(
+        framework,
+        len(tokenizer),
+        vision_weights=None,
+        text_weights=None,
+        image_size=p.get("image_size"),
+        pad_token_id=tokenizer.pad_token_id,
+    )
     model = create_model(p["model"], **overrides)
     objective = build_objective(framework, model, SimpleNamespace(**p))  # the stage's objective, plain ITC
     target = torch.device(device)
@@ -304,9 +390,16 @@ def main() -> None:
         results["ceiling_flops"] = matmul_ceiling(device, args.smoke)
         print(f"matrix-product ceiling: {results['ceiling_flops'] / 1e12:.1f} TFLOP/s")
     world = out / "world"
-    common = ["data.shapes.size=64", f"data.shapes.images={images}", "data.tokenizer_vocab_size=1000",
-              "pretrain.eval_split=null", "pretrain.epochs=2", "pretrain.log_every=5" if not args.smoke else "pretrain.log_every=1",
-              "pretrain.warmup_steps=10", f"pretrain.device={device}"]
+    common = [
+        "data.shapes.size=64",
+        f"data.shapes.images={images}",
+        "data.tokenizer_vocab_size=1000",
+        "pretrain.eval_split=null",
+        "pretrain.epochs=2",
+        "pretrain.log_every=5" if not args.smoke else "pretrain.log_every=1",
+        "pretrain.warmup_steps=10",
+        f"pretrain.device={device}",
+    ]
     env = {**os.environ, "FALCON_PROGRESS": "0", "PYTHONPATH": str(REPO)}
     results.setdefault("runs", {})
     for name, overrides in runs(args.smoke, args.workers).items():
@@ -324,9 +417,23 @@ def main() -> None:
             jpeg = jpeg_world(world, out / "world-jpeg", (96, 72) if args.smoke else (640, 480))
             overrides = [o for o in overrides if o != "data.dataset=JPEG"]
             dataset = [f"data.dataset={jpeg}", "data.shapes=null"]  # a plain dataset: nothing to generate
-        if not (run_dir / "manifest.json").exists() or json.loads((run_dir / "manifest.json").read_text())["status"] != "completed":
-            command = [sys.executable, "-m", "falcon_cli", "pretrain", *recipe, "--run-dir", str(run_dir), "--overwrite",
-                       *common, *dataset, *overrides]
+        if (
+            not (run_dir / "manifest.json").exists()
+            or json.loads((run_dir / "manifest.json").read_text())["status"] != "completed"
+        ):
+            command = [
+                sys.executable,
+                "-m",
+                "falcon_cli",
+                "pretrain",
+                *recipe,
+                "--run-dir",
+                str(run_dir),
+                "--overwrite",
+                *common,
+                *dataset,
+                *overrides,
+            ]
             print(f"{name}: {' '.join(command[3:])}", flush=True)
             started = time.perf_counter()
             proc = subprocess.run(command, env=env, capture_output=True, text=True)
@@ -347,17 +454,30 @@ def main() -> None:
         if results.get("ceiling_flops") and device == "cuda":  # (a CPU has no comparable ceiling: no MFU there)
             rate["mfu"] = rate["pairs_per_s"] * rate["flops_per_pair"] / results["ceiling_flops"]
         results["runs"][name] = rate
-        print(f"{name}: {rate['pairs_per_s']:,.0f} pairs/s" + (f", MFU {rate['mfu']:.1%}" if "mfu" in rate else ""), flush=True)
+        print(
+            f"{name}: {rate['pairs_per_s']:,.0f} pairs/s" + (f", MFU {rate['mfu']:.1%}" if "mfu" in rate else ""),
+            flush=True,
+        )
         results_path.write_text(json.dumps(results, indent=1))
 
     # Composition: an epoch at COCO scale (fixed φ), and one on-demand FALCON batch's kernels and round trips.
     for part, script, smoke_args, full_args in (
-            ("compose", "falcon_compose.py", ["--pairs", "5000", "--space", "500", "--batch", "32"],
-             ["--pairs", "567000", "--space", "5664", "--batch", "96"]),
-            ("compose-ops", "falcon_compose_ops.py", ["--space", "500", "--batch", "32"], [])):
+        (
+            "compose",
+            "falcon_compose.py",
+            ["--pairs", "5000", "--space", "500", "--batch", "32"],
+            ["--pairs", "567000", "--space", "5664", "--batch", "96"],
+        ),
+        ("compose-ops", "falcon_compose_ops.py", ["--space", "500", "--batch", "32"], []),
+    ):
         if wanted(part):
-            command = [sys.executable, str(REPO / "benchmarks" / script), "--device", device,
-                       *(smoke_args if args.smoke else full_args)]
+            command = [
+                sys.executable,
+                str(REPO / "benchmarks" / script),
+                "--device",
+                device,
+                *(smoke_args if args.smoke else full_args),
+            ]
             proc = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
             results[part] = [line.strip() for line in proc.stdout.strip().splitlines()[-3:]]
             print("\n".join(results[part]))
@@ -370,10 +490,14 @@ def report(results: dict) -> str:
     """The runs as a markdown table, with the ratios the issue's targets are stated in."""
     rows = results.get("runs", {})
     ceiling = results.get("ceiling_flops")
-    lines = [f"Device: {results['device']}; matrix-product ceiling "
-             f"{ceiling / 1e12:.1f} TFLOP/s" if ceiling else f"Device: {results['device']}", "",
-             "| run | pairs/s | GFLOP/pair | MFU | caption tokens | peak MiB | FLOPs | vocabulary | last half-epoch pairs/s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Device: {results['device']}; matrix-product ceiling {ceiling / 1e12:.1f} TFLOP/s"
+        if ceiling
+        else f"Device: {results['device']}",
+        "",
+        "| run | pairs/s | GFLOP/pair | MFU | caption tokens | peak MiB | FLOPs | vocabulary | last half-epoch pairs/s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, r in rows.items():
         if "error" in r:
             lines.append(f"| {name} | failed: {r['error']} | | | | | | | |")
@@ -382,22 +506,39 @@ def report(results: dict) -> str:
         vocab = f"{r['vocab_size']:,}" if r.get("vocab_size") else "—"
         memory = f"{r['peak_memory_mib']:,.0f}" if r.get("peak_memory_mib") else "—"
         window = f"{r['window_pairs_per_s']:,.0f}" if r.get("window_pairs_per_s") else "—"
-        lines.append(f"| {name} | {r['pairs_per_s']:,.0f} | {r['flops_per_pair'] / 1e9:.1f} | {mfu} | "
-                     f"{r['text_tokens']:.1f} | {memory} | {r.get('flops_method', '—')} | {vocab} | {window} |")
+        lines.append(
+            f"| {name} | {r['pairs_per_s']:,.0f} | {r['flops_per_pair'] / 1e9:.1f} | {mfu} | "
+            f"{r['text_tokens']:.1f} | {memory} | {r.get('flops_method', '—')} | {vocab} | {window} |"
+        )
     rate = lambda name: rows.get(name, {}).get("pairs_per_s")  # noqa: E731
-    ratios = [("FALCON (recompute) time per step / GRIT (compiled)", "base-grit-compile", "base-falcon-recompute", 1.26),
-              ("FALCON (reuse) time per step / GRIT (compiled)", "base-grit-compile", "base-falcon-reuse", 1.06),
-              ("FALCON (reuse) time per step / GRIT (CUDA graphs)", "base-grit-graphs", "base-falcon-reuse-graphs", 1.06),
-              ("FALCON (reuse) time per step / GRIT (step captured)", "base-grit-step", "base-falcon-reuse-step", 1.06),
-              ("FALCON (recompute) time per step / GRIT (step captured)", "base-grit-step", "base-falcon-recompute-step", 1.06),
-              ("FALCON (reuse, overlapped) time per step / GRIT (step captured)", "base-grit-step",
-               "base-falcon-reuse-step-overlap", 1.06),
-              ("FALCON (recompute, overlapped) time per step / GRIT (step captured)", "base-grit-step",
-               "base-falcon-recompute-step-overlap", 1.06),
-              ("FALCON (recompute) time per step / GRIT (eager)", "base-grit", "base-falcon-recompute-eager", 1.26),
-              ("FALCON (reuse) time per step / GRIT (eager)", "base-grit", "base-falcon-reuse-eager", 1.06),
-              ("FALCON (positive margin) time per step / GRIT (eager)", "base-grit", "base-falcon-margin-eager", 1.06),
-              ("FALCON (positive margin + ITM) time per step / GRIT (eager)", "base-grit", "base-falcon-itm-eager", 1.06)]
+    ratios = [
+        ("FALCON (recompute) time per step / GRIT (compiled)", "base-grit-compile", "base-falcon-recompute", 1.26),
+        ("FALCON (reuse) time per step / GRIT (compiled)", "base-grit-compile", "base-falcon-reuse", 1.06),
+        ("FALCON (reuse) time per step / GRIT (CUDA graphs)", "base-grit-graphs", "base-falcon-reuse-graphs", 1.06),
+        ("FALCON (reuse) time per step / GRIT (step captured)", "base-grit-step", "base-falcon-reuse-step", 1.06),
+        (
+            "FALCON (recompute) time per step / GRIT (step captured)",
+            "base-grit-step",
+            "base-falcon-recompute-step",
+            1.06,
+        ),
+        (
+            "FALCON (reuse, overlapped) time per step / GRIT (step captured)",
+            "base-grit-step",
+            "base-falcon-reuse-step-overlap",
+            1.06,
+        ),
+        (
+            "FALCON (recompute, overlapped) time per step / GRIT (step captured)",
+            "base-grit-step",
+            "base-falcon-recompute-step-overlap",
+            1.06,
+        ),
+        ("FALCON (recompute) time per step / GRIT (eager)", "base-grit", "base-falcon-recompute-eager", 1.26),
+        ("FALCON (reuse) time per step / GRIT (eager)", "base-grit", "base-falcon-reuse-eager", 1.06),
+        ("FALCON (positive margin) time per step / GRIT (eager)", "base-grit", "base-falcon-margin-eager", 1.06),
+        ("FALCON (positive margin + ITM) time per step / GRIT (eager)", "base-grit", "base-falcon-itm-eager", 1.06),
+    ]
     lines.append("")
     for label, grit, falcon, target in ratios:
         if rate(grit) and rate(falcon):
@@ -406,17 +547,23 @@ def report(results: dict) -> str:
     if best and rate("base-grit-jpeg"):
         lines.append(f"- JPEG data through the stage / preloaded: {rate('base-grit-jpeg') / best:.1%} (target ≥ 90%)")
     if rate("base-grit") and rate("base-grit-jpeg-eager"):
-        lines.append(f"- JPEG data through the stage / preloaded, both eager: "
-                     f"{rate('base-grit-jpeg-eager') / rate('base-grit'):.1%} (target ≥ 90%)")
+        lines.append(
+            f"- JPEG data through the stage / preloaded, both eager: "
+            f"{rate('base-grit-jpeg-eager') / rate('base-grit'):.1%} (target ≥ 90%)"
+        )
     if rate("tiny-falcon-preload") and rate("tiny-falcon-decode"):
         graphs = f", {rate('tiny-falcon-graphs'):,.0f} compiled with CUDA graphs" if rate("tiny-falcon-graphs") else ""
-        lines.append(f"- shapes-falcon: {rate('tiny-falcon-preload'):,.0f} pairs/s preloaded, "
-                     f"{rate('tiny-falcon-decode'):,.0f} decoding PNGs{graphs} (target ≥ 5,000 on an H100)")
+        lines.append(
+            f"- shapes-falcon: {rate('tiny-falcon-preload'):,.0f} pairs/s preloaded, "
+            f"{rate('tiny-falcon-decode'):,.0f} decoding PNGs{graphs} (target ≥ 5,000 on an H100)"
+        )
     for name, target in (("base-grit-step", 0.35), ("blip2-grit-step", 0.35), ("siglip-grit-step", 0.25)):
         if rows.get(name, {}).get("mfu"):
             lines.append(f"- {name} MFU: {rows[name]['mfu']:.1%} (target ≥ {target:.0%})")
     if rate("tiny-falcon-step"):
-        lines.append(f"- shapes-falcon with the step captured: {rate('tiny-falcon-step'):,.0f} pairs/s (target ≥ 5,000)")
+        lines.append(
+            f"- shapes-falcon with the step captured: {rate('tiny-falcon-step'):,.0f} pairs/s (target ≥ 5,000)"
+        )
     for line in results.get("compose", []):
         lines.append(f"- composition: {line}")
     for line in results.get("compose-ops", []):

@@ -40,7 +40,7 @@ def main() -> None:
         image_tokens, image_feat = model.encode_image(images)
         ids = torch.randint(5, 1000, (args.texts, args.text_length), device=device)
         mask = torch.ones_like(ids)
-        mask[:, args.text_length // 2:] = torch.rand(args.texts, 1, device=device).lt(0.5).long()  # some padding
+        mask[:, args.text_length // 2 :] = torch.rand(args.texts, 1, device=device).lt(0.5).long()  # some padding
         text_tokens, text_feat = model.encode_text(ids, mask)
     split = SplitEmbeddings(image_tokens, image_feat.float(), text_tokens, mask, text_feat.float())
 
@@ -55,7 +55,9 @@ def main() -> None:
 
     timed(None, 64)
     itc = min(timed(None, 64) for _ in range(3))
-    print(f"{args.model} on {device} ({precision}): {args.images} images, {args.texts} texts; ITC ranking {itc * 1e3:.1f} ms")
+    print(
+        f"{args.model} on {device} ({precision}): {args.images} images, {args.texts} texts; ITC ranking {itc * 1e3:.1f} ms"
+    )
     print(f"{'k':>5} {'batch':>6} {'pairs':>8} {'seconds':>8} {'pairs/s':>9} {'x ITC':>8}")
     for k in args.k:
         pairs = min(k, args.texts) * args.images + min(k, args.images) * args.texts

@@ -41,7 +41,9 @@ def differences(a: Path, b: Path) -> list[str]:
     records_a, records_b = step_records(a), step_records(b)
     steps = lambda records: {k for k in records if k[0] != "zero_shot"}  # noqa: E731
     if steps(records_a) != steps(records_b):
-        out.append(f"metrics.jsonl: other records ({len(steps(records_a))} vs {len(steps(records_b))} outside the curve)")
+        out.append(
+            f"metrics.jsonl: other records ({len(steps(records_a))} vs {len(steps(records_b))} outside the curve)"
+        )
     for key in sorted(set(records_a) & set(records_b), key=str):
         ra, rb = records_a[key], records_b[key]
         for name in sorted(set(ra) | set(rb)):

@@ -63,11 +63,35 @@ from benchmarks.memory import max_rss_mib, rss_mib  # noqa: E402
 
 DIM = 256
 GIB = 2**30
-COLUMNS = ("piece", "pairs", "dtype", "world", "rank_pairs", "spaces", "batches", "status", "seconds",
-           "peak_rss_gib", "base_rss_gib", "data_gib", "disk_bytes", "load_avg", "note")
+COLUMNS = (
+    "piece",
+    "pairs",
+    "dtype",
+    "world",
+    "rank_pairs",
+    "spaces",
+    "batches",
+    "status",
+    "seconds",
+    "peak_rss_gib",
+    "base_rss_gib",
+    "data_gib",
+    "disk_bytes",
+    "load_avg",
+    "note",
+)
 ATTRS = dict(model="random", checkpoint="", dataset="scale-simulation", split="train", epoch=0)
-PIECES = ("cache_write", "cache_read", "cache_memory", "cache_shard", "spaces_random", "spaces_kmeans",
-          "spaces_kmeans_sampled", "warm_start_rank", "compose")
+PIECES = (
+    "cache_write",
+    "cache_read",
+    "cache_memory",
+    "cache_shard",
+    "spaces_random",
+    "spaces_kmeans",
+    "spaces_kmeans_sampled",
+    "warm_start_rank",
+    "compose",
+)
 PER_RANK = ("cache_shard", "warm_start_rank", "compose")
 """Pieces run once per ``--worlds`` size (one rank's part); the others once per N."""
 
@@ -111,12 +135,14 @@ def available_gib() -> float:
 def _pool(rng, rows: int = 65536):
     """Unit float32 rows to draw chunks from (the content does not matter for writing, reading or storing)."""
     import numpy as np
+
     pool = rng.standard_normal((rows, DIM), dtype=np.float32)
     return pool / np.linalg.norm(pool, axis=1, keepdims=True)
 
 
 def run_piece(args: argparse.Namespace) -> dict:
     import numpy as np
+
     piece, n, dtype = args.piece, args.n, args.dtype
     path = Path(args.workdir)
     rng = np.random.default_rng(0)
@@ -125,9 +151,12 @@ def run_piece(args: argparse.Namespace) -> dict:
     if piece == "cache_write":
         from benchmarks.kmeans_partition import synthetic_chunks
         from falcon_cli.artifacts.embeddings import EmbeddingsWriter
+
         base = rss_mib()
         start, seconds = 0, 0.0
-        with EmbeddingsWriter(h5, n=n, dim=DIM, attrs=ATTRS, dtype="float16" if dtype == "fp16" else "float32") as writer:
+        with EmbeddingsWriter(
+            h5, n=n, dim=DIM, attrs=ATTRS, dtype="float16" if dtype == "fp16" else "float32"
+        ) as writer:
             for image, text in synthetic_chunks(n, DIM, 300, 0):
                 tick = time.perf_counter()
                 writer.write(start, image, text, np.arange(start, start + len(image), dtype=np.int64))
@@ -135,19 +164,28 @@ def run_piece(args: argparse.Namespace) -> dict:
                 start += len(image)
             tick = time.perf_counter()
         seconds += time.perf_counter() - tick  # close: the file moved into place
-        result.update(seconds=seconds, disk_bytes=h5.stat().st_size, data_gib=n * DIM * 2 * _bytes(dtype) / GIB,
-                      note="writer calls and close only (drawing the rows not counted)")
+        result.update(
+            seconds=seconds,
+            disk_bytes=h5.stat().st_size,
+            data_gib=n * DIM * 2 * _bytes(dtype) / GIB,
+            note="writer calls and close only (drawing the rows not counted)",
+        )
     elif piece == "cache_read":
         from falcon_cli.artifacts.embeddings import read_embeddings
+
         base = rss_mib()
         tick = time.perf_counter()
         emb = read_embeddings(h5)
-        result.update(seconds=time.perf_counter() - tick, disk_bytes=h5.stat().st_size,
-                      data_gib=(emb.image.nbytes + emb.text.nbytes + emb.pair_id.nbytes) / GIB,
-                      note="read_embeddings: whole arrays in memory, validated")
+        result.update(
+            seconds=time.perf_counter() - tick,
+            disk_bytes=h5.stat().st_size,
+            data_gib=(emb.image.nbytes + emb.text.nbytes + emb.pair_id.nbytes) / GIB,
+            note="read_embeddings: whole arrays in memory, validated",
+        )
     elif piece == "cache_memory":
         import torch
         from falcon_cli.sampling.cache import EmbeddingCache
+
         pool = torch.from_numpy(_pool(rng))
         g = torch.Generator().manual_seed(0)
         base = rss_mib()
@@ -155,16 +193,31 @@ def run_piece(args: argparse.Namespace) -> dict:
         ids = torch.arange(n)
         cache = EmbeddingCache(ids, dim=DIM, dtype=torch.float16 if dtype == "fp16" else torch.float32)
         for start in range(0, n, 8192):
-            chunk = ids[start:start + 8192]
-            cache.update(chunk, pool[torch.randint(len(pool), (len(chunk),), generator=g)],
-                         pool[torch.randint(len(pool), (len(chunk),), generator=g)])
-        tensors = (cache.image, cache.text, cache.pair_ids, cache._sorted_ids, cache._sorted_rows, cache.filled, cache.written)
-        result.update(seconds=time.perf_counter() - tick, data_gib=sum(t.nbytes for t in tensors) / GIB,
-                      note="EmbeddingCache of all N pairs filled by update() in 8,192-row calls (a single process's)")
+            chunk = ids[start : start + 8192]
+            cache.update(
+                chunk,
+                pool[torch.randint(len(pool), (len(chunk),), generator=g)],
+                pool[torch.randint(len(pool), (len(chunk),), generator=g)],
+            )
+        tensors = (
+            cache.image,
+            cache.text,
+            cache.pair_ids,
+            cache._sorted_ids,
+            cache._sorted_rows,
+            cache.filled,
+            cache.written,
+        )
+        result.update(
+            seconds=time.perf_counter() - tick,
+            data_gib=sum(t.nbytes for t in tensors) / GIB,
+            note="EmbeddingCache of all N pairs filled by update() in 8,192-row calls (a single process's)",
+        )
     elif piece == "cache_shard":
         import torch
         from falcon_cli.sampling.composers import shard_pair_ids
         from falcon_cli.sampling.sharded_cache import ShardedCache, cache_bytes_per_rank
+
         pool = torch.from_numpy(_pool(rng))
         g = torch.Generator().manual_seed(0)
         dtype_torch = torch.float16 if dtype == "fp16" else torch.float32
@@ -180,50 +233,67 @@ def run_piece(args: argparse.Namespace) -> dict:
             cache.begin(shard, next_shard)
             order = ids[torch.randperm(n, generator=g)]  # an epoch's steps, all-gathered: every pair once
             for start in range(0, n, 8192):
-                chunk = order[start:start + 8192]
-                cache.update(chunk, pool[torch.randint(len(pool), (len(chunk),), generator=g)],
-                             pool[torch.randint(len(pool), (len(chunk),), generator=g)])
+                chunk = order[start : start + 8192]
+                cache.update(
+                    chunk,
+                    pool[torch.randint(len(pool), (len(chunk),), generator=g)],
+                    pool[torch.randint(len(pool), (len(chunk),), generator=g)],
+                )
             if epoch == 0:
                 cache.end()  # (no reading cache: nothing to hand over, no collective)
             shard = next_shard
         expected = cache_bytes_per_rank(n, args.world, dim=DIM, dtype=dtype_torch)["device_bytes"]
         assert cache.nbytes == expected, (cache.nbytes, expected)
-        result.update(seconds=time.perf_counter() - tick, data_gib=cache.nbytes / GIB,
-                      note=f"ShardedCache rank 0 of {args.world}: {cache.rows:,} rows (reading + filling), the second "
-                           "epoch's updates (seconds: that epoch); data = device bytes = cache_bytes_per_rank")
+        result.update(
+            seconds=time.perf_counter() - tick,
+            data_gib=cache.nbytes / GIB,
+            note=f"ShardedCache rank 0 of {args.world}: {cache.rows:,} rows (reading + filling), the second "
+            "epoch's updates (seconds: that epoch); data = device bytes = cache_bytes_per_rank",
+        )
     elif piece == "spaces_random":
         from falcon_cli.artifacts.tables import SEARCH_SPACES, write_table
         from falcon_cli.sampling.partition import random_partition
+
         out = path / f"search_spaces_{n}.parquet"
         ids = np.arange(n, dtype=np.int64)
         base = rss_mib()
         tick = time.perf_counter()
         partition = random_partition(ids, args.space, 0)
         write_table(out, partition.columns(ids, epoch=0, method="random", seed=0), SEARCH_SPACES)
-        result.update(seconds=time.perf_counter() - tick, disk_bytes=out.stat().st_size, spaces=partition.num_spaces,
-                      data_gib=n * 8 * 4 / GIB, note="random_partition + search_spaces.parquet")
+        result.update(
+            seconds=time.perf_counter() - tick,
+            disk_bytes=out.stat().st_size,
+            spaces=partition.num_spaces,
+            data_gib=n * 8 * 4 / GIB,
+            note="random_partition + search_spaces.parquet",
+        )
     elif piece == "spaces_kmeans":
         from benchmarks.kmeans_partition import synthetic
         from falcon_cli.sampling.partition import kmeans_partition
+
         image, text = synthetic(n, DIM, 300, 0)
         ids = np.arange(n, dtype=np.int64)
         base = rss_mib()
         tick = time.perf_counter()
         partition = kmeans_partition(image, text, ids, args.space, 0)
-        result.update(seconds=time.perf_counter() - tick, spaces=partition.num_spaces,
-                      data_gib=(image.nbytes + text.nbytes) / GIB,
-                      note="kmeans_partition (20 iterations, fp16 embeddings in memory; parquet as spaces_random)")
+        result.update(
+            seconds=time.perf_counter() - tick,
+            spaces=partition.num_spaces,
+            data_gib=(image.nbytes + text.nbytes) / GIB,
+            note="kmeans_partition (20 iterations, fp16 embeddings in memory; parquet as spaces_random)",
+        )
     elif piece == "compose":
         import torch
         from falcon_cli.sampling.cache import EmbeddingCache
         from falcon_cli.sampling.composers import shard_pair_ids
         from falcon_cli.sampling.policy import SchedulerPolicy
         from falcon_cli.sampling.quantile import QuantileSpaces
+
         g = torch.Generator().manual_seed(0)
         share = shard_pair_ids(torch.arange(n), 0, args.world, torch.Generator().manual_seed(1))
         cache = EmbeddingCache(share, dim=DIM, dtype=torch.float16 if dtype == "fp16" else torch.float32)
         for start in range(0, len(share), 8192):
-            chunk = share[start:start + 8192]
+            chunk = share[start : start + 8192]
             feats = torch.nn.functional.normalize(torch.randn(len(chunk), 2, DIM, generator=g), dim=-1)
             cache.update(chunk, feats[:, 0], feats[:, 1])
         policy = SchedulerPolicy(quantiles=100).eval()
@@ -232,14 +302,19 @@ def run_piece(args: argparse.Namespace) -> dict:
         with torch.no_grad():
             spaces = QuantileSpaces(share, cache, args.space, args.batch, g, quantiles=100)
             batches = spaces.compose_all(lambda s_hat: policy(s_hat), g)
-        result.update(seconds=time.perf_counter() - tick, spaces=spaces.num_spaces, batches=len(batches),
-                      data_gib=(cache.image.nbytes + cache.text.nbytes) / GIB,
-                      note=f"|M| {args.space}, B {args.batch}, m 100, policy at instance level; cache of the share only")
+        result.update(
+            seconds=time.perf_counter() - tick,
+            spaces=spaces.num_spaces,
+            batches=len(batches),
+            data_gib=(cache.image.nbytes + cache.text.nbytes) / GIB,
+            note=f"|M| {args.space}, B {args.batch}, m 100, policy at instance level; cache of the share only",
+        )
         assert sum(len(b.pair_ids) for b in batches) == len(share)
     elif piece == "spaces_kmeans_sampled":
         from falcon_cli.artifacts.embeddings import open_embeddings
         from falcon_cli.artifacts.tables import SEARCH_SPACES, write_table
         from falcon_cli.sampling.partition import kmeans_partition_of, partition_summary_of
+
         out = path / f"search_spaces_kmeans_{n}.parquet"
         base = rss_mib()
         tick = time.perf_counter()
@@ -247,22 +322,30 @@ def run_piece(args: argparse.Namespace) -> dict:
             partition = kmeans_partition_of(embeddings, args.space, 0)
             write_table(out, partition.columns(embeddings.pair_id, epoch=0, method="kmeans", seed=0), SEARCH_SPACES)
             summary = partition_summary_of({"kmeans": partition}, embeddings)["kmeans"]
-        result.update(seconds=time.perf_counter() - tick, spaces=partition.num_spaces, disk_bytes=out.stat().st_size,
-                      data_gib=(n * 8 * (8 + 4) + 256 * partition.num_spaces * DIM * 4) / GIB,
-                      note=f"kmeans_partition_of from the file + parquet + summary (within-space cosine joint "
-                           f"{summary['mean_cosine_joint']}); data = candidate lists (8 a pair) and training sample")
+        result.update(
+            seconds=time.perf_counter() - tick,
+            spaces=partition.num_spaces,
+            disk_bytes=out.stat().st_size,
+            data_gib=(n * 8 * (8 + 4) + 256 * partition.num_spaces * DIM * 4) / GIB,
+            note=f"kmeans_partition_of from the file + parquet + summary (within-space cosine joint "
+            f"{summary['mean_cosine_joint']}); data = candidate lists (8 a pair) and training sample",
+        )
         out.unlink()
     elif piece == "warm_start_rank":
         import torch
         from falcon_cli.sampling.warm_start import load_warm_start
+
         base = rss_mib()
         tick = time.perf_counter()
         warm = load_warm_start(path / f"search_spaces_{n}.parquet", h5, torch.arange(n), rank=0, world=args.world)
         cache = warm.cache
-        result.update(seconds=time.perf_counter() - tick, spaces=math.ceil(n / warm.width),
-                      data_gib=(cache.image.nbytes + cache.text.nbytes + len(cache) * 26) / GIB,
-                      note=f"load_warm_start rank 0 of {args.world}: {len(cache):,} rows read; data = its cache "
-                           "(device memory on a GPU node)")
+        result.update(
+            seconds=time.perf_counter() - tick,
+            spaces=math.ceil(n / warm.width),
+            data_gib=(cache.image.nbytes + cache.text.nbytes + len(cache) * 26) / GIB,
+            note=f"load_warm_start rank 0 of {args.world}: {len(cache):,} rows read; data = its cache "
+            "(device memory on a GPU node)",
+        )
     else:
         raise ValueError(piece)
     result.update(peak_rss_gib=max_rss_mib() / 1024, base_rss_gib=base / 1024)
@@ -271,8 +354,24 @@ def run_piece(args: argparse.Namespace) -> dict:
 
 # --- the driver ----------------------------------------------------------------------------------
 def child(piece: str, n: int, dtype: str, world: int, args: argparse.Namespace) -> dict:
-    command = [sys.executable, str(Path(__file__).resolve()), "--piece", piece, "--n", str(n), "--dtype", dtype,
-               "--world", str(world), "--space", str(args.space), "--batch", str(args.batch), "--workdir", args.workdir]
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--piece",
+        piece,
+        "--n",
+        str(n),
+        "--dtype",
+        dtype,
+        "--world",
+        str(world),
+        "--space",
+        str(args.space),
+        "--batch",
+        str(args.batch),
+        "--workdir",
+        args.workdir,
+    ]
     command += ["--keep-files"] if args.keep_files else []
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     done = subprocess.run(command, capture_output=True, text=True, env=env)
@@ -319,23 +418,40 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, nargs="+", default=[4_000_000, 14_000_000])
     parser.add_argument("--dtypes", nargs="+", default=["fp16", "fp32"], choices=["fp16", "fp32"])
-    parser.add_argument("--compose-dtypes", nargs="+", default=["fp16"], choices=["fp16", "fp32"],
-                        help="cache dtypes to compose from (default fp16: composition casts to fp32 either way)")
+    parser.add_argument(
+        "--compose-dtypes",
+        nargs="+",
+        default=["fp16"],
+        choices=["fp16", "fp32"],
+        help="cache dtypes to compose from (default fp16: composition casts to fp32 either way)",
+    )
     parser.add_argument("--pieces", nargs="+", default=list(PIECES), choices=PIECES)
-    parser.add_argument("--worlds", type=int, nargs="+", default=[1, 8, 16, 64],
-                        help="compose one rank's share at these world sizes (1: the whole epoch)")
+    parser.add_argument(
+        "--worlds",
+        type=int,
+        nargs="+",
+        default=[1, 8, 16, 64],
+        help="compose one rank's share at these world sizes (1: the whole epoch)",
+    )
     parser.add_argument("--space", type=int, default=5664, help="|M| (FALCON's default, COCO; the 4M/14M setting too)")
     parser.add_argument("--batch", type=int, default=96, help="B per rank (FALCON Tab. 5)")
     parser.add_argument("--kmeans-max-pairs", type=int, default=1_000_000, help="larger N: k-means extrapolated")
-    parser.add_argument("--compose-max-pairs", type=int, default=None,
-                        help="compose shares larger than this are extrapolated, not run (time)")
+    parser.add_argument(
+        "--compose-max-pairs",
+        type=int,
+        default=None,
+        help="compose shares larger than this are extrapolated, not run (time)",
+    )
     parser.add_argument("--max-gb", type=float, default=16.0, help="no piece predicted above this peak (GiB) runs")
     parser.add_argument("--keep-free-gb", type=float, default=6.0, help="leave this much of MemAvailable to others")
     parser.add_argument("--keep-disk-gb", type=float, default=20.0, help="leave this much disk free")
     parser.add_argument("--workdir", default=None, help="where the files go (default: a temporary folder, removed)")
     parser.add_argument("--out", default="docs/results/scale_simulation.csv")
-    parser.add_argument("--keep-files", action="store_true", help="keep embeddings_*.h5 and search_spaces_*.parquet "
-                        "in --workdir (default: each removed once measured)")
+    parser.add_argument(
+        "--keep-files",
+        action="store_true",
+        help="keep embeddings_*.h5 and search_spaces_*.parquet in --workdir (default: each removed once measured)",
+    )
     # one piece, in a child process
     parser.add_argument("--piece", choices=PIECES)
     parser.add_argument("--n", type=int)
@@ -381,8 +497,13 @@ def main() -> None:
             if last == index and file.exists() and not args.keep_files:
                 file.unlink()
         rows.append(row)
-        print(" ".join(f"{k}={row.get(k)}" for k in ("piece", "pairs", "dtype", "world", "status", "seconds",
-                                                      "peak_rss_gib", "disk_bytes")), flush=True)
+        print(
+            " ".join(
+                f"{k}={row.get(k)}"
+                for k in ("piece", "pairs", "dtype", "world", "status", "seconds", "peak_rss_gib", "disk_bytes")
+            ),
+            flush=True,
+        )
     fits = extrapolate(rows, args.pairs)
     write(rows, fits, args)
     if temporary is not None:
@@ -452,22 +573,38 @@ def write(rows: list[dict], fits: dict, args: argparse.Namespace) -> None:
         writer.writeheader()
         for row in rows:
             writer.writerow({k: _fmt(row.get(k, "")) for k in COLUMNS})
-    lines = ["| piece | pairs | dtype | world | rank pairs | status | seconds | peak RSS GiB | data GiB | disk |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| piece | pairs | dtype | world | rank pairs | status | seconds | peak RSS GiB | data GiB | disk |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for row in rows:
-        lines.append(f"| {row['piece']} | {row['pairs']:,} | {row['dtype']} | {row['world']} | {row['rank_pairs']:,} | "
-                     f"{row.get('status', '')} | {_fmt(row.get('seconds', ''))} | {_fmt(row.get('peak_rss_gib', ''))} | "
-                     f"{_fmt(row.get('data_gib', ''))} | {_human(row.get('disk_bytes', ''))} |")
-    lines += ["", "Growth (N: pairs; compose, cache_shard: the rank's share): seconds = a N^b, peak RSS = c + k N, disk = a N^b.", "",
-              "| piece | dtype | seconds: b | peak RSS: c GiB | peak RSS: GiB per 1M pairs | disk: bytes per pair at the largest N |",
-              "|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {row['piece']} | {row['pairs']:,} | {row['dtype']} | {row['world']} | {row['rank_pairs']:,} | "
+            f"{row.get('status', '')} | {_fmt(row.get('seconds', ''))} | {_fmt(row.get('peak_rss_gib', ''))} | "
+            f"{_fmt(row.get('data_gib', ''))} | {_human(row.get('disk_bytes', ''))} |"
+        )
+    lines += [
+        "",
+        "Growth (N: pairs; compose, cache_shard: the rank's share): seconds = a N^b, peak RSS = c + k N, disk = a N^b.",
+        "",
+        "| piece | dtype | seconds: b | peak RSS: c GiB | peak RSS: GiB per 1M pairs | disk: bytes per pair at the largest N |",
+        "|---|---|---|---|---|---|",
+    ]
     for piece, dtype in sorted({(p, d) for p, d, _ in fits}):
         t, m, d = (fits.get((piece, dtype, f)) for f in ("seconds", "peak_rss_gib", "disk_bytes"))
-        largest = max((float(r["rank_pairs" if piece in ("compose", "cache_shard") else "pairs"]) for r in rows
-                       if r["piece"] == piece and r["dtype"] == dtype and r.get("status") == "measured"), default=0)
+        largest = max(
+            (
+                float(r["rank_pairs" if piece in ("compose", "cache_shard") else "pairs"])
+                for r in rows
+                if r["piece"] == piece and r["dtype"] == dtype and r.get("status") == "measured"
+            ),
+            default=0,
+        )
         per_pair = f"{d[0] * largest ** d[1] / largest:.1f}" if d and largest else ""
-        lines.append(f"| {piece} | {dtype} | {f'{t[1]:.2f}' if t else ''} | {f'{m[0]:.2f}' if m else ''} | "
-                     f"{f'{m[1] * 1e6:.3f}' if m else ''} | {per_pair} |")
+        lines.append(
+            f"| {piece} | {dtype} | {f'{t[1]:.2f}' if t else ''} | {f'{m[0]:.2f}' if m else ''} | "
+            f"{f'{m[1] * 1e6:.3f}' if m else ''} | {per_pair} |"
+        )
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

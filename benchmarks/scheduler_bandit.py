@@ -92,12 +92,12 @@ correlate E[q] with); ``safe`` its safe quantile (:func:`safe_quantile`)."""
 class Anchors:
     """Every anchor's input row (per feature set), its optimum and its space, split train / held out."""
 
-    rows: dict[tuple, torch.Tensor]   # (features, temperature) -> [N, d]
-    safe: torch.Tensor                # [N] the safe quantile
-    density: torch.Tensor             # [N] share of the anchor's space that are its false negatives
-    space: torch.Tensor               # [N] space index
-    held_out: torch.Tensor            # [N] bool: anchors of held-out spaces (scored, never trained on)
-    target: str = "density"           # which q* the bandit rewards (TARGETS)
+    rows: dict[tuple, torch.Tensor]  # (features, temperature) -> [N, d]
+    safe: torch.Tensor  # [N] the safe quantile
+    density: torch.Tensor  # [N] share of the anchor's space that are its false negatives
+    space: torch.Tensor  # [N] space index
+    held_out: torch.Tensor  # [N] bool: anchors of held-out spaces (scored, never trained on)
+    target: str = "density"  # which q* the bandit rewards (TARGETS)
 
     @property
     def q_star(self) -> torch.Tensor:
@@ -110,8 +110,8 @@ def safe_quantile(order: torch.Tensor, false_negative: torch.Tensor, size: int) 
     most similar candidate that is a true negative (``order`` [W, W] from :func:`space_tables`,
     ``false_negative`` [W, W] bool, either direction); NaN where every candidate is a false negative."""
     n = size - 1  # candidates per anchor
-    candidates = order[:size, :n].long()                               # ascending similarity
-    true_negative = ~false_negative[:size].gather(1, candidates)       # [size, n]
+    candidates = order[:size, :n].long()  # ascending similarity
+    true_negative = ~false_negative[:size].gather(1, candidates)  # [size, n]
     position = torch.arange(n).expand(size, n)
     last = torch.where(true_negative, position, torch.full_like(position, -1)).max(1).values
     q = last.double() / max(n - 1, 1)
@@ -121,7 +121,7 @@ def safe_quantile(order: torch.Tensor, false_negative: torch.Tensor, size: int) 
 def full_spaces(n: int, width: int, seed: int) -> list[torch.Tensor]:
     """The pairs 0 … n − 1, shuffled with ``seed``, split into spaces of ``width`` (full spaces only)."""
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    return [perm[s:s + width] for s in range(0, n - width + 1, width)]
+    return [perm[s : s + width] for s in range(0, n - width + 1, width)]
 
 
 def space_false_negatives(truth, members: torch.Tensor) -> torch.Tensor:
@@ -131,8 +131,17 @@ def space_false_negatives(truth, members: torch.Tensor) -> torch.Tensor:
     return (fn | fn.T) & ~torch.eye(len(members), dtype=torch.bool)
 
 
-def build_anchors(image: torch.Tensor, text: torch.Tensor, truth, width: int, feature_sets: list[tuple],
-                  *, quantiles: int = 100, held_out: float = 0.25, seed: int = 0) -> Anchors:
+def build_anchors(
+    image: torch.Tensor,
+    text: torch.Tensor,
+    truth,
+    width: int,
+    feature_sets: list[tuple],
+    *,
+    quantiles: int = 100,
+    held_out: float = 0.25,
+    seed: int = 0,
+) -> Anchors:
     """Split the pairs (shuffled) into spaces of ``width``, and tabulate every anchor.
 
     ``truth(indices [W]) -> bool [W, W]``: entry [i, j] says caption j describes image i.
@@ -144,8 +153,14 @@ def build_anchors(image: torch.Tensor, text: torch.Tensor, truth, width: int, fe
         fn = space_false_negatives(truth, members)
         size = torch.tensor([width])
         for key in feature_sets:
-            tables = space_tables(image[members][None], text[members][None], size, quantiles=quantiles,
-                                  temperature=key[1], features=key[0])
+            tables = space_tables(
+                image[members][None],
+                text[members][None],
+                size,
+                quantiles=quantiles,
+                temperature=key[1],
+                features=key[0],
+            )
             rows[key].append(tables.s_hat[0])
         q_star.append(safe_quantile(tables.order[0], fn, width))
         density.append(fn.float().sum(1) / (width - 1))
@@ -153,11 +168,14 @@ def build_anchors(image: torch.Tensor, text: torch.Tensor, truth, width: int, fe
     q_star, density, space_of = torch.cat(q_star), torch.cat(density), torch.cat(space_of)
     keep = ~torch.isnan(q_star)  # (an anchor whose every candidate is a false negative has no safe q)
     held = space_of >= round(len(spaces) * (1 - held_out))
-    return Anchors({k: torch.cat(v)[keep] for k, v in rows.items()}, q_star[keep], density[keep], space_of[keep],
-                   held[keep])
+    return Anchors(
+        {k: torch.cat(v)[keep] for k, v in rows.items()}, q_star[keep], density[keep], space_of[keep], held[keep]
+    )
 
 
-def shapes_run_anchors(run: Path, width: int, feature_sets: list[tuple], epoch: int | None = None, seed: int = 0) -> Anchors:
+def shapes_run_anchors(
+    run: Path, width: int, feature_sets: list[tuple], epoch: int | None = None, seed: int = 0
+) -> Anchors:
     """Anchors from a shapes run: its embeddings of ``epoch`` (default the last) and its world's oracle."""
     image, text, truth = shapes_run_world(run, epoch)
     return build_anchors(image, text, truth, width, feature_sets, seed=seed)
@@ -174,8 +192,10 @@ def shapes_run_world(run: Path, epoch: int | None = None):
 
     files = sorted((run / "embeddings").glob("epoch_*.h5"))
     if not files:
-        raise SystemExit(f"{run}/embeddings: no epoch_*.h5; pass a pretraining run of a shapes world (the published "
-                         f"one: benchmarks/same_image.py --out runs/same-image --only uniform --seeds 0), or --synthetic")
+        raise SystemExit(
+            f"{run}/embeddings: no epoch_*.h5; pass a pretraining run of a shapes world (the published "
+            f"one: benchmarks/same_image.py --out runs/same-image --only uniform --seeds 0), or --synthetic"
+        )
     path = files[-1] if epoch is None else run / "embeddings" / f"epoch_{epoch:03d}.h5"
     emb = read_embeddings(path)
     spec = load_spec(read_manifest(run)["config"]["data"]["dataset"])
@@ -185,8 +205,9 @@ def shapes_run_world(run: Path, epoch: int | None = None):
     return image, text, lambda idx: truth_of(pair_ids[idx])
 
 
-def synthetic_anchors(feature_sets: list[tuple], *, pairs: int = 1200, width: int = 200, dim: int = 32,
-                      seed: int = 0) -> Anchors:
+def synthetic_anchors(
+    feature_sets: list[tuple], *, pairs: int = 1200, width: int = 200, dim: int = 32, seed: int = 0
+) -> Anchors:
     """The anchors of :func:`synthetic_world`, in spaces of ``width``."""
     image, text, truth = synthetic_world(pairs=pairs, dim=dim, seed=seed)
     return build_anchors(image, text, truth, width, feature_sets, seed=seed)
@@ -206,7 +227,9 @@ def synthetic_world(*, pairs: int = 1200, dim: int = 32, seed: int = 0):
     centres = torch.nn.functional.normalize(torch.randn(len(sizes), dim, generator=g), dim=1)
 
     def view() -> torch.Tensor:
-        return torch.nn.functional.normalize(centres[concept] + 0.6 / dim ** 0.5 * torch.randn(pairs, dim, generator=g), dim=1)
+        return torch.nn.functional.normalize(
+            centres[concept] + 0.6 / dim**0.5 * torch.randn(pairs, dim, generator=g), dim=1
+        )
 
     image, text = view(), view()
     return image, text, lambda idx: concept[idx][:, None] == concept[idx][None, :]
@@ -220,12 +243,27 @@ def score(scheduler: NegativeScheduler, rows: torch.Tensor, q_star: torch.Tensor
     target = q_star.double()
     r2 = 1.0 - float(((mean - target) ** 2).mean() / target.var(unbiased=False).clamp(min=1e-12))
     corr = float(torch.corrcoef(torch.stack([mean, target]))[0, 1]) if float(mean.std()) > 1e-9 else 0.0
-    return {"r2": r2, "corr": corr, "gap": float((mean - target).abs().mean()), "spread": float(mean.std()),
-            "concentration": float((alpha + beta).mean())}
+    return {
+        "r2": r2,
+        "corr": corr,
+        "gap": float((mean - target).abs().mean()),
+        "spread": float(mean.std()),
+        "concentration": float((alpha + beta).mean()),
+    }
 
 
-def run_bandit(anchors: Anchors, setting: Setting, *, updates: int, batch: int, noise: float, common: float,
-               every: int, seed: int = 0, hidden: int = 256) -> list[dict]:
+def run_bandit(
+    anchors: Anchors,
+    setting: Setting,
+    *,
+    updates: int,
+    batch: int,
+    noise: float,
+    common: float,
+    every: int,
+    seed: int = 0,
+    hidden: int = 256,
+) -> list[dict]:
     """Train a fresh scheduler of ``setting`` for ``updates`` bandit updates; its scores every ``every``."""
     torch.manual_seed(seed)
     key = (setting.features, setting.temperature)
@@ -237,7 +275,7 @@ def run_bandit(anchors: Anchors, setting: Setting, *, updates: int, batch: int, 
     rng = np.random.default_rng(seed)
     # the signal's scale: std of −(q − q*)² under uniform q over the training anchors
     u = torch.from_numpy(rng.random(len(train)))
-    scale = float((-(u - anchors.q_star[train].double()) ** 2).std())
+    scale = float((-((u - anchors.q_star[train].double()) ** 2)).std())
     out = []
     for update in range(updates + 1):
         if update % every == 0:
@@ -251,12 +289,18 @@ def run_bandit(anchors: Anchors, setting: Setting, *, updates: int, batch: int, 
         record = {"s_hat": rows[pick], "q": q}
         if scheduler.grid is not None:  # every level of the grid scored for each anchor: [anchors, levels]
             grid = scheduler.grid.double()
-            level = -(grid[None, :] - anchors.q_star[pick].double()[:, None]) ** 2 / scale
-            level = level + noise * torch.from_numpy(rng.standard_normal(level.shape)) + common * float(rng.standard_normal())
+            level = -((grid[None, :] - anchors.q_star[pick].double()[:, None]) ** 2) / scale
+            level = (
+                level
+                + noise * torch.from_numpy(rng.standard_normal(level.shape))
+                + common * float(rng.standard_normal())
+            )
             scheduler.update(record, level)
             continue
-        reward = -(q - anchors.q_star[pick].double()) ** 2 / scale
-        reward = reward + noise * torch.from_numpy(rng.standard_normal(len(pick))) + common * float(rng.standard_normal())
+        reward = -((q - anchors.q_star[pick].double()) ** 2) / scale
+        reward = (
+            reward + noise * torch.from_numpy(rng.standard_normal(len(pick))) + common * float(rng.standard_normal())
+        )
         # what training passes: the batch's one Δ (paper), or per slot (anchor t's reward in slot t)
         scheduler.update(record, torch.cat([reward, reward[-1:]]) if scheduler.per_step else float(reward.mean()))
     return out
@@ -269,32 +313,47 @@ def supervised_ceiling(anchors: Anchors, key: tuple, *, ridge: float = 1.0) -> f
     train, test = ~anchors.held_out, anchors.held_out
     mean, std = rows[train].mean(0), rows[train].std(0).clamp(min=1e-9)
     x = torch.cat([(rows - mean) / std, torch.ones(len(rows), 1, dtype=torch.float64)], 1)
-    weights = torch.linalg.solve(x[train].T @ x[train] + ridge * torch.eye(x.shape[1], dtype=torch.float64),
-                                 x[train].T @ target[train])
+    weights = torch.linalg.solve(
+        x[train].T @ x[train] + ridge * torch.eye(x.shape[1], dtype=torch.float64), x[train].T @ target[train]
+    )
     error = ((x[test] @ weights - target[test]) ** 2).mean()
     return 1.0 - float(error / target[test].var(unbiased=False))
 
 
 # --- the report ---------------------------------------------------------------------------------
-def markdown(rows: list[dict], ceilings: dict, anchors: Anchors, command: str, source: str, seconds: float) -> list[str]:
+def markdown(
+    rows: list[dict], ceilings: dict, anchors: Anchors, command: str, source: str, seconds: float
+) -> list[str]:
     """The report block: the data, then per setting the held-out r2 at the checkpoints of each grid cell."""
     import pandas as pd
 
     frame = pd.DataFrame(rows)
     checkpoints = sorted(frame["update"].unique())
-    shown = [c for c in checkpoints if c in (checkpoints[len(checkpoints) // 4], checkpoints[len(checkpoints) // 2], checkpoints[-1])]
+    shown = [
+        c
+        for c in checkpoints
+        if c in (checkpoints[len(checkpoints) // 4], checkpoints[len(checkpoints) // 2], checkpoints[-1])
+    ]
     qs = anchors.q_star
-    lines = [f"Generated by `{command}` ({seconds / 60:.0f} min on {source}).", "",
-             f"Anchors: {len(qs):,} ({int(anchors.held_out.sum()):,} held out); q* mean {float(qs.mean()):.2f}, "
-             f"std {float(qs.std()):.2f}; oracle FN density mean {float(anchors.density.mean()):.3f}; "
-             f"corr(q*, FN density) {float(torch.corrcoef(torch.stack([qs, anchors.density]))[0, 1]):+.2f}.", "",
-             "Supervised ceiling (held-out r2 of a ridge regression of q* on the input): "
-             + ", ".join(f"{'+'.join(k[0])}{'' if k[1] == 1 else f' τ={k[1]:g}'} {v:.2f}" for k, v in ceilings.items()) + ".", "",
-             "Held-out correlation of E[q] with q* after " + " / ".join(f"{c:,}" for c in shown)
-             + " updates, and (in brackets) at the end the r2 (≤ 0: E[q] no closer to q* than the best constant) and the "
-             f"standard deviation of E[q] across anchors (q*'s: {float(qs[anchors.held_out].std()):.2f}; a correlation "
-             "with a spread near 0 is a collapsed policy's rounding, not a learned dependence); last column: α + β at "
-             "the end of the first run.", ""]
+    lines = [
+        f"Generated by `{command}` ({seconds / 60:.0f} min on {source}).",
+        "",
+        f"Anchors: {len(qs):,} ({int(anchors.held_out.sum()):,} held out); q* mean {float(qs.mean()):.2f}, "
+        f"std {float(qs.std()):.2f}; oracle FN density mean {float(anchors.density.mean()):.3f}; "
+        f"corr(q*, FN density) {float(torch.corrcoef(torch.stack([qs, anchors.density]))[0, 1]):+.2f}.",
+        "",
+        "Supervised ceiling (held-out r2 of a ridge regression of q* on the input): "
+        + ", ".join(f"{'+'.join(k[0])}{'' if k[1] == 1 else f' τ={k[1]:g}'} {v:.2f}" for k, v in ceilings.items())
+        + ".",
+        "",
+        "Held-out correlation of E[q] with q* after "
+        + " / ".join(f"{c:,}" for c in shown)
+        + " updates, and (in brackets) at the end the r2 (≤ 0: E[q] no closer to q* than the best constant) and the "
+        f"standard deviation of E[q] across anchors (q*'s: {float(qs[anchors.held_out].std()):.2f}; a correlation "
+        "with a spread near 0 is a collapsed policy's rounding, not a learned dependence); last column: α + β at "
+        "the end of the first run.",
+        "",
+    ]
     cells = frame[["noise", "batch"]].drop_duplicates().sort_values(["batch", "noise"]).itertuples(index=False)
     cells = list(cells)
     header = "| setting | " + " | ".join(f"σ={c.noise:g}, B={c.batch}" for c in cells) + " | α+β |"
@@ -302,10 +361,13 @@ def markdown(rows: list[dict], ceilings: dict, anchors: Anchors, command: str, s
     for name in frame["setting"].unique():
         cells_text, last = [], None
         for c in cells:
-            sub = frame[(frame.setting == name) & (frame.noise == c.noise) & (frame.batch == c.batch)].set_index("update")
+            sub = frame[(frame.setting == name) & (frame.noise == c.noise) & (frame.batch == c.batch)].set_index(
+                "update"
+            )
             end = sub.loc[checkpoints[-1]]
-            cells_text.append(" / ".join(f"{sub.loc[u, 'corr']:+.2f}" for u in shown)
-                              + f" ({end['r2']:+.2f}, {end['spread']:.2f})")
+            cells_text.append(
+                " / ".join(f"{sub.loc[u, 'corr']:+.2f}" for u in shown) + f" ({end['r2']:+.2f}, {end['spread']:.2f})"
+            )
             if last is None:
                 last = sub.loc[checkpoints[-1], "concentration"]
         lines.append(f"| {name} | " + " | ".join(cells_text) + f" | {last:.0f} |")
@@ -344,8 +406,11 @@ def main(argv: list[str] | None = None) -> int:
     start = time.time()
     settings = {name: SETTINGS[name] for name in args.settings}
     keys = list(dict.fromkeys((s.features, s.temperature) for s in settings.values()))
-    anchors = (synthetic_anchors(keys, seed=args.seed) if args.synthetic
-               else shapes_run_anchors(args.run, args.width, keys, seed=args.seed))
+    anchors = (
+        synthetic_anchors(keys, seed=args.seed)
+        if args.synthetic
+        else shapes_run_anchors(args.run, args.width, keys, seed=args.seed)
+    )
     anchors.target = args.target
     ceilings = {key: supervised_ceiling(anchors, key) for key in keys}
     for key, value in ceilings.items():
@@ -354,14 +419,27 @@ def main(argv: list[str] | None = None) -> int:
     for name, setting in settings.items():
         for batch in args.batches:
             for noise in args.noise:
-                trace = run_bandit(anchors, setting, updates=args.updates, batch=batch, noise=noise, common=args.common,
-                                   every=args.every, seed=args.seed)
+                trace = run_bandit(
+                    anchors,
+                    setting,
+                    updates=args.updates,
+                    batch=batch,
+                    noise=noise,
+                    common=args.common,
+                    every=args.every,
+                    seed=args.seed,
+                )
                 rows += [{"setting": name, "batch": batch, "noise": noise, **r} for r in trace]
                 end = trace[-1]
-                print(f"{name:34s} B={batch:3d} σ={noise:<4g} r2 {end['r2']:+.3f} corr {end['corr']:+.3f} "
-                      f"gap {end['gap']:.3f} α+β {end['concentration']:.1f}", flush=True)
+                print(
+                    f"{name:34s} B={batch:3d} σ={noise:<4g} r2 {end['r2']:+.3f} corr {end['corr']:+.3f} "
+                    f"gap {end['gap']:.3f} α+β {end['concentration']:.1f}",
+                    flush=True,
+                )
     seconds = time.time() - start
-    command = "PYTHONPATH=. .venv/bin/python benchmarks/scheduler_bandit.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "PYTHONPATH=. .venv/bin/python benchmarks/scheduler_bandit.py " + " ".join(
+        sys.argv[1:] if argv is None else argv
+    )
     where = "synthetic concepts" if args.synthetic else f"{args.run}"
     lines = markdown(rows, ceilings, anchors, command, where, seconds)
     if args.out is not None:

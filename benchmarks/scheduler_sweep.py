@@ -34,33 +34,59 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks.shapes_sweep import (SPLITS, Budget, Variant, falcon, finished, finished_futures, replace_block,
-                                     run_one, seeds_phrase, sweep_parser)
+from benchmarks.shapes_sweep import (
+    SPLITS,
+    Budget,
+    Variant,
+    falcon,
+    finished,
+    finished_futures,
+    replace_block,
+    run_one,
+    seeds_phrase,
+    sweep_parser,
+)
 from falcon_cli.evaluation.intervals import PairedDifference, paired_by_seed
 
 METHODS: dict[str, tuple[str, list[str]]] = {
     "falcon": ("shapes-falcon", []),
     "falcon-plus": ("shapes-falcon-plus", []),
-    "falcon-plus-alignment": ("shapes-falcon-plus", ["pretrain.reward=alignment", "pretrain.scheduler_credit=pair",
-                                                     "pretrain.reward_mode=eval"]),
+    "falcon-plus-alignment": (
+        "shapes-falcon-plus",
+        ["pretrain.reward=alignment", "pretrain.scheduler_credit=pair", "pretrain.reward_mode=eval"],
+    ),
     "falcon-plus-margin-0": ("shapes-falcon-plus", ["pretrain.reward=positive_margin"]),
-    "falcon-plus-margin-0.25": ("shapes-falcon-plus", ["pretrain.reward=positive_margin", "pretrain.reward_margin=0.25"]),
+    "falcon-plus-margin-0.25": (
+        "shapes-falcon-plus",
+        ["pretrain.reward=positive_margin", "pretrain.reward_margin=0.25"],
+    ),
     "falcon-plus-margin-0.5": ("shapes-falcon-plus", ["pretrain.reward=positive_margin", "pretrain.reward_margin=0.5"]),
-    "falcon-plus-margin-0.5-itm": ("shapes-falcon-plus", ["pretrain.reward=positive_margin+itm",
-                                                          "pretrain.reward_margin=0.5"]),
-    "falcon-plus-margin-0.5-itm-w6": ("shapes-falcon-plus", ["pretrain.reward=positive_margin+itm",
-                                                             "pretrain.reward_margin=0.5", "pretrain.reward_itm_weight=6"]),
+    "falcon-plus-margin-0.5-itm": (
+        "shapes-falcon-plus",
+        ["pretrain.reward=positive_margin+itm", "pretrain.reward_margin=0.5"],
+    ),
+    "falcon-plus-margin-0.5-itm-w6": (
+        "shapes-falcon-plus",
+        ["pretrain.reward=positive_margin+itm", "pretrain.reward_margin=0.5", "pretrain.reward_itm_weight=6"],
+    ),
     "falcon-plus-margin-0.5-itm-excess": ("shapes-falcon-itm-excess", []),
     "falcon-plus-margin-0.5-itm-expected": ("shapes-falcon-itm-expected", []),
     "falcon-plus-margin-0.5-oracle-expected": ("shapes-falcon-oracle", []),
     "falcon-plus-margin-0.5-oracle-expected-w0.5": ("shapes-falcon-oracle", ["pretrain.reward_itm_weight=0.5"]),
     "falcon-plus-margin-0.5-levels": ("shapes-falcon-levels", []),
-    "falcon-plus-margin-0.5-oracle-levels": ("shapes-falcon-levels", ["pretrain.reward=positive_margin+oracle",
-                                                                     "pretrain.reward_itm_charge=expected"]),
+    "falcon-plus-margin-0.5-oracle-levels": (
+        "shapes-falcon-levels",
+        ["pretrain.reward=positive_margin+oracle", "pretrain.reward_itm_charge=expected"],
+    ),
     "falcon-plus-rank-oracle": ("shapes-falcon-oracle", ["pretrain.reward_hardness=rank"]),
-    "falcon-plus-rank-oracle-levels": ("shapes-falcon-levels", ["pretrain.reward=positive_margin+oracle",
-                                                                "pretrain.reward_itm_charge=expected",
-                                                                "pretrain.reward_hardness=rank"]),
+    "falcon-plus-rank-oracle-levels": (
+        "shapes-falcon-levels",
+        [
+            "pretrain.reward=positive_margin+oracle",
+            "pretrain.reward_itm_charge=expected",
+            "pretrain.reward_hardness=rank",
+        ],
+    ),
     "grit": ("shapes-grit", []),
     "uniform": ("shapes-uniform", []),
     "q05": ("shapes-q05", []),
@@ -89,27 +115,56 @@ q = 1 GRIT's chain with the oracle's view) draw the fixed-q frontier with q = 0.
 BASELINES = ("grit", "uniform", "q05")
 """What the improved scheduler must beat."""
 
-IMPROVED = ("falcon-plus", "falcon-plus-alignment", "falcon-plus-margin-0", "falcon-plus-margin-0.25",
-            "falcon-plus-margin-0.5", "falcon-plus-margin-0.5-itm", "falcon-plus-margin-0.5-itm-w6",
-            "falcon-plus-margin-0.5-itm-excess", "falcon-plus-margin-0.5-itm-expected",
-            "falcon-plus-margin-0.5-oracle-expected", "falcon-plus-margin-0.5-oracle-expected-w0.5",
-            "falcon-plus-margin-0.5-levels", "falcon-plus-margin-0.5-oracle-levels", "falcon-plus-rank-oracle",
-            "falcon-plus-rank-oracle-levels")
+IMPROVED = (
+    "falcon-plus",
+    "falcon-plus-alignment",
+    "falcon-plus-margin-0",
+    "falcon-plus-margin-0.25",
+    "falcon-plus-margin-0.5",
+    "falcon-plus-margin-0.5-itm",
+    "falcon-plus-margin-0.5-itm-w6",
+    "falcon-plus-margin-0.5-itm-excess",
+    "falcon-plus-margin-0.5-itm-expected",
+    "falcon-plus-margin-0.5-oracle-expected",
+    "falcon-plus-margin-0.5-oracle-expected-w0.5",
+    "falcon-plus-margin-0.5-levels",
+    "falcon-plus-margin-0.5-oracle-levels",
+    "falcon-plus-rank-oracle",
+    "falcon-plus-rank-oracle-levels",
+)
 """The improved schedulers the issue's targets are checked for."""
 
-DEFAULT = ("falcon", "falcon-plus", "falcon-plus-alignment", "falcon-plus-margin-0", "falcon-plus-margin-0.25",
-           "falcon-plus-margin-0.5", "grit", "uniform", "q05")
+DEFAULT = (
+    "falcon",
+    "falcon-plus",
+    "falcon-plus-alignment",
+    "falcon-plus-margin-0",
+    "falcon-plus-margin-0.25",
+    "falcon-plus-margin-0.5",
+    "grit",
+    "uniform",
+    "q05",
+)
 """What the sweep runs without ``--only`` (issue 20's comparison); the rest run when named."""
 
 FRONTIER: dict[str, float] = {"q0": 0.0, "q025": 0.25, "q05": 0.5, "q075": 0.75, "q1": 1.0}
 """The fixed-q runs whose chain false-negative rates, against their q, are the frontier a scheduler is judged by."""
 
 BUDGETS: dict[str, Budget] = {
-    "learning": Budget(images=700, epochs=11, batch=16, spaces={"medium": 350}, warmup=10, audit_pairs=20000,
-                       step_windows=10),
+    "learning": Budget(
+        images=700, epochs=11, batch=16, spaces={"medium": 350}, warmup=10, audit_pairs=20000, step_windows=10
+    ),
     "quick": Budget(images=200, epochs=4, batch=8, spaces={"medium": 50}, warmup=5, audit_pairs=2000, step_windows=4),
-    "gpu": Budget(images=4000, epochs=21, batch=32, spaces={"medium": 1000}, size=64, warmup=50, audit_pairs=50000,
-                  step_windows=20),
+    "gpu": Budget(
+        images=4000,
+        epochs=21,
+        batch=32,
+        spaces={"medium": 1000},
+        size=64,
+        warmup=50,
+        audit_pairs=50000,
+        step_windows=20,
+    ),
 }
 """``learning``: 1,100 scheduler updates per FALCON run, 15 runs in about 75 minutes at 2 jobs on 2 cores.
 ``quick``: a smoke test of the pipeline (one seed; nothing learns). ``gpu``: 2,000 training images of 64 pixels,
@@ -123,10 +178,28 @@ def scheduler_updates(budget: Budget) -> int:
     pairs = round(budget.images * SPLITS["train"]) * 5  # five captions per training image
     return (budget.epochs - 1) * num_space_batches(pairs, budget.spaces["medium"], budget.batch, False)
 
-SUMMARY_KEYS = ("q_fn_density_corr", "expected_q_std", "expected_q_mean", "q_mean", "safe_q_mean", "q_above_safe_share",
-                "chain_fn_rate", "fn_density_mean", "reward_fn_corr", "frontier_fn_rate", "frontier_gap", "itm_fn_auc",
-                "charge_fn_auc", "hardness_fn_auc", "itm_fn_corr", "charge_fn_corr", "hardness_fn_corr",
-                "best_by_density_fn_rate", "best_by_anchor_fn_rate")
+
+SUMMARY_KEYS = (
+    "q_fn_density_corr",
+    "expected_q_std",
+    "expected_q_mean",
+    "q_mean",
+    "safe_q_mean",
+    "q_above_safe_share",
+    "chain_fn_rate",
+    "fn_density_mean",
+    "reward_fn_corr",
+    "frontier_fn_rate",
+    "frontier_gap",
+    "itm_fn_auc",
+    "charge_fn_auc",
+    "hardness_fn_auc",
+    "itm_fn_corr",
+    "charge_fn_corr",
+    "hardness_fn_corr",
+    "best_by_density_fn_rate",
+    "best_by_anchor_fn_rate",
+)
 """The epoch summary keys (``metrics.jsonl``, kind ``epoch_summary``) the sweep keeps per epoch."""
 
 
@@ -138,8 +211,11 @@ def epoch_rows(method: str, seed: int, run: Path) -> list[dict]:
     from falcon_cli.sampling.batch_log import read_batch_log
     from falcon_cli.sampling.oracle_view import SUMMARY_COLUMNS, summary_by_epoch
 
-    rows = [{"method": method, "seed": seed, "epoch": r["epoch"], **{k: r.get(k) for k in SUMMARY_KEYS}}
-            for r in read_metrics(run / "metrics.jsonl") if r.get("kind") == "epoch_summary"]
+    rows = [
+        {"method": method, "seed": seed, "epoch": r["epoch"], **{k: r.get(k) for k in SUMMARY_KEYS}}
+        for r in read_metrics(run / "metrics.jsonl")
+        if r.get("kind") == "epoch_summary"
+    ]
     from_log = set(SUMMARY_KEYS) & set(SUMMARY_COLUMNS)  # (the reward's and the judge's keys are not in the log)
     if any(row[k] is None for row in rows for k in from_log) and (run / "batches.parquet").exists():
         logged = summary_by_epoch(read_batch_log(run / "batches.parquet")).set_index("epoch").to_dict("index")
@@ -151,13 +227,26 @@ def epoch_rows(method: str, seed: int, run: Path) -> list[dict]:
 def run_row(base: dict, epochs: list[dict]) -> dict:
     """A run's row: retrieval and audit (``base``, from the main sweep's ``collect``), and the oracle's view of
     its last epoch, with the correlation also averaged over the second half of its epochs (less noisy)."""
-    row = {k: base[k] for k in ("method", "seed", "R@1", "oracle_R@1", "i2t_R@1", "t2i_R@1", "oracle_i2t_R@1",
-                                "oracle_t2i_R@1", "seconds_per_epoch") if k in base}
+    row = {
+        k: base[k]
+        for k in (
+            "method",
+            "seed",
+            "R@1",
+            "oracle_R@1",
+            "i2t_R@1",
+            "t2i_R@1",
+            "oracle_i2t_R@1",
+            "oracle_t2i_R@1",
+            "seconds_per_epoch",
+        )
+        if k in base
+    }
     row["fn_rate_chain_audit"] = base.get("fn_rate_chain", float("nan"))
     last = epochs[-1] if epochs else {}
     for key in SUMMARY_KEYS:
         row[key] = _number(last.get(key))
-    late = [_number(e.get("q_fn_density_corr")) for e in epochs[len(epochs) // 2:]]
+    late = [_number(e.get("q_fn_density_corr")) for e in epochs[len(epochs) // 2 :]]
     late = [v for v in late if v == v]
     row["q_fn_density_corr_late"] = sum(late) / len(late) if late else float("nan")
     return row
@@ -167,18 +256,37 @@ def _number(value) -> float:
     return float("nan") if value is None else float(value)
 
 
-COLUMNS = [("R@1", "R@1"), ("oracle_R@1", "FN-aware R@1"), ("fn_rate_chain_audit", "chain FN % (audit)"),
-           ("chain_fn_rate", "chain FN %"),
-           ("fn_density_mean", "FN % of a random pick"), ("q_fn_density_corr", "corr(E[q], FN density)"),
-           ("q_fn_density_corr_late", "same, late-epoch mean"), ("expected_q_std", "std E[q]"), ("q_mean", "mean q"),
-           ("safe_q_mean", "safe q"), ("q_above_safe_share", "q > safe q"), ("reward_fn_corr", "corr(reward, FN pick)"),
-           ("itm_fn_auc", "ITM AUC, false picks"), ("charge_fn_auc", "charge AUC, false picks"),
-           ("frontier_fn_rate", "frontier FN %, same anchors and mean q"), ("frontier_gap", "gap to the frontier, same anchors"),
-           ("best_by_density_fn_rate", "best FN % knowing each anchor's density"),
-           ("best_by_anchor_fn_rate", "best FN % knowing each anchor's false picks"), ("seconds_per_epoch", "s / epoch")]
+COLUMNS = [
+    ("R@1", "R@1"),
+    ("oracle_R@1", "FN-aware R@1"),
+    ("fn_rate_chain_audit", "chain FN % (audit)"),
+    ("chain_fn_rate", "chain FN %"),
+    ("fn_density_mean", "FN % of a random pick"),
+    ("q_fn_density_corr", "corr(E[q], FN density)"),
+    ("q_fn_density_corr_late", "same, late-epoch mean"),
+    ("expected_q_std", "std E[q]"),
+    ("q_mean", "mean q"),
+    ("safe_q_mean", "safe q"),
+    ("q_above_safe_share", "q > safe q"),
+    ("reward_fn_corr", "corr(reward, FN pick)"),
+    ("itm_fn_auc", "ITM AUC, false picks"),
+    ("charge_fn_auc", "charge AUC, false picks"),
+    ("frontier_fn_rate", "frontier FN %, same anchors and mean q"),
+    ("frontier_gap", "gap to the frontier, same anchors"),
+    ("best_by_density_fn_rate", "best FN % knowing each anchor's density"),
+    ("best_by_anchor_fn_rate", "best FN % knowing each anchor's false picks"),
+    ("seconds_per_epoch", "s / epoch"),
+]
 """The summary table's columns: results.csv key -> header (percent for R@1 and the FN rates)."""
-PERCENT = {"chain_fn_rate", "fn_density_mean", "q_above_safe_share", "frontier_fn_rate", "frontier_gap",
-           "best_by_density_fn_rate", "best_by_anchor_fn_rate"}
+PERCENT = {
+    "chain_fn_rate",
+    "fn_density_mean",
+    "q_above_safe_share",
+    "frontier_fn_rate",
+    "frontier_gap",
+    "best_by_density_fn_rate",
+    "best_by_anchor_fn_rate",
+}
 
 
 def summary_table(table, methods=None, columns=None) -> str:
@@ -193,7 +301,11 @@ def summary_table(table, methods=None, columns=None) -> str:
             values = rows[key].astype(float) * (100 if key in PERCENT else 1)
             values = values.dropna()
             digits = 1 if key in PERCENT or "R@1" in key or key in ("seconds_per_epoch", "fn_rate_chain_audit") else 2
-            cells.append("—" if values.empty else f"{values.mean():.{digits}f} ± {values.std(ddof=1) if len(values) > 1 else 0:.{digits}f}")
+            cells.append(
+                "—"
+                if values.empty
+                else f"{values.mean():.{digits}f} ± {values.std(ddof=1) if len(values) > 1 else 0:.{digits}f}"
+            )
         lines.append(f"| {method} | {len(rows)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -203,7 +315,9 @@ def paired_words(d: PairedDifference) -> str:
     (a direction only where it excludes zero)."""
     if d.n < 2:
         return f"{d.mean:+.1f} on one seed: **no verdict** (one seed)"
-    outcome = {"higher": "beats it", "lower": "loses to it"}.get(d.verdict, "no difference shown (the interval holds zero)")
+    outcome = {"higher": "beats it", "lower": "loses to it"}.get(
+        d.verdict, "no difference shown (the interval holds zero)"
+    )
     return f"paired over {d.n} seeds {d.mean:+.1f} [{d.lo:+.1f}, {d.hi:+.1f}]: **{outcome}**"
 
 
@@ -217,38 +331,55 @@ def verdict(table) -> list[str]:
             continue
         corr = plus["q_fn_density_corr"].astype(float)
         met = bool((corr <= -0.3).all())
-        lines.append(f"- **{improved}, anchor dependence:** corr(E[q], FN density) in the last epoch per seed: "
-                     f"{', '.join(f'{v:+.2f}' for v in corr)} — target ≤ −0.30 on every seed: "
-                     f"**{'met' if met else 'not met'}**.")
+        lines.append(
+            f"- **{improved}, anchor dependence:** corr(E[q], FN density) in the last epoch per seed: "
+            f"{', '.join(f'{v:+.2f}' for v in corr)} — target ≤ −0.30 on every seed: "
+            f"**{'met' if met else 'not met'}**."
+        )
         reward = plus["reward_fn_corr"].astype(float) if "reward_fn_corr" in plus else plus["R@1"].iloc[:0]
-        if reward.notna().any():  # issue 35: a reward that can teach the scheduler to avoid false picks pays less for them
-            lines.append(f"- **{improved}, the reward sees false picks:** corr(reward, FN pick) in the last epoch per "
-                         f"seed: {', '.join(f'{v:+.2f}' for v in reward)} — target ≤ −0.30 on every seed: "
-                         f"**{'met' if bool((reward <= -0.3).all()) else 'not met'}**.")
+        if (
+            reward.notna().any()
+        ):  # issue 35: a reward that can teach the scheduler to avoid false picks pays less for them
+            lines.append(
+                f"- **{improved}, the reward sees false picks:** corr(reward, FN pick) in the last epoch per "
+                f"seed: {', '.join(f'{v:+.2f}' for v in reward)} — target ≤ −0.30 on every seed: "
+                f"**{'met' if bool((reward <= -0.3).all()) else 'not met'}**."
+            )
         gap = points.loc[points["method"] == improved, "gap"]
         if len(gap):
-            lines.append(f"- **{improved}, against the fixed-q frontier:** chain FN % minus the frontier's at the same "
-                         f"mean q, per seed: {', '.join(f'{v:+.1f}' for v in gap)} points — target ≤ −5 on every seed: "
-                         f"**{'met' if bool((gap.round(6) <= -5).all()) else 'not met'}**.")
+            lines.append(
+                f"- **{improved}, against the fixed-q frontier:** chain FN % minus the frontier's at the same "
+                f"mean q, per seed: {', '.join(f'{v:+.1f}' for v in gap)} points — target ≤ −5 on every seed: "
+                f"**{'met' if bool((gap.round(6) <= -5).all()) else 'not met'}**."
+            )
         same = 100 * plus["frontier_gap"].astype(float) if "frontier_gap" in plus else plus["R@1"].iloc[:0]
         if same.notna().any():
-            lines.append(f"- **{improved}, against the frontier on its own anchors** (what each fixed q would have "
-                         f"picked for the same anchors): {', '.join(f'{v:+.1f}' for v in same)} points — target ≤ −5 on "
-                         f"every seed: **{'met' if bool((same.round(6) <= -5).all()) else 'not met'}**.")
-        room = (100 * (plus["frontier_fn_rate"] - plus["best_by_density_fn_rate"]).astype(float)
-                if "best_by_density_fn_rate" in plus else plus["R@1"].iloc[:0])
+            lines.append(
+                f"- **{improved}, against the frontier on its own anchors** (what each fixed q would have "
+                f"picked for the same anchors): {', '.join(f'{v:+.1f}' for v in same)} points — target ≤ −5 on "
+                f"every seed: **{'met' if bool((same.round(6) <= -5).all()) else 'not met'}**."
+            )
+        room = (
+            100 * (plus["frontier_fn_rate"] - plus["best_by_density_fn_rate"]).astype(float)
+            if "best_by_density_fn_rate" in plus
+            else plus["R@1"].iloc[:0]
+        )
         if room.notna().any():  # how far below the frontier a scheduler that knew each anchor's density could go
-            lines.append(f"- **{improved}, the room below the frontier:** the best mix of the five fixed q's per density "
-                         f"decile lies {', '.join(f'{v:.1f}' for v in room)} points below the frontier at the same mean "
-                         f"q, per seed (knowing each anchor's false picks: "
-                         f"{', '.join(f'{v:.1f}' for v in 100 * (plus['frontier_fn_rate'] - plus['best_by_anchor_fn_rate']))}).")
+            lines.append(
+                f"- **{improved}, the room below the frontier:** the best mix of the five fixed q's per density "
+                f"decile lies {', '.join(f'{v:.1f}' for v in room)} points below the frontier at the same mean "
+                f"q, per seed (knowing each anchor's false picks: "
+                f"{', '.join(f'{v:.1f}' for v in 100 * (plus['frontier_fn_rate'] - plus['best_by_anchor_fn_rate']))})."
+            )
         for base in BASELINES:
             rows = table[table["method"] == base]
             d = paired_by_seed(plus.set_index("seed")["R@1"].to_dict(), rows.set_index("seed")["R@1"].to_dict())
             if d is None:
                 continue
-            lines.append(f"- **{improved}, R@1 vs {base}:** {plus['R@1'].mean():.1f} vs {rows['R@1'].mean():.1f}; "
-                         f"{paired_words(d)}.")
+            lines.append(
+                f"- **{improved}, R@1 vs {base}:** {plus['R@1'].mean():.1f} vs {rows['R@1'].mean():.1f}; "
+                f"{paired_words(d)}."
+            )
     return lines or ["No improved scheduler has a finished run yet."]
 
 
@@ -267,11 +398,20 @@ def frontier_rows(table):
         if len(curve) < 2 or run["q_mean"] != run["q_mean"] or run["chain_fn_rate"] != run["chain_fn_rate"]:
             continue
         at = float(np.interp(run["q_mean"], curve["level"], curve["chain_fn_rate"].astype(float)))
-        rows.append({"method": run["method"], "seed": run["seed"], "q_mean": run["q_mean"],
-                     "chain_fn_rate": run["chain_fn_rate"], "frontier_fn_rate": at,
-                     "gap": 100 * (run["chain_fn_rate"] - at), "fixed_runs": len(curve)})
-    return pd.DataFrame(rows, columns=["method", "seed", "q_mean", "chain_fn_rate", "frontier_fn_rate", "gap",
-                                       "fixed_runs"])
+        rows.append(
+            {
+                "method": run["method"],
+                "seed": run["seed"],
+                "q_mean": run["q_mean"],
+                "chain_fn_rate": run["chain_fn_rate"],
+                "frontier_fn_rate": at,
+                "gap": 100 * (run["chain_fn_rate"] - at),
+                "fixed_runs": len(curve),
+            }
+        )
+    return pd.DataFrame(
+        rows, columns=["method", "seed", "q_mean", "chain_fn_rate", "frontier_fn_rate", "gap", "fixed_runs"]
+    )
 
 
 def frontier_table(table) -> str:
@@ -284,19 +424,27 @@ def frontier_table(table) -> str:
     for method, level in FRONTIER.items():
         values = 100 * fixed.loc[fixed["method"] == method, "chain_fn_rate"].astype(float).dropna()
         if len(values):
-            lines.append(f"| {level:g} | {len(values)} | {values.mean():.1f} ± {values.std(ddof=1) if len(values) > 1 else 0:.1f} |")
+            lines.append(
+                f"| {level:g} | {len(values)} | {values.mean():.1f} ± {values.std(ddof=1) if len(values) > 1 else 0:.1f} |"
+            )
     points = frontier_rows(table)
     if points.empty:
         return "\n".join(lines) + "\n"
-    lines += ["", "| scheduler | seeds | mean q | chain FN % | the frontier at that q, % | gap, points (per seed) | "
-              "below by ≥ 5 |", "|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "| scheduler | seeds | mean q | chain FN % | the frontier at that q, % | gap, points (per seed) | "
+        "below by ≥ 5 |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for method in [m for m in METHODS if m in set(points["method"])]:
         rows = points[points["method"] == method].sort_values("seed")
         gap = rows["gap"]
-        lines.append(f"| {method} | {len(rows)} | {rows['q_mean'].mean():.2f} | {100 * rows['chain_fn_rate'].mean():.1f} | "
-                     f"{100 * rows['frontier_fn_rate'].mean():.1f} | {gap.mean():+.1f} ± "
-                     f"{gap.std(ddof=1) if len(gap) > 1 else 0:.1f} ({', '.join(f'{v:+.1f}' for v in gap)}) | "
-                     f"{int((gap.round(6) <= -5).sum())}/{len(gap)} |")
+        lines.append(
+            f"| {method} | {len(rows)} | {rows['q_mean'].mean():.2f} | {100 * rows['chain_fn_rate'].mean():.1f} | "
+            f"{100 * rows['frontier_fn_rate'].mean():.1f} | {gap.mean():+.1f} ± "
+            f"{gap.std(ddof=1) if len(gap) > 1 else 0:.1f} ({', '.join(f'{v:+.1f}' for v in gap)}) | "
+            f"{int((gap.round(6) <= -5).sum())}/{len(gap)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -318,14 +466,22 @@ def fn_rate_by_q(logs) -> str:
     edges = np.quantile(rows["anchor_fn_density"], [0, 1 / 3, 2 / 3, 1])
     tercile = np.clip(np.searchsorted(edges[1:-1], rows["anchor_fn_density"], side="right"), 0, 2)
     names = [f"density {edges[i]:.2f}–{edges[i + 1]:.2f}" for i in range(3)]
-    lines = ["| q | picks | FN % (all anchors) | " + " | ".join(f"FN %, {n}" for n in names) + " |",
-             "|---|---|---|" + "---|" * 3]
+    lines = [
+        "| q | picks | FN % (all anchors) | " + " | ".join(f"FN %, {n}" for n in names) + " |",
+        "|---|---|---|" + "---|" * 3,
+    ]
     for label, part in rows.groupby(bucket, observed=True):
         low, high = label.left, min(label.right, 1.0)
-        cells = [f"{100 * part.loc[tercile[part.index] == t, 'chosen_is_fn'].mean():.1f}" if (tercile[part.index] == t).any()
-                 else "—" for t in range(3)]
-        lines.append(f"| [{low:.1f}, {high:.1f}{']' if high == 1.0 else ')'} | {len(part):,} | "
-                     f"{100 * part['chosen_is_fn'].mean():.1f} | " + " | ".join(cells) + " |")
+        cells = [
+            f"{100 * part.loc[tercile[part.index] == t, 'chosen_is_fn'].mean():.1f}"
+            if (tercile[part.index] == t).any()
+            else "—"
+            for t in range(3)
+        ]
+        lines.append(
+            f"| [{low:.1f}, {high:.1f}{']' if high == 1.0 else ')'} | {len(part):,} | "
+            f"{100 * part['chosen_is_fn'].mean():.1f} | " + " | ".join(cells) + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -342,7 +498,9 @@ def falcon_logs(out: Path, methods) -> list:
             log = log[log["q"].notna() & log["chosen_is_fn"].notna() & (log["sampler"] == "falcon")]
             if len(log):
                 epochs = sorted(log["epoch"].unique())
-                logs.append(log[log["epoch"].isin(epochs[len(epochs) // 2:])][["q", "anchor_fn_density", "chosen_is_fn"]])
+                logs.append(
+                    log[log["epoch"].isin(epochs[len(epochs) // 2 :])][["q", "anchor_fn_density", "chosen_is_fn"]]
+                )
     return logs
 
 
@@ -362,40 +520,65 @@ def figure(epochs, out: Path, methods=None, name: str = "scheduler_sweep.png") -
         for seed, rows in epochs[epochs["method"] == method].groupby("seed"):
             label = method if seed == epochs["seed"].min() else None
             if "falcon" in method:
-                axes[0].plot(rows["epoch"], rows["q_fn_density_corr"].astype(float), color=f"C{i}", marker="o",
-                             markersize=3, label=label)
+                axes[0].plot(
+                    rows["epoch"],
+                    rows["q_fn_density_corr"].astype(float),
+                    color=f"C{i}",
+                    marker="o",
+                    markersize=3,
+                    label=label,
+                )
                 axes[1].plot(rows["epoch"], rows["expected_q_mean"].astype(float), color=f"C{i}", label=label)
                 axes[1].plot(rows["epoch"], rows["expected_q_std"].astype(float), color=f"C{i}", linestyle=":")
             axes[2].plot(rows["epoch"], 100 * rows["chain_fn_rate"].astype(float), color=f"C{i}", label=label)
     random_pick = epochs.groupby("epoch")["fn_density_mean"].mean()
-    axes[2].plot(random_pick.index, 100 * random_pick.astype(float), color="grey", linestyle="--", label="a random pick")
+    axes[2].plot(
+        random_pick.index, 100 * random_pick.astype(float), color="grey", linestyle="--", label="a random pick"
+    )
     axes[0].axhline(-0.3, color="grey", linestyle="--", linewidth=0.8)
     axes[0].axhline(0, color="grey", linewidth=0.5)
-    axes[0].set(xlabel="epoch", ylabel="corr(E[q], anchor FN density)", ylim=(-1, 1),
-                title="anchor dependence (target: below −0.3)")
+    axes[0].set(
+        xlabel="epoch",
+        ylabel="corr(E[q], anchor FN density)",
+        ylim=(-1, 1),
+        title="anchor dependence (target: below −0.3)",
+    )
     axes[1].set(xlabel="epoch", ylabel="q", ylim=(0, 1), title="E[q]: mean (solid), std across anchors (dotted)")
     axes[2].set(xlabel="epoch", ylabel="%", title="false negatives among the composer's picks")
     # the frontier: each run's last epoch, fixed q as one line per seed, every scheduler as its points
     last = epochs.sort_values("epoch").groupby(["method", "seed"], as_index=False).last()
     for seed, rows in last[last["method"].isin(list(FRONTIER))].groupby("seed"):
         rows = rows.assign(level=rows["method"].map(FRONTIER)).sort_values("level")
-        axes[3].plot(rows["level"], 100 * rows["chain_fn_rate"].astype(float), color="grey", marker="s", markersize=3,
-                     label="one q for every anchor" if seed == last["seed"].min() else None)
+        axes[3].plot(
+            rows["level"],
+            100 * rows["chain_fn_rate"].astype(float),
+            color="grey",
+            marker="s",
+            markersize=3,
+            label="one q for every anchor" if seed == last["seed"].min() else None,
+        )
     for i, method in enumerate(m for m in (methods or METHODS) if m in set(last["method"])):
         if "falcon" in method:
             rows = last[last["method"] == method]
-            axes[3].scatter(rows["q_mean"].astype(float), 100 * rows["chain_fn_rate"].astype(float), color=f"C{i}",
-                            label=method, zorder=3)
-    axes[3].set(xlabel="mean q (last epoch)", ylabel="chain FN %", xlim=(-0.02, 1.02),
-                title="the fixed-q frontier (a scheduler's goal: below it)")
+            axes[3].scatter(
+                rows["q_mean"].astype(float),
+                100 * rows["chain_fn_rate"].astype(float),
+                color=f"C{i}",
+                label=method,
+                zorder=3,
+            )
+    axes[3].set(
+        xlabel="mean q (last epoch)",
+        ylabel="chain FN %",
+        xlim=(-0.02, 1.02),
+        title="the fixed-q frontier (a scheduler's goal: below it)",
+    )
     for ax in axes:
         ax.legend(fontsize=7)
     fig.tight_layout()
     path = save_png(fig, out / name)
     plt.close(fig)
     return path
-
-
 
 
 def copy_assets(report: Path, out: Path, prefix: str, figure_path: Path) -> None:
@@ -410,15 +593,31 @@ def copy_assets(report: Path, out: Path, prefix: str, figure_path: Path) -> None
 
 def run_manifests(out: Path, table) -> tuple[list[dict], list[str]]:
     """The manifests of the table's runs, and the commits they ran at (`sha`, marked where the tree was dirty)."""
-    manifests = [json.loads((out / "runs" / f"{m}-s{s}" / "manifest.json").read_text())
-                 for m, s in zip(table["method"], table["seed"])]
-    commits = sorted({f"`{(m['git']['sha'] or 'unknown')[:7]}`" + (" (uncommitted changes)" if m["git"]["dirty"] else "")
-                      for m in manifests})
+    manifests = [
+        json.loads((out / "runs" / f"{m}-s{s}" / "manifest.json").read_text())
+        for m, s in zip(table["method"], table["seed"])
+    ]
+    commits = sorted(
+        {
+            f"`{(m['git']['sha'] or 'unknown')[:7]}`" + (" (uncommitted changes)" if m["git"]["dirty"] else "")
+            for m in manifests
+        }
+    )
     return manifests, commits
 
 
-def write_report(report: Path, out: Path, table, budget: Budget, name: str, command: str, jobs: int,
-                 planned: int, figure_path: Path, block_name: str = "scheduler") -> None:
+def write_report(
+    report: Path,
+    out: Path,
+    table,
+    budget: Budget,
+    name: str,
+    command: str,
+    jobs: int,
+    planned: int,
+    figure_path: Path,
+    block_name: str = "scheduler",
+) -> None:
     """Rewrite ``report``'s block ``block_name`` (``<!-- NAME:begin -->`` … ``<!-- NAME:end -->``; ``scheduler``
     by default) and copy the tables and figure to ``report.parent/results/`` as ``NAME_*``."""
     copy_assets(report, out, block_name, figure_path)
@@ -428,7 +627,8 @@ def write_report(report: Path, out: Path, table, budget: Budget, name: str, comm
     hours = sum((_time(m["end"]) - _time(m["created"])) for m in manifests) / 3600
     updates = scheduler_updates(budget)
     block = [
-        "<!-- Generated by benchmarks/scheduler_sweep.py --report; edit outside the markers. -->", "",
+        "<!-- Generated by benchmarks/scheduler_sweep.py --report; edit outside the markers. -->",
+        "",
         f"**Command:** `{command}`  ",
         f"**Commits:** {', '.join(commits)}; {platform.machine()}, {os.cpu_count()} CPU cores, {jobs} runs at a time; "
         f"{len(table)} runs{f' of {planned} planned (in progress)' if planned > len(table) else ''}, "
@@ -448,16 +648,25 @@ def write_report(report: Path, out: Path, table, budget: Budget, name: str, comm
         "pick)* whether the reward pays less for a false-negative pick (it must, for the scheduler to learn to avoid "
         "them). — where the method has no such number (GRIT and uniform compose no quantile chain; q = 0.5 has no Beta).",
         "",
-        summary_table(table).rstrip(), "",
-        "**Against the issue's targets** (computed from the table):", "", *verdict(table), "",
+        summary_table(table).rstrip(),
+        "",
+        "**Against the issue's targets** (computed from the table):",
+        "",
+        *verdict(table),
+        "",
         "**The fixed-q frontier.** Chain FN % of each fixed-q run; each scheduler run's last-epoch point (mean q, chain "
         "FN %) against the line through its own seed's fixed-q runs (the gap: below 0, fewer false negatives at the "
-        "same mean q; the issue's target is −5 points on every seed):", "",
-        frontier_table(table).rstrip(), "",
+        "same mean q; the issue's target is −5 points on every seed):",
+        "",
+        frontier_table(table).rstrip(),
+        "",
         "**Can q avoid false negatives at all?** The oracle's verdict on every pick of the FALCON runs (second half of "
-        "their epochs, all variants and seeds), by the q that made it and by the anchor's false-negative density:", "",
-        fn_rate_by_q(falcon_logs(out, [m for m in METHODS if m.startswith("falcon")])).rstrip(), "",
-        f"![scheduler sweep](results/{figure_path.name})", "",
+        "their epochs, all variants and seeds), by the q that made it and by the anchor's false-negative density:",
+        "",
+        fn_rate_by_q(falcon_logs(out, [m for m in METHODS if m.startswith("falcon")])).rstrip(),
+        "",
+        f"![scheduler sweep](results/{figure_path.name})",
+        "",
         f"Per-run numbers: [results/{block_name}_results.csv](results/{block_name}_results.csv); per epoch: "
         f"[results/{block_name}_epochs.csv](results/{block_name}_epochs.csv).",
     ]
@@ -470,8 +679,14 @@ def _time(stamp: str) -> float:
     return datetime.fromisoformat(stamp).timestamp()
 
 
-def run_sweep(methods: dict[str, tuple[str, list[str]]], todo: list[tuple[str, int]], out: Path, budget: Budget,
-              jobs: int, describe) -> tuple[list[dict], list[dict], list[str]]:
+def run_sweep(
+    methods: dict[str, tuple[str, list[str]]],
+    todo: list[tuple[str, int]],
+    out: Path,
+    budget: Budget,
+    jobs: int,
+    describe,
+) -> tuple[list[dict], list[dict], list[str]]:
     """Train, evaluate and audit every (method, seed) of ``todo`` (``methods``: name -> (recipe, overrides)) on the
     budget's world in ``out``, ``jobs`` at a time, skipping what is done; returns (one row per finished run, one
     row per run and epoch with a composition summary, a line per failed run). ``describe(row)``: what the progress
@@ -482,14 +697,18 @@ def run_sweep(methods: dict[str, tuple[str, list[str]]], todo: list[tuple[str, i
         falcon(*budget.world_args(out), log=out / "world.log", threads=os.cpu_count() or 1)
     start, rows, epochs, failures = time.perf_counter(), [], [], []
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {(m, s): pool.submit(run_one, Variant(m), s, out, budget, threads, {}, recipe=methods[m])
-                   for m, s in todo}
+        futures = {
+            (m, s): pool.submit(run_one, Variant(m), s, out, budget, threads, {}, recipe=methods[m]) for m, s in todo
+        }
         for (method, seed), base in finished_futures(futures, failures):
             per_epoch = epoch_rows(method, seed, out / "runs" / f"{method}-s{seed}")
             epochs += per_epoch
             rows.append(run_row(base, per_epoch))
-            print(f"[{time.perf_counter() - start:6.0f} s] {method} seed {seed}: R@1 {rows[-1]['R@1']:.1f}, "
-                  f"{describe(rows[-1])}", flush=True)
+            print(
+                f"[{time.perf_counter() - start:6.0f} s] {method} seed {seed}: R@1 {rows[-1]['R@1']:.1f}, "
+                f"{describe(rows[-1])}",
+                flush=True,
+            )
     return rows, epochs, failures
 
 
@@ -498,8 +717,11 @@ def finished_runs(out: Path) -> list[tuple[str, int]]:
     order, seeds ascending (``--collect``)."""
     found = []
     for method in METHODS:
-        seeds = sorted(int(tail) for tail in (p.name[len(method) + 2:] for p in (out / "runs").glob(f"{method}-s*"))
-                       if tail.isdigit())
+        seeds = sorted(
+            int(tail)
+            for tail in (p.name[len(method) + 2 :] for p in (out / "runs").glob(f"{method}-s*"))
+            if tail.isdigit()
+        )
         found += [(method, seed) for seed in seeds if finished(out / "runs" / f"{method}-s{seed}")]
     return found
 
@@ -508,15 +730,25 @@ def main() -> None:
     import pandas as pd
 
     parser = sweep_parser(__doc__, list(METHODS), "scheduler")
-    parser.add_argument("--budget", choices=list(BUDGETS), default="learning",
-                        help="learning (1,100 scheduler updates per FALCON run), quick (a smoke test), gpu")
-    parser.add_argument("--block", default="scheduler",
-                        help="With --report: the page's block to rewrite, <!-- BLOCK:begin --> ... <!-- BLOCK:end --> "
-                             "(default scheduler, issue 20's; frontier: issue 35's), and the prefix of its files "
-                             "in results/.")
-    parser.add_argument("--collect", action="store_true",
-                        help="Train nothing: tables, figure and report from every finished run in OUT (e.g. the fixed-q "
-                             "runs of one seed beside the schedulers of three).")
+    parser.add_argument(
+        "--budget",
+        choices=list(BUDGETS),
+        default="learning",
+        help="learning (1,100 scheduler updates per FALCON run), quick (a smoke test), gpu",
+    )
+    parser.add_argument(
+        "--block",
+        default="scheduler",
+        help="With --report: the page's block to rewrite, <!-- BLOCK:begin --> ... <!-- BLOCK:end --> "
+        "(default scheduler, issue 20's; frontier: issue 35's), and the prefix of its files "
+        "in results/.",
+    )
+    parser.add_argument(
+        "--collect",
+        action="store_true",
+        help="Train nothing: tables, figure and report from every finished run in OUT (e.g. the fixed-q "
+        "runs of one seed beside the schedulers of three).",
+    )
     args = parser.parse_args()
 
     out = args.out.resolve()
@@ -525,22 +757,42 @@ def main() -> None:
     todo = [(method, seed) for seed in seeds for method in METHODS if method in (args.only or DEFAULT)]
     if args.collect:  # train nothing: every finished run in OUT, whatever --only and --seeds say
         todo = finished_runs(out)
-    rows, epochs, failures = run_sweep(METHODS, todo, out, budget, args.jobs,
-                                       lambda row: f"corr(E[q], FN density) {row['q_fn_density_corr']:+.2f}")
+    rows, epochs, failures = run_sweep(
+        METHODS, todo, out, budget, args.jobs, lambda row: f"corr(E[q], FN density) {row['q_fn_density_corr']:+.2f}"
+    )
     if rows:
         table, per_epoch = pd.DataFrame(rows), pd.DataFrame(epochs)
         table.to_csv(out / "results.csv", index=False, float_format="%.4f")
         per_epoch.to_csv(out / "epochs.csv", index=False, float_format="%.4f")
-        (out / "summary.md").write_text(summary_table(table) + "\n" + "\n".join(verdict(table)) + "\n\n"
-                                        + "The fixed-q frontier:\n\n" + frontier_table(table))
+        (out / "summary.md").write_text(
+            summary_table(table)
+            + "\n"
+            + "\n".join(verdict(table))
+            + "\n\n"
+            + "The fixed-q frontier:\n\n"
+            + frontier_table(table)
+        )
         frontier_rows(table).to_csv(out / "frontier.csv", index=False, float_format="%.4f")
         print((out / "summary.md").read_text())
-        path = figure(per_epoch if len(per_epoch) else pd.DataFrame(columns=["method", "seed", "epoch", *SUMMARY_KEYS]), out,
-                      name=f"{args.block}_sweep.png")
+        path = figure(
+            per_epoch if len(per_epoch) else pd.DataFrame(columns=["method", "seed", "epoch", *SUMMARY_KEYS]),
+            out,
+            name=f"{args.block}_sweep.png",
+        )
         if args.report:
             command = "PYTHONPATH=. .venv/bin/python benchmarks/scheduler_sweep.py " + " ".join(sys.argv[1:])
-            write_report(args.report.resolve(), out, table, budget, args.budget, command, args.jobs, len(todo), path,
-                         block_name=args.block)
+            write_report(
+                args.report.resolve(),
+                out,
+                table,
+                budget,
+                args.budget,
+                command,
+                args.jobs,
+                len(todo),
+                path,
+                block_name=args.block,
+            )
     if failures:
         raise SystemExit(f"{len(failures)} run(s) failed:\n" + "\n".join(failures))
 

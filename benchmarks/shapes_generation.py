@@ -57,8 +57,10 @@ def main() -> None:
             shutil.rmtree(scratch, ignore_errors=True)
     test = summary.false_negative_density["test"]
     print(f"images: {args.images}  seconds: {seconds:.2f}  images/s: {args.images / seconds:.0f}")
-    print(f"test split: {test['captions']} captions, images described per caption: "
-          f"mean {test['mean']:.2f}, median {test['median']:.1f}, max {test['max']}")
+    print(
+        f"test split: {test['captions']} captions, images described per caption: "
+        f"mean {test['mean']:.2f}, median {test['median']:.1f}, max {test['max']}"
+    )
     if profiler:
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
 

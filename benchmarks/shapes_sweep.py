@@ -57,8 +57,10 @@ METHODS: dict[str, str] = {
 
 FIXES: dict[str, tuple[str, list[str]]] = {
     "falcon-ema-lr1e-2": ("shapes-falcon-ema", ["pretrain.scheduler_lr=1e-2"]),
-    "falcon-itc-itm-ema-lr1e-2": ("shapes-falcon-reward-itc-itm",
-                                  ["pretrain.reward_baseline=ema", "pretrain.scheduler_lr=1e-2"]),
+    "falcon-itc-itm-ema-lr1e-2": (
+        "shapes-falcon-reward-itc-itm",
+        ["pretrain.reward_baseline=ema", "pretrain.scheduler_lr=1e-2"],
+    ),
 }
 """Variants that the analysis pointed to (docs/results.md). First: FALCON's q distribution did not move in its
 164 scheduler steps and its reward was positive at most steps, so REINFORCE without a baseline reinforces
@@ -99,17 +101,34 @@ class Budget:
 
     def world_args(self, out: Path) -> list[str]:
         """``falcon data shapes`` arguments for the sweep's world (made once, before the runs start)."""
-        return ["data", "shapes", "--out", str(out / "world"), "--images", str(self.images), "--size", str(self.size),
-                *(f"splits.{split}={fraction}" for split, fraction in SPLITS.items())]
+        return [
+            "data",
+            "shapes",
+            "--out",
+            str(out / "world"),
+            "--images",
+            str(self.images),
+            "--size",
+            str(self.size),
+            *(f"splits.{split}={fraction}" for split, fraction in SPLITS.items()),
+        ]
 
     def overrides(self, out: Path) -> list[str]:
         """The overrides every run of the sweep gets (world, budget, audit windows)."""
-        return [f"data.dataset={out / 'world'}", f"data.shapes.images={self.images}", f"data.shapes.size={self.size}",
-                *(f"data.shapes.splits.{split}={fraction}" for split, fraction in SPLITS.items()),
-                f"pretrain.image_size={self.size}", f"pretrain.epochs={self.epochs}",
-                f"pretrain.batch_size={self.batch}", f"pretrain.search_space_size={self.spaces['medium']}",
-                f"pretrain.warmup_steps={self.warmup}", "pretrain.num_workers=0", "pretrain.eval_split=test",
-                f"audit.step_windows={self.step_windows}"]
+        return [
+            f"data.dataset={out / 'world'}",
+            f"data.shapes.images={self.images}",
+            f"data.shapes.size={self.size}",
+            *(f"data.shapes.splits.{split}={fraction}" for split, fraction in SPLITS.items()),
+            f"pretrain.image_size={self.size}",
+            f"pretrain.epochs={self.epochs}",
+            f"pretrain.batch_size={self.batch}",
+            f"pretrain.search_space_size={self.spaces['medium']}",
+            f"pretrain.warmup_steps={self.warmup}",
+            "pretrain.num_workers=0",
+            "pretrain.eval_split=test",
+            f"audit.step_windows={self.step_windows}",
+        ]
 
 
 FULL = Budget(images=700, epochs=4, batch=32, spaces={"small": 64, "medium": 350, "large": 1750})
@@ -141,22 +160,35 @@ def plan(budget: Budget, seeds: list[int], only: list[str] | None) -> list[tuple
     if "srcl" in methods and "uniform" not in methods:
         methods.insert(0, "uniform")  # SRCL's auxiliary model
     out = [(Variant(m), seed) for seed in seeds for m in METHODS if m in methods]
-    out += [(Variant(m, s), seed) for seed in seeds[:budget.extra_seeds] for m in SPACE_SWEEP if m in methods
-            for s in budget.spaces if s != "medium"]
+    out += [
+        (Variant(m, s), seed)
+        for seed in seeds[: budget.extra_seeds]
+        for m in SPACE_SWEEP
+        if m in methods
+        for s in budget.spaces
+        if s != "medium"
+    ]
     if budget is not QUICK:
-        out += [(Variant(m), seed) for seed in seeds[:budget.extra_seeds] for m in FIXES if m in methods]
+        out += [(Variant(m), seed) for seed in seeds[: budget.extra_seeds] for m in FIXES if m in methods]
     return out
 
 
 def falcon(*args: str, log: Path, threads: int) -> None:
     """Run ``falcon ARGS`` (appending its output to ``log``); raise with the log's tail on failure."""
-    env = {"PYTHONPATH": str(REPO), "FALCON_PROGRESS": "0", "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-           "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "HOME": os.environ.get("HOME", "/tmp")}
+    env = {
+        "PYTHONPATH": str(REPO),
+        "FALCON_PROGRESS": "0",
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "HOME": os.environ.get("HOME", "/tmp"),
+    }
     with log.open("a") as out:
         out.write(f"\n$ falcon {' '.join(args)}\n")
         out.flush()
-        proc = subprocess.run([sys.executable, "-m", "falcon_cli", *args], cwd=REPO, stdout=out,
-                              stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.run(
+            [sys.executable, "-m", "falcon_cli", *args], cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env
+        )
     if proc.returncode != 0:
         tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
         raise RuntimeError(f"falcon {' '.join(args)} failed (exit {proc.returncode}); {log}:\n{tail}")
@@ -188,11 +220,21 @@ def finished(run: Path) -> bool:
 def completed(run: Path, stage: str) -> bool:
     """The run's manifest records ``stage`` as completed."""
     manifest = run / "manifest.json"
-    return manifest.exists() and json.loads(manifest.read_text()).get("stages", {}).get(stage, {}).get("status") == "completed"
+    return (
+        manifest.exists()
+        and json.loads(manifest.read_text()).get("stages", {}).get(stage, {}).get("status") == "completed"
+    )
 
 
-def run_one(variant: Variant, seed: int, out: Path, budget: Budget, threads: int, waits: dict,
-            recipe: tuple[str, list[str]] | None = None) -> dict:
+def run_one(
+    variant: Variant,
+    seed: int,
+    out: Path,
+    budget: Budget,
+    threads: int,
+    waits: dict,
+    recipe: tuple[str, list[str]] | None = None,
+) -> dict:
     """Train, evaluate and audit one (variant, seed), skipping the parts already done; its row of numbers.
     ``recipe``: (recipe name, extra overrides) of a method outside :data:`METHODS` and :data:`FIXES`."""
     run = out / "runs" / f"{variant.name}-s{seed}"
@@ -210,8 +252,16 @@ def run_one(variant: Variant, seed: int, out: Path, budget: Budget, threads: int
     if not (run / EVALUATED).exists():
         falcon("evaluate", "retrieval", str(run), "--itc-only", log=log, threads=threads)
     if not (run / AUDITED).exists():
-        falcon("audit-false-negatives", str(run), "--judge", "oracle", "--max-pairs", str(budget.audit_pairs),
-               log=log, threads=threads)
+        falcon(
+            "audit-false-negatives",
+            str(run),
+            "--judge",
+            "oracle",
+            "--max-pairs",
+            str(budget.audit_pairs),
+            log=log,
+            threads=threads,
+        )
     return collect(variant, seed, run)
 
 
@@ -223,12 +273,34 @@ def collect(variant: Variant, seed: int, run: Path) -> dict:
     config = manifest["config"]["pretrain"]
     retrieval = json.loads((run / EVALUATED).read_text())["rows"][0]
     audit = {row["kind"]: row for row in json.loads((run / AUDITED).read_text())["overall"]}
-    row = {"method": variant.name, "base_method": variant.method, "space": variant.space,
-           "search_space_size": config["search_space_size"], "seed": seed, "pretrain_seconds": seconds,
-           "seconds_per_epoch": seconds / config["epochs"]}
-    for key in ("i2t_R@1", "i2t_R@5", "i2t_R@10", "t2i_R@1", "t2i_R@5", "t2i_R@10", "mean_R",
-                "oracle_i2t_R@1", "oracle_i2t_R@5", "oracle_i2t_R@10", "oracle_t2i_R@1", "oracle_t2i_R@5",
-                "oracle_t2i_R@10", "oracle_i2t_R-P", "oracle_t2i_R-P", "oracle_i2t_mAP@R", "oracle_t2i_mAP@R"):
+    row = {
+        "method": variant.name,
+        "base_method": variant.method,
+        "space": variant.space,
+        "search_space_size": config["search_space_size"],
+        "seed": seed,
+        "pretrain_seconds": seconds,
+        "seconds_per_epoch": seconds / config["epochs"],
+    }
+    for key in (
+        "i2t_R@1",
+        "i2t_R@5",
+        "i2t_R@10",
+        "t2i_R@1",
+        "t2i_R@5",
+        "t2i_R@10",
+        "mean_R",
+        "oracle_i2t_R@1",
+        "oracle_i2t_R@5",
+        "oracle_i2t_R@10",
+        "oracle_t2i_R@1",
+        "oracle_t2i_R@5",
+        "oracle_t2i_R@10",
+        "oracle_i2t_R-P",
+        "oracle_t2i_R-P",
+        "oracle_i2t_mAP@R",
+        "oracle_t2i_mAP@R",
+    ):
         row[key] = retrieval.get(key, float("nan"))
     for kind in ("chain", "itm", "all"):
         if kind in audit:
@@ -248,14 +320,30 @@ def _seconds(start: str, end: str) -> float:
 
 TABLES: dict[str, list[tuple[str, str]]] = {
     "Standard zero-shot retrieval (ITC; %)": [
-        ("R@1", "R@1 (mean)"), ("i2t_R@1", "i2t R@1"), ("i2t_R@5", "i2t R@5"), ("i2t_R@10", "i2t R@10"),
-        ("t2i_R@1", "t2i R@1"), ("t2i_R@5", "t2i R@5"), ("t2i_R@10", "t2i R@10")],
+        ("R@1", "R@1 (mean)"),
+        ("i2t_R@1", "i2t R@1"),
+        ("i2t_R@5", "i2t R@5"),
+        ("i2t_R@10", "i2t R@10"),
+        ("t2i_R@1", "t2i R@1"),
+        ("t2i_R@5", "t2i R@5"),
+        ("t2i_R@10", "t2i R@10"),
+    ],
     "False-negative-aware retrieval (every item the oracle says truly matches is a positive; %)": [
-        ("oracle_R@1", "R@1 (mean)"), ("oracle_i2t_R@1", "i2t R@1"), ("oracle_i2t_R@5", "i2t R@5"),
-        ("oracle_i2t_R@10", "i2t R@10"), ("oracle_t2i_R@1", "t2i R@1"), ("oracle_t2i_R@5", "t2i R@5"),
-        ("oracle_t2i_R@10", "t2i R@10"), ("oracle_i2t_R-P", "i2t R-P"), ("oracle_t2i_R-P", "t2i R-P")],
+        ("oracle_R@1", "R@1 (mean)"),
+        ("oracle_i2t_R@1", "i2t R@1"),
+        ("oracle_i2t_R@5", "i2t R@5"),
+        ("oracle_i2t_R@10", "i2t R@10"),
+        ("oracle_t2i_R@1", "t2i R@1"),
+        ("oracle_t2i_R@5", "t2i R@5"),
+        ("oracle_t2i_R@10", "t2i R@10"),
+        ("oracle_i2t_R-P", "i2t R-P"),
+        ("oracle_t2i_R-P", "t2i R-P"),
+    ],
     "Negatives actually used, and time": [
-        ("fn_rate_chain", "FN % (chain)"), ("fn_rate_itm", "FN % (ITM)"), ("seconds_per_epoch", "s / epoch")],
+        ("fn_rate_chain", "FN % (chain)"),
+        ("fn_rate_itm", "FN % (ITM)"),
+        ("seconds_per_epoch", "s / epoch"),
+    ],
 }
 """The summary tables: title -> [(results.csv key, header)]."""
 
@@ -282,15 +370,20 @@ def summarise(table, out: Path):
     summary = mean.join(std.add_suffix("_std")).assign(seeds=seeds)
     summary.to_csv(out / "summary.csv", float_format="%.4f")
     main = [m for m in mean.index if "@M-" not in m]
-    (out / "summary.md").write_text("\n".join(f"**{title}**\n\n" + _markdown(mean, std, seeds, main, group)
-                                              for title, group in TABLES.items()))
+    (out / "summary.md").write_text(
+        "\n".join(f"**{title}**\n\n" + _markdown(mean, std, seeds, main, group) for title, group in TABLES.items())
+    )
 
     sweep = space_sweep_rows(table)
-    lines = ["| method | |M| | seeds | R@1 | FN-aware i2t R@1 | FN-aware t2i R@1 | FN % (chain) | s / epoch |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| method | |M| | seeds | R@1 | FN-aware i2t R@1 | FN-aware t2i R@1 | FN % (chain) | s / epoch |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for (method, size), rows in sweep.groupby(["base_method", "search_space_size"]):
-        cells = [_cell(rows[c].mean(), rows[c].std()) for c in
-                 ("R@1", "oracle_i2t_R@1", "oracle_t2i_R@1", "fn_rate_chain", "seconds_per_epoch")]
+        cells = [
+            _cell(rows[c].mean(), rows[c].std())
+            for c in ("R@1", "oracle_i2t_R@1", "oracle_t2i_R@1", "fn_rate_chain", "seconds_per_epoch")
+        ]
         lines.append(f"| {method} | {size} | {len(rows)} | " + " | ".join(cells) + " |")
     (out / "space_sweep.md").write_text("\n".join(lines) + "\n")
     return mean, std, seeds
@@ -304,14 +397,21 @@ def _cell(mean: float, std: float) -> str:
 
 def _markdown(mean, std, seeds, methods, group: list[tuple[str, str]]) -> str:
     group = [(key, header) for key, header in group if key in mean]
-    lines = ["| method | seeds | " + " | ".join(header for _, header in group) + " |", "|---|---|" + "---|" * len(group)]
+    lines = [
+        "| method | seeds | " + " | ".join(header for _, header in group) + " |",
+        "|---|---|" + "---|" * len(group),
+    ]
     for method in methods:
-        lines.append(f"| {method} | {seeds[method]} | " + " | ".join(_cell(mean.loc[method, key], std.loc[method, key])
-                                                                   for key, _ in group) + " |")
+        lines.append(
+            f"| {method} | {seeds[method]} | "
+            + " | ".join(_cell(mean.loc[method, key], std.loc[method, key]) for key, _ in group)
+            + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
 # --- figures ---------------------------------------------------------------------------------------
+
 
 def figures(table, out: Path, mean, std) -> list[Path]:
     """R@1 vs time (Fig. 6), FN rate vs step per quantile (Fig. 2), FALCON's q over training, the |M| sweep."""
@@ -329,11 +429,21 @@ def figures(table, out: Path, mean, std) -> list[Path]:
     main = [m for m in mean.index if "@M-" not in m]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, method in enumerate(main):  # 14 methods: colours repeat after 10, markers tell them apart
-        ax.errorbar(mean.loc[method, "seconds_per_epoch"], mean.loc[method, "R@1"], yerr=std.loc[method, "R@1"],
-                    xerr=std.loc[method, "seconds_per_epoch"], fmt="osD^vP*Xhp<>d8"[i % 14], color=f"C{i % 10}",
-                    capsize=3, label=method)
-    ax.set(xlabel="seconds per pretraining epoch", ylabel="zero-shot R@1 (mean of i2t, t2i; %)",
-           title="R@1 against training time (mean ± std over seeds)")
+        ax.errorbar(
+            mean.loc[method, "seconds_per_epoch"],
+            mean.loc[method, "R@1"],
+            yerr=std.loc[method, "R@1"],
+            xerr=std.loc[method, "seconds_per_epoch"],
+            fmt="osD^vP*Xhp<>d8"[i % 14],
+            color=f"C{i % 10}",
+            capsize=3,
+            label=method,
+        )
+    ax.set(
+        xlabel="seconds per pretraining epoch",
+        ylabel="zero-shot R@1 (mean of i2t, t2i; %)",
+        title="R@1 against training time (mean ± std over seeds)",
+    )
     ax.legend(fontsize=7, ncol=2)
     paths.append(save_png(fig, out / "r1_vs_time.png"))
     plt.close(fig)
@@ -342,19 +452,35 @@ def figures(table, out: Path, mean, std) -> list[Path]:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     world = out / "world" / "world.json"
     density = json.loads(world.read_text())["statistics"]["false_negative_density"]["train"] if world.exists() else None
-    for ax, kind, title in zip(axes, ("chain", "itm"), ("negatives the composer chose (chain)", "hardest in-batch ITM negatives")):
+    for ax, kind, title in zip(
+        axes, ("chain", "itm"), ("negatives the composer chose (chain)", "hardest in-batch ITM negatives")
+    ):
         if density is not None:
-            ax.axhline(100 * density["mean_fraction_of_split"], color="grey", linestyle=":", label="a random negative (world)")
+            ax.axhline(
+                100 * density["mean_fraction_of_split"], color="grey", linestyle=":", label="a random negative (world)"
+            )
         for color, (method, label) in enumerate(FIXED_Q.items()):
-            frames = [pd.read_csv(path) for path in sorted((out / "runs").glob(f"{method}-s*/audit/fn_rate_by_step.csv"))]
+            frames = [
+                pd.read_csv(path) for path in sorted((out / "runs").glob(f"{method}-s*/audit/fn_rate_by_step.csv"))
+            ]
             frames = [f[f["kind"] == kind] for f in frames]
             frames = [f for f in frames if len(f)]
             if not frames:
                 continue
-            both = pd.concat(frames).groupby("window").agg(step=("last_step", "mean"), rate=("rate", "mean"),
-                                                           sd=("rate", "std"))
-            ax.errorbar(both["step"], 100 * both["rate"], yerr=100 * both["sd"].fillna(0), marker="o", capsize=2, label=label,
-                        color=f"C{color}")
+            both = (
+                pd.concat(frames)
+                .groupby("window")
+                .agg(step=("last_step", "mean"), rate=("rate", "mean"), sd=("rate", "std"))
+            )
+            ax.errorbar(
+                both["step"],
+                100 * both["rate"],
+                yerr=100 * both["sd"].fillna(0),
+                marker="o",
+                capsize=2,
+                label=label,
+                color=f"C{color}",
+            )
         ax.set(xlabel="training step (end of window)", title=title)
         ax.legend(fontsize=8)
     axes[0].set_ylabel("oracle false-negative rate (%)")
@@ -364,7 +490,9 @@ def figures(table, out: Path, mean, std) -> list[Path]:
     # FALCON's q distribution over training: per step, the median and 10-90% band of the q it drew.
     falcon_methods = [m for m in main if m.startswith("falcon")]
     if falcon_methods:
-        fig, axes = plt.subplots(1, len(falcon_methods), figsize=(3.2 * len(falcon_methods), 3.4), sharey=True, squeeze=False)
+        fig, axes = plt.subplots(
+            1, len(falcon_methods), figsize=(3.2 * len(falcon_methods), 3.4), sharey=True, squeeze=False
+        )
         for ax, method in zip(axes[0], falcon_methods):
             logs = [read_batch_log(p) for p in sorted((out / "runs").glob(f"{method}-s*/batches.parquet"))]
             q = pd.concat([log[log["sampler"] == "falcon"][["epoch", "step", "q"]] for log in logs]).dropna()
@@ -390,9 +518,15 @@ def figures(table, out: Path, mean, std) -> list[Path]:
         for method, rows in sweep.groupby("base_method"):
             stats = rows.groupby("search_space_size")["R@1"].agg(["mean", "std"])
             ax.errorbar(stats.index, stats["mean"], yerr=stats["std"].fillna(0), marker="o", capsize=3, label=method)
-        ax.set(xscale="log", xlabel="search space size |M| (pairs)", ylabel="zero-shot R@1 (%)",
-               title=f"search-space size sweep ({seeds_phrase(sweep['seed'])})")
-        ax.set_xticks(sorted(sweep["search_space_size"].unique()), [str(v) for v in sorted(sweep["search_space_size"].unique())])
+        ax.set(
+            xscale="log",
+            xlabel="search space size |M| (pairs)",
+            ylabel="zero-shot R@1 (%)",
+            title=f"search-space size sweep ({seeds_phrase(sweep['seed'])})",
+        )
+        ax.set_xticks(
+            sorted(sweep["search_space_size"].unique()), [str(v) for v in sorted(sweep["search_space_size"].unique())]
+        )
         ax.legend(fontsize=8)
         fig.tight_layout()
         paths.append(save_png(fig, out / "space_sweep.png"))
@@ -400,8 +534,10 @@ def figures(table, out: Path, mean, std) -> list[Path]:
     return paths
 
 
-REWARD_HEADER = ("| variant | seeds | reward mean | reward std | reward > 0 | corr(batch mean q, reward) | "
-                 "mean q, first FALCON epoch | mean q, last epoch |\n|---|---|---|---|---|---|---|---|\n")
+REWARD_HEADER = (
+    "| variant | seeds | reward mean | reward std | reward > 0 | corr(batch mean q, reward) | "
+    "mean q, first FALCON epoch | mean q, last epoch |\n|---|---|---|---|---|---|---|---|\n"
+)
 
 
 def reward_table(out: Path) -> str:
@@ -412,7 +548,9 @@ def reward_table(out: Path) -> str:
     """
     rows = []
     for method in [m for m in [*METHODS, *FIXES] if m.startswith("falcon")]:
-        records = [r for r in (_reward_record(run) for run in sorted((out / "runs").glob(f"{method}-s*"))) if r is not None]
+        records = [
+            r for r in (_reward_record(run) for run in sorted((out / "runs").glob(f"{method}-s*"))) if r is not None
+        ]
         if records:
             rows.append(reward_row(method, records))
     return REWARD_HEADER + "".join(rows)
@@ -434,8 +572,12 @@ def _reward_record(run: Path) -> dict | None:
     if not len(rewards) or not epochs:
         return None
     last = log[log["epoch"] == epochs[-1]]
-    return {"rewards": rewards, "step_q": last.groupby("step")["q"].mean().to_numpy()[-len(rewards):],
-            "first_q": float(log[log["epoch"] == epochs[0]]["q"].mean()), "last_q": float(last["q"].mean())}
+    return {
+        "rewards": rewards,
+        "step_q": last.groupby("step")["q"].mean().to_numpy()[-len(rewards) :],
+        "first_q": float(log[log["epoch"] == epochs[0]]["q"].mean()),
+        "last_q": float(last["q"].mean()),
+    }
 
 
 def reward_row(method: str, records: list[dict]) -> str:
@@ -446,11 +588,16 @@ def reward_row(method: str, records: list[dict]) -> str:
     import numpy as np
 
     rewards = np.concatenate([np.asarray(r["rewards"], dtype=float) for r in records])
-    corrs = [float(np.corrcoef(r["step_q"], r["rewards"])[0, 1]) for r in records
-             if len(r["step_q"]) == len(r["rewards"]) and np.std(r["rewards"]) > 0 and np.std(r["step_q"]) > 0]
+    corrs = [
+        float(np.corrcoef(r["step_q"], r["rewards"])[0, 1])
+        for r in records
+        if len(r["step_q"]) == len(r["rewards"]) and np.std(r["rewards"]) > 0 and np.std(r["step_q"]) > 0
+    ]
     corr = f"{np.mean(corrs):+.2f}" if corrs else "—"
-    return (f"| {method} | {len(records)} | {rewards.mean():.4f} | {rewards.std():.4f} | {100 * (rewards > 0).mean():.0f}% | "
-            f"{corr} | {np.mean([r['first_q'] for r in records]):.3f} | {np.mean([r['last_q'] for r in records]):.3f} |\n")
+    return (
+        f"| {method} | {len(records)} | {rewards.mean():.4f} | {rewards.std():.4f} | {100 * (rewards > 0).mean():.0f}% | "
+        f"{corr} | {np.mean([r['first_q'] for r in records]):.3f} | {np.mean([r['last_q'] for r in records]):.3f} |\n"
+    )
 
 
 # --- the report ------------------------------------------------------------------------------------
@@ -460,8 +607,17 @@ CODE = ("falcon_cli", "stages", "recipes")
 """What trains a run: the report says whether the runs' commits agree on these."""
 
 
-def write_report(report: Path, out: Path, table, budget: Budget, seeds: list[int], command: str,
-                 paths: list[Path], planned: int | None = None, jobs: int = 2) -> None:
+def write_report(
+    report: Path,
+    out: Path,
+    table,
+    budget: Budget,
+    seeds: list[int],
+    command: str,
+    paths: list[Path],
+    planned: int | None = None,
+    jobs: int = 2,
+) -> None:
     """Rewrite ``report``'s generated block (tables, world, command, commit) and copy artifacts to ``report.parent/results/``."""
     assets = report.parent / "results"
     assets.mkdir(parents=True, exist_ok=True)
@@ -470,18 +626,38 @@ def write_report(report: Path, out: Path, table, budget: Budget, seeds: list[int
     for path in paths:
         shutil.copyfile(path, assets / path.name)
     world = json.loads((out / "world" / "world.json").read_text())
-    density, images, captions = (world["statistics"]["false_negative_density"], world["counts"]["images"],
-                                 world["counts"]["captions"])
+    density, images, captions = (
+        world["statistics"]["false_negative_density"],
+        world["counts"]["images"],
+        world["counts"]["captions"],
+    )
     names = [f"{method}-s{seed}" for method, seed in zip(table["method"], table["seed"])]  # the runs in the tables
     manifests = [json.loads((out / "runs" / name / "manifest.json").read_text()) for name in names]
-    commits = sorted({f"`{(m['git']['sha'] or 'unknown')[:7]}`" + (" (uncommitted changes)" if m["git"]["dirty"] else "")
-                      for m in manifests})
+    commits = sorted(
+        {
+            f"`{(m['git']['sha'] or 'unknown')[:7]}`" + (" (uncommitted changes)" if m["git"]["dirty"] else "")
+            for m in manifests
+        }
+    )
     shas = sorted({m["git"]["sha"] for m in manifests if m["git"]["sha"]})
     # The sweep may span commits that touch only docs, benchmarks or layout (whitespace does not change a number).
-    same_code = all(subprocess.run(["git", "diff", "--quiet", "--ignore-all-space", "--ignore-blank-lines", shas[0], sha,
-                                    "--", *CODE], cwd=REPO).returncode == 0 for sha in shas[1:])
-    agreement = (f" (the same {', '.join(CODE)} at all of them, up to whitespace)" if same_code else
-                 f" ({', '.join(CODE)} differ between them)") if len(shas) > 1 else ""
+    same_code = all(
+        subprocess.run(
+            ["git", "diff", "--quiet", "--ignore-all-space", "--ignore-blank-lines", shas[0], sha, "--", *CODE],
+            cwd=REPO,
+        ).returncode
+        == 0
+        for sha in shas[1:]
+    )
+    agreement = (
+        (
+            f" (the same {', '.join(CODE)} at all of them, up to whitespace)"
+            if same_code
+            else f" ({', '.join(CODE)} differ between them)"
+        )
+        if len(shas) > 1
+        else ""
+    )
     # Compute, not the calendar: a resumed sweep's first start to last end would count the pauses between parts.
     compute = sum(_seconds(m["created"], m["end"]) for m in manifests)  # each run: created -> its audit's end
     space = space_sweep_rows(table)
@@ -524,12 +700,18 @@ def write_report(report: Path, out: Path, table, budget: Budget, seeds: list[int
     if table["space"].nunique() > 1:
         block += ["### Search-space size |M| (GRIT and FALCON)", "", (out / "space_sweep.md").read_text().rstrip(), ""]
     if (out / "falcon_rewards.md").exists():
-        block += ["### FALCON's reward and q (last epoch's steps, all seeds)", "",
-                  (out / "falcon_rewards.md").read_text().rstrip(), ""]
+        block += [
+            "### FALCON's reward and q (last epoch's steps, all seeds)",
+            "",
+            (out / "falcon_rewards.md").read_text().rstrip(),
+            "",
+        ]
     for path in paths:
         block += [f"![{path.stem}](results/{path.name})", ""]
-    block += ["Per-run numbers: [results/results.csv](results/results.csv); means and standard deviations: "
-              "[results/summary.csv](results/summary.csv)."]
+    block += [
+        "Per-run numbers: [results/results.csv](results/results.csv); means and standard deviations: "
+        "[results/summary.csv](results/summary.csv)."
+    ]
     replace_block(report, BEGIN, END, block)
 
 
@@ -574,9 +756,14 @@ def main() -> None:
     import pandas as pd
 
     parser = sweep_parser(__doc__, [*METHODS, *FIXES], "sweep")
-    parser.add_argument("--quick", action="store_true", help="Smoke version: one seed, 100 training images, no |M| sweep.")
-    parser.add_argument("--tables-only", action="store_true",
-                        help="Train nothing: tables, figures and report from the runs already complete (a sweep in progress).")
+    parser.add_argument(
+        "--quick", action="store_true", help="Smoke version: one seed, 100 training images, no |M| sweep."
+    )
+    parser.add_argument(
+        "--tables-only",
+        action="store_true",
+        help="Train nothing: tables, figures and report from the runs already complete (a sweep in progress).",
+    )
     args = parser.parse_args()
 
     out = args.out.resolve()
@@ -598,8 +785,11 @@ def main() -> None:
             waits[(variant.name, seed)] = pool.submit(run_one, variant, seed, out, budget, threads, waits)
         for (name, seed), row in finished_futures(waits, failures):
             rows.append(row)
-            print(f"[{time.perf_counter() - start:7.0f} s] {name} seed {seed}: R@1 {row['R@1']:.1f}, FN-aware R@1 "
-                  f"{row['oracle_R@1']:.1f}, FN rate (chain) {row.get('fn_rate_chain', float('nan')):.1f}%", flush=True)
+            print(
+                f"[{time.perf_counter() - start:7.0f} s] {name} seed {seed}: R@1 {row['R@1']:.1f}, FN-aware R@1 "
+                f"{row['oracle_R@1']:.1f}, FN rate (chain) {row.get('fn_rate_chain', float('nan')):.1f}%",
+                flush=True,
+            )
     if rows:
         table = pd.DataFrame(rows)
         mean, std, _ = summarise(table, out)
@@ -608,9 +798,11 @@ def main() -> None:
         (out / "falcon_rewards.md").write_text(reward_table(out))
         if args.report:
             command = "PYTHONPATH=. .venv/bin/python benchmarks/shapes_sweep.py " + " ".join(
-                a for a in sys.argv[1:] if a != "--tables-only")
-            write_report(args.report.resolve(), out, table, budget, seeds, command, paths, planned=planned,
-                         jobs=args.jobs)
+                a for a in sys.argv[1:] if a != "--tables-only"
+            )
+            write_report(
+                args.report.resolve(), out, table, budget, seeds, command, paths, planned=planned, jobs=args.jobs
+            )
     if failures:
         raise SystemExit(f"{len(failures)} run(s) failed:\n" + "\n".join(failures))
 

@@ -50,7 +50,7 @@ def time_reads(layouts: dict[str, list], order: list[int], decode: bool) -> dict
     names = list(layouts)
     spent = dict.fromkeys(names, 0.0)
     for n, i in enumerate(order):
-        for name in (names if n % 2 == 0 else names[::-1]):
+        for name in names if n % 2 == 0 else names[::-1]:
             start = time.perf_counter()
             read(layouts[name][i])
             spent[name] += time.perf_counter() - start
@@ -70,10 +70,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="shard-read-") as tmp:
         files = Path(tmp) / "files"
         write_files(files, args.pairs, args.size, args.seed)
-        convert_to_shards(load_spec(files), pretrain_records(load_spec(files))[0], Path(tmp) / "shards",
-                          samples_per_shard=args.per_shard)
-        layouts = {name: [r.image for r in pretrain_records(load_spec(Path(tmp) / name))[0]]
-                   for name in ("files", "shards")}
+        convert_to_shards(
+            load_spec(files),
+            pretrain_records(load_spec(files))[0],
+            Path(tmp) / "shards",
+            samples_per_shard=args.per_shard,
+        )
+        layouts = {
+            name: [r.image for r in pretrain_records(load_spec(Path(tmp) / name))[0]] for name in ("files", "shards")
+        }
         mean_kb = statistics.mean(i.stat().st_size for i in layouts["files"]) / 1024
         results: dict = {"pairs": args.pairs, "size": args.size, "per_shard": args.per_shard, "mean_kb": mean_kb}
         for decode in (False, True):
@@ -86,13 +91,18 @@ def main() -> None:
                     for name, rate in measured.items():
                         rates[name].append(rate)
             ratios = [s / f for s, f in zip(rates["shards"], rates["files"])]
-            results[what] = {"files_pairs_per_s": statistics.median(rates["files"]),
-                             "shards_pairs_per_s": statistics.median(rates["shards"]),
-                             "ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
-                             "ratio_max": max(ratios)}
-            print(f"{what:8s} files {statistics.median(rates['files']):9,.0f} pairs/s   shards "
-                  f"{statistics.median(rates['shards']):9,.0f} pairs/s   shards/files {statistics.median(ratios):.3f} "
-                  f"(rounds {min(ratios):.3f}-{max(ratios):.3f})")
+            results[what] = {
+                "files_pairs_per_s": statistics.median(rates["files"]),
+                "shards_pairs_per_s": statistics.median(rates["shards"]),
+                "ratio_median": statistics.median(ratios),
+                "ratio_min": min(ratios),
+                "ratio_max": max(ratios),
+            }
+            print(
+                f"{what:8s} files {statistics.median(rates['files']):9,.0f} pairs/s   shards "
+                f"{statistics.median(rates['shards']):9,.0f} pairs/s   shards/files {statistics.median(ratios):.3f} "
+                f"(rounds {min(ratios):.3f}-{max(ratios):.3f})"
+            )
         print(f"{args.pairs:,} pairs, {args.size}px JPEG, {mean_kb:.1f} KB mean, {args.per_shard} pairs a shard")
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=2))

@@ -48,14 +48,18 @@ def main() -> None:
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     formula = cache_bytes_per_rank(args.pairs, args.world, dim=args.dim)
-    print(json.dumps({"phase": "formula", **{k: v / GIB if k != "rows" else v for k, v in formula.items()}}), flush=True)
+    print(
+        json.dumps({"phase": "formula", **{k: v / GIB if k != "rows" else v for k, v in formula.items()}}), flush=True
+    )
 
     def report(phase: str, **extra) -> None:
         row = {"phase": phase, "host_rss_gib": rss_mib() / 1024, "host_peak_rss_gib": max_rss_mib() / 1024, **extra}
         if cuda:
             torch.cuda.synchronize()
-            row.update(device_gib=torch.cuda.memory_allocated(device) / GIB,
-                       device_peak_gib=torch.cuda.max_memory_allocated(device) / GIB)
+            row.update(
+                device_gib=torch.cuda.memory_allocated(device) / GIB,
+                device_peak_gib=torch.cuda.max_memory_allocated(device) / GIB,
+            )
             torch.cuda.reset_peak_memory_stats(device)
         print(json.dumps(row), flush=True)
 
@@ -72,7 +76,9 @@ def main() -> None:
     cache = ShardedCache(ids, args.dim, device=device, world=args.world)
     report("built", cache_gib=cache.nbytes / GIB)
     g = torch.Generator(device=device).manual_seed(1)
-    order = torch.randperm(args.pairs, generator=torch.Generator().manual_seed(1))[:args.steps * args.batch * args.world]
+    order = torch.randperm(args.pairs, generator=torch.Generator().manual_seed(1))[
+        : args.steps * args.batch * args.world
+    ]
     order = order.to(device)  # (the pairs the simulated steps train; not the cache's memory)
     cache.begin(*shards())
     cache.reset()
@@ -82,7 +88,7 @@ def main() -> None:
         torch.cuda.synchronize()
     tick = time.perf_counter()
     for step in range(args.steps):
-        batch = order[step * gathered:(step + 1) * gathered]
+        batch = order[step * gathered : (step + 1) * gathered]
         feats = torch.nn.functional.normalize(torch.randn(2, len(batch), args.dim, device=device, generator=g), dim=-1)
         cache.update(batch, feats[0], feats[1])
     if cuda:
@@ -91,8 +97,9 @@ def main() -> None:
     report("epoch 0 trained", update_ms=per_step * 1e3, cache_gib=cache.nbytes / GIB)
     tick = time.perf_counter()
     cache.end()
-    report("epoch 0 ended (hand-over)", seconds=time.perf_counter() - tick, cache_gib=cache.nbytes / GIB,
-           rows=cache.rows)
+    report(
+        "epoch 0 ended (hand-over)", seconds=time.perf_counter() - tick, cache_gib=cache.nbytes / GIB, rows=cache.rows
+    )
     cache.begin(*shards())
     cache.reset()
     report("epoch 1 begun", cache_gib=cache.nbytes / GIB, rows=cache.rows)

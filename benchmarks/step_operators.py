@@ -64,16 +64,28 @@ def main() -> None:
     ids = torch.randint(1000, vocab, (batch, length))
     ids[:, 0] = 101
     attention = torch.ones(batch, length, dtype=torch.long)
-    attention[1:, length - 5:] = 0  # some padding, as real batches have
+    attention[1:, length - 5 :] = 0  # some padding, as real batches have
     generator = torch.Generator().manual_seed(0)
-    mask = MlmMask.sample(ids, attention, probability=0.5, generator=generator, vocab_size=vocab, mask_token_id=103,
-                          pad_token_id=0, cls_token_id=101)
+    mask = MlmMask.sample(
+        ids,
+        attention,
+        probability=0.5,
+        generator=generator,
+        vocab_size=vocab,
+        mask_token_id=103,
+        pad_token_id=0,
+        cls_token_id=101,
+    )
+
     def autocast():
         return torch.autocast("cpu", dtype=torch.bfloat16) if args.precision == "bf16" else contextlib.nullcontext()
 
     def step(profiles: dict | None = None) -> None:
-        phase = (lambda name: profile(activities=[ProfilerActivity.CPU])) if profiles is not None else \
-            (lambda name: contextlib.nullcontext())
+        phase = (
+            (lambda name: profile(activities=[ProfilerActivity.CPU]))
+            if profiles is not None
+            else (lambda name: contextlib.nullcontext())
+        )
         context = StepContext(torch.arange(batch), 1, 10, 100, None)
         with phase("forward") as forward, autocast():
             loss = objective(images, ids, attention, mask, 0.4, generator, context).loss

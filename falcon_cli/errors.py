@@ -43,18 +43,29 @@ class Refused(FalconError):
 
 
 _STORAGE = {
-    errno.ENOSPC: ("no space left on device", "free space there (or use a --run-dir on another disk) and run the "
-                   "command again, with --resume where it trains: writes are atomic, so what was finished is intact"),
-    errno.EDQUOT: ("disk quota exceeded", "free space within your quota (or use a --run-dir elsewhere) and run the "
-                   "command again, with --resume where it trains: writes are atomic, so what was finished is intact"),
+    errno.ENOSPC: (
+        "no space left on device",
+        "free space there (or use a --run-dir on another disk) and run the "
+        "command again, with --resume where it trains: writes are atomic, so what was finished is intact",
+    ),
+    errno.EDQUOT: (
+        "disk quota exceeded",
+        "free space within your quota (or use a --run-dir elsewhere) and run the "
+        "command again, with --resume where it trains: writes are atomic, so what was finished is intact",
+    ),
     errno.EROFS: ("read-only file system", "use a --run-dir on a writable disk"),
     errno.EACCES: ("permission denied", "use a --run-dir you can write to, or fix its permissions"),
     errno.EPERM: ("operation not permitted", "use a --run-dir you can write to, or fix its permissions"),
 }
 """The errnos of a write that failed for want of space or permission: (what, what to do)."""
 
-_STORAGE_TEXT = {"no space left on device": errno.ENOSPC, "os error 28": errno.ENOSPC,
-                 "disk quota exceeded": errno.EDQUOT, "read-only file system": errno.EROFS, "os error 30": errno.EROFS}
+_STORAGE_TEXT = {
+    "no space left on device": errno.ENOSPC,
+    "os error 28": errno.ENOSPC,
+    "disk quota exceeded": errno.EDQUOT,
+    "read-only file system": errno.EROFS,
+    "os error 30": errno.EROFS,
+}
 """How libraries that do not raise ``OSError`` (safetensors, torch.save, h5py) word the same failures."""
 
 
@@ -74,8 +85,11 @@ def storage_error(exc: BaseException, path: object = None) -> FalconError | None
     """The one-line error for a write that failed for want of space or permission (anywhere in
     ``exc``'s chain of causes), naming ``path`` (else the file the OS named); None for anything else."""
     for err in causes(exc):
-        code = err.errno if isinstance(err, OSError) and err.errno in _STORAGE else next(
-            (c for text, c in _STORAGE_TEXT.items() if text in str(err).lower()), None)
+        code = (
+            err.errno
+            if isinstance(err, OSError) and err.errno in _STORAGE
+            else next((c for text, c in _STORAGE_TEXT.items() if text in str(err).lower()), None)
+        )
         if code is not None:
             where = path or (err.filename if isinstance(err, OSError) and err.filename else "a file of the run")
             what, advice = _STORAGE[code]

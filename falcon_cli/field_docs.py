@@ -24,9 +24,13 @@ def field_docstrings(cls: type) -> dict[str, str]:
             continue  # (BaseModel, object: no falcon fields)
         body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
         for statement, below in zip(body, body[1:]):
-            if (isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)
-                    and isinstance(below, ast.Expr) and isinstance(below.value, ast.Constant)
-                    and isinstance(below.value.value, str)):
+            if (
+                isinstance(statement, ast.AnnAssign)
+                and isinstance(statement.target, ast.Name)
+                and isinstance(below, ast.Expr)
+                and isinstance(below.value, ast.Constant)
+                and isinstance(below.value.value, str)
+            ):
                 docs[statement.target.id] = inspect.cleandoc(below.value.value)
     return docs
 

@@ -92,16 +92,27 @@ def _albef_objective(model: Any, p: Any, false_negatives: Any) -> Any:
     """ALBEF's ITC (GRIT's in-batch or a momentum queue) + ITM + MLM."""
     from falcon_cli.objectives.vlp import VlpObjective  # (lazy: see above)
 
-    return VlpObjective(model, itc=p.itc, consistency_weight=p.itc_consistency_weight, itm_negatives=p.itm_negatives,
-                        momentum=p.momentum, queue_size=p.queue_size, false_negatives=false_negatives)
+    return VlpObjective(
+        model,
+        itc=p.itc,
+        consistency_weight=p.itc_consistency_weight,
+        itm_negatives=p.itm_negatives,
+        momentum=p.momentum,
+        queue_size=p.queue_size,
+        false_negatives=false_negatives,
+    )
 
 
 def _blip2_objective(model: Any, p: Any, false_negatives: Any) -> Any:
     """BLIP-2 stage 1 (LAVIS): ITC + ITM + ITG."""
     from falcon_cli.objectives.qformer import Blip2Objective  # (lazy: see above)
 
-    return Blip2Objective(model, consistency_weight=p.itc_consistency_weight, itm_negatives=p.itm_negatives,
-                          false_negatives=false_negatives)
+    return Blip2Objective(
+        model,
+        consistency_weight=p.itc_consistency_weight,
+        itm_negatives=p.itm_negatives,
+        false_negatives=false_negatives,
+    )
 
 
 def _dual_objective(model: Any, p: Any, false_negatives: Any) -> Any:
@@ -115,29 +126,72 @@ NOT_ALBEF = (("itc", "grit"), ("init", None), ("compile", False))
 """ALBEF-only pretrain settings and the value other frameworks must leave them at."""
 
 FRAMEWORKS: dict[str, Framework] = {
-    "albef": Framework("albef", FAMILIES["albef"], losses=("itc", "itm", "mlm"),
-                       rewards=("mlm", "itc+itm", "itc+itm+mlm", "alignment", "positive_margin",
-                                "positive_margin+itm", "positive_margin+oracle"),
-                       masked_language=True, rerank="itm", itc_label_smoothing=0.0, itc_stop_gradient=True,
-                       consistency_weight=ITC_CONSISTENCY_WEIGHT["none"],  # GRIT-VLP's 0.2
-                       objective=_albef_objective, weight_fields={"vision": "vision_weights", "text": "text_weights"},
-                       pad_token=False, frozen_image_encoder=False, unimodal_init=True),
-    "blip2": Framework("blip2", FAMILIES["blip2"], losses=("itc", "itm", "itg"),
-                       rewards=("itg", "itc+itm", "itc+itm+itg", "alignment", "positive_margin",
-                                "positive_margin+itm", "positive_margin+oracle"),
-                       masked_language=False, rerank="itm+itc", itc_label_smoothing=BLIP2_ITC_LABEL_SMOOTHING,
-                       itc_stop_gradient=False, consistency_weight=0.0, objective=_blip2_objective,
-                       # text weights are the Q-Former's: a BLIP-2 checkpoint, or BERT for a fresh Q-Former
-                       weight_fields={"vision": "vision_weights", "text": "qformer_weights"},
-                       pad_token=False, frozen_image_encoder=True, fixed_settings=NOT_ALBEF),
-    "dual": Framework("dual", FAMILIES["dual"], losses=("itc", "caption"),
-                      rewards=("caption", "itc", "itc+caption", "alignment", "positive_margin",
-                               "positive_margin+oracle"),
-                      masked_language=False, rerank="none", itc_label_smoothing=0.0, itc_stop_gradient=False,
-                      consistency_weight=0.0, objective=_dual_objective,
-                      # the whole open_clip model's weights (a pretrained tag or file); no separate text source
-                      weight_fields={"vision": "open_clip_weights", "text": None},
-                      pad_token=True, frozen_image_encoder=False, fixed_settings=NOT_ALBEF),
+    "albef": Framework(
+        "albef",
+        FAMILIES["albef"],
+        losses=("itc", "itm", "mlm"),
+        rewards=(
+            "mlm",
+            "itc+itm",
+            "itc+itm+mlm",
+            "alignment",
+            "positive_margin",
+            "positive_margin+itm",
+            "positive_margin+oracle",
+        ),
+        masked_language=True,
+        rerank="itm",
+        itc_label_smoothing=0.0,
+        itc_stop_gradient=True,
+        consistency_weight=ITC_CONSISTENCY_WEIGHT["none"],  # GRIT-VLP's 0.2
+        objective=_albef_objective,
+        weight_fields={"vision": "vision_weights", "text": "text_weights"},
+        pad_token=False,
+        frozen_image_encoder=False,
+        unimodal_init=True,
+    ),
+    "blip2": Framework(
+        "blip2",
+        FAMILIES["blip2"],
+        losses=("itc", "itm", "itg"),
+        rewards=(
+            "itg",
+            "itc+itm",
+            "itc+itm+itg",
+            "alignment",
+            "positive_margin",
+            "positive_margin+itm",
+            "positive_margin+oracle",
+        ),
+        masked_language=False,
+        rerank="itm+itc",
+        itc_label_smoothing=BLIP2_ITC_LABEL_SMOOTHING,
+        itc_stop_gradient=False,
+        consistency_weight=0.0,
+        objective=_blip2_objective,
+        # text weights are the Q-Former's: a BLIP-2 checkpoint, or BERT for a fresh Q-Former
+        weight_fields={"vision": "vision_weights", "text": "qformer_weights"},
+        pad_token=False,
+        frozen_image_encoder=True,
+        fixed_settings=NOT_ALBEF,
+    ),
+    "dual": Framework(
+        "dual",
+        FAMILIES["dual"],
+        losses=("itc", "caption"),
+        rewards=("caption", "itc", "itc+caption", "alignment", "positive_margin", "positive_margin+oracle"),
+        masked_language=False,
+        rerank="none",
+        itc_label_smoothing=0.0,
+        itc_stop_gradient=False,
+        consistency_weight=0.0,
+        objective=_dual_objective,
+        # the whole open_clip model's weights (a pretrained tag or file); no separate text source
+        weight_fields={"vision": "open_clip_weights", "text": None},
+        pad_token=True,
+        frozen_image_encoder=False,
+        fixed_settings=NOT_ALBEF,
+    ),
 }
 
 
@@ -160,8 +214,15 @@ def build_objective(framework: Framework, model: Any, p: Any, false_negatives: A
     return framework.objective(model, p, false_negatives if false_negatives is not None else framework.plain_itc())
 
 
-def model_overrides(framework: Framework, tokenizer_length: int, *, vision_weights: str | None,
-                    text_weights: str | None, image_size: int | None, pad_token_id: int | None = None) -> dict[str, Any]:
+def model_overrides(
+    framework: Framework,
+    tokenizer_length: int,
+    *,
+    vision_weights: str | None,
+    text_weights: str | None,
+    image_size: int | None,
+    pad_token_id: int | None = None,
+) -> dict[str, Any]:
     """The registry overrides the pretrain stage builds its model with: the run tokenizer's vocabulary (plus the
     tokens the family appends after it: BLIP-2's ``[DEC]``), the weight sources in the fields the framework
     names (:attr:`Framework.weight_fields`), the resolution, and the padding id where the model takes it."""

@@ -14,8 +14,9 @@ import sys
 from typing import Any, Callable
 
 
-def lazy_exports(package: str, exports: dict[str, tuple[str, ...]]
-                 ) -> tuple[Callable[[str], Any], Callable[[], list[str]], list[str]]:
+def lazy_exports(
+    package: str, exports: dict[str, tuple[str, ...]]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]], list[str]]:
     """``(__getattr__, __dir__, __all__)`` for ``package``, whose public names are ``exports``: ``{module: names}``,
     each module relative to the package (``{"registry": ("create_model", ...)}``)."""
     home = {name: module for module, names in exports.items() for name in names}

@@ -59,8 +59,13 @@ COCO = Testbed("coco", epochs=20, batch=384, pairs=566_747, false_negative_rate=
 384), COCO's 566,747 training pairs; a random COCO negative is a false negative about 0.05–0.15% of the time
 (ECCV Caption's annotations), so 0.1%."""
 
-COCO_RECIPES = {"glofnd": ("coco-albef-glofnd", 8), "mafa": ("coco-albef-mafa", 0.98), "srcl": ("coco-albef-srcl", 5.0),
-                "diht": ("coco-albef-diht", 0.5), "falcon": ("coco-albef", None)}
+COCO_RECIPES = {
+    "glofnd": ("coco-albef-glofnd", 8),
+    "mafa": ("coco-albef-mafa", 0.98),
+    "srcl": ("coco-albef-srcl", 5.0),
+    "diht": ("coco-albef-diht", 0.5),
+    "falcon": ("coco-albef", None),
+}
 """Each method's COCO recipe and the candidate of its tuned setting that the recipe trains, untuned on COCO: GloFND
 the paper's first start (15 of 37), MAFA the 0.98 FALCON's COCO reproduction needed, SRCL falcon's default δ, DiHT
 the middle of the sweep."""
@@ -128,81 +133,161 @@ def _glofnd_lr(testbed: Testbed, tuned: dict) -> float:
 
 RULES: dict[str, MethodRules] = {
     "glofnd": MethodRules(
-        "glofnd", "GloFND (Balmaseda et al.), bimodal CC3M: 37 epochs, global batch 1,024 (App. D.2)",
+        "glofnd",
+        "GloFND (Balmaseda et al.), bimodal CC3M: 37 epochs, global batch 1,024 (App. D.2)",
         settings=(
-            Setting("pretrain.glofnd.start_epoch", "after 15 (SogCLR) or 20 (FastCLIP) of 37 epochs, tuned over "
-                    "{15, 20} (D.2)", "tuned", None,
-                    "the two by `schedule`: round(15/37 × epochs), round(20/37 × epochs); the paper's own tuning "
-                    "set (it tunes α too, which `data` sets here)", candidates=_glofnd_start),
-            Setting("pretrain.glofnd.lr", "0.05 (Adam, β 0.9 / 0.98), λ from 1 (D.2)", "rate", _glofnd_lr,
-                    "0.05 × (37 − paper start) / (epochs − start): one update per threshold per epoch in both"),
-            Setting("pretrain.glofnd.alpha", "5e-4 (SogCLR) or 1e-3 (FastCLIP) of a batch's negatives (D.2)", "data",
-                    lambda t, tuned: round(t.false_negative_rate, 3),
-                    "the share of a random anchor's negatives that truly match, on the tuning world's training pairs "
-                    "(the share α asks GloFND to take as false); one α for every anchor, as in the paper"),
-            Setting("pretrain.glofnd.adam_step", "t = epoch + 1 in Adam's bias correction (the authors' code)", "paper",
-                    lambda t, tuned: "epoch", "as the paper's code"),
+            Setting(
+                "pretrain.glofnd.start_epoch",
+                "after 15 (SogCLR) or 20 (FastCLIP) of 37 epochs, tuned over {15, 20} (D.2)",
+                "tuned",
+                None,
+                "the two by `schedule`: round(15/37 × epochs), round(20/37 × epochs); the paper's own tuning "
+                "set (it tunes α too, which `data` sets here)",
+                candidates=_glofnd_start,
+            ),
+            Setting(
+                "pretrain.glofnd.lr",
+                "0.05 (Adam, β 0.9 / 0.98), λ from 1 (D.2)",
+                "rate",
+                _glofnd_lr,
+                "0.05 × (37 − paper start) / (epochs − start): one update per threshold per epoch in both",
+            ),
+            Setting(
+                "pretrain.glofnd.alpha",
+                "5e-4 (SogCLR) or 1e-3 (FastCLIP) of a batch's negatives (D.2)",
+                "data",
+                lambda t, tuned: round(t.false_negative_rate, 3),
+                "the share of a random anchor's negatives that truly match, on the tuning world's training pairs "
+                "(the share α asks GloFND to take as false); one α for every anchor, as in the paper",
+            ),
+            Setting(
+                "pretrain.glofnd.adam_step",
+                "t = epoch + 1 in Adam's bias correction (the authors' code)",
+                "paper",
+                lambda t, tuned: "epoch",
+                "as the paper's code",
+            ),
         ),
-        notes=("GloFND is CLIP-only: ITM and MLM are ALBEF's, mined from the unfiltered similarities.",)),
+        notes=("GloFND is CLIP-only: ITM and MLM are ALBEF's, mined from the unfiltered similarities.",),
+    ),
     "mafa": MethodRules(
-        "mafa", "MAFA (Byun et al.), ALBEF on 4M: 20 epochs, batch 96, GRIT batches (§5.1)",
+        "mafa",
+        "MAFA (Byun et al.), ALBEF on 4M: 20 epochs, batch 96, GRIT batches (§5.1)",
         settings=(
-            Setting("pretrain.mafa.high", "τ = 0.8 (§4.1, its code); FALCON's COCO reproduction needed 0.98 "
-                    "(0.8 collapsed; FALCON Tab. 7)", "tuned", None,
-                    "the two values used by the paper and by FALCON's reproduction; MAFA's Tab. 15 finds "
-                    "τ the stable one, FALCON's the one that broke", candidates=lambda t: (0.8, 0.98)),
-            Setting("pretrain.mafa.low", "0.5: ambiguous band 0.5 < p < τ (§4.1)", "paper",
-                    lambda t, tuned: 0.5, "a probability of the discriminator's: not tied to data or schedule"),
-            Setting("pretrain.mafa.smoothing", "S-ITC α = 0.5 (its code, Tab. 2; robust over 0.1–0.7, Tab. 18)",
-                    "paper", lambda t, tuned: 0.5, "a label-smoothing mass: not tied to data or schedule"),
-            Setting("pretrain.mafa.judge", "Con-D: the same architecture trained on the same pretraining data "
-                    "(GRIT + S-ITC), fine-tuned on COCO retrieval (§4.1)", "base",
-                    lambda t, tuned: "checkpoint",
-                    "the same seed's uniform run on the same world (its ITM head, not fine-tuned): a model trained "
-                    "on the same data, as the paper's; never the oracle"),
+            Setting(
+                "pretrain.mafa.high",
+                "τ = 0.8 (§4.1, its code); FALCON's COCO reproduction needed 0.98 (0.8 collapsed; FALCON Tab. 7)",
+                "tuned",
+                None,
+                "the two values used by the paper and by FALCON's reproduction; MAFA's Tab. 15 finds "
+                "τ the stable one, FALCON's the one that broke",
+                candidates=lambda t: (0.8, 0.98),
+            ),
+            Setting(
+                "pretrain.mafa.low",
+                "0.5: ambiguous band 0.5 < p < τ (§4.1)",
+                "paper",
+                lambda t, tuned: 0.5,
+                "a probability of the discriminator's: not tied to data or schedule",
+            ),
+            Setting(
+                "pretrain.mafa.smoothing",
+                "S-ITC α = 0.5 (its code, Tab. 2; robust over 0.1–0.7, Tab. 18)",
+                "paper",
+                lambda t, tuned: 0.5,
+                "a label-smoothing mass: not tied to data or schedule",
+            ),
+            Setting(
+                "pretrain.mafa.judge",
+                "Con-D: the same architecture trained on the same pretraining data "
+                "(GRIT + S-ITC), fine-tuned on COCO retrieval (§4.1)",
+                "base",
+                lambda t, tuned: "checkpoint",
+                "the same seed's uniform run on the same world (its ITM head, not fine-tuned): a model trained "
+                "on the same data, as the paper's; never the oracle",
+            ),
         ),
         needs_run="uniform-cpu",
-        notes=("Its batches are the base's uniform ones, not GRIT's: every arm differs from uniform in its method "
-               "alone (GRIT's effect is the GRIT arm's).",
-               "S-ITC starts at epoch 1 (its code: epoch 0 is GRIT's random epoch), one epoch here too.")),
+        notes=(
+            "Its batches are the base's uniform ones, not GRIT's: every arm differs from uniform in its method "
+            "alone (GRIT's effect is the GRIT arm's).",
+            "S-ITC starts at epoch 1 (its code: epoch 0 is GRIT's random epoch), one epoch here too.",
+        ),
+    ),
     "srcl": MethodRules(
-        "srcl", "SRCL, ALBEF on 4M: 30 epochs, batch 512 (App. D)",
+        "srcl",
+        "SRCL, ALBEF on 4M: 30 epochs, batch 512 (App. D)",
         settings=(
-            Setting("pretrain.srcl.delta", "δ, the weights' scale: not given (App. D); false negatives weighted "
-                    "about 0.12 (App. F)", "tuned", None,
-                    "falcon's reconstruction w ∝ softmax(−δ cos): 5 (its default) and 10, which put a negative "
-                    "0.3 in cosine above the rest at weights 0.22 and 0.05, around the paper's 0.12",
-                    candidates=lambda t: (5.0, 10.0)),
-            Setting("pretrain.srcl.mix_until", "α falls from 1 as training goes on (§3.2.1; schedule not given)",
-                    "schedule", lambda t, tuned: 1.0, "linearly from 1 to 0 over the whole training (S-2): the "
-                    "fraction 1.0"),
-            Setting("pretrain.srcl.aux_embeddings", "H_β: the same structure trained with InfoNCE on COCO (§3.2.1)",
-                    "base", lambda t, tuned: "the same seed's uniform run",
-                    "the same seed's uniform run on the same world, embedded once (`falcon embed`)"),
+            Setting(
+                "pretrain.srcl.delta",
+                "δ, the weights' scale: not given (App. D); false negatives weighted about 0.12 (App. F)",
+                "tuned",
+                None,
+                "falcon's reconstruction w ∝ softmax(−δ cos): 5 (its default) and 10, which put a negative "
+                "0.3 in cosine above the rest at weights 0.22 and 0.05, around the paper's 0.12",
+                candidates=lambda t: (5.0, 10.0),
+            ),
+            Setting(
+                "pretrain.srcl.mix_until",
+                "α falls from 1 as training goes on (§3.2.1; schedule not given)",
+                "schedule",
+                lambda t, tuned: 1.0,
+                "linearly from 1 to 0 over the whole training (S-2): the fraction 1.0",
+            ),
+            Setting(
+                "pretrain.srcl.aux_embeddings",
+                "H_β: the same structure trained with InfoNCE on COCO (§3.2.1)",
+                "base",
+                lambda t, tuned: "the same seed's uniform run",
+                "the same seed's uniform run on the same world, embedded once (`falcon embed`)",
+            ),
         ),
-        needs_run="uniform-cpu"),
+        needs_run="uniform-cpu",
+    ),
     "diht": MethodRules(
-        "diht", "DiHT's HN-NCE (Radenovic et al., 2023), as the FALCON paper re-implemented it in ALBEF (App. C.3)",
+        "diht",
+        "DiHT's HN-NCE (Radenovic et al., 2023), as the FALCON paper re-implemented it in ALBEF (App. C.3)",
         settings=(
-            Setting("pretrain.diht.beta", "β, the hardness: not in the FALCON paper, which re-implemented the loss; DiHT's suggested sweep {0.25, 0.5, 1}",
-                    "tuned", None,
-                    "the two lower values of the sweep: a search space's hardest candidate is a true match about half "
-                    "the time in this world's preset, and β = 1 weights the hardest most",
-                    candidates=lambda t: (0.25, 0.5)),
-            Setting("pretrain.diht.alpha", "α = 1 (the positive's weight; sweep {0.999, 1})", "paper",
-                    lambda t, tuned: 1.0, "the standard InfoNCE positive"),
-        )),
-    "falcon": MethodRules(
-        "falcon", "FALCON (Kim et al.), ALBEF on COCO: 20 epochs, batch 96 × 4 GPUs (Tab. 5)",
-        settings=(
-            Setting("pretrain.scheduler_lr", "1e-4 (Adam), one update per step from epoch 1 (Tab. 5)", "rate",
-                    lambda t, tuned: rate(1e-4, 566_747 // 384 * 19, t.steps_per_epoch * (t.epochs - 1)),
-                    "1e-4 × (COCO's 1,475 steps × 19 epochs) / (steps_per_epoch × (epochs − 1)): the scheduler is "
-                    "updated once per step after the first epoch"),
-            Setting("pretrain.search_space_size", "search spaces of 1,920 pairs (Tab. 5)", "base", lambda t, tuned: 500,
-                    "the composers' shared search-space size (GRIT's and q = 0.5's arms use it too)"),
+            Setting(
+                "pretrain.diht.beta",
+                "β, the hardness: not in the FALCON paper, which re-implemented the loss; DiHT's suggested sweep {0.25, 0.5, 1}",
+                "tuned",
+                None,
+                "the two lower values of the sweep: a search space's hardest candidate is a true match about half "
+                "the time in this world's preset, and β = 1 weights the hardest most",
+                candidates=lambda t: (0.25, 0.5),
+            ),
+            Setting(
+                "pretrain.diht.alpha",
+                "α = 1 (the positive's weight; sweep {0.999, 1})",
+                "paper",
+                lambda t, tuned: 1.0,
+                "the standard InfoNCE positive",
+            ),
         ),
-        notes=("FALCON in `dense` is another issue's; the row fixes its rules.",)),
+    ),
+    "falcon": MethodRules(
+        "falcon",
+        "FALCON (Kim et al.), ALBEF on COCO: 20 epochs, batch 96 × 4 GPUs (Tab. 5)",
+        settings=(
+            Setting(
+                "pretrain.scheduler_lr",
+                "1e-4 (Adam), one update per step from epoch 1 (Tab. 5)",
+                "rate",
+                lambda t, tuned: rate(1e-4, 566_747 // 384 * 19, t.steps_per_epoch * (t.epochs - 1)),
+                "1e-4 × (COCO's 1,475 steps × 19 epochs) / (steps_per_epoch × (epochs − 1)): the scheduler is "
+                "updated once per step after the first epoch",
+            ),
+            Setting(
+                "pretrain.search_space_size",
+                "search spaces of 1,920 pairs (Tab. 5)",
+                "base",
+                lambda t, tuned: 500,
+                "the composers' shared search-space size (GRIT's and q = 0.5's arms use it too)",
+            ),
+        ),
+        notes=("FALCON in `dense` is another issue's; the row fixes its rules.",),
+    ),
 }
 """Every false-negative method's rules (and FALCON's), in docs/methods.md's order."""
 
@@ -231,9 +316,14 @@ def method_settings(method: str, tuned_value: object, testbed: Testbed = DENSE) 
     rules = RULES[method]
     tuned = {rules.tuned.key: tuned_value} if rules.tuned is not None else {}
     if rules.tuned is not None and tuned_value not in candidates(method, testbed):
-        raise ValueError(f"{rules.tuned.key}={tuned_value!r}: not one of the tuning candidates {candidates(method, testbed)}")
-    return {s.key: tuned[s.key] if s.rule == "tuned" else s.value(testbed, tuned) for s in rules.settings
-            if s.rule != "base"}
+        raise ValueError(
+            f"{rules.tuned.key}={tuned_value!r}: not one of the tuning candidates {candidates(method, testbed)}"
+        )
+    return {
+        s.key: tuned[s.key] if s.rule == "tuned" else s.value(testbed, tuned)
+        for s in rules.settings
+        if s.rule != "base"
+    }
 
 
 def select(results: dict[object, float]) -> object:
@@ -253,11 +343,15 @@ def rules_table(method: str, testbed: Testbed = DENSE) -> list[str]:
     rules = RULES[method]
     recipe, coco_value = COCO_RECIPES[method]
     coco = method_settings(method, coco_value, COCO)
-    lines = [f"**{rules.method}**: {rules.paper}. Testbed `{testbed.name}`: {testbed.epochs} epochs of batch "
-             f"{testbed.batch}, {testbed.pairs:,} pairs, false-negative rate {testbed.false_negative_rate:.3f}; "
-             f"`{recipe}`: {COCO.epochs} epochs of global batch {COCO.batch}, {COCO.pairs:,} pairs, false-negative rate "
-             f"{COCO.false_negative_rate:g}.", "",
-             f"| key | the paper | rule | the testbed | `{recipe}` | how |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"**{rules.method}**: {rules.paper}. Testbed `{testbed.name}`: {testbed.epochs} epochs of batch "
+        f"{testbed.batch}, {testbed.pairs:,} pairs, false-negative rate {testbed.false_negative_rate:.3f}; "
+        f"`{recipe}`: {COCO.epochs} epochs of global batch {COCO.batch}, {COCO.pairs:,} pairs, false-negative rate "
+        f"{COCO.false_negative_rate:g}.",
+        "",
+        f"| key | the paper | rule | the testbed | `{recipe}` | how |",
+        "|---|---|---|---|---|---|",
+    ]
     chosen = TUNED.get(method, {})
     for s in rules.settings:
         if s.rule == "tuned":
@@ -270,12 +364,32 @@ def rules_table(method: str, testbed: Testbed = DENSE) -> list[str]:
             if rules.tuned is not None and tuned_value is None:
                 tuned_value = candidates(method, testbed)[0]
             value = _cell(s.value(testbed, {rules.tuned.key: tuned_value} if rules.tuned is not None else {}))
-        lines.append(f"| `{s.key}` | {s.paper} | {s.rule} | {value} | {_cell(coco[s.key]) if s.key in coco else '—'} | {s.how} |")
+        lines.append(
+            f"| `{s.key}` | {s.paper} | {s.rule} | {value} | {_cell(coco[s.key]) if s.key in coco else '—'} | {s.how} |"
+        )
     return lines + [""] + [f"- {note}" for note in rules.notes] + ([""] if rules.notes else [])
 
 
-__all__ = ["Testbed", "DENSE", "COCO", "COCO_RECIPES", "Setting", "MethodRules", "RULES", "TUNED", "TUNING_WORLD_SEED", "TUNING_SEED",
-           "TUNING_METRIC", "schedule", "rate", "candidates", "method_settings", "select", "rules_table", "rules_markdown"]
+__all__ = [
+    "Testbed",
+    "DENSE",
+    "COCO",
+    "COCO_RECIPES",
+    "Setting",
+    "MethodRules",
+    "RULES",
+    "TUNED",
+    "TUNING_WORLD_SEED",
+    "TUNING_SEED",
+    "TUNING_METRIC",
+    "schedule",
+    "rate",
+    "candidates",
+    "method_settings",
+    "select",
+    "rules_table",
+    "rules_markdown",
+]
 
 
 RULES_BEGIN, RULES_END = "<!-- rules:begin -->", "<!-- rules:end -->"
@@ -285,7 +399,10 @@ RULES_BEGIN, RULES_END = "<!-- rules:begin -->", "<!-- rules:end -->"
 def rules_markdown(testbed: Testbed = DENSE) -> list[str]:
     """Every method's :func:`rules_table`, the block docs/methods.md shows between :data:`RULES_BEGIN` and
     :data:`RULES_END` (``python -m falcon_cli.method_rules docs/methods.md`` rewrites it)."""
-    lines = ["<!-- Generated by `python -m falcon_cli.method_rules docs/methods.md`; edit falcon_cli/method_rules.py. -->", ""]
+    lines = [
+        "<!-- Generated by `python -m falcon_cli.method_rules docs/methods.md`; edit falcon_cli/method_rules.py. -->",
+        "",
+    ]
     for method in RULES:
         lines += rules_table(method, testbed)
     return lines
@@ -301,8 +418,10 @@ def main(argv: list[str] | None = None) -> None:
     if RULES_BEGIN not in text or RULES_END not in text:
         raise SystemExit(f"{page}: no {RULES_BEGIN} ... {RULES_END} block; add the two markers where the tables go")
     head, rest = text.split(RULES_BEGIN, 1)
-    write_text(Path(page), head + RULES_BEGIN + "\n" + "\n".join(rules_markdown()) + "\n" + RULES_END
-               + rest.split(RULES_END, 1)[1])
+    write_text(
+        Path(page),
+        head + RULES_BEGIN + "\n" + "\n".join(rules_markdown()) + "\n" + RULES_END + rest.split(RULES_END, 1)[1],
+    )
     print(f"wrote {page}")
 
 

@@ -88,8 +88,11 @@ def check_needed_splits(config: Recipe, stages: list[str]) -> None:
 
 def launch(config: Recipe, run_dir, **options) -> dict:
     """What every rank must agree on: the resolved config, the run directory (absolute) and the options."""
-    return {**config.model_dump(mode="json"), "--run-dir": os.path.abspath(run_dir),
-            **{f"--{key.replace('_', '-')}": value for key, value in options.items()}}
+    return {
+        **config.model_dump(mode="json"),
+        "--run-dir": os.path.abspath(run_dir),
+        **{f"--{key.replace('_', '-')}": value for key, value in options.items()},
+    }
 
 
 def run_stages(config: Recipe, run: RunDirectory, stages: list[str] | None = None, **options) -> dict[str, dict]:

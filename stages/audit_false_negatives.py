@@ -73,7 +73,9 @@ def _audit(config: Recipe, run: RunDirectory) -> dict:
     # 1. Inputs. The batch log says which pairs met in which batch; the dataset says what they are.
     log_path = run.path / "batches.parquet"
     if not log_path.exists():
-        raise FalconError(f"{log_path}: not found; audit a run whose pretrain stage has finished (it writes the batch log)")
+        raise FalconError(
+            f"{log_path}: not found; audit a run whose pretrain stage has finished (it writes the batch log)"
+        )
     log = read_batch_log(log_path)
     # The figures also go to the pretraining run's loggers (TensorBoard, wandb, MLflow), their packages checked now.
     loggers = RunLoggers(config.pretrain.loggers, run.path / "loggers", what="pretrain.loggers", name=run.path.name)
@@ -81,8 +83,10 @@ def _audit(config: Recipe, run: RunDirectory) -> dict:
     world = spec.resolve(spec.shapes_world) if spec.shapes_world is not None else None
     kind = a.judge if a.judge != "auto" else ("oracle" if world is not None else "blip")
     if kind == "oracle" and world is None:
-        raise FalconError(f"audit.judge=oracle: {config.data.dataset} is not a shapes world (no shapes_world in its "
-                          "dataset.yaml), so it has no oracle; use --judge blip or --judge checkpoint")
+        raise FalconError(
+            f"audit.judge=oracle: {config.data.dataset} is not a shapes world (no shapes_world in its "
+            "dataset.yaml), so it has no oracle; use --judge blip or --judge checkpoint"
+        )
     dataset = pretrain_dataset(spec, transform=None, on_missing=config.data.on_missing, seed=config.seed)
     pair_at = DatasetPairs(dataset)
     shared = SharedImages(dataset.records)  # pairs that show one image: false negatives by construction
@@ -92,8 +96,10 @@ def _audit(config: Recipe, run: RunDirectory) -> dict:
     def features(epoch: int):
         path = run.path / "embeddings" / f"epoch_{epoch:03d}.h5"
         if not path.exists():
-            raise FalconError(f"{path}: not found; the ITM negatives of epoch {epoch} need the epoch's embedding cache "
-                              "(pretrain writes it at the end of each epoch); audit only the chain negatives with --negatives chain")
+            raise FalconError(
+                f"{path}: not found; the ITM negatives of epoch {epoch} need the epoch's embedding cache "
+                "(pretrain writes it at the end of each epoch); audit only the chain negatives with --negatives chain"
+            )
         embeddings = read_embeddings(path)
         # (features of another dataset would pair the log's ids with the wrong pairs: refused, like every reader)
         warning = check_fingerprint(path, embeddings.attrs, fingerprint, config.data.dataset)
@@ -101,19 +107,34 @@ def _audit(config: Recipe, run: RunDirectory) -> dict:
             console.print(f"[yellow]warning:[/] {escape(warning)}")
         return embeddings
 
-    judge = load_judge(kind, model=a.judge_model, world=world, run=a.judge_model or run.path, device=a.device,
-                       fp16=a.fp16, batch_size=a.batch_size, what="audit.judge_model")
+    judge = load_judge(
+        kind,
+        model=a.judge_model,
+        world=world,
+        run=a.judge_model or run.path,
+        device=a.device,
+        fp16=a.fp16,
+        batch_size=a.batch_size,
+        what="audit.judge_model",
+    )
     oracle = None
     if world is not None:  # the ground truth, wherever the data has one
-
         oracle = judge if isinstance(judge, OracleJudge) else OracleJudge(world)
 
     # 2. The negatives the run used, over whole steps evenly spread within the budget.
-    negatives = used_negatives(log, kinds=a.negatives, features=features, max_pairs=a.max_pairs, max_steps=a.steps,
-                               same_image=excluded_negatives(config.pretrain, spec, dataset.records, itm=True))
+    negatives = used_negatives(
+        log,
+        kinds=a.negatives,
+        features=features,
+        max_pairs=a.max_pairs,
+        max_steps=a.steps,
+        same_image=excluded_negatives(config.pretrain, spec, dataset.records, itm=True),
+    )
     if negatives.empty:
-        raise FalconError(f"{log_path}: no {' or '.join(a.negatives)} negatives to audit (uniform batches have no chain "
-                          "negatives: add itm to audit.negatives; or raise audit.max_pairs)")
+        raise FalconError(
+            f"{log_path}: no {' or '.join(a.negatives)} negatives to audit (uniform batches have no chain "
+            "negatives: add itm to audit.negatives; or raise audit.max_pairs)"
+        )
 
     # 3. The judge's verdict, the oracle's, and how specific each judged caption is.
     audit = judge_negatives(negatives, pair_at, judge, threshold=a.threshold, oracle=oracle)
@@ -126,8 +147,10 @@ def _audit(config: Recipe, run: RunDirectory) -> dict:
     # 4. The tables.
     truth = report.truth_column(audit)
     # (copies: pandas hands out read-only arrays, which torch.as_tensor warns about on every audit)
-    same_image = (shared.images(torch.as_tensor(audit["image_pair"].to_numpy(copy=True)))
-                  == shared.images(torch.as_tensor(audit["caption_pair"].to_numpy(copy=True)))).numpy()
+    same_image = (
+        shared.images(torch.as_tensor(audit["image_pair"].to_numpy(copy=True)))
+        == shared.images(torch.as_tensor(audit["caption_pair"].to_numpy(copy=True)))
+    ).numpy()
     overall = report.overall_rates(audit, same_image)
     rates = false_negative_rates(audit, hardness_buckets=a.hardness_buckets, step_windows=a.step_windows)
     windows = false_negative_rates(audit, hardness_buckets=None, step_windows=a.step_windows)
@@ -138,8 +161,9 @@ def _audit(config: Recipe, run: RunDirectory) -> dict:
     risk = pd.DataFrame()
     if oracle is not None:
         last = int(log["epoch"].max())
-        risk = oracle_candidate_risk(features(last), pair_at, oracle.oracle, last,
-                                     space_size=config.pretrain.search_space_size, seed=config.seed)
+        risk = oracle_candidate_risk(
+            features(last), pair_at, oracle.oracle, last, space_size=config.pretrain.search_space_size, seed=config.seed
+        )
     # How often the composer put near misses together (worlds with near-miss families).
     size = family_size(world) if world is not None else 1
     siblings = pd.DataFrame()
@@ -152,18 +176,30 @@ def _audit(config: Recipe, run: RunDirectory) -> dict:
     steps = audit["train_step"]
     notes = []
     if oracle is not None and judge is oracle:
-        notes.append("the judge is the oracle itself, so its filter curve and precision/recall are perfect by "
-                     "construction; audit with --judge checkpoint or --judge blip to see how a model judge does")
+        notes.append(
+            "the judge is the oracle itself, so its filter curve and precision/recall are perfect by "
+            "construction; audit with --judge checkpoint or --judge blip to see how a model judge does"
+        )
     if "itm" in a.negatives and config.pretrain.itm_negatives == "sample":
-        notes.append("this run sampled its ITM negatives (itm_negatives: sample); the itm rows are the most likely draw")
+        notes.append(
+            "this run sampled its ITM negatives (itm_negatives: sample); the itm rows are the most likely draw"
+        )
 
     # 5. Write audit/ whole: readers see the previous audit or this one, never a mix.
     summary = {
-        "run": str(run.path), "judge": judge.name, "threshold": a.threshold, "truth": truth,
-        "negatives": list(a.negatives), "pairs": int(len(audit)), "steps_audited": int(steps.nunique()),
-        "first_step": int(steps.min()), "last_step": int(steps.max()),
-        "overall": overall.to_dict(orient="records"), "by_window": windows.to_dict(orient="records"),
-        "judge_vs_oracle": agreement.to_dict(orient="records"), "candidate_risk": risk.to_dict(orient="records"),
+        "run": str(run.path),
+        "judge": judge.name,
+        "threshold": a.threshold,
+        "truth": truth,
+        "negatives": list(a.negatives),
+        "pairs": int(len(audit)),
+        "steps_audited": int(steps.nunique()),
+        "first_step": int(steps.min()),
+        "last_step": int(steps.max()),
+        "overall": overall.to_dict(orient="records"),
+        "by_window": windows.to_dict(orient="records"),
+        "judge_vs_oracle": agreement.to_dict(orient="records"),
+        "candidate_risk": risk.to_dict(orient="records"),
         "near_misses_in_batch": siblings.to_dict(orient="records"),
         "scheduler_vs_oracle": scheduler.astype(object).where(scheduler.notna(), None).to_dict(orient="records"),
         "seconds": round(time.perf_counter() - started, 2),
@@ -176,21 +212,45 @@ def _audit(config: Recipe, run: RunDirectory) -> dict:
         write_text(out / "judge_vs_oracle.csv", agreement.to_csv(index=False))
         if not risk.empty:
             write_text(out / "candidate_risk.csv", risk.to_csv(index=False))
-        audit_figures.fn_rate_by_q(rates, out / "fn_rate_by_q.png", title=f"false negatives by hardness: {run.path.name}")
-        audit_figures.fn_after_filter(curve, out / "fn_after_filter.png", judge=judge.name,
-                                      truth="the oracle" if truth == "oracle" else "the judge")
+        audit_figures.fn_rate_by_q(
+            rates, out / "fn_rate_by_q.png", title=f"false negatives by hardness: {run.path.name}"
+        )
+        audit_figures.fn_after_filter(
+            curve,
+            out / "fn_after_filter.png",
+            judge=judge.name,
+            truth="the oracle" if truth == "oracle" else "the judge",
+        )
         audit_figures.missed_examples(_examples(missed, pair_at), out / "missed_examples.png")
         if not scheduler.empty:
             write_text(out / "scheduler_vs_oracle.csv", scheduler.to_csv(index=False))
-            audit_figures.scheduler_vs_oracle(scheduler, log[log["epoch"] == scheduler["epoch"].max()],
-                                              out / "scheduler_vs_oracle.png", title=run.path.name)
-        write_text(out / "audit.md", report.audit_markdown(
-            run=str(run.path), judge=judge.name, threshold=a.threshold, truth=truth,
-            steps=(summary["steps_audited"], summary["first_step"], summary["last_step"]),
-            overall=overall, rates=rates, curve=curve, agreement=agreement, scheduler=scheduler, notes=notes,
-            candidate_risk=risk))
+            audit_figures.scheduler_vs_oracle(
+                scheduler,
+                log[log["epoch"] == scheduler["epoch"].max()],
+                out / "scheduler_vs_oracle.png",
+                title=run.path.name,
+            )
+        write_text(
+            out / "audit.md",
+            report.audit_markdown(
+                run=str(run.path),
+                judge=judge.name,
+                threshold=a.threshold,
+                truth=truth,
+                steps=(summary["steps_audited"], summary["first_step"], summary["last_step"]),
+                overall=overall,
+                rates=rates,
+                curve=curve,
+                agreement=agreement,
+                scheduler=scheduler,
+                notes=notes,
+                candidate_risk=risk,
+            ),
+        )
         write_json(out / SUMMARY, summary)
-    run.add_artifact(OUTPUT, schema="audit", schema_version=AUDIT.version, meta={"judge": judge.name, "pairs": len(audit)})
+    run.add_artifact(
+        OUTPUT, schema="audit", schema_version=AUDIT.version, meta={"judge": judge.name, "pairs": len(audit)}
+    )
     log_figures(loggers, run)
     _render(summary, overall, agreement)
     return {k: summary[k] for k in ("judge", "pairs", "steps_audited", "overall", "seconds")}
@@ -213,19 +273,32 @@ def _examples(missed: pd.DataFrame, pair_at) -> list[dict]:
     examples = []
     for row in missed.itertuples():
         anchor, negative = pair_at(row.epoch, row.anchor), pair_at(row.epoch, row.negative)
-        examples.append({"direction": row.direction, "score": float(row.score),
-                         "anchor_image": anchor.image, "anchor_caption": anchor.caption,
-                         "negative_image": negative.image, "negative_caption": negative.caption,
-                         "judged_image": pair_at(row.epoch, row.image_pair).image,
-                         "judged_caption": pair_at(row.epoch, row.caption_pair).caption})
+        examples.append(
+            {
+                "direction": row.direction,
+                "score": float(row.score),
+                "anchor_image": anchor.image,
+                "anchor_caption": anchor.caption,
+                "negative_image": negative.image,
+                "negative_caption": negative.caption,
+                "judged_image": pair_at(row.epoch, row.image_pair).image,
+                "judged_caption": pair_at(row.epoch, row.caption_pair).caption,
+            }
+        )
     return examples
 
 
 def _render(summary: dict, overall: pd.DataFrame, agreement: pd.DataFrame) -> None:
-    table = Table(title=escape(f"false negatives of the used negatives: {summary['run']} ({summary['pairs']} judged, "
-                               f"{summary['steps_audited']} steps, judge {summary['judge']})"))
+    table = Table(
+        title=escape(
+            f"false negatives of the used negatives: {summary['run']} ({summary['pairs']} judged, "
+            f"{summary['steps_audited']} steps, judge {summary['judge']})"
+        )
+    )
     with_oracle = "oracle_rate" in overall.columns
-    for column in ["negatives", "kind", "judge: false negatives"] + (["oracle: false negatives"] if with_oracle else []):
+    for column in ["negatives", "kind", "judge: false negatives"] + (
+        ["oracle: false negatives"] if with_oracle else []
+    ):
         table.add_column(column, justify="left" if column == "kind" else "right")
     for row in overall.to_dict(orient="records"):
         cells = [str(row["negatives"]), row["kind"], f"{row['false_negatives']} ({100 * row['rate']:.1f}%)"]
@@ -235,8 +308,10 @@ def _render(summary: dict, overall: pd.DataFrame, agreement: pd.DataFrame) -> No
     console.print(table)
     if not agreement.empty:
         row = agreement.iloc[0]
-        console.print(f"judge vs oracle: precision {_pct(row['precision'])}, recall {_pct(row['recall'])}, F1 {_pct(row['f1'])}, "
-                      f"AUC {row['auc']:.2f} (the judge's score ranking false negatives above true negatives)")
+        console.print(
+            f"judge vs oracle: precision {_pct(row['precision'])}, recall {_pct(row['recall'])}, F1 {_pct(row['f1'])}, "
+            f"AUC {row['auc']:.2f} (the judge's score ranking false negatives above true negatives)"
+        )
 
 
 def _pct(value) -> str:

@@ -74,10 +74,16 @@ def _embed(config: Recipe, run: RunDirectory, resume: bool) -> dict:
 
     # 2. The partial directory: completed chunks survive a kill; --resume keeps those of the same job.
     partial = run.path / PARTIAL
-    identity = {"encoder": e.encoder, "pretrained": e.pretrained if e.encoder.startswith("open_clip:") else None,
-                "checkpoint": encoder.checkpoint, "dataset": spec.name, "split": e.split, "pairs": len(pairs),
-                "pair_ids_sha256": hashlib.sha256(np.array([p.pair_id for p in pairs], dtype=np.int64).tobytes()).hexdigest(),
-                "chunk_size": e.chunk_size}
+    identity = {
+        "encoder": e.encoder,
+        "pretrained": e.pretrained if e.encoder.startswith("open_clip:") else None,
+        "checkpoint": encoder.checkpoint,
+        "dataset": spec.name,
+        "split": e.split,
+        "pairs": len(pairs),
+        "pair_ids_sha256": hashlib.sha256(np.array([p.pair_id for p in pairs], dtype=np.int64).tobytes()).hexdigest(),
+        "chunk_size": e.chunk_size,
+    }
     done = _completed_chunks(partial, identity, chunks) if resume else set()
     if not done:
         shutil.rmtree(partial, ignore_errors=True)
@@ -88,11 +94,19 @@ def _embed(config: Recipe, run: RunDirectory, resume: bool) -> dict:
 
     # 3. Encode the missing chunks; batches never straddle a chunk, so each chunk is written as soon as it is complete.
     todo = [k for k in range(chunks) if k not in done]
-    batches = [list(range(start, min(start + e.batch_size, stop)))
-               for k in todo for stop in [min((k + 1) * e.chunk_size, len(pairs))]
-               for start in range(k * e.chunk_size, stop, e.batch_size)]
-    loader = DataLoader(PairImages(pairs, encoder.image_transform), batch_sampler=batches, num_workers=e.num_workers,
-                        collate_fn=PairCollate(encoder.tokenizer), persistent_workers=False)
+    batches = [
+        list(range(start, min(start + e.batch_size, stop)))
+        for k in todo
+        for stop in [min((k + 1) * e.chunk_size, len(pairs))]
+        for start in range(k * e.chunk_size, stop, e.batch_size)
+    ]
+    loader = DataLoader(
+        PairImages(pairs, encoder.image_transform),
+        batch_sampler=batches,
+        num_workers=e.num_workers,
+        collate_fn=PairCollate(encoder.tokenizer),
+        persistent_workers=False,
+    )
     encoded_pairs = 0
     encoding_started = time.perf_counter()
     current, rows = None, []
@@ -102,13 +116,19 @@ def _embed(config: Recipe, run: RunDirectory, resume: bool) -> dict:
             _write_chunk(partial, current, rows)
             rows = []
         current = chunk
-        failed = [(pid, reason) for pid, reason in zip(batch["pair_ids"].tolist(), batch["errors"]) if reason is not None]
+        failed = [
+            (pid, reason) for pid, reason in zip(batch["pair_ids"].tolist(), batch["errors"]) if reason is not None
+        ]
         if failed and policy == "fail":
-            raise FalconError(f"{failed[0][1]}; {len(failed)} image(s) of this batch failed to load; set data.on_missing=skip "
-                              "to embed without them (they are counted in the summary)")
+            raise FalconError(
+                f"{failed[0][1]}; {len(failed)} image(s) of this batch failed to load; set data.on_missing=skip "
+                "to embed without them (they are counted in the summary)"
+            )
         with autocast(precision, device):
             image, text = encoder.encode(batch["images"], batch["text"])
-        rows.append((image.float().cpu().numpy(), text.float().cpu().numpy(), batch["pair_ids"].numpy(), batch["ok"].numpy()))
+        rows.append(
+            (image.float().cpu().numpy(), text.float().cpu().numpy(), batch["pair_ids"].numpy(), batch["ok"].numpy())
+        )
         encoded_pairs += len(batch["pair_ids"])
     if current is not None:
         _write_chunk(partial, current, rows)
@@ -125,9 +145,14 @@ def _embed(config: Recipe, run: RunDirectory, resume: bool) -> dict:
     if total == 0:
         raise FalconError(f"{config.data.dataset}: every image of split '{e.split}' failed to load; nothing to embed")
     dtype = "float16" if e.fp16 else "float32"
-    attrs = {"model": encoder.model_name, "checkpoint": encoder.checkpoint, "dataset": spec.name, "split": e.split,
-             "epoch": -1 if encoder.epoch is None else int(encoder.epoch),
-             "dataset_fingerprint": pairs_fingerprint(pairs, spec.base_dir)}
+    attrs = {
+        "model": encoder.model_name,
+        "checkpoint": encoder.checkpoint,
+        "dataset": spec.name,
+        "split": e.split,
+        "epoch": -1 if encoder.epoch is None else int(encoder.epoch),
+        "dataset_fingerprint": pairs_fingerprint(pairs, spec.base_dir),
+    }
     with EmbeddingsWriter(run.path / OUTPUT, n=total, dim=dim, attrs=attrs, dtype=dtype) as writer:
         start = 0
         for path in files:
@@ -135,8 +160,12 @@ def _embed(config: Recipe, run: RunDirectory, resume: bool) -> dict:
                 writer.write(start, data["image"], data["text"], data["pair_id"])
                 start += len(data["pair_id"])
     shutil.rmtree(partial, ignore_errors=True)
-    run.add_artifact(OUTPUT, schema="embeddings", schema_version=EMBEDDINGS_SCHEMA_VERSION,
-                     meta={"model": encoder.model_name, "split": e.split, "dtype": dtype})
+    run.add_artifact(
+        OUTPUT,
+        schema="embeddings",
+        schema_version=EMBEDDINGS_SCHEMA_VERSION,
+        meta={"model": encoder.model_name, "split": e.split, "dtype": dtype},
+    )
 
     # 5. Summary.
     summary = {
@@ -157,8 +186,10 @@ def _embed(config: Recipe, run: RunDirectory, resume: bool) -> dict:
         "seconds": round(time.perf_counter() - started, 2),
         "pairs_per_s": round(encoded_pairs / encoding_seconds, 1) if encoded_pairs and encoding_seconds > 0 else None,
     }
-    console.print(f"embed: {total} pairs x {dim} ({dtype}) from {escape(encoder.model_name)} on {device}; "
-                  f"{summary['images_failed']} image(s) failed; {summary['pairs_per_s']} pairs/s")
+    console.print(
+        f"embed: {total} pairs x {dim} ({dtype}) from {escape(encoder.model_name)} on {device}; "
+        f"{summary['images_failed']} image(s) failed; {summary['pairs_per_s']} pairs/s"
+    )
     return summary
 
 
@@ -213,9 +244,11 @@ def _completed_chunks(partial: Path, identity: dict, chunks: int) -> set[int]:
     recorded = json.loads(progress.read_text())
     differ = [k for k in identity if recorded.get(k) != identity[k]]
     if differ:
-        raise FalconError(f"{progress}: the interrupted embedding differs in {', '.join(differ)} "
-                          f"({differ[0]}: {recorded.get(differ[0])!r} then, {identity[differ[0]]!r} now); "
-                          "run without --resume to start afresh")
+        raise FalconError(
+            f"{progress}: the interrupted embedding differs in {', '.join(differ)} "
+            f"({differ[0]}: {recorded.get(differ[0])!r} then, {identity[differ[0]]!r} now); "
+            "run without --resume to start afresh"
+        )
     return {k for k in range(chunks) if (partial / _chunk_name(k)).is_file()}
 
 
@@ -223,5 +256,10 @@ def _write_chunk(partial: Path, index: int, rows: list[tuple[np.ndarray, ...]]) 
     """Write one completed chunk atomically: the rows whose image loaded, and the ids of those whose image did not."""
     image, text, pair_id, ok = (np.concatenate(column) for column in zip(*rows))
     with atomic_path(partial / _chunk_name(index)) as tmp, open(tmp, "wb") as handle:
-        np.savez(handle, image=image[ok], text=text[ok], pair_id=pair_id[ok].astype(np.int64),
-                 failed_pair_id=pair_id[~ok].astype(np.int64))
+        np.savez(
+            handle,
+            image=image[ok],
+            text=text[ok],
+            pair_id=pair_id[ok].astype(np.int64),
+            failed_pair_id=pair_id[~ok].astype(np.int64),
+        )

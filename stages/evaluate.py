@@ -33,8 +33,13 @@ from falcon_cli.artifacts.atomic import write_json
 from falcon_cli.artifacts.results import results_name, write_results
 from falcon_cli.config.schema import Recipe
 from falcon_cli.data.collate import Nlvr2Collate, VqaCollate, tokenize
-from falcon_cli.data.datasets import (nlvr2_dataset, pretrain_retrieval_dataset, retrieval_dataset, vqa_answer_list,
-                                      vqa_dataset)
+from falcon_cli.data.datasets import (
+    nlvr2_dataset,
+    pretrain_retrieval_dataset,
+    retrieval_dataset,
+    vqa_answer_list,
+    vqa_dataset,
+)
 from falcon_cli.data.pairs import caption_pairs, pairs_fingerprint
 from falcon_cli.data.retrieval import SplitIds, ids_from_entries, split_ids
 from falcon_cli.data.shapes.near_misses import family_pairs, family_size
@@ -54,8 +59,14 @@ from falcon_cli.evaluation.scoring import embed_split, retrieval_scores
 from falcon_cli.evaluation.vqa_accuracy import vqa_score
 from falcon_cli.evaluation.zero_shot import oracle_positives, split_targets
 from falcon_cli.frameworks import framework_of
-from falcon_cli.models.pretrained import (UNSTATED_TEXT_LENGTH, find_checkpoint, finetuned_weights, model_from_checkpoint,
-                                         task_model_from_checkpoint, trained_text_length)
+from falcon_cli.models.pretrained import (
+    UNSTATED_TEXT_LENGTH,
+    find_checkpoint,
+    finetuned_weights,
+    model_from_checkpoint,
+    task_model_from_checkpoint,
+    trained_text_length,
+)
 from falcon_cli.runtime import distributed as D
 from falcon_cli.runtime.console import make_console
 from falcon_cli.runtime.precision import autocast, pick_device, resolve_precision
@@ -92,12 +103,15 @@ class Context:
         """``checkpoint``, else ``finetune/<task>/best`` of this run (what ``falcon finetune`` kept)."""
         path = Path(checkpoint) if checkpoint is not None else finetuned_weights(self.run.path, task)
         if not (path / "model.safetensors").is_file():
-            raise FalconError(f"{path}: no fine-tuned {task} model; run `falcon finetune --task {task} --run-dir "
-                              f"{self.run.path}` first (or add finetune to the recipe's stages)")
+            raise FalconError(
+                f"{path}: no fine-tuned {task} model; run `falcon finetune --task {task} --run-dir "
+                f"{self.run.path}` first (or add finetune to the recipe's stages)"
+            )
         return path
 
 
 # --- retrieval ------------------------------------------------------------------------------------
+
 
 def evaluate_retrieval(ctx: Context) -> dict:
     """TR/IR R@1/5/10 (ITC, top k re-ranked by ITM) and false-negative-aware metrics, one row per model."""
@@ -112,9 +126,11 @@ def evaluate_retrieval(ctx: Context) -> dict:
         framework = framework_of(model)
         rule = framework.rerank if r.rerank_score == "auto" else r.rerank_score
         if rule != "none" and not framework.family.itm_head:
-            raise FalconError(f"evaluate.retrieval.rerank_score={r.rerank_score}: {checkpoint} is a "
-                              f"{model.config.framework} model without an ITM head; use rerank_score: auto (its "
-                              "embedding similarity alone)")
+            raise FalconError(
+                f"evaluate.retrieval.rerank_score={r.rerank_score}: {checkpoint} is a "
+                f"{model.config.framework} model without an ITM head; use rerank_score: auto (its "
+                "embedding similarity alone)"
+            )
         depth = None if rule == "none" else k  # a dual encoder ranks by its embedding similarity alone
         resolution = model.config.image_size
         if loaded_at != resolution:  # checkpoints fine-tuned at another resolution get their own transform
@@ -124,16 +140,38 @@ def evaluate_retrieval(ctx: Context) -> dict:
                 truth = false_negative_truth(ctx, dataset)
                 near_misses = near_miss_truth(ctx, dataset) if truth[0] == "oracle" else None
         text_length = ctx.text_length(checkpoint)
-        embeddings = embed_split(model, dataset, ctx.tokenizer, ctx.device, batch_size=e.batch_size,
-                                 max_length=text_length, autocast=ctx.autocast(), num_workers=e.num_workers,
-                                 keep_tokens=depth is not None)
+        embeddings = embed_split(
+            model,
+            dataset,
+            ctx.tokenizer,
+            ctx.device,
+            batch_size=e.batch_size,
+            max_length=text_length,
+            autocast=ctx.autocast(),
+            num_workers=e.num_workers,
+            keep_tokens=depth is not None,
+        )
         scorings = [None, depth] if depth is not None and r.also_itc else [depth]  # None = ITC only
         for top in scorings:
-            i2t, t2i = (s.cpu() for s in retrieval_scores(model, embeddings, k=top, batch_size=e.batch_size,
-                                                            autocast=ctx.autocast(), add_itc=rule == "itm+itc"))
+            i2t, t2i = (
+                s.cpu()
+                for s in retrieval_scores(
+                    model,
+                    embeddings,
+                    k=top,
+                    batch_size=e.batch_size,
+                    autocast=ctx.autocast(),
+                    add_itc=rule == "itm+itc",
+                )
+            )
             scoring = "itc" if top is None else f"itc+itm@{top}" if rule == "itm" else f"itc+(itm+itc)@{top}"
-            row = {"model": name, "scoring": scoring, "resolution": resolution, "max_text_length": text_length,
-                   **recall_at_k(i2t, *split_targets(dataset), scores_t2i=t2i)}
+            row = {
+                "model": name,
+                "scoring": scoring,
+                "resolution": resolution,
+                "max_text_length": text_length,
+                **recall_at_k(i2t, *split_targets(dataset), scores_t2i=t2i),
+            }
             if truth[1] is not None:
                 row.update(truth[1](i2t, t2i))
             rows.append({**row, "checkpoint": str(checkpoint)})
@@ -142,13 +180,29 @@ def evaluate_retrieval(ctx: Context) -> dict:
         del model, embeddings
     if all(row["scoring"] == "itc" for row in rows):  # (ITC only asked, or models without an ITM head)
         k = None
-    meta = {"dataset": ctx.spec.name, "split": r.split, "scoring": "itc" if k is None else "itc+itm",
-            "k": k, "false_negatives": truth[0], **truth[2], "images": len(dataset), "texts": len(dataset.text),
-            "split_fingerprint": pairs_fingerprint(caption_pairs(dataset), ctx.spec.base_dir),  # (falcon compare)
-            "units": "percent"}
+    meta = {
+        "dataset": ctx.spec.name,
+        "split": r.split,
+        "scoring": "itc" if k is None else "itc+itm",
+        "k": k,
+        "false_negatives": truth[0],
+        **truth[2],
+        "images": len(dataset),
+        "texts": len(dataset.text),
+        "split_fingerprint": pairs_fingerprint(caption_pairs(dataset), ctx.spec.base_dir),  # (falcon compare)
+        "units": "percent",
+    }
     if D.is_main_process():
-        console.print(write_results(ctx.run, results_name("retrieval", r.split), rows, meta,
-                                    f"Retrieval on `{r.split}` ({meta['scoring']}{'' if k is None else f', k={k}'}, percent)"), markup=False)
+        console.print(
+            write_results(
+                ctx.run,
+                results_name("retrieval", r.split),
+                rows,
+                meta,
+                f"Retrieval on `{r.split}` ({meta['scoring']}{'' if k is None else f', k={k}'}, percent)",
+            ),
+            markup=False,
+        )
         if near_miss_rows:
             console.print(write_near_misses(ctx, near_miss_rows, meta), markup=False)
     return {"meta": meta, "rows": rows}
@@ -183,14 +237,21 @@ def write_near_misses(ctx: Context, rows: list[dict], meta: dict) -> str:
     wide, counts = {}, {}
     for r in rows:
         key = (r["model"], r["scoring"], r["direction"])
-        wide.setdefault(key, {"model": r["model"], "scoring": r["scoring"], "direction": r["direction"]})[r["kind"]] = r["confusion"]
+        wide.setdefault(key, {"model": r["model"], "scoring": r["scoring"], "direction": r["direction"]})[r["kind"]] = (
+            r["confusion"]
+        )
         counts.setdefault(r["direction"], {})[r["kind"]] = r["comparisons"]
     info = {key: meta[key] for key in ("dataset", "split", "k", "units") if key in meta}
-    return write_results(ctx.run, results_name("near_misses", meta["split"]), list(wide.values()),
-                         {**info, "comparisons": counts},
-                         f"Near misses on `{meta['split']}`: how often a sibling scene the query does not match outranks "
-                         f"its own match, by what separates them (percent; 50 = chance; comparisons "
-                         + "; ".join(f"{d}: {c['all']:,}" for d, c in counts.items()) + ")")
+    return write_results(
+        ctx.run,
+        results_name("near_misses", meta["split"]),
+        list(wide.values()),
+        {**info, "comparisons": counts},
+        f"Near misses on `{meta['split']}`: how often a sibling scene the query does not match outranks "
+        f"its own match, by what separates them (percent; 50 = chance; comparisons "
+        + "; ".join(f"{d}: {c['all']:,}" for d, c in counts.items())
+        + ")",
+    )
 
 
 def resolve_model(ctx: Context, name: str) -> Path:
@@ -234,8 +295,10 @@ def false_negative_truth(ctx: Context, dataset) -> tuple[str, Callable | None, d
     eccv.check_ids(ids.image_ids, ids.caption_ids)  # before any scoring
 
     def eccv_and_coco_1k(i2t: torch.Tensor, t2i: torch.Tensor) -> dict:
-        return {**eccv.eccv_metrics(i2t, ids.image_ids, ids.caption_ids, top_k=r.top_k_lists, scores_t2i=t2i),
-                **eccv.coco_1k_recalls(i2t, *split_targets(dataset), scores_t2i=t2i)}
+        return {
+            **eccv.eccv_metrics(i2t, ids.image_ids, ids.caption_ids, top_k=r.top_k_lists, scores_t2i=t2i),
+            **eccv.coco_1k_recalls(i2t, *split_targets(dataset), scores_t2i=t2i),
+        }
 
     return "eccv", eccv_and_coco_1k, meta
 
@@ -245,17 +308,23 @@ def coco_test_ids(ctx: Context, dataset) -> tuple[SplitIds | None, str | None]:
     and, if ECCV Caption / CxC cannot be computed with them, why (one sentence)."""
     r = ctx.e.retrieval
     if len(dataset) != COCO_TEST_IMAGES:
-        return None, (f"the {r.split} split has {len(dataset):,} images, and ECCV Caption and CxC annotate only "
-                      f"the COCO Karpathy 5K test split ({COCO_TEST_IMAGES:,} images)")
+        return None, (
+            f"the {r.split} split has {len(dataset):,} images, and ECCV Caption and CxC annotate only "
+            f"the COCO Karpathy 5K test split ({COCO_TEST_IMAGES:,} images)"
+        )
     ids = split_ids(dataset.records, r.coco_captions)
     if ids is None:
-        return None, (f"the {r.split} split's entries have no image_id and caption_ids (ALBEF's coco_karpathy_test.json "
-                      "has none) and evaluate.retrieval.coco_captions is not set; point it at COCO's "
-                      "annotations/captions_val2014.json to map the captions to COCO ids")
+        return None, (
+            f"the {r.split} split's entries have no image_id and caption_ids (ALBEF's coco_karpathy_test.json "
+            "has none) and evaluate.retrieval.coco_captions is not set; point it at COCO's "
+            "annotations/captions_val2014.json to map the captions to COCO ids"
+        )
     if not ids.complete:
-        return ids, (f"only {ids.summary()} of the {r.split} split matched in {ids.source} (first unmatched: "
-                     f"{ids.first_unmatched}); it must be COCO's captions_val2014.json and the split the COCO "
-                     "Karpathy 5K test split")
+        return ids, (
+            f"only {ids.summary()} of the {r.split} split matched in {ids.source} (first unmatched: "
+            f"{ids.first_unmatched}); it must be COCO's captions_val2014.json and the split the COCO "
+            "Karpathy 5K test split"
+        )
     return ids, None
 
 
@@ -264,18 +333,25 @@ def oracle_truth(ctx: Context, dataset) -> tuple[Callable, dict]:
     R@1 a perfect model scores on the split per direction (``meta.perfect_t2i_R@1``, ``perfect_i2t_R@1``: above it,
     a model tells apart what the captions do not say)."""
     if ctx.spec.shapes_world is None:
-        raise FalconError(f"evaluate.retrieval.false_negatives=oracle: dataset {ctx.spec.name} has no shapes_world "
-                          "(the oracle exists only for generated shapes worlds); use eccv, auto or none")
+        raise FalconError(
+            f"evaluate.retrieval.false_negatives=oracle: dataset {ctx.spec.name} has no shapes_world "
+            "(the oracle exists only for generated shapes worlds); use eccv, auto or none"
+        )
     positives = oracle_positives(ctx.spec, dataset)
     if positives is None:
-        raise FalconError(f"evaluate.retrieval.false_negatives=oracle: the {ctx.e.retrieval.split} split's entries "
-                          "need image_id and caption_ids (the shapes world writes them); regenerate the world")
-    perfect = {direction: round(value, 2) for direction, value in
-               perfect_recall_at_1(positives, split_targets(dataset)[0]).items()}
+        raise FalconError(
+            f"evaluate.retrieval.false_negatives=oracle: the {ctx.e.retrieval.split} split's entries "
+            "need image_id and caption_ids (the shapes world writes them); regenerate the world"
+        )
+    perfect = {
+        direction: round(value, 2)
+        for direction, value in perfect_recall_at_1(positives, split_targets(dataset)[0]).items()
+    }
     return lambda i2t, t2i: fn_aware_retrieval(i2t, positives, "oracle", scores_t2i=t2i), perfect
 
 
 # --- VQA ------------------------------------------------------------------------------------------
+
 
 def evaluate_vqa(ctx: Context) -> dict:
     """Answers for the split in the evaluation server's format, and the local VQA accuracy where answers exist."""
@@ -289,27 +365,51 @@ def evaluate_vqa(ctx: Context) -> dict:
     max_answer_length = int(meta_file.get("max_answer_length", 10))
     answer_ids, answer_mask = tokenize(ctx.tokenizer, answers, max_answer_length)
     text_length = ctx.text_length(checkpoint)
-    predictions = answer_questions(model, dataset, VqaCollate(ctx.tokenizer, text_length, max_answer_length),
-                                   answer_ids, answer_mask, answers, ctx.device, k=v.k,
-                                   batch_size=e.batch_size, num_workers=e.num_workers, autocast=ctx.autocast())
+    predictions = answer_questions(
+        model,
+        dataset,
+        VqaCollate(ctx.tokenizer, text_length, max_answer_length),
+        answer_ids,
+        answer_mask,
+        answers,
+        ctx.device,
+        k=v.k,
+        batch_size=e.batch_size,
+        num_workers=e.num_workers,
+        autocast=ctx.autocast(),
+    )
     row = {"split": v.split, "questions": len(dataset)}
     truth = {rec.question_id: rec.answers for rec in dataset.records if rec.answers is not None}
     if len(truth) == len(dataset.records):
         score = vqa_score(predictions, truth, v.answer_processing)
         row.update(accuracy=score["accuracy"])
-    meta = {"dataset": ctx.spec.name, "checkpoint": str(checkpoint), "resolution": resolution, "max_text_length": text_length, "k": v.k,
-            "candidates": len(answers), "answer_processing": v.answer_processing, "units": "percent"}
+    meta = {
+        "dataset": ctx.spec.name,
+        "checkpoint": str(checkpoint),
+        "resolution": resolution,
+        "max_text_length": text_length,
+        "k": v.k,
+        "candidates": len(answers),
+        "answer_processing": v.answer_processing,
+        "units": "percent",
+    }
     if D.is_main_process():
         result_file = ctx.run.path / "results" / f"vqa_result_{v.split}.json"
-        write_json(result_file, [{"question_id": qid, "answer": predictions[qid]}
-                                 for qid in (rec.question_id for rec in dataset.records)], indent=None)
+        write_json(
+            result_file,
+            [{"question_id": qid, "answer": predictions[qid]} for qid in (rec.question_id for rec in dataset.records)],
+            indent=None,
+        )
         ctx.run.add_artifact(Path("results") / result_file.name, schema="vqa_server_result", schema_version=1)
-        note = "" if "accuracy" in row else " (no answers in this split: submit the result file to the evaluation server)"
+        note = (
+            "" if "accuracy" in row else " (no answers in this split: submit the result file to the evaluation server)"
+        )
         console.print(write_results(ctx.run, "vqa", [row], meta, f"VQA on `{v.split}`{note} (percent)"), markup=False)
     return {"meta": meta, "rows": [row]}
 
 
 # --- NLVR2 ----------------------------------------------------------------------------------------
+
 
 def evaluate_nlvr2(ctx: Context) -> dict:
     """Accuracy of the fine-tuned NLVR2 classifier on each split (``test`` = test-P)."""
@@ -322,11 +422,23 @@ def evaluate_nlvr2(ctx: Context) -> dict:
     rows = []
     for split in n.splits:
         dataset = nlvr2_dataset(ctx.spec, split, build_transform("test", resolution))
-        accuracy = nlvr2_accuracy(model, dataset, collate, ctx.device, batch_size=e.batch_size,
-                                  num_workers=e.num_workers, autocast=ctx.autocast())
+        accuracy = nlvr2_accuracy(
+            model,
+            dataset,
+            collate,
+            ctx.device,
+            batch_size=e.batch_size,
+            num_workers=e.num_workers,
+            autocast=ctx.autocast(),
+        )
         rows.append({"split": split, "statements": len(dataset), "accuracy": accuracy})
-    meta = {"dataset": ctx.spec.name, "checkpoint": str(checkpoint), "resolution": resolution, "max_text_length": text_length,
-            "units": "percent"}
+    meta = {
+        "dataset": ctx.spec.name,
+        "checkpoint": str(checkpoint),
+        "resolution": resolution,
+        "max_text_length": text_length,
+        "units": "percent",
+    }
     if D.is_main_process():
         console.print(write_results(ctx.run, "nlvr2", rows, meta, "NLVR2 accuracy (percent)"), markup=False)
     return {"meta": meta, "rows": rows}

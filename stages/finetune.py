@@ -49,7 +49,13 @@ from falcon_cli.evaluation.scoring import embed_split, retrieval_scores
 from falcon_cli.evaluation.zero_shot import split_targets
 from falcon_cli.models.albef import pooled_features
 from falcon_cli.models.nlvr2 import AlbefNLVR2
-from falcon_cli.models.pretrained import FINETUNED, albef_from_checkpoint, at_resolution, find_checkpoint, finetuned_weights
+from falcon_cli.models.pretrained import (
+    FINETUNED,
+    albef_from_checkpoint,
+    at_resolution,
+    find_checkpoint,
+    finetuned_weights,
+)
 from falcon_cli.models.vqa import AlbefVQA
 from falcon_cli.models.weights import save_weights
 from falcon_cli.objectives.itc import alpha_ramp
@@ -90,8 +96,9 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
     # part) with checkpoints is refused before any task trains, unless --resume or --overwrite says what to do.
     for task in f.tasks:
         for part in sorted((run.path / FINETUNED / task).rglob("checkpoints")):
-            refuse_training_over(part, f"{part.parent.relative_to(run.path / FINETUNED)} fine-tuning", resume=resume,
-                                 overwrite=overwrite)
+            refuse_training_over(
+                part, f"{part.parent.relative_to(run.path / FINETUNED)} fine-tuning", resume=resume, overwrite=overwrite
+            )
     results = {}
     for task in f.tasks:
         if D.is_main_process():
@@ -103,8 +110,17 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
 class Context:
     """What every task needs: the config, the run, data, tokenizer, device and precision."""
 
-    def __init__(self, config: Recipe, run: RunDirectory, spec, tokenizer, device: torch.device, precision: str,
-                 resume: bool, overwrite: bool = False):
+    def __init__(
+        self,
+        config: Recipe,
+        run: RunDirectory,
+        spec,
+        tokenizer,
+        device: torch.device,
+        precision: str,
+        resume: bool,
+        overwrite: bool = False,
+    ):
         self.config, self.run, self.spec, self.tokenizer = config, run, spec, tokenizer
         self.device, self.precision, self.resume, self.overwrite = device, precision, resume, overwrite
         self.f = config.finetune
@@ -120,13 +136,16 @@ class Context:
 
 # --- retrieval ------------------------------------------------------------------------------------
 
+
 def finetune_retrieval(ctx: Context, start: Path) -> dict:
     """ITC (momentum queue, same-image positives) + ITM; best epoch by mean recall on ``select_split``."""
     t, f = ctx.f.retrieval, ctx.f
     global_batch = t.batch_size * D.world_size()
     if t.queue_size % global_batch:
-        raise FalconError(f"finetune.retrieval.queue_size={t.queue_size} is not a multiple of the global batch "
-                          f"{global_batch} (batch_size {t.batch_size} × {D.world_size()} processes); choose a multiple")
+        raise FalconError(
+            f"finetune.retrieval.queue_size={t.queue_size} is not a multiple of the global batch "
+            f"{global_batch} (batch_size {t.batch_size} × {D.world_size()} processes); choose a multiple"
+        )
     model = albef_from_checkpoint(start, t.image_size, vocab_size=len(ctx.tokenizer))
     resolution = model.config.image_size
     train = retrieval_dataset(ctx.spec, "train", ctx.transform(resolution))
@@ -136,22 +155,45 @@ def finetune_retrieval(ctx: Context, start: Path) -> dict:
 
     def loss(batch: dict, epoch: int, index: int, steps: int):
         alpha = alpha_ramp(t.distill_alpha, index, steps, epoch)
-        out = objective(batch["images"], batch["input_ids"], batch["attention_mask"], batch["image_idx"], alpha, generator)
+        out = objective(
+            batch["images"], batch["input_ids"], batch["attention_mask"], batch["image_idx"], alpha, generator
+        )
         return out.loss, {"itc": out.itc, "itm": out.itm}
 
     def score() -> dict:
-        embeddings = embed_split(model, select, ctx.tokenizer, ctx.device, max_length=f.max_text_length,
-                                 autocast=ctx.autocast(), num_workers=f.num_workers)
+        embeddings = embed_split(
+            model,
+            select,
+            ctx.tokenizer,
+            ctx.device,
+            max_length=f.max_text_length,
+            autocast=ctx.autocast(),
+            num_workers=f.num_workers,
+        )
         i2t, t2i = retrieval_scores(model, embeddings, k=t.select_k, autocast=ctx.autocast())
         return recall_at_k(i2t.cpu(), *split_targets(select), scores_t2i=t2i.cpu())
 
-    return fit(ctx, "retrieval", LossModule(objective, loss), {"model": model, "momentum": nn.ModuleDict(
-        {"encoders": objective.momentum_encoders, "queue": objective.queue})}, train,
-        RetrievalCollate(ctx.tokenizer, f.max_text_length), t, select=score, metric="mean_R", drop_last=True,
-        meta={"image_size": resolution}, generators=Generators(itm=generator))
+    return fit(
+        ctx,
+        "retrieval",
+        LossModule(objective, loss),
+        {
+            "model": model,
+            "momentum": nn.ModuleDict({"encoders": objective.momentum_encoders, "queue": objective.queue}),
+        },
+        train,
+        RetrievalCollate(ctx.tokenizer, f.max_text_length),
+        t,
+        select=score,
+        metric="mean_R",
+        drop_last=True,
+        meta={"image_size": resolution},
+        generators=Generators(itm=generator),
+    )
 
 
 # --- VQA ------------------------------------------------------------------------------------------
+
 
 def finetune_vqa(ctx: Context, start: Path) -> dict:
     """The answer decoder from the fusion layers; annotator-weighted answer cross-entropy; last epoch kept."""
@@ -159,21 +201,31 @@ def finetune_vqa(ctx: Context, start: Path) -> dict:
     albef = albef_from_checkpoint(start, t.image_size, vocab_size=len(ctx.tokenizer))
     model = AlbefVQA.from_pretrained(albef).to(ctx.device)
     # Several splits train as one (VQA v2: train + val).
-    train = torch.utils.data.ConcatDataset([vqa_dataset(ctx.spec, split, ctx.transform(albef.config.image_size))
-                                            for split in t.train_splits])
+    train = torch.utils.data.ConcatDataset(
+        [vqa_dataset(ctx.spec, split, ctx.transform(albef.config.image_size)) for split in t.train_splits]
+    )
 
     def loss(batch: dict, epoch: int, index: int, steps: int):
         states = model.encode_question(batch["image"], batch["question_ids"], batch["question_mask"])
-        value = model.answer_loss(states, batch["question_mask"], batch["answer_ids"], batch["answer_mask"],
-                                  batch["weights"], batch["n"])
+        value = model.answer_loss(
+            states, batch["question_mask"], batch["answer_ids"], batch["answer_mask"], batch["weights"], batch["n"]
+        )
         return value, {}
 
-    return fit(ctx, "vqa", LossModule(model, loss), {"model": model}, train,
-               VqaCollate(ctx.tokenizer, f.max_text_length, t.max_answer_length), t,
-               meta={"image_size": albef.config.image_size, "max_answer_length": t.max_answer_length})
+    return fit(
+        ctx,
+        "vqa",
+        LossModule(model, loss),
+        {"model": model},
+        train,
+        VqaCollate(ctx.tokenizer, f.max_text_length, t.max_answer_length),
+        t,
+        meta={"image_size": albef.config.image_size, "max_answer_length": t.max_answer_length},
+    )
 
 
 # --- NLVR2 ----------------------------------------------------------------------------------------
+
 
 def finetune_nlvr2(ctx: Context, start: Path) -> dict:
     """Text-assignment pretraining on the run's pairs, then the two-way classifier; best by dev accuracy."""
@@ -195,13 +247,29 @@ def finetune_nlvr2(ctx: Context, start: Path) -> dict:
             fused = model.fusion_encoder(text, batch["attention_mask"], tokens[first], tokens[second])
             return text_assignment_loss(model.ta_logits(fused), labels), {}
 
-        ta = TaskTraining(epochs=t.ta_epochs, lr=t.ta_lr, min_lr=t.ta_lr, warmup_lr=t.warmup_lr, warmup_steps=0,
-                          weight_decay=t.weight_decay, batch_size=t.ta_batch_size, image_size=t.ta_image_size,
-                          max_steps_per_epoch=t.ta_max_steps)
-        summary["text_assignment"] = fit(ctx, "nlvr2/text_assignment", LossModule(model, ta_loss), {"model": model},
-                                         pairs, PretrainCollate(ctx.tokenizer, f.max_text_length), ta, drop_last=True,
-                                         meta={"image_size": albef.config.image_size},
-                                         generators=Generators(pairs=generator))
+        ta = TaskTraining(
+            epochs=t.ta_epochs,
+            lr=t.ta_lr,
+            min_lr=t.ta_lr,
+            warmup_lr=t.warmup_lr,
+            warmup_steps=0,
+            weight_decay=t.weight_decay,
+            batch_size=t.ta_batch_size,
+            image_size=t.ta_image_size,
+            max_steps_per_epoch=t.ta_max_steps,
+        )
+        summary["text_assignment"] = fit(
+            ctx,
+            "nlvr2/text_assignment",
+            LossModule(model, ta_loss),
+            {"model": model},
+            pairs,
+            PretrainCollate(ctx.tokenizer, f.max_text_length),
+            ta,
+            drop_last=True,
+            meta={"image_size": albef.config.image_size},
+            generators=Generators(pairs=generator),
+        )
     # The classifier at its own resolution: position embeddings resampled, every other weight kept.
     state, config = at_resolution(model.state_dict(), model.config, t.image_size)
     if config.image_size != model.config.image_size:
@@ -216,19 +284,44 @@ def finetune_nlvr2(ctx: Context, start: Path) -> dict:
         return torch.nn.functional.cross_entropy(logits.float(), batch["labels"]), {}
 
     def score() -> dict:
-        return {"dev_accuracy": nlvr2_accuracy(model, dev, collate, ctx.device, batch_size=t.batch_size,
-                                               num_workers=f.num_workers, autocast=ctx.autocast())}
+        return {
+            "dev_accuracy": nlvr2_accuracy(
+                model,
+                dev,
+                collate,
+                ctx.device,
+                batch_size=t.batch_size,
+                num_workers=f.num_workers,
+                autocast=ctx.autocast(),
+            )
+        }
 
-    summary.update(fit(ctx, "nlvr2", LossModule(model, loss), {"model": model}, train, collate, t, select=score,
-                       metric="dev_accuracy", meta={"image_size": config.image_size}))
+    summary.update(
+        fit(
+            ctx,
+            "nlvr2",
+            LossModule(model, loss),
+            {"model": model},
+            train,
+            collate,
+            t,
+            select=score,
+            metric="dev_accuracy",
+            meta={"image_size": config.image_size},
+        )
+    )
     return summary
 
 
-TASKS: dict[str, Callable[[Context, Path], dict]] = {"retrieval": finetune_retrieval, "vqa": finetune_vqa,
-                                                     "nlvr2": finetune_nlvr2}
+TASKS: dict[str, Callable[[Context, Path], dict]] = {
+    "retrieval": finetune_retrieval,
+    "vqa": finetune_vqa,
+    "nlvr2": finetune_nlvr2,
+}
 
 
 # --- the training loop every task shares -------------------------------------------------------------
+
 
 class LossModule(nn.Module):
     """A module whose forward is ``loss(batch, epoch, index, steps) -> (loss, parts)``, so DDP wraps any task."""
@@ -242,9 +335,21 @@ class LossModule(nn.Module):
         return self.loss(batch, epoch, index, steps)
 
 
-def fit(ctx: Context, name: str, trainable: LossModule, weights: dict[str, nn.Module], dataset, collate,
-        t: TaskTraining, *, select: Callable[[], dict] | None = None, metric: str | None = None,
-        drop_last: bool = False, meta: dict | None = None, generators: Generators | None = None) -> dict:
+def fit(
+    ctx: Context,
+    name: str,
+    trainable: LossModule,
+    weights: dict[str, nn.Module],
+    dataset,
+    collate,
+    t: TaskTraining,
+    *,
+    select: Callable[[], dict] | None = None,
+    metric: str | None = None,
+    drop_last: bool = False,
+    meta: dict | None = None,
+    generators: Generators | None = None,
+) -> dict:
     """Train ``trainable`` on ``dataset`` for ``t.epochs``; after each epoch score it with ``select`` (or keep
     the last epoch) and checkpoint ``weights``; the kept weights go to ``finetune/<name>/best/``. ``generators``:
     the loss's own generators (ITM negatives, text-assignment pairs), checkpointed per rank with the global RNGs."""
@@ -253,54 +358,104 @@ def fit(ctx: Context, name: str, trainable: LossModule, weights: dict[str, nn.Mo
     meta = {"max_text_length": f.max_text_length, **(meta or {})}  # evaluation cuts captions where training did
     world, rank = D.world_size(), D.rank()
     trainable.to(device)
-    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=ctx.config.seed,
-                                 drop_last=drop_last)
-    loader = epoch_loader(dataset, sampler, 0, t.batch_size, collate, drop_last=drop_last, num_workers=f.num_workers,
-                          pin_memory=device.type == "cuda", seed=ctx.config.seed)
+    sampler = DistributedSampler(
+        dataset, num_replicas=world, rank=rank, shuffle=True, seed=ctx.config.seed, drop_last=drop_last
+    )
+    loader = epoch_loader(
+        dataset,
+        sampler,
+        0,
+        t.batch_size,
+        collate,
+        drop_last=drop_last,
+        num_workers=f.num_workers,
+        pin_memory=device.type == "cuda",
+        seed=ctx.config.seed,
+    )
     steps = len(loader) if t.max_steps_per_epoch is None else min(len(loader), t.max_steps_per_epoch)
     if t.epochs > 0 and steps == 0:
-        raise FalconError(f"finetune.{name.split('/')[0]}: {len(dataset)} examples make no full batch of "
-                          f"{t.batch_size} × {world} processes; lower batch_size")
-    runner = torch.nn.parallel.DistributedDataParallel(
-        trainable, device_ids=[device.index] if device.type == "cuda" else None,
-        find_unused_parameters=True) if world > 1 else trainable
+        raise FalconError(
+            f"finetune.{name.split('/')[0]}: {len(dataset)} examples make no full batch of "
+            f"{t.batch_size} × {world} processes; lower batch_size"
+        )
+    runner = (
+        torch.nn.parallel.DistributedDataParallel(
+            trainable, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=True
+        )
+        if world > 1
+        else trainable
+    )
     optimizer = build_optimizer(trainable, t.lr, t.weight_decay)
     scaler = grad_scaler(ctx.precision, device)
-    metrics = MetricsLog(out / "metrics.jsonl", RunLoggers(f.loggers, out / "loggers", what="finetune.loggers",
-                                                           name=f"{ctx.run.path.name}/{name}", main=main,
-                                                           config=ctx.config.model_dump(mode="json")))
+    metrics = MetricsLog(
+        out / "metrics.jsonl",
+        RunLoggers(
+            f.loggers,
+            out / "loggers",
+            what="finetune.loggers",
+            name=f"{ctx.run.path.name}/{name}",
+            main=main,
+            config=ctx.config.model_dump(mode="json"),
+        ),
+    )
     # Checkpoints after each epoch hold the weights, optimizer, scaler, every rank's RNG, the best epoch so far
     # and the scores; a task's checkpoints are never trained over without --resume or --overwrite.
-    state = TrainState(out / "checkpoints", weights, shared={"optimizer": optimizer, "scaler": scaler},
-                       per_rank={"rng": GlobalRng(), "generators": generators}, what=f"{name} fine-tuning", keep_last=1,
-                       name=name,
-                       meta={"task": name, **meta}, say=console.print)
+    state = TrainState(
+        out / "checkpoints",
+        weights,
+        shared={"optimizer": optimizer, "scaler": scaler},
+        per_rank={"rng": GlobalRng(), "generators": generators},
+        what=f"{name} fine-tuning",
+        keep_last=1,
+        name=name,
+        meta={"task": name, **meta},
+        say=console.print,
+    )
     state.begin(resume=ctx.resume, overwrite=ctx.overwrite)
     metrics.truncate_after(state.step)
     step, best, history = state.step, state.values.get("best"), state.values.get("history", [])
 
     # A preemption notice (SIGTERM, SIGUSR1, SIGUSR2) stops every rank after the same step, checkpointed there.
-    preemption = Preemption(f.preempt_grace_s, key="finetune.preempt_grace_s", checkpoints=state.directory,
-                            say=console.print).install()
+    preemption = Preemption(
+        f.preempt_grace_s, key="finetune.preempt_grace_s", checkpoints=state.directory, say=console.print
+    ).install()
     for epoch in range(state.epoch, t.epochs):
         sampler.set_epoch(epoch)
         trainable.train()
         start, state.batch_index = state.batch_index, 0  # (a resumed epoch continues at its next batch)
-        loader = epoch_loader(dataset, sampler, start * t.batch_size, t.batch_size, collate, drop_last=drop_last,
-                              num_workers=f.num_workers, pin_memory=device.type == "cuda", seed=ctx.config.seed + epoch)
+        loader = epoch_loader(
+            dataset,
+            sampler,
+            start * t.batch_size,
+            t.batch_size,
+            collate,
+            drop_last=drop_last,
+            num_workers=f.num_workers,
+            pin_memory=device.type == "cuda",
+            seed=ctx.config.seed + epoch,
+        )
         loss = None  # (none when a resumed epoch had no batch left)
         for index, batch in enumerate(track(loader, f"{name} epoch {epoch}", total=steps - start), start=start):
             if index >= steps:
                 break
-            lr = learning_rate(step, epoch, lr=t.lr, min_lr=t.min_lr, warmup_lr=t.warmup_lr,
-                               warmup_steps=t.warmup_steps, cosine_epochs=t.epochs)
+            lr = learning_rate(
+                step,
+                epoch,
+                lr=t.lr,
+                min_lr=t.min_lr,
+                warmup_lr=t.warmup_lr,
+                warmup_steps=t.warmup_steps,
+                cosine_epochs=t.epochs,
+            )
             set_learning_rate(optimizer, lr)
             batch = {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
             with ctx.autocast():
                 loss, parts = runner(batch, epoch, index, steps)
             if not torch.isfinite(loss):
-                raise FalconError(f"finetune {name}: loss is {loss.item()} at epoch {epoch}, step {step}; "
-                                  f"lower finetune.{name.split('/')[0]}.lr or use precision=fp32")
+                raise FalconError(
+                    f"finetune {name}: loss is {loss.item()} at epoch {epoch}, step {step}; "
+                    f"lower finetune.{name.split('/')[0]}.lr or use precision=fp32"
+                )
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             scaler.step(optimizer)
@@ -323,8 +478,14 @@ def fit(ctx: Context, name: str, trainable: LossModule, weights: dict[str, nn.Mo
         if main:
             metrics.write(step=step, epoch=epoch, kind="epoch", **scores)
             console.print(f"{name} epoch {epoch}: " + (", ".join(f"{k} {v:.2f}" for k, v in scores.items()) or "done"))
-            log_epoch(f"finetune {name}", epoch, t.epochs, steps=step, loss=float(loss.detach()) if loss is not None else None,
-                      **scores)
+            log_epoch(
+                f"finetune {name}",
+                epoch,
+                t.epochs,
+                steps=step,
+                loss=float(loss.detach()) if loss is not None else None,
+                **scores,
+            )
         state.step, state.values = step, {"best": best, "history": history}
         preemption.save(state, epoch + 1, 0)
         if preemption.requested():  # (during the epoch's selection: its checkpoint is the place to continue from)
@@ -335,18 +496,43 @@ def fit(ctx: Context, name: str, trainable: LossModule, weights: dict[str, nn.Mo
         save_best(out, weights["model"], {"task": name, "epoch": None, **meta})
     metrics.close()
     D.barrier()
-    return {"epochs": t.epochs, "steps": step, "steps_per_epoch": steps, "examples": len(dataset),
-            "best": best, "history": history, "weights": str(finetuned_weights(ctx.run.path, name))}
+    return {
+        "epochs": t.epochs,
+        "steps": step,
+        "steps_per_epoch": steps,
+        "examples": len(dataset),
+        "best": best,
+        "history": history,
+        "weights": str(finetuned_weights(ctx.run.path, name)),
+    }
 
 
-def epoch_loader(dataset, sampler: DistributedSampler, skip: int, batch_size: int, collate, *, drop_last: bool,
-                 num_workers: int, pin_memory: bool, seed: int) -> DataLoader:
+def epoch_loader(
+    dataset,
+    sampler: DistributedSampler,
+    skip: int,
+    batch_size: int,
+    collate,
+    *,
+    drop_last: bool,
+    num_workers: int,
+    pin_memory: bool,
+    seed: int,
+) -> DataLoader:
     """The epoch's batches from the ``skip``-th example of this rank's order on (a resumed epoch continues at the
     batch after its checkpoint, the same batches). The loader has its own generator: creating it must not draw from
     the global RNG, or a resumed run's dropout would drift from the uninterrupted run's."""
     order = SkipFirst(sampler, skip) if skip else sampler
-    return DataLoader(dataset, batch_size=batch_size, sampler=order, collate_fn=collate, num_workers=num_workers,
-                      drop_last=drop_last, pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed))
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=order,
+        collate_fn=collate,
+        num_workers=num_workers,
+        drop_last=drop_last,
+        pin_memory=pin_memory,
+        generator=torch.Generator().manual_seed(seed),
+    )
 
 
 class SkipFirst(torch.utils.data.Sampler):
@@ -367,4 +553,3 @@ def save_best(out: Path, model: nn.Module, meta: dict) -> None:
     with atomic_dir(out / "best") as tmp:
         save_weights(model, tmp / "model.safetensors")
         write_json(tmp / "meta.json", meta)
-

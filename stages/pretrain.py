@@ -96,8 +96,14 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
     precision = resolve_precision(p.precision, device)
     seed_everything(config.seed + rank)
     # The run's loggers besides metrics.jsonl (TensorBoard, wandb, MLflow): their packages checked now, before any work.
-    loggers = RunLoggers(p.loggers, run.path / "loggers", what="pretrain.loggers", name=run.path.name,
-                         config=config.model_dump(mode="json"), main=main)
+    loggers = RunLoggers(
+        p.loggers,
+        run.path / "loggers",
+        what="pretrain.loggers",
+        name=run.path.name,
+        config=config.model_dump(mode="json"),
+        main=main,
+    )
 
     # 2. Data, tokenizer (the one the data stage saved in this run), model and its framework's objective.
     spec = load_spec(config.data.dataset)
@@ -106,9 +112,17 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
     tokenizer = load_run_tokenizer(run.path, config.name)
     framework = model_framework(p.model)  # ALBEF, BLIP-2 or a dual encoder: everything below the model is the same
     vision_weights, text_weights = weight_sources(config, run, tokenizer)  # (`unimodal`: the unimodal stage's)
-    model = create_model(p.model, **model_overrides(framework, len(tokenizer), vision_weights=vision_weights,
-                                                    text_weights=text_weights, image_size=p.image_size,
-                                                    pad_token_id=tokenizer.pad_token_id))
+    model = create_model(
+        p.model,
+        **model_overrides(
+            framework,
+            len(tokenizer),
+            vision_weights=vision_weights,
+            text_weights=text_weights,
+            image_size=p.image_size,
+            pad_token_id=tokenizer.pad_token_id,
+        ),
+    )
     if p.init is not None:  # a whole official ALBEF/GRIT-VLP/MAFA checkpoint (docs/pretraining.md)
         load_albef_checkpoint(model, p.init)
     if p.vision_trainable_epochs:  # BLIP-2 without a pretrained image encoder: it trains first (so AdamW holds it)
@@ -119,8 +133,9 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
     # The false-negative method (MAFA, SRCL, DiHT, GloFND, or the plain ITC), checked before any training; on
     # the shapes world the oracle measures what it flags. `same_image: mask` keeps pairs that show the same
     # image (false negatives by construction) out of the ITC denominators and ITM mining.
-    method, truth = build_false_negatives(config, spec, dataset, device, run,
-                                          warn=lambda line: console.print(f"[yellow]warning:[/] {escape(line)}"))
+    method, truth = build_false_negatives(
+        config, spec, dataset, device, run, warn=lambda line: console.print(f"[yellow]warning:[/] {escape(line)}")
+    )
     # `oracle_negatives: mask` (a diagnostic) keeps every truly matching pair out the same way.
     excluded = excluded_negatives(p, spec, dataset.records, device, check=False)
     masked_key = "same_image_masked" if p.oracle_negatives == "keep" else "oracle_masked"  # (metrics.jsonl)
@@ -134,8 +149,12 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
     # The step's forward, eager or captured whole (`graph_step`: one shape for every step, so captions padded).
     forward = training_forward(trainer, p, precision, device)
     collate = PretrainCollate(tokenizer, p.max_text_length, fixed_length=p.graph_step)
-    special = dict(vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id,
-                   pad_token_id=tokenizer.pad_token_id, cls_token_id=tokenizer.cls_token_id)
+    special = dict(
+        vocab_size=len(tokenizer),
+        mask_token_id=tokenizer.mask_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        cls_token_id=tokenizer.cls_token_id,
+    )
 
     # 3. Batches: the composer (uniform, GRIT, a fixed or progressive quantile, or FALCON with its learned
     # scheduler), the cache of features it reads, the batch log. The shard generator is identical on every
@@ -148,55 +167,92 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
     falcon = FalconStep(scheduler, p, precision, device) if scheduler is not None else None
     # On a shapes world the quantile composers log the oracle's view of every chained slot (the anchor's
     # false-negative density, the safe q, whether the pick is one): it changes no choice.
-    chain_truth = (truth or in_batch_truth(spec.resolve(spec.shapes_world), dataset.records)
-                   if spec.shapes_world is not None and p.composer in QUANTILE_COMPOSERS else None)
+    chain_truth = (
+        truth or in_batch_truth(spec.resolve(spec.shapes_world), dataset.records)
+        if spec.shapes_world is not None and p.composer in QUANTILE_COMPOSERS
+        else None
+    )
     if scheduler is not None and p.reward == "positive_margin+oracle" and chain_truth is None:
-        raise FalconError(f"pretrain.reward=positive_margin+oracle: the dataset in {spec.base_dir} is not a shapes world "
-                          "(its dataset.yaml names no shapes_world), so no oracle judges the picks; use "
-                          "pretrain.reward=positive_margin+itm (the model's own ITM head)")
+        raise FalconError(
+            f"pretrain.reward=positive_margin+oracle: the dataset in {spec.base_dir} is not a shapes world "
+            "(its dataset.yaml names no shapes_world), so no oracle judges the picks; use "
+            "pretrain.reward=positive_margin+itm (the model's own ITM head)"
+        )
     composer = build_composer(p, truth=chain_truth, source=scheduler.alpha_beta if scheduler is not None else None)
     generators = run_generators(config.seed, rank, device)
     batch_log = BatchLog(run.path / "batches.parquet", part_rank=rank)
-    epochs = EpochBatches(composer, cache, all_ids, rank=rank, world=world, shard_generator=generators["shard"],
-                          compose_generator=generators["compose"], batch_log=batch_log, warm=warm,
-                          max_steps=p.max_steps_per_epoch)
+    epochs = EpochBatches(
+        composer,
+        cache,
+        all_ids,
+        rank=rank,
+        world=world,
+        shard_generator=generators["shard"],
+        compose_generator=generators["compose"],
+        batch_log=batch_log,
+        warm=warm,
+        max_steps=p.max_steps_per_epoch,
+    )
     flags = FlagsAgainstOracle(false_negatives, truth, device) if truth is not None else None
     metrics = MetricsLog(run.path / "metrics.jsonl", loggers)
     total_steps = sum(epochs.steps(e) for e in range(p.epochs))
     if main:
-        console.print(f"[bold]pretrain[/] {p.model} ({model.num_parameters() / 1e6:.1f}M parameters) on {device}, "
-                      f"{precision}; {len(dataset):,} pairs; batch {p.batch_size} × {world} processes = "
-                      f"global batch {p.batch_size * world}; composer {p.composer}; {p.epochs} epochs")
+        console.print(
+            f"[bold]pretrain[/] {p.model} ({model.num_parameters() / 1e6:.1f}M parameters) on {device}, "
+            f"{precision}; {len(dataset):,} pairs; batch {p.batch_size} × {world} processes = "
+            f"global batch {p.batch_size * world}; composer {p.composer}; {p.epochs} epochs"
+        )
 
     # 4. Checkpoints hold everything, so a resumed run continues exactly: the model alone (loadable by every
     # later stage), momentum parts, GloFND's thresholds; optimizer, scaler, composer, scheduler; and per rank
     # every RNG, its embedding cache shards, where its epoch stands, FALCON's epoch record and the flag counts.
-    state = TrainState(run.path / "checkpoints", checkpoint_weights(model, objective, false_negatives), what="pretraining", keep_last=p.keep_last, say=console.print,
-                       shared={"optimizer": optimizer, "scaler": scaler, "composer": composer, "scheduler": scheduler},
-                       # (the cache before epoch_batches: a resumed FALCON epoch's spaces read it)
-                       per_rank={"rng": GlobalRng(), "generators": generators, "cache": cache, "epoch_batches": epochs,
-                                 "falcon": falcon, "flags": flags},
-                       meta={"model": p.model, "image_size": resolution, "max_text_length": p.max_text_length})
+    state = TrainState(
+        run.path / "checkpoints",
+        checkpoint_weights(model, objective, false_negatives),
+        what="pretraining",
+        keep_last=p.keep_last,
+        say=console.print,
+        shared={"optimizer": optimizer, "scaler": scaler, "composer": composer, "scheduler": scheduler},
+        # (the cache before epoch_batches: a resumed FALCON epoch's spaces read it)
+        per_rank={
+            "rng": GlobalRng(),
+            "generators": generators,
+            "cache": cache,
+            "epoch_batches": epochs,
+            "falcon": falcon,
+            "flags": flags,
+        },
+        meta={"model": p.model, "image_size": resolution, "max_text_length": p.max_text_length},
+    )
     state.begin(resume=resume, overwrite=overwrite)
     metrics.truncate_after(state.step)  # what the killed run logged after its checkpoint goes (the loggers start here)
     results = state.values.setdefault("results", {})
     update_model = ModelUpdate(objective, optimizer, scaler, precision, p, framework.losses, state)
-    profiler = StepProfiler(run.path / "profile", p.profile_steps, device=device, enabled=main,
-                            start=epochs.steps(0) if p.epochs > 1 else min(10, max(epochs.steps(0) - p.profile_steps, 0)))
+    profiler = StepProfiler(
+        run.path / "profile",
+        p.profile_steps,
+        device=device,
+        enabled=main,
+        start=epochs.steps(0) if p.epochs > 1 else min(10, max(epochs.steps(0) - p.profile_steps, 0)),
+    )
 
     # Only rank 0 evaluates, so only rank 0 loads the eval split.
     # On a shapes world every number also comes false-negative aware (any true match counts), as `falcon evaluate`'s.
-    eval_split = retrieval_dataset(spec, p.eval_split, build_transform("test", resolution)) if p.eval_split and main else None
+    eval_split = (
+        retrieval_dataset(spec, p.eval_split, build_transform("test", resolution)) if p.eval_split and main else None
+    )
     positives = oracle_positives(spec, eval_split) if eval_split is not None else None
     if eval_split is not None and state.checkpoint is None:
-        results["untrained"] = zero_shot_retrieval(model, eval_split, tokenizer, device, positives=positives,
-                                                   max_length=p.max_text_length)
+        results["untrained"] = zero_shot_retrieval(
+            model, eval_split, tokenizer, device, positives=positives, max_length=p.max_text_length
+        )
     preloaded = preload_images(dataset, device, p.num_workers) if p.preload_images else None
     D.barrier()
     # A preemption notice (SIGTERM, SIGUSR1, SIGUSR2) stops every rank after the same step, checkpointed exactly
     # there, with the requeue exit status (runtime/preemption.py; docs/cluster.md).
-    preemption = Preemption(p.preempt_grace_s, key="pretrain.preempt_grace_s", checkpoints=state.directory,
-                            say=console.print).install()
+    preemption = Preemption(
+        p.preempt_grace_s, key="pretrain.preempt_grace_s", checkpoints=state.directory, say=console.print
+    ).install()
 
     # 5. Train. Each epoch is composed from the cache of the previous one (FALCON: one batch at a time, as
     # batch k + 1 depends on the scheduler after step k); the cache fills from the training forward itself.
@@ -214,35 +270,70 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
                 metrics.write(step=state.step, epoch=epoch, kind="epoch_summary", **epochs.summary)
         falcon_epoch = falcon is not None and epochs.on_demand(epoch)
         # (scheduler_overlap: one step of the lag is the scheduler's own, the loader composes the rest ahead)
-        loader, total = epochs.loader(dataset, collate, state.batch_index, num_workers=p.num_workers,
-                                      lag=p.scheduler_lag - p.scheduler_overlap, pin_memory=device.type == "cuda",
-                                      seed=config.seed + epoch)
+        loader, total = epochs.loader(
+            dataset,
+            collate,
+            state.batch_index,
+            num_workers=p.num_workers,
+            lag=p.scheduler_lag - p.scheduler_overlap,
+            pin_memory=device.type == "cuda",
+            seed=config.seed + epoch,
+        )
         if falcon_epoch:  # (composition is FALCON's host work: on its own stream under scheduler_overlap)
             loader = falcon.compose_within(loader)
         tick, seen = time.perf_counter(), 0
-        for index, batch in enumerate(track(loader, f"epoch {epoch}", total=total - state.batch_index),
-                                      start=state.batch_index):
+        for index, batch in enumerate(
+            track(loader, f"epoch {epoch}", total=total - state.batch_index), start=state.batch_index
+        ):
             profiler.before(state.step)
-            lr = learning_rate(state.step, epoch, lr=p.lr, min_lr=p.min_lr, warmup_lr=p.warmup_lr,
-                               warmup_steps=p.warmup_steps, cosine_epochs=p.cosine_epochs or p.epochs)
+            lr = learning_rate(
+                state.step,
+                epoch,
+                lr=p.lr,
+                min_lr=p.min_lr,
+                warmup_lr=p.warmup_lr,
+                warmup_steps=p.warmup_steps,
+                cosine_epochs=p.cosine_epochs or p.epochs,
+            )
             set_learning_rate(optimizer, lr)
-            inputs, pair_ids = step_inputs(batch, device, preloaded, generators["mask"] if framework.masked_language
-                                           else None, p.mlm_probability, special)
+            inputs, pair_ids = step_inputs(
+                batch,
+                device,
+                preloaded,
+                generators["mask"] if framework.masked_language else None,
+                p.mlm_probability,
+                special,
+            )
             same_image = excluded(pair_ids) if excluded is not None else None
             if falcon_epoch:  # L(θ_k) from a no-grad pass, where the reward needs one
                 falcon.before(objective, inputs, same_image)
-            context = StepContext(pair_ids, epoch, state.step, total_steps, same_image,
-                                  mask_itm=p.oracle_negatives != "mask_itc")
+            context = StepContext(
+                pair_ids, epoch, state.step, total_steps, same_image, mask_itm=p.oracle_negatives != "mask_itc"
+            )
             out = forward(inputs, alpha_ramp(p.distill_alpha, index, total, epoch), generators["itm"], context)
             losses = {name: getattr(out, name) for name in framework.losses}  # (itc, itm, and mlm or itg)
             after = state.step + 1  # (reading the non-finite verdict is a host sync: only where the loop syncs anyway;
             # FALCON's reward read syncs every step, except under scheduler_overlap, whose update reads the verdict)
-            update_model(out.loss, losses, epoch, sync=(falcon_epoch and not p.scheduler_overlap) or after % p.log_every == 0
-                         or index == total - 1 or bool(p.checkpoint_every and after % p.checkpoint_every == 0))
+            update_model(
+                out.loss,
+                losses,
+                epoch,
+                sync=(falcon_epoch and not p.scheduler_overlap)
+                or after % p.log_every == 0
+                or index == total - 1
+                or bool(p.checkpoint_every and after % p.checkpoint_every == 0),
+            )
             update = {}
             if falcon_epoch:  # the reward of this batch, and the scheduler's REINFORCE update
-                update = falcon.after(objective, out, losses, inputs, same_image, *epochs.take(batch["pair_ids"]),
-                                      halted=update_model.guard.halted if p.scheduler_overlap else None)
+                update = falcon.after(
+                    objective,
+                    out,
+                    losses,
+                    inputs,
+                    same_image,
+                    *epochs.take(batch["pair_ids"]),
+                    halted=update_model.guard.halted if p.scheduler_overlap else None,
+                )
                 if update.get("halted"):  # (scheduler_overlap: a step after a non-finite one updates nothing)
                     update_model.stop_if_non_finite()
             # Every rank's features: a rank's next shard holds pairs the other ranks train now.
@@ -256,12 +347,21 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
 
             if state.step % p.log_every == 0 or index == total - 1:
                 elapsed = time.perf_counter() - tick
-                metrics.write(step=state.step, epoch=epoch, **mean_over_ranks(out.loss, losses), lr=lr,
-                              temperature=out.temperature, pairs_per_s=seen / max(elapsed, 1e-9), elapsed_s=elapsed,
-                              text_tokens=inputs[1].shape[1], peak_memory_mib=peak_memory_mib(device),
-                              sampler=epochs.sampler(index), **{k: update.get(k) for k in FALCON_LOGGED},
-                              **({masked_key: same_image.sum()} if same_image is not None else {}),
-                              **false_negatives.stats)
+                metrics.write(
+                    step=state.step,
+                    epoch=epoch,
+                    **mean_over_ranks(out.loss, losses),
+                    lr=lr,
+                    temperature=out.temperature,
+                    pairs_per_s=seen / max(elapsed, 1e-9),
+                    elapsed_s=elapsed,
+                    text_tokens=inputs[1].shape[1],
+                    peak_memory_mib=peak_memory_mib(device),
+                    sampler=epochs.sampler(index),
+                    **{k: update.get(k) for k in FALCON_LOGGED},
+                    **({masked_key: same_image.sum()} if same_image is not None else {}),
+                    **false_negatives.stats,
+                )
             if p.checkpoint_every and state.step % p.checkpoint_every == 0 and index + 1 < total:
                 preemption.save(state, epoch, index + 1)
             if preemption.requested():  # (a host-side all-reduce under torchrun: every rank stops after this step)
@@ -273,35 +373,58 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
         if flagged is not None:
             metrics.write(step=state.step, epoch=epoch, kind="false_negatives", **flagged)
         if falcon_epoch:  # what the scheduler did this epoch (this rank)
-            metrics.write(step=state.step, epoch=epoch, kind="epoch_summary",
-                          **composition_summary(batch_log.rows(epoch), falcon.rewards, falcon.credited, falcon.judged))
+            metrics.write(
+                step=state.step,
+                epoch=epoch,
+                kind="epoch_summary",
+                **composition_summary(batch_log.rows(epoch), falcon.rewards, falcon.credited, falcon.judged),
+            )
         epochs.end()
         if loggers and p.composer in QUANTILE_COMPOSERS:  # the epoch's q's (this rank's), as a histogram
-            metrics.histogram("epoch_summary/q", read_batch_log(batch_log.path / part_name(epoch, rank))["q"], state.step)
+            metrics.histogram(
+                "epoch_summary/q", read_batch_log(batch_log.path / part_name(epoch, rank))["q"], state.step
+            )
         # (every rank: rank 0 gathers the ranks' rows and writes them)
-        path = cache.save(run.path / "embeddings" / f"epoch_{epoch:03d}.h5",
-                          {"model": p.model, "checkpoint": f"step {state.step}", "dataset": spec.name,
-                           "split": "pretrain", "epoch": epoch, FINGERPRINT_ATTR: fingerprint})
+        path = cache.save(
+            run.path / "embeddings" / f"epoch_{epoch:03d}.h5",
+            {
+                "model": p.model,
+                "checkpoint": f"step {state.step}",
+                "dataset": spec.name,
+                "split": "pretrain",
+                "epoch": epoch,
+                FINGERPRINT_ATTR: fingerprint,
+            },
+        )
         if main:
             run.add_artifact(path, schema="embeddings", schema_version=1)
         if eval_split is not None and p.eval_every and (epoch + 1) % p.eval_every == 0 and epoch + 1 < p.epochs:
-            curve = zero_shot_retrieval(model, eval_split, tokenizer, device, positives=positives,
-                                        max_length=p.max_text_length)
+            curve = zero_shot_retrieval(
+                model, eval_split, tokenizer, device, positives=positives, max_length=p.max_text_length
+            )
             metrics.write(step=state.step, epoch=epoch, kind="zero_shot", **curve)  # the learning curve
         preemption.save(state, epoch + 1, 0)
         if preemption.requested():  # (during the epoch's end: its checkpoint is the place to continue from)
             raise preemption.stop_after_step(state, epoch + 1, 0)
         if seen:  # (log.txt shows each epoch even with no progress bar: sweeps, cluster jobs)
             elapsed = time.perf_counter() - tick
-            log_epoch("pretrain", epoch, p.epochs, steps=state.step, loss=float(out.loss.detach()), pairs_per_s=seen / elapsed,
-                      seconds=elapsed)
+            log_epoch(
+                "pretrain",
+                epoch,
+                p.epochs,
+                steps=state.step,
+                loss=float(out.loss.detach()),
+                pairs_per_s=seen / elapsed,
+                seconds=elapsed,
+            )
 
     preemption.uninstall()
 
     # 6. Zero-shot retrieval with the trained model (ITC only; ITM re-ranking is `falcon evaluate`).
     if eval_split is not None:
-        results["trained"] = zero_shot_retrieval(model, eval_split, tokenizer, device, positives=positives,
-                                                 max_length=p.max_text_length)
+        results["trained"] = zero_shot_retrieval(
+            model, eval_split, tokenizer, device, positives=positives, max_length=p.max_text_length
+        )
         if p.eval_every:  # the curve's last point
             metrics.write(step=state.step, epoch=p.epochs - 1, kind="zero_shot", **results["trained"])
         write_results(run, results, split=p.eval_split, resolution=resolution, step=state.step)
@@ -310,26 +433,43 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
         record_artifacts(run, with_q_figure=p.composer in QUANTILE_COMPOSERS)
         metrics.image(Q_FIGURE, run.path / f"{Q_FIGURE}.png", state.step)
     metrics.close()
-    return {"steps": state.step, "epochs": p.epochs, "pairs": len(dataset), "world_size": world,
-            "precision": precision, "device": str(device), "retrieval": results,
-            "dataset_fingerprint": fingerprint}  # (`falcon compare` refuses runs of other pairs)
+    return {
+        "steps": state.step,
+        "epochs": p.epochs,
+        "pairs": len(dataset),
+        "world_size": world,
+        "precision": precision,
+        "device": str(device),
+        "retrieval": results,
+        "dataset_fingerprint": fingerprint,
+    }  # (`falcon compare` refuses runs of other pairs)
 
 
 # --- the pieces the story above calls ------------------------------------------------------------------------
 
+
 def run_generators(seed: int, rank: int, device: torch.device) -> Generators:
     """The run's generators: the shard generator is identical on every rank (so shards are disjoint); composition,
     MLM masking (CPU) and ITM sampling (on the device) draw from this rank's own."""
-    return Generators(shard=torch.Generator().manual_seed(seed),
-                      compose=torch.Generator().manual_seed(seed + 1000 + rank),
-                      mask=torch.Generator().manual_seed(seed + 2000 + rank),
-                      itm=torch.Generator(device=device).manual_seed(seed + 3000 + rank))
+    return Generators(
+        shard=torch.Generator().manual_seed(seed),
+        compose=torch.Generator().manual_seed(seed + 1000 + rank),
+        mask=torch.Generator().manual_seed(seed + 2000 + rank),
+        itm=torch.Generator(device=device).manual_seed(seed + 3000 + rank),
+    )
 
 
 def training_forward(trainer: torch.nn.Module, p, precision: str, device: torch.device) -> TrainingForward:
     """The step's forward through ``trainer`` with the pretrain settings ``p``: eager, or captured (``graph_step``)."""
-    return TrainingForward(trainer, precision, device, graph=p.graph_step, sample_itm=p.itm_negatives == "sample",
-                           mode=p.compile_mode, backend=p.graph_backend)
+    return TrainingForward(
+        trainer,
+        precision,
+        device,
+        graph=p.graph_step,
+        sample_itm=p.itm_negatives == "sample",
+        mode=p.compile_mode,
+        backend=p.graph_backend,
+    )
 
 
 def checkpoint_weights(model: torch.nn.Module, objective, false_negatives) -> dict[str, torch.nn.Module]:
@@ -382,7 +522,9 @@ def record_artifacts(run: RunDirectory, *, with_q_figure: bool) -> None:
 
 def data_parallel(objective: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     """``objective`` under DDP (again when BLIP-2's image encoder freezes: DDP must know what still trains)."""
-    return torch.nn.parallel.DistributedDataParallel(objective, device_ids=[device.index] if device.type == "cuda" else None)
+    return torch.nn.parallel.DistributedDataParallel(
+        objective, device_ids=[device.index] if device.type == "cuda" else None
+    )
 
 
 def weight_sources(config: Recipe, run: RunDirectory, tokenizer) -> tuple[str | None, str | None]:
@@ -393,15 +535,25 @@ def weight_sources(config: Recipe, run: RunDirectory, tokenizer) -> tuple[str | 
         return p.vision_weights, p.text_weights
     weights = unimodal_weights(config, tokenizer.get_vocab())
     if not weights.complete():
-        raise FalconError(f"pretrain: vision_weights/text_weights=unimodal, but {weights.path} holds no unimodal "
-                          f"weights for this world, model and seed; add unimodal to the recipe's stages or run "
-                          f"`falcon unimodal --recipe {config.name} --run-dir {run.path}` first")
-    return (str(weights.vision) if p.vision_weights == "unimodal" else p.vision_weights,
-            str(weights.text) if p.text_weights == "unimodal" else p.text_weights)
+        raise FalconError(
+            f"pretrain: vision_weights/text_weights=unimodal, but {weights.path} holds no unimodal "
+            f"weights for this world, model and seed; add unimodal to the recipe's stages or run "
+            f"`falcon unimodal --recipe {config.name} --run-dir {run.path}` first"
+        )
+    return (
+        str(weights.vision) if p.vision_weights == "unimodal" else p.vision_weights,
+        str(weights.text) if p.text_weights == "unimodal" else p.text_weights,
+    )
 
 
-def step_inputs(batch: dict, device: torch.device, preloaded: PreloadedImages | None, mask_generator: torch.Generator | None,
-                mlm_probability: float, special: dict) -> tuple[tuple, torch.Tensor]:
+def step_inputs(
+    batch: dict,
+    device: torch.device,
+    preloaded: PreloadedImages | None,
+    mask_generator: torch.Generator | None,
+    mlm_probability: float,
+    special: dict,
+) -> tuple[tuple, torch.Tensor]:
     """One batch on the device: ``(images, input_ids, attention_mask, mlm mask or None)`` and the pair ids. The
     mask is drawn on the CPU (its generator) from the loader's CPU tensors: drawing it from the device copies
     would read them back, a host sync every step. Preloaded images are gathered on the device by pair id."""
@@ -409,36 +561,71 @@ def step_inputs(batch: dict, device: torch.device, preloaded: PreloadedImages | 
     attention_mask = batch["attention_mask"].to(device, non_blocking=True)
     pair_ids = batch["pair_ids"].to(device, non_blocking=True)
     images = preloaded.images(pair_ids) if preloaded is not None else batch["images"].to(device, non_blocking=True)
-    mask = MlmMask.sample(batch["input_ids"], batch["attention_mask"], probability=mlm_probability,
-                          generator=mask_generator, **special).to(device, non_blocking=True) \
-        if mask_generator is not None else None
+    mask = (
+        MlmMask.sample(
+            batch["input_ids"],
+            batch["attention_mask"],
+            probability=mlm_probability,
+            generator=mask_generator,
+            **special,
+        ).to(device, non_blocking=True)
+        if mask_generator is not None
+        else None
+    )
     return (images, input_ids, attention_mask, mask), pair_ids
 
 
 def build_scheduler(p, device: torch.device) -> NegativeScheduler:
     """FALCON's scheduler φ with the pretrain settings ``p``: its inputs, network, optimizer and reward."""
     inputs = SchedulerFeatures(p.scheduler_features, p.quantile_levels, p.quantile_temperature)
-    return NegativeScheduler(quantiles=inputs.dim, hidden=p.scheduler_hidden, blocks=p.scheduler_blocks,
-                             lr=p.scheduler_lr, weight_decay=p.scheduler_weight_decay, reward=p.reward,
-                             reward_mode=p.reward_mode, credit=p.scheduler_credit, baseline=p.reward_baseline,
-                             baseline_decay=p.reward_baseline_decay, normalize=p.scheduler_advantage_norm,
-                             entropy=p.scheduler_entropy, max_concentration=p.scheduler_max_concentration,
-                             grad_clip=p.scheduler_grad_clip, levels=p.scheduler_levels, device=device)
+    return NegativeScheduler(
+        quantiles=inputs.dim,
+        hidden=p.scheduler_hidden,
+        blocks=p.scheduler_blocks,
+        lr=p.scheduler_lr,
+        weight_decay=p.scheduler_weight_decay,
+        reward=p.reward,
+        reward_mode=p.reward_mode,
+        credit=p.scheduler_credit,
+        baseline=p.reward_baseline,
+        baseline_decay=p.reward_baseline_decay,
+        normalize=p.scheduler_advantage_norm,
+        entropy=p.scheduler_entropy,
+        max_concentration=p.scheduler_max_concentration,
+        grad_clip=p.scheduler_grad_clip,
+        levels=p.scheduler_levels,
+        device=device,
+    )
 
 
-def warm_start(config: Recipe, run: RunDirectory, all_ids: torch.Tensor, device: torch.device, fingerprint: str) -> WarmStart:
+def warm_start(
+    config: Recipe, run: RunDirectory, all_ids: torch.Tensor, device: torch.device, fingerprint: str
+) -> WarmStart:
     """Epoch 0 from built search spaces (``pretrain.search_spaces``) and the embeddings that built them."""
     p = config.pretrain
     if p.composer == "uniform":
-        raise FalconError(f"pretrain.search_spaces={p.search_spaces} needs a composer that uses search spaces "
-                          "(grit, quantile, progressive, falcon); pretrain.composer is uniform")
+        raise FalconError(
+            f"pretrain.search_spaces={p.search_spaces} needs a composer that uses search spaces "
+            "(grit, quantile, progressive, falcon); pretrain.composer is uniform"
+        )
     spaces_path = run.path / "search_spaces.parquet" if p.search_spaces == "run" else Path(p.search_spaces)
-    embeddings_path = (Path(config.search_spaces.embeddings) if config.search_spaces.embeddings is not None
-                       else run.path / "embeddings" / "embeddings.h5")
+    embeddings_path = (
+        Path(config.search_spaces.embeddings)
+        if config.search_spaces.embeddings is not None
+        else run.path / "embeddings" / "embeddings.h5"
+    )
     # Each rank reads only the embeddings of its own block of the spaces (the cache holds no other rows).
-    return load_warm_start(spaces_path, embeddings_path, all_ids, rank=D.rank(), world=D.world_size(), device=device,
-                           fingerprint=fingerprint, dataset=str(config.data.dataset),
-                           warn=lambda line: console.print(f"[yellow]{escape(line)}[/]"))
+    return load_warm_start(
+        spaces_path,
+        embeddings_path,
+        all_ids,
+        rank=D.rank(),
+        world=D.world_size(),
+        device=device,
+        fingerprint=fingerprint,
+        dataset=str(config.data.dataset),
+        warn=lambda line: console.print(f"[yellow]{escape(line)}[/]"),
+    )
 
 
 class ModelUpdate:
@@ -450,10 +637,24 @@ class ModelUpdate:
     the loop syncs anyway (``sync``: logging, checkpoints, FALCON's scheduler; every step under fp16, whose
     scaler skips steps with inf gradients itself)."""
 
-    def __init__(self, objective: torch.nn.Module, optimizer, scaler, precision: str, p, losses: tuple[str, ...],
-                 state: TrainState):
-        self.objective, self.optimizer, self.scaler, self.precision, self.p, self.state = \
-            objective, optimizer, scaler, precision, p, state
+    def __init__(
+        self,
+        objective: torch.nn.Module,
+        optimizer,
+        scaler,
+        precision: str,
+        p,
+        losses: tuple[str, ...],
+        state: TrainState,
+    ):
+        self.objective, self.optimizer, self.scaler, self.precision, self.p, self.state = (
+            objective,
+            optimizer,
+            scaler,
+            precision,
+            p,
+            state,
+        )
         self.losses = losses
         self.guard = NonFiniteGuard(next(objective.parameters()).device, losses)
 
@@ -466,8 +667,9 @@ class ModelUpdate:
             norm = torch.nn.utils.clip_grad_norm_(self.objective.parameters(), self.p.grad_clip)
         elif not fp16:
             norm = torch.nn.utils.get_total_norm([q.grad for q in self.objective.parameters() if q.grad is not None])
-        self.guard.observe(self.optimizer, epoch, self.state.step, loss, tuple(losses.values()), None if fp16 else norm,
-                           skip=not fp16)
+        self.guard.observe(
+            self.optimizer, epoch, self.state.step, loss, tuple(losses.values()), None if fp16 else norm, skip=not fp16
+        )
         if sync or fp16:
             self.stop_if_non_finite()
         self.scaler.step(self.optimizer)
@@ -482,8 +684,11 @@ class ModelUpdate:
         latest = latest_checkpoint(directory) if D.is_main_process() else None
         if latest is not None and int(latest.name) == bad["step"] and self.precision == "fp32":
             latest = rewind_latest(directory, bad["step"])  # its weights gave this loss
-        what = (f"loss is {bad['loss']}" if not math.isfinite(bad["loss"])
-                else f"the gradient norm is {bad['norm']} (loss {bad['loss']:.4g})")
+        what = (
+            f"loss is {bad['loss']}"
+            if not math.isfinite(bad["loss"])
+            else f"the gradient norm is {bad['norm']} (loss {bad['loss']:.4g})"
+        )
         parts = ", ".join(f"{name} {bad[name]:.4g}" for name in self.losses)
         raise FalconError(non_finite_stop(what, bad["epoch"], bad["step"], parts, self.precision, self.p, latest))
 
@@ -498,8 +703,10 @@ def non_finite_stop(what: str, epoch: int, step: int, parts: str, precision: str
         changes.append("pretrain.precision=fp32")
     advice = " and/or ".join(f"'{c}'" for c in changes)
     if latest is not None:
-        where = (f"--resume continues from checkpoint {latest.name}, saved before it: add --overwrite and {advice} "
-                 f"(if it fails again, its weights had already diverged: start again without --resume)")
+        where = (
+            f"--resume continues from checkpoint {latest.name}, saved before it: add --overwrite and {advice} "
+            f"(if it fails again, its weights had already diverged: start again without --resume)"
+        )
     else:
         where = f"no usable checkpoint: start again with --overwrite and {advice}"
     return f"{what} at epoch {epoch}, step {step} ({parts}), in {precision}; nothing was saved; {where}"
@@ -507,8 +714,18 @@ def non_finite_stop(what: str, epoch: int, step: int, parts: str, precision: str
 
 def write_results(run: RunDirectory, results: dict, *, split: str, resolution: int, step: int) -> None:
     """``results/retrieval_zeroshot.{json,csv,md}``: one row per model (``untrained``, ``trained``), percent."""
-    meta = {"split": split, "checkpoint": f"step {step}", "resolution": resolution, "scoring": "itc", "k": None,
-            "units": "percent"}
+    meta = {
+        "split": split,
+        "checkpoint": f"step {step}",
+        "resolution": resolution,
+        "scoring": "itc",
+        "k": None,
+        "units": "percent",
+    }
     rows = [{"model": name, **values} for name, values in results.items()]
-    console.print(write_results_table(run, "retrieval_zeroshot", rows, meta,
-                                      f"Zero-shot retrieval on `{split}` (ITC similarity, percent)"), markup=False)
+    console.print(
+        write_results_table(
+            run, "retrieval_zeroshot", rows, meta, f"Zero-shot retrieval on `{split}` (ITC similarity, percent)"
+        ),
+        markup=False,
+    )

@@ -45,8 +45,14 @@ from falcon_cli.data.tokenizer import load_run_tokenizer
 from falcon_cli.data.transforms import build_transform
 from falcon_cli.errors import FalconError
 from falcon_cli.frameworks import model_framework
-from falcon_cli.models.unimodal import ATTRIBUTES, REPORT_FILE, TEXT_DIR, VISION_FILE, SceneAttributeClassifier, \
-    masked_language_model
+from falcon_cli.models.unimodal import (
+    ATTRIBUTES,
+    REPORT_FILE,
+    TEXT_DIR,
+    VISION_FILE,
+    SceneAttributeClassifier,
+    masked_language_model,
+)
 from falcon_cli.models.weights import quiet_transformers
 from falcon_cli.objectives.mlm import MlmMask
 from falcon_cli.runtime.console import make_console
@@ -69,8 +75,10 @@ def _unimodal(config: Recipe, run: RunDirectory) -> dict:
     u, p = config.unimodal, config.pretrain
     # 1. What to train, and whether it exists already.
     if not model_framework(p.model).unimodal_init:
-        raise FalconError(f"unimodal: pretrain.model={p.model} is not an ALBEF model; the unimodal stage trains "
-                          "ALBEF's encoders (a ViT and a BERT)")
+        raise FalconError(
+            f"unimodal: pretrain.model={p.model} is not an ALBEF model; the unimodal stage trains "
+            "ALBEF's encoders (a ViT and a BERT)"
+        )
     tokenizer = load_run_tokenizer(run.path, config.name)
     weights = unimodal_weights(config, tokenizer.get_vocab())
     if weights.complete():
@@ -99,9 +107,15 @@ def _unimodal(config: Recipe, run: RunDirectory) -> dict:
         extra, pixels = extra_scenes(ShapesConfig.model_validate(world_config(world)), u.extra_images, seed)
         images["train"] = torch.cat([images["train"], _stack([transform(Image.fromarray(p)) for p in pixels])])
         codes["train"] = {a: np.concatenate([codes["train"][a], getattr(extra, a)]) for a in ATTRIBUTES}
-    labels = {name: {a: torch.from_numpy(codes[name][a].astype(np.int64) + 1) for a in ATTRIBUTES}  # -1 empty -> 0
-              for name in rows}
-    classes = {"shape": len(vocabulary["shapes"]) + 1, "color": len(vocabulary["colors"]) + 1, "size": len(vocabulary["sizes"]) + 1}
+    labels = {
+        name: {a: torch.from_numpy(codes[name][a].astype(np.int64) + 1) for a in ATTRIBUTES}  # -1 empty -> 0
+        for name in rows
+    }
+    classes = {
+        "shape": len(vocabulary["shapes"]) + 1,
+        "color": len(vocabulary["colors"]) + 1,
+        "size": len(vocabulary["sizes"]) + 1,
+    }
     classifier = SceneAttributeClassifier(model_config, classes).to(device)
 
     def image_loss(batch: torch.Tensor, target: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
@@ -110,8 +124,18 @@ def _unimodal(config: Recipe, run: RunDirectory) -> dict:
         loss = sum(F.cross_entropy(logits[n].flatten(0, 1), target[n].flatten()) for n in ATTRIBUTES) / len(ATTRIBUTES)
         return loss, {n: (logits[n].argmax(-1) == target[n]) for n in ATTRIBUTES}
 
-    image_report = _fit(classifier, u.image_epochs, u.batch_size, u.image_lr, u.weight_decay, u.grad_clip, seed,
-                        train=(images["train"], labels["train"]), step=image_loss, what="unimodal image")
+    image_report = _fit(
+        classifier,
+        u.image_epochs,
+        u.batch_size,
+        u.image_lr,
+        u.weight_decay,
+        u.grad_clip,
+        seed,
+        train=(images["train"], labels["train"]),
+        step=image_loss,
+        what="unimodal image",
+    )
     image_report.update(_image_accuracy(classifier, image_loss, images["val"], labels["val"], u.batch_size))
     image_report["train_images"], image_report["extra_images"] = len(images["train"]), u.extra_images
 
@@ -120,24 +144,48 @@ def _unimodal(config: Recipe, run: RunDirectory) -> dict:
     texts = {name: [t for s, t in zip(captions["split"], captions["text"]) if s == name] for name in ("train", "val")}
     tokens = {name: tokenize(tokenizer, texts[name], p.max_text_length) for name in texts}
     bert = masked_language_model(model_config, len(tokenizer), tokenizer.pad_token_id).to(device)
-    special = dict(vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id, pad_token_id=tokenizer.pad_token_id,
-                   cls_token_id=tokenizer.cls_token_id, probability=u.mlm_probability)
+    special = dict(
+        vocab_size=len(tokenizer),
+        mask_token_id=tokenizer.mask_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        cls_token_id=tokenizer.cls_token_id,
+        probability=u.mlm_probability,
+    )
     mask_generator = torch.Generator().manual_seed(seed + 7000)
 
     def text_loss(ids: torch.Tensor, mask: torch.Tensor, generator: torch.Generator = mask_generator):
         sample = MlmMask.sample(ids, mask, generator=generator, **special)
-        out = bert(input_ids=sample.masked_ids.to(device), attention_mask=mask.to(device), labels=sample.labels.to(device))
+        out = bert(
+            input_ids=sample.masked_ids.to(device), attention_mask=mask.to(device), labels=sample.labels.to(device)
+        )
         chosen = sample.labels.to(device) != -100
         return out.loss, {"token": (out.logits.argmax(-1) == sample.labels.to(device))[chosen]}
 
-    text_report = _fit(bert, u.text_epochs, u.batch_size, u.text_lr, u.weight_decay, u.grad_clip, seed + 1,
-                       train=tokens["train"], step=text_loss, what="unimodal text")
+    text_report = _fit(
+        bert,
+        u.text_epochs,
+        u.batch_size,
+        u.text_lr,
+        u.weight_decay,
+        u.grad_clip,
+        seed + 1,
+        train=tokens["train"],
+        step=text_loss,
+        what="unimodal text",
+    )
     text_report.update(_text_accuracy(text_loss, tokens["val"], u.batch_size, seed))
 
     # 4. Both encoders, atomically, with what they reached and what produced them.
-    report = {"image": image_report, "text": text_report, "key": weights.key, "seed": seed,
-              "model": p.model, "image_size": model_config.image_size, "settings": u.model_dump(mode="json"),
-              "seconds": round(time.perf_counter() - start, 1)}
+    report = {
+        "image": image_report,
+        "text": text_report,
+        "key": weights.key,
+        "seed": seed,
+        "model": p.model,
+        "image_size": model_config.image_size,
+        "settings": u.model_dump(mode="json"),
+        "seconds": round(time.perf_counter() - start, 1),
+    }
     with atomic_dir(weights.path) as tmp:
         encoder = {k: v.detach().cpu().contiguous() for k, v in classifier.encoder.state_dict().items()}
         save_file(encoder, str(tmp / VISION_FILE), metadata={"format": "pt"})
@@ -149,8 +197,20 @@ def _unimodal(config: Recipe, run: RunDirectory) -> dict:
 
 # --- the pieces the story above calls ------------------------------------------------------------------------
 
-def _fit(module: torch.nn.Module, epochs: int, batch_size: int, lr: float, weight_decay: float,
-         grad_clip: float | None, seed: int, *, train, step, what: str) -> dict:
+
+def _fit(
+    module: torch.nn.Module,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    weight_decay: float,
+    grad_clip: float | None,
+    seed: int,
+    *,
+    train,
+    step,
+    what: str,
+) -> dict:
     """Train ``module`` with AdamW (warm-up over the first epoch, cosine to 1% of ``lr``, the gradient norm clipped
     to ``grad_clip`` unless None) on ``train``, a tuple of tensors split into shuffled batches along dim 0;
     ``step(*batch) -> (loss, hits)``. Returns the last loss, the largest gradient norm seen (before clipping) and
@@ -170,7 +230,7 @@ def _fit(module: torch.nn.Module, epochs: int, batch_size: int, lr: float, weigh
         epoch_clipped = torch.zeros((), dtype=torch.long, device=parameters[0].device)
         permutation = torch.randperm(n, generator=order)
         for k in track(range(steps_per_epoch), f"{what} epoch {epoch}"):
-            rows = permutation[k * batch_size:(k + 1) * batch_size]
+            rows = permutation[k * batch_size : (k + 1) * batch_size]
             warm = min(1.0, (done + 1) / steps_per_epoch)
             set_learning_rate(optimizer, lr * warm * (0.01 + 0.99 * 0.5 * (1 + math.cos(math.pi * done / total))))
             loss, _ = step(*(_take(t, rows) for t in train))
@@ -181,11 +241,24 @@ def _fit(module: torch.nn.Module, epochs: int, batch_size: int, lr: float, weigh
             optimizer.step()
             done += 1
         largest, clipped = max(largest, float(epoch_largest)), clipped + int(epoch_clipped)
-        log_epoch(what, epoch, epochs, steps=done, loss=float(loss.detach()), max_grad_norm=float(epoch_largest),
-                  clipped_steps=int(epoch_clipped), seconds=time.perf_counter() - tick)
+        log_epoch(
+            what,
+            epoch,
+            epochs,
+            steps=done,
+            loss=float(loss.detach()),
+            max_grad_norm=float(epoch_largest),
+            clipped_steps=int(epoch_clipped),
+            seconds=time.perf_counter() - tick,
+        )
     module.eval()
-    return {"epochs": epochs, "steps": done, "final_loss": round(float(loss.detach()), 4) if loss is not None else None,
-            "max_grad_norm": round(largest, 4), "clipped_steps": clipped}
+    return {
+        "epochs": epochs,
+        "steps": done,
+        "final_loss": round(float(loss.detach()), 4) if loss is not None else None,
+        "max_grad_norm": round(largest, 4),
+        "clipped_steps": clipped,
+    }
 
 
 @torch.no_grad()
@@ -196,16 +269,19 @@ def _image_accuracy(classifier, step, images: torch.Tensor, labels: dict[str, to
     classifier.eval()
     hits = {n: [] for n in ATTRIBUTES}
     for k in range(0, len(images), batch_size):
-        _, batch_hits = step(images[k:k + batch_size], _take(labels, slice(k, k + batch_size)))
+        _, batch_hits = step(images[k : k + batch_size], _take(labels, slice(k, k + batch_size)))
         for n in ATTRIBUTES:
             hits[n].append(batch_hits[n].cpu())
-    per = {n: torch.cat(hits[n]) for n in ATTRIBUTES}                                   # [images, 9] each
+    per = {n: torch.cat(hits[n]) for n in ATTRIBUTES}  # [images, 9] each
     occupied = labels["shape"] > 0
     every_cell = torch.stack([per[n].all(dim=1) for n in ATTRIBUTES]).all(dim=0)
-    return {**{f"val_{n}_accuracy": round(100 * per[n].float().mean().item(), 2) for n in ATTRIBUTES},
-            **{f"val_{n}_accuracy_occupied": round(100 * per[n][occupied].float().mean().item(), 2) for n in ATTRIBUTES},
-            "val_scene_accuracy": round(100 * every_cell.float().mean().item(), 2), "val_images": len(images),
-            "val_empty_cells": round(100 * (~occupied).float().mean().item(), 2)}
+    return {
+        **{f"val_{n}_accuracy": round(100 * per[n].float().mean().item(), 2) for n in ATTRIBUTES},
+        **{f"val_{n}_accuracy_occupied": round(100 * per[n][occupied].float().mean().item(), 2) for n in ATTRIBUTES},
+        "val_scene_accuracy": round(100 * every_cell.float().mean().item(), 2),
+        "val_images": len(images),
+        "val_empty_cells": round(100 * (~occupied).float().mean().item(), 2),
+    }
 
 
 @torch.no_grad()
@@ -215,11 +291,14 @@ def _text_accuracy(step, tokens, batch_size: int, seed: int) -> dict:
     hits = []
     ids, mask = tokens
     for k in range(0, len(ids), batch_size):
-        _, batch_hits = step(ids[k:k + batch_size], mask[k:k + batch_size], generator)
+        _, batch_hits = step(ids[k : k + batch_size], mask[k : k + batch_size], generator)
         hits.append(batch_hits["token"].cpu())
     hits = torch.cat(hits)
-    return {"val_masked_token_accuracy": round(100 * hits.float().mean().item(), 2), "val_masked_tokens": int(hits.numel()),
-            "val_captions": int(len(ids))}
+    return {
+        "val_masked_token_accuracy": round(100 * hits.float().mean().item(), 2),
+        "val_masked_tokens": int(hits.numel()),
+        "val_captions": int(len(ids)),
+    }
 
 
 def _take(batch, rows):
@@ -234,8 +313,20 @@ def _stack(images: list[torch.Tensor]) -> torch.Tensor:
 
 def _record(run: RunDirectory, path: Path, report: dict, *, reused: bool) -> dict:
     """``results/unimodal.*`` in the run, and the stage's summary."""
-    row = {"weights": str(path), "reused": reused, **{f"image_{k}": v for k, v in report["image"].items()},
-           **{f"text_{k}": v for k, v in report["text"].items()}}
-    console.print(write_results(run, "unimodal", [row], {"key": report["key"], "seed": report["seed"], "units": "percent"},
-                                "Unimodal encoders (validation split, percent)"), markup=False)
+    row = {
+        "weights": str(path),
+        "reused": reused,
+        **{f"image_{k}": v for k, v in report["image"].items()},
+        **{f"text_{k}": v for k, v in report["text"].items()},
+    }
+    console.print(
+        write_results(
+            run,
+            "unimodal",
+            [row],
+            {"key": report["key"], "seed": report["seed"], "units": "percent"},
+            "Unimodal encoders (validation split, percent)",
+        ),
+        markup=False,
+    )
     return {"weights": str(path), "reused": reused, "image": report["image"], "text": report["text"]}

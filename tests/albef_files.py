@@ -11,15 +11,29 @@ from pathlib import Path
 
 import torch
 
-_EMBEDDINGS = {"word": "word_embeddings", "position": "position_embeddings",
-               "token_type": "token_type_embeddings", "norm": "LayerNorm"}
-_LAYER = {"self_attn.query": "attention.self.query", "self_attn.key": "attention.self.key",
-          "self_attn.value": "attention.self.value", "self_attn.out": "attention.output.dense",
-          "self_attn_norm": "attention.output.LayerNorm", "ffn_in": "intermediate.dense",
-          "ffn_out": "output.dense", "ffn_norm": "output.LayerNorm"}
-_CROSS = {"cross_attn.query": "crossattention.self.query", "cross_attn.key": "crossattention.self.key",
-          "cross_attn.value": "crossattention.self.value", "cross_attn.out": "crossattention.output.dense",
-          "cross_attn_norm": "crossattention.output.LayerNorm"}
+_EMBEDDINGS = {
+    "word": "word_embeddings",
+    "position": "position_embeddings",
+    "token_type": "token_type_embeddings",
+    "norm": "LayerNorm",
+}
+_LAYER = {
+    "self_attn.query": "attention.self.query",
+    "self_attn.key": "attention.self.key",
+    "self_attn.value": "attention.self.value",
+    "self_attn.out": "attention.output.dense",
+    "self_attn_norm": "attention.output.LayerNorm",
+    "ffn_in": "intermediate.dense",
+    "ffn_out": "output.dense",
+    "ffn_norm": "output.LayerNorm",
+}
+_CROSS = {
+    "cross_attn.query": "crossattention.self.query",
+    "cross_attn.key": "crossattention.self.key",
+    "cross_attn.value": "crossattention.self.value",
+    "cross_attn.out": "crossattention.output.dense",
+    "cross_attn_norm": "crossattention.output.LayerNorm",
+}
 
 
 def albef_layout(model, *, momentum: bool = True, queues: bool = True, finetuned: bool = False) -> dict:
@@ -29,7 +43,9 @@ def albef_layout(model, *, momentum: bool = True, queues: bool = True, finetuned
     ours = {k: v.detach().clone() for k, v in model.state_dict().items()}
     text, fusion = model.config.text_layers, model.config.fusion_layers
     bert = "text_encoder." if finetuned else "text_encoder.bert."
-    out = {k: v for k, v in ours.items() if k.startswith(("visual_encoder.", "vision_proj.", "text_proj.", "itm_head."))}
+    out = {
+        k: v for k, v in ours.items() if k.startswith(("visual_encoder.", "vision_proj.", "text_proj.", "itm_head."))
+    }
     out["temp"] = ours["temp"]
     for mine, theirs in _EMBEDDINGS.items():
         for p in ("weight", "bias") if mine == "norm" else ("weight",):
@@ -52,18 +68,31 @@ def albef_layout(model, *, momentum: bool = True, queues: bool = True, finetuned
         for key in list(out):
             for online in ("visual_encoder.", "text_encoder.", "vision_proj.", "text_proj."):
                 if key.startswith(online):
-                    out[online[:-1] + "_m." + key[len(online):]] = out[key] + 1.0 if out[key].is_floating_point() else out[key]
+                    out[online[:-1] + "_m." + key[len(online) :]] = (
+                        out[key] + 1.0 if out[key].is_floating_point() else out[key]
+                    )
     if queues:
         dim = model.config.embed_dim
-        out.update(image_queue=torch.randn(dim, 64), text_queue=torch.randn(dim, 64),
-                   idx_queue=torch.full((1, 64), -100), queue_ptr=torch.zeros(1, dtype=torch.long))
+        out.update(
+            image_queue=torch.randn(dim, 64),
+            text_queue=torch.randn(dim, 64),
+            idx_queue=torch.full((1, 64), -100),
+            queue_ptr=torch.zeros(1, dtype=torch.long),
+        )
     return out
 
 
 def write_albef_checkpoint(model, path: Path, **layout) -> Path:
     """Save ``{"model": albef_layout(model), "optimizer": ..., "config": ..., "epoch": ...}`` as ALBEF's
     ``Pretrain.py`` does (``torch.save``)."""
-    torch.save({"model": albef_layout(model, **layout), "optimizer": {"state": {}, "param_groups": []},
-                "lr_scheduler": {"last_epoch": 29}, "config": {"image_res": model.config.image_size, "queue_size": 64},
-                "epoch": 29}, path)
+    torch.save(
+        {
+            "model": albef_layout(model, **layout),
+            "optimizer": {"state": {}, "param_groups": []},
+            "lr_scheduler": {"last_epoch": 29},
+            "config": {"image_res": model.config.image_size, "queue_size": 64},
+            "epoch": 29,
+        },
+        path,
+    )
     return path

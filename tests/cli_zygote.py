@@ -71,8 +71,7 @@ def child(request: dict, channels: tuple[int, int]) -> None:
             os.close(out)
         sys.stdout = os.fdopen(1, "w", closefd=False)
         sys.stderr = os.fdopen(2, "w", buffering=1, errors="backslashreplace", closefd=False)
-        sys.argv = [os.path.join(os.path.dirname(sys.modules["falcon_cli"].__file__), "__main__.py"),
-                    *request["argv"]]
+        sys.argv = [os.path.join(os.path.dirname(sys.modules["falcon_cli"].__file__), "__main__.py"), *request["argv"]]
         from falcon_cli.cli.app import main
 
         main()
@@ -91,7 +90,12 @@ def child(request: dict, channels: tuple[int, int]) -> None:
     finally:
         try:
             atexit._run_exitfuncs()
-            for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):  # (the zygote's own, on fds 1 and 2 now)
+            for stream in (
+                sys.stdout,
+                sys.stderr,
+                sys.__stdout__,
+                sys.__stderr__,
+            ):  # (the zygote's own, on fds 1 and 2 now)
                 stream.flush()
         finally:
             os._exit(code & 0xFF)

@@ -24,11 +24,32 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
-LONGEST_FIRST = ("test_cluster_faults.py", "test_pretrain.py", "test_graph_step.py", "test_tutorial_coco.py", "test_blip2_pretrain.py", "test_pretrain_speed.py",
-                 "test_finetune_evaluate.py", "test_multinode.py", "test_shards.py", "test_dual_pretrain.py", "test_hub.py", "test_build_search_spaces.py", "test_distributed.py",
-                 "test_relative_paths.py", "test_embed.py", "test_eval_eccv.py", "test_evaluation_scoring.py",
-                 "test_same_image.py", "test_scheduler_overlap.py", "test_sigmoid_loss.py", "test_cli.py", "test_unimodal.py", "test_artifacts.py",
-                 "test_cli_zygote.py")
+LONGEST_FIRST = (
+    "test_cluster_faults.py",
+    "test_pretrain.py",
+    "test_graph_step.py",
+    "test_tutorial_coco.py",
+    "test_blip2_pretrain.py",
+    "test_pretrain_speed.py",
+    "test_finetune_evaluate.py",
+    "test_multinode.py",
+    "test_shards.py",
+    "test_dual_pretrain.py",
+    "test_hub.py",
+    "test_build_search_spaces.py",
+    "test_distributed.py",
+    "test_relative_paths.py",
+    "test_embed.py",
+    "test_eval_eccv.py",
+    "test_evaluation_scoring.py",
+    "test_same_image.py",
+    "test_scheduler_overlap.py",
+    "test_sigmoid_loss.py",
+    "test_cli.py",
+    "test_unimodal.py",
+    "test_artifacts.py",
+    "test_cli_zygote.py",
+)
 """The longest test files (measured with ``--durations=0``), in the order `make test` should start them."""
 
 
@@ -64,9 +85,16 @@ class CliZygote:
 
     def __init__(self, env: dict):
         self.env = dict(env)
-        self.proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "cli_zygote.py")], cwd=REPO, env=self.env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     text=True, bufsize=1)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(REPO / "tests" / "cli_zygote.py")],
+            cwd=REPO,
+            env=self.env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            bufsize=1,
+        )
 
     def serves(self, env: dict) -> bool:
         """Whether a command with ``env`` can run here: the zygote is alive and started with that environment
@@ -89,8 +117,12 @@ class CliZygote:
                 os.kill(pid, signal.SIGKILL)
                 self._reply(timeout=60)
                 raise
-            return subprocess.CompletedProcess(["falcon", *argv], os.waitstatus_to_exitcode(status),
-                                               out.read_text(errors="replace"), err.read_text(errors="replace"))
+            return subprocess.CompletedProcess(
+                ["falcon", *argv],
+                os.waitstatus_to_exitcode(status),
+                out.read_text(errors="replace"),
+                err.read_text(errors="replace"),
+            )
 
     def _reply(self, timeout: float) -> str:
         import select
@@ -100,7 +132,9 @@ class CliZygote:
             raise subprocess.TimeoutExpired("falcon", timeout)
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError("the CLI zygote (tests/cli_zygote.py) exited; run with FALCON_TEST_FRESH_PROCESS=1 to see why")
+            raise RuntimeError(
+                "the CLI zygote (tests/cli_zygote.py) exited; run with FALCON_TEST_FRESH_PROCESS=1 to see why"
+            )
         return line
 
     def close(self) -> None:
@@ -112,7 +146,9 @@ class CliZygote:
 _zygote: CliZygote | None = None
 
 
-def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, check: bool = False) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, cwd: Path | None = None, env: dict | None = None, check: bool = False
+) -> subprocess.CompletedProcess:
     """Run ``falcon ARGS`` as a user would (its own process), capturing output."""
     global _zygote
     # One intra-op thread: the suite already keeps both cores busy, and oversubscribed OpenMP
@@ -128,8 +164,14 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, check:
             atexit.register(_zygote.close)
         proc = _zygote.run(argv, Path(cwd or REPO), full_env, timeout=600)
     else:
-        proc = subprocess.run([sys.executable, "-m", "falcon_cli", *argv], cwd=cwd or REPO,
-                              capture_output=True, text=True, env=full_env, timeout=600)
+        proc = subprocess.run(
+            [sys.executable, "-m", "falcon_cli", *argv],
+            cwd=cwd or REPO,
+            capture_output=True,
+            text=True,
+            env=full_env,
+            timeout=600,
+        )
     if check and proc.returncode != 0:
         raise AssertionError(f"falcon {' '.join(argv)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -152,8 +194,14 @@ def signal_past_step(args, metrics: Path, step: int, signum: int, timeout: float
     from falcon_cli.runtime.metrics import read_metrics
 
     env = {**os.environ, "FALCON_PROGRESS": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "falcon_cli", *map(str, args)], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "falcon_cli", *map(str, args)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + timeout
     while time.time() < deadline and proc.poll() is None:
         if metrics.exists() and any(r.get("step", 0) >= step for r in read_metrics(metrics)):
@@ -188,16 +236,28 @@ def assert_same_training(reference: Path, run_dir: Path, keys: tuple[str, ...]) 
         for key in keys:
             if a.get(key) is not None:
                 assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a["step"], key, a[key], b[key])
-    ref_log, new_log = read_batch_log(Path(reference) / "batches.parquet"), read_batch_log(Path(run_dir) / "batches.parquet")
+    ref_log, new_log = (
+        read_batch_log(Path(reference) / "batches.parquet"),
+        read_batch_log(Path(run_dir) / "batches.parquet"),
+    )
     columns = ["epoch", "step", "slot", "pair_id", "anchor_pair_id"]
     assert ref_log[columns].equals(new_log[columns])
     assert (ref_log["q"].fillna(-1) - new_log["q"].fillna(-1)).abs().max() < 1e-5
 
 
-TINY_FRAMEWORK_RUN = ["data.shapes.images=40", "data.tokenizer_vocab_size=200", "pretrain.epochs=3",
-                      "pretrain.batch_size=16", "pretrain.search_space_size=48", "pretrain.log_every=1",
-                      "pretrain.warmup_steps=4", "pretrain.checkpoint_every=8", "pretrain.quantile_levels=20",
-                      "pretrain.device=cpu", "audit.max_pairs=2000"]
+TINY_FRAMEWORK_RUN = [
+    "data.shapes.images=40",
+    "data.tokenizer_vocab_size=200",
+    "pretrain.epochs=3",
+    "pretrain.batch_size=16",
+    "pretrain.search_space_size=48",
+    "pretrain.log_every=1",
+    "pretrain.warmup_steps=4",
+    "pretrain.checkpoint_every=8",
+    "pretrain.quantile_levels=20",
+    "pretrain.device=cpu",
+    "audit.max_pairs=2000",
+]
 """The tiny run the BLIP-2 and dual-encoder pipeline tests train: 40 images, 3 epochs of batch 16, a checkpoint
 every 8 steps (so a kill at step 19 resumes inside the first FALCON epoch)."""
 
@@ -205,8 +265,10 @@ every 8 steps (so a kill at step 19 resumes inside the first FALCON epoch)."""
 def recipe_args(recipe: str, tiny: list[str]):
     """``args(run_dir, world, *extra, command="pretrain", recipe=recipe)``: the command line of a test module's tiny
     runs of ``recipe`` on the shapes world ``world``."""
+
     def args(run_dir, world, *extra, command: str = "pretrain", recipe: str = recipe) -> list:
         return [command, "--recipe", recipe, "--run-dir", run_dir, f"data.dataset={world}", *tiny, *extra]
+
     return args
 
 
@@ -221,8 +283,17 @@ def complete_run(args, world: Path, directory: Path) -> Path:
 def run_torchrun(args, processes: int = 2) -> subprocess.CompletedProcess:
     """``torchrun --standalone --nproc_per_node PROCESSES -m falcon_cli ARGS`` (gloo on the CPU), captured."""
     env = {**os.environ, "FALCON_PROGRESS": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
-               "-m", "falcon_cli", *map(str, args)]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(processes),
+        "-m",
+        "falcon_cli",
+        *map(str, args),
+    ]
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -278,7 +349,12 @@ def tiny_shapes_world(tmp_path_factory):
     from falcon_cli.data.spec import load_spec
 
     world = tmp_path_factory.mktemp("tiny-shapes") / "world"
-    overrides = [f"data.dataset={world}", "data.shapes.images=40", "data.tokenizer_vocab_size=200", "data.verify_images=false"]
+    overrides = [
+        f"data.dataset={world}",
+        "data.shapes.images=40",
+        "data.tokenizer_vocab_size=200",
+        "data.verify_images=false",
+    ]
     config, _ = load_recipe("shapes-demo", overrides)
     generate_world(config.data.shapes, world, workers=1)
     spec = load_spec(world)

@@ -17,24 +17,52 @@ from tests.stages.test_pretrain import TINY
 
 # FALCON on the tiny world, world size 2 (batch 8 per rank): epoch 0 uniform, epoch 1 FALCON, 6 steps each; the
 # scheduler options with running state (the advantage scale) and checkpoints every 4 steps (4, 6: epoch end, 8, 12).
-FALCON = [*TINY, "pretrain.batch_size=8", "pretrain.max_steps_per_epoch=6", "pretrain.checkpoint_every=4",
-          "pretrain.composer=falcon", "pretrain.search_space_size=40", "pretrain.quantile_levels=20",
-          "pretrain.scheduler_lr=1e-2", "pretrain.scheduler_features=[positive,spread]", "pretrain.scheduler_credit=chosen",
-          "pretrain.reward_baseline=batch_mean", "pretrain.scheduler_advantage_norm=true", "pretrain.device=cpu"]
+FALCON = [
+    *TINY,
+    "pretrain.batch_size=8",
+    "pretrain.max_steps_per_epoch=6",
+    "pretrain.checkpoint_every=4",
+    "pretrain.composer=falcon",
+    "pretrain.search_space_size=40",
+    "pretrain.quantile_levels=20",
+    "pretrain.scheduler_lr=1e-2",
+    "pretrain.scheduler_features=[positive,spread]",
+    "pretrain.scheduler_credit=chosen",
+    "pretrain.reward_baseline=batch_mean",
+    "pretrain.scheduler_advantage_norm=true",
+    "pretrain.device=cpu",
+]
 ENV = {**os.environ, "FALCON_PROGRESS": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
 
 
 def pretrain_args(run_dir: Path, world: Path, *extra) -> list[str]:
     """``-m falcon_cli pretrain`` of the FALCON recipe above on ``world`` into ``run_dir``."""
-    return ["-m", "falcon_cli", "pretrain", "--recipe", "shapes-demo", "--run-dir", str(run_dir), f"data.dataset={world}",
-            *FALCON, *extra]
+    return [
+        "-m",
+        "falcon_cli",
+        "pretrain",
+        "--recipe",
+        "shapes-demo",
+        "--run-dir",
+        str(run_dir),
+        f"data.dataset={world}",
+        *FALCON,
+        *extra,
+    ]
 
 
 def one_node_reference(run_dir: Path, world: Path) -> Path:
     """The uninterrupted reference: the FALCON run on one node with two processes (``--standalone --nproc_per_node
     2``; two nodes make the same run, tests/runtime/test_multinode.py)."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               *pretrain_args(run_dir, world)]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        *pretrain_args(run_dir, world),
+    ]
     proc = subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return run_dir
@@ -46,19 +74,43 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_nodes(args_per_node: list[list[str]], port: int, torchrun: tuple[str, ...] = (),
-                 env: dict[str, str] | None = None) -> list[subprocess.Popen]:
+def launch_nodes(
+    args_per_node: list[list[str]], port: int, torchrun: tuple[str, ...] = (), env: dict[str, str] | None = None
+) -> list[subprocess.Popen]:
     """One ``torchrun --nnodes 2 --nproc-per-node 1`` per node (``torchrun``: more of its options, e.g.
     ``--max-restarts``; ``env``: more environment), all meeting at a c10d rendezvous on localhost:port (node ranks
     assigned by the rendezvous), each in its own session so a node can be killed whole; stdout and stderr together
     in ``proc.stdout``."""
     procs = []
     for args in args_per_node:
-        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(args_per_node)), "--nproc-per-node",
-                   "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}", "--rdzv-id", f"falcon-{port}",
-                   *torchrun, *args]
-        procs.append(subprocess.Popen(command, cwd=REPO, env={**ENV, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True, start_new_session=True))
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            str(len(args_per_node)),
+            "--nproc-per-node",
+            "1",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"localhost:{port}",
+            "--rdzv-id",
+            f"falcon-{port}",
+            *torchrun,
+            *args,
+        ]
+        procs.append(
+            subprocess.Popen(
+                command,
+                cwd=REPO,
+                env={**ENV, **(env or {})},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
+        )
     return procs
 
 

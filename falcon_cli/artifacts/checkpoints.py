@@ -38,5 +38,7 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
         return None
     target = root / pointer.read_text().strip()
     if not (target / WEIGHTS).exists():
-        raise FalconError(f"{pointer} points to {target.name}, which has no {WEIGHTS}; remove the pointer or restore the checkpoint")
+        raise FalconError(
+            f"{pointer} points to {target.name}, which has no {WEIGHTS}; remove the pointer or restore the checkpoint"
+        )
     return target

@@ -113,13 +113,13 @@ class EmbeddingsFile:
         while begin < indices.size:
             first = indices[begin]
             # the run: following rows within READ_GAP of the previous one and within READ_ROWS of the first
-            gaps = np.flatnonzero(np.diff(indices[begin:begin + READ_ROWS]) > READ_GAP)
+            gaps = np.flatnonzero(np.diff(indices[begin : begin + READ_ROWS]) > READ_GAP)
             end = begin + (int(gaps[0]) + 1 if gaps.size else min(READ_ROWS, indices.size - begin))
             end = begin + int(np.searchsorted(indices[begin:end], first + READ_ROWS))  # span <= READ_ROWS rows
             last = indices[end - 1]
             local = indices[begin:end] - first
-            image[begin:end] = self._image[first:last + 1][local]
-            text[begin:end] = self._text[first:last + 1][local]
+            image[begin:end] = self._image[first : last + 1][local]
+            text[begin:end] = self._text[first : last + 1][local]
             begin = end
         _check_norms(self.path, image, text, lambda bad: indices[bad])
         return image, text
@@ -167,7 +167,9 @@ class EmbeddingsWriter:
         text = np.asarray(text, dtype=np.float32)
         stop = start + len(image)
         if image.shape != text.shape or image.shape[1:] != (self.dim,) or len(pair_id) != len(image) or stop > self.n:
-            raise ValueError(f"chunk shapes image {image.shape}, text {text.shape}, pair_id {len(pair_id)} do not fit rows {start}:{stop} of [{self.n}, {self.dim}]")
+            raise ValueError(
+                f"chunk shapes image {image.shape}, text {text.shape}, pair_id {len(pair_id)} do not fit rows {start}:{stop} of [{self.n}, {self.dim}]"
+            )
         self._file["image"][start:stop] = image / np.maximum(np.linalg.norm(image, axis=1, keepdims=True), 1e-12)
         self._file["text"][start:stop] = text / np.maximum(np.linalg.norm(text, axis=1, keepdims=True), 1e-12)
         self._file["pair_id"][start:stop] = np.asarray(pair_id, dtype=np.int64)
@@ -197,8 +199,14 @@ class EmbeddingsWriter:
             self.abort()
 
 
-def write_embeddings(path: str | Path, image: np.ndarray, text: np.ndarray, pair_id: np.ndarray,
-                     attrs: dict[str, Any], dtype: str = "float16") -> Path:
+def write_embeddings(
+    path: str | Path,
+    image: np.ndarray,
+    text: np.ndarray,
+    pair_id: np.ndarray,
+    attrs: dict[str, Any],
+    dtype: str = "float16",
+) -> Path:
     """Write a whole ``embeddings.h5`` at once (see :class:`EmbeddingsWriter`)."""
     with EmbeddingsWriter(path, n=len(image), dim=np.shape(image)[1], attrs=attrs, dtype=dtype) as writer:
         writer.write(0, image, text, pair_id)
@@ -218,7 +226,9 @@ def open_embeddings(path: str | Path) -> EmbeddingsFile:
     try:
         version = handle.attrs.get("schema_version")
         if version is None or int(version) != EMBEDDINGS_SCHEMA_VERSION:
-            raise FalconError(f"{path}: embeddings schema_version {version}, this falcon reads {EMBEDDINGS_SCHEMA_VERSION}")
+            raise FalconError(
+                f"{path}: embeddings schema_version {version}, this falcon reads {EMBEDDINGS_SCHEMA_VERSION}"
+            )
         for name in ("image", "text", "pair_id"):
             if name not in handle:
                 raise FalconError(f"{path}: dataset '{name}' is missing")
@@ -257,12 +267,14 @@ def _check_norms(path: Path, image: np.ndarray, text: np.ndarray, row_of) -> Non
     position in them to the file's row for the message. In chunks: no fp32 copy of the whole arrays."""
     for name, values in (("image", image), ("text", text)):
         for start in range(0, len(values), NORM_CHECK_ROWS):
-            chunk = values[start:start + NORM_CHECK_ROWS].astype(np.float32)
+            chunk = values[start : start + NORM_CHECK_ROWS].astype(np.float32)
             norms = np.sqrt(np.einsum("nd,nd->n", chunk, chunk))  # (one pass: a fifth faster than linalg.norm)
             bad = np.flatnonzero(np.abs(norms - 1) > NORM_TOLERANCE)
             if len(bad):
-                raise FalconError(f"{path}: '{name}' row {int(row_of(start + bad[0]))} has norm {norms[bad[0]]:.4f}; "
-                                  "embeddings must be L2-normalised")
+                raise FalconError(
+                    f"{path}: '{name}' row {int(row_of(start + bad[0]))} has norm {norms[bad[0]]:.4f}; "
+                    "embeddings must be L2-normalised"
+                )
 
 
 def check_fingerprint(path: str | Path, attrs: dict[str, Any], expected: str, dataset: str | Path) -> str | None:
@@ -273,15 +285,27 @@ def check_fingerprint(path: str | Path, attrs: dict[str, Any], expected: str, da
     """
     recorded = attrs.get(FINGERPRINT_ATTR)
     if recorded is None or recorded == "":
-        return (f"{path}: no {FINGERPRINT_ATTR} attribute (written by an older falcon), so it cannot be checked "
-                f"against {dataset}; re-run `falcon embed` for this dataset to make it checkable")
+        return (
+            f"{path}: no {FINGERPRINT_ATTR} attribute (written by an older falcon), so it cannot be checked "
+            f"against {dataset}; re-run `falcon embed` for this dataset to make it checkable"
+        )
     if recorded != expected:
-        raise FalconError(f"{path}: embeddings were computed on a different dataset than {dataset} "
-                          f"({attrs.get('dataset')!r} {attrs.get('split')!r} split, pair-list fingerprint "
-                          f"{str(recorded)[:12]}... vs {expected[:12]}...); re-run `falcon embed` for this dataset")
+        raise FalconError(
+            f"{path}: embeddings were computed on a different dataset than {dataset} "
+            f"({attrs.get('dataset')!r} {attrs.get('split')!r} split, pair-list fingerprint "
+            f"{str(recorded)[:12]}... vs {expected[:12]}...); re-run `falcon embed` for this dataset"
+        )
     return None
 
 
-__all__ = ["Embeddings", "EmbeddingsFile", "EmbeddingsWriter", "write_embeddings", "read_embeddings", "open_embeddings",
-           "check_fingerprint",
-           "EMBEDDINGS_SCHEMA_VERSION", "FINGERPRINT_ATTR"]
+__all__ = [
+    "Embeddings",
+    "EmbeddingsFile",
+    "EmbeddingsWriter",
+    "write_embeddings",
+    "read_embeddings",
+    "open_embeddings",
+    "check_fingerprint",
+    "EMBEDDINGS_SCHEMA_VERSION",
+    "FINGERPRINT_ATTR",
+]

@@ -13,8 +13,23 @@ from pathlib import Path
 import falcon_cli
 
 PACKAGES = (
-    "torch", "torchvision", "transformers", "tokenizers", "timm", "open_clip_torch", "faiss-cpu",
-    "numpy", "pandas", "pyarrow", "h5py", "pillow", "pydantic", "pyyaml", "typer", "rich", "matplotlib",
+    "torch",
+    "torchvision",
+    "transformers",
+    "tokenizers",
+    "timm",
+    "open_clip_torch",
+    "faiss-cpu",
+    "numpy",
+    "pandas",
+    "pyarrow",
+    "h5py",
+    "pillow",
+    "pydantic",
+    "pyyaml",
+    "typer",
+    "rich",
+    "matplotlib",
 )
 """Distributions whose installed versions every manifest records."""
 
@@ -23,6 +38,7 @@ SOURCE_DIR = Path(falcon_cli.__file__).resolve().parents[1]
 
 def git_state(directory: Path = SOURCE_DIR) -> dict:
     """``{"sha": ..., "dirty": bool}`` of the falcon checkout, or nulls when it is not a git checkout."""
+
     def git(*args: str) -> str | None:
         try:
             out = subprocess.run(["git", *args], cwd=directory, capture_output=True, text=True, timeout=10)
@@ -55,8 +71,11 @@ def host_info() -> dict:
     """Host name, platform, CPU count and the names of the visible GPUs (empty without CUDA, or where torch is not
     imported yet: importing it costs seconds)."""
     torch = sys.modules.get("torch")
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch is not None and \
-        torch.cuda.is_available() else []
+    gpus = (
+        [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if torch is not None and torch.cuda.is_available()
+        else []
+    )
     return {
         "hostname": socket.gethostname(),
         "platform": platform.platform(),

@@ -57,7 +57,10 @@ def write_results(run, name: str, rows: Sequence[dict], meta: dict, title: str) 
 
     columns = list(dict.fromkeys(k for row in rows for k in row))
     write_json(run.path / RESULTS / f"{name}.json", {"meta": meta, "rows": list(rows)})
-    write_text(run.path / RESULTS / f"{name}.csv", pd.DataFrame(list(rows), columns=columns).to_csv(index=False, float_format="%.4f"))
+    write_text(
+        run.path / RESULTS / f"{name}.csv",
+        pd.DataFrame(list(rows), columns=columns).to_csv(index=False, float_format="%.4f"),
+    )
     described = ", ".join(f"{k} {v}" for k, v in meta.items() if v is not None and not isinstance(v, (dict, list)))
     md = f"{title}\n\n{described}\n\n{markdown_table(rows, columns)}\n"
     write_text(run.path / RESULTS / f"{name}.md", md)

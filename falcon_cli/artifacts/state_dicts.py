@@ -53,10 +53,9 @@ def clean_state_dict(state_dict: Mapping[str, torch.Tensor]) -> "OrderedDict[str
             stripped = False
             for prefix in _WRAPPER_PREFIXES:
                 if key.startswith(prefix):
-                    key, stripped = key[len(prefix):], True
+                    key, stripped = key[len(prefix) :], True
         out[key.replace("._orig_mod.", ".")] = value
     return out
-
 
 
 def read_state_dict(path: str | os.PathLike, what: str = "weights") -> dict[str, torch.Tensor]:
@@ -81,8 +80,9 @@ def read_state_dict(path: str | os.PathLike, what: str = "weights") -> dict[str,
         elif path.suffix in (".pth", ".pt", ".bin", ".ckpt"):
             sd = torch.load(path, map_location="cpu", weights_only=True)
         else:
-            raise FalconError(f"{what} '{path}': unknown file type '{path.suffix}' "
-                              "(use .safetensors, .pth, .pt or .bin)")
+            raise FalconError(
+                f"{what} '{path}': unknown file type '{path.suffix}' (use .safetensors, .pth, .pt or .bin)"
+            )
     except FalconError:
         raise
     except Exception as exc:  # corrupt file, pickled code refused by weights_only, ...
@@ -114,15 +114,26 @@ def load_weights(model: nn.Module, path: str | os.PathLike, strict: bool = True)
     """Load a state dict file (see :func:`read_state_dict`) into ``model``; with ``strict`` every key must match."""
     sd = read_state_dict(path, "model weights")
     target = model.state_dict()
-    mismatched = [f"{k} {tuple(v.shape)} vs {tuple(target[k].shape)}" for k, v in sd.items()
-                  if k in target and v.shape != target[k].shape]
+    mismatched = [
+        f"{k} {tuple(v.shape)} vs {tuple(target[k].shape)}"
+        for k, v in sd.items()
+        if k in target and v.shape != target[k].shape
+    ]
     if mismatched:
-        raise FalconError(f"model weights '{path}': shapes differ from the model (file vs model: {mismatched[0]}); "
-                          "build the model with the config the weights were saved with")
+        raise FalconError(
+            f"model weights '{path}': shapes differ from the model (file vs model: {mismatched[0]}); "
+            "build the model with the config the weights were saved with"
+        )
     result = model.load_state_dict(sd, strict=False)
     if strict and (result.missing_keys or result.unexpected_keys):
-        raise FalconError(f"model weights '{path}': keys do not match the model: missing {_names(result.missing_keys)}, "
-                          f"unexpected {_names(result.unexpected_keys)}")
+        raise FalconError(
+            f"model weights '{path}': keys do not match the model: missing {_names(result.missing_keys)}, "
+            f"unexpected {_names(result.unexpected_keys)}"
+        )
     if result.missing_keys or result.unexpected_keys:
-        log.warning("model weights from %s: missing %s; unexpected %s", path,
-                    _names(result.missing_keys), _names(result.unexpected_keys))
+        log.warning(
+            "model weights from %s: missing %s; unexpected %s",
+            path,
+            _names(result.missing_keys),
+            _names(result.unexpected_keys),
+        )

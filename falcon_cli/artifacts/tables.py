@@ -38,7 +38,9 @@ class TableSchema:
     @property
     def arrow(self) -> pa.Schema:
         """The Arrow schema, with the falcon name and version in its metadata."""
-        return pa.schema(list(self.columns), metadata={META_NAME: self.name.encode(), META_VERSION: str(self.version).encode()})
+        return pa.schema(
+            list(self.columns), metadata={META_NAME: self.name.encode(), META_VERSION: str(self.version).encode()}
+        )
 
     @property
     def names(self) -> list[str]:
@@ -47,24 +49,56 @@ class TableSchema:
 
 
 SEARCH_SPACES = TableSchema(
-    "search_spaces", 1,
-    (("pair_id", pa.int64()), ("space_id", pa.int64()), ("position", pa.int64()), ("epoch", pa.int64()),
-     ("method", pa.string()), ("seed", pa.int64())),
+    "search_spaces",
+    1,
+    (
+        ("pair_id", pa.int64()),
+        ("space_id", pa.int64()),
+        ("position", pa.int64()),
+        ("epoch", pa.int64()),
+        ("method", pa.string()),
+        ("seed", pa.int64()),
+    ),
     unique=("epoch", "pair_id"),
 )
 """Which search space each pair belongs to in each epoch (``search_spaces.parquet``)."""
 
 BATCHES = TableSchema(
-    "batches", 3,
-    (("epoch", pa.int64()), ("step", pa.int64()), ("rank", pa.int64()), ("slot", pa.int64()),
-     ("pair_id", pa.int64()), ("anchor_pair_id", pa.int64()), ("q", pa.float32()), ("alpha", pa.float32()),
-     ("beta", pa.float32()), ("similarity_to_anchor", pa.float32()), ("quantile_rank", pa.float32()),
-     ("sampler", pa.string()), ("safe_q", pa.float32()), ("anchor_fn_density", pa.float32()),
-     ("chosen_is_fn", pa.float32()), ("fn_at_q0", pa.float32()), ("fn_at_q25", pa.float32()),
-     ("fn_at_q50", pa.float32()), ("fn_at_q75", pa.float32()), ("fn_at_q100", pa.float32())),
+    "batches",
+    3,
+    (
+        ("epoch", pa.int64()),
+        ("step", pa.int64()),
+        ("rank", pa.int64()),
+        ("slot", pa.int64()),
+        ("pair_id", pa.int64()),
+        ("anchor_pair_id", pa.int64()),
+        ("q", pa.float32()),
+        ("alpha", pa.float32()),
+        ("beta", pa.float32()),
+        ("similarity_to_anchor", pa.float32()),
+        ("quantile_rank", pa.float32()),
+        ("sampler", pa.string()),
+        ("safe_q", pa.float32()),
+        ("anchor_fn_density", pa.float32()),
+        ("chosen_is_fn", pa.float32()),
+        ("fn_at_q0", pa.float32()),
+        ("fn_at_q25", pa.float32()),
+        ("fn_at_q50", pa.float32()),
+        ("fn_at_q75", pa.float32()),
+        ("fn_at_q100", pa.float32()),
+    ),
     unique=("epoch", "step", "rank", "slot"),
-    added={"safe_q": 2, "anchor_fn_density": 2, "chosen_is_fn": 2, "fn_at_q0": 3, "fn_at_q25": 3, "fn_at_q50": 3,
-           "fn_at_q75": 3, "fn_at_q100": 3},
+    added={
+        "safe_q": 2,
+        "anchor_fn_density": 2,
+        "chosen_is_fn": 2,
+        "fn_at_q0": 3,
+        "fn_at_q25": 3,
+        "fn_at_q50": 3,
+        "fn_at_q75": 3,
+        "fn_at_q100": 3,
+    },
 )
 """Every composed mini-batch, one row per slot (``batches.parquet``, the batch log). Version 2 added
 the oracle's view of each chained slot (shapes world, quantile composers): ``safe_q``,
@@ -73,18 +107,36 @@ the same anchor would have been a false negative, ``fn_at_q0`` … ``fn_at_q100`
 columns they lack NaN."""
 
 AUDIT = TableSchema(
-    "audit", 1,
-    (("epoch", pa.int64()), ("step", pa.int64()), ("rank", pa.int64()), ("train_step", pa.int64()),
-     ("kind", pa.string()), ("anchor", pa.int64()), ("negative", pa.int64()), ("direction", pa.string()),
-     ("image_pair", pa.int64()), ("caption_pair", pa.int64()), ("q", pa.float32()), ("hardness", pa.float32()),
-     ("similarity", pa.float32()), ("sampler", pa.string()), ("judge", pa.string()), ("score", pa.float32()),
-     ("is_false_negative", pa.bool_()), ("oracle", pa.bool_()), ("caption_specificity", pa.int64())),
+    "audit",
+    1,
+    (
+        ("epoch", pa.int64()),
+        ("step", pa.int64()),
+        ("rank", pa.int64()),
+        ("train_step", pa.int64()),
+        ("kind", pa.string()),
+        ("anchor", pa.int64()),
+        ("negative", pa.int64()),
+        ("direction", pa.string()),
+        ("image_pair", pa.int64()),
+        ("caption_pair", pa.int64()),
+        ("q", pa.float32()),
+        ("hardness", pa.float32()),
+        ("similarity", pa.float32()),
+        ("sampler", pa.string()),
+        ("judge", pa.string()),
+        ("score", pa.float32()),
+        ("is_false_negative", pa.bool_()),
+        ("oracle", pa.bool_()),
+        ("caption_specificity", pa.int64()),
+    ),
 )
 """Judged negatives of a run (``audit/audit.parquet``); ``oracle`` and ``caption_specificity`` are
 null where the data has no oracle."""
 
 COMPATIBILITY = TableSchema(
-    "compatibility", 1,
+    "compatibility",
+    1,
     (("image_id", pa.int64()), ("caption_id", pa.int64())),
     unique=("image_id", "caption_id"),
 )
@@ -98,7 +150,9 @@ def _to_arrow(data: pd.DataFrame | Mapping[str, Any], schema: TableSchema, where
     missing = [c for c in schema.names if c not in frame.columns]
     extra = [c for c in frame.columns if c not in schema.names]
     if missing or extra:
-        raise FalconError(f"{where}: columns do not match schema '{schema.name}' v{schema.version} (missing {missing}, unexpected {extra})")
+        raise FalconError(
+            f"{where}: columns do not match schema '{schema.name}' v{schema.version} (missing {missing}, unexpected {extra})"
+        )
     try:
         return pa.Table.from_pandas(frame[schema.names], schema=schema.arrow, preserve_index=False)
     except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError, TypeError) as exc:
@@ -138,8 +192,10 @@ def read_table(path: str | Path, schema: TableSchema) -> pd.DataFrame:
         raise FalconError(f"{path}: holds a '{name}' table, expected '{schema.name}'")
     readable = [str(v) for v in range(1 if schema.added else schema.version, schema.version + 1)]
     if version not in readable:
-        raise FalconError(f"{path}: '{schema.name}' schema version {version}, this falcon reads version "
-                          f"{schema.version}{' (and earlier)' if schema.added else ''}")
+        raise FalconError(
+            f"{path}: '{schema.name}' schema version {version}, this falcon reads version "
+            f"{schema.version}{' (and earlier)' if schema.added else ''}"
+        )
     for column, dtype in schema.columns:
         if column not in table.column_names and schema.added.get(column, 1) > int(version):
             table = table.append_column(pa.field(column, dtype), pa.nulls(len(table), dtype))  # added later: null

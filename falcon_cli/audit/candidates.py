@@ -24,8 +24,15 @@ RANKS = ("top-1", "top-10", "median", "random")
 """The candidates whose truth is read: the hardest, the 10th hardest, the median one, and any one (the mean over all)."""
 
 
-def candidate_risk(image_feat: torch.Tensor, text_feat: torch.Tensor, image_ids: np.ndarray,
-                   truth: Callable[[np.ndarray], np.ndarray], *, space_size: int, seed: int = 0) -> dict[str, dict[str, float]]:
+def candidate_risk(
+    image_feat: torch.Tensor,
+    text_feat: torch.Tensor,
+    image_ids: np.ndarray,
+    truth: Callable[[np.ndarray], np.ndarray],
+    *,
+    space_size: int,
+    seed: int = 0,
+) -> dict[str, dict[str, float]]:
     """``{direction: {rank: false-negative rate}}`` for directions ``t2i``, ``i2t`` and ``both`` (anchors pooled).
 
     ``image_feat`` / ``text_feat``: ``[N, D]`` features of N pairs (pair k = image ``image_ids[k]`` with its
@@ -40,14 +47,14 @@ def candidate_risk(image_feat: torch.Tensor, text_feat: torch.Tensor, image_ids:
     image_ids = torch.as_tensor(np.asarray(image_ids), dtype=torch.int64)
     hits = {d: {r: [] for r in RANKS} for d in ("t2i", "i2t")}
     for start in range(0, n, space_size):
-        rows = order[start:start + space_size]
+        rows = order[start : start + space_size]
         ids = image_ids[rows]
-        first = _first_of_each(ids)                                          # one row per distinct image
+        first = _first_of_each(ids)  # one row per distinct image
         if len(first) < 2:
             continue
-        sim = (image_feat[rows].float() @ text_feat[rows].float().T)       # [m, m]: pair i's image, caption j
+        sim = image_feat[rows].float() @ text_feat[rows].float().T  # [m, m]: pair i's image, caption j
         true = torch.as_tensor(np.asarray(truth(rows.numpy()), dtype=bool))  # [m, m]: caption j describes image i
-        other = ids[:, None] != ids[None, :]                                 # candidates of other images
+        other = ids[:, None] != ids[None, :]  # candidates of other images
         # Caption anchors (columns) over the distinct images of the space (rows in ``first``).
         _read(sim[first].T, true[first].T, other[first].T, hits["t2i"])
         # Image anchors (one per distinct image) over the space's captions.
@@ -74,9 +81,12 @@ def _read(scores: torch.Tensor, true: torch.Tensor, allowed: torch.Tensor, hits:
     """Per anchor (row): the truth of its candidates (allowed columns) at each rank of ``RANKS``."""
     count = allowed.sum(dim=1)
     ranked = scores.masked_fill(~allowed, float("-inf")).argsort(dim=1, descending=True, stable=True)
-    sorted_true = true.gather(1, ranked).float()                            # allowed candidates first, hardest first
-    for rank, position in (("top-1", torch.zeros_like(count)), ("top-10", torch.full_like(count, 9)),
-                           ("median", (count - 1) // 2)):
+    sorted_true = true.gather(1, ranked).float()  # allowed candidates first, hardest first
+    for rank, position in (
+        ("top-1", torch.zeros_like(count)),
+        ("top-10", torch.full_like(count, 9)),
+        ("median", (count - 1) // 2),
+    ):
         ok = position < count
         hits[rank].append(sorted_true[ok].gather(1, position[ok, None]).squeeze(1))
     ok = count > 0
@@ -91,9 +101,17 @@ def oracle_candidate_risk(embeddings, pair_at, oracle, epoch: int, *, space_size
     pairs = [pair_at(epoch, int(p)) for p in embeddings.pair_id]
     image_ids = np.array([p.image_id for p in pairs], dtype=np.int64)
     caption_ids = np.array([p.caption_id for p in pairs], dtype=np.int64)
-    risk = candidate_risk(torch.as_tensor(embeddings.image), torch.as_tensor(embeddings.text), image_ids,
-                          lambda rows: oracle.matrix(image_ids[rows], caption_ids[rows]), space_size=space_size, seed=seed)
-    return pd.DataFrame([{"epoch": epoch, "space_size": space_size, "direction": d, **values} for d, values in risk.items()])
+    risk = candidate_risk(
+        torch.as_tensor(embeddings.image),
+        torch.as_tensor(embeddings.text),
+        image_ids,
+        lambda rows: oracle.matrix(image_ids[rows], caption_ids[rows]),
+        space_size=space_size,
+        seed=seed,
+    )
+    return pd.DataFrame(
+        [{"epoch": epoch, "space_size": space_size, "direction": d, **values} for d, values in risk.items()]
+    )
 
 
 __all__ = ["RANKS", "candidate_risk", "oracle_candidate_risk"]

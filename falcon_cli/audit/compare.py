@@ -42,10 +42,16 @@ def comparison_table(summaries: Mapping[str, dict]) -> pd.DataFrame:
     """One row per run and kind of negative: ``run``, ``judge``, ``kind``, ``negatives``,
     ``false_negatives``, ``rate`` and, where the data has an oracle, ``oracle_rate``
     (``summaries`` from :func:`read_summaries`)."""
-    table = pd.DataFrame([{"run": name, "judge": summary["judge"], **row}
-                          for name, summary in summaries.items() for row in summary["overall"]])
-    columns = ["run", "judge", "kind", "negatives", "false_negatives", "rate"] + \
-        (["oracle_false_negatives", "oracle_rate"] if "oracle_rate" in table.columns else [])
+    table = pd.DataFrame(
+        [
+            {"run": name, "judge": summary["judge"], **row}
+            for name, summary in summaries.items()
+            for row in summary["overall"]
+        ]
+    )
+    columns = ["run", "judge", "kind", "negatives", "false_negatives", "rate"] + (
+        ["oracle_false_negatives", "oracle_rate"] if "oracle_rate" in table.columns else []
+    )
     return table[columns]
 
 
@@ -56,11 +62,16 @@ def write_comparison(run_dirs: Sequence[str | Path], out_dir: str | Path) -> pd.
     table = comparison_table(summaries)
     with atomic_dir(out_dir) as out:
         write_text(out / "comparison.csv", table.to_csv(index=False))
-        write_text(out / "comparison.md", "# False negatives of the used negatives, per run\n\n"
-                   + "\n".join(f"- {name}: {d}" for name, d in zip(summaries, run_dirs)) + "\n\n"
-                   + markdown_table(table, percent=("rate", "oracle_rate")))
-        fn_rate_comparison({name: pd.DataFrame(s["by_window"]) for name, s in summaries.items()},
-                           out / "fn_rate_comparison.png")
+        write_text(
+            out / "comparison.md",
+            "# False negatives of the used negatives, per run\n\n"
+            + "\n".join(f"- {name}: {d}" for name, d in zip(summaries, run_dirs))
+            + "\n\n"
+            + markdown_table(table, percent=("rate", "oracle_rate")),
+        )
+        fn_rate_comparison(
+            {name: pd.DataFrame(s["by_window"]) for name, s in summaries.items()}, out / "fn_rate_comparison.png"
+        )
     return table
 
 

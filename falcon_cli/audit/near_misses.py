@@ -17,8 +17,13 @@ def near_miss_share(log: pd.DataFrame, family_of_pair: np.ndarray) -> pd.DataFra
     is pair ``p``'s family (its image id // family size)."""
     if log.empty:
         return pd.DataFrame({"epoch": [], "share": [], "rows": []})
-    frame = pd.DataFrame({"epoch": log["epoch"].to_numpy(), "step": log["step"].to_numpy(),
-                          "family": np.asarray(family_of_pair)[log["pair_id"].to_numpy()]})
+    frame = pd.DataFrame(
+        {
+            "epoch": log["epoch"].to_numpy(),
+            "step": log["step"].to_numpy(),
+            "family": np.asarray(family_of_pair)[log["pair_id"].to_numpy()],
+        }
+    )
     together = frame.groupby(["epoch", "step", "family"])["family"].transform("size") > 1
     out = together.groupby(frame["epoch"]).agg(share="mean", rows="size").reset_index()
     return out.astype({"epoch": int, "share": float, "rows": int})

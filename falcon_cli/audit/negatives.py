@@ -36,14 +36,33 @@ from falcon_cli.runtime.progress import track
 DIRECTIONS = ("i2t", "t2i")
 KINDS = ("chain", "itm")
 BATCH_KEYS = ["epoch", "step", "rank"]
-COLUMNS = ["epoch", "step", "rank", "train_step", "kind", "anchor", "negative", "direction", "image_pair",
-           "caption_pair", "q", "hardness", "similarity", "sampler"]
+COLUMNS = [
+    "epoch",
+    "step",
+    "rank",
+    "train_step",
+    "kind",
+    "anchor",
+    "negative",
+    "direction",
+    "image_pair",
+    "caption_pair",
+    "q",
+    "hardness",
+    "similarity",
+    "sampler",
+]
 
 
-def used_negatives(log: pd.DataFrame, *, kinds: tuple[str, ...] | list[str] = KINDS,
-                   features: Callable[[int], Embeddings] | None = None, max_pairs: int | None = None,
-                   max_steps: int | None = None, same_image: Callable[[torch.Tensor], torch.Tensor] | None = None
-                   ) -> pd.DataFrame:
+def used_negatives(
+    log: pd.DataFrame,
+    *,
+    kinds: tuple[str, ...] | list[str] = KINDS,
+    features: Callable[[int], Embeddings] | None = None,
+    max_pairs: int | None = None,
+    max_steps: int | None = None,
+    same_image: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> pd.DataFrame:
     """The negatives of a batch log, one row per (kind, anchor, negative, direction).
 
     Columns (:data:`COLUMNS`): ``epoch``, ``step``, ``rank``, ``train_step`` (0-based position of
@@ -104,18 +123,29 @@ def _both_directions(base: pd.DataFrame) -> pd.DataFrame:
 
 
 def _chain_rows(chained: pd.DataFrame) -> pd.DataFrame:
-    base = pd.DataFrame({
-        "epoch": chained["epoch"].astype("int64"), "step": chained["step"].astype("int64"),
-        "rank": chained["rank"].astype("int64"), "train_step": chained["train_step"].astype("int64"), "kind": "chain",
-        "anchor": chained["anchor_pair_id"].astype("int64"), "negative": chained["pair_id"].astype("int64"),
-        "q": chained["q"].astype("float64"), "hardness": _hardness(chained),
-        "similarity": chained["similarity_to_anchor"].astype("float64"), "sampler": chained["sampler"].astype(str),
-    })
+    base = pd.DataFrame(
+        {
+            "epoch": chained["epoch"].astype("int64"),
+            "step": chained["step"].astype("int64"),
+            "rank": chained["rank"].astype("int64"),
+            "train_step": chained["train_step"].astype("int64"),
+            "kind": "chain",
+            "anchor": chained["anchor_pair_id"].astype("int64"),
+            "negative": chained["pair_id"].astype("int64"),
+            "q": chained["q"].astype("float64"),
+            "hardness": _hardness(chained),
+            "similarity": chained["similarity_to_anchor"].astype("float64"),
+            "sampler": chained["sampler"].astype(str),
+        }
+    )
     return _both_directions(base)
 
 
-def _itm_rows(log: pd.DataFrame, features: Callable[[int], Embeddings],
-              same_image: Callable[[torch.Tensor], torch.Tensor] | None = None) -> pd.DataFrame:
+def _itm_rows(
+    log: pd.DataFrame,
+    features: Callable[[int], Embeddings],
+    same_image: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> pd.DataFrame:
     """Each anchor's hardest in-batch negative by ITC similarity, from the epoch's embedding cache (never a
     pair that shares its image, with ``same_image``, as in training)."""
     parts = []
@@ -126,8 +156,10 @@ def _itm_rows(log: pd.DataFrame, features: Callable[[int], Embeddings],
         pos = np.minimum(np.searchsorted(cache.pair_id, ids, sorter=order), len(order) - 1)
         found = cache.pair_id[order[pos]] == ids if len(order) else np.zeros(len(ids), bool)
         if not found.all():
-            raise FalconError(f"the embedding cache of epoch {epoch} has no features for pair_id {int(ids[~found][0])} "
-                              f"({int((~found).sum())} such); it does not belong to this batch log")
+            raise FalconError(
+                f"the embedding cache of epoch {epoch} has no features for pair_id {int(ids[~found][0])} "
+                f"({int((~found).sum())} such); it does not belong to this batch log"
+            )
         rows = order[pos]
         for _, batch in slots.assign(_row=rows).groupby(BATCH_KEYS, sort=False):
             if len(batch) < 2:
@@ -138,17 +170,42 @@ def _itm_rows(log: pd.DataFrame, features: Callable[[int], Embeddings],
             pairs = batch["pair_id"].to_numpy(np.int64)
             shared = same_image(torch.from_numpy(pairs)) if same_image is not None else None
             neg_text, neg_image = hardest_negatives(sim, sim.t(), positive_mask=shared)
-            common = dict(epoch=batch["epoch"].astype("int64").to_numpy(), step=batch["step"].astype("int64").to_numpy(),
-                          rank=batch["rank"].astype("int64").to_numpy(), train_step=batch["train_step"].to_numpy(np.int64),
-                          kind="itm", anchor=pairs, q=batch["q"].astype("float64").to_numpy(),
-                          hardness=_hardness(batch).to_numpy(), sampler=batch["sampler"].astype(str).to_numpy())
+            common = dict(
+                epoch=batch["epoch"].astype("int64").to_numpy(),
+                step=batch["step"].astype("int64").to_numpy(),
+                rank=batch["rank"].astype("int64").to_numpy(),
+                train_step=batch["train_step"].to_numpy(np.int64),
+                kind="itm",
+                anchor=pairs,
+                q=batch["q"].astype("float64").to_numpy(),
+                hardness=_hardness(batch).to_numpy(),
+                sampler=batch["sampler"].astype(str).to_numpy(),
+            )
             index = np.arange(len(pairs))
-            parts.append(pd.DataFrame({**common, "negative": pairs[neg_text.numpy()], "direction": "i2t",
-                                       "image_pair": pairs, "caption_pair": pairs[neg_text.numpy()],
-                                       "similarity": sim[index, neg_text].double().numpy()}))
-            parts.append(pd.DataFrame({**common, "negative": pairs[neg_image.numpy()], "direction": "t2i",
-                                       "image_pair": pairs[neg_image.numpy()], "caption_pair": pairs,
-                                       "similarity": sim[neg_image, index].double().numpy()}))
+            parts.append(
+                pd.DataFrame(
+                    {
+                        **common,
+                        "negative": pairs[neg_text.numpy()],
+                        "direction": "i2t",
+                        "image_pair": pairs,
+                        "caption_pair": pairs[neg_text.numpy()],
+                        "similarity": sim[index, neg_text].double().numpy(),
+                    }
+                )
+            )
+            parts.append(
+                pd.DataFrame(
+                    {
+                        **common,
+                        "negative": pairs[neg_image.numpy()],
+                        "direction": "t2i",
+                        "image_pair": pairs[neg_image.numpy()],
+                        "caption_pair": pairs,
+                        "similarity": sim[neg_image, index].double().numpy(),
+                    }
+                )
+            )
     return pd.concat(parts, ignore_index=True)[COLUMNS] if parts else pd.DataFrame(columns=COLUMNS)
 
 
@@ -171,8 +228,9 @@ def _evenly_spaced_steps(rows_per_step: pd.Series, max_pairs: int | None, max_st
     return steps[:0]
 
 
-def false_negative_rates(audit: pd.DataFrame, *, hardness_buckets: int | None = 5, step_windows: int = 4,
-                         flag: str = "is_false_negative") -> pd.DataFrame:
+def false_negative_rates(
+    audit: pd.DataFrame, *, hardness_buckets: int | None = 5, step_windows: int = 4, flag: str = "is_false_negative"
+) -> pd.DataFrame:
     """False-negative rate of judged negatives per kind, hardness bucket and training-step window.
 
     ``audit`` needs ``train_step``, ``hardness``, the boolean column ``flag`` and optionally
@@ -191,20 +249,49 @@ def false_negative_rates(audit: pd.DataFrame, *, hardness_buckets: int | None = 
         edges, bucket = np.array([np.nan, np.nan]), np.zeros(len(frame), dtype=np.int64)
     else:
         edges = np.linspace(0.0, 1.0, hardness_buckets + 1)
-        bucket = np.clip(np.searchsorted(edges, frame["hardness"].to_numpy(float), side="right") - 1, 0, hardness_buckets - 1)
+        bucket = np.clip(
+            np.searchsorted(edges, frame["hardness"].to_numpy(float), side="right") - 1, 0, hardness_buckets - 1
+        )
     kind = frame["kind"].astype(str).to_numpy() if "kind" in frame.columns else np.full(len(frame), "all", dtype=object)
-    grouped = pd.DataFrame({"kind": kind, "window": window, "bucket": bucket, "step": steps,
-                            "fn": frame[flag].to_numpy(bool)})
-    rows = grouped.groupby(["kind", "window", "bucket"]).agg(first_step=("step", "min"), last_step=("step", "max"),
-                                                             negatives=("fn", "size"), false_negatives=("fn", "sum")).reset_index()
+    grouped = pd.DataFrame(
+        {"kind": kind, "window": window, "bucket": bucket, "step": steps, "fn": frame[flag].to_numpy(bool)}
+    )
+    rows = (
+        grouped.groupby(["kind", "window", "bucket"])
+        .agg(
+            first_step=("step", "min"),
+            last_step=("step", "max"),
+            negatives=("fn", "size"),
+            false_negatives=("fn", "sum"),
+        )
+        .reset_index()
+    )
     rows["hardness_low"], rows["hardness_high"] = edges[rows["bucket"]], edges[rows["bucket"] + 1]
     rows["rate"] = rows["false_negatives"] / rows["negatives"]
-    return rows[["kind", "window", "first_step", "last_step", "bucket", "hardness_low", "hardness_high", "negatives",
-                 "false_negatives", "rate"]]
+    return rows[
+        [
+            "kind",
+            "window",
+            "first_step",
+            "last_step",
+            "bucket",
+            "hardness_low",
+            "hardness_high",
+            "negatives",
+            "false_negatives",
+            "rate",
+        ]
+    ]
 
 
-def judge_negatives(negatives: pd.DataFrame, pair_at: Callable[[int, int], JudgedPair], judge: Judge, *,
-                    threshold: float = DEFAULT_THRESHOLD, oracle: Judge | None = None) -> pd.DataFrame:
+def judge_negatives(
+    negatives: pd.DataFrame,
+    pair_at: Callable[[int, int], JudgedPair],
+    judge: Judge,
+    *,
+    threshold: float = DEFAULT_THRESHOLD,
+    oracle: Judge | None = None,
+) -> pd.DataFrame:
     """``negatives`` (from :func:`used_negatives`) with what ``judge`` says of each: the judged pair
     combines ``image_pair``'s image with ``caption_pair``'s caption, as the run saw them in that
     epoch (``pair_at(epoch, pair_id)``: the pair's image, caption and ids; ``KeyError`` for a pair
@@ -227,16 +314,25 @@ def judge_negatives(negatives: pd.DataFrame, pair_at: Callable[[int, int], Judge
     for epoch, i, c in zip(negatives["epoch"], negatives["image_pair"], negatives["caption_pair"]):
         image, caption = lookup(epoch, i), lookup(epoch, c)
         if image is not None and caption is not None:
-            judged.append(JudgedPair(image=image.image, caption=caption.caption, image_id=image.image_id,
-                                     caption_id=caption.caption_id))
+            judged.append(
+                JudgedPair(
+                    image=image.image, caption=caption.caption, image_id=image.image_id, caption_id=caption.caption_id
+                )
+            )
     if missing:
-        raise FalconError(f"the batch log names pair_id {min(missing)} ({len(missing)} such) that the run's dataset does not "
-                          "have; audit a run with the dataset it was trained on")
+        raise FalconError(
+            f"the batch log names pair_id {min(missing)} ({len(missing)} such) that the run's dataset does not "
+            "have; audit a run with the dataset it was trained on"
+        )
     scores = judge.score(judged) if judged else np.zeros(0)
-    out = negatives.assign(judge=judge.name, score=scores.astype("float32"),
-                           is_false_negative=is_false_negative(scores, threshold))
-    out["oracle"] = (pd.array(oracle.score(judged) > 0.5, dtype="boolean") if oracle is not None and judged
-                     else pd.array([None] * len(out), dtype="boolean"))
+    out = negatives.assign(
+        judge=judge.name, score=scores.astype("float32"), is_false_negative=is_false_negative(scores, threshold)
+    )
+    out["oracle"] = (
+        pd.array(oracle.score(judged) > 0.5, dtype="boolean")
+        if oracle is not None and judged
+        else pd.array([None] * len(out), dtype="boolean")
+    )
     return out
 
 

@@ -37,8 +37,11 @@ def overall_rates(audit: pd.DataFrame, same_image: np.ndarray | None = None) -> 
             row.update(oracle_false_negatives=true, oracle_rate=true / max(1, len(part)))
         if same is not None:
             shared, matching = same[part.index], truth[part.index]
-            row.update(same_image=int(shared.sum()), same_image_false_negatives=int((shared & matching).sum()),
-                       same_image_share=float((shared & matching).sum() / matching.sum()) if matching.any() else None)
+            row.update(
+                same_image=int(shared.sum()),
+                same_image_false_negatives=int((shared & matching).sum()),
+                same_image_share=float((shared & matching).sum() / matching.sum()) if matching.any() else None,
+            )
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -61,11 +64,29 @@ def filter_curve(audit: pd.DataFrame, thresholds, *, truth: str | None = None) -
             kept = score <= tau
             n_kept = int(kept.sum())
             fn_kept = int((kept & true).sum())
-            rows.append({"kind": kind, "threshold": tau, "negatives": len(part), "kept": n_kept,
-                         "false_negatives_kept": fn_kept, "fn_ratio": fn_kept / n_kept if n_kept else np.nan,
-                         "removed_true_negatives": int((~kept & ~true).sum())})
-    return pd.DataFrame(rows, columns=["kind", "threshold", "negatives", "kept", "false_negatives_kept", "fn_ratio",
-                                       "removed_true_negatives"])
+            rows.append(
+                {
+                    "kind": kind,
+                    "threshold": tau,
+                    "negatives": len(part),
+                    "kept": n_kept,
+                    "false_negatives_kept": fn_kept,
+                    "fn_ratio": fn_kept / n_kept if n_kept else np.nan,
+                    "removed_true_negatives": int((~kept & ~true).sum()),
+                }
+            )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "kind",
+            "threshold",
+            "negatives",
+            "kept",
+            "false_negatives_kept",
+            "fn_ratio",
+            "removed_true_negatives",
+        ],
+    )
 
 
 def judge_agreement(audit: pd.DataFrame) -> pd.DataFrame:
@@ -87,9 +108,20 @@ def judge_agreement(audit: pd.DataFrame) -> pd.DataFrame:
         precision = tp / (tp + fp) if tp + fp else np.nan
         recall = tp / (tp + fn) if tp + fn else np.nan
         f1 = 2 * precision * recall / (precision + recall) if tp else (0.0 if fp + fn else np.nan)
-        rows.append({"group": name, "negatives": len(part), "tp": tp, "fp": fp, "fn": fn, "tn": tn,
-                     "precision": precision, "recall": recall, "f1": f1,
-                     "auc": rank_auc(part["score"].to_numpy(float), true)})
+        rows.append(
+            {
+                "group": name,
+                "negatives": len(part),
+                "tp": tp,
+                "fp": fp,
+                "fn": fn,
+                "tn": tn,
+                "precision": precision,
+                "recall": recall,
+                "f1": f1,
+                "auc": rank_auc(part["score"].to_numpy(float), true),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -118,53 +150,86 @@ def markdown_table(frame: pd.DataFrame, percent: tuple[str, ...] = ()) -> str:
             return f"{float(value):.3f}"
         return str(value)
 
-    body = "".join("| " + " | ".join(cell(c, v) for c, v in zip(frame.columns, row)) + " |\n"
-                   for row in frame.itertuples(index=False))
+    body = "".join(
+        "| " + " | ".join(cell(c, v) for c, v in zip(frame.columns, row)) + " |\n"
+        for row in frame.itertuples(index=False)
+    )
     return header + body
 
 
-def audit_markdown(*, run: str, judge: str, threshold: float, truth: str, steps: tuple[int, int, int], overall: pd.DataFrame,
-                   rates: pd.DataFrame, curve: pd.DataFrame, agreement: pd.DataFrame, notes: list[str],
-                   scheduler: pd.DataFrame | None = None, candidate_risk: pd.DataFrame | None = None) -> str:
+def audit_markdown(
+    *,
+    run: str,
+    judge: str,
+    threshold: float,
+    truth: str,
+    steps: tuple[int, int, int],
+    overall: pd.DataFrame,
+    rates: pd.DataFrame,
+    curve: pd.DataFrame,
+    agreement: pd.DataFrame,
+    notes: list[str],
+    scheduler: pd.DataFrame | None = None,
+    candidate_risk: pd.DataFrame | None = None,
+) -> str:
     """``audit.md``: the audit's tables with one line of explanation each."""
     audited, first, last = steps
-    lines = [f"# False-negative audit of {run}\n",
-             f"- judge: `{judge}`; a negative is a false negative when p(match) > {threshold:g}",
-             f"- truth for the filter curve and the judge's precision/recall: "
-             f"{'the oracle' if truth == 'oracle' else 'the judge itself (the data has no oracle)'}",
-             f"- audited: {audited} training steps, from step {first} to step {last}",
-             *[f"- {note}" for note in notes], "",
-             "## False-negative rate of the used negatives\n",
-             "`same_image`: negatives whose image and caption come from pairs that show the same image (false "
-             "by construction); `same_image_share`: their share of the false negatives.\n",
-             markdown_table(overall, percent=("rate", "oracle_rate", "same_image_share")),
-             "## By hardness (q) and training-step window (Figure 2, top left)\n",
-             markdown_table(rates.drop(columns=["bucket"]), percent=("rate",)),
-             "## Left after filtering by the judge's score (Figure 2, bottom left)\n",
-             "Negatives with score > τ are dropped; `fn_ratio` is the false-negative share of the rest.\n",
-             markdown_table(curve, percent=("fn_ratio",)),
-             "## The judge against the oracle\n",
-             "Flags at the threshold (precision, recall, F1); `auc`: how well the judge's score ranks the oracle's "
-             "false negatives above its true negatives at any threshold (0.5: not at all).\n" if not agreement.empty else "",
-             markdown_table(agreement, percent=("precision", "recall", "f1")) if not agreement.empty
-             else "(no oracle for this data)\n"]
+    lines = [
+        f"# False-negative audit of {run}\n",
+        f"- judge: `{judge}`; a negative is a false negative when p(match) > {threshold:g}",
+        f"- truth for the filter curve and the judge's precision/recall: "
+        f"{'the oracle' if truth == 'oracle' else 'the judge itself (the data has no oracle)'}",
+        f"- audited: {audited} training steps, from step {first} to step {last}",
+        *[f"- {note}" for note in notes],
+        "",
+        "## False-negative rate of the used negatives\n",
+        "`same_image`: negatives whose image and caption come from pairs that show the same image (false "
+        "by construction); `same_image_share`: their share of the false negatives.\n",
+        markdown_table(overall, percent=("rate", "oracle_rate", "same_image_share")),
+        "## By hardness (q) and training-step window (Figure 2, top left)\n",
+        markdown_table(rates.drop(columns=["bucket"]), percent=("rate",)),
+        "## Left after filtering by the judge's score (Figure 2, bottom left)\n",
+        "Negatives with score > τ are dropped; `fn_ratio` is the false-negative share of the rest.\n",
+        markdown_table(curve, percent=("fn_ratio",)),
+        "## The judge against the oracle\n",
+        "Flags at the threshold (precision, recall, F1); `auc`: how well the judge's score ranks the oracle's "
+        "false negatives above its true negatives at any threshold (0.5: not at all).\n"
+        if not agreement.empty
+        else "",
+        markdown_table(agreement, percent=("precision", "recall", "f1"))
+        if not agreement.empty
+        else "(no oracle for this data)\n",
+    ]
     if candidate_risk is not None and not candidate_risk.empty:
-        lines += ["## How risky the hard candidates are under the final model (the premise of Figure 2)\n",
-                  "The pairs cut into random search spaces of `space_size`; each anchor's candidates of other images "
-                  "ranked by the last epoch's similarity; the share that the oracle calls true matches at rank 1, "
-                  "rank 10, the median rank, and over all candidates (`random`: a uniform pick).\n",
-                  markdown_table(candidate_risk, percent=("top-1", "top-10", "median", "random"))]
+        lines += [
+            "## How risky the hard candidates are under the final model (the premise of Figure 2)\n",
+            "The pairs cut into random search spaces of `space_size`; each anchor's candidates of other images "
+            "ranked by the last epoch's similarity; the share that the oracle calls true matches at rank 1, "
+            "rank 10, the median rank, and over all candidates (`random`: a uniform pick).\n",
+            markdown_table(candidate_risk, percent=("top-1", "top-10", "median", "random")),
+        ]
     if scheduler is not None and not scheduler.empty:
-        lines += ["## The composer's q against the oracle, per epoch\n",
-                  "Over the chained slots: `q_fn_density_corr`, the correlation of E[q] (or the fixed q) with the "
-                  "anchor's false-negative density in its search space (FALCON's claim: below 0); `expected_q_std`, "
-                  "how much E[q] differs across anchors; `safe_q_mean`, the oracle's highest q whose pick is a true "
-                  "negative; `q_above_safe_share`, how often q went past it; `chain_fn_rate`, false-negative picks; "
-                  "`frontier_fn_rate`, the false-negative rate one fixed q for every anchor would have had on the same "
-                  "anchors at the same mean q (the fixed-q frontier), and `frontier_gap`, `chain_fn_rate` less it "
-                  "(below 0: fewer false negatives than the frontier at equal hardness).\n",
-                  markdown_table(scheduler)]
+        lines += [
+            "## The composer's q against the oracle, per epoch\n",
+            "Over the chained slots: `q_fn_density_corr`, the correlation of E[q] (or the fixed q) with the "
+            "anchor's false-negative density in its search space (FALCON's claim: below 0); `expected_q_std`, "
+            "how much E[q] differs across anchors; `safe_q_mean`, the oracle's highest q whose pick is a true "
+            "negative; `q_above_safe_share`, how often q went past it; `chain_fn_rate`, false-negative picks; "
+            "`frontier_fn_rate`, the false-negative rate one fixed q for every anchor would have had on the same "
+            "anchors at the same mean q (the fixed-q frontier), and `frontier_gap`, `chain_fn_rate` less it "
+            "(below 0: fewer false negatives than the frontier at equal hardness).\n",
+            markdown_table(scheduler),
+        ]
     return "\n".join(lines)
 
 
-__all__ = ["truth_column", "markdown_table", "overall_rates", "filter_curve", "judge_agreement", "rank_auc", "missed_false_negatives", "audit_markdown"]
+__all__ = [
+    "truth_column",
+    "markdown_table",
+    "overall_rates",
+    "filter_curve",
+    "judge_agreement",
+    "rank_auc",
+    "missed_false_negatives",
+    "audit_markdown",
+]

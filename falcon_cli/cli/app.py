@@ -14,7 +14,19 @@ import typer
 from rich.markup import escape
 
 from falcon_cli import __version__
-from falcon_cli.cli import audit, compare, data, embed, evaluate, finetune, pretrain, recipes, run, search_spaces, unimodal
+from falcon_cli.cli import (
+    audit,
+    compare,
+    data,
+    embed,
+    evaluate,
+    finetune,
+    pretrain,
+    recipes,
+    run,
+    search_spaces,
+    unimodal,
+)
 from falcon_cli.errors import FalconError, storage_error
 from falcon_cli.runtime.console import make_console
 
@@ -49,7 +61,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
     debug: bool = typer.Option(False, "--debug", help="Show full tracebacks instead of one-line errors."),
 ) -> None:
     """False-negative-aware vision-language pretraining: FALCON and its baselines.

@@ -15,25 +15,43 @@ console = make_console()
 
 
 def audit_false_negatives(
-    run_dirs: List[Path] = typer.Argument(..., metavar="RUN_DIR", show_default=False,
-                                          help="Run directories to audit; several are also put side by side."),
-    judge: Optional[str] = typer.Option(None, "--judge", help="auto (the oracle where the data has one, else blip), "
-                                        "oracle, blip or checkpoint. [default: the run's audit.judge, auto]"),
-    judge_model: Optional[str] = typer.Option(None, "--judge-model", help="blip: hub id or local directory "
-                                              "(default Salesforce/blip-itm-base-coco); checkpoint: a run or checkpoint "
-                                              "directory (default: the audited run)."),
-    threshold: Optional[float] = typer.Option(None, "--threshold", help="p(match) above which a negative is a false negative "
-                                              "[default: 0.5]."),
+    run_dirs: List[Path] = typer.Argument(
+        ..., metavar="RUN_DIR", show_default=False, help="Run directories to audit; several are also put side by side."
+    ),
+    judge: Optional[str] = typer.Option(
+        None,
+        "--judge",
+        help="auto (the oracle where the data has one, else blip), "
+        "oracle, blip or checkpoint. [default: the run's audit.judge, auto]",
+    ),
+    judge_model: Optional[str] = typer.Option(
+        None,
+        "--judge-model",
+        help="blip: hub id or local directory "
+        "(default Salesforce/blip-itm-base-coco); checkpoint: a run or checkpoint "
+        "directory (default: the audited run).",
+    ),
+    threshold: Optional[float] = typer.Option(
+        None, "--threshold", help="p(match) above which a negative is a false negative [default: 0.5]."
+    ),
     negatives: Optional[str] = typer.Option(None, "--negatives", help="chain, itm or both [default: both]."),
-    max_pairs: Optional[int] = typer.Option(None, "--max-pairs", help="Judge at most this many pairs, over whole steps "
-                                            "evenly spread over training; 0 = all [default: 20000]."),
+    max_pairs: Optional[int] = typer.Option(
+        None,
+        "--max-pairs",
+        help="Judge at most this many pairs, over whole steps evenly spread over training; 0 = all [default: 20000].",
+    ),
     steps: Optional[int] = typer.Option(None, "--steps", help="Audit at most this many training steps, evenly spread."),
     device: Optional[str] = typer.Option(None, "--device", help="Model judges: auto, cpu or cuda[:n]."),
     fp16: Optional[bool] = typer.Option(None, "--fp16/--fp32", help="Model judges: fp16 autocast on CUDA."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Model judges: pairs per forward pass."),
-    settings: Optional[List[str]] = typer.Option(None, "--set", help="Any audit.KEY=VALUE, e.g. --set audit.step_windows=8."),
-    compare_dir: Optional[Path] = typer.Option(None, "--compare-dir", help="Where several runs are put side by side "
-                                               "[default: audit-comparison/ beside the first run]."),
+    settings: Optional[List[str]] = typer.Option(
+        None, "--set", help="Any audit.KEY=VALUE, e.g. --set audit.step_windows=8."
+    ),
+    compare_dir: Optional[Path] = typer.Option(
+        None,
+        "--compare-dir",
+        help="Where several runs are put side by side [default: audit-comparison/ beside the first run].",
+    ),
 ) -> None:
     """Judge the negatives a finished run used: false-negative rates by hardness q and training step.
 
@@ -47,9 +65,17 @@ def audit_false_negatives(
     """
     from falcon_cli.audit.compare import write_comparison  # (lazy: pandas and figures; keep `falcon --help` fast)
 
-    options = {"judge": judge, "judge_model": judge_model, "threshold": threshold, "max_pairs": max_pairs, "steps": steps,
-               "device": device, "fp16": fp16, "batch_size": batch_size,
-               "negatives": None if negatives is None else (["chain", "itm"] if negatives == "both" else [negatives])}
+    options = {
+        "judge": judge,
+        "judge_model": judge_model,
+        "threshold": threshold,
+        "max_pairs": max_pairs,
+        "steps": steps,
+        "device": device,
+        "fp16": fp16,
+        "batch_size": batch_size,
+        "negatives": None if negatives is None else (["chain", "itm"] if negatives == "both" else [negatives]),
+    }
     if max_pairs == 0:
         options["max_pairs"] = "null"
     overrides = [f"audit.{key}={yaml_value(value)}" for key, value in options.items() if value is not None]

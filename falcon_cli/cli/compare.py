@@ -20,21 +20,44 @@ run was evaluated with it, else the ITC ranking."""
 
 
 def compare(
-    run_dirs: List[Path] = typer.Argument(..., metavar="RUN_DIR", show_default=False,
-                                          help="Finished, evaluated runs: several methods, several seeds each."),
-    metric: Optional[List[str]] = typer.Option(None, "--metric", "-m", help="A number the runs' results give, e.g. "
-                                               "rerank:R@1, itc:R@1, itc:oracle_R@1, itc:t2i_R@5, vqa:accuracy, "
-                                               "nlvr2:test, audit:chain_fn_oracle; repeat for several "
-                                               "[default: rerank:R@1 where every run has it, else itc:R@1]."),
-    baseline: Optional[str] = typer.Option(None, "--baseline", "-b", help="The method every other is paired with "
-                                           "[default: the first run's]."),
-    label: Optional[List[str]] = typer.Option(None, "--label", help="NAME=GLOB: runs whose path matches GLOB "
-                                              "belong to method NAME (default: the recipe, plus the settings that "
-                                              "tell its runs apart)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Where comparison.md, comparison.csv, per_seed.csv "
-                                       "and comparison.png go [default: comparison/ beside the first run]."),
-    allow_mismatch: bool = typer.Option(False, "--allow-mismatch", help="Compare runs of other data, budgets or "
-                                        "evaluation settings anyway, each difference flagged in the report."),
+    run_dirs: List[Path] = typer.Argument(
+        ...,
+        metavar="RUN_DIR",
+        show_default=False,
+        help="Finished, evaluated runs: several methods, several seeds each.",
+    ),
+    metric: Optional[List[str]] = typer.Option(
+        None,
+        "--metric",
+        "-m",
+        help="A number the runs' results give, e.g. "
+        "rerank:R@1, itc:R@1, itc:oracle_R@1, itc:t2i_R@5, vqa:accuracy, "
+        "nlvr2:test, audit:chain_fn_oracle; repeat for several "
+        "[default: rerank:R@1 where every run has it, else itc:R@1].",
+    ),
+    baseline: Optional[str] = typer.Option(
+        None, "--baseline", "-b", help="The method every other is paired with [default: the first run's]."
+    ),
+    label: Optional[List[str]] = typer.Option(
+        None,
+        "--label",
+        help="NAME=GLOB: runs whose path matches GLOB "
+        "belong to method NAME (default: the recipe, plus the settings that "
+        "tell its runs apart).",
+    ),
+    out: Optional[Path] = typer.Option(
+        None,
+        "--out",
+        "-o",
+        help="Where comparison.md, comparison.csv, per_seed.csv "
+        "and comparison.png go [default: comparison/ beside the first run].",
+    ),
+    allow_mismatch: bool = typer.Option(
+        False,
+        "--allow-mismatch",
+        help="Compare runs of other data, budgets or "
+        "evaluation settings anyway, each difference flagged in the report.",
+    ),
     list_metrics: bool = typer.Option(False, "--list-metrics", help="Print the metrics every run has, and exit."),
 ) -> None:
     """Compare methods over paired seeds: means and differences from a baseline, with 95% intervals.
@@ -62,8 +85,10 @@ def compare(
         common = metric_names(runs)
         metrics = [next((m for m in DEFAULT_METRICS if m in common), None)]
         if metrics[0] is None:
-            raise FalconError(f"the runs share none of {', '.join(DEFAULT_METRICS)}; name one with --metric "
-                              f"(--list-metrics lists what they share)")
+            raise FalconError(
+                f"the runs share none of {', '.join(DEFAULT_METRICS)}; name one with --metric "
+                f"(--list-metrics lists what they share)"
+            )
     result = compare_runs(runs, metrics, baseline=baseline, allow_mismatch=allow_mismatch)
     target = out if out is not None else Path(run_dirs[0]).parent / "comparison"
     write_comparison(result, target)

@@ -12,8 +12,10 @@ from falcon_cli.artifacts.atomic import write_json
 from falcon_cli.errors import FalconError
 from falcon_cli.runtime.console import make_console
 
-app = typer.Typer(help="Generate the shapes world; check a dataset.\n\nExample: falcon data shapes --out data/shapes --images 300 --seed 1",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="Generate the shapes world; check a dataset.\n\nExample: falcon data shapes --out data/shapes --images 300 --seed 1",
+    no_args_is_help=True,
+)
 console = make_console()
 
 
@@ -23,10 +25,18 @@ def shapes(
     images: int = typer.Option(2000, "--images", help="Number of images (split into train/val/test)."),
     seed: int = typer.Option(0, "--seed", help="Seed: the same seed and settings give byte-identical files."),
     size: int = typer.Option(64, "--size", help="Image side in pixels."),
-    preset: Optional[str] = typer.Option(None, "--preset", help="A false-negative regime: coco-like, medium or dense (docs/shapes.md); knobs given as key=value win."),
-    preview: bool = typer.Option(False, "--preview", help="Also write preview.png, a contact sheet of images and captions."),
+    preset: Optional[str] = typer.Option(
+        None,
+        "--preset",
+        help="A false-negative regime: coco-like, medium or dense (docs/shapes.md); knobs given as key=value win.",
+    ),
+    preview: bool = typer.Option(
+        False, "--preview", help="Also write preview.png, a contact sheet of images and captions."
+    ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing world made with other settings."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="More knobs as key=value, e.g. max_objects=3 num_colors=8", show_default=False),
+    overrides: Optional[List[str]] = typer.Argument(
+        None, help="More knobs as key=value, e.g. max_objects=3 num_colors=8", show_default=False
+    ),
 ) -> None:
     """Generate the shapes world: images with exactly known captions, and the oracle that judges them.
 
@@ -51,7 +61,9 @@ def shapes(
 @app.command("index")
 def index(
     spec: Path = typer.Argument(..., help="A dataset.yaml naming pretrain_shards, or the directory holding one."),
-    on_missing: Optional[str] = typer.Option(None, "--on-missing", help="fail (default: the spec's) or skip: keys without an image or caption."),
+    on_missing: Optional[str] = typer.Option(
+        None, "--on-missing", help="fail (default: the spec's) or skip: keys without an image or caption."
+    ),
 ) -> None:
     """Index a dataset's webdataset shards once, so that pretraining can read any pair by id.
 
@@ -67,10 +79,15 @@ def index(
     if on_missing not in (None, "fail", "skip"):
         raise FalconError(f"--on-missing: expected fail or skip, got {on_missing!r}")
     built = build_index(dataset, on_missing=on_missing)
-    skipped = f", {built.incomplete_count:,} incomplete keys left out (first: {', '.join(built.incomplete)})" \
-        if built.incomplete_count else ""
-    console.print(f"[green]wrote[/] {escape(str(built.path))}: {built.table.num_rows:,} pairs in {len(built.shards):,} shards"
-                  f"{skipped}; fingerprint {built.fingerprint[:12]}")
+    skipped = (
+        f", {built.incomplete_count:,} incomplete keys left out (first: {', '.join(built.incomplete)})"
+        if built.incomplete_count
+        else ""
+    )
+    console.print(
+        f"[green]wrote[/] {escape(str(built.path))}: {built.table.num_rows:,} pairs in {len(built.shards):,} shards"
+        f"{skipped}; fingerprint {built.fingerprint[:12]}"
+    )
 
 
 @app.command("shards")
@@ -94,15 +111,19 @@ def shards(
         raise FalconError(f"{out}: already exists; give --out a new directory")
     source = load_spec(spec)
     built = convert_to_shards(source, pretrain_records(source)[0], out, samples_per_shard=samples_per_shard)
-    console.print(f"[green]wrote[/] {out}: {built.table.num_rows:,} pairs in {len(built.shards):,} shards, "
-                  f"indexed (train on it with data.dataset={escape(str(out))})")
+    console.print(
+        f"[green]wrote[/] {out}: {built.table.num_rows:,} pairs in {len(built.shards):,} shards, "
+        f"indexed (train on it with data.dataset={escape(str(out))})"
+    )
 
 
 @app.command("check")
 def check(
     spec: Path = typer.Argument(..., help="A dataset.yaml, or the directory holding one (e.g. a shapes world)."),
     images: bool = typer.Option(True, "--images/--no-images", help="Open every image once to find unreadable files."),
-    on_missing: Optional[str] = typer.Option(None, "--on-missing", help="fail (default) or skip: how missing images count."),
+    on_missing: Optional[str] = typer.Option(
+        None, "--on-missing", help="fail (default) or skip: how missing images count."
+    ),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON to this file."),
 ) -> None:
     """Check a dataset: images found, missing or unreadable, empty captions, duplicate ids, bad labels.

@@ -12,11 +12,18 @@ from falcon_cli.cli.single_stage import run_single_stage
 
 def embed(
     recipe: str = typer.Option(..., "--recipe", "-r", help="Recipe name (e.g. shapes-demo) or path to a YAML file."),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", "-o", help="Run directory (default: runs/<recipe name>)."),
-    resume: bool = typer.Option(False, "--resume", help="Keep the chunks an interrupted embed of the same job completed."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Reuse a run directory that holds a run with a different config."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides, e.g. embed.encoder=falcon:runs/demo",
-                                                    show_default=False),
+    run_dir: Optional[Path] = typer.Option(
+        None, "--run-dir", "-o", help="Run directory (default: runs/<recipe name>)."
+    ),
+    resume: bool = typer.Option(
+        False, "--resume", help="Keep the chunks an interrupted embed of the same job completed."
+    ),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Reuse a run directory that holds a run with a different config."
+    ),
+    overrides: Optional[List[str]] = typer.Argument(
+        None, help="key=value overrides, e.g. embed.encoder=falcon:runs/demo", show_default=False
+    ),
 ) -> None:
     """Embed every image-caption pair of a dataset split into embeddings/embeddings.h5.
 
@@ -28,4 +35,6 @@ def embed(
 
     Example: falcon embed --recipe shapes-demo embed.encoder=falcon:runs/demo
     """
-    run_single_stage("embed", recipe, run_dir, overrides, overwrite=overwrite, output="embeddings/embeddings.h5", resume=resume)
+    run_single_stage(
+        "embed", recipe, run_dir, overrides, overwrite=overwrite, output="embeddings/embeddings.h5", resume=resume
+    )

@@ -16,15 +16,32 @@ console = make_console()
 
 
 def finetune(
-    task: Optional[List[str]] = typer.Option(None, "--task", "-t", help="retrieval, vqa or nlvr2 (repeat for several) "
-                                             "[default: the config's finetune.tasks]."),
-    recipe: Optional[str] = typer.Option(None, "--recipe", "-r", help="Recipe name or YAML file; without it the config "
-                                         "is the one recorded in --run-dir."),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", "-o", help="Run directory (default: runs/<recipe name>)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue each task from its last checkpoint (an epoch's end, or the step a preemption stopped it at)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Train a task again over its checkpoints; with --recipe "
-                                   "also reuse a run directory that holds a run with a different config."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides, e.g. finetune.vqa.epochs=2", show_default=False),
+    task: Optional[List[str]] = typer.Option(
+        None,
+        "--task",
+        "-t",
+        help="retrieval, vqa or nlvr2 (repeat for several) [default: the config's finetune.tasks].",
+    ),
+    recipe: Optional[str] = typer.Option(
+        None, "--recipe", "-r", help="Recipe name or YAML file; without it the config is the one recorded in --run-dir."
+    ),
+    run_dir: Optional[Path] = typer.Option(
+        None, "--run-dir", "-o", help="Run directory (default: runs/<recipe name>)."
+    ),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="Continue each task from its last checkpoint (an epoch's end, or the step a preemption stopped it at).",
+    ),
+    overwrite: bool = typer.Option(
+        False,
+        "--overwrite",
+        help="Train a task again over its checkpoints; with --recipe "
+        "also reuse a run directory that holds a run with a different config.",
+    ),
+    overrides: Optional[List[str]] = typer.Argument(
+        None, help="key=value overrides, e.g. finetune.vqa.epochs=2", show_default=False
+    ),
 ) -> None:
     """Fine-tune the run's pretrained model on retrieval, VQA or NLVR2.
 
@@ -40,7 +57,9 @@ def finetune(
         run_single_stage("finetune", recipe, run_dir, settings, overwrite=overwrite, output="finetune", resume=resume)
         return
     if run_dir is None:
-        raise FalconError("give --run-dir (a pretrained run) or --recipe; e.g. falcon finetune --run-dir runs/shapes-demo --task vqa")
+        raise FalconError(
+            "give --run-dir (a pretrained run) or --recipe; e.g. falcon finetune --run-dir runs/shapes-demo --task vqa"
+        )
     config = run_config(run_dir, settings, ("finetune",))
     run_stage_in(run_dir, config, "finetune", resume=resume, overwrite=overwrite)
     console.print(f"[green]done[/]: {escape(str(run_dir))}/finetune")

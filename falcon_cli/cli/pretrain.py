@@ -12,10 +12,18 @@ from falcon_cli.cli.single_stage import run_single_stage
 
 def pretrain(
     recipe: str = typer.Option(..., "--recipe", "-r", help="Recipe name (e.g. shapes-demo) or path to a YAML file."),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", "-o", help="Run directory (default: runs/<recipe name>)."),
+    run_dir: Optional[Path] = typer.Option(
+        None, "--run-dir", "-o", help="Run directory (default: runs/<recipe name>)."
+    ),
     resume: bool = typer.Option(False, "--resume", help="Continue from the run's latest checkpoint (same config)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Reuse a run directory that holds a run with a different config, or train again over its checkpoints."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides, e.g. pretrain.epochs=3", show_default=False),
+    overwrite: bool = typer.Option(
+        False,
+        "--overwrite",
+        help="Reuse a run directory that holds a run with a different config, or train again over its checkpoints.",
+    ),
+    overrides: Optional[List[str]] = typer.Argument(
+        None, help="key=value overrides, e.g. pretrain.epochs=3", show_default=False
+    ),
 ) -> None:
     """Pretrain a model (ALBEF, BLIP-2 stage 1 or a dual encoder: the recipe's) with its batch composer.
 

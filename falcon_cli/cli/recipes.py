@@ -12,7 +12,9 @@ from rich.text import Text
 from falcon_cli.errors import FalconError
 from falcon_cli.runtime.console import make_console
 
-app = typer.Typer(help="List, show and validate recipes.\n\nExample: falcon recipes show shapes-demo", no_args_is_help=True)
+app = typer.Typer(
+    help="List, show and validate recipes.\n\nExample: falcon recipes show shapes-demo", no_args_is_help=True
+)
 console = make_console()
 
 

@@ -16,11 +16,20 @@ console = make_console()
 
 def run_recipe(
     recipe: str = typer.Option(..., "--recipe", "-r", help="Recipe name (e.g. shapes-demo) or path to a YAML file."),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", "-o", help="Run directory (default: runs/<recipe name>)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Reuse a run directory that holds a run with a different config, "
-                                   "or train again over its checkpoints."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the stages from their latest checkpoints (same config)."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides, e.g. data.shapes.images=500", show_default=False),
+    run_dir: Optional[Path] = typer.Option(
+        None, "--run-dir", "-o", help="Run directory (default: runs/<recipe name>)."
+    ),
+    overwrite: bool = typer.Option(
+        False,
+        "--overwrite",
+        help="Reuse a run directory that holds a run with a different config, or train again over its checkpoints.",
+    ),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue the stages from their latest checkpoints (same config)."
+    ),
+    overrides: Optional[List[str]] = typer.Argument(
+        None, help="key=value overrides, e.g. data.shapes.images=500", show_default=False
+    ),
 ) -> None:
     """Run a recipe: every stage it lists, in order, into one run directory.
 
@@ -36,11 +45,18 @@ def run_recipe(
     run_dir = run_dir or Path("runs") / config.name
     place_dataset(config, run_dir)
     join_processes(config, run_dir, "run", resume=resume, overwrite=overwrite)  # (torchrun: every node the same launch)
-    run = RunDirectory.open(run_dir, config=config.model_dump(mode="json"), seed=config.seed,
-                            command=["falcon", *sys.argv[1:]], overwrite=overwrite,
-                            as_current=as_current_config)
+    run = RunDirectory.open(
+        run_dir,
+        config=config.model_dump(mode="json"),
+        seed=config.seed,
+        command=["falcon", *sys.argv[1:]],
+        overwrite=overwrite,
+        as_current=as_current_config,
+    )
     if is_main_process():
-        console.print(f"[bold]falcon run[/] {escape(f'{config.name} ({path}) → {run_dir}')}  stages: {' → '.join(config.stages)}")
+        console.print(
+            f"[bold]falcon run[/] {escape(f'{config.name} ({path}) → {run_dir}')}  stages: {' → '.join(config.stages)}"
+        )
     run_stages(config, run, resume=resume, overwrite=overwrite)
     if is_main_process():
         console.print(f"[green]done[/]: {escape(str(run_dir))}/manifest.json")

@@ -12,10 +12,15 @@ from falcon_cli.cli.single_stage import run_single_stage
 
 def build_search_spaces(
     recipe: str = typer.Option(..., "--recipe", "-r", help="Recipe name (e.g. shapes-demo) or path to a YAML file."),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", "-o", help="Run directory (default: runs/<recipe name>)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Reuse a run directory that holds a run with a different config."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides, e.g. search_spaces.method=random",
-                                                    show_default=False),
+    run_dir: Optional[Path] = typer.Option(
+        None, "--run-dir", "-o", help="Run directory (default: runs/<recipe name>)."
+    ),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Reuse a run directory that holds a run with a different config."
+    ),
+    overrides: Optional[List[str]] = typer.Argument(
+        None, help="key=value overrides, e.g. search_spaces.method=random", show_default=False
+    ),
 ) -> None:
     """Group the pairs of an embeddings.h5 into search spaces of |M| (search_spaces.parquet).
 
@@ -33,4 +38,6 @@ def build_search_spaces(
 
     Example: falcon build-search-spaces --recipe shapes-warmstart   (k-means)
     """
-    run_single_stage("build_search_spaces", recipe, run_dir, overrides, overwrite=overwrite, output="search_spaces.parquet")
+    run_single_stage(
+        "build_search_spaces", recipe, run_dir, overrides, overwrite=overwrite, output="search_spaces.parquet"
+    )

@@ -17,8 +17,16 @@ from falcon_cli.runtime.console import make_console
 console = make_console()
 
 
-def run_single_stage(stage: str, recipe: str, run_dir: Path | None, overrides: list[str] | None, *, overwrite: bool,
-                     output: str, **options) -> None:
+def run_single_stage(
+    stage: str,
+    recipe: str,
+    run_dir: Path | None,
+    overrides: list[str] | None,
+    *,
+    overwrite: bool,
+    output: str,
+    **options,
+) -> None:
     """Run ``stage`` of ``recipe`` in ``run_dir`` (default ``runs/<recipe name>``), after the data stage
     when the run has not completed it; ``options`` (e.g. ``resume``) go to the stages; prints ``output``."""
     # (lazy: the config schema, the run directory, and the stages' heavy libraries; keep `falcon --help` fast)
@@ -31,11 +39,17 @@ def run_single_stage(stage: str, recipe: str, run_dir: Path | None, overrides: l
     run_dir = run_dir or Path("runs") / config.name
     place_dataset(config, run_dir)
     join_processes(config, run_dir, stage, overwrite=overwrite, **options)  # (torchrun: every node the same launch)
-    data_done = (run_dir / "manifest.json").exists() and \
-        read_manifest(run_dir).get("stages", {}).get("data", {}).get("status") == "completed"
-    run = RunDirectory.open(run_dir, config=config.model_dump(mode="json"), seed=config.seed,
-                            command=["falcon", *sys.argv[1:]], overwrite=overwrite,
-                            as_current=as_current_config)
+    data_done = (run_dir / "manifest.json").exists() and read_manifest(run_dir).get("stages", {}).get("data", {}).get(
+        "status"
+    ) == "completed"
+    run = RunDirectory.open(
+        run_dir,
+        config=config.model_dump(mode="json"),
+        seed=config.seed,
+        command=["falcon", *sys.argv[1:]],
+        overwrite=overwrite,
+        as_current=as_current_config,
+    )
     run_stages(config, run, [stage] if data_done else ["data", stage], overwrite=overwrite, **options)
     if is_main_process():
         console.print(f"[green]done[/]: {escape(f'{run_dir}/{output}')}")
@@ -52,8 +66,10 @@ def run_config(run_dir: Path, overrides: list[str], sections: tuple[str, ...]):
     for text in overrides:
         if not text.strip().startswith(tuple(f"{s}." for s in sections)):
             allowed = ", ".join(f"{s}.*" for s in sections)
-            raise FalconError(f"{text}: only {allowed} keys can change on an existing run; the rest of its config is "
-                              "what it was trained with")
+            raise FalconError(
+                f"{text}: only {allowed} keys can change on an existing run; the rest of its config is "
+                "what it was trained with"
+            )
     manifest = read_manifest(run_dir)
     source = f"{run_dir}/manifest.json"
     # Paths the run recorded are relative to the directory it ran in (older runs stored them as
@@ -71,8 +87,13 @@ def run_stage_in(run_dir: Path, config, stage: str, **options) -> None:
     from stages import join_processes, run_stages
 
     join_processes(config, run_dir, stage, **options)  # (torchrun: every node the same launch)
-    run = RunDirectory.open(run_dir, config=config.model_dump(mode="json"), seed=config.seed,
-                            command=["falcon", *sys.argv[1:]], overwrite=True)
+    run = RunDirectory.open(
+        run_dir,
+        config=config.model_dump(mode="json"),
+        seed=config.seed,
+        command=["falcon", *sys.argv[1:]],
+        overwrite=True,
+    )
     run_stages(config, run, [stage], **options)
 
 

@@ -12,10 +12,15 @@ from falcon_cli.cli.single_stage import run_single_stage
 
 def unimodal(
     recipe: str = typer.Option(..., "--recipe", "-r", help="Recipe name (e.g. shapes-demo) or path to a YAML file."),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", "-o", help="Run directory (default: runs/<recipe name>)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Reuse a run directory that holds a run with a different config."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides, e.g. unimodal.image_epochs=10",
-                                                    show_default=False),
+    run_dir: Optional[Path] = typer.Option(
+        None, "--run-dir", "-o", help="Run directory (default: runs/<recipe name>)."
+    ),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Reuse a run directory that holds a run with a different config."
+    ),
+    overrides: Optional[List[str]] = typer.Argument(
+        None, help="key=value overrides, e.g. unimodal.image_epochs=10", show_default=False
+    ),
 ) -> None:
     """Train the shapes world's DeiT and BERT analogues for pretrain.model, or reuse them.
 

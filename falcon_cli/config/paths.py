@@ -59,7 +59,7 @@ class InputPath:
             prefix = next((p for p in self.prefixes if text.startswith(p)), None)
             if prefix is None:
                 return value
-        path = Path(text[len(prefix):]).expanduser()
+        path = Path(text[len(prefix) :]).expanduser()
         if path.is_absolute() or not str(path) or (self.when == "exists" and not (base / path).exists()):
             return value
         absolute = Path(os.path.normpath(base / path))  # normpath: no symlinks resolved, '..' folded
@@ -76,7 +76,7 @@ class InputPath:
         prefix = next((p for p in self.prefixes if text.startswith(p)), None) if self.prefixes else ""
         if prefix is None:
             return None
-        path = Path(text[len(prefix):]).expanduser()
+        path = Path(text[len(prefix) :]).expanduser()
         return path if path.is_absolute() else None
 
 
@@ -101,8 +101,11 @@ def section_type(annotation: Any) -> type[BaseModel] | None:
 def _path_fields(model: type[BaseModel]) -> tuple[tuple[str, InputPath | None], ...]:
     """The fields of a config class that are input paths (with their marker) or may hold sections (marker None):
     worked out once per class, since ``falcon recipes validate`` walks every recipe."""
-    return tuple((name, _marker(field)) for name, field in model.model_fields.items()
-                 if _marker(field) is not None or section_type(field.annotation) is not None)
+    return tuple(
+        (name, _marker(field))
+        for name, field in model.model_fields.items()
+        if _marker(field) is not None or section_type(field.annotation) is not None
+    )
 
 
 @functools.cache

@@ -204,8 +204,9 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, parsed
 
 
-def apply_overrides(raw: dict[str, Any], overrides: list[str],
-                    model: type[BaseModel] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+def apply_overrides(
+    raw: dict[str, Any], overrides: list[str], model: type[BaseModel] | None = None
+) -> tuple[dict[str, Any], dict[str, str]]:
     """Set each ``key=value`` into a copy of ``raw`` (keys checked against ``model``, default :func:`recipe_schema`).
 
     Returns the new mapping and ``{key: override text}`` so errors can point at the override.
@@ -282,8 +283,9 @@ def as_current_config(stored: dict[str, Any]) -> dict[str, Any]:
     return with_missing_keys(stored, current)
 
 
-def validate_config(raw: dict[str, Any], source: str, overridden: dict[str, str] | None = None,
-                    model: type[BaseModel] | None = None) -> Any:
+def validate_config(
+    raw: dict[str, Any], source: str, overridden: dict[str, str] | None = None, model: type[BaseModel] | None = None
+) -> Any:
     """Validate a raw mapping into ``model`` (default :func:`recipe_schema`); errors name the key (or the override)
     and the problem."""
     model = model or recipe_schema()

@@ -21,15 +21,31 @@ from falcon_cli.method_weights import ITC_CONSISTENCY_WEIGHT
 from falcon_cli.models.registry import get_model_config
 from falcon_cli.runtime.loggers import LoggerName
 
-StageName = Literal["data", "unimodal", "embed", "build_search_spaces", "pretrain", "audit_false_negatives", "finetune",
-                    "evaluate"]
+StageName = Literal[
+    "data", "unimodal", "embed", "build_search_spaces", "pretrain", "audit_false_negatives", "finetune", "evaluate"
+]
 """The stages a recipe can chain, in the order they may run."""
 
-STAGE_ORDER: tuple[str, ...] = ("data", "unimodal", "embed", "build_search_spaces", "pretrain", "audit_false_negatives",
-                                "finetune", "evaluate")
+STAGE_ORDER: tuple[str, ...] = (
+    "data",
+    "unimodal",
+    "embed",
+    "build_search_spaces",
+    "pretrain",
+    "audit_false_negatives",
+    "finetune",
+    "evaluate",
+)
 
-PER_PAIR_REWARDS = ("mlm", "itg", "caption", "alignment", "positive_margin", "positive_margin+itm",
-                    "positive_margin+oracle")
+PER_PAIR_REWARDS = (
+    "mlm",
+    "itg",
+    "caption",
+    "alignment",
+    "positive_margin",
+    "positive_margin+itm",
+    "positive_margin+oracle",
+)
 """Rewards measured per pair, which a per-step ``scheduler_credit`` can hand to single q's."""
 
 TaskName = Literal["retrieval", "vqa", "nlvr2"]
@@ -83,8 +99,10 @@ class DataConfig(Section):
     @model_validator(mode="after")
     def _dataset_or_world(self) -> "DataConfig":
         if self.dataset is None and self.shapes is None:
-            raise ValueError("data.dataset is required (a dataset.yaml or the directory holding one) unless data.shapes "
-                             "generates a world, which then goes into the run directory")
+            raise ValueError(
+                "data.dataset is required (a dataset.yaml or the directory holding one) unless data.shapes "
+                "generates a world, which then goes into the run directory"
+            )
         return self
 
 
@@ -265,7 +283,8 @@ class PretrainConfig(Section):
     quantile_temperature: float = Field(1.0, gt=0)
     """Ŝ = softmax(Q / this); 1 = raw cosine sums (methods.md A-1)."""
     scheduler_features: list[Literal["softmax", "zscore", "positive", "spread"]] = Field(
-        default_factory=lambda: ["softmax"], min_length=1)
+        default_factory=lambda: ["softmax"], min_length=1
+    )
     """The scheduler's input, groups concatenated (falcon_cli/sampling/scheduler_features.py): ``softmax``
     (the paper's Ŝ, τ = quantile_temperature), ``zscore`` (the quantiles standardised per row),
     ``positive`` (where the anchor's own pair sits in its row: the share of candidates more similar than
@@ -280,8 +299,20 @@ class PretrainConfig(Section):
     """Scheduler AdamW weight decay."""
     scheduler_grad_clip: float | None = Field(None, gt=0)
     """Clip the scheduler's gradient norm (None: no clipping, as in the paper)."""
-    reward: Literal["mlm", "itg", "caption", "itc", "itc+itm", "itc+itm+mlm", "itc+itm+itg", "itc+caption", "alignment",
-                    "positive_margin", "positive_margin+itm", "positive_margin+oracle"] = "mlm"
+    reward: Literal[
+        "mlm",
+        "itg",
+        "caption",
+        "itc",
+        "itc+itm",
+        "itc+itm+mlm",
+        "itc+itm+itg",
+        "itc+caption",
+        "alignment",
+        "positive_margin",
+        "positive_margin+itm",
+        "positive_margin+oracle",
+    ] = "mlm"
     """The scheduler's reward: the decrease of this loss on the batch, before vs after the VLP update.
     ``mlm`` and ``itc+itm+mlm`` for ALBEF models, ``itg`` and ``itc+itm+itg`` for BLIP-2 (which has no MLM:
     the paper's Table 3 uses its image-grounded text generation loss), ``caption``, ``itc`` and ``itc+caption`` for
@@ -492,101 +523,157 @@ class PretrainConfig(Section):
         if self.false_negatives != "none" and self.itc != "grit":
             raise ValueError(f"false_negatives={self.false_negatives} works on the in-batch ITC; set itc: grit")
         if self.same_image == "mask" and (self.itc != "grit" or self.false_negatives not in ("none", "glofnd")):
-            raise ValueError("same_image=mask works on the in-batch ITC with false_negatives none or glofnd "
-                             f"(got itc={self.itc}, false_negatives={self.false_negatives}); MAFA, SRCL and DiHT "
-                             "handle false negatives their own way")
+            raise ValueError(
+                "same_image=mask works on the in-batch ITC with false_negatives none or glofnd "
+                f"(got itc={self.itc}, false_negatives={self.false_negatives}); MAFA, SRCL and DiHT "
+                "handle false negatives their own way"
+            )
         if self.oracle_negatives != "keep" and (self.itc != "grit" or self.false_negatives != "none"):
-            raise ValueError(f"oracle_negatives={self.oracle_negatives} works on the in-batch ITC with false_negatives none (got "
-                             f"itc={self.itc}, false_negatives={self.false_negatives}): it is the bound the "
-                             "false-negative methods are measured against, not one to combine with them")
+            raise ValueError(
+                f"oracle_negatives={self.oracle_negatives} works on the in-batch ITC with false_negatives none (got "
+                f"itc={self.itc}, false_negatives={self.false_negatives}): it is the bound the "
+                "false-negative methods are measured against, not one to combine with them"
+            )
         if self.oracle_negatives == "mask_itc" and (self.same_image == "mask" or self.composer == "falcon"):
-            raise ValueError("oracle_negatives=mask_itc keeps ITM's mining as it is, and "
-                             + ("same_image=mask would change it: set one of them (the oracle's ITC mask already holds "
-                                "every same-image pair)" if self.same_image == "mask" else
-                                "FALCON's reward would measure ITM with the pairs masked: use oracle_negatives=mask "
-                                "with composer falcon"))
+            raise ValueError(
+                "oracle_negatives=mask_itc keeps ITM's mining as it is, and "
+                + (
+                    "same_image=mask would change it: set one of them (the oracle's ITC mask already holds "
+                    "every same-image pair)"
+                    if self.same_image == "mask"
+                    else "FALCON's reward would measure ITM with the pairs masked: use oracle_negatives=mask "
+                    "with composer falcon"
+                )
+            )
         if self.quantile_scale != "linear" and self.composer in ("uniform", "grit"):
-            raise ValueError(f"quantile_scale={self.quantile_scale} changes how a drawn q picks: composer {self.composer} "
-                             "draws none; use it with composer quantile, progressive or falcon")
+            raise ValueError(
+                f"quantile_scale={self.quantile_scale} changes how a drawn q picks: composer {self.composer} "
+                "draws none; use it with composer quantile, progressive or falcon"
+            )
         if self.false_negatives == "glofnd" and self.glofnd.start_epoch >= self.epochs:
-            raise ValueError(f"glofnd.start_epoch={self.glofnd.start_epoch} is past the last epoch (epochs={self.epochs}: "
-                             f"0 to {self.epochs - 1}), so GloFND would never filter; set pretrain.glofnd.start_epoch "
-                             f"below {self.epochs} (docs/methods.md: start after the same fraction of training as the paper)")
+            raise ValueError(
+                f"glofnd.start_epoch={self.glofnd.start_epoch} is past the last epoch (epochs={self.epochs}: "
+                f"0 to {self.epochs - 1}), so GloFND would never filter; set pretrain.glofnd.start_epoch "
+                f"below {self.epochs} (docs/methods.md: start after the same fraction of training as the paper)"
+            )
         if self.mafa.low > self.mafa.high:
             raise ValueError(f"mafa.low ({self.mafa.low}) must not exceed mafa.high ({self.mafa.high})")
         if self.graph_step and self.false_negatives == "mafa":
-            raise ValueError("graph_step=true cannot capture false_negatives=mafa: MAFA asks its judge, on the host, about "
-                             "pairs mined in the middle of the step; set graph_step=false")
+            raise ValueError(
+                "graph_step=true cannot capture false_negatives=mafa: MAFA asks its judge, on the host, about "
+                "pairs mined in the middle of the step; set graph_step=false"
+            )
         if self.scheduler_overlap and self.scheduler_lag < 1:
-            raise ValueError("scheduler_overlap=true makes the scheduler's update one step late, which is a "
-                             "scheduler_lag of at least 1: set scheduler_lag=1 (or more)")
+            raise ValueError(
+                "scheduler_overlap=true makes the scheduler's update one step late, which is a "
+                "scheduler_lag of at least 1: set scheduler_lag=1 (or more)"
+            )
         if self.graph_step and self.compile:
-            raise ValueError("graph_step=true compiles the whole step, compile=true the encoders alone: set one of them")
+            raise ValueError(
+                "graph_step=true compiles the whole step, compile=true the encoders alone: set one of them"
+            )
         if self.itc_consistency_weight is None:  # the one place a method's own loss is filled in
-            self.itc_consistency_weight = (framework.consistency_weight if self.false_negatives == "none"
-                                           else ITC_CONSISTENCY_WEIGHT[self.false_negatives])
+            self.itc_consistency_weight = (
+                framework.consistency_weight
+                if self.false_negatives == "none"
+                else ITC_CONSISTENCY_WEIGHT[self.false_negatives]
+            )
         if self.reward_baseline == "batch_mean" and self.scheduler_credit == "batch":
-            raise ValueError("reward_baseline=batch_mean needs a per-step scheduler_credit (chosen, anchor or pair); "
-                             "with one reward per batch every advantage would be 0")
+            raise ValueError(
+                "reward_baseline=batch_mean needs a per-step scheduler_credit (chosen, anchor or pair); "
+                "with one reward per batch every advantage would be 0"
+            )
         if self.composer == "falcon" and self.reward not in framework.rewards:
-            raise ValueError(f"reward={self.reward}: {self.model} is a {framework.name} model, whose rewards are "
-                             f"{', '.join(framework.rewards)}" + (" (BLIP-2 has no MLM: its reward is itg)"
-                                                                  if self.reward == "mlm" else
-                                                                  " (it has no ITM head to judge a pick: positive_margin "
-                                                                  "stands in)" if self.reward.endswith("+itm") else ""))
+            raise ValueError(
+                f"reward={self.reward}: {self.model} is a {framework.name} model, whose rewards are "
+                f"{', '.join(framework.rewards)}"
+                + (
+                    " (BLIP-2 has no MLM: its reward is itg)"
+                    if self.reward == "mlm"
+                    else " (it has no ITM head to judge a pick: positive_margin stands in)"
+                    if self.reward.endswith("+itm")
+                    else ""
+                )
+            )
         per_pair = [name for name in PER_PAIR_REWARDS if name in framework.rewards]
         if self.scheduler_credit != "batch" and (self.reward not in per_pair or self.scheduler_level != "instance"):
-            raise ValueError(f"scheduler_credit={self.scheduler_credit} credits each q with one pair's reward: it needs "
-                             f"reward: {' or '.join(per_pair)} and scheduler_level: instance "
-                             f"(got {self.reward}, {self.scheduler_level})")
+            raise ValueError(
+                f"scheduler_credit={self.scheduler_credit} credits each q with one pair's reward: it needs "
+                f"reward: {' or '.join(per_pair)} and scheduler_level: instance "
+                f"(got {self.reward}, {self.scheduler_level})"
+            )
         if self.reward.startswith("positive_margin") and self.scheduler_credit not in ("chosen", "levels"):
-            raise ValueError(f"reward={self.reward} scores each pick for the anchor that chose it: it needs "
-                             f"scheduler_credit: chosen or levels (got {self.scheduler_credit})")
+            raise ValueError(
+                f"reward={self.reward} scores each pick for the anchor that chose it: it needs "
+                f"scheduler_credit: chosen or levels (got {self.scheduler_credit})"
+            )
         if self.reward_hardness == "rank" and self.reward not in ("positive_margin+itm", "positive_margin+oracle"):
-            raise ValueError(f"reward_hardness=rank pays for harder picks until a judge charges them: it needs reward: "
-                             f"positive_margin+itm or positive_margin+oracle (got {self.reward})")
+            raise ValueError(
+                f"reward_hardness=rank pays for harder picks until a judge charges them: it needs reward: "
+                f"positive_margin+itm or positive_margin+oracle (got {self.reward})"
+            )
         if self.scheduler_credit == "levels":
             if self.reward not in ("positive_margin", "positive_margin+oracle"):
-                raise ValueError(f"scheduler_credit=levels scores the pick of every level from cached features: it needs "
-                                 f"reward: positive_margin or positive_margin+oracle (got {self.reward}; the ITM head "
-                                 "would need a forward of every level's pick)")
+                raise ValueError(
+                    f"scheduler_credit=levels scores the pick of every level from cached features: it needs "
+                    f"reward: positive_margin or positive_margin+oracle (got {self.reward}; the ITM head "
+                    "would need a forward of every level's pick)"
+                )
             if self.reward_baseline != "none":
-                raise ValueError(f"scheduler_credit=levels is its own baseline (each anchor's mean over the levels): "
-                                 f"set reward_baseline: none (got {self.reward_baseline})")
+                raise ValueError(
+                    f"scheduler_credit=levels is its own baseline (each anchor's mean over the levels): "
+                    f"set reward_baseline: none (got {self.reward_baseline})"
+                )
             if self.reward == "positive_margin+oracle" and self.reward_itm_charge == "excess":
-                raise ValueError("scheduler_credit=levels with reward_itm_charge=excess: the excess is fitted over a "
-                                 "batch's picks, not a grid's; use reward_itm_charge: expected or absolute")
+                raise ValueError(
+                    "scheduler_credit=levels with reward_itm_charge=excess: the excess is fitted over a "
+                    "batch's picks, not a grid's; use reward_itm_charge: expected or absolute"
+                )
         if self.composer != "uniform" and self.search_space_size < self.batch_size:
-            raise ValueError(f"search_space_size ({self.search_space_size}) is smaller than batch_size ({self.batch_size}): "
-                             f"the {self.composer} composer builds each batch inside one search space; use a "
-                             f"search_space_size of at least {self.batch_size}")
+            raise ValueError(
+                f"search_space_size ({self.search_space_size}) is smaller than batch_size ({self.batch_size}): "
+                f"the {self.composer} composer builds each batch inside one search space; use a "
+                f"search_space_size of at least {self.batch_size}"
+            )
         if self.min_lr > self.lr or self.warmup_lr > self.lr:
             raise ValueError(f"min_lr ({self.min_lr}) and warmup_lr ({self.warmup_lr}) must not exceed lr ({self.lr})")
         if len(set(self.scheduler_features)) != len(self.scheduler_features):
             raise ValueError(f"scheduler_features lists a group twice: {self.scheduler_features}")
         if self.preload_images and self.augment != "test":
-            raise ValueError("preload_images=true transforms each image once, so it needs the fixed transform: set "
-                             "augment: test (or preload_images: false for ALBEF's random augmentation)")
+            raise ValueError(
+                "preload_images=true transforms each image once, so it needs the fixed transform: set "
+                "augment: test (or preload_images: false for ALBEF's random augmentation)"
+            )
         if self.init is not None and (self.vision_weights or self.text_weights):
             raise ValueError("init loads every weight; leave vision_weights and text_weights unset with it")
         if not framework.frozen_image_encoder and self.vision_trainable_epochs:
-            raise ValueError(f"vision_trainable_epochs={self.vision_trainable_epochs}: a BLIP-2 setting (its frozen image "
-                             f"encoder); {self.model} trains its image encoder throughout")
+            raise ValueError(
+                f"vision_trainable_epochs={self.vision_trainable_epochs}: a BLIP-2 setting (its frozen image "
+                f"encoder); {self.model} trains its image encoder throughout"
+            )
         for key, allowed in framework.fixed_settings:
             if getattr(self, key) != allowed:
-                raise ValueError(f"{key}={getattr(self, key)}: not available for {framework.title} models ({self.model}); "
-                                 f"leave {key} at {allowed}")
+                raise ValueError(
+                    f"{key}={getattr(self, key)}: not available for {framework.title} models ({self.model}); "
+                    f"leave {key} at {allowed}"
+                )
         if "unimodal" in (self.vision_weights, self.text_weights) and not framework.unimodal_init:
-            raise ValueError(f"unimodal weights: the unimodal stage trains ALBEF's encoders (a ViT and a BERT); "
-                             f"{self.model} is a {framework.title} model")
+            raise ValueError(
+                f"unimodal weights: the unimodal stage trains ALBEF's encoders (a ViT and a BERT); "
+                f"{self.model} is a {framework.title} model"
+            )
         if framework.weight_fields["text"] is None and self.text_weights is not None:
-            raise ValueError(f"text_weights={self.text_weights}: a {framework.title} ({self.model}) loads the whole "
-                             "open_clip model from vision_weights (a pretrained tag or a file); leave text_weights unset")
+            raise ValueError(
+                f"text_weights={self.text_weights}: a {framework.title} ({self.model}) loads the whole "
+                "open_clip model from vision_weights (a pretrained tag or a file); leave text_weights unset"
+            )
         if "caption" in framework.losses:
             uses_caption = self.caption_weight > 0 or (self.composer == "falcon" and "caption" in self.reward)
             if uses_caption and not get_model_config(self.model).has_decoder:
-                raise ValueError(f"{self.model} has no captioning decoder (decoder_layers: 0): set caption_weight: 0 "
-                                 "and a reward without caption (itc, alignment), or use a model config with a decoder")
+                raise ValueError(
+                    f"{self.model} has no captioning decoder (decoder_layers: 0): set caption_weight: 0 "
+                    "and a reward without caption (itc, alignment), or use a model config with a decoder"
+                )
         return self
 
     def _framework(self):
@@ -732,7 +819,19 @@ class AuditConfig(Section):
     step_windows: int = Field(4, ge=1)
     """Equal ranges of audited training steps for the false-negative rate table."""
 
-    filter_thresholds: list[Annotated[float, Field(ge=0, le=1)]] = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99]
+    filter_thresholds: list[Annotated[float, Field(ge=0, le=1)]] = [
+        0.1,
+        0.2,
+        0.3,
+        0.4,
+        0.5,
+        0.6,
+        0.7,
+        0.8,
+        0.9,
+        0.95,
+        0.99,
+    ]
     """Thresholds τ of the filter curve: negatives with judge score > τ are dropped, and the
     false-negative ratio of the rest is measured (by the oracle where there is one)."""
 
@@ -797,8 +896,10 @@ class RetrievalFinetuneConfig(TaskTraining):
     @model_validator(mode="after")
     def _queue_holds_whole_batches(self) -> "RetrievalFinetuneConfig":
         if self.queue_size % self.batch_size:
-            raise ValueError(f"queue_size {self.queue_size} is not a multiple of batch_size {self.batch_size} "
-                             "(the queue takes whole global batches)")
+            raise ValueError(
+                f"queue_size {self.queue_size} is not a multiple of batch_size {self.batch_size} "
+                "(the queue takes whole global batches)"
+            )
         return self
 
 

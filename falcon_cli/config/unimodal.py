@@ -19,16 +19,20 @@ def unimodal_model_config(config: Recipe, tokenizer_length: int) -> AlbefConfig:
     tokenizer's vocabulary, as pretraining builds it (no weight sources)."""
     p = config.pretrain
     framework = model_framework(p.model)
-    return resolve_model_config(p.model, **model_overrides(framework, tokenizer_length, vision_weights=None,
-                                                           text_weights=None, image_size=p.image_size))
+    return resolve_model_config(
+        p.model,
+        **model_overrides(framework, tokenizer_length, vision_weights=None, text_weights=None, image_size=p.image_size),
+    )
 
 
 def world_config(dataset: Path) -> dict:
     """The shapes world's config from its ``world.json`` (the unimodal tasks need the world's scenes)."""
     path = Path(dataset) / "world.json"
     if not path.is_file():
-        raise FalconError(f"unimodal: {dataset} is not a shapes world (no world.json); the unimodal stage learns the "
-                          "world's scene attributes, so it needs data.shapes or a generated world as data.dataset")
+        raise FalconError(
+            f"unimodal: {dataset} is not a shapes world (no world.json); the unimodal stage learns the "
+            "world's scene attributes, so it needs data.shapes or a generated world as data.dataset"
+        )
     return json.loads(path.read_text(encoding="utf-8"))["config"]
 
 
@@ -42,7 +46,11 @@ def unimodal_weights(config: Recipe, vocabulary: dict[str, int]) -> UnimodalWeig
     u = config.unimodal
     settings = u.model_dump(mode="json", exclude={"cache_dir", "device", "seed"})
     settings["max_text_length"] = config.pretrain.max_text_length  # captions are cut where pretraining cuts them
-    return UnimodalWeights.for_run(u.cache_dir or Path(config.data.dataset) / CACHE_DIR,
-                                   world=world_config(config.data.dataset),
-                                   model=unimodal_model_config(config, len(vocabulary)), vocabulary=vocabulary,
-                                   settings=settings, seed=unimodal_seed(config))
+    return UnimodalWeights.for_run(
+        u.cache_dir or Path(config.data.dataset) / CACHE_DIR,
+        world=world_config(config.data.dataset),
+        model=unimodal_model_config(config, len(vocabulary)),
+        vocabulary=vocabulary,
+        settings=settings,
+        seed=unimodal_seed(config),
+    )

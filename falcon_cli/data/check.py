@@ -121,8 +121,18 @@ class DatasetReport:
 
         # Compact headers: the table must fit an 80-column terminal and a CI log.
         table = Table(title=escape(f"dataset {self.name} ({self.spec})"), box=None, header_style="bold", pad_edge=False)
-        for column in ("source", "file", "entries", "images", "missing", "unread.", "empty cap.",
-                       "bad label", "dup.", "malf."):
+        for column in (
+            "source",
+            "file",
+            "entries",
+            "images",
+            "missing",
+            "unread.",
+            "empty cap.",
+            "bad label",
+            "dup.",
+            "malf.",
+        ):
             table.add_column(column, justify="left" if column in ("source", "file") else "right")
         for s in self.sources:
             if s.error is not None:
@@ -130,9 +140,16 @@ class DatasetReport:
                 continue
             unreadable = "-" if s.images_unreadable is None else f"{s.images_unreadable:,}"
             table.add_row(
-                escape(s.label), escape(Path(s.path).name), f"{s.entries:,}", f"{s.images:,}",
-                _flag(s.images_missing), _flag(s.images_unreadable or 0, unreadable),
-                _flag(s.empty_captions), _flag(s.bad_labels), _flag(s.duplicates, warn=True), _flag(s.malformed),
+                escape(s.label),
+                escape(Path(s.path).name),
+                f"{s.entries:,}",
+                f"{s.images:,}",
+                _flag(s.images_missing),
+                _flag(s.images_unreadable or 0, unreadable),
+                _flag(s.empty_captions),
+                _flag(s.bad_labels),
+                _flag(s.duplicates, warn=True),
+                _flag(s.malformed),
             )
         console.print(table)
         for line in self.problems:
@@ -330,8 +347,10 @@ def _check_shards(spec: DatasetSpec, verify: bool) -> SourceReport:
         return report
     report.entries = index.keys
     if index.incomplete_count:
-        line = (f"{index.path}: {index.incomplete_count:,} of {index.keys:,} keys have no image or caption "
-                f"(first: {', '.join(index.incomplete)})")
+        line = (
+            f"{index.path}: {index.incomplete_count:,} of {index.keys:,} keys have no image or caption "
+            f"(first: {', '.join(index.incomplete)})"
+        )
         if spec.on_missing == "skip":
             report.warnings.append(f"{line}; on_missing=skip leaves them out")
         else:
@@ -346,10 +365,14 @@ def _check_shards(spec: DatasetSpec, verify: bool) -> SourceReport:
     report.images_found = len(images) - len(missing) - len(unreadable)
     report.first_missing, report.first_unreadable = missing[:SHOWN_PATHS], unreadable[:SHOWN_PATHS]
     if missing:
-        report.problems.append(f"{index.path}: {len(missing):,} images lie past the end of their shard (first: "
-                               f"{', '.join(report.first_missing)}); the shards are truncated: re-download them "
-                               f"and run `falcon data index {spec.base_dir}`")
+        report.problems.append(
+            f"{index.path}: {len(missing):,} images lie past the end of their shard (first: "
+            f"{', '.join(report.first_missing)}); the shards are truncated: re-download them "
+            f"and run `falcon data index {spec.base_dir}`"
+        )
     if unreadable:
-        report.problems.append(f"{index.path}: {len(unreadable):,} of {len(images):,} images cannot be decoded "
-                               f"(first: {', '.join(report.first_unreadable)}); re-download or remove them")
+        report.problems.append(
+            f"{index.path}: {len(unreadable):,} of {len(images):,} images cannot be decoded "
+            f"(first: {', '.join(report.first_unreadable)}); re-download or remove them"
+        )
     return report

@@ -46,7 +46,7 @@ class CaptionTokens:
         width = self.max_length if self.fixed_length else int(lengths.max())
         input_ids = np.full((len(rows), width), self.tokenizer.pad_token_id, dtype=np.int64)
         for i, row in enumerate(rows):
-            input_ids[i, :len(row)] = row
+            input_ids[i, : len(row)] = row
         attention_mask = (np.arange(input_ids.shape[1])[None, :] < lengths[:, None]).astype(np.int64)
         return torch.from_numpy(input_ids), torch.from_numpy(attention_mask)
 
@@ -84,9 +84,12 @@ class RetrievalCollate(TextCollate):
 
     def __call__(self, items: Sequence[dict]) -> dict[str, torch.Tensor]:
         input_ids, attention_mask = tokenize(self.tokenizer, [item["caption"] for item in items], self.max_length)
-        return {"images": torch.stack([item["image"] for item in items]), "input_ids": input_ids,
-                "attention_mask": attention_mask,
-                "image_idx": torch.tensor([item["image_idx"] for item in items], dtype=torch.long)}
+        return {
+            "images": torch.stack([item["image"] for item in items]),
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "image_idx": torch.tensor([item["image_idx"] for item in items], dtype=torch.long),
+        }
 
 
 class VqaCollate(TextCollate):
@@ -101,7 +104,9 @@ class VqaCollate(TextCollate):
         batch = vqa_collate(items)
         batch["question_ids"], batch["question_mask"] = tokenize(self.tokenizer, batch["question"], self.max_length)
         if "answers" in batch:
-            batch["answer_ids"], batch["answer_mask"] = tokenize(self.tokenizer, batch["answers"], self.max_answer_length)
+            batch["answer_ids"], batch["answer_mask"] = tokenize(
+                self.tokenizer, batch["answers"], self.max_answer_length
+            )
             batch["n"] = torch.tensor(batch["n"], dtype=torch.long)
         return batch
 
@@ -111,8 +116,11 @@ class Nlvr2Collate(TextCollate):
 
     def __call__(self, items: Sequence[dict]) -> dict[str, torch.Tensor]:
         input_ids, attention_mask = tokenize(self.tokenizer, [item["sentence"] for item in items], self.max_length)
-        return {"images0": torch.stack([item["image0"] for item in items]),
-                "images1": torch.stack([item["image1"] for item in items]),
-                "input_ids": input_ids, "attention_mask": attention_mask,
-                "labels": torch.tensor([item["label"] for item in items], dtype=torch.long),
-                "index": torch.tensor([item["index"] for item in items], dtype=torch.long)}
+        return {
+            "images0": torch.stack([item["image0"] for item in items]),
+            "images1": torch.stack([item["image1"] for item in items]),
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "labels": torch.tensor([item["label"] for item in items], dtype=torch.long),
+            "index": torch.tensor([item["index"] for item in items], dtype=torch.long),
+        }

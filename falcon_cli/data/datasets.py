@@ -98,8 +98,13 @@ def pretrain_retrieval_dataset(
         if with_ids:
             entry.update(image_id=pairs[0].extra["image_id"], caption_ids=[r.extra["caption_id"] for r in pairs])
         entries.append(entry)
-    source = LoadedSource(path=Path(reports[0].source), indices=list(range(len(entries))), entries=entries,
-                          images=[[by_image[image][0].image] for image in images], report=reports[0])
+    source = LoadedSource(
+        path=Path(reports[0].source),
+        indices=list(range(len(entries))),
+        entries=entries,
+        images=[[by_image[image][0].image] for image in images],
+        report=reports[0],
+    )
     dataset = RetrievalEvalDataset(source, transform, max_words=max_words)
     dataset.load_reports = list(reports)
     return dataset

@@ -109,8 +109,10 @@ class ShardImage:
         except FileNotFoundError:
             raise FalconError(f"{self.shard}: shard not found (it was present when the dataset was loaded)") from None
         if len(data) != self.size:
-            raise FalconError(f"{self}: the shard ends before the image does ({len(data):,} of {self.size:,} bytes); "
-                              f"the shard is truncated: re-download it and rebuild the index (falcon data index)")
+            raise FalconError(
+                f"{self}: the shard ends before the image does ({len(data):,} of {self.size:,} bytes); "
+                f"the shard is truncated: re-download it and rebuild the index (falcon data index)"
+            )
         return data
 
 
@@ -184,7 +186,7 @@ def _probe_all(paths: list[Path], verify: bool, workers: int, chunk: int = 2048)
         return
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for start in range(0, len(paths), chunk):
-            yield from pool.map(lambda p: probe_image(p, verify), paths[start:start + chunk])
+            yield from pool.map(lambda p: probe_image(p, verify), paths[start : start + chunk])
 
 
 def scan_images(

@@ -56,7 +56,5 @@ def read_json_list(path: str | Path, *, what: str = "entries") -> list:
     """Parse a JSON file whose top level must be a list; ``what`` names the items in errors."""
     data = read_json(path)
     if not isinstance(data, list):
-        raise FalconError(
-            f"{Path(path)}: top level must be a JSON list of {what}, got {json_type_name(data)}"
-        )
+        raise FalconError(f"{Path(path)}: top level must be a JSON list of {what}, got {json_type_name(data)}")
     return data

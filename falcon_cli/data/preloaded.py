@@ -42,13 +42,24 @@ class PreloadedImages:
         num_workers: decoding processes (as the training loader's).
     """
 
-    def __init__(self, records: Sequence, transform: Callable, device: torch.device, *, num_workers: int = 0,
-                 batch_size: int = 256):
+    def __init__(
+        self,
+        records: Sequence,
+        transform: Callable,
+        device: torch.device,
+        *,
+        num_workers: int = 0,
+        batch_size: int = 256,
+    ):
         paths: dict = {}
         rows = [paths.setdefault(r.image, len(paths)) for r in records]
         # Its own generator: a loader that drew from the global RNG would shift the run's dropout.
-        loader = DataLoader(_DistinctImages(list(paths), transform), batch_size=batch_size, num_workers=num_workers,
-                            generator=torch.Generator().manual_seed(0))
+        loader = DataLoader(
+            _DistinctImages(list(paths), transform),
+            batch_size=batch_size,
+            num_workers=num_workers,
+            generator=torch.Generator().manual_seed(0),
+        )
         chunks = [chunk.to(device) for chunk in track(loader, "preloading images", total=len(loader))]
         self.pixels = torch.cat(chunks) if chunks else torch.empty(0, 3, 1, 1, device=device)
         pair_ids = torch.tensor([r.pair_id for r in records], dtype=torch.long)

@@ -192,13 +192,20 @@ class SplitIds:
 
     def counts(self) -> dict:
         """``{"source", "images_matched", "images", "captions_matched", "captions"}`` for result metadata."""
-        return {"source": self.source, "images_matched": self.images_matched, "images": len(self.image_ids),
-                "captions_matched": self.captions_matched, "captions": len(self.caption_ids)}
+        return {
+            "source": self.source,
+            "images_matched": self.images_matched,
+            "images": len(self.image_ids),
+            "captions_matched": self.captions_matched,
+            "captions": len(self.caption_ids),
+        }
 
     def summary(self) -> str:
         """``"4,998 of 5,000 images and 24,990 of 25,010 captions"``."""
-        return (f"{self.images_matched:,} of {len(self.image_ids):,} images and {self.captions_matched:,} of "
-                f"{len(self.caption_ids):,} captions")
+        return (
+            f"{self.images_matched:,} of {len(self.image_ids):,} images and {self.captions_matched:,} of "
+            f"{len(self.caption_ids):,} captions"
+        )
 
 
 def ids_from_entries(records: list[dict]) -> SplitIds | None:
@@ -209,8 +216,10 @@ def ids_from_entries(records: list[dict]) -> SplitIds | None:
     for n, rec in enumerate(records):
         captions = _entry_captions(rec)
         if not isinstance(rec["caption_ids"], list) or len(rec["caption_ids"]) != len(captions):
-            raise FalconError(f"entry {n} (image {rec.get('image')}): caption_ids must list one id per caption "
-                              f"({len(captions)}), got {rec['caption_ids']!r}; fix the split file")
+            raise FalconError(
+                f"entry {n} (image {rec.get('image')}): caption_ids must list one id per caption "
+                f"({len(captions)}), got {rec['caption_ids']!r}; fix the split file"
+            )
         image_ids.append(int(rec["image_id"]))
         caption_ids.extend(int(c) for c in rec["caption_ids"])
     return SplitIds(image_ids, caption_ids, "entries")
@@ -221,26 +230,41 @@ def _coco_captions_tables(path: Path) -> tuple[dict[str, int], dict[int, dict[st
     (file order)."""
     hint = f"expected {_COCO_CAPTIONS}"
     data = read_json(path)
-    if not isinstance(data, dict) or not isinstance(data.get("images"), list) \
-            or not isinstance(data.get("annotations"), list):
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("images"), list)
+        or not isinstance(data.get("annotations"), list)
+    ):
         got = f"keys {sorted(data)}"[:80] if isinstance(data, dict) else json_type_name(data)
         raise FalconError(f"{path}: needs an object with `images` and `annotations` lists, got {got}; {hint}")
     by_name: dict[str, int] = {}
     for n, image in enumerate(data["images"]):
-        if not isinstance(image, dict) or not isinstance(image.get("id"), int) \
-                or not isinstance(image.get("file_name"), str):
-            raise FalconError(f"{path}: images[{n}] needs an integer `id` and a string `file_name`, "
-                              f"got {image!r:.80}; {hint}")
+        if (
+            not isinstance(image, dict)
+            or not isinstance(image.get("id"), int)
+            or not isinstance(image.get("file_name"), str)
+        ):
+            raise FalconError(
+                f"{path}: images[{n}] needs an integer `id` and a string `file_name`, got {image!r:.80}; {hint}"
+            )
         name = Path(image["file_name"]).name
         if by_name.setdefault(name, image["id"]) != image["id"]:
-            raise FalconError(f"{path}: images[{n}]: file name {name} is listed under two ids "
-                              f"({by_name[name]} and {image['id']}); {hint}")
+            raise FalconError(
+                f"{path}: images[{n}]: file name {name} is listed under two ids "
+                f"({by_name[name]} and {image['id']}); {hint}"
+            )
     captions: dict[int, dict[str, list[int]]] = {}
     for n, ann in enumerate(data["annotations"]):
-        if not isinstance(ann, dict) or not isinstance(ann.get("id"), int) or not isinstance(ann.get("image_id"), int) \
-                or not isinstance(ann.get("caption"), str):
-            raise FalconError(f"{path}: annotations[{n}] needs integer `id` and `image_id` and a string `caption`, "
-                              f"got {ann!r:.80}; {hint}")
+        if (
+            not isinstance(ann, dict)
+            or not isinstance(ann.get("id"), int)
+            or not isinstance(ann.get("image_id"), int)
+            or not isinstance(ann.get("caption"), str)
+        ):
+            raise FalconError(
+                f"{path}: annotations[{n}] needs integer `id` and `image_id` and a string `caption`, "
+                f"got {ann!r:.80}; {hint}"
+            )
         captions.setdefault(ann["image_id"], {}).setdefault(caption_match_key(ann["caption"]), []).append(ann["id"])
     return by_name, captions
 
@@ -270,8 +294,11 @@ def ids_from_coco_captions(records: list[dict], captions_file: str | Path) -> Sp
             ids = unused.get(caption_match_key(caption))
             caption_ids.append(ids.pop(0) if ids else None)
             if caption_ids[-1] is None and first_unmatched is None:
-                first_unmatched = (f"image {rec['image']} (not in the file)" if image_id is None
-                                   else f"caption {caption!r} of {rec['image']}")
+                first_unmatched = (
+                    f"image {rec['image']} (not in the file)"
+                    if image_id is None
+                    else f"caption {caption!r} of {rec['image']}"
+                )
     return SplitIds(image_ids, caption_ids, str(path), first_unmatched)
 
 

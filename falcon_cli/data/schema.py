@@ -181,7 +181,7 @@ class EntryFormat:
         for i, entry in enumerate(entries):
             found = self.entry_issues(entry, i)
             if found:
-                more = sum(len(self.entry_issues(e, j)) for j, e in enumerate(entries[i + 1:], start=i + 1))
+                more = sum(len(self.entry_issues(e, j)) for j, e in enumerate(entries[i + 1 :], start=i + 1))
                 more += len(found) - 1
                 tail = f" ({more:,} more problems in this file; `falcon data check` lists them)" if more else ""
                 raise FalconError(f"{Path(path)}: {found[0].describe()}; fix or remove the entry{tail}")

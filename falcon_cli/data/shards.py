@@ -47,10 +47,18 @@ IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "tif", "tiff")
 META_KEY = b"falcon.shards"
 SHOWN_KEYS = 3
 
-INDEX_SCHEMA = pa.schema([
-    ("pair_id", pa.int64()), ("shard", pa.int32()), ("key", pa.string()), ("image", pa.string()),
-    ("offset", pa.int64()), ("size", pa.int64()), ("captions", pa.list_(pa.string())), ("extra", pa.string()),
-])
+INDEX_SCHEMA = pa.schema(
+    [
+        ("pair_id", pa.int64()),
+        ("shard", pa.int32()),
+        ("key", pa.string()),
+        ("image", pa.string()),
+        ("offset", pa.int64()),
+        ("size", pa.int64()),
+        ("captions", pa.list_(pa.string())),
+        ("extra", pa.string()),
+    ]
+)
 
 
 def expand_braces(pattern: str) -> list[str]:
@@ -60,7 +68,7 @@ def expand_braces(pattern: str) -> list[str]:
     match = re.search(r"\{([^{}]*)\}", pattern)
     if match is None:
         return [pattern]
-    body, head, tail = match.group(1), pattern[:match.start()], pattern[match.end():]
+    body, head, tail = match.group(1), pattern[: match.start()], pattern[match.end() :]
     numeric = re.fullmatch(r"(\d+)\.\.(\d+)", body)
     if numeric:
         first, last = numeric.groups()
@@ -133,12 +141,17 @@ def _scan_shard(path: Path) -> dict[str, _Sample]:
                     continue
                 key, ext = split_key(member.name)
                 if member.offset_data + member.size > file_size:
-                    raise FalconError(f"{path}: truncated at key {key} (member {member.name} needs bytes up to "
-                                      f"{member.offset_data + member.size:,}, the file has {file_size:,}); "
-                                      f"re-download the shard or remove it from pretrain_shards")
+                    raise FalconError(
+                        f"{path}: truncated at key {key} (member {member.name} needs bytes up to "
+                        f"{member.offset_data + member.size:,}, the file has {file_size:,}); "
+                        f"re-download the shard or remove it from pretrain_shards"
+                    )
                 sample = samples.setdefault(key, _Sample())
                 if ext in IMAGE_EXTENSIONS and IMAGE_EXTENSIONS.index(ext) < sample.image_rank:
-                    sample.image, sample.image_rank = (member.name, member.offset_data, member.size), IMAGE_EXTENSIONS.index(ext)
+                    sample.image, sample.image_rank = (
+                        (member.name, member.offset_data, member.size),
+                        IMAGE_EXTENSIONS.index(ext),
+                    )
                 elif ext in ("txt", "json"):
                     text = tar.extractfile(member).read().decode("utf-8", errors="replace")  # type: ignore[union-attr]
                     if ext == "txt":
@@ -147,14 +160,18 @@ def _scan_shard(path: Path) -> dict[str, _Sample]:
                         try:
                             meta = json.loads(text)
                         except json.JSONDecodeError as exc:
-                            raise FalconError(f"{path}: key {key}: {member.name} is not valid JSON ({exc.msg}); "
-                                              f"fix or remove the sample") from None
+                            raise FalconError(
+                                f"{path}: key {key}: {member.name} is not valid JSON ({exc.msg}); "
+                                f"fix or remove the sample"
+                            ) from None
                         if isinstance(meta, dict):
                             caption = meta.pop("caption", meta.pop("captions", None))
                             sample.json_captions, sample.extra = _captions_of(caption), meta
     except tarfile.TarError as exc:
-        raise FalconError(f"{path}: not a readable tar shard ({exc}); it is truncated or damaged: "
-                          f"re-download it or remove it from pretrain_shards") from None
+        raise FalconError(
+            f"{path}: not a readable tar shard ({exc}); it is truncated or damaged: "
+            f"re-download it or remove it from pretrain_shards"
+        ) from None
     return samples
 
 
@@ -202,27 +219,46 @@ def build_index(spec, *, on_missing: str | None = None) -> ShardIndex:
     for number, path in enumerate(track(paths, "indexing shards", total=len(paths))):
         for key, sample in _scan_shard(path).items():
             if sample.image is None or sample.captions is None:
-                what = "no image (" + "/".join(IMAGE_EXTENSIONS[:3]) + "...)" if sample.image is None else \
-                    "no caption (.txt, or .json with 'caption')"
+                what = (
+                    "no image (" + "/".join(IMAGE_EXTENSIONS[:3]) + "...)"
+                    if sample.image is None
+                    else "no caption (.txt, or .json with 'caption')"
+                )
                 if policy != "skip":
-                    raise FalconError(f"{path}: key {key} has {what}; fix or remove the sample, "
-                                      f"or set on_missing: skip in dataset.yaml to leave such keys out")
+                    raise FalconError(
+                        f"{path}: key {key} has {what}; fix or remove the sample, "
+                        f"or set on_missing: skip in dataset.yaml to leave such keys out"
+                    )
                 incomplete_count += 1
                 if len(incomplete) < SHOWN_KEYS:
                     incomplete.append(f"{path.name}:{key}")
             else:
                 member, offset, size = sample.image
-                for name, value in (("pair_id", pair_id), ("shard", number), ("key", key), ("image", member),
-                                    ("offset", offset), ("size", size), ("captions", sample.captions),
-                                    ("extra", json.dumps(sample.extra, ensure_ascii=False, sort_keys=True))):
+                for name, value in (
+                    ("pair_id", pair_id),
+                    ("shard", number),
+                    ("key", key),
+                    ("image", member),
+                    ("offset", offset),
+                    ("size", size),
+                    ("captions", sample.captions),
+                    ("extra", json.dumps(sample.extra, ensure_ascii=False, sort_keys=True)),
+                ):
                     columns[name].append(value)
             pair_id += 1
         shards.append({"path": Path(os.path.relpath(path, spec.base_dir)).as_posix(), "size": path.stat().st_size})
     table = pa.table(columns, schema=INDEX_SCHEMA)
-    index = ShardIndex(index_path(spec), table, shards, pair_id, incomplete, incomplete_count,
-                       _fingerprint(table, shards))
-    meta = {"version": INDEX_VERSION, "shards": shards, "keys": pair_id, "incomplete": incomplete,
-            "incomplete_count": incomplete_count, "fingerprint": index.fingerprint}
+    index = ShardIndex(
+        index_path(spec), table, shards, pair_id, incomplete, incomplete_count, _fingerprint(table, shards)
+    )
+    meta = {
+        "version": INDEX_VERSION,
+        "shards": shards,
+        "keys": pair_id,
+        "incomplete": incomplete,
+        "incomplete_count": incomplete_count,
+        "fingerprint": index.fingerprint,
+    }
     with atomic_path(index.path) as tmp:
         pq.write_table(table.replace_schema_metadata({META_KEY: json.dumps(meta).encode()}), tmp, compression="zstd")
     return index
@@ -240,13 +276,16 @@ def load_index(spec) -> ShardIndex:
     except (pa.ArrowInvalid, OSError, KeyError, ValueError) as exc:
         raise FalconError(f"{path}: not a falcon shard index ({type(exc).__name__}); {rebuild}") from None
     if meta.get("version") != INDEX_VERSION:
-        raise FalconError(f"{path}: index format version {meta.get('version')}, this falcon reads {INDEX_VERSION}; "
-                          f"{rebuild}")
+        raise FalconError(
+            f"{path}: index format version {meta.get('version')}, this falcon reads {INDEX_VERSION}; {rebuild}"
+        )
     named = [Path(os.path.relpath(p, spec.base_dir)).as_posix() for p in shard_paths(spec)]
     indexed = [s["path"] for s in meta["shards"]]
     if named != indexed:
-        first = next((f"{a} vs {b}" for a, b in zip(named, indexed) if a != b),
-                     f"{len(named)} shards named, {len(indexed)} indexed")
+        first = next(
+            (f"{a} vs {b}" for a, b in zip(named, indexed) if a != b),
+            f"{len(named)} shards named, {len(indexed)} indexed",
+        )
         raise FalconError(f"{path}: no longer matches pretrain_shards in dataset.yaml ({first}); {rebuild}")
     for shard in meta["shards"]:
         file = spec.base_dir / shard["path"]
@@ -255,8 +294,9 @@ def load_index(spec) -> ShardIndex:
             now = "is missing" if size is None else f"has {size:,} bytes, the index says {shard['size']:,}"
             raise FalconError(f"{file}: shard {now}: the index no longer matches its shards; {rebuild}")
     table = table.select(INDEX_SCHEMA.names).cast(INDEX_SCHEMA)
-    return ShardIndex(path, table, meta["shards"], meta["keys"], meta["incomplete"], meta["incomplete_count"],
-                      meta["fingerprint"])
+    return ShardIndex(
+        path, table, meta["shards"], meta["keys"], meta["incomplete"], meta["incomplete_count"], meta["fingerprint"]
+    )
 
 
 def shard_records(spec, on_missing: str | None = None, index: ShardIndex | None = None):
@@ -266,18 +306,32 @@ def shard_records(spec, on_missing: str | None = None, index: ShardIndex | None 
     policy = on_missing if on_missing is not None else spec.on_missing
     index = index if index is not None else load_index(spec)
     if index.incomplete_count and policy != "skip":
-        raise FalconError(f"{index.path}: {index.incomplete_count:,} keys have no image or caption (first: "
-                          f"{', '.join(index.incomplete)}); fix the shards and re-index, or set on_missing: skip")
+        raise FalconError(
+            f"{index.path}: {index.incomplete_count:,} keys have no image or caption (first: "
+            f"{', '.join(index.incomplete)}); fix the shards and re-index, or set on_missing: skip"
+        )
     files = [spec.base_dir / s["path"] for s in index.shards]
     t = index.table
     records = [
-        PretrainRecord(pair_id=pair_id, image=ShardImage(files[shard], member, offset, size), captions=tuple(captions),
-                       extra=json.loads(extra) if extra != "{}" else {})
+        PretrainRecord(
+            pair_id=pair_id,
+            image=ShardImage(files[shard], member, offset, size),
+            captions=tuple(captions),
+            extra=json.loads(extra) if extra != "{}" else {},
+        )
         for pair_id, shard, member, offset, size, captions, extra in zip(
-            *(t.column(c).to_pylist() for c in ("pair_id", "shard", "image", "offset", "size", "captions", "extra")))
+            *(t.column(c).to_pylist() for c in ("pair_id", "shard", "image", "offset", "size", "captions", "extra"))
+        )
     ]
-    report = LoadReport(source=str(index.path), entries=index.keys, kept=len(records), images=len(records),
-                        missing_images=index.incomplete_count, on_missing=policy, first_missing=list(index.incomplete))
+    report = LoadReport(
+        source=str(index.path),
+        entries=index.keys,
+        kept=len(records),
+        images=len(records),
+        missing_images=index.incomplete_count,
+        on_missing=policy,
+        first_missing=list(index.incomplete),
+    )
     return records, [report]
 
 
@@ -291,13 +345,18 @@ def write_shards(records: Iterable, out: Path, *, samples_per_shard: int = 1000,
     for start in range(0, len(records), samples_per_shard):
         path = out / f"{prefix}{start // samples_per_shard:05d}.tar"
         with atomic_path(path) as tmp, tarfile.open(tmp, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-            for record in records[start:start + samples_per_shard]:
+            for record in records[start : start + samples_per_shard]:
                 key = f"{record.pair_id:09d}"
                 ext = Path(os.fspath(record.image)).suffix.lower().lstrip(".") or "jpg"
-                meta = {**record.extra, "caption": list(record.captions) if len(record.captions) > 1 else record.captions[0]}
-                for name, data in ((f"{key}.{ext}", record.image.read_bytes()),
-                                   (f"{key}.txt", record.captions[0].encode()),
-                                   (f"{key}.json", json.dumps(meta, ensure_ascii=False, sort_keys=True).encode())):
+                meta = {
+                    **record.extra,
+                    "caption": list(record.captions) if len(record.captions) > 1 else record.captions[0],
+                }
+                for name, data in (
+                    (f"{key}.{ext}", record.image.read_bytes()),
+                    (f"{key}.txt", record.captions[0].encode()),
+                    (f"{key}.json", json.dumps(meta, ensure_ascii=False, sort_keys=True).encode()),
+                ):
                     info = tarfile.TarInfo(name)
                     info.size, info.mtime, info.mode = len(data), 0, 0o644
                     tar.addfile(info, io.BytesIO(data))
@@ -324,13 +383,16 @@ def convert_to_shards(spec, records: Sequence, out: Path, *, samples_per_shard: 
         if key in raw:
             raw[key] = _absolute(spec, raw[key])
     with atomic_dir(out) as tmp:
-        paths = write_shards(track(records, "writing shards", total=len(records)), tmp / "shards",
-                             samples_per_shard=samples_per_shard)
+        paths = write_shards(
+            track(records, "writing shards", total=len(records)), tmp / "shards", samples_per_shard=samples_per_shard
+        )
         last = len(paths) - 1
         raw["pretrain_shards"] = [f"shards/{{{0:05d}..{last:05d}}}.tar" if last else "shards/00000.tar"]
         (tmp / SPEC_FILENAME).write_text(
             f"# pretraining pairs of {spec.base_dir} as webdataset shards (falcon data shards)\n"
-            + yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+            + yaml.safe_dump(raw, sort_keys=False),
+            encoding="utf-8",
+        )
         built = build_index(load_spec(tmp))
     built.path = out / built.path.name
     return built

@@ -126,8 +126,10 @@ class DatasetSpec(_Section):
     @model_validator(mode="after")
     def _one_pretrain_source(self):
         if self.pretrain and self.pretrain_shards:
-            raise ValueError("pretraining pairs come from JSON files (pretrain) or from shards (pretrain_shards), "
-                             "not both; keep one key")
+            raise ValueError(
+                "pretraining pairs come from JSON files (pretrain) or from shards (pretrain_shards), "
+                "not both; keep one key"
+            )
         return self
 
     # Set by load_spec: the directory relative paths are resolved against.

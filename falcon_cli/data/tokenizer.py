@@ -129,8 +129,10 @@ def _ready(tokenizer, source: str):
     tokenizers. Both settings are saved by ``save_pretrained``."""
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
-            raise FalconError(f"{source}: the tokenizer has no pad token and no eos token to pad with "
-                              "(set pad_token in its tokenizer_config.json)")
+            raise FalconError(
+                f"{source}: the tokenizer has no pad token and no eos token to pad with "
+                "(set pad_token in its tokenizer_config.json)"
+            )
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "right"
     return tokenizer
@@ -168,8 +170,10 @@ def load_tokenizer(name_or_path: str | os.PathLike, what: str | None = None):
     if tokenizer is None and prepare_hub():
         tokenizer, reason = _load(ref.repo, ref.revision)
     if tokenizer is None:
-        why = hub_hint(name) or ("it is not a local directory and not in the Hugging Face cache; download it once "
-                                 "with network access, or pass a saved tokenizer directory")
+        why = hub_hint(name) or (
+            "it is not a local directory and not in the Hugging Face cache; download it once "
+            "with network access, or pass a saved tokenizer directory"
+        )
         raise FalconError(f"tokenizer '{name}' could not be loaded ({reason}): {why}")
     note_hub(ref, what or "tokenizer")
     return _ready(tokenizer, f"tokenizer '{name}'")
@@ -230,8 +234,14 @@ def train_wordpiece_tokenizer(
         counts = Counter({w: n for w, n in counts.items() if n >= min_frequency})
     words = [w for w, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0])) if len(w) > 1]
     vocab += words[: max(0, vocab_size - len(vocab))]
-    tok = Tokenizer(models.WordPiece({token: i for i, token in enumerate(vocab)}, unk_token="[UNK]",
-                                     continuing_subword_prefix="##", max_input_chars_per_word=100))
+    tok = Tokenizer(
+        models.WordPiece(
+            {token: i for i, token in enumerate(vocab)},
+            unk_token="[UNK]",
+            continuing_subword_prefix="##",
+            max_input_chars_per_word=100,
+        )
+    )
     tok.normalizer = normalizer
     tok.pre_tokenizer = pre_tokenizer
     cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
@@ -257,5 +267,7 @@ def load_run_tokenizer(run_dir: str | os.PathLike, recipe: str = "RECIPE"):
     """The tokenizer the data stage saved in ``run_dir`` (every later stage reads captions with it)."""
     path = Path(run_dir) / RUN_TOKENIZER_DIR
     if not path.exists():
-        raise FalconError(f"{path}: not found; run the data stage first (falcon run --recipe {recipe} --run-dir {run_dir})")
+        raise FalconError(
+            f"{path}: not found; run the data stage first (falcon run --recipe {recipe} --run-dir {run_dir})"
+        )
     return load_tokenizer(path)

@@ -50,8 +50,18 @@ class AlbefRandAugment:
     Works on PIL images and returns a PIL image.
     """
 
-    OPS = ("Identity", "AutoContrast", "Equalize", "Brightness", "Sharpness",
-           "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
+    OPS = (
+        "Identity",
+        "AutoContrast",
+        "Equalize",
+        "Brightness",
+        "Sharpness",
+        "ShearX",
+        "ShearY",
+        "TranslateX",
+        "TranslateY",
+        "Rotate",
+    )
 
     def __init__(self, num_ops: int = 2, magnitude: int = 7, ops: tuple[str, ...] = OPS):
         unknown = [op for op in ops if op not in self.OPS]
@@ -80,13 +90,28 @@ class AlbefRandAugment:
         if op in ("ShearX", "ShearY"):
             shear = math.degrees(math.atan(self._signed(level * 0.3)))
             shear_xy = [shear, 0.0] if op == "ShearX" else [0.0, shear]
-            return F.affine(img, angle=0.0, translate=[0, 0], scale=1.0, shear=shear_xy,
-                            interpolation=InterpolationMode.BILINEAR, fill=_FILL, center=[0, 0])
+            return F.affine(
+                img,
+                angle=0.0,
+                translate=[0, 0],
+                scale=1.0,
+                shear=shear_xy,
+                interpolation=InterpolationMode.BILINEAR,
+                fill=_FILL,
+                center=[0, 0],
+            )
         if op in ("TranslateX", "TranslateY"):
             offset = int(round(self._signed(level * _TRANSLATE_CONST)))
             shift = [offset, 0] if op == "TranslateX" else [0, offset]
-            return F.affine(img, angle=0.0, translate=shift, scale=1.0, shear=[0.0, 0.0],
-                            interpolation=InterpolationMode.BILINEAR, fill=_FILL)
+            return F.affine(
+                img,
+                angle=0.0,
+                translate=shift,
+                scale=1.0,
+                shear=[0.0, 0.0],
+                interpolation=InterpolationMode.BILINEAR,
+                fill=_FILL,
+            )
         if op == "Rotate":
             return F.rotate(img, self._signed(level * 30.0), interpolation=InterpolationMode.BILINEAR, fill=_FILL)
         raise ValueError(op)  # unreachable: ops are checked in __init__
@@ -113,11 +138,13 @@ def build_transform(
         raise FalconError(f"image resolution must be a positive integer, got {resolution!r}")
     normalize = T.Normalize(CLIP_MEAN, CLIP_STD)
     if kind == "test":
-        return T.Compose([
-            T.Resize((resolution, resolution), interpolation=InterpolationMode.BICUBIC),
-            T.ToTensor(),
-            normalize,
-        ])
+        return T.Compose(
+            [
+                T.Resize((resolution, resolution), interpolation=InterpolationMode.BICUBIC),
+                T.ToTensor(),
+                normalize,
+            ]
+        )
     if kind not in CROP_SCALE:
         raise FalconError(f"unknown transform kind {kind!r}; use pretrain, finetune or test")
     steps: list[Callable] = [

@@ -126,8 +126,11 @@ class VQADataset(LoadedDataset):
                         image=images[0],
                         dataset=entry.get("dataset", "vqa"),
                         answers=None if answer is None else ((answer,) if isinstance(answer, str) else tuple(answer)),
-                        extra={k: v for k, v in entry.items()
-                               if k not in ("question_id", "question", "image", "dataset", "answer")},
+                        extra={
+                            k: v
+                            for k, v in entry.items()
+                            if k not in ("question_id", "question", "image", "dataset", "answer")
+                        },
                     )
                 )
 

@@ -34,8 +34,12 @@ from falcon_cli.errors import FalconError
 from falcon_cli.evaluation.intervals import Z95, interval_verdict, mean_interval, paired_by_seed, wilson_interval
 from falcon_cli.runtime.metrics import read_metrics
 
-RESULT_FILES = {"retrieval": Path("results/retrieval.json"), "vqa": Path("results/vqa.json"),
-                "nlvr2": Path("results/nlvr2.json"), "audit": Path("audit/summary.json")}
+RESULT_FILES = {
+    "retrieval": Path("results/retrieval.json"),
+    "vqa": Path("results/vqa.json"),
+    "nlvr2": Path("results/nlvr2.json"),
+    "audit": Path("audit/summary.json"),
+}
 """Where a run's numbers come from: what ``falcon evaluate`` and ``falcon audit-false-negatives`` write."""
 
 FLAGS_FILE = Path("metrics.jsonl")
@@ -45,18 +49,44 @@ a shapes world, a false-negative method's decisions against the oracle (``flags:
 
 FLAG_PRODUCERS = "MAFA and GloFND flag (flags:precision, flags:recall, flags:flagged), SRCL and DiHT weight (flags:weight_false, flags:weight_true)"
 
-IDENTITY_IGNORED = ("seed", "description", "stages", "data", "unimodal", "evaluate", "audit", "finetune",
-                    "pretrain.device", "pretrain.precision", "pretrain.num_workers", "pretrain.log_every",
-                    "pretrain.loggers", "pretrain.checkpoint_every", "pretrain.keep_last", "pretrain.profile_steps",
-                    "pretrain.eval_split", "pretrain.eval_every", "pretrain.compile", "pretrain.compile_mode",
-                    "pretrain.preload_images")
+IDENTITY_IGNORED = (
+    "seed",
+    "description",
+    "stages",
+    "data",
+    "unimodal",
+    "evaluate",
+    "audit",
+    "finetune",
+    "pretrain.device",
+    "pretrain.precision",
+    "pretrain.num_workers",
+    "pretrain.log_every",
+    "pretrain.loggers",
+    "pretrain.checkpoint_every",
+    "pretrain.keep_last",
+    "pretrain.profile_steps",
+    "pretrain.eval_split",
+    "pretrain.eval_every",
+    "pretrain.compile",
+    "pretrain.compile_mode",
+    "pretrain.preload_images",
+)
 """Config keys that do not make a method: the seed, where the data lives and how it is read (the pretraining pairs
 are checked by their fingerprint instead), the unimodal start and the later stages (the evaluation settings are
 checked on the results), and how a run is executed and logged."""
 
-BUDGET_KEYS = ("pretrain.model", "pretrain.image_size", "pretrain.epochs", "pretrain.batch_size",
-               "pretrain.max_steps_per_epoch", "pretrain.max_text_length", "pretrain.vision_weights",
-               "pretrain.text_weights", "world_size")
+BUDGET_KEYS = (
+    "pretrain.model",
+    "pretrain.image_size",
+    "pretrain.epochs",
+    "pretrain.batch_size",
+    "pretrain.max_steps_per_epoch",
+    "pretrain.max_text_length",
+    "pretrain.vision_weights",
+    "pretrain.text_weights",
+    "world_size",
+)
 """What every compared run must share: the model, its inputs and the training it got (``world_size`` times
 ``batch_size`` is the global batch)."""
 
@@ -64,17 +94,44 @@ PRODUCER_IGNORED = ("seed", "description", "stages", "data", "unimodal", "world_
 """Config keys that do not change what a run wrote for another (:func:`input_source`): its seed and data (the pairs
 are checked by their identity instead); nor do the keys that only say how it ran (:data:`EXECUTION_FIELDS`)."""
 
-EXECUTION_FIELDS = frozenset({"device", "precision", "num_workers", "log_every", "loggers", "checkpoint_every",
-                              "keep_last", "profile_steps", "compile", "compile_mode", "preload_images", "eval_every",
-                              "eval_split", "chunk_size"})
+EXECUTION_FIELDS = frozenset(
+    {
+        "device",
+        "precision",
+        "num_workers",
+        "log_every",
+        "loggers",
+        "checkpoint_every",
+        "keep_last",
+        "profile_steps",
+        "compile",
+        "compile_mode",
+        "preload_images",
+        "eval_every",
+        "eval_split",
+        "chunk_size",
+    }
+)
 """The last part of any key (``pretrain.device``, ``embed.num_workers``) that says how a stage ran, not what it
 computed."""
 
-EVALUATION_KEYS = {"retrieval": ("dataset", "split", "split_fingerprint", "k", "images", "texts", "false_negatives",
-                                 "max_text_length", "resolution", "scoring"),
-                   "vqa": ("dataset", "split", "questions", "k", "max_text_length", "resolution", "answer_processing"),
-                   "nlvr2": ("dataset", "max_text_length", "resolution", "statements"),
-                   "audit": ("judge", "threshold")}
+EVALUATION_KEYS = {
+    "retrieval": (
+        "dataset",
+        "split",
+        "split_fingerprint",
+        "k",
+        "images",
+        "texts",
+        "false_negatives",
+        "max_text_length",
+        "resolution",
+        "scoring",
+    ),
+    "vqa": ("dataset", "split", "questions", "k", "max_text_length", "resolution", "answer_processing"),
+    "nlvr2": ("dataset", "max_text_length", "resolution", "statements"),
+    "audit": ("judge", "threshold"),
+}
 """Per source, the evaluation settings every run's numbers must share (taken from the results' meta and rows)."""
 
 
@@ -133,8 +190,9 @@ def _read_json(path: Path, run: Path) -> dict:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise FalconError(f"{path}: line {exc.lineno}: invalid JSON ({exc.msg}); write it again "
-                          f"(falcon evaluate ... {run})") from None
+        raise FalconError(
+            f"{path}: line {exc.lineno}: invalid JSON ({exc.msg}); write it again (falcon evaluate ... {run})"
+        ) from None
 
 
 def read_run(path: str | Path) -> Run:
@@ -142,14 +200,21 @@ def read_run(path: str | Path) -> Run:
     path = Path(path)
     manifest_path = path / "manifest.json"
     if not manifest_path.is_file():
-        raise FalconError(f"{path}: not a run directory (no manifest.json); give the directories `falcon run` or "
-                          "`falcon pretrain` wrote")
+        raise FalconError(
+            f"{path}: not a run directory (no manifest.json); give the directories `falcon run` or "
+            "`falcon pretrain` wrote"
+        )
     manifest = _read_json(manifest_path, path)
     config = manifest.get("config") or {}
     result = ((manifest.get("stages") or {}).get("pretrain") or {}).get("result") or {}
-    run = Run(path=path, seed=int(manifest.get("seed", config.get("seed", 0))), recipe=str(config.get("name", path.name)),
-              config={**config, "world_size": manifest.get("world_size", 1)}, dataset=_dataset_identities(manifest),
-              trained_on=" ".join(str(result[k]) for k in ("device", "precision") if result.get(k)))
+    run = Run(
+        path=path,
+        seed=int(manifest.get("seed", config.get("seed", 0))),
+        recipe=str(config.get("name", path.name)),
+        config={**config, "world_size": manifest.get("world_size", 1)},
+        dataset=_dataset_identities(manifest),
+        trained_on=" ".join(str(result[k]) for k in ("device", "precision") if result.get(k)),
+    )
     run.inputs = run_inputs(config, Path(os.path.abspath(path)))
     for source, relative in RESULT_FILES.items():
         if (path / relative).is_file():
@@ -157,8 +222,10 @@ def read_run(path: str | Path) -> Run:
     if (path / FLAGS_FILE).is_file():
         _add_flags(run, path / FLAGS_FILE)
     if not run.metrics:
-        raise FalconError(f"{path}: no results yet (no {', '.join(str(p) for p in RESULT_FILES.values())}); "
-                          f"evaluate it first: falcon evaluate retrieval {path}")
+        raise FalconError(
+            f"{path}: no results yet (no {', '.join(str(p) for p in RESULT_FILES.values())}); "
+            f"evaluate it first: falcon evaluate retrieval {path}"
+        )
     return run
 
 
@@ -175,8 +242,13 @@ def _artifacts(config: dict, keys: Sequence[str] | None = None) -> dict[str, Pat
     """``{key: path}`` of the input-path values of a resolved config that name a file or directory (not a hub id, a
     keyword or a name), among ``keys`` (default: every input-path key)."""
     flat = _flat(config)
-    return {key: path for key, marker in _input_keys() if (keys is None or key in keys)
-            for path in [marker.artifact(flat.get(key))] if path is not None}
+    return {
+        key: path
+        for key, marker in _input_keys()
+        if (keys is None or key in keys)
+        for path in [marker.artifact(flat.get(key))]
+        if path is not None
+    }
 
 
 def _run_holding(path: Path) -> Path | None:
@@ -199,9 +271,18 @@ def input_source(path: Path, within: Sequence[Path] = (), depth: int = 0) -> tup
     manifest = _read_json(producer / "manifest.json", producer)
     config = {**(manifest.get("config") or {}), "world_size": manifest.get("world_size", 1)}
     flat = _flat(config)
-    own = {k: p for k, p in _artifacts(config).items() if not any(k == i or k.startswith(i + ".") for i in PRODUCER_IGNORED)}
-    settings = {k: v for k, v in flat.items() if k not in own and k.rpartition(".")[2] not in EXECUTION_FIELDS
-                and not any(k == i or k.startswith(i + ".") for i in PRODUCER_IGNORED)}
+    own = {
+        k: p
+        for k, p in _artifacts(config).items()
+        if not any(k == i or k.startswith(i + ".") for i in PRODUCER_IGNORED)
+    }
+    settings = {
+        k: v
+        for k, v in flat.items()
+        if k not in own
+        and k.rpartition(".")[2] not in EXECUTION_FIELDS
+        and not any(k == i or k.startswith(i + ".") for i in PRODUCER_IGNORED)
+    }
     words, nested, producers = [], [], [(producer, tuple(_dataset_identities(manifest).items()))]
     for key, inner in sorted(own.items()):
         if _run_holding(inner) == producer:  # (its own files: part of what it is)
@@ -211,8 +292,11 @@ def input_source(path: Path, within: Sequence[Path] = (), depth: int = 0) -> tup
         nested.append((key, inner_identity))
         producers += inner_producers
     name = str(config.get("name", producer.name))
-    return (f"{name} run" + (f" ({'; '.join(words)})" if words else ""),
-            (name, tuple(sorted((k, _value(v)) for k, v in settings.items())), tuple(nested)), tuple(producers))
+    return (
+        f"{name} run" + (f" ({'; '.join(words)})" if words else ""),
+        (name, tuple(sorted((k, _value(v)) for k, v in settings.items())), tuple(nested)),
+        tuple(producers),
+    )
 
 
 def run_inputs(config: dict, path: Path) -> list[RunInput]:
@@ -272,10 +356,15 @@ def _add_numbers(run: Run, source: str, result: dict) -> None:
         for row in rows:
             scoring = "itc" if row.get("scoring") == "itc" else "rerank"
             prefix = ("" if row.get("model") in (None, "pretrained") else f"{row['model']}/") + scoring + ":"
-            settings = {**{k: meta.get(k) for k in EVALUATION_KEYS["retrieval"]},
-                        **{k: row[k] for k in ("max_text_length", "resolution", "scoring") if k in row}}
-            numbers = {k: float(v) for k, v in row.items() if _is_number(v) and k not in ("resolution", "max_text_length")
-                       and not k.endswith(("_lo", "_hi"))}
+            settings = {
+                **{k: meta.get(k) for k in EVALUATION_KEYS["retrieval"]},
+                **{k: row[k] for k in ("max_text_length", "resolution", "scoring") if k in row},
+            }
+            numbers = {
+                k: float(v)
+                for k, v in row.items()
+                if _is_number(v) and k not in ("resolution", "max_text_length") and not k.endswith(("_lo", "_hi"))
+            }
             for key in list(numbers):  # both directions averaged: R@1 = (i2t R@1 + t2i R@1) / 2, oracle_R@1, ...
                 if "i2t_" in key and key.replace("i2t_", "t2i_") in numbers:
                     numbers[key.replace("i2t_", "", 1)] = (numbers[key] + numbers[key.replace("i2t_", "t2i_")]) / 2
@@ -289,16 +378,21 @@ def _add_numbers(run: Run, source: str, result: dict) -> None:
         for row in rows:
             if _is_number(row.get("accuracy")):
                 run.metrics["vqa:accuracy"] = float(row["accuracy"])
-                run.settings["vqa:accuracy"] = {**{k: meta.get(k) for k in EVALUATION_KEYS["vqa"]},
-                                                "split": row.get("split"), "questions": row.get("questions")}
+                run.settings["vqa:accuracy"] = {
+                    **{k: meta.get(k) for k in EVALUATION_KEYS["vqa"]},
+                    "split": row.get("split"),
+                    "questions": row.get("questions"),
+                }
                 run.counts["vqa:accuracy"] = int(row.get("questions") or 0)
     elif source == "nlvr2":
         for row in rows:
             if _is_number(row.get("accuracy")):
                 name = f"nlvr2:{row.get('split')}"
                 run.metrics[name] = float(row["accuracy"])
-                run.settings[name] = {**{k: meta.get(k) for k in EVALUATION_KEYS["nlvr2"]},
-                                      "statements": row.get("statements")}
+                run.settings[name] = {
+                    **{k: meta.get(k) for k in EVALUATION_KEYS["nlvr2"]},
+                    "statements": row.get("statements"),
+                }
                 run.counts[name] = int(row.get("statements") or 0)
     elif source == "audit":  # the used negatives' false-negative rates, percent
         settings = {k: result.get(k) for k in EVALUATION_KEYS["audit"]}
@@ -343,8 +437,11 @@ def label_runs(runs: Sequence[Run], labels: Sequence[str] = ()) -> None:
         rules.append((name, pattern))
     identities = {id(r): _identity(r.config) for r in runs}
     for run in runs:
-        matched = [name for name, pattern in rules if fnmatch.fnmatch(str(run.path), pattern)
-                   or fnmatch.fnmatch(run.path.name, pattern)]
+        matched = [
+            name
+            for name, pattern in rules
+            if fnmatch.fnmatch(str(run.path), pattern) or fnmatch.fnmatch(run.path.name, pattern)
+        ]
         if matched:
             run.label = matched[0]
             continue
@@ -375,21 +472,26 @@ def check_comparable(runs: Sequence[Run], metrics: Sequence[str], allow_mismatch
     for run in runs[1:]:
         same, words = same_pairs(first.dataset, run.dataset)
         if not same:
-            problems.append(f"{run.path}: pretrained on other pairs than {first.path} ({words}); compare runs of "
-                            "one dataset")
+            problems.append(
+                f"{run.path}: pretrained on other pairs than {first.path} ({words}); compare runs of one dataset"
+            )
         a, b = _flat(first.config), _flat(run.config)
         for key in BUDGET_KEYS:
             if a.get(key) != b.get(key):
-                problems.append(f"{run.path}: another budget than {first.path} ({key}: {b.get(key)!r} vs "
-                                f"{a.get(key)!r}); compare runs trained alike")
+                problems.append(
+                    f"{run.path}: another budget than {first.path} ({key}: {b.get(key)!r} vs "
+                    f"{a.get(key)!r}); compare runs trained alike"
+                )
                 break
     for run in runs:  # an input made on other pairs (an auxiliary model of another world) is not this run's method
         for item in run.inputs:
             for producer, identities in item.producers:
                 same, words = same_pairs(run.dataset, dict(identities))
                 if not same:
-                    problems.append(f"{run.path}: its {item.key} comes from {producer}, trained on other pairs than "
-                                    f"it was ({words}); make its inputs from runs on its own pairs")
+                    problems.append(
+                        f"{run.path}: its {item.key} comes from {producer}, trained on other pairs than "
+                        f"it was ({words}); make its inputs from runs on its own pairs"
+                    )
     check_inputs_alike(runs)
     for metric in metrics:
         missing = [r for r in runs if metric not in r.metrics]
@@ -397,31 +499,43 @@ def check_comparable(runs: Sequence[Run], metrics: Sequence[str], allow_mismatch
             available = ", ".join(metric_names(runs)[:12]) or "none in common"
             raise FalconError(f"--metric {metric}: no run has it; the runs' results give: {available}")
         if missing and metric.startswith("flags:"):
-            method = (_flat(missing[0].config).get("pretrain.false_negatives") or "none")
-            raise FalconError(f"{missing[0].path}: its method (pretrain.false_negatives={method}) gives no {metric}: "
-                              f"{FLAG_PRODUCERS}, on a shapes world only; compare the runs whose method gives it")
+            method = _flat(missing[0].config).get("pretrain.false_negatives") or "none"
+            raise FalconError(
+                f"{missing[0].path}: its method (pretrain.false_negatives={method}) gives no {metric}: "
+                f"{FLAG_PRODUCERS}, on a shapes world only; compare the runs whose method gives it"
+            )
         if missing:
             have = [m for m in missing[0].metrics if m.split(":")[0] == metric.split(":")[0]][:6]
-            raise FalconError(f"{missing[0].path}: no {metric} in its results"
-                              + (f" (it has {', '.join(have)})" if have else "")
-                              + f"; evaluate it as the others were (e.g. falcon evaluate retrieval {missing[0].path}"
-                              + (" --rerank" if metric.startswith("rerank:") else "") + ")")
+            raise FalconError(
+                f"{missing[0].path}: no {metric} in its results"
+                + (f" (it has {', '.join(have)})" if have else "")
+                + f"; evaluate it as the others were (e.g. falcon evaluate retrieval {missing[0].path}"
+                + (" --rerank" if metric.startswith("rerank:") else "")
+                + ")"
+            )
         for run in runs[1:]:
             s, f = run.settings[metric], first.settings[metric]
             key = next((k for k in f if s.get(k) is not None and f[k] is not None and s[k] != f[k]), None)
             if key is not None:
-                problems.append(f"{run.path}: {metric} measured with {key} = {s.get(key)!r}, {first.path} with "
-                                f"{f.get(key)!r}; evaluate the runs alike")
+                problems.append(
+                    f"{run.path}: {metric} measured with {key} = {s.get(key)!r}, {first.path} with "
+                    f"{f.get(key)!r}; evaluate the runs alike"
+                )
     seen: dict[tuple[str, int], Path] = {}
     for run in runs:
         other = seen.setdefault((run.label, run.seed), run.path)
         if other != run.path:
-            raise FalconError(f"{run.path}: the same method ({run.label}) and seed ({run.seed}) as {other}; give one "
-                              "run per method and seed, or tell them apart with --label NAME=GLOB")
+            raise FalconError(
+                f"{run.path}: the same method ({run.label}) and seed ({run.seed}) as {other}; give one "
+                "run per method and seed, or tell them apart with --label NAME=GLOB"
+            )
     problems = list(dict.fromkeys(problems))
     if problems and not allow_mismatch:
-        raise FalconError(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
-                          + "; --allow-mismatch compares them anyway and flags it in the report")
+        raise FalconError(
+            problems[0]
+            + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+            + "; --allow-mismatch compares them anyway and flags it in the report"
+        )
     return problems
 
 
@@ -439,11 +553,16 @@ def check_inputs_alike(runs: Sequence[Run]) -> None:
             if a is None or b is None or a.identity != b.identity:
                 mine_words, their_words = (i.source if i else "no file (not set)" for i in (b, a))
                 detail = _first_difference(a.identity, b.identity) if a and b else None
-                words = (f"{run.path}'s {key} comes from {mine_words}, {other.path}'s from {their_words}"
-                         if mine_words != their_words else f"{run.path}'s {key} was made otherwise than {other.path}'s")
-                raise FalconError(words + (f" ({detail})" if detail else "") + f", yet both are {run.label}: "
-                                  "the seeds of a method take their inputs from runs of one method; make them alike, "
-                                  "or tell the two apart with --label NAME=GLOB")
+                words = (
+                    f"{run.path}'s {key} comes from {mine_words}, {other.path}'s from {their_words}"
+                    if mine_words != their_words
+                    else f"{run.path}'s {key} was made otherwise than {other.path}'s"
+                )
+                raise FalconError(
+                    words + (f" ({detail})" if detail else "") + f", yet both are {run.label}: "
+                    "the seeds of a method take their inputs from runs of one method; make them alike, "
+                    "or tell the two apart with --label NAME=GLOB"
+                )
 
 
 def _first_difference(a: tuple, b: tuple) -> str | None:
@@ -474,15 +593,18 @@ class Comparison:
     warnings: list[str]
 
 
-def compare_runs(runs: Sequence[Run], metrics: Sequence[str], baseline: str | None = None,
-                 allow_mismatch: bool = False) -> Comparison:
+def compare_runs(
+    runs: Sequence[Run], metrics: Sequence[str], baseline: str | None = None, allow_mismatch: bool = False
+) -> Comparison:
     """Each method's mean over its seeds with the t interval (one seed: the binomial interval over its queries),
     and its paired difference from ``baseline`` (default: the first run's method) over the seeds both ran."""
     warnings = check_comparable(runs, metrics, allow_mismatch)
     places = {r.trained_on for r in runs if r.trained_on}
     if len(places) > 1:  # (allowed: seeds trained on a GPU beside seeds trained on a CPU are still paired runs)
-        warnings.append(f"the runs trained on {' and on '.join(sorted(places))}: such runs drift apart as two seeds "
-                        "would, so pair like with like where you can")
+        warnings.append(
+            f"the runs trained on {' and on '.join(sorted(places))}: such runs drift apart as two seeds "
+            "would, so pair like with like where you can"
+        )
     methods = list(dict.fromkeys(r.label for r in runs))
     baseline = baseline if baseline is not None else methods[0]
     if baseline not in methods:
@@ -491,8 +613,10 @@ def compare_runs(runs: Sequence[Run], metrics: Sequence[str], baseline: str | No
     for method, seeds in by_method.items():
         if len(seeds) == 1:
             run = next(iter(seeds.values()))
-            warnings.append(f"{run.path}: the only seed of {method}: one seed, no verdict; train more seeds of it "
-                            f"(the seed=N override; the baseline's too) for a paired interval")
+            warnings.append(
+                f"{run.path}: the only seed of {method}: one seed, no verdict; train more seeds of it "
+                f"(the seed=N override; the baseline's too) for a paired interval"
+            )
     summary, per_seed = [], []
     for metric in metrics:
         reference = by_method[baseline]
@@ -501,19 +625,50 @@ def compare_runs(runs: Sequence[Run], metrics: Sequence[str], baseline: str | No
             values = [seeds[s].metrics[metric] for s in sorted(seeds)]
             m = mean_interval(values)
             lo, hi = (m.lo, m.hi) if m.n > 1 else single_run_interval(metric, values[0], next(iter(seeds.values())))
-            row = {"metric": metric, "method": method, "seeds": m.n, "mean": m.mean, "std": m.std, "lo": lo, "hi": hi,
-                   "interval": "t over seeds" if m.n > 1 else "binomial over queries"}
-            d = None if method == baseline else paired_by_seed({s: r.metrics[metric] for s, r in seeds.items()},
-                                                                 {s: r.metrics[metric] for s, r in reference.items()})
+            row = {
+                "metric": metric,
+                "method": method,
+                "seeds": m.n,
+                "mean": m.mean,
+                "std": m.std,
+                "lo": lo,
+                "hi": hi,
+                "interval": "t over seeds" if m.n > 1 else "binomial over queries",
+            }
+            d = (
+                None
+                if method == baseline
+                else paired_by_seed(
+                    {s: r.metrics[metric] for s, r in seeds.items()},
+                    {s: r.metrics[metric] for s, r in reference.items()},
+                )
+            )
             if d is not None:
-                row.update({"baseline": baseline, "paired_seeds": d.n, "difference": d.mean, "difference_lo": d.lo,
-                            "difference_hi": d.hi, "positive": d.positive, "t": d.t,
-                            "verdict": _verdict_word(d.lo, d.hi, d.n)})
+                row.update(
+                    {
+                        "baseline": baseline,
+                        "paired_seeds": d.n,
+                        "difference": d.mean,
+                        "difference_lo": d.lo,
+                        "difference_hi": d.hi,
+                        "positive": d.positive,
+                        "t": d.t,
+                        "verdict": _verdict_word(d.lo, d.hi, d.n),
+                    }
+                )
             elif method != baseline:
                 row.update({"baseline": baseline, "paired_seeds": 0, "verdict": "no seed in common with the baseline"})
             summary.append(row)
-            per_seed += [{"metric": metric, "method": method, "seed": s, "value": seeds[s].metrics[metric],
-                          "run": str(seeds[s].path)} for s in sorted(seeds)]
+            per_seed += [
+                {
+                    "metric": metric,
+                    "method": method,
+                    "seed": s,
+                    "value": seeds[s].metrics[metric],
+                    "run": str(seeds[s].path),
+                }
+                for s in sorted(seeds)
+            ]
     return Comparison(list(metrics), baseline, methods, summary, per_seed, warnings)
 
 
@@ -545,20 +700,34 @@ def single_run_interval(metric: str, value: float, run: Run) -> tuple[float, flo
 
 def _interval(mean: float, lo: float, hi: float, signed: bool = False) -> str:
     number = f"{mean:+.2f}" if signed else f"{mean:.2f}"
-    return number if lo != lo or hi != hi else f"{number} [{lo:+.2f}, {hi:+.2f}]" if signed else f"{number} [{lo:.2f}, {hi:.2f}]"
+    return (
+        number
+        if lo != lo or hi != hi
+        else f"{number} [{lo:+.2f}, {hi:+.2f}]"
+        if signed
+        else f"{number} [{lo:.2f}, {hi:.2f}]"
+    )
 
 
 def markdown(comparison: Comparison) -> str:
     """The comparison as Markdown: per metric, one row per method (mean and 95% interval over seeds; its paired
     difference from the baseline with the paired-t 95% interval, the seeds paired, on how many it is positive, and
     a verdict only where the interval excludes zero), then any warnings."""
-    lines = ["# Runs compared over seeds", "",
-             f"Baseline: **{comparison.baseline}**. Means with their 95% interval over seeds (Student's t; one seed: "
-             "the binomial interval over its queries). Differences are paired by seed, with the paired-t 95% "
-             "interval; a verdict is given only where that interval excludes zero.", ""]
+    lines = [
+        "# Runs compared over seeds",
+        "",
+        f"Baseline: **{comparison.baseline}**. Means with their 95% interval over seeds (Student's t; one seed: "
+        "the binomial interval over its queries). Differences are paired by seed, with the paired-t 95% "
+        "interval; a verdict is given only where that interval excludes zero.",
+        "",
+    ]
     for metric in comparison.metrics:
-        lines += [f"## {metric}", "", "| method | seeds | mean [95% CI] | − baseline [95% CI] | paired seeds | positive | verdict |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            f"## {metric}",
+            "",
+            "| method | seeds | mean [95% CI] | − baseline [95% CI] | paired seeds | positive | verdict |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for row in (r for r in comparison.summary if r["metric"] == metric):
             if row["method"] == comparison.baseline:
                 diff, n, positive, verdict = "(baseline)", "", "", ""
@@ -567,8 +736,10 @@ def markdown(comparison: Comparison) -> str:
                 n, positive, verdict = row["paired_seeds"], f"{row['positive']}/{row['paired_seeds']}", row["verdict"]
             else:
                 diff, n, positive, verdict = "", 0, "", row["verdict"]
-            lines.append(f"| {row['method']} | {row['seeds']} | {_interval(row['mean'], row['lo'], row['hi'])} | {diff} "
-                         f"| {n} | {positive} | {verdict} |")
+            lines.append(
+                f"| {row['method']} | {row['seeds']} | {_interval(row['mean'], row['lo'], row['hi'])} | {diff} "
+                f"| {n} | {positive} | {verdict} |"
+            )
         lines.append("")
     if comparison.warnings:
         lines += ["## Warnings", "", *(f"- {w}" for w in comparison.warnings), ""]
@@ -597,9 +768,16 @@ def figure(comparison: Comparison, path: str | Path) -> Path:
                 left.plot([row["lo"], row["hi"]], [y, y], color="C0", lw=2.5, zorder=3)
             left.scatter([row["mean"]], [y], color="C0", marker="D", s=30, zorder=4)
             if row.get("paired_seeds"):
-                seeds = {r["seed"]: r["value"] for r in comparison.per_seed if r["metric"] == metric and r["method"] == method}
-                base = {r["seed"]: r["value"] for r in comparison.per_seed if r["metric"] == metric
-                        and r["method"] == comparison.baseline}
+                seeds = {
+                    r["seed"]: r["value"]
+                    for r in comparison.per_seed
+                    if r["metric"] == metric and r["method"] == method
+                }
+                base = {
+                    r["seed"]: r["value"]
+                    for r in comparison.per_seed
+                    if r["metric"] == metric and r["method"] == comparison.baseline
+                }
                 diffs = [seeds[s] - base[s] for s in seeds if s in base]
                 colour = {"higher": "C2", "lower": "C3"}.get(row["verdict"], "C0")
                 right.scatter(diffs, [y] * len(diffs), s=14, color="0.55", zorder=2)
@@ -632,5 +810,17 @@ def write_comparison(comparison: Comparison, out_dir: str | Path) -> Path:
     return Path(out_dir)
 
 
-__all__ = ["Run", "read_run", "shapes_world_fingerprint", "label_runs", "metric_names", "check_comparable", "compare_runs", "Comparison",
-           "single_run_interval", "markdown", "figure", "write_comparison"]
+__all__ = [
+    "Run",
+    "read_run",
+    "shapes_world_fingerprint",
+    "label_runs",
+    "metric_names",
+    "check_comparable",
+    "compare_runs",
+    "Comparison",
+    "single_run_interval",
+    "markdown",
+    "figure",
+    "write_comparison",
+]

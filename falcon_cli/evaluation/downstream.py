@@ -22,9 +22,20 @@ def _shard(dataset) -> Subset:
 
 
 @torch.no_grad()
-def answer_questions(model, dataset, collate, answer_ids: torch.Tensor, answer_mask: torch.Tensor, answers: list[str],
-                     device: torch.device, *, k: int = 128, batch_size: int = 32, num_workers: int = 0,
-                     autocast=None) -> dict:
+def answer_questions(
+    model,
+    dataset,
+    collate,
+    answer_ids: torch.Tensor,
+    answer_mask: torch.Tensor,
+    answers: list[str],
+    device: torch.device,
+    *,
+    k: int = 128,
+    batch_size: int = 32,
+    num_workers: int = 0,
+    autocast=None,
+) -> dict:
     """``{question_id: answer}`` for every question of a :class:`~falcon_cli.data.vqa.VQADataset`: the
     candidate (``answers``, tokenised as ``answer_ids``/``answer_mask``) the model's decoder ranks first
     (first-token top ``k``, then full-sequence likelihood)."""
@@ -36,8 +47,9 @@ def answer_questions(model, dataset, collate, answer_ids: torch.Tensor, answer_m
     loader = DataLoader(_shard(dataset), batch_size=batch_size, collate_fn=collate, num_workers=num_workers)
     for batch in track(loader, "answering questions"):
         with autocast:
-            states = model.encode_question(batch["image"].to(device), batch["question_ids"].to(device),
-                                           batch["question_mask"].to(device))
+            states = model.encode_question(
+                batch["image"].to(device), batch["question_ids"].to(device), batch["question_mask"].to(device)
+            )
             best = model.rank_answers(states, batch["question_mask"].to(device), answer_ids, answer_mask, k)
         predictions.update({qid: answers[int(i)] for qid, i in zip(batch["question_id"], best.tolist())})
     model.train(was_training)
@@ -51,8 +63,9 @@ def answer_questions(model, dataset, collate, answer_ids: torch.Tensor, answer_m
 
 
 @torch.no_grad()
-def nlvr2_accuracy(model, dataset, collate, device: torch.device, *, batch_size: int = 32, num_workers: int = 0,
-                   autocast=None) -> float:
+def nlvr2_accuracy(
+    model, dataset, collate, device: torch.device, *, batch_size: int = 32, num_workers: int = 0, autocast=None
+) -> float:
     """Accuracy (percent) of an :class:`~falcon_cli.models.nlvr2.AlbefNLVR2` on an NLVR2 split."""
     autocast = autocast or contextlib.nullcontext()
     was_training = model.training
@@ -61,8 +74,13 @@ def nlvr2_accuracy(model, dataset, collate, device: torch.device, *, batch_size:
     loader = DataLoader(_shard(dataset), batch_size=batch_size, collate_fn=collate, num_workers=num_workers)
     for batch in track(loader, "NLVR2 statements"):
         with autocast:
-            logits = model(batch["images0"].to(device), batch["images1"].to(device), batch["input_ids"].to(device),
-                           batch["attention_mask"].to(device), head="nlvr")
+            logits = model(
+                batch["images0"].to(device),
+                batch["images1"].to(device),
+                batch["input_ids"].to(device),
+                batch["attention_mask"].to(device),
+                head="nlvr",
+            )
         counts[0] += (logits.argmax(dim=1).cpu() == batch["labels"]).sum().item()
         counts[1] += len(batch["labels"])
     model.train(was_training)

@@ -26,8 +26,10 @@ from falcon_cli.evaluation.multi_positive import multi_positive_metrics, row_blo
 KS = (1, 5, 10)
 COCO_TEST_IMAGES = 5000
 INSTALL_HINT = "pip install eccv-caption (or pip install 'falcon-vlp[eccv]')"
-SPLIT_HINT = ("the split must be the COCO Karpathy 5K test split with COCO ids: evaluate.retrieval.coco_captions "
-              "(COCO's captions_val2014.json), or `image_id` and `caption_ids` (COCO annotation ids) in its entries")
+SPLIT_HINT = (
+    "the split must be the COCO Karpathy 5K test split with COCO ids: evaluate.retrieval.coco_captions "
+    "(COCO's captions_val2014.json), or `image_id` and `caption_ids` (COCO annotation ids) in its entries"
+)
 _TARGETS = ("coco_5k_recalls", "cxc_recalls", "eccv_r1", "eccv_rprecision", "eccv_map_at_r")
 _ECCV_KEYS = {"eccv_r1": "R@1", "eccv_rprecision": "R-P", "eccv_map_at_r": "mAP@R"}
 
@@ -48,6 +50,7 @@ def eccv_version() -> str:
     """The installed ``eccv_caption`` version (``0.1.0`` on PyPI), for recording next to results."""
     _package()
     from importlib import metadata
+
     try:
         return metadata.version("eccv-caption")
     except metadata.PackageNotFoundError:
@@ -65,8 +68,11 @@ def _quiet(metrics_module):
 
     metrics_module.tqdm = no_bar
     try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
-                contextlib.redirect_stderr(io.StringIO()):
+        with (
+            warnings.catch_warnings(),
+            contextlib.redirect_stdout(io.StringIO()),
+            contextlib.redirect_stderr(io.StringIO()),
+        ):
             warnings.simplefilter("ignore")
             yield
     finally:
@@ -86,8 +92,10 @@ def _check_coverage(metric, image_ids, caption_ids) -> None:
         required = set().union(*(gt[direction].keys() for gt in (metric.coco_gts, metric.cxc_gts, metric.eccv_gts)))
         missing[direction] = (len(required - given[direction]), len(required))
     if missing["i2t"][0] or missing["t2i"][0]:
-        raise FalconError(f"{missing['i2t'][0]} of {missing['i2t'][1]} COCO test image ids and {missing['t2i'][0]} of "
-                          f"{missing['t2i'][1]} caption ids are missing from the evaluation: {SPLIT_HINT}")
+        raise FalconError(
+            f"{missing['i2t'][0]} of {missing['i2t'][1]} COCO test image ids and {missing['t2i'][0]} of "
+            f"{missing['t2i'][1]} caption ids are missing from the evaluation: {SPLIT_HINT}"
+        )
 
 
 def check_ids(image_ids: Sequence[int], caption_ids: Sequence[int]) -> None:
@@ -96,7 +104,9 @@ def check_ids(image_ids: Sequence[int], caption_ids: Sequence[int]) -> None:
     A split that is not 5,000 images is refused before the package is even imported: the wrong split is
     the error to report first, whether or not ``eccv_caption`` is installed."""
     if len(set(image_ids)) != COCO_TEST_IMAGES:
-        raise FalconError(f"the evaluation split has {len(set(image_ids))} images, not {COCO_TEST_IMAGES}: {SPLIT_HINT}")
+        raise FalconError(
+            f"the evaluation split has {len(set(image_ids))} images, not {COCO_TEST_IMAGES}: {SPLIT_HINT}"
+        )
     _check_coverage(_load_metrics()[0], image_ids, caption_ids)
 
 
@@ -114,12 +124,18 @@ def eccv_metrics_from_rankings(i2t: Mapping[int, Sequence[int]], t2i: Mapping[in
         need = max(max(KS), max(len(v) for v in metric.eccv_gts[direction].values()))
         shortest = min(len(lists[direction][q]) for q in metric.eccv_gts[direction])
         if shortest < need:
-            raise FalconError(f"{direction} ranked lists hold only {shortest} items but ECCV mAP@R needs {need}: "
-                              f"pass top_k >= {need} (50 is the package's convention)")
+            raise FalconError(
+                f"{direction} ranked lists hold only {shortest} items but ECCV mAP@R needs {need}: "
+                f"pass top_k >= {need} (50 is the package's convention)"
+            )
     with _quiet(metrics_module):
-        raw = metric.compute_all_metrics({int(k): list(v) for k, v in i2t.items()},
-                                         {int(k): list(v) for k, v in t2i.items()},
-                                         target_metrics=_TARGETS, Ks=KS, verbose=False)
+        raw = metric.compute_all_metrics(
+            {int(k): list(v) for k, v in i2t.items()},
+            {int(k): list(v) for k, v in t2i.items()},
+            target_metrics=_TARGETS,
+            Ks=KS,
+            verbose=False,
+        )
     result: dict[str, float] = {}
     for direction in ("i2t", "t2i"):
         for name, key in _ECCV_KEYS.items():
@@ -131,21 +147,28 @@ def eccv_metrics_from_rankings(i2t: Mapping[int, Sequence[int]], t2i: Mapping[in
     return result
 
 
-def _ranked_lists(scores: torch.Tensor, row_ids: torch.Tensor, col_ids: torch.Tensor, k: int,
-                  chunk: int = 1024) -> dict[int, list[int]]:
+def _ranked_lists(
+    scores: torch.Tensor, row_ids: torch.Tensor, col_ids: torch.Tensor, k: int, chunk: int = 1024
+) -> dict[int, list[int]]:
     """``{row id: [column ids of the row's top-k scores]}`` as Python ints, in row chunks."""
     lists: dict[int, list[int]] = {}
     col_ids = col_ids.to(scores.device)
     for start in range(0, scores.shape[0], chunk):
         block = row_block(scores, start, start + chunk)
         top = stable_topk_indices(block, k)
-        rows = row_ids[start:start + chunk].tolist()
+        rows = row_ids[start : start + chunk].tolist()
         lists.update(zip(rows, col_ids[top].tolist()))
     return lists
 
 
-def eccv_metrics(scores_i2t: torch.Tensor, image_ids: Sequence[int], caption_ids: Sequence[int], *,
-                 top_k: int = 50, scores_t2i: torch.Tensor | None = None) -> dict[str, float]:
+def eccv_metrics(
+    scores_i2t: torch.Tensor,
+    image_ids: Sequence[int],
+    caption_ids: Sequence[int],
+    *,
+    top_k: int = 50,
+    scores_t2i: torch.Tensor | None = None,
+) -> dict[str, float]:
     """ECCV Caption (R@1, R-P, mAP@R), CxC R@K and COCO 5K R@K, in percent, from a score matrix.
 
     ``scores_i2t`` is [n_images, n_texts]; ``image_ids`` are the rows' COCO image ids and
@@ -160,23 +183,34 @@ def eccv_metrics(scores_i2t: torch.Tensor, image_ids: Sequence[int], caption_ids
         raise FalconError(f"scores_i2t must be an [n_images, n_texts] matrix, got shape {tuple(scores_i2t.shape)}")
     n_images, n_texts = scores_i2t.shape
     if len(image_ids) != n_images or len(caption_ids) != n_texts:
-        raise FalconError(f"scores_i2t is {n_images} x {n_texts} but {len(image_ids)} image ids and "
-                          f"{len(caption_ids)} caption ids were given: {SPLIT_HINT}")
+        raise FalconError(
+            f"scores_i2t is {n_images} x {n_texts} but {len(image_ids)} image ids and "
+            f"{len(caption_ids)} caption ids were given: {SPLIT_HINT}"
+        )
     image_ids_t = torch.as_tensor([int(i) for i in image_ids], dtype=torch.long)
     caption_ids_t = torch.as_tensor([int(c) for c in caption_ids], dtype=torch.long)
     if image_ids_t.unique().numel() != n_images or caption_ids_t.unique().numel() != n_texts:
-        raise FalconError(f"image ids or caption ids repeat: each row must be one COCO image and each column "
-                          f"one caption; {SPLIT_HINT}")
+        raise FalconError(
+            f"image ids or caption ids repeat: each row must be one COCO image and each column "
+            f"one caption; {SPLIT_HINT}"
+        )
     if top_k < 1:
         raise FalconError(f"top_k must be at least 1, got {top_k}")
     i2t = _ranked_lists(scores_i2t, image_ids_t, caption_ids_t, min(top_k, n_texts))
-    t2i = _ranked_lists(scores_i2t.t() if scores_t2i is None else scores_t2i, caption_ids_t, image_ids_t,
-                        min(top_k, n_images))
+    t2i = _ranked_lists(
+        scores_i2t.t() if scores_t2i is None else scores_t2i, caption_ids_t, image_ids_t, min(top_k, n_images)
+    )
     return eccv_metrics_from_rankings(i2t, t2i)
 
 
-def coco_1k_recalls(scores_i2t: torch.Tensor, img2txt: Sequence[Sequence[int]], txt2img: Sequence[int],
-                    folds: int = 5, ks: Sequence[int] = KS, scores_t2i: torch.Tensor | None = None) -> dict[str, float]:
+def coco_1k_recalls(
+    scores_i2t: torch.Tensor,
+    img2txt: Sequence[Sequence[int]],
+    txt2img: Sequence[int],
+    folds: int = 5,
+    ks: Sequence[int] = KS,
+    scores_t2i: torch.Tensor | None = None,
+) -> dict[str, float]:
     """COCO 1K recall: the mean of ``recall_at_k``'s R@K over ``folds`` consecutive image folds.
 
     Images are split in order into ``folds`` equal folds (5 x 1000 on COCO 5K, in Karpathy
@@ -186,11 +220,15 @@ def coco_1k_recalls(scores_i2t: torch.Tensor, img2txt: Sequence[Sequence[int]], 
     """
     n_images, n_texts = scores_i2t.shape
     if folds < 1 or n_images % folds:
-        raise FalconError(f"{n_images} images do not split into {folds} equal folds: COCO 1K needs the "
-                          f"5000-image Karpathy test split (or a number of images divisible by {folds})")
+        raise FalconError(
+            f"{n_images} images do not split into {folds} equal folds: COCO 1K needs the "
+            f"5000-image Karpathy test split (or a number of images divisible by {folds})"
+        )
     if len(img2txt) != n_images or len(txt2img) != n_texts:
-        raise FalconError(f"scores_i2t is {n_images} x {n_texts} but img2txt has {len(img2txt)} images and "
-                          f"txt2img {len(txt2img)} texts")
+        raise FalconError(
+            f"scores_i2t is {n_images} x {n_texts} but img2txt has {len(img2txt)} images and "
+            f"txt2img {len(txt2img)} texts"
+        )
     size = n_images // folds
     text_image = torch.as_tensor(list(txt2img), dtype=torch.long)
     totals: dict[str, float] = {}
@@ -201,10 +239,14 @@ def coco_1k_recalls(scores_i2t: torch.Tensor, img2txt: Sequence[Sequence[int]], 
         try:
             fold_img2txt = [[local[int(t)] for t in img2txt[i]] for i in range(lo, hi)]
         except KeyError as exc:
-            raise FalconError(f"img2txt and txt2img disagree: text {exc.args[0]} is listed under an image of fold "
-                              f"{fold} but txt2img points elsewhere") from None
+            raise FalconError(
+                f"img2txt and txt2img disagree: text {exc.args[0]} is listed under an image of fold "
+                f"{fold} but txt2img points elsewhere"
+            ) from None
         block = scores_i2t[lo:hi].index_select(1, texts.to(scores_i2t.device))
-        block_t2i = block.t() if scores_t2i is None else scores_t2i.index_select(0, texts.to(scores_t2i.device))[:, lo:hi]
+        block_t2i = (
+            block.t() if scores_t2i is None else scores_t2i.index_select(0, texts.to(scores_t2i.device))[:, lo:hi]
+        )
         i2t = torch.zeros(block.shape, dtype=torch.bool)
         for i, captions in enumerate(fold_img2txt):
             i2t[i, captions] = True

@@ -50,8 +50,10 @@ def _regularized_beta(x: float, a: float, b: float) -> float:
     d = 1.0 / (d if abs(d) > tiny else tiny)
     fraction = d
     for m in range(1, 10_000):
-        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+        for numerator in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
             d = 1.0 + numerator * d
             d = 1.0 / (d if abs(d) > tiny else tiny)
             c = 1.0 + numerator / c
@@ -157,8 +159,9 @@ def paired_difference(a: Sequence[float], b: Sequence[float], level: float = 0.9
     diff = [float(x) - float(y) for x, y in zip(a, b)]
     m = mean_interval(diff, level)
     t = m.mean / (m.std / math.sqrt(m.n)) if m.n > 1 and m.std > 0 else float("nan")
-    return PairedDifference(m.n, m.mean, m.std, m.lo, m.hi, sum(d > 0 for d in diff), sum(d < 0 for d in diff), t,
-                            tuple(diff))
+    return PairedDifference(
+        m.n, m.mean, m.std, m.lo, m.hi, sum(d > 0 for d in diff), sum(d < 0 for d in diff), t, tuple(diff)
+    )
 
 
 def interval_verdict(lo: float, hi: float, n: int) -> str:
@@ -175,6 +178,7 @@ def interval_verdict(lo: float, hi: float, n: int) -> str:
 def paired_by_seed(a: Mapping, b: Mapping, level: float = 0.95) -> PairedDifference | None:
     """:func:`paired_difference` of two methods' values keyed by seed, over the seeds both have (in seed order);
     None when they share none. Missing values (None, nan) leave their seed out."""
+
     def present(values: Mapping) -> dict:
         return {seed: float(v) for seed, v in values.items() if v is not None and v == v}
 

@@ -67,16 +67,19 @@ def stable_topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
     return top.gather(1, order)
 
 
-def multi_positive_metrics(scores: torch.Tensor, positives: torch.Tensor, ks: Sequence[int] = KS, *,
-                           chunk: int = 1024) -> dict[str, float]:
+def multi_positive_metrics(
+    scores: torch.Tensor, positives: torch.Tensor, ks: Sequence[int] = KS, *, chunk: int = 1024
+) -> dict[str, float]:
     """``{"R@1": …, "R-P": …, "mAP@R": …, "queries": n}`` in percent, over queries with a positive.
 
     ``scores`` is [Q, N] (higher = more similar), ``positives`` a boolean [Q, N] of the same
     shape. Queries without any positive are skipped; ``queries`` counts those evaluated.
     """
     if scores.dim() != 2 or tuple(positives.shape) != tuple(scores.shape):
-        raise FalconError(f"scores {tuple(scores.shape)} and positives {tuple(positives.shape)} must be matrices "
-                          "of the same [queries, items] shape")
+        raise FalconError(
+            f"scores {tuple(scores.shape)} and positives {tuple(positives.shape)} must be matrices "
+            "of the same [queries, items] shape"
+        )
     if chunk < 1:
         raise FalconError(f"chunk must be a positive number of queries, got {chunk}")
     ks = [int(k) for k in ks]
@@ -100,13 +103,15 @@ def multi_positive_metrics(scores: torch.Tensor, positives: torch.Tensor, ks: Se
         if block.dtype not in (torch.float32, torch.float64):
             block = block.float()
         if bool(torch.isnan(block).any()):
-            raise FalconError("the score matrix contains NaN: check the embeddings (a diverged model or an "
-                              "empty input) before computing retrieval metrics")
+            raise FalconError(
+                "the score matrix contains NaN: check the embeddings (a diverged model or an "
+                "empty input) before computing retrieval metrics"
+            )
         depth = min(n_items, max(int(n_pos.max()), max(ks, default=1)))
         top = stable_topk_indices(block, depth)
         hits = pos.gather(1, top)  # [C, depth]: is the item at rank r a positive?
         for k in ks:
-            hits_at[k] += hits[:, :min(k, depth)].any(dim=1).double().sum()
+            hits_at[k] += hits[:, : min(k, depth)].any(dim=1).double().sum()
         ranks = torch.arange(1, depth + 1, device=device)
         within_r = ranks[None, :] <= n_pos[:, None]
         hits_r = hits & within_r
@@ -116,8 +121,9 @@ def multi_positive_metrics(scores: torch.Tensor, positives: torch.Tensor, ks: Se
         map_at_r += ((precision * hits_r).sum(dim=1) / r).sum()
         evaluated += int(pos.shape[0])
     if evaluated == 0:
-        raise FalconError("no query has a positive: multi-positive retrieval metrics need at least one "
-                          "True in the positives matrix")
+        raise FalconError(
+            "no query has a positive: multi-positive retrieval metrics need at least one True in the positives matrix"
+        )
     result = {f"R@{k}": 100.0 * hits_at[k].item() / evaluated for k in ks}
     result["R-P"] = 100.0 * r_precision.item() / evaluated
     result["mAP@R"] = 100.0 * map_at_r.item() / evaluated
@@ -125,8 +131,13 @@ def multi_positive_metrics(scores: torch.Tensor, positives: torch.Tensor, ks: Se
     return result
 
 
-def fn_aware_retrieval(scores_i2t: torch.Tensor, positives_i2t: torch.Tensor, prefix: str,
-                       ks: Sequence[int] = KS, scores_t2i: torch.Tensor | None = None) -> dict[str, float]:
+def fn_aware_retrieval(
+    scores_i2t: torch.Tensor,
+    positives_i2t: torch.Tensor,
+    prefix: str,
+    ks: Sequence[int] = KS,
+    scores_t2i: torch.Tensor | None = None,
+) -> dict[str, float]:
     """Both directions of :func:`multi_positive_metrics` with prefixed keys, in percent.
 
     Keys: ``{prefix}_i2t_R@K`` for each K, ``{prefix}_i2t_R-P``, ``{prefix}_i2t_mAP@R``, the
@@ -137,8 +148,10 @@ def fn_aware_retrieval(scores_i2t: torch.Tensor, positives_i2t: torch.Tensor, pr
     """
     result: dict[str, float] = {}
     recalls = []
-    for direction, scores, positives in (("i2t", scores_i2t, positives_i2t),
-                                         ("t2i", scores_i2t.t() if scores_t2i is None else scores_t2i, positives_i2t.t())):
+    for direction, scores, positives in (
+        ("i2t", scores_i2t, positives_i2t),
+        ("t2i", scores_i2t.t() if scores_t2i is None else scores_t2i, positives_i2t.t()),
+    ):
         metrics = multi_positive_metrics(scores, positives, ks)
         for k in ks:
             result[f"{prefix}_{direction}_R@{k}"] = metrics[f"R@{k}"]
@@ -163,5 +176,7 @@ def perfect_recall_at_1(positives_i2t: torch.Tensor, img2txt: Sequence[Sequence[
     own &= positives  # (an own caption the oracle does not count as a match is never found first)
     per_text = positives.sum(0).clamp(min=1).double()
     per_image = positives.sum(1).clamp(min=1).double()
-    return {"i2t": 100.0 * (own.sum(1).double() / per_image).mean().item(),
-            "t2i": 100.0 * (own.sum(0).double() / per_text).mean().item()}
+    return {
+        "i2t": 100.0 * (own.sum(1).double() / per_image).mean().item(),
+        "t2i": 100.0 * (own.sum(0).double() / per_text).mean().item(),
+    }

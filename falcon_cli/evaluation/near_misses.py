@@ -24,8 +24,13 @@ import torch
 from falcon_cli.data.shapes.near_misses import NEAR_MISS_KINDS
 
 
-def near_miss_confusion(scores_i2t: torch.Tensor, scores_t2i: torch.Tensor, img2txt: Sequence[Sequence[int]],
-                        positives: torch.Tensor, pairs: tuple[np.ndarray, np.ndarray, np.ndarray]) -> list[dict]:
+def near_miss_confusion(
+    scores_i2t: torch.Tensor,
+    scores_t2i: torch.Tensor,
+    img2txt: Sequence[Sequence[int]],
+    positives: torch.Tensor,
+    pairs: tuple[np.ndarray, np.ndarray, np.ndarray],
+) -> list[dict]:
     """One row per direction and kind (and ``all``): ``comparisons`` (how many (query, false sibling) pairs) and
     ``confusion`` (percent of them where the sibling wins; None without comparisons).
 
@@ -58,8 +63,14 @@ def near_miss_confusion(scores_i2t: torch.Tensor, scores_t2i: torch.Tensor, img2
         for kind in (*NEAR_MISS_KINDS, "all"):
             select = torch.ones(len(kinds), dtype=torch.bool) if kind == "all" else torch.as_tensor(kinds == kind)
             total, won = int(n[select].sum()), int(wins[select].sum())
-            rows.append({"direction": direction, "kind": kind, "comparisons": total,
-                         "confusion": 100.0 * won / total if total else None})
+            rows.append(
+                {
+                    "direction": direction,
+                    "kind": kind,
+                    "comparisons": total,
+                    "confusion": 100.0 * won / total if total else None,
+                }
+            )
     return rows
 
 
@@ -68,7 +79,7 @@ def _padded(lists: Sequence[Sequence[int]]) -> torch.Tensor:
     width = max((len(x) for x in lists), default=0)
     out = torch.full((len(lists), max(width, 1)), -1, dtype=torch.long)
     for row, items in enumerate(lists):
-        out[row, :len(items)] = torch.as_tensor(list(items), dtype=torch.long)
+        out[row, : len(items)] = torch.as_tensor(list(items), dtype=torch.long)
     return out
 
 

@@ -16,8 +16,12 @@ from falcon_cli.evaluation.intervals import with_intervals
 KS = (1, 5, 10)
 
 
-def retrieval_ranks(scores_i2t: torch.Tensor, img2txt: Sequence[Sequence[int]], txt2img: Sequence[int],
-                    scores_t2i: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def retrieval_ranks(
+    scores_i2t: torch.Tensor,
+    img2txt: Sequence[Sequence[int]],
+    txt2img: Sequence[int],
+    scores_t2i: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """0-based ranks: per image, the best rank of its captions; per text, the rank of its image.
 
     ``scores_i2t`` is [n_images, n_texts] (higher = more similar); ``scores_t2i`` [n_texts, n_images]
@@ -59,8 +63,13 @@ def _ranks_of(scores: torch.Tensor, value: torch.Tensor, index: torch.Tensor) ->
     return ahead + tied_before
 
 
-def recall_at_k(scores_i2t: torch.Tensor, img2txt: Sequence[Sequence[int]], txt2img: Sequence[int],
-                ks: Sequence[int] = KS, scores_t2i: torch.Tensor | None = None) -> dict[str, float]:
+def recall_at_k(
+    scores_i2t: torch.Tensor,
+    img2txt: Sequence[Sequence[int]],
+    txt2img: Sequence[int],
+    ks: Sequence[int] = KS,
+    scores_t2i: torch.Tensor | None = None,
+) -> dict[str, float]:
     """``{"i2t_R@1": …, "t2i_R@1": …, "i2t_mean": …, "t2i_mean": …, "mean_R": …}`` in percent
     (``scores_t2i``: see :func:`retrieval_ranks`); each R@K with its 95% interval (``i2t_R@1_lo`` /
     ``i2t_R@1_hi``, Wilson's, over the direction's queries: :mod:`~falcon_cli.evaluation.intervals`)."""

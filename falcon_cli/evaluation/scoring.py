@@ -57,8 +57,18 @@ class SplitEmbeddings:
 
 
 @torch.no_grad()
-def embed_split(model, dataset, tokenizer, device: torch.device, *, batch_size: int = 64, max_length: int = 30,
-                autocast=None, num_workers: int = 0, keep_tokens: bool = True) -> SplitEmbeddings:
+def embed_split(
+    model,
+    dataset,
+    tokenizer,
+    device: torch.device,
+    *,
+    batch_size: int = 64,
+    max_length: int = 30,
+    autocast=None,
+    num_workers: int = 0,
+    keep_tokens: bool = True,
+) -> SplitEmbeddings:
     """Encode every text and image of a :class:`~falcon_cli.data.retrieval.RetrievalEvalDataset` with ``model``.
 
     Texts are tokenised together (padded to the longest, at most ``max_length`` tokens), so all
@@ -72,22 +82,35 @@ def embed_split(model, dataset, tokenizer, device: torch.device, *, batch_size: 
     text_tokens, text_feat = [], []
     for start in track(range(0, len(input_ids), batch_size), "encoding texts"):
         with autocast:
-            tokens, feat = model.encode_text(input_ids[start:start + batch_size], text_mask[start:start + batch_size])
+            tokens, feat = model.encode_text(
+                input_ids[start : start + batch_size], text_mask[start : start + batch_size]
+            )
         text_tokens.append(tokens if keep_tokens else tokens[:, :0])
         text_feat.append(feat.float())
     image_tokens, image_feat = [], []
     # A generator of its own: a DataLoader without one draws its workers' base seed from the global RNG, so an
     # evaluation inside training (the learning curve) would change the dropout and masks of every later step.
-    loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda",
-                        generator=torch.Generator())
+    loader = DataLoader(
+        dataset,
+        batch_size=batch_size,
+        num_workers=num_workers,
+        pin_memory=device.type == "cuda",
+        generator=torch.Generator(),
+    )
     for batch in track(loader, "encoding images"):
         with autocast:
             tokens, feat = model.encode_image(batch["image"].to(device, non_blocking=True))
         image_tokens.append(tokens if keep_tokens else tokens[:, :0])
         image_feat.append(feat.float())
     model.train(was_training)
-    return SplitEmbeddings(torch.cat(image_tokens), torch.cat(image_feat), torch.cat(text_tokens), text_mask,
-                           torch.cat(text_feat), input_ids)
+    return SplitEmbeddings(
+        torch.cat(image_tokens),
+        torch.cat(image_feat),
+        torch.cat(text_tokens),
+        text_mask,
+        torch.cat(text_feat),
+        input_ids,
+    )
 
 
 def shard_rows(n: int, rank: int | None = None, world: int | None = None) -> tuple[int, int]:
@@ -99,8 +122,14 @@ def shard_rows(n: int, rank: int | None = None, world: int | None = None) -> tup
 
 
 @torch.no_grad()
-def rerank(similarity: Tensor, k: int, score_pairs: Callable[[Tensor, Tensor], Tensor], *,
-           batch_size: int = 64, description: str = "re-ranking") -> Tensor:
+def rerank(
+    similarity: Tensor,
+    k: int,
+    score_pairs: Callable[[Tensor, Tensor], Tensor],
+    *,
+    batch_size: int = 64,
+    description: str = "re-ranking",
+) -> Tensor:
     """Re-score each row's top ``k`` columns of ``similarity`` [Q, C] with ``score_pairs(rows, cols)``
     (int64 [P] each -> float [P]); other entries become ``similarity - OUTSIDE_TOP_K``.
 
@@ -116,8 +145,12 @@ def rerank(similarity: Tensor, k: int, score_pairs: Callable[[Tensor, Tensor], T
         top = block.topk(k, dim=1).indices  # [rows, k]
         rows = torch.arange(start, stop, device=block.device).repeat_interleave(k)
         cols = top.reshape(-1)
-        logits = torch.cat([score_pairs(rows[s:s + batch_size], cols[s:s + batch_size]).float()
-                            for s in track(range(0, len(rows), batch_size), description)])
+        logits = torch.cat(
+            [
+                score_pairs(rows[s : s + batch_size], cols[s : s + batch_size]).float()
+                for s in track(range(0, len(rows), batch_size), description)
+            ]
+        )
         out[start:stop] = (block - OUTSIDE_TOP_K).scatter_(1, top, logits.view(stop - start, k))
     if D.world_size() > 1:
         import torch.distributed as dist
@@ -127,8 +160,9 @@ def rerank(similarity: Tensor, k: int, score_pairs: Callable[[Tensor, Tensor], T
 
 
 @torch.no_grad()
-def retrieval_scores(model, embeddings: SplitEmbeddings, *, k: int | None, batch_size: int = 64,
-                     autocast=None, add_itc: bool = False) -> tuple[Tensor, Tensor]:
+def retrieval_scores(
+    model, embeddings: SplitEmbeddings, *, k: int | None, batch_size: int = 64, autocast=None, add_itc: bool = False
+) -> tuple[Tensor, Tensor]:
     """``(scores_i2t [n_images, n_texts], scores_t2i [n_texts, n_images])``: ITC similarity, with each
     query's top ``k`` re-scored by the ITM match logit (``add_itc``: plus the ITC similarity, LAVIS's BLIP-2
     rule) (``k`` None: ITC only, the two are transposes)."""
@@ -145,14 +179,16 @@ def retrieval_scores(model, embeddings: SplitEmbeddings, *, k: int | None, batch
         length = int(mask.sum(dim=1).max())  # texts are padded to the split's longest: trim to this chunk's
         ids = e.text_ids[text_index, :length] if e.text_ids is not None else None
         with autocast:
-            logits = model.match_logits(e.image_tokens[image_index], e.text_tokens[text_index, :length], ids,
-                                        mask[:, :length]).float()
+            logits = model.match_logits(
+                e.image_tokens[image_index], e.text_tokens[text_index, :length], ids, mask[:, :length]
+            ).float()
         return logits + sims[image_index, text_index] if add_itc else logits
 
     try:
         i2t = rerank(sims, k, lambda rows, cols: itm(rows, cols), batch_size=batch_size, description="re-ranking texts")
-        t2i = rerank(sims.t(), k, lambda rows, cols: itm(cols, rows), batch_size=batch_size,
-                     description="re-ranking images")
+        t2i = rerank(
+            sims.t(), k, lambda rows, cols: itm(cols, rows), batch_size=batch_size, description="re-ranking images"
+        )
     finally:
         model.train(was_training)
     return i2t, t2i

@@ -12,15 +12,34 @@ from falcon_cli.evaluation.scoring import embed_split
 
 
 @torch.no_grad()
-def itc_scores(model, dataset, tokenizer, device: torch.device, *, batch_size: int = 64, max_length: int = 25,
-               autocast=None, num_workers: int = 0) -> torch.Tensor:
+def itc_scores(
+    model,
+    dataset,
+    tokenizer,
+    device: torch.device,
+    *,
+    batch_size: int = 64,
+    max_length: int = 25,
+    autocast=None,
+    num_workers: int = 0,
+) -> torch.Tensor:
     """[n_images, n_texts] cosine similarities of a :class:`RetrievalEvalDataset` under ``model``."""
-    return embed_split(model, dataset, tokenizer, device, batch_size=batch_size, max_length=max_length,
-                       autocast=autocast, num_workers=num_workers, keep_tokens=False).similarity()
+    return embed_split(
+        model,
+        dataset,
+        tokenizer,
+        device,
+        batch_size=batch_size,
+        max_length=max_length,
+        autocast=autocast,
+        num_workers=num_workers,
+        keep_tokens=False,
+    ).similarity()
 
 
-def zero_shot_retrieval(model, dataset, tokenizer, device: torch.device, *, positives: torch.Tensor | None = None,
-                        **kwargs) -> dict[str, float]:
+def zero_shot_retrieval(
+    model, dataset, tokenizer, device: torch.device, *, positives: torch.Tensor | None = None, **kwargs
+) -> dict[str, float]:
     """ITC-only recall@1/5/10 in both directions (percent) on a retrieval eval split. With ``positives`` (bool
     [n_images, n_texts], every true pair: :func:`oracle_positives`) also the false-negative-aware metrics, keyed
     ``oracle_…`` as ``falcon evaluate`` keys them."""

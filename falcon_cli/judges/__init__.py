@@ -22,9 +22,17 @@ JUDGE_KINDS = ("blip", "oracle", "checkpoint")
 """The kinds :func:`load_judge` accepts."""
 
 
-def load_judge(kind: str, *, model: str | Path | None = None, world: str | Path | None = None,
-               run: str | Path | None = None, device: str = "auto", fp16: bool = False, batch_size: int = 64,
-               what: str = "judge_model") -> Judge:
+def load_judge(
+    kind: str,
+    *,
+    model: str | Path | None = None,
+    world: str | Path | None = None,
+    run: str | Path | None = None,
+    device: str = "auto",
+    fp16: bool = False,
+    batch_size: int = 64,
+    what: str = "judge_model",
+) -> Judge:
     """Build a judge.
 
     ``blip``: ``model`` = hub id (``NAME@REVISION`` pins it) or local directory (default :data:`DEFAULT_BLIP_MODEL`;
@@ -37,13 +45,20 @@ def load_judge(kind: str, *, model: str | Path | None = None, world: str | Path 
     if kind == "blip":
         from falcon_cli.judges.blip import BlipJudge  # (lazy: see above)
 
-        return BlipJudge(model if model is not None else DEFAULT_BLIP_MODEL, device=device, fp16=fp16, batch_size=batch_size,
-                         what=what)
+        return BlipJudge(
+            model if model is not None else DEFAULT_BLIP_MODEL,
+            device=device,
+            fp16=fp16,
+            batch_size=batch_size,
+            what=what,
+        )
     if kind == "oracle":
         from falcon_cli.judges.oracle import OracleJudge  # (lazy: see above)
 
         if world is None:
-            raise FalconError("oracle judge: no shapes world given; pass the world directory (the one with scenes.parquet)")
+            raise FalconError(
+                "oracle judge: no shapes world given; pass the world directory (the one with scenes.parquet)"
+            )
         return OracleJudge(world)
     if kind == "checkpoint":
         from falcon_cli.judges.checkpoint import CheckpointJudge  # (lazy: see above)
@@ -54,4 +69,12 @@ def load_judge(kind: str, *, model: str | Path | None = None, world: str | Path 
     raise FalconError(f"unknown judge {kind!r}; use one of {', '.join(JUDGE_KINDS)}")
 
 
-__all__ = ["DEFAULT_BLIP_MODEL", "DEFAULT_THRESHOLD", "JUDGE_KINDS", "Judge", "JudgedPair", "is_false_negative", "load_judge"]
+__all__ = [
+    "DEFAULT_BLIP_MODEL",
+    "DEFAULT_THRESHOLD",
+    "JUDGE_KINDS",
+    "Judge",
+    "JudgedPair",
+    "is_false_negative",
+    "load_judge",
+]

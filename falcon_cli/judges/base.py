@@ -56,12 +56,18 @@ class Judge(Protocol):
 def is_false_negative(scores, threshold: float = DEFAULT_THRESHOLD) -> np.ndarray:
     """``bool`` array: which judged negatives are false negatives (``p(match) > threshold``)."""
     if not 0.0 <= threshold <= 1.0:
-        raise FalconError(f"false-negative threshold {threshold} is not a probability; use a value in [0, 1] (the paper uses 0.5)")
+        raise FalconError(
+            f"false-negative threshold {threshold} is not a probability; use a value in [0, 1] (the paper uses 0.5)"
+        )
     return np.asarray(scores, dtype=np.float64) > threshold
 
 
-def itm_scores(pairs: Sequence[JudgedPair], batch_size: int, label: str,
-               itm_logits: Callable[[Sequence[JudgedPair]], "torch.Tensor"]) -> np.ndarray:
+def itm_scores(
+    pairs: Sequence[JudgedPair],
+    batch_size: int,
+    label: str,
+    itm_logits: Callable[[Sequence[JudgedPair]], "torch.Tensor"],
+) -> np.ndarray:
     """``float64[len(pairs)]`` of ``softmax(itm_logits(batch))[:, 1]`` (p(match) of a matched /
     not-matched head), over consecutive batches of at most ``batch_size`` pairs, with a progress bar."""
     import torch
@@ -69,8 +75,8 @@ def itm_scores(pairs: Sequence[JudgedPair], batch_size: int, label: str,
     scores = np.zeros(len(pairs), dtype=np.float64)
     with torch.no_grad():
         for start in track(range(0, len(pairs), batch_size), label):
-            logits = itm_logits(pairs[start:start + batch_size])
-            scores[start:start + len(logits)] = logits.float().softmax(dim=-1)[:, 1].cpu().double().numpy()
+            logits = itm_logits(pairs[start : start + batch_size])
+            scores[start : start + len(logits)] = logits.float().softmax(dim=-1)[:, 1].cpu().double().numpy()
     return scores
 
 

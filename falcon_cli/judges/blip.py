@@ -37,8 +37,15 @@ class BlipJudge:
     ``fp16`` runs the model under float16 autocast (CUDA only).
     """
 
-    def __init__(self, model: str | Path = DEFAULT_BLIP_MODEL, *, device: str = "auto", fp16: bool = False,
-                 batch_size: int = 64, what: str = "judge_model"):
+    def __init__(
+        self,
+        model: str | Path = DEFAULT_BLIP_MODEL,
+        *,
+        device: str = "auto",
+        fp16: bool = False,
+        batch_size: int = 64,
+        what: str = "judge_model",
+    ):
         self.model_name = str(model)
         self.name = f"blip:{self.model_name}"
         self.batch_size = check_batch_size(batch_size)
@@ -52,11 +59,20 @@ class BlipJudge:
         return itm_scores(pairs, self.batch_size, "BLIP ITM judge", self._itm_logits)
 
     def _itm_logits(self, batch: Sequence[JudgedPair]) -> torch.Tensor:
-        inputs = self.processor(images=[load_image(pair.image) for pair in batch], text=[pair.caption for pair in batch],
-                                return_tensors="pt", padding="longest", truncation=True)
+        inputs = self.processor(
+            images=[load_image(pair.image) for pair in batch],
+            text=[pair.caption for pair in batch],
+            return_tensors="pt",
+            padding="longest",
+            truncation=True,
+        )
         with autocast(self.precision, self.device):
-            return self.model(input_ids=inputs["input_ids"].to(self.device), attention_mask=inputs["attention_mask"].to(self.device),
-                              pixel_values=inputs["pixel_values"].to(self.device), use_itm_head=True).itm_score
+            return self.model(
+                input_ids=inputs["input_ids"].to(self.device),
+                attention_mask=inputs["attention_mask"].to(self.device),
+                pixel_values=inputs["pixel_values"].to(self.device),
+                use_itm_head=True,
+            ).itm_score
 
 
 def _load_blip(model: str, what: str = "judge_model"):
@@ -67,8 +83,10 @@ def _load_blip(model: str, what: str = "judge_model"):
     path = Path(model).expanduser()
     looks_local = is_local(model)
     if looks_local and not path.is_dir():
-        raise FalconError(f"BLIP judge model {model}: no such directory; give a directory saved with save_pretrained "
-                          f"or a hub id such as {DEFAULT_BLIP_MODEL}")
+        raise FalconError(
+            f"BLIP judge model {model}: no such directory; give a directory saved with save_pretrained "
+            f"or a hub id such as {DEFAULT_BLIP_MODEL}"
+        )
     ref = None if looks_local else HubRef.parse(model, what)
     source, revision = (str(path), None) if ref is None else (ref.repo, ref.revision)
     if ref is not None:
@@ -77,13 +95,18 @@ def _load_blip(model: str, what: str = "judge_model"):
         processor = AutoProcessor.from_pretrained(source, revision=revision)
         blip = BlipForImageTextRetrieval.from_pretrained(source, revision=revision)
     except Exception as exc:  # OSError offline / unknown id, ValueError / KeyError for a wrong model type, ...
-        why = ("" if looks_local else hub_hint(model)) or ("model hubs may be unreachable from here, so download it "
-                                                           "elsewhere and give the local directory")
-        raise FalconError(f"BLIP judge model {model}: cannot load a BlipForImageTextRetrieval model and processor "
-                          f"({first_line(exc)}); {why} (save_pretrained of the model and its processor)") from None
+        why = ("" if looks_local else hub_hint(model)) or (
+            "model hubs may be unreachable from here, so download it elsewhere and give the local directory"
+        )
+        raise FalconError(
+            f"BLIP judge model {model}: cannot load a BlipForImageTextRetrieval model and processor "
+            f"({first_line(exc)}); {why} (save_pretrained of the model and its processor)"
+        ) from None
     if not callable(processor) or not hasattr(processor, "image_processor") or not hasattr(processor, "tokenizer"):
-        raise FalconError(f"BLIP judge model {model}: the processor found ({type(processor).__name__}) is not an "
-                          "image+text processor; save the BlipProcessor next to the model")
+        raise FalconError(
+            f"BLIP judge model {model}: the processor found ({type(processor).__name__}) is not an "
+            "image+text processor; save the BlipProcessor next to the model"
+        )
     if ref is None:
         note_local(path, what)
     else:

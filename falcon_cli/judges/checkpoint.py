@@ -35,9 +35,11 @@ class CheckpointJudge:
             raise FalconError(str(exc).replace("embed.encoder=falcon:", "checkpoint judge: ")) from None
         self.model = encoder.model
         if not model_family(self.model).itm_head:
-            raise FalconError(f"checkpoint judge: {encoder.checkpoint} is a {self.model.config.framework} model without an "
-                              "ITM head to judge pairs with; use --judge oracle (shapes), --judge blip, or an ALBEF or "
-                              "BLIP-2 checkpoint")
+            raise FalconError(
+                f"checkpoint judge: {encoder.checkpoint} is a {self.model.config.framework} model without an "
+                "ITM head to judge pairs with; use --judge oracle (shapes), --judge blip, or an ALBEF or "
+                "BLIP-2 checkpoint"
+            )
         self.image_transform = encoder.image_transform
         self.tokenizer = encoder.tokenizer
         self.checkpoint = Path(encoder.checkpoint)

@@ -29,8 +29,10 @@ class OracleJudge:
         for index, pair in enumerate(pairs):
             if pair.image_id is None or pair.caption_id is None:
                 missing = "image_id" if pair.image_id is None else "caption_id"
-                raise FalconError(f"oracle judge: pair {index} ({pair.image}, {pair.caption!r}) has no {missing}; "
-                                  "the oracle needs the shapes world's image and caption ids (use a model judge otherwise)")
+                raise FalconError(
+                    f"oracle judge: pair {index} ({pair.image}, {pair.caption!r}) has no {missing}; "
+                    "the oracle needs the shapes world's image and caption ids (use a model judge otherwise)"
+                )
         image_ids = np.array([pair.image_id for pair in pairs], dtype=np.int64)
         caption_ids = np.array([pair.caption_id for pair in pairs], dtype=np.int64)
         return self.oracle.matches(image_ids, caption_ids).astype(np.float64)

@@ -32,8 +32,12 @@ class DatasetPairs:
             self.dataset.set_epoch(epoch)
             caption = self.dataset.caption_for(record)
             self.dataset.set_epoch(current)
-        return JudgedPair(image=record.image, caption=caption, image_id=record.extra.get("image_id"),
-                          caption_id=record.extra.get("caption_id"))
+        return JudgedPair(
+            image=record.image,
+            caption=caption,
+            image_id=record.extra.get("image_id"),
+            caption_id=record.extra.get("caption_id"),
+        )
 
 
 __all__ = ["DatasetPairs"]

@@ -12,11 +12,27 @@ package runs this file first.
 
 from falcon_cli.lazy_exports import lazy_exports
 
-__getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    "albef": ("ALBEF", "Encodings"),
-    "config": ("AlbefConfig",),
-    "registry": ("add_model_config", "build_model", "create_model", "get_model_config", "list_models",
-                 "model_from_weights", "resolve_model_config"),
-    "weights": ("clean_state_dict", "load_bert_weights", "load_vision_weights", "load_weights", "read_weights_config",
-                "save_weights"),
-})
+__getattr__, __dir__, __all__ = lazy_exports(
+    __name__,
+    {
+        "albef": ("ALBEF", "Encodings"),
+        "config": ("AlbefConfig",),
+        "registry": (
+            "add_model_config",
+            "build_model",
+            "create_model",
+            "get_model_config",
+            "list_models",
+            "model_from_weights",
+            "resolve_model_config",
+        ),
+        "weights": (
+            "clean_state_dict",
+            "load_bert_weights",
+            "load_vision_weights",
+            "load_weights",
+            "read_weights_config",
+            "save_weights",
+        ),
+    },
+)

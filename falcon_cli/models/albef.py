@@ -50,8 +50,9 @@ class Encodings(NamedTuple):
     """[] the clamped ITC temperature."""
 
 
-def pooled_features(tokens: torch.Tensor, projection: nn.Module, pooling: str,
-                    attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+def pooled_features(
+    tokens: torch.Tensor, projection: nn.Module, pooling: str, attention_mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """L2-normalised float32 ITC features ``[B, embed_dim]`` from encoder ``tokens`` ``[B, T, width]``.
 
     ``pooling`` ``cls`` projects the first token (ALBEF); ``mean`` projects the mean of the ViT
@@ -126,8 +127,7 @@ class ALBEF(nn.Module):
         tokens = self.text_encoder(input_ids, attention_mask)
         return tokens, pooled_features(tokens, self.text_proj, self.config.pooling, attention_mask)
 
-    def fuse(self, text_tokens: torch.Tensor, attention_mask: torch.Tensor,
-             image_tokens: torch.Tensor) -> torch.Tensor:
+    def fuse(self, text_tokens: torch.Tensor, attention_mask: torch.Tensor, image_tokens: torch.Tensor) -> torch.Tensor:
         """Fusion encoder: text tokens self-attend (bidirectionally, padding masked) and cross-attend
         to all image tokens -> fused tokens [B, L, text_width]."""
         return self.fusion_encoder(text_tokens, attention_mask, image_tokens)
@@ -137,14 +137,24 @@ class ALBEF(nn.Module):
         """ITM logits [B, 2] (index 1 = matched) from the fused [CLS] token."""
         return self.itm_head(fused[:, 0])
 
-    def pair_itm_logits(self, image_tokens: torch.Tensor, text_tokens: torch.Tensor, input_ids: torch.Tensor | None,
-                        attention_mask: torch.Tensor) -> torch.Tensor:
+    def pair_itm_logits(
+        self,
+        image_tokens: torch.Tensor,
+        text_tokens: torch.Tensor,
+        input_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor,
+    ) -> torch.Tensor:
         """ITM logits [P, 2] of P (image, text) pairs given their encoder tokens (``input_ids`` are unused
         here: BLIP-2's version reads them instead of text tokens)."""
         return self.itm_logits(self.fuse(text_tokens, attention_mask, image_tokens))
 
-    def match_logits(self, image_tokens: torch.Tensor, text_tokens: torch.Tensor, input_ids: torch.Tensor | None,
-                     attention_mask: torch.Tensor) -> torch.Tensor:
+    def match_logits(
+        self,
+        image_tokens: torch.Tensor,
+        text_tokens: torch.Tensor,
+        input_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor,
+    ) -> torch.Tensor:
         """ITM match logits [P] (class 1, raw) of P pairs: the retrieval re-ranking score."""
         return self.pair_itm_logits(image_tokens, text_tokens, input_ids, attention_mask)[:, 1]
 

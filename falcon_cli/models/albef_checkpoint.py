@@ -71,7 +71,7 @@ def _normalise(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out = {}
     for key, value in sd.items():
         if key.startswith("text_encoder.") and not key.startswith((_BERT, _HEAD)):
-            key = _BERT + key[len("text_encoder."):]
+            key = _BERT + key[len("text_encoder.") :]
         out[key] = value
     return out
 
@@ -89,10 +89,14 @@ def albef_key_mapping(model: nn.Module) -> dict[str, str]:
     BERT names come from :func:`~falcon_cli.models.weights.bert_name_mapping` (with cross-attention)
     under ``text_encoder.``; the image encoder, projections, ITM head and ``temp`` keep their names.
     """
-    bert = {f"text_encoder.{theirs}": ours for ours, theirs in bert_name_mapping(model.config, cross_attention=True).items()}
+    bert = {
+        f"text_encoder.{theirs}": ours for ours, theirs in bert_name_mapping(model.config, cross_attention=True).items()
+    }
     mapped = set(bert.values())
     same = {key: key for key in model.state_dict() if key not in mapped}
-    stray = sorted(k for k in same if not k.startswith(("visual_encoder.", "vision_proj.", "text_proj.", "itm_head.", "temp")))
+    stray = sorted(
+        k for k in same if not k.startswith(("visual_encoder.", "vision_proj.", "text_proj.", "itm_head.", "temp"))
+    )
     assert not stray, f"weights of ours with no ALBEF name: {stray[:3]}"  # a new module needs a row in the mapping
     return {**same, **bert}
 
@@ -105,7 +109,11 @@ def _names(keys, limit: int = 3) -> str:
 def _fusion_layers(sd: dict) -> tuple[int, int]:
     """(text layers, fusion layers) of an ALBEF state dict: BERT layers without / with ``crossattention``."""
     layers = {int(m.group(1)) for k in sd if (m := re.match(r"text_encoder\.bert\.encoder\.layer\.(\d+)\.", k))}
-    fusion = {int(m.group(1)) for k in sd if (m := re.match(r"text_encoder\.bert\.encoder\.layer\.(\d+)\.crossattention\.", k))}
+    fusion = {
+        int(m.group(1))
+        for k in sd
+        if (m := re.match(r"text_encoder\.bert\.encoder\.layer\.(\d+)\.crossattention\.", k))
+    }
     return len(layers - fusion), len(fusion)
 
 
@@ -127,22 +135,36 @@ def albef_config_from_state(sd: dict[str, torch.Tensor], source: str) -> AlbefCo
         vocab, text_width = sd[_BERT + "embeddings.word_embeddings.weight"].shape
         text_layers, fusion_layers = _fusion_layers(sd)
         values = dict(
-            image_size=grid * patch, patch_size=patch, vision_width=vision_width, vision_layers=vision_layers,
-            vision_heads=max(1, vision_width // 64), vision_mlp_ratio=mlp / vision_width,
-            vocab_size=vocab, text_width=text_width, text_layers=text_layers, fusion_layers=fusion_layers,
+            image_size=grid * patch,
+            patch_size=patch,
+            vision_width=vision_width,
+            vision_layers=vision_layers,
+            vision_heads=max(1, vision_width // 64),
+            vision_mlp_ratio=mlp / vision_width,
+            vocab_size=vocab,
+            text_width=text_width,
+            text_layers=text_layers,
+            fusion_layers=fusion_layers,
             text_heads=max(1, text_width // 64),
             intermediate_size=sd[_BERT + "encoder.layer.0.intermediate.dense.weight"].shape[0],
             max_position_embeddings=sd[_BERT + "embeddings.position_embeddings.weight"].shape[0],
             type_vocab_size=sd[_BERT + "embeddings.token_type_embeddings.weight"].shape[0],
-            embed_dim=sd["vision_proj.weight"].shape[0], pooling="cls", vision_weights=None, text_weights=None)
+            embed_dim=sd["vision_proj.weight"].shape[0],
+            pooling="cls",
+            vision_weights=None,
+            text_weights=None,
+        )
     except KeyError as exc:
-        raise FalconError(f"{source}: not an ALBEF/GRIT-VLP/MAFA checkpoint (no {exc.args[0]}); expected keys "
-                          "visual_encoder.*, text_encoder.bert.*, vision_proj.* (docs/pretraining.md)") from None
+        raise FalconError(
+            f"{source}: not an ALBEF/GRIT-VLP/MAFA checkpoint (no {exc.args[0]}); expected keys "
+            "visual_encoder.*, text_encoder.bert.*, vision_proj.* (docs/pretraining.md)"
+        ) from None
     return apply_overrides(get_model_config("albef-base"), values, source)
 
 
-def albef_state_to_ours(sd: dict[str, torch.Tensor], model: nn.Module, source: str,
-                        hint: str = "") -> dict[str, torch.Tensor]:
+def albef_state_to_ours(
+    sd: dict[str, torch.Tensor], model: nn.Module, source: str, hint: str = ""
+) -> dict[str, torch.Tensor]:
     """Our state dict for ``model`` out of an ALBEF-layout ``sd`` (see the module docstring).
 
     The position embeddings are resized to ``model``'s resolution (ALBEF's bicubic,
@@ -161,11 +183,15 @@ def albef_state_to_ours(sd: dict[str, torch.Tensor], model: nn.Module, source: s
     hint = f"; {hint}" if hint else ""
     if unexpected or missing:
         layers = _fusion_layers(sd)
-        raise FalconError(f"{source}: keys do not match an ALBEF with text_layers={config.text_layers}, fusion_layers="
-                          f"{config.fusion_layers}, vision_layers={config.vision_layers} (the file has {layers[0]} text "
-                          f"and {layers[1]} fusion layers): unexpected {_names(unexpected)}; missing {_names(missing)}{hint}")
+        raise FalconError(
+            f"{source}: keys do not match an ALBEF with text_layers={config.text_layers}, fusion_layers="
+            f"{config.fusion_layers}, vision_layers={config.vision_layers} (the file has {layers[0]} text "
+            f"and {layers[1]} fusion layers): unexpected {_names(unexpected)}; missing {_names(missing)}{hint}"
+        )
     word = sd[_BERT + "embeddings.word_embeddings.weight"]
-    check_vocabulary(word.shape[0], config.vocab_size, source, official=True)  # the model was built for the run's tokenizer
+    check_vocabulary(
+        word.shape[0], config.vocab_size, source, official=True
+    )  # the model was built for the run's tokenizer
     target = model.state_dict()
     ours = {mapping[k]: v for k, v in sd.items() if k in mapping}
     grid = config.image_size // config.patch_size
@@ -175,20 +201,34 @@ def albef_state_to_ours(sd: dict[str, torch.Tensor], model: nn.Module, source: s
             ours["visual_encoder.pos_embed"] = resize_pos_embed(ours["visual_encoder.pos_embed"], grid)
         except FalconError as exc:
             raise FalconError(f"{source}: visual_encoder.pos_embed: {exc}") from None
-    mismatched = [f"{theirs} {tuple(sd[theirs].shape)} vs {mapping[theirs]} {tuple(target[mapping[theirs]].shape)}"
-                  for theirs in sd if theirs in mapping and ours[mapping[theirs]].shape != target[mapping[theirs]].shape]
+    mismatched = [
+        f"{theirs} {tuple(sd[theirs].shape)} vs {mapping[theirs]} {tuple(target[mapping[theirs]].shape)}"
+        for theirs in sd
+        if theirs in mapping and ours[mapping[theirs]].shape != target[mapping[theirs]].shape
+    ]
     if mismatched:
         raise FalconError(f"{source}: shapes differ from the model's (file vs model: {mismatched[0]}){hint}")
     decoder = sd.get(_HEAD + "predictions.decoder.weight")
     if decoder is not None and not torch.equal(decoder, word):
-        log.warning("%s: cls.predictions.decoder.weight differs from the word embeddings; falcon ties them and uses "
-                    "the word embeddings", source)
+        log.warning(
+            "%s: cls.predictions.decoder.weight differs from the word embeddings; falcon ties them and uses "
+            "the word embeddings",
+            source,
+        )
     reasons: dict[str, int] = {}
     for k in skipped:
         reasons[_skip_reason(k)] = reasons.get(_skip_reason(k), 0) + 1
-    log.info("%s: ALBEF layout, %d tensors mapped; skipped %s; position embeddings %dx%d -> %dx%d%s", source, len(ours),
-             ", ".join(f"{r}: {n}" for r, n in sorted(reasons.items())) or "none", old_grid, old_grid, grid, grid,
-             "" if has_head else "; no MLM head in the file (kept newly initialised)")
+    log.info(
+        "%s: ALBEF layout, %d tensors mapped; skipped %s; position embeddings %dx%d -> %dx%d%s",
+        source,
+        len(ours),
+        ", ".join(f"{r}: {n}" for r, n in sorted(reasons.items())) or "none",
+        old_grid,
+        old_grid,
+        grid,
+        grid,
+        "" if has_head else "; no MLM head in the file (kept newly initialised)",
+    )
     return ours
 
 
@@ -198,9 +238,11 @@ def read_albef_checkpoint(path: str | os.PathLike, what: str = "ALBEF checkpoint
     sd = read_state_dict(path, what)
     if not is_albef_state_dict(sd):
         first = ", ".join(sorted(sd)[:3]) or "none"
-        raise FalconError(f"{what} '{path}': not in the ALBEF/GRIT-VLP/MAFA layout (needs visual_encoder.pos_embed and "
-                          f"text_encoder.bert.* keys; first keys: {first}); a falcon checkpoint is a directory with "
-                          "model.safetensors")
+        raise FalconError(
+            f"{what} '{path}': not in the ALBEF/GRIT-VLP/MAFA layout (needs visual_encoder.pos_embed and "
+            f"text_encoder.bert.* keys; first keys: {first}); a falcon checkpoint is a directory with "
+            "model.safetensors"
+        )
     return sd
 
 
@@ -209,8 +251,12 @@ def load_albef_checkpoint(model: nn.Module, path: str | os.PathLike, what: str =
     from an ALBEF/GRIT-VLP/MAFA checkpoint file; ``what`` names the setting in error lines."""
     sd = read_albef_checkpoint(path, what)
     source = f"{what} '{path}'"
-    ours = albef_state_to_ours(sd, model, source, hint="pretrain.model must have the checkpoint's architecture "
-                                                       "(albef-base for the official ones)")
+    ours = albef_state_to_ours(
+        sd,
+        model,
+        source,
+        hint="pretrain.model must have the checkpoint's architecture (albef-base for the official ones)",
+    )
     result = model.load_state_dict(ours, strict=False)
     assert not result.unexpected_keys and all(k.startswith("mlm_head.") for k in result.missing_keys), result
 
@@ -223,7 +269,9 @@ def albef_from_file(path: str | os.PathLike, image_size: int | None = None, what
     config = albef_config_from_state(sd, source)
     if image_size is not None and image_size != config.image_size:
         if image_size % config.patch_size:
-            raise FalconError(f"image_size {image_size} is not a multiple of the model's patch size {config.patch_size}")
+            raise FalconError(
+                f"image_size {image_size} is not a multiple of the model's patch size {config.patch_size}"
+            )
         config = config.model_copy(update={"image_size": image_size})
     model = ALBEF(config)
     result = model.load_state_dict(albef_state_to_ours(sd, model, source), strict=False)
@@ -237,5 +285,14 @@ def is_albef_file(path: str | os.PathLike) -> bool:
     return path.is_file() and path.suffix in (".pth", ".pt", ".bin", ".ckpt")
 
 
-__all__ = ["SKIPPED", "albef_config_from_state", "albef_from_file", "albef_key_mapping", "albef_state_to_ours",
-           "is_albef_file", "is_albef_state_dict", "load_albef_checkpoint", "read_albef_checkpoint"]
+__all__ = [
+    "SKIPPED",
+    "albef_config_from_state",
+    "albef_from_file",
+    "albef_key_mapping",
+    "albef_state_to_ours",
+    "is_albef_file",
+    "is_albef_state_dict",
+    "load_albef_checkpoint",
+    "read_albef_checkpoint",
+]

@@ -64,8 +64,15 @@ class Attention(nn.Module):
         self.value: nn.Linear | None = None if shared_kv else nn.Linear(kv_width, width)
         self.out = nn.Linear(width, width)
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor, key_mask: torch.Tensor | None = None, *,
-                causal: bool = False, kv: tuple[nn.Module, nn.Module] | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        context: torch.Tensor,
+        key_mask: torch.Tensor | None = None,
+        *,
+        causal: bool = False,
+        kv: tuple[nn.Module, nn.Module] | None = None,
+    ) -> torch.Tensor:
         """``x`` [B, Lq, W] attends to ``context`` [B, Lk, W_kv]; ``key_mask`` [B, Lk] masks padded keys.
 
         ``causal`` (self-attention only, Lq == Lk) also hides keys after each query.
@@ -83,8 +90,7 @@ class Attention(nn.Module):
             bias = causal_padding_bias(mask, q.dtype)
         else:
             bias = None if key_mask is None else padding_bias(key_mask, q.dtype)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias,
-                                             dropout_p=self.dropout if self.training else 0.0)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=self.dropout if self.training else 0.0)
         return self.out(out.transpose(1, 2).reshape(b, lq, width))
 
 
@@ -100,8 +106,14 @@ class BertLayer(nn.Module):
     adds or renames parameters of the default layer.
     """
 
-    def __init__(self, config: AlbefConfig, cross_width: int | None = None, *,
-                 causal: bool = False, shared_cross_kv: bool = False):
+    def __init__(
+        self,
+        config: AlbefConfig,
+        cross_width: int | None = None,
+        *,
+        causal: bool = False,
+        shared_cross_kv: bool = False,
+    ):
         super().__init__()
         width, heads, eps = config.text_width, config.text_heads, config.layer_norm_eps
         self.causal = causal
@@ -117,9 +129,15 @@ class BertLayer(nn.Module):
         self.ffn_norm = nn.LayerNorm(width, eps=eps)
         self.dropout = nn.Dropout(config.hidden_dropout)
 
-    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor,
-                image_tokens: torch.Tensor | None = None, *, context_mask: torch.Tensor | None = None,
-                cross_kv: tuple[nn.Module, nn.Module] | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        attention_mask: torch.Tensor,
+        image_tokens: torch.Tensor | None = None,
+        *,
+        context_mask: torch.Tensor | None = None,
+        cross_kv: tuple[nn.Module, nn.Module] | None = None,
+    ) -> torch.Tensor:
         """``x`` [B, L, W] with padding mask [B, L]; ``image_tokens`` [B, Lc, W_c] is the cross-attention context.
 
         ``context_mask`` [B, Lc] masks padded context tokens (e.g. a question read by the VQA
@@ -172,11 +190,13 @@ class FusionEncoder(nn.Module):
 
     def __init__(self, config: AlbefConfig):
         super().__init__()
-        self.layers = nn.ModuleList(BertLayer(config, cross_width=config.vision_width)
-                                    for _ in range(config.fusion_layers))
+        self.layers = nn.ModuleList(
+            BertLayer(config, cross_width=config.vision_width) for _ in range(config.fusion_layers)
+        )
 
-    def forward(self, text_tokens: torch.Tensor, attention_mask: torch.Tensor,
-                image_tokens: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, text_tokens: torch.Tensor, attention_mask: torch.Tensor, image_tokens: torch.Tensor
+    ) -> torch.Tensor:
         x = text_tokens
         for layer in self.layers:
             x = layer(x, attention_mask, image_tokens)

@@ -8,7 +8,6 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, model_validator
 
 
-
 class Blip2Config(BaseModel):
     """Sizes and weight sources of a BLIP-2 stage-1 model (frozen image encoder + Q-Former + heads)."""
 
@@ -94,9 +93,22 @@ class Blip2Config(BaseModel):
     @model_validator(mode="after")
     def _consistent(self) -> "Blip2Config":
         problems = []
-        for name in ("image_size", "patch_size", "vision_width", "vision_layers", "vision_heads", "qformer_width",
-                     "qformer_layers", "qformer_heads", "qformer_intermediate_size", "cross_attention_frequency",
-                     "num_query_tokens", "vocab_size", "max_position_embeddings", "embed_dim"):
+        for name in (
+            "image_size",
+            "patch_size",
+            "vision_width",
+            "vision_layers",
+            "vision_heads",
+            "qformer_width",
+            "qformer_layers",
+            "qformer_heads",
+            "qformer_intermediate_size",
+            "cross_attention_frequency",
+            "num_query_tokens",
+            "vocab_size",
+            "max_position_embeddings",
+            "embed_dim",
+        ):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.image_size % self.patch_size:
@@ -111,8 +123,9 @@ class Blip2Config(BaseModel):
             if not 0 <= getattr(self, name) < 1:
                 problems.append(f"{name} must lie in [0, 1), got {getattr(self, name)}")
         if not 0 < self.temp_min <= self.temp_init <= self.temp_max:
-            problems.append(f"need 0 < temp_min <= temp_init <= temp_max, got {self.temp_min}, {self.temp_init}, "
-                            f"{self.temp_max}")
+            problems.append(
+                f"need 0 < temp_min <= temp_init <= temp_max, got {self.temp_min}, {self.temp_init}, {self.temp_max}"
+            )
         if self.dec_token_id is not None and not 0 <= self.dec_token_id < self.vocab_size:
             problems.append(f"dec_token_id {self.dec_token_id} is outside the vocabulary of {self.vocab_size}")
         if problems:

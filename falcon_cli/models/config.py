@@ -131,10 +131,22 @@ class AlbefConfig(BaseModel):
         if self.text_width % self.text_heads:
             problems.append(f"text_heads {self.text_heads} does not divide text_width {self.text_width}")
         if not 0 < self.temp_min <= self.temp_init <= self.temp_max:
-            problems.append(f"need 0 < temp_min <= temp_init <= temp_max, got {self.temp_min}, "
-                            f"{self.temp_init}, {self.temp_max}")
-        for name in ("image_size", "patch_size", "vision_width", "vision_layers", "vision_heads", "vocab_size",
-                     "text_width", "text_heads", "intermediate_size", "max_position_embeddings", "embed_dim"):
+            problems.append(
+                f"need 0 < temp_min <= temp_init <= temp_max, got {self.temp_min}, {self.temp_init}, {self.temp_max}"
+            )
+        for name in (
+            "image_size",
+            "patch_size",
+            "vision_width",
+            "vision_layers",
+            "vision_heads",
+            "vocab_size",
+            "text_width",
+            "text_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "embed_dim",
+        ):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.text_layers < 0 or self.fusion_layers < 1:
@@ -173,8 +185,10 @@ def make_config(values: dict[str, Any], source: str) -> AlbefConfig:
     valid = list(cls.model_fields)
     for key in values:
         if key not in cls.model_fields:
-            raise FalconError(f"{source}: unknown model config key '{key}'{unknown_key_hint(key, valid)} "
-                              f"(valid keys: {', '.join(valid)})")
+            raise FalconError(
+                f"{source}: unknown model config key '{key}'{unknown_key_hint(key, valid)} "
+                f"(valid keys: {', '.join(valid)})"
+            )
     try:
         return cls.model_validate(values)
     except ValidationError as exc:

@@ -36,8 +36,15 @@ from torch import nn
 from falcon_cli.data.normalization import CLIP_MEAN, CLIP_STD
 from falcon_cli.errors import FalconError
 from falcon_cli.models.dual_config import DualConfig, is_coca_name  # noqa: F401 (the model's config, here too)
-from falcon_cli.models.open_clip_names import (HF_HUB, LOCAL_DIR, _check_open_clip_name, _check_open_clip_pretrained,
-                                              _first_line, note_open_clip, pinned_open_clip)
+from falcon_cli.models.open_clip_names import (
+    HF_HUB,
+    LOCAL_DIR,
+    _check_open_clip_name,
+    _check_open_clip_pretrained,
+    _first_line,
+    note_open_clip,
+    pinned_open_clip,
+)
 from falcon_cli.runtime.hub import hub_hint, prepare_hub
 
 
@@ -45,13 +52,13 @@ def init_multimodal_transformer(t: nn.Module) -> None:
     """CLIP's initialisation of open_clip's ``MultimodalTransformer``: open_clip never runs its own (its
     ``init_parameters`` reads attributes the class lacks), which leaves ``text_projection`` as uninitialised
     memory, NaN at times, in any decoder built without weights (ours, or a CoCa from scratch)."""
-    proj_std, attn_std, fc_std = (t.width ** -0.5) * ((2 * t.layers) ** -0.5), t.width ** -0.5, (2 * t.width) ** -0.5
+    proj_std, attn_std, fc_std = (t.width**-0.5) * ((2 * t.layers) ** -0.5), t.width**-0.5, (2 * t.width) ** -0.5
     for block in [*t.resblocks, *t.cross_attn]:
         nn.init.normal_(block.attn.in_proj_weight, std=attn_std)
         nn.init.normal_(block.attn.out_proj.weight, std=proj_std)
         nn.init.normal_(block.mlp.c_fc.weight, std=fc_std)
         nn.init.normal_(block.mlp.c_proj.weight, std=proj_std)
-    nn.init.normal_(t.text_projection, std=t.width ** -0.5)
+    nn.init.normal_(t.text_projection, std=t.width**-0.5)
 
 
 class CaptionDecoder(nn.Module):
@@ -64,8 +71,9 @@ class CaptionDecoder(nn.Module):
         self.token_embedding = nn.Embedding(vocab_size, width)
         self.positional_embedding = nn.Parameter(torch.empty(context_length, width))
         self.image_proj = nn.Sequential(nn.LayerNorm(image_width), nn.Linear(image_width, width))
-        self.transformer = MultimodalTransformer(width=width, layers=layers, heads=heads, context_length=context_length,
-                                                 output_dim=vocab_size)
+        self.transformer = MultimodalTransformer(
+            width=width, layers=layers, heads=heads, context_length=context_length, output_dim=vocab_size
+        )
         nn.init.normal_(self.token_embedding.weight, std=0.02)
         nn.init.normal_(self.positional_embedding, std=0.01)
         init_multimodal_transformer(self.transformer)
@@ -75,7 +83,9 @@ class CaptionDecoder(nn.Module):
         caption, so the causal mask keeps it out of every real token's context)."""
         length = input_ids.shape[1]
         if length > self.positional_embedding.shape[0]:
-            raise ValueError(f"captions of {length} tokens exceed the decoder's context of {self.positional_embedding.shape[0]}")
+            raise ValueError(
+                f"captions of {length} tokens exceed the decoder's context of {self.positional_embedding.shape[0]}"
+            )
         text = self.token_embedding(input_ids) + self.positional_embedding[:length]
         return self.transformer(self.image_proj(image_tokens), text)
 
@@ -100,8 +110,10 @@ class DualEncoder(nn.Module):
         self.renormalise = not (torch.equal(mean, clip_mean) and torch.equal(std, clip_std))
         self.coca = is_coca(clip)
         if self.coca and config.decoder_layers:
-            raise FalconError(f"{config.open_clip_model} is a CoCa, which has its own captioning decoder: set "
-                              "decoder_layers: 0 in the model config")
+            raise FalconError(
+                f"{config.open_clip_model} is a CoCa, which has its own captioning decoder: set "
+                "decoder_layers: 0 in the model config"
+            )
         # A tower that pools the last position (SigLIP) or appends a class token there (CoCa: its position embedding
         # is the padded length's) must see every caption padded to the full context, as open_clip's tokenizer does.
         self.pad_to_context = text_tower_setting(clip, "pool_type") == "last" or self.coca
@@ -110,8 +122,14 @@ class DualEncoder(nn.Module):
         self.text_pad_id = int(clip.text.pad_id) if self.coca else config.pad_token_id
         self.decoder = None
         if config.decoder_layers:
-            self.decoder = CaptionDecoder(config.vocab_size, config.decoder_width, config.decoder_layers,
-                                          config.decoder_heads, config.context_length, image_token_width(clip))
+            self.decoder = CaptionDecoder(
+                config.vocab_size,
+                config.decoder_width,
+                config.decoder_layers,
+                config.decoder_heads,
+                config.context_length,
+                image_token_width(clip),
+            )
 
     # --- the towers --------------------------------------------------------------------------------
     def encode_image(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,7 +138,9 @@ class DualEncoder(nn.Module):
             images = images * self.pixel_scale + self.pixel_shift
         return open_clip_image(self.clip, images)
 
-    def encode_text(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode_text(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(text tokens, unit text features [B, embed_dim]): what :meth:`caption_logits` reads as the caption, and
         the contrastive feature. The text tokens are the ids [B, L] themselves, or for a CoCa its text tower's
         per-token outputs [B, L, width]. Captions are padded to ``context_length`` where the tower reads the last
@@ -130,10 +150,12 @@ class DualEncoder(nn.Module):
             ids = ids.masked_fill(attention_mask == 0, self.text_pad_id)
         if self.pad_to_context and ids.shape[1] < self.config.context_length:
             ids = F.pad(ids, (0, self.config.context_length - ids.shape[1]), value=self.text_pad_id)
-        ids = ids[:, :self.config.context_length]
+        ids = ids[:, : self.config.context_length]
         if self.coca:
             tokens, features = open_clip_text(self.clip, ids, with_tokens=True)
-            return tokens[:, :input_ids.shape[1]], features  # causal: the padding after a caption changes none of its tokens
+            return tokens[
+                :, : input_ids.shape[1]
+            ], features  # causal: the padding after a caption changes none of its tokens
         return input_ids, open_clip_text(self.clip, ids)
 
     # --- the losses' parameters --------------------------------------------------------------------
@@ -161,8 +183,10 @@ class DualEncoder(nn.Module):
         if self.coca:
             return self.clip.text_decoder(image_tokens, text_tokens)
         if self.decoder is None:
-            raise FalconError("this dual encoder has no captioning decoder (decoder_layers: 0): the caption loss "
-                              "and reward need one; register a model config with decoder_layers > 0")
+            raise FalconError(
+                "this dual encoder has no captioning decoder (decoder_layers: 0): the caption loss "
+                "and reward need one; register a model config with decoder_layers > 0"
+            )
         return self.decoder(image_tokens, text_tokens)
 
     def caption_text(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -227,15 +251,32 @@ def build_open_clip(config: DualConfig) -> nn.Module:
     import open_clip
 
     if config.open_clip_model is None:
-        vision = dict(image_size=config.image_size, patch_size=config.patch_size, width=config.vision_width,
-                      layers=config.vision_layers, head_width=config.vision_head_width, pool_type=config.vision_pool)
+        vision = dict(
+            image_size=config.image_size,
+            patch_size=config.patch_size,
+            width=config.vision_width,
+            layers=config.vision_layers,
+            head_width=config.vision_head_width,
+            pool_type=config.vision_pool,
+        )
         bidirectional = config.text_pool != "argmax"
-        text = dict(context_length=config.context_length, vocab_size=config.vocab_size, width=config.text_width,
-                    heads=config.text_heads, layers=config.text_layers, no_causal_mask=bidirectional,
-                    pad_id=config.pad_token_id, pool_type=config.text_pool)
-        clip = open_clip.CustomTextCLIP(config.embed_dim, vision_cfg=vision, text_cfg=text,
-                                        init_logit_scale=math.log(config.logit_scale_init),
-                                        init_logit_bias=config.logit_bias_init if config.contrastive == "sigmoid" else None)
+        text = dict(
+            context_length=config.context_length,
+            vocab_size=config.vocab_size,
+            width=config.text_width,
+            heads=config.text_heads,
+            layers=config.text_layers,
+            no_causal_mask=bidirectional,
+            pad_id=config.pad_token_id,
+            pool_type=config.text_pool,
+        )
+        clip = open_clip.CustomTextCLIP(
+            config.embed_dim,
+            vision_cfg=vision,
+            text_cfg=text,
+            init_logit_scale=math.log(config.logit_scale_init),
+            init_logit_bias=config.logit_bias_init if config.contrastive == "sigmoid" else None,
+        )
         clip.text.use_pad_mask = bidirectional  # (not a CLIPTextCfg field) keep padding out of bidirectional attention
         return clip
     return _named_open_clip(config)
@@ -260,23 +301,33 @@ def _named_open_clip(config: DualConfig) -> nn.Module:
     except FalconError:
         raise
     except Exception as exc:  # open_clip raises RuntimeError/ValueError/OSError for weights it cannot load
-        why = (hub_hint(weights or name) if from_hub else "") or "give a local checkpoint file or a tag in open_clip's cache"
-        raise FalconError(f"open_clip could not build {name} with weights {weights!r} ({_first_line(exc)}); {why}") from None
+        why = (
+            hub_hint(weights or name) if from_hub else ""
+        ) or "give a local checkpoint file or a tag in open_clip's cache"
+        raise FalconError(
+            f"open_clip could not build {name} with weights {weights!r} ({_first_line(exc)}); {why}"
+        ) from None
     note_open_clip(name, weights, open_clip, "open_clip_model", "vision_weights")
     if is_coca(clip) and weights is None and not name.startswith((LOCAL_DIR, HF_HUB)):
         init_multimodal_transformer(clip.text_decoder)  # a CoCa from scratch
     size = getattr(clip.visual, "image_size", None)
-    settings = {"embed_dim": getattr(clip.visual, "output_dim", None),
-                "context_length": text_tower_setting(clip, "context_length"),
-                "image_size": size[0] if isinstance(size, (tuple, list)) else size}
+    settings = {
+        "embed_dim": getattr(clip.visual, "output_dim", None),
+        "context_length": text_tower_setting(clip, "context_length"),
+        "image_size": size[0] if isinstance(size, (tuple, list)) else size,
+    }
     for key, value in settings.items():
         if value is not None and int(value) != getattr(config, key):
-            raise FalconError(f"open_clip model {name}: {key} is {value} but the model config says {getattr(config, key)}; "
-                              f"set {key}: {value} in the model config")
+            raise FalconError(
+                f"open_clip model {name}: {key} is {value} but the model config says {getattr(config, key)}; "
+                f"set {key}: {value} in the model config"
+            )
     vocab = text_tower_setting(clip, "vocab_size")
     if vocab is not None and config.vocab_size > int(vocab):
-        raise FalconError(f"open_clip model {name}: its text tower knows {vocab} token ids but the run's tokenizer has "
-                          f"{config.vocab_size}; use the model's own tokenizer (data.tokenizer)")
+        raise FalconError(
+            f"open_clip model {name}: its text tower knows {vocab} token ids but the run's tokenizer has "
+            f"{config.vocab_size}; use the model's own tokenizer (data.tokenizer)"
+        )
     return clip
 
 
@@ -285,5 +336,17 @@ def build_dual(config: DualConfig) -> DualEncoder:
     return DualEncoder(config, build_open_clip(config))
 
 
-__all__ = ["CaptionDecoder", "DualConfig", "DualEncoder", "build_dual", "build_open_clip", "image_token_width",
-           "init_multimodal_transformer", "is_coca", "is_coca_name", "open_clip_image", "open_clip_text", "text_tower_setting"]
+__all__ = [
+    "CaptionDecoder",
+    "DualConfig",
+    "DualEncoder",
+    "build_dual",
+    "build_open_clip",
+    "image_token_width",
+    "init_multimodal_transformer",
+    "is_coca",
+    "is_coca_name",
+    "open_clip_image",
+    "open_clip_text",
+    "text_tower_setting",
+]

@@ -92,11 +92,15 @@ class DualConfig(BaseModel):
             if self.image_size % self.patch_size:
                 problems.append(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
             if self.vision_width % self.vision_head_width:
-                problems.append(f"vision_head_width {self.vision_head_width} does not divide vision_width {self.vision_width}")
+                problems.append(
+                    f"vision_head_width {self.vision_head_width} does not divide vision_width {self.vision_width}"
+                )
             if self.text_width % self.text_heads:
                 problems.append(f"text_heads {self.text_heads} does not divide text_width {self.text_width}")
         if self.decoder_layers and self.is_coca:
-            problems.append(f"{self.open_clip_model} is a CoCa, which has its own captioning decoder: set decoder_layers: 0")
+            problems.append(
+                f"{self.open_clip_model} is a CoCa, which has its own captioning decoder: set decoder_layers: 0"
+            )
         if self.decoder_layers and self.decoder_width % self.decoder_heads:
             problems.append(f"decoder_heads {self.decoder_heads} does not divide decoder_width {self.decoder_width}")
         if self.logit_scale_init <= 0 or self.logit_scale_init > self.logit_scale_max:
@@ -123,7 +127,7 @@ def is_coca_name(name: str | None) -> bool:
         return False
     if name.startswith(LOCAL_DIR):
         try:
-            config = json.loads((Path(name[len(LOCAL_DIR):]).expanduser() / "open_clip_config.json").read_text())
+            config = json.loads((Path(name[len(LOCAL_DIR) :]).expanduser() / "open_clip_config.json").read_text())
         except (OSError, ValueError):
             return False  # building the model reports the unreadable directory
         return "multimodal_cfg" in config.get("model_cfg", {})

@@ -26,9 +26,15 @@ from PIL import Image
 
 from falcon_cli.artifacts.checkpoints import WEIGHTS, latest_checkpoint
 from falcon_cli.errors import FalconError
-from falcon_cli.models.open_clip_names import (HF_HUB, LOCAL_DIR, _check_open_clip_name,
-                                              _check_open_clip_pretrained, _first_line, note_open_clip,
-                                              pinned_open_clip)
+from falcon_cli.models.open_clip_names import (
+    HF_HUB,
+    LOCAL_DIR,
+    _check_open_clip_name,
+    _check_open_clip_pretrained,
+    _first_line,
+    note_open_clip,
+    pinned_open_clip,
+)
 from falcon_cli.data.collate import tokenize
 from falcon_cli.data.tokenizer import load_tokenizer
 from falcon_cli.models.dual import open_clip_image, open_clip_text
@@ -98,15 +104,21 @@ class OpenClipEncoder:
         if from_hub:  # a pretrained tag or an hf-hub: repo: open_clip fetches it from the Hugging Face hub
             prepare_hub()
         try:
-            load_name, load_pretrained, extra = pinned_open_clip(name, pretrained, open_clip, "embed.encoder",
-                                                                 "embed.pretrained")
-            model, _, preprocess = open_clip.create_model_and_transforms(load_name, pretrained=load_pretrained,
-                                                                         device=device, **extra)
+            load_name, load_pretrained, extra = pinned_open_clip(
+                name, pretrained, open_clip, "embed.encoder", "embed.pretrained"
+            )
+            model, _, preprocess = open_clip.create_model_and_transforms(
+                load_name, pretrained=load_pretrained, device=device, **extra
+            )
         except FalconError:
             raise
         except Exception as exc:  # open_clip raises RuntimeError/ValueError/OSError for weights it cannot load
-            why = (hub_hint(checkpoint) if from_hub else "") or "give a local checkpoint file or a tag in open_clip's cache"
-            raise FalconError(f"{what}: open_clip could not load weights for {name} ({_first_line(exc)}); {why}") from None
+            why = (
+                hub_hint(checkpoint) if from_hub else ""
+            ) or "give a local checkpoint file or a tag in open_clip's cache"
+            raise FalconError(
+                f"{what}: open_clip could not load weights for {name} ({_first_line(exc)}); {why}"
+            ) from None
         note_open_clip(name, pretrained, open_clip, "embed.encoder", "embed.pretrained")
         self.model = model.eval()
         self.device = device
@@ -146,13 +158,17 @@ class FalconEncoder:
         tokenizer_dir = run_dir / TOKENIZER_DIR if run_dir is not None else None
         if tokenizer_dir is None or not tokenizer_dir.is_dir():
             where = tokenizer_dir if tokenizer_dir is not None else f"the run directory around {checkpoint}"
-            raise FalconError(f"embed.encoder=falcon:{path}: the run's tokenizer ({where}) is not there; "
-                              "give the falcon run directory (it holds data/tokenizer and checkpoints/)")
+            raise FalconError(
+                f"embed.encoder=falcon:{path}: the run's tokenizer ({where}) is not there; "
+                "give the falcon run directory (it holds data/tokenizer and checkpoints/)"
+            )
         tokenizer = load_tokenizer(tokenizer_dir)
         self.model = model_from_weights(checkpoint / WEIGHTS).to(device).eval()
         if tokenizer_vocabulary(self.model.config) != len(tokenizer):
-            raise FalconError(f"{checkpoint / WEIGHTS}: vocabulary of {tokenizer_vocabulary(self.model.config)} tokens, but "
-                              f"{tokenizer_dir} has {len(tokenizer)}; the checkpoint belongs to another run")
+            raise FalconError(
+                f"{checkpoint / WEIGHTS}: vocabulary of {tokenizer_vocabulary(self.model.config)} tokens, but "
+                f"{tokenizer_dir} has {len(tokenizer)}; the checkpoint belongs to another run"
+            )
         meta = _read_json(checkpoint / "meta.json")
         self.device = device
         self.model_name = str(meta.get("model") or "albef")
@@ -177,12 +193,14 @@ def load_encoder(spec: str, pretrained: str | None, device: torch.device | str) 
     random weights), or ``falcon:<run directory or checkpoint directory>`` (``pretrained`` is ignored).
     """
     device = torch.device(device)
-    if spec.startswith(OPEN_CLIP_PREFIX) and spec[len(OPEN_CLIP_PREFIX):]:
-        return OpenClipEncoder(spec[len(OPEN_CLIP_PREFIX):], pretrained, device)
-    if spec.startswith(FALCON_PREFIX) and spec[len(FALCON_PREFIX):]:
-        return FalconEncoder(spec[len(FALCON_PREFIX):], device)
-    raise FalconError(f"embed.encoder={spec!r}: unknown encoder; use open_clip:<model name> (e.g. open_clip:ViT-B-32) "
-                      "or falcon:<run or checkpoint directory> (e.g. falcon:runs/demo)")
+    if spec.startswith(OPEN_CLIP_PREFIX) and spec[len(OPEN_CLIP_PREFIX) :]:
+        return OpenClipEncoder(spec[len(OPEN_CLIP_PREFIX) :], pretrained, device)
+    if spec.startswith(FALCON_PREFIX) and spec[len(FALCON_PREFIX) :]:
+        return FalconEncoder(spec[len(FALCON_PREFIX) :], device)
+    raise FalconError(
+        f"embed.encoder={spec!r}: unknown encoder; use open_clip:<model name> (e.g. open_clip:ViT-B-32) "
+        "or falcon:<run or checkpoint directory> (e.g. falcon:runs/demo)"
+    )
 
 
 def locate_falcon_checkpoint(path: str | Path) -> tuple[Path, Path | None]:
@@ -190,20 +208,25 @@ def locate_falcon_checkpoint(path: str | Path) -> tuple[Path, Path | None]:
 
     path = Path(path).expanduser()
     if not path.exists():
-        raise FalconError(f"embed.encoder=falcon:{path}: not found; give a falcon run directory or a checkpoint directory")
+        raise FalconError(
+            f"embed.encoder=falcon:{path}: not found; give a falcon run directory or a checkpoint directory"
+        )
     if (path / WEIGHTS).is_file():
         run_dir = path.parent.parent if path.parent.name == "checkpoints" else None
         # a fine-tuned checkpoint (finetune/<task>/best, finetune/<task>/checkpoints/<step>) reads its run's tokenizer
-        finetuned = [p.parent for p in path.parents[:3]
-                     if p.name == "finetune" and (p.parent / TOKENIZER_DIR).is_dir()]
+        finetuned = [p.parent for p in path.parents[:3] if p.name == "finetune" and (p.parent / TOKENIZER_DIR).is_dir()]
         return path, finetuned[0] if finetuned else run_dir
     if (path / "checkpoints").is_dir():
         checkpoint = latest_checkpoint(path / "checkpoints")
         if checkpoint is None:
-            raise FalconError(f"{path / 'checkpoints'}: no checkpoint (no 'latest' pointer); pretrain first or give a checkpoint directory")
+            raise FalconError(
+                f"{path / 'checkpoints'}: no checkpoint (no 'latest' pointer); pretrain first or give a checkpoint directory"
+            )
         return checkpoint, path
-    raise FalconError(f"embed.encoder=falcon:{path}: neither a run directory (with checkpoints/) nor a checkpoint "
-                      f"directory (with {WEIGHTS})")
+    raise FalconError(
+        f"embed.encoder=falcon:{path}: neither a run directory (with checkpoints/) nor a checkpoint "
+        f"directory (with {WEIGHTS})"
+    )
 
 
 def _open_clip_checkpoint(name: str, pretrained: str | None) -> str:
@@ -216,11 +239,13 @@ def _open_clip_checkpoint(name: str, pretrained: str | None) -> str:
         return "" if pretrained is None else str(pretrained)
     import open_clip.factory
 
-    directory = Path(name[len(LOCAL_DIR):]).expanduser()
+    directory = Path(name[len(LOCAL_DIR) :]).expanduser()
     spec = f"embed.encoder={OPEN_CLIP_PREFIX}{name}"
     if not (directory / "open_clip_config.json").is_file():
-        raise FalconError(f"{spec}: {directory / 'open_clip_config.json'} not found (a local-dir: directory holds "
-                          "open_clip_config.json and the weights, as open_clip's push_to_hf_hub writes them)")
+        raise FalconError(
+            f"{spec}: {directory / 'open_clip_config.json'} not found (a local-dir: directory holds "
+            "open_clip_config.json and the weights, as open_clip's push_to_hf_hub writes them)"
+        )
     if not any(p.suffix in WEIGHT_SUFFIXES for p in directory.iterdir()):
         raise FalconError(f"{spec}: no weights file ({', '.join('*' + s for s in WEIGHT_SUFFIXES)}) in {directory}")
     find = getattr(open_clip.factory, "_find_checkpoint_in_dir", None)  # open_clip's own choice among several files

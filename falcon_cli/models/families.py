@@ -57,20 +57,44 @@ class ModelFamily:
 
 
 FAMILIES: dict[str, ModelFamily] = {
-    "albef": ModelFamily("albef", "ALBEF", "falcon_cli.models.config:AlbefConfig", "falcon_cli.models.albef:build_albef",
-                         itm_head=True, downstream=True, appended_tokens=0),
-    "blip2": ModelFamily("blip2", "BLIP-2", "falcon_cli.models.blip2_config:Blip2Config",
-                         "falcon_cli.models.qformer:build_blip2", itm_head=True, downstream=False, appended_tokens=1),
-    "dual": ModelFamily("dual", "dual-encoder", "falcon_cli.models.dual_config:DualConfig",
-                        "falcon_cli.models.dual:build_dual", itm_head=False, downstream=False, appended_tokens=0),
+    "albef": ModelFamily(
+        "albef",
+        "ALBEF",
+        "falcon_cli.models.config:AlbefConfig",
+        "falcon_cli.models.albef:build_albef",
+        itm_head=True,
+        downstream=True,
+        appended_tokens=0,
+    ),
+    "blip2": ModelFamily(
+        "blip2",
+        "BLIP-2",
+        "falcon_cli.models.blip2_config:Blip2Config",
+        "falcon_cli.models.qformer:build_blip2",
+        itm_head=True,
+        downstream=False,
+        appended_tokens=1,
+    ),
+    "dual": ModelFamily(
+        "dual",
+        "dual-encoder",
+        "falcon_cli.models.dual_config:DualConfig",
+        "falcon_cli.models.dual:build_dual",
+        itm_head=False,
+        downstream=False,
+        appended_tokens=0,
+    ),
 }
 
 
 def model_family(model_or_config: Any, source: str = "model config") -> ModelFamily:
     """The family of a model, a model config, or a framework name (``source`` names the input in the one
     line an unknown name gets)."""
-    name = model_or_config if isinstance(model_or_config, str) else getattr(
-        getattr(model_or_config, "config", model_or_config), "framework", "albef")
+    name = (
+        model_or_config
+        if isinstance(model_or_config, str)
+        else getattr(getattr(model_or_config, "config", model_or_config), "framework", "albef")
+    )
     if name not in FAMILIES:
         raise FalconError(f"{source}: unknown framework {name!r}; valid: {', '.join(FAMILIES)}")
     return FAMILIES[name]

@@ -38,7 +38,7 @@ def vision_forward_flops(config: AlbefConfig) -> float:
     tokens, width = patches + 1, config.vision_width
     mlp = int(width * config.vision_mlp_ratio)
     per_layer = tokens * (4 * width * width + 2 * width * mlp) + 2 * tokens * tokens * width
-    embed = patches * 3 * config.patch_size ** 2 * width
+    embed = patches * 3 * config.patch_size**2 * width
     return 2.0 * (embed + config.vision_layers * per_layer + width * config.embed_dim)
 
 
@@ -57,18 +57,20 @@ def fusion_forward_flops(config: AlbefConfig, length: int) -> float:
     """One (caption, image) pair through the fusion layers: self-attention, cross-attention to every image
     token (whose key/value projections run per pair, and dominate at 257 image tokens), feed-forward."""
     width, image_tokens = config.text_width, (config.image_size // config.patch_size) ** 2 + 1
-    cross = (2 * length * width * width + 2 * image_tokens * config.vision_width * width
-             + 2 * length * image_tokens * width)
+    cross = (
+        2 * length * width * width + 2 * image_tokens * config.vision_width * width + 2 * length * image_tokens * width
+    )
     return 2.0 * config.fusion_layers * (_bert_layer_macs(config, length) + cross)
 
 
 def mlm_head_flops(config: AlbefConfig, masked_tokens: float) -> float:
     """The MLM head (dense transform, then the tied vocabulary decoder) on ``masked_tokens`` tokens."""
-    return 2.0 * masked_tokens * (config.text_width ** 2 + config.text_width * config.vocab_size)
+    return 2.0 * masked_tokens * (config.text_width**2 + config.text_width * config.vocab_size)
 
 
-def pretrain_flops_per_pair(config: AlbefConfig, text_length: int, masked_tokens: float, *,
-                            reward_images: str | None = None) -> dict[str, float]:
+def pretrain_flops_per_pair(
+    config: AlbefConfig, text_length: int, masked_tokens: float, *, reward_images: str | None = None
+) -> dict[str, float]:
     """FLOPs per pair of one ALBEF/GRIT pretraining step (ITC + ITM with one hard negative each way + MLM),
     by part, forward and backward together (``total``: their sum).
 
@@ -81,14 +83,21 @@ def pretrain_flops_per_pair(config: AlbefConfig, text_length: int, masked_tokens
         "image_encoder": train * vision_forward_flops(config),
         "text_encoder": train * text_forward_flops(config, text_length),
         "itm_fusion": train * 3 * fusion_forward_flops(config, text_length),
-        "mlm": train * (text_forward_flops(config, text_length) + fusion_forward_flops(config, text_length)
-                        + mlm_head_flops(config, masked_tokens)),
+        "mlm": train
+        * (
+            text_forward_flops(config, text_length)
+            + fusion_forward_flops(config, text_length)
+            + mlm_head_flops(config, masked_tokens)
+        ),
     }
     if reward_images is not None:
         if reward_images not in ("recompute", "reuse"):
             raise ValueError(f"reward_images must be recompute or reuse, not {reward_images!r}")
-        mlm_path = (text_forward_flops(config, text_length) + fusion_forward_flops(config, text_length)
-                    + mlm_head_flops(config, masked_tokens))
+        mlm_path = (
+            text_forward_flops(config, text_length)
+            + fusion_forward_flops(config, text_length)
+            + mlm_head_flops(config, masked_tokens)
+        )
         parts["reward"] = mlm_path + (vision_forward_flops(config) if reward_images == "recompute" else 0.0)
     parts["total"] = sum(parts.values())
     return parts

@@ -37,16 +37,23 @@ class PairFusionEncoder(nn.Module):
 
     def __init__(self, config: AlbefConfig):
         super().__init__()
-        self.layers = nn.ModuleList(BertLayer(config, cross_width=config.vision_width, shared_cross_kv=i % 2 == 1)
-                                    for i in range(2 * config.fusion_layers))
+        self.layers = nn.ModuleList(
+            BertLayer(config, cross_width=config.vision_width, shared_cross_kv=i % 2 == 1)
+            for i in range(2 * config.fusion_layers)
+        )
 
     def cross_kv(self, index: int) -> tuple[nn.Linear, nn.Linear]:
         """The (key, value) projections that layer ``index``'s cross-attention uses (its pair's first layer's)."""
         owner = self.layers[index - index % 2].cross_attn
         return owner.key, owner.value
 
-    def forward(self, text_tokens: torch.Tensor, attention_mask: torch.Tensor,
-                image_tokens0: torch.Tensor, image_tokens1: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        text_tokens: torch.Tensor,
+        attention_mask: torch.Tensor,
+        image_tokens0: torch.Tensor,
+        image_tokens1: torch.Tensor,
+    ) -> torch.Tensor:
         """Text tokens [B, L, W] (padding mask [B, L]) fused with two images' tokens [B, N, vision_width]."""
         x = text_tokens
         for first, second in zip(self.layers[0::2], self.layers[1::2]):
@@ -92,11 +99,13 @@ class AlbefNLVR2(nn.Module):
             model.fusion_encoder.layers[2 * k].load_state_dict(state)
             # The odd layer owns no key/value: they are the shared ones just loaded into layer 2k.
             model.fusion_encoder.layers[2 * k + 1].load_state_dict(
-                {name: v for name, v in state.items() if not name.startswith(("cross_attn.key.", "cross_attn.value."))})
+                {name: v for name, v in state.items() if not name.startswith(("cross_attn.key.", "cross_attn.value."))}
+            )
         return model
 
-    def encode_pair(self, images0: torch.Tensor, images1: torch.Tensor, input_ids: torch.Tensor,
-                    attention_mask: torch.Tensor) -> torch.Tensor:
+    def encode_pair(
+        self, images0: torch.Tensor, images1: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> torch.Tensor:
         """Fused tokens ``[B, L, text_width]`` of each sentence with its two images ([B, 3, H, W] each)."""
         # One ViT pass over both image batches (as ALBEF does), then split back.
         image_tokens = self.visual_encoder.forward_features(torch.cat([images0, images1]))
@@ -112,8 +121,14 @@ class AlbefNLVR2(nn.Module):
         """NLVR2 logits [B, 2] (index 1 = the sentence is true) from the fused [CLS] token."""
         return self.cls_head(fused[:, 0])
 
-    def forward(self, images0: torch.Tensor, images1: torch.Tensor, input_ids: torch.Tensor,
-                attention_mask: torch.Tensor, head: str = "nlvr") -> torch.Tensor:
+    def forward(
+        self,
+        images0: torch.Tensor,
+        images1: torch.Tensor,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        head: str = "nlvr",
+    ) -> torch.Tensor:
         """Encode the pair and apply ``head``: ``"nlvr"`` -> [B, 2], ``"ta"`` -> [B, 3]."""
         if head not in ("nlvr", "ta"):
             raise ValueError(f"head must be 'nlvr' or 'ta', got {head!r}")

@@ -28,8 +28,10 @@ def _check_open_clip_name(name: str, open_clip) -> None:
     known = open_clip.list_models()
     if name not in known:
         near = difflib.get_close_matches(name, known, n=3, cutoff=0.5) or known[:3]
-        raise FalconError(f"embed.encoder=open_clip:{name}: unknown open_clip model; did you mean "
-                          f"{', '.join(near)}? (`python -c 'import open_clip; print(open_clip.list_models())'` lists all)")
+        raise FalconError(
+            f"embed.encoder=open_clip:{name}: unknown open_clip model; did you mean "
+            f"{', '.join(near)}? (`python -c 'import open_clip; print(open_clip.list_models())'` lists all)"
+        )
 
 
 def _check_open_clip_pretrained(name: str, pretrained: str, open_clip) -> None:
@@ -44,7 +46,11 @@ def _check_open_clip_pretrained(name: str, pretrained: str, open_clip) -> None:
         return
     tags = open_clip.list_pretrained_tags_by_model(name)
     if tag not in tags:
-        hint = f"tags for {name}: {', '.join(tags[:6])}" if tags else f"open_clip has no pretrained tags for {name}; give a local file"
+        hint = (
+            f"tags for {name}: {', '.join(tags[:6])}"
+            if tags
+            else f"open_clip has no pretrained tags for {name}; give a local file"
+        )
         raise FalconError(f"embed.pretrained={pretrained}: not a pretrained tag of {name} nor a file; {hint}")
 
 
@@ -54,7 +60,9 @@ def _tag_hub_file(name: str, tag: str, open_clip) -> tuple[str | None, str, str]
     from open_clip.constants import HF_WEIGHTS_NAME
 
     cfg = open_clip.get_pretrained_cfg(name, tag) or {}
-    repo, filename = os.path.split(cfg.get("hf_hub") or "")  # 'org/model/' or 'org/model/file.pt', as open_clip reads it
+    repo, filename = os.path.split(
+        cfg.get("hf_hub") or ""
+    )  # 'org/model/' or 'org/model/file.pt', as open_clip reads it
     return repo or None, filename or HF_WEIGHTS_NAME, cfg.get("url") or ""
 
 
@@ -64,8 +72,11 @@ def _hub_weights(ref: HubRef, filename: str) -> str:
     from huggingface_hub.errors import EntryNotFoundError
     from open_clip.constants import HF_SAFE_WEIGHTS_NAME, HF_WEIGHTS_NAME
 
-    twin = HF_SAFE_WEIGHTS_NAME if filename == HF_WEIGHTS_NAME else (
-        filename.rsplit(".", 1)[0] + ".safetensors" if filename.endswith((".bin", ".pth")) else None)
+    twin = (
+        HF_SAFE_WEIGHTS_NAME
+        if filename == HF_WEIGHTS_NAME
+        else (filename.rsplit(".", 1)[0] + ".safetensors" if filename.endswith((".bin", ".pth")) else None)
+    )
     if twin is not None:
         try:
             return hub_file(ref, twin)
@@ -74,8 +85,9 @@ def _hub_weights(ref: HubRef, filename: str) -> str:
     return hub_file(ref, filename)
 
 
-def pinned_open_clip(name: str, pretrained: str | None, open_clip, what: str, what_weights: str
-                     ) -> tuple[str, str | None, dict]:
+def pinned_open_clip(
+    name: str, pretrained: str | None, open_clip, what: str, what_weights: str
+) -> tuple[str, str | None, dict]:
     """What to hand open_clip for model ``name`` and weights ``pretrained`` (checked already) so that a revision is
     honoured: ``(model name, pretrained, extra keyword arguments of create_model_and_transforms)``.
 
@@ -100,11 +112,17 @@ def pinned_open_clip(name: str, pretrained: str | None, open_clip, what: str, wh
         return name, pretrained, {}
     repo, filename, url = _tag_hub_file(name, ref.repo, open_clip)
     if repo is None:
-        raise FalconError(f"{what_weights}={pretrained}: open_clip takes {name}'s {ref.repo} weights from {url or 'no hub repository'}, "
-                          f"not the Hugging Face hub, so no revision can be pinned; drop '@{ref.revision}'")
+        raise FalconError(
+            f"{what_weights}={pretrained}: open_clip takes {name}'s {ref.repo} weights from {url or 'no hub repository'}, "
+            f"not the Hugging Face hub, so no revision can be pinned; drop '@{ref.revision}'"
+        )
     cfg = open_clip.get_pretrained_cfg(name, ref.repo)
-    preprocess = {"image_mean": cfg.get("mean"), "image_std": cfg.get("std"),
-                  "image_interpolation": cfg.get("interpolation"), "image_resize_mode": cfg.get("resize_mode")}
+    preprocess = {
+        "image_mean": cfg.get("mean"),
+        "image_std": cfg.get("std"),
+        "image_interpolation": cfg.get("interpolation"),
+        "image_resize_mode": cfg.get("resize_mode"),
+    }
     weights = _hub_weights(HubRef(repo, ref.revision), filename)
     return name, weights, {key: value for key, value in preprocess.items() if value is not None}
 
@@ -116,7 +134,7 @@ def note_open_clip(name: str, pretrained: str | None, open_clip, what: str, what
     if name.startswith(HF_HUB):
         note_hub(HubRef.parse(name, what), what)
     elif name.startswith(LOCAL_DIR):
-        note_local(name[len(LOCAL_DIR):], what)
+        note_local(name[len(LOCAL_DIR) :], what)
     elif pretrained is not None and Path(pretrained).expanduser().is_file():
         note_local(pretrained, what_weights)
     elif pretrained is not None:

@@ -45,12 +45,16 @@ def find_checkpoint(path: str | Path, what: str) -> Path:
         checkpoint = latest_checkpoint(path / "checkpoints")
         if checkpoint is not None:
             return checkpoint
-        raise FalconError(f"{what}: {path / 'checkpoints'} has no checkpoint yet; pretrain first "
-                          f"(falcon pretrain --run-dir {path}) or give a checkpoint directory")
+        raise FalconError(
+            f"{what}: {path / 'checkpoints'} has no checkpoint yet; pretrain first "
+            f"(falcon pretrain --run-dir {path}) or give a checkpoint directory"
+        )
     if not path.exists():
         raise FalconError(f"{what}: {path} not found; give a falcon run directory or a checkpoint directory")
-    raise FalconError(f"{what}: {path} is neither a run directory (with checkpoints/), a checkpoint "
-                      f"directory (with {WEIGHTS}) nor an ALBEF/GRIT-VLP/MAFA .pth file")
+    raise FalconError(
+        f"{what}: {path} is neither a run directory (with checkpoints/), a checkpoint "
+        f"directory (with {WEIGHTS}) nor an ALBEF/GRIT-VLP/MAFA .pth file"
+    )
 
 
 def at_resolution(state: dict, config: AlbefConfig, image_size: int | None) -> tuple[dict, AlbefConfig]:
@@ -61,8 +65,10 @@ def at_resolution(state: dict, config: AlbefConfig, image_size: int | None) -> t
     if image_size is None or image_size == config.image_size:
         return state, config
     if POS_EMBED not in state:
-        raise FalconError(f"this {config.framework} model's image encoder keeps its resolution "
-                          f"({config.image_size} px): leave the image size unset")
+        raise FalconError(
+            f"this {config.framework} model's image encoder keeps its resolution "
+            f"({config.image_size} px): leave the image size unset"
+        )
     if image_size % config.patch_size:
         raise FalconError(f"image_size {image_size} is not a multiple of the model's patch size {config.patch_size}")
     grid = image_size // config.patch_size
@@ -71,14 +77,17 @@ def at_resolution(state: dict, config: AlbefConfig, image_size: int | None) -> t
     return state, config.model_copy(update={"image_size": image_size})
 
 
-def albef_from_checkpoint(checkpoint: str | Path, image_size: int | None = None, *,
-                          vocab_size: int | None = None) -> ALBEF:
+def albef_from_checkpoint(
+    checkpoint: str | Path, image_size: int | None = None, *, vocab_size: int | None = None
+) -> ALBEF:
     """:func:`model_from_checkpoint` for the stages that need an ALBEF (fine-tuning): another framework's
     checkpoint is refused in one line."""
     family = model_family("albef" if is_albef_file(checkpoint) else read_weights_config(Path(checkpoint) / WEIGHTS))
     if not family.downstream:  # (before building it: its image encoder may not take the fine-tuning resolution)
-        raise FalconError(f"{checkpoint}: a {family.name} checkpoint; fine-tuning (retrieval, VQA, NLVR2) "
-                          "is built for ALBEF models: evaluate it with `falcon evaluate retrieval` instead")
+        raise FalconError(
+            f"{checkpoint}: a {family.name} checkpoint; fine-tuning (retrieval, VQA, NLVR2) "
+            "is built for ALBEF models: evaluate it with `falcon evaluate retrieval` instead"
+        )
     return model_from_checkpoint(checkpoint, image_size, vocab_size=vocab_size)
 
 
@@ -102,8 +111,10 @@ def model_from_checkpoint(checkpoint: str | Path, image_size: int | None = None,
     model = build_model(config)
     result = model.load_state_dict(state, strict=False)
     if result.missing_keys or result.unexpected_keys:
-        raise FalconError(f"{path}: not a {config.framework} checkpoint of this version (missing {result.missing_keys[:3]}, "
-                          f"unexpected {result.unexpected_keys[:3]})")
+        raise FalconError(
+            f"{path}: not a {config.framework} checkpoint of this version (missing {result.missing_keys[:3]}, "
+            f"unexpected {result.unexpected_keys[:3]})"
+        )
     return model
 
 
@@ -132,7 +143,7 @@ def trained_text_length(checkpoint: str | Path) -> int | None:
         value = json.loads(meta.read_text(encoding="utf-8")).get("max_text_length")
         if value is not None:
             return int(value)
-    if path.parent.name == "checkpoints":                                    # <run>/checkpoints/<step>
+    if path.parent.name == "checkpoints":  # <run>/checkpoints/<step>
         run_dir, section = path.parent.parent, "pretrain"
     elif len(path.parents) > 2 and path.parent.parent.name == FINETUNED.name:  # <run>/finetune/<task>/best
         run_dir, section = path.parents[2], "finetune"
@@ -169,5 +180,14 @@ def task_model_from_checkpoint(checkpoint: str | Path, task: str):
     return model
 
 
-__all__ = ["FINETUNED", "albef_from_checkpoint", "at_resolution", "model_from_checkpoint", "tokenizer_vocabulary", "check_vocabulary", "find_checkpoint", "finetuned_weights",
-           "task_model_from_checkpoint"]
+__all__ = [
+    "FINETUNED",
+    "albef_from_checkpoint",
+    "at_resolution",
+    "model_from_checkpoint",
+    "tokenizer_vocabulary",
+    "check_vocabulary",
+    "find_checkpoint",
+    "finetuned_weights",
+    "task_model_from_checkpoint",
+]

@@ -84,12 +84,20 @@ class Blip2QFormer(nn.Module):
         self.visual_encoder = build_image_tower(config)
         self.ln_vision = nn.LayerNorm(config.vision_width, eps=1e-6 if config.vision == "hf" else 1e-5)
         qformer_config = Blip2QFormerConfig(
-            vocab_size=config.vocab_size, hidden_size=config.qformer_width, num_hidden_layers=config.qformer_layers,
-            num_attention_heads=config.qformer_heads, intermediate_size=config.qformer_intermediate_size,
-            hidden_dropout_prob=config.hidden_dropout, attention_probs_dropout_prob=config.attention_dropout,
-            max_position_embeddings=config.max_position_embeddings, layer_norm_eps=config.layer_norm_eps,
-            pad_token_id=config.pad_token_id, cross_attention_frequency=config.cross_attention_frequency,
-            encoder_hidden_size=config.vision_width, use_qformer_text_input=True)
+            vocab_size=config.vocab_size,
+            hidden_size=config.qformer_width,
+            num_hidden_layers=config.qformer_layers,
+            num_attention_heads=config.qformer_heads,
+            intermediate_size=config.qformer_intermediate_size,
+            hidden_dropout_prob=config.hidden_dropout,
+            attention_probs_dropout_prob=config.attention_dropout,
+            max_position_embeddings=config.max_position_embeddings,
+            layer_norm_eps=config.layer_norm_eps,
+            pad_token_id=config.pad_token_id,
+            cross_attention_frequency=config.cross_attention_frequency,
+            encoder_hidden_size=config.vision_width,
+            use_qformer_text_input=True,
+        )
         qformer_config._attn_implementation = "sdpa"  # fused attention; boolean 4-D masks pass through as they are
         self.query_tokens = nn.Parameter(torch.zeros(1, config.num_query_tokens, config.qformer_width))
         self.embeddings = Blip2TextEmbeddings(qformer_config)
@@ -158,8 +166,11 @@ class Blip2QFormer(nn.Module):
     def query_features(self, image_embeds: torch.Tensor) -> torch.Tensor:
         """The queries through the Q-Former, cross-attending to ``image_embeds``: projected, L2-normalised
         float32 ITC features [B, Q, embed_dim]."""
-        hidden = self.qformer(query_embeds=self._queries(image_embeds.shape[0]), query_length=self.config.num_query_tokens,
-                              encoder_hidden_states=image_embeds).last_hidden_state
+        hidden = self.qformer(
+            query_embeds=self._queries(image_embeds.shape[0]),
+            query_length=self.config.num_query_tokens,
+            encoder_hidden_states=image_embeds,
+        ).last_hidden_state
         return F.normalize(self.vision_proj(hidden).float(), dim=-1)
 
     def encode_image(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,8 +181,9 @@ class Blip2QFormer(nn.Module):
     def encode_text(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Text alone through the Q-Former -> (hidden states [B, L, width], text feature [B, embed_dim]: the
         projected, L2-normalised float32 [CLS], or mean with ``pooling: mean``)."""
-        hidden = self.qformer(query_embeds=self.embeddings(input_ids=input_ids), query_length=0,
-                              attention_mask=attention_mask).last_hidden_state
+        hidden = self.qformer(
+            query_embeds=self.embeddings(input_ids=input_ids), query_length=0, attention_mask=attention_mask
+        ).last_hidden_state
         if self.config.pooling == "cls":
             pooled = hidden[:, 0]
         else:
@@ -187,10 +199,16 @@ class Blip2QFormer(nn.Module):
         """Queries and text in one pass, attending to each other through ``attention_mask`` (2-D: padding
         only; 4-D bool: exactly that), the queries cross-attending to ``image_embeds``."""
         embeds = self.embeddings(input_ids=input_ids, query_embeds=self._queries(input_ids.shape[0]))
-        return self.qformer(query_embeds=embeds, query_length=self.config.num_query_tokens, attention_mask=attention_mask,
-                            encoder_hidden_states=image_embeds).last_hidden_state
+        return self.qformer(
+            query_embeds=embeds,
+            query_length=self.config.num_query_tokens,
+            attention_mask=attention_mask,
+            encoder_hidden_states=image_embeds,
+        ).last_hidden_state
 
-    def itm_logits(self, image_embeds: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def itm_logits(
+        self, image_embeds: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> torch.Tensor:
         """ITM logits [P, 2] of P (image, text) pairs: queries and text attend to each other bidirectionally
         (padding masked), the head is applied to each query output and averaged over the queries (LAVIS)."""
         q = self.config.num_query_tokens
@@ -198,13 +216,23 @@ class Blip2QFormer(nn.Module):
         hidden = self._joint(image_embeds, input_ids, mask)
         return self.itm_head(hidden[:, :q]).mean(dim=1)
 
-    def pair_itm_logits(self, image_tokens: torch.Tensor, text_tokens: torch.Tensor | None, input_ids: torch.Tensor,
-                        attention_mask: torch.Tensor) -> torch.Tensor:
+    def pair_itm_logits(
+        self,
+        image_tokens: torch.Tensor,
+        text_tokens: torch.Tensor | None,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+    ) -> torch.Tensor:
         """:meth:`itm_logits` with ALBEF's signature (``text_tokens`` are unused: the Q-Former reads the ids)."""
         return self.itm_logits(image_tokens, input_ids, attention_mask)
 
-    def match_logits(self, image_tokens: torch.Tensor, text_tokens: torch.Tensor | None, input_ids: torch.Tensor,
-                     attention_mask: torch.Tensor) -> torch.Tensor:
+    def match_logits(
+        self,
+        image_tokens: torch.Tensor,
+        text_tokens: torch.Tensor | None,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+    ) -> torch.Tensor:
         """ITM match logits [P] (class 1, raw): the retrieval re-ranking score."""
         return self.itm_logits(image_tokens, input_ids, attention_mask)[:, 1]
 
@@ -220,13 +248,15 @@ class Blip2QFormer(nn.Module):
         mask[:, q:, q:] = causal & attention_mask.bool()[:, None, :]
         return mask[:, None]
 
-    def itg_logits(self, image_embeds: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def itg_logits(
+        self, image_embeds: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> torch.Tensor:
         """Image-grounded text generation logits [B, L, vocab]: the caption with ``[DEC]`` in place of its
         first token, one pass under :meth:`generation_mask`; position t predicts token t + 1."""
         decoder_ids = input_ids.clone()
         decoder_ids[:, 0] = self.config.dec_id
         hidden = self._joint(image_embeds, decoder_ids, self.generation_mask(attention_mask))
-        return self.lm_head(hidden[:, self.config.num_query_tokens:], self.embeddings.word_embeddings.weight)
+        return self.lm_head(hidden[:, self.config.num_query_tokens :], self.embeddings.word_embeddings.weight)
 
     def forward(self, images: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Blip2Encodings:
         """Clamp the temperature in place, then the image tokens, query features and text features."""
@@ -253,22 +283,35 @@ def build_image_tower(config: Blip2Config) -> nn.Module:
         from transformers.models.blip_2.configuration_blip_2 import Blip2VisionConfig
         from transformers.models.blip_2.modeling_blip_2 import Blip2VisionModel
 
-        vision_config = Blip2VisionConfig(hidden_size=config.vision_width, num_hidden_layers=config.vision_layers,
-                                          num_attention_heads=config.vision_heads, image_size=config.image_size,
-                                          patch_size=config.patch_size,
-                                          intermediate_size=round(config.vision_width * config.vision_mlp_ratio))
+        vision_config = Blip2VisionConfig(
+            hidden_size=config.vision_width,
+            num_hidden_layers=config.vision_layers,
+            num_attention_heads=config.vision_heads,
+            image_size=config.image_size,
+            patch_size=config.patch_size,
+            intermediate_size=round(config.vision_width * config.vision_mlp_ratio),
+        )
         vision_config._attn_implementation = "sdpa"
         tower = Blip2VisionModel(vision_config)
         tower.post_layernorm = nn.Identity()
         return tower
     from timm.models.vision_transformer import VisionTransformer
 
-    return VisionTransformer(img_size=config.image_size, patch_size=config.patch_size, embed_dim=config.vision_width,
-                             depth=config.vision_layers, num_heads=config.vision_heads, mlp_ratio=config.vision_mlp_ratio,
-                             qkv_bias=True, norm_layer=partial(nn.LayerNorm, eps=1e-6), num_classes=0)
+    return VisionTransformer(
+        img_size=config.image_size,
+        patch_size=config.patch_size,
+        embed_dim=config.vision_width,
+        depth=config.vision_layers,
+        num_heads=config.vision_heads,
+        mlp_ratio=config.vision_mlp_ratio,
+        qkv_bias=True,
+        norm_layer=partial(nn.LayerNorm, eps=1e-6),
+        num_classes=0,
+    )
 
 
 # --- weights -----------------------------------------------------------------------------------------
+
 
 def build_blip2(config: Blip2Config) -> Blip2QFormer:
     """A :class:`Blip2QFormer` for ``config``: random init, then the weight sources it names."""
@@ -295,8 +338,9 @@ def resolve_checkpoint_dir(source: str, what: str) -> Path:
         note_local(path, what)
         return path
     if is_local(source) or source.startswith("."):
-        raise FalconError(f"{what} '{source}': not a directory (give a HF BLIP-2 or BERT checkpoint directory, "
-                          "or a hub id)")
+        raise FalconError(
+            f"{what} '{source}': not a directory (give a HF BLIP-2 or BERT checkpoint directory, or a hub id)"
+        )
     ref = HubRef.parse(source, what)
     prepare_hub()
     try:
@@ -322,8 +366,10 @@ def read_checkpoint_state(directory: Path, what: str) -> dict[str, torch.Tensor]
 
     files = sorted(directory.glob("*.safetensors"))
     if not files:
-        raise FalconError(f"{what} '{directory}': no *.safetensors files in it (save the checkpoint with "
-                          "save_pretrained, which writes them)")
+        raise FalconError(
+            f"{what} '{directory}': no *.safetensors files in it (save the checkpoint with "
+            "save_pretrained, which writes them)"
+        )
     state: dict[str, torch.Tensor] = {}
     for file in files:
         state.update(load_file(str(file)))
@@ -337,13 +383,16 @@ def _load_mapped(model: nn.Module, mapped: dict[str, torch.Tensor], what: str, s
         if key not in target:
             raise FalconError(f"{what} '{source}': {key} has no place in this model")
         if tuple(value.shape) != tuple(target[key].shape):
-            raise FalconError(f"{what} '{source}': {key} is {tuple(value.shape)} in the checkpoint but "
-                              f"{tuple(target[key].shape)} in the model; build the model with the checkpoint's sizes")
+            raise FalconError(
+                f"{what} '{source}': {key} is {tuple(value.shape)} in the checkpoint but "
+                f"{tuple(target[key].shape)} in the model; build the model with the checkpoint's sizes"
+            )
     model.load_state_dict(mapped, strict=False)
 
 
-def load_hf_blip2(model: Blip2QFormer, source: str, what: str, *, parts: tuple[str, ...],
-                  directory: Path | None = None) -> None:
+def load_hf_blip2(
+    model: Blip2QFormer, source: str, what: str, *, parts: tuple[str, ...], directory: Path | None = None
+) -> None:
     """Load a HF BLIP-2 checkpoint's ``vision`` tower (``vision_model.*``; its ``post_layernorm`` into
     ``ln_vision``) and/or its ``qformer`` side (``qformer.*``, ``query_tokens``, ``embeddings.*``,
     ``vision_projection``, ``text_projection``, ``itm_head``: a ``Blip2ForImageTextRetrieval`` checkpoint)."""
@@ -355,26 +404,38 @@ def load_hf_blip2(model: Blip2QFormer, source: str, what: str, *, parts: tuple[s
             if key.startswith("vision_model.post_layernorm."):
                 mapped["ln_vision." + key.rsplit(".", 1)[1]] = value
             elif key.startswith("vision_model."):
-                mapped["visual_encoder." + key[len("vision_model."):]] = value
+                mapped["visual_encoder." + key[len("vision_model.") :]] = value
         if not mapped:
             raise FalconError(f"{what} '{source}': no vision_model.* weights in it (not a HF BLIP-2 checkpoint)")
     if "qformer" in parts:
-        renames = {"vision_projection.": "vision_proj.", "text_projection.": "text_proj.", "itm_head.": "itm_head.",
-                   "qformer.": "qformer.", "embeddings.": "embeddings."}
+        renames = {
+            "vision_projection.": "vision_proj.",
+            "text_projection.": "text_proj.",
+            "itm_head.": "itm_head.",
+            "qformer.": "qformer.",
+            "embeddings.": "embeddings.",
+        }
         found = 0
         for key, value in state.items():
             if key == "query_tokens":
                 mapped[key], found = value, found + 1
             for old, new in renames.items():
                 if key.startswith(old):
-                    mapped[new + key[len(old):]], found = value, found + 1
-        needed = ("query_tokens", "embeddings.word_embeddings.weight", "vision_proj.weight", "text_proj.weight",
-                  "itm_head.weight")
+                    mapped[new + key[len(old) :]], found = value, found + 1
+        needed = (
+            "query_tokens",
+            "embeddings.word_embeddings.weight",
+            "vision_proj.weight",
+            "text_proj.weight",
+            "itm_head.weight",
+        )
         missing = [n for n in needed if n not in mapped]
         if missing:
-            raise FalconError(f"{what} '{source}': no {', '.join(missing)} in it; the Q-Former's weights come from a "
-                              "BLIP-2 image-text retrieval checkpoint (Blip2ForImageTextRetrieval, e.g. "
-                              "Salesforce/blip2-itm-vit-g) or from BERT (bert-base-uncased)")
+            raise FalconError(
+                f"{what} '{source}': no {', '.join(missing)} in it; the Q-Former's weights come from a "
+                "BLIP-2 image-text retrieval checkpoint (Blip2ForImageTextRetrieval, e.g. "
+                "Salesforce/blip2-itm-vit-g) or from BERT (bert-base-uncased)"
+            )
         mapped = {k: v for k, v in mapped.items() if not k.startswith("qformer.embeddings.position_ids")}
         if "embeddings.position_ids" in mapped:
             del mapped["embeddings.position_ids"]
@@ -392,20 +453,26 @@ def load_bert_into_qformer(model: Blip2QFormer, directory: Path) -> None:
     mapped: dict[str, torch.Tensor] = {}
     word = state.get("embeddings.word_embeddings.weight")
     if word is None:
-        raise FalconError(f"qformer_weights '{directory}': no embeddings.word_embeddings.weight (not a BERT checkpoint)")
+        raise FalconError(
+            f"qformer_weights '{directory}': no embeddings.word_embeddings.weight (not a BERT checkpoint)"
+        )
     if word.shape[1] != config.qformer_width or word.shape[0] > config.vocab_size:
-        raise FalconError(f"qformer_weights '{directory}': BERT's word embeddings are {tuple(word.shape)}, the "
-                          f"Q-Former's {config.vocab_size} x {config.qformer_width}; build it with BERT's width and at "
-                          "least its vocabulary")
+        raise FalconError(
+            f"qformer_weights '{directory}': BERT's word embeddings are {tuple(word.shape)}, the "
+            f"Q-Former's {config.vocab_size} x {config.qformer_width}; build it with BERT's width and at "
+            "least its vocabulary"
+        )
     rows = model.embeddings.word_embeddings.weight.detach().clone()
-    rows[:word.shape[0]] = word
+    rows[: word.shape[0]] = word
     mapped["embeddings.word_embeddings.weight"] = rows
     mapped["embeddings.position_embeddings.weight"] = state["embeddings.position_embeddings.weight"]
     mapped["qformer.layernorm.weight"] = state["embeddings.LayerNorm.weight"]
     mapped["qformer.layernorm.bias"] = state["embeddings.LayerNorm.bias"]
     layers = 1 + max(int(k.split(".")[2]) for k in state if k.startswith("encoder.layer."))
     if layers < config.qformer_layers:
-        raise FalconError(f"qformer_weights '{directory}': BERT has {layers} layers, the Q-Former {config.qformer_layers}")
+        raise FalconError(
+            f"qformer_weights '{directory}': BERT has {layers} layers, the Q-Former {config.qformer_layers}"
+        )
     for i in range(config.qformer_layers):
         bert, ours = f"encoder.layer.{i}.", f"qformer.encoder.layer.{i}."
         for name in ("query", "key", "value"):
@@ -424,7 +491,7 @@ def load_bert_into_qformer(model: Blip2QFormer, directory: Path) -> None:
             mapped[f"lm_head.dense.{p}"] = state[f"{head}transform.dense.{p}"]
             mapped[f"lm_head.norm.{p}"] = state[f"{head}transform.LayerNorm.{p}"]
         bias = model.lm_head.bias.detach().clone()
-        bias[:word.shape[0]] = state[f"{head}bias"]
+        bias[: word.shape[0]] = state[f"{head}bias"]
         mapped["lm_head.bias"] = bias
     _load_mapped(model, mapped, "qformer_weights", directory)
 

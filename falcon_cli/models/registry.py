@@ -92,8 +92,10 @@ def get_model_config(name: str) -> AlbefConfig:
     if name not in registry:
         near = difflib.get_close_matches(name, list(registry), n=1, cutoff=0.5)
         hint = f"did you mean '{near[0]}'? " if near else ""
-        raise FalconError(f"unknown model '{name}': {hint}valid models: {', '.join(sorted(registry))} "
-                          "(or register a JSON config with add_model_config)")
+        raise FalconError(
+            f"unknown model '{name}': {hint}valid models: {', '.join(sorted(registry))} "
+            "(or register a JSON config with add_model_config)"
+        )
     return registry[name].model_copy(deep=True)
 
 

@@ -61,8 +61,8 @@ class SceneAttributeClassifier(nn.Module):
         self.heads = nn.ModuleDict({name: nn.Linear(config.vision_width, n) for name, n in self.classes.items()})
 
     def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
-        patches = self.encoder.forward_features(images)[:, self.encoder.num_prefix_tokens:]   # [B, N, D]
-        cells = torch.einsum("cn,bnd->bcd", self.pool, patches)                               # [B, 9, D]
+        patches = self.encoder.forward_features(images)[:, self.encoder.num_prefix_tokens :]  # [B, N, D]
+        cells = torch.einsum("cn,bnd->bcd", self.pool, patches)  # [B, 9, D]
         return {name: head(cells) for name, head in self.heads.items()}
 
 
@@ -72,8 +72,10 @@ def cell_pooling(image_size: int, patch_size: int, grid: int = GRID) -> torch.Te
     patches = image_size // patch_size
     start = torch.arange(patches, dtype=torch.float64) * patch_size
     low = torch.arange(grid, dtype=torch.float64) * image_size / grid
-    overlap = (torch.minimum(start[None] + patch_size, low[:, None] + image_size / grid)
-               - torch.maximum(start[None], low[:, None])).clamp(min=0)                       # [grid, patches] per axis
+    overlap = (
+        torch.minimum(start[None] + patch_size, low[:, None] + image_size / grid)
+        - torch.maximum(start[None], low[:, None])
+    ).clamp(min=0)  # [grid, patches] per axis
     area = torch.einsum("ap,bq->abpq", overlap, overlap).reshape(grid * grid, patches * patches)
     return (area / area.sum(dim=1, keepdim=True)).float()
 
@@ -84,13 +86,20 @@ def masked_language_model(config: AlbefConfig, vocab_size: int, pad_token_id: in
     layers, as ALBEF's take BERT-base's layers 6-11)."""
     from transformers import BertConfig, BertForMaskedLM  # (lazy: transformers, only when a text encoder trains)
 
-    bert = BertConfig(vocab_size=vocab_size, hidden_size=config.text_width,
-                      num_hidden_layers=config.text_layers + config.fusion_layers,
-                      num_attention_heads=config.text_heads, intermediate_size=config.intermediate_size,
-                      max_position_embeddings=config.max_position_embeddings, type_vocab_size=config.type_vocab_size,
-                      layer_norm_eps=config.layer_norm_eps, hidden_dropout_prob=config.hidden_dropout,
-                      attention_probs_dropout_prob=config.attention_dropout, pad_token_id=pad_token_id,
-                      hidden_act="gelu")
+    bert = BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=config.text_width,
+        num_hidden_layers=config.text_layers + config.fusion_layers,
+        num_attention_heads=config.text_heads,
+        intermediate_size=config.intermediate_size,
+        max_position_embeddings=config.max_position_embeddings,
+        type_vocab_size=config.type_vocab_size,
+        layer_norm_eps=config.layer_norm_eps,
+        hidden_dropout_prob=config.hidden_dropout,
+        attention_probs_dropout_prob=config.attention_dropout,
+        pad_token_id=pad_token_id,
+        hidden_act="gelu",
+    )
     return BertForMaskedLM(bert)
 
 
@@ -102,13 +111,19 @@ class UnimodalWeights:
     key: str
 
     @classmethod
-    def for_run(cls, root: Path, *, world: dict, model: AlbefConfig, vocabulary: dict[str, int], settings: dict,
-                seed: int) -> "UnimodalWeights":
+    def for_run(
+        cls, root: Path, *, world: dict, model: AlbefConfig, vocabulary: dict[str, int], settings: dict, seed: int
+    ) -> "UnimodalWeights":
         """The cache entry of a world (its ``world.json`` config), the model's architecture (everything but
         the weight sources), the tokenizer's vocabulary, the training ``settings`` and the ``seed``."""
         architecture = model.model_dump(mode="json", exclude={"vision_weights", "text_weights"})
-        what = {"world": world, "architecture": architecture, "settings": settings, "seed": seed,
-                "vocabulary": hashlib.sha256(json.dumps(sorted(vocabulary.items())).encode()).hexdigest()}
+        what = {
+            "world": world,
+            "architecture": architecture,
+            "settings": settings,
+            "seed": seed,
+            "vocabulary": hashlib.sha256(json.dumps(sorted(vocabulary.items())).encode()).hexdigest(),
+        }
         return cls(Path(root), hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16])
 
     @property

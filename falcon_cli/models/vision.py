@@ -52,8 +52,10 @@ def resize_pos_embed(pos_embed: torch.Tensor, grid: int, num_prefix_tokens: int 
     patches = pos_embed.shape[1] - num_prefix_tokens
     old = math.isqrt(max(patches, 0))
     if patches <= 0 or old * old != patches:
-        raise FalconError(f"position embeddings of shape {tuple(pos_embed.shape)}: {patches} patch positions after "
-                          f"{num_prefix_tokens} prefix token(s) do not form a square grid")
+        raise FalconError(
+            f"position embeddings of shape {tuple(pos_embed.shape)}: {patches} patch positions after "
+            f"{num_prefix_tokens} prefix token(s) do not form a square grid"
+        )
     if old == grid:
         return pos_embed
     prefix, patch = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]

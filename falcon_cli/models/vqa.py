@@ -43,8 +43,9 @@ def sequence_log_likelihood(logits: torch.Tensor, ids: torch.Tensor, mask: torch
     targets (``mask`` 0) contribute nothing. At least float32, so bf16 logits are safe.
     """
     targets = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
-    token_nll = F.cross_entropy(_at_least_fp32(logits[:, :-1]).flatten(0, 1), targets.flatten(),
-                                ignore_index=-100, reduction="none")
+    token_nll = F.cross_entropy(
+        _at_least_fp32(logits[:, :-1]).flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="none"
+    )
     return -token_nll.view(targets.shape).sum(dim=1)
 
 
@@ -59,13 +60,19 @@ class AnswerDecoder(nn.Module):
     def __init__(self, config: AlbefConfig):
         super().__init__()
         self.embeddings = TextEmbeddings(config)
-        self.layers = nn.ModuleList(BertLayer(config, cross_width=config.text_width, causal=True)
-                                    for _ in range(config.fusion_layers))
+        self.layers = nn.ModuleList(
+            BertLayer(config, cross_width=config.text_width, causal=True) for _ in range(config.fusion_layers)
+        )
         self.lm_head = MLMHead(config)
         init_bert_weights(self)
 
-    def forward(self, answer_ids: torch.Tensor, answer_mask: torch.Tensor,
-                question_states: torch.Tensor, question_mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        answer_ids: torch.Tensor,
+        answer_mask: torch.Tensor,
+        question_states: torch.Tensor,
+        question_mask: torch.Tensor,
+    ) -> torch.Tensor:
         """Next-token logits ``[N, T, vocab]`` for ``answer_ids`` [N, T] given question states [N, L, W]."""
         x = self.embeddings(answer_ids)
         for layer in self.layers:
@@ -109,13 +116,13 @@ class AlbefVQA(nn.Module):
             state = source.state_dict()
             if not same_width:
                 # Linear(vision_width -> W) cannot fill Linear(text_width -> W): keep BERT init.
-                state = {k: v for k, v in state.items()
-                         if not k.startswith(("cross_attn.key.", "cross_attn.value."))}
+                state = {k: v for k, v in state.items() if not k.startswith(("cross_attn.key.", "cross_attn.value."))}
             target.load_state_dict(state, strict=same_width)
         return model
 
-    def encode_question(self, images: torch.Tensor, question_ids: torch.Tensor,
-                        question_mask: torch.Tensor) -> torch.Tensor:
+    def encode_question(
+        self, images: torch.Tensor, question_ids: torch.Tensor, question_mask: torch.Tensor
+    ) -> torch.Tensor:
         """Fused question states ``[B, L, text_width]``: image encoder -> text encoder -> fusion encoder."""
         # The encoders directly, not encode_image/encode_text: the ITC projections would be
         # computed for nothing (and leave parameters without gradients in the graph).
@@ -123,9 +130,15 @@ class AlbefVQA(nn.Module):
         text_tokens = self.albef.text_encoder(question_ids, question_mask)
         return self.albef.fuse(text_tokens, question_mask, image_tokens)
 
-    def answer_loss(self, question_states: torch.Tensor, question_mask: torch.Tensor,
-                    answer_ids: torch.Tensor, answer_mask: torch.Tensor, weights: torch.Tensor,
-                    counts: torch.Tensor | Sequence[int]) -> torch.Tensor:
+    def answer_loss(
+        self,
+        question_states: torch.Tensor,
+        question_mask: torch.Tensor,
+        answer_ids: torch.Tensor,
+        answer_mask: torch.Tensor,
+        weights: torch.Tensor,
+        counts: torch.Tensor | Sequence[int],
+    ) -> torch.Tensor:
         """ALBEF's VQA loss: ``sum(weights * answer NLL) / B``.
 
         Args:
@@ -146,9 +159,15 @@ class AlbefVQA(nn.Module):
         return (weights.to(device=nll.device, dtype=nll.dtype) * nll).sum() / question_states.shape[0]
 
     @torch.no_grad()
-    def rank_answers(self, question_states: torch.Tensor, question_mask: torch.Tensor,
-                     answer_ids: torch.Tensor, answer_mask: torch.Tensor, k: int,
-                     question_chunk: int | None = None) -> torch.Tensor:
+    def rank_answers(
+        self,
+        question_states: torch.Tensor,
+        question_mask: torch.Tensor,
+        answer_ids: torch.Tensor,
+        answer_mask: torch.Tensor,
+        k: int,
+        question_chunk: int | None = None,
+    ) -> torch.Tensor:
         """Index ``[B]`` (int64, into the candidate list) of each question's best candidate answer.
 
         ALBEF's ``rank_answer``: (1) one decoder step on [CLS] gives every candidate's
@@ -162,12 +181,18 @@ class AlbefVQA(nn.Module):
         """
         b = question_states.shape[0]
         chunk = b if question_chunk is None else max(1, question_chunk)
-        return torch.cat([self._rank_chunk(question_states[i:i + chunk], question_mask[i:i + chunk],
-                                           answer_ids, answer_mask, k)
-                          for i in range(0, b, chunk)])
+        return torch.cat(
+            [
+                self._rank_chunk(
+                    question_states[i : i + chunk], question_mask[i : i + chunk], answer_ids, answer_mask, k
+                )
+                for i in range(0, b, chunk)
+            ]
+        )
 
-    def _rank_chunk(self, states: torch.Tensor, mask: torch.Tensor, answer_ids: torch.Tensor,
-                    answer_mask: torch.Tensor, k: int) -> torch.Tensor:
+    def _rank_chunk(
+        self, states: torch.Tensor, mask: torch.Tensor, answer_ids: torch.Tensor, answer_mask: torch.Tensor, k: int
+    ) -> torch.Tensor:
         """:meth:`rank_answers` for one chunk of questions."""
         b, c = states.shape[0], answer_ids.shape[0]
         k = max(1, min(k, c))

@@ -26,8 +26,15 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from falcon_cli.artifacts.state_dicts import (CONFIG_METADATA_KEY, _first_line, _names, clean_state_dict,  # noqa: F401
-                                              load_weights, read_state_dict, save_weights)
+from falcon_cli.artifacts.state_dicts import (
+    CONFIG_METADATA_KEY,
+    _first_line,
+    _names,
+    clean_state_dict,  # noqa: F401
+    load_weights,
+    read_state_dict,
+    save_weights,
+)
 from falcon_cli.errors import FalconError
 from falcon_cli.models.config import AlbefConfig, make_config
 from falcon_cli.models.vision import resize_pos_embed
@@ -37,6 +44,7 @@ log = logging.getLogger("falcon.models")
 
 # ---------------------------------------------------------------------------------------------
 # Image encoder.
+
 
 def _timm_hub_repo(name: str) -> tuple[str | None, str]:
     """(the hub repository timm takes pretrained ``name``'s weights from, or None; its download URL, or "")."""
@@ -61,16 +69,20 @@ def _timm_state_dict(source: str, what: str) -> dict[str, torch.Tensor]:
     ref = HubRef.parse(source, what)
     repo, url = _timm_hub_repo(ref.repo)
     if ref.revision is not None and repo is None:
-        raise FalconError(f"{what} '{source}': timm takes {ref.repo}'s weights from {url or 'no hub repository'}, not "
-                          f"the Hugging Face hub, so no revision can be pinned; drop '@{ref.revision}'")
+        raise FalconError(
+            f"{what} '{source}': timm takes {ref.repo}'s weights from {url or 'no hub repository'}, not "
+            f"the Hugging Face hub, so no revision can be pinned; drop '@{ref.revision}'"
+        )
     overlay = {"hf_hub_id": f"{repo}@{ref.revision}"} if ref.revision is not None else None
     prepare_hub()  # timm takes its weights from the Hugging Face hub (or its cache)
     try:
         model = timm.create_model(ref.repo, pretrained=True, num_classes=0, pretrained_cfg_overlay=overlay)
     except Exception as exc:  # unknown name, offline without cache, ...
         why = hub_hint(str(ref)) or "check the name with timm.list_pretrained()"
-        raise FalconError(f"{what} '{source}': cannot load pretrained timm weights ({_first_line(exc)}); "
-                          f"{why}; or give a local .safetensors/.pth file") from None
+        raise FalconError(
+            f"{what} '{source}': cannot load pretrained timm weights ({_first_line(exc)}); "
+            f"{why}; or give a local .safetensors/.pth file"
+        ) from None
     if repo is not None:
         note_hub(ref, what, repo=repo)
     else:
@@ -98,7 +110,7 @@ def load_vision_weights(encoder: nn.Module, source: str, what: str = "vision_wei
         sd = read_state_dict(source, what)
         note_local(source, what)
     if any(k.startswith("visual_encoder.") for k in sd):
-        sd = {k[len("visual_encoder."):]: v for k, v in sd.items() if k.startswith("visual_encoder.")}
+        sd = {k[len("visual_encoder.") :]: v for k, v in sd.items() if k.startswith("visual_encoder.")}
     sd = _pos_embed_to_grid(sd, encoder)
     try:
         sd = checkpoint_filter_fn(sd, encoder)
@@ -107,19 +119,30 @@ def load_vision_weights(encoder: nn.Module, source: str, what: str = "vision_wei
     target = encoder.state_dict()
     dropped = sorted(k for k in sd if k.startswith(("head.", "head_dist.", "fc_norm.")) and k not in target)
     sd = {k: v for k, v in sd.items() if k not in dropped}
-    mismatched = [f"{k} {tuple(v.shape)} vs {tuple(target[k].shape)}" for k, v in sd.items()
-                  if k in target and v.shape != target[k].shape]
+    mismatched = [
+        f"{k} {tuple(v.shape)} vs {tuple(target[k].shape)}"
+        for k, v in sd.items()
+        if k in target and v.shape != target[k].shape
+    ]
     if mismatched:
-        raise FalconError(f"{what} '{source}': shapes do not match the model's image encoder "
-                          f"(checkpoint vs model: {mismatched[0]}); set vision_width/vision_layers/vision_heads/"
-                          "patch_size to the checkpoint's architecture")
+        raise FalconError(
+            f"{what} '{source}': shapes do not match the model's image encoder "
+            f"(checkpoint vs model: {mismatched[0]}); set vision_width/vision_layers/vision_heads/"
+            "patch_size to the checkpoint's architecture"
+        )
     if not any(k in target for k in sd):
         raise FalconError(f"{what} '{source}': no ViT parameter names found (first keys: {_names(sd)})")
     result = encoder.load_state_dict(sd, strict=False)
     level = logging.WARNING if result.missing_keys or result.unexpected_keys else logging.INFO
-    log.log(level, "vision weights from %s: loaded %d tensors; missing %s; unexpected %s; dropped head %s",
-            source, len(sd) - len(result.unexpected_keys), _names(result.missing_keys),
-            _names(result.unexpected_keys), _names(dropped))
+    log.log(
+        level,
+        "vision weights from %s: loaded %d tensors; missing %s; unexpected %s; dropped head %s",
+        source,
+        len(sd) - len(result.unexpected_keys),
+        _names(result.missing_keys),
+        _names(result.unexpected_keys),
+        _names(dropped),
+    )
 
 
 def _pos_embed_to_grid(sd: dict[str, torch.Tensor], encoder: nn.Module) -> dict[str, torch.Tensor]:
@@ -139,6 +162,7 @@ def _pos_embed_to_grid(sd: dict[str, torch.Tensor], encoder: nn.Module) -> dict[
 
 # ---------------------------------------------------------------------------------------------
 # Text and fusion encoders.
+
 
 @contextlib.contextmanager
 def quiet_transformers() -> Iterator[None]:
@@ -167,24 +191,35 @@ def _read_bert(source: str, what: str):
     path = Path(source).expanduser()
     looks_local = is_local(source)
     if path.is_file():
-        raise FalconError(f"{what} '{source}': a file, but {what} takes a BERT hub id or a save_pretrained directory; "
-                          "to start from a whole ALBEF/GRIT-VLP/MAFA checkpoint (.pth) set pretrain.init to it instead")
+        raise FalconError(
+            f"{what} '{source}': a file, but {what} takes a BERT hub id or a save_pretrained directory; "
+            "to start from a whole ALBEF/GRIT-VLP/MAFA checkpoint (.pth) set pretrain.init to it instead"
+        )
     if looks_local and not path.is_dir():
-        raise FalconError(f"{what} '{source}': no such directory (give a hub id like bert-base-uncased or a "
-                          "directory written by save_pretrained)")
+        raise FalconError(
+            f"{what} '{source}': no such directory (give a hub id like bert-base-uncased or a "
+            "directory written by save_pretrained)"
+        )
     ref = None if looks_local else HubRef.parse(source, what)
     if ref is not None:
         prepare_hub()
     try:
         with quiet_transformers():
-            model, info = BertForMaskedLM.from_pretrained(str(path) if ref is None else ref.repo,
-                                                          revision=None if ref is None else ref.revision,
-                                                          output_loading_info=True)
+            model, info = BertForMaskedLM.from_pretrained(
+                str(path) if ref is None else ref.repo,
+                revision=None if ref is None else ref.revision,
+                output_loading_info=True,
+            )
     except Exception as exc:  # offline and not cached, unknown id, bad files, ...
         why = "" if looks_local else hub_hint(source)
-        raise FalconError(f"{what} '{source}': cannot load BERT weights ({_first_line(exc)}); " + (
-            why or "offline, give a local directory saved with BertForMaskedLM.save_pretrained or fill the hub "
-                   "cache while online")) from None
+        raise FalconError(
+            f"{what} '{source}': cannot load BERT weights ({_first_line(exc)}); "
+            + (
+                why
+                or "offline, give a local directory saved with BertForMaskedLM.save_pretrained or fill the hub "
+                "cache while online"
+            )
+        ) from None
     if ref is None:
         note_local(path, what)
     else:
@@ -201,19 +236,33 @@ def bert_name_mapping(config: AlbefConfig, cross_attention: bool = False) -> dic
     is named too, as ALBEF's ``xbert`` saves it (``crossattention.self.*``, ``crossattention.output.*``);
     a plain BERT checkpoint has none.
     """
-    emb = {"word": "word_embeddings", "position": "position_embeddings", "token_type": "token_type_embeddings",
-           "norm": "LayerNorm"}
+    emb = {
+        "word": "word_embeddings",
+        "position": "position_embeddings",
+        "token_type": "token_type_embeddings",
+        "norm": "LayerNorm",
+    }
     mapping = {}
     for ours, theirs in emb.items():
         for p in ("weight", "bias") if ours == "norm" else ("weight",):
             mapping[f"text_encoder.embeddings.{ours}.{p}"] = f"bert.embeddings.{theirs}.{p}"
-    layer = {"self_attn.query": "attention.self.query", "self_attn.key": "attention.self.key",
-             "self_attn.value": "attention.self.value", "self_attn.out": "attention.output.dense",
-             "self_attn_norm": "attention.output.LayerNorm", "ffn_in": "intermediate.dense",
-             "ffn_out": "output.dense", "ffn_norm": "output.LayerNorm"}
-    cross = {"cross_attn.query": "crossattention.self.query", "cross_attn.key": "crossattention.self.key",
-             "cross_attn.value": "crossattention.self.value", "cross_attn.out": "crossattention.output.dense",
-             "cross_attn_norm": "crossattention.output.LayerNorm"}
+    layer = {
+        "self_attn.query": "attention.self.query",
+        "self_attn.key": "attention.self.key",
+        "self_attn.value": "attention.self.value",
+        "self_attn.out": "attention.output.dense",
+        "self_attn_norm": "attention.output.LayerNorm",
+        "ffn_in": "intermediate.dense",
+        "ffn_out": "output.dense",
+        "ffn_norm": "output.LayerNorm",
+    }
+    cross = {
+        "cross_attn.query": "crossattention.self.query",
+        "cross_attn.key": "crossattention.self.key",
+        "cross_attn.value": "crossattention.self.value",
+        "cross_attn.out": "crossattention.output.dense",
+        "cross_attn_norm": "crossattention.output.LayerNorm",
+    }
     stacks = [("text_encoder", i, i, layer) for i in range(config.text_layers)]
     fusion = {**layer, **cross} if cross_attention else layer
     stacks += [("fusion_encoder", i, config.text_layers + i, fusion) for i in range(config.fusion_layers)]
@@ -228,9 +277,14 @@ def bert_name_mapping(config: AlbefConfig, cross_attention: bool = False) -> dic
     return mapping
 
 
-_BERT_CONFIG_FIELDS = {"hidden_size": "text_width", "num_attention_heads": "text_heads",
-                       "intermediate_size": "intermediate_size", "vocab_size": "vocab_size",
-                       "max_position_embeddings": "max_position_embeddings", "type_vocab_size": "type_vocab_size"}
+_BERT_CONFIG_FIELDS = {
+    "hidden_size": "text_width",
+    "num_attention_heads": "text_heads",
+    "intermediate_size": "intermediate_size",
+    "vocab_size": "vocab_size",
+    "max_position_embeddings": "max_position_embeddings",
+    "type_vocab_size": "type_vocab_size",
+}
 
 
 def load_bert_weights(model: nn.Module, source: str, what: str = "text_weights") -> None:
@@ -247,33 +301,49 @@ def load_bert_weights(model: nn.Module, source: str, what: str = "text_weights")
     for theirs, ours in _BERT_CONFIG_FIELDS.items():
         value = getattr(bert_config, theirs, None)
         if value is not None and value != getattr(config, ours):
-            raise FalconError(f"{what} '{source}': the checkpoint has {theirs}={value} but the model config has "
-                              f"{ours}={getattr(config, ours)}; set {ours}={value}"
-                              + (" and use the checkpoint's tokenizer" if ours == "vocab_size" else ""))
+            raise FalconError(
+                f"{what} '{source}': the checkpoint has {theirs}={value} but the model config has "
+                f"{ours}={getattr(config, ours)}; set {ours}={value}"
+                + (" and use the checkpoint's tokenizer" if ours == "vocab_size" else "")
+            )
     needed = config.text_layers + config.fusion_layers
     if bert_config.num_hidden_layers < needed:
-        raise FalconError(f"{what} '{source}': the checkpoint has {bert_config.num_hidden_layers} layers but "
-                          f"text_layers + fusion_layers = {needed}; lower them to fit")
+        raise FalconError(
+            f"{what} '{source}': the checkpoint has {bert_config.num_hidden_layers} layers but "
+            f"text_layers + fusion_layers = {needed}; lower them to fit"
+        )
     if getattr(bert_config, "hidden_act", "gelu") != "gelu":
         raise FalconError(f"{what} '{source}': hidden_act '{bert_config.hidden_act}' is not supported (need gelu)")
     if getattr(bert_config, "layer_norm_eps", config.layer_norm_eps) != config.layer_norm_eps:
-        log.warning("text weights from %s: checkpoint layer_norm_eps %s differs from the model's %s",
-                    source, bert_config.layer_norm_eps, config.layer_norm_eps)
+        log.warning(
+            "text weights from %s: checkpoint layer_norm_eps %s differs from the model's %s",
+            source,
+            bert_config.layer_norm_eps,
+            config.layer_norm_eps,
+        )
     mapping = bert_name_mapping(config)
     skipped_head = sorted(k for k, v in mapping.items() if v in missing)  # e.g. a BertModel: no MLM head
     mapped = {ours: sd[theirs] for ours, theirs in mapping.items() if ours not in skipped_head}
     result = model.load_state_dict(mapped, strict=False)
     assert not result.unexpected_keys, result.unexpected_keys  # mapping targets are our own names
     unused_layers = list(range(needed, bert_config.num_hidden_layers))
-    log.log(logging.WARNING if skipped_head else logging.INFO,
-            "text weights from %s: loaded %d tensors (BERT layers 0-%d -> text, %d-%d -> fusion, cross-attention "
-            "newly initialised); not in checkpoint, kept fresh: %s; unused BERT layers: %s",
-            source, len(mapped), config.text_layers - 1, config.text_layers, needed - 1,
-            _names(skipped_head), unused_layers or "none")
+    log.log(
+        logging.WARNING if skipped_head else logging.INFO,
+        "text weights from %s: loaded %d tensors (BERT layers 0-%d -> text, %d-%d -> fusion, cross-attention "
+        "newly initialised); not in checkpoint, kept fresh: %s; unused BERT layers: %s",
+        source,
+        len(mapped),
+        config.text_layers - 1,
+        config.text_layers,
+        needed - 1,
+        _names(skipped_head),
+        unused_layers or "none",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # Saving and loading whole models.
+
 
 def read_weights_config(path: str | os.PathLike) -> AlbefConfig:
     """The :class:`AlbefConfig` stored by :func:`save_weights` in a safetensors file's metadata."""
@@ -286,8 +356,10 @@ def read_weights_config(path: str | os.PathLike) -> AlbefConfig:
     except Exception as exc:
         raise FalconError(f"model weights '{path}': cannot read safetensors header ({_first_line(exc)})") from None
     if CONFIG_METADATA_KEY not in metadata:
-        raise FalconError(f"model weights '{path}': no model config in the metadata (not written by save_weights); "
-                          "build the model with create_model and use load_weights")
+        raise FalconError(
+            f"model weights '{path}': no model config in the metadata (not written by save_weights); "
+            "build the model with create_model and use load_weights"
+        )
     try:
         values = json.loads(metadata[CONFIG_METADATA_KEY])
     except json.JSONDecodeError as exc:
@@ -306,7 +378,13 @@ def check_vocabulary(checkpoint_vocab: int, vocab_size: int | None, source: str,
     (None: not checked); ``official``: an ALBEF/GRIT-VLP/MAFA file (the fix is their tokenizer)."""
     if vocab_size is None or vocab_size == checkpoint_vocab:
         return
-    fix = ("ALBEF, GRIT-VLP and MAFA use bert-base-uncased: run the data stage with data.tokenizer=bert-base-uncased "
-           "(or a local copy of it)" if official else "it was trained with another run's tokenizer; evaluate it in that run")
-    raise FalconError(f"{source}: the checkpoint's vocabulary has {checkpoint_vocab} tokens but the run's tokenizer "
-                      f"has {vocab_size}; {fix}")
+    fix = (
+        "ALBEF, GRIT-VLP and MAFA use bert-base-uncased: run the data stage with data.tokenizer=bert-base-uncased "
+        "(or a local copy of it)"
+        if official
+        else "it was trained with another run's tokenizer; evaluate it in that run"
+    )
+    raise FalconError(
+        f"{source}: the checkpoint's vocabulary has {checkpoint_vocab} tokens but the run's tokenizer "
+        f"has {vocab_size}; {fix}"
+    )

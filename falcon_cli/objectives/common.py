@@ -15,7 +15,15 @@ from torch import Tensor
 from falcon_cli.models.similarity import image_text_similarity, paired_image_feature  # noqa: F401 (re-exported)
 from falcon_cli.runtime.precision import fp32_region  # noqa: F401 (re-exported)
 
-__all__ = ["alignment_loss", "fp32_region", "image_text_similarity", "paired_image_feature", "soft_cross_entropy", "positive_mask_from_ids", "row_normalised_targets"]
+__all__ = [
+    "alignment_loss",
+    "fp32_region",
+    "image_text_similarity",
+    "paired_image_feature",
+    "soft_cross_entropy",
+    "positive_mask_from_ids",
+    "row_normalised_targets",
+]
 
 
 def alignment_loss(image_feat: Tensor, text_feat: Tensor, per_pair: bool = False) -> Tensor:
@@ -60,8 +68,9 @@ def positive_mask_from_ids(image_ids: Tensor, text_ids: Tensor | None = None) ->
     return image_ids.reshape(-1, 1) == text_ids.reshape(1, -1)
 
 
-def row_normalised_targets(positive_mask: Tensor | None, n: int, device: torch.device,
-                           label_smoothing: float = 0.0) -> Tensor:
+def row_normalised_targets(
+    positive_mask: Tensor | None, n: int, device: torch.device, label_smoothing: float = 0.0
+) -> Tensor:
     """Float32 targets [n, n] from a positive mask [n, n] (None: identity).
 
     The diagonal is always a positive (OR-ed in), so no row is ever empty. Each row is

@@ -49,9 +49,17 @@ class PretrainObjective(nn.Module):
         """(image tokens, image features) of a forward's output: what :meth:`measure` takes as ``image``."""
         return out.image_tokens, out.image_feat
 
-    def measure(self, images: Tensor, input_ids: Tensor, attention_mask: Tensor, mask: Any = None,
-                parts: tuple[str, ...] | None = None, image: tuple[Tensor, Tensor] | None = None,
-                same_image: Tensor | None = None, per_pair: bool = False) -> dict[str, Tensor]:
+    def measure(
+        self,
+        images: Tensor,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        mask: Any = None,
+        parts: tuple[str, ...] | None = None,
+        image: tuple[Tensor, Tensor] | None = None,
+        same_image: Tensor | None = None,
+        per_pair: bool = False,
+    ) -> dict[str, Tensor]:
         """The named losses ``parts`` (default: the generative one) of a batch without gradient, in the model's
         current train/eval mode: FALCON's reward re-scores the batch it just trained on (ALBEF: with the
         identical MLM ``mask``). ``image``: (tokens, features) to use instead of encoding ``images`` again
@@ -60,20 +68,33 @@ class PretrainObjective(nn.Module):
         part or ``alignment`` alone. ``alignment`` is minus each pair's own image-text cosine."""
         parts = (self.generative,) if parts is None else tuple(parts)
         if per_pair and set(parts) not in ({self.generative}, {"alignment"}):
-            raise ValueError(f"per-pair losses are measured for the {self.generative} or alignment reward alone, "
-                             f"not {parts}")
+            raise ValueError(
+                f"per-pair losses are measured for the {self.generative} or alignment reward alone, not {parts}"
+            )
         image_tokens, image_feat = self.model.encode_image(images) if image is None else image
-        return self.measure_parts(image_tokens, image_feat, input_ids, attention_mask, mask, parts, same_image, per_pair)
+        return self.measure_parts(
+            image_tokens, image_feat, input_ids, attention_mask, mask, parts, same_image, per_pair
+        )
 
-    def match_probability(self, out: Any, input_ids: Tensor, attention_mask: Tensor, image_index: Tensor,
-                          text_index: Tensor) -> Tensor:
+    def match_probability(
+        self, out: Any, input_ids: Tensor, attention_mask: Tensor, image_index: Tensor, text_index: Tensor
+    ) -> Tensor:
         """The ITM head's match probability ``[P]`` (float32, no gradient) of P (image, caption) pairs of the batch a
         forward returned ``out`` for: image ``image_index[p]`` with caption ``text_index[p]``. The images are the
         forward's own tokens; the captions are encoded now. Only frameworks with an ITM head have one."""
         raise NotImplementedError(f"{type(self).__name__} has no image-text matching head")
 
-    def measure_parts(self, image_tokens: Tensor, image_feat: Tensor, input_ids: Tensor, attention_mask: Tensor,
-                      mask: Any, parts: tuple[str, ...], same_image: Tensor | None, per_pair: bool) -> dict[str, Tensor]:
+    def measure_parts(
+        self,
+        image_tokens: Tensor,
+        image_feat: Tensor,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        mask: Any,
+        parts: tuple[str, ...],
+        same_image: Tensor | None,
+        per_pair: bool,
+    ) -> dict[str, Tensor]:
         """The objective's own computation of :meth:`measure`'s ``parts`` from the batch's image state."""
         raise NotImplementedError
 

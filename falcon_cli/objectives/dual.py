@@ -65,14 +65,24 @@ class DualObjective(PretrainObjective):
         self.caption_weight = float(caption_weight)
         self.sigmoid = model.config.contrastive == "sigmoid"
 
-    def forward(self, images: Tensor, input_ids: Tensor, attention_mask: Tensor, mask=None, distill_alpha: float = 0.0,
-                itm_generator: torch.Generator | None = None, context: StepContext | None = None) -> DualLosses:
+    def forward(
+        self,
+        images: Tensor,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        mask=None,
+        distill_alpha: float = 0.0,
+        itm_generator: torch.Generator | None = None,
+        context: StepContext | None = None,
+    ) -> DualLosses:
         """Losses of one batch (``mask``, ``distill_alpha`` and ``itm_generator`` are ALBEF's and ignored here)."""
         model = self.model
         image_tokens, image_feat = model.encode_image(images)
         text_tokens, text_feat = model.encode_text(input_ids, attention_mask)
         if self.sigmoid:
-            contrastive = self.false_negatives.sigmoid(image_feat, text_feat, model.logit_scale(), model.logit_bias(), context)
+            contrastive = self.false_negatives.sigmoid(
+                image_feat, text_feat, model.logit_scale(), model.logit_bias(), context
+            )
         else:
             contrastive = self.false_negatives.itc(image_feat, text_feat, model.temperature(), 0.0, context).loss
         loss = contrastive
@@ -80,20 +90,37 @@ class DualObjective(PretrainObjective):
         if model.has_decoder:
             caption = caption_loss(model.caption_logits(image_tokens, text_tokens), input_ids, attention_mask)
             loss = loss + self.caption_weight * caption  # (also at weight 0: DDP expects every parameter used)
-        return DualLosses(loss, contrastive.detach(), caption.detach(), image_feat.detach().float(),
-                          text_feat.detach().float(), model.temperature().detach(), image_tokens.detach())
+        return DualLosses(
+            loss,
+            contrastive.detach(),
+            caption.detach(),
+            image_feat.detach().float(),
+            text_feat.detach().float(),
+            model.temperature().detach(),
+            image_tokens.detach(),
+        )
 
     def contrastive_loss(self, image_feat: Tensor, text_feat: Tensor, same_image: Tensor | None = None) -> Tensor:
         """The plain contrastive loss of a batch (no false-negative method), pairs in ``same_image`` removed."""
         model = self.model
         if self.sigmoid:
             return sigmoid_loss(image_feat, text_feat, model.logit_scale(), model.logit_bias(), exclude=same_image)
-        return itc_grit(image_feat, text_feat, model.temperature(), consistency_weight=0.0, stop_gradient=False,
-                        exclude=same_image).loss
+        return itc_grit(
+            image_feat, text_feat, model.temperature(), consistency_weight=0.0, stop_gradient=False, exclude=same_image
+        ).loss
 
     @torch.no_grad()
-    def measure_parts(self, image_tokens: Tensor, image_feat: Tensor, input_ids: Tensor, attention_mask: Tensor,
-                      mask: Any, parts: tuple[str, ...], same_image: Tensor | None, per_pair: bool) -> dict[str, Tensor]:
+    def measure_parts(
+        self,
+        image_tokens: Tensor,
+        image_feat: Tensor,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        mask: Any,
+        parts: tuple[str, ...],
+        same_image: Tensor | None,
+        per_pair: bool,
+    ) -> dict[str, Tensor]:
         """A dual encoder's ``itc``, ``caption`` and ``alignment`` (:meth:`PretrainObjective.measure`). ``itc`` is the
         plain contrastive loss on this rank's batch (the false-negative method's own is not re-run).
         ``per_pair``: each caption's ``caption`` loss."""
@@ -109,8 +136,9 @@ class DualObjective(PretrainObjective):
         if "caption" in parts:
             if text_tokens is None:
                 text_tokens = model.caption_text(input_ids, attention_mask)
-            out["caption"] = caption_loss(model.caption_logits(image_tokens, text_tokens), input_ids, attention_mask,
-                                          per_sample=per_pair)
+            out["caption"] = caption_loss(
+                model.caption_logits(image_tokens, text_tokens), input_ids, attention_mask, per_sample=per_pair
+            )
         return out
 
 

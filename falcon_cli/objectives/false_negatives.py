@@ -38,8 +38,14 @@ from falcon_cli.objectives.common import as_temperature, image_text_similarity
 from falcon_cli.objectives.glofnd import GlofndThresholds, cosine_matrices, glofnd_active, glofnd_drop_masks, itc_glofnd
 from falcon_cli.objectives.itc import ItcOutput, itc_grit
 from falcon_cli.objectives.mafa import connection_mining, smoothing
-from falcon_cli.objectives.reweighted_itc import (itc_hn_nce, itc_srcl, negative_log_weights, srcl_log_weights, srcl_mix,
-                                                  srcl_weights)
+from falcon_cli.objectives.reweighted_itc import (
+    itc_hn_nce,
+    itc_srcl,
+    negative_log_weights,
+    srcl_log_weights,
+    srcl_mix,
+    srcl_weights,
+)
 from falcon_cli.objectives.sigmoid import distributed_sigmoid_loss
 from falcon_cli.runtime.distributed import all_gather_cat
 
@@ -98,16 +104,29 @@ class FalseNegatives(nn.Module):
         """State a checkpoint keeps as weight files (``{file stem: module}``): none, but GloFND's thresholds."""
         return {}
 
-    def itc(self, image_feat: Tensor, text_feat: Tensor, temperature: Tensor, consistency_weight: float,
-            context: StepContext | None) -> ItcOutput:
+    def itc(
+        self,
+        image_feat: Tensor,
+        text_feat: Tensor,
+        temperature: Tensor,
+        consistency_weight: float,
+        context: StepContext | None,
+    ) -> ItcOutput:
         """The batch's ITC loss (plain GRIT ITC here, without the pairs that share an image if the context
         names them)."""
         self._reset()
-        return itc_grit(image_feat, text_feat, temperature, consistency_weight=consistency_weight,
-                        exclude=_same_image(context))
+        return itc_grit(
+            image_feat, text_feat, temperature, consistency_weight=consistency_weight, exclude=_same_image(context)
+        )
 
-    def sigmoid(self, image_feat: Tensor, text_feat: Tensor, logit_scale: Tensor, logit_bias: Tensor,
-                context: StepContext | None) -> Tensor:
+    def sigmoid(
+        self,
+        image_feat: Tensor,
+        text_feat: Tensor,
+        logit_scale: Tensor,
+        logit_bias: Tensor,
+        context: StepContext | None,
+    ) -> Tensor:
         """The batch's SigLIP sigmoid loss (:func:`~falcon_cli.objectives.sigmoid.distributed_sigmoid_loss`: under
         DDP every rank's texts are negatives too), with this method's treatment of the pairs it judges:
 
@@ -142,9 +161,15 @@ class PlainItc(FalseNegatives):
 
     def itc(self, image_feat, text_feat, temperature, consistency_weight, context):
         self._reset()
-        return itc_grit(image_feat, text_feat, temperature, consistency_weight=consistency_weight,
-                        exclude=_same_image(context), label_smoothing=self.label_smoothing,
-                        stop_gradient=self.stop_gradient)
+        return itc_grit(
+            image_feat,
+            text_feat,
+            temperature,
+            consistency_weight=consistency_weight,
+            exclude=_same_image(context),
+            label_smoothing=self.label_smoothing,
+            stop_gradient=self.stop_gradient,
+        )
 
 
 def _same_image(context: StepContext | None) -> Tensor | None:
@@ -168,18 +193,30 @@ class Diht(FalseNegatives):
 
     def itc(self, image_feat, text_feat, temperature, consistency_weight, context):
         self._reset()
-        out = itc_hn_nce(image_feat, text_feat, temperature, beta_i2t=self.beta, beta_t2i=self.beta, alpha=self.alpha,
-                         consistency_weight=consistency_weight)
+        out = itc_hn_nce(
+            image_feat,
+            text_feat,
+            temperature,
+            beta_i2t=self.beta,
+            beta_t2i=self.beta,
+            alpha=self.alpha,
+            consistency_weight=consistency_weight,
+        )
         if self.watched:  # (the loss's own weights: from its detached logits)
-            self.weights = tuple(negative_log_weights(self.beta * sim.detach()).exp() for sim in (out.sim_i2t, out.sim_t2i))
+            self.weights = tuple(
+                negative_log_weights(self.beta * sim.detach()).exp() for sim in (out.sim_i2t, out.sim_t2i)
+            )
         return out
 
     def sigmoid(self, image_feat, text_feat, logit_scale, logit_bias, context):
         self._reset()
         with torch.no_grad():
-            logits = image_text_similarity(image_feat.detach().float(), text_feat.detach().float()) * logit_scale.detach()
-            weights = pair_weights(negative_log_weights(self.beta * logits).exp(),
-                                   negative_log_weights(self.beta * logits.t()).exp())
+            logits = (
+                image_text_similarity(image_feat.detach().float(), text_feat.detach().float()) * logit_scale.detach()
+            )
+            weights = pair_weights(
+                negative_log_weights(self.beta * logits).exp(), negative_log_weights(self.beta * logits.t()).exp()
+            )
         return distributed_sigmoid_loss(image_feat, text_feat, logit_scale, logit_bias, negative_weights=weights)
 
 
@@ -189,7 +226,9 @@ class Srcl(FalseNegatives):
 
     name = "srcl"
 
-    def __init__(self, aux_features: Callable[[Tensor], tuple[Tensor, Tensor]], *, delta: float = 5.0, until: float = 1.0):
+    def __init__(
+        self, aux_features: Callable[[Tensor], tuple[Tensor, Tensor]], *, delta: float = 5.0, until: float = 1.0
+    ):
         super().__init__()
         self.aux_features, self.delta, self.until = aux_features, float(delta), float(until)
 
@@ -202,18 +241,34 @@ class Srcl(FalseNegatives):
         log_weights = srcl_log_weights(image_feat, text_feat, aux_image, aux_text, mix, self.delta)
         if self.watched:  # (the loss's own weights)
             self.weights = (log_weights[0].exp(), log_weights[1].exp())
-        return itc_srcl(image_feat, text_feat, temperature, aux_image_feat=aux_image, aux_text_feat=aux_text, mix=mix,
-                        delta=self.delta, consistency_weight=consistency_weight, log_weights=log_weights)
+        return itc_srcl(
+            image_feat,
+            text_feat,
+            temperature,
+            aux_image_feat=aux_image,
+            aux_text_feat=aux_text,
+            mix=mix,
+            delta=self.delta,
+            consistency_weight=consistency_weight,
+            log_weights=log_weights,
+        )
 
     def sigmoid(self, image_feat, text_feat, logit_scale, logit_bias, context):
         context = _needs_context(self.name, context)
         aux_image, aux_text = self.aux_features(context.pair_ids)
         mix = srcl_mix_at(context, self.until)
         self._reset({"srcl_mix": mix})
-        w_i2t, w_t2i = srcl_weights(image_feat, text_feat, aux_image_feat=aux_image.to(image_feat.device).float(),
-                                    aux_text_feat=aux_text.to(image_feat.device).float(), mix=mix, delta=self.delta)
-        return distributed_sigmoid_loss(image_feat, text_feat, logit_scale, logit_bias,
-                                        negative_weights=pair_weights(w_i2t, w_t2i))
+        w_i2t, w_t2i = srcl_weights(
+            image_feat,
+            text_feat,
+            aux_image_feat=aux_image.to(image_feat.device).float(),
+            aux_text_feat=aux_text.to(image_feat.device).float(),
+            mix=mix,
+            delta=self.delta,
+        )
+        return distributed_sigmoid_loss(
+            image_feat, text_feat, logit_scale, logit_bias, negative_weights=pair_weights(w_i2t, w_t2i)
+        )
 
 
 def srcl_mix_at(context: StepContext, until: float) -> float | Tensor:
@@ -234,8 +289,9 @@ class Glofnd(FalseNegatives):
 
     name = "glofnd"
 
-    def __init__(self, pair_ids, *, alpha: float = 0.01, lr: float = 0.05, start_epoch: int = 1,
-                 adam_step: str = "epoch"):
+    def __init__(
+        self, pair_ids, *, alpha: float = 0.01, lr: float = 0.05, start_epoch: int = 1, adam_step: str = "epoch"
+    ):
         super().__init__()
 
         self.thresholds = GlofndThresholds(pair_ids, alpha, lr=lr, adam_step=adam_step)
@@ -249,12 +305,19 @@ class Glofnd(FalseNegatives):
         context = _needs_context(self.name, context)
         self._reset()
         if not glofnd_active(context.epoch, self.start_epoch):
-            return itc_grit(image_feat, text_feat, temperature, consistency_weight=consistency_weight,
-                            exclude=context.same_image)
+            return itc_grit(
+                image_feat, text_feat, temperature, consistency_weight=consistency_weight, exclude=context.same_image
+            )
         _, _, lambda_image, lambda_text = self._step_thresholds(image_feat, text_feat, context)
-        itc, drop_i2t, drop_t2i = itc_glofnd(image_feat, text_feat, temperature, lambda_image=lambda_image,
-                                             lambda_text=lambda_text, consistency_weight=consistency_weight,
-                                             exclude=context.same_image)
+        itc, drop_i2t, drop_t2i = itc_glofnd(
+            image_feat,
+            text_feat,
+            temperature,
+            lambda_image=lambda_image,
+            lambda_text=lambda_text,
+            consistency_weight=consistency_weight,
+            exclude=context.same_image,
+        )
         self._record(drop_i2t, drop_t2i, lambda_image, lambda_text, flagged=(drop_i2t, drop_t2i))
         return itc
 
@@ -278,13 +341,24 @@ class Glofnd(FalseNegatives):
         self._share_updates(context.pair_ids)
         return cos_i2t, cos_t2i, lambda_image.to(image_feat.device), lambda_text.to(image_feat.device)
 
-    def _record(self, drop_i2t: Tensor, drop_t2i: Tensor, lambda_image: Tensor, lambda_text: Tensor, *,
-                flagged: tuple[Tensor, Tensor]) -> None:
+    def _record(
+        self,
+        drop_i2t: Tensor,
+        drop_t2i: Tensor,
+        lambda_image: Tensor,
+        lambda_text: Tensor,
+        *,
+        flagged: tuple[Tensor, Tensor],
+    ) -> None:
         """What the step flagged (per direction), and its stats as 0-d tensors (read, and synchronised, only on the
         steps the metrics log writes)."""
         self.flagged, self.mining = flagged, None
-        self.stats = {"fn_dropped_i2t": drop_i2t.sum(), "fn_dropped_t2i": drop_t2i.sum(),
-                      "glofnd_lambda_image": lambda_image.mean(), "glofnd_lambda_text": lambda_text.mean()}
+        self.stats = {
+            "fn_dropped_i2t": drop_i2t.sum(),
+            "fn_dropped_t2i": drop_t2i.sum(),
+            "glofnd_lambda_image": lambda_image.mean(),
+            "glofnd_lambda_text": lambda_text.mean(),
+        }
 
     @torch.no_grad()
     def _share_updates(self, pair_ids: Tensor) -> None:
@@ -310,8 +384,15 @@ class Mafa(FalseNegatives):
 
     name = "mafa"
 
-    def __init__(self, discriminator: Callable[[Tensor, Tensor, int], Tensor], *, high: float = 0.8, low: float = 0.5,
-                 smoothing: float = 0.5, mlm_pairs: str = "per_direction"):
+    def __init__(
+        self,
+        discriminator: Callable[[Tensor, Tensor, int], Tensor],
+        *,
+        high: float = 0.8,
+        low: float = 0.5,
+        smoothing: float = 0.5,
+        mlm_pairs: str = "per_direction",
+    ):
         super().__init__()
         self.discriminator = discriminator
         self.high, self.low, self.smoothing = float(high), float(low), float(smoothing)
@@ -333,16 +414,26 @@ class Mafa(FalseNegatives):
             mining = connection_mining(sim, sim.t(), score, high=self.high, low=self.low, mlm_pairs=self.mlm_pairs)
         eye = torch.eye(len(pair_ids), dtype=torch.bool, device=mining.positive_mask_i2t.device)
         self.flagged, self.mining = (mining.positive_mask_i2t & ~eye, mining.positive_mask_t2i & ~eye), mining
-        self.stats = {"fn_converted_i2t": mining.converted_i2t, "fn_converted_t2i": mining.converted_t2i,
-                      "fn_swapped_i2t": mining.swapped_i2t, "fn_swapped_t2i": mining.swapped_t2i}
+        self.stats = {
+            "fn_converted_i2t": mining.converted_i2t,
+            "fn_converted_t2i": mining.converted_t2i,
+            "fn_swapped_i2t": mining.swapped_i2t,
+            "fn_swapped_t2i": mining.swapped_t2i,
+        }
         return mining
 
     def itc(self, image_feat, text_feat, temperature, consistency_weight, context):
         context = _needs_context(self.name, context)
         mining = self._mine(image_feat, text_feat, temperature, context)
-        return itc_grit(image_feat, text_feat, temperature, consistency_weight=consistency_weight,
-                        positive_mask=mining.positive_mask_i2t, positive_mask_t2i=mining.positive_mask_t2i,
-                        label_smoothing=smoothing(context.epoch, self.smoothing))
+        return itc_grit(
+            image_feat,
+            text_feat,
+            temperature,
+            consistency_weight=consistency_weight,
+            positive_mask=mining.positive_mask_i2t,
+            positive_mask_t2i=mining.positive_mask_t2i,
+            label_smoothing=smoothing(context.epoch, self.smoothing),
+        )
 
     def sigmoid(self, image_feat, text_feat, logit_scale, logit_bias, context):
         # Mining ranks by the logits t * s (the cosine's order); a pair mined in either direction gets label +1.
@@ -363,8 +454,9 @@ def flag_counts(flagged: Tensor, truth: Tensor) -> Tensor:
     ``flagged``'s device (no host sync), so the per-epoch totals can be all-reduced there."""
     flagged, truth = flagged.bool(), truth.to(flagged.device).bool()
     off = ~torch.eye(flagged.shape[0], dtype=torch.bool, device=flagged.device)
-    return torch.stack([(flagged & truth & off).sum(), (flagged & ~truth & off).sum(),
-                        (~flagged & truth & off).sum(), off.sum()]).long()
+    return torch.stack(
+        [(flagged & truth & off).sum(), (flagged & ~truth & off).sum(), (~flagged & truth & off).sum(), off.sum()]
+    ).long()
 
 
 def weight_sums(weights: Tensor, truth: Tensor) -> Tensor:
@@ -442,17 +534,40 @@ def flag_summary(counts: Tensor, sums: Tensor | None = None) -> dict[str, float 
         prefix = f"{direction}_" if direction else ""
         tp, fp, fn, negatives = (int(v) for v in c.tolist())
         if negatives:
-            out.update({f"{prefix}flagged": tp + fp, f"{prefix}true_false_negatives": tp + fn,
-                        f"{prefix}negatives": negatives, f"{prefix}precision": tp / (tp + fp) if tp + fp else None,
-                        f"{prefix}recall": tp / (tp + fn) if tp + fn else None})
+            out.update(
+                {
+                    f"{prefix}flagged": tp + fp,
+                    f"{prefix}true_false_negatives": tp + fn,
+                    f"{prefix}negatives": negatives,
+                    f"{prefix}precision": tp / (tp + fp) if tp + fp else None,
+                    f"{prefix}recall": tp / (tp + fn) if tp + fn else None,
+                }
+            )
         w_false, n_false, w_true, n_true = (float(v) for v in w.tolist())
         if n_false or n_true:
-            out.update({f"{prefix}weight_false": w_false / n_false if n_false else None,
-                        f"{prefix}weight_true": w_true / n_true if n_true else None,
-                        f"{prefix}false_share": n_false / (n_false + n_true)})
+            out.update(
+                {
+                    f"{prefix}weight_false": w_false / n_false if n_false else None,
+                    f"{prefix}weight_true": w_true / n_true if n_true else None,
+                    f"{prefix}false_share": n_false / (n_false + n_true),
+                }
+            )
     return out
 
 
-__all__ = ["StepContext", "FalseNegatives", "PlainItc", "Diht", "Srcl", "Glofnd", "Mafa", "FlagsAgainstOracle",
-           "flag_counts", "weight_sums", "flag_summary", "DIRECTIONS",
-           "pair_weights", "srcl_mix_at"]
+__all__ = [
+    "StepContext",
+    "FalseNegatives",
+    "PlainItc",
+    "Diht",
+    "Srcl",
+    "Glofnd",
+    "Mafa",
+    "FlagsAgainstOracle",
+    "flag_counts",
+    "weight_sums",
+    "flag_summary",
+    "DIRECTIONS",
+    "pair_weights",
+    "srcl_mix_at",
+]

@@ -113,7 +113,9 @@ def _off_diagonal(n: int, device: torch.device) -> Tensor:
     return ~torch.eye(n, dtype=torch.bool, device=device)
 
 
-def glofnd_drop_masks(cos_i2t: Tensor, cos_t2i: Tensor, lambda_image: Tensor, lambda_text: Tensor) -> tuple[Tensor, Tensor]:
+def glofnd_drop_masks(
+    cos_i2t: Tensor, cos_t2i: Tensor, lambda_image: Tensor, lambda_text: Tensor
+) -> tuple[Tensor, Tensor]:
     """Boolean [B, B] masks of the flagged false negatives ``(drop_i2t, drop_t2i)``.
 
     ``drop_i2t[i, j] = cos_i2t[i, j] > lambda_image[i]`` and ``drop_t2i[i, j] =
@@ -123,8 +125,9 @@ def glofnd_drop_masks(cos_i2t: Tensor, cos_t2i: Tensor, lambda_image: Tensor, la
     if cos_i2t.shape != (n, n) or cos_t2i.shape != (n, n):
         raise ValueError(f"cosine matrices must both be [B, B], got {tuple(cos_i2t.shape)} and {tuple(cos_t2i.shape)}")
     if lambda_image.shape != (n,) or lambda_text.shape != (n,):
-        raise ValueError(f"lambda_image / lambda_text must be [{n}], got {tuple(lambda_image.shape)} "
-                         f"and {tuple(lambda_text.shape)}")
+        raise ValueError(
+            f"lambda_image / lambda_text must be [{n}], got {tuple(lambda_image.shape)} and {tuple(lambda_text.shape)}"
+        )
     off = _off_diagonal(n, cos_i2t.device)
     lam_i = lambda_image.detach().to(device=cos_i2t.device, dtype=cos_i2t.dtype).reshape(n, 1)
     lam_t = lambda_text.detach().to(device=cos_t2i.device, dtype=cos_t2i.dtype).reshape(n, 1)
@@ -159,8 +162,17 @@ class GlofndThresholds(nn.Module):
     STATE = ("lambda_image", "m_image", "v_image", "step_image", "lambda_text", "m_text", "v_text", "step_text")
     """The per-pair buffers (thresholds and Adam state), for callers that copy rows (DDP sharing)."""
 
-    def __init__(self, pair_ids: Any, alpha: float, *, lr: float = 0.05, betas: tuple[float, float] = (0.9, 0.98),
-                 eps: float = 1e-8, dtype: torch.dtype = torch.float32, adam_step: str = "epoch"):
+    def __init__(
+        self,
+        pair_ids: Any,
+        alpha: float,
+        *,
+        lr: float = 0.05,
+        betas: tuple[float, float] = (0.9, 0.98),
+        eps: float = 1e-8,
+        dtype: torch.dtype = torch.float32,
+        adam_step: str = "epoch",
+    ):
         super().__init__()
         ids = as_id_tensor(pair_ids)
         if len(ids) == 0:
@@ -198,27 +210,36 @@ class GlofndThresholds(nn.Module):
         return len(self.ids)
 
     def extra_repr(self) -> str:
-        return (f"n={len(self)}, alpha={self.alpha}, lr={self.lr}, betas={self.betas}, eps={self.eps}, "
-                f"adam_step={self.adam_step}")
+        return (
+            f"n={len(self)}, alpha={self.alpha}, lr={self.lr}, betas={self.betas}, eps={self.eps}, "
+            f"adam_step={self.adam_step}"
+        )
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
         incoming = state_dict.get(prefix + "ids")
-        if incoming is not None and (incoming.shape != self.ids.shape
-                                     or not torch.equal(incoming.to(self.ids.device), self.ids)):
-            error_msgs.append(f"GloFND thresholds: the state dict holds thresholds for other pair ids "
-                              f"({incoming.numel()} ids) than this module ({len(self)} ids)")
+        if incoming is not None and (
+            incoming.shape != self.ids.shape or not torch.equal(incoming.to(self.ids.device), self.ids)
+        ):
+            error_msgs.append(
+                f"GloFND thresholds: the state dict holds thresholds for other pair ids "
+                f"({incoming.numel()} ids) than this module ({len(self)} ids)"
+            )
             return
         key = prefix + "adam_step_by_epoch"
         mode = state_dict.get(key)
         saved = "count" if mode is None else ("epoch" if bool(mode) else "count")  # no key: saved before the option
         if saved != self.adam_step:
-            raise FalconError(f"GloFND thresholds were learned with adam_step={saved}, this run uses "
-                              f"adam_step={self.adam_step}; continue them with pretrain.glofnd.adam_step={saved}")
+            raise FalconError(
+                f"GloFND thresholds were learned with adam_step={saved}, this run uses "
+                f"adam_step={self.adam_step}; continue them with pretrain.glofnd.adam_step={saved}"
+            )
         if mode is None:
             state_dict = {**state_dict, key: self.adam_step_by_epoch}
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
 
     # --- lookup -------------------------------------------------------------------------
     def rows(self, pair_ids: Any) -> Tensor:
@@ -229,8 +250,10 @@ class GlofndThresholds(nn.Module):
             return pos
         bad = self.ids[pos] != ids
         if bool(bad.any()):
-            raise ValueError(f"GloFND thresholds: pair id {int(ids[bad][0])} is not in the dataset "
-                             f"({int(bad.sum())} unknown id(s) of {len(ids)})")
+            raise ValueError(
+                f"GloFND thresholds: pair id {int(ids[bad][0])} is not in the dataset "
+                f"({int(bad.sum())} unknown id(s) of {len(ids)})"
+            )
         return pos
 
     @torch.no_grad()
@@ -265,7 +288,9 @@ class GlofndThresholds(nn.Module):
         return lam_new
 
     @torch.no_grad()
-    def update(self, pair_ids: Any, cos_i2t: Tensor, cos_t2i: Tensor, *, epoch: int | None = None) -> tuple[Tensor, Tensor]:
+    def update(
+        self, pair_ids: Any, cos_i2t: Tensor, cos_t2i: Tensor, *, epoch: int | None = None
+    ) -> tuple[Tensor, Tensor]:
         """One projected Adam step on the thresholds of the batch's pairs; returns the updated ``(lambda_I, lambda_T)``.
 
         Args:
@@ -282,7 +307,9 @@ class GlofndThresholds(nn.Module):
         Adam state) change. Returns the updated thresholds of the batch rows, [B] each, on the
         buffers' device: the algorithm filters with them (:func:`itc_glofnd`).
         """
-        if self.adam_step == "epoch" and (isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral) or epoch < 0):
+        if self.adam_step == "epoch" and (
+            isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral) or epoch < 0
+        ):
             raise ValueError(f"adam_step=epoch needs the 0-based training epoch (an int >= 0), got {epoch!r}")
         rows = self.rows(pair_ids)
         n = len(rows)
@@ -293,8 +320,10 @@ class GlofndThresholds(nn.Module):
         if len(dup):
             raise ValueError(f"GloFND update: pair id {int(self.ids[dup[0]])} occurs more than once in the batch")
         if cos_i2t.shape != (n, n) or cos_t2i.shape != (n, n):
-            raise ValueError(f"cos_i2t / cos_t2i must be [{n}, {n}] for {n} pair ids, got "
-                             f"{tuple(cos_i2t.shape)} and {tuple(cos_t2i.shape)}")
+            raise ValueError(
+                f"cos_i2t / cos_t2i must be [{n}, {n}] for {n} pair ids, got "
+                f"{tuple(cos_i2t.shape)} and {tuple(cos_t2i.shape)}"
+            )
         off = _off_diagonal(n, self.ids.device)
         out = []
         for side, cos in (("image", cos_i2t), ("text", cos_t2i)):
@@ -306,9 +335,16 @@ class GlofndThresholds(nn.Module):
         return out[0].clone(), out[1].clone()
 
 
-def itc_glofnd(image_feat: Tensor, text_feat: Tensor, temperature: float | Tensor, *, lambda_image: Tensor,
-               lambda_text: Tensor, consistency_weight: float = 0.0,
-               exclude: Tensor | None = None) -> tuple[ItcOutput, Tensor, Tensor]:
+def itc_glofnd(
+    image_feat: Tensor,
+    text_feat: Tensor,
+    temperature: float | Tensor,
+    *,
+    lambda_image: Tensor,
+    lambda_text: Tensor,
+    consistency_weight: float = 0.0,
+    exclude: Tensor | None = None,
+) -> tuple[ItcOutput, Tensor, Tensor]:
     """In-batch ITC with GloFND false negatives removed from each anchor's softmax.
 
     Args:
@@ -349,6 +385,12 @@ def itc_glofnd(image_feat: Tensor, text_feat: Tensor, temperature: float | Tenso
     if exclude is not None:
         exclude = exclude.to(drop_i2t.device).bool()
         removed_i2t, removed_t2i = drop_i2t | exclude, drop_t2i | exclude.t()
-    out = itc_grit(image_feat, text_feat, temperature, consistency_weight=consistency_weight,
-                   exclude=removed_i2t, exclude_t2i=removed_t2i)
+    out = itc_grit(
+        image_feat,
+        text_feat,
+        temperature,
+        consistency_weight=consistency_weight,
+        exclude=removed_i2t,
+        exclude_t2i=removed_t2i,
+    )
     return out, drop_i2t, drop_t2i

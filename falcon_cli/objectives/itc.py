@@ -72,17 +72,31 @@ class ItcOutput:
 
 def _check_pair(image_feat: Tensor, text_feat: Tensor, what: str = "features") -> None:
     """Image features ``[B, D]`` (or ``[B, Q, D]``: one per query, BLIP-2) and text features ``[B, D]``."""
-    if (image_feat.dim() not in (2, 3) or text_feat.dim() != 2 or image_feat.shape[0] != text_feat.shape[0]
-            or image_feat.shape[-1] != text_feat.shape[-1]):
-        raise ValueError(f"image and text {what} must be [B, D] (images may be [B, queries, D]) with equal B and D, "
-                         f"got {tuple(image_feat.shape)} and {tuple(text_feat.shape)}")
+    if (
+        image_feat.dim() not in (2, 3)
+        or text_feat.dim() != 2
+        or image_feat.shape[0] != text_feat.shape[0]
+        or image_feat.shape[-1] != text_feat.shape[-1]
+    ):
+        raise ValueError(
+            f"image and text {what} must be [B, D] (images may be [B, queries, D]) with equal B and D, "
+            f"got {tuple(image_feat.shape)} and {tuple(text_feat.shape)}"
+        )
 
 
-def itc_grit(image_feat: Tensor, text_feat: Tensor, temperature: float | Tensor, *,
-             consistency_weight: float = 0.2, positive_mask: Tensor | None = None,
-             positive_mask_t2i: Tensor | None = None, label_smoothing: float = 0.0,
-             exclude: Tensor | None = None, exclude_t2i: Tensor | None = None,
-             stop_gradient: bool = True) -> ItcOutput:
+def itc_grit(
+    image_feat: Tensor,
+    text_feat: Tensor,
+    temperature: float | Tensor,
+    *,
+    consistency_weight: float = 0.2,
+    positive_mask: Tensor | None = None,
+    positive_mask_t2i: Tensor | None = None,
+    label_smoothing: float = 0.0,
+    exclude: Tensor | None = None,
+    exclude_t2i: Tensor | None = None,
+    stop_gradient: bool = True,
+) -> ItcOutput:
     """GRIT-VLP in-batch ITC with soft pseudo (consistency) targets (methods.md §0).
 
     Args:
@@ -131,12 +145,12 @@ def itc_grit(image_feat: Tensor, text_feat: Tensor, temperature: float | Tensor,
             positive_mask_t2i = positive_mask.t()
         targets_t2i = row_normalised_targets(positive_mask_t2i, n, v.device, label_smoothing)
         if exclude is None and exclude_t2i is None:
-            hard = (soft_cross_entropy(sim_i2t, targets_i2t).mean()
-                    + soft_cross_entropy(sim_t2i, targets_t2i).mean()) / 2
+            hard = (
+                soft_cross_entropy(sim_i2t, targets_i2t).mean() + soft_cross_entropy(sim_t2i, targets_t2i).mean()
+            ) / 2
             p_i2t = F.softmax(sim_i2t.detach(), dim=1)
             p_t2i = F.softmax(sim_t2i.detach(), dim=1)
-            soft = (soft_cross_entropy(sim_i2t, p_t2i).mean()
-                    + soft_cross_entropy(sim_t2i, p_i2t).mean()) / 2
+            soft = (soft_cross_entropy(sim_i2t, p_t2i).mean() + soft_cross_entropy(sim_t2i, p_i2t).mean()) / 2
         else:
             eye = torch.eye(n, dtype=torch.bool, device=v.device)
             ex_i2t = (exclude if exclude is not None else exclude_t2i.t()).to(v.device).bool() & ~eye
@@ -146,16 +160,21 @@ def itc_grit(image_feat: Tensor, text_feat: Tensor, temperature: float | Tensor,
             p_i2t, p_t2i = logp_i2t.detach().exp(), logp_t2i.detach().exp()  # 0 on removed entries
             # Removed log-probs are -inf: zero them so that 0 * (-inf) never appears.
             kept_i2t, kept_t2i = logp_i2t.masked_fill(ex_i2t, 0.0), logp_t2i.masked_fill(ex_t2i, 0.0)
-            hard = (_kept_cross_entropy(kept_i2t, _restrict(targets_i2t, ex_i2t))
-                    + _kept_cross_entropy(kept_t2i, _restrict(targets_t2i, ex_t2i))) / 2
-            soft = (_kept_cross_entropy(kept_i2t, _restrict(p_t2i, ex_i2t))
-                    + _kept_cross_entropy(kept_t2i, _restrict(p_i2t, ex_t2i))) / 2
+            hard = (
+                _kept_cross_entropy(kept_i2t, _restrict(targets_i2t, ex_i2t))
+                + _kept_cross_entropy(kept_t2i, _restrict(targets_t2i, ex_t2i))
+            ) / 2
+            soft = (
+                _kept_cross_entropy(kept_i2t, _restrict(p_t2i, ex_i2t))
+                + _kept_cross_entropy(kept_t2i, _restrict(p_i2t, ex_t2i))
+            ) / 2
         loss = hard + consistency_weight * soft
     return ItcOutput(loss=loss, hard=hard, soft=soft, sim_i2t=sim_i2t, sim_t2i=sim_t2i)
 
 
-def directional_logits(image_feat: Tensor, text_feat: Tensor, tau: float | Tensor,
-                       stop_gradient: bool = True) -> tuple[Tensor, Tensor]:
+def directional_logits(
+    image_feat: Tensor, text_feat: Tensor, tau: float | Tensor, stop_gradient: bool = True
+) -> tuple[Tensor, Tensor]:
     """``(sim_i2t, sim_t2i)`` [B, B]: rows image anchors resp. text anchors, divided by ``tau``. With
     ``stop_gradient`` (GRIT-VLP) each direction sends gradient to its anchor modality only (``v @ sg[t]^T``,
     ``t @ sg[v]^T``); without it, both directions are the one similarity matrix and its transpose."""
@@ -164,8 +183,10 @@ def directional_logits(image_feat: Tensor, text_feat: Tensor, tau: float | Tenso
         return sim, sim.t()
     if image_feat.dim() == 2:  # (the text-anchor rows as their own product: bitwise what GRIT's code computes)
         return image_feat @ text_feat.detach().t() / tau, text_feat @ image_feat.detach().t() / tau
-    return (image_text_similarity(image_feat, text_feat.detach()) / tau,
-            image_text_similarity(image_feat.detach(), text_feat).t() / tau)
+    return (
+        image_text_similarity(image_feat, text_feat.detach()) / tau,
+        image_text_similarity(image_feat.detach(), text_feat).t() / tau,
+    )
 
 
 def _restrict(probs: Tensor, removed: Tensor) -> Tensor:
@@ -192,8 +213,9 @@ class MomentumQueue(nn.Module):
     to :meth:`enqueue`. Use the queue in the loss *before* enqueueing the current batch.
     """
 
-    def __init__(self, dim: int = 256, size: int = 65536, *, with_idx: bool = False,
-                 generator: torch.Generator | None = None):
+    def __init__(
+        self, dim: int = 256, size: int = 65536, *, with_idx: bool = False, generator: torch.Generator | None = None
+    ):
         super().__init__()
         self.dim, self.size = int(dim), int(size)
         self.register_buffer("image_queue", F.normalize(torch.randn(dim, size, generator=generator), dim=0))
@@ -218,8 +240,10 @@ class MomentumQueue(nn.Module):
         if image_feat.shape[1] != self.dim:
             raise ValueError(f"queue dim is {self.dim}, got features of dim {image_feat.shape[1]}")
         if self.size % b != 0:
-            raise FalconError(f"momentum queue size {self.size} is not a multiple of the (global) batch size {b}; "
-                              "choose queue_size divisible by the batch size and drop the last incomplete batch")
+            raise FalconError(
+                f"momentum queue size {self.size} is not a multiple of the (global) batch size {b}; "
+                "choose queue_size divisible by the batch size and drop the last incomplete batch"
+            )
         if self.has_idx and idx is None:
             raise ValueError("this queue keeps ids: pass idx [B] to enqueue")
         # The columns from the pointer on, as an index tensor: the pointer is never read on the host (no sync, and
@@ -259,9 +283,17 @@ def copy_to_momentum(online: nn.Module, momentum: nn.Module) -> None:
         p_m.requires_grad_(False)
 
 
-def itc_momentum_distillation(image_feat: Tensor, text_feat: Tensor, image_feat_m: Tensor, text_feat_m: Tensor,
-                              queue: MomentumQueue | None, temperature: float | Tensor, alpha: float, *,
-                              idx: Tensor | None = None) -> ItcOutput:
+def itc_momentum_distillation(
+    image_feat: Tensor,
+    text_feat: Tensor,
+    image_feat_m: Tensor,
+    text_feat_m: Tensor,
+    queue: MomentumQueue | None,
+    temperature: float | Tensor,
+    alpha: float,
+    *,
+    idx: Tensor | None = None,
+) -> ItcOutput:
     """ALBEF ITC with a momentum queue and momentum distillation (reference-code.md §4).
 
     Args:
@@ -317,10 +349,8 @@ def itc_momentum_distillation(image_feat: Tensor, text_feat: Tensor, image_feat_
             soft_t2i = F.softmax(sim_t2i_m, dim=1)
         sim_i2t = image_feat.float() @ text_all / tau
         sim_t2i = text_feat.float() @ image_all / tau
-        hard = (soft_cross_entropy(sim_i2t, hard_targets).mean()
-                + soft_cross_entropy(sim_t2i, hard_targets).mean()) / 2
-        soft = (soft_cross_entropy(sim_i2t, soft_i2t).mean()
-                + soft_cross_entropy(sim_t2i, soft_t2i).mean()) / 2
+        hard = (soft_cross_entropy(sim_i2t, hard_targets).mean() + soft_cross_entropy(sim_t2i, hard_targets).mean()) / 2
+        soft = (soft_cross_entropy(sim_i2t, soft_i2t).mean() + soft_cross_entropy(sim_t2i, soft_t2i).mean()) / 2
         loss = (1.0 - alpha) * hard + alpha * soft
     return ItcOutput(loss=loss, hard=hard, soft=soft, sim_i2t=sim_i2t, sim_t2i=sim_t2i)
 

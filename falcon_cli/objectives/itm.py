@@ -26,16 +26,21 @@ from falcon_cli.objectives.common import fp32_region
 __all__ = ["hardest_negatives", "sample_negatives", "ItmPairs", "itm_pair_indices", "itm_loss", "mined_itm_loss"]
 
 
-def _excluded(sim_i2t: Tensor, sim_t2i: Tensor, positive_mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _excluded(
+    sim_i2t: Tensor, sim_t2i: Tensor, positive_mask: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """In-batch float32 sims [B, B] and the excluded entries per direction (diag-only fallback per row)."""
     if sim_i2t.dim() != 2 or sim_t2i.dim() != 2 or sim_i2t.shape[0] != sim_t2i.shape[0]:
-        raise ValueError(f"sim_i2t and sim_t2i must be [B, N] with the same B, "
-                         f"got {tuple(sim_i2t.shape)} and {tuple(sim_t2i.shape)}")
+        raise ValueError(
+            f"sim_i2t and sim_t2i must be [B, N] with the same B, got {tuple(sim_i2t.shape)} and {tuple(sim_t2i.shape)}"
+        )
     b = sim_i2t.shape[0]
     if b < 2:
         raise ValueError("in-batch negatives need a batch of at least 2 pairs")
     if sim_i2t.shape[1] < b or sim_t2i.shape[1] < b:
-        raise ValueError(f"similarity matrices need at least B={b} columns, got {tuple(sim_i2t.shape)}, {tuple(sim_t2i.shape)}")
+        raise ValueError(
+            f"similarity matrices need at least B={b} columns, got {tuple(sim_i2t.shape)}, {tuple(sim_t2i.shape)}"
+        )
     s_i2t = sim_i2t[:, :b].detach().float()
     s_t2i = sim_t2i[:, :b].detach().float()
     eye = torch.eye(b, dtype=torch.bool, device=s_i2t.device)
@@ -52,8 +57,9 @@ def _excluded(sim_i2t: Tensor, sim_t2i: Tensor, positive_mask: Tensor | None) ->
 
 
 @torch.no_grad()
-def hardest_negatives(sim_i2t: Tensor, sim_t2i: Tensor, *,
-                      positive_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def hardest_negatives(
+    sim_i2t: Tensor, sim_t2i: Tensor, *, positive_mask: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """Deterministic hardest in-batch negatives (GRIT-VLP / FALCON ITM).
 
     Args:
@@ -74,8 +80,13 @@ def hardest_negatives(sim_i2t: Tensor, sim_t2i: Tensor, *,
 
 
 @torch.no_grad()
-def sample_negatives(sim_i2t: Tensor, sim_t2i: Tensor, generator: torch.Generator | Tensor | None = None, *,
-                     positive_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def sample_negatives(
+    sim_i2t: Tensor,
+    sim_t2i: Tensor,
+    generator: torch.Generator | Tensor | None = None,
+    *,
+    positive_mask: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
     """ALBEF's sampled in-batch negatives: one multinomial draw per anchor.
 
     Weights are ``softmax(sim[:, :B]) + 1e-4`` (ALBEF's floor, so every candidate keeps some
@@ -125,8 +136,9 @@ class ItmPairs(NamedTuple):
 def itm_pair_indices(neg_text_for_image: Tensor, neg_image_for_text: Tensor) -> ItmPairs:
     """Build :class:`ItmPairs` from the negatives of :func:`hardest_negatives` / :func:`sample_negatives` ([B] each)."""
     if neg_text_for_image.dim() != 1 or neg_text_for_image.shape != neg_image_for_text.shape:
-        raise ValueError(f"negatives must both be [B], got {tuple(neg_text_for_image.shape)} "
-                         f"and {tuple(neg_image_for_text.shape)}")
+        raise ValueError(
+            f"negatives must both be [B], got {tuple(neg_text_for_image.shape)} and {tuple(neg_image_for_text.shape)}"
+        )
     b = neg_text_for_image.shape[0]
     dev = neg_text_for_image.device
     ar = torch.arange(b, device=dev)
@@ -160,8 +172,15 @@ def itm_loss(logits_pos: Tensor, logits_neg: Tensor, *, neg_labels: Tensor | Non
         return F.cross_entropy(logits, labels)
 
 
-def mined_itm_loss(itc, pair_logits: Callable[[ItmPairs], Tensor], *, sample: bool = False,
-                   generator: torch.Generator | Tensor | None = None, mining=None, same_image: Tensor | None = None) -> Tensor:
+def mined_itm_loss(
+    itc,
+    pair_logits: Callable[[ItmPairs], Tensor],
+    *,
+    sample: bool = False,
+    generator: torch.Generator | Tensor | None = None,
+    mining=None,
+    same_image: Tensor | None = None,
+) -> Tensor:
     """ITM on a batch's B positives plus one negative text per image and one negative image per text, mined
     from the ITC similarities ``itc.sim_i2t``/``itc.sim_t2i`` (:func:`hardest_negatives`, or ALBEF's and
     LAVIS's multinomial :func:`sample_negatives` with ``sample``), never a pair of ``same_image`` (bool
@@ -175,8 +194,11 @@ def mined_itm_loss(itc, pair_logits: Callable[[ItmPairs], Tensor], *, sample: bo
     else:
         with torch.no_grad():
             sim_i2t, sim_t2i = itc.sim_i2t[:, :b].detach(), itc.sim_t2i[:, :b].detach()
-            negatives = (sample_negatives(sim_i2t, sim_t2i, generator, positive_mask=same_image) if sample
-                         else hardest_negatives(sim_i2t, sim_t2i, positive_mask=same_image))
+            negatives = (
+                sample_negatives(sim_i2t, sim_t2i, generator, positive_mask=same_image)
+                if sample
+                else hardest_negatives(sim_i2t, sim_t2i, positive_mask=same_image)
+            )
         labels = None
     logits = pair_logits(itm_pair_indices(*negatives))
     return itm_loss(logits[:b], logits[b:], neg_labels=labels)

@@ -145,8 +145,12 @@ class ConnectionMining:
 
     def counts(self) -> dict[str, int]:
         """The four counts as a dict (for logging)."""
-        return {"converted_i2t": self.converted_i2t, "converted_t2i": self.converted_t2i,
-                "swapped_i2t": self.swapped_i2t, "swapped_t2i": self.swapped_t2i}
+        return {
+            "converted_i2t": self.converted_i2t,
+            "converted_t2i": self.converted_t2i,
+            "swapped_i2t": self.swapped_i2t,
+            "swapped_t2i": self.swapped_t2i,
+        }
 
 
 def _check_threshold(name: str, value: float) -> float:
@@ -175,8 +179,15 @@ def _top2(sim: Tensor) -> tuple[Tensor, Tensor]:
 
 
 @torch.no_grad()
-def connection_mining(sim_i2t: Tensor, sim_t2i: Tensor, score: ScoreFn, *,
-                      high: float = 0.8, low: float = 0.5, mlm_pairs: str = "per_direction") -> ConnectionMining:
+def connection_mining(
+    sim_i2t: Tensor,
+    sim_t2i: Tensor,
+    score: ScoreFn,
+    *,
+    high: float = 0.8,
+    low: float = 0.5,
+    mlm_pairs: str = "per_direction",
+) -> ConnectionMining:
     """MAFA's Efficient Connection Mining on one batch (methods.md §2.2), vectorised, no grad.
 
     Args:
@@ -211,7 +222,9 @@ def connection_mining(sim_i2t: Tensor, sim_t2i: Tensor, score: ScoreFn, *,
         raise ValueError("sim_i2t and sim_t2i must be 2-D tensors [B, N]")
     b = sim_i2t.shape[0]
     if sim_t2i.shape[0] != b:
-        raise ValueError(f"sim_i2t and sim_t2i must have the same B rows, got {tuple(sim_i2t.shape)} and {tuple(sim_t2i.shape)}")
+        raise ValueError(
+            f"sim_i2t and sim_t2i must have the same B rows, got {tuple(sim_i2t.shape)} and {tuple(sim_t2i.shape)}"
+        )
     if b < 2:
         raise ValueError(f"sim_i2t: connection mining needs a batch of at least 2 pairs, got B={b}")
     for name, s in (("sim_i2t", sim_i2t), ("sim_t2i", sim_t2i)):
@@ -258,13 +271,21 @@ def connection_mining(sim_i2t: Tensor, sim_t2i: Tensor, score: ScoreFn, *,
     mlm_image_index, mlm_text_index = keys // b, keys % b
 
     return ConnectionMining(
-        positive_mask_i2t=mask_i2t, positive_mask_t2i=mask_t2i,
-        neg_text_for_image=neg_text_for_image, neg_image_for_text=neg_image_for_text,
-        neg_labels=neg_labels, mlm_image_index=mlm_image_index, mlm_text_index=mlm_text_index,
-        converted_i2t=int(conv_i2t.sum()), converted_t2i=int(conv_t2i.sum()),
-        swapped_i2t=int(amb_i2t.sum()), swapped_t2i=int(amb_t2i.sum()),
-        scores_i2t=p_i2t, scores_t2i=p_t2i,
-        hardest_text_for_image=k1_i2t, hardest_image_for_text=k1_t2i,
+        positive_mask_i2t=mask_i2t,
+        positive_mask_t2i=mask_t2i,
+        neg_text_for_image=neg_text_for_image,
+        neg_image_for_text=neg_image_for_text,
+        neg_labels=neg_labels,
+        mlm_image_index=mlm_image_index,
+        mlm_text_index=mlm_text_index,
+        converted_i2t=int(conv_i2t.sum()),
+        converted_t2i=int(conv_t2i.sum()),
+        swapped_i2t=int(amb_i2t.sum()),
+        swapped_t2i=int(amb_t2i.sum()),
+        scores_i2t=p_i2t,
+        scores_t2i=p_t2i,
+        hardest_text_for_image=k1_i2t,
+        hardest_image_for_text=k1_t2i,
     )
 
 

@@ -41,9 +41,18 @@ class MlmMask:
     labels: Tensor
 
     @classmethod
-    def sample(cls, input_ids: Tensor, attention_mask: Tensor | None = None, *, vocab_size: int,
-               mask_token_id: int, pad_token_id: int, cls_token_id: int, probability: float = 0.5,
-               generator: torch.Generator | None = None) -> "MlmMask":
+    def sample(
+        cls,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        *,
+        vocab_size: int,
+        mask_token_id: int,
+        pad_token_id: int,
+        cls_token_id: int,
+        probability: float = 0.5,
+        generator: torch.Generator | None = None,
+    ) -> "MlmMask":
         """Sample a mask for ``input_ids`` [B, L] (``attention_mask`` [B, L] or None).
 
         Random numbers are drawn on ``generator``'s device (CPU generator for a CUDA batch
@@ -54,7 +63,9 @@ class MlmMask:
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [B, L], got {tuple(input_ids.shape)}")
         if attention_mask is not None and attention_mask.shape != input_ids.shape:
-            raise ValueError(f"attention_mask {tuple(attention_mask.shape)} must match input_ids {tuple(input_ids.shape)}")
+            raise ValueError(
+                f"attention_mask {tuple(attention_mask.shape)} must match input_ids {tuple(input_ids.shape)}"
+            )
         if not 0.0 <= probability <= 1.0:
             raise ValueError(f"masking probability must lie in [0, 1], got {probability}")
         if vocab_size <= 0:
@@ -132,10 +143,14 @@ def mlm_loss(logits: Tensor, labels: Tensor, *, per_sample: bool = False, fixed_
     sel = labels != IGNORE_INDEX
     if fixed_shape and not per_sample:
         with fp32_region(logits.device):
-            total = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1).long(),
-                                    ignore_index=IGNORE_INDEX, reduction="sum")
+            total = F.cross_entropy(
+                logits.float().reshape(-1, logits.shape[-1]),
+                labels.reshape(-1).long(),
+                ignore_index=IGNORE_INDEX,
+                reduction="sum",
+            )
         return total / sel.sum().clamp(min=1)
-    picked = logits[sel].float()                       # [M, V]
+    picked = logits[sel].float()  # [M, V]
     with fp32_region(logits.device):
         tok = F.cross_entropy(picked, labels[sel].long(), reduction="none")  # [M]
     if not per_sample:

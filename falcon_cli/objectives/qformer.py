@@ -36,8 +36,9 @@ ITC_LABEL_SMOOTHING = BLIP2_ITC_LABEL_SMOOTHING
 """LAVIS's BLIP-2 ITC label smoothing (:data:`~falcon_cli.method_weights.BLIP2_ITC_LABEL_SMOOTHING`)."""
 
 
-def itg_loss(logits: Tensor, input_ids: Tensor, attention_mask: Tensor, *, label_smoothing: float = 0.1,
-             per_sample: bool = False) -> Tensor:
+def itg_loss(
+    logits: Tensor, input_ids: Tensor, attention_mask: Tensor, *, label_smoothing: float = 0.1, per_sample: bool = False
+) -> Tensor:
     """Image-grounded text generation loss: :func:`~falcon_cli.objectives.captioning.caption_loss` with LAVIS's
     label smoothing of 0.1 (the caption starts with ``[DEC]``)."""
     return caption_loss(logits, input_ids, attention_mask, label_smoothing=label_smoothing, per_sample=per_sample)
@@ -77,8 +78,14 @@ class Blip2Objective(PretrainObjective):
 
     generative = "itg"
 
-    def __init__(self, model: nn.Module, *, consistency_weight: float | None = None, itm_negatives: str = "hardest",
-                 false_negatives: FalseNegatives | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        consistency_weight: float | None = None,
+        itm_negatives: str = "hardest",
+        false_negatives: FalseNegatives | None = None,
+    ):
         super().__init__()
         if false_negatives is None:
             false_negatives = PlainItc(label_smoothing=ITC_LABEL_SMOOTHING, stop_gradient=False)
@@ -87,46 +94,92 @@ class Blip2Objective(PretrainObjective):
         self.consistency_weight = 0.0 if consistency_weight is None else float(consistency_weight)
         self.itm_negatives = itm_negatives
 
-    def forward(self, images: Tensor, input_ids: Tensor, attention_mask: Tensor, mask=None, distill_alpha: float = 0.0,
-                itm_generator: torch.Generator | None = None, context: StepContext | None = None) -> Blip2Losses:
+    def forward(
+        self,
+        images: Tensor,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        mask=None,
+        distill_alpha: float = 0.0,
+        itm_generator: torch.Generator | None = None,
+        context: StepContext | None = None,
+    ) -> Blip2Losses:
         """Losses of one batch (``mask`` and ``distill_alpha`` are ALBEF's and ignored here); ``context`` (the
         batch's pair ids, epoch, progress) is what the false-negative methods need."""
         model = self.model
         enc = model(images, input_ids, attention_mask)
         itc = self.false_negatives.itc(enc.image_feat, enc.text_feat, enc.temperature, self.consistency_weight, context)
-        itm = self._itm_loss(enc.image_embeds, input_ids, attention_mask, itc, sample=self.itm_negatives == "sample",
-                             generator=itm_generator, mining=self.false_negatives.mining,
-                             same_image=None if context is None else context.itm_excluded)
+        itm = self._itm_loss(
+            enc.image_embeds,
+            input_ids,
+            attention_mask,
+            itc,
+            sample=self.itm_negatives == "sample",
+            generator=itm_generator,
+            mining=self.false_negatives.mining,
+            same_image=None if context is None else context.itm_excluded,
+        )
         itg = itg_loss(model.itg_logits(enc.image_embeds, input_ids, attention_mask), input_ids, attention_mask)
         loss = itc.loss + itm + itg
-        return Blip2Losses(loss, itc.loss.detach(), itm.detach(), itg.detach(),
-                           paired_image_feature(enc.image_feat.detach(), enc.text_feat.detach()), enc.text_feat.detach(),
-                           enc.temperature.detach(), enc.image_embeds.detach(), enc.image_feat.detach())
+        return Blip2Losses(
+            loss,
+            itc.loss.detach(),
+            itm.detach(),
+            itg.detach(),
+            paired_image_feature(enc.image_feat.detach(), enc.text_feat.detach()),
+            enc.text_feat.detach(),
+            enc.temperature.detach(),
+            enc.image_embeds.detach(),
+            enc.image_feat.detach(),
+        )
 
     @staticmethod
     def image_state(out: Blip2Losses) -> tuple[Tensor, Tensor]:
         """(image tokens, query features) of a forward's output: what :meth:`measure` takes as ``image``."""
         return out.image_tokens, out.image_queries
 
-    def _itm_loss(self, image_embeds: Tensor, input_ids: Tensor, attention_mask: Tensor, itc, *, sample: bool,
-                  generator=None, mining=None, same_image: Tensor | None = None) -> Tensor:
+    def _itm_loss(
+        self,
+        image_embeds: Tensor,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        itc,
+        *,
+        sample: bool,
+        generator=None,
+        mining=None,
+        same_image: Tensor | None = None,
+    ) -> Tensor:
         def pair_logits(pairs) -> Tensor:
-            return self.model.itm_logits(image_embeds[pairs.image_index], input_ids[pairs.text_index],
-                                         attention_mask[pairs.text_index])
+            return self.model.itm_logits(
+                image_embeds[pairs.image_index], input_ids[pairs.text_index], attention_mask[pairs.text_index]
+            )
 
-        return mined_itm_loss(itc, pair_logits, sample=sample, generator=generator, mining=mining, same_image=same_image)
+        return mined_itm_loss(
+            itc, pair_logits, sample=sample, generator=generator, mining=mining, same_image=same_image
+        )
 
     @torch.no_grad()
-    def match_probability(self, out: Blip2Losses, input_ids: Tensor, attention_mask: Tensor, image_index: Tensor,
-                          text_index: Tensor) -> Tensor:
+    def match_probability(
+        self, out: Blip2Losses, input_ids: Tensor, attention_mask: Tensor, image_index: Tensor, text_index: Tensor
+    ) -> Tensor:
         """ITM match probabilities of chosen pairs (:meth:`PretrainObjective.match_probability`): queries and
         caption through the Q-Former's joint pass over the forward's image embeddings, then the ITM head."""
         logits = self.model.itm_logits(out.image_tokens[image_index], input_ids[text_index], attention_mask[text_index])
         return logits.float().softmax(-1)[:, 1]
 
     @torch.no_grad()
-    def measure_parts(self, image_embeds: Tensor, queries: Tensor, input_ids: Tensor, attention_mask: Tensor,
-                      mask: Any, parts: tuple[str, ...], same_image: Tensor | None, per_pair: bool) -> dict[str, Tensor]:
+    def measure_parts(
+        self,
+        image_embeds: Tensor,
+        queries: Tensor,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        mask: Any,
+        parts: tuple[str, ...],
+        same_image: Tensor | None,
+        per_pair: bool,
+    ) -> dict[str, Tensor]:
         """BLIP-2's ``itc``, ``itm``, ``itg`` and ``alignment`` (:meth:`PretrainObjective.measure`) from the image
         tokens and query features (reused: exact for the frozen encoder, approximate for ``ln_vision``). ITM
         negatives are mined again from this pass's ITC (the hardest); the ITC is LAVIS's (the false-negative
@@ -138,15 +191,27 @@ class Blip2Objective(PretrainObjective):
             out["alignment"] = alignment_loss(queries, model.encode_text(input_ids, attention_mask)[1], per_pair)
         if "itc" in parts or "itm" in parts:
             _, text_feat = model.encode_text(input_ids, attention_mask)
-            itc = itc_grit(queries, text_feat, model.temperature(), consistency_weight=self.consistency_weight,
-                           label_smoothing=ITC_LABEL_SMOOTHING, stop_gradient=False, exclude=same_image)
+            itc = itc_grit(
+                queries,
+                text_feat,
+                model.temperature(),
+                consistency_weight=self.consistency_weight,
+                label_smoothing=ITC_LABEL_SMOOTHING,
+                stop_gradient=False,
+                exclude=same_image,
+            )
             out["itc"] = itc.loss
             if "itm" in parts:
-                out["itm"] = self._itm_loss(image_embeds, input_ids, attention_mask, itc, sample=False,
-                                            same_image=same_image)
+                out["itm"] = self._itm_loss(
+                    image_embeds, input_ids, attention_mask, itc, sample=False, same_image=same_image
+                )
         if "itg" in parts:
-            out["itg"] = itg_loss(model.itg_logits(image_embeds, input_ids, attention_mask), input_ids, attention_mask,
-                                  per_sample=per_pair)
+            out["itg"] = itg_loss(
+                model.itg_logits(image_embeds, input_ids, attention_mask),
+                input_ids,
+                attention_mask,
+                per_sample=per_pair,
+            )
         return out
 
 

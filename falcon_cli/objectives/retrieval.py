@@ -39,23 +39,32 @@ class RetrievalObjective(nn.Module):
         self.momentum_encoders = MomentumEncoders(model)
         self.queue = MomentumQueue(model.config.embed_dim, queue_size, with_idx=True)
 
-    def forward(self, images: Tensor, input_ids: Tensor, attention_mask: Tensor, image_idx: Tensor,
-                distill_alpha: float = 0.0, generator: torch.Generator | None = None) -> RetrievalLosses:
+    def forward(
+        self,
+        images: Tensor,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        image_idx: Tensor,
+        distill_alpha: float = 0.0,
+        generator: torch.Generator | None = None,
+    ) -> RetrievalLosses:
         """Losses of one batch; ``image_idx`` [B] says which image each caption belongs to (equal = same image)."""
         model = self.model
         enc = model(images, input_ids, attention_mask)
         momentum_update(MomentumEncoders.online_parts(model), self.momentum_encoders, self.momentum)
         image_m, text_m = self.momentum_encoders.features(images, input_ids, attention_mask)
-        itc = itc_momentum_distillation(enc.image_feat, enc.text_feat, image_m, text_m, self.queue, enc.temperature,
-                                        distill_alpha, idx=image_idx)
+        itc = itc_momentum_distillation(
+            enc.image_feat, enc.text_feat, image_m, text_m, self.queue, enc.temperature, distill_alpha, idx=image_idx
+        )
         self.queue.enqueue(all_gather_cat(image_m), all_gather_cat(text_m), all_gather_cat(image_idx))
 
         b = images.shape[0]
         same_image = image_idx[:, None] == image_idx[None, :]
         negatives = sample_negatives(itc.sim_i2t[:, :b], itc.sim_t2i[:, :b], generator, positive_mask=same_image)
         pairs = itm_pair_indices(*negatives)
-        fused = model.fuse(enc.text_tokens[pairs.text_index], attention_mask[pairs.text_index],
-                           enc.image_tokens[pairs.image_index])
+        fused = model.fuse(
+            enc.text_tokens[pairs.text_index], attention_mask[pairs.text_index], enc.image_tokens[pairs.image_index]
+        )
         logits = model.itm_logits(fused)
         itm = itm_loss(logits[:b], logits[b:])
         return RetrievalLosses(itc.loss + itm, itc.loss.detach(), itm.detach())

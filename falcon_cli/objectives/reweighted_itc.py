@@ -107,9 +107,17 @@ def _check_finite(name: str, value: float) -> float:
     return value
 
 
-def itc_hn_nce(image_feat: Tensor, text_feat: Tensor, temperature: float | Tensor, *,
-               beta_i2t: float = 0.5, beta_t2i: float = 0.5, alpha: float = 1.0,
-               detach_weights: bool = True, consistency_weight: float = 0.0) -> ItcOutput:
+def itc_hn_nce(
+    image_feat: Tensor,
+    text_feat: Tensor,
+    temperature: float | Tensor,
+    *,
+    beta_i2t: float = 0.5,
+    beta_t2i: float = 0.5,
+    alpha: float = 1.0,
+    detach_weights: bool = True,
+    consistency_weight: float = 0.0,
+) -> ItcOutput:
     """DiHT's HN-NCE in-batch ITC (methods.md §5), a replacement for :func:`itc_grit`.
 
     Args:
@@ -156,8 +164,15 @@ def itc_hn_nce(image_feat: Tensor, text_feat: Tensor, temperature: float | Tenso
     return ItcOutput(loss=loss, hard=hard, soft=soft, sim_i2t=sim_i2t, sim_t2i=sim_t2i)
 
 
-def srcl_weights(image_feat: Tensor, text_feat: Tensor, *, aux_image_feat: Tensor, aux_text_feat: Tensor,
-                 mix: float, delta: float = 1.0) -> tuple[Tensor, Tensor]:
+def srcl_weights(
+    image_feat: Tensor,
+    text_feat: Tensor,
+    *,
+    aux_image_feat: Tensor,
+    aux_text_feat: Tensor,
+    mix: float,
+    delta: float = 1.0,
+) -> tuple[Tensor, Tensor]:
     """SRCL negative weights ``(w_i2t, w_t2i)``, each [B, B] float32, no gradient, diagonal 0.
 
     ``cos_mix = mix * cos(aux) + (1 - mix) * cos(current)`` with rows the anchors
@@ -171,8 +186,9 @@ def srcl_weights(image_feat: Tensor, text_feat: Tensor, *, aux_image_feat: Tenso
     return log_i2t.exp(), log_t2i.exp()
 
 
-def srcl_log_weights(image_feat: Tensor, text_feat: Tensor, aux_image_feat: Tensor, aux_text_feat: Tensor,
-                     mix: float, delta: float) -> tuple[Tensor, Tensor]:
+def srcl_log_weights(
+    image_feat: Tensor, text_feat: Tensor, aux_image_feat: Tensor, aux_text_feat: Tensor, mix: float, delta: float
+) -> tuple[Tensor, Tensor]:
     """The logs of :func:`srcl_weights` (``log_w_i2t``, ``log_w_t2i``), what :func:`itc_srcl` weighs with."""
     n = _check_batch(image_feat, text_feat)
     _check_pair(aux_image_feat, aux_text_feat, "auxiliary features")
@@ -194,9 +210,18 @@ def srcl_log_weights(image_feat: Tensor, text_feat: Tensor, aux_image_feat: Tens
     return log_w_i2t, log_w_t2i
 
 
-def itc_srcl(image_feat: Tensor, text_feat: Tensor, temperature: float | Tensor, *,
-             aux_image_feat: Tensor, aux_text_feat: Tensor, mix: float, delta: float = 1.0,
-             consistency_weight: float = 0.0, log_weights: tuple[Tensor, Tensor] | None = None) -> ItcOutput:
+def itc_srcl(
+    image_feat: Tensor,
+    text_feat: Tensor,
+    temperature: float | Tensor,
+    *,
+    aux_image_feat: Tensor,
+    aux_text_feat: Tensor,
+    mix: float,
+    delta: float = 1.0,
+    consistency_weight: float = 0.0,
+    log_weights: tuple[Tensor, Tensor] | None = None,
+) -> ItcOutput:
     """SRCL similarity-regulated in-batch ITC (methods.md §3.2-3.3), a replacement for :func:`itc_grit`.
 
     Args:
@@ -224,12 +249,13 @@ def itc_srcl(image_feat: Tensor, text_feat: Tensor, temperature: float | Tensor,
 
     Returns :class:`ItcOutput` (``sim_*`` are the plain [B, B] float32 logits).
     """
-    log_w_i2t, log_w_t2i = log_weights or srcl_log_weights(image_feat, text_feat, aux_image_feat, aux_text_feat, mix, delta)
+    log_w_i2t, log_w_t2i = log_weights or srcl_log_weights(
+        image_feat, text_feat, aux_image_feat, aux_text_feat, mix, delta
+    )
     tau = as_temperature(temperature)
     with fp32_region(image_feat.device):
         sim_i2t, sim_t2i = directional_logits(image_feat.float(), text_feat.float(), tau)
-        hard = (_reweighted_nce(sim_i2t, log_w_i2t, 0.0).mean()
-                + _reweighted_nce(sim_t2i, log_w_t2i, 0.0).mean()) / 2
+        hard = (_reweighted_nce(sim_i2t, log_w_i2t, 0.0).mean() + _reweighted_nce(sim_t2i, log_w_t2i, 0.0).mean()) / 2
         soft = _consistency(sim_i2t, sim_t2i)
         loss = hard + consistency_weight * soft
     return ItcOutput(loss=loss, hard=hard, soft=soft, sim_i2t=sim_i2t, sim_t2i=sim_t2i)

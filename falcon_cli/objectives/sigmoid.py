@@ -50,9 +50,17 @@ def sigmoid_labels(n: int, device: torch.device, positive_mask: Tensor | None = 
     return positives.float() * 2 - 1
 
 
-def sigmoid_loss(image_feat: Tensor, text_feat: Tensor, logit_scale: float | Tensor, logit_bias: float | Tensor, *,
-                 positive_mask: Tensor | None = None, exclude: Tensor | None = None, negative_weights: Tensor | None = None,
-                 negatives_only: bool = False) -> Tensor:
+def sigmoid_loss(
+    image_feat: Tensor,
+    text_feat: Tensor,
+    logit_scale: float | Tensor,
+    logit_bias: float | Tensor,
+    *,
+    positive_mask: Tensor | None = None,
+    exclude: Tensor | None = None,
+    negative_weights: Tensor | None = None,
+    negatives_only: bool = False,
+) -> Tensor:
     """SigLIP's sigmoid loss of a batch (module docstring), float32.
 
     Args:
@@ -68,15 +76,19 @@ def sigmoid_loss(image_feat: Tensor, text_feat: Tensor, logit_scale: float | Ten
         negatives_only: every pair is a non-match (another rank's texts: no diagonal).
     """
     if text_feat.dim() != 2 or image_feat.shape[0] != text_feat.shape[0]:
-        raise ValueError(f"image and text features need the same batch size, got {tuple(image_feat.shape)} "
-                         f"and {tuple(text_feat.shape)}")
+        raise ValueError(
+            f"image and text features need the same batch size, got {tuple(image_feat.shape)} "
+            f"and {tuple(text_feat.shape)}"
+        )
     n, device = text_feat.shape[0], text_feat.device
     with fp32_region(device):
         logits = image_text_similarity(image_feat.float(), text_feat.float()) * logit_scale + logit_bias
         labels = -torch.ones(n, n, device=device) if negatives_only else sigmoid_labels(n, device, positive_mask)
         terms = F.logsigmoid(labels * logits)
         if negative_weights is not None:
-            terms = terms * torch.where(labels > 0, torch.ones_like(terms), negative_weights.to(device).float().detach())
+            terms = terms * torch.where(
+                labels > 0, torch.ones_like(terms), negative_weights.to(device).float().detach()
+            )
         if exclude is not None:
             keep = ~(exclude.to(device).bool() & ~torch.eye(n, dtype=torch.bool, device=device))
             terms = terms * keep
@@ -101,22 +113,38 @@ def _exchange(tensor: Tensor, to: int) -> Tensor:
     """``tensor`` to rank ``rank + to``, and the one rank ``rank - to`` sends, received (point to point)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     received = torch.empty_like(tensor)
-    ops = [dist.P2POp(dist.isend, tensor.contiguous(), (rank + to) % world),
-           dist.P2POp(dist.irecv, received, (rank - to) % world)]
+    ops = [
+        dist.P2POp(dist.isend, tensor.contiguous(), (rank + to) % world),
+        dist.P2POp(dist.irecv, received, (rank - to) % world),
+    ]
     for request in dist.batch_isend_irecv(ops):
         request.wait()
     return received
 
 
-def distributed_sigmoid_loss(image_feat: Tensor, text_feat: Tensor, logit_scale: float | Tensor,
-                             logit_bias: float | Tensor, *, positive_mask: Tensor | None = None,
-                             exclude: Tensor | None = None, negative_weights: Tensor | None = None) -> Tensor:
+def distributed_sigmoid_loss(
+    image_feat: Tensor,
+    text_feat: Tensor,
+    logit_scale: float | Tensor,
+    logit_bias: float | Tensor,
+    *,
+    positive_mask: Tensor | None = None,
+    exclude: Tensor | None = None,
+    negative_weights: Tensor | None = None,
+) -> Tensor:
     """:func:`sigmoid_loss` of this rank's images against every rank's texts (module docstring): its own batch
     (with the false-negative ``positive_mask``/``exclude``/``negative_weights`` of its own pairs), then each other rank's texts as
     negatives, passed around the ring. Plain :func:`sigmoid_loss` without an initialised process group or
     with one process."""
-    loss = sigmoid_loss(image_feat, text_feat, logit_scale, logit_bias, positive_mask=positive_mask, exclude=exclude,
-                        negative_weights=negative_weights)
+    loss = sigmoid_loss(
+        image_feat,
+        text_feat,
+        logit_scale,
+        logit_bias,
+        positive_mask=positive_mask,
+        exclude=exclude,
+        negative_weights=negative_weights,
+    )
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return loss
     chunk = text_feat
@@ -126,5 +154,11 @@ def distributed_sigmoid_loss(image_feat: Tensor, text_feat: Tensor, logit_scale:
     return loss
 
 
-__all__ = ["RingShift", "SIGLIP_LOGIT_BIAS_INIT", "SIGLIP_LOGIT_SCALE_INIT", "distributed_sigmoid_loss", "sigmoid_labels",
-           "sigmoid_loss"]
+__all__ = [
+    "RingShift",
+    "SIGLIP_LOGIT_BIAS_INIT",
+    "SIGLIP_LOGIT_SCALE_INIT",
+    "distributed_sigmoid_loss",
+    "sigmoid_labels",
+    "sigmoid_loss",
+]

@@ -24,8 +24,9 @@ TA_NEITHER, TA_FIRST, TA_SECOND = 0, 1, 2
 
 
 @torch.no_grad()
-def text_assignment_pairs(image_feat: Tensor, generator: torch.Generator | None = None,
-                          temperature: float = 0.07) -> tuple[Tensor, Tensor, Tensor]:
+def text_assignment_pairs(
+    image_feat: Tensor, generator: torch.Generator | None = None, temperature: float = 0.07
+) -> tuple[Tensor, Tensor, Tensor]:
     """Sample the two images shown with each text, and the label.
 
     Args:
@@ -39,8 +40,9 @@ def text_assignment_pairs(image_feat: Tensor, generator: torch.Generator | None 
     """
     b = image_feat.shape[0]
     if image_feat.dim() != 2 or b < 3:
-        raise ValueError(f"image_feat must be [B, D] with B >= 3 (two distinct negatives per row), "
-                         f"got {tuple(image_feat.shape)}")
+        raise ValueError(
+            f"image_feat must be [B, D] with B >= 3 (two distinct negatives per row), got {tuple(image_feat.shape)}"
+        )
     feat = image_feat.detach().float()
     with fp32_region(feat.device):
         weights = F.softmax(feat @ feat.T / temperature, dim=1)
@@ -54,8 +56,7 @@ def text_assignment_pairs(image_feat: Tensor, generator: torch.Generator | None 
     labels = (u * 3).long().clamp_max(TA_SECOND)
     own = torch.arange(b, device=feat.device)
     first = torch.where(labels == TA_FIRST, own, negatives[:, 0])
-    second = torch.where(labels == TA_NEITHER, negatives[:, 1],
-                         torch.where(labels == TA_FIRST, negatives[:, 0], own))
+    second = torch.where(labels == TA_NEITHER, negatives[:, 1], torch.where(labels == TA_FIRST, negatives[:, 0], own))
     return first, second, labels
 
 

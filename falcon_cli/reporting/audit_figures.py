@@ -104,8 +104,10 @@ def _fmt_q(x: float) -> str:
 
 
 def _midpoint(frame: pd.DataFrame) -> np.ndarray:
-    return (pd.to_numeric(frame["first_step"]).to_numpy(dtype="float64")
-            + pd.to_numeric(frame["last_step"]).to_numpy(dtype="float64")) / 2.0
+    return (
+        pd.to_numeric(frame["first_step"]).to_numpy(dtype="float64")
+        + pd.to_numeric(frame["last_step"]).to_numpy(dtype="float64")
+    ) / 2.0
 
 
 def _percent_ylim(ax, values: np.ndarray) -> None:
@@ -115,8 +117,12 @@ def _percent_ylim(ax, values: np.ndarray) -> None:
     ax.set_ylim(0.0, min(100.0, top * 1.15) if top > 0 else 1.0)
 
 
-def fn_rate_by_q(rates: pd.DataFrame, path: str | os.PathLike, *,
-                 title: str = "Risk of false negatives across training steps, per similarity quantile q") -> Path:
+def fn_rate_by_q(
+    rates: pd.DataFrame,
+    path: str | os.PathLike,
+    *,
+    title: str = "Risk of false negatives across training steps, per similarity quantile q",
+) -> Path:
     """Plot the FN rate per training-step window, one line per hardness (q) bucket, to the PNG ``path``.
 
     ``rates`` has one row per (``kind``, ``window``, ``bucket``) with columns ``kind``
@@ -129,23 +135,34 @@ def fn_rate_by_q(rates: pd.DataFrame, path: str | os.PathLike, *,
     """
     if len(rates) == 0:
         return _message_figure(title, NO_BUCKETS_MESSAGE, path)
-    _require(rates, ("kind", "window", "first_step", "last_step", "bucket", "hardness_low", "hardness_high", "rate"),
-             "fn_rate_by_q")
+    _require(
+        rates,
+        ("kind", "window", "first_step", "last_step", "bucket", "hardness_low", "hardness_high", "rate"),
+        "fn_rate_by_q",
+    )
     kinds = _ordered_kinds(rates["kind"].unique())
     fig = Figure(figsize=(5.5 * len(kinds), 4.5))
     axes = fig.subplots(1, len(kinds), sharey=True, squeeze=False)[0]
     all_y = []
     for ax, kind in zip(axes, kinds):
         sub = rates[rates["kind"].astype(str) == kind]
-        buckets = (sub.groupby("bucket", sort=False)[["hardness_low", "hardness_high"]].first()
-                   .sort_values(["hardness_low", "hardness_high"]))
+        buckets = (
+            sub.groupby("bucket", sort=False)[["hardness_low", "hardness_high"]]
+            .first()
+            .sort_values(["hardness_low", "hardness_high"])
+        )
         for bucket, bounds in buckets.iterrows():
             rows = sub[sub["bucket"] == bucket]
             x = _midpoint(rows)
             y = pd.to_numeric(rows["rate"]).to_numpy(dtype="float64") * 100.0
             order = np.argsort(x, kind="stable")
-            ax.plot(x[order], y[order], marker="o", markersize=4,
-                    label=f"q in [{_fmt_q(bounds['hardness_low'])}, {_fmt_q(bounds['hardness_high'])}]")
+            ax.plot(
+                x[order],
+                y[order],
+                marker="o",
+                markersize=4,
+                label=f"q in [{_fmt_q(bounds['hardness_low'])}, {_fmt_q(bounds['hardness_high'])}]",
+            )
             all_y.append(y)
         ax.set_title(KIND_TITLES.get(kind, f"{kind} negatives"))
         ax.set_xlabel("training step")
@@ -173,8 +190,7 @@ def fn_after_filter(curve: pd.DataFrame, path: str | os.PathLike, *, judge: str,
     title = f"False negatives after filtering (filter: {judge}; false negatives measured by {truth})"
     if len(curve) == 0:
         return _message_figure(title, NO_CURVE_MESSAGE, path, figsize=(11, 4.5))
-    _require(curve, ("kind", "threshold", "negatives", "kept", "fn_ratio", "removed_true_negatives"),
-             "fn_after_filter")
+    _require(curve, ("kind", "threshold", "negatives", "kept", "fn_ratio", "removed_true_negatives"), "fn_after_filter")
     fig = Figure(figsize=(11, 4.5))
     left, right = fig.subplots(1, 2)
     left_y, right_y = [], []
@@ -237,14 +253,22 @@ def missed_examples(examples: Sequence[Mapping], path: str | os.PathLike, *, col
     nrows = math.ceil(len(examples) / ncols)
     fig = Figure(figsize=(3.2 * ncols, 4.4 * nrows + 0.5))
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
-    for ax in axes[len(examples):]:
+    for ax in axes[len(examples) :]:
         fig.delaxes(ax)
     for ax, ex in zip(axes, examples):
         image = _load_or_placeholder(ex["judged_image"])
         if image is None:
             ax.imshow(np.full((64, 64, 3), 0.8))
-            ax.text(0.5, 0.5, UNREADABLE_IMAGE_MESSAGE, transform=ax.transAxes, ha="center", va="center",
-                    fontsize=8, color="0.3")
+            ax.text(
+                0.5,
+                0.5,
+                UNREADABLE_IMAGE_MESSAGE,
+                transform=ax.transAxes,
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="0.3",
+            )
         else:
             ax.imshow(image)
         ax.axis("off")
@@ -256,8 +280,16 @@ def missed_examples(examples: Sequence[Mapping], path: str | os.PathLike, *, col
             score_text = "n/a"
         caption = textwrap.fill(f"\u201c{ex['judged_caption']}\u201d", _WRAP)
         ax.set_title(f"{direction}\n{caption}\njudge p(match) = {score_text} \u2014 a true match", fontsize=8)
-        ax.text(0.5, -0.03, textwrap.fill(f"anchor: {ex.get('anchor_caption', '')}", _WRAP),
-                transform=ax.transAxes, ha="center", va="top", fontsize=7, color="0.3")
+        ax.text(
+            0.5,
+            -0.03,
+            textwrap.fill(f"anchor: {ex.get('anchor_caption', '')}", _WRAP),
+            transform=ax.transAxes,
+            ha="center",
+            va="top",
+            fontsize=7,
+            color="0.3",
+        )
     fig.suptitle(title)
     fig.tight_layout()
     return _figures._save_png(fig, path)
@@ -306,7 +338,9 @@ def fn_rate_comparison(runs: Mapping[str, pd.DataFrame], path: str | os.PathLike
     return _figures._save_png(fig, path)
 
 
-def scheduler_vs_oracle(by_epoch: pd.DataFrame, last: pd.DataFrame, path: str | os.PathLike, *, title: str = "") -> Path:
+def scheduler_vs_oracle(
+    by_epoch: pd.DataFrame, last: pd.DataFrame, path: str | os.PathLike, *, title: str = ""
+) -> Path:
     """What the composer chose against what the oracle says, to the PNG ``path``.
 
     Left: per epoch, the correlation of each anchor's E[q] (or q) with its false-negative density,
@@ -336,13 +370,20 @@ def scheduler_vs_oracle(by_epoch: pd.DataFrame, last: pd.DataFrame, path: str | 
     bins = np.linspace(0, max(float(density.max()), 1e-6), 11)
     which = np.clip(np.digitize(density, bins) - 1, 0, 9)
     centres = (bins[:-1] + bins[1:]) / 2
-    for values, style, label in ((mean_q, "-o", "E[q], bin mean"),
-                                 (chained["safe_q"].to_numpy(dtype="float64"), "--^", "oracle's safe q, bin mean")):
-        means = np.array([np.nanmean(values[which == b]) if np.any((which == b) & ~np.isnan(values)) else np.nan
-                          for b in range(10)])
+    for values, style, label in (
+        (mean_q, "-o", "E[q], bin mean"),
+        (chained["safe_q"].to_numpy(dtype="float64"), "--^", "oracle's safe q, bin mean"),
+    ):
+        means = np.array(
+            [np.nanmean(values[which == b]) if np.any((which == b) & ~np.isnan(values)) else np.nan for b in range(10)]
+        )
         right.plot(centres, means, style, label=label)
-    right.set(xlabel="anchor's false-negative density in its search space", ylabel="q", ylim=(0, 1),
-              title=f"epoch {int(epochs[-1])}")
+    right.set(
+        xlabel="anchor's false-negative density in its search space",
+        ylabel="q",
+        ylim=(0, 1),
+        title=f"epoch {int(epochs[-1])}",
+    )
     right.legend(fontsize=8)
     if title:
         fig.suptitle(title)

@@ -50,8 +50,11 @@ def q_over_training(batches: pd.DataFrame, path: str | os.PathLike) -> Path:
     valid_epoch = epochs_col.notna().to_numpy()
     epoch = epochs_col.to_numpy(dtype="float64", na_value=np.nan)[valid_epoch].astype(np.int64)
     q = q_col.to_numpy(dtype="float64", na_value=np.nan)[valid_epoch]
-    sampler = (batches["sampler"].astype(str).to_numpy()[valid_epoch] if "sampler" in batches.columns
-               else np.full(len(epoch), "", dtype=object))
+    sampler = (
+        batches["sampler"].astype(str).to_numpy()[valid_epoch]
+        if "sampler" in batches.columns
+        else np.full(len(epoch), "", dtype=object)
+    )
 
     fig = Figure(figsize=(8, 4.5))
     ax = fig.add_subplot()
@@ -72,8 +75,7 @@ def q_over_training(batches: pd.DataFrame, path: str | os.PathLike) -> Path:
     all_epochs = np.unique(epoch)
     q_epochs = np.unique(epoch[has_q])
     groups = [q[has_q & (epoch == e)] for e in q_epochs]
-    ax.boxplot(groups, positions=q_epochs, widths=0.6, manage_ticks=False,
-               flierprops={"markersize": 2, "alpha": 0.4})
+    ax.boxplot(groups, positions=q_epochs, widths=0.6, manage_ticks=False, flierprops={"markersize": 2, "alpha": 0.4})
     ax.plot(q_epochs, [g.mean() for g in groups], marker="o", color="tab:red", label="mean q")
     for e in np.setdiff1d(all_epochs, q_epochs):
         names = sorted({s for s in sampler[epoch == e] if s and s != "nan"})

@@ -32,14 +32,23 @@ from typing import Any, Callable, Iterator
 import torch
 
 from falcon_cli.artifacts.atomic import atomic_dir, write_json, write_text
+
 # the layout and the weight files are below models and this module alike (re-exported here: one import for callers)
 from falcon_cli.artifacts.checkpoints import LATEST, META, STATE, WEIGHTS, latest_checkpoint, rank_state_name  # noqa: F401
 from falcon_cli.artifacts.state_dicts import load_weights, save_weights
 from falcon_cli.errors import FalconError, Refused
 
 
-def save_checkpoint(directory: str | Path, step: int, modules: dict[str, torch.nn.Module], state: dict[str, Any],
-                    meta: dict[str, Any], keep_last: int = 3, *, ranks: dict[int, dict[str, Any]] | None = None) -> Path:
+def save_checkpoint(
+    directory: str | Path,
+    step: int,
+    modules: dict[str, torch.nn.Module],
+    state: dict[str, Any],
+    meta: dict[str, Any],
+    keep_last: int = 3,
+    *,
+    ranks: dict[int, dict[str, Any]] | None = None,
+) -> Path:
     """Write ``checkpoints/<step>/`` atomically, point ``latest`` at it, keep the newest ``keep_last``.
 
     ``modules`` maps a file stem to a module: ``{"model": albef}`` gives ``model.safetensors``
@@ -76,8 +85,9 @@ def checkpoint_staging(directory: str | Path, step: int, keep_last: int = 3) -> 
             shutil.rmtree(old, ignore_errors=True)
 
 
-def write_checkpoint(directory: Path, step: int, modules: dict[str, torch.nn.Module], state: dict[str, Any],
-                     meta: dict[str, Any]) -> None:
+def write_checkpoint(
+    directory: Path, step: int, modules: dict[str, torch.nn.Module], state: dict[str, Any], meta: dict[str, Any]
+) -> None:
     """The weight files, ``training_state.pt`` and ``meta.json`` of a checkpoint, into ``directory`` (a staging
     directory: :func:`checkpoint_staging`)."""
     for name, module in modules.items():
@@ -99,8 +109,15 @@ def rewind_latest(directory: str | Path, before_step: int) -> Path | None:
     pointer when there is none, so ``--resume`` starts from scratch); returns it. For weights known
     to fail: a resume from them would only fail again."""
     root = Path(directory)
-    earlier = sorted(p for p in root.iterdir() if p.is_dir() and p.name.isdigit() and int(p.name) < before_step
-                     and (p / WEIGHTS).exists()) if root.is_dir() else []
+    earlier = (
+        sorted(
+            p
+            for p in root.iterdir()
+            if p.is_dir() and p.name.isdigit() and int(p.name) < before_step and (p / WEIGHTS).exists()
+        )
+        if root.is_dir()
+        else []
+    )
     if earlier:
         write_text(root / LATEST, earlier[-1].name + "\n")
         return earlier[-1]
@@ -130,8 +147,10 @@ def _load_state_file(path: Path) -> dict[str, Any]:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # truncated, overwritten or not a checkpoint: never retry it unsafely
         if "unsupported global" in str(exc).lower():  # a pickled object, not a damaged file
-            raise FalconError(f"{path}: holds more than tensors and plain values; refused (falcon never loads "
-                              "checkpoints in a way that could run code from them)") from None
+            raise FalconError(
+                f"{path}: holds more than tensors and plain values; refused (falcon never loads "
+                "checkpoints in a way that could run code from them)"
+            ) from None
         raise FalconError(f"{path}: damaged, cannot be read ({type(exc).__name__})") from None
 
 
@@ -156,8 +175,10 @@ def load_rank_state(checkpoint: str | Path, rank: int, state: dict[str, Any] | N
     expected = {"rank": rank, "world_size": world, "step": state.get("global_step", loaded.get("step"))}
     found = {key: loaded.get(key) for key in expected}
     if found != expected:
-        raise FalconError(f"{path}: holds rank {found['rank']} of {found['world_size']} at step {found['step']}, "
-                          f"expected rank {rank} of {world} at step {expected['step']}")
+        raise FalconError(
+            f"{path}: holds rank {found['rank']} of {found['world_size']} at step {found['step']}, "
+            f"expected rank {rank} of {world} at step {expected['step']}"
+        )
     return loaded["state"]
 
 
@@ -165,9 +186,14 @@ RANK_STATE = "this_rank"
 """The key under which :func:`resume_point` (given a rank) returns that rank's own state inside the training state."""
 
 
-def resume_point(directory: str | Path, modules: dict[str, torch.nn.Module], *, rank: int | None = None,
-                 world: int | None = None, agree: Callable[[Any], list] | None = None,
-                 ) -> tuple[Path, dict[str, Any], list[str]] | None:
+def resume_point(
+    directory: str | Path,
+    modules: dict[str, torch.nn.Module],
+    *,
+    rank: int | None = None,
+    world: int | None = None,
+    agree: Callable[[Any], list] | None = None,
+) -> tuple[Path, dict[str, Any], list[str]] | None:
     """What ``--resume`` continues from: the checkpoint ``latest`` points to or, when it is damaged
     (a kill or a full disk while it was copied, a truncated file), the newest intact one kept before it.
     Loads its weights into ``modules`` and returns (checkpoint, training state, the damaged ones passed
@@ -196,8 +222,10 @@ def resume_point(directory: str | Path, modules: dict[str, torch.nn.Module], *, 
             state = load_training_state(checkpoint)
             saved = state.get("world_size", 1)
             if world is not None and saved != world:
-                refusal = (f"{checkpoint}: saved with {saved} processes, resuming with {world}; resume with the "
-                           "same number (nothing was changed)")
+                refusal = (
+                    f"{checkpoint}: saved with {saved} processes, resuming with {world}; resume with the "
+                    "same number (nothing was changed)"
+                )
             else:
                 load_checkpoint_weights(checkpoint, modules)
                 if rank is not None:
@@ -215,8 +243,10 @@ def resume_point(directory: str | Path, modules: dict[str, torch.nn.Module], *, 
             damaged.append(f"{name} ({problems[0][1]}{where})")
             continue
         return checkpoint, state, damaged
-    raise Refused(f"{root}: no intact checkpoint to resume from ({'; '.join(damaged)}); "
-                      "start again without --resume (add --overwrite to replace the run)")
+    raise Refused(
+        f"{root}: no intact checkpoint to resume from ({'; '.join(damaged)}); "
+        "start again without --resume (add --overwrite to replace the run)"
+    )
 
 
 def _candidates(root: Path) -> tuple[str, list[str]] | None:

@@ -62,13 +62,17 @@ def init_distributed(device_type: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> 
             if local_rank() >= torch.cuda.device_count():
                 # NCCL needs one GPU per process; two ranks on one GPU would fail deep inside NCCL.
 
-                raise FalconError(f"torchrun started local rank {local_rank()} but this node has "
-                                 f"{torch.cuda.device_count()} CUDA device(s); use --nproc_per_node "
-                                 f"<= {torch.cuda.device_count()}, or set the stage's device=cpu (e.g. pretrain.device=cpu) for gloo processes")
+                raise FalconError(
+                    f"torchrun started local rank {local_rank()} but this node has "
+                    f"{torch.cuda.device_count()} CUDA device(s); use --nproc_per_node "
+                    f"<= {torch.cuda.device_count()}, or set the stage's device=cpu (e.g. pretrain.device=cpu) for gloo processes"
+                )
             torch.cuda.set_device(local_rank())
         from datetime import timedelta
 
-        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo", timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            backend="nccl" if device_type == "cuda" else "gloo", timeout=timedelta(seconds=timeout_s)
+        )
         _timeout_s = timeout_s
         _start_watch(timeout_s)
         warning = restart_store_warning(os.environ)
@@ -85,9 +89,11 @@ def restart_store_warning(env) -> str | None:
     ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` in torchrun's environment gives every attempt a store of its own."""
     if int(env.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) <= 0 or env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
-    return ("torchrun --max-restarts with the rendezvous store shared with the workers: a restarted job can read the "
-            "previous attempt's addresses from it and fail to reconnect (pytorch/pytorch#135712); export "
-            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 before torchrun (docs/cluster.md)")
+    return (
+        "torchrun --max-restarts with the rendezvous store shared with the workers: a restarted job can read the "
+        "previous attempt's addresses from it and fail to reconnect (pytorch/pytorch#135712); export "
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 before torchrun (docs/cluster.md)"
+    )
 
 
 def barrier() -> None:
@@ -207,7 +213,7 @@ def first_difference(mine: dict, theirs: dict) -> str | None:
 
 def _short(value: Any, limit: int = 60) -> str:
     text = json.dumps(value, default=str)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def check_same_launch(launch: dict) -> None:
@@ -225,9 +231,11 @@ def check_same_launch(launch: dict) -> None:
     reference, other = broadcast_object(launch, 0), broadcast_object(launch, odd[0])
     key = first_difference(other, reference)
     more = f" (and {len(odd) - 1} more rank(s))" if len(odd) > 1 else ""
-    raise Refused(f"{everyone[odd[0]]['where']}{more} was launched with another config than rank 0 on "
-                  f"{everyone[0]['where']}: {key}; launch every node with the same recipe and overrides "
-                  "(nothing in the run directory was changed)")
+    raise Refused(
+        f"{everyone[odd[0]]['where']}{more} was launched with another config than rank 0 on "
+        f"{everyone[0]['where']}: {key}; launch every node with the same recipe and overrides "
+        "(nothing in the run directory was changed)"
+    )
 
 
 def check_shared_file(path: str | Path, what: str, *, wait_s: float = 20.0) -> None:
@@ -245,9 +253,11 @@ def check_shared_file(path: str | Path, what: str, *, wait_s: float = 20.0) -> N
     bad = [e for e in everyone if e["problem"] is not None]
     if bad:
         more = f" (and {len(bad) - 1} more rank(s))" if len(bad) > 1 else ""
-        raise Refused(f"{bad[0]['where']}{more} cannot see the {what} rank 0 wrote: {path} {bad[0]['problem']}; "
-                      f"every node must see the {what} at the same path: put --run-dir on a filesystem all nodes "
-                      "share (docs/cluster.md)")
+        raise Refused(
+            f"{bad[0]['where']}{more} cannot see the {what} rank 0 wrote: {path} {bad[0]['problem']}; "
+            f"every node must see the {what} at the same path: put --run-dir on a filesystem all nodes "
+            "share (docs/cluster.md)"
+        )
 
 
 def _file_digest(path: Path) -> str | None:
@@ -325,8 +335,13 @@ class _Job:
 
         if self.address is None:
             return dist.PrefixStore(self.prefix, self._shared)
-        tcp = dist.TCPStore(self.address[0], self.address[1], is_master=False, timeout=timedelta(seconds=timeout_s),
-                            wait_for_workers=False)
+        tcp = dist.TCPStore(
+            self.address[0],
+            self.address[1],
+            is_master=False,
+            timeout=timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+        )
         return dist.PrefixStore(self.prefix, tcp)
 
     def store(self):
@@ -377,12 +392,17 @@ def _start_watch(timeout_s: float) -> None:
         base = base.underlying_store
     # Under torchrun the store is a TCPStore in node 0's agent; the watchdog opens connections of its own to it.
     address = (base.host, base.port) if isinstance(base, dist.TCPStore) else None
-    me = {"node": os.environ.get("GROUP_RANK", "?"), "host": socket.gethostname(), "rank": rank(),
-          "token": uuid.uuid4().hex if rank() == 0 else None}
+    me = {
+        "node": os.environ.get("GROUP_RANK", "?"),
+        "host": socket.gethostname(),
+        "rank": rank(),
+        "token": uuid.uuid4().hex if rank() == 0 else None,
+    }
     roster = gather_objects(me)
     # Keys under a token rank 0 drew: the store outlives the workers when torchrun restarts them (--max-restarts).
-    job = _Job([{k: e[k] for k in ("node", "host", "rank")} for e in roster], roster[0]["token"], timeout_s,
-               address, base)
+    job = _Job(
+        [{k: e[k] for k in ("node", "host", "rank")} for e in roster], roster[0]["token"], timeout_s, address, base
+    )
     job.beat(job.store())
     dist.barrier()  # (every heartbeat exists before any rank reads one)
     job.thread = threading.Thread(target=_watch, args=(job,), name="falcon-watchdog", daemon=True)
@@ -429,8 +449,9 @@ def _watch(job: _Job) -> None:
                     lost = _silent(job, store, beat=lambda: job.beat(store))
                     if lost is not None:  # (None: a rank published an error meanwhile; it is read next time)
                         line = _lost_line(job, sorted({successor, *lost}), time.monotonic() - changed)
-                        verdict = _publish(store, {"line": line, "kind": "FalconError", "code": _EXIT_CODE,
-                                                   "rank": job.rank})
+                        verdict = _publish(
+                            store, {"line": line, "kind": "FalconError", "code": _EXIT_CODE, "rank": job.rank}
+                        )
                         exit_at = time.monotonic() + job.exit_grace
         except Exception:
             store = None  # (reconnect next time)
@@ -498,15 +519,29 @@ def surface(exc: BaseException) -> BaseException:
     try:
         if isinstance(exc, FalconError):
             if not isinstance(exc, Preempted):  # (every rank stops by itself, after the checkpoint: nothing to tell)
-                _publish(job.store(), {"line": str(exc), "kind": "Refused" if isinstance(exc, Refused) else "FalconError",
-                                       "code": exc.exit_code, "rank": job.rank})
+                _publish(
+                    job.store(),
+                    {
+                        "line": str(exc),
+                        "kind": "Refused" if isinstance(exc, Refused) else "FalconError",
+                        "code": exc.exit_code,
+                        "rank": job.rank,
+                    },
+                )
         elif _is_backend_error(exc):
             result = _explain(job)
         elif isinstance(exc, Exception):
             first = (str(exc).strip().splitlines() or [""])[0][:300]
-            _publish(job.store(), {"line": f"{where()} failed {_during(job.progress)}: {type(exc).__name__}: {first} "
-                                           "(its traceback is in that rank's output)",
-                                   "kind": "FalconError", "code": _EXIT_CODE, "rank": job.rank})
+            _publish(
+                job.store(),
+                {
+                    "line": f"{where()} failed {_during(job.progress)}: {type(exc).__name__}: {first} "
+                    "(its traceback is in that rank's output)",
+                    "kind": "FalconError",
+                    "code": _EXIT_CODE,
+                    "rank": job.rank,
+                },
+            )
     except Exception:  # (the store gone: telling the others must never hide this rank's own error)
         if result is exc and _is_backend_error(exc):
             result = FalconError(_store_lost_line(job), exit_code=_EXIT_CODE)
@@ -526,8 +561,11 @@ def _is_backend_error(exc: BaseException) -> bool:
     """A failed collective or store operation (anywhere in ``exc``'s chain of causes)."""
     import torch.distributed as dist
 
-    return any(isinstance(err, dist.DistError) or (
-        isinstance(err, RuntimeError) and any(word in str(err).lower() for word in _BACKEND_WORDS)) for err in causes(exc))
+    return any(
+        isinstance(err, dist.DistError)
+        or (isinstance(err, RuntimeError) and any(word in str(err).lower() for word in _BACKEND_WORDS))
+        for err in causes(exc)
+    )
 
 
 def _explain(job: _Job) -> FalconError:
@@ -557,8 +595,11 @@ def _silent(job: _Job, store, beat: Callable[[], None] | None = None) -> list[in
             beat()
         time.sleep(min(0.25, job.interval / 2))
     last = store.multi_get(keys)
-    return [r for r in range(len(job.roster)) if r != job.rank and first[r] == last[r]
-            and not json.loads(last[r]).get("done")]
+    return [
+        r
+        for r in range(len(job.roster))
+        if r != job.rank and first[r] == last[r] and not json.loads(last[r]).get("done")
+    ]
 
 
 def _during(progress: dict) -> str:
@@ -592,23 +633,31 @@ def _describe(job: _Job, ranks: list[int]) -> str:
     return " and ".join(f"node {node} ({host}, {_ranks_text(rs)})" for (node, host), rs in nodes.items())
 
 
-_RELAUNCH = ("relaunch with --resume to continue from the last checkpoint (torchrun --max-restarts does it by itself; "
-             "docs/cluster.md)")
+_RELAUNCH = (
+    "relaunch with --resume to continue from the last checkpoint (torchrun --max-restarts does it by itself; "
+    "docs/cluster.md)"
+)
 
 
 def _lost_line(job: _Job, ranks: list[int], silent_s: float | None) -> str:
     how = f"no heartbeat for {silent_s:.0f} s" if silent_s is not None else "its heartbeat stopped"
-    return (f"lost {_describe(job, ranks)} {_during(job.progress)}: it stopped answering ({how}), so every rank "
-            f"stops; {_RELAUNCH}")
+    return (
+        f"lost {_describe(job, ranks)} {_during(job.progress)}: it stopped answering ({how}), so every rank "
+        f"stops; {_RELAUNCH}"
+    )
 
 
 def _store_lost_line(job: _Job) -> str:
     head = next((e for e in job.roster if e["node"] == "0"), job.roster[0])
-    return (f"the rendezvous host, node {head['node']} ({head['host']}), is unreachable {_during(job.progress)}: the "
-            f"job's store, which its torchrun agent holds, is gone, so every rank stops; {_RELAUNCH}")
+    return (
+        f"the rendezvous host, node {head['node']} ({head['host']}), is unreachable {_during(job.progress)}: the "
+        f"job's store, which its torchrun agent holds, is gone, so every rank stops; {_RELAUNCH}"
+    )
 
 
 def _slow_line(job: _Job) -> str:
-    return (f"a collective waited longer than pretrain.dist_timeout ({job.timeout_s:g} s) {_during(job.progress)}, "
-            "yet every rank is alive: one rank's work between two collectives took longer; raise pretrain.dist_timeout "
-            "(docs/cluster.md)")
+    return (
+        f"a collective waited longer than pretrain.dist_timeout ({job.timeout_s:g} s) {_during(job.progress)}, "
+        "yet every rank is alive: one rank's work between two collectives took longer; raise pretrain.dist_timeout "
+        "(docs/cluster.md)"
+    )

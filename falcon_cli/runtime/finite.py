@@ -25,10 +25,21 @@ class NonFiniteGuard:
     def __init__(self, device: torch.device, parts: tuple[str, ...] = ("itc", "itm", "mlm")):
         self.parts = tuple(parts)  # the names of the loss parts :meth:`observe` is given, in order
         self.halted = torch.zeros((), dtype=torch.float32, device=device)  # 1.0 from the first bad step on
-        self.record = torch.zeros(4 + len(self.parts), dtype=torch.float64, device=device)  # epoch, step, loss, parts, norm
+        self.record = torch.zeros(
+            4 + len(self.parts), dtype=torch.float64, device=device
+        )  # epoch, step, loss, parts, norm
 
-    def observe(self, optimizer: torch.optim.Optimizer, epoch: int, step: int, loss: torch.Tensor,
-                parts: tuple[torch.Tensor, ...], norm: torch.Tensor | None = None, *, skip: bool = True) -> None:
+    def observe(
+        self,
+        optimizer: torch.optim.Optimizer,
+        epoch: int,
+        step: int,
+        loss: torch.Tensor,
+        parts: tuple[torch.Tensor, ...],
+        norm: torch.Tensor | None = None,
+        *,
+        skip: bool = True,
+    ) -> None:
         """Record whether this step's ``loss`` (and gradient ``norm``) are finite, with the loss ``parts``
         (in the order of the guard's names) of the first step that was not; with ``skip``, make the optimizer skip this update
         (and every later one) on the device once any step was non-finite."""
@@ -37,9 +48,15 @@ class NonFiniteGuard:
             bad = bad | ~torch.isfinite(norm.detach())
         first = bad & (self.halted == 0)
         # (new_full is a fill kernel on the device: torch.tensor(x, device=...) would be a blocking copy)
-        values = torch.stack([loss.new_full((), float(epoch)), loss.new_full((), float(step)), loss.detach(),
-                              *(part.detach().to(loss.dtype) for part in parts),
-                              loss.new_zeros(()) if norm is None else norm.detach().to(loss.dtype)]).double()
+        values = torch.stack(
+            [
+                loss.new_full((), float(epoch)),
+                loss.new_full((), float(step)),
+                loss.detach(),
+                *(part.detach().to(loss.dtype) for part in parts),
+                loss.new_zeros(()) if norm is None else norm.detach().to(loss.dtype),
+            ]
+        ).double()
         self.record = torch.where(first, values, self.record)
         self.halted = torch.maximum(self.halted, bad.float())
         if skip:

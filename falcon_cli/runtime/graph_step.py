@@ -41,9 +41,24 @@ class TrainingForward:
         backend: ``inductor``, ``aot_eager`` or ``eager`` (``pretrain.graph_backend``).
     """
 
-    def __init__(self, trainer: torch.nn.Module, precision: str, device: torch.device, *, graph: bool = False,
-                 sample_itm: bool = False, mode: str | None = None, backend: str = "inductor"):
-        self.trainer, self.precision, self.device, self.graph, self.sample_itm = trainer, precision, device, graph, sample_itm
+    def __init__(
+        self,
+        trainer: torch.nn.Module,
+        precision: str,
+        device: torch.device,
+        *,
+        graph: bool = False,
+        sample_itm: bool = False,
+        mode: str | None = None,
+        backend: str = "inductor",
+    ):
+        self.trainer, self.precision, self.device, self.graph, self.sample_itm = (
+            trainer,
+            precision,
+            device,
+            graph,
+            sample_itm,
+        )
         # The numbers that change every step, as device tensors set in place (a kernel argument, no copy from the host)
         self.alpha, self.progress = (torch.zeros((), device=device) for _ in range(2))
         if graph:
@@ -64,8 +79,16 @@ class TrainingForward:
                 return self.trainer(*inputs, distill_alpha, itm_generator, context)
         batch = inputs[1].shape[0]
         # (drawn where the eager step's multinomial would draw, from the same generator: a resume replays them)
-        itm = (torch.rand(2, batch, generator=itm_generator, device=itm_generator.device if itm_generator is not None
-                          else self.device).to(self.device) if self.sample_itm else None)
+        itm = (
+            torch.rand(
+                2,
+                batch,
+                generator=itm_generator,
+                device=itm_generator.device if itm_generator is not None else self.device,
+            ).to(self.device)
+            if self.sample_itm
+            else None
+        )
         self.alpha.fill_(float(distill_alpha))
         # (the step's place in the schedules, SRCL's mixing weight: a Python number would be baked into the graph)
         self.progress.fill_(context.step / max(context.total_steps, 1))

@@ -109,8 +109,11 @@ def prepare_hub() -> bool:
         _unreachable[endpoint] = reason = _probe(endpoint, check_timeout())
         if reason is not None:
             _go_offline()
-            log.warning("Hugging Face hub %s unreachable (%s): offline mode, models load from the local cache only",
-                        endpoint, reason)
+            log.warning(
+                "Hugging Face hub %s unreachable (%s): offline mode, models load from the local cache only",
+                endpoint,
+                reason,
+            )
     return not hub_offline()
 
 
@@ -120,12 +123,16 @@ def hub_hint(source: str) -> str:
     endpoint = hub_endpoint()
     reason = _unreachable.get(endpoint)
     if reason is not None:
-        return (f"the Hugging Face hub {endpoint} is unreachable ({reason}) and '{source}' is not in the local cache: "
-                "give a local directory, or fill the cache where the hub is reachable "
-                "(HF_HUB_OFFLINE=1 skips this check)")
+        return (
+            f"the Hugging Face hub {endpoint} is unreachable ({reason}) and '{source}' is not in the local cache: "
+            "give a local directory, or fill the cache where the hub is reachable "
+            "(HF_HUB_OFFLINE=1 skips this check)"
+        )
     if hub_offline():
-        return (f"HF_HUB_OFFLINE=1 is set and '{source}' is not in the local cache: give a local directory, "
-                "or fill the cache where the hub is reachable")
+        return (
+            f"HF_HUB_OFFLINE=1 is set and '{source}' is not in the local cache: give a local directory, "
+            "or fill the cache where the hub is reachable"
+        )
     return ""
 
 
@@ -147,8 +154,12 @@ def is_local(text: str) -> bool:
     all), starts like a path (``/``, ``./``, ``../``, ``~``), or has more than one ``/`` before any ``@`` (a hub id has
     at most one: ``org/name``)."""
     name = text.split("@", 1)[0]
-    return (Path(text).expanduser().exists() or text.startswith(PATH_STARTS) or name.count("/") > 1
-            or (os.sep != "/" and os.sep in name))
+    return (
+        Path(text).expanduser().exists()
+        or text.startswith(PATH_STARTS)
+        or name.count("/") > 1
+        or (os.sep != "/" and os.sep in name)
+    )
 
 
 @dataclass(frozen=True)
@@ -168,15 +179,19 @@ class HubRef:
         """Split ``[prefix]NAME[@REVISION]``; a malformed revision is a one-line :class:`FalconError` naming ``what``.
         Decide with :func:`is_local` first whether ``text`` is a local path (those are never parsed)."""
         prefix = next((p for p in PREFIXES if text.startswith(p)), "")
-        name, at, revision = text[len(prefix):].partition("@")
+        name, at, revision = text[len(prefix) :].partition("@")
         if not at:
             return cls(name, None, prefix)
         if not name:
-            raise FalconError(f"{what}={text!r}: nothing before '@'; write NAME@REVISION (e.g. bert-base-uncased@<commit sha>)")
+            raise FalconError(
+                f"{what}={text!r}: nothing before '@'; write NAME@REVISION (e.g. bert-base-uncased@<commit sha>)"
+            )
         if not REVISION.fullmatch(revision):
-            raise FalconError(f"{what}={text!r}: {revision!r} after '@' is not a revision; write NAME@REVISION with a commit "
-                              "sha (40 hex digits, as the hub's file history shows), a tag or a branch (letters, digits, "
-                              "'.', '_', '-', '/')")
+            raise FalconError(
+                f"{what}={text!r}: {revision!r} after '@' is not a revision; write NAME@REVISION with a commit "
+                "sha (40 hex digits, as the hub's file history shows), a tag or a branch (letters, digits, "
+                "'.', '_', '-', '/')"
+            )
         return cls(name, revision, prefix)
 
     @property
@@ -240,8 +255,11 @@ def note_hub(ref: HubRef, what: str, repo: str | None = None) -> dict:
     if not ref.pinned and str(ref) not in _warned:
         _warned.add(str(ref))
         asked = f"at the movable revision {ref.revision!r}" if ref.revision else "without a revision"
-        fix = (f"pin it as {ref.prefix}{ref.repo}@{sha}" if sha else
-               f"the local cache does not say which commit it resolved to; pin it as {ref.prefix}{ref.repo}@<commit sha>")
+        fix = (
+            f"pin it as {ref.prefix}{ref.repo}@{sha}"
+            if sha
+            else f"the local cache does not say which commit it resolved to; pin it as {ref.prefix}{ref.repo}@<commit sha>"
+        )
         log.warning("%s '%s' loaded %s from %s: %s (docs/pretraining.md, pinning hub ids)", what, ref, asked, repo, fix)
     return entry
 
@@ -278,6 +296,22 @@ def take_sources() -> list[dict]:
     return taken
 
 
-__all__ = ["COMMIT_SHA", "DEFAULT_TIMEOUT_S", "HubRef", "check_timeout", "forget_sources", "hub_endpoint", "hub_file",
-           "hub_hint", "hub_offline", "hub_snapshot", "is_local", "note_hub", "note_local", "note_url", "prepare_hub",
-           "resolved_sha", "take_sources"]
+__all__ = [
+    "COMMIT_SHA",
+    "DEFAULT_TIMEOUT_S",
+    "HubRef",
+    "check_timeout",
+    "forget_sources",
+    "hub_endpoint",
+    "hub_file",
+    "hub_hint",
+    "hub_offline",
+    "hub_snapshot",
+    "is_local",
+    "note_hub",
+    "note_local",
+    "note_url",
+    "prepare_hub",
+    "resolved_sha",
+    "take_sources",
+]

@@ -36,8 +36,11 @@ if TYPE_CHECKING:  # (numpy is imported where a histogram or an image is logged:
 LoggerName = Literal["jsonl", "tensorboard", "wandb", "mlflow"]
 """The loggers a training section can name."""
 
-EXTRAS = {"tensorboard": ("torch.utils.tensorboard", "tensorboard"), "wandb": ("wandb", "wandb"),
-          "mlflow": ("mlflow.tracking", "mlflow")}
+EXTRAS = {
+    "tensorboard": ("torch.utils.tensorboard", "tensorboard"),
+    "wandb": ("wandb", "wandb"),
+    "mlflow": ("mlflow.tracking", "mlflow"),
+}
 """Each optional logger: the module it imports, and the ``falcon-vlp`` extra that installs it."""
 
 
@@ -54,8 +57,9 @@ def _import(name: str, what: str):
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        raise FalconError(f"{what} names '{name}' but the package is not installed ({exc}); "
-                          f"pip install 'falcon-vlp[{extra}]'") from None
+        raise FalconError(
+            f"{what} names '{name}' but the package is not installed ({exc}); pip install 'falcon-vlp[{extra}]'"
+        ) from None
 
 
 def scalar_tags(record: dict[str, Any]) -> dict[str, float]:
@@ -86,8 +90,9 @@ class TensorBoardSink:
     def __init__(self, directory: Path, *, start_step: int, **_):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(directory), purge_step=start_step + 1 if start_step else None,
-                                    flush_secs=30)
+        self.writer = SummaryWriter(
+            log_dir=str(directory), purge_step=start_step + 1 if start_step else None, flush_secs=30
+        )
 
     def scalars(self, values: dict[str, float], step: int) -> None:
         for tag, value in values.items():
@@ -112,10 +117,16 @@ class WandbSink:
 
         self.wandb = wandb
         run_id = _run_id(directory, start_step, lambda: uuid.uuid4().hex[:8])
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "falcon"), name=name, id=run_id,
-                              resume="allow", dir=str(directory), config=config,
-                              mode=os.environ.get("WANDB_MODE", "offline"),
-                              settings=wandb.Settings(silent=True, console="off", save_code=False))
+        self.run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", "falcon"),
+            name=name,
+            id=run_id,
+            resume="allow",
+            dir=str(directory),
+            config=config,
+            mode=os.environ.get("WANDB_MODE", "offline"),
+            settings=wandb.Settings(silent=True, console="off", save_code=False),
+        )
 
     def scalars(self, values: dict[str, float], step: int) -> None:
         self.run.log(values, step=step)
@@ -158,7 +169,9 @@ class MlflowSink:
 
     def scalars(self, values: dict[str, float], step: int) -> None:
         now = int(self.clock() * 1000)
-        self.client.log_batch(self.run_id, metrics=[self.metric(tag, value, now, step) for tag, value in values.items()])
+        self.client.log_batch(
+            self.run_id, metrics=[self.metric(tag, value, now, step) for tag, value in values.items()]
+        )
 
     def histogram(self, tag: str, values: np.ndarray, step: int) -> None:
         pass  # (MLflow has no histograms)
@@ -189,8 +202,16 @@ class RunLoggers:
         main: whether this process writes (rank 0).
     """
 
-    def __init__(self, names: Iterable[str], directory: str | Path, *, what: str, name: str,
-                 config: dict | None = None, main: bool = True):
+    def __init__(
+        self,
+        names: Iterable[str],
+        directory: str | Path,
+        *,
+        what: str,
+        name: str,
+        config: dict | None = None,
+        main: bool = True,
+    ):
         self.names = [n for n in dict.fromkeys(names) if n in SINKS]
         require(self.names, what)
         self.directory, self.what, self.name, self.config = Path(directory), what, name, config
@@ -216,8 +237,10 @@ class RunLoggers:
             except FalconError:
                 raise
             except Exception as exc:  # a logger that cannot start (a bad MLFLOW_TRACKING_URI, wandb login) says so
-                raise FalconError(f"{self.what}: {name} could not start in {folder}: "
-                                  f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+                raise FalconError(
+                    f"{self.what}: {name} could not start in {folder}: "
+                    f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+                ) from exc
 
     def _each(self, method: str, *args) -> None:
         if not self:

@@ -68,8 +68,11 @@ class MetricsLog:
             self.loggers.open(step)
         if not self.path.exists():
             return
-        kept = [line for line in self.path.read_text(encoding="utf-8").splitlines()
-                if line.strip() and json.loads(line).get("step", -1) <= step]
+        kept = [
+            line
+            for line in self.path.read_text(encoding="utf-8").splitlines()
+            if line.strip() and json.loads(line).get("step", -1) <= step
+        ]
         write_text(self.path, "".join(f"{line}\n" for line in kept))
 
 

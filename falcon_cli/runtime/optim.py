@@ -30,8 +30,9 @@ def build_optimizer(model: nn.Module, lr: float, weight_decay: float, betas=(0.9
     return torch.optim.AdamW(parameter_groups(model, weight_decay), lr=lr, betas=betas, fused=True)
 
 
-def learning_rate(step: int, epoch: int, *, lr: float, min_lr: float, warmup_lr: float, warmup_steps: int,
-                  cosine_epochs: int) -> float:
+def learning_rate(
+    step: int, epoch: int, *, lr: float, min_lr: float, warmup_lr: float, warmup_steps: int, cosine_epochs: int
+) -> float:
     """The reference schedule (ALBEF/GRIT ``scheduler/cosine_lr.py`` with warm-up in iterations).
 
     * During the first ``warmup_steps`` optimizer steps: linear from ``warmup_lr`` to ``lr``.

@@ -46,7 +46,9 @@ def resolve_precision(precision: Precision, device: torch.device) -> str:
             return "fp32"
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
     if precision in ("bf16", "fp16") and device.type != "cuda":
-        raise FalconError(f"precision={precision} needs a CUDA device (this run is on {device}); use precision=fp32 or auto")
+        raise FalconError(
+            f"precision={precision} needs a CUDA device (this run is on {device}); use precision=fp32 or auto"
+        )
     return precision
 
 

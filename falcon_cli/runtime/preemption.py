@@ -118,20 +118,27 @@ class Preemption:
             self._timer.daemon = True
             self._timer.start()
         elif now - self.received_at > DUPLICATE_S:
-            self._exit(f"a second {signal.Signals(number).name} {now - self.received_at:.0f} s after the first: "
-                       f"stopped at once, without a new checkpoint")
+            self._exit(
+                f"a second {signal.Signals(number).name} {now - self.received_at:.0f} s after the first: "
+                f"stopped at once, without a new checkpoint"
+            )
 
     def _out_of_time(self) -> None:
-        self._exit(f"the step and its checkpoint did not finish within {self.key}={self.grace_s:g} s of "
-                   f"{signal.Signals(self.signal).name}; stopped before the kill, without a new checkpoint")
+        self._exit(
+            f"the step and its checkpoint did not finish within {self.key}={self.grace_s:g} s of "
+            f"{signal.Signals(self.signal).name}; stopped before the kill, without a new checkpoint"
+        )
 
     def _exit(self, what: str) -> None:
         """End the process now (from the handler or the timer): the run's checkpoints are written atomically,
         so the one ``latest`` names is whole whatever this interrupts."""
         pointer = self.checkpoints / LATEST
         latest = pointer.read_text().strip() if pointer.exists() else None
-        resume = (f"--resume continues from checkpoint {self.checkpoints / latest}, which is whole" if latest
-                  else "no checkpoint was saved yet: --resume starts from scratch")
+        resume = (
+            f"--resume continues from checkpoint {self.checkpoints / latest}, which is whole"
+            if latest
+            else "no checkpoint was saved yet: --resume starts from scratch"
+        )
         where = f"{D.where()}: " if D.world_size() > 1 else ""
         try:
             self.say(f"[bold red]preempted:[/] {where}{what}; {resume}")
@@ -163,9 +170,11 @@ class Preemption:
         self.saved_step, seconds = state.step, time.perf_counter() - tick
         if seconds > 0.8 * self.grace_s and not self._warned and D.is_main_process():
             self._warned = True
-            self.say(f"[yellow]warning:[/] a checkpoint took {seconds:.0f} s, {self.key}={self.grace_s:g} s: a preempted "
-                     f"run could not save the step it stopped at; raise {self.key} (and the notice the cluster gives: "
-                     f"SLURM --signal=USR1@<seconds>)")
+            self.say(
+                f"[yellow]warning:[/] a checkpoint took {seconds:.0f} s, {self.key}={self.grace_s:g} s: a preempted "
+                f"run could not save the step it stopped at; raise {self.key} (and the notice the cluster gives: "
+                f"SLURM --signal=USR1@<seconds>)"
+            )
         return path
 
     def stop_after_step(self, state, epoch: int, batch_index: int) -> Preempted:
@@ -177,8 +186,11 @@ class Preemption:
             tick = time.perf_counter()
             path = self.save(state, epoch, batch_index)
             seconds = time.perf_counter() - tick
-        where = (f"the end of epoch {epoch - 1} (step {state.step:,})" if batch_index == 0 else
-                 f"epoch {epoch}, step {state.step:,} ({batch_index} batches of the epoch done)")
+        where = (
+            f"the end of epoch {epoch - 1} (step {state.step:,})"
+            if batch_index == 0
+            else f"epoch {epoch}, step {state.step:,} ({batch_index} batches of the epoch done)"
+        )
         return self.stop(where=where, checkpoint=path, seconds=seconds)
 
     def stop(self, *, where: str, checkpoint: object, seconds: float | None = None) -> Preempted:
@@ -188,12 +200,17 @@ class Preemption:
         if self._timer is not None:
             self._timer.cancel()
         name = signal.Signals(self.signal).name if self.signal is not None else "a signal on another rank"
-        saved = f"saved {checkpoint}" + (f" in {seconds:.1f} s" if seconds is not None else "") \
-            if checkpoint is not None else "checkpoint saved by rank 0"
+        saved = (
+            f"saved {checkpoint}" + (f" in {seconds:.1f} s" if seconds is not None else "")
+            if checkpoint is not None
+            else "checkpoint saved by rank 0"
+        )
         requeued = requeue_slurm_job(self.signal) if D.is_main_process() else None
         after = f"; {requeued}" if requeued else ""
-        return Preempted(f"{name} at {where}: {saved}{after}; the same command with --resume continues exactly "
-                         f"from there (exit status {REQUEUE_EXIT})")
+        return Preempted(
+            f"{name} at {where}: {saved}{after}; the same command with --resume continues exactly "
+            f"from there (exit status {REQUEUE_EXIT})"
+        )
 
 
 def requeue_slurm_job(number: int | None) -> str | None:

@@ -57,16 +57,38 @@ class StepProfiler:
         table = averages.table(sort_by=key, row_limit=40)
         # The named ranges (FALCON's falcon/reward and falcon/update) spend their time in their children, so a
         # table sorted by self time may leave them out: they get their own lines, by total time.
-        ranges = "\n".join(f"{e.key:<24} {e.count:>5} calls  cpu total {e.cpu_time_total / 1e3:10.2f} ms"
-                           + (f"  device total {getattr(e, 'device_time_total', 0) / 1e3:10.2f} ms" if self.device.type == "cuda" else "")
-                           for e in averages if e.key.startswith("falcon/"))
+        ranges = "\n".join(
+            f"{e.key:<24} {e.count:>5} calls  cpu total {e.cpu_time_total / 1e3:10.2f} ms"
+            + (
+                f"  device total {getattr(e, 'device_time_total', 0) / 1e3:10.2f} ms"
+                if self.device.type == "cuda"
+                else ""
+            )
+            for e in averages
+            if e.key.startswith("falcon/")
+        )
         # Kernel time against wall time: a device busy for most of the wall clock is compute- or memory-bound;
         # one idle for most of it waits on the host (launches, Python, synchronisations, data).
-        busy = (sum(e.self_device_time_total for e in averages
-                    if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)) / 1e3
-                if self.device.type == "cuda" else None)  # (kernels and copies: an operator's self time or a named range repeats them)
-        head = (f"{self.steps} steps from step {self.first}: {wall * 1e3 / self.steps:.2f} ms per step wall clock (profiler on)"
-                + (f", device busy {busy / self.steps:.2f} ms per step ({busy / (wall * 1e3):.0%})" if busy is not None else ""))
-        (self.out / "summary.txt").write_text(f"{head}\n\nsorted by {key}\n{table}\n"
-                                              + (f"\nNamed ranges (total time, children included)\n{ranges}\n" if ranges else ""))
+        busy = (
+            sum(
+                e.self_device_time_total
+                for e in averages
+                if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
+            )
+            / 1e3
+            if self.device.type == "cuda"
+            else None
+        )  # (kernels and copies: an operator's self time or a named range repeats them)
+        head = (
+            f"{self.steps} steps from step {self.first}: {wall * 1e3 / self.steps:.2f} ms per step wall clock (profiler on)"
+            + (
+                f", device busy {busy / self.steps:.2f} ms per step ({busy / (wall * 1e3):.0%})"
+                if busy is not None
+                else ""
+            )
+        )
+        (self.out / "summary.txt").write_text(
+            f"{head}\n\nsorted by {key}\n{table}\n"
+            + (f"\nNamed ranges (total time, children included)\n{ranges}\n" if ranges else "")
+        )
         self.profiler, self.done = None, True

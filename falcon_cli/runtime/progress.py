@@ -83,6 +83,9 @@ def log_epoch(stage: str, epoch: int, epochs: int, **figures) -> None:
     """
     if not is_main_process():
         return
-    parts = [f"{name.replace('_', ' ')} {value:.4g}" if isinstance(value, float) else f"{name.replace('_', ' ')} {value}"
-             for name, value in figures.items() if value is not None]
+    parts = [
+        f"{name.replace('_', ' ')} {value:.4g}" if isinstance(value, float) else f"{name.replace('_', ' ')} {value}"
+        for name, value in figures.items()
+        if value is not None
+    ]
     logging.getLogger("falcon").info("%s epoch %d/%d: %s", stage, epoch + 1, epochs, ", ".join(parts))

@@ -95,8 +95,16 @@ class RunDirectory:
     # -- life cycle ------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: str | Path, *, config: dict, seed: int, command: list[str] | None = None,
-             overwrite: bool = False, as_current: Callable[[dict], dict] | None = None) -> "RunDirectory":
+    def open(
+        cls,
+        path: str | Path,
+        *,
+        config: dict,
+        seed: int,
+        command: list[str] | None = None,
+        overwrite: bool = False,
+        as_current: Callable[[dict], dict] | None = None,
+    ) -> "RunDirectory":
         """Create the run directory (or continue one made with the same config) and write its manifest.
 
         A directory that already holds a run with a different resolved config is refused
@@ -156,8 +164,10 @@ class RunDirectory:
             run._attach_log()
             if stale:
                 logging.getLogger("falcon").info(
-                    "removed %d temporary file(s) an interrupted writer left: %s", len(stale),
-                    ", ".join(str(p.relative_to(run.path)) for p in stale[:5]))
+                    "removed %d temporary file(s) an interrupted writer left: %s",
+                    len(stale),
+                    ", ".join(str(p.relative_to(run.path)) for p in stale[:5]),
+                )
             run.save()
         else:  # (the run's log is rank 0's log.txt; without a handler the others' stage log would reach stderr through
             # logging's last resort, beside each error line they print: "stage pretrain failed: <the same line>")
@@ -165,8 +175,9 @@ class RunDirectory:
             logging.getLogger("falcon").addHandler(run._log_handler)
         return run
 
-    def _check_reusable(self, config: dict, overwrite: bool, as_current: Callable[[dict], dict] | None = None
-                        ) -> dict[str, Any]:
+    def _check_reusable(
+        self, config: dict, overwrite: bool, as_current: Callable[[dict], dict] | None = None
+    ) -> dict[str, Any]:
         """The previous manifest of this directory ({} if new); refuse a different config or a foreign directory."""
         if (self.path / MANIFEST).exists():
             previous = read_manifest(self.path)
@@ -186,12 +197,18 @@ class RunDirectory:
     def _record_files(self) -> dict[str, Any]:
         """What the run's record (manifest, config, log) holds now: bytes, the log's length, or None
         where absent; :meth:`restore` puts it back."""
+
         def read(name: str) -> bytes | None:
             path = self.path / name
             return path.read_bytes() if path.is_file() else None
+
         log = self.path / LOG
-        return {"existed": self.path.exists(), MANIFEST: read(MANIFEST), CONFIG: read(CONFIG),
-                LOG: log.stat().st_size if log.is_file() else None}
+        return {
+            "existed": self.path.exists(),
+            MANIFEST: read(MANIFEST),
+            CONFIG: read(CONFIG),
+            LOG: log.stat().st_size if log.is_file() else None,
+        }
 
     def restore(self) -> None:
         """Put the run's record back as :meth:`open` found it (a refused command changes nothing on disk)."""
@@ -226,7 +243,12 @@ class RunDirectory:
         self.manifest["status"] = status
         self.manifest["end"] = now()
         self.manifest["history"].append(
-            {"command": self.manifest["command"], "start": self.manifest["start"], "end": self.manifest["end"], "status": status}
+            {
+                "command": self.manifest["command"],
+                "start": self.manifest["start"],
+                "end": self.manifest["end"],
+                "status": status,
+            }
         )
         self.save()
         self._detach_log()
@@ -252,8 +274,14 @@ class RunDirectory:
         """Record one stage's start, end, status, result summary, and the code and machine it ran on (this
         invocation's ``git`` and ``host``: the manifest's top-level ones are the latest command's, which an evaluation
         after training, perhaps on another machine, replaces)."""
-        self.manifest["stages"][name] = {"start": start, "end": now(), "status": status, "result": result or {},
-                                         "git": self.manifest.get("git"), "host": self.manifest.get("host")}
+        self.manifest["stages"][name] = {
+            "start": start,
+            "end": now(),
+            "status": status,
+            "result": result or {},
+            "git": self.manifest.get("git"),
+            "host": self.manifest.get("host"),
+        }
         sources = loaded_sources()
         if sources:  # hub ids (repo, revision, resolved sha) and local weights (path, sha256) the stage loaded
             self.manifest["stages"][name]["sources"] = sources
@@ -301,16 +329,20 @@ def acquire_lock(run_dir: Path) -> None:
     except OSError as exc:
         if exc.errno == errno.ENOLCK:  # a network filesystem mounted without locking (NFS without lockd, `nolock`)
             os.close(fd)
-            raise FalconError(f"{run_dir}: its filesystem does not support POSIX locks (ENOLCK), which keep one writer "
-                              "per run directory; mount it with locking (NFS: lockd or NFSv4) or use a --run-dir on a "
-                              "filesystem that has them (docs/cluster.md)") from None
+            raise FalconError(
+                f"{run_dir}: its filesystem does not support POSIX locks (ENOLCK), which keep one writer "
+                "per run directory; mount it with locking (NFS: lockd or NFSv4) or use a --run-dir on a "
+                "filesystem that has them (docs/cluster.md)"
+            ) from None
         if exc.errno not in (errno.EACCES, errno.EAGAIN):
             os.close(fd)
             raise
         holder = os.pread(fd, 4096, 0).decode("utf-8", errors="replace").strip()
         os.close(fd)
-        raise FalconError(f"{run_dir} is being written by another falcon process ({holder or 'pid unknown'}); "
-                          "wait for it to finish or stop it, or use another --run-dir") from None
+        raise FalconError(
+            f"{run_dir} is being written by another falcon process ({holder or 'pid unknown'}); "
+            "wait for it to finish or stop it, or use another --run-dir"
+        ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}: {' '.join(sys.argv)}\n".encode(), 0)
     _HELD_LOCKS[key] = [fd, 1]

@@ -30,8 +30,15 @@ import torch
 
 from falcon_cli.errors import FalconError, Refused
 from falcon_cli.runtime import distributed as D
-from falcon_cli.runtime.checkpoint import (RANK_STATE, checkpoint_path, checkpoint_staging, resume_point,
-                                           save_checkpoint, save_rank_state, write_checkpoint)
+from falcon_cli.runtime.checkpoint import (
+    RANK_STATE,
+    checkpoint_path,
+    checkpoint_staging,
+    resume_point,
+    save_checkpoint,
+    save_rank_state,
+    write_checkpoint,
+)
 from falcon_cli.runtime.seeding import rng_state, set_rng_state
 
 
@@ -62,8 +69,10 @@ def refuse_training_over(directory: Path, what: str, *, resume: bool, overwrite:
     directory = Path(directory)
     kept = sorted(d.name for d in directory.iterdir() if d.name.isdigit()) if directory.is_dir() else []
     if kept and not resume and not overwrite:
-        raise Refused(f"{directory.parent} already holds {what} checkpoints (the newest after step {int(kept[-1])}): "
-                      "pass --resume to continue it, or --overwrite to train it again from scratch")
+        raise Refused(
+            f"{directory.parent} already holds {what} checkpoints (the newest after step {int(kept[-1])}): "
+            "pass --resume to continue it, or --overwrite to train it again from scratch"
+        )
 
 
 class TrainState:
@@ -81,9 +90,19 @@ class TrainState:
         say: prints a line on rank 0 (resumed from ..., damaged checkpoints passed over).
     """
 
-    def __init__(self, directory: Path, weights: dict[str, torch.nn.Module], *, shared: dict[str, Any],
-                 per_rank: dict[str, Any], what: str, keep_last: int, meta: dict[str, Any] | None = None,
-                 name: str = "", say: Callable[[str], None] = print):
+    def __init__(
+        self,
+        directory: Path,
+        weights: dict[str, torch.nn.Module],
+        *,
+        shared: dict[str, Any],
+        per_rank: dict[str, Any],
+        what: str,
+        keep_last: int,
+        meta: dict[str, Any] | None = None,
+        name: str = "",
+        say: Callable[[str], None] = print,
+    ):
         self.directory, self.weights, self.what, self.keep_last = Path(directory), weights, what, keep_last
         self.shared = {k: v for k, v in shared.items() if v is not None}
         self.per_rank = {k: v for k, v in per_rank.items() if v is not None}
@@ -109,8 +128,13 @@ class TrainState:
         same earlier checkpoint."""
         refuse_training_over(self.directory, self.what, resume=resume, overwrite=overwrite)
         main, world = D.is_main_process(), D.world_size()
-        found = resume_point(self.directory, self.weights, rank=D.rank(), world=world,
-                             agree=D.gather_objects if world > 1 else None) if resume else None
+        found = (
+            resume_point(
+                self.directory, self.weights, rank=D.rank(), world=world, agree=D.gather_objects if world > 1 else None
+            )
+            if resume
+            else None
+        )
         checkpoint, state, damaged = found if found is not None else (None, None, [])
         if damaged and main:
             self.say(f"[yellow]damaged checkpoints passed over[/]: {'; '.join(damaged)}")
@@ -130,7 +154,9 @@ class TrainState:
         self.values = dict(state["values"])
         self.checkpoint = checkpoint
         if main:
-            self.say(f"resumed {self.name + ' ' if self.name else ''}from {checkpoint} (epoch {self.epoch}, step {self.step})")
+            self.say(
+                f"resumed {self.name + ' ' if self.name else ''}from {checkpoint} (epoch {self.epoch}, step {self.step})"
+            )
         return checkpoint
 
     def save(self, epoch: int, batch_index: int) -> Path | None:
@@ -141,12 +167,23 @@ class TrainState:
         intact."""
         mine = {name: part.state_dict() for name, part in self.per_rank.items()}
         world, rank, main = D.world_size(), D.rank(), D.is_main_process()
-        state = {"world_size": world, "epoch": epoch, "batch_index": batch_index, "global_step": self.step,
-                 "values": self.values, **{name: part.state_dict() for name, part in self.shared.items()}} if main else None
+        state = (
+            {
+                "world_size": world,
+                "epoch": epoch,
+                "batch_index": batch_index,
+                "global_step": self.step,
+                "values": self.values,
+                **{name: part.state_dict() for name, part in self.shared.items()},
+            }
+            if main
+            else None
+        )
         meta = {"epoch": epoch, "batch_index": batch_index, **self.meta}
         if world == 1:
-            return save_checkpoint(self.directory, self.step, self.weights, state, meta, keep_last=self.keep_last,
-                                   ranks={0: mine})
+            return save_checkpoint(
+                self.directory, self.step, self.weights, state, meta, keep_last=self.keep_last, ranks={0: mine}
+            )
         with contextlib.ExitStack() as stack:
             staging = None
             if main:
@@ -157,8 +194,10 @@ class TrainState:
             else:
                 staging = D.broadcast_object(None, 0)
                 if staging is None:
-                    raise FalconError(f"checkpoint {self.step}: rank 0 could not open it in {self.directory}; the "
-                                      "previous checkpoint is intact")
+                    raise FalconError(
+                        f"checkpoint {self.step}: rank 0 could not open it in {self.directory}; the "
+                        "previous checkpoint is intact"
+                    )
             problem = None
             try:
                 save_rank_state(Path(staging), rank, mine, world=world, step=self.step)
@@ -170,8 +209,10 @@ class TrainState:
             failed = [(r, p) for r, p in enumerate(D.gather_objects(problem)) if p is not None]
             if failed:  # (rank 0 leaves the staging block with it: the half-written checkpoint goes)
                 r, why = failed[0]
-                raise FalconError(f"checkpoint {self.step}: rank {r} could not write its part ({why}); the previous "
-                                  "checkpoint is intact")
+                raise FalconError(
+                    f"checkpoint {self.step}: rank {r} could not write its part ({why}); the previous "
+                    "checkpoint is intact"
+                )
         return checkpoint_path(self.directory, self.step) if main else None
 
 

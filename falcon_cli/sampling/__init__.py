@@ -22,5 +22,16 @@ from falcon_cli.sampling.composers import (
     shard_pair_ids,
 )
 
-__all__ = ["EmbeddingCache", "Batch", "BatchComposer", "UniformComposer", "GritComposer", "shard_pair_ids",
-           "num_batches", "batches_state", "batches_from_state", "BatchLog", "read_batch_log"]
+__all__ = [
+    "EmbeddingCache",
+    "Batch",
+    "BatchComposer",
+    "UniformComposer",
+    "GritComposer",
+    "shard_pair_ids",
+    "num_batches",
+    "batches_state",
+    "batches_from_state",
+    "BatchLog",
+    "read_batch_log",
+]

@@ -95,9 +95,14 @@ class BatchLog:
 
     def state_dict(self) -> dict[str, Any]:
         """Queued (unwritten) rows, for checkpoints."""
-        return {str(epoch): {"steps": [s for s, _, _ in items], "ranks": [r for _, r, _ in items],
-                             "batches": batches_state([b for _, _, b in items])}
-                for epoch, items in self._pending.items()}
+        return {
+            str(epoch): {
+                "steps": [s for s, _, _ in items],
+                "ranks": [r for _, r, _ in items],
+                "batches": batches_state([b for _, _, b in items]),
+            }
+            for epoch, items in self._pending.items()
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (replaces whatever is queued)."""
@@ -119,21 +124,23 @@ def batch_rows(epoch: int, items: list[tuple[int, int, Batch]]) -> pd.DataFrame:
 
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]) if len(sizes) else np.empty(0, dtype=np.int64)
     slot = np.arange(total, dtype=np.int64) - np.repeat(starts, sizes)
-    return pd.DataFrame({
-        "epoch": np.full(total, epoch, dtype=np.int64),
-        "step": np.repeat(np.array([s for s, _, _ in items], dtype=np.int64), sizes),
-        "rank": np.repeat(np.array([r for _, r, _ in items], dtype=np.int64), sizes),
-        "slot": slot,
-        "pair_id": cat("pair_ids", torch.int64),
-        "anchor_pair_id": cat("anchor_pair_id", torch.int64),
-        "q": cat("q", torch.float32),
-        "alpha": cat("alpha", torch.float32),
-        "beta": cat("beta", torch.float32),
-        "similarity_to_anchor": cat("similarity_to_anchor", torch.float32),
-        "quantile_rank": cat("quantile_rank", torch.float32),
-        "sampler": np.repeat(np.array([b.sampler for _, _, b in items], dtype=object), sizes),
-        **{name: cat(name, torch.float32) for name in Batch.ORACLE_FIELDS},
-    })
+    return pd.DataFrame(
+        {
+            "epoch": np.full(total, epoch, dtype=np.int64),
+            "step": np.repeat(np.array([s for s, _, _ in items], dtype=np.int64), sizes),
+            "rank": np.repeat(np.array([r for _, r, _ in items], dtype=np.int64), sizes),
+            "slot": slot,
+            "pair_id": cat("pair_ids", torch.int64),
+            "anchor_pair_id": cat("anchor_pair_id", torch.int64),
+            "q": cat("q", torch.float32),
+            "alpha": cat("alpha", torch.float32),
+            "beta": cat("beta", torch.float32),
+            "similarity_to_anchor": cat("similarity_to_anchor", torch.float32),
+            "quantile_rank": cat("quantile_rank", torch.float32),
+            "sampler": np.repeat(np.array([b.sampler for _, _, b in items], dtype=object), sizes),
+            **{name: cat(name, torch.float32) for name in Batch.ORACLE_FIELDS},
+        }
+    )
 
 
 def batch_log_parts(path: str | Path) -> list[tuple[int, int | None, Path]]:
@@ -167,8 +174,10 @@ def read_batch_log(path: str | Path, *, epochs: Iterable[int] | None = None) -> 
             match = PART_RE.match(file.name)
             assert match is not None
             if len(frame) and not (frame["epoch"] == int(match.group(1))).all():
-                raise FalconError(f"{file}: holds rows of epochs {sorted(frame['epoch'].unique())[:5]}, "
-                                  f"expected only epoch {int(match.group(1))}")
+                raise FalconError(
+                    f"{file}: holds rows of epochs {sorted(frame['epoch'].unique())[:5]}, "
+                    f"expected only epoch {int(match.group(1))}"
+                )
         if frames:
             frame = pd.concat(frames, ignore_index=True)
         else:
@@ -179,8 +188,10 @@ def read_batch_log(path: str | Path, *, epochs: Iterable[int] | None = None) -> 
     duplicated = frame.duplicated(key, keep=False)
     if duplicated.any():
         first = frame[duplicated].iloc[0]
-        raise FalconError(f"{path}: duplicate rows for ({', '.join(f'{c}={first[c]}' for c in key)}); "
-                          f"({', '.join(key)}) must be unique across the whole batch log")
+        raise FalconError(
+            f"{path}: duplicate rows for ({', '.join(f'{c}={first[c]}' for c in key)}); "
+            f"({', '.join(key)}) must be unique across the whole batch log"
+        )
     return frame.sort_values(["epoch", "step", "rank", "slot"], kind="stable").reset_index(drop=True)
 
 

@@ -74,15 +74,18 @@ class EmbeddingCache:
             that are not ``written`` hold zeros.
     """
 
-    def __init__(self, pair_ids: Any, dim: int = 256, *, device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float16):
+    def __init__(
+        self, pair_ids: Any, dim: int = 256, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float16
+    ):
         ids = as_id_tensor(pair_ids).to(device)
         if dim <= 0:
             raise ValueError(f"dim must be positive, got {dim}")
         sorted_ids, order = torch.sort(ids)
         if len(ids) and int(sorted_ids[0]) < 0:
-            raise FalconError(f"embedding cache: pair id {int(sorted_ids[0])} is negative; pair ids must be >= 0 "
-                              "(-1 marks 'no anchor' in the batch log)")
+            raise FalconError(
+                f"embedding cache: pair id {int(sorted_ids[0])} is negative; pair ids must be >= 0 "
+                "(-1 marks 'no anchor' in the batch log)"
+            )
         if len(ids) > 1 and bool((sorted_ids[1:] == sorted_ids[:-1]).any()):
             dup = int(sorted_ids[1:][sorted_ids[1:] == sorted_ids[:-1]][0])
             raise FalconError(f"embedding cache: pair id {dup} occurs more than once; pair ids must be unique")
@@ -119,19 +122,33 @@ class EmbeddingCache:
                 raise FalconError(f"embedding cache: pair id {int(ids[0])} is not in the dataset (the cache is empty)")
             return ids
         rows, found = self.lookup(ids)
-        if torch.compiler.is_compiling():  # (inside pretrain.graph_step's captured step: no host read; ids are the dataset's)
+        if (
+            torch.compiler.is_compiling()
+        ):  # (inside pretrain.graph_step's captured step: no host read; ids are the dataset's)
             return rows
         bad = ~found
         if bool(bad.any()):
-            raise FalconError(f"embedding cache: pair id {int(ids[bad][0])} is not in the dataset "
-                              f"({int(bad.sum())} unknown id(s) of {len(ids)})")
+            raise FalconError(
+                f"embedding cache: pair id {int(ids[bad][0])} is not in the dataset "
+                f"({int(bad.sum())} unknown id(s) of {len(ids)})"
+            )
         return rows
 
     @property
     def nbytes(self) -> int:
         """Bytes the cache holds on its device (features, ids, the id index and the masks)."""
-        return sum(t.numel() * t.element_size() for t in (self.image, self.text, self.pair_ids, self._sorted_ids,
-                                                           self._sorted_rows, self.filled, self.written))
+        return sum(
+            t.numel() * t.element_size()
+            for t in (
+                self.image,
+                self.text,
+                self.pair_ids,
+                self._sorted_ids,
+                self._sorted_rows,
+                self.filled,
+                self.written,
+            )
+        )
 
     def get(self, pair_ids: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """(image [b, D], text [b, D]) features of ``pair_ids``, in the cache's dtype and device."""
@@ -153,8 +170,10 @@ class EmbeddingCache:
         """:meth:`update` by row index (from :meth:`rows` or :meth:`lookup`): rows become ``filled`` and ``written``."""
         shape = (len(rows), self.dim)
         if tuple(image_feat.shape) != shape or tuple(text_feat.shape) != shape:
-            raise ValueError(f"embedding cache update: expected features of shape {shape}, got image "
-                             f"{tuple(image_feat.shape)} and text {tuple(text_feat.shape)}")
+            raise ValueError(
+                f"embedding cache update: expected features of shape {shape}, got image "
+                f"{tuple(image_feat.shape)} and text {tuple(text_feat.shape)}"
+            )
         self.image[rows] = image_feat.detach().to(device=self.device, dtype=self.dtype)
         self.text[rows] = text_feat.detach().to(device=self.device, dtype=self.dtype)
         self.filled[rows] = True
@@ -176,9 +195,13 @@ class EmbeddingCache:
         dtype = "float16" if self.dtype == torch.float16 else "float32"
         with EmbeddingsWriter(path, n=len(rows), dim=self.dim, attrs=attrs, dtype=dtype) as writer:
             for start in range(0, len(rows), SAVE_CHUNK_ROWS):
-                chunk = rows[start:start + SAVE_CHUNK_ROWS]
-                writer.write(start, self.image[chunk].float().cpu().numpy(), self.text[chunk].float().cpu().numpy(),
-                             self.pair_ids[chunk].cpu().numpy())
+                chunk = rows[start : start + SAVE_CHUNK_ROWS]
+                writer.write(
+                    start,
+                    self.image[chunk].float().cpu().numpy(),
+                    self.text[chunk].float().cpu().numpy(),
+                    self.pair_ids[chunk].cpu().numpy(),
+                )
         return Path(path)
 
     def load(self, path: str | Path, embeddings=None) -> dict[str, Any]:
@@ -197,9 +220,11 @@ class EmbeddingCache:
         except FalconError as exc:
             raise FalconError(f"{path}: {exc}") from None
         for start in range(0, len(rows), SAVE_CHUNK_ROWS):
-            chunk = rows[start:start + SAVE_CHUNK_ROWS]
+            chunk = rows[start : start + SAVE_CHUNK_ROWS]
             stop = start + len(chunk)
-            self.image[chunk] = torch.from_numpy(np.ascontiguousarray(emb.image[start:stop])).to(self.device, self.dtype)
+            self.image[chunk] = torch.from_numpy(np.ascontiguousarray(emb.image[start:stop])).to(
+                self.device, self.dtype
+            )
             self.text[chunk] = torch.from_numpy(np.ascontiguousarray(emb.text[start:stop])).to(self.device, self.dtype)
         self.filled[rows] = True
         self.written[rows] = True
@@ -208,8 +233,13 @@ class EmbeddingCache:
     # --- exact resume -------------------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Everything needed to resume exactly (CPU tensors: ids, features, masks)."""
-        return {"pair_ids": self.pair_ids.cpu(), "image": self.image.cpu(), "text": self.text.cpu(),
-                "filled": self.filled.cpu(), "written": self.written.cpu()}
+        return {
+            "pair_ids": self.pair_ids.cpu(),
+            "image": self.image.cpu(),
+            "text": self.text.cpu(),
+            "filled": self.filled.cpu(),
+            "written": self.written.cpu(),
+        }
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Restore :meth:`state_dict`; the pair ids (and their order) and the shapes must match."""
@@ -218,12 +248,16 @@ class EmbeddingCache:
             raise FalconError(f"embedding cache state: keys {missing} are missing")
         ids = as_id_tensor(state["pair_ids"])
         if len(ids) != len(self) or not torch.equal(ids, self.pair_ids.cpu()):
-            raise FalconError(f"embedding cache state: holds {len(ids)} pair ids that differ from the dataset's "
-                              f"{len(self)}; was the checkpoint made on another dataset?")
+            raise FalconError(
+                f"embedding cache state: holds {len(ids)} pair ids that differ from the dataset's "
+                f"{len(self)}; was the checkpoint made on another dataset?"
+            )
         for key in ("image", "text"):
             if tuple(state[key].shape) != (len(self), self.dim):
-                raise FalconError(f"embedding cache state: '{key}' has shape {tuple(state[key].shape)}, "
-                                  f"expected {(len(self), self.dim)}")
+                raise FalconError(
+                    f"embedding cache state: '{key}' has shape {tuple(state[key].shape)}, "
+                    f"expected {(len(self), self.dim)}"
+                )
         # (copy_ moves and casts as it copies: no second device copy of the features, even for a moment)
         self.image.copy_(state["image"])
         self.text.copy_(state["text"])

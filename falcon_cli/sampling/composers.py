@@ -101,8 +101,16 @@ class Batch:
     fn_at_q100: torch.Tensor | None = None
 
     FIELDS = ("pair_ids", "anchor_pair_id", "q", "alpha", "beta", "similarity_to_anchor", "quantile_rank")
-    ORACLE_FIELDS = ("safe_q", "anchor_fn_density", "chosen_is_fn", "fn_at_q0", "fn_at_q25", "fn_at_q50", "fn_at_q75",
-                     "fn_at_q100")
+    ORACLE_FIELDS = (
+        "safe_q",
+        "anchor_fn_density",
+        "chosen_is_fn",
+        "fn_at_q0",
+        "fn_at_q25",
+        "fn_at_q50",
+        "fn_at_q75",
+        "fn_at_q100",
+    )
 
     def __post_init__(self) -> None:
         n = len(self.pair_ids)
@@ -127,8 +135,10 @@ class Batch:
 
 def batches_state(batches: list[Batch]) -> dict[str, Any]:
     """An epoch's batches as a few flat tensors (for checkpoints: resume mid-epoch exactly)."""
-    state: dict[str, Any] = {"sizes": torch.tensor([len(b) for b in batches], dtype=torch.int64),
-                             "sampler": [b.sampler for b in batches]}
+    state: dict[str, Any] = {
+        "sizes": torch.tensor([len(b) for b in batches], dtype=torch.int64),
+        "sampler": [b.sampler for b in batches],
+    }
     for name in Batch.FIELDS + Batch.ORACLE_FIELDS:
         dtype = torch.int64 if name in ("pair_ids", "anchor_pair_id") else torch.float32
         state[name] = torch.cat([getattr(b, name) for b in batches]) if batches else torch.empty(0, dtype=dtype)
@@ -140,8 +150,14 @@ def batches_from_state(state: dict[str, Any]) -> list[Batch]:
     sizes = [int(s) for s in state["sizes"]]
     oracle = [name for name in Batch.ORACLE_FIELDS if name in state]  # (absent from older checkpoints)
     parts = {name: torch.split(state[name], sizes) for name in Batch.FIELDS + tuple(oracle)} if sizes else {}
-    return [Batch(*(parts[name][i] for name in Batch.FIELDS), sampler=state["sampler"][i],
-                  **{name: parts[name][i] for name in oracle}) for i in range(len(sizes))]
+    return [
+        Batch(
+            *(parts[name][i] for name in Batch.FIELDS),
+            sampler=state["sampler"][i],
+            **{name: parts[name][i] for name in oracle},
+        )
+        for i in range(len(sizes))
+    ]
 
 
 # --- the protocol ------------------------------------------------------------------------
@@ -165,8 +181,15 @@ class BatchComposer(Protocol):
     give one batch at a time (:class:`~falcon_cli.sampling.feed.FalconFeed`); its ``compose_epoch`` composes
     every batch with the current policy."""
 
-    def compose_epoch(self, epoch: int, pair_ids: Any, cache: EmbeddingCache | None,
-                      generator: torch.Generator, *, grouped_width: int | None = None) -> list[Batch]:
+    def compose_epoch(
+        self,
+        epoch: int,
+        pair_ids: Any,
+        cache: EmbeddingCache | None,
+        generator: torch.Generator,
+        *,
+        grouped_width: int | None = None,
+    ) -> list[Batch]:
         """Batches of ``epoch`` from ``pair_ids`` (the ids this rank composes from, e.g. its
         :func:`shard_pair_ids` shard), using the features in ``cache`` (or none) and drawing
         all randomness from ``generator`` (a CPU generator owned by the caller). ``grouped_width``:
@@ -190,7 +213,9 @@ def _check_generator(generator: torch.Generator) -> None:
     if not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
     if generator.device.type != "cpu":
-        raise ValueError(f"composers draw randomness on the CPU; pass a CPU torch.Generator, not one on {generator.device}")
+        raise ValueError(
+            f"composers draw randomness on the CPU; pass a CPU torch.Generator, not one on {generator.device}"
+        )
 
 
 def _check_config(kind: str, mine: dict[str, Any], state: dict[str, Any]) -> None:
@@ -199,12 +224,15 @@ def _check_config(kind: str, mine: dict[str, Any], state: dict[str, Any]) -> Non
         raise FalconError(f"{kind} state does not match this composer: {', '.join(diffs)}")
 
 
-def _cut(columns: dict[str, torch.Tensor], batch_size: int, drop_last: bool, sampler: str,
-         order: torch.Tensor | None) -> list[Batch]:
+def _cut(
+    columns: dict[str, torch.Tensor], batch_size: int, drop_last: bool, sampler: str, order: torch.Tensor | None
+) -> list[Batch]:
     """Cut flat per-slot columns into batches of ``batch_size``, in ``order`` (batch indices) if given."""
     indices = range(num_batches(len(columns["pair_ids"]), batch_size, drop_last)) if order is None else order.tolist()
-    return [Batch(*(columns[name][i * batch_size:(i + 1) * batch_size] for name in Batch.FIELDS), sampler=sampler)
-            for i in indices]
+    return [
+        Batch(*(columns[name][i * batch_size : (i + 1) * batch_size] for name in Batch.FIELDS), sampler=sampler)
+        for i in indices
+    ]
 
 
 def num_batches(n: int, batch_size: int, drop_last: bool) -> int:
@@ -239,8 +267,15 @@ class UniformComposer:
         self.batch_size = int(batch_size)
         self.drop_last = bool(drop_last)
 
-    def compose_epoch(self, epoch: int, pair_ids: Any, cache: EmbeddingCache | None,
-                      generator: torch.Generator, *, grouped_width: int | None = None) -> list[Batch]:
+    def compose_epoch(
+        self,
+        epoch: int,
+        pair_ids: Any,
+        cache: EmbeddingCache | None,
+        generator: torch.Generator,
+        *,
+        grouped_width: int | None = None,
+    ) -> list[Batch]:
         """(``cache`` and ``grouped_width`` are not used: a uniform epoch ignores features and spaces.)"""
         _check_generator(generator)
         return uniform_batches(as_id_tensor(pair_ids).cpu(), self.batch_size, self.drop_last, generator, self.name)
@@ -255,14 +290,22 @@ class UniformComposer:
         _check_config("uniform composer", self.state_dict(), state)
 
 
-def uniform_batches(ids: torch.Tensor, batch_size: int, drop_last: bool, generator: torch.Generator,
-                    sampler: str = "uniform") -> list[Batch]:
+def uniform_batches(
+    ids: torch.Tensor, batch_size: int, drop_last: bool, generator: torch.Generator, sampler: str = "uniform"
+) -> list[Batch]:
     """Random permutation of ``ids`` (one ``randperm`` from ``generator``) cut into batches."""
     perm = torch.randperm(len(ids), generator=generator)
     chain = ids[perm]
     nan = torch.full((len(chain),), float("nan"), dtype=torch.float32)
-    columns = {"pair_ids": chain, "anchor_pair_id": torch.full_like(chain, -1), "q": nan, "alpha": nan,
-               "beta": nan, "similarity_to_anchor": nan, "quantile_rank": nan}
+    columns = {
+        "pair_ids": chain,
+        "anchor_pair_id": torch.full_like(chain, -1),
+        "q": nan,
+        "alpha": nan,
+        "beta": nan,
+        "similarity_to_anchor": nan,
+        "quantile_rank": nan,
+    }
     return _cut(columns, batch_size, drop_last, sampler, None)
 
 
@@ -327,8 +370,15 @@ class GritComposer:
     name = "grit"
     on_demand = False
 
-    def __init__(self, batch_size: int, search_space_size: int, *, drop_last: bool = False,
-                 max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES, step_threads: int | None = 1):
+    def __init__(
+        self,
+        batch_size: int,
+        search_space_size: int,
+        *,
+        drop_last: bool = False,
+        max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
+        step_threads: int | None = 1,
+    ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if search_space_size < 1:
@@ -340,8 +390,12 @@ class GritComposer:
         self.step_threads = step_threads
 
     def state_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "batch_size": self.batch_size, "search_space_size": self.search_space_size,
-                "drop_last": self.drop_last}
+        return {
+            "name": self.name,
+            "batch_size": self.batch_size,
+            "search_space_size": self.search_space_size,
+            "drop_last": self.drop_last,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         _check_config("grit composer", self.state_dict(), state)
@@ -350,8 +404,15 @@ class GritComposer:
         """(GRIT's chains run across search spaces and are cut as one: the uniform count.)"""
         return num_batches(n, self.batch_size, self.drop_last)
 
-    def compose_epoch(self, epoch: int, pair_ids: Any, cache: EmbeddingCache | None,
-                      generator: torch.Generator, *, grouped_width: int | None = None) -> list[Batch]:
+    def compose_epoch(
+        self,
+        epoch: int,
+        pair_ids: Any,
+        cache: EmbeddingCache | None,
+        generator: torch.Generator,
+        *,
+        grouped_width: int | None = None,
+    ) -> list[Batch]:
         """``grouped_width``: ``pair_ids`` are already grouped into consecutive search spaces of
         this many pairs (a warm start, any epoch): no shuffle, no uniform epoch 0."""
         _check_generator(generator)
@@ -367,8 +428,9 @@ class GritComposer:
             sizes[-1] = n - (spaces - 1) * width
         starts = (torch.rand(spaces, generator=generator, dtype=torch.float64) * sizes).long()
         starts = torch.minimum(starts, sizes - 1)
-        columns = grit_chains(shuffled, starts, width, cache, max_chunk_bytes=self.max_chunk_bytes,
-                              step_threads=self.step_threads)
+        columns = grit_chains(
+            shuffled, starts, width, cache, max_chunk_bytes=self.max_chunk_bytes, step_threads=self.step_threads
+        )
         order = torch.randperm(num_batches(n, self.batch_size, self.drop_last), generator=generator)
         return _cut(columns, self.batch_size, self.drop_last, self.name, order)
 
@@ -389,8 +451,15 @@ def chunk_plan(width: int, dim: int, max_chunk_bytes: int) -> tuple[int, bool]:
 
 
 @torch.no_grad()
-def grit_chains(shuffled: torch.Tensor, starts: torch.Tensor, width: int, cache: EmbeddingCache, *,
-                max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES, step_threads: int | None = 1) -> dict[str, torch.Tensor]:
+def grit_chains(
+    shuffled: torch.Tensor,
+    starts: torch.Tensor,
+    width: int,
+    cache: EmbeddingCache,
+    *,
+    max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
+    step_threads: int | None = 1,
+) -> dict[str, torch.Tensor]:
     """GRIT chains of consecutive search spaces of ``shuffled`` ids (all of size ``width``
     except a smaller last one), starting at local index ``starts[s]`` in space ``s``.
 
@@ -404,12 +473,17 @@ def grit_chains(shuffled: torch.Tensor, starts: torch.Tensor, width: int, cache:
     per_chunk, two_blocks = chunk_plan(max(width, 1), cache.dim, max_chunk_bytes)
     rows_all = cache.rows(shuffled)
     if n and not bool(cache.written[rows_all].any()):
-        raise FalconError(f"embedding cache holds no features for any of the {n} pairs to compose; update it during "
-                          "training (or load an embeddings.h5 / checkpoint state) before composing GRIT batches")
+        raise FalconError(
+            f"embedding cache holds no features for any of the {n} pairs to compose; update it during "
+            "training (or load an embeddings.h5 / checkpoint state) before composing GRIT batches"
+        )
     ids_dev = shuffled.to(device)
     chain_parts, anchor_parts, sim_parts, start_parts = [], [], [], []
-    for first in track(range(0, spaces, per_chunk), "grit: chaining search spaces",
-                       total=math.ceil(spaces / per_chunk) if spaces else 0):
+    for first in track(
+        range(0, spaces, per_chunk),
+        "grit: chaining search spaces",
+        total=math.ceil(spaces / per_chunk) if spaces else 0,
+    ):
         count_spaces = min(per_chunk, spaces - first)
         lo, hi = first * width, min((first + count_spaces) * width, n)
         padded = count_spaces * width
@@ -426,8 +500,9 @@ def grit_chains(shuffled: torch.Tensor, starts: torch.Tensor, width: int, cache:
         t2i = torch.bmm(text, image.transpose(1, 2)) if two_blocks else i2t.transpose(1, 2)
         del image, text
         with _torch_threads(step_threads if device.type == "cpu" else None):
-            order, sims = _chain_steps(i2t, t2i, starts[first:first + count_spaces].to(device),
-                                       ~valid.view(count_spaces, width))
+            order, sims = _chain_steps(
+                i2t, t2i, starts[first : first + count_spaces].to(device), ~valid.view(count_spaces, width)
+            )
         del i2t, t2i
         ids = ids.view(count_spaces, width)
         chain = torch.gather(ids, 1, order)
@@ -442,13 +517,23 @@ def grit_chains(shuffled: torch.Tensor, starts: torch.Tensor, width: int, cache:
         chain, anchors, sims = torch.cat(chain_parts), torch.cat(anchor_parts), torch.cat(sim_parts)
         is_start = torch.cat(start_parts)
     else:
-        chain, anchors, sims = (torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64),
-                                torch.empty(0, dtype=torch.float32))
+        chain, anchors, sims = (
+            torch.empty(0, dtype=torch.int64),
+            torch.empty(0, dtype=torch.int64),
+            torch.empty(0, dtype=torch.float32),
+        )
         is_start = torch.empty(0, dtype=torch.bool)
     one = torch.where(is_start, float("nan"), 1.0).to(torch.float32)
     nan = torch.full((len(chain),), float("nan"), dtype=torch.float32)
-    return {"pair_ids": chain, "anchor_pair_id": anchors, "q": one, "alpha": nan, "beta": nan,
-            "similarity_to_anchor": sims, "quantile_rank": one.clone()}
+    return {
+        "pair_ids": chain,
+        "anchor_pair_id": anchors,
+        "q": one,
+        "alpha": nan,
+        "beta": nan,
+        "similarity_to_anchor": sims,
+        "quantile_rank": one.clone(),
+    }
 
 
 @contextlib.contextmanager
@@ -465,8 +550,9 @@ def _torch_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-def _chain_steps(i2t: torch.Tensor, t2i: torch.Tensor, starts: torch.Tensor,
-                 used: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _chain_steps(
+    i2t: torch.Tensor, t2i: torch.Tensor, starts: torch.Tensor, used: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the chains of ``S`` spaces at once: ``W - 1`` batched masked-argmax steps.
 
     ``used`` [S, W] is True for padding on entry. Returns the local order [S, W] (int64) and
@@ -504,8 +590,9 @@ def _chain_steps(i2t: torch.Tensor, t2i: torch.Tensor, starts: torch.Tensor,
 
 
 # --- DDP ------------------------------------------------------------------------------------
-def shard_pair_ids(pair_ids: Any, rank: int, world_size: int, generator: torch.Generator | None, *,
-                   mode: str = "pad") -> torch.Tensor:
+def shard_pair_ids(
+    pair_ids: Any, rank: int, world_size: int, generator: torch.Generator | None, *, mode: str = "pad"
+) -> torch.Tensor:
     """This rank's pair ids for one epoch: a disjoint, equal-size shard of a fresh permutation
     (``generator`` None: of ``pair_ids`` in their given order, e.g. grouped into search spaces).
 
@@ -543,9 +630,21 @@ def shard_pair_ids(pair_ids: Any, rank: int, world_size: int, generator: torch.G
             perm = perm.repeat(math.ceil(total / n))[:total]
     else:
         per = n // world_size
-    return perm[rank * per:(rank + 1) * per].clone()
+    return perm[rank * per : (rank + 1) * per].clone()
 
 
-__all__ = ["Batch", "BatchComposer", "UniformComposer", "GritComposer", "shard_pair_ids", "num_batches",
-           "num_space_batches", "uniform_batches", "grit_chains", "chunk_plan", "batches_state", "batches_from_state",
-           "DEFAULT_MAX_CHUNK_BYTES"]
+__all__ = [
+    "Batch",
+    "BatchComposer",
+    "UniformComposer",
+    "GritComposer",
+    "shard_pair_ids",
+    "num_batches",
+    "num_space_batches",
+    "uniform_batches",
+    "grit_chains",
+    "chunk_plan",
+    "batches_state",
+    "batches_from_state",
+    "DEFAULT_MAX_CHUNK_BYTES",
+]

@@ -22,8 +22,15 @@ import torch
 from torch.utils.data import DataLoader
 
 from falcon_cli.sampling.batch_log import BatchLog
-from falcon_cli.sampling.composers import (Batch, BatchComposer, GritComposer, UniformComposer, batches_from_state,
-                                          batches_state, shard_pair_ids)
+from falcon_cli.sampling.composers import (
+    Batch,
+    BatchComposer,
+    GritComposer,
+    UniformComposer,
+    batches_from_state,
+    batches_state,
+    shard_pair_ids,
+)
 from falcon_cli.sampling.feed import FalconFeed, loader_settings
 from falcon_cli.sampling.oracle_view import composition_summary
 from falcon_cli.sampling.quantile import QSource, QuantileSpaces
@@ -33,8 +40,9 @@ from falcon_cli.sampling.sharded_cache import ShardedCache
 from falcon_cli.sampling.warm_start import WarmStart
 
 
-def build_composer(p: Any, *, truth: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                   source: QSource | None = None) -> BatchComposer:
+def build_composer(
+    p: Any, *, truth: Callable[[torch.Tensor], torch.Tensor] | None = None, source: QSource | None = None
+) -> BatchComposer:
     """The composer ``pretrain.composer`` names, with the pretrain settings ``p`` (a ``PretrainConfig``).
     ``truth``: the oracle of a shapes world (quantile composers log its view of every chained slot; it
     changes no choice); ``source``: FALCON's q source (the scheduler's ``alpha_beta``)."""
@@ -42,13 +50,24 @@ def build_composer(p: Any, *, truth: Callable[[torch.Tensor], torch.Tensor] | No
         return UniformComposer(p.batch_size, drop_last=p.drop_last)
     if p.composer == "grit":
         return GritComposer(p.batch_size, p.search_space_size, drop_last=p.drop_last)
-    return QuantileComposer(p.composer, p.batch_size, p.search_space_size, drop_last=p.drop_last, quantile=p.quantile,
-                            progressive=(p.progressive_start, p.progressive_end, p.epochs), source=source,
-                            level=p.scheduler_level if p.composer == "falcon" else "instance",
-                            quantiles=p.quantile_levels, temperature=p.quantile_temperature,
-                            features=p.scheduler_features, truth=truth, scale=p.quantile_scale,
-                            credit_levels=(level_grid(p.scheduler_levels)
-                                           if p.composer == "falcon" and p.scheduler_credit == "levels" else None))
+    return QuantileComposer(
+        p.composer,
+        p.batch_size,
+        p.search_space_size,
+        drop_last=p.drop_last,
+        quantile=p.quantile,
+        progressive=(p.progressive_start, p.progressive_end, p.epochs),
+        source=source,
+        level=p.scheduler_level if p.composer == "falcon" else "instance",
+        quantiles=p.quantile_levels,
+        temperature=p.quantile_temperature,
+        features=p.scheduler_features,
+        truth=truth,
+        scale=p.quantile_scale,
+        credit_levels=(
+            level_grid(p.scheduler_levels) if p.composer == "falcon" and p.scheduler_credit == "levels" else None
+        ),
+    )
 
 
 class EpochBatches:
@@ -66,9 +85,20 @@ class EpochBatches:
         max_steps: cap on the batches of an epoch (``max_steps_per_epoch``), or None.
     """
 
-    def __init__(self, composer: BatchComposer, cache: ShardedCache, pair_ids: torch.Tensor, *, rank: int, world: int,
-                 shard_generator: torch.Generator, compose_generator: torch.Generator, batch_log: BatchLog,
-                 warm: WarmStart | None = None, max_steps: int | None = None):
+    def __init__(
+        self,
+        composer: BatchComposer,
+        cache: ShardedCache,
+        pair_ids: torch.Tensor,
+        *,
+        rank: int,
+        world: int,
+        shard_generator: torch.Generator,
+        compose_generator: torch.Generator,
+        batch_log: BatchLog,
+        warm: WarmStart | None = None,
+        max_steps: int | None = None,
+    ):
         self.composer, self.cache, self.pair_ids = composer, cache, pair_ids
         self.rank, self.world = rank, world
         self.shard_generator, self.compose_generator = shard_generator, compose_generator
@@ -96,8 +126,9 @@ class EpochBatches:
         """Steps of ``epoch`` on every rank: all the batches its composer makes (every pair of the shard
         once; equal shards give every rank the same count), capped by ``max_steps``."""
         shard = math.ceil(len(self.pair_ids) / self.world)
-        steps = self.composer.num_epoch_batches(epoch, shard,
-                                                grouped_width=self.warm.width if self.warm_epoch(epoch) else None)
+        steps = self.composer.num_epoch_batches(
+            epoch, shard, grouped_width=self.warm.width if self.warm_epoch(epoch) else None
+        )
         return min(steps, self.max_steps) if self.max_steps else steps
 
     def sampler(self, index: int) -> str:
@@ -115,16 +146,20 @@ class EpochBatches:
             return False
         self.epoch = epoch
         warm = self.warm_epoch(epoch)
-        shard = (shard_pair_ids(self.warm.order, self.rank, self.world, None) if warm
-                 else shard_pair_ids(self.pair_ids, self.rank, self.world, self.shard_generator))
+        shard = (
+            shard_pair_ids(self.warm.order, self.rank, self.world, None)
+            if warm
+            else shard_pair_ids(self.pair_ids, self.rank, self.world, self.shard_generator)
+        )
         reading = self.cache.begin(shard, self.next_shard() if self.world > 1 else None)
         cache = self.warm.cache if warm else reading
         width = self.warm.width if warm else None
         if self.on_demand(epoch):  # the spaces now, each batch when the previous step (and its update) is done
             self.spaces = self.composer.spaces(shard, cache, self.compose_generator, grouped_width=width)
         else:
-            self.batches = self.composer.compose_epoch(epoch, shard, cache, self.compose_generator,
-                                                       grouped_width=width)[:self.steps(epoch)]
+            self.batches = self.composer.compose_epoch(
+                epoch, shard, cache, self.compose_generator, grouped_width=width
+            )[: self.steps(epoch)]
             self.batch_log.extend(epoch, self.batches, rank=self.rank)
             if self.composer.name in QUANTILE_COMPOSERS and (epoch > 0 or warm):
                 self.summary = composition_summary(self.batch_log.rows(epoch))
@@ -140,23 +175,43 @@ class EpochBatches:
         peek.set_state(self.shard_generator.get_state())
         return shard_pair_ids(self.pair_ids, self.rank, self.world, peek)
 
-    def loader(self, dataset, collate, start: int, *, num_workers: int, lag: int, pin_memory: bool,
-               seed: int) -> tuple[DataLoader, int]:
+    def loader(
+        self, dataset, collate, start: int, *, num_workers: int, lag: int, pin_memory: bool, seed: int
+    ) -> tuple[DataLoader, int]:
         """A ``DataLoader`` over the epoch from batch ``start``, and the epoch's number of batches. The loader
         gets its own generator: a fresh iterator must not draw from the global RNG, or a resumed run's
         dropout would drift from the uninterrupted run's (augmentation is seeded per item)."""
         generator = torch.Generator().manual_seed(seed)
         if self.batches is not None:
             order = [[dataset.index_of(int(i)) for i in b.pair_ids] for b in self.batches[start:]]
-            return DataLoader(dataset, batch_sampler=order, collate_fn=collate, num_workers=num_workers,
-                              pin_memory=pin_memory, generator=generator), len(self.batches)
+            return DataLoader(
+                dataset,
+                batch_sampler=order,
+                collate_fn=collate,
+                num_workers=num_workers,
+                pin_memory=pin_memory,
+                generator=generator,
+            ), len(self.batches)
         epoch, total = self.epoch, self.steps(self.epoch)
-        self.feed = FalconFeed(self.spaces, self.composer.q(epoch), dataset.index_of, self.compose_generator,
-                               lambda index, composed: self.batch_log.add(epoch, index, self.rank, composed),
-                               start=start, stop=total, ahead=self._ahead)
+        self.feed = FalconFeed(
+            self.spaces,
+            self.composer.q(epoch),
+            dataset.index_of,
+            self.compose_generator,
+            lambda index, composed: self.batch_log.add(epoch, index, self.rank, composed),
+            start=start,
+            stop=total,
+            ahead=self._ahead,
+        )
         self._ahead = None
-        return DataLoader(dataset, batch_sampler=self.feed, collate_fn=collate, pin_memory=pin_memory,
-                          generator=generator, **loader_settings(lag, num_workers)), total
+        return DataLoader(
+            dataset,
+            batch_sampler=self.feed,
+            collate_fn=collate,
+            pin_memory=pin_memory,
+            generator=generator,
+            **loader_settings(lag, num_workers),
+        ), total
 
     def take(self, pair_ids: torch.Tensor) -> tuple[Batch, dict[str, torch.Tensor]]:
         """An on-demand epoch: the batch just trained (it must hold ``pair_ids``) and its scheduler record."""
@@ -174,11 +229,13 @@ class EpochBatches:
     def state_dict(self) -> dict[str, Any]:
         """Where this rank's epoch stands: its batches (composed up front), or its spaces, batch log rows and
         the batches composed ahead of training (on demand). Between epochs: nothing."""
-        return {"epoch": self.epoch,
-                "batches": batches_state(self.batches) if self.batches is not None else None,
-                "spaces": self.spaces.state_dict() if self.spaces is not None else None,
-                "batch_log": self.batch_log.state_dict() if self.spaces is not None else None,
-                "ahead": self.feed.ahead_state() if self.feed is not None else None}
+        return {
+            "epoch": self.epoch,
+            "batches": batches_state(self.batches) if self.batches is not None else None,
+            "spaces": self.spaces.state_dict() if self.spaces is not None else None,
+            "batch_log": self.batch_log.state_dict() if self.spaces is not None else None,
+            "ahead": self.feed.ahead_state() if self.feed is not None else None,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch = state["epoch"]
@@ -186,8 +243,12 @@ class EpochBatches:
         self.spaces, self._ahead = None, state["ahead"]
         if state["spaces"] is not None:
             warm = self.warm_epoch(self.epoch)
-            self.spaces = self.composer.spaces(torch.empty(0, dtype=torch.long), self.warm.cache if warm else self.cache.reading,
-                                               None, grouped_width=self.warm.width if warm else None)
+            self.spaces = self.composer.spaces(
+                torch.empty(0, dtype=torch.long),
+                self.warm.cache if warm else self.cache.reading,
+                None,
+                grouped_width=self.warm.width if warm else None,
+            )
             self.spaces.load_state_dict(state["spaces"])
             self.batch_log.load_state_dict(state["batch_log"])
 

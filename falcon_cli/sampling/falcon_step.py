@@ -26,9 +26,18 @@ from torch.profiler import record_function
 from falcon_cli.errors import FalconError
 from falcon_cli.runtime.precision import autocast
 from falcon_cli.sampling.composers import Batch
-from falcon_cli.sampling.scheduler import (NegativeScheduler, chain_hardness, chain_pairs, charged_margin,
-                                          excess_over_hardness, expected_worth, judged_worth, margin_worth, pick_match,
-                                          step_rewards)
+from falcon_cli.sampling.scheduler import (
+    NegativeScheduler,
+    chain_hardness,
+    chain_pairs,
+    charged_margin,
+    excess_over_hardness,
+    expected_worth,
+    judged_worth,
+    margin_worth,
+    pick_match,
+    step_rewards,
+)
 
 
 JUDGED_REWARDS = ("positive_margin+itm", "positive_margin+oracle")
@@ -41,15 +50,25 @@ def oracle_match(composed: Batch, device: torch.device) -> torch.Tensor:
     did not judge is an error (the composer was built without the world's truth)."""
     truth = composed.chosen_is_fn.float()
     if len(truth) > 1 and torch.isnan(truth[1:]).any():
-        raise FalconError("reward=positive_margin+oracle: the batch's picks carry no oracle verdict (the dataset is not "
-                          "a shapes world, or the composer was built without its truth); use reward=positive_margin+itm")
+        raise FalconError(
+            "reward=positive_margin+oracle: the batch's picks carry no oracle verdict (the dataset is not "
+            "a shapes world, or the composer was built without its truth); use reward=positive_margin+itm"
+        )
     out = torch.zeros(len(truth), dtype=torch.float32)
     out[1:] = truth[1:]
     return out.to(device)
 
 
-def level_rewards(record: dict[str, torch.Tensor], reward: str, overshoot: float, margin: float, weight: float,
-                  charge: str, hardness: str = "margin", grid: torch.Tensor | None = None) -> torch.Tensor:
+def level_rewards(
+    record: dict[str, torch.Tensor],
+    reward: str,
+    overshoot: float,
+    margin: float,
+    weight: float,
+    charge: str,
+    hardness: str = "margin",
+    grid: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``scheduler_credit: levels``: the reward ``[k, L]`` of every level's pick for each step's anchor, from the
     composer's record (``level_hardness``, ``level_own``: the epoch's cached features; ``level_fn``: the oracle's
     verdict), as the training forward's own picks are scored: the positive margin (:func:`margin_worth`), and with
@@ -66,17 +85,28 @@ def level_rewards(record: dict[str, torch.Tensor], reward: str, overshoot: float
     if reward == "positive_margin+oracle":
         verdict = record["level_fn"].to(worth.device)
         if torch.isnan(verdict).logical_and(~torch.isnan(worth)).any():
-            raise FalconError("reward=positive_margin+oracle: the composer's level picks carry no oracle verdict (the "
-                              "dataset is not a shapes world); use reward=positive_margin")
+            raise FalconError(
+                "reward=positive_margin+oracle: the composer's level picks carry no oracle verdict (the "
+                "dataset is not a shapes world); use reward=positive_margin"
+            )
         p = verdict.nan_to_num(0.0)
         worth = judged_worth(worth, p, weight) if charge == "expected" else worth - weight * p
         worth = worth.masked_fill(torch.isnan(verdict), float("nan"))
     return worth
 
 
-def measure_reward_loss(objective, scheduler: NegativeScheduler, precision: str, device: torch.device, *,
-                        eval_mode: bool, inputs: tuple, image: tuple | None = None,
-                        same_image: torch.Tensor | None = None, per_pair: bool = False) -> tuple[torch.Tensor, tuple]:
+def measure_reward_loss(
+    objective,
+    scheduler: NegativeScheduler,
+    precision: str,
+    device: torch.device,
+    *,
+    eval_mode: bool,
+    inputs: tuple,
+    image: tuple | None = None,
+    same_image: torch.Tensor | None = None,
+    per_pair: bool = False,
+) -> tuple[torch.Tensor, tuple]:
     """The reward's loss on ``inputs`` (no gradient; per caption ``[B]`` with ``per_pair``), in eval mode or
     the current train mode, and the image (tokens, features) it used: ``image`` if given
     (``reward_images: reuse``), else encoded now. ``same_image``: the pairs removed from ITC/ITM in
@@ -87,8 +117,9 @@ def measure_reward_loss(objective, scheduler: NegativeScheduler, precision: str,
         with autocast(precision, device), torch.no_grad():
             if image is None:
                 image = objective.model.encode_image(inputs[0])
-            return scheduler.loss_value(objective.measure(*inputs, parts=scheduler.parts, image=image,
-                                                          same_image=same_image, per_pair=per_pair)), image
+            return scheduler.loss_value(
+                objective.measure(*inputs, parts=scheduler.parts, image=image, same_image=same_image, per_pair=per_pair)
+            ), image
     finally:
         objective.train()
 
@@ -150,8 +181,17 @@ class FalconStep:
 
     def _measure(self, objective, inputs: tuple, same_image, image=None) -> tuple[torch.Tensor, tuple]:
         with record_function("falcon/reward"):
-            return measure_reward_loss(objective, self.scheduler, self.precision, self.device, eval_mode=self.eval_mode,
-                                       per_pair=self.per_pair, inputs=inputs, image=image, same_image=same_image)
+            return measure_reward_loss(
+                objective,
+                self.scheduler,
+                self.precision,
+                self.device,
+                eval_mode=self.eval_mode,
+                per_pair=self.per_pair,
+                inputs=inputs,
+                image=image,
+                same_image=same_image,
+            )
 
     def before(self, objective, inputs: tuple, same_image: torch.Tensor | None) -> None:
         """Before the update: L(θ_k) from a no-grad pass where the training forward cannot give it (eval mode,
@@ -160,8 +200,17 @@ class FalconStep:
         if not self.from_forward and (self.eval_mode or self.per_pair or self.reward == "alignment"):
             self._before, self._image = self._measure(objective, inputs, same_image)
 
-    def after(self, objective, out, losses: dict[str, torch.Tensor], inputs: tuple, same_image: torch.Tensor | None,
-              composed: Batch, record: dict[str, torch.Tensor], halted: torch.Tensor | None = None) -> dict[str, Any]:
+    def after(
+        self,
+        objective,
+        out,
+        losses: dict[str, torch.Tensor],
+        inputs: tuple,
+        same_image: torch.Tensor | None,
+        composed: Batch,
+        record: dict[str, torch.Tensor],
+        halted: torch.Tensor | None = None,
+    ) -> dict[str, Any]:
         """After the update: the reward (:meth:`step_reward`), then the scheduler's update with the batch's ``record``
         (:meth:`settle`: at once, or with ``overlap`` the previous step's); returns that update's ``reward`` (its
         step's mean), ``advantage`` and ``concentration`` (empty when no update was made). ``halted``: the
@@ -184,8 +233,17 @@ class FalconStep:
         return self.update(previous) if previous is not None else {}
 
     @torch.no_grad()
-    def step_reward(self, objective, out, losses: dict[str, torch.Tensor], inputs: tuple, same_image: torch.Tensor | None,
-                    composed: Batch, record: dict[str, torch.Tensor], halted: torch.Tensor | None = None) -> dict[str, Any]:
+    def step_reward(
+        self,
+        objective,
+        out,
+        losses: dict[str, torch.Tensor],
+        inputs: tuple,
+        same_image: torch.Tensor | None,
+        composed: Batch,
+        record: dict[str, torch.Tensor],
+        halted: torch.Tensor | None = None,
+    ) -> dict[str, Any]:
         """The step's reward, computed on the device and not read: ``{"delta"}`` (per slot, or the batch's), the
         batch's scheduler ``record`` and what the update's bookkeeping needs (whether each pick was a false
         negative; the judge's match and charge). Enqueued right after the step, before the next one."""
@@ -198,8 +256,11 @@ class FalconStep:
             else:
                 delta = charged_margin(hardness, own, self.overshoot, self.margin)
             if self.reward in JUDGED_REWARDS:  # a pick its judge (the ITM head, or the oracle) calls a match pays
-                match = (self.pick_match(objective, out, inputs) if self.reward == "positive_margin+itm"
-                         else oracle_match(composed, delta.device))
+                match = (
+                    self.pick_match(objective, out, inputs)
+                    if self.reward == "positive_margin+itm"
+                    else oracle_match(composed, delta.device)
+                )
                 if self.itm_charge == "expected":  # the margin only as far as the judge calls the pick a true negative
                     worth = expected_worth(delta, match, self.itm_weight)
                     charge, delta = (delta - worth) / (self.itm_weight or 1.0), worth
@@ -215,8 +276,13 @@ class FalconStep:
                 before, image = self.scheduler.loss_value(losses), objective.image_state(out)
             after, _ = self._measure(objective, inputs, same_image, image=image if self.reuse else None)
             delta = before - after
-        pending = {"delta": delta.detach(), "record": record, "chosen_is_fn": composed.chosen_is_fn, "judged": judged,
-                   "halted": None if halted is None else halted.detach().clone()}
+        pending = {
+            "delta": delta.detach(),
+            "record": record,
+            "chosen_is_fn": composed.chosen_is_fn,
+            "judged": judged,
+            "halted": None if halted is None else halted.detach().clone(),
+        }
         if self.side is not None:  # (the side stream's reads wait for this event, not for the next step)
             pending["ready"] = torch.cuda.Event()
             pending["ready"].record()
@@ -245,22 +311,44 @@ class FalconStep:
         """The context the host's FALCON work runs in: the side stream under ``overlap`` on CUDA (composition too)."""
         return torch.cuda.stream(self.side) if self.side is not None else contextlib.nullcontext()
 
-    def _update(self, delta: torch.Tensor, record: dict[str, torch.Tensor], chosen_is_fn: torch.Tensor,
-                judged: torch.Tensor | None) -> dict[str, Any]:
+    def _update(
+        self,
+        delta: torch.Tensor,
+        record: dict[str, torch.Tensor],
+        chosen_is_fn: torch.Tensor,
+        judged: torch.Tensor | None,
+    ) -> dict[str, Any]:
         if judged is not None:
-            self.judged += torch.cat([judged[:, :1].cpu(), chosen_is_fn[1:].double()[:, None],
-                                      judged[:, 1:].cpu()], 1).tolist()
+            self.judged += torch.cat(
+                [judged[:, :1].cpu(), chosen_is_fn[1:].double()[:, None], judged[:, 1:].cpu()], 1
+            ).tolist()
         self.rewards.append(float((delta[1:] if self.from_forward else delta).mean()))  # (slot 0 has no pick)
         levels = self.scheduler.grid is not None
         with record_function("falcon/update"):
-            target = (level_rewards(record, self.reward, self.overshoot, self.margin, self.itm_weight, self.itm_charge,
-                                    self.hardness, self.scheduler.grid) if levels
-                      else delta if self.per_pair else self.rewards[-1])
+            target = (
+                level_rewards(
+                    record,
+                    self.reward,
+                    self.overshoot,
+                    self.margin,
+                    self.itm_weight,
+                    self.itm_charge,
+                    self.hardness,
+                    self.scheduler.grid,
+                )
+                if levels
+                else delta
+                if self.per_pair
+                else self.rewards[-1]
+            )
             update = self.scheduler.update(record, target)
         # what each used step's own pick earned (under levels, the update learned from the grid instead)
-        credited = (step_rewards(delta.cpu(), len(record["q"]), "chosen")[~torch.isnan(record["q"]).cpu()] if levels
-                    else update["rewards"])
-        picked = chosen_is_fn[1:][:len(credited)].double()
+        credited = (
+            step_rewards(delta.cpu(), len(record["q"]), "chosen")[~torch.isnan(record["q"]).cpu()]
+            if levels
+            else update["rewards"]
+        )
+        picked = chosen_is_fn[1:][: len(credited)].double()
         self.credited += torch.stack([credited.cpu(), picked], 1).tolist()
         return {"reward": self.rewards[-1], "advantage": update["advantage"], "concentration": update["concentration"]}
 
@@ -273,13 +361,19 @@ class FalconStep:
         pending = None
         if self.pending is not None:  # (overlap: the update the next step makes; a resumed run makes it there too)
             pending = {key: _to_cpu(value) for key, value in self.pending.items() if key != "ready"}
-        return {"rewards": list(self.rewards), "credited": [list(c) for c in self.credited],
-                "judged": [list(j) for j in self.judged], "scheduler_running": self.scheduler.running_state(),
-                "pending": pending}
+        return {
+            "rewards": list(self.rewards),
+            "credited": [list(c) for c in self.credited],
+            "judged": [list(j) for j in self.judged],
+            "scheduler_running": self.scheduler.running_state(),
+            "pending": pending,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pending = state.get("pending")  # (absent from older checkpoints)
-        self.pending = None if pending is None else {key: _to_device(value, self.device) for key, value in pending.items()}
+        self.pending = (
+            None if pending is None else {key: _to_device(value, self.device) for key, value in pending.items()}
+        )
         self.rewards, self.credited = list(state["rewards"]), [list(c) for c in state["credited"]]
         self.judged = [list(j) for j in state.get("judged", [])]  # (absent from older checkpoints)
         # this rank's reward baseline and advantage scale (the shared scheduler state holds rank 0's; absent from

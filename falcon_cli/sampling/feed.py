@@ -52,8 +52,18 @@ class FalconFeed:
         ahead: batches composed before a checkpoint but not trained, from :meth:`ahead_state`.
     """
 
-    def __init__(self, spaces: QuantileSpaces, source: QSource, index_of: Callable[[int], int], generator: torch.Generator,
-                 on_compose: Callable[[int, Batch], None], *, start: int, stop: int, ahead: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        spaces: QuantileSpaces,
+        source: QSource,
+        index_of: Callable[[int], int],
+        generator: torch.Generator,
+        on_compose: Callable[[int, Batch], None],
+        *,
+        start: int,
+        stop: int,
+        ahead: dict[str, Any] | None = None,
+    ):
         self.spaces, self.source, self.index_of, self.generator = spaces, source, index_of, generator
         self.on_compose = on_compose
         self.start, self.stop = start, stop
@@ -80,10 +90,14 @@ class FalconFeed:
         """The oldest composed batch not yet trained (it must be the one with ``pair_ids``)."""
         composed, record = self.pending.popleft()
         if not torch.equal(composed.pair_ids.cpu(), pair_ids.cpu()):
-            raise RuntimeError("FALCON batch order broke: the loader returned a batch other than the oldest composed one")
+            raise RuntimeError(
+                "FALCON batch order broke: the loader returned a batch other than the oldest composed one"
+            )
         return composed, record
 
     def ahead_state(self) -> dict[str, Any]:
         """The composed, not yet trained batches and their scheduler records (for a checkpoint)."""
-        return {"batches": batches_state([b for b, _ in self.pending]),
-                "records": [{k: v.cpu() for k, v in r.items()} for _, r in self.pending]}
+        return {
+            "batches": batches_state([b for b, _ in self.pending]),
+            "records": [{k: v.cpu() for k, v in r.items()} for _, r in self.pending],
+        }

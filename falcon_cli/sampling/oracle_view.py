@@ -56,8 +56,12 @@ def expected_q(rows: pd.DataFrame) -> pd.Series:
     return rows["alpha"] / (rows["alpha"] + rows["beta"])
 
 
-def composition_summary(rows: pd.DataFrame, rewards: Sequence[float] = (),
-                        credited: Sequence[Sequence[float]] = (), judged: Sequence[Sequence[float]] = ()) -> dict:
+def composition_summary(
+    rows: pd.DataFrame,
+    rewards: Sequence[float] = (),
+    credited: Sequence[Sequence[float]] = (),
+    judged: Sequence[Sequence[float]] = (),
+) -> dict:
     """One epoch of a quantile composer: the q's it used, FALCON's rewards, and the oracle's view.
 
     ``rows``: batch-log rows (:func:`~falcon_cli.sampling.batch_log.read_batch_log`, one epoch).
@@ -101,12 +105,17 @@ def composition_summary(rows: pd.DataFrame, rewards: Sequence[float] = (),
     """
     chained = rows[rows["q"].notna()]
     q = chained["q"].astype(np.float64)
-    summary: dict = {f"q_{name}": (float(q.quantile(level)) if len(q) else None)
-                     for name, level in (("p10", 0.1), ("p50", 0.5), ("p90", 0.9))}
+    summary: dict = {
+        f"q_{name}": (float(q.quantile(level)) if len(q) else None)
+        for name, level in (("p10", 0.1), ("p50", 0.5), ("p90", 0.9))
+    }
     summary["q_mean"] = float(q.mean()) if len(q) else None
     r = np.asarray(list(rewards), dtype=np.float64)
-    summary.update(reward_mean=float(r.mean()) if len(r) else None,
-                   reward_std=float(r.std(ddof=1)) if len(r) > 1 else None, reward_count=len(r))
+    summary.update(
+        reward_mean=float(r.mean()) if len(r) else None,
+        reward_std=float(r.std(ddof=1)) if len(r) > 1 else None,
+        reward_count=len(r),
+    )
     pairs = np.asarray(list(credited), dtype=np.float64).reshape(-1, 2)
     pairs = pairs[~np.isnan(pairs).any(1)]
     summary["reward_fn_corr"] = pearson(pairs[:, 0], pairs[:, 1]) if len(pairs) else None
@@ -118,15 +127,25 @@ def composition_summary(rows: pd.DataFrame, rewards: Sequence[float] = (),
 
     mean_q = expected_q(chained).astype(np.float64) if len(chained) else pd.Series(dtype=np.float64)
     has_beta = mean_q.notna()
-    summary.update(expected_q_mean=float(mean_q[has_beta].mean()) if has_beta.any() else None,
-                   expected_q_std=float(mean_q[has_beta].std(ddof=0)) if has_beta.any() else None)
+    summary.update(
+        expected_q_mean=float(mean_q[has_beta].mean()) if has_beta.any() else None,
+        expected_q_std=float(mean_q[has_beta].std(ddof=0)) if has_beta.any() else None,
+    )
     # The policy's choice per slot: E[q] where q came from a Beta, else the q itself.
     choice = mean_q.where(has_beta, q)
     density = chained["anchor_fn_density"].astype(np.float64) if "anchor_fn_density" in chained else None
     if density is None or not density.notna().any():
-        summary.update(q_fn_density_corr=None, q_safe_corr=None, safe_q_mean=None, q_above_safe_share=None,
-                       chain_fn_rate=None, fn_density_mean=None, hardness_fn_corr=None, hardness_fn_auc=None,
-                       **dict.fromkeys(FRONTIER_KEYS))
+        summary.update(
+            q_fn_density_corr=None,
+            q_safe_corr=None,
+            safe_q_mean=None,
+            q_above_safe_share=None,
+            chain_fn_rate=None,
+            fn_density_mean=None,
+            hardness_fn_corr=None,
+            hardness_fn_auc=None,
+            **dict.fromkeys(FRONTIER_KEYS),
+        )
         return summary
     known = density.notna()
     safe = chained["safe_q"].astype(np.float64)
@@ -142,13 +161,20 @@ def composition_summary(rows: pd.DataFrame, rewards: Sequence[float] = (),
     fn = chained["chosen_is_fn"].astype(np.float64)
     hardness = chained["similarity_to_anchor"].astype(np.float64) if "similarity_to_anchor" in chained else fn * np.nan
     scored = known & fn.notna() & hardness.notna()
-    summary["hardness_fn_corr"], summary["hardness_fn_auc"] = judge_view(hardness[scored].to_numpy(), fn[scored].to_numpy())
+    summary["hardness_fn_corr"], summary["hardness_fn_auc"] = judge_view(
+        hardness[scored].to_numpy(), fn[scored].to_numpy()
+    )
     summary.update(frontier(chained[known], summary["chain_fn_rate"], summary["q_mean"]))
     return summary
 
 
-FRONTIER_KEYS = (*(f"fn_rate_at_{name[len('fn_at_'):]}" for name in FIXED_Q_FIELDS), "frontier_fn_rate", "frontier_gap",
-                 "best_by_density_fn_rate", "best_by_anchor_fn_rate")
+FRONTIER_KEYS = (
+    *(f"fn_rate_at_{name[len('fn_at_') :]}" for name in FIXED_Q_FIELDS),
+    "frontier_fn_rate",
+    "frontier_gap",
+    "best_by_density_fn_rate",
+    "best_by_anchor_fn_rate",
+)
 """The epoch summary's fixed-q frontier keys (:func:`composition_summary`)."""
 
 
@@ -174,13 +200,15 @@ def frontier(slots: pd.DataFrame, chain_fn_rate: float | None, q_mean: float | N
         density = slots.loc[scored, "anchor_fn_density"].astype(np.float64).to_numpy()
         decile = np.minimum(np.argsort(np.argsort(density, kind="stable"), kind="stable") * 10 // len(density), 9)
         groups = [decile == d for d in range(10) if (decile == d).any()]
-        out["best_by_density_fn_rate"] = best_mix_fn_rate(np.stack([picks[g].mean(0) for g in groups]),
-                                                          np.array([g.sum() for g in groups]), q_mean)
+        out["best_by_density_fn_rate"] = best_mix_fn_rate(
+            np.stack([picks[g].mean(0) for g in groups]), np.array([g.sum() for g in groups]), q_mean
+        )
     return out
 
 
-def best_mix_fn_rate(rates: np.ndarray, weights: np.ndarray, q_mean: float,
-                     levels: Sequence[float] = FIXED_Q_LEVELS) -> float:
+def best_mix_fn_rate(
+    rates: np.ndarray, weights: np.ndarray, q_mean: float, levels: Sequence[float] = FIXED_Q_LEVELS
+) -> float:
     """The lowest mean false-negative rate a policy reaches at mean q ``q_mean`` when it may mix the fixed q
     ``levels`` differently for each group of anchors, knowing each group's rate at each level (``rates``
     ``[groups, levels]``, ``weights`` ``[groups]``: anchors per group). Exact: each group's lower convex hull of
@@ -193,13 +221,16 @@ def best_mix_fn_rate(rates: np.ndarray, weights: np.ndarray, q_mean: float,
     for row, w in zip(np.asarray(rates, dtype=np.float64), share):
         hull = [0]
         for k in range(1, len(levels)):  # monotone chain: keep the hull convex from below
-            while len(hull) > 1 and ((row[hull[-1]] - row[hull[-2]]) * (levels[k] - levels[hull[-1]])
-                                     >= (row[k] - row[hull[-1]]) * (levels[hull[-1]] - levels[hull[-2]])):
+            while len(hull) > 1 and (
+                (row[hull[-1]] - row[hull[-2]]) * (levels[k] - levels[hull[-1]])
+                >= (row[k] - row[hull[-1]]) * (levels[hull[-1]] - levels[hull[-2]])
+            ):
                 hull.pop()
             hull.append(k)
         for a, b in zip(hull, hull[1:]):
-            segments.append(((row[b] - row[a]) / (levels[b] - levels[a]), w * (levels[b] - levels[a]),
-                             w * (row[b] - row[a])))
+            segments.append(
+                ((row[b] - row[a]) / (levels[b] - levels[a]), w * (levels[b] - levels[a]), w * (row[b] - row[a]))
+            )
     need = q_mean - levels[0]
     for slope, length, change in sorted(segments, key=lambda seg: seg[0]):
         if need <= 0:
@@ -209,10 +240,25 @@ def best_mix_fn_rate(rates: np.ndarray, weights: np.ndarray, q_mean: float,
     return float(rate)
 
 
-SUMMARY_COLUMNS = ("epoch", "chained_slots", "q_mean", "expected_q_mean", "expected_q_std", "q_fn_density_corr",
-                   "q_safe_corr", "safe_q_mean", "q_above_safe_share", "chain_fn_rate", "fn_density_mean",
-                   "hardness_fn_corr", "hardness_fn_auc", "frontier_fn_rate", "frontier_gap", "best_by_density_fn_rate",
-                   "best_by_anchor_fn_rate")
+SUMMARY_COLUMNS = (
+    "epoch",
+    "chained_slots",
+    "q_mean",
+    "expected_q_mean",
+    "expected_q_std",
+    "q_fn_density_corr",
+    "q_safe_corr",
+    "safe_q_mean",
+    "q_above_safe_share",
+    "chain_fn_rate",
+    "fn_density_mean",
+    "hardness_fn_corr",
+    "hardness_fn_auc",
+    "frontier_fn_rate",
+    "frontier_gap",
+    "best_by_density_fn_rate",
+    "best_by_anchor_fn_rate",
+)
 """The per-epoch table of :func:`summary_by_epoch` (the audit's ``scheduler_vs_oracle.csv``)."""
 
 
@@ -223,10 +269,21 @@ def summary_by_epoch(log: pd.DataFrame) -> pd.DataFrame:
     seen = log[log["anchor_fn_density"].notna()] if "anchor_fn_density" in log else log.iloc[:0]
     for epoch, part in seen.groupby("epoch", sort=True):
         summary = composition_summary(log[log["epoch"] == epoch])
-        rows.append({"epoch": int(epoch), "chained_slots": int(len(part)),
-                     **{k: summary[k] for k in SUMMARY_COLUMNS[2:]}})
+        rows.append(
+            {"epoch": int(epoch), "chained_slots": int(len(part)), **{k: summary[k] for k in SUMMARY_COLUMNS[2:]}}
+        )
     return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
 
 
-__all__ = ["FRONTIER_KEYS", "SUMMARY_COLUMNS", "best_mix_fn_rate", "composition_summary", "expected_q", "frontier",
-           "judge_view", "pearson", "rank_auc", "summary_by_epoch"]
+__all__ = [
+    "FRONTIER_KEYS",
+    "SUMMARY_COLUMNS",
+    "best_mix_fn_rate",
+    "composition_summary",
+    "expected_q",
+    "frontier",
+    "judge_view",
+    "pearson",
+    "rank_auc",
+    "summary_by_epoch",
+]

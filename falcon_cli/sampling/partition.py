@@ -99,6 +99,7 @@ class Partition:
 
 # --- input checks ---------------------------------------------------------------------------
 
+
 def check_partition_inputs(pair_ids, size: int) -> np.ndarray:
     """``pair_ids`` as int64, after checking that a partition into spaces of ``size`` makes sense.
 
@@ -115,7 +116,9 @@ def check_partition_inputs(pair_ids, size: int) -> np.ndarray:
     if ids.size == 0:
         raise FalconError("no pairs to partition (the embeddings are empty)")
     if size > ids.size:
-        raise FalconError(f"search space size {size} is larger than the number of pairs ({ids.size}); choose a size <= {ids.size}")
+        raise FalconError(
+            f"search space size {size} is larger than the number of pairs ({ids.size}); choose a size <= {ids.size}"
+        )
     sorted_ids = np.sort(ids)
     repeated = sorted_ids[1:][sorted_ids[1:] == sorted_ids[:-1]]
     if repeated.size:
@@ -143,6 +146,7 @@ def _check_embeddings(image: np.ndarray, text: np.ndarray, n: int | None = None)
 
 # --- random ---------------------------------------------------------------------------------
 
+
 def random_partition(pair_ids, size: int, seed: int) -> Partition:
     """GRIT-VLP's search spaces: shuffle the pairs with ``seed``, cut into consecutive spaces of ``size``.
 
@@ -154,7 +158,9 @@ def random_partition(pair_ids, size: int, seed: int) -> Partition:
     ids = check_partition_inputs(pair_ids, size)
     n = ids.size
     canonical = np.argsort(ids, kind="stable")
-    slot_rows = canonical[np.random.default_rng(_check_seed(seed)).permutation(n)]  # slot t holds input row slot_rows[t]
+    slot_rows = canonical[
+        np.random.default_rng(_check_seed(seed)).permutation(n)
+    ]  # slot t holds input row slot_rows[t]
     slots = np.arange(n, dtype=np.int64)
     space_id = np.empty(n, dtype=np.int64)
     position = np.empty(n, dtype=np.int64)
@@ -164,6 +170,7 @@ def random_partition(pair_ids, size: int, seed: int) -> Partition:
 
 
 # --- k-means ----------------------------------------------------------------------------------
+
 
 def joint_embedding(image: np.ndarray, text: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
     """``float32[N, D]``: the L2-normalised sum ``(i + t) / |i + t|`` of each pair's embeddings.
@@ -184,7 +191,7 @@ def joint_rows(embeddings: EmbeddingRows, rows: np.ndarray) -> np.ndarray:
     order = np.argsort(rows, kind="stable")
     out = np.empty((rows.size, embeddings.dim), dtype=np.float32)
     for start in range(0, rows.size, CHUNK_ROWS):
-        pick = order[start:start + CHUNK_ROWS]
+        pick = order[start : start + CHUNK_ROWS]
         image, text = embeddings.take(rows[pick])
         joint = image.astype(np.float32) + text.astype(np.float32)
         if not np.isfinite(joint).all():
@@ -207,8 +214,16 @@ def spherical_kmeans(points: np.ndarray, k: int, seed: int, iterations: int = 20
         raise FalconError(f"k-means needs 1 <= k <= {points.shape[0]} centroids, got {k}")
     if iterations < 1:
         raise FalconError(f"k-means iterations must be >= 1, got {iterations}")
-    kmeans = faiss.Kmeans(points.shape[1], k, niter=iterations, seed=int(seed) % 2**31, spherical=True, verbose=False,
-                          min_points_per_centroid=1, max_points_per_centroid=KMEANS_MAX_POINTS_PER_CENTROID)
+    kmeans = faiss.Kmeans(
+        points.shape[1],
+        k,
+        niter=iterations,
+        seed=int(seed) % 2**31,
+        spherical=True,
+        verbose=False,
+        min_points_per_centroid=1,
+        max_points_per_centroid=KMEANS_MAX_POINTS_PER_CENTROID,
+    )
     kmeans.train(points)
     return np.ascontiguousarray(kmeans.centroids, dtype=np.float32)
 
@@ -269,8 +284,9 @@ def _search_pieces(n: int) -> list[tuple[int, int]]:
     return pieces
 
 
-def nearest_centroids(points: Callable[[np.ndarray], np.ndarray], n: int, centroids: np.ndarray,
-                      width: int) -> tuple[np.ndarray, np.ndarray]:
+def nearest_centroids(
+    points: Callable[[np.ndarray], np.ndarray], n: int, centroids: np.ndarray, width: int
+) -> tuple[np.ndarray, np.ndarray]:
     """The ``width`` nearest centroids of ``n`` points by inner product, (scores ``float32[n, width]``, ids
     ``int64[n, width]``), best first; ``points(rows)`` gives the points at ``rows``. Searched in pieces
     (:func:`_search_pieces`, :data:`SEARCH_ROWS` rows): memory is one piece, and the result is one search's."""
@@ -282,8 +298,13 @@ def nearest_centroids(points: Callable[[np.ndarray], np.ndarray], n: int, centro
     return score, cand
 
 
-def balanced_assignment(points: np.ndarray | Callable[[np.ndarray], np.ndarray], centroids: np.ndarray, capacity,
-                        candidates: int = 8, nearest: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+def balanced_assignment(
+    points: np.ndarray | Callable[[np.ndarray], np.ndarray],
+    centroids: np.ndarray,
+    capacity,
+    candidates: int = 8,
+    nearest: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray:
     """``int64[N]``: a centroid for each point such that centroid c receives exactly ``capacity[c]`` points.
 
     Greedy in rounds (``sum(capacity)`` must equal N). In each round every unassigned point
@@ -314,7 +335,9 @@ def balanced_assignment(points: np.ndarray | Callable[[np.ndarray], np.ndarray],
         n, points_at = points.shape[0], points.__getitem__
     remaining = np.asarray(capacity, dtype=np.int64).copy()
     if remaining.shape != (k,) or (remaining < 0).any() or remaining.sum() != n:
-        raise FalconError(f"capacities must be {k} non-negative counts summing to the {n} points, got sum {remaining.sum()}")
+        raise FalconError(
+            f"capacities must be {k} non-negative counts summing to the {n} points, got sum {remaining.sum()}"
+        )
     if nearest is None:
         score, cand = _nearest(points, centroids, np.flatnonzero(remaining > 0), max(1, min(int(candidates), k)))
     else:
@@ -343,17 +366,21 @@ def balanced_assignment(points: np.ndarray | Callable[[np.ndarray], np.ndarray],
     return assign
 
 
-def kmeans_partition(image: np.ndarray, text: np.ndarray, pair_ids, size: int, seed: int, *,
-                     iterations: int = 20, candidates: int = 8) -> Partition:
+def kmeans_partition(
+    image: np.ndarray, text: np.ndarray, pair_ids, size: int, seed: int, *, iterations: int = 20, candidates: int = 8
+) -> Partition:
     """Semantic search spaces of embeddings in memory: :func:`kmeans_partition_of` of ``image`` and ``text``
     (``[N, D]``, row i the pair ``pair_ids[i]``)."""
     ids = check_partition_inputs(pair_ids, size)
     _check_embeddings(image, text, ids.size)
-    return kmeans_partition_of(Embeddings(image, text, ids, {}), size, seed, iterations=iterations, candidates=candidates)
+    return kmeans_partition_of(
+        Embeddings(image, text, ids, {}), size, seed, iterations=iterations, candidates=candidates
+    )
 
 
-def kmeans_partition_of(embeddings: EmbeddingRows, size: int, seed: int, *, iterations: int = 20,
-                        candidates: int = 8) -> Partition:
+def kmeans_partition_of(
+    embeddings: EmbeddingRows, size: int, seed: int, *, iterations: int = 20, candidates: int = 8
+) -> Partition:
     """Semantic search spaces: balanced spherical k-means on the joint embedding of ``embeddings``' pairs.
 
     1. Joint embedding (:func:`joint_embedding`) of each pair, rows in ascending pair-id order.
@@ -412,6 +439,7 @@ def kmeans_partition_of(embeddings: EmbeddingRows, size: int, seed: int, *, iter
 
 # --- what a partition is like -----------------------------------------------------------------
 
+
 def _add_by_space(sums: np.ndarray, space_id: np.ndarray, values: np.ndarray) -> None:
     """``sums[s] += `` the sum (float64) of the ``values`` rows whose ``space_id`` is ``s``."""
     order = np.argsort(space_id, kind="stable")
@@ -452,7 +480,9 @@ def _row_dots(a: np.ndarray, b: np.ndarray) -> float:
     total = 0.0
     for start in range(0, a.shape[0], CHUNK_ROWS):
         stop = start + CHUNK_ROWS
-        dots = np.einsum("nd,nd->n", np.asarray(a[start:stop], dtype=np.float32), np.asarray(b[start:stop], dtype=np.float32))
+        dots = np.einsum(
+            "nd,nd->n", np.asarray(a[start:stop], dtype=np.float32), np.asarray(b[start:stop], dtype=np.float32)
+        )
         total += float(dots.sum(dtype=np.float64))
     return total
 
@@ -516,7 +546,9 @@ def false_negatives_in_spaces(partition: Partition, image_ids, caption_ids, orac
     image_ids = np.asarray(image_ids, dtype=np.int64)
     caption_ids = np.asarray(caption_ids, dtype=np.int64)
     if image_ids.shape != partition.space_id.shape or caption_ids.shape != partition.space_id.shape:
-        raise FalconError(f"{image_ids.size} image ids and {caption_ids.size} caption ids for {partition.space_id.size} pairs")
+        raise FalconError(
+            f"{image_ids.size} image ids and {caption_ids.size} caption ids for {partition.space_id.size} pairs"
+        )
     counts = np.zeros(partition.space_id.size, dtype=np.int64)
     order = np.argsort(partition.space_id, kind="stable")
     bounds = np.flatnonzero(np.diff(partition.space_id[order])) + 1
@@ -531,7 +563,21 @@ def false_negatives_in_spaces(partition: Partition, image_ids, caption_ids, orac
     }
 
 
-__all__ = ["Partition", "EmbeddingRows", "random_partition", "kmeans_partition", "kmeans_partition_of",
-           "balanced_assignment", "nearest_centroids", "joint_embedding", "joint_rows", "spherical_kmeans", "kmeans_sample",
-           "check_partition_inputs", "within_space_cosines", "partition_summary", "partition_summary_of",
-           "false_negatives_in_spaces"]
+__all__ = [
+    "Partition",
+    "EmbeddingRows",
+    "random_partition",
+    "kmeans_partition",
+    "kmeans_partition_of",
+    "balanced_assignment",
+    "nearest_centroids",
+    "joint_embedding",
+    "joint_rows",
+    "spherical_kmeans",
+    "kmeans_sample",
+    "check_partition_inputs",
+    "within_space_cosines",
+    "partition_summary",
+    "partition_summary_of",
+    "false_negatives_in_spaces",
+]

@@ -59,8 +59,15 @@ class SchedulerPolicy(nn.Module):
     that before it has learned where its mean should be.
     """
 
-    def __init__(self, quantiles: int = 100, hidden: int = 256, blocks: int = 2, eps: float = 1e-5,
-                 init_bias: float = 0.5, max_concentration: float | None = None):
+    def __init__(
+        self,
+        quantiles: int = 100,
+        hidden: int = 256,
+        blocks: int = 2,
+        eps: float = 1e-5,
+        init_bias: float = 0.5,
+        max_concentration: float | None = None,
+    ):
         super().__init__()
         if quantiles < 1 or hidden < 1 or blocks < 0:
             raise ValueError(f"quantiles and hidden must be >= 1 and blocks >= 0, got {quantiles}, {hidden}, {blocks}")
@@ -83,7 +90,9 @@ class SchedulerPolicy(nn.Module):
     def forward(self, s_hat: Tensor) -> tuple[Tensor, Tensor]:
         """Return (α, β), each of shape ``s_hat.shape[:-1]``, in float32 even under autocast."""
         if s_hat.shape[-1] != self.quantiles:
-            raise ValueError(f"expected the last dimension of s_hat to be {self.quantiles}, got shape {tuple(s_hat.shape)}")
+            raise ValueError(
+                f"expected the last dimension of s_hat to be {self.quantiles}, got shape {tuple(s_hat.shape)}"
+            )
         x = s_hat.to(self.input.weight.dtype)
         h = F.relu(self.input(x))
         for block in self.blocks:
@@ -162,6 +171,7 @@ def reinforce_loss(reward: Tensor | float, log_prob: Tensor, baseline: Tensor | 
     raises the log-probability of the q's actually used where the reward beat the baseline and
     lowers it where it fell short; at reward == baseline the gradient is exactly zero.
     """
+
     def detached(value: Tensor | float) -> Tensor | float:
         return value.detach().to(device=log_prob.device, dtype=log_prob.dtype) if isinstance(value, Tensor) else value
 

@@ -48,8 +48,14 @@ import torch
 
 from falcon_cli.errors import FalconError
 from falcon_cli.sampling.cache import EmbeddingCache, as_id_tensor
-from falcon_cli.sampling.composers import (FIXED_Q_FIELDS, FIXED_Q_LEVELS, Batch, _check_config, _torch_threads,
-                                          num_space_batches)
+from falcon_cli.sampling.composers import (
+    FIXED_Q_FIELDS,
+    FIXED_Q_LEVELS,
+    Batch,
+    _check_config,
+    _torch_threads,
+    num_space_batches,
+)
 from falcon_cli.sampling.policy import check_beta_parameters, draw_q, numpy_generator
 from falcon_cli.sampling.scheduler_features import SchedulerFeatures
 
@@ -105,7 +111,7 @@ def unified_similarity(image: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
 
 def _orderable(bits: np.ndarray) -> np.ndarray:
     """float32 bit patterns (int32) -> int32 keys in the floats' order, in place; its own inverse."""
-    bits ^= (bits >> 31) & 0x7FFFFFFF   # negatives: flip all but the sign bit
+    bits ^= (bits >> 31) & 0x7FFFFFFF  # negatives: flip all but the sign bit
     return bits
 
 
@@ -133,7 +139,9 @@ def _sorted_rows(block: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Te
         order = np.empty(block.shape, dtype=np.int32)
         values = _sort_rows_cpu(block.numpy(), order, positions.numpy())
         return torch.from_numpy(order).long(), torch.from_numpy(values)
-    values, flipped = torch.sort((block + 0.0).flip(1), dim=1, stable=True)  # flipped + stable: ties by descending column
+    values, flipped = torch.sort(
+        (block + 0.0).flip(1), dim=1, stable=True
+    )  # flipped + stable: ties by descending column
     return (width - 1) - flipped, values[:, positions]
 
 
@@ -169,12 +177,15 @@ class SpaceTables:
         oracle's; once per space, as the truth does not change while it is composed)."""
         if "density" not in self._host:
             size = self.host("size")
-            self._host["density"] = self.host("false_negative").sum(2) / np.maximum(size - 1, 1)[:, None].astype(np.float64)
+            self._host["density"] = self.host("false_negative").sum(2) / np.maximum(size - 1, 1)[:, None].astype(
+                np.float64
+            )
         return self._host["density"]
 
 
-def false_negative_tables(truth: Callable[[torch.Tensor], torch.Tensor], spaces: Sequence[torch.Tensor], width: int,
-                          device: torch.device) -> torch.Tensor:
+def false_negative_tables(
+    truth: Callable[[torch.Tensor], torch.Tensor], spaces: Sequence[torch.Tensor], width: int, device: torch.device
+) -> torch.Tensor:
     """[S, W, W] bool from an oracle ``truth(pair_ids) -> [n, n]`` (image i truly described by caption j)
     for spaces of pair ids (padded to ``width``): symmetric, as the unified similarity is, so a candidate
     is a false negative of an anchor when either's caption truly describes the other's image."""
@@ -187,9 +198,16 @@ def false_negative_tables(truth: Callable[[torch.Tensor], torch.Tensor], spaces:
 
 
 @torch.no_grad()
-def space_tables(image: torch.Tensor, text: torch.Tensor, size: torch.Tensor, *, quantiles: int = 100,
-                 temperature: float = 1.0, features: Sequence[str] = ("softmax",),
-                 panel_bytes: int = PANEL_BYTES) -> SpaceTables:
+def space_tables(
+    image: torch.Tensor,
+    text: torch.Tensor,
+    size: torch.Tensor,
+    *,
+    quantiles: int = 100,
+    temperature: float = 1.0,
+    features: Sequence[str] = ("softmax",),
+    panel_bytes: int = PANEL_BYTES,
+) -> SpaceTables:
     """Sorted candidate orders and Ŝ for spaces of features ``image``/``text`` [S, W, D].
 
     Rows ``>= size[s]`` of space ``s`` are padding (their features are ignored). Each row's
@@ -209,16 +227,25 @@ def space_tables(image: torch.Tensor, text: torch.Tensor, size: torch.Tensor, *,
     workers = ThreadPoolExecutor(torch.get_num_threads()) if device.type == "cpu" else None
     try:
         for s in range(spaces):
-            _fill_space(order[s], s_hat[s], image[s].float(), text[s].float(), int(size[s]), inputs,
-                        panel_rows, workers)
+            _fill_space(
+                order[s], s_hat[s], image[s].float(), text[s].float(), int(size[s]), inputs, panel_rows, workers
+            )
     finally:
         if workers is not None:
             workers.shutdown()
     return SpaceTables(order, s_hat, size.to(device=device, dtype=torch.int64))
 
 
-def _fill_space(order: torch.Tensor, s_hat: torch.Tensor, image: torch.Tensor, text: torch.Tensor, n: int,
-                inputs: SchedulerFeatures, panel_rows: int, workers: ThreadPoolExecutor | None) -> None:
+def _fill_space(
+    order: torch.Tensor,
+    s_hat: torch.Tensor,
+    image: torch.Tensor,
+    text: torch.Tensor,
+    n: int,
+    inputs: SchedulerFeatures,
+    panel_rows: int,
+    workers: ThreadPoolExecutor | None,
+) -> None:
     """Fill one space's ``order`` [W, W] and ``s_hat`` [W, dim] (its first ``n`` rows are real), panel by panel."""
     width, quantiles = s_hat.shape[0], inputs.quantiles
     image_t, text_t = image.T.contiguous(), text.T.contiguous()
@@ -236,7 +263,7 @@ def _fill_space(order: torch.Tensor, s_hat: torch.Tensor, image: torch.Tensor, t
     for p0 in range(0, width, panel_rows):
         p1 = min(width, p0 + panel_rows)
         panel = torch.mm(image[p0:p1], text_t).addmm_(text[p0:p1], image_t)  # rows p0:p1 of S = I Tᵀ + T Iᵀ
-        positive = panel.diagonal(p0).clone()                                  # S_aa: the anchor's own pair
+        positive = panel.diagonal(p0).clone()  # S_aa: the anchor's own pair
         above = (panel[:, :n] > positive[:, None]).sum(1) if inputs.needs_positive else torch.zeros_like(positive)
         panel[:, n:] = float("inf")
         panel.diagonal(p0).fill_(float("inf"))
@@ -250,8 +277,8 @@ def _fill_space(order: torch.Tensor, s_hat: torch.Tensor, image: torch.Tensor, t
 
         def sort_block(r0: int) -> None:
             r1 = min(p1 - p0, r0 + step)
-            values = _sort_rows_cpu(rows[r0:r1], out[p0 + r0:p0 + r1], positions)
-            s_hat[p0 + r0:p0 + r1] = features(torch.from_numpy(values), positive[r0:r1], above[r0:r1])
+            values = _sort_rows_cpu(rows[r0:r1], out[p0 + r0 : p0 + r1], positions)
+            s_hat[p0 + r0 : p0 + r1] = features(torch.from_numpy(values), positive[r0:r1], above[r0:r1])
 
         for _ in workers.map(sort_block, range(0, p1 - p0, step)):
             pass
@@ -298,12 +325,25 @@ class QuantileSpaces:
             most similar, k = n^(1 - q)); :func:`quantile_position`.
     """
 
-    def __init__(self, pair_ids: Any, cache: EmbeddingCache, search_space_size: int, batch_size: int,
-                 generator: torch.Generator, *, drop_last: bool = False, level: str = "instance",
-                 quantiles: int = 100, temperature: float = 1.0, features: Sequence[str] = ("softmax",),
-                 sampler: str = "quantile", grouped: bool = False,
-                 truth: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                 credit_levels: Sequence[float] | None = None, scale: str = "linear"):
+    def __init__(
+        self,
+        pair_ids: Any,
+        cache: EmbeddingCache,
+        search_space_size: int,
+        batch_size: int,
+        generator: torch.Generator,
+        *,
+        drop_last: bool = False,
+        level: str = "instance",
+        quantiles: int = 100,
+        temperature: float = 1.0,
+        features: Sequence[str] = ("softmax",),
+        sampler: str = "quantile",
+        grouped: bool = False,
+        truth: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        credit_levels: Sequence[float] | None = None,
+        scale: str = "linear",
+    ):
         if level not in ("instance", "batch"):
             raise ValueError(f"level must be 'instance' or 'batch', got {level!r}")
         if scale not in QUANTILE_SCALES:
@@ -326,9 +366,11 @@ class QuantileSpaces:
         self.num_spaces = math.ceil(n / self.width) if n else 0
         rows = cache.rows(self.shuffled)
         if n and not bool(cache.written[rows].any()):
-            raise FalconError(f"embedding cache holds no features for any of the {n} pairs to compose; "
-                              "train an epoch (or load embeddings) before composing quantile batches")
-        self.current = -1          # index of the space being composed (one-at-a-time use)
+            raise FalconError(
+                f"embedding cache holds no features for any of the {n} pairs to compose; "
+                "train an epoch (or load embeddings) before composing quantile batches"
+            )
+        self.current = -1  # index of the space being composed (one-at-a-time use)
         self.available: torch.Tensor | None = None
         self.snapshot: tuple[torch.Tensor, torch.Tensor] | None = None
         self.tables: SpaceTables | None = None
@@ -340,7 +382,7 @@ class QuantileSpaces:
 
     def space_ids(self, s: int) -> torch.Tensor:
         """Pair ids of space ``s``, in position order."""
-        return self.shuffled[s * self.width: s * self.width + self.space_size(s)]
+        return self.shuffled[s * self.width : s * self.width + self.space_size(s)]
 
     def batches_in_space(self, s: int) -> int:
         """Batches space ``s`` yields (a short last one unless ``drop_last``)."""
@@ -365,11 +407,13 @@ class QuantileSpaces:
         return image, text, size
 
     def _tables(self, spaces: list[int], image: torch.Tensor, text: torch.Tensor, size: torch.Tensor) -> SpaceTables:
-        tables = space_tables(image, text, size, quantiles=self.quantiles, temperature=self.temperature,
-                              features=self.features)
+        tables = space_tables(
+            image, text, size, quantiles=self.quantiles, temperature=self.temperature, features=self.features
+        )
         if self.truth is not None:
-            tables.false_negative = false_negative_tables(self.truth, [self.space_ids(s) for s in spaces], self.width,
-                                                          image.device)
+            tables.false_negative = false_negative_tables(
+                self.truth, [self.space_ids(s) for s in spaces], self.width, image.device
+            )
         return tables
 
     # one space at a time (on demand) --------------------------------------------------------
@@ -395,8 +439,17 @@ class QuantileSpaces:
             if not following:
                 raise StopIteration("every search space of the epoch has been composed")
             self._enter(following[0])
-        columns, record = compose_round(self.tables, self.available, self.snapshot, source, self.batch_size, generator,
-                                        level=self.level, credit_levels=self.credit_levels, scale=self.scale)
+        columns, record = compose_round(
+            self.tables,
+            self.available,
+            self.snapshot,
+            source,
+            self.batch_size,
+            generator,
+            level=self.level,
+            credit_levels=self.credit_levels,
+            scale=self.scale,
+        )
         ids = self.space_ids(self.current)
         return _to_batch(columns, 0, ids, self.sampler), {k: v[0] for k, v in record.items()}
 
@@ -406,10 +459,15 @@ class QuantileSpaces:
 
     def state_dict(self) -> dict[str, Any]:
         """Position inside the epoch (the current space, what is still available, its feature snapshot)."""
-        return {"shuffled": self.shuffled, "current": self.current,
-                "available": None if self.available is None else self.available.cpu().clone(),
-                "snapshot": None if self.snapshot is None else tuple(t.cpu() for t in self.snapshot),
-                "width": self.width, "batch_size": self.batch_size, "level": self.level}
+        return {
+            "shuffled": self.shuffled,
+            "current": self.current,
+            "available": None if self.available is None else self.available.cpu().clone(),
+            "snapshot": None if self.snapshot is None else tuple(t.cpu() for t in self.snapshot),
+            "width": self.width,
+            "batch_size": self.batch_size,
+            "level": self.level,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`: the current space's tables are rebuilt from its snapshot."""
@@ -427,8 +485,14 @@ class QuantileSpaces:
             self.available = state["available"].to(device)
 
     # every space at once (fixed q) ----------------------------------------------------------
-    def compose_all(self, source: QSource, generator: torch.Generator, *, spaces_per_chunk: int | None = None,
-                    step_threads: int | None = 1) -> list[Batch]:
+    def compose_all(
+        self,
+        source: QSource,
+        generator: torch.Generator,
+        *,
+        spaces_per_chunk: int | None = None,
+        step_threads: int | None = 1,
+    ) -> list[Batch]:
         """Every batch of the epoch, spaces advancing together in chunks (for a fixed q, or a
         policy that does not change meanwhile). Batches are returned space by space.
 
@@ -439,7 +503,9 @@ class QuantileSpaces:
         per-slot columns of 2 spaces; ``benchmarks/scale_simulation.py``)."""
         out: list[Batch] = []
         if spaces_per_chunk is None:  # order table + features + a few W-rows per space
-            per_space = self.width * self.width * (2 if self.width < 32768 else 4) + self.width * (self.quantiles * 4 + 1024)
+            per_space = self.width * self.width * (2 if self.width < 32768 else 4) + self.width * (
+                self.quantiles * 4 + 1024
+            )
             spaces_per_chunk = max(1, COMPOSE_CHUNK_BYTES // per_space)
         for first in range(0, self.num_spaces, spaces_per_chunk):
             group = list(range(first, min(self.num_spaces, first + spaces_per_chunk)))
@@ -456,9 +522,18 @@ class QuantileSpaces:
                     active = torch.tensor([self._usable(available[i]) for i in range(len(group))])
                     if not active.any():
                         break
-                    columns, _ = compose_round(tables, available, (image, text), source, self.batch_size, generator,
-                                               level=self.level, active=active, alpha_beta=alpha_beta,
-                                               scale=self.scale)
+                    columns, _ = compose_round(
+                        tables,
+                        available,
+                        (image, text),
+                        source,
+                        self.batch_size,
+                        generator,
+                        level=self.level,
+                        active=active,
+                        alpha_beta=alpha_beta,
+                        scale=self.scale,
+                    )
                     for j, i in enumerate(active.nonzero().flatten().tolist()):
                         per_space[i].append(_to_batch(columns, j, self.space_ids(group[i]), self.sampler))
             for batches in per_space:
@@ -478,16 +553,30 @@ def _to_batch(columns: dict[str, torch.Tensor], j: int, ids: torch.Tensor, sampl
     local = columns["local"][j, :n].cpu()
     anchor = columns["anchor"][j, :n].cpu()
     anchor_ids = torch.where(anchor >= 0, ids[anchor.clamp(min=0)], torch.full_like(anchor, -1))
-    return Batch(ids[local], anchor_ids, *(columns[k][j, :n].float().cpu() for k in ("q", "alpha", "beta", "similarity", "rank")),
-                 sampler=sampler, **{k: columns[k][j, :n].float().cpu() for k in Batch.ORACLE_FIELDS})
+    return Batch(
+        ids[local],
+        anchor_ids,
+        *(columns[k][j, :n].float().cpu() for k in ("q", "alpha", "beta", "similarity", "rank")),
+        sampler=sampler,
+        **{k: columns[k][j, :n].float().cpu() for k in Batch.ORACLE_FIELDS},
+    )
 
 
 @torch.no_grad()
-def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[torch.Tensor, torch.Tensor],
-                  source: QSource, batch_size: int, generator: torch.Generator, *, level: str = "instance",
-                  active: torch.Tensor | None = None, alpha_beta: tuple[torch.Tensor, torch.Tensor] | None = None,
-                  credit_levels: np.ndarray | None = None,
-                  scale: str = "linear") -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+def compose_round(
+    tables: SpaceTables,
+    available: torch.Tensor,
+    features: tuple[torch.Tensor, torch.Tensor],
+    source: QSource,
+    batch_size: int,
+    generator: torch.Generator,
+    *,
+    level: str = "instance",
+    active: torch.Tensor | None = None,
+    alpha_beta: tuple[torch.Tensor, torch.Tensor] | None = None,
+    credit_levels: np.ndarray | None = None,
+    scale: str = "linear",
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """One batch from each active space (Algorithm 1), updating ``available`` [S, W] in place.
 
     Every active space must have a pair left. A policy runs once, on the Ŝ rows of every
@@ -521,12 +610,12 @@ def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[
     # steps, against a few here). The tables stay on the device for the similarity columns and the record.
     group_np = group.cpu().numpy()
     order_rows = tables.host("order").reshape(-1, width)  # row (space s, anchor j) at s * W + j
-    row_of = group_np * width                            # [a] first row of each active space
-    unselected = available[group]                        # [a, W] bool, True = not yet chosen
+    row_of = group_np * width  # [a] first row of each active space
+    unselected = available[group]  # [a, W] bool, True = not yet chosen
     avail = unselected.cpu().numpy().copy()
     spaces_np = np.arange(a)
     policy = source if callable(source) else None
-    if policy is not None and alpha_beta is None:        # α, β of every row that may become an anchor
+    if policy is not None and alpha_beta is None:  # α, β of every row that may become an anchor
         rows = unselected.nonzero(as_tuple=True)
         alpha_all = torch.ones(a, width, device=device)
         beta_all = torch.ones(a, width, device=device)
@@ -583,10 +672,10 @@ def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[
             if counterfactual and len(free):
                 level_pick[i, t] = candidates.take(free.take(quantile_position(credit_levels, len(free), scale)))
             if oracle is not None:  # the oracle's view (no effect on the choice): the last available true negative
-                fn = oracle[row_of[i] + last[i]]                                        # [W] by local index
+                fn = oracle[row_of[i] + last[i]]  # [W] by local index
                 if counterfactual and len(free):
                     level_fn[i, t] = fn.take(level_pick[i, t])
-                ordered_fn = fn.take(candidates.take(free))                             # by rank among the available
+                ordered_fn = fn.take(candidates.take(free))  # by rank among the available
                 true_negative = (~ordered_fn).nonzero()[0]
                 safe[i, t] = true_negative[-1] if len(true_negative) else -1
                 chosen_fn[i, t] = fn[chosen[i]]
@@ -601,20 +690,32 @@ def compose_round(tables: SpaceTables, available: torch.Tensor, features: tuple[
     def stacked(values: list[np.ndarray]) -> np.ndarray:  # [a, taken]
         return np.stack(values, 1) if values else np.empty((a, 0))
 
-    steps = {"n": left_np, "r": rank if policy is None else stacked(ranks),
-             "q": np.full_like(left_np, float(source)) if policy is None else stacked(qs),
-             "anchor": stacked(anchors).astype(np.int64), "chosen": stacked(chosens).astype(np.int64)}
+    steps = {
+        "n": left_np,
+        "r": rank if policy is None else stacked(ranks),
+        "q": np.full_like(left_np, float(source)) if policy is None else stacked(qs),
+        "anchor": stacked(anchors).astype(np.int64),
+        "chosen": stacked(chosens).astype(np.int64),
+    }
     if oracle is not None:  # rank of the last safe candidate (-1: none), and whether the pick is a false negative
         steps.update(safe=safe, chosen_fn=chosen_fn, fixed_fn=fixed_fn)
     if counterfactual:
         steps.update(level_pick=level_pick, level_fn=level_fn)
-    return _round_columns(tables, features, group_np, first, steps, batch_size, level,
-                          None if policy is None else (alpha_np, beta_np))
+    return _round_columns(
+        tables, features, group_np, first, steps, batch_size, level, None if policy is None else (alpha_np, beta_np)
+    )
 
 
-def _round_columns(tables: SpaceTables, features: tuple[torch.Tensor, torch.Tensor], group: np.ndarray,
-                   first: np.ndarray, steps: dict[str, np.ndarray], batch_size: int, level: str,
-                   alpha_beta: tuple[np.ndarray, np.ndarray] | None) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+def _round_columns(
+    tables: SpaceTables,
+    features: tuple[torch.Tensor, torch.Tensor],
+    group: np.ndarray,
+    first: np.ndarray,
+    steps: dict[str, np.ndarray],
+    batch_size: int,
+    level: str,
+    alpha_beta: tuple[np.ndarray, np.ndarray] | None,
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The per-slot columns (CPU tensors ``[a, B]``: the chain's results, read on the host) and the scheduler
     record (on the tables' device, where the scheduler learns) of a round, from its per-step arrays ``[a, taken]``."""
     device, (a,) = tables.s_hat.device, first.shape
@@ -625,10 +726,12 @@ def _round_columns(tables: SpaceTables, features: tuple[torch.Tensor, torch.Tens
     taken = go.shape[1]
     pad = batch_size - 1 - taken
 
-    def column(values: np.ndarray, fill: float, first_slot: float, dtype=np.float32) -> torch.Tensor:  # slot 0, steps, tail
+    def column(
+        values: np.ndarray, fill: float, first_slot: float, dtype=np.float32
+    ) -> torch.Tensor:  # slot 0, steps, tail
         out = np.full((a, batch_size), fill, dtype=dtype)
         out[:, 0] = first_slot
-        out[:, 1:1 + taken] = np.where(go, values, fill)
+        out[:, 1 : 1 + taken] = np.where(go, values, fill)
         return torch.from_numpy(out)
 
     nan = float("nan")
@@ -640,55 +743,82 @@ def _round_columns(tables: SpaceTables, features: tuple[torch.Tensor, torch.Tens
     pairs = torch.from_numpy(np.stack([(row_of + anchor).reshape(-1), (row_of + np.maximum(chosen, 0)).reshape(-1)]))
     image, text = (t.reshape(-1, t.shape[-1]) for t in features)
     left, right = pairs.to(image.device).unbind(0)
-    similarity = ((image[left].float() * text[right].float()).sum(-1)
-                  + (text[left].float() * image[right].float()).sum(-1)).view(a, taken) / 2
+    similarity = (
+        (image[left].float() * text[right].float()).sum(-1) + (text[left].float() * image[right].float()).sum(-1)
+    ).view(a, taken) / 2
     source_row = np.broadcast_to(first[:, None], (a, taken)) if level == "batch" else anchor
     if alpha_beta is not None:
         alpha, beta = (np.take_along_axis(t, source_row, 1) for t in alpha_beta)
     else:
         alpha = beta = np.full((a, taken), nan)
-    columns = {"local": column(chosen, -1, 0, np.int64), "anchor": column(anchor, -1, -1, np.int64),
-               "q": column(q, nan, nan, np.float64), "alpha": column(alpha, nan, nan), "beta": column(beta, nan, nan),
-               "similarity": column(similarity.float().cpu().numpy(), nan, nan), "rank": column(rank, nan, nan),
-               "length": torch.from_numpy(1 + go.sum(1))}
+    columns = {
+        "local": column(chosen, -1, 0, np.int64),
+        "anchor": column(anchor, -1, -1, np.int64),
+        "q": column(q, nan, nan, np.float64),
+        "alpha": column(alpha, nan, nan),
+        "beta": column(beta, nan, nan),
+        "similarity": column(similarity.float().cpu().numpy(), nan, nan),
+        "rank": column(rank, nan, nan),
+        "length": torch.from_numpy(1 + go.sum(1)),
+    }
     if "safe" in steps:  # the oracle's view: safe q (nearest rank r <-> q = r / (n - 1)), density, FN pick
         safe = steps["safe"].astype(np.float64)
         with np.errstate(invalid="ignore", divide="ignore"):
             safe_q = np.where(safe < 0, nan, np.where(n > 1, safe / np.maximum(n - 1, 1), 1.0))
-        density = tables.false_negative_density()[group]                                 # [a, W]
-        columns.update(safe_q=column(safe_q, nan, nan), anchor_fn_density=column(np.take_along_axis(density, anchor, 1), nan, nan),
-                       chosen_is_fn=column(steps["chosen_fn"], nan, nan),
-                       **{name: column(steps["fixed_fn"][:, :, k], nan, nan) for k, name in enumerate(FIXED_Q_FIELDS)})
+        density = tables.false_negative_density()[group]  # [a, W]
+        columns.update(
+            safe_q=column(safe_q, nan, nan),
+            anchor_fn_density=column(np.take_along_axis(density, anchor, 1), nan, nan),
+            chosen_is_fn=column(steps["chosen_fn"], nan, nan),
+            **{name: column(steps["fixed_fn"][:, :, k], nan, nan) for k, name in enumerate(FIXED_Q_FIELDS)},
+        )
     else:
         columns.update({k: torch.full((a, batch_size), nan) for k in Batch.ORACLE_FIELDS})
     columns["local"][:, 0] = torch.from_numpy(first)
     if alpha_beta is None or not taken:
-        record = {"s_hat": torch.empty(a, 0, m, device=device), "q": torch.empty(a, 0, dtype=torch.float64, device=device)}
+        record = {
+            "s_hat": torch.empty(a, 0, m, device=device),
+            "q": torch.empty(a, 0, dtype=torch.float64, device=device),
+        }
     elif level == "batch":  # the batch's one q, from its first pair's row
         rows = torch.from_numpy(row_of[:, 0] + first).to(device)
-        record = {"s_hat": tables.s_hat.view(-1, m)[rows][:, None],
-                  "q": torch.from_numpy(np.where(go[:, :1], q[:, :1], nan)).to(device)}
+        record = {
+            "s_hat": tables.s_hat.view(-1, m)[rows][:, None],
+            "q": torch.from_numpy(np.where(go[:, :1], q[:, :1], nan)).to(device),
+        }
     else:
         rows = torch.from_numpy((row_of + anchor).reshape(-1)).to(device)
-        record = {"s_hat": tables.s_hat.view(-1, m)[rows].view(a, taken, m),
-                  "q": torch.from_numpy(np.where(go, q, nan)).to(device)}
+        record = {
+            "s_hat": tables.s_hat.view(-1, m)[rows].view(a, taken, m),
+            "q": torch.from_numpy(np.where(go, q, nan)).to(device),
+        }
         if "level_pick" in steps:
             record.update(_level_record(features, row_of, anchor, steps["level_pick"], steps["level_fn"], device))
     return columns, record
 
 
-def _level_record(features: tuple[torch.Tensor, torch.Tensor], row_of: np.ndarray, anchor: np.ndarray,
-                  pick: np.ndarray, fn: np.ndarray, device: torch.device) -> dict[str, torch.Tensor]:
+def _level_record(
+    features: tuple[torch.Tensor, torch.Tensor],
+    row_of: np.ndarray,
+    anchor: np.ndarray,
+    pick: np.ndarray,
+    fn: np.ndarray,
+    device: torch.device,
+) -> dict[str, torch.Tensor]:
     """``scheduler_credit: levels``: the record's ``level_hardness`` ``[a, k, L]``, ``level_own`` ``[a, k]`` and
     ``level_fn`` ``[a, k, L]`` (see :func:`compose_round`) from the grid's picks ``pick`` (local, -1: not taken),
     one gather of the snapshot's features on their device."""
     image, text = (t.reshape(-1, t.shape[-1]) for t in features)
-    left = torch.from_numpy(row_of + anchor).to(image.device)                        # [a, k]
+    left = torch.from_numpy(row_of + anchor).to(image.device)  # [a, k]
     right = torch.from_numpy(row_of[..., None] + np.maximum(pick, 0)).to(image.device)  # [a, k, L]
     anchor_i, anchor_t = image[left].float(), text[left].float()
-    hardness = ((anchor_i[:, :, None] * text[right].float()).sum(-1)
-                + (anchor_t[:, :, None] * image[right].float()).sum(-1))
+    hardness = (anchor_i[:, :, None] * text[right].float()).sum(-1) + (anchor_t[:, :, None] * image[right].float()).sum(
+        -1
+    )
     missing = torch.from_numpy(pick < 0).to(image.device)
     own = torch.where(missing.all(-1), float("nan"), 2 * (anchor_i * anchor_t).sum(-1))
-    return {"level_hardness": hardness.masked_fill(missing, float("nan")).to(device), "level_own": own.to(device),
-            "level_fn": torch.from_numpy(np.where(pick < 0, np.nan, fn)).to(device)}
+    return {
+        "level_hardness": hardness.masked_fill(missing, float("nan")).to(device),
+        "level_own": own.to(device),
+        "level_fn": torch.from_numpy(np.where(pick < 0, np.nan, fn)).to(device),
+    }

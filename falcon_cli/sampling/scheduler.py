@@ -35,13 +35,28 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from falcon_cli.sampling.policy import RewardBaseline, SchedulerPolicy, beta_log_prob, build_policy_optimizer, reinforce_loss
+from falcon_cli.sampling.policy import (
+    RewardBaseline,
+    SchedulerPolicy,
+    beta_log_prob,
+    build_policy_optimizer,
+    reinforce_loss,
+)
 
-REWARDS: dict[str, tuple[str, ...]] = {"mlm": ("mlm",), "itg": ("itg",), "itc+itm": ("itc", "itm"),
-                                        "itc+itm+mlm": ("itc", "itm", "mlm"), "itc+itm+itg": ("itc", "itm", "itg"),
-                                        "caption": ("caption",), "itc": ("itc",), "itc+caption": ("itc", "caption"),
-                                        "alignment": ("alignment",), "positive_margin": (),
-                                        "positive_margin+itm": (), "positive_margin+oracle": ()}
+REWARDS: dict[str, tuple[str, ...]] = {
+    "mlm": ("mlm",),
+    "itg": ("itg",),
+    "itc+itm": ("itc", "itm"),
+    "itc+itm+mlm": ("itc", "itm", "mlm"),
+    "itc+itm+itg": ("itc", "itm", "itg"),
+    "caption": ("caption",),
+    "itc": ("itc",),
+    "itc+caption": ("itc", "caption"),
+    "alignment": ("alignment",),
+    "positive_margin": (),
+    "positive_margin+itm": (),
+    "positive_margin+oracle": (),
+}
 """Reward name -> the losses whose decrease is the reward (``alignment``: minus each pair's own image-text
 cosine, so its decrease is the rise of that cosine). ``positive_margin`` measures no loss: it is
 :func:`positive_margin_rewards` of the training forward's features; ``positive_margin+itm`` charges that
@@ -81,11 +96,14 @@ def level_loss(alpha: Tensor, beta: Tensor, grid: Tensor, advantage: Tensor) -> 
     all of it sits on the best one."""
     return -(level_weights(alpha, beta, grid) * advantage.to(alpha.dtype)).sum()
 
+
 BASELINES = ("none", "ema", "batch_mean")
 """What is subtracted from a reward before it multiplies a log-probability."""
 
 
-def positive_margin_rewards(image_feat: Tensor, text_feat: Tensor, overshoot: float = 1.0, margin: float = 0.0) -> Tensor:
+def positive_margin_rewards(
+    image_feat: Tensor, text_feat: Tensor, overshoot: float = 1.0, margin: float = 0.0
+) -> Tensor:
     """Per-slot rewards ``[b]`` of ``reward: positive_margin`` from a composed batch's features
     (``[b, D]``, L2-normalised, in slot order): how hard each chained pick is, as long as it stays
     below its anchor's own pair.
@@ -180,7 +198,7 @@ def pick_match(pair_probability: Tensor, b: int) -> Tensor:
     out = torch.zeros(b, dtype=torch.float32, device=pair_probability.device)
     if b > 1:
         p = pair_probability.detach().float()
-        out[1:] = (p[:b - 1] + p[b - 1:]) / 2
+        out[1:] = (p[: b - 1] + p[b - 1 :]) / 2
     return out
 
 
@@ -201,9 +219,9 @@ def step_rewards(per_slot: Tensor, steps: int, credit: str) -> Tensor:
     elif credit == "anchor":
         out[:taken] = per_slot[:taken]
     elif credit == "chosen":
-        out[:taken] = per_slot[1:taken + 1]
+        out[:taken] = per_slot[1 : taken + 1]
     elif credit == "pair":
-        out[:taken] = (per_slot[:taken] + per_slot[1:taken + 1]) / 2
+        out[:taken] = (per_slot[:taken] + per_slot[1 : taken + 1]) / 2
     else:
         raise ValueError(f"unknown credit {credit!r}; known: {', '.join(CREDITS)}")
     return out
@@ -231,22 +249,44 @@ class NegativeScheduler:
         grad_clip: clip the policy's gradient norm (None: no clipping, as the paper states).
     """
 
-    def __init__(self, *, quantiles: int = 100, hidden: int = 256, blocks: int = 2, lr: float = 1e-4,
-                 weight_decay: float = 0.01, reward: str = "mlm", reward_mode: str = "train",
-                 credit: str = "batch", baseline: str = "none", baseline_decay: float = 0.9, normalize: bool = False,
-                 entropy: float = 0.0, max_concentration: float | None = None, grad_clip: float | None = None,
-                 levels: int = 10, device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        *,
+        quantiles: int = 100,
+        hidden: int = 256,
+        blocks: int = 2,
+        lr: float = 1e-4,
+        weight_decay: float = 0.01,
+        reward: str = "mlm",
+        reward_mode: str = "train",
+        credit: str = "batch",
+        baseline: str = "none",
+        baseline_decay: float = 0.9,
+        normalize: bool = False,
+        entropy: float = 0.0,
+        max_concentration: float | None = None,
+        grad_clip: float | None = None,
+        levels: int = 10,
+        device: torch.device | str = "cpu",
+    ):
         if reward not in REWARDS:
             raise ValueError(f"unknown reward {reward!r}; known: {', '.join(REWARDS)}")
         if credit not in CREDITS or baseline not in BASELINES:
-            raise ValueError(f"credit must be one of {CREDITS} and baseline one of {BASELINES}; got {credit!r}, {baseline!r}")
+            raise ValueError(
+                f"credit must be one of {CREDITS} and baseline one of {BASELINES}; got {credit!r}, {baseline!r}"
+            )
         if baseline == "batch_mean" and credit == "batch":
-            raise ValueError("baseline 'batch_mean' needs a per-step credit (anchor, chosen or pair): with one reward "
-                             "per batch every advantage would be 0")
+            raise ValueError(
+                "baseline 'batch_mean' needs a per-step credit (anchor, chosen or pair): with one reward "
+                "per batch every advantage would be 0"
+            )
         if credit == "levels" and baseline != "none":
-            raise ValueError(f"credit 'levels' is its own baseline (each step's mean over the grid); got baseline {baseline!r}")
-        self.policy = SchedulerPolicy(quantiles=quantiles, hidden=hidden, blocks=blocks,
-                                      max_concentration=max_concentration).to(device)
+            raise ValueError(
+                f"credit 'levels' is its own baseline (each step's mean over the grid); got baseline {baseline!r}"
+            )
+        self.policy = SchedulerPolicy(
+            quantiles=quantiles, hidden=hidden, blocks=blocks, max_concentration=max_concentration
+        ).to(device)
         if _world() > 1:  # every rank starts from rank 0's φ (ranks seed differently), as DDP does for the model
             for p in self.policy.parameters():
                 dist.broadcast(p.data, src=0)
@@ -287,7 +327,7 @@ class NegativeScheduler:
             baseline = torch.zeros_like(rewards)
         advantage = rewards - baseline
         if self.scale is not None:
-            self.scale.update(float((advantage ** 2).mean()))
+            self.scale.update(float((advantage**2).mean()))
             advantage = advantage / max(self.scale.value, 1e-12) ** 0.5
         return advantage
 
@@ -310,11 +350,13 @@ class NegativeScheduler:
         if self.grid is not None:  # every level's pick scored for the same anchor: no sampled q in the gradient
             level = reward.detach().to(device).double()[used.to(device)]
             if level.shape != (k, len(self.grid)) or not torch.isfinite(level).all():
-                raise ValueError(f"credit 'levels' needs a finite reward per used step and level, [{k}, {len(self.grid)}]; "
-                                 f"got shape {tuple(level.shape)}")
+                raise ValueError(
+                    f"credit 'levels' needs a finite reward per used step and level, [{k}, {len(self.grid)}]; "
+                    f"got shape {tuple(level.shape)}"
+                )
             advantage = level - level.mean(-1, keepdim=True)
             if self.scale is not None:
-                self.scale.update(float((advantage ** 2).mean()) if k else 0.0)
+                self.scale.update(float((advantage**2).mean()) if k else 0.0)
                 advantage = advantage / max(self.scale.value, 1e-12) ** 0.5
             loss = level_loss(alpha, beta, self.grid, advantage)
             with torch.no_grad():
@@ -348,20 +390,29 @@ class NegativeScheduler:
             self.baseline.update(batch_reward)
         with torch.no_grad():
             concentration = float((alpha + beta).mean()) if k else float("nan")
-        return {"log_prob": float(log_prob.detach().sum()), "advantage": float(advantage.mean()) if k else 0.0,
-                "concentration": concentration, "rewards": rewards.cpu()}
+        return {
+            "log_prob": float(log_prob.detach().sum()),
+            "advantage": float(advantage.mean()) if k else 0.0,
+            "concentration": concentration,
+            "rewards": rewards.cpu(),
+        }
 
     def state_dict(self) -> dict[str, Any]:
-        return {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "baseline": self.baseline.state_dict() if self.baseline is not None else None,
-                "scale": self.scale.state_dict() if self.scale is not None else None}
+        return {
+            "policy": self.policy.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "baseline": self.baseline.state_dict() if self.baseline is not None else None,
+            "scale": self.scale.state_dict() if self.scale is not None else None,
+        }
 
     def running_state(self) -> dict[str, Any]:
         """The reward baseline's and the advantage scale's running values. Under torchrun they follow this rank's own
         rewards, so they differ between ranks (φ and its optimizer do not): checkpoints keep one per rank
         (:class:`~falcon_cli.sampling.falcon_step.FalconStep` saves them), or a resume would give every rank rank 0's."""
-        return {"baseline": self.baseline.state_dict() if self.baseline is not None else None,
-                "scale": self.scale.state_dict() if self.scale is not None else None}
+        return {
+            "baseline": self.baseline.state_dict() if self.baseline is not None else None,
+            "scale": self.scale.state_dict() if self.scale is not None else None,
+        }
 
     def load_running_state(self, state: dict[str, Any]) -> None:
         """Restore :meth:`running_state` (after :meth:`load_state_dict`, which restored rank 0's)."""
@@ -390,5 +441,3 @@ def progressive_q(epoch: int, epochs: int, start: float, end: float) -> float:
         return float(start)
     t = min(max((epoch - 1) / (epochs - 2), 0.0), 1.0)
     return float(start + (end - start) * t)
-
-

@@ -63,8 +63,13 @@ class SchedulerFeatures:
         """Whether the rows need the anchor's own similarity and how many candidates beat it."""
         return "positive" in self.names
 
-    def __call__(self, quantile_values: torch.Tensor, positive: torch.Tensor | None = None,
-                 above: torch.Tensor | None = None, candidates: int | torch.Tensor = 1) -> torch.Tensor:
+    def __call__(
+        self,
+        quantile_values: torch.Tensor,
+        positive: torch.Tensor | None = None,
+        above: torch.Tensor | None = None,
+        candidates: int | torch.Tensor = 1,
+    ) -> torch.Tensor:
         """Input rows ``[R, dim]`` (float32) from a block of anchors.
 
         Args:
@@ -87,7 +92,9 @@ class SchedulerFeatures:
                 parts.append(torch.cat([std, q[:, -1:] - q[:, :1]], 1))
             else:  # positive
                 if positive is None or above is None:
-                    raise ValueError("the 'positive' scheduler features need each anchor's own similarity and count above it")
+                    raise ValueError(
+                        "the 'positive' scheduler features need each anchor's own similarity and count above it"
+                    )
                 n = torch.as_tensor(candidates, dtype=torch.float32, device=q.device).clamp(min=1).expand(len(q))
                 count = above.float().to(q.device)
                 z = ((positive.float().to(q.device)[:, None] - mean) / scale).clamp(-Z_CLIP, Z_CLIP)

@@ -68,8 +68,16 @@ class ShardedCache:
         filling: the cache of next epoch's shard (the same object as ``reading`` when ``world == 1``).
     """
 
-    def __init__(self, pair_ids: Any, dim: int = 256, *, device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float16, rank: int = 0, world: int = 1):
+    def __init__(
+        self,
+        pair_ids: Any,
+        dim: int = 256,
+        *,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float16,
+        rank: int = 0,
+        world: int = 1,
+    ):
         if world < 1 or not 0 <= rank < world:
             raise ValueError(f"need 0 <= rank < world, got rank {rank}, world {world}")
         self.pair_ids = as_id_tensor(pair_ids).cpu()
@@ -98,9 +106,11 @@ class ShardedCache:
         shard_ids = torch.sort(as_id_tensor(shard).cpu()).values
         source, self.reading, self.filling = self.filling, None, None
         if source is not None and not self._full and not torch.equal(source.pair_ids.cpu(), shard_ids):
-            raise FalconError(f"embedding cache (rank {self.rank}): this epoch's shard ({len(shard_ids)} pairs) is not "
-                              f"the one the cache was filled for ({len(source)} pairs); the shard generator's state "
-                              "differs from the one that dealt it")
+            raise FalconError(
+                f"embedding cache (rank {self.rank}): this epoch's shard ({len(shard_ids)} pairs) is not "
+                f"the one the cache was filled for ({len(source)} pairs); the shard generator's state "
+                "differs from the one that dealt it"
+            )
         # The first epoch (nothing filled yet) gets no reading cache: nothing would read it (epoch 0 is uniform, or
         # composed from a warm start's own cache), and it would cost N / world rows (1.7 GiB at 14M pairs, world 8).
         self.reading = None if source is None else source if not self._full else self._copy(source, shard_ids)
@@ -148,12 +158,15 @@ class ShardedCache:
         counts = D.all_gather_cat(torch.tensor([len(stale)], dtype=torch.int64, device=self.device))
         chunk = max(1, HAND_OVER_ROWS // self.world)
         for start in range(0, int(counts.max()), chunk):
-            part = stale[start:start + chunk]
+            part = stale[start : start + chunk]
             ids = torch.full((chunk,), -1, dtype=torch.int64, device=self.device)  # -1: padding (ids are >= 0)
             image = torch.zeros(chunk, self.dim, dtype=self.dtype, device=self.device)
             text = torch.zeros_like(image)
-            ids[:len(part)], image[:len(part)], text[:len(part)] = \
-                reading.pair_ids[part], reading.image[part], reading.text[part]
+            ids[: len(part)], image[: len(part)], text[: len(part)] = (
+                reading.pair_ids[part],
+                reading.image[part],
+                reading.text[part],
+            )
             ids, image, text = D.all_gather_cat(ids), D.all_gather_cat(image), D.all_gather_cat(text)
             if not len(filling):
                 continue
@@ -180,8 +193,13 @@ class ShardedCache:
         writer, problem = None, None
         if main:
             try:
-                writer = EmbeddingsWriter(path, n=int(counts.sum()), dim=self.dim, attrs=attrs,
-                                          dtype="float16" if self.dtype == torch.float16 else "float32")
+                writer = EmbeddingsWriter(
+                    path,
+                    n=int(counts.sum()),
+                    dim=self.dim,
+                    attrs=attrs,
+                    dtype="float16" if self.dtype == torch.float16 else "float32",
+                )
             except Exception as exc:  # (said to every rank, which would otherwise wait in the gathers below)
                 problem = str(exc) or type(exc).__name__
         problem = D.broadcast_object(problem, 0)
@@ -193,12 +211,15 @@ class ShardedCache:
         offset = 0
         try:
             for start in range(0, int(counts.max()), chunk):
-                part = rows[start:start + chunk]
+                part = rows[start : start + chunk]
                 ids = torch.full((chunk,), -1, dtype=torch.int64, device=self.device)  # -1: padding
                 image = torch.zeros(chunk, self.dim, dtype=self.dtype, device=self.device)
                 text = torch.zeros_like(image)
-                ids[:len(part)], image[:len(part)], text[:len(part)] = \
-                    cache.pair_ids[part], cache.image[part], cache.text[part]
+                ids[: len(part)], image[: len(part)], text[: len(part)] = (
+                    cache.pair_ids[part],
+                    cache.image[part],
+                    cache.text[part],
+                )
                 gathered = []
                 for tensor in (ids, image, text):
                     parts = [torch.empty_like(tensor) for _ in range(self.world)] if main else None
@@ -207,8 +228,12 @@ class ShardedCache:
                 if main:
                     ids, image, text = gathered
                     keep = torch.nonzero(ids >= 0).flatten()
-                    writer.write(offset, image[keep].float().cpu().numpy(), text[keep].float().cpu().numpy(),
-                                 ids[keep].cpu().numpy())
+                    writer.write(
+                        offset,
+                        image[keep].float().cpu().numpy(),
+                        text[keep].float().cpu().numpy(),
+                        ids[keep].cpu().numpy(),
+                    )
                     offset += len(keep)
         except BaseException:
             if writer is not None:
@@ -244,7 +269,7 @@ class ShardedCache:
         if source is None:
             return cache
         for start in range(0, len(ids), SAVE_CHUNK_ROWS):
-            rows, found = source.lookup(cache.pair_ids[start:start + SAVE_CHUNK_ROWS])
+            rows, found = source.lookup(cache.pair_ids[start : start + SAVE_CHUNK_ROWS])
             mine = torch.nonzero(found).flatten() + start
             theirs = rows[found]
             cache.image[mine], cache.text[mine] = source.image[theirs], source.text[theirs]
@@ -255,10 +280,14 @@ class ShardedCache:
     def state_dict(self) -> dict[str, Any]:
         """This rank's caches (CPU tensors); both during an epoch, one between epochs."""
         same = self.reading is not None and self.reading is self.filling
-        return {"world": self.world, "full": self._full, "reading_is_filling": same,
-                "reading": None if self.reading is None or same else self.reading.state_dict(),
-                "filling": None if self.filling is None else self.filling.state_dict(),
-                "owned": None if self.owned is None else self.owned.cpu()}
+        return {
+            "world": self.world,
+            "full": self._full,
+            "reading_is_filling": same,
+            "reading": None if self.reading is None or same else self.reading.state_dict(),
+            "filling": None if self.filling is None else self.filling.state_dict(),
+            "owned": None if self.owned is None else self.owned.cpu(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`. Also takes the whole cache a checkpoint from before sharding holds (an
@@ -289,8 +318,10 @@ class ShardedCache:
         everyone = torch.sort(self.pair_ids).values
         position = torch.searchsorted(everyone, ids).clamp_(max=max(len(everyone) - 1, 0))
         if len(ids) and (not len(everyone) or bool((everyone[position] != ids).any())):
-            raise FalconError("embedding cache state: holds pair ids that are not in the dataset; was the checkpoint "
-                              "made on another dataset?")
+            raise FalconError(
+                "embedding cache state: holds pair ids that are not in the dataset; was the checkpoint "
+                "made on another dataset?"
+            )
         cache = self._empty(ids)
         cache.load_state_dict(state)
         return cache
@@ -304,7 +335,9 @@ def first_holder(shard_size: int, pairs: int, rank: int) -> torch.Tensor:
     return torch.arange(shard_size) < max(0, min(shard_size, pairs - rank * shard_size))
 
 
-def cache_bytes_per_rank(pairs: int, world: int, *, dim: int = 256, dtype: torch.dtype = torch.float16) -> dict[str, int]:
+def cache_bytes_per_rank(
+    pairs: int, world: int, *, dim: int = 256, dtype: torch.dtype = torch.float16
+) -> dict[str, int]:
     """What falcon's embedding cache costs one rank at ``pairs`` pairs and ``world`` ranks (bytes; no allocation).
 
     Returns:
@@ -328,9 +361,14 @@ def cache_bytes_per_rank(pairs: int, world: int, *, dim: int = 256, dtype: torch
     hand_over = 0 if world == 1 else (world + 1) * max(1, HAND_OVER_ROWS // world) * (features + 8 + 8 + 1)
     save_chunk = min(SAVE_CHUNK_ROWS, rows) * (features + 8)
     state_row = features + 8 + 2  # pair_ids, features, filled, written
-    return {"rows": rows, "device_bytes": device, "between_epochs_bytes": between,
-            "transient_bytes": max(hand_over, save_chunk), "checkpoint_host_bytes": caches * rows * state_row + owned,
-            "full_cache_bytes": pairs * (features + _ROW_TENSORS_BYTES)}
+    return {
+        "rows": rows,
+        "device_bytes": device,
+        "between_epochs_bytes": between,
+        "transient_bytes": max(hand_over, save_chunk),
+        "checkpoint_host_bytes": caches * rows * state_row + owned,
+        "full_cache_bytes": pairs * (features + _ROW_TENSORS_BYTES),
+    }
 
 
 __all__ = ["HAND_OVER_ROWS", "ShardedCache", "cache_bytes_per_rank", "first_holder"]

@@ -42,9 +42,18 @@ class WarmStart:
     cache: EmbeddingCache
 
 
-def load_warm_start(spaces_path: Path, embeddings_path: Path, pair_ids: torch.Tensor, *, rank: int = 0, world: int = 1,
-                    device: torch.device | str = "cpu", fingerprint: str | None = None,
-                    dataset: str = "this dataset", warn=print) -> WarmStart:
+def load_warm_start(
+    spaces_path: Path,
+    embeddings_path: Path,
+    pair_ids: torch.Tensor,
+    *,
+    rank: int = 0,
+    world: int = 1,
+    device: torch.device | str = "cpu",
+    fingerprint: str | None = None,
+    dataset: str = "this dataset",
+    warn=print,
+) -> WarmStart:
     """Read and check epoch 0 of ``spaces_path`` against the dataset's ``pair_ids``, and the features
     of ``embeddings_path`` that process ``rank`` of ``world`` composes from. Every problem is one
     :class:`FalconError` line naming the file.
@@ -55,25 +64,33 @@ def load_warm_start(spaces_path: Path, embeddings_path: Path, pair_ids: torch.Te
     every pair of the dataset has an embedding (8 B a pair: the file's ids), then reads its
     block's rows by ascending row in chunks of :data:`FILL_ROWS`."""
     if not Path(spaces_path).exists():
-        raise FalconError(f"pretrain.search_spaces: {spaces_path} not found; build it with `falcon build-search-spaces` "
-                          "(or chain build_search_spaces before pretrain and set pretrain.search_spaces=run)")
+        raise FalconError(
+            f"pretrain.search_spaces: {spaces_path} not found; build it with `falcon build-search-spaces` "
+            "(or chain build_search_spaces before pretrain and set pretrain.search_spaces=run)"
+        )
     table = read_table(spaces_path, SEARCH_SPACES)
     rows = table[table["epoch"] == 0]
     if rows.empty:
-        raise FalconError(f"{spaces_path}: no search spaces for epoch 0 (epochs {sorted(set(table['epoch']))}); "
-                          "build them with `falcon build-search-spaces`")
+        raise FalconError(
+            f"{spaces_path}: no search spaces for epoch 0 (epochs {sorted(set(table['epoch']))}); "
+            "build them with `falcon build-search-spaces`"
+        )
     expected = np.unique(pair_ids.cpu().numpy())
     present = np.sort(rows["pair_id"].to_numpy(dtype=np.int64))  # (unique per epoch: read_table checks it)
     if not np.array_equal(present, expected):
         missing, unknown = np.setdiff1d(expected, present).size, np.setdiff1d(present, expected).size
-        raise FalconError(f"{spaces_path}: the epoch-0 spaces do not cover this dataset's pairs ({missing} pairs in no "
-                          f"space, {unknown} unknown pair ids); build the spaces from this dataset's embeddings")
+        raise FalconError(
+            f"{spaces_path}: the epoch-0 spaces do not cover this dataset's pairs ({missing} pairs in no "
+            f"space, {unknown} unknown pair ids); build the spaces from this dataset's embeddings"
+        )
     rows = rows.sort_values(["space_id", "position"], kind="stable")
     sizes = np.unique(rows["space_id"].to_numpy(), return_counts=True)[1]
     width = int(sizes[0])
     if (sizes[:-1] != width).any() or sizes[-1] > width:
-        raise FalconError(f"{spaces_path}: epoch-0 spaces have sizes {sorted(set(sizes.tolist()))}; composers need every "
-                          "space at |M| pairs except a smaller last one (as build-search-spaces writes them)")
+        raise FalconError(
+            f"{spaces_path}: epoch-0 spaces have sizes {sorted(set(sizes.tolist()))}; composers need every "
+            "space at |M| pairs except a smaller last one (as build-search-spaces writes them)"
+        )
     order = torch.tensor(rows["pair_id"].to_numpy(dtype=np.int64))
     del table, rows
     block = shard_pair_ids(order, rank, world, None).numpy()  # exactly what EpochBatches composes epoch 0 from
@@ -86,15 +103,20 @@ def load_warm_start(spaces_path: Path, embeddings_path: Path, pair_ids: torch.Te
         file_rows = _rows_of(embeddings.pair_id, by_id, expected)
         if (file_rows < 0).any():
             absent = expected[file_rows < 0]
-            raise FalconError(f"{embeddings_path}: no embedding for {absent.size} of the dataset's pairs (e.g. pair_id "
-                              f"{absent[0]}); embed this dataset, or set search_spaces.embeddings to its embeddings.h5")
+            raise FalconError(
+                f"{embeddings_path}: no embedding for {absent.size} of the dataset's pairs (e.g. pair_id "
+                f"{absent[0]}); embed this dataset, or set search_spaces.embeddings to its embeddings.h5"
+            )
         take = np.sort(_rows_of(embeddings.pair_id, by_id, block))  # ascending: the file is read front to back
         cache = EmbeddingCache(torch.from_numpy(embeddings.pair_id[take]), dim=embeddings.dim, device=device)
         for start in range(0, take.size, FILL_ROWS):
-            chunk = take[start:start + FILL_ROWS]
+            chunk = take[start : start + FILL_ROWS]
             image, text = embeddings.take(chunk)
-            cache.update(torch.from_numpy(embeddings.pair_id[chunk]).to(device), torch.from_numpy(image).to(device),
-                         torch.from_numpy(text).to(device))
+            cache.update(
+                torch.from_numpy(embeddings.pair_id[chunk]).to(device),
+                torch.from_numpy(image).to(device),
+                torch.from_numpy(text).to(device),
+            )
     return WarmStart(order=order, width=width, cache=cache)
 
 

@@ -63,7 +63,8 @@ def test_a_full_disk_is_one_line_naming_the_artifact_and_keeps_the_old_one(tmp_p
         with atomic_open(target):
             raise ValueError("not a storage problem")
     assert "read-only file system; use a --run-dir on a writable disk" in str(
-        storage_error(OSError(errno.EROFS, "Read-only file system", "/ro/run")))
+        storage_error(OSError(errno.EROFS, "Read-only file system", "/ro/run"))
+    )
     wrapped = RuntimeError("writing the manifest failed")
     wrapped.__context__ = OSError(errno.EDQUOT, "Disk quota exceeded", "/q/run/metrics.jsonl")
     assert str(storage_error(wrapped)).startswith("/q/run/metrics.jsonl: disk quota exceeded")
@@ -79,8 +80,13 @@ def small_mount(tmp_path):
     def mount(options: str, size: str = "2m"):
         point = tmp_path / f"mnt-{len(mounted)}"
         point.mkdir()
-        if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},{options}", "tmpfs", str(point)],
-                                               capture_output=True).returncode != 0:
+        if (
+            os.geteuid() != 0
+            or subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", f"size={size},{options}", "tmpfs", str(point)], capture_output=True
+            ).returncode
+            != 0
+        ):
             pytest.skip("cannot mount a tmpfs here")
         mounted.append(point)
         return point
@@ -93,9 +99,16 @@ def small_mount(tmp_path):
 def test_the_cli_says_disk_full_and_read_only_in_one_line(small_mount, tmp_path):
     from tests.conftest import run_cli
 
-    world = ["data.shapes.images=40", "data.tokenizer_vocab_size=200", "pretrain.epochs=1", "pretrain.batch_size=16",
-             "pretrain.search_space_size=48", "pretrain.num_workers=0", "pretrain.eval_split=null",
-             f"data.dataset={tmp_path / 'world'}"]
+    world = [
+        "data.shapes.images=40",
+        "data.tokenizer_vocab_size=200",
+        "pretrain.epochs=1",
+        "pretrain.batch_size=16",
+        "pretrain.search_space_size=48",
+        "pretrain.num_workers=0",
+        "pretrain.eval_split=null",
+        f"data.dataset={tmp_path / 'world'}",
+    ]
     full = small_mount("rw") / "run"
     proc = run_cli("pretrain", "--recipe", "shapes-demo", "--run-dir", full, *world)
     assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr, proc.stderr
@@ -115,14 +128,24 @@ def test_a_run_directory_has_one_writer_and_a_killed_one_leaves_no_lock(tmp_path
 
     run_dir = tmp_path / "run"
     RunDirectory.open(run_dir, config={"seed": 0}, seed=0).close()
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
         from falcon_cli.runtime.run_dir import acquire_lock
         acquire_lock(Path({str(run_dir)!r}))
         print("locked", flush=True)
         time.sleep(60)
-    """)], stdout=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         before = (run_dir / "manifest.json").read_bytes()
@@ -165,14 +188,23 @@ def test_a_finished_run_on_a_read_only_disk_gives_one_line_to_every_command(smal
 
     point = small_mount("rw", "200m")
     run_dir = point / "run"
-    world = ["data.shapes.images=40", "data.tokenizer_vocab_size=200", "pretrain.epochs=1", "pretrain.batch_size=16",
-             "pretrain.search_space_size=48", "pretrain.num_workers=0", "pretrain.eval_split=null",
-             f"data.dataset={tmp_path / 'world'}"]
+    world = [
+        "data.shapes.images=40",
+        "data.tokenizer_vocab_size=200",
+        "pretrain.epochs=1",
+        "pretrain.batch_size=16",
+        "pretrain.search_space_size=48",
+        "pretrain.num_workers=0",
+        "pretrain.eval_split=null",
+        f"data.dataset={tmp_path / 'world'}",
+    ]
     assert run_cli("pretrain", "--recipe", "shapes-demo", "--run-dir", run_dir, *world).returncode == 0
     assert subprocess.run(["mount", "-o", "remount,ro", str(point)], capture_output=True).returncode == 0
-    for args in (["pretrain", "--recipe", "shapes-demo", "--run-dir", run_dir, *world, "--resume"],
-                 ["evaluate", "retrieval", run_dir, "--false-negatives", "none"],
-                 ["audit-false-negatives", run_dir, "--judge", "oracle"]):
+    for args in (
+        ["pretrain", "--recipe", "shapes-demo", "--run-dir", run_dir, *world, "--resume"],
+        ["evaluate", "retrieval", run_dir, "--false-negatives", "none"],
+        ["audit-false-negatives", run_dir, "--judge", "oracle"],
+    ):
         proc = run_cli(*args)
         assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr, (args, proc.stderr)
         assert f"{run_dir}" in proc.stderr and "read-only file system" in proc.stderr, (args, proc.stderr)
@@ -197,8 +229,16 @@ def test_killed_writer_leaves_no_partial_artifact(tmp_path):
 
 
 def spaces_frame(n=6):
-    return pd.DataFrame({"pair_id": np.arange(n), "space_id": np.arange(n) // 3, "position": np.arange(n) % 3,
-                         "epoch": 1, "method": "random", "seed": 0})
+    return pd.DataFrame(
+        {
+            "pair_id": np.arange(n),
+            "space_id": np.arange(n) // 3,
+            "position": np.arange(n) % 3,
+            "epoch": 1,
+            "method": "random",
+            "seed": 0,
+        }
+    )
 
 
 def test_table_roundtrip_and_metadata(tmp_path):
@@ -230,7 +270,9 @@ def test_table_reader_names_file_and_problem(tmp_path):
         read_table(plain, SEARCH_SPACES)
     old = tmp_path / "old.parquet"
     table = pa.Table.from_pandas(spaces_frame(), schema=SEARCH_SPACES.arrow, preserve_index=False)
-    pq.write_table(table.replace_schema_metadata({b"falcon.schema": b"search_spaces", b"falcon.schema_version": b"0"}), old)
+    pq.write_table(
+        table.replace_schema_metadata({b"falcon.schema": b"search_spaces", b"falcon.schema_version": b"0"}), old
+    )
     with pytest.raises(FalconError, match=r"schema version 0, this falcon reads version 1"):
         read_table(old, SEARCH_SPACES)
     wrong = tmp_path / "wrong.parquet"
@@ -307,7 +349,6 @@ def test_embeddings_reader_validates(tmp_path):
         read_embeddings(tmp_path / "junk.h5")
 
 
-
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_open_embeddings_reads_rows_and_sorted_picks_as_read_embeddings_holds_them(tmp_path, monkeypatch, dtype):
     from falcon_cli.artifacts import embeddings as module
@@ -317,8 +358,14 @@ def test_open_embeddings_reads_rows_and_sorted_picks_as_read_embeddings_holds_th
     image, text = random_unit(500, 8, 0), random_unit(500, 8, 1)
     path = write_embeddings(tmp_path / "e.h5", image, text, np.arange(1000, 500, -1), ATTRS, dtype=dtype)
     whole = read_embeddings(path)
-    picks = [np.array([], dtype=np.int64), np.array([0]), np.array([499]), np.arange(500),
-             np.sort(np.random.default_rng(0).choice(500, 77, replace=False)), np.array([3, 3, 4, 200, 201, 499])]
+    picks = [
+        np.array([], dtype=np.int64),
+        np.array([0]),
+        np.array([499]),
+        np.arange(500),
+        np.sort(np.random.default_rng(0).choice(500, 77, replace=False)),
+        np.array([3, 3, 4, 200, 201, 499]),
+    ]
     with open_embeddings(path) as source:
         assert (source.n, source.dim, source.dtype) == (500, 8, np.dtype(dtype))
         assert source.pair_id.tolist() == whole.pair_id.tolist() and source.attrs == whole.attrs
@@ -363,7 +410,9 @@ def test_open_embeddings_validates_as_read_embeddings_and_checks_the_norms_it_re
 
 
 def test_run_directory_manifest(tmp_path):
-    run = RunDirectory.open(tmp_path / "run", config={"seed": 3, "data": {"dataset": "x"}}, seed=3, command=["falcon", "run"])
+    run = RunDirectory.open(
+        tmp_path / "run", config={"seed": 3, "data": {"dataset": "x"}}, seed=3, command=["falcon", "run"]
+    )
     (run.path / "out.txt").write_text("hello")
     run.add_artifact("out.txt", schema="text", schema_version=1)
     run.record_stage("data", start="t0", status="completed", result={"n": 1})

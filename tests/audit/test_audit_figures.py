@@ -40,9 +40,20 @@ def _rates() -> pd.DataFrame:
             for bucket, low, high in BUCKETS:
                 negatives = 200
                 rate = scale * (0.01 * (bucket + 1) + 0.003 * window)
-                rows.append({"kind": kind, "window": window, "first_step": 100 * window, "last_step": 100 * window + 99,
-                             "bucket": bucket, "hardness_low": low, "hardness_high": high, "negatives": negatives,
-                             "false_negatives": round(rate * negatives), "rate": rate})
+                rows.append(
+                    {
+                        "kind": kind,
+                        "window": window,
+                        "first_step": 100 * window,
+                        "last_step": 100 * window + 99,
+                        "bucket": bucket,
+                        "hardness_low": low,
+                        "hardness_high": high,
+                        "negatives": negatives,
+                        "false_negatives": round(rate * negatives),
+                        "rate": rate,
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -98,6 +109,7 @@ def test_fn_rate_by_q_missing_column_raises(tmp_path):
 
 # --------------------------------------------------------------------------- fn_after_filter
 
+
 def _curve() -> pd.DataFrame:
     rows = []
     for kind, fn_base in (("itm", 0.02), ("chain", 0.05)):
@@ -105,9 +117,17 @@ def _curve() -> pd.DataFrame:
             negatives = 1000
             kept = int(negatives * tau) if tau > 0.1 else 0
             fnk = int(kept * fn_base * tau)
-            rows.append({"kind": kind, "threshold": tau, "negatives": negatives, "kept": kept,
-                         "false_negatives_kept": fnk, "fn_ratio": fnk / kept if kept else np.nan,
-                         "removed_true_negatives": int((negatives - kept) * 0.75)})
+            rows.append(
+                {
+                    "kind": kind,
+                    "threshold": tau,
+                    "negatives": negatives,
+                    "kept": kept,
+                    "false_negatives_kept": fnk,
+                    "fn_ratio": fnk / kept if kept else np.nan,
+                    "removed_true_negatives": int((negatives - kept) * 0.75),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -139,7 +159,8 @@ def test_fn_after_filter_panels_and_values(tmp_path, captured):
         np.testing.assert_allclose(solid.get_xdata(), [0.1, 0.5, 0.9, 1.0])
         np.testing.assert_allclose(solid.get_ydata(), [100.0, 50.0, 10.0, 0.0])
         np.testing.assert_allclose(
-            dashed.get_ydata(), 100.0 * ref["removed_true_negatives"].to_numpy() / ref["negatives"].to_numpy())
+            dashed.get_ydata(), 100.0 * ref["removed_true_negatives"].to_numpy() / ref["negatives"].to_numpy()
+        )
 
 
 def test_fn_after_filter_empty_states_it(tmp_path, captured):
@@ -152,6 +173,7 @@ def test_fn_after_filter_empty_states_it(tmp_path, captured):
 
 # --------------------------------------------------------------------------- missed_examples
 
+
 def _examples(tmp_path, n_readable=3):
     colors = ["red", "green", "blue"]
     paths = []
@@ -162,10 +184,18 @@ def _examples(tmp_path, n_readable=3):
         paths.append(p)
     examples = []
     for i, p in enumerate(paths):
-        examples.append({"direction": "i2t" if i % 2 == 0 else "t2i", "anchor_image": paths[0],
-                         "anchor_caption": f"anchor caption {i}", "negative_image": p,
-                         "negative_caption": f"negative caption {i}", "score": 0.1 + i / 100,
-                         "judged_image": p, "judged_caption": f"a {colors[i]} square"})
+        examples.append(
+            {
+                "direction": "i2t" if i % 2 == 0 else "t2i",
+                "anchor_image": paths[0],
+                "anchor_caption": f"anchor caption {i}",
+                "negative_image": p,
+                "negative_caption": f"negative caption {i}",
+                "score": 0.1 + i / 100,
+                "judged_image": p,
+                "judged_caption": f"a {colors[i]} square",
+            }
+        )
     return examples
 
 
@@ -184,7 +214,9 @@ def test_missed_examples_grid_images_and_texts(tmp_path, captured):
     geometry = {ax.get_subplotspec().get_geometry()[:2] for ax in axes}
     assert geometry == {(3, 2)}  # ceil(5 / 2) rows of 2
     # The readable images are shown as loaded.
-    np.testing.assert_array_equal(axes[0].get_images()[0].get_array(), np.asarray(Image.open(examples[0]["judged_image"])))
+    np.testing.assert_array_equal(
+        axes[0].get_images()[0].get_array(), np.asarray(Image.open(examples[0]["judged_image"]))
+    )
     texts = _texts(fig)
     for ex in examples:
         assert any(f"\u201c{ex['judged_caption']}\u201d" in t for t in texts)
@@ -194,7 +226,9 @@ def test_missed_examples_grid_images_and_texts(tmp_path, captured):
     assert "True false negatives the judge missed (low p(match))" in texts
     # Unreadable images become placeholders, not failures.
     for ax in axes[3:]:
-        assert [t.get_text() for t in ax.texts if t.get_text() == UNREADABLE_IMAGE_MESSAGE] == [UNREADABLE_IMAGE_MESSAGE]
+        assert [t.get_text() for t in ax.texts if t.get_text() == UNREADABLE_IMAGE_MESSAGE] == [
+            UNREADABLE_IMAGE_MESSAGE
+        ]
     assert not any(t.get_text() == UNREADABLE_IMAGE_MESSAGE for ax in axes[:3] for t in ax.texts)
 
 
@@ -219,13 +253,23 @@ def test_missed_examples_empty_states_it(tmp_path, captured):
 
 # --------------------------------------------------------------------------- fn_rate_comparison
 
+
 def _run(kinds, scale, windows=(0, 1, 2)) -> pd.DataFrame:
     rows = []
     for kind in kinds:
         for window in reversed(windows):
             rate = scale * (0.01 + 0.002 * window) * (2 if kind == "itm" else 1)
-            rows.append({"kind": kind, "window": window, "first_step": 50 * window, "last_step": 50 * window + 49,
-                         "negatives": 500, "false_negatives": round(rate * 500), "rate": rate})
+            rows.append(
+                {
+                    "kind": kind,
+                    "window": window,
+                    "first_step": 50 * window,
+                    "last_step": 50 * window + 49,
+                    "negatives": 500,
+                    "false_negatives": round(rate * 500),
+                    "rate": rate,
+                }
+            )
     return pd.DataFrame(rows)
 
 

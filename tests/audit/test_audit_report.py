@@ -17,13 +17,19 @@ def judged(n: int = 400, seed: int = 0, oracle: bool = True) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
     score = rng.random(n)
     truth = rng.random(n) < 0.2 + 0.5 * score  # a judge that is informative but wrong often
-    return pd.DataFrame({
-        "kind": rng.choice(["chain", "itm"], n), "train_step": rng.integers(0, 50, n), "anchor": rng.integers(0, 99, n),
-        "direction": rng.choice(["i2t", "t2i"], n), "caption_pair": np.arange(n) % 150, "score": score,
-        "is_false_negative": score > 0.5,
-        "oracle": pd.array(truth if oracle else [None] * n, dtype="boolean"),
-        "caption_specificity": pd.array(rng.integers(1, 4, n) if oracle else [None] * n, dtype="Int64"),
-    })
+    return pd.DataFrame(
+        {
+            "kind": rng.choice(["chain", "itm"], n),
+            "train_step": rng.integers(0, 50, n),
+            "anchor": rng.integers(0, 99, n),
+            "direction": rng.choice(["i2t", "t2i"], n),
+            "caption_pair": np.arange(n) % 150,
+            "score": score,
+            "is_false_negative": score > 0.5,
+            "oracle": pd.array(truth if oracle else [None] * n, dtype="boolean"),
+            "caption_specificity": pd.array(rng.integers(1, 4, n) if oracle else [None] * n, dtype="Int64"),
+        }
+    )
 
 
 def test_truth_is_the_oracle_only_where_every_row_has_one():
@@ -55,7 +61,9 @@ def test_filter_curve_equals_a_direct_count(oracle):
         assert row.negatives == part.sum() and row.kept == kept.sum()
         assert row.false_negatives_kept == (kept & truth).sum()
         assert row.removed_true_negatives == (part & ~(audit["score"] <= row.threshold) & ~truth).sum()
-        assert (np.isnan(row.fn_ratio) and row.kept == 0) or row.fn_ratio == pytest.approx((kept & truth).sum() / kept.sum())
+        assert (np.isnan(row.fn_ratio) and row.kept == 0) or row.fn_ratio == pytest.approx(
+            (kept & truth).sum() / kept.sum()
+        )
     if not oracle:  # the judge measuring itself: above 0.5 nothing it flags is left
         assert (curve[curve["threshold"] <= 0.5]["false_negatives_kept"] == 0).all()
 
@@ -103,8 +111,19 @@ def test_markdown_shows_percentages_and_dashes():
 def test_comparison_reads_each_runs_summary(tmp_path):
     for name, rate in (("q1", 0.4), ("q0", 0.1)):
         (tmp_path / name / "audit").mkdir(parents=True)
-        summary = {"judge": "oracle:w", "overall": [{"kind": "chain", "negatives": 10, "false_negatives": int(rate * 10),
-                                                     "rate": rate, "oracle_false_negatives": int(rate * 10), "oracle_rate": rate}]}
+        summary = {
+            "judge": "oracle:w",
+            "overall": [
+                {
+                    "kind": "chain",
+                    "negatives": 10,
+                    "false_negatives": int(rate * 10),
+                    "rate": rate,
+                    "oracle_false_negatives": int(rate * 10),
+                    "oracle_rate": rate,
+                }
+            ],
+        }
         (tmp_path / name / "audit" / "summary.json").write_text(json.dumps(summary))
     table = comparison_table(read_summaries([tmp_path / "q1", tmp_path / "q0"]))
     assert list(table["run"]) == ["q1", "q0"] and list(table["rate"]) == [0.4, 0.1] and "oracle_rate" in table.columns

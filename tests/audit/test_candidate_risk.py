@@ -14,7 +14,7 @@ def reference(image_feat, text_feat, image_ids, truth, space_size, seed):
     order = torch.randperm(len(image_ids), generator=torch.Generator().manual_seed(seed)).numpy()
     out = {d: {r: [] for r in RANKS} for d in ("t2i", "i2t")}
     for start in range(0, len(order), space_size):
-        rows = order[start:start + space_size]
+        rows = order[start : start + space_size]
         distinct = []
         for r in rows:  # the first pair of each image in the space
             if image_ids[r] not in [image_ids[d] for d in distinct]:
@@ -22,8 +22,12 @@ def reference(image_feat, text_feat, image_ids, truth, space_size, seed):
         if len(distinct) < 2:
             continue
         sim = image_feat.float().numpy() @ text_feat.float().numpy().T
-        anchors = [("t2i", c, [(sim[i, c], truth[i, c]) for i in distinct if image_ids[i] != image_ids[c]]) for c in rows]
-        anchors += [("i2t", i, [(sim[i, c], truth[i, c]) for c in rows if image_ids[c] != image_ids[i]]) for i in distinct]
+        anchors = [
+            ("t2i", c, [(sim[i, c], truth[i, c]) for i in distinct if image_ids[i] != image_ids[c]]) for c in rows
+        ]
+        anchors += [
+            ("i2t", i, [(sim[i, c], truth[i, c]) for c in rows if image_ids[c] != image_ids[i]]) for i in distinct
+        ]
         for direction, _, candidates in anchors:
             ranked = [t for _, t in sorted(candidates, key=lambda st: -st[0])]  # (ties: none with random features)
             for rank, k in (("top-1", 0), ("top-10", 9), ("median", (len(ranked) - 1) // 2)):
@@ -43,8 +47,10 @@ def test_candidate_risk_matches_a_loop_over_anchors(space_size):
     text_feat = torch.randn(60, 8, generator=gen)
     truth_by_image = torch.rand(images, 60, generator=gen).numpy() < 0.3
     truth_by_image[image_ids, np.arange(60)] = True
-    truth = truth_by_image[image_ids]                                   # rows of a shared image are equal
-    got = candidate_risk(image_feat, text_feat, image_ids, lambda rows: truth[rows][:, rows], space_size=space_size, seed=3)
+    truth = truth_by_image[image_ids]  # rows of a shared image are equal
+    got = candidate_risk(
+        image_feat, text_feat, image_ids, lambda rows: truth[rows][:, rows], space_size=space_size, seed=3
+    )
     want = reference(image_feat, text_feat, image_ids, truth, space_size, 3)
     for direction in ("t2i", "i2t", "both"):
         for rank in RANKS:
@@ -57,9 +63,11 @@ def test_candidate_risk_matches_a_loop_over_anchors(space_size):
 def test_hard_candidates_that_are_true_matches_show_as_rising_risk():
     """A model whose most similar candidates are the true ones (the premise): top-1 far riskier than random."""
     gen = torch.Generator().manual_seed(1)
-    groups = torch.arange(40) % 4                                   # 4 kinds of scene; a caption fits its kind
+    groups = torch.arange(40) % 4  # 4 kinds of scene; a caption fits its kind
     truth = (groups[:, None] == groups[None, :]).numpy()
     image_feat = torch.nn.functional.one_hot(groups, 4).float() + 0.1 * torch.randn(40, 4, generator=gen)
     text_feat = torch.nn.functional.one_hot(groups, 4).float() + 0.1 * torch.randn(40, 4, generator=gen)
-    risk = candidate_risk(image_feat, text_feat, np.arange(40), lambda rows: truth[rows][:, rows], space_size=40)["both"]
+    risk = candidate_risk(image_feat, text_feat, np.arange(40), lambda rows: truth[rows][:, rows], space_size=40)[
+        "both"
+    ]
     assert risk["top-1"] == 1.0 and risk["random"] == pytest.approx(9 / 39) and risk["median"] == 0.0

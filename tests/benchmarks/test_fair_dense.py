@@ -14,7 +14,9 @@ from falcon_cli import method_rules as rules
 
 def test_tuning_plan_gives_every_method_its_two_candidates_once():
     plan = fair.tuning_plan()
-    assert [(m, v) for _, m, v in plan] == [(m, v) for m in ("glofnd", "mafa", "srcl", "diht") for v in rules.candidates(m)]
+    assert [(m, v) for _, m, v in plan] == [
+        (m, v) for m in ("glofnd", "mafa", "srcl", "diht") for v in rules.candidates(m)
+    ]
     assert len({arm for arm, _, _ in plan}) == len(plan) == 8  # the budget: two per method
     assert fair.tuning_arm("srcl", 5.0) == "srcl-tune-5" and fair.tuning_arm("glofnd", 15) == "glofnd-tune-15"
     assert fair.needs("mafa") == fair.needs("srcl") == fair.BASE
@@ -27,7 +29,9 @@ def test_tuning_is_chosen_on_the_tuning_world_and_waits_for_every_candidate(tmp_
     def evaluated(method, value, i2t, t2i):
         run = fair.run_dir(tmp_path, fair.PRESET, fair.tuning_arm(method, value), rules.TUNING_SEED)
         (run / "results").mkdir(parents=True)
-        (run / "results" / "retrieval.json").write_text(json.dumps({"rows": [{"oracle_i2t_R@1": i2t, "oracle_t2i_R@1": t2i}]}))
+        (run / "results" / "retrieval.json").write_text(
+            json.dumps({"rows": [{"oracle_i2t_R@1": i2t, "oracle_t2i_R@1": t2i}]})
+        )
 
     evaluated("diht", 0.25, 60.0, 70.0)
     assert "diht" not in fair.tuning_results(tmp_path) and fair.tuned_value("diht", tmp_path) is None  # one of two
@@ -43,18 +47,36 @@ def _table():
     rows = []
     for seed, wobble in enumerate((-0.5, 0.0, 0.5)):
         base = 60.0 + seed
-        for method, shift in (("uniform-cpu", 0.0), ("uniform-c0", 1.0), ("glofnd-rule", 3.0 + wobble),
-                              ("uniform-oracle-itc", 8.0), ("uniform", -0.1)):
-            rows.append({"method": method, "seed": seed, "preset": "dense", "R@1": 17.0 + shift / 10,
-                         "oracle_R@1": base + shift, "rerank_oracle_R@1": 48.0 + shift, "itm_final": 0.63,
-                         "commit": "abc1234", "machine": "2 CPU cores (cpu, fp32)",
-                         "flags_flagged": 100.0, "flags_precision": 0.4, "flags_recall": 0.3})
+        for method, shift in (
+            ("uniform-cpu", 0.0),
+            ("uniform-c0", 1.0),
+            ("glofnd-rule", 3.0 + wobble),
+            ("uniform-oracle-itc", 8.0),
+            ("uniform", -0.1),
+        ):
+            rows.append(
+                {
+                    "method": method,
+                    "seed": seed,
+                    "preset": "dense",
+                    "R@1": 17.0 + shift / 10,
+                    "oracle_R@1": base + shift,
+                    "rerank_oracle_R@1": 48.0 + shift,
+                    "itm_final": 0.63,
+                    "commit": "abc1234",
+                    "machine": "2 CPU cores (cpu, fp32)",
+                    "flags_flagged": 100.0,
+                    "flags_precision": 0.4,
+                    "flags_recall": 0.3,
+                }
+            )
     return pd.DataFrame(rows)
 
 
 def test_report_states_the_noise_the_control_and_each_methods_share_of_its_ceiling():
-    lines = fair.report_lines(_table(), {"glofnd": {"key": "pretrain.glofnd.start_epoch", "value": 15,
-                                                     "runs": {15: 60.1, 19: 59.0}}}, "cmd")
+    lines = fair.report_lines(
+        _table(), {"glofnd": {"key": "pretrain.glofnd.start_epoch", "value": 15, "runs": {15: 60.1, 19: 59.0}}}, "cmd"
+    )
     text = "\n".join(lines)
     device = next(line for line in lines if line.startswith("*The device's own effect*"))
     assert "+0.10 [+0.10, +0.10]" in device and "Within ±0.5" in device  # CPU − H200: the ledger's arms stand in
@@ -72,7 +94,9 @@ def test_report_states_the_noise_the_control_and_each_methods_share_of_its_ceili
 def test_report_without_the_device_check_subtracts_no_h200_ceiling():
     table = _table()
     table.loc[table["method"] == "uniform", "oracle_R@1"] += [2.0, -1.5, 3.0]  # the device moves uniform a lot
-    table = pd.concat([table, table[table["method"] == "uniform"].assign(**{"method": "uniform-oracle", "oracle_R@1": 70.0})])
+    table = pd.concat(
+        [table, table[table["method"] == "uniform"].assign(**{"method": "uniform-oracle", "oracle_R@1": 70.0})]
+    )
     mafa = table[table["method"] == "glofnd-rule"].assign(method="mafa-rule")
     lines = fair.report_lines(pd.concat([table, mafa]), {}, "cmd")
     assert any("Not within ±0.5" in line for line in lines)
@@ -101,11 +125,17 @@ def test_same_numbers_finds_a_moved_loss_and_ignores_timing_paths_and_curve_spac
     def run(name, loss, curve_epochs, seconds):
         path = tmp_path / name
         (path / "results").mkdir(parents=True)
-        records = [{"step": 25, "epoch": 0, "loss": 5.0, "pairs_per_s": seconds}, {"step": 50, "epoch": 1, "loss": loss}]
+        records = [
+            {"step": 25, "epoch": 0, "loss": 5.0, "pairs_per_s": seconds},
+            {"step": 50, "epoch": 1, "loss": loss},
+        ]
         records += [{"kind": "zero_shot", "epoch": e, "step": 25 * (e + 1), "i2t_R@1": 10.0 + e} for e in curve_epochs]
         (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-        (path / "results" / "retrieval.json").write_text(json.dumps(
-            {"meta": {"checkpoint": str(path / "checkpoints")}, "rows": [{"R@1": 3.0, "checkpoint": str(path)}]}))
+        (path / "results" / "retrieval.json").write_text(
+            json.dumps(
+                {"meta": {"checkpoint": str(path / "checkpoints")}, "rows": [{"R@1": 3.0, "checkpoint": str(path)}]}
+            )
+        )
         return path
 
     every, third = run("every", 4.5, [0, 1], 40.0), run("third", 4.5, [1], 35.0)

@@ -24,7 +24,7 @@ def test_each_anchors_picks_are_the_nearest_rank_of_its_sorted_row():
     perm = torch.randperm(36, generator=torch.Generator().manual_seed(0))
     assert anchors.held_out.tolist() == [False] * 24 + [True] * 12
     for s in range(3):
-        members = perm[12 * s:12 * s + 12]
+        members = perm[12 * s : 12 * s + 12]
         sim = image[members] @ text[members].T + text[members] @ image[members].T
         fn = table[members][:, members] | table[members][:, members].T
         for a in range(12):
@@ -39,8 +39,26 @@ def test_each_anchors_picks_are_the_nearest_rank_of_its_sorted_row():
 def test_a_short_run_writes_its_table_and_report_block(tmp_path):
     report = tmp_path / "results.md"
     report.write_text("# Results\n")
-    assert harness.main(["--synthetic", "--updates", "20", "--seeds", "0", "1", "--credits", "levels", "chosen",
-                         "--out", str(tmp_path / "out"), "--report", str(report)]) == 0
+    assert (
+        harness.main(
+            [
+                "--synthetic",
+                "--updates",
+                "20",
+                "--seeds",
+                "0",
+                "1",
+                "--credits",
+                "levels",
+                "chosen",
+                "--out",
+                str(tmp_path / "out"),
+                "--report",
+                str(report),
+            ]
+        )
+        == 0
+    )
     frame = pd.read_csv(tmp_path / "out" / "frontier.csv")
     assert len(frame) == 4 and set(frame.credit) == {"levels", "chosen"}
     assert ((frame.gap_points - 100 * (frame.fn_rate - frame.frontier_fn_rate)).abs() < 1e-2).all()

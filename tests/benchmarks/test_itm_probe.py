@@ -18,7 +18,9 @@ from falcon_cli.models.bert import FusionEncoder, init_bert_weights  # noqa: E40
 from falcon_cli.models.config import AlbefConfig  # noqa: E402
 
 
-def synthetic_split(images: int, classes: int, *, linked: bool, seed: int = 0) -> tuple[SplitEmbeddings, list[list[int]]]:
+def synthetic_split(
+    images: int, classes: int, *, linked: bool, seed: int = 0
+) -> tuple[SplitEmbeddings, list[list[int]]]:
     """Each image shows one of ``classes`` (its tokens carry the class's vector plus noise) and has two captions whose
     tokens carry the class too (``linked``) or another, unrelated class (nothing links a caption to its image).
     ITC features: the class one-hot with noise, so the ITC-hardest other image usually shares the class."""
@@ -29,16 +31,31 @@ def synthetic_split(images: int, classes: int, *, linked: bool, seed: int = 0) -
     image_codes, text_codes = torch.randn(classes, width, generator=g), torch.randn(classes, width, generator=g)
     image_tokens = image_codes[label][:, None] + 0.3 * torch.randn(images, tokens, width, generator=g)
     text_tokens = text_codes[caption_label][:, None] + 0.3 * torch.randn(2 * images, length, width, generator=g)
-    onehot = lambda y: torch.nn.functional.normalize(torch.eye(classes)[y] + 0.1 * torch.randn(len(y), classes, generator=g), dim=-1)
-    e = SplitEmbeddings(image_tokens, onehot(label), text_tokens, torch.ones(2 * images, length, dtype=torch.long),
-                        onehot(caption_label))
+    onehot = lambda y: torch.nn.functional.normalize(
+        torch.eye(classes)[y] + 0.1 * torch.randn(len(y), classes, generator=g), dim=-1
+    )
+    e = SplitEmbeddings(
+        image_tokens,
+        onehot(label),
+        text_tokens,
+        torch.ones(2 * images, length, dtype=torch.long),
+        onehot(caption_label),
+    )
     return e, [[2 * i, 2 * i + 1] for i in range(images)]
 
 
 def fusion_and_head(seed: int = 0):
     torch.manual_seed(seed)
-    config = AlbefConfig(vision_width=16, vision_heads=2, text_width=16, text_heads=2, fusion_layers=1, intermediate_size=32,
-                         hidden_dropout=0.0, attention_dropout=0.0)
+    config = AlbefConfig(
+        vision_width=16,
+        vision_heads=2,
+        text_width=16,
+        text_heads=2,
+        fusion_layers=1,
+        intermediate_size=32,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+    )
     fusion = FusionEncoder(config)
     init_bert_weights(fusion)
     return fusion, torch.nn.Linear(16, 2)
@@ -50,8 +67,19 @@ def train_on_synthetic(linked: bool, negatives: str) -> tuple[list[dict], dict]:
     e, img2txt = synthetic_split(240, 6, linked=linked)
     fusion, head = fusion_and_head()
     held_out = itm_probe.probe_pairs(e.similarity(), img2txt, torch.arange(180, 240), torch.Generator().manual_seed(0))
-    curve = itm_probe.train_fusion(fusion, head, e, img2txt, torch.arange(180), held_out, steps=300, lr=3e-3, batch=32,
-                                   negatives=negatives, log=lambda line: None)
+    curve = itm_probe.train_fusion(
+        fusion,
+        head,
+        e,
+        img2txt,
+        torch.arange(180),
+        held_out,
+        steps=300,
+        lr=3e-3,
+        batch=32,
+        negatives=negatives,
+        log=lambda line: None,
+    )
     return curve, held_out
 
 
@@ -79,12 +107,18 @@ def test_the_harness_learns_nothing_when_captions_are_unrelated_to_their_image()
 
 
 def test_probe_pairs_take_the_first_caption_a_random_other_image_and_the_itc_hardest_one():
-    similarity = torch.tensor([[0.9, 0.1, 0.2, 0.0, 0.5, 0.0],
-                               [0.8, 0.0, 0.9, 0.0, 0.1, 0.0],
-                               [0.1, 0.0, 0.3, 0.0, 0.7, 0.0]])  # [images, texts]: image i's captions 2i, 2i + 1
-    pairs = itm_probe.probe_pairs(similarity, [[0, 1], [2, 3], [4, 5]], torch.arange(3), torch.Generator().manual_seed(0))
+    similarity = torch.tensor(
+        [[0.9, 0.1, 0.2, 0.0, 0.5, 0.0], [0.8, 0.0, 0.9, 0.0, 0.1, 0.0], [0.1, 0.0, 0.3, 0.0, 0.7, 0.0]]
+    )  # [images, texts]: image i's captions 2i, 2i + 1
+    pairs = itm_probe.probe_pairs(
+        similarity, [[0, 1], [2, 3], [4, 5]], torch.arange(3), torch.Generator().manual_seed(0)
+    )
     assert pairs["text"].tolist() == [0, 2, 4]
-    assert pairs["hardest"].tolist() == [1, 2, 0]  # caption 0: image 1 (0.8 > 0.1); caption 2: image 2 (0.3 > 0.2); caption 4: image 0
+    assert pairs["hardest"].tolist() == [
+        1,
+        2,
+        0,
+    ]  # caption 0: image 1 (0.8 > 0.1); caption 2: image 2 (0.3 > 0.2); caption 4: image 0
     assert (pairs["random"] != pairs["image"]).all()
 
 

@@ -14,9 +14,11 @@ from benchmarks import phase_sweep as sweep
 from tests.conftest import REPO
 
 
-CONFIG = {"data": {"shapes": {"images": 3000, "size": 32, "splits": {"train": 0.3, "test": 0.7}}},
-          "pretrain": {"epochs": 12, "batch_size": 64, "lr": 3e-4, "min_lr": 1e-5, "search_space_size": 500},
-          "unimodal": {"image_epochs": 12, "extra_images": 20000, "text_epochs": 20}}
+CONFIG = {
+    "data": {"shapes": {"images": 3000, "size": 32, "splits": {"train": 0.3, "test": 0.7}}},
+    "pretrain": {"epochs": 12, "batch_size": 64, "lr": 3e-4, "min_lr": 1e-5, "search_space_size": 500},
+    "unimodal": {"image_epochs": 12, "extra_images": 20000, "text_epochs": 20},
+}
 """The parts of a run's resolved config that the report's budget line reads."""
 
 
@@ -25,19 +27,47 @@ def _table(grit_minus_uniform: dict, seeds=range(5), dense_grit_minus_q05=(-2.0,
     for s in seeds:
         base = 20.0 + s  # seeds differ a lot; the paired differences do not
         for method, value in (("uniform", base), ("grit", base + grit_minus_uniform[s]), ("q05", base + 0.5)):
-            rows.append({"preset": "coco-like", "method": method, "seed": s, "R@1": value, "oracle_R@1": value + 5,
-                         "fn_rate_chain": float("nan") if method == "uniform" else 1.0, "q_fn_density_corr": None,
-                         "i2t_R@1_lo": value - 2, "i2t_R@1_hi": value + 2})
-        for method, value, chain in (("uniform", base, float("nan")), ("grit", base + dense_grit_minus_q05[s], 40.0 + s),
-                                     ("q05", base, 20.0)):
-            rows.append({"preset": "dense", "method": method, "seed": s, "R@1": value, "oracle_R@1": value + 5,
-                         "fn_rate_chain": chain, "q_fn_density_corr": None, "i2t_R@1_lo": value - 2, "i2t_R@1_hi": value + 2})
+            rows.append(
+                {
+                    "preset": "coco-like",
+                    "method": method,
+                    "seed": s,
+                    "R@1": value,
+                    "oracle_R@1": value + 5,
+                    "fn_rate_chain": float("nan") if method == "uniform" else 1.0,
+                    "q_fn_density_corr": None,
+                    "i2t_R@1_lo": value - 2,
+                    "i2t_R@1_hi": value + 2,
+                }
+            )
+        for method, value, chain in (
+            ("uniform", base, float("nan")),
+            ("grit", base + dense_grit_minus_q05[s], 40.0 + s),
+            ("q05", base, 20.0),
+        ):
+            rows.append(
+                {
+                    "preset": "dense",
+                    "method": method,
+                    "seed": s,
+                    "R@1": value,
+                    "oracle_R@1": value + 5,
+                    "fn_rate_chain": chain,
+                    "q_fn_density_corr": None,
+                    "i2t_R@1_lo": value - 2,
+                    "i2t_R@1_hi": value + 2,
+                }
+            )
     return pd.DataFrame(rows)
 
 
 def test_plan_keeps_a_seeds_methods_together_and_the_budgets_meet_the_noise_target():
     assert sweep.plan(["coco-like"], ["uniform", "grit"], [0, 1]) == [
-        ("coco-like", "uniform", 0), ("coco-like", "grit", 0), ("coco-like", "uniform", 1), ("coco-like", "grit", 1)]
+        ("coco-like", "uniform", 0),
+        ("coco-like", "grit", 0),
+        ("coco-like", "uniform", 1),
+        ("coco-like", "grit", 1),
+    ]
     cpu = sweep.BUDGETS["cpu"]
     test_images = round(cpu.images * cpu.splits["test"])
     assert test_images >= 2000 and 5 * test_images >= 10000  # the issue's size for a 0.5-point binomial std
@@ -53,13 +83,20 @@ def test_every_regime_trains_on_as_many_pairs_and_tests_on_the_same_split(budget
 
     def counts(world: ShapesConfig) -> tuple[int, int, int]:
         codes = assign_splits(world)
-        train = int((codes == SPLITS.index("train")).sum()) * (world.train_captions_per_image or world.captions_per_image)
+        train = int((codes == SPLITS.index("train")).sum()) * (
+            world.train_captions_per_image or world.captions_per_image
+        )
         return (train, *(int((codes == SPLITS.index(split)).sum()) for split in ("val", "test")))
 
     b = sweep.BUDGETS[budget]
-    sized = {preset: counts(ShapesConfig(preset=preset, images=images, splits=splits))
-             for preset in sweep.PRESETS for images, splits in [b.world_size(preset)]}
-    every_caption = counts(ShapesConfig(preset="coco-like", images=b.images, splits=b.splits, train_captions_per_image=None))
+    sized = {
+        preset: counts(ShapesConfig(preset=preset, images=images, splits=splits))
+        for preset in sweep.PRESETS
+        for images, splits in [b.world_size(preset)]
+    }
+    every_caption = counts(
+        ShapesConfig(preset="coco-like", images=b.images, splits=b.splits, train_captions_per_image=None)
+    )
     assert sized["coco-like"] == sized["medium"] == every_caption
     assert all(abs(x - y) <= 4 * 5 for x, y in zip(sized["coco-like"], sized["dense"]))
     assert b.world_size("dense") == (b.images, b.splits)
@@ -80,10 +117,10 @@ def test_paired_differences_against_a_hand_computation():
     mean = sum(diffs) / 5
     std = (sum((x - mean) ** 2 for x in diffs) / 4) ** 0.5
     assert d["mean"] == pytest.approx(mean) and d["std"] == pytest.approx(std) and d["seeds"] == 5
-    half = 2.7764451051977987 * std / 5 ** 0.5  # t(0.975, 4): the paired interval, not 2 std
+    half = 2.7764451051977987 * std / 5**0.5  # t(0.975, 4): the paired interval, not 2 std
     assert d["positive"] == 5 and d["per_seed"] == diffs and d["verdict"] == "higher"
     assert (d["lo"], d["hi"]) == pytest.approx((mean - half, mean + half))
-    assert d["t"] == pytest.approx(mean / (std / 5 ** 0.5)) and d["sign_p"] == pytest.approx(2 / 2 ** 5)
+    assert d["t"] == pytest.approx(mean / (std / 5**0.5)) and d["sign_p"] == pytest.approx(2 / 2**5)
     # A mean within 2 std of the differences but clear of zero by its paired interval: the old criterion missed it.
     wide = sweep.paired(_table({0: 0.2, 1: 2.0, 2: 1.0, 3: 1.6, 4: 1.2}), "coco-like", "grit", "uniform")
     assert wide["mean"] < 2 * wide["std"] and wide["lo"] > 0 and wide["verdict"] == "higher"
@@ -115,7 +152,9 @@ def test_the_gate_passes_only_when_both_halves_clear_zero_by_their_paired_interv
     assert passed is None and "not both run" in lines[-1]
     clear = _table({s: 1.0 + 0.1 * s for s in range(5)})
     passed, lines = sweep.gate(clear[clear["seed"] < 2])  # clear on two seeds, but two say too little
-    assert passed is None and all("no verdict before 5 paired seeds" in line for line in lines if not line.startswith("  "))
+    assert passed is None and all(
+        "no verdict before 5 paired seeds" in line for line in lines if not line.startswith("  ")
+    )
     noisy_table = _table(noisy)
     passed, lines = sweep.gate(noisy_table[noisy_table["preset"] == "coco-like"])
     assert passed is False and "fails" in lines[0]  # one failed half decides it, the other still missing
@@ -149,12 +188,20 @@ def test_summary_and_report_block(tmp_path):
     table.loc[uniform, "risk_median"], table.loc[uniform, "risk_random"] = 0.5, 0.3
     out = tmp_path / "sweep"
     (out / "worlds" / "coco-like").mkdir(parents=True)
-    (out / "worlds" / "coco-like" / "world.json").write_text(json.dumps({
-        "statistics": {"false_negative_density": {"train": {"pair_negative_fn_rate": 0.0024, "near_miss_fn_rate": 0.285}}},
-        "counts": {"images": {"test": 2025}, "captions": {"test": 10125}}}))
+    (out / "worlds" / "coco-like" / "world.json").write_text(
+        json.dumps(
+            {
+                "statistics": {
+                    "false_negative_density": {"train": {"pair_negative_fn_rate": 0.0024, "near_miss_fn_rate": 0.285}}
+                },
+                "counts": {"images": {"test": 2025}, "captions": {"test": 10125}},
+            }
+        )
+    )
     # Captions 0-2 describe 1, 2 and 4 test images: a perfect model finds its own image (1 + 1/2 + 1/4) / 3 of the time.
     pd.DataFrame({"image_id": [0, 1, 2, 3, 4, 5, 6], "caption_id": [0, 1, 1, 2, 2, 2, 2]}).to_parquet(
-        out / "worlds" / "coco-like" / "compatibility_test.parquet")
+        out / "worlds" / "coco-like" / "compatibility_test.parquet"
+    )
     table["itm_final"] = 0.6 + 0.01 * (table["method"] == "grit")
     assert "fixed-q frontier" not in "\n".join(sweep.summary_lines(table, out))  # no FALCON run: no frontier line
     q05 = table["method"] == "q05"
@@ -174,10 +221,18 @@ def test_summary_and_report_block(tmp_path):
     assert "**+1.04 [+0.90, +1.18]** (5/5 +)" in grit  # vs uniform: the paired interval excludes zero
     assert "| uniform | 5 | 22.0 ± 1.6 |" in text
     assert "hardest candidate is a true match 32.0 ± 1.6% of the time, the 10th hardest 10.0 ± 0.0%" in text
-    manifest = {"git": {"sha": "abcdef0123", "dirty": False}, "host": {"cpus": 16, "gpus": ["NVIDIA H200"]},
-                "config": CONFIG, "stages": {"pretrain": {"result": {"device": "cuda", "precision": "bf16"}}}}
+    manifest = {
+        "git": {"sha": "abcdef0123", "dirty": False},
+        "host": {"cpus": 16, "gpus": ["NVIDIA H200"]},
+        "config": CONFIG,
+        "stages": {"pretrain": {"result": {"device": "cuda", "precision": "bf16"}}},
+    }
     # (what run_row records from each run's manifest)
-    table["commit"], table["machine"], table["budget"] = "abcdef0", sweep.machine(manifest), sweep.budget_phrase(manifest)
+    table["commit"], table["machine"], table["budget"] = (
+        "abcdef0",
+        sweep.machine(manifest),
+        sweep.budget_phrase(manifest),
+    )
     table.to_csv(out / "results.csv", index=False)
     figure = sweep.figure(table, out)
     report = tmp_path / "docs" / "results.md"
@@ -188,16 +243,30 @@ def test_summary_and_report_block(tmp_path):
     assert "old" not in page and page.startswith("# Results\n\nbefore\n") and page.endswith("after\n")
     assert "**The gate** (the premise the papers start from): passed." in page and "`abcdef0`" in page
     assert "16 CPU cores, NVIDIA H200 (cuda, bf16), 2 runs at a time" in page  # where the runs trained
-    assert ("worlds of 3,000 images of 32 px (splits train 0.3, test 0.7); albef-tiny from the unimodal encoders (12 "
-            "image epochs on 20,000 extra scenes, 20 text epochs), 12 epochs of batch 64 at lr 0.0003 (cosine to 1e-05), "
-            "|M| 500") in page  # the budget the runs' manifests record
+    assert (
+        "worlds of 3,000 images of 32 px (splits train 0.3, test 0.7); albef-tiny from the unimodal encoders (12 "
+        "image epochs on 20,000 extra scenes, 20 text epochs), 12 epochs of batch 64 at lr 0.0003 (cosine to 1e-05), "
+        "|M| 500"
+    ) in page  # the budget the runs' manifests record
     assert (report.parent / "results" / "phase_diagram.png").is_file()
 
 
 def test_a_table_of_uniform_runs_alone_has_no_chain_column_and_no_verdict_yet(tmp_path):
     """The first pilot: uniform runs only, so no run has a chain false-negative rate (the column is absent)."""
-    table = pd.DataFrame([{"preset": "coco-like", "method": "uniform", "seed": 0, "R@1": 4.0, "oracle_R@1": 9.0,
-                           "q_fn_density_corr": None, "i2t_R@1_lo": 3.0, "i2t_R@1_hi": 6.0}])
+    table = pd.DataFrame(
+        [
+            {
+                "preset": "coco-like",
+                "method": "uniform",
+                "seed": 0,
+                "R@1": 4.0,
+                "oracle_R@1": 9.0,
+                "q_fn_density_corr": None,
+                "i2t_R@1_lo": 3.0,
+                "i2t_R@1_hi": 6.0,
+            }
+        ]
+    )
     assert sweep.paired(table, "dense", "grit", "q05", metric="fn_rate_chain") is None
     passed, lines = sweep.gate(table)
     assert passed is None and all("not both run" in line for line in lines)
@@ -228,17 +297,31 @@ def _finished_run(run, method: str, r1: float, reranked: float | None = None) ->
     re-ranked row at depth 8, every R@1 that value)."""
     (run / "results").mkdir(parents=True)
     (run / "audit").mkdir()
-    (run / "manifest.json").write_text(json.dumps({
-        "git": {"sha": "0123456789", "dirty": False}, "host": {"cpus": 2, "gpus": []},
-        "config": CONFIG,
-        "stages": {"pretrain": {"status": "completed", "start": "2026-11-26T00:00:00+00:00",
-                                "end": "2026-11-26T00:12:00+00:00", "result": {"device": "cpu", "precision": "fp32"}}}}))
+    (run / "manifest.json").write_text(
+        json.dumps(
+            {
+                "git": {"sha": "0123456789", "dirty": False},
+                "host": {"cpus": 2, "gpus": []},
+                "config": CONFIG,
+                "stages": {
+                    "pretrain": {
+                        "status": "completed",
+                        "start": "2026-11-26T00:00:00+00:00",
+                        "end": "2026-11-26T00:12:00+00:00",
+                        "result": {"device": "cpu", "precision": "fp32"},
+                    }
+                },
+            }
+        )
+    )
     metrics = ("i2t_R@1", "t2i_R@1", "oracle_i2t_R@1", "oracle_t2i_R@1")
     steps = [{"step": k, "epoch": k // 2, "itm": 0.7 - 0.01 * k} for k in range(4)]  # the last epoch: 0.68, 0.67
     rows = [{"scoring": "itc", **{k: r1 for k in metrics}}]
     rows += [{"scoring": "itc+itm@8", **{k: reranked for k in metrics}}] if reranked is not None else []
     (run / "results" / "retrieval.json").write_text(json.dumps({"rows": rows}))
-    overall = [{"kind": "all", "oracle_rate": 0.05}] + ([{"kind": "chain", "oracle_rate": 0.1}] if method != "uniform" else [])
+    overall = [{"kind": "all", "oracle_rate": 0.05}] + (
+        [{"kind": "chain", "oracle_rate": 0.1}] if method != "uniform" else []
+    )
     (run / "audit" / "summary.json").write_text(json.dumps({"overall": overall}))
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
 
@@ -257,9 +340,22 @@ def test_collect_rebuilds_the_tables_and_report_from_runs_made_elsewhere_and_run
     report = tmp_path / "results.md"
     report.write_text("<!-- phase:begin -->\n<!-- phase:end -->\n")
     repo = Path(sweep.__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, str(repo / "benchmarks" / "phase_sweep.py"), "--out", str(out), "--gate",
-                           "--collect", "--report", str(report)], cwd=tmp_path, capture_output=True, text=True,
-                          env={"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin", "MPLBACKEND": "Agg"})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(repo / "benchmarks" / "phase_sweep.py"),
+            "--out",
+            str(out),
+            "--gate",
+            "--collect",
+            "--report",
+            str(report),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin", "MPLBACKEND": "Agg"},
+    )
     assert proc.returncode == 0, proc.stderr
     assert not (out / "worlds").exists() and not list((out / "logs").iterdir())  # nothing generated or run
     table = pd.read_csv(out / "results.csv")
@@ -268,8 +364,10 @@ def test_collect_rebuilds_the_tables_and_report_from_runs_made_elsewhere_and_run
     page = report.read_text()
     assert "| grit | 2 | 21.5 ± 0.7 |" in page and "**+1.00 [+1.00, +1.00]** (2/2 +)" in page
     assert "2 CPU cores (cpu, fp32); 4 runs" in page  # (no "runs at a time": collected, not run here)
-    assert ("top 8 ITC candidates re-ranked by the ITM head (ALBEF's evaluation): uniform 25.5 ± 0.7 (FN-aware 25.5 ± 0.7); "
-            "grit 24.5 ± 1.4 (FN-aware 24.5 ± 1.4, -1.00 [-7.35, +5.35] (0/2 +) against uniform)") in page
+    assert (
+        "top 8 ITC candidates re-ranked by the ITM head (ALBEF's evaluation): uniform 25.5 ± 0.7 (FN-aware 25.5 ± 0.7); "
+        "grit 24.5 ± 1.4 (FN-aware 24.5 ± 1.4, -1.00 [-7.35, +5.35] (0/2 +) against uniform)"
+    ) in page
     paired = pd.read_csv(out / "paired.csv")
     rerank = paired[(paired["metric"] == "rerank_R@1") & (paired["reference"] == "uniform")]
     assert rerank["per_seed"].tolist() == ["[-1.5, -0.5]"]  # grit - uniform, seed by seed
@@ -299,8 +397,11 @@ def test_on_a_world_with_near_misses_a_run_is_evaluated_again_for_them_while_its
     assert not sweep.evaluated(run, 8, world)
     assert sweep.evaluated(run, 8, tmp_path / "plain")  # (a world without families needs none)
     kinds = {"color": 2.0, "shape": 9.0, "size": 8.0, "move": 30.0, "swap": 51.0, "several": 10.0, "all": 14.0}
-    rows = [{"model": "pretrained", "scoring": scoring, "direction": direction, **kinds}
-            for scoring in ("itc", "itc+itm@8") for direction in ("i2t", "t2i")]
+    rows = [
+        {"model": "pretrained", "scoring": scoring, "direction": direction, **kinds}
+        for scoring in ("itc", "itc+itm@8")
+        for direction in ("i2t", "t2i")
+    ]
     (run / "results" / "near_misses.json").write_text(json.dumps({"meta": {}, "rows": rows}))
     assert sweep.evaluated(run, 8, world)
     summary = json.loads((run / "audit" / "summary.json").read_text())
@@ -311,7 +412,9 @@ def test_on_a_world_with_near_misses_a_run_is_evaluated_again_for_them_while_its
     assert row["near_miss_share"] == pytest.approx(15.0)  # weighted by rows
     # Evaluated again later, elsewhere: the row names the commit and machine that trained the run.
     manifest = json.loads((run / "manifest.json").read_text())
-    manifest["stages"]["pretrain"].update(git={"sha": "feedbeef00", "dirty": False}, host={"cpus": 16, "gpus": ["H200"]})
+    manifest["stages"]["pretrain"].update(
+        git={"sha": "feedbeef00", "dirty": False}, host={"cpus": 16, "gpus": ["H200"]}
+    )
     (run / "manifest.json").write_text(json.dumps(manifest))
     row = sweep.run_row("coco-like", "grit", 0, run)
     assert row["commit"] == "feedbee" and row["machine"] == "16 CPU cores, H200 (cpu, fp32)"
@@ -321,8 +424,13 @@ def test_near_miss_lines_give_each_methods_confusions_and_its_paired_difference_
     rows = []
     for seed in (0, 1):
         for method, swap in (("uniform", 50.0), ("grit", 48.0 - seed)):
-            row = {"preset": "coco-like", "method": method, "seed": seed, "R@1": 60.0,
-                   "near_miss_share": 4.0 if method == "uniform" else 20.0 + seed}
+            row = {
+                "preset": "coco-like",
+                "method": method,
+                "seed": seed,
+                "R@1": 60.0,
+                "near_miss_share": 4.0 if method == "uniform" else 20.0 + seed,
+            }
             for scoring, shift in (("itc", 0.0), ("rerank", -10.0)):
                 row.update({f"nm_{scoring}_t2i_{k}": 5.0 + shift for k in (*sweep.NEAR_MISS_KINDS, "all")})
                 row[f"nm_{scoring}_t2i_swap"] = swap + shift
@@ -330,7 +438,10 @@ def test_near_miss_lines_give_each_methods_confusions_and_its_paired_difference_
     rows.append({"preset": "dense", "method": "uniform", "seed": 0, "R@1": 17.0})
     table = pd.DataFrame(rows)
     lines = sweep.near_miss_lines(table, "coco-like")
-    assert "| uniform | 2 | 4.0 | 5.0 / -5.0 | 5.0 / -5.0 | 5.0 / -5.0 | 5.0 / -5.0 | 50.0 / 40.0 | 5.0 / -5.0 | 5.0 / -5.0 |" in lines
+    assert (
+        "| uniform | 2 | 4.0 | 5.0 / -5.0 | 5.0 / -5.0 | 5.0 / -5.0 | 5.0 / -5.0 | 50.0 / 40.0 | 5.0 / -5.0 | 5.0 / -5.0 |"
+        in lines
+    )
     assert "| grit | 2 | 20.5 | " in "\n".join(lines) and "47.5 / 37.5" in "\n".join(lines)
     grit = next(line for line in lines if line.startswith("- `grit` − `uniform`"))
     assert "swap ITC -2.50 [-8.85, +3.85] (0/2 +)" in grit and "swap re-ranked -2.50 [-8.85, +3.85] (0/2 +)" in grit
@@ -355,7 +466,9 @@ def test_each_method_keeps_its_colour_in_every_panel(tmp_path, monkeypatch):
     for method, colour in drawn:
         colours.setdefault(method, set()).add(colour)
     assert [m for m, _ in drawn].count("uniform") == 2 and [m for m, _ in drawn].count("grit") == 3
-    assert all(len(c) == 1 and None not in c for c in colours.values()) and len({*map(frozenset, colours.values())}) == 3
+    assert (
+        all(len(c) == 1 and None not in c for c in colours.values()) and len({*map(frozenset, colours.values())}) == 3
+    )
 
 
 def test_set_changes_budget_fields_with_their_types_and_names_a_bad_one():
@@ -363,9 +476,13 @@ def test_set_changes_budget_fields_with_their_types_and_names_a_bad_one():
     pilot = sweep.changed_budget(cpu, ["epochs=36", "min_lr=2e-5", "unimodal_seed=none", "lr=1e-4"])
     assert (pilot.epochs, pilot.min_lr, pilot.unimodal_seed, pilot.lr) == (36, 2e-5, None, 1e-4)
     assert (pilot.images, pilot.splits) == (cpu.images, cpu.splits) and sweep.changed_budget(cpu, []) == cpu
-    for bad, says in ((["epochs=x"], "'x' is not a int"), (["nope=1"], "FIELD one of images, epochs"),
-                      (["splits=1"], "FIELD one of"), (["epochs"], "expected FIELD=VALUE"),
-                      (["epochs=none"], "'none' is not a int")):
+    for bad, says in (
+        (["epochs=x"], "'x' is not a int"),
+        (["nope=1"], "FIELD one of images, epochs"),
+        (["splits=1"], "FIELD one of"),
+        (["epochs"], "expected FIELD=VALUE"),
+        (["epochs=none"], "'none' is not a int"),
+    ):
         with pytest.raises(SystemExit, match=says):
             sweep.changed_budget(cpu, bad)
 
@@ -386,13 +503,16 @@ def test_the_budgets_keep_every_word_of_a_coco_like_caption(tmp_path):
 
     from falcon_cli.data.shapes import ShapesConfig, generate_world
 
-    world = generate_world(ShapesConfig(preset="coco-like", images=240, size=24, paraphrase_prob=0.5), tmp_path / "w").out_dir
+    world = generate_world(
+        ShapesConfig(preset="coco-like", images=240, size=24, paraphrase_prob=0.5), tmp_path / "w"
+    ).out_dir
     captions = [c for entry in json.loads((world / "retrieval_test.json").read_text()) for c in entry["caption"]]
     longest = max(len(re.findall(r"\w+|[^\w\s]", c)) + 2 for c in captions)
     assert longest > 25  # (the check means something: the default limit would cut)
     for name in ("cpu", "gpu"):
         assert f"pretrain.max_text_length={sweep.BUDGETS[name].max_text_length}" in sweep.BUDGETS[name].run_overrides(
-            "coco-like", tmp_path, 0)
+            "coco-like", tmp_path, 0
+        )
         assert longest <= sweep.BUDGETS[name].max_text_length
 
 
@@ -402,9 +522,23 @@ def _collect(out, report, *extra, cwd):
     from pathlib import Path
 
     repo = Path(sweep.__file__).resolve().parents[1]
-    return subprocess.run([sys.executable, str(repo / "benchmarks" / "phase_sweep.py"), "--out", str(out), "--gate",
-                           "--collect", "--report", str(report), *extra], cwd=cwd, capture_output=True, text=True,
-                          env={"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin", "MPLBACKEND": "Agg"})
+    return subprocess.run(
+        [
+            sys.executable,
+            str(repo / "benchmarks" / "phase_sweep.py"),
+            "--out",
+            str(out),
+            "--gate",
+            "--collect",
+            "--report",
+            str(report),
+            *extra,
+        ],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin", "MPLBACKEND": "Agg"},
+    )
 
 
 def test_rows_of_runs_whose_directories_are_gone_join_the_tables(tmp_path):
@@ -441,8 +575,11 @@ def test_rows_from_another_world_or_budget_or_an_old_file_are_refused_in_one_lin
     assert len(sweep.merge_ledgers(mine, [good])) == 2
     stale = tmp_path / "stale.csv"
     pd.DataFrame([{**row, "world": "bbbbbbbbbbbb"}]).to_csv(stale, index=False)
-    with pytest.raises(SystemExit, match=r"coco-like uniform seed 0 ran on another world than grit seed 0 "
-                                         r"\(bbbbbbbbbbbb vs aaaaaaaaaaaa\)"):
+    with pytest.raises(
+        SystemExit,
+        match=r"coco-like uniform seed 0 ran on another world than grit seed 0 "
+        r"\(bbbbbbbbbbbb vs aaaaaaaaaaaa\)",
+    ):
         sweep.merge_ledgers(mine, [stale])
     other_budget = tmp_path / "budget.csv"
     pd.DataFrame([{**row, "budget": "C"}]).to_csv(other_budget, index=False)
@@ -462,13 +599,21 @@ def test_rows_from_another_world_or_budget_or_an_old_file_are_refused_in_one_lin
 def test_the_budget_names_the_unimodal_clip_so_rows_from_unclipped_encoders_do_not_pair_with_clipped_ones(tmp_path):
     """Runs from before `unimodal.grad_clip` existed (or with it off) keep their phrase; clipped ones differ, and
     a ledger mixing them is refused."""
+
     def phrase(**unimodal):
         config = {**CONFIG, "unimodal": {**CONFIG["unimodal"], **unimodal}}
         return sweep.budget_phrase({"config": config})
 
     assert phrase() == phrase(grad_clip=None) and "clipped" not in phrase()
     assert "20 text epochs, gradient norm clipped to 1)" in phrase(grad_clip=1.0)
-    row = {"preset": "coco-like", "method": "uniform", "seed": 1, "R@1": 20.0, "world": "aaaaaaaaaaaa", "budget": phrase()}
+    row = {
+        "preset": "coco-like",
+        "method": "uniform",
+        "seed": 1,
+        "R@1": 20.0,
+        "world": "aaaaaaaaaaaa",
+        "budget": phrase(),
+    }
     ledger = tmp_path / "unclipped.csv"
     pd.DataFrame([row]).to_csv(ledger, index=False)
     clipped = [{**row, "seed": 0, "budget": phrase(grad_clip=1.0)}]
@@ -482,8 +627,17 @@ def test_the_world_fingerprint_tells_a_changed_preset_apart(tmp_path):
     from falcon_cli.data.shapes import ShapesConfig, generate_world
 
     now = generate_world(ShapesConfig(preset="coco-like", images=40, size=24), tmp_path / "now").out_dir
-    before = generate_world(ShapesConfig(preset="coco-like", images=40, size=24, scene_captions=0, train_captions_per_image=None,
-                                         caption_mix={"position": 1, "relation": 3, "full": 1}), tmp_path / "before").out_dir
+    before = generate_world(
+        ShapesConfig(
+            preset="coco-like",
+            images=40,
+            size=24,
+            scene_captions=0,
+            train_captions_per_image=None,
+            caption_mix={"position": 1, "relation": 3, "full": 1},
+        ),
+        tmp_path / "before",
+    ).out_dir
     prints = [sweep.world_fingerprint({"config": {"data": {"dataset": str(w)}}}) for w in (now, before, now)]
     assert prints[0] == prints[2] != prints[1] and len(prints[0]) == 12
     assert sweep.world_fingerprint({"config": {"data": {"dataset": str(tmp_path / "gone")}}}) == "unknown"
@@ -513,14 +667,29 @@ def test_the_diagnostic_arm_runs_only_when_named():
 
 
 def _zero_shot(epoch: int, i2t: float, t2i: float) -> dict:
-    return {"step": 10 * (epoch + 1), "epoch": epoch, "kind": "zero_shot", "i2t_R@1": i2t, "i2t_R@1_lo": i2t - 2,
-            "i2t_R@1_hi": i2t + 2, "t2i_R@1": t2i, "t2i_R@1_lo": t2i - 1, "t2i_R@1_hi": t2i + 1}
+    return {
+        "step": 10 * (epoch + 1),
+        "epoch": epoch,
+        "kind": "zero_shot",
+        "i2t_R@1": i2t,
+        "i2t_R@1_lo": i2t - 2,
+        "i2t_R@1_hi": i2t + 2,
+        "t2i_R@1": t2i,
+        "t2i_R@1_lo": t2i - 1,
+        "t2i_R@1_hi": t2i + 1,
+    }
 
 
 def test_a_runs_curve_counts_epochs_from_one_and_a_resumed_runs_repeated_record_once(tmp_path):
-    records = [{"step": 1, "epoch": 0, "itm": 0.6}, {"step": 2, "epoch": 0, "itm": 0.4}, _zero_shot(0, 30.0, 20.0),
-               {"step": 3, "epoch": 1, "itm": 0.5}, _zero_shot(1, 40.0, 30.0),
-               _zero_shot(1, 44.0, 32.0), {"step": 3, "epoch": 1, "itm": 0.3}]  # (epoch 1 again, after a resume)
+    records = [
+        {"step": 1, "epoch": 0, "itm": 0.6},
+        {"step": 2, "epoch": 0, "itm": 0.4},
+        _zero_shot(0, 30.0, 20.0),
+        {"step": 3, "epoch": 1, "itm": 0.5},
+        _zero_shot(1, 40.0, 30.0),
+        _zero_shot(1, 44.0, 32.0),
+        {"step": 3, "epoch": 1, "itm": 0.3},
+    ]  # (epoch 1 again, after a resume)
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"torn')
     rows = sweep.curve_rows("coco-like", "grit", 3, tmp_path)
     assert [r["epoch"] for r in rows] == [1, 2]
@@ -541,13 +710,25 @@ def test_the_convergence_line_compares_the_last_quarter_of_epochs_with_the_one_b
     rows = []
     for seed, slope in ((0, 1.0), (1, 2.0)):
         for epoch in range(1, 9):  # 8 epochs: windows 5-6 and 7-8
-            rows.append({"preset": "coco-like", "method": "uniform", "seed": seed, "epoch": epoch, "R@1": slope * epoch})
-            rows.append({"preset": "coco-like", "method": "grit", "seed": seed, "epoch": epoch,
-                         "R@1": slope * epoch + (1.0 if seed == 0 else -0.5)})
+            rows.append(
+                {"preset": "coco-like", "method": "uniform", "seed": seed, "epoch": epoch, "R@1": slope * epoch}
+            )
+            rows.append(
+                {
+                    "preset": "coco-like",
+                    "method": "grit",
+                    "seed": seed,
+                    "epoch": epoch,
+                    "R@1": slope * epoch + (1.0 if seed == 0 else -0.5),
+                }
+            )
     (line,) = sweep.convergence_lines(pd.DataFrame(rows))
     # uniform rises by 2 (seed 0) and 4 (seed 1) points between the windows: mean 3, std 1.41
     assert line.startswith("`coco-like`: uniform's R@1 changed by +3.00 [-9.71, +15.71] points from epochs 5–6 to 7–8")
-    assert "after epoch 8: 12.0" in line and "GRIT − uniform over those last 2 epochs: +0.25 [-9.28, +9.78] (positive on 1 of 2 seeds)" in line
+    assert (
+        "after epoch 8: 12.0" in line
+        and "GRIT − uniform over those last 2 epochs: +0.25 [-9.28, +9.78] (positive on 1 of 2 seeds)" in line
+    )
     assert sweep.convergence_lines(pd.DataFrame(rows[:6])) == []  # (3 epochs: no quarter to compare)
 
 
@@ -610,20 +791,50 @@ def test_the_oracle_arms_say_what_the_false_negatives_cost_and_what_hardness_giv
     regime's block; a regime without the arms gets no such line."""
     rows = []
     for seed in (0, 1):
-        for method, fn_aware in (("uniform", 60.0), ("grit", 61.0), ("uniform-oracle", 70.0 + seed), ("grit-oracle", 73.0)):
-            rows.append({"preset": "dense", "method": method, "seed": seed, "R@1": 17.0 - 7 * ("oracle" in method),
-                         "oracle_R@1": fn_aware, "rerank_oracle_R@1": fn_aware + 10, "i2t_R@1_lo": 1.0, "i2t_R@1_hi": 3.0})
-    rows.append({"preset": "coco-like", "method": "uniform", "seed": 0, "R@1": 60.0, "oracle_R@1": 62.0,
-                 "i2t_R@1_lo": 1.0, "i2t_R@1_hi": 3.0})
+        for method, fn_aware in (
+            ("uniform", 60.0),
+            ("grit", 61.0),
+            ("uniform-oracle", 70.0 + seed),
+            ("grit-oracle", 73.0),
+        ):
+            rows.append(
+                {
+                    "preset": "dense",
+                    "method": method,
+                    "seed": seed,
+                    "R@1": 17.0 - 7 * ("oracle" in method),
+                    "oracle_R@1": fn_aware,
+                    "rerank_oracle_R@1": fn_aware + 10,
+                    "i2t_R@1_lo": 1.0,
+                    "i2t_R@1_hi": 3.0,
+                }
+            )
+    rows.append(
+        {
+            "preset": "coco-like",
+            "method": "uniform",
+            "seed": 0,
+            "R@1": 60.0,
+            "oracle_R@1": 62.0,
+            "i2t_R@1_lo": 1.0,
+            "i2t_R@1_hi": 3.0,
+        }
+    )
     table = pd.DataFrame(rows)
     lines = sweep.oracle_lines(table, "dense")
-    assert lines[2] == ("- `grit-oracle` − `grit` (every false negative kept out of ITC and ITM): FN-aware R@1 **+12.00 "
-                        "[+12.00, +12.00]** (2/2 +); R@1 **-7.00 [-7.00, -7.00]** (0/2 +); re-ranked FN-aware R@1 **+12.00 "
-                        "[+12.00, +12.00]** (2/2 +).")
-    assert lines[3].startswith("- `uniform-oracle` − `uniform` (every false negative kept out of ITC and ITM): "
-                               "FN-aware R@1 **+10.50 [+4.15, +16.85]** (2/2 +)")
-    assert lines[4].startswith("- `grit-oracle` − `uniform-oracle` (hardness, once no negative is false): "
-                               "FN-aware R@1 +2.50 [-3.85, +8.85] (2/2 +)")
+    assert lines[2] == (
+        "- `grit-oracle` − `grit` (every false negative kept out of ITC and ITM): FN-aware R@1 **+12.00 "
+        "[+12.00, +12.00]** (2/2 +); R@1 **-7.00 [-7.00, -7.00]** (0/2 +); re-ranked FN-aware R@1 **+12.00 "
+        "[+12.00, +12.00]** (2/2 +)."
+    )
+    assert lines[3].startswith(
+        "- `uniform-oracle` − `uniform` (every false negative kept out of ITC and ITM): "
+        "FN-aware R@1 **+10.50 [+4.15, +16.85]** (2/2 +)"
+    )
+    assert lines[4].startswith(
+        "- `grit-oracle` − `uniform-oracle` (hardness, once no negative is false): "
+        "FN-aware R@1 +2.50 [-3.85, +8.85] (2/2 +)"
+    )
     assert sweep.oracle_lines(table, "coco-like") == []
     page = "\n".join(sweep.summary_lines(table, tmp_path))
     assert page.count("What the false negatives cost") == 1 and "| grit-oracle | 2 |" in page
@@ -659,16 +870,29 @@ def test_the_epoch_table_sets_each_epochs_composition_beside_the_r1_scored_after
     out = tmp_path / "sweep"
     run = sweep.run_dir(out, "dense", "falcon-itm-expected", 0)
     run.mkdir(parents=True)
-    records = [{"step": 1, "epoch": 0, "itm": 0.6}, {**_zero_shot(0, 2.0, 4.0), "oracle_i2t_R@1": 20.0, "oracle_t2i_R@1": 30.0}]
+    records = [
+        {"step": 1, "epoch": 0, "itm": 0.6},
+        {**_zero_shot(0, 2.0, 4.0), "oracle_i2t_R@1": 20.0, "oracle_t2i_R@1": 30.0},
+    ]
     for epoch in (1, 2):
-        records += [{"step": 10 * epoch + 1, "epoch": epoch, "itm": 0.5},
-                    {"step": 10 * epoch + 5, "epoch": epoch, "kind": "epoch_summary", "q_mean": 0.1 * epoch,
-                     "reward_fn_corr": -0.3, "frontier_gap": -0.05 * epoch},
-                    {**_zero_shot(epoch, 10.0 * epoch, 20.0 * epoch), "oracle_i2t_R@1": 40.0, "oracle_t2i_R@1": 50.0 + epoch}]
+        records += [
+            {"step": 10 * epoch + 1, "epoch": epoch, "itm": 0.5},
+            {
+                "step": 10 * epoch + 5,
+                "epoch": epoch,
+                "kind": "epoch_summary",
+                "q_mean": 0.1 * epoch,
+                "reward_fn_corr": -0.3,
+                "frontier_gap": -0.05 * epoch,
+            },
+            {**_zero_shot(epoch, 10.0 * epoch, 20.0 * epoch), "oracle_i2t_R@1": 40.0, "oracle_t2i_R@1": 50.0 + epoch},
+        ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     rows = sweep.epoch_table(out, "dense", 0, ["falcon-itm", "falcon-itm-expected"])  # (falcon-itm has no run)
     assert [(r["method"], r["epoch"], r["q_mean"], r["R@1"], r["FN-aware R@1"]) for r in rows] == [
-        ("falcon-itm-expected", 1, 0.1, 15.0, 45.5), ("falcon-itm-expected", 2, 0.2, 30.0, 46.0)]
+        ("falcon-itm-expected", 1, 0.1, 15.0, 45.5),
+        ("falcon-itm-expected", 2, 0.2, 30.0, 46.0),
+    ]
     assert rows[1]["frontier_gap"] == -0.1 and rows[0]["itm_fn_auc"] is None  # (absent keys: blank)
     assert rows[0]["hardness_fn_auc"] is None  # (no batch log to recompute it from)
     # a key the run did not record, recomputed from its batch log; one it recorded kept as recorded
@@ -676,10 +900,20 @@ def test_the_epoch_table_sets_each_epochs_composition_beside_the_r1_scored_after
 
     similarity, fn = [0.9, 0.1, 0.8, 0.7], [1.0, 0.0, 0.0, 1.0]  # one true pick above one false one: AUC 3 / 4
     log = pd.DataFrame({name: [None] * 8 for name in BATCHES.names})
-    log = log.assign(epoch=[1] * 4 + [2] * 4, step=[0, 0, 1, 1] * 2, rank=0, slot=[0, 1] * 4, pair_id=range(8),
-                     anchor_pair_id=range(8), q=0.3, similarity_to_anchor=similarity * 2, sampler="falcon",
-                     anchor_fn_density=0.2, chosen_is_fn=fn * 2,
-                     quantile_rank=[1.0, 0.5, 0.995, 0.2] + [1.0, 1.0, 0.98, 1.0])[BATCHES.names]
+    log = log.assign(
+        epoch=[1] * 4 + [2] * 4,
+        step=[0, 0, 1, 1] * 2,
+        rank=0,
+        slot=[0, 1] * 4,
+        pair_id=range(8),
+        anchor_pair_id=range(8),
+        q=0.3,
+        similarity_to_anchor=similarity * 2,
+        sampler="falcon",
+        anchor_fn_density=0.2,
+        chosen_is_fn=fn * 2,
+        quantile_rank=[1.0, 0.5, 0.995, 0.2] + [1.0, 1.0, 0.98, 1.0],
+    )[BATCHES.names]
     write_table(run / "batches.parquet", log, BATCHES)
     rows = sweep.epoch_table(out, "dense", 0, ["falcon-itm-expected"])
     assert [r["hardness_fn_auc"] for r in rows] == [pytest.approx(0.75)] * 2
@@ -687,15 +921,32 @@ def test_the_epoch_table_sets_each_epochs_composition_beside_the_r1_scored_after
     assert [(r["top1_share"], r["top1pct_share"]) for r in rows] == [(0.25, 0.5), (0.75, 0.75)]
     assert rows[1]["frontier_gap"] == -0.1 and rows[1]["q_mean"] == 0.2
     csv = tmp_path / "epochs.csv"
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "phase_sweep.py"), "--out", str(out), "--presets", "dense",
-                           "--seeds", "0", "--curves", "falcon-itm-expected", "--epochs-csv", str(csv)],
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "phase_sweep.py"),
+            "--out",
+            str(out),
+            "--presets",
+            "dense",
+            "--seeds",
+            "0",
+            "--curves",
+            "falcon-itm-expected",
+            "--epochs-csv",
+            str(csv),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert proc.returncode == 0, proc.stderr
     assert list(pd.read_csv(csv)["R@1"]) == [15.0, 30.0]
 
 
 def test_a_run_scores_its_training_pairs_while_its_checkpoints_are_there_and_the_report_sets_them_beside_a_perfect_model(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     import dataclasses
 
     out = tmp_path / "sweep"
@@ -713,18 +964,37 @@ def test_a_run_scores_its_training_pairs_while_its_checkpoints_are_there_and_the
     sweep.run_one("coco-like", "grit", 0, out, dataclasses.replace(budget, memorisation_images=0), threads=1)
     assert calls == []  # the budget does not ask for it
     sweep.run_one("coco-like", "grit", 0, out, budget, threads=1)
-    assert calls == [("evaluate", "retrieval", str(run), "--split", "pretrain", "--itc-only", "--set",
-                      "evaluate.retrieval.pretrain_images=300")]
-    (run / "results" / "retrieval_pretrain.json").write_text(json.dumps({
-        "meta": {"split": "pretrain", "images": 300, "perfect_t2i_R@1": 27.5},
-        "rows": [{"scoring": "itc", "t2i_R@1": 61.0, "oracle_t2i_R@1": 74.0}]}))
+    assert calls == [
+        (
+            "evaluate",
+            "retrieval",
+            str(run),
+            "--split",
+            "pretrain",
+            "--itc-only",
+            "--set",
+            "evaluate.retrieval.pretrain_images=300",
+        )
+    ]
+    (run / "results" / "retrieval_pretrain.json").write_text(
+        json.dumps(
+            {
+                "meta": {"split": "pretrain", "images": 300, "perfect_t2i_R@1": 27.5},
+                "rows": [{"scoring": "itc", "t2i_R@1": 61.0, "oracle_t2i_R@1": 74.0}],
+            }
+        )
+    )
     calls.clear()
     row = sweep.run_one("coco-like", "grit", 0, out, budget, threads=1)
     assert calls == []  # scored once
     assert (row["train_t2i_R@1"], row["train_perfect_t2i_R@1"], row["train_images"]) == (61.0, 27.5, 300)
     table = pd.DataFrame([{**row, "method": "grit", "seed": 0}])
     (line,) = [l for l in sweep.memorisation_lines(table, "coco-like") if l]
-    assert "300 training images" in line and "scores 27.5 there" in line and "grit 61.0 ± 0.0 on them, 20.0 ± 0.0 on test" in line
+    assert (
+        "300 training images" in line
+        and "scores 27.5 there" in line
+        and "grit 61.0 ± 0.0 on them, 20.0 ± 0.0 on test" in line
+    )
     assert sweep.memorisation_lines(table, "dense") == []
     older = table.assign(**{"train_perfect_t2i_R@1": None})  # scored before the results carried the perfect model's
     (line,) = [l for l in sweep.memorisation_lines(older, "coco-like") if l]
@@ -742,6 +1012,7 @@ def test_srcl_embeds_the_pairs_with_the_same_seeds_uniform_run_first(tmp_path, m
     checkpoint = sweep.run_dir(tmp_path, "dense", "uniform", 3) / "checkpoints" / "12"
     checkpoint.mkdir(parents=True)
     (checkpoint / sweep.WEIGHTS).write_bytes(b"weights")
+
     class Trained(Exception):
         pass
 

@@ -13,10 +13,10 @@ from benchmarks import shapes_sweep as sweep
 def test_the_plan_covers_every_method_and_the_space_sweep():
     full = [(v.name, seed) for v, seed in sweep.plan(sweep.FULL, [0, 1, 2], None)]
     methods, fixes = list(sweep.METHODS), list(sweep.FIXES)
-    assert full[:3 * len(methods)] == [(m, seed) for seed in (0, 1, 2) for m in methods]  # uniform before SRCL
-    space = full[3 * len(methods):3 * len(methods) + 4]
+    assert full[: 3 * len(methods)] == [(m, seed) for seed in (0, 1, 2) for m in methods]  # uniform before SRCL
+    space = full[3 * len(methods) : 3 * len(methods) + 4]
     assert sorted(space) == [("falcon@M-large", 0), ("falcon@M-small", 0), ("grit@M-large", 0), ("grit@M-small", 0)]
-    assert full[3 * len(methods) + 4:] == [(m, 0) for m in fixes]
+    assert full[3 * len(methods) + 4 :] == [(m, 0) for m in fixes]
     assert len(full) == 48
     assert {s for v, s in sweep.plan(sweep.FULL, [1, 2], None) if v.space != "medium" or v.method in fixes} == {1}
     assert [(v.name, s) for v, s in sweep.plan(sweep.QUICK, [0], None)] == [(m, 0) for m in methods]  # no |M| sweep
@@ -27,14 +27,25 @@ def test_the_plan_covers_every_method_and_the_space_sweep():
     assert {"data.shapes.size=32", "pretrain.image_size=32"} <= set(overrides)  # the world and the model agree
     assert sweep.FULL.world_args(sweep.Path("/x"))[4:8] == ["--images", "700", "--size", "32"]
     assert sweep.FULL.spaces["large"] == int(sweep.FULL.images * sweep.SPLITS["train"]) * 5  # one space per epoch
-    assert [o for o in overrides if "splits" in o] == ["data.shapes.splits.train=0.5", "data.shapes.splits.val=0.05",
-                                                      "data.shapes.splits.test=0.45"]
+    assert [o for o in overrides if "splits" in o] == [
+        "data.shapes.splits.train=0.5",
+        "data.shapes.splits.val=0.05",
+        "data.shapes.splits.test=0.45",
+    ]
 
 
 def _row(method: str, seed: int, r1: float, space: str = "medium", size: int = 350) -> dict:
     row = {key: float(seed) for group in sweep.TABLES.values() for key, _ in group}
-    row.update({"method": method if space == "medium" else f"{method}@M-{space}", "base_method": method, "space": space,
-                "search_space_size": size, "seed": seed, "R@1": r1})
+    row.update(
+        {
+            "method": method if space == "medium" else f"{method}@M-{space}",
+            "base_method": method,
+            "space": space,
+            "search_space_size": size,
+            "seed": seed,
+            "R@1": r1,
+        }
+    )
     if method == "uniform":
         row["fn_rate_chain"] = float("nan")  # no chain without a quantile composer
     return row
@@ -47,18 +58,33 @@ def finished(tmp_path):
     (out / "world").mkdir(parents=True)
     density = {"mean": 20.0, "median": 9.0, "mean_fraction_of_split": 0.18, "fraction_with_false_negatives": 0.8}
     counts = {"images": {"total": 700, "train": 350, "test": 315}, "captions": {"train": 1750, "test": 1575}}
-    (out / "world" / "world.json").write_text(json.dumps({"counts": counts, "statistics": {
-        "false_negative_density": {"train": density, "test": density}}}))
-    rows = [_row("uniform", 0, 10.0), _row("uniform", 1, 20.0), _row("grit", 0, 30.0), _row("grit", 1, 30.0),
-            _row("grit", 0, 12.0, "small", 64), _row("grit", 1, 14.0, "small", 64)]
+    (out / "world" / "world.json").write_text(
+        json.dumps({"counts": counts, "statistics": {"false_negative_density": {"train": density, "test": density}}})
+    )
+    rows = [
+        _row("uniform", 0, 10.0),
+        _row("uniform", 1, 20.0),
+        _row("grit", 0, 30.0),
+        _row("grit", 1, 30.0),
+        _row("grit", 0, 12.0, "small", 64),
+        _row("grit", 1, 14.0, "small", 64),
+    ]
     for i, row in enumerate(rows):
         run = out / "runs" / f"{row['method']}-s{row['seed']}"
         run.mkdir(parents=True)
         # 10 minutes each, an hour apart (a sweep resumed in parts): compute is 1 run-hour, not the 5 h 10 min span
         created, end = f"2026-01-01T{i:02d}:00:00+00:00", f"2026-01-01T{i:02d}:10:00+00:00"
         stage = {"start": f"2026-01-01T{i:02d}:01:00+00:00", "end": f"2026-01-01T{i:02d}:09:00+00:00"}
-        (run / "manifest.json").write_text(json.dumps({"git": {"sha": "abcdef0123", "dirty": i == 5}, "created": created,
-                                                       "end": end, "stages": {"pretrain": stage}}))
+        (run / "manifest.json").write_text(
+            json.dumps(
+                {
+                    "git": {"sha": "abcdef0123", "dirty": i == 5},
+                    "created": created,
+                    "end": end,
+                    "stages": {"pretrain": stage},
+                }
+            )
+        )
     return out, pd.DataFrame(rows)
 
 
@@ -83,11 +109,15 @@ def test_report_rewrites_only_its_block(finished, tmp_path):
     sweep.summarise(table, out)
     page = tmp_path / "docs" / "results.md"
     page.parent.mkdir()
-    page.write_text("# Results\n\nintro by hand\n\n<!-- sweep:begin -->\nold table\n<!-- sweep:end -->\n\nanalysis by hand\n")
+    page.write_text(
+        "# Results\n\nintro by hand\n\n<!-- sweep:begin -->\nold table\n<!-- sweep:end -->\n\nanalysis by hand\n"
+    )
     for _ in range(2):  # idempotent: a second run replaces its own block again
         sweep.write_report(page, out, table, sweep.FULL, [0, 1], "the command", paths=[])
     text = page.read_text()
-    assert text.startswith("# Results\n\nintro by hand\n\n<!-- sweep:begin -->") and text.endswith("<!-- sweep:end -->\n\nanalysis by hand\n")
+    assert text.startswith("# Results\n\nintro by hand\n\n<!-- sweep:begin -->") and text.endswith(
+        "<!-- sweep:end -->\n\nanalysis by hand\n"
+    )
     assert "old table" not in text and text.count("<!-- sweep:begin -->") == 1
     assert "`the command`" in text and "`abcdef0` (uncommitted changes)" in text and "`abcdef0`," in text
     assert "6 runs; 1.0 run-hours" in text and "about 0.5 h of wall-clock at 2 at a time" in text
@@ -112,14 +142,18 @@ def test_reward_row_against_hand_computed_statistics():
     import numpy as np
 
     q = np.array([0.1, 0.2, 0.3, 0.4])
-    records = [{"rewards": [0.1, 0.2, 0.3, 0.4], "step_q": q, "first_q": 0.5, "last_q": 0.3},  # corr +1
-               {"rewards": [0.4, 0.3, 0.2, -0.1], "step_q": q, "first_q": 0.5, "last_q": 0.5}]  # corr < 0
+    records = [
+        {"rewards": [0.1, 0.2, 0.3, 0.4], "step_q": q, "first_q": 0.5, "last_q": 0.3},  # corr +1
+        {"rewards": [0.4, 0.3, 0.2, -0.1], "step_q": q, "first_q": 0.5, "last_q": 0.5},
+    ]  # corr < 0
     row = sweep.reward_row("falcon", records).strip().strip("|").split("|")
     cells = [c.strip() for c in row]
     both = np.array([0.1, 0.2, 0.3, 0.4, 0.4, 0.3, 0.2, -0.1])
     second = np.corrcoef(q, [0.4, 0.3, 0.2, -0.1])[0, 1]
     assert cells[:2] == ["falcon", "2"]
-    assert float(cells[2]) == pytest.approx(both.mean(), abs=1e-4) and float(cells[3]) == pytest.approx(both.std(), abs=1e-4)
+    assert float(cells[2]) == pytest.approx(both.mean(), abs=1e-4) and float(cells[3]) == pytest.approx(
+        both.std(), abs=1e-4
+    )
     assert cells[4] == "88%"  # 7 of 8 rewards positive
     assert float(cells[5]) == pytest.approx((1.0 + second) / 2, abs=0.01)
     assert cells[6:] == ["0.500", "0.400"]
@@ -176,7 +210,11 @@ def test_replace_block_and_the_same_image_table(tmp_path):
     assert page.read_text() == f"intro\n{same_image.BEGIN}\nnew\n{same_image.END}\nanalysis\n"
     with pytest.raises(SystemExit, match="no <!-- sweep:begin -->"):
         sweep.replace_block(page, sweep.BEGIN, sweep.END, ["x"])
-    rows = [{"method": m, "seed": s, "in_batch_fn_rate": 18.0 + s, "R@1": 3.0} for m in ("grit-mask", "grit") for s in (0, 1)]
+    rows = [
+        {"method": m, "seed": s, "in_batch_fn_rate": 18.0 + s, "R@1": 3.0}
+        for m in ("grit-mask", "grit")
+        for s in (0, 1)
+    ]
     table = same_image.table_markdown(pd.DataFrame(rows))
     lines = table.splitlines()
     assert lines[2].startswith("| grit | 0, 1 | 18.5 ± 0.7 |") and lines[3].startswith("| grit-mask |")

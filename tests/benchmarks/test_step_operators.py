@@ -11,13 +11,31 @@ from tests.conftest import REPO
 
 
 def test_counts_each_phase_of_a_training_step():
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "step_operators.py"), "--model", "albef-tiny",
-                           "--precision", "fp32", "--batch", "3", "--text-tokens", "9"],
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "step_operators.py"),
+            "--model",
+            "albef-tiny",
+            "--precision",
+            "fp32",
+            "--batch",
+            "3",
+            "--text-tokens",
+            "9",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, proc.stderr
-    counts = {name: (int(ops.replace(",", "")), int(kernels.replace(",", "")))
-              for name, ops, kernels in re.findall(r"^\s+(\w+)\s+([\d,]+) operators,\s+([\d,]+) with a kernel", proc.stdout, re.M)}
+    counts = {
+        name: (int(ops.replace(",", "")), int(kernels.replace(",", "")))
+        for name, ops, kernels in re.findall(
+            r"^\s+(\w+)\s+([\d,]+) operators,\s+([\d,]+) with a kernel", proc.stdout, re.M
+        )
+    }
     assert set(counts) == {"forward", "backward", "optimizer", "step"}
     assert all(0 < kernels < ops for ops, kernels in counts.values())
     assert counts["step"][0] == sum(counts[p][0] for p in ("forward", "backward", "optimizer"))

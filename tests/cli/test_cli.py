@@ -10,8 +10,20 @@ import yaml
 from falcon_cli import __version__
 
 COMMANDS = [
-    [], ["data"], ["data", "shapes"], ["data", "check"], ["recipes"], ["recipes", "list"],
-    ["recipes", "show"], ["recipes", "validate"], ["run"], ["pretrain"], ["unimodal"], ["embed"], ["build-search-spaces"], ["audit-false-negatives"],
+    [],
+    ["data"],
+    ["data", "shapes"],
+    ["data", "check"],
+    ["recipes"],
+    ["recipes", "list"],
+    ["recipes", "show"],
+    ["recipes", "validate"],
+    ["run"],
+    ["pretrain"],
+    ["unimodal"],
+    ["embed"],
+    ["build-search-spaces"],
+    ["audit-false-negatives"],
 ]
 
 
@@ -67,8 +79,19 @@ def test_only_working_commands_are_registered():
     from falcon_cli.cli.app import app
 
     # ML commands (embed, evaluate, ...) arrive with the stages that implement them: no placeholders.
-    assert set(typer.main.get_command(app).commands) == {"data", "recipes", "run", "pretrain", "unimodal", "embed", "build-search-spaces",
-                                                         "audit-false-negatives", "finetune", "evaluate", "compare"}
+    assert set(typer.main.get_command(app).commands) == {
+        "data",
+        "recipes",
+        "run",
+        "pretrain",
+        "unimodal",
+        "embed",
+        "build-search-spaces",
+        "audit-false-negatives",
+        "finetune",
+        "evaluate",
+        "compare",
+    }
     evaluate = typer.main.get_command(app).commands["evaluate"]
     assert set(evaluate.commands) == {"retrieval", "vqa", "nlvr2"}
 
@@ -127,10 +150,14 @@ def test_missing_images_fail_by_default_and_skip_on_request(cli, tmp_path):
 def test_user_errors_are_one_line_without_traceback(cli, tmp_path):
     cases = [
         (["run", "--recipe", "shapes-dmo"], "unknown recipe 'shapes-dmo': did you mean 'shapes-demo'?"),
-        (["run", "--recipe", "shapes-demo", "--run-dir", tmp_path / "r", "data.shape.images=5"],
-         "did you mean 'data.shapes.images'?"),
-        (["run", "--recipe", "shapes-demo", "--run-dir", tmp_path / "r", "data.shapes.images=lots"],
-         "expected an integer, got 'lots'"),
+        (
+            ["run", "--recipe", "shapes-demo", "--run-dir", tmp_path / "r", "data.shape.images=5"],
+            "did you mean 'data.shapes.images'?",
+        ),
+        (
+            ["run", "--recipe", "shapes-demo", "--run-dir", tmp_path / "r", "data.shapes.images=lots"],
+            "expected an integer, got 'lots'",
+        ),
         (["data", "check", tmp_path / "nowhere"], "dataset spec not found"),
     ]
     for args, expected in cases:
@@ -161,7 +188,8 @@ def test_recipe_headers_descriptions_and_errors_print_square_brackets_as_written
     mine.mkdir()
     (mine / "my-brackets.yaml").write_text(
         "# Needs the extra: pip install 'falcon-vlp[eccv]'\n# falcon run --recipe my-brackets stages=[data]\n"
-        "base: shapes-demo\ndescription: shapes with [bold]brackets[/] kept\n")
+        "base: shapes-demo\ndescription: shapes with [bold]brackets[/] kept\n"
+    )
     monkeypatch.setenv("FALCON_RECIPE_PATH", str(mine))
     shown = cli("recipes", "show", "my-brackets", check=True).stdout
     assert "pip install 'falcon-vlp[eccv]'" in shown and "stages=[data]" in shown, shown
@@ -173,8 +201,17 @@ def test_recipe_headers_descriptions_and_errors_print_square_brackets_as_written
 
 def test_run_recipe_end_to_end(cli, tmp_path):
     run_dir, world = tmp_path / "run", tmp_path / "world"
-    args = ["run", "--recipe", "shapes-demo", "--run-dir", run_dir, f"data.dataset={world}", "stages=[data]",
-            "data.shapes.images=60", "data.tokenizer_vocab_size=200"]
+    args = [
+        "run",
+        "--recipe",
+        "shapes-demo",
+        "--run-dir",
+        run_dir,
+        f"data.dataset={world}",
+        "stages=[data]",
+        "data.shapes.images=60",
+        "data.tokenizer_vocab_size=200",
+    ]
     proc = cli(*args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     manifest = json.loads((run_dir / "manifest.json").read_text())

@@ -16,8 +16,20 @@ import pytest
 
 from tests.conftest import REPO
 
-HEAVY = ("torch", "torchvision", "transformers", "timm", "open_clip", "faiss", "h5py", "pandas", "pyarrow",
-         "matplotlib", "PIL", "numpy")
+HEAVY = (
+    "torch",
+    "torchvision",
+    "transformers",
+    "timm",
+    "open_clip",
+    "faiss",
+    "h5py",
+    "pandas",
+    "pyarrow",
+    "matplotlib",
+    "PIL",
+    "numpy",
+)
 """What a command that runs no stage must not import (numpy too: its 0.1 s is a fifth of the budget)."""
 
 RUN = """
@@ -56,8 +68,13 @@ def help_commands() -> list[list[str]]:
 def falcon(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
     """Run ``falcon ARGS`` in a fresh interpreter; its process and its report (exit status, heavy imports)."""
     report = tmp_path / "report.json"
-    proc = subprocess.run([sys.executable, "-c", RUN, str(report), ",".join(HEAVY), *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", RUN, str(report), ",".join(HEAVY), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert report.is_file(), proc.stderr
     return proc, json.loads(report.read_text())
 
@@ -70,8 +87,9 @@ def test_every_help_imports_nothing_heavy(tmp_path, command):
     assert report["heavy"] == [], f"falcon {' '.join(command)} --help imported {report['heavy']}"
 
 
-@pytest.mark.parametrize("args", [["recipes", "list"], ["recipes", "show", "shapes-demo"], ["recipes", "validate"]],
-                         ids=" ".join)
+@pytest.mark.parametrize(
+    "args", [["recipes", "list"], ["recipes", "show", "shapes-demo"], ["recipes", "validate"]], ids=" ".join
+)
 def test_the_recipes_commands_import_nothing_heavy(tmp_path, args):
     proc, report = falcon(tmp_path, *args)
     assert report["exit"] in (0, None), proc.stdout + proc.stderr
@@ -83,7 +101,8 @@ def test_a_bad_override_is_one_line_and_imports_nothing_heavy(tmp_path):
     assert report["exit"] == 2
     assert proc.stderr.strip().splitlines() == [
         "error: override 'pretrain.epochz=3': unknown key 'pretrain.epochz'; did you mean 'pretrain.epochs'? "
-        "(`falcon recipes show NAME` lists the keys)"]
+        "(`falcon recipes show NAME` lists the keys)"
+    ]
     assert report["heavy"] == []
 
 
@@ -91,6 +110,11 @@ def test_the_check_sees_a_heavy_import(tmp_path):
     """The report is not empty by construction: a command that imports a stage's library is caught."""
     report = tmp_path / "report.json"
     code = RUN.replace("from falcon_cli.cli.app import main", "import numpy\n    from falcon_cli.cli.app import main")
-    subprocess.run([sys.executable, "-c", code, str(report), ",".join(HEAVY), "--version"], cwd=REPO, check=True,
-                   capture_output=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-c", code, str(report), ",".join(HEAVY), "--version"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     assert json.loads(report.read_text()) == {"exit": 0, "heavy": ["numpy"]}

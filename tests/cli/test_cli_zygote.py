@@ -12,8 +12,9 @@ import pytest
 from tests import conftest
 from tests.conftest import run_cli
 
-pytestmark = pytest.mark.skipif(os.environ.get("FALCON_TEST_FRESH_PROCESS") == "1",
-                                reason="FALCON_TEST_FRESH_PROCESS=1: no zygote to test")
+pytestmark = pytest.mark.skipif(
+    os.environ.get("FALCON_TEST_FRESH_PROCESS") == "1", reason="FALCON_TEST_FRESH_PROCESS=1: no zygote to test"
+)
 
 
 def both(monkeypatch, *args, cwd=None):
@@ -26,9 +27,16 @@ def both(monkeypatch, *args, cwd=None):
     return forked, fresh
 
 
-@pytest.mark.parametrize("args", [["--version"], ["recipes", "show", "shapes-demo"],
-                                  ["data", "check", "no/such/dataset"], ["pretrain", "--recipe", "shapes-demo", "oops=1"]],
-                         ids=["version", "recipe", "missing-data", "bad-override"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--version"],
+        ["recipes", "show", "shapes-demo"],
+        ["data", "check", "no/such/dataset"],
+        ["pretrain", "--recipe", "shapes-demo", "oops=1"],
+    ],
+    ids=["version", "recipe", "missing-data", "bad-override"],
+)
 def test_a_forked_command_answers_as_a_fresh_process(monkeypatch, tmp_path, args):
     forked, fresh = both(monkeypatch, *args, cwd=tmp_path)
     assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)

@@ -16,11 +16,28 @@ import pytest
 
 from tests.conftest import run_cli
 
-TINY = ["data.dataset=data/w", "data.shapes.images=40", "data.shapes.size=32", "pretrain.image_size=32", "data.tokenizer_vocab_size=200", "data.verify_images=false",
-        "pretrain.epochs=2", "pretrain.batch_size=16", "pretrain.search_space_size=32", "pretrain.augment=test",
-        "pretrain.num_workers=0", "pretrain.warmup_steps=2", "pretrain.checkpoint_every=2",
-        "finetune.num_workers=0", "finetune.vqa.epochs=1", "finetune.vqa.batch_size=16", "finetune.vqa.max_steps_per_epoch=2",
-        "evaluate.num_workers=0", "evaluate.retrieval.k=4", "evaluate.batch_size=16"]
+TINY = [
+    "data.dataset=data/w",
+    "data.shapes.images=40",
+    "data.shapes.size=32",
+    "pretrain.image_size=32",
+    "data.tokenizer_vocab_size=200",
+    "data.verify_images=false",
+    "pretrain.epochs=2",
+    "pretrain.batch_size=16",
+    "pretrain.search_space_size=32",
+    "pretrain.augment=test",
+    "pretrain.num_workers=0",
+    "pretrain.warmup_steps=2",
+    "pretrain.checkpoint_every=2",
+    "finetune.num_workers=0",
+    "finetune.vqa.epochs=1",
+    "finetune.vqa.batch_size=16",
+    "finetune.vqa.max_steps_per_epoch=2",
+    "evaluate.num_workers=0",
+    "evaluate.retrieval.k=4",
+    "evaluate.batch_size=16",
+]
 
 
 def ok(proc):
@@ -46,8 +63,19 @@ def work(tmp_path_factory):
     root = tmp_path_factory.mktemp("relative")
     (root / "work").mkdir()
     (root / "elsewhere").mkdir()
-    ok(run_cli("run", "--recipe", "shapes-demo", "--run-dir", "runs/demo", *TINY, "finetune.tasks=[vqa]",
-               "evaluate.tasks=[retrieval, vqa]", cwd=root / "work"))
+    ok(
+        run_cli(
+            "run",
+            "--recipe",
+            "shapes-demo",
+            "--run-dir",
+            "runs/demo",
+            *TINY,
+            "finetune.tasks=[vqa]",
+            "evaluate.tasks=[retrieval, vqa]",
+            cwd=root / "work",
+        )
+    )
     return root
 
 
@@ -55,8 +83,14 @@ def test_falcon_run_with_a_relative_run_dir(work):
     run = work / "work" / "runs" / "demo"
     manifest = check_run(run)
     assert [manifest["stages"][s]["status"] for s in ("data", "pretrain", "finetune", "evaluate")] == ["completed"] * 4
-    for name in ("embeddings/epoch_000.h5", "embeddings/epoch_001.h5", "batches.parquet", "results/retrieval.json",
-                 "results/vqa.json", "data/tokenizer"):
+    for name in (
+        "embeddings/epoch_000.h5",
+        "embeddings/epoch_001.h5",
+        "batches.parquet",
+        "results/retrieval.json",
+        "results/vqa.json",
+        "data/tokenizer",
+    ):
         assert name in manifest["artifacts"], name
     # The resolved config names the files it used, whatever directory reads it later.
     assert manifest["config"]["data"]["dataset"] == str(work / "work" / "data" / "w")
@@ -67,8 +101,19 @@ def test_readers_from_another_working_directory(work):
     """The run's recorded dataset and checkpoints are found from elsewhere; a checkpoint named by a relative path too."""
     elsewhere, run = work / "elsewhere", "../work/runs/demo"
     latest = (work / "work" / "runs" / "demo" / "checkpoints" / "latest").read_text().strip()
-    ok(run_cli("evaluate", "retrieval", run, "--itc-only", "--model", "pretrained", "--model",
-               f"{run}/checkpoints/{latest}", cwd=elsewhere))
+    ok(
+        run_cli(
+            "evaluate",
+            "retrieval",
+            run,
+            "--itc-only",
+            "--model",
+            "pretrained",
+            "--model",
+            f"{run}/checkpoints/{latest}",
+            cwd=elsewhere,
+        )
+    )
     ok(run_cli("audit-false-negatives", run, "--judge", "oracle", "--steps", "2", cwd=elsewhere))
     ok(run_cli("finetune", "--run-dir", run, "--task", "vqa", "finetune.vqa.epochs=1", "--overwrite", cwd=elsewhere))
     manifest = check_run(work / "work" / "runs" / "demo")
@@ -88,23 +133,60 @@ def test_stage_commands_with_default_and_relative_run_dirs(work):
     assert "resumed from" in ok(run_cli("pretrain", "--recipe", "shapes-demo", "--resume", *short, cwd=cwd)).stderr
     check_run(default)
 
-    ok(run_cli("embed", "--recipe", "shapes-demo", "--run-dir", "runs/emb", *TINY, "embed.encoder=falcon:runs/demo",
-               "embed.split=pretrain", "embed.device=cpu", "embed.num_workers=0", cwd=cwd))
+    ok(
+        run_cli(
+            "embed",
+            "--recipe",
+            "shapes-demo",
+            "--run-dir",
+            "runs/emb",
+            *TINY,
+            "embed.encoder=falcon:runs/demo",
+            "embed.split=pretrain",
+            "embed.device=cpu",
+            "embed.num_workers=0",
+            cwd=cwd,
+        )
+    )
     check_run(cwd / "runs" / "emb")
     embeddings = "runs/emb/embeddings/embeddings.h5"
-    ok(run_cli("build-search-spaces", "--recipe", "shapes-demo", "--run-dir", "runs/spaces", *TINY,
-               f"search_spaces.embeddings={embeddings}", cwd=cwd))
+    ok(
+        run_cli(
+            "build-search-spaces",
+            "--recipe",
+            "shapes-demo",
+            "--run-dir",
+            "runs/spaces",
+            *TINY,
+            f"search_spaces.embeddings={embeddings}",
+            cwd=cwd,
+        )
+    )
     check_run(cwd / "runs" / "spaces")
 
     # Run from a subdirectory: every input path climbs out of it.
     sub = cwd / "scripts"
     sub.mkdir()
-    ok(run_cli("pretrain", "--recipe", "shapes-demo", "--run-dir", "../runs/warm", *[a.replace("data/w", "../data/w") for a in short],
-               "pretrain.composer=grit",
-               "pretrain.search_spaces=../runs/spaces/search_spaces.parquet", f"search_spaces.embeddings=../{embeddings}",
-               "pretrain.false_negatives=srcl", f"pretrain.srcl.aux_embeddings=../{embeddings}", cwd=sub))
+    ok(
+        run_cli(
+            "pretrain",
+            "--recipe",
+            "shapes-demo",
+            "--run-dir",
+            "../runs/warm",
+            *[a.replace("data/w", "../data/w") for a in short],
+            "pretrain.composer=grit",
+            "pretrain.search_spaces=../runs/spaces/search_spaces.parquet",
+            f"search_spaces.embeddings=../{embeddings}",
+            "pretrain.false_negatives=srcl",
+            f"pretrain.srcl.aux_embeddings=../{embeddings}",
+            cwd=sub,
+        )
+    )
     manifest = check_run(cwd / "runs" / "warm")
-    assert manifest["config"]["pretrain"]["srcl"]["aux_embeddings"] == str(cwd / "runs" / "emb" / "embeddings" / "embeddings.h5")
+    assert manifest["config"]["pretrain"]["srcl"]["aux_embeddings"] == str(
+        cwd / "runs" / "emb" / "embeddings" / "embeddings.h5"
+    )
 
 
 def test_data_commands_with_relative_paths(work):
@@ -121,8 +203,19 @@ def test_a_generated_world_without_a_dataset_goes_into_the_run(tmp_path):
     directory (which is often the code checkout); readers find it from anywhere through the manifest."""
     cwd = tmp_path / "checkout"
     cwd.mkdir()
-    ok(run_cli("run", "--recipe", "shapes-demo", "--run-dir", "runs/own", "stages=[data]", "data.shapes.images=24",
-               "data.tokenizer_vocab_size=200", cwd=cwd))
+    ok(
+        run_cli(
+            "run",
+            "--recipe",
+            "shapes-demo",
+            "--run-dir",
+            "runs/own",
+            "stages=[data]",
+            "data.shapes.images=24",
+            "data.tokenizer_vocab_size=200",
+            cwd=cwd,
+        )
+    )
     run = cwd / "runs" / "own"
     manifest = check_run(run)
     assert manifest["config"]["data"]["dataset"] == str(run / "world")

@@ -11,8 +11,16 @@ import pytest
 from falcon_cli.field_docs import field_docstrings
 
 from falcon_cli.config.recipes import (
-    STUDY_DIR, apply_overrides, find_recipe, list_recipes, load_recipe, parse_override, read_recipe, recipe_group,
-    recipe_header, valid_keys,
+    STUDY_DIR,
+    apply_overrides,
+    find_recipe,
+    list_recipes,
+    load_recipe,
+    parse_override,
+    read_recipe,
+    recipe_group,
+    recipe_header,
+    valid_keys,
 )
 from falcon_cli.config.schema import Recipe
 from falcon_cli.errors import FalconError
@@ -39,59 +47,88 @@ def test_coco_albef_is_falcon_with_the_papers_hyperparameters_and_siblings_diffe
     assert (p.scheduler_hidden, p.scheduler_blocks, p.scheduler_lr, p.scheduler_weight_decay) == (256, 2, 1e-4, 0.01)
     assert (p.reward, p.scheduler_level, p.mlm_probability, p.lr) == ("mlm", "instance", 0.5, 1e-4)
     base = p.model_dump()
-    expected = {"coco-albef-uniform": {"composer": "uniform"},
-                "coco-albef-grit": {"composer": "grit", "search_space_size": 1920},
-                "coco-albef-q0": {"composer": "quantile", "quantile": 0.0},
-                "coco-albef-q05": {"composer": "quantile", "quantile": 0.5},
-                "coco-albef-hardening": {"composer": "progressive"},
-                "coco-albef-softening": {"composer": "progressive", "progressive_start": 1.0, "progressive_end": 0.0},
-                "coco-albef-batch-level": {"scheduler_level": "batch"},
-                "coco-albef-reward-itc-itm": {"reward": "itc+itm"},
-                "coco-albef-reward-itc-itm-mlm": {"reward": "itc+itm+mlm"},
-                "coco-albef-space480": {"search_space_size": 480},
-                "coco-albef-space28320": {"search_space_size": 28320},
-                "coco-albef-plus": PLUS_SCHEDULER}
+    expected = {
+        "coco-albef-uniform": {"composer": "uniform"},
+        "coco-albef-grit": {"composer": "grit", "search_space_size": 1920},
+        "coco-albef-q0": {"composer": "quantile", "quantile": 0.0},
+        "coco-albef-q05": {"composer": "quantile", "quantile": 0.5},
+        "coco-albef-hardening": {"composer": "progressive"},
+        "coco-albef-softening": {"composer": "progressive", "progressive_start": 1.0, "progressive_end": 0.0},
+        "coco-albef-batch-level": {"scheduler_level": "batch"},
+        "coco-albef-reward-itc-itm": {"reward": "itc+itm"},
+        "coco-albef-reward-itc-itm-mlm": {"reward": "itc+itm+mlm"},
+        "coco-albef-space480": {"search_space_size": 480},
+        "coco-albef-space28320": {"search_space_size": 28320},
+        "coco-albef-plus": PLUS_SCHEDULER,
+    }
     defaults = p.model_dump()
     for section, values in {"mafa": {"judge": "checkpoint", "high": 0.98}}.items():
         expected_section = {**defaults[section], **values}
         expected.setdefault(f"coco-albef-{section}", {})[section] = expected_section
-    expected["coco-albef-mafa"].update(composer="grit", search_space_size=1920, itc_consistency_weight=0.0, false_negatives="mafa")
+    expected["coco-albef-mafa"].update(
+        composer="grit", search_space_size=1920, itc_consistency_weight=0.0, false_negatives="mafa"
+    )
     # the baselines train their papers' ITC: no GRIT consistency term (methods.md §2-§5, docs/methods.md)
     expected["coco-albef-srcl"] = {"composer": "uniform", "false_negatives": "srcl", "itc_consistency_weight": 0.0}
     expected["coco-albef-diht"] = {"composer": "uniform", "false_negatives": "diht", "itc_consistency_weight": 0.0}
-    expected["coco-albef-glofnd"] = {"composer": "uniform", "false_negatives": "glofnd", "itc_consistency_weight": 0.0,
-                                     "glofnd": {**defaults["glofnd"], "start_epoch": 8, "lr": 0.09167, "alpha": 0.001}}
+    expected["coco-albef-glofnd"] = {
+        "composer": "uniform",
+        "false_negatives": "glofnd",
+        "itc_consistency_weight": 0.0,
+        "glofnd": {**defaults["glofnd"], "start_epoch": 8, "lr": 0.09167, "alpha": 0.001},
+    }
     for name, changes in expected.items():
         sibling = load_recipe(name)[0].pretrain.model_dump()
         assert {k: v for k, v in sibling.items() if base[k] != v} == changes, name
     shapes, plus = (load_recipe(name)[0].pretrain.model_dump() for name in ("shapes-falcon", "shapes-falcon-plus"))
     assert {k: v for k, v in plus.items() if shapes[k] != v} == PLUS_SCHEDULER
-    for plus_name, margin_name in [("shapes-falcon-plus", "shapes-falcon-margin"), ("coco-albef-plus", "coco-albef-margin")]:
+    for plus_name, margin_name in [
+        ("shapes-falcon-plus", "shapes-falcon-margin"),
+        ("coco-albef-plus", "coco-albef-margin"),
+    ]:
         plus, margin = (load_recipe(name)[0].pretrain.model_dump() for name in (plus_name, margin_name))
         assert {k: v for k, v in margin.items() if plus[k] != v} == {"reward": "positive_margin", "reward_margin": 0.5}
     # the ITM-charged margin: one key over the margin recipes; for BLIP-2, the improved scheduler and both keys
-    for margin_name, itm_name in [("shapes-falcon-margin", "shapes-falcon-itm"), ("coco-albef-margin", "coco-albef-itm")]:
+    for margin_name, itm_name in [
+        ("shapes-falcon-margin", "shapes-falcon-itm"),
+        ("coco-albef-margin", "coco-albef-itm"),
+    ]:
         margin, itm = (load_recipe(name)[0].pretrain.model_dump() for name in (margin_name, itm_name))
         assert {k: v for k, v in itm.items() if margin[k] != v} == {"reward": "positive_margin+itm"}
-    itm, excess = (load_recipe(name)[0].pretrain.model_dump() for name in ("shapes-falcon-itm", "shapes-falcon-itm-excess"))
+    itm, excess = (
+        load_recipe(name)[0].pretrain.model_dump() for name in ("shapes-falcon-itm", "shapes-falcon-itm-excess")
+    )
     assert {k: v for k, v in excess.items() if itm[k] != v} == {"reward_itm_charge": "excess", "reward_itm_weight": 6.0}
     expected = load_recipe("shapes-falcon-itm-expected")[0].pretrain.model_dump()
     assert {k: v for k, v in expected.items() if itm[k] != v} == {"reward_itm_charge": "expected"}
     oracle = load_recipe("shapes-falcon-oracle")[0].pretrain.model_dump()  # the same reward, the oracle as judge
     assert {k: v for k, v in oracle.items() if expected[k] != v} == {"reward": "positive_margin+oracle"}
-    margin, levels = (load_recipe(name)[0].pretrain.model_dump() for name in ("shapes-falcon-margin", "shapes-falcon-levels"))
-    assert {k: v for k, v in levels.items() if margin[k] != v} == {"scheduler_credit": "levels", "reward_baseline": "none"}
+    margin, levels = (
+        load_recipe(name)[0].pretrain.model_dump() for name in ("shapes-falcon-margin", "shapes-falcon-levels")
+    )
+    assert {k: v for k, v in levels.items() if margin[k] != v} == {
+        "scheduler_credit": "levels",
+        "reward_baseline": "none",
+    }
     top = load_recipe("shapes-falcon-margin-top")[0].pretrain.model_dump()  # the margin with q on the log-rank scale
     assert {k: v for k, v in top.items() if margin[k] != v} == {"quantile_scale": "log_rank"}
     for base_name, itm_name in [("shapes-blip2-falcon", "shapes-blip2-falcon-itm"), ("coco-blip2", "coco-blip2-itm")]:
         base_p, itm = (load_recipe(name)[0].pretrain.model_dump() for name in (base_name, itm_name))
-        assert {k: v for k, v in itm.items() if base_p[k] != v} == {**PLUS_SCHEDULER, "reward": "positive_margin+itm",
-                                                                     "reward_margin": 0.5}, itm_name
+        assert {k: v for k, v in itm.items() if base_p[k] != v} == {
+            **PLUS_SCHEDULER,
+            "reward": "positive_margin+itm",
+            "reward_margin": 0.5,
+        }, itm_name
 
 
-PLUS_SCHEDULER = {"scheduler_features": ["positive", "spread"], "scheduler_credit": "chosen",
-                  "reward_baseline": "batch_mean", "scheduler_advantage_norm": True, "scheduler_entropy": 0.01,
-                  "scheduler_max_concentration": 50.0}
+PLUS_SCHEDULER = {
+    "scheduler_features": ["positive", "spread"],
+    "scheduler_credit": "chosen",
+    "reward_baseline": "batch_mean",
+    "scheduler_advantage_norm": True,
+    "scheduler_entropy": 0.01,
+    "scheduler_max_concentration": 50.0,
+}
 """What the improved scheduler's recipes change of the paper's (and nothing else)."""
 
 
@@ -103,9 +140,18 @@ GloFND have none (docs/methods.md, "Which losses each method trains")."""
 def test_each_method_trains_its_papers_itc_consistency_weight():
     from falcon_cli.config.recipes import resolved_yaml
 
-    shipped = {"coco-albef": "none", "coco-albef-grit": "none", "coco-albef-uniform": "none", "coco-albef-q05": "none",
-               "shapes-demo": "none", "shapes-falcon": "none", "shapes-grit": "none"}
-    shipped.update({f"{world}-{m}": m for world in ("coco-albef", "shapes") for m in ("mafa", "srcl", "diht", "glofnd")})
+    shipped = {
+        "coco-albef": "none",
+        "coco-albef-grit": "none",
+        "coco-albef-uniform": "none",
+        "coco-albef-q05": "none",
+        "shapes-demo": "none",
+        "shapes-falcon": "none",
+        "shapes-grit": "none",
+    }
+    shipped.update(
+        {f"{world}-{m}": m for world in ("coco-albef", "shapes") for m in ("mafa", "srcl", "diht", "glofnd")}
+    )
     for name, method in shipped.items():
         config = load_recipe(name)[0]
         assert config.pretrain.false_negatives == method, name
@@ -127,9 +173,14 @@ def test_each_method_trains_its_papers_itc_consistency_weight():
 
 
 def test_an_explicit_itc_consistency_weight_wins_over_the_methods_own(tmp_path, monkeypatch):
-    for recipe, override, weight in (("coco-albef-glofnd", "0.2", 0.2), ("coco-albef-mafa", "0.3", 0.3),
-                                     ("coco-albef", "0", 0.0), ("shapes-demo", "0.5", 0.5),
-                                     ("coco-albef-diht", "null", 0.0), ("coco-albef", "null", 0.2)):
+    for recipe, override, weight in (
+        ("coco-albef-glofnd", "0.2", 0.2),
+        ("coco-albef-mafa", "0.3", 0.3),
+        ("coco-albef", "0", 0.0),
+        ("shapes-demo", "0.5", 0.5),
+        ("coco-albef-diht", "null", 0.0),
+        ("coco-albef", "null", 0.2),
+    ):
         p = load_recipe(recipe, [f"pretrain.itc_consistency_weight={override}"])[0].pretrain
         assert p.itc_consistency_weight == weight, (recipe, override)
     p = load_recipe("coco-albef", ["pretrain.itc_consistency_weight=0.2", "pretrain.false_negatives=srcl"])[0].pretrain
@@ -140,7 +191,9 @@ def test_an_explicit_itc_consistency_weight_wins_over_the_methods_own(tmp_path, 
     # the resolved config validates again to the same weight (a run's config.yaml, a resume)
     resolved = load_recipe("coco-albef-glofnd")[0]
     assert Recipe.model_validate(resolved.model_dump()).pretrain.itc_consistency_weight == 0.0
-    with pytest.raises(FalconError, match=r"override 'pretrain.itc_consistency_weight=-1': key 'pretrain.itc_consistency_weight'"):
+    with pytest.raises(
+        FalconError, match=r"override 'pretrain.itc_consistency_weight=-1': key 'pretrain.itc_consistency_weight'"
+    ):
         load_recipe("coco-albef", ["pretrain.itc_consistency_weight=-1"])
 
 
@@ -161,7 +214,9 @@ def test_find_recipe_by_name_path_and_unknown(tmp_path):
     assert find_recipe("shapes-demo").name == "shapes-demo.yaml"
     custom = write(tmp_path / "mine.yaml", "data: {dataset: x}\n")
     assert find_recipe(str(custom)) == custom
-    with pytest.raises(FalconError, match=r"unknown recipe 'shapes-dmo': did you mean 'shapes-demo'\? `falcon recipes list`"):
+    with pytest.raises(
+        FalconError, match=r"unknown recipe 'shapes-dmo': did you mean 'shapes-demo'\? `falcon recipes list`"
+    ):
         find_recipe("shapes-dmo")
     with pytest.raises(FalconError, match="not found"):
         find_recipe(str(tmp_path / "missing.yaml"))
@@ -195,7 +250,10 @@ def test_recipe_path_env(tmp_path, monkeypatch):
 
 
 def test_overrides_are_parsed_to_the_field_type():
-    config, _ = load_recipe("shapes-demo", ["data.shapes.images=500", "seed=7", "data.verify_images=false", "data.tokenizer=bert-base-uncased"])
+    config, _ = load_recipe(
+        "shapes-demo",
+        ["data.shapes.images=500", "seed=7", "data.verify_images=false", "data.tokenizer=bert-base-uncased"],
+    )
     assert config.data.shapes.images == 500 and isinstance(config.data.shapes.images, int)
     assert config.seed == 7
     assert config.data.verify_images is False
@@ -254,26 +312,32 @@ def test_every_numeric_config_field_has_its_range():
             sub = section_type(field.annotation)
             if sub is not None:
                 walk(sub)
-            elif (numeric(field.annotation) and not bounded(field.annotation, field.metadata)
-                  and f"{model.__name__}.{name}" not in UNBOUNDED_ON_PURPOSE):
+            elif (
+                numeric(field.annotation)
+                and not bounded(field.annotation, field.metadata)
+                and f"{model.__name__}.{name}" not in UNBOUNDED_ON_PURPOSE
+            ):
                 missing.append(f"{model.__name__}.{name}")
 
     walk(Recipe)
     assert not missing, f"numeric fields without a range: {missing}"
 
 
-@pytest.mark.parametrize("override, message", [
-    ("pretrain.batch_size=0", "pretrain.batch_size': input should be greater than or equal to 2"),
-    ("pretrain.batch_size=-4", "pretrain.batch_size': input should be greater than or equal to 2"),
-    ("pretrain.epochs=0", "pretrain.epochs': input should be greater than or equal to 1"),
-    ("pretrain.epochs=-1", "pretrain.epochs': input should be greater than or equal to 1"),
-    ("pretrain.lr=-1", "pretrain.lr': input should be greater than 0"),
-    ("pretrain.log_every=0", "pretrain.log_every': input should be greater than or equal to 1"),
-    ("pretrain.checkpoint_every=-1", "pretrain.checkpoint_every': input should be greater than or equal to 0"),
-    ("pretrain.keep_last=-1", "pretrain.keep_last': input should be greater than or equal to 1"),
-    ("audit.filter_thresholds=[0.5,1.5]", "audit.filter_thresholds[1]': input should be less than or equal to 1"),
-    ("pretrain.quantile_scale=log", "pretrain.quantile_scale': expected one of linear or log_rank, got 'log'"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("pretrain.batch_size=0", "pretrain.batch_size': input should be greater than or equal to 2"),
+        ("pretrain.batch_size=-4", "pretrain.batch_size': input should be greater than or equal to 2"),
+        ("pretrain.epochs=0", "pretrain.epochs': input should be greater than or equal to 1"),
+        ("pretrain.epochs=-1", "pretrain.epochs': input should be greater than or equal to 1"),
+        ("pretrain.lr=-1", "pretrain.lr': input should be greater than 0"),
+        ("pretrain.log_every=0", "pretrain.log_every': input should be greater than or equal to 1"),
+        ("pretrain.checkpoint_every=-1", "pretrain.checkpoint_every': input should be greater than or equal to 0"),
+        ("pretrain.keep_last=-1", "pretrain.keep_last': input should be greater than or equal to 1"),
+        ("audit.filter_thresholds=[0.5,1.5]", "audit.filter_thresholds[1]': input should be less than or equal to 1"),
+        ("pretrain.quantile_scale=log", "pretrain.quantile_scale': expected one of linear or log_rank, got 'log'"),
+    ],
+)
 def test_values_the_code_cannot_run_with_are_refused_by_the_schema(override, message):
     with pytest.raises(FalconError) as err:
         load_recipe("shapes-demo", [override])
@@ -283,12 +347,15 @@ def test_values_the_code_cannot_run_with_are_refused_by_the_schema(override, mes
 def test_rules_across_fields_name_the_overrides_that_broke_them():
     with pytest.raises(FalconError) as err:
         load_recipe("shapes-demo", ["pretrain.search_space_size=8"])
-    assert ("with 'pretrain.search_space_size=8'" in str(err.value)
-            and "search_space_size (8) is smaller than batch_size (32)" in str(err.value))
+    assert "with 'pretrain.search_space_size=8'" in str(
+        err.value
+    ) and "search_space_size (8) is smaller than batch_size (32)" in str(err.value)
     assert load_recipe("shapes-demo", ["pretrain.search_space_size=8", "pretrain.composer=uniform"])[0]
     with pytest.raises(FalconError, match=r"min_lr .* must not exceed lr"):
         load_recipe("shapes-demo", ["pretrain.lr=1e-6"])
-    with pytest.raises(FalconError, match="quantile_scale=log_rank changes how a drawn q picks: composer grit draws none"):
+    with pytest.raises(
+        FalconError, match="quantile_scale=log_rank changes how a drawn q picks: composer grit draws none"
+    ):
         load_recipe("shapes-demo", ["pretrain.quantile_scale=log_rank"])  # (the demo's composer is GRIT)
     assert load_recipe("shapes-demo", ["pretrain.quantile_scale=log_rank", "pretrain.composer=quantile"])[0]
 
@@ -342,17 +409,26 @@ def test_input_paths_become_absolute_against_the_working_directory(tmp_path, mon
     monkeypatch.chdir(tmp_path)
     (tmp_path / "bert-local").mkdir()
     (tmp_path / "runs" / "demo").mkdir(parents=True)
-    config, _ = load_recipe("shapes-demo", [
-        "data.dataset=data/w", "pretrain.text_weights=bert-local", "pretrain.vision_weights=timm:deit_tiny_patch16_224",
-        "pretrain.srcl.aux_embeddings=../elsewhere/aux.h5", "embed.encoder=falcon:runs/demo",
-        "audit.judge_model=Salesforce/blip-itm-base-coco", "evaluate.retrieval.models=[pretrained, runs/demo/checkpoints/1]",
-        "pretrain.search_spaces=run", "finetune.checkpoint=/abs/run"])
+    config, _ = load_recipe(
+        "shapes-demo",
+        [
+            "data.dataset=data/w",
+            "pretrain.text_weights=bert-local",
+            "pretrain.vision_weights=timm:deit_tiny_patch16_224",
+            "pretrain.srcl.aux_embeddings=../elsewhere/aux.h5",
+            "embed.encoder=falcon:runs/demo",
+            "audit.judge_model=Salesforce/blip-itm-base-coco",
+            "evaluate.retrieval.models=[pretrained, runs/demo/checkpoints/1]",
+            "pretrain.search_spaces=run",
+            "finetune.checkpoint=/abs/run",
+        ],
+    )
     assert config.data.dataset == tmp_path / "data" / "w"
-    assert config.pretrain.text_weights == str(tmp_path / "bert-local")          # exists: a local directory
-    assert config.pretrain.vision_weights == "timm:deit_tiny_patch16_224"        # a name, not a file here
+    assert config.pretrain.text_weights == str(tmp_path / "bert-local")  # exists: a local directory
+    assert config.pretrain.vision_weights == "timm:deit_tiny_patch16_224"  # a name, not a file here
     assert config.pretrain.srcl.aux_embeddings == tmp_path.parent / "elsewhere" / "aux.h5"  # '..' folded
     assert config.embed.encoder == f"falcon:{tmp_path / 'runs' / 'demo'}"
-    assert config.audit.judge_model == "Salesforce/blip-itm-base-coco"          # a hub id
+    assert config.audit.judge_model == "Salesforce/blip-itm-base-coco"  # a hub id
     assert config.evaluate.retrieval.models == ["pretrained", str(tmp_path / "runs/demo/checkpoints/1")]
     assert config.pretrain.search_spaces == "run" and config.finetune.checkpoint == "/abs/run"
     assert config.data.tokenizer == "wordpiece"
@@ -363,22 +439,29 @@ def test_input_paths_become_absolute_against_the_working_directory(tmp_path, mon
     from falcon_cli.config.paths import input_path_keys
 
     markers = dict(input_path_keys(Recipe))
-    assert {"pretrain.mafa.judge_model", "pretrain.srcl.aux_embeddings", "embed.encoder", "data.dataset"} <= set(markers)
+    assert {"pretrain.mafa.judge_model", "pretrain.srcl.aux_embeddings", "embed.encoder", "data.dataset"} <= set(
+        markers
+    )
     assert "pretrain.epochs" not in markers
     dumped = config.model_dump()
-    found = {key: markers[key].artifact(value) for key in markers
-             if (value := functools.reduce(lambda d, k: d.get(k) if isinstance(d, dict) else None, key.split("."), dumped))}
+    found = {
+        key: markers[key].artifact(value)
+        for key in markers
+        if (value := functools.reduce(lambda d, k: d.get(k) if isinstance(d, dict) else None, key.split("."), dumped))
+    }
     assert found["embed.encoder"] == tmp_path / "runs" / "demo" and found["finetune.checkpoint"] == Path("/abs/run")
     assert found["pretrain.srcl.aux_embeddings"] == tmp_path.parent / "elsewhere" / "aux.h5"
     assert found["audit.judge_model"] is None and found["pretrain.vision_weights"] is None  # a hub id, a timm name
-    assert found["pretrain.search_spaces"] is None and found["data.tokenizer"] is None      # keywords
+    assert found["pretrain.search_spaces"] is None and found["data.tokenizer"] is None  # keywords
 
 
 def test_study_recipes_live_apart_but_resolve_by_name_and_list_in_their_group():
     recipes = list_recipes()
     assert recipes["shapes-falcon-margin"].parent.name == STUDY_DIR
     assert recipes["coco-albef-grit"].parent.name == "recipes"
-    assert load_recipe("shapes-falcon-margin")[0].pretrain.reward == "positive_margin"  # (its base, shapes-falcon-plus, too)
+    assert (
+        load_recipe("shapes-falcon-margin")[0].pretrain.reward == "positive_margin"
+    )  # (its base, shapes-falcon-plus, too)
     assert recipe_group("shapes-falcon-margin", recipes["shapes-falcon-margin"]).startswith("Studies")
     assert recipe_group("coco-albef-grit", recipes["coco-albef-grit"]).startswith("COCO, ALBEF")
     assert recipe_group("coco-siglip", recipes["coco-siglip"]).startswith("COCO, dual")
@@ -398,8 +481,11 @@ def test_every_description_fits_one_line_of_the_list():
 
 
 def test_a_recipe_path_that_moved_names_where_it_is_now(tmp_path):
-    with pytest.raises(FalconError, match=r"recipes/shapes-falcon-margin.yaml not found: it moved to .*recipes/"
-                                          r"studies/shapes-falcon-margin.yaml \(`--recipe shapes-falcon-margin`"):
+    with pytest.raises(
+        FalconError,
+        match=r"recipes/shapes-falcon-margin.yaml not found: it moved to .*recipes/"
+        r"studies/shapes-falcon-margin.yaml \(`--recipe shapes-falcon-margin`",
+    ):
         find_recipe("recipes/shapes-falcon-margin.yaml")
     with pytest.raises(FalconError, match=r"recipe file .*nowhere.yaml not found$"):
         find_recipe(tmp_path / "nowhere.yaml")

@@ -29,8 +29,12 @@ def test_the_rules_themselves():
 
 def test_dense_settings_follow_the_rules():
     glofnd = rules.method_settings("glofnd", 15)
-    assert glofnd == {"pretrain.glofnd.start_epoch": 15, "pretrain.glofnd.lr": rules.rate(0.05, 22, 21),
-                      "pretrain.glofnd.alpha": 0.179, "pretrain.glofnd.adam_step": "epoch"}
+    assert glofnd == {
+        "pretrain.glofnd.start_epoch": 15,
+        "pretrain.glofnd.lr": rules.rate(0.05, 22, 21),
+        "pretrain.glofnd.alpha": 0.179,
+        "pretrain.glofnd.adam_step": "epoch",
+    }
     assert rules.method_settings("glofnd", 19)["pretrain.glofnd.lr"] == 0.05  # 17 updates in both
     assert rules.DENSE.false_negative_rate == pytest.approx(0.178827)  # the tuning world's, as measured
     with pytest.raises(ValueError, match="not one of the tuning candidates"):
@@ -44,7 +48,9 @@ def test_the_page_shows_the_rules():
     """docs/methods.md's block is what the module renders (`python -m falcon_cli.method_rules docs/methods.md`)."""
     text = (ROOT / "docs" / "methods.md").read_text()
     block = text.split(rules.RULES_BEGIN, 1)[1].split(rules.RULES_END, 1)[0].strip("\n").split("\n")
-    assert block == "\n".join(rules.rules_markdown()).strip("\n").split("\n"), "docs/methods.md's rules block is stale: python -m falcon_cli.method_rules docs/methods.md"
+    assert block == "\n".join(rules.rules_markdown()).strip("\n").split("\n"), (
+        "docs/methods.md's rules block is stale: python -m falcon_cli.method_rules docs/methods.md"
+    )
     for method in ("glofnd", "mafa", "srcl", "diht", "falcon"):
         assert f"**{method}**" in "\n".join(block)
 
@@ -62,7 +68,9 @@ def test_sweep_arms_and_recipes_take_the_rules_values(arm, tmp_path):
         config = load_recipe(recipe, [*overrides, "pretrain.epochs=36"])[0]
         p = config.pretrain
         for key, expected in rules.method_settings(method, value).items():
-            section, name = key.removeprefix("pretrain.").split(".") if key.count(".") == 2 else (None, key.split(".")[1])
+            section, name = (
+                key.removeprefix("pretrain.").split(".") if key.count(".") == 2 else (None, key.split(".")[1])
+            )
             got = getattr(getattr(p, section), name) if section else getattr(p, name)
             assert got == expected, (key, got, expected)
         assert p.composer == "uniform" and p.false_negatives == method and p.itc_consistency_weight == 0.0
@@ -80,13 +88,20 @@ def test_sweep_arms_and_recipes_take_the_rules_values(arm, tmp_path):
 def test_a_start_epoch_past_the_last_is_refused(tmp_path):
     from tests.conftest import run_cli
 
-    proc = run_cli("pretrain", "--recipe", "shapes-glofnd", "--run-dir", tmp_path / "run", "pretrain.glofnd.start_epoch=3")
+    proc = run_cli(
+        "pretrain", "--recipe", "shapes-glofnd", "--run-dir", tmp_path / "run", "pretrain.glofnd.start_epoch=3"
+    )
     assert proc.returncode == 2 and not (tmp_path / "run").exists(), proc.stdout + proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert "glofnd.start_epoch=3 is past the last epoch (epochs=3" in line
     with pytest.raises(FalconError, match=r"glofnd.start_epoch=36 is past the last epoch \(epochs=36"):
         load_recipe("shapes-glofnd", ["pretrain.epochs=36", "pretrain.glofnd.start_epoch=36"])
-    assert load_recipe("shapes-glofnd", ["pretrain.epochs=36", "pretrain.glofnd.start_epoch=35"])[0].pretrain.glofnd.start_epoch == 35
+    assert (
+        load_recipe("shapes-glofnd", ["pretrain.epochs=36", "pretrain.glofnd.start_epoch=35"])[
+            0
+        ].pretrain.glofnd.start_epoch
+        == 35
+    )
 
 
 @pytest.mark.parametrize("method", list(rules.COCO_RECIPES))

@@ -26,7 +26,8 @@ def write_json(path: Path, obj) -> None:
 
 def make_spec(tmp_path: Path, **sections):
     (tmp_path / "dataset.yaml").write_text(
-        yaml.safe_dump({"name": "tiny", "image_root": "images", **sections}), encoding="utf-8")
+        yaml.safe_dump({"name": "tiny", "image_root": "images", **sections}), encoding="utf-8"
+    )
     return load_spec(tmp_path)
 
 
@@ -37,33 +38,45 @@ def messy(tmp_path):
     for name in ("a.png", "b.png", "c.png"):
         png(img / name)
     (img / "garbage.png").write_bytes(b"this is not a png at all" * 10)
-    write_json(tmp_path / "pretrain.json", [
-        {"image": "a.png", "caption": "a blue square"},
-        {"image": "a.png", "caption": "a blue square"},          # duplicate pair
-        {"image": "b.png", "caption": ""},                       # empty caption
-        {"image": "missing1.png", "caption": "x"},               # missing image
-        {"image": "garbage.png", "caption": 42},                 # unreadable image + non-string caption
-        {"image": "c.png"},                                      # missing key
-        {"image": "missing2.png", "caption": ["ok", "fine"]},    # missing image
-    ])
-    write_json(tmp_path / "ret_test.json", [
-        {"image": "a.png", "caption": ["one", "two"], "image_id": 1},
-        {"image": "b.png", "caption": ["three"], "image_id": 1},     # duplicate image_id
-        {"image": "a.png", "caption": ["four"], "image_id": 2},
-    ])
-    write_json(tmp_path / "vqa_train.json", [
-        {"question_id": 1, "question": "what colour", "answer": ["blue"] * 3, "image": "a.png", "dataset": "vqa"},
-        {"question_id": 1, "question": "again", "answer": "blue", "image": "a.png", "dataset": "vqa"},  # dup id
-        {"question_id": 2, "question": "shape", "answer": 7, "image": "b.png", "dataset": "vqa"},  # bad answer
-        {"question_id": 3, "question": "vg q", "answer": "x", "image": "v.png", "dataset": "vg"},
-    ])
+    write_json(
+        tmp_path / "pretrain.json",
+        [
+            {"image": "a.png", "caption": "a blue square"},
+            {"image": "a.png", "caption": "a blue square"},  # duplicate pair
+            {"image": "b.png", "caption": ""},  # empty caption
+            {"image": "missing1.png", "caption": "x"},  # missing image
+            {"image": "garbage.png", "caption": 42},  # unreadable image + non-string caption
+            {"image": "c.png"},  # missing key
+            {"image": "missing2.png", "caption": ["ok", "fine"]},  # missing image
+        ],
+    )
+    write_json(
+        tmp_path / "ret_test.json",
+        [
+            {"image": "a.png", "caption": ["one", "two"], "image_id": 1},
+            {"image": "b.png", "caption": ["three"], "image_id": 1},  # duplicate image_id
+            {"image": "a.png", "caption": ["four"], "image_id": 2},
+        ],
+    )
+    write_json(
+        tmp_path / "vqa_train.json",
+        [
+            {"question_id": 1, "question": "what colour", "answer": ["blue"] * 3, "image": "a.png", "dataset": "vqa"},
+            {"question_id": 1, "question": "again", "answer": "blue", "image": "a.png", "dataset": "vqa"},  # dup id
+            {"question_id": 2, "question": "shape", "answer": 7, "image": "b.png", "dataset": "vqa"},  # bad answer
+            {"question_id": 3, "question": "vg q", "answer": "x", "image": "v.png", "dataset": "vg"},
+        ],
+    )
     png(tmp_path / "vg" / "v.png")
     write_json(tmp_path / "answers.json", ["blue", "blue", ""])
-    write_json(tmp_path / "nlvr_dev.json", [
-        {"images": ["a.png", "b.png"], "sentence": "s", "label": "True", "identifier": "x-0"},
-        {"images": ["a.png", "missing3.png"], "sentence": "s", "label": "maybe", "identifier": "x-0"},
-        {"images": ["a.png", "b.png"], "sentence": " ", "label": "False", "identifier": "x-1"},
-    ])
+    write_json(
+        tmp_path / "nlvr_dev.json",
+        [
+            {"images": ["a.png", "b.png"], "sentence": "s", "label": "True", "identifier": "x-0"},
+            {"images": ["a.png", "missing3.png"], "sentence": "s", "label": "maybe", "identifier": "x-0"},
+            {"images": ["a.png", "b.png"], "sentence": " ", "label": "False", "identifier": "x-1"},
+        ],
+    )
     (tmp_path / "broken.json").write_text('[\n{"image": "a.png",\n "caption": "x",,}\n]', encoding="utf-8")
     return make_spec(
         tmp_path,
@@ -81,8 +94,15 @@ def by_label(report):
 def test_check_counts_every_problem(messy):
     report = check_dataset(messy)
     sources = by_label(report)
-    assert list(sources) == ["pretrain/train[0]", "pretrain/train[1]", "pretrain/train[2]",
-                             "retrieval/test", "vqa/train", "vqa/answer_list", "nlvr2/dev"]
+    assert list(sources) == [
+        "pretrain/train[0]",
+        "pretrain/train[1]",
+        "pretrain/train[2]",
+        "retrieval/test",
+        "vqa/train",
+        "vqa/answer_list",
+        "nlvr2/dev",
+    ]
     pre = sources["pretrain/train[0]"]
     assert (pre.entries, pre.images, pre.images_found, pre.images_missing, pre.images_unreadable) == (7, 6, 3, 2, 1)
     assert pre.entries_missing_images == 2
@@ -94,7 +114,13 @@ def test_check_counts_every_problem(messy):
 
     vqa = sources["vqa/train"]
     assert (vqa.entries, vqa.duplicates, vqa.bad_labels, vqa.images, vqa.images_found, vqa.images_missing) == (
-        4, 1, 1, 3, 3, 0)  # the vg entry is found under vg_image_root
+        4,
+        1,
+        1,
+        3,
+        3,
+        0,
+    )  # the vg entry is found under vg_image_root
 
     answers = sources["vqa/answer_list"]
     assert (answers.entries, answers.malformed, answers.duplicates) == (3, 1, 1)
@@ -190,8 +216,10 @@ def test_missing_images_are_warnings_under_on_missing_skip(messy):
     pre = by_label(report)["pretrain/train[0]"]
     assert (pre.images_missing, pre.entries_missing_images) == (2, 2)
     assert not any("are missing" in p for p in report.problems)
-    assert any("pretrain.json" in w and "2 of 6 images are missing" in w and "drops the 2 entries" in w
-               for w in report.warnings)
+    assert any(
+        "pretrain.json" in w and "2 of 6 images are missing" in w and "drops the 2 entries" in w
+        for w in report.warnings
+    )
     assert any("cannot be decoded" in p for p in report.problems)  # unreadable images still fail
 
 
@@ -215,8 +243,8 @@ def scrambled_png(path: Path) -> None:
     Image.new("RGB", (16, 16), (200, 30, 30)).save(buffer, format="PNG")
     data, out, pos = buffer.getvalue(), bytearray(buffer.getvalue()[:8]), 8
     while pos < len(data):
-        (length,) = struct.unpack(">I", data[pos:pos + 4])
-        kind, body = data[pos + 4:pos + 8], bytearray(data[pos + 8:pos + 8 + length])
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], bytearray(data[pos + 8 : pos + 8 + length])
         if kind == b"IDAT":
             body[2:] = bytes(b ^ 0x5A for b in body[2:])  # keep the zlib header, scramble the stream
         out += struct.pack(">I", length) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)

@@ -109,9 +109,11 @@ def test_training_is_deterministic_across_processes(tmp_path):
     import subprocess
     import sys
 
-    script = ("import sys; from falcon_cli.data.tokenizer import train_wordpiece_tokenizer as t; "
-              "t([f'a red circle left of a blue square {i % 7}' for i in range(300)] + ['crimson ball', 'tiny box'], "
-              "sys.argv[1], vocab_size=400)")
+    script = (
+        "import sys; from falcon_cli.data.tokenizer import train_wordpiece_tokenizer as t; "
+        "t([f'a red circle left of a blue square {i % 7}' for i in range(300)] + ['crimson ball', 'tiny box'], "
+        "sys.argv[1], vocab_size=400)"
+    )
     for name in ("a", "b"):
         subprocess.run([sys.executable, "-c", script, str(tmp_path / name)], check=True)
     for file in ("vocab.txt", "tokenizer.json"):
@@ -139,9 +141,16 @@ def _clip_bpe(out):
     tok.decoder = decoders.BPEDecoder(suffix="</w>")
     tok.post_processor = processors.TemplateProcessing(
         single="<|startoftext|> $A <|endoftext|>",
-        special_tokens=[("<|startoftext|>", vocab["<|startoftext|>"]), ("<|endoftext|>", vocab["<|endoftext|>"])])
-    CLIPTokenizerFast(tokenizer_object=tok, bos_token="<|startoftext|>", eos_token="<|endoftext|>",
-                      unk_token="<|endoftext|>", pad_token="<|endoftext|>", model_max_length=77).save_pretrained(str(out))
+        special_tokens=[("<|startoftext|>", vocab["<|startoftext|>"]), ("<|endoftext|>", vocab["<|endoftext|>"])],
+    )
+    CLIPTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|startoftext|>",
+        eos_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        model_max_length=77,
+    ).save_pretrained(str(out))
     return vocab
 
 
@@ -153,8 +162,15 @@ def _unigram(out, tokenizer_class=None, **special):
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁a", -2.0), ("▁red", -3.0), ("▁circle", -3.0),
-              ("▁", -4.0)] + [(c, -6.0) for c in "abcdefghijklmnopqrstuvwxyz"]
+    pieces = [
+        ("<pad>", 0.0),
+        ("</s>", 0.0),
+        ("<unk>", 0.0),
+        ("▁a", -2.0),
+        ("▁red", -3.0),
+        ("▁circle", -3.0),
+        ("▁", -4.0),
+    ] + [(c, -6.0) for c in "abcdefghijklmnopqrstuvwxyz"]
     tok = Tokenizer(models.Unigram(pieces, unk_id=2, byte_fallback=False))
     tok.normalizer = normalizers.Lowercase()
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
@@ -181,7 +197,10 @@ def test_load_tokenizer_clip_bpe_directory(tmp_path):
     assert not isinstance(tok, BertTokenizerFast) and type(tok).__name__.startswith("CLIPTokenizer")
     bos, eos = vocab["<|startoftext|>"], vocab["<|endoftext|>"]
     ids, mask = _encode(tok, ["a red circle", "Red"])
-    assert ids == [[bos, vocab["a</w>"], vocab["red</w>"], vocab["circle</w>"], eos], [bos, vocab["red</w>"], eos, eos, eos]]
+    assert ids == [
+        [bos, vocab["a</w>"], vocab["red</w>"], vocab["circle</w>"], eos],
+        [bos, vocab["red</w>"], eos, eos, eos],
+    ]
     assert mask == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]
     assert _encode(tok, ["a red circle"], max_length=3) == ([[bos, vocab["a</w>"], eos]], [[1, 1, 1]])  # truncated
     tok.save_pretrained(str(tmp_path / "again"))  # what the data stage does with the run's tokenizer
@@ -212,16 +231,23 @@ def test_load_tokenizer_sentencepiece_from_the_hub_cache(tmp_path):
     ``huggingface_hub.constants`` in this process reached only newer versions."""
     commit = "0" * 40
     repo = tmp_path / "hub" / "models--falcon-tests--tiny-siglip"
-    _unigram(repo / "snapshots" / commit, tokenizer_class="T5TokenizerFast", eos_token="</s>", unk_token="<unk>",
-             pad_token="<pad>")
+    _unigram(
+        repo / "snapshots" / commit,
+        tokenizer_class="T5TokenizerFast",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+    )
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(commit, encoding="utf-8")
     (repo / ".no_exist" / commit).mkdir(parents=True)  # the hub said: no config.json (open_clip repos have none)
     (repo / ".no_exist" / commit / "config.json").touch()
-    code = ("import json; from falcon_cli.data.tokenizer import load_tokenizer; "
-            "tok = load_tokenizer('falcon-tests/tiny-siglip'); "
-            "out = tok(['a red circle', 'red'], padding='longest', truncation=True, max_length=16); "
-            "print(json.dumps([type(tok).__name__, tok.pad_token_id, out['input_ids'], out['attention_mask']]))")
+    code = (
+        "import json; from falcon_cli.data.tokenizer import load_tokenizer; "
+        "tok = load_tokenizer('falcon-tests/tiny-siglip'); "
+        "out = tok(['a red circle', 'red'], padding='longest', truncation=True, max_length=16); "
+        "print(json.dumps([type(tok).__name__, tok.pad_token_id, out['input_ids'], out['attention_mask']]))"
+    )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -287,9 +313,11 @@ def test_caption_tokens_equal_tokenize_and_tokenise_each_caption_once(kind, trai
 
     from falcon_cli.data.collate import CaptionTokens, PretrainCollate, tokenize
 
-    tokenizer = {"wordpiece": lambda: load_tokenizer(trained[0]),
-                 "clip-bpe": lambda: (_clip_bpe(tmp_path / "clip"), load_tokenizer(tmp_path / "clip"))[1],
-                 "unigram": lambda: (_unigram(tmp_path / "uni", eos_token="</s>"), load_tokenizer(tmp_path / "uni"))[1]}[kind]()
+    tokenizer = {
+        "wordpiece": lambda: load_tokenizer(trained[0]),
+        "clip-bpe": lambda: (_clip_bpe(tmp_path / "clip"), load_tokenizer(tmp_path / "clip"))[1],
+        "unigram": lambda: (_unigram(tmp_path / "uni", eos_token="</s>"), load_tokenizer(tmp_path / "uni"))[1],
+    }[kind]()
     words = ["a", "red", "circle", "left", "of", "blue", "square", "two", "big", "Red.", "triangles", "élan"]
     rng = random.Random(0)
     captions = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 14))) for _ in range(40)]

@@ -75,16 +75,26 @@ def test_nothing_excluded_is_plain_grit_and_gradients_skip_removed_entries():
 
 
 def records(images: list[str], image_ids: list | None = None) -> list[PretrainRecord]:
-    return [PretrainRecord(pair_id=10 + i, image=Path(path), captions=(f"caption {i}",),
-                           extra={} if image_ids is None else {"image_id": image_ids[i]})
-            for i, path in enumerate(images)]
+    return [
+        PretrainRecord(
+            pair_id=10 + i,
+            image=Path(path),
+            captions=(f"caption {i}",),
+            extra={} if image_ids is None else {"image_id": image_ids[i]},
+        )
+        for i, path in enumerate(images)
+    ]
 
 
 def test_shared_images_by_image_id_or_else_by_path():
     by_path = SharedImages(records(["a.jpg", "b.jpg", "a.jpg", "c.jpg"]))
     mask = by_path.mask(torch.tensor([12, 10, 11, 13]))
-    assert mask.tolist() == [[False, True, False, False], [True, False, False, False],
-                             [False, False, False, False], [False, False, False, False]]
+    assert mask.tolist() == [
+        [False, True, False, False],
+        [True, False, False, False],
+        [False, False, False, False],
+        [False, False, False, False],
+    ]
     # image_id wins when every entry has one (two files of one COCO image, e.g. copies in two folders)
     by_id = SharedImages(records(["x/a.jpg", "y/a.jpg", "b.jpg"], image_ids=[7, 7, 8]))
     assert by_id.mask(torch.tensor([10, 11, 12]))[0, 1]
@@ -116,8 +126,16 @@ def test_vlp_objective_masks_same_image_pairs_in_itc_and_itm():
     ids = torch.randint(5, 60, (4, 8))
     ids[:, 0] = 2
     attention = torch.ones_like(ids)
-    mask = MlmMask.sample(ids, attention, probability=0.15, generator=torch.Generator().manual_seed(0),
-                          vocab_size=60, mask_token_id=4, pad_token_id=0, cls_token_id=2)
+    mask = MlmMask.sample(
+        ids,
+        attention,
+        probability=0.15,
+        generator=torch.Generator().manual_seed(0),
+        vocab_size=60,
+        mask_token_id=4,
+        pad_token_id=0,
+        cls_token_id=2,
+    )
     same = torch.zeros(4, 4, dtype=torch.bool)
     same[0, 1] = same[1, 0] = True
     objective.eval()
@@ -133,8 +151,9 @@ def test_vlp_objective_masks_same_image_pairs_in_itc_and_itm():
     assert masked.itm.item() != pytest.approx(plain.itm.item(), rel=1e-6)  # (the hardest negative of 0 was 1)
     # `oracle_negatives: mask_itc`: the ITC masked, ITM's mining as without the mask
     with torch.no_grad():
-        itc_only = objective(images, ids, attention, mask,
-                             context=StepContext(torch.arange(4), same_image=same, mask_itm=False))
+        itc_only = objective(
+            images, ids, attention, mask, context=StepContext(torch.arange(4), same_image=same, mask_itm=False)
+        )
     assert itc_only.itc.item() == pytest.approx(masked.itc.item(), rel=1e-5)
     assert itc_only.itm.item() == pytest.approx(plain.itm.item(), rel=1e-5)
 
@@ -162,11 +181,27 @@ def test_masked_run_and_its_audit(tmp_path):
     from tests.conftest import run_cli
 
     run = tmp_path / "run"
-    proc = run_cli("pretrain", "--recipe", "shapes-demo", "--run-dir", run, f"data.dataset={tmp_path / 'world'}",
-                   "data.shapes.images=40", "data.tokenizer_vocab_size=200", "pretrain.epochs=2", "pretrain.batch_size=16",
-                   "pretrain.search_space_size=48", "pretrain.num_workers=0", "pretrain.warmup_steps=2",
-                   "pretrain.log_every=1", "pretrain.eval_split=null", "pretrain.same_image=mask",
-                   "pretrain.composer=falcon", "pretrain.reward=itc+itm", "pretrain.reward_mode=eval")
+    proc = run_cli(
+        "pretrain",
+        "--recipe",
+        "shapes-demo",
+        "--run-dir",
+        run,
+        f"data.dataset={tmp_path / 'world'}",
+        "data.shapes.images=40",
+        "data.tokenizer_vocab_size=200",
+        "pretrain.epochs=2",
+        "pretrain.batch_size=16",
+        "pretrain.search_space_size=48",
+        "pretrain.num_workers=0",
+        "pretrain.warmup_steps=2",
+        "pretrain.log_every=1",
+        "pretrain.eval_split=null",
+        "pretrain.same_image=mask",
+        "pretrain.composer=falcon",
+        "pretrain.reward=itc+itm",
+        "pretrain.reward_mode=eval",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     masked = [r["same_image_masked"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r]
     assert len(masked) == 20 and sum(masked) > 0 and all(m % 2 == 0 for m in masked)  # symmetric pairs

@@ -22,7 +22,11 @@ def obj(size, color, shape, position):
 
 
 # A: three different objects on the diagonal.
-SCENE_A = [obj("large", "red", "circle", "top left"), obj("small", "blue", "square", "center"), obj("large", "green", "triangle", "bottom right")]
+SCENE_A = [
+    obj("large", "red", "circle", "top left"),
+    obj("small", "blue", "square", "center"),
+    obj("large", "green", "triangle", "bottom right"),
+]
 # B: two identical small red circles, top right and bottom left.
 SCENE_B = [obj("small", "red", "circle", "top right"), obj("small", "red", "circle", "bottom left")]
 # C: a single large yellow diamond in the center.
@@ -127,7 +131,10 @@ FULL_A = "three shapes: a large red circle in the top left, a small blue square 
         (FULL_A.replace("three", "3").replace("circle", "ball").replace("red", "crimson"), {"A"}),
         # asserts the exact object count: a true subset of the objects is not enough
         ("two shapes: a large red circle in the top left and a small blue square in the center", set()),
-        ("three shapes: a large red circle in the top left, a small blue square in the center and a small green triangle in the bottom right", set()),
+        (
+            "three shapes: a large red circle in the top left, a small blue square in the center and a small green triangle in the bottom right",
+            set(),
+        ),
         ("one shape: a large yellow diamond in the center", {"C"}),
         # without positions, descriptions must still go to distinct objects
         ("two shapes: a red circle and a red circle", {"B"}),
@@ -143,8 +150,14 @@ def test_full_descriptions(text, expected):
 
 
 def test_synonym_caption_parses_to_the_canonical_form():
-    assert parse_caption("a crimson ball") == parse_caption("a red circle") == lfs.exists(lfs.describe(color="red", shape="circle"))
-    assert parse_caption("There's a big box in the upper-left corner.") == lfs.exists(lfs.describe(size="large", shape="square", position="top left"))
+    assert (
+        parse_caption("a crimson ball")
+        == parse_caption("a red circle")
+        == lfs.exists(lfs.describe(color="red", shape="circle"))
+    )
+    assert parse_caption("There's a big box in the upper-left corner.") == lfs.exists(
+        lfs.describe(size="large", shape="square", position="top left")
+    )
     assert parse_caption("exactly 2 green objects") == lfs.count(2, lfs.describe(color="green"))
 
 
@@ -185,7 +198,12 @@ def test_malformed_logical_forms_are_rejected():
     with pytest.raises(FalconError, match="count"):
         evaluate({"type": "count", "count": -1, "object": {}}, ARRAYS)
     # a JSON string is accepted too
-    assert evaluate('{"type": "exists", "object": {"shape": "diamond"}}', ARRAYS).tolist() == [False, False, True, False]
+    assert evaluate('{"type": "exists", "object": {"shape": "diamond"}}', ARRAYS).tolist() == [
+        False,
+        False,
+        True,
+        False,
+    ]
 
 
 # --- vectorised oracle == plain per-scene Python ---------------------------------------
@@ -217,7 +235,10 @@ def reference_truth(lf: dict, objects: list[dict]) -> bool:
     descriptions = lf["objects"]
     if len(objects) != len(descriptions):
         return False
-    return any(all(matches(objects[p[i]], d) for i, d in enumerate(descriptions)) for p in itertools.permutations(range(len(objects))))
+    return any(
+        all(matches(objects[p[i]], d) for i, d in enumerate(descriptions))
+        for p in itertools.permutations(range(len(objects)))
+    )
 
 
 def random_scene(rng: random.Random) -> list[dict]:
@@ -304,8 +325,13 @@ def test_sampled_captions_are_true_and_parse_back():
     for _ in range(200):
         scene = random_scene(rng)
         arrays = SceneArrays.from_objects([scene])
-        for caption in sample_captions(scene_objects(arrays.shape[0], arrays.color[0], arrays.size[0]), rng,
-                                       count=5, kind_weights=[1] * 6, paraphrase_prob=0.5):
+        for caption in sample_captions(
+            scene_objects(arrays.shape[0], arrays.color[0], arrays.size[0]),
+            rng,
+            count=5,
+            kind_weights=[1] * 6,
+            paraphrase_prob=0.5,
+        ):
             assert evaluate(caption["logical_form"], arrays)[0], caption["text"]
             assert parse_caption(caption["text"]) == caption["logical_form"]
             assert lfs.kind_of(caption["logical_form"]) == caption["kind"]

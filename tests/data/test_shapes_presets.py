@@ -33,7 +33,10 @@ def test_a_preset_fills_knobs_that_are_not_given_and_given_knobs_win():
         assert (got.model_dump() if key == "caption_mix" else got) == value
     own = ShapesConfig(preset="coco-like", images=400, near_misses=0, caption_mix={"count": 2.0})
     assert own.near_misses == 0 and own.min_attributes == 3
-    assert own.caption_mix.count == 2.0 and own.caption_mix.relation == PRESETS["coco-like"].settings["caption_mix"]["relation"]
+    assert (
+        own.caption_mix.count == 2.0
+        and own.caption_mix.relation == PRESETS["coco-like"].settings["caption_mix"]["relation"]
+    )
     # The dense preset is the default world, knob for knob.
     assert ShapesConfig(preset="dense").model_dump(exclude={"preset"}) == ShapesConfig().model_dump(exclude={"preset"})
     # A resolved config validates to itself (what the reuse check relies on).
@@ -95,7 +98,9 @@ def test_min_attributes_makes_relations_and_positions_name_that_many_attributes(
     rng = random.Random(0)
     for _ in range(60):
         objects = scene_objects(*sample_scene(rng, min_objects=2, max_objects=4, num_shapes=6, num_colors=8))
-        for caption in sample_captions(objects, rng, count=5, kind_weights=[0, 0, 1, 3, 0, 1], paraphrase_prob=0.2, min_attributes=3):
+        for caption in sample_captions(
+            objects, rng, count=5, kind_weights=[0, 0, 1, 3, 0, 1], paraphrase_prob=0.2, min_attributes=3
+        ):
             lf = caption["logical_form"]
             if caption["kind"] == "relation":
                 assert len(lf["subject"]) == 3 and len(lf["object"]) == 3
@@ -127,15 +132,26 @@ def test_scene_captions_describe_the_whole_scene_in_distinct_orders():
     for _ in range(80):
         cells = sample_scene(rng, min_objects=2, max_objects=4, num_shapes=6, num_colors=8)
         objects = scene_objects(*cells)
-        captions = sample_captions(objects, rng, count=5, kind_weights=[0, 0, 0, 1, 0, 0], paraphrase_prob=0.2,
-                                   min_attributes=3, scene_captions=4)
+        captions = sample_captions(
+            objects,
+            rng,
+            count=5,
+            kind_weights=[0, 0, 0, 1, 0, 0],
+            paraphrase_prob=0.2,
+            min_attributes=3,
+            scene_captions=4,
+        )
         full = [c for c in captions if c["kind"] == "full"]
         assert len(full) == min(4, factorial(len(objects)))
         seen_counts.add(len(full))
         assert all(c["kind"] == "relation" for c in captions if c["kind"] != "full")
         assert len({c["key"] for c in full}) == len(full)  # another order each
-        wanted = sorted(json.dumps({"size": o["size"], "color": o["color"], "shape": o["shape"], "position": o["position"]},
-                                   sort_keys=True) for o in objects)
+        wanted = sorted(
+            json.dumps(
+                {"size": o["size"], "color": o["color"], "shape": o["shape"], "position": o["position"]}, sort_keys=True
+            )
+            for o in objects
+        )
         for caption in full:
             assert sorted(json.dumps(d, sort_keys=True) for d in caption["logical_form"]["objects"]) == wanted
         # The oracle reads every order as the same scene: each caption is true of its image.
@@ -147,28 +163,43 @@ def test_scene_captions_describe_the_whole_scene_in_distinct_orders():
 def test_without_scene_captions_the_draws_are_unchanged():
     """``scene_captions=0`` draws nothing for them: the same captions as a call without the knob."""
     for seed in range(20):
-        objects = scene_objects(*sample_scene(random.Random(seed), min_objects=1, max_objects=4, num_shapes=4, num_colors=6))
+        objects = scene_objects(
+            *sample_scene(random.Random(seed), min_objects=1, max_objects=4, num_shapes=4, num_colors=6)
+        )
         plain = sample_captions(objects, random.Random(seed), count=5, kind_weights=[1] * 6, paraphrase_prob=0.2)
-        zero = sample_captions(objects, random.Random(seed), count=5, kind_weights=[1] * 6, paraphrase_prob=0.2, scene_captions=0)
+        zero = sample_captions(
+            objects, random.Random(seed), count=5, kind_weights=[1] * 6, paraphrase_prob=0.2, scene_captions=0
+        )
         assert plain == zero
 
 
 @pytest.fixture(scope="module")
 def preset_worlds(tmp_path_factory) -> dict[str, dict]:
     root = tmp_path_factory.mktemp("presets")
-    return {name: json.loads((generate_world(ShapesConfig(preset=name, images=1200, size=24, seed=2),
-                                             root / name).out_dir / "world.json").read_text())
-            for name in PRESETS}
+    return {
+        name: json.loads(
+            (
+                generate_world(ShapesConfig(preset=name, images=1200, size=24, seed=2), root / name).out_dir
+                / "world.json"
+            ).read_text()
+        )
+        for name in PRESETS
+    }
 
 
 def test_presets_give_their_regimes(preset_worlds):
     """The rates docs/shapes.md promises, on a small world (the family part is larger when the split is small)."""
-    rate = {name: world["statistics"]["false_negative_density"]["train"]["pair_negative_fn_rate"] for name, world in preset_worlds.items()}
+    rate = {
+        name: world["statistics"]["false_negative_density"]["train"]["pair_negative_fn_rate"]
+        for name, world in preset_worlds.items()
+    }
     assert rate["coco-like"] < 0.006
     assert 0.02 < rate["medium"] < 0.06
     assert rate["dense"] > 0.12
-    near_miss = {name: world["statistics"]["false_negative_density"]["train"].get("near_miss_fn_rate")
-                 for name, world in preset_worlds.items()}
+    near_miss = {
+        name: world["statistics"]["false_negative_density"]["train"].get("near_miss_fn_rate")
+        for name, world in preset_worlds.items()
+    }
     assert near_miss["coco-like"] < 0.10 < 0.2 < near_miss["medium"]  # a near miss is rarely true in coco-like
     by_kind = preset_worlds["coco-like"]["statistics"]["false_negative_density"]["train"]["by_kind"]
     assert set(by_kind) == {"relation", "full"} and by_kind["full"]["near_miss_fn_rate"] == 0
@@ -182,18 +213,27 @@ def test_presets_give_their_regimes(preset_worlds):
 
 
 def test_coco_like_and_medium_share_their_scenes(tmp_path):
-    worlds = {name: generate_world(ShapesConfig(preset=name, images=60, size=24), tmp_path / name).out_dir for name in ("coco-like", "medium")}
+    worlds = {
+        name: generate_world(ShapesConfig(preset=name, images=60, size=24), tmp_path / name).out_dir
+        for name in ("coco-like", "medium")
+    }
     scenes = [pq.read_table(w / "scenes.parquet").to_pylist() for w in worlds.values()]
     assert scenes[0] == scenes[1]
-    assert (worlds["coco-like"] / "images" / "000007.png").read_bytes() == (worlds["medium"] / "images" / "000007.png").read_bytes()
+    assert (worlds["coco-like"] / "images" / "000007.png").read_bytes() == (
+        worlds["medium"] / "images" / "000007.png"
+    ).read_bytes()
 
 
 def test_training_images_keep_the_first_of_their_captions_and_the_rest_of_the_world_is_unchanged(tmp_path):
     """``train_captions_per_image`` (1 in coco-like and medium): a training image keeps the first of the captions it
     would have had, val and test images keep all five, caption ids stay the rows of captions.parquet, and nothing
     else moves; no training pair shares its image with another."""
-    worlds = {name: generate_world(ShapesConfig(preset="coco-like", images=160, size=24, train_captions_per_image=kept),
-                                   tmp_path / name).out_dir for name, kept in (("all", None), ("one", 1))}
+    worlds = {
+        name: generate_world(
+            ShapesConfig(preset="coco-like", images=160, size=24, train_captions_per_image=kept), tmp_path / name
+        ).out_dir
+        for name, kept in (("all", None), ("one", 1))
+    }
     assert ShapesConfig(preset="coco-like").train_captions_per_image == 1
     full, web = (pq.read_table(worlds[name] / "captions.parquet").to_pandas() for name in ("all", "one"))
     train = "train"
@@ -202,7 +242,9 @@ def test_training_images_keep_the_first_of_their_captions_and_the_rest_of_the_wo
     assert web["caption_id"].tolist() == list(range(len(web)))
     kept = full[(full["split"] != train) | (full["index"] == 0)]
     assert web["text"].tolist() == kept["text"].tolist() and web["image_id"].tolist() == kept["image_id"].tolist()
-    assert (worlds["all"] / "images" / "000042.png").read_bytes() == (worlds["one"] / "images" / "000042.png").read_bytes()
+    assert (worlds["all"] / "images" / "000042.png").read_bytes() == (
+        worlds["one"] / "images" / "000042.png"
+    ).read_bytes()
     pairs = json.loads((worlds["one"] / "pretrain.json").read_text())
     assert len(pairs) == len({p["image"] for p in pairs}) == (per_image.loc[train]).size
     stats = json.loads((worlds["one"] / "world.json").read_text())["statistics"]["false_negative_density"]
@@ -222,7 +264,9 @@ def test_an_older_world_that_repeats_captions_is_not_reused_silently(tmp_path):
     table = pq.read_table(out / "captions.parquet")
     forms = table.column("logical_form").to_pylist()
     forms[1] = forms[0]  # the first image's second caption repeats its first
-    pq.write_table(table.set_column(table.column_names.index("logical_form"), "logical_form", [forms]), out / "captions.parquet")
+    pq.write_table(
+        table.set_column(table.column_names.index("logical_form"), "logical_form", [forms]), out / "captions.parquet"
+    )
     with pytest.raises(FalconError, match="older falcon that repeated captions"):
         generate_world(config, out)
 
@@ -230,13 +274,17 @@ def test_an_older_world_that_repeats_captions_is_not_reused_silently(tmp_path):
 def test_cli_preset_is_recorded_and_a_bad_name_is_one_line(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     runner = CliRunner()
-    result = runner.invoke(app, ["data", "shapes", "--out", "w", "--images", "40", "--size", "24", "--preset", "medium"])
+    result = runner.invoke(
+        app, ["data", "shapes", "--out", "w", "--images", "40", "--size", "24", "--preset", "medium"]
+    )
     assert result.exit_code == 0, result.output
     assert "random negative is FN" in result.output
     record = json.loads(Path("w/world.json").read_text())
     assert record["config"]["preset"] == "medium" and record["config"]["near_misses"] == 3
     with pytest.raises(FalconError, match=r"key 'preset': expected one of coco-like, medium or dense, got 'sparse'"):
-        runner.invoke(app, ["data", "shapes", "--out", "w2", "--images", "40", "--preset", "sparse"], catch_exceptions=False)
+        runner.invoke(
+            app, ["data", "shapes", "--out", "w2", "--images", "40", "--preset", "sparse"], catch_exceptions=False
+        )
     assert not Path("w2").exists()
 
 
@@ -253,8 +301,11 @@ def test_near_miss_false_negative_rate_matches_a_brute_force_count(tmp_path):
         images = oracle.caption_image_ids[oracle.caption_rows(captions)]
         rates = []
         for caption, image in zip(captions, images):
-            family = [i for i in range(image - image % family_size, image - image % family_size + family_size)
-                      if i != image and i < 122]
+            family = [
+                i
+                for i in range(image - image % family_size, image - image % family_size + family_size)
+                if i != image and i < 122
+            ]
             if family:
                 rates.append(oracle.matches(family, [caption] * len(family)).mean())
         stats = load_world_summary(out).false_negative_density[split]
@@ -281,6 +332,12 @@ def test_extra_scenes_are_drawn_from_the_worlds_distribution_and_rendered_as_the
     assert np.array_equal(again.shape, scenes.shape) and np.array_equal(pixels_again, pixels)
     other, _ = extra_scenes(config, 30, seed=4)
     assert not np.array_equal(other.shape, scenes.shape)
-    image = render_scene(scenes.shape[7], scenes.color[7], scenes.size[7], stream_generator(config.seed, STREAM_EXTRA_PIXELS, 3, 7),
-                         image_size=24, background_noise=config.background_noise)
+    image = render_scene(
+        scenes.shape[7],
+        scenes.color[7],
+        scenes.size[7],
+        stream_generator(config.seed, STREAM_EXTRA_PIXELS, 3, 7),
+        image_size=24,
+        background_noise=config.background_noise,
+    )
     assert np.array_equal(np.asarray(image), pixels[7])

@@ -59,7 +59,9 @@ def test_every_caption_is_true_of_its_own_image(oracle):
     assert oracle.caption_ids.size == 120 * 5
     assert oracle.matches(oracle.caption_image_ids, oracle.caption_ids).all()
     # and the text alone (through the parser) says the same
-    for caption_id, image_id, text in list(zip(oracle.caption_ids, oracle.caption_image_ids, oracle.caption_texts))[:150]:
+    for caption_id, image_id, text in list(zip(oracle.caption_ids, oracle.caption_image_ids, oracle.caption_texts))[
+        :150
+    ]:
         assert oracle.describes_text([image_id], text)[0], text
 
 
@@ -77,8 +79,18 @@ def test_oracle_specificity_equals_the_captions_table(world, oracle):
 
 def test_captions_table_columns_and_kinds(world):
     table = pq.read_table(world / "captions.parquet")
-    assert table.column_names == ["caption_id", "image_id", "split", "index", "kind", "text", "logical_form",
-                                  "specificity", "paraphrased", "images_described"]
+    assert table.column_names == [
+        "caption_id",
+        "image_id",
+        "split",
+        "index",
+        "kind",
+        "text",
+        "logical_form",
+        "specificity",
+        "paraphrased",
+        "images_described",
+    ]
     rows = table.to_pylist()
     assert [r["caption_id"] for r in rows] == [r["image_id"] * 5 + r["index"] for r in rows]
     kinds = Counter(r["kind"] for r in rows)
@@ -177,8 +189,19 @@ def test_dataset_spec_points_at_every_file(world):
     spec = load_spec(world)
     assert spec.root_for() == world.resolve()
     assert spec.resolve(spec.shapes_world) == world.resolve()
-    paths = [*spec.pretrain, spec.retrieval.train, spec.retrieval.val, spec.retrieval.test, *spec.vqa.train,
-             *spec.vqa.val, *spec.vqa.test, spec.vqa.answer_list, spec.nlvr2.train, spec.nlvr2.dev, spec.nlvr2.test]
+    paths = [
+        *spec.pretrain,
+        spec.retrieval.train,
+        spec.retrieval.val,
+        spec.retrieval.test,
+        *spec.vqa.train,
+        *spec.vqa.val,
+        *spec.vqa.test,
+        spec.vqa.answer_list,
+        spec.nlvr2.train,
+        spec.nlvr2.dev,
+        spec.nlvr2.test,
+    ]
     for path in paths:
         assert spec.resolve(path).is_file(), path
 
@@ -190,13 +213,19 @@ def test_pretrain_and_retrieval_formats(world, oracle):
     assert len(pretrain) == 5 * n_train == summary.counts["pretrain_pairs"]
     for entry in pretrain:
         assert set(entry) == {"image", "caption", "image_id", "caption_id"}
-        assert isinstance(entry["caption"], str) and isinstance(entry["image_id"], int) and isinstance(entry["caption_id"], int)
+        assert (
+            isinstance(entry["caption"], str)
+            and isinstance(entry["image_id"], int)
+            and isinstance(entry["caption_id"], int)
+        )
         assert entry["image"] == f"images/{entry['image_id']:06d}.png" and (world / entry["image"]).is_file()
     assert oracle.matches([e["image_id"] for e in pretrain], [e["caption_id"] for e in pretrain]).all()
     assert set(oracle.image_splits[np.isin(oracle.image_ids, [e["image_id"] for e in pretrain])]) == {"train"}
 
     train = load(world, "retrieval_train.json")
-    assert [(e["image"], e["caption"], e["image_id"]) for e in train] == [(e["image"], e["caption"], e["image_id"]) for e in pretrain]
+    assert [(e["image"], e["caption"], e["image_id"]) for e in train] == [
+        (e["image"], e["caption"], e["image_id"]) for e in pretrain
+    ]
     assert all(set(e) == {"image", "caption", "image_id"} for e in train)
 
     seen_images = set()
@@ -205,7 +234,9 @@ def test_pretrain_and_retrieval_formats(world, oracle):
         assert len(entries) == summary.counts["images"][split]
         for entry in entries:
             assert set(entry) == {"image", "caption", "image_id", "caption_ids"}
-            assert len(entry["caption"]) == 5 == len(entry["caption_ids"]) and all(isinstance(c, str) for c in entry["caption"])
+            assert len(entry["caption"]) == 5 == len(entry["caption_ids"]) and all(
+                isinstance(c, str) for c in entry["caption"]
+            )
             assert oracle.image_splits[oracle.image_rows([entry["image_id"]])[0]] == split
             texts = oracle.caption_texts[oracle.caption_rows(entry["caption_ids"])]
             assert list(texts) == entry["caption"]
@@ -240,7 +271,11 @@ def test_compatibility_table_equals_the_oracle_matrix(world, oracle):
     assert matrix.shape == (images.size, captions.size)
     expected = {(int(images[i]), int(captions[j])) for i, j in zip(*np.nonzero(matrix))}
     assert pairs == expected
-    own = {(int(i), int(c)) for i, c in zip(oracle.caption_image_ids, oracle.caption_ids) if oracle.caption_splits[oracle.caption_rows([c])[0]] == "test"}
+    own = {
+        (int(i), int(c))
+        for i, c in zip(oracle.caption_image_ids, oracle.caption_ids)
+        if oracle.caption_splits[oracle.caption_rows([c])[0]] == "test"
+    }
     assert len(own) == captions.size and own <= pairs
     assert len(pairs) > len(own)  # the world has false negatives to find
     # matches() agrees with matrix() elementwise
@@ -275,15 +310,15 @@ def test_random_negative_rates_match_a_brute_force_count(world, oracle):
     summary = load_world_summary(world)
     for split in ("train", "test"):
         images, caption_ids = oracle.image_ids_in(split), oracle.caption_ids_in(split)
-        truth = oracle.matrix(images, caption_ids)                              # [images, captions]
+        truth = oracle.matrix(images, caption_ids)  # [images, captions]
         own_image = oracle.caption_image_ids[oracle.caption_rows(caption_ids)]
-        pair_image_row = np.searchsorted(images, own_image)                     # each pair's image, as a row of truth
+        pair_image_row = np.searchsorted(images, own_image)  # each pair's image, as a row of truth
         image_rates, pair_rates, same_rates = [], [], []
         for c in range(caption_ids.size):
             others = np.arange(images.size) != pair_image_row[c]
             image_rates.append(truth[others, c].mean())
             other_pairs = np.arange(caption_ids.size) != c
-            pair_false = truth[pair_image_row[other_pairs], c]                  # the caption describes that pair's image
+            pair_false = truth[pair_image_row[other_pairs], c]  # the caption describes that pair's image
             pair_rates.append(pair_false.mean())
             same_rates.append((pair_image_row[other_pairs] == pair_image_row[c]).mean())
         stats = summary.false_negative_density[split]
@@ -297,7 +332,9 @@ def test_repeated_captions_of_one_image_are_counted(tmp_path):
     """Only relations and full descriptions, five captions an image: a scene has one full description
     (and a one-object scene no relation), so captions must repeat, and world.json says how many."""
     mix = dict(attribute=0, combination=0, position=0, count=0)
-    out = generate_world(ShapesConfig(images=40, seed=1, min_objects=1, max_objects=2, caption_mix=mix), tmp_path / "w").out_dir
+    out = generate_world(
+        ShapesConfig(images=40, seed=1, min_objects=1, max_objects=2, caption_mix=mix), tmp_path / "w"
+    ).out_dir
     captions = pq.read_table(out / "captions.parquet").to_pylist()
     by_image: dict[int, list[dict]] = {}
     for c in captions:
@@ -391,7 +428,9 @@ def test_vqa_answers_are_correct_for_the_scene(world, scenes):
         total += len(entries)
     assert total > 120 * 3 and yes_no["yes"] > 10
     # human-like variation: some answers are synonyms of the canonical one
-    all_answers = [a for split in ("train", "val", "test") for e in load(world, f"vqa_{split}.json") for a in e["answer"]]
+    all_answers = [
+        a for split in ("train", "val", "test") for e in load(world, f"vqa_{split}.json") for a in e["answer"]
+    ]
     assert set(all_answers) - set(answer_list)
 
 
@@ -414,7 +453,9 @@ def test_nlvr2_is_balanced_and_labels_are_correct(world, scenes, oracle):
             assert {str(s) for s in oracle.image_splits[oracle.image_rows([left, right])]} == {world_split}
             statement = parse_statement(entry["sentence"])
             templates[statement["template"]] += 1
-            truth = statement_truth(statement, matching(scenes[left], statement["object"]), matching(scenes[right], statement["object"]))
+            truth = statement_truth(
+                statement, matching(scenes[left], statement["object"]), matching(scenes[right], statement["object"])
+            )
             assert entry["label"] == ("True" if truth else "False"), entry
         if split == "train":
             assert len(templates) >= 6
@@ -440,8 +481,18 @@ def test_config_validation_messages():
 
 def test_vocabulary_and_caption_knobs_take_effect(tmp_path):
     out = tmp_path / "w"
-    generate_world(ShapesConfig(images=40, num_colors=8, num_shapes=6, min_objects=3, max_objects=3, captions_per_image=2,
-                                caption_mix={"attribute": 0, "combination": 0, "position": 0, "relation": 0, "count": 1, "full": 0}), out)
+    generate_world(
+        ShapesConfig(
+            images=40,
+            num_colors=8,
+            num_shapes=6,
+            min_objects=3,
+            max_objects=3,
+            captions_per_image=2,
+            caption_mix={"attribute": 0, "combination": 0, "position": 0, "relation": 0, "count": 1, "full": 0},
+        ),
+        out,
+    )
     scenes = pq.read_table(out / "scenes.parquet").to_pylist()
     assert {row["num_objects"] for row in scenes} == {3}
     captions = pq.read_table(out / "captions.parquet").to_pylist()
@@ -471,9 +522,12 @@ def test_the_split_size_bound_never_exceeds_the_drawn_sizes():
     for _ in range(300):
         images, near_misses = int(rng.integers(4, 200)), int(rng.integers(0, 4))
         val, test = (float(x) for x in rng.uniform(0.02, 0.3, size=2))
-        config = ShapesConfig.model_construct(images=images, near_misses=near_misses, seed=int(rng.integers(0, 99)),
-                                              splits=ShapesConfig.model_fields["splits"].annotation(
-                                                  train=1 - val - test, val=val, test=test))
+        config = ShapesConfig.model_construct(
+            images=images,
+            near_misses=near_misses,
+            seed=int(rng.integers(0, 99)),
+            splits=ShapesConfig.model_fields["splits"].annotation(train=1 - val - test, val=val, test=test),
+        )
         codes = assign_splits(config)
         for k, name in enumerate(SPLITS):
             assert smallest_split_sizes(config)[name] <= int((codes == k).sum()), (images, near_misses, val, test)

@@ -54,7 +54,8 @@ def test_shards_give_the_same_pairs_as_the_files(tiny_shapes_world, shards):
     # the address a manifest or an audit table records, read back from its text form
     text = str(sharded[3].image)
     assert text.endswith(".tar#" + sharded[3].image.member) and np.array_equal(
-        np.asarray(load_image(text)), np.asarray(load_image(sharded[3].image)))
+        np.asarray(load_image(text)), np.asarray(load_image(sharded[3].image))
+    )
 
 
 def test_the_index_is_stable_across_builds_and_processes(shards):
@@ -62,8 +63,10 @@ def test_the_index_is_stable_across_builds_and_processes(shards):
     first = load_index(spec)
     rebuilt = build_index(spec)
     assert rebuilt.fingerprint == first.fingerprint and rebuilt.table.equals(first.table)
-    code = ("from falcon_cli.data.spec import load_spec; from falcon_cli.data.datasets import pretrain_records; "
-            f"print([r.pair_id for r in pretrain_records(load_spec({str(shards)!r}))[0]][-3:])")
+    code = (
+        "from falcon_cli.data.spec import load_spec; from falcon_cli.data.datasets import pretrain_records; "
+        f"print([r.pair_id for r in pretrain_records(load_spec({str(shards)!r}))[0]][-3:])"
+    )
     import subprocess
     import sys
 
@@ -115,7 +118,9 @@ def test_bad_shards_are_one_line_naming_the_shard_and_key(shards, tmp_path):
     spec = load_spec(root)
     with pytest.raises(FalconError, match=r"extra\.tar: key k1 has no image .*on_missing: skip"):
         build_index(spec)
-    with pytest.raises(FalconError, match=r"no longer matches pretrain_shards in dataset.yaml \(\d+ shards named, \d+ indexed\)"):
+    with pytest.raises(
+        FalconError, match=r"no longer matches pretrain_shards in dataset.yaml \(\d+ shards named, \d+ indexed\)"
+    ):
         pretrain_records(spec)
     index = build_index(spec, on_missing="skip")
     assert index.incomplete_count == 2 and index.incomplete == ["extra.tar:k1", "extra.tar:k2"]
@@ -156,9 +161,20 @@ def test_cli_converts_indexes_and_checks(tiny_shapes_world, tmp_path):
     assert again.returncode != 0 and "already exists" in again.stderr
 
 
-TINY = ["data.tokenizer_vocab_size=200", "data.shapes=null", "data.verify_images=false", "pretrain.epochs=2",
-        "pretrain.batch_size=16", "pretrain.search_space_size=48", "pretrain.log_every=1", "pretrain.warmup_steps=4",
-        "pretrain.quantile_levels=10", "pretrain.device=cpu", "pretrain.num_workers=0", "pretrain.eval_split=null"]
+TINY = [
+    "data.tokenizer_vocab_size=200",
+    "data.shapes=null",
+    "data.verify_images=false",
+    "pretrain.epochs=2",
+    "pretrain.batch_size=16",
+    "pretrain.search_space_size=48",
+    "pretrain.log_every=1",
+    "pretrain.warmup_steps=4",
+    "pretrain.quantile_levels=10",
+    "pretrain.device=cpu",
+    "pretrain.num_workers=0",
+    "pretrain.eval_split=null",
+]
 
 
 def test_training_on_shards_is_training_on_files(tiny_shapes_world, shards, tmp_path):
@@ -180,11 +196,24 @@ def test_training_on_shards_is_training_on_files(tiny_shapes_world, shards, tmp_
     assert set(a["sampler"]) >= {"falcon"} and a[columns].equals(b[columns])
     manifest = json.loads((runs["shards"] / "manifest.json").read_text())
     recorded = manifest["stages"]["data"]["result"]["shard_index"]
-    assert recorded["fingerprint"] == load_index(load_spec(shards)).fingerprint and recorded["shards"] == len(load_index(load_spec(shards)).shards)
+    assert recorded["fingerprint"] == load_index(load_spec(shards)).fingerprint and recorded["shards"] == len(
+        load_index(load_spec(shards)).shards
+    )
 
-    common = ["--recipe", "shapes-demo", "--run-dir", tmp_path / "emb", f"data.dataset={shards}", *TINY[:3],
-              f"embed.encoder=falcon:{runs['shards']}", "embed.fp16=false", "embed.num_workers=0", "embed.device=cpu",
-              "search_spaces.size=48", "search_spaces.compare=false"]
+    common = [
+        "--recipe",
+        "shapes-demo",
+        "--run-dir",
+        tmp_path / "emb",
+        f"data.dataset={shards}",
+        *TINY[:3],
+        f"embed.encoder=falcon:{runs['shards']}",
+        "embed.fp16=false",
+        "embed.num_workers=0",
+        "embed.device=cpu",
+        "search_spaces.size=48",
+        "search_spaces.compare=false",
+    ]
     proc = run_cli("embed", *common)
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc = run_cli("build-search-spaces", *common)

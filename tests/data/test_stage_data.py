@@ -37,7 +37,10 @@ def test_local_tokenizer_directory_is_copied_into_the_run(world, tmp_path):
     results = run_stages(config, start(tmp_path, config))
     saved = tmp_path / "run" / "data" / "tokenizer"
     assert (saved / "tokenizer.json").exists()
-    assert results["data"]["tokenizer"] == {"source": str(source), "vocab_size": len(json.loads((source / "tokenizer.json").read_text())["model"]["vocab"])}
+    assert results["data"]["tokenizer"] == {
+        "source": str(source),
+        "vocab_size": len(json.loads((source / "tokenizer.json").read_text())["model"]["vocab"]),
+    }
     assert not [p for p in saved.parent.iterdir() if p.name.startswith(".")], "no temporary directories left behind"
 
 

@@ -15,10 +15,42 @@ from falcon_cli.evaluation.intervals import mean_interval, paired_difference, t_
 from tests.conftest import assert_png, run_cli
 
 # Student's t, 97.5% quantiles, as printed in statistics tables (three decimals).
-T_TABLE = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-           11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
-           20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048,
-           29: 2.045, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980, math.inf: 1.960}
+T_TABLE = {
+    1: 12.706,
+    2: 4.303,
+    3: 3.182,
+    4: 2.776,
+    5: 2.571,
+    6: 2.447,
+    7: 2.365,
+    8: 2.306,
+    9: 2.262,
+    10: 2.228,
+    11: 2.201,
+    12: 2.179,
+    13: 2.160,
+    14: 2.145,
+    15: 2.131,
+    16: 2.120,
+    17: 2.110,
+    18: 2.101,
+    19: 2.093,
+    20: 2.086,
+    21: 2.080,
+    22: 2.074,
+    23: 2.069,
+    24: 2.064,
+    25: 2.060,
+    26: 2.056,
+    27: 2.052,
+    28: 2.048,
+    29: 2.045,
+    30: 2.042,
+    40: 2.021,
+    60: 2.000,
+    120: 1.980,
+    math.inf: 1.960,
+}
 
 
 def test_t_quantiles_match_the_printed_table():
@@ -33,8 +65,11 @@ def test_t_quantiles_match_closed_forms_and_a_plain_integration():
         assert t_quantile(1 - p, 7) == pytest.approx(-t_quantile(p, 7), rel=1e-12)
 
     def density(x, df):
-        return math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi) \
+        return (
+            math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2))
+            / math.sqrt(df * math.pi)
             * (1 + x * x / df) ** (-(df + 1) / 2)
+        )
 
     def cdf(t, df, steps=1000):  # Simpson's rule from 0 to t, plus the half below 0
         h = t / steps
@@ -73,14 +108,32 @@ def test_mean_and_paired_intervals_against_the_formula():
 
 # --- the command ----------------------------------------------------------------------------------------------------
 
-TINY = ["data.shapes.images=40", "data.shapes.size=32", "pretrain.image_size=32", "data.tokenizer_vocab_size=200",
-        "pretrain.epochs=1", "pretrain.batch_size=16", "pretrain.max_steps_per_epoch=2", "pretrain.num_workers=0",
-        "pretrain.warmup_steps=1", "stages=[data, pretrain, evaluate]", "evaluate.tasks=[retrieval]",
-        "evaluate.num_workers=0", "evaluate.retrieval.k=4", "evaluate.batch_size=16"]
+TINY = [
+    "data.shapes.images=40",
+    "data.shapes.size=32",
+    "pretrain.image_size=32",
+    "data.tokenizer_vocab_size=200",
+    "pretrain.epochs=1",
+    "pretrain.batch_size=16",
+    "pretrain.max_steps_per_epoch=2",
+    "pretrain.num_workers=0",
+    "pretrain.warmup_steps=1",
+    "stages=[data, pretrain, evaluate]",
+    "evaluate.tasks=[retrieval]",
+    "evaluate.num_workers=0",
+    "evaluate.retrieval.k=4",
+    "evaluate.batch_size=16",
+]
 
 # (method, seed) -> (i2t R@1, t2i R@1) of the re-ranked row; the ITC row gets these minus 10
-VALUES = {("uniform", 0): (60.0, 50.0), ("uniform", 1): (62.0, 51.0), ("uniform", 2): (58.0, 49.0),
-          ("grit", 0): (64.0, 52.0), ("grit", 1): (65.0, 52.5), ("grit", 2): (61.0, 50.0)}
+VALUES = {
+    ("uniform", 0): (60.0, 50.0),
+    ("uniform", 1): (62.0, 51.0),
+    ("uniform", 2): (58.0, 49.0),
+    ("grit", 0): (64.0, 52.0),
+    ("grit", 1): (65.0, 52.5),
+    ("grit", 2): (61.0, 50.0),
+}
 
 
 @pytest.fixture(scope="module")
@@ -120,12 +173,28 @@ def runs(source, tmp_path):
 
 
 def test_compare_pairs_seeds_and_matches_the_reference(runs):
-    proc = run_cli("compare", "runs/uniform-s0", "runs/uniform-s1", "runs/uniform-s2", "runs/grit-s0", "runs/grit-s1",
-                   "runs/grit-s2", "--metric", "rerank:R@1", "--metric", "itc:t2i_R@1", "--out", "cmp", cwd=runs)
+    proc = run_cli(
+        "compare",
+        "runs/uniform-s0",
+        "runs/uniform-s1",
+        "runs/uniform-s2",
+        "runs/grit-s0",
+        "runs/grit-s1",
+        "runs/grit-s2",
+        "--metric",
+        "rerank:R@1",
+        "--metric",
+        "itc:t2i_R@1",
+        "--out",
+        "cmp",
+        cwd=runs,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     table = pd.read_csv(runs / "cmp" / "comparison.csv")
-    assert list(table["method"].unique()) == ["shapes-demo pretrain.composer=uniform",
-                                              "shapes-demo pretrain.composer=grit"]
+    assert list(table["method"].unique()) == [
+        "shapes-demo pretrain.composer=uniform",
+        "shapes-demo pretrain.composer=grit",
+    ]
     t2 = 4.302652729749464  # t(0.975, 2)
     for metric, pick in (("rerank:R@1", lambda v: (v[0] + v[1]) / 2), ("itc:t2i_R@1", lambda v: v[1] - 10)):
         rows = table[table["metric"] == metric].set_index("method")
@@ -135,14 +204,17 @@ def test_compare_pairs_seeds_and_matches_the_reference(runs):
             std = math.sqrt(sum((v - mean) ** 2 for v in values) / 2)
             row = rows.loc[f"shapes-demo pretrain.composer={method}"]
             assert row["seeds"] == 3 and row["mean"] == pytest.approx(mean, abs=1e-6)
-            assert (row["lo"], row["hi"]) == pytest.approx((mean - t2 * std / math.sqrt(3), mean + t2 * std / math.sqrt(3)), abs=1e-6)
+            assert (row["lo"], row["hi"]) == pytest.approx(
+                (mean - t2 * std / math.sqrt(3), mean + t2 * std / math.sqrt(3)), abs=1e-6
+            )
         diff = [pick(VALUES[("grit", s)]) - pick(VALUES[("uniform", s)]) for s in range(3)]
         mean = sum(diff) / 3
         half = t2 * math.sqrt(sum((d - mean) ** 2 for d in diff) / 2) / math.sqrt(3)
         row = rows.loc["shapes-demo pretrain.composer=grit"]
         assert row["paired_seeds"] == 3 and row["positive"] == sum(d > 0 for d in diff)
-        assert (row["difference"], row["difference_lo"], row["difference_hi"]) == \
-            pytest.approx((mean, mean - half, mean + half), abs=1e-6)
+        assert (row["difference"], row["difference_lo"], row["difference_hi"]) == pytest.approx(
+            (mean, mean - half, mean + half), abs=1e-6
+        )
         assert row["verdict"] == ("higher" if mean - half > 0 else "lower" if mean + half < 0 else "—")
     per_seed = pd.read_csv(runs / "cmp" / "per_seed.csv")
     assert len(per_seed) == 12 and set(per_seed["seed"]) == {0, 1, 2}
@@ -154,8 +226,17 @@ def test_compare_pairs_seeds_and_matches_the_reference(runs):
 
 
 def test_labels_baseline_and_default_metric(runs):
-    proc = run_cli("compare", *(f"runs/{m}-s{s}" for m in ("uniform", "grit") for s in range(3)),
-                   "--label", "U=*uniform*", "--label", "G=*grit*", "--baseline", "G", cwd=runs)
+    proc = run_cli(
+        "compare",
+        *(f"runs/{m}-s{s}" for m in ("uniform", "grit") for s in range(3)),
+        "--label",
+        "U=*uniform*",
+        "--label",
+        "G=*grit*",
+        "--baseline",
+        "G",
+        cwd=runs,
+    )
     assert proc.returncode == 0, proc.stderr
     table = pd.read_csv(runs / "runs" / "comparison" / "comparison.csv")  # (default: beside the first run)
     assert set(table["metric"]) == {"rerank:R@1"} and list(table["method"]) == ["U", "G"]
@@ -172,18 +253,22 @@ def test_one_seed_gets_its_binomial_interval_and_no_verdict(runs):
     row = pd.read_csv(runs / "one" / "comparison.csv").iloc[1]
     images = json.loads((runs / "runs" / "grit-s0" / "results" / "retrieval.json").read_text())["meta"]["images"]
     from falcon_cli.evaluation.intervals import wilson_interval
+
     assert (row["lo"], row["hi"]) == pytest.approx(wilson_interval(54.0, images), abs=1e-6)
     assert row["verdict"] == "one seed: no verdict" and row["interval"] == "binomial over queries"
 
 
-@pytest.mark.parametrize("break_it, words", [
-    ("dataset", "pretrained on other pairs"),
-    ("k", "measured with k = "),
-    ("budget", "another budget"),
-    ("no results", "no results yet"),
-    ("metric", "no run has it"),
-    ("same seed", "the same method"),
-])
+@pytest.mark.parametrize(
+    "break_it, words",
+    [
+        ("dataset", "pretrained on other pairs"),
+        ("k", "measured with k = "),
+        ("budget", "another budget"),
+        ("no results", "no results yet"),
+        ("metric", "no run has it"),
+        ("same seed", "the same method"),
+    ],
+)
 def test_runs_that_cannot_be_compared_get_one_line_and_nothing_is_written(runs, break_it, words):
     run = runs / "runs" / "grit-s2"
     manifest = json.loads((run / "manifest.json").read_text())
@@ -193,7 +278,10 @@ def test_runs_that_cannot_be_compared_get_one_line_and_nothing_is_written(runs, 
         manifest["stages"]["pretrain"]["result"]["dataset_fingerprint"] = "0" * 64
     elif break_it == "k":
         result["meta"]["k"] = 16
-        for other in ("uniform-s0", "grit-s0"):  # (written before retrieval results recorded it: unknown, no difference)
+        for other in (
+            "uniform-s0",
+            "grit-s0",
+        ):  # (written before retrieval results recorded it: unknown, no difference)
             path = runs / "runs" / other / "results" / "retrieval.json"
             older = json.loads(path.read_text())
             del older["meta"]["split_fingerprint"]
@@ -209,8 +297,15 @@ def test_runs_that_cannot_be_compared_get_one_line_and_nothing_is_written(runs, 
     (run / "manifest.json").write_text(json.dumps(manifest))
     if (run / "results").exists():
         (run / "results" / "retrieval.json").write_text(json.dumps(result))
-    proc = run_cli("compare", *(f"runs/{m}-s{s}" for m in ("uniform", "grit") for s in range(3)), "--metric", metric,
-                   "--out", "cmp", cwd=runs)
+    proc = run_cli(
+        "compare",
+        *(f"runs/{m}-s{s}" for m in ("uniform", "grit") for s in range(3)),
+        "--metric",
+        metric,
+        "--out",
+        "cmp",
+        cwd=runs,
+    )
     assert proc.returncode == 2 and words in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     if break_it not in ("metric", "same seed"):
@@ -220,8 +315,16 @@ def test_runs_that_cannot_be_compared_get_one_line_and_nothing_is_written(runs, 
         manifest["stages"]["pretrain"]["result"].update(device="cuda:0", precision="bf16")
         (run / "manifest.json").write_text(json.dumps(manifest))
     if break_it in ("dataset", "k", "budget"):  # compared anyway when asked, and flagged
-        proc = run_cli("compare", *(f"runs/{m}-s{s}" for m in ("uniform", "grit") for s in range(3)), "--metric",
-                       metric, "--out", "cmp", "--allow-mismatch", cwd=runs)
+        proc = run_cli(
+            "compare",
+            *(f"runs/{m}-s{s}" for m in ("uniform", "grit") for s in range(3)),
+            "--metric",
+            metric,
+            "--out",
+            "cmp",
+            "--allow-mismatch",
+            cwd=runs,
+        )
         report = (runs / "cmp" / "comparison.md").read_text()
         assert proc.returncode == 0 and words in report
         assert ("the runs trained on cpu fp32 and on cuda:0 bf16" in report) == (break_it == "dataset")
@@ -235,16 +338,24 @@ def test_what_identifies_a_runs_pretraining_pairs(tmp_path):
 
     for place in ("world", "copy"):  # the same generated world in two places is one dataset
         (tmp_path / place).mkdir()
-        (tmp_path / place / "world.json").write_text(json.dumps({"config": {"preset": "dense", "images": 9, "x": None}}))
-    new = {"config": {"data": {"dataset": str(tmp_path / "world")}},
-           "stages": {"pretrain": {"result": {"dataset_fingerprint": "ab" * 32}},
-                      "data": {"result": {"shard_index": {"fingerprint": "cd" * 32}}}}}
+        (tmp_path / place / "world.json").write_text(
+            json.dumps({"config": {"preset": "dense", "images": 9, "x": None}})
+        )
+    new = {
+        "config": {"data": {"dataset": str(tmp_path / "world")}},
+        "stages": {
+            "pretrain": {"result": {"dataset_fingerprint": "ab" * 32}},
+            "data": {"result": {"shard_index": {"fingerprint": "cd" * 32}}},
+        },
+    }
     found = _dataset_identities(new)
     assert list(found) == ["pairs", "shards", "shapes world", "path"] and found["pairs"] == "ab" * 6
     old = {"config": {"data": {"dataset": str(tmp_path / "copy")}}, "stages": {}}
     assert list(_dataset_identities(old)) == ["shapes world", "path"]
-    assert same_pairs(found, _dataset_identities(old)) == (True, f"shapes world {found['shapes world']} vs "
-                                                                 f"{found['shapes world']}")
+    assert same_pairs(found, _dataset_identities(old)) == (
+        True,
+        f"shapes world {found['shapes world']} vs {found['shapes world']}",
+    )
     other = {**new, "stages": {"pretrain": {"result": {"dataset_fingerprint": "ef" * 32}}}}
     assert same_pairs(found, _dataset_identities(other)) == (False, f"pairs {'ef' * 6} vs {'ab' * 6}")
     assert same_pairs({"path": "a"}, {"path": "b"})[0] is False
@@ -257,17 +368,45 @@ def test_coco_results_give_their_false_negative_aware_metrics_both_ways_averaged
 
     run = tmp_path / "coco-run"
     (run / "results").mkdir(parents=True)
-    (run / "manifest.json").write_text(json.dumps({"seed": 3, "world_size": 8, "config": {
-        "name": "coco-albef", "data": {"dataset": "data/coco"}, "pretrain": {"epochs": 30}}}))
-    rows = [{"model": "pretrained", "scoring": "itc+itm@256", "i2t_R@1": 60.0, "t2i_R@1": 40.0, "eccv_i2t_mAP@R": 30.0,
-             "eccv_t2i_mAP@R": 40.0, "coco5k_i2t_R@1": 61.0, "coco5k_t2i_R@1": 41.0, "max_text_length": 30,
-             "resolution": 384},
-            {"model": "finetuned", "scoring": "itc", "i2t_R@1": 70.0, "t2i_R@1": 50.0, "max_text_length": 30,
-             "resolution": 384}]
-    (run / "results" / "retrieval.json").write_text(json.dumps(
-        {"meta": {"dataset": "coco", "split": "test", "k": 256, "images": 5000, "texts": 25000}, "rows": rows}))
-    (run / "results" / "vqa.json").write_text(json.dumps({"meta": {"dataset": "coco"}, "rows": [
-        {"split": "test", "questions": 1000, "accuracy": 71.5}]}))
+    (run / "manifest.json").write_text(
+        json.dumps(
+            {
+                "seed": 3,
+                "world_size": 8,
+                "config": {"name": "coco-albef", "data": {"dataset": "data/coco"}, "pretrain": {"epochs": 30}},
+            }
+        )
+    )
+    rows = [
+        {
+            "model": "pretrained",
+            "scoring": "itc+itm@256",
+            "i2t_R@1": 60.0,
+            "t2i_R@1": 40.0,
+            "eccv_i2t_mAP@R": 30.0,
+            "eccv_t2i_mAP@R": 40.0,
+            "coco5k_i2t_R@1": 61.0,
+            "coco5k_t2i_R@1": 41.0,
+            "max_text_length": 30,
+            "resolution": 384,
+        },
+        {
+            "model": "finetuned",
+            "scoring": "itc",
+            "i2t_R@1": 70.0,
+            "t2i_R@1": 50.0,
+            "max_text_length": 30,
+            "resolution": 384,
+        },
+    ]
+    (run / "results" / "retrieval.json").write_text(
+        json.dumps(
+            {"meta": {"dataset": "coco", "split": "test", "k": 256, "images": 5000, "texts": 25000}, "rows": rows}
+        )
+    )
+    (run / "results" / "vqa.json").write_text(
+        json.dumps({"meta": {"dataset": "coco"}, "rows": [{"split": "test", "questions": 1000, "accuracy": 71.5}]})
+    )
     found = read_run(run)
     assert found.seed == 3 and found.recipe == "coco-albef" and found.dataset == {"path": "data/coco"}
     assert found.metrics["rerank:R@1"] == 50.0 and found.metrics["rerank:eccv_mAP@R"] == 35.0
@@ -288,20 +427,45 @@ def test_flag_metrics_compare_and_a_method_without_them_is_refused(runs):
             manifest = json.loads((run / "manifest.json").read_text())
             manifest["config"]["pretrain"]["false_negatives"] = "glofnd"
             (run / "manifest.json").write_text(json.dumps(manifest))
-            records = [{"kind": "false_negatives", "epoch": 0, "step": 2, "precision": 0.9, "flagged": 4},
-                       {"kind": "false_negatives", "epoch": 1, "step": 4, "precision": 0.8, "flagged": 5},
-                       {"kind": "false_negatives", "epoch": 1, "step": 4, "precision": precision[seed][index], "flagged": 6}]
+            records = [
+                {"kind": "false_negatives", "epoch": 0, "step": 2, "precision": 0.9, "flagged": 4},
+                {"kind": "false_negatives", "epoch": 1, "step": 4, "precision": 0.8, "flagged": 5},
+                {"kind": "false_negatives", "epoch": 1, "step": 4, "precision": precision[seed][index], "flagged": 6},
+            ]
             (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    proc = run_cli("compare", *(f"runs/{m}-s{s}" for m in ("uniform", "grit") for s in range(3)),
-                   "--label", "U=*uniform*", "--label", "G=*grit*", "--baseline", "U", "--metric", "flags:precision",
-                   "--out", "cmp", cwd=runs)
+    proc = run_cli(
+        "compare",
+        *(f"runs/{m}-s{s}" for m in ("uniform", "grit") for s in range(3)),
+        "--label",
+        "U=*uniform*",
+        "--label",
+        "G=*grit*",
+        "--baseline",
+        "U",
+        "--metric",
+        "flags:precision",
+        "--out",
+        "cmp",
+        cwd=runs,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     table = pd.read_csv(runs / "cmp" / "comparison.csv").set_index("method")
     assert table.loc["G", "mean"] == pytest.approx(sum(v[1] for v in precision.values()) / 3, abs=1e-6)
     assert table.loc["G", "difference"] == pytest.approx(sum(v[1] - v[0] for v in precision.values()) / 3, abs=1e-6)
     (runs / "runs" / "grit-s2" / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 1.0}) + "\n")
-    proc = run_cli("compare", *(f"runs/{m}-s{s}" for m in ("uniform", "grit") for s in range(3)),
-                   "--label", "U=*uniform*", "--label", "G=*grit*", "--metric", "flags:precision", "--out", "cmp2", cwd=runs)
+    proc = run_cli(
+        "compare",
+        *(f"runs/{m}-s{s}" for m in ("uniform", "grit") for s in range(3)),
+        "--label",
+        "U=*uniform*",
+        "--label",
+        "G=*grit*",
+        "--metric",
+        "flags:precision",
+        "--out",
+        "cmp2",
+        cwd=runs,
+    )
     assert proc.returncode == 2 and not (runs / "cmp2").exists()
     (line,) = proc.stderr.strip().splitlines()
     assert "grit-s2: its method (pretrain.false_negatives=glofnd) gives no flags:precision" in line
@@ -370,5 +534,8 @@ def test_per_seed_inputs_do_not_make_a_method_but_what_made_them_must_agree(runs
     proc = run_cli("compare", *names, "--metric", "rerank:R@1", "--out", "bad", cwd=runs)
     (line,) = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and not (runs / "bad").exists(), proc.stderr
-    assert "srcl-s2's pretrain.srcl.aux_embeddings was made otherwise than runs/srcl-s0's (embed.encoder: " \
-        in line and "pretrain.composer: grit vs uniform" in line and "--label" in line, line
+    assert (
+        "srcl-s2's pretrain.srcl.aux_embeddings was made otherwise than runs/srcl-s0's (embed.encoder: " in line
+        and "pretrain.composer: grit vs uniform" in line
+        and "--label" in line
+    ), line

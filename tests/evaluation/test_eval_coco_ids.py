@@ -59,14 +59,21 @@ def test_mapping_counts_and_ids(tiny):
     # Whitespace, case and the trailing period are ignored; equal texts take the ids in file order.
     assert ids.caption_ids == [11, 12, 13, 21, None, None]
     assert (ids.images_matched, ids.captions_matched, ids.complete) == (2, 4, False)
-    assert ids.counts() == {"source": str(captions_file), "images_matched": 2, "images": 3,
-                            "captions_matched": 4, "captions": 6}
+    assert ids.counts() == {
+        "source": str(captions_file),
+        "images_matched": 2,
+        "images": 3,
+        "captions_matched": 4,
+        "captions": 6,
+    }
     assert ids.summary() == "2 of 3 images and 4 of 6 captions"
     assert ids.first_unmatched == "caption 'Cats in snow' of val2014/COCO_val2014_000000000002.jpg"
     complete = ids_from_coco_captions(records[:1], captions_file)
     assert complete.complete and complete.caption_ids == [11, 12, 13]
-    assert ids_from_coco_captions(records[2:], captions_file).first_unmatched == \
-        "image val2014/COCO_val2014_000000000003.jpg (not in the file)"
+    assert (
+        ids_from_coco_captions(records[2:], captions_file).first_unmatched
+        == "image val2014/COCO_val2014_000000000003.jpg (not in the file)"
+    )
 
 
 def test_ids_from_entries_and_precedence(tiny):
@@ -80,14 +87,17 @@ def test_ids_from_entries_and_precedence(tiny):
         ids_from_entries([{**records[0], "image_id": 5, "caption_ids": [50]}])
 
 
-@pytest.mark.parametrize("content, message", [
-    (None, "evaluate.retrieval.coco_captions: .*file not found.*captions_val2014.json"),
-    ("{not json", "line 1 column 2: invalid JSON"),
-    ("[]", "needs an object with `images` and `annotations` lists, got list"),
-    ('{"images": []}', "needs an object with `images` and `annotations` lists, got keys \\['images'\\]"),
-    ('{"images": [{"id": 1}], "annotations": []}', "images\\[0\\] needs an integer `id` and a string `file_name`"),
-    ('{"images": [], "annotations": [{"id": 1, "image_id": 2}]}', "annotations\\[0\\] needs .* a string `caption`"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "evaluate.retrieval.coco_captions: .*file not found.*captions_val2014.json"),
+        ("{not json", "line 1 column 2: invalid JSON"),
+        ("[]", "needs an object with `images` and `annotations` lists, got list"),
+        ('{"images": []}', "needs an object with `images` and `annotations` lists, got keys \\['images'\\]"),
+        ('{"images": [{"id": 1}], "annotations": []}', "images\\[0\\] needs an integer `id` and a string `file_name`"),
+        ('{"images": [], "annotations": [{"id": 1, "image_id": 2}]}', "annotations\\[0\\] needs .* a string `caption`"),
+    ],
+)
 def test_bad_captions_file_is_one_line(tmp_path, content, message):
     path = tmp_path / "captions.json"
     if content is not None:
@@ -98,6 +108,7 @@ def test_bad_captions_file_is_one_line(tmp_path, content, message):
 
 
 # --- the evaluate stage ----------------------------------------------------------------------------
+
 
 class FakeSplit:
     """What the stage reads of a RetrievalEvalDataset: entries, texts and the image <-> text maps."""
@@ -117,15 +128,21 @@ class FakeSplit:
 
 
 def context(**retrieval) -> SimpleNamespace:
-    return SimpleNamespace(e=SimpleNamespace(retrieval=RetrievalEvalConfig(**retrieval)),
-                           spec=SimpleNamespace(shapes_world=None, name="coco"))
+    return SimpleNamespace(
+        e=SimpleNamespace(retrieval=RetrievalEvalConfig(**retrieval)),
+        spec=SimpleNamespace(shapes_world=None, name="coco"),
+    )
 
 
 def coco_5k(tmp_path, drop_caption: bool = False):
     """A fake Karpathy 5K test split (5 captions per image, no ids) and its captions_val2014.json."""
     records = [karpathy_entry(i, [f"Caption {j} of image {i}." for j in range(5)]) for i in range(1, 5001)]
-    annotations = [{"id": 10 * i + j, "image_id": i, "caption": f"caption {j} of image {i}"}
-                   for i in range(1, 5001) for j in range(5) if not (drop_caption and (i, j) == (4321, 2))]
+    annotations = [
+        {"id": 10 * i + j, "image_id": i, "caption": f"caption {j} of image {i}"}
+        for i in range(1, 5001)
+        for j in range(5)
+        if not (drop_caption and (i, j) == (4321, 2))
+    ]
     path = tmp_path / "captions_val2014.json"
     path.write_text(json.dumps({"images": [coco_image(i) for i in range(1, 5001)], "annotations": annotations}))
     return FakeSplit(records), path
@@ -137,8 +154,9 @@ def test_auto_without_ids_says_why_it_skips(tmp_path, capsys):
     split, _ = coco_5k(tmp_path)
     kind, metrics, meta = false_negative_truth(context(), split)
     assert kind == "none" and metrics is None
-    assert meta["false_negatives_skipped"].startswith("ECCV Caption, CxC and COCO 1K/5K metrics skipped: the test "
-                                                      "split's entries have no image_id and caption_ids")
+    assert meta["false_negatives_skipped"].startswith(
+        "ECCV Caption, CxC and COCO 1K/5K metrics skipped: the test split's entries have no image_id and caption_ids"
+    )
     assert "evaluate.retrieval.coco_captions is not set" in meta["false_negatives_skipped"]
     assert "metrics skipped" in capsys.readouterr().err
     with pytest.raises(FalconError, match="false_negatives=eccv: the test split's entries have no image_id"):
@@ -152,10 +170,17 @@ def test_auto_with_a_partial_match_skips_and_records_the_counts(tmp_path, capsys
     split, captions_file = coco_5k(tmp_path, drop_caption=True)
     kind, metrics, meta = false_negative_truth(context(coco_captions=captions_file), split)
     assert kind == "none" and metrics is None
-    assert meta["coco_ids"] == {"source": str(captions_file), "images_matched": 5000, "images": 5000,
-                                "captions_matched": 24999, "captions": 25000}
-    assert "only 5,000 of 5,000 images and 24,999 of 25,000 captions of the test split matched" in \
-        meta["false_negatives_skipped"]
+    assert meta["coco_ids"] == {
+        "source": str(captions_file),
+        "images_matched": 5000,
+        "images": 5000,
+        "captions_matched": 24999,
+        "captions": 25000,
+    }
+    assert (
+        "only 5,000 of 5,000 images and 24,999 of 25,000 captions of the test split matched"
+        in meta["false_negatives_skipped"]
+    )
     assert "'Caption 2 of image 4321.'" in meta["false_negatives_skipped"]
     err = capsys.readouterr().err
     assert "24,999 of 25,000 captions of the test split matched" in err and "metrics skipped" in err
@@ -185,15 +210,23 @@ def test_auto_with_a_full_match_computes_eccv_on_the_mapped_ids(tmp_path, monkey
         warnings.simplefilter("ignore")
         truth = eccv_caption.Metrics().coco_gts["i2t"]  # the package's COCO 5K: image id -> its 5 caption ids
     records = [karpathy_entry(int(i), [f"Caption {c} of image {i}. " for c in caps]) for i, caps in truth.items()]
-    annotations = [{"id": int(c), "image_id": int(i), "caption": f"caption {c}  of image {i}"}
-                   for i, caps in truth.items() for c in reversed(caps)]  # file order differs from the split's
+    annotations = [
+        {"id": int(c), "image_id": int(i), "caption": f"caption {c}  of image {i}"}
+        for i, caps in truth.items()
+        for c in reversed(caps)
+    ]  # file order differs from the split's
     path = tmp_path / "captions_val2014.json"
     path.write_text(json.dumps({"images": [coco_image(int(i)) for i in truth], "annotations": annotations}))
     split = FakeSplit(records)
 
     seen = {}
-    monkeypatch.setattr(eccv, "eccv_metrics", lambda i2t, image_ids, caption_ids, **kw: seen.update(
-        image_ids=image_ids, caption_ids=caption_ids) or {"eccv_i2t_R@1": 1.0})
+    monkeypatch.setattr(
+        eccv,
+        "eccv_metrics",
+        lambda i2t, image_ids, caption_ids, **kw: (
+            seen.update(image_ids=image_ids, caption_ids=caption_ids) or {"eccv_i2t_R@1": 1.0}
+        ),
+    )
     monkeypatch.setattr(eccv, "coco_1k_recalls", lambda *args, **kw: {"coco1k_i2t_R@1": 2.0})
     kind, metrics, meta = false_negative_truth(context(coco_captions=path), split)
     assert kind == "eccv" and "false_negatives_skipped" not in meta

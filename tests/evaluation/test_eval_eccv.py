@@ -11,7 +11,10 @@ eccv_caption = pytest.importorskip("eccv_caption")
 
 from falcon_cli.errors import FalconError  # noqa: E402
 from falcon_cli.evaluation.eccv import (  # noqa: E402
-    coco_1k_recalls, eccv_metrics, eccv_metrics_from_rankings, eccv_version,
+    coco_1k_recalls,
+    eccv_metrics,
+    eccv_metrics_from_rankings,
+    eccv_version,
 )
 from falcon_cli.evaluation.intervals import wilson_interval  # noqa: E402
 from falcon_cli.evaluation.multi_positive import multi_positive_metrics, stable_topk_indices  # noqa: E402
@@ -32,8 +35,15 @@ def coco():
     img2txt = [[] for _ in image_ids]
     for t, i in enumerate(txt2img):
         img2txt[i].append(t)
-    return {"metric": metric, "image_ids": image_ids, "caption_ids": caption_ids, "image_index": image_index,
-            "caption_index": caption_index, "txt2img": txt2img, "img2txt": img2txt}
+    return {
+        "metric": metric,
+        "image_ids": image_ids,
+        "caption_ids": caption_ids,
+        "image_index": image_index,
+        "caption_index": caption_index,
+        "txt2img": txt2img,
+        "img2txt": img2txt,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +80,7 @@ def test_perfect_rankings_give_100(coco):
             first = [i for i in positives if i in own] + [i for i in positives if i not in own]
             head = first + [i for i in own if i not in first]
             filler = [i for i in all_items[:60] if i not in head]
-            lists[direction][q] = (head + filler)[:max(50, len(head))]
+            lists[direction][q] = (head + filler)[: max(50, len(head))]
     result = eccv_metrics_from_rankings(lists["i2t"], lists["t2i"])
     for direction in ("i2t", "t2i"):
         for key in ("R@1", "R-P", "mAP@R"):
@@ -85,8 +95,10 @@ def test_score_matrix_path_matches_native_metrics(coco, noisy_scores):
     own computation on the full matrix (ECCV R@1/R-P/mAP@R, COCO 5K R@K)."""
     metric = coco["metric"]
     result = eccv_metrics(noisy_scores, coco["image_ids"], coco["caption_ids"])
-    assert set(result) == ({f"eccv_{d}_{m}" for d in ("i2t", "t2i") for m in ("R@1", "R-P", "mAP@R")}
-                           | {f"{s}_{d}_R@{k}" for s in ("cxc", "coco5k") for d in ("i2t", "t2i") for k in (1, 5, 10)})
+    assert set(result) == (
+        {f"eccv_{d}_{m}" for d in ("i2t", "t2i") for m in ("R@1", "R-P", "mAP@R")}
+        | {f"{s}_{d}_R@{k}" for s in ("cxc", "coco5k") for d in ("i2t", "t2i") for k in (1, 5, 10)}
+    )
     assert 20.0 < result["coco5k_i2t_R@1"] < 95.0 and 20.0 < result["coco5k_t2i_R@1"] < 95.0  # non-trivial
     image_index, caption_index = coco["image_index"], coco["caption_index"]
     n_texts = len(caption_index)
@@ -116,8 +128,13 @@ def test_score_matrix_path_matches_native_metrics(coco, noisy_scores):
     assert len(outside) == 2
     images = list(gts["i2t"])
     columns = caption_index | {c: n_texts + n for n, c in enumerate(outside)}
-    i2t_scores = torch.cat([noisy_scores[torch.tensor([image_index[q] for q in images])],
-                            torch.full((len(images), len(outside)), float("-inf"))], dim=1)
+    i2t_scores = torch.cat(
+        [
+            noisy_scores[torch.tensor([image_index[q] for q in images])],
+            torch.full((len(images), len(outside)), float("-inf")),
+        ],
+        dim=1,
+    )
     i2t = positives_matrix(gts["i2t"], {q: n for n, q in enumerate(images)}, columns, tuple(i2t_scores.shape))
     captions = list(gts["t2i"])
     t2i_scores = noisy_scores[:, torch.tensor([caption_index[c] for c in captions])].t()
@@ -161,7 +178,9 @@ def test_coco_1k_small_hand_case():
     for key in (k for k in fold_a if not k.endswith(("_lo", "_hi"))):
         assert got[f"coco1k_{key}"] == pytest.approx((fold_a[key] + fold_b[key]) / 2)
     for key, queries in (("i2t_R@1", 4), ("t2i_R@2", 6)):  # the interval is over every query of the direction
-        assert (got[f"coco1k_{key}_lo"], got[f"coco1k_{key}_hi"]) == pytest.approx(wilson_interval(got[f"coco1k_{key}"], queries))
+        assert (got[f"coco1k_{key}_lo"], got[f"coco1k_{key}_hi"]) == pytest.approx(
+            wilson_interval(got[f"coco1k_{key}"], queries)
+        )
     # A perfect diagonal with a strong cross-fold distractor: the distractor is outside the fold.
     scores = torch.zeros(4, 6)
     scores[torch.tensor(txt2img), torch.arange(6)] = 1.0

@@ -70,10 +70,11 @@ def test_perfect_ranking_is_100():
     got = fn_aware_retrieval(scores, positives, "oracle")
     assert all(value == pytest.approx(100.0) for key, value in got.items() if not key.endswith("_lo"))
     assert set(got) == {f"oracle_{d}_{m}" for d in ("i2t", "t2i") for m in ("R@1", "R@5", "R@10", "R-P", "mAP@R")} | {
-        "oracle_mean_R"} | {f"oracle_{d}_R@{k}_{end}" for d in ("i2t", "t2i") for k in (1, 5, 10) for end in ("lo", "hi")}
+        "oracle_mean_R"
+    } | {f"oracle_{d}_R@{k}_{end}" for d in ("i2t", "t2i") for k in (1, 5, 10) for end in ("lo", "hi")}
     # 20 images and 30 texts found every time: Wilson's lower bounds, 100 n / (n + z^2)
-    assert got["oracle_i2t_R@1_lo"] == pytest.approx(100 * 20 / (20 + 1.96 ** 2), abs=0.01)
-    assert got["oracle_t2i_R@1_lo"] == pytest.approx(100 * 30 / (30 + 1.96 ** 2), abs=0.01)
+    assert got["oracle_i2t_R@1_lo"] == pytest.approx(100 * 20 / (20 + 1.96**2), abs=0.01)
+    assert got["oracle_t2i_R@1_lo"] == pytest.approx(100 * 30 / (30 + 1.96**2), abs=0.01)
 
 
 def test_hand_computed_cases():

@@ -51,51 +51,64 @@ def test_normalized_option_normalises_the_human_answers():
         vqa_score({1: "Yes"}, {1: ["Yes"] * 10}, "lenient")
 
 
-@pytest.mark.parametrize("prediction, answers, official, normalized", [
-    # Disagreeing answers lose their punctuation, identical ones keep it.
-    ("yes", ["yes."] * 4 + ["no"] * 6, 1.0, 1.0),
-    ("yes", ["yes."] * 10, 0.0, 1.0),
-    ("yes", ["yes!"] * 3 + ["no"] * 7, 0.0, 0.9),  # "!" becomes a space: "yes " is not "yes"
-    # Case: human answers are never lower-cased officially.
-    ("yes", ["Yes"] * 5 + ["no"] * 5, 0.0, 1.0),
-    # Number words: only the prediction becomes a digit.
-    ("two", ["two"] * 10, 0.0, 1.0),
-    ("two", ["two"] * 3 + ["2"] * 7, 1.0, 1.0),
-    ("2", ["two"] * 9 + ["2"], 0.3, 1.0),
-    ("none", ["none"] * 5 + ["0"] * 5, 1.0, 1.0),  # "none" -> "0"
-    # Contractions: only the prediction is repaired.
-    ("dont", ["dont"] * 5 + ["yes"] * 5, 0.0, 1.0),
-    ("dont", ["don't"] * 10, 1.0, 1.0),
-    # Articles: only the prediction loses them.
-    ("the red one", ["red one"] * 4 + ["red"] * 6, 0.0, 1.0),  # "one" -> "1" in the prediction only
-    ("the red car", ["red car"] * 4 + ["red"] * 6, 1.0, 1.0),
-    ("red car", ["the red car"] * 4 + ["red"] * 6, 0.0, 1.0),
-    # Digit-comma-digit: every mark is deleted, in the prediction and in disagreeing answers.
-    ("1,000", ["1,000"] * 4 + ["1000"] * 2 + ["many"] * 4, 1.0, 1.0),
-    ("1000", ["1,000"] * 10, 0.0, 1.0),
-    # A mark is a space unless a space touches it; disagreeing answers keep their spacing.
-    ("black/white", ["black/white"] * 3 + ["black"] * 7, 0.9, 0.9),
-    ("black and white", ["black / white"] * 4 + ["black and white"] * 6, 1.0, 1.0),
-    ("black white", ["black / white"] * 4 + ["gray"] * 6, 0.0, 1.0),  # "black  white", two spaces
-    # Whitespace: the prediction is stripped, disagreeing answers are not.
-    (" yes\n", ["yes "] * 5 + ["no"] * 5, 0.0, 1.0),
-])
+@pytest.mark.parametrize(
+    "prediction, answers, official, normalized",
+    [
+        # Disagreeing answers lose their punctuation, identical ones keep it.
+        ("yes", ["yes."] * 4 + ["no"] * 6, 1.0, 1.0),
+        ("yes", ["yes."] * 10, 0.0, 1.0),
+        ("yes", ["yes!"] * 3 + ["no"] * 7, 0.0, 0.9),  # "!" becomes a space: "yes " is not "yes"
+        # Case: human answers are never lower-cased officially.
+        ("yes", ["Yes"] * 5 + ["no"] * 5, 0.0, 1.0),
+        # Number words: only the prediction becomes a digit.
+        ("two", ["two"] * 10, 0.0, 1.0),
+        ("two", ["two"] * 3 + ["2"] * 7, 1.0, 1.0),
+        ("2", ["two"] * 9 + ["2"], 0.3, 1.0),
+        ("none", ["none"] * 5 + ["0"] * 5, 1.0, 1.0),  # "none" -> "0"
+        # Contractions: only the prediction is repaired.
+        ("dont", ["dont"] * 5 + ["yes"] * 5, 0.0, 1.0),
+        ("dont", ["don't"] * 10, 1.0, 1.0),
+        # Articles: only the prediction loses them.
+        ("the red one", ["red one"] * 4 + ["red"] * 6, 0.0, 1.0),  # "one" -> "1" in the prediction only
+        ("the red car", ["red car"] * 4 + ["red"] * 6, 1.0, 1.0),
+        ("red car", ["the red car"] * 4 + ["red"] * 6, 0.0, 1.0),
+        # Digit-comma-digit: every mark is deleted, in the prediction and in disagreeing answers.
+        ("1,000", ["1,000"] * 4 + ["1000"] * 2 + ["many"] * 4, 1.0, 1.0),
+        ("1000", ["1,000"] * 10, 0.0, 1.0),
+        # A mark is a space unless a space touches it; disagreeing answers keep their spacing.
+        ("black/white", ["black/white"] * 3 + ["black"] * 7, 0.9, 0.9),
+        ("black and white", ["black / white"] * 4 + ["black and white"] * 6, 1.0, 1.0),
+        ("black white", ["black / white"] * 4 + ["gray"] * 6, 0.0, 1.0),  # "black  white", two spaces
+        # Whitespace: the prediction is stripped, disagreeing answers are not.
+        (" yes\n", ["yes "] * 5 + ["no"] * 5, 0.0, 1.0),
+    ],
+)
 def test_official_and_normalized_cases(prediction, answers, official, normalized):
     assert vqa_accuracy(prediction, answers) == pytest.approx(official)
     assert vqa_accuracy(prediction, answers, "official") == pytest.approx(official)
     assert vqa_accuracy(prediction, answers, "normalized") == pytest.approx(normalized)
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("a-b - c", "ab  c"),  # " -" somewhere: every "-" deleted, spacing kept
-    ("Red/Blue", "Red Blue"),  # no case change
-    ("1,2-3", "123"),  # a digit-comma-digit deletes every mark
-    ("2, 3", "2 3"), ("2,a", "2 a"),
-    ("u.s.", "us"), ("3.5", "3.5"), ("3.", "3"), ("mr. t", "mr t"),
-    ("it's", "it's"), ("10:30", "10:30"), ("#1", "#1"), ("50%", "50%"),  # not official punctuation
-    ("." * 40, "." * 8),  # the official call drops at most 32 periods
-    ("  yes\n", "  yes\n"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("a-b - c", "ab  c"),  # " -" somewhere: every "-" deleted, spacing kept
+        ("Red/Blue", "Red Blue"),  # no case change
+        ("1,2-3", "123"),  # a digit-comma-digit deletes every mark
+        ("2, 3", "2 3"),
+        ("2,a", "2 a"),
+        ("u.s.", "us"),
+        ("3.5", "3.5"),
+        ("3.", "3"),
+        ("mr. t", "mr t"),
+        ("it's", "it's"),
+        ("10:30", "10:30"),
+        ("#1", "#1"),
+        ("50%", "50%"),  # not official punctuation
+        ("." * 40, "." * 8),  # the official call drops at most 32 periods
+        ("  yes\n", "  yes\n"),
+    ],
+)
 def test_process_punctuation(text, expected):
     from falcon_cli.evaluation.vqa_accuracy import process_punctuation
 
@@ -106,20 +119,39 @@ def test_config_key():
     from falcon_cli.config.schema import EvaluateConfig
 
     assert EvaluateConfig().vqa.answer_processing == "official"
-    assert EvaluateConfig.model_validate({"vqa": {"answer_processing": "normalized"}}).vqa.answer_processing == "normalized"
+    assert (
+        EvaluateConfig.model_validate({"vqa": {"answer_processing": "normalized"}}).vqa.answer_processing
+        == "normalized"
+    )
     with pytest.raises(ValueError):
         EvaluateConfig.model_validate({"vqa": {"answer_processing": "lenient"}})
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("Two", "2"), ("none", "0"), ("ten", "10"), ("The Dog", "dog"), ("a cat and an apple", "cat and apple"),
-    ("dont", "don't"), ("isnt", "isn't"), ("yes.", "yes"), ("Yes!", "yes"), ("  yes\n", "yes"), ("yes\tno", "yes no"),
-    ("3.5", "3.5"), ("3.", "3"), (".5", ".5"),  # a period is kept only when a digit follows it
-    ("1,000", "1000"),  # digit-comma-digit: punctuation deleted, not spaced
-    ("yes, sir", "yes sir"),  # a mark next to a space is deleted
-    ("black/white", "black white"),  # otherwise a mark becomes a space
-    ("t-shirt", "t shirt"), ("(left)", "left"), ("it's", "it's"),  # apostrophes are not punctuation
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("Two", "2"),
+        ("none", "0"),
+        ("ten", "10"),
+        ("The Dog", "dog"),
+        ("a cat and an apple", "cat and apple"),
+        ("dont", "don't"),
+        ("isnt", "isn't"),
+        ("yes.", "yes"),
+        ("Yes!", "yes"),
+        ("  yes\n", "yes"),
+        ("yes\tno", "yes no"),
+        ("3.5", "3.5"),
+        ("3.", "3"),
+        (".5", ".5"),  # a period is kept only when a digit follows it
+        ("1,000", "1000"),  # digit-comma-digit: punctuation deleted, not spaced
+        ("yes, sir", "yes sir"),  # a mark next to a space is deleted
+        ("black/white", "black white"),  # otherwise a mark becomes a space
+        ("t-shirt", "t shirt"),
+        ("(left)", "left"),
+        ("it's", "it's"),  # apostrophes are not punctuation
+    ],
+)
 def test_normalize_answer(text, expected):
     assert normalize_answer(text) == expected
 

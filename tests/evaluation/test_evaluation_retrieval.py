@@ -108,7 +108,10 @@ def test_each_recall_has_its_wilson_interval():
     lo, hi = wilson_interval(0.0, 20)
     assert lo == 0.0 and hi == pytest.approx(100 * 3.8415 / (20 + 3.8415), abs=0.01)
     p, n, z = 0.3, 2000, 1.959963984540054
-    centre, half = (p + z * z / (2 * n)) / (1 + z * z / n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    centre, half = (
+        (p + z * z / (2 * n)) / (1 + z * z / n),
+        z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n),
+    )
     assert wilson_interval(30.0, 2000) == pytest.approx((100 * (centre - half), 100 * (centre + half)))
     scores = torch.eye(4)
     scores[0] = torch.tensor([0.0, 1.0, 0.0, 0.0])  # image 0 ranks caption 1 first
@@ -129,8 +132,10 @@ def test_perfect_recall_is_what_a_perfect_model_scores_with_true_matches_in_rand
     positives = torch.rand(12, len(txt2img), generator=g) < 0.25
     for image, texts in enumerate(img2txt):
         positives[image, texts] = True
-    draws = [recall_at_k(positives.float() + 0.5 * torch.rand(positives.shape, generator=g), img2txt, txt2img)
-             for _ in range(3000)]
+    draws = [
+        recall_at_k(positives.float() + 0.5 * torch.rand(positives.shape, generator=g), img2txt, txt2img)
+        for _ in range(3000)
+    ]
     perfect = perfect_recall_at_1(positives, img2txt)
     for direction in ("i2t", "t2i"):
         simulated = sum(d[f"{direction}_R@1"] for d in draws) / len(draws)

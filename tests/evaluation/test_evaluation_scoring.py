@@ -64,7 +64,7 @@ def full_itm(model, e: SplitEmbeddings) -> torch.Tensor:
     with torch.no_grad():
         for i in range(out.shape[0]):
             for j in range(out.shape[1]):
-                fused = model.fuse(e.text_tokens[j:j + 1], e.text_mask[j:j + 1], e.image_tokens[i:i + 1])
+                fused = model.fuse(e.text_tokens[j : j + 1], e.text_mask[j : j + 1], e.image_tokens[i : i + 1])
                 out[i, j] = model.itm_logits(fused)[0, 1]
     return out
 

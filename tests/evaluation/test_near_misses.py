@@ -62,8 +62,9 @@ def test_a_scene_and_its_near_miss_differ_in_one_named_thing():
 
 def test_family_pairs_are_every_ordered_pair_within_a_family():
     rng = random.Random(0)
-    scenes = _arrays([np.stack(sample_scene(rng, min_objects=2, max_objects=4, num_shapes=6, num_colors=8))
-                      for _ in range(12)])
+    scenes = _arrays(
+        [np.stack(sample_scene(rng, min_objects=2, max_objects=4, num_shapes=6, num_colors=8)) for _ in range(12)]
+    )
     image_ids = np.array([9, 8, 0, 1, 3, 11, 5])  # families of 4: {0, 1, 3}, {5}, {8, 9, 11}
     scene_rows = image_ids  # scene row = image id here
     first, second, kinds = family_pairs(scenes, scene_rows, image_ids, 4)
@@ -103,8 +104,9 @@ def test_confusion_matches_a_comparison_by_comparison_reference():
     positives = torch.rand(n_images, len(txt2img)) < 0.15
     for i, caps in enumerate(img2txt):
         positives[i, caps] = True
-    scenes = _arrays([np.stack(sample_scene(rng, min_objects=2, max_objects=4, num_shapes=6, num_colors=8))
-                      for _ in range(n_images)])
+    scenes = _arrays(
+        [np.stack(sample_scene(rng, min_objects=2, max_objects=4, num_shapes=6, num_colors=8)) for _ in range(n_images)]
+    )
     pairs = family_pairs(scenes, np.arange(n_images), np.arange(n_images), 4)
     rows = near_miss_confusion(i2t, t2i, img2txt, positives, pairs)
     reference = _reference(i2t, t2i, img2txt, positives, pairs)
@@ -119,7 +121,9 @@ def test_confusion_matches_a_comparison_by_comparison_reference():
     assert sum(r["comparisons"] for r in rows if r["kind"] == "all") > 0
     # A model that scores every true pair above every other pair confuses nothing.
     perfect = positives.float()
-    assert all(r["confusion"] in (0.0, None) for r in near_miss_confusion(perfect, perfect.t(), img2txt, positives, pairs))
+    assert all(
+        r["confusion"] in (0.0, None) for r in near_miss_confusion(perfect, perfect.t(), img2txt, positives, pairs)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -127,10 +131,23 @@ def coco_like_run(tmp_path_factory):
     """A one-epoch run on a tiny ``coco-like`` world (near-miss families, one caption per training image)."""
     root = tmp_path_factory.mktemp("coco-like")
     run, world = root / "run", root / "world"
-    proc = run_cli("pretrain", "--recipe", "shapes-demo", "--run-dir", run, f"data.dataset={world}",
-                   "data.shapes.preset=coco-like", "data.shapes.images=80", "data.tokenizer_vocab_size=200",
-                   "pretrain.epochs=1", "pretrain.batch_size=16", "pretrain.search_space_size=32",
-                   "pretrain.num_workers=0", "pretrain.warmup_steps=2", "pretrain.eval_split=null")
+    proc = run_cli(
+        "pretrain",
+        "--recipe",
+        "shapes-demo",
+        "--run-dir",
+        run,
+        f"data.dataset={world}",
+        "data.shapes.preset=coco-like",
+        "data.shapes.images=80",
+        "data.tokenizer_vocab_size=200",
+        "pretrain.epochs=1",
+        "pretrain.batch_size=16",
+        "pretrain.search_space_size=32",
+        "pretrain.num_workers=0",
+        "pretrain.warmup_steps=2",
+        "pretrain.eval_split=null",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return run, world
 
@@ -142,7 +159,11 @@ def test_evaluate_writes_near_misses_on_a_world_with_near_misses(coco_like_run):
     assert "Near misses on `test`" in proc.stderr
     result = json.loads((run / "results" / "near_misses.json").read_text())
     assert [(r["scoring"], r["direction"]) for r in result["rows"]] == [
-        ("itc", "i2t"), ("itc", "t2i"), ("itc+itm@3", "i2t"), ("itc+itm@3", "t2i")]
+        ("itc", "i2t"),
+        ("itc", "t2i"),
+        ("itc+itm@3", "i2t"),
+        ("itc+itm@3", "t2i"),
+    ]
     counts = result["meta"]["comparisons"]
     assert counts["t2i"]["all"] == sum(counts["t2i"][k] for k in NEAR_MISS_KINDS) > 0
     for row in result["rows"]:
@@ -175,8 +196,17 @@ def test_pretrain_split_scores_the_pairs_the_run_trained_on_beside_the_test_spli
     for direction in ("i2t", "t2i"):  # every pair is a true match, so the oracle's R@1 is at least the standard one
         assert 0 <= row[f"{direction}_R@1"] <= row[f"oracle_{direction}_R@1"] <= 100
     # A cap draws that many images, the same ones every time, and keeps each image's pairs together.
-    proc = run_cli("evaluate", "retrieval", "run", "--split", "pretrain", "--itc-only",
-                   "--set", "evaluate.retrieval.pretrain_images=7", cwd=here)
+    proc = run_cli(
+        "evaluate",
+        "retrieval",
+        "run",
+        "--split",
+        "pretrain",
+        "--itc-only",
+        "--set",
+        "evaluate.retrieval.pretrain_images=7",
+        cwd=here,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads((run / "results" / "retrieval_pretrain.json").read_text())["meta"]["images"] == 7
     # Without --split the next evaluation scores the test split again, not the pairs asked for last time.
@@ -215,12 +245,18 @@ def test_near_miss_share_counts_rows_whose_family_meets_again_in_their_batch():
     from falcon_cli.audit.near_misses import near_miss_share
 
     family = np.array([0, 0, 1, 1, 2, 3, 3, 4])  # pair -> family
-    log = pd.DataFrame({"epoch": [0, 0, 0, 0, 0, 0, 1, 1, 1, 1],
-                        "step": [0, 0, 0, 1, 1, 1, 0, 0, 0, 0],
-                        "pair_id": [0, 1, 4, 2, 5, 7, 2, 3, 6, 5]})
+    log = pd.DataFrame(
+        {
+            "epoch": [0, 0, 0, 0, 0, 0, 1, 1, 1, 1],
+            "step": [0, 0, 0, 1, 1, 1, 0, 0, 0, 0],
+            "pair_id": [0, 1, 4, 2, 5, 7, 2, 3, 6, 5],
+        }
+    )
     share = near_miss_share(log, family)
     # epoch 0: step 0 holds pairs 0 and 1 (one family) and 4; step 1 holds families 1, 3, 4 once each -> 2 of 6.
     # epoch 1: one step with pairs 2, 3 (family 1) and 6, 5 (family 3) -> 4 of 4.
-    assert share.to_dict(orient="records") == [{"epoch": 0, "share": pytest.approx(2 / 6), "rows": 6},
-                                               {"epoch": 1, "share": 1.0, "rows": 4}]
+    assert share.to_dict(orient="records") == [
+        {"epoch": 0, "share": pytest.approx(2 / 6), "rows": 6},
+        {"epoch": 1, "share": 1.0, "rows": 4},
+    ]
     assert near_miss_share(log.iloc[:0], family).empty

@@ -19,8 +19,12 @@ def world(tiny_shapes_world):
 def judged(record, caption_record=None) -> JudgedPair:
     """The pair (image of ``record``, caption of ``caption_record`` or of ``record`` itself)."""
     caption_record = caption_record or record
-    return JudgedPair(image=record.image, caption=caption_record.captions[0], image_id=record.extra["image_id"],
-                      caption_id=caption_record.extra["caption_id"])
+    return JudgedPair(
+        image=record.image,
+        caption=caption_record.captions[0],
+        image_id=record.extra["image_id"],
+        caption_id=caption_record.extra["caption_id"],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -30,12 +34,13 @@ def pairs(world):
     positives = [judged(records[i]) for i in (0, 3, 7, len(records) - 1)]
     negatives = []
     for i in (1, 4, 9, 15):
-        other = next(r for r in records[i + 1:] if r.extra["image_id"] != records[i].extra["image_id"])
+        other = next(r for r in records[i + 1 :] if r.extra["image_id"] != records[i].extra["image_id"])
         negatives.append(judged(records[i], other))
     return positives + negatives
 
 
 # --- base -------------------------------------------------------------------------------------
+
 
 def test_false_negative_means_probability_above_the_threshold():
     scores = np.array([0.0, 0.5, 0.5000001, 0.9, 1.0])
@@ -46,14 +51,18 @@ def test_false_negative_means_probability_above_the_threshold():
 
 
 def test_unknown_kind_and_missing_arguments_are_one_line_errors():
-    for kind, kwargs, words in (("clip", {}, "unknown judge 'clip'"), ("oracle", {}, "no shapes world"),
-                                ("checkpoint", {}, "no falcon run")):
+    for kind, kwargs, words in (
+        ("clip", {}, "unknown judge 'clip'"),
+        ("oracle", {}, "no shapes world"),
+        ("checkpoint", {}, "no falcon run"),
+    ):
         with pytest.raises(FalconError, match=words) as info:
             load_judge(kind, **kwargs)
         assert "\n" not in str(info.value)
 
 
 # --- oracle -----------------------------------------------------------------------------------
+
 
 def test_oracle_scores_are_the_ground_truth(world, pairs):
     judge = load_judge("oracle", world=world["dir"])
@@ -90,6 +99,7 @@ def test_oracle_needs_ids(world, pairs):
 
 # --- BLIP -------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def tiny_blip(world, pairs, tmp_path_factory):
     """A tiny random BlipForImageTextRetrieval and its BlipProcessor (a WordPiece tokenizer trained on the
@@ -103,15 +113,27 @@ def tiny_blip(world, pairs, tmp_path_factory):
     root = tmp_path_factory.mktemp("blip")
     tokenizer = train_wordpiece_tokenizer([r.captions[0] for r in world["records"]], root / "tokenizer", vocab_size=200)
     processor = BlipProcessor(BlipImageProcessor(size={"height": 32, "width": 32}), tokenizer)
-    text = dict(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-                max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.cls_token_id,
-                sep_token_id=tokenizer.sep_token_id)
-    vision = dict(hidden_size=32, image_size=32, patch_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    text = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.cls_token_id,
+        sep_token_id=tokenizer.sep_token_id,
+    )
+    vision = dict(
+        hidden_size=32, image_size=32, patch_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
+    )
     torch.manual_seed(0)
-    model = BlipForImageTextRetrieval(BlipConfig(text_config=text, vision_config=vision, image_text_hidden_size=16,
-                                                 projection_dim=16)).eval()
-    inputs = processor(images=[load_image(p.image) for p in pairs], text=[p.caption for p in pairs],
-                       return_tensors="pt", padding=True)
+    model = BlipForImageTextRetrieval(
+        BlipConfig(text_config=text, vision_config=vision, image_text_hidden_size=16, projection_dim=16)
+    ).eval()
+    inputs = processor(
+        images=[load_image(p.image) for p in pairs], text=[p.caption for p in pairs], return_tensors="pt", padding=True
+    )
     with torch.no_grad():
         model.itm_head.weight.mul_(200.0)
         logits = model(**inputs, use_itm_head=True).itm_score
@@ -130,8 +152,9 @@ def test_blip_scores_are_the_itm_heads_match_probability(tiny_blip, pairs):
     scores = judge.score(pairs)
 
     processor, model = tiny_blip["processor"], tiny_blip["model"]
-    inputs = processor(images=[load_image(p.image) for p in pairs], text=[p.caption for p in pairs],
-                       return_tensors="pt", padding=True)
+    inputs = processor(
+        images=[load_image(p.image) for p in pairs], text=[p.caption for p in pairs], return_tensors="pt", padding=True
+    )
     with torch.no_grad():
         logits = model(**inputs, use_itm_head=True).itm_score
     expected = torch.softmax(logits, dim=-1)[:, 1].double().numpy()
@@ -139,13 +162,16 @@ def test_blip_scores_are_the_itm_heads_match_probability(tiny_blip, pairs):
     np.testing.assert_allclose(scores, expected, atol=1e-5)
     assert ((scores >= 0) & (scores <= 1)).all()
     assert np.ptp(scores) > 1e-3, "scores must differ between pairs for the comparison to mean anything"
-    np.testing.assert_allclose(load_judge("blip", model=tiny_blip["path"], device="cpu", batch_size=64).score(pairs),
-                               scores, atol=1e-5)  # padding within a batch does not change a pair's score
+    np.testing.assert_allclose(
+        load_judge("blip", model=tiny_blip["path"], device="cpu", batch_size=64).score(pairs), scores, atol=1e-5
+    )  # padding within a batch does not change a pair's score
 
 
 def test_blip_that_cannot_be_loaded_is_a_one_line_error(tmp_path):
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FalconError, match=r"BLIP judge model .*empty: cannot load .*hubs may be unreachable.*local directory") as info:
+    with pytest.raises(
+        FalconError, match=r"BLIP judge model .*empty: cannot load .*hubs may be unreachable.*local directory"
+    ) as info:
         load_judge("blip", model=tmp_path / "empty", device="cpu")
     assert "\n" not in str(info.value)
     with pytest.raises(FalconError, match="no such directory"):
@@ -162,6 +188,7 @@ def test_fp16_needs_cuda(tiny_blip):
 
 # --- falcon checkpoint ------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def falcon_run(world, tmp_path_factory):
     """A falcon run directory: the world's tokenizer and one albef-tiny checkpoint with random weights."""
@@ -170,7 +197,9 @@ def falcon_run(world, tmp_path_factory):
     from falcon_cli.runtime.checkpoint import save_checkpoint
 
     run = tmp_path_factory.mktemp("falcon_run") / "run"
-    tokenizer = train_wordpiece_tokenizer([r.captions[0] for r in world["records"]], run / "data" / "tokenizer", vocab_size=200)
+    tokenizer = train_wordpiece_tokenizer(
+        [r.captions[0] for r in world["records"]], run / "data" / "tokenizer", vocab_size=200
+    )
     torch.manual_seed(0)
     model = create_model("albef-tiny", vocab_size=len(tokenizer))
     with torch.no_grad():

@@ -49,8 +49,20 @@ def test_every_tensor_of_an_albef_file_loads(albef_pth, source, caplog):
     with caplog.at_level(logging.INFO, logger="falcon"):
         model = albef_from_file(albef_pth).eval()
     assert_same_weights(model, source)
-    for field in ("image_size", "patch_size", "vision_width", "vision_layers", "vision_heads", "vocab_size",
-                  "text_width", "text_layers", "fusion_layers", "text_heads", "intermediate_size", "embed_dim"):
+    for field in (
+        "image_size",
+        "patch_size",
+        "vision_width",
+        "vision_layers",
+        "vision_heads",
+        "vocab_size",
+        "text_width",
+        "text_layers",
+        "fusion_layers",
+        "text_heads",
+        "intermediate_size",
+        "embed_dim",
+    ):
         assert getattr(model.config, field) == getattr(source.config, field), field
     assert model.config.pooling == "cls"
     # Momentum copies (perturbed in the file), queues, position ids and the tied decoder were skipped, and said so.
@@ -62,8 +74,12 @@ def test_every_tensor_of_an_albef_file_loads(albef_pth, source, caplog):
     with torch.no_grad():
         a, b = model(images, ids, mask), source(images, ids, mask)
         torch.testing.assert_close(a.image_feat, b.image_feat, atol=0, rtol=0)
-        torch.testing.assert_close(model.itm_logits(model.fuse(a.text_tokens, mask, a.image_tokens)),
-                                   source.itm_logits(source.fuse(b.text_tokens, mask, b.image_tokens)), atol=0, rtol=0)
+        torch.testing.assert_close(
+            model.itm_logits(model.fuse(a.text_tokens, mask, a.image_tokens)),
+            source.itm_logits(source.fuse(b.text_tokens, mask, b.image_tokens)),
+            atol=0,
+            rtol=0,
+        )
 
     # Into a model the run built (pretrain.init): albef-tiny's own config, same shapes.
     built = create_model("albef-tiny", vocab_size=VOCAB)
@@ -84,9 +100,17 @@ def test_bert_names_are_transformers_names(source):
     from transformers import BertConfig, BertForMaskedLM
 
     c = source.config
-    bert = BertForMaskedLM(BertConfig(vocab_size=c.vocab_size, hidden_size=c.text_width,
-                                      num_hidden_layers=c.text_layers + c.fusion_layers, num_attention_heads=c.text_heads,
-                                      intermediate_size=c.intermediate_size, is_decoder=True, add_cross_attention=True))
+    bert = BertForMaskedLM(
+        BertConfig(
+            vocab_size=c.vocab_size,
+            hidden_size=c.text_width,
+            num_hidden_layers=c.text_layers + c.fusion_layers,
+            num_attention_heads=c.text_heads,
+            intermediate_size=c.intermediate_size,
+            is_decoder=True,
+            add_cross_attention=True,
+        )
+    )
     names = {f"text_encoder.{k}" for k in bert.state_dict()} | {"text_encoder.bert.embeddings.position_ids"}
     ours = {k for k in albef_layout(source, momentum=False, queues=False) if k.startswith("text_encoder.")}
     assert ours - names == set()
@@ -99,8 +123,12 @@ def test_resolution_and_finetuned_layout(source, albef_pth, tmp_path):
 
     bigger = albef_from_file(albef_pth, image_size=96)
     assert bigger.config.image_size == 96
-    torch.testing.assert_close(bigger.visual_encoder.pos_embed.detach(),
-                               _albef_resize(source.visual_encoder.pos_embed.detach(), 12), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        bigger.visual_encoder.pos_embed.detach(),
+        _albef_resize(source.visual_encoder.pos_embed.detach(), 12),
+        atol=1e-6,
+        rtol=0,
+    )
     assert_same_weights(bigger, source, skip=("visual_encoder.pos_embed",))
     built = create_model("albef-tiny", vocab_size=VOCAB, image_size=96)
     load_albef_checkpoint(built, albef_pth)
@@ -123,9 +151,13 @@ def first_line_error(call) -> str:
 def test_a_file_that_does_not_match_fails_with_one_line(source, albef_pth, tmp_path):
     layout = albef_layout(source)
     stray = tmp_path / "stray.pth"
-    torch.save({"model": {**layout, "text_encoder.bert.encoder.layer.1.attention.self.extra.weight": torch.zeros(2)}}, stray)
+    torch.save(
+        {"model": {**layout, "text_encoder.bert.encoder.layer.1.attention.self.extra.weight": torch.zeros(2)}}, stray
+    )
     message = first_line_error(lambda: albef_from_file(stray))
-    assert str(stray) in message and "unexpected text_encoder.bert.encoder.layer.1.attention.self.extra.weight" in message
+    assert (
+        str(stray) in message and "unexpected text_encoder.bert.encoder.layer.1.attention.self.extra.weight" in message
+    )
 
     missing = tmp_path / "missing.pth"
     torch.save({"model": {k: v for k, v in layout.items() if k != "itm_head.bias"}}, missing)
@@ -140,8 +172,13 @@ def test_a_file_that_does_not_match_fails_with_one_line(source, albef_pth, tmp_p
     assert "pretrain.model" in message
 
     # Another vocabulary (a run with its own WordPiece tokenizer).
-    message = first_line_error(lambda: load_albef_checkpoint(create_model("albef-tiny", vocab_size=VOCAB + 5), albef_pth))
-    assert f"vocabulary has {VOCAB} tokens but the run's tokenizer has {VOCAB + 5}" in message and "bert-base-uncased" in message
+    message = first_line_error(
+        lambda: load_albef_checkpoint(create_model("albef-tiny", vocab_size=VOCAB + 5), albef_pth)
+    )
+    assert (
+        f"vocabulary has {VOCAB} tokens but the run's tokenizer has {VOCAB + 5}" in message
+        and "bert-base-uncased" in message
+    )
     message = first_line_error(lambda: albef_from_checkpoint(albef_pth, vocab_size=1000))
     assert f"has {VOCAB} tokens but the run's tokenizer has 1000" in message
 
@@ -152,7 +189,9 @@ def test_a_file_that_does_not_match_fails_with_one_line(source, albef_pth, tmp_p
     assert "not in the ALBEF/GRIT-VLP/MAFA layout" in first_line_error(lambda: albef_from_file(tmp_path / "falcon.pth"))
     message = first_line_error(lambda: create_model("albef-tiny", text_weights=str(albef_pth)))
     assert "pretrain.init" in message and "no such directory" not in message
-    config = first_line_error(lambda: albef_config_from_state({"visual_encoder.pos_embed": torch.zeros(1, 5, 4)}, "x.pth"))
+    config = first_line_error(
+        lambda: albef_config_from_state({"visual_encoder.pos_embed": torch.zeros(1, 5, 4)}, "x.pth")
+    )
     assert "x.pth: not an ALBEF/GRIT-VLP/MAFA checkpoint" in config
 
 

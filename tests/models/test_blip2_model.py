@@ -12,9 +12,22 @@ from falcon_cli.models.qformer import Blip2Config, Blip2QFormer, build_blip2
 from falcon_cli.objectives.common import image_text_similarity
 from falcon_cli.objectives.qformer import Blip2Objective, itg_loss
 
-TINY = dict(vision="timm", image_size=32, patch_size=8, vision_width=24, vision_layers=1, vision_heads=2,
-            vision_mlp_ratio=2.0, qformer_width=32, qformer_layers=2, qformer_heads=2, qformer_intermediate_size=64,
-            num_query_tokens=4, vocab_size=51, embed_dim=16)
+TINY = dict(
+    vision="timm",
+    image_size=32,
+    patch_size=8,
+    vision_width=24,
+    vision_layers=1,
+    vision_heads=2,
+    vision_mlp_ratio=2.0,
+    qformer_width=32,
+    qformer_layers=2,
+    qformer_heads=2,
+    qformer_intermediate_size=64,
+    num_query_tokens=4,
+    vocab_size=51,
+    embed_dim=16,
+)
 
 
 def tiny_model(seed: int = 0, **overrides) -> Blip2QFormer:
@@ -28,8 +41,8 @@ def batch(b: int = 3, length: int = 6, seed: int = 1):
     ids = torch.randint(3, 50, (b, length), generator=g)
     ids[:, 0] = 1  # [CLS]
     mask = torch.ones_like(ids)
-    mask[0, length - 2:] = 0
-    ids[0, length - 2:] = 0
+    mask[0, length - 2 :] = 0
+    ids[0, length - 2 :] = 0
     return images, ids, mask
 
 
@@ -48,7 +61,9 @@ def test_itg_is_causal_over_the_text_and_grounded_in_the_image_through_the_queri
         assert not torch.allclose(logits[1], other[1]), "every text position sees the image through the queries"
         # the queries never see the text: their outputs are those of the query-only pass
         hidden = model._joint(embeds, ids, model.generation_mask(mask))
-        alone = model.qformer(query_embeds=model._queries(3), query_length=4, encoder_hidden_states=embeds).last_hidden_state
+        alone = model.qformer(
+            query_embeds=model._queries(3), query_length=4, encoder_hidden_states=embeds
+        ).last_hidden_state
         assert torch.allclose(hidden[:, :4], alone, atol=1e-5)
         # [DEC] replaces the first token whatever it was
         first = ids.clone()
@@ -59,12 +74,17 @@ def test_itg_is_causal_over_the_text_and_grounded_in_the_image_through_the_queri
 def test_itg_mask_layout():
     model = tiny_model(num_query_tokens=2)
     m = model.generation_mask(torch.tensor([[1, 1, 1, 0]]))[0, 0]
-    expected = torch.tensor([[1, 1, 0, 0, 0, 0],   # queries: the queries only
-                             [1, 1, 0, 0, 0, 0],
-                             [1, 1, 1, 0, 0, 0],   # text: every query, the text up to itself
-                             [1, 1, 1, 1, 0, 0],
-                             [1, 1, 1, 1, 1, 0],
-                             [1, 1, 1, 1, 1, 0]], dtype=torch.bool)  # (a padding row: never a target)
+    expected = torch.tensor(
+        [
+            [1, 1, 0, 0, 0, 0],  # queries: the queries only
+            [1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0],  # text: every query, the text up to itself
+            [1, 1, 1, 1, 0, 0],
+            [1, 1, 1, 1, 1, 0],
+            [1, 1, 1, 1, 1, 0],
+        ],
+        dtype=torch.bool,
+    )  # (a padding row: never a target)
     assert torch.equal(m, expected)
 
 
@@ -129,7 +149,7 @@ def test_itm_scores_each_pair_alone_and_reads_the_image():
     with torch.no_grad():
         embeds = model.image_embeddings(images)
         together = model.itm_logits(embeds, ids, mask)
-        alone = torch.cat([model.itm_logits(embeds[i:i + 1], ids[i:i + 1], mask[i:i + 1]) for i in range(3)])
+        alone = torch.cat([model.itm_logits(embeds[i : i + 1], ids[i : i + 1], mask[i : i + 1]) for i in range(3)])
         swapped = model.itm_logits(embeds.flip(0), ids, mask)
         # the head averaged over the query outputs of the joint pass
         hidden = model._joint(embeds, ids, torch.cat([torch.ones(3, 4, dtype=mask.dtype), mask], 1))
@@ -215,31 +235,54 @@ def test_temperature_is_clamped_in_place_with_a_straight_through_gradient():
 
 # --- weights ----------------------------------------------------------------------------------------
 
+
 def _hf_retrieval(tmp_path):
     from transformers import Blip2Config as HfBlip2Config
     from transformers import Blip2ForImageTextRetrieval
 
     torch.manual_seed(0)
     config = HfBlip2Config(
-        vision_config=dict(hidden_size=24, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
-                           image_size=32, patch_size=8),
-        qformer_config=dict(vocab_size=51, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                            intermediate_size=64, cross_attention_frequency=2, encoder_hidden_size=24,
-                            use_qformer_text_input=True),
-        num_query_tokens=4, image_text_hidden_size=16)
+        vision_config=dict(
+            hidden_size=24,
+            intermediate_size=48,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=32,
+            patch_size=8,
+        ),
+        qformer_config=dict(
+            vocab_size=51,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            cross_attention_frequency=2,
+            encoder_hidden_size=24,
+            use_qformer_text_input=True,
+        ),
+        num_query_tokens=4,
+        image_text_hidden_size=16,
+    )
     hf = Blip2ForImageTextRetrieval(config).eval()
     with torch.no_grad():  # no zero or default-valued tensors: every weight must really be copied
         for name, param in hf.named_parameters():
-            param.copy_(torch.randn_like(param) * 0.05 + (1.0 if name.endswith("norm.weight") or "LayerNorm.weight" in name
-                                                          or name.endswith("layernorm.weight") else 0.0))
+            param.copy_(
+                torch.randn_like(param) * 0.05
+                + (
+                    1.0
+                    if name.endswith("norm.weight") or "LayerNorm.weight" in name or name.endswith("layernorm.weight")
+                    else 0.0
+                )
+            )
     hf.save_pretrained(tmp_path / "blip2")
     return hf, tmp_path / "blip2"
 
 
 def test_a_hf_blip2_checkpoint_gives_hfs_own_itm_and_itc(tmp_path):
     hf, directory = _hf_retrieval(tmp_path)
-    ours = build_blip2(Blip2Config(**{**TINY, "vision": "hf", "vision_weights": str(directory),
-                                      "qformer_weights": str(directory)})).eval()
+    ours = build_blip2(
+        Blip2Config(**{**TINY, "vision": "hf", "vision_weights": str(directory), "qformer_weights": str(directory)})
+    ).eval()
     images, ids, mask = batch()
     with torch.no_grad():
         hf_itm = hf(pixel_values=images, input_ids=ids, attention_mask=mask, use_image_text_matching_head=True)
@@ -255,15 +298,23 @@ def test_a_fresh_qformer_is_initialised_from_bert(tmp_path):
     from transformers import BertConfig, BertForMaskedLM
 
     torch.manual_seed(0)
-    bert = BertForMaskedLM(BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                      intermediate_size=64))
+    bert = BertForMaskedLM(
+        BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+    )
     bert.save_pretrained(tmp_path / "bert")
     model = build_blip2(Blip2Config(**{**TINY, "qformer_weights": str(tmp_path / "bert")}))
     sd = bert.state_dict()
     layer = "qformer.encoder.layer.1."
-    assert torch.equal(model.state_dict()[layer + "intermediate_query.dense.weight"], sd["bert.encoder.layer.1.intermediate.dense.weight"])
-    assert torch.equal(model.state_dict()[layer + "intermediate.dense.weight"], sd["bert.encoder.layer.1.intermediate.dense.weight"])
-    assert torch.equal(model.state_dict()[layer + "attention.attention.key.bias"], sd["bert.encoder.layer.1.attention.self.key.bias"])
+    assert torch.equal(
+        model.state_dict()[layer + "intermediate_query.dense.weight"],
+        sd["bert.encoder.layer.1.intermediate.dense.weight"],
+    )
+    assert torch.equal(
+        model.state_dict()[layer + "intermediate.dense.weight"], sd["bert.encoder.layer.1.intermediate.dense.weight"]
+    )
+    assert torch.equal(
+        model.state_dict()[layer + "attention.attention.key.bias"], sd["bert.encoder.layer.1.attention.self.key.bias"]
+    )
     assert torch.equal(model.embeddings.word_embeddings.weight[:50], sd["bert.embeddings.word_embeddings.weight"])
     assert torch.equal(model.qformer.layernorm.weight, sd["bert.embeddings.LayerNorm.weight"])
     assert torch.equal(model.lm_head.bias[:50], sd["cls.predictions.bias"])
@@ -308,6 +359,8 @@ def test_match_probability_is_the_itm_heads_judgement_of_each_chosen_pair():
         out = objective(images, ids, mask)
         got = objective.match_probability(out, ids, mask, image_index, text_index)
         for p, (i, j) in enumerate(zip(image_index.tolist(), text_index.tolist())):
-            want = torch.softmax(model.itm_logits(out.image_tokens[i:i + 1], ids[j:j + 1], mask[j:j + 1]), -1)[0, 1]
+            want = torch.softmax(model.itm_logits(out.image_tokens[i : i + 1], ids[j : j + 1], mask[j : j + 1]), -1)[
+                0, 1
+            ]
             assert got[p].item() == pytest.approx(want.item(), abs=1e-5), (i, j)
     assert got.shape == (6,)

@@ -50,10 +50,17 @@ def test_caption_loss_against_a_token_by_token_reference():
                     mine.append(-(1 - smoothing) * logp[ids[b, t + 1]] - smoothing * logp.mean())
             terms += mine
             per_caption.append(torch.stack(mine).mean())
-        assert caption_loss(logits, ids, mask, label_smoothing=smoothing) == pytest.approx(float(torch.stack(terms).mean()), rel=1e-5)
-        assert torch.allclose(caption_loss(logits, ids, mask, label_smoothing=smoothing, per_sample=True),
-                              torch.stack(per_caption), rtol=1e-5)
-    assert itg_loss(logits, ids, mask) == caption_loss(logits, ids, mask, label_smoothing=0.1), "BLIP-2's ITG is the same loss"
+        assert caption_loss(logits, ids, mask, label_smoothing=smoothing) == pytest.approx(
+            float(torch.stack(terms).mean()), rel=1e-5
+        )
+        assert torch.allclose(
+            caption_loss(logits, ids, mask, label_smoothing=smoothing, per_sample=True),
+            torch.stack(per_caption),
+            rtol=1e-5,
+        )
+    assert itg_loss(logits, ids, mask) == caption_loss(logits, ids, mask, label_smoothing=0.1), (
+        "BLIP-2's ITG is the same loss"
+    )
 
 
 def test_the_decoder_is_causal_and_reads_the_image():
@@ -100,7 +107,9 @@ def test_sigmoid_treatments_of_each_method_against_loops():
     ones = [[1.0] * n for _ in range(n)]
     context = StepContext(torch.arange(n), epoch=2, step=5, total_steps=10)
     # plain
-    assert float(PlainItc().sigmoid(image, text, t, b, context)) == pytest.approx(reference_sigmoid(image, text, 10, -3, eye, ones), rel=1e-5)
+    assert float(PlainItc().sigmoid(image, text, t, b, context)) == pytest.approx(
+        reference_sigmoid(image, text, 10, -3, eye, ones), rel=1e-5
+    )
     # DiHT: each negative weighted by the mean of its two anchors' (N - 1) softmax_{j != i}(beta t s)
     beta = 0.5
     s = (image @ text.t()).tolist()
@@ -110,7 +119,9 @@ def test_sigmoid_treatments_of_each_method_against_loops():
         return {j: (n - 1) * math.exp(beta * 10 * matrix[i][j]) / sum(others) for j in range(n) if j != i}
 
     st = [list(col) for col in zip(*s)]
-    weights = [[1.0 if i == j else (row_weights(s, i)[j] + row_weights(st, j)[i]) / 2 for j in range(n)] for i in range(n)]
+    weights = [
+        [1.0 if i == j else (row_weights(s, i)[j] + row_weights(st, j)[i]) / 2 for j in range(n)] for i in range(n)
+    ]
     got = Diht(beta=beta).sigmoid(image, text, t, b, context)
     assert float(got) == pytest.approx(reference_sigmoid(image, text, 10, -3, eye, weights), rel=1e-5)
     # SRCL: the same with (N - 1) softmax(-delta cos_mix), aux features of the pairs
@@ -124,8 +135,12 @@ def test_sigmoid_treatments_of_each_method_against_loops():
         others = [math.exp(-2.0 * matrix[i][j]) for j in range(n) if j != i]
         return {j: (n - 1) * math.exp(-2.0 * matrix[i][j]) / sum(others) for j in range(n) if j != i}
 
-    weights = [[1.0 if i == j else (srcl_row(mixed, i)[j] + srcl_row(mixed_t, j)[i]) / 2 for j in range(n)] for i in range(n)]
-    assert float(srcl.sigmoid(image, text, t, b, context)) == pytest.approx(reference_sigmoid(image, text, 10, -3, eye, weights), rel=1e-5)
+    weights = [
+        [1.0 if i == j else (srcl_row(mixed, i)[j] + srcl_row(mixed_t, j)[i]) / 2 for j in range(n)] for i in range(n)
+    ]
+    assert float(srcl.sigmoid(image, text, t, b, context)) == pytest.approx(
+        reference_sigmoid(image, text, 10, -3, eye, weights), rel=1e-5
+    )
 
 
 def test_mafa_converts_and_glofnd_drops_in_the_sigmoid_loss():
@@ -172,7 +187,9 @@ def test_the_objective_sums_its_parts_and_measures_them_on_the_same_inputs():
     out = softmax(images, ids, mask)
     from falcon_cli.objectives.itc import itc_grit
 
-    expected = itc_grit(out.image_feat, out.text_feat, softmax.model.temperature(), consistency_weight=0.0, stop_gradient=False)
+    expected = itc_grit(
+        out.image_feat, out.text_feat, softmax.model.temperature(), consistency_weight=0.0, stop_gradient=False
+    )
     assert float(out.itc) == pytest.approx(float(expected.loss.detach()), rel=1e-5), "CLIP's InfoNCE"
 
 
@@ -195,10 +212,20 @@ def test_siglip_statistics_renormalise_inside_the_model():
     assert torch.allclose(ours, direct, atol=1e-5)
 
 
-OPEN_CLIP_TINY = {"embed_dim": 32, "init_logit_bias": -10,
-                  "vision_cfg": {"image_size": 32, "layers": 1, "width": 64, "head_width": 32, "patch_size": 8},
-                  "text_cfg": {"context_length": 16, "vocab_size": 100, "width": 64, "heads": 2, "layers": 1,
-                               "no_causal_mask": True, "pool_type": "last"}}
+OPEN_CLIP_TINY = {
+    "embed_dim": 32,
+    "init_logit_bias": -10,
+    "vision_cfg": {"image_size": 32, "layers": 1, "width": 64, "head_width": 32, "patch_size": 8},
+    "text_cfg": {
+        "context_length": 16,
+        "vocab_size": 100,
+        "width": 64,
+        "heads": 2,
+        "layers": 1,
+        "no_causal_mask": True,
+        "pool_type": "last",
+    },
+}
 
 
 @pytest.fixture
@@ -226,8 +253,10 @@ def open_clip_files(tmp_path):
 def test_weights_from_an_open_clip_file_and_a_local_directory(open_clip_files):
     reference, file, directory = open_clip_files
     common = dict(image_size=32, context_length=16, embed_dim=32, text_pool="last", vocab_size=100, decoder_layers=0)
-    for source in ({"open_clip_model": "falcon-test-tiny", "open_clip_weights": str(file)},
-                   {"open_clip_model": f"local-dir:{directory}"}):
+    for source in (
+        {"open_clip_model": "falcon-test-tiny", "open_clip_weights": str(file)},
+        {"open_clip_model": f"local-dir:{directory}"},
+    ):
         model = create_model("dual-tiny", **common, **source)
         for key, value in reference.state_dict().items():
             assert torch.equal(model.clip.state_dict()[key], value), (source, key)
@@ -241,16 +270,39 @@ def test_a_named_model_whose_sizes_differ_from_its_config_is_refused(open_clip_f
         create_model("dual-tiny", open_clip_model="ViT-B-16-SigLIPP")
 
 
-OPEN_CLIP_TINY_COCA = {"embed_dim": 32,
-                       "vision_cfg": {"image_size": 32, "layers": 1, "width": 64, "head_width": 32, "patch_size": 8,
-                                      "attentional_pool": True, "attn_pooler_heads": 2, "attn_pooler_queries": 6,
-                                      "output_tokens": True},
-                       "text_cfg": {"context_length": 16, "vocab_size": 100, "width": 32, "heads": 2, "layers": 1,
-                                    "embed_cls": True, "output_tokens": True},
-                       # the decoder reads the pooler's embed_dim-wide image tokens and the text tower's tokens
-                       "multimodal_cfg": {"context_length": 16, "vocab_size": 100, "width": 32, "heads": 2, "layers": 1,
-                                          "attn_pooler_heads": 2},
-                       "custom_text": True}
+OPEN_CLIP_TINY_COCA = {
+    "embed_dim": 32,
+    "vision_cfg": {
+        "image_size": 32,
+        "layers": 1,
+        "width": 64,
+        "head_width": 32,
+        "patch_size": 8,
+        "attentional_pool": True,
+        "attn_pooler_heads": 2,
+        "attn_pooler_queries": 6,
+        "output_tokens": True,
+    },
+    "text_cfg": {
+        "context_length": 16,
+        "vocab_size": 100,
+        "width": 32,
+        "heads": 2,
+        "layers": 1,
+        "embed_cls": True,
+        "output_tokens": True,
+    },
+    # the decoder reads the pooler's embed_dim-wide image tokens and the text tower's tokens
+    "multimodal_cfg": {
+        "context_length": 16,
+        "vocab_size": 100,
+        "width": 32,
+        "heads": 2,
+        "layers": 1,
+        "attn_pooler_heads": 2,
+    },
+    "custom_text": True,
+}
 
 
 @pytest.fixture
@@ -269,8 +321,12 @@ def coca_directory(tmp_path):
     init_multimodal_transformer(reference.text_decoder)  # open_clip leaves its projection uninitialised
     directory = tmp_path / "coca"
     directory.mkdir()
-    (directory / "open_clip_config.json").write_text(json.dumps({"model_cfg": OPEN_CLIP_TINY_COCA, "preprocess_cfg": {}}))
-    save_file({k: v.contiguous() for k, v in reference.state_dict().items()}, str(directory / "open_clip_model.safetensors"))
+    (directory / "open_clip_config.json").write_text(
+        json.dumps({"model_cfg": OPEN_CLIP_TINY_COCA, "preprocess_cfg": {}})
+    )
+    save_file(
+        {k: v.contiguous() for k, v in reference.state_dict().items()}, str(directory / "open_clip_model.safetensors")
+    )
     return reference, directory
 
 
@@ -283,9 +339,18 @@ def test_a_coca_trains_with_its_own_decoder_as_open_clip_defines_it(coca_directo
 
     reference, directory = coca_directory
     sot, eot = 97, 98
-    model = create_model("dual-tiny", open_clip_model=f"local-dir:{directory}", image_size=32, context_length=16,
-                         embed_dim=32, vocab_size=100, decoder_layers=0, contrastive="softmax",
-                         logit_scale_init=1 / 0.07, pad_token_id=eot).eval()
+    model = create_model(
+        "dual-tiny",
+        open_clip_model=f"local-dir:{directory}",
+        image_size=32,
+        context_length=16,
+        embed_dim=32,
+        vocab_size=100,
+        decoder_layers=0,
+        contrastive="softmax",
+        logit_scale_init=1 / 0.07,
+        pad_token_id=eot,
+    ).eval()
     assert model.coca and model.has_decoder and model.config.is_coca and model.config.has_decoder
     g = torch.Generator().manual_seed(5)
     lengths = [9, 4, 6, 3]
@@ -301,8 +366,12 @@ def test_a_coca_trains_with_its_own_decoder_as_open_clip_defines_it(coca_directo
     with torch.no_grad():
         expected = reference(images, open_clip_ids)
         contrastive, caption = CoCaLoss(caption_loss_weight=1.0, clip_loss_weight=1.0, pad_id=0)(
-            expected["image_features"], expected["text_features"], expected["logits"], expected["labels"],
-            expected["logit_scale"])
+            expected["image_features"],
+            expected["text_features"],
+            expected["logits"],
+            expected["labels"],
+            expected["logit_scale"],
+        )
     assert torch.allclose(out.image_feat, expected["image_features"], atol=1e-5)
     assert torch.allclose(out.text_feat, expected["text_features"], atol=1e-5), "re-padded as open_clip pads"
     assert float(out.itc) == pytest.approx(float(contrastive), rel=1e-5)
@@ -326,10 +395,18 @@ def test_a_coca_refuses_a_second_decoder_and_is_recognised_before_it_is_built(co
 
     _, directory = coca_directory
     for _ in range(3):  # from scratch, its decoder is initialised (open_clip leaves uninitialised memory)
-        scratch = create_model("dual-tiny", open_clip_model="falcon-test-coca", image_size=32, context_length=16,
-                               embed_dim=32, vocab_size=100, decoder_layers=0, contrastive="softmax")
+        scratch = create_model(
+            "dual-tiny",
+            open_clip_model="falcon-test-coca",
+            image_size=32,
+            context_length=16,
+            embed_dim=32,
+            vocab_size=100,
+            decoder_layers=0,
+            contrastive="softmax",
+        )
         projection = scratch.clip.text_decoder.text_projection
-        assert torch.isfinite(projection).all() and float(projection.std()) == pytest.approx(32 ** -0.5, rel=0.2)
+        assert torch.isfinite(projection).all() and float(projection.std()) == pytest.approx(32**-0.5, rel=0.2)
     with pytest.raises(ValueError, match="has its own captioning decoder"):
         DualConfig(open_clip_model=f"local-dir:{directory}", decoder_layers=2)
     assert DualConfig(open_clip_model="coca_ViT-B-32", decoder_layers=0).has_decoder
@@ -355,7 +432,9 @@ def test_reading_the_model_registry_imports_no_torchvision():
     import subprocess
     import sys
 
-    code = ("import sys; from falcon_cli.models.registry import get_model_config; get_model_config('dual-tiny'); "
-            "print('torchvision' in sys.modules)")
+    code = (
+        "import sys; from falcon_cli.models.registry import get_model_config; get_model_config('dual-tiny'); "
+        "print('torchvision' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

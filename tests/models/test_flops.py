@@ -9,8 +9,12 @@ from torch.utils.flop_counter import FlopCounterMode
 from falcon_cli.models.registry import create_model, resolve_model_config
 from falcon_cli.objectives.mlm import MlmMask
 from falcon_cli.objectives.vlp import VlpObjective
-from falcon_cli.models.flops import (fusion_forward_flops, pretrain_flops_per_pair, text_forward_flops,
-                                      vision_forward_flops)
+from falcon_cli.models.flops import (
+    fusion_forward_flops,
+    pretrain_flops_per_pair,
+    text_forward_flops,
+    vision_forward_flops,
+)
 
 
 def counted(fn) -> int:
@@ -36,19 +40,32 @@ def test_each_part_matches_the_counted_forward(tiny):
     model, images, ids, mask = tiny
     config, batch, length = model.config, ids.shape[0], ids.shape[1]
     with torch.no_grad():
-        assert counted(lambda: model.encode_image(images)) == pytest.approx(batch * vision_forward_flops(config), rel=1e-9)
-        assert counted(lambda: model.encode_text(ids, mask)) == pytest.approx(batch * text_forward_flops(config, length), rel=1e-9)
+        assert counted(lambda: model.encode_image(images)) == pytest.approx(
+            batch * vision_forward_flops(config), rel=1e-9
+        )
+        assert counted(lambda: model.encode_text(ids, mask)) == pytest.approx(
+            batch * text_forward_flops(config, length), rel=1e-9
+        )
         tokens, _ = model.encode_text(ids, mask)
         image_tokens, _ = model.encode_image(images)
-        assert counted(lambda: model.fuse(tokens, mask, image_tokens)) == \
-            pytest.approx(batch * fusion_forward_flops(config, length), rel=1e-9)
+        assert counted(lambda: model.fuse(tokens, mask, image_tokens)) == pytest.approx(
+            batch * fusion_forward_flops(config, length), rel=1e-9
+        )
 
 
 def test_a_training_step_is_about_three_forwards_of_the_counted_parts(tiny):
     model, images, ids, mask = tiny
     objective = VlpObjective(model)
-    mlm = MlmMask.sample(ids, mask, probability=0.5, generator=torch.Generator().manual_seed(0), vocab_size=300,
-                         mask_token_id=1, pad_token_id=0, cls_token_id=2)
+    mlm = MlmMask.sample(
+        ids,
+        mask,
+        probability=0.5,
+        generator=torch.Generator().manual_seed(0),
+        vocab_size=300,
+        mask_token_id=1,
+        pad_token_id=0,
+        cls_token_id=2,
+    )
     batch, masked = ids.shape[0], mlm.selected.sum().item() / ids.shape[0]
     parts = pretrain_flops_per_pair(model.config, ids.shape[1], masked)
     with torch.no_grad():

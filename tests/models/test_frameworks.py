@@ -39,8 +39,10 @@ def test_the_paired_image_feature_is_the_query_closest_to_the_pairs_own_text():
 def _reference_itc(sim: torch.Tensor, smoothing: float) -> torch.Tensor:
     """LAVIS's BLIP-2 ITC written out: cross-entropy with smoothed targets in both directions."""
     targets = torch.arange(sim.shape[0])
-    return (F.cross_entropy(sim, targets, label_smoothing=smoothing)
-            + F.cross_entropy(sim.t(), targets, label_smoothing=smoothing)) / 2
+    return (
+        F.cross_entropy(sim, targets, label_smoothing=smoothing)
+        + F.cross_entropy(sim.t(), targets, label_smoothing=smoothing)
+    ) / 2
 
 
 def test_blip2_itc_is_lavis_symmetric_infonce_over_the_best_query_with_gradient_to_both_sides():
@@ -73,7 +75,9 @@ def test_the_false_negative_methods_take_query_features(method):
     # every feature in the positive orthant, so every similarity is positive and the other queries (the
     # winner scaled down) are beaten by the winner for every text
     winners, texts = F.normalize(_unit(b, d, seed=6).abs(), dim=-1), F.normalize(_unit(b, d, seed=7).abs(), dim=-1)
-    queries = torch.cat([winners.unsqueeze(1), winners.unsqueeze(1) * torch.tensor([0.3, 0.5, 0.9]).view(1, 3, 1)], dim=1)
+    queries = torch.cat(
+        [winners.unsqueeze(1), winners.unsqueeze(1) * torch.tensor([0.3, 0.5, 0.9]).view(1, 3, 1)], dim=1
+    )
     assert torch.equal(image_text_similarity(queries, texts), winners @ texts.t())
     ids = torch.arange(b)
     context = StepContext(ids, epoch=2, step=1, total_steps=4)
@@ -105,6 +109,7 @@ def test_recipes_are_checked_against_their_models_framework():
 
 # --- the records say what the code used to ask by name or by probing --------------------------------------------
 
+
 @pytest.mark.parametrize("name", ["albef-tiny", "blip2-tiny", "dual-tiny"])
 def test_a_family_record_says_what_its_models_can_do(name):
     """The capabilities the stages ask the record for are the models' own: a record that lies fails here."""
@@ -132,7 +137,10 @@ def test_model_overrides_put_each_source_in_its_frameworks_field():
     assert overrides("blip2") == {"vocab_size": 101, "vision_weights": "V", "qformer_weights": "T"}  # + [DEC]
     assert overrides("dual", pad_token_id=3) == {"vocab_size": 100, "open_clip_weights": "V", "pad_token_id": 3}
     assert model_overrides(FRAMEWORKS["dual"], 9, vision_weights=None, text_weights=None, image_size=64) == {
-        "vocab_size": 9, "open_clip_weights": None, "image_size": 64}
+        "vocab_size": 9,
+        "open_clip_weights": None,
+        "image_size": 64,
+    }
 
 
 def test_the_record_builds_each_frameworks_objective_with_its_plain_itc():
@@ -141,8 +149,11 @@ def test_the_record_builds_each_frameworks_objective_with_its_plain_itc():
     from falcon_cli.models.registry import create_model
     from falcon_cli.objectives.contract import PretrainObjective
 
-    for name, kind, smoothing, stop in (("albef-tiny", "VlpObjective", 0.0, True), ("blip2-tiny", "Blip2Objective", 0.1, False),
-                                        ("dual-tiny", "DualObjective", 0.0, False)):
+    for name, kind, smoothing, stop in (
+        ("albef-tiny", "VlpObjective", 0.0, True),
+        ("blip2-tiny", "Blip2Objective", 0.1, False),
+        ("dual-tiny", "DualObjective", 0.0, False),
+    ):
         framework = model_framework(name)
         config, _ = load_recipe("shapes-demo", [f"pretrain.model={name}", "pretrain.caption_weight=0"])
         objective = build_objective(framework, create_model(name, vocab_size=40), config.pretrain)

@@ -20,8 +20,15 @@ import pytest
 from falcon_cli.runtime import hub
 from tests.conftest import REPO, run_cli
 
-BERT_SIZES = dict(text_width=64, text_heads=2, text_layers=2, fusion_layers=2, intermediate_size=128, vocab_size=100,
-                  max_position_embeddings=64)
+BERT_SIZES = dict(
+    text_width=64,
+    text_heads=2,
+    text_layers=2,
+    fusion_layers=2,
+    intermediate_size=128,
+    vocab_size=100,
+    max_position_embeddings=64,
+)
 
 
 def closed_port() -> int:
@@ -117,8 +124,13 @@ print(json.dumps(result))
 
 
 def hub_env(tmp_path, port: int) -> dict:
-    env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{port}", "HF_HOME": str(tmp_path / "hf"),
-           "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "HF_ENDPOINT": f"http://127.0.0.1:{port}",
+        "HF_HOME": str(tmp_path / "hf"),
+        "PYTHONPATH": str(REPO),
+        "OMP_NUM_THREADS": "1",
+    }
     for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "FALCON_HUB_TIMEOUT"):
         env.pop(name, None)
     return {**env, "HF_HUB_OFFLINE": "", "TRANSFORMERS_OFFLINE": ""}  # empty = not offline (run_cli merges os.environ)
@@ -130,8 +142,14 @@ def load_in_subprocesses(cases, env, parallel: int = 2) -> list[dict]:
 
     def one(case):
         what, source, sizes = case
-        proc = subprocess.run([sys.executable, "-c", LOADER, what, source, json.dumps(sizes)], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "-c", LOADER, what, source, json.dumps(sizes)],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 0, (case, proc.stderr)
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -152,8 +170,16 @@ def cached_tiny_bert(tmp_path) -> str:
     (repo / "refs" / "main").write_text(commit)
     snapshot = repo / "snapshots" / commit
     torch.manual_seed(0)
-    BertForMaskedLM(BertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=4, num_attention_heads=2,
-                               intermediate_size=128, max_position_embeddings=64)).save_pretrained(snapshot)
+    BertForMaskedLM(
+        BertConfig(
+            vocab_size=100,
+            hidden_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=2,
+            intermediate_size=128,
+            max_position_embeddings=64,
+        )
+    ).save_pretrained(snapshot)
     train_wordpiece_tokenizer(["a red circle left of a blue square"] * 3, tmp_path / "tok", vocab_size=100)
     for file in (tmp_path / "tok").iterdir():
         (snapshot / file.name).write_bytes(file.read_bytes())
@@ -162,11 +188,13 @@ def cached_tiny_bert(tmp_path) -> str:
 
 def test_every_hub_id_fails_in_seconds_and_cached_or_local_models_load(tmp_path):
     cached = cached_tiny_bert(tmp_path)  # local directories never reach the check (test_models covers them)
-    missing = [("tokenizer", "falcon-test/absent-tokenizer", {}),
-               ("text_weights", "falcon-test/absent-bert", BERT_SIZES),
-               ("blip", "Salesforce/blip-itm-base-coco", {}),
-               ("vision_weights", "timm:deit_tiny_patch16_224.fb_in1k", {}),
-               ("open_clip", "laion2b_s34b_b79k", {})]
+    missing = [
+        ("tokenizer", "falcon-test/absent-tokenizer", {}),
+        ("text_weights", "falcon-test/absent-bert", BERT_SIZES),
+        ("blip", "Salesforce/blip-itm-base-coco", {}),
+        ("vision_weights", "timm:deit_tiny_patch16_224.fb_in1k", {}),
+        ("open_clip", "laion2b_s34b_b79k", {}),
+    ]
     present = [("text_weights", cached, BERT_SIZES)]  # found in the cache once the process is offline
     results = load_in_subprocesses(missing + present, hub_env(tmp_path, closed_port()))
     for (what, source, _), result in zip(missing, results):
@@ -174,17 +202,29 @@ def test_every_hub_id_fails_in_seconds_and_cached_or_local_models_load(tmp_path)
         error = result["error"]
         assert "\n" not in error and "is unreachable" in error and "not in the local cache" in error, (what, error)
         assert "HF_HUB_OFFLINE=1" in error and "local directory" in error, (what, error)
-    for (what, source, _), result in zip(present, results[len(missing):]):
+    for (what, source, _), result in zip(present, results[len(missing) :]):
         assert result["ok"] and result["seconds"] < 15, (what, source, result)
 
 
 def test_the_cli_names_the_fix_in_one_line(tmp_path):
     start = time.perf_counter()
-    proc = run_cli("run", "--recipe", "shapes-demo", "--run-dir", tmp_path / "run", f"data.dataset={tmp_path / 'world'}",
-                   "data.shapes.images=20", "data.verify_images=false", "data.tokenizer=falcon-test/absent", "stages=[data]",
-                   env=hub_env(tmp_path, closed_port()))
+    proc = run_cli(
+        "run",
+        "--recipe",
+        "shapes-demo",
+        "--run-dir",
+        tmp_path / "run",
+        f"data.dataset={tmp_path / 'world'}",
+        "data.shapes.images=20",
+        "data.verify_images=false",
+        "data.tokenizer=falcon-test/absent",
+        "stages=[data]",
+        env=hub_env(tmp_path, closed_port()),
+    )
     seconds = time.perf_counter() - start
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert "is unreachable" in lines[-1] and "HF_HUB_OFFLINE=1" in lines[-1] and "falcon-test/absent" in lines[-1], lines
+    assert "is unreachable" in lines[-1] and "HF_HUB_OFFLINE=1" in lines[-1] and "falcon-test/absent" in lines[-1], (
+        lines
+    )
     assert seconds < 60, seconds  # startup and the 20-image world included; minutes of retries before

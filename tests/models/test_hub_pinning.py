@@ -27,8 +27,15 @@ SHA_MAIN = "1111111111111111111111111111111111111111"
 SHA_V1 = "2222222222222222222222222222222222222222"
 BERT_REPO = "falcon-test/tiny-bert"
 DEIT = "deit_tiny_patch16_224.fb_in1k"
-BERT_SIZES = dict(text_width=64, text_heads=2, text_layers=2, fusion_layers=2, intermediate_size=128, vocab_size=100,
-                  max_position_embeddings=64)
+BERT_SIZES = dict(
+    text_width=64,
+    text_heads=2,
+    text_layers=2,
+    fusion_layers=2,
+    intermediate_size=128,
+    vocab_size=100,
+    max_position_embeddings=64,
+)
 
 
 class Stop(Exception):
@@ -68,8 +75,16 @@ def tiny_bert(path, seed: int) -> None:
     from falcon_cli.data.tokenizer import train_wordpiece_tokenizer
 
     torch.manual_seed(seed)
-    BertForMaskedLM(BertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=4, num_attention_heads=2,
-                               intermediate_size=128, max_position_embeddings=64)).save_pretrained(path)
+    BertForMaskedLM(
+        BertConfig(
+            vocab_size=100,
+            hidden_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=2,
+            intermediate_size=128,
+            max_position_embeddings=64,
+        )
+    ).save_pretrained(path)
     tokenizer_dir = path.parent / f".tok-{path.name}"
     train_wordpiece_tokenizer(["a red circle left of a blue square"] * 3, tokenizer_dir, vocab_size=100)
     for file in tokenizer_dir.iterdir():
@@ -82,6 +97,7 @@ def word_embeddings(model) -> torch.Tensor:
 
 # --- parsing ---------------------------------------------------------------------------------------
 
+
 def test_hub_ids_parse_into_repository_and_revision():
     assert HubRef.parse("org/name@abc1234") == HubRef("org/name", "abc1234")
     assert HubRef.parse("bert-base-uncased") == HubRef("bert-base-uncased", None)
@@ -92,8 +108,9 @@ def test_hub_ids_parse_into_repository_and_revision():
     assert not HubRef.parse("org/name").pinned
 
 
-@pytest.mark.parametrize("text", ["org/x@", "@abc1234", "org/x@a b", "org/x@a..b", "org/x@v1@v2", "org/x@-v1",
-                                  "org/x@v1/"])
+@pytest.mark.parametrize(
+    "text", ["org/x@", "@abc1234", "org/x@a b", "org/x@a..b", "org/x@v1@v2", "org/x@-v1", "org/x@v1/"]
+)
 def test_a_malformed_revision_is_one_line_naming_the_key(text):
     with pytest.raises(FalconError) as caught:
         HubRef.parse(text, "pretrain.text_weights")
@@ -111,14 +128,19 @@ def test_every_loader_names_its_key_for_a_malformed_revision(hf_cache, tmp_path)
     from falcon_cli.models.qformer import resolve_checkpoint_dir
     from falcon_cli.models.weights import _timm_state_dict
 
-    loaders = {"data.tokenizer": lambda: load_tokenizer("org/tok@a b", "data.tokenizer"),
-               "text_weights": lambda: create_model("albef-tiny", text_weights="org/bert@x..y", **BERT_SIZES),
-               "vision_weights": lambda: _timm_state_dict(f"timm:{DEIT}@", "vision_weights"),
-               "audit.judge_model": lambda: _load_blip("org/blip@-1", "audit.judge_model"),
-               "qformer_weights": lambda: resolve_checkpoint_dir("org/q@a b", "qformer_weights"),
-               "embed.encoder": lambda: pinned_open_clip("hf-hub:org/x@a b", None, open_clip, "embed.encoder", "embed.pretrained"),
-               "embed.pretrained": lambda: pinned_open_clip("ViT-B-32", "laion2b_s34b_b79k@a b", open_clip,
-                                                            "embed.encoder", "embed.pretrained")}
+    loaders = {
+        "data.tokenizer": lambda: load_tokenizer("org/tok@a b", "data.tokenizer"),
+        "text_weights": lambda: create_model("albef-tiny", text_weights="org/bert@x..y", **BERT_SIZES),
+        "vision_weights": lambda: _timm_state_dict(f"timm:{DEIT}@", "vision_weights"),
+        "audit.judge_model": lambda: _load_blip("org/blip@-1", "audit.judge_model"),
+        "qformer_weights": lambda: resolve_checkpoint_dir("org/q@a b", "qformer_weights"),
+        "embed.encoder": lambda: pinned_open_clip(
+            "hf-hub:org/x@a b", None, open_clip, "embed.encoder", "embed.pretrained"
+        ),
+        "embed.pretrained": lambda: pinned_open_clip(
+            "ViT-B-32", "laion2b_s34b_b79k@a b", open_clip, "embed.encoder", "embed.pretrained"
+        ),
+    }
     for key, load in loaders.items():
         with pytest.raises(FalconError) as caught:
             load()
@@ -142,6 +164,7 @@ def test_a_local_path_with_an_at_sign_wins(hf_cache, tmp_path, monkeypatch):
 
 
 # --- the revision reaches the loader -------------------------------------------------------------------
+
 
 def test_bert_weights_and_tokenizer_load_the_revision_asked_for(hf_cache):
     """Two commits in the cache: ``main`` and the tag ``v1``; each id loads its own, an unknown tag fails."""
@@ -175,8 +198,9 @@ def test_timm_weights_load_the_revision_asked_for(hf_cache):
     assert torch.equal(encoder.pos_embed, source.pos_embed)
     with pytest.raises(FalconError, match="cannot load pretrained timm weights"):  # main is not in the cache
         load_vision_weights(encoder, f"timm:{DEIT}")
-    assert hub.take_sources() == [{"key": "vision_weights", "source": f"timm:{DEIT}@v1", "repo": f"timm/{DEIT}",
-                                   "revision": "v1", "sha": SHA_V1}]
+    assert hub.take_sources() == [
+        {"key": "vision_weights", "source": f"timm:{DEIT}@v1", "repo": f"timm/{DEIT}", "revision": "v1", "sha": SHA_V1}
+    ]
 
 
 def test_the_blip_judge_passes_the_revision_to_both_loaders(hf_cache, monkeypatch):
@@ -230,13 +254,18 @@ def test_open_clip_sources_are_fetched_at_their_revision(hf_cache, monkeypatch, 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
     monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda **kwargs: snapshots.append(kwargs) or str(snap))
 
-    name, weights, extra = pinned_open_clip("ViT-B-32", "laion2b_s34b_b79k@v1", open_clip, "embed.encoder",
-                                            "embed.pretrained")
+    name, weights, extra = pinned_open_clip(
+        "ViT-B-32", "laion2b_s34b_b79k@v1", open_clip, "embed.encoder", "embed.pretrained"
+    )
     repo = "laion/CLIP-ViT-B-32-laion2B-s34B-b79K"
     assert (name, weights) == ("ViT-B-32", str(tmp_path / "open_clip_model.safetensors"))
     assert files == [{"repo_id": repo, "filename": "open_clip_model.safetensors", "revision": "v1"}]
     assert extra["image_mean"] == open_clip.get_pretrained_cfg("ViT-B-32", "laion2b_s34b_b79k")["mean"]
-    assert pinned_open_clip("ViT-B-32", "laion2b_s34b_b79k", open_clip, "e", "p") == ("ViT-B-32", "laion2b_s34b_b79k", {})
+    assert pinned_open_clip("ViT-B-32", "laion2b_s34b_b79k", open_clip, "e", "p") == (
+        "ViT-B-32",
+        "laion2b_s34b_b79k",
+        {},
+    )
 
     files.clear()
     name, weights, extra = pinned_open_clip("hf-hub:org/clip@v1", None, open_clip, "embed.encoder", "embed.pretrained")
@@ -248,10 +277,12 @@ def test_open_clip_sources_are_fetched_at_their_revision(hf_cache, monkeypatch, 
     note_open_clip("ViT-B-32", "laion2b_s34b_b79k@v1", open_clip, "embed.encoder", "embed.pretrained")
     assert hub.take_sources() == [
         {"key": "embed.encoder", "source": "hf-hub:org/clip@v1", "repo": "org/clip", "revision": "v1", "sha": SHA_V1},
-        {"key": "embed.pretrained", "source": "laion2b_s34b_b79k@v1", "repo": repo, "revision": "v1", "sha": None}]
+        {"key": "embed.pretrained", "source": "laion2b_s34b_b79k@v1", "repo": repo, "revision": "v1", "sha": None},
+    ]
 
 
 # --- the record --------------------------------------------------------------------------------------
+
 
 def test_the_manifest_records_what_each_stage_loaded(hf_cache, tmp_path, caplog):
     from falcon_cli.data.tokenizer import load_tokenizer
@@ -276,17 +307,33 @@ def test_the_manifest_records_what_each_stage_loaded(hf_cache, tmp_path, caplog)
     finally:
         run.close()
     stages = read_manifest(run.path)["stages"]
-    assert stages["data"]["sources"] == [{"key": "data.tokenizer", "source": BERT_REPO, "repo": BERT_REPO,
-                                          "revision": None, "sha": SHA_MAIN}]
+    assert stages["data"]["sources"] == [
+        {"key": "data.tokenizer", "source": BERT_REPO, "repo": BERT_REPO, "revision": None, "sha": SHA_MAIN}
+    ]
     hub_ids, local = stages["pretrain"]["sources"][:2], stages["pretrain"]["sources"][2]
-    assert hub_ids == [{"key": "text_weights", "source": f"{BERT_REPO}@v1", "repo": BERT_REPO, "revision": "v1", "sha": SHA_V1},
-                       {"key": "text_weights", "source": f"{BERT_REPO}@{SHA_MAIN}", "repo": BERT_REPO,
-                        "revision": SHA_MAIN, "sha": SHA_MAIN}]
-    assert local == {"key": "text_weights", "path": str(tmp_path / "local-bert"), **sha256_path(tmp_path / "local-bert")}
+    assert hub_ids == [
+        {"key": "text_weights", "source": f"{BERT_REPO}@v1", "repo": BERT_REPO, "revision": "v1", "sha": SHA_V1},
+        {
+            "key": "text_weights",
+            "source": f"{BERT_REPO}@{SHA_MAIN}",
+            "repo": BERT_REPO,
+            "revision": SHA_MAIN,
+            "sha": SHA_MAIN,
+        },
+    ]
+    assert local == {
+        "key": "text_weights",
+        "path": str(tmp_path / "local-bert"),
+        **sha256_path(tmp_path / "local-bert"),
+    }
     assert len(local["sha256"]) == 64 and local["files"] >= 2
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "pin it as" in r.getMessage()]
+    warnings = [
+        r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "pin it as" in r.getMessage()
+    ]
     assert len([w for w in warnings if f"pin it as {BERT_REPO}@{SHA_MAIN}" in w]) == 1, warnings  # once per id
-    assert len([w for w in warnings if f"'{BERT_REPO}@v1'" in w and f"pin it as {BERT_REPO}@{SHA_V1}" in w]) == 2, warnings
+    assert len([w for w in warnings if f"'{BERT_REPO}@v1'" in w and f"pin it as {BERT_REPO}@{SHA_V1}" in w]) == 2, (
+        warnings
+    )
     assert not any(SHA_MAIN in w and f"@{SHA_MAIN}'" in w for w in warnings)  # a commit sha is pinned: no warning
 
 
@@ -317,10 +364,13 @@ def unpinned_calls() -> list[str]:
                 name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
                 owner = getattr(func.value, "id", "") if isinstance(func, ast.Attribute) else ""
                 keywords = {k.arg for k in node.keywords}
-                pretrained = any(k.arg == "pretrained" and isinstance(k.value, ast.Constant) and k.value.value is True
-                                 for k in node.keywords)
+                pretrained = any(
+                    k.arg == "pretrained" and isinstance(k.value, ast.Constant) and k.value.value is True
+                    for k in node.keywords
+                )
                 if (name in DOWNLOADS and owner != "AlbefVQA" and "revision" not in keywords) or (
-                        name == "create_model" and pretrained and "pretrained_cfg_overlay" not in keywords):
+                    name == "create_model" and pretrained and "pretrained_cfg_overlay" not in keywords
+                ):
                     found.append(f"{path.relative_to(REPO)}:{node.lineno} {name}()")
     return found
 
@@ -332,8 +382,13 @@ def test_every_hub_download_passes_a_revision():
 
 def test_bandit_finds_no_unpinned_hub_download():
     pytest.importorskip("bandit", reason="bandit is in the test extra (pip install -e .[test])")
-    proc = subprocess.run([sys.executable, "-m", "bandit", "-q", "-t", "B615", "-r", "falcon_cli", "stages", "-f", "json"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bandit", "-q", "-t", "B615", "-r", "falcon_cli", "stages", "-f", "json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     report = json.loads(proc.stdout)
     findings = [f"{r['filename']}:{r['line_number']} {r['issue_text']}" for r in report["results"]]
     assert not findings and not report["errors"], findings or report["errors"]

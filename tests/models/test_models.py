@@ -52,14 +52,23 @@ def _batch(b: int = 4, length: int = 12, image_size: int = 64, seed: int = 0):
 
 # --- registry -------------------------------------------------------------------------------------
 
+
 def test_registry_lists_both_and_configs_are_data():
     names = list_models()
     assert {"albef-base", "albef-tiny"} <= set(names)
     base, tiny_cfg = get_model_config("albef-base"), get_model_config("albef-tiny")
     assert isinstance(base, AlbefConfig)
-    assert (base.image_size, base.patch_size, base.vision_width, base.text_layers, base.fusion_layers) == (256, 16, 768, 6, 6)
+    assert (base.image_size, base.patch_size, base.vision_width, base.text_layers, base.fusion_layers) == (
+        256,
+        16,
+        768,
+        6,
+        6,
+    )
     assert (tiny_cfg.image_size, tiny_cfg.patch_size, tiny_cfg.vision_width, tiny_cfg.embed_dim) == (64, 8, 192, 256)
-    assert all(field_docstrings(AlbefConfig).get(f) for f in AlbefConfig.model_fields), "every config field has a docstring"
+    assert all(field_docstrings(AlbefConfig).get(f) for f in AlbefConfig.model_fields), (
+        "every config field has a docstring"
+    )
     tiny_cfg.image_size = 32  # a copy: the registry is unchanged
     assert get_model_config("albef-tiny").image_size == 64
 
@@ -87,8 +96,11 @@ def test_bad_override_value_is_one_line():
 
 def test_add_model_config(tmp_path):
     path = tmp_path / "albef-micro.json"
-    path.write_text(json.dumps({**get_model_config("albef-tiny").model_dump(), "vision_layers": 1,
-                                "text_layers": 1, "fusion_layers": 1}))
+    path.write_text(
+        json.dumps(
+            {**get_model_config("albef-tiny").model_dump(), "vision_layers": 1, "text_layers": 1, "fusion_layers": 1}
+        )
+    )
     assert add_model_config(path) == ["albef-micro"]
     assert "albef-micro" in list_models()
     assert len(create_model("albef-micro").fusion_encoder.layers) == 1
@@ -103,6 +115,7 @@ def test_add_model_config(tmp_path):
 
 # --- albef-base -----------------------------------------------------------------------------------
 
+
 def test_albef_base_parameter_count():
     torch.manual_seed(0)
     model = create_model("albef-base")
@@ -116,6 +129,7 @@ def test_albef_base_parameter_count():
 
 
 # --- albef-tiny forward ---------------------------------------------------------------------------
+
 
 def test_tiny_forward_shapes_and_unit_features(tiny):
     images, ids, mask = _batch()
@@ -141,8 +155,11 @@ def test_forward_returns_encodings_and_backward_reaches_every_parameter():
     enc = model(images, ids, mask)
     fused = model.fuse(enc.text_tokens, mask, enc.image_tokens)
     sim = enc.image_feat @ enc.text_feat.T / enc.temperature
-    loss = sim.logsumexp(-1).mean() + model.itm_logits(fused).logsumexp(-1).mean() \
+    loss = (
+        sim.logsumexp(-1).mean()
+        + model.itm_logits(fused).logsumexp(-1).mean()
         + model.mlm_logits(fused).logsumexp(-1).mean()
+    )
     loss.backward()
     no_grad = [k for k, p in model.named_parameters() if p.grad is None]
     assert no_grad == [], no_grad
@@ -204,6 +221,7 @@ def test_autocast_bf16(tiny):
 
 # --- attention semantics --------------------------------------------------------------------------
 
+
 def test_fusion_self_attention_is_bidirectional_and_respects_padding(tiny):
     images, ids, mask = _batch()
     with torch.no_grad():
@@ -242,21 +260,36 @@ def test_cross_attention_reads_the_image(tiny):
 
 # --- BERT weights ---------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def tiny_bert_dir(tmp_path_factory):
     from transformers import BertConfig, BertForMaskedLM
 
     torch.manual_seed(1)
-    config = BertConfig(hidden_size=64, num_hidden_layers=4, num_attention_heads=2, intermediate_size=128,
-                        vocab_size=100, max_position_embeddings=64)
+    config = BertConfig(
+        hidden_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        intermediate_size=128,
+        vocab_size=100,
+        max_position_embeddings=64,
+    )
     path = tmp_path_factory.mktemp("bert")
     BertForMaskedLM(config).save_pretrained(path)
     return path
 
 
 def _bert_sized(**extra):
-    return dict(text_width=64, text_heads=2, text_layers=2, fusion_layers=2, intermediate_size=128,
-                vocab_size=100, max_position_embeddings=64, **extra)
+    return dict(
+        text_width=64,
+        text_heads=2,
+        text_layers=2,
+        fusion_layers=2,
+        intermediate_size=128,
+        vocab_size=100,
+        max_position_embeddings=64,
+        **extra,
+    )
 
 
 def test_bert_weights_load_into_text_and_fusion_encoders(tiny_bert_dir, caplog):
@@ -280,15 +313,23 @@ def test_bert_weights_load_into_text_and_fusion_encoders(tiny_bert_dir, caplog):
     bert_sd = bert.state_dict()
     for i in range(2):
         ours_layer = model.fusion_encoder.layers[i]
-        for mine, theirs in [("self_attn.query", "attention.self.query"), ("self_attn.key", "attention.self.key"),
-                             ("self_attn.value", "attention.self.value"), ("self_attn.out", "attention.output.dense"),
-                             ("ffn_in", "intermediate.dense"), ("ffn_out", "output.dense")]:
-            torch.testing.assert_close(ours_layer.get_submodule(mine).weight, bert_sd[f"encoder.layer.{2 + i}.{theirs}.weight"],
-                                       atol=0, rtol=0)
+        for mine, theirs in [
+            ("self_attn.query", "attention.self.query"),
+            ("self_attn.key", "attention.self.key"),
+            ("self_attn.value", "attention.self.value"),
+            ("self_attn.out", "attention.output.dense"),
+            ("ffn_in", "intermediate.dense"),
+            ("ffn_out", "output.dense"),
+        ]:
+            torch.testing.assert_close(
+                ours_layer.get_submodule(mine).weight, bert_sd[f"encoder.layer.{2 + i}.{theirs}.weight"], atol=0, rtol=0
+            )
         assert ours_layer.cross_attn.query.weight.std().item() == pytest.approx(0.02, rel=0.2)
     mlm = BertForMaskedLM.from_pretrained(tiny_bert_dir).eval()
     with torch.no_grad():
-        torch.testing.assert_close(model.mlm_head.dense.weight, mlm.cls.predictions.transform.dense.weight, atol=0, rtol=0)
+        torch.testing.assert_close(
+            model.mlm_head.dense.weight, mlm.cls.predictions.transform.dense.weight, atol=0, rtol=0
+        )
         h = torch.randn(2, 5, 64)
         torch.testing.assert_close(model.mlm_logits(h), mlm.cls(h), atol=1e-5, rtol=1e-5)
 
@@ -297,7 +338,9 @@ def test_bert_weights_errors(tiny_bert_dir, tmp_path):
     with pytest.raises(FalconError, match="vocab_size=100"):
         create_model("albef-tiny", **{**_bert_sized(text_weights=str(tiny_bert_dir)), "vocab_size": 99})
     with pytest.raises(FalconError, match="text_layers \\+ fusion_layers = 6"):
-        create_model("albef-tiny", **{**_bert_sized(text_weights=str(tiny_bert_dir)), "text_layers": 3, "fusion_layers": 3})
+        create_model(
+            "albef-tiny", **{**_bert_sized(text_weights=str(tiny_bert_dir)), "text_layers": 3, "fusion_layers": 3}
+        )
     with pytest.raises(FalconError, match="no such directory"):
         create_model("albef-tiny", **_bert_sized(text_weights=str(tmp_path / "missing")))
 
@@ -314,12 +357,14 @@ def test_bert_model_without_mlm_head(tiny_bert_dir, tmp_path, caplog):
 
 # --- timm weights ---------------------------------------------------------------------------------
 
+
 def _tiny_timm_vit(image_size: int):
     from timm.models.vision_transformer import VisionTransformer
 
     torch.manual_seed(2)
-    return VisionTransformer(img_size=image_size, patch_size=8, embed_dim=192, depth=4, num_heads=3,
-                             num_classes=10).eval()
+    return VisionTransformer(
+        img_size=image_size, patch_size=8, embed_dim=192, depth=4, num_heads=3, num_classes=10
+    ).eval()
 
 
 def test_timm_weights_load_by_path(tmp_path, caplog):
@@ -374,7 +419,9 @@ def _albef_resize(pos_embed: torch.Tensor, grid: int) -> torch.Tensor:
     """The reference: ALBEF's interpolate_pos_embed written out (bicubic, no antialias, [CLS] row kept)."""
     old = int((pos_embed.shape[1] - 1) ** 0.5)
     patch = pos_embed[:, 1:].reshape(1, old, old, -1).permute(0, 3, 1, 2)
-    patch = torch.nn.functional.interpolate(patch, size=(grid, grid), mode="bicubic", align_corners=False, antialias=False)
+    patch = torch.nn.functional.interpolate(
+        patch, size=(grid, grid), mode="bicubic", align_corners=False, antialias=False
+    )
     return torch.cat([pos_embed[:, :1], patch.permute(0, 2, 3, 1).flatten(1, 2)], dim=1)
 
 
@@ -400,12 +447,14 @@ def test_position_embeddings_resize_like_albef(tmp_path):
     torch.testing.assert_close(model.visual_encoder.pos_embed.detach(), _albef_resize(table, 8), atol=1e-6, rtol=0)
 
     state, config = at_resolution(model.state_dict(), model.config, 96)  # fine-tuning at a higher resolution: 12x12
-    torch.testing.assert_close(state["visual_encoder.pos_embed"], _albef_resize(model.visual_encoder.pos_embed.detach(), 12),
-                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        state["visual_encoder.pos_embed"], _albef_resize(model.visual_encoder.pos_embed.detach(), 12), atol=1e-6, rtol=0
+    )
     assert config.image_size == 96
 
 
 # --- checkpoints ----------------------------------------------------------------------------------
+
 
 def test_safetensors_roundtrip_identical_outputs(tiny, tmp_path):
     from safetensors.torch import load_model, save_model
@@ -447,8 +496,16 @@ def test_clean_state_dict_strips_wrapper_prefixes(tiny):
     wrapped = Wrapper(tiny).state_dict()
     assert all(k.startswith("module.") for k in wrapped)
     assert list(clean_state_dict(wrapped)) == list(plain)
-    odd = {"_orig_mod.module.temp": 1, "module._orig_mod.text_proj.weight": 2,
-           "visual_encoder._orig_mod.cls_token": 3, "text_encoder.layers.0.ffn_in.bias": 4}
-    assert list(clean_state_dict(odd)) == ["temp", "text_proj.weight", "visual_encoder.cls_token",
-                                           "text_encoder.layers.0.ffn_in.bias"]
+    odd = {
+        "_orig_mod.module.temp": 1,
+        "module._orig_mod.text_proj.weight": 2,
+        "visual_encoder._orig_mod.cls_token": 3,
+        "text_encoder.layers.0.ffn_in.bias": 4,
+    }
+    assert list(clean_state_dict(odd)) == [
+        "temp",
+        "text_proj.weight",
+        "visual_encoder.cls_token",
+        "text_encoder.layers.0.ffn_in.bias",
+    ]
     assert not any(k.startswith(("module.", "_orig_mod.")) for k in plain)

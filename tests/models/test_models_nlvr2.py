@@ -36,6 +36,7 @@ def pair():
 
 # --- initialisation and sharing --------------------------------------------------------------------
 
+
 def test_from_albef_copies_fusion_layer_k_into_layers_2k_and_2k_plus_1(pair):
     albef, model = pair
     for name in ("visual_encoder", "text_encoder"):
@@ -113,8 +114,12 @@ def test_state_dict_has_no_aliases_and_round_trips_through_safetensors(pair, tmp
     images0, images1, ids, mask = _batch()
     with torch.no_grad():
         for head in ("nlvr", "ta"):
-            torch.testing.assert_close(fresh(images0, images1, ids, mask, head=head),
-                                       model(images0, images1, ids, mask, head=head), rtol=0, atol=0)
+            torch.testing.assert_close(
+                fresh(images0, images1, ids, mask, head=head),
+                model(images0, images1, ids, mask, head=head),
+                rtol=0,
+                atol=0,
+            )
 
 
 def test_layers_see_different_images(pair):
@@ -133,8 +138,9 @@ def test_layers_see_different_images(pair):
 
 def test_tiny_overfit_of_nlvr_logits():
     torch.manual_seed(2)
-    albef = create_model("albef-tiny", vocab_size=VOCAB, image_size=32, vision_layers=1,
-                         hidden_dropout=0.0, attention_dropout=0.0)
+    albef = create_model(
+        "albef-tiny", vocab_size=VOCAB, image_size=32, vision_layers=1, hidden_dropout=0.0, attention_dropout=0.0
+    )
     model = AlbefNLVR2.from_albef(albef).train()
     images0, images1, ids, mask = _batch(b=4, seed=3, image_size=32)
     labels = torch.tensor([0, 1, 1, 0])
@@ -154,6 +160,7 @@ def test_tiny_overfit_of_nlvr_logits():
 
 
 # --- text assignment --------------------------------------------------------------------------------
+
 
 def test_text_assignment_labels_match_indices_and_fractions_are_thirds():
     b = 1500

@@ -59,6 +59,7 @@ def _tiny_config(**overrides):
 
 # --- causal layers ----------------------------------------------------------------------------------
 
+
 def test_causal_layer_ignores_the_future_and_default_layer_does_not():
     torch.manual_seed(0)
     config = _tiny_config()
@@ -68,10 +69,10 @@ def test_causal_layer_ignores_the_future_and_default_layer_does_not():
     mask[1, 6:] = 0
     t = 4
     changed = x.clone()
-    changed[:, t + 1:] = torch.randn(2, 8 - t - 1, config.text_width)
+    changed[:, t + 1 :] = torch.randn(2, 8 - t - 1, config.text_width)
     out, out_changed = causal(x, mask), causal(changed, mask)
     torch.testing.assert_close(out[:, : t + 1], out_changed[:, : t + 1])
-    assert not torch.allclose(out[:, t + 1:], out_changed[:, t + 1:])
+    assert not torch.allclose(out[:, t + 1 :], out_changed[:, t + 1 :])
     assert not torch.allclose(bidirectional(x, mask)[:, : t + 1], bidirectional(changed, mask)[:, : t + 1])
     # padding is still masked in causal mode: changing a padded position changes nothing real
     padded = x.clone()
@@ -89,6 +90,7 @@ def test_decoder_start_step_equals_first_position_of_full_pass(vqa, states):
 
 
 # --- initialisation --------------------------------------------------------------------------------
+
 
 def _assert_same(a: torch.nn.Module, b: torch.nn.Module, skip: tuple[str, ...] = ()):
     sa, sb = a.state_dict(), b.state_dict()
@@ -113,8 +115,7 @@ def test_from_pretrained_copies_the_right_weights():
     assert vqa.decoder.layers[0].ffn_in.weight.data_ptr() != albef.fusion_encoder.layers[0].ffn_in.weight.data_ptr()
     # the LM head is tied to the decoder's own embeddings
     h = torch.randn(2, albef.config.text_width)
-    torch.testing.assert_close(vqa.decoder.lm_head(h, vqa.decoder.embeddings.word.weight),
-                               albef.mlm_logits(h))
+    torch.testing.assert_close(vqa.decoder.lm_head(h, vqa.decoder.embeddings.word.weight), albef.mlm_logits(h))
 
 
 def test_from_pretrained_with_unequal_widths_keeps_bert_init_for_cross_key_value():
@@ -131,6 +132,7 @@ def test_from_pretrained_with_unequal_widths_keeps_bert_init_for_cross_key_value
 
 # --- loss and ranking against loops ----------------------------------------------------------------
 
+
 def _answer_log_likelihood(vqa, q_state, q_mask, tokens: list[int]) -> tuple[float, float]:
     """(first-token log-prob, full log-likelihood) of one unpadded answer for one question, token by token."""
     ids = torch.tensor([[CLS, *tokens, SEP]])
@@ -145,7 +147,7 @@ def _brute_force(vqa, states) -> tuple[torch.Tensor, torch.Tensor]:
     full = torch.zeros_like(first)
     for i in range(q.shape[0]):
         for c, tokens in enumerate(CANDIDATES):
-            first[i, c], full[i, c] = _answer_log_likelihood(vqa, q[i:i + 1], q_mask[i:i + 1], tokens)
+            first[i, c], full[i, c] = _answer_log_likelihood(vqa, q[i : i + 1], q_mask[i : i + 1], tokens)
     return first, full
 
 
@@ -172,8 +174,13 @@ def test_answer_loss_matches_per_answer_loop(vqa, states):
     weights = torch.tensor([0.7, 0.3, 1.0, 0.5, 0.25, 0.25], dtype=torch.float64)
     ids, mask = _padded(answers)
     loss = vqa.answer_loss(q, q_mask, ids, mask, weights, counts)
-    expected = sum(-w * _answer_log_likelihood(vqa, q[i:i + 1], q_mask[i:i + 1], a)[1]
-                   for w, i, a in zip(weights.tolist(), owner, answers)) / q.shape[0]
+    expected = (
+        sum(
+            -w * _answer_log_likelihood(vqa, q[i : i + 1], q_mask[i : i + 1], a)[1]
+            for w, i, a in zip(weights.tolist(), owner, answers)
+        )
+        / q.shape[0]
+    )
     assert loss.shape == ()
     assert loss.item() == pytest.approx(expected, rel=1e-9)
     # counts as a tensor work the same
@@ -195,6 +202,7 @@ def test_runs_under_bf16_autocast():
 
 # --- saving and training ---------------------------------------------------------------------------
 
+
 def test_state_dict_round_trips_through_safetensors(tmp_path):
     torch.manual_seed(4)
     vqa = AlbefVQA.from_pretrained(create_model("albef-tiny", vocab_size=VOCAB)).eval()
@@ -215,8 +223,9 @@ def test_state_dict_round_trips_through_safetensors(tmp_path):
 def test_tiny_overfit_learns_the_answers():
     torch.manual_seed(6)
     # one ViT block on 32 px images keeps the 30 CPU steps fast; the text side is full albef-tiny
-    albef = create_model("albef-tiny", vocab_size=VOCAB, image_size=32, vision_layers=1,
-                         hidden_dropout=0.0, attention_dropout=0.0)
+    albef = create_model(
+        "albef-tiny", vocab_size=VOCAB, image_size=32, vision_layers=1, hidden_dropout=0.0, attention_dropout=0.0
+    )
     vqa = AlbefVQA.from_pretrained(albef).train()
     images, q_ids, q_mask = _questions(b=3, seed=6, image_size=32)
     answers = [[7], [8, 9], [10, 11, 12]]

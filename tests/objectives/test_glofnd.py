@@ -21,7 +21,7 @@ from falcon_cli.objectives.glofnd import (
 )
 
 STATE = ("lambda_image", "m_image", "v_image", "step_image", "lambda_text", "m_text", "v_text", "step_text")
-IDS = [1000 + 7 * k for k in range(20)][::-1]   # not contiguous, not sorted
+IDS = [1000 + 7 * k for k in range(20)][::-1]  # not contiguous, not sorted
 
 
 def _feats(b=6, d=4, seed=0, dtype=torch.float64):
@@ -43,11 +43,12 @@ def _snapshot(th, rows):
 
 # ----------------------------------------------------------------------------------- thresholds
 
+
 def test_buffers_init_and_lookup():
     th = GlofndThresholds(IDS, alpha=0.1)
     assert set(dict(th.named_buffers())) == {"ids", "adam_step_by_epoch", *STATE}
     assert set(th.state_dict()) == {"ids", "adam_step_by_epoch", *STATE}
-    assert th.adam_step == "epoch" and bool(th.adam_step_by_epoch)   # the authors' bias correction by default
+    assert th.adam_step == "epoch" and bool(th.adam_step_by_epoch)  # the authors' bias correction by default
     assert torch.equal(th.ids, torch.tensor(sorted(IDS)))
     assert torch.equal(th.lambda_image, torch.ones(20)) and torch.equal(th.lambda_text, torch.ones(20))
     assert not th.m_image.any() and not th.v_text.any() and not th.step_image.any()
@@ -72,15 +73,15 @@ def test_unknown_and_duplicate_ids_raise():
     with pytest.raises(ValueError):
         th.update([IDS[0]], cos_i2t[:1, :1], cos_t2i[:1, :1], epoch=0)  # B = 1: no negatives
     with pytest.raises(ValueError):
-        th.update(IDS[:4], cos_i2t, cos_t2i, epoch=0)                   # shape mismatch
+        th.update(IDS[:4], cos_i2t, cos_t2i, epoch=0)  # shape mismatch
     with pytest.raises(TypeError):
         th.update(torch.tensor([1.0, 2.0, 3.0]), cos_i2t, cos_t2i, epoch=0)
-    for epoch in (None, -1, 1.0, True):                                 # adam_step=epoch needs the epoch
+    for epoch in (None, -1, 1.0, True):  # adam_step=epoch needs the epoch
         with pytest.raises(ValueError, match="adam_step=epoch needs the 0-based training epoch"):
             th.update(IDS[:3], cos_i2t, cos_t2i, epoch=epoch)
     with pytest.raises(ValueError, match="adam_step must be one of epoch, count"):
         GlofndThresholds(IDS, alpha=0.1, adam_step="step")
-    for name in STATE:                                                  # failed calls change nothing
+    for name in STATE:  # failed calls change nothing
         assert torch.equal(getattr(th, name), before[name])
 
 
@@ -88,16 +89,16 @@ def test_unknown_and_duplicate_ids_raise():
 @pytest.mark.parametrize("alpha", [0.1, 0.3])
 def test_lambda_converges_to_quantile(alpha, adam_step):
     b, lr = 24, 0.01
-    ids = torch.arange(b) * 5 - 40                                      # negative ids are fine too
+    ids = torch.arange(b) * 5 - 40  # negative ids are fine too
     cos_i2t, cos_t2i = _cos(b, 1)
     th = GlofndThresholds(ids, alpha=alpha, lr=lr, dtype=torch.float64, adam_step=adam_step)
-    for epoch in range(600):                                            # one update per pair and epoch
+    for epoch in range(600):  # one update per pair and epoch
         lam_i, lam_t = th.update(ids, cos_i2t, cos_t2i, epoch=epoch + 3)
     k = math.ceil(alpha * (b - 1))
     off = ~torch.eye(b, dtype=torch.bool)
     for lam, cos in ((lam_i, cos_i2t), (lam_t, cos_t2i)):
         desc = cos[off].reshape(b, b - 1).sort(dim=1, descending=True).values
-        hi, lo = desc[:, k - 1], desc[:, k]                            # k-th and (k+1)-th largest
+        hi, lo = desc[:, k - 1], desc[:, k]  # k-th and (k+1)-th largest
         assert ((lam >= lo - 2 * lr) & (lam <= hi + 2 * lr)).all(), (lam, lo, hi)
         # and the thresholds flag about alpha of the negatives (at most one entry off per row)
         flagged = ((cos > lam[:, None]) & off).sum(dim=1)
@@ -111,7 +112,7 @@ def test_entries_outside_batch_bit_for_bit_unchanged():
     first = IDS[:6]
     cos_i2t, cos_t2i = _cos(6, 0)
     th.update(first, 0.5 * cos_i2t, 0.5 * cos_t2i, epoch=0)
-    th.update(first, cos_i2t, cos_t2i, epoch=1)                         # m, v now non-zero for `first`
+    th.update(first, cos_i2t, cos_t2i, epoch=1)  # m, v now non-zero for `first`
     held_out = th.rows(first[:3] + IDS[14:])
     before = _snapshot(th, held_out)
     assert before["m_image"][:3].abs().min() > 0 and before["step_text"][:3].tolist() == [2, 2, 2]
@@ -132,7 +133,7 @@ def _ref_adam(grads, lr, b1, b2, eps):
     for t, g in enumerate(grads, start=1):
         m = b1 * m + (1 - b1) * g
         v = b2 * v + (1 - b2) * g * g
-        m_hat, v_hat = m / (1 - b1 ** t), v / (1 - b2 ** t)
+        m_hat, v_hat = m / (1 - b1**t), v / (1 - b2**t)
         lam = min(1.0, max(-1.0, lam - lr * m_hat / (math.sqrt(v_hat) + eps)))
         out.append(lam)
     return out
@@ -143,12 +144,12 @@ def test_count_mode_is_per_index_adam_with_the_pairs_own_step_count():
     alpha, lr, betas, eps = 0.15, 0.05, (0.9, 0.98), 1e-8
     th = GlofndThresholds(IDS, alpha=alpha, lr=lr, betas=betas, eps=eps, dtype=torch.float64, adam_step="count")
     target = IDS[4]
-    p = torch.nn.Parameter(torch.ones((), dtype=torch.float64))        # torch.optim.Adam on the one index
+    p = torch.nn.Parameter(torch.ones((), dtype=torch.float64))  # torch.optim.Adam on the one index
     opt = torch.optim.Adam([p], lr=lr, betas=betas, eps=eps)
     grads, seen, got = [], 0, []
     g = torch.Generator().manual_seed(7)
     for step in range(30):
-        include = step % 3 != 1                                         # the index misses some steps
+        include = step % 3 != 1  # the index misses some steps
         others = [IDS[k] for k in torch.randperm(20, generator=g).tolist() if IDS[k] != target][:5]
         batch = others[:2] + [target] + others[2:] if include else others
         c_i2t, c_t2i = _cos(len(batch), 100 + step)
@@ -161,16 +162,16 @@ def test_count_mode_is_per_index_adam_with_the_pairs_own_step_count():
         lam_i, _ = th.update(batch, c_i2t, c_t2i)
         if include:
             got.append(lam_i[2].item())
-            assert th.step_image[th.rows([target])].item() == seen      # its own step count
+            assert th.step_image[th.rows([target])].item() == seen  # its own step count
             opt.zero_grad()
             p.grad = torch.tensor(grads[-1], dtype=torch.float64)
             opt.step()
             with torch.no_grad():
                 p.clamp_(-1.0, 1.0)
             assert got[-1] == pytest.approx(p.item(), abs=1e-12)
-    assert len(set(grads)) > 1                                          # the subgradient actually varied
+    assert len(set(grads)) > 1  # the subgradient actually varied
     assert got == pytest.approx(_ref_adam(grads, lr, *betas, eps), abs=1e-12)
-    assert min(got) < 0.9                                               # lambda really moved
+    assert min(got) < 0.9  # lambda really moved
 
 
 def test_projection_to_unit_interval():
@@ -183,7 +184,7 @@ def test_projection_to_unit_interval():
     high = GlofndThresholds(ids, alpha=0.0, lr=0.5, dtype=torch.float64)
     high.lambda_image.fill_(0.9)
     high.lambda_text.fill_(0.9)
-    full = torch.full((6, 6), 0.95, dtype=torch.float64)               # every negative above lambda: g = -1
+    full = torch.full((6, 6), 0.95, dtype=torch.float64)  # every negative above lambda: g = -1
     lam_i, lam_t = high.update(ids, full, full, epoch=4)
     assert torch.equal(lam_i, torch.ones(6, dtype=torch.float64)) and torch.equal(lam_t, lam_i)
     assert torch.equal(high.lambda_image, torch.ones(6, dtype=torch.float64))
@@ -193,11 +194,11 @@ def test_projection_to_unit_interval():
 def test_state_dict_round_trip_gives_identical_updates(adam_step):
     a = GlofndThresholds(IDS, alpha=0.2, adam_step=adam_step)
     for step in range(5):
-        a.update(IDS[step:step + 6], *_cos(6, 20 + step), epoch=1 + step // 2)
+        a.update(IDS[step : step + 6], *_cos(6, 20 + step), epoch=1 + step // 2)
     b = GlofndThresholds(list(reversed(IDS)), alpha=0.2, adam_step=adam_step)
     b.load_state_dict(copy.deepcopy(a.state_dict()))
     for step in range(5):
-        batch = IDS[2 * step:2 * step + 7]
+        batch = IDS[2 * step : 2 * step + 7]
         out_a = a.update(batch, *_cos(7, 40 + step), epoch=3 + step)
         out_b = b.update(batch, *_cos(7, 40 + step), epoch=3 + step)
         assert torch.equal(out_a[0], out_b[0]) and torch.equal(out_a[1], out_b[1])
@@ -218,7 +219,7 @@ def test_update_returns_the_thresholds_it_stored_and_masks_use_them():
     assert torch.equal(cos_t2i, cos_i2t.t())
     stored = th.thresholds(batch)
     assert torch.equal(stored[0], lam_i) and torch.equal(stored[1], lam_t)
-    lam_i[0] = 5.0                                                      # a copy, not a view of the buffer
+    lam_i[0] = 5.0  # a copy, not a view of the buffer
     assert th.thresholds(batch)[0][0] != 5.0
     _, drop_i2t, drop_t2i = itc_glofnd(v, t, 0.07, lambda_image=stored[0], lambda_text=stored[1])
     ref_i2t, ref_t2i = glofnd_drop_masks(cos_i2t, cos_t2i, *stored)
@@ -227,6 +228,7 @@ def test_update_returns_the_thresholds_it_stored_and_masks_use_them():
 
 
 # ------------------------------------------------------------- the authors' bias correction (adam_step)
+
 
 def _authors_updates(steps, *, alpha, lr, start_epoch, adam_step, betas=(0.9, 0.98), eps=1e-8):
     """Plain-Python float64 reference of GloFND's threshold updates as the authors' code makes them
@@ -239,7 +241,7 @@ def _authors_updates(steps, *, alpha, lr, start_epoch, adam_step, betas=(0.9, 0.
     (``"count"``); negatives above the updated lambda are dropped. Returns, per step, None before
     ``start_epoch`` or ({side: [lambda per batch row]}, {side: drop mask as nested lists})."""
     b1, b2 = betas
-    state = {}                                                         # (side, pair id) -> (lambda, m, v, count)
+    state = {}  # (side, pair id) -> (lambda, m, v, count)
     out = []
     for epoch, ids, cos_i2t, cos_t2i in steps:
         if epoch < start_epoch:
@@ -255,7 +257,7 @@ def _authors_updates(steps, *, alpha, lr, start_epoch, adam_step, betas=(0.9, 0.
                 m = b1 * m + (1 - b1) * g
                 v = b2 * v + (1 - b2) * g * g
                 t = epoch + 1 if adam_step == "epoch" else count + 1
-                m_hat, v_hat = m / (1 - b1 ** t), v / (1 - b2 ** t)
+                m_hat, v_hat = m / (1 - b1**t), v / (1 - b2**t)
                 lam = min(1.0, max(-1.0, lam - lr * m_hat / (math.sqrt(v_hat) + eps)))
                 state[(side, pid)] = (lam, m, v, count + 1)
                 new.append(lam)
@@ -277,7 +279,7 @@ def _epochs_of_batches(n=24, b=8, epochs=6, seed=0):
         text = F.normalize(text + 0.3 * torch.randn(n, 4, generator=g, dtype=torch.float64), dim=1)
         order = torch.randperm(n, generator=g).tolist()
         for k in range(0, n, b):
-            rows = order[k:k + b]
+            rows = order[k : k + b]
             cos = image[rows] @ text[rows].t()
             steps.append((epoch, [ids[r] for r in rows], cos, cos.t().contiguous()))
     return ids, steps
@@ -292,8 +294,9 @@ def _run_thresholds(ids, steps, *, alpha, lr, start_epoch, adam_step):
             continue
         lam_i, lam_t = th.update(batch, cos_i2t, cos_t2i, epoch=epoch)
         drop_i2t, drop_t2i = glofnd_drop_masks(cos_i2t, cos_t2i, lam_i, lam_t)
-        out.append(({"image": lam_i.tolist(), "text": lam_t.tolist()},
-                    {"image": drop_i2t.tolist(), "text": drop_t2i.tolist()}))
+        out.append(
+            ({"image": lam_i.tolist(), "text": lam_t.tolist()}, {"image": drop_i2t.tolist(), "text": drop_t2i.tolist()})
+        )
     return out
 
 
@@ -317,11 +320,14 @@ def test_epoch_mode_reproduces_the_authors_threshold_updates_from_start_epoch_1(
     settings = dict(alpha=0.1, lr=0.05, start_epoch=1)
     authors = _authors_updates(steps, adam_step="epoch", **settings)
     worst, differ, active = _compare(_run_thresholds(ids, steps, adam_step="epoch", **settings), authors)
-    assert active == 15 and worst == 0.0 and differ == 0, (worst, differ)   # bit for bit
+    assert active == 15 and worst == 0.0 and differ == 0, (worst, differ)  # bit for bit
     assert sum(any(any(row) for row in step[1]["image"]) for step in authors if step) >= 10, "the masks drop something"
     # count mode is the textbook per-index Adam, exactly; it is not the authors' update
     counted = _run_thresholds(ids, steps, adam_step="count", **settings)
-    assert _compare(counted, _authors_updates(steps, adam_step="count", **settings))[:2] == (pytest.approx(0.0, abs=1e-12), 0)
+    assert _compare(counted, _authors_updates(steps, adam_step="count", **settings))[:2] == (
+        pytest.approx(0.0, abs=1e-12),
+        0,
+    )
     worst, differ, _ = _compare(counted, authors)
     assert worst > 0.01 and differ >= 3, (worst, differ)
 
@@ -347,8 +353,11 @@ def test_thresholds_continue_only_in_the_mode_they_were_learned_in():
     epoch_mode = GlofndThresholds(IDS, alpha=0.2)
     epoch_mode.update(IDS[:6], *_cos(6, 3), epoch=2)
     count_mode = GlofndThresholds(IDS, alpha=0.2, adam_step="count")
-    with pytest.raises(FalconError, match="learned with adam_step=epoch, this run uses adam_step=count; "
-                                          "continue them with pretrain.glofnd.adam_step=epoch"):
+    with pytest.raises(
+        FalconError,
+        match="learned with adam_step=epoch, this run uses adam_step=count; "
+        "continue them with pretrain.glofnd.adam_step=epoch",
+    ):
         count_mode.load_state_dict(epoch_mode.state_dict())
     # a state dict saved before adam_step existed was learned in count mode: loads there, refused in epoch mode
     old = {k: v for k, v in count_mode.state_dict().items() if k != "adam_step_by_epoch"}
@@ -364,6 +373,7 @@ def test_glofnd_active():
 
 
 # ----------------------------------------------------------------------------------- filtered ITC
+
 
 @pytest.mark.parametrize("w", [0.0, 0.2])
 def test_itc_glofnd_without_drops_equals_itc_grit(w):
@@ -421,7 +431,7 @@ def test_itc_glofnd_matches_naive_reference_with_drops(w):
     b = 8
     v, t = _feats(b, 3, 4)
     cos = v @ t.t()
-    lam_i = torch.quantile(cos, 0.7, dim=1)                            # some entries above, some below
+    lam_i = torch.quantile(cos, 0.7, dim=1)  # some entries above, some below
     lam_t = torch.quantile(cos.t(), 0.6, dim=1)
     v1, t1 = v.clone().requires_grad_(), t.clone().requires_grad_()
     v2, t2 = v.clone().requires_grad_(), t.clone().requires_grad_()
@@ -431,7 +441,7 @@ def test_itc_glofnd_matches_naive_reference_with_drops(w):
     loss, hard, soft, ref_i2t, ref_t2i = _naive(v2, t2, tau2.double(), lam_i, lam_t, w)
     assert torch.equal(drop_i2t, ref_i2t) and torch.equal(drop_t2i, ref_t2i)
     assert 0 < int(drop_i2t.sum()) < b * (b - 1) and 0 < int(drop_t2i.sum()) < b * (b - 1)
-    assert not torch.equal(drop_i2t, drop_t2i.t())                     # the two directions really differ
+    assert not torch.equal(drop_i2t, drop_t2i.t())  # the two directions really differ
     torch.testing.assert_close(out.hard, hard.float(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out.soft, soft.float(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out.loss, loss.float(), rtol=1e-5, atol=1e-5)
@@ -479,5 +489,5 @@ def test_ties_are_kept_not_flagged():
     assert drop_i2t.tolist() == [[False, True, False], [True, False, True], [False, True, False]]
     th = GlofndThresholds([3, 1, 2], alpha=0.25, lr=0.1, dtype=torch.float64)
     th.lambda_image.fill_(0.5)
-    lam_i, _ = th.update([1, 2, 3], cos, cos, epoch=0)                  # rows 0, 1: ties only -> g = alpha > 0
-    assert lam_i.tolist() == pytest.approx([0.4, 0.4, 0.4], abs=1e-7)    # first Adam step has size lr
+    lam_i, _ = th.update([1, 2, 3], cos, cos, epoch=0)  # rows 0, 1: ties only -> g = alpha > 0
+    assert lam_i.tolist() == pytest.approx([0.4, 0.4, 0.4], abs=1e-7)  # first Adam step has size lr

@@ -27,6 +27,7 @@ def _infonce(v, t, tau):
 
 # ----------------------------------------------------------------------------------- references
 
+
 def _ref_direction(logits, weights, alpha=1.0):
     """-1/N sum_i log[exp(l_ii) / (alpha exp(l_ii) + sum_{j != i} w_ij exp(l_ij))], explicit loops, float64."""
     n = len(logits)
@@ -78,8 +79,10 @@ def _ref_srcl_weights(v, t, av, at, mix, delta):
     n = len(cur)
     mixed = [[mix * aux[i][j] + (1 - mix) * cur[i][j] for j in range(n)] for i in range(n)]
     mixed_t = [[mixed[j][i] for j in range(n)] for i in range(n)]
-    return (_ref_weights([[-delta * x for x in row] for row in mixed]),
-            _ref_weights([[-delta * x for x in row] for row in mixed_t]))
+    return (
+        _ref_weights([[-delta * x for x in row] for row in mixed]),
+        _ref_weights([[-delta * x for x in row] for row in mixed_t]),
+    )
 
 
 def _ref_srcl(v, t, av, at, tau, mix, delta):
@@ -94,6 +97,7 @@ def _aux(b=6, d=5, seed=1):
 
 
 # ----------------------------------------------------------------------------------- HN-NCE
+
 
 def test_hn_nce_neutral_is_infonce():
     v, t = _feats()
@@ -112,8 +116,9 @@ def test_hn_nce_neutral_is_infonce():
 def test_hn_nce_matches_loop_reference(beta_i2t, beta_t2i, alpha, detach):
     v, t = _feats(seed=3)
     tau = 0.1
-    out = itc_hn_nce(v.double(), t.double(), tau, beta_i2t=beta_i2t, beta_t2i=beta_t2i, alpha=alpha,
-                     detach_weights=detach)
+    out = itc_hn_nce(
+        v.double(), t.double(), tau, beta_i2t=beta_i2t, beta_t2i=beta_t2i, alpha=alpha, detach_weights=detach
+    )
     ref = _ref_hn_nce(v, t, tau, beta_i2t, beta_t2i, alpha)
     assert out.hard.item() == pytest.approx(ref, rel=1e-5, abs=1e-6)
     if alpha == 1.0:  # beta > 0 up-weights hard negatives (Chebyshev): the loss exceeds InfoNCE
@@ -143,10 +148,16 @@ def test_hn_nce_detach_changes_gradient_not_value():
     assert not torch.allclose(grads[0][1], grads[1][1])
 
 
-@pytest.mark.parametrize("kwargs,name", [
-    ({"alpha": 0.0}, "alpha"), ({"alpha": 1.5}, "alpha"), ({"beta_i2t": -0.1}, "beta_i2t"),
-    ({"beta_t2i": -1.0}, "beta_t2i"), ({"beta_i2t": float("nan")}, "beta_i2t"),
-])
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        ({"alpha": 0.0}, "alpha"),
+        ({"alpha": 1.5}, "alpha"),
+        ({"beta_i2t": -0.1}, "beta_i2t"),
+        ({"beta_t2i": -1.0}, "beta_t2i"),
+        ({"beta_i2t": float("nan")}, "beta_i2t"),
+    ],
+)
 def test_hn_nce_validates_arguments(kwargs, name):
     v, t = _feats()
     with pytest.raises(ValueError, match=name):
@@ -168,6 +179,7 @@ def test_batch_size_and_shape_validation():
 
 
 # ----------------------------------------------------------------------------------- SRCL
+
 
 def test_srcl_delta_zero_is_infonce():
     v, t = _feats()
@@ -246,9 +258,15 @@ def test_srcl_consistency_and_sims():
     torch.testing.assert_close(out.sim_t2i, grit.sim_t2i)
 
 
-@pytest.mark.parametrize("kwargs,name", [
-    ({"mix": -0.1}, "mix"), ({"mix": 1.1}, "mix"), ({"delta": -1.0}, "delta"), ({"delta": float("inf")}, "delta"),
-])
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        ({"mix": -0.1}, "mix"),
+        ({"mix": 1.1}, "mix"),
+        ({"delta": -1.0}, "delta"),
+        ({"delta": float("inf")}, "delta"),
+    ],
+)
 def test_srcl_validates_arguments(kwargs, name):
     v, t = _feats()
     av, at = _aux()
@@ -277,6 +295,7 @@ def test_srcl_mix_schedule():
 
 # ----------------------------------------------------------------------------------- gradients
 
+
 @pytest.mark.parametrize("which", ["hn_nce", "hn_nce_nodetach", "srcl"])
 def test_gradients_reach_features_and_temperature(which):
     v, t = _feats(seed=21)
@@ -287,8 +306,16 @@ def test_gradients_reach_features_and_temperature(which):
     if which == "srcl":
         out = itc_srcl(v, t, tau, aux_image_feat=av, aux_text_feat=at, mix=0.5, delta=3.0, consistency_weight=0.2)
     else:
-        out = itc_hn_nce(v, t, tau, beta_i2t=0.5, beta_t2i=1.0, alpha=0.999,
-                         detach_weights=(which == "hn_nce"), consistency_weight=0.2)
+        out = itc_hn_nce(
+            v,
+            t,
+            tau,
+            beta_i2t=0.5,
+            beta_t2i=1.0,
+            alpha=0.999,
+            detach_weights=(which == "hn_nce"),
+            consistency_weight=0.2,
+        )
     out.loss.backward()
     for g in (v.grad, t.grad, tau.grad):
         assert g is not None and torch.isfinite(g).all() and g.abs().sum() > 0
@@ -297,6 +324,8 @@ def test_gradients_reach_features_and_temperature(which):
 def test_tiny_temperature_is_stable():
     v, t = _feats(seed=31)
     av, at = _aux()
-    for out in (itc_hn_nce(v, t, 0.001, beta_i2t=1.0, beta_t2i=1.0, alpha=0.5),
-                itc_srcl(v, t, 0.001, aux_image_feat=av, aux_text_feat=at, mix=0.5, delta=10.0)):
+    for out in (
+        itc_hn_nce(v, t, 0.001, beta_i2t=1.0, beta_t2i=1.0, alpha=0.5),
+        itc_srcl(v, t, 0.001, aux_image_feat=av, aux_text_feat=at, mix=0.5, delta=10.0),
+    ):
         assert torch.isfinite(out.loss)

@@ -33,27 +33,30 @@ class StubJudge:
 # Rows images / columns texts. The diagonal is the largest entry of every row, so forgetting
 # to exclude it would change everything. Off-diagonal (k1, k2) per image anchor:
 # 0: (1, 2)  1: (0, 3)  2: (4, 3)  3: (2, 0)  4: (3, 1)
-SIM_I2T = torch.tensor([
-    [10., 5., 4., 1., 0.],
-    [5., 10., 1., 4., 0.],
-    [0., 1., 10., 4., 5.],
-    [4., 1., 5., 10., 0.],
-    [0., 4., 1., 5., 10.],
-])
+SIM_I2T = torch.tensor(
+    [
+        [10.0, 5.0, 4.0, 1.0, 0.0],
+        [5.0, 10.0, 1.0, 4.0, 0.0],
+        [0.0, 1.0, 10.0, 4.0, 5.0],
+        [4.0, 1.0, 5.0, 10.0, 0.0],
+        [0.0, 4.0, 1.0, 5.0, 10.0],
+    ]
+)
 # Rows texts / columns images. (k1, k2) per text anchor:
 # 0: (1, 4)  1: (2, 0)  2: (0, 1)  3: (4, 2)  4: (3, 0)
-SIM_T2I = torch.tensor([
-    [10., 5., 0., 1., 4.],
-    [4., 10., 5., 1., 0.],
-    [5., 4., 10., 0., 1.],
-    [0., 1., 4., 10., 5.],
-    [4., 0., 1., 5., 10.],
-])
+SIM_T2I = torch.tensor(
+    [
+        [10.0, 5.0, 0.0, 1.0, 4.0],
+        [4.0, 10.0, 5.0, 1.0, 0.0],
+        [5.0, 4.0, 10.0, 0.0, 1.0],
+        [0.0, 1.0, 4.0, 10.0, 5.0],
+        [4.0, 0.0, 1.0, 5.0, 10.0],
+    ]
+)
 # Con-D scores of the hardest candidates, keyed (image, text).
 # image anchors: (0,1) conv, (1,0) conv, (2,4) ambiguous, (3,2) plain, (4,3) ambiguous
 # text anchors:  (1,0) conv, (2,1) plain, (0,2) conv, (4,3) ambiguous, (3,4) ambiguous
-SCORES = {(0, 1): 0.9, (1, 0): 0.95, (2, 4): 0.6, (3, 2): 0.2, (4, 3): 0.7,
-          (2, 1): 0.1, (0, 2): 0.85, (3, 4): 0.55}
+SCORES = {(0, 1): 0.9, (1, 0): 0.95, (2, 4): 0.6, (3, 2): 0.2, (4, 3): 0.7, (2, 1): 0.1, (0, 2): 0.85, (3, 4): 0.55}
 
 
 def _mask(b: int, extra: list[tuple[int, int]]) -> torch.Tensor:
@@ -70,6 +73,7 @@ def mined() -> tuple[ConnectionMining, StubJudge]:
 
 
 # ----------------------------------------------------------------------------------- ECM decisions
+
 
 def test_masks_partners_labels_mlm_and_counts(mined):
     res, _ = mined
@@ -133,8 +137,15 @@ def test_queue_extended_columns_are_ignored(mined):
     res, _ = mined
     extra = torch.full((5, 3), 100.0)  # queue columns more similar than anything in the batch
     res_q = connection_mining(torch.cat([SIM_I2T, extra], 1), torch.cat([SIM_T2I, extra], 1), StubJudge(SCORES))
-    for name in ("positive_mask_i2t", "positive_mask_t2i", "neg_text_for_image", "neg_image_for_text",
-                 "neg_labels", "mlm_image_index", "mlm_text_index"):
+    for name in (
+        "positive_mask_i2t",
+        "positive_mask_t2i",
+        "neg_text_for_image",
+        "neg_image_for_text",
+        "neg_labels",
+        "mlm_image_index",
+        "mlm_text_index",
+    ):
         assert torch.equal(getattr(res_q, name), getattr(res, name)), name
 
 
@@ -146,7 +157,7 @@ def test_similarities_keep_their_gradient_untouched():
 
 
 def test_ties_go_to_the_lower_index():
-    sim = torch.tensor([[9., 3., 3., 3.], [3., 9., 3., 3.], [3., 3., 9., 3.], [3., 3., 3., 9.]])
+    sim = torch.tensor([[9.0, 3.0, 3.0, 3.0], [3.0, 9.0, 3.0, 3.0], [3.0, 3.0, 9.0, 3.0], [3.0, 3.0, 3.0, 9.0]])
     judge = StubJudge({}, default=0.6)  # all ambiguous: partner is the second-lowest off-diagonal index
     res = connection_mining(sim, sim, judge)
     assert res.hardest_text_for_image.tolist() == [1, 0, 0, 0]
@@ -156,6 +167,7 @@ def test_ties_go_to_the_lower_index():
 
 
 # ----------------------------------------------------------------------------------- ITC
+
 
 def test_itc_targets_are_half_half_on_converted_rows(mined):
     res, _ = mined
@@ -179,8 +191,15 @@ def test_itc_grit_loss_matches_hand_computed_ce(mined, epoch):
     v = F.normalize(torch.randn(5, 8, generator=g), dim=1)
     t = F.normalize(torch.randn(5, 8, generator=g), dim=1)
     eps = smoothing(epoch)
-    out = itc_grit(v, t, 0.07, consistency_weight=0.0, positive_mask=res.positive_mask_i2t,
-                   positive_mask_t2i=res.positive_mask_t2i, label_smoothing=eps)
+    out = itc_grit(
+        v,
+        t,
+        0.07,
+        consistency_weight=0.0,
+        positive_mask=res.positive_mask_i2t,
+        positive_mask_t2i=res.positive_mask_t2i,
+        label_smoothing=eps,
+    )
     logp_i2t = F.log_softmax(v @ t.t() / 0.07, dim=1)
     logp_t2i = F.log_softmax(t @ v.t() / 0.07, dim=1)
 
@@ -200,6 +219,7 @@ def test_itc_grit_loss_matches_hand_computed_ce(mined, epoch):
 
 
 # ----------------------------------------------------------------------------------- ITM
+
 
 def test_itm_labels_line_up_with_itm_pair_indices(mined):
     res, _ = mined
@@ -233,17 +253,26 @@ def test_itm_loss_accepts_the_labels(mined):
 
 # ----------------------------------------------------------------------------------- thresholds, edge cases
 
+
 def _b4_sims() -> tuple[torch.Tensor, torch.Tensor]:
     # i2t (k1, k2): 0:(1,2) 1:(2,3) 2:(3,0) 3:(0,1); t2i is the same matrix
-    s = torch.tensor([[9., 5., 4., 0.], [0., 9., 5., 4.], [4., 0., 9., 5.], [5., 4., 0., 9.]])
+    s = torch.tensor([[9.0, 5.0, 4.0, 0.0], [0.0, 9.0, 5.0, 4.0], [4.0, 0.0, 9.0, 5.0], [5.0, 4.0, 0.0, 9.0]])
     return s, s.clone()
 
 
 def test_scores_exactly_at_thresholds_are_plain_negatives():
     s_i2t, s_t2i = _b4_sims()
     # image anchors' hardest: (0,1) (1,2) (2,3) (3,0); text anchors' hardest: (1,0) (2,1) (3,2) (0,3)
-    table = {(0, 1): 0.8, (1, 2): 0.5, (2, 3): 0.8000001, (3, 0): 0.5000001,
-             (1, 0): 0.7999999, (2, 1): 0.4999999, (3, 2): 1.0, (0, 3): 0.0}
+    table = {
+        (0, 1): 0.8,
+        (1, 2): 0.5,
+        (2, 3): 0.8000001,
+        (3, 0): 0.5000001,
+        (1, 0): 0.7999999,
+        (2, 1): 0.4999999,
+        (3, 2): 1.0,
+        (0, 3): 0.0,
+    }
     res = connection_mining(s_i2t, s_t2i, StubJudge(table))
     # p == high and p == low -> k1, label 0; just above high -> converted; just above low -> k2
     assert res.neg_text_for_image.tolist() == [1, 2, 3, 1]
@@ -272,7 +301,7 @@ def test_custom_thresholds_and_empty_ambiguous_band():
 
 
 def test_batch_of_two_has_no_second_hardest():
-    sim = torch.tensor([[5., 1.], [1., 5.]])
+    sim = torch.tensor([[5.0, 1.0], [1.0, 5.0]])
     # image 0 / text 1 pair ambiguous from both sides; image 1 / text 0 converted from both sides
     judge = StubJudge({(0, 1): 0.7, (1, 0): 0.9})
     res = connection_mining(sim, sim, judge)
@@ -284,7 +313,7 @@ def test_batch_of_two_has_no_second_hardest():
     assert res.neg_labels.tolist() == [1, 0, 0, 1]
     assert torch.equal(res.positive_mask_i2t, _mask(2, [(1, 0)]))
     assert torch.equal(res.positive_mask_t2i, _mask(2, [(0, 1)]))
-    assert res.mlm_image_index.tolist() == [1, 1] and res.mlm_text_index.tolist() == [0, 0]   # once per direction
+    assert res.mlm_image_index.tolist() == [1, 1] and res.mlm_text_index.tolist() == [0, 0]  # once per direction
     once = connection_mining(sim, sim, StubJudge({(0, 1): 0.7, (1, 0): 0.9}), mlm_pairs="distinct")
     assert once.mlm_image_index.tolist() == [1] and once.mlm_text_index.tolist() == [0]
 
@@ -292,8 +321,17 @@ def test_batch_of_two_has_no_second_hardest():
 def _loop_reference(s_i2t, s_t2i, p_of, high, low):
     """Plain per-anchor implementation of methods.md §2.2 (with p == threshold -> k1 negative)."""
     b = s_i2t.shape[0]
-    out = {"mask_i2t": torch.eye(b, dtype=torch.bool), "mask_t2i": torch.eye(b, dtype=torch.bool),
-           "neg_t": [], "neg_i": [], "lab_i2t": [], "lab_t2i": [], "mlm": [], "swap_i2t": 0, "swap_t2i": 0}
+    out = {
+        "mask_i2t": torch.eye(b, dtype=torch.bool),
+        "mask_t2i": torch.eye(b, dtype=torch.bool),
+        "neg_t": [],
+        "neg_i": [],
+        "lab_i2t": [],
+        "lab_t2i": [],
+        "mlm": [],
+        "swap_i2t": 0,
+        "swap_t2i": 0,
+    }
     for direction, s in (("i2t", s_i2t), ("t2i", s_t2i)):
         for a in range(b):
             cands = sorted((j for j in range(b) if j != a), key=lambda j: (-float(s[a, j]), j))
@@ -304,7 +342,7 @@ def _loop_reference(s_i2t, s_t2i, p_of, high, low):
             if p > high:
                 out[f"mask_{direction}"][a, k1] = True
                 label = 1
-                out["mlm"].append(pair)                          # MAFA's code: one MLM row per conversion
+                out["mlm"].append(pair)  # MAFA's code: one MLM row per conversion
             elif low < p < high and len(cands) > 1:
                 partner = k2
                 out[f"swap_{direction}"] += 1
@@ -332,11 +370,20 @@ def test_matches_loop_reference_on_random_batches(b, seed, mlm_pairs):
 
 # ----------------------------------------------------------------------------------- validation
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"high": 1.5}, "high"), ({"high": -0.1}, "high"), ({"low": -0.1}, "low"), ({"low": 1.2}, "low"),
-    ({"low": math.nan}, "low"), ({"high": math.nan}, "high"), ({"high": 0.4, "low": 0.5}, "low must not exceed high"),
-    ({"high": "x"}, "high"),
-])
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"high": 1.5}, "high"),
+        ({"high": -0.1}, "high"),
+        ({"low": -0.1}, "low"),
+        ({"low": 1.2}, "low"),
+        ({"low": math.nan}, "low"),
+        ({"high": math.nan}, "high"),
+        ({"high": 0.4, "low": 0.5}, "low must not exceed high"),
+        ({"high": "x"}, "high"),
+    ],
+)
 def test_invalid_thresholds_raise(kwargs, match):
     with pytest.raises(ValueError, match=match):
         connection_mining(SIM_I2T, SIM_T2I, StubJudge(SCORES), **kwargs)
@@ -360,6 +407,7 @@ def test_invalid_shapes_and_score_raise():
 
 
 # ----------------------------------------------------------------------------------- S-ITC schedule
+
 
 def test_smoothing_schedule():
     assert smoothing(0) == 0.0

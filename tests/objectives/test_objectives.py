@@ -38,6 +38,7 @@ def _feats(b=5, d=8, seed=0):
 
 # ----------------------------------------------------------------------------------- references
 
+
 def _dot(a, b):
     return sum(a[k] * b[k] for k in range(len(a)))
 
@@ -77,6 +78,7 @@ def _ref_grit(v, t, v_sg, t_sg, tau, w, targets_i2t=None, targets_t2i=None):
 
 
 # ----------------------------------------------------------------------------------- ITC (GRIT)
+
 
 def test_itc_grit_matches_loop_reference():
     v, t = _feats()
@@ -140,7 +142,7 @@ def test_itc_grit_identity_mask_equals_none_and_multi_positive_targets_row_norma
     assert torch.allclose(base.loss, itc_grit(v, t, 0.05, positive_mask=torch.zeros(4, 4, dtype=torch.bool)).loss)
 
     mask = torch.eye(4, dtype=torch.bool)
-    mask[0, 2] = True            # image 0 also matches text 2
+    mask[0, 2] = True  # image 0 also matches text 2
     mask[1, 2] = mask[1, 3] = True
     out = itc_grit(v, t, 0.05, positive_mask=mask, consistency_weight=0.0)
     y = mask.double()
@@ -154,8 +156,7 @@ def test_itc_grit_identity_mask_equals_none_and_multi_positive_targets_row_norma
     # direction-specific mask (MAFA) and label smoothing
     m_t2i = torch.eye(4, dtype=torch.bool)
     m_t2i[3, 0] = True
-    out = itc_grit(v, t, 0.05, positive_mask=mask, positive_mask_t2i=m_t2i, label_smoothing=0.5,
-                   consistency_weight=0.0)
+    out = itc_grit(v, t, 0.05, positive_mask=mask, positive_mask_t2i=m_t2i, label_smoothing=0.5, consistency_weight=0.0)
     yt = m_t2i.double()
     yt = yt / yt.sum(1, keepdim=True)
     y_i2t_s = [[0.5 * x + 0.5 / 4 for x in row] for row in y_i2t]
@@ -183,6 +184,7 @@ def test_itc_grit_rejects_bad_shapes():
 
 
 # ----------------------------------------------------------------------------------- momentum distillation
+
 
 def test_momentum_distillation_matches_hand_computation():
     b, d, k = 3, 5, 6
@@ -241,8 +243,8 @@ def test_momentum_distillation_with_idx_queue_uses_id_positives():
     q.enqueue(v, t, idx=torch.tensor([7, 9]))  # queue columns 0,1 now hold ids 7, 9
     out = itc_momentum_distillation(v, t, v, t, q, 0.2, 0.0, idx=torch.tensor([7, 8]))
     text_all = torch.cat([t.T, q.text_queue], 1)
-    y0 = torch.tensor([1, 0, 1, 0, 0, 0.]) / 2
-    y1 = torch.tensor([0, 1, 0, 0, 0, 0.])
+    y0 = torch.tensor([1, 0, 1, 0, 0, 0.0]) / 2
+    y1 = torch.tensor([0, 1, 0, 0, 0, 0.0])
     s = v @ text_all / 0.2
     ref_i2t = -(torch.stack([y0, y1]) * F.log_softmax(s, 1)).sum(1).mean()
     s = t @ torch.cat([v.T, q.image_queue], 1) / 0.2
@@ -253,8 +255,10 @@ def test_momentum_distillation_with_idx_queue_uses_id_positives():
 def test_queue_enqueue_wraps_pointer_and_checks_divisibility():
     d, k, b = 3, 6, 2
     q = MomentumQueue(d, k, with_idx=True)
-    batches = [(torch.full((b, d), float(s)), torch.full((b, d), -float(s)), torch.tensor([10 * s, 10 * s + 1]))
-               for s in range(4)]
+    batches = [
+        (torch.full((b, d), float(s)), torch.full((b, d), -float(s)), torch.tensor([10 * s, 10 * s + 1]))
+        for s in range(4)
+    ]
     for s, (vi, ti, ii) in enumerate(batches):
         assert int(q.ptr) == (s * b) % k
         q.enqueue(vi, ti, ii)
@@ -299,6 +303,7 @@ def test_alpha_ramp():
 
 # ----------------------------------------------------------------------------------- ITM
 
+
 def _ref_hardest(sim, excluded):
     out = []
     for i, row in enumerate(sim.tolist()):
@@ -318,7 +323,7 @@ def test_hardest_negatives_equals_loop_argmax_without_the_diagonal():
     none = [[False] * b for _ in range(b)]
     for _ in range(5):
         sim_i2t = torch.randn(b, b, generator=g)
-        sim_i2t += 5 * torch.eye(b)       # the diagonal is the most similar: must never be picked
+        sim_i2t += 5 * torch.eye(b)  # the diagonal is the most similar: must never be picked
         sim_t2i = sim_i2t.T.clone()
         neg_t, neg_i = hardest_negatives(sim_i2t, sim_t2i)
         assert neg_t.tolist() == _ref_hardest(sim_i2t, none)
@@ -333,7 +338,7 @@ def test_hardest_negatives_equals_loop_argmax_without_the_diagonal():
 def test_hardest_negatives_respects_positive_mask_and_duplicates():
     b = 5
     sim = torch.arange(b * b, dtype=torch.float32).reshape(b, b)  # the last column is always hardest
-    ids = torch.tensor([0, 1, 2, 3, 3])                          # pairs 3 and 4 are duplicates
+    ids = torch.tensor([0, 1, 2, 3, 3])  # pairs 3 and 4 are duplicates
     mask = positive_mask_from_ids(ids)
     neg_t, neg_i = hardest_negatives(sim, sim, positive_mask=mask)
     ex = mask.tolist()
@@ -385,7 +390,7 @@ def test_sample_negatives_respects_positive_mask():
     b = 4
     mask = positive_mask_from_ids(torch.tensor([0, 0, 1, 2]))
     sim = torch.zeros(b, b)
-    sim[0, 1] = sim[1, 0] = 30.0          # the duplicate would dominate
+    sim[0, 1] = sim[1, 0] = 30.0  # the duplicate would dominate
     g = torch.Generator().manual_seed(0)
     for _ in range(200):
         neg_t, neg_i = sample_negatives(sim, sim, g, positive_mask=mask)
@@ -398,9 +403,17 @@ def test_itm_pair_indices_and_loss():
     neg_i = torch.tensor([1, 2, 0])
     pairs = itm_pair_indices(neg_t, neg_i)
     img, txt, lab = pairs.image_index.tolist(), pairs.text_index.tolist(), pairs.labels.tolist()
-    assert list(zip(img, txt, lab)) == [(0, 0, 1), (1, 1, 1), (2, 2, 1),
-                                        (1, 0, 0), (2, 1, 0), (0, 2, 0),
-                                        (0, 2, 0), (1, 0, 0), (2, 1, 0)]
+    assert list(zip(img, txt, lab)) == [
+        (0, 0, 1),
+        (1, 1, 1),
+        (2, 2, 1),
+        (1, 0, 0),
+        (2, 1, 0),
+        (0, 2, 0),
+        (0, 2, 0),
+        (1, 0, 0),
+        (2, 1, 0),
+    ]
     g = torch.Generator().manual_seed(0)
     pos = torch.randn(3, 2, generator=g, requires_grad=True)
     neg = torch.randn(6, 2, generator=g)
@@ -429,7 +442,7 @@ PAD, CLS, SEP, MASK, VOCAB = 0, 101, 102, 103, 1000
 def _batch(b=64, length=30, seed=0):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(1000, 30000, (b, length), generator=g) % VOCAB
-    ids[ids < 200] += 200                       # no accidental special tokens
+    ids[ids < 200] += 200  # no accidental special tokens
     lengths = torch.randint(5, length + 1, (b,), generator=g)
     att = (torch.arange(length)[None] < lengths[:, None]).long()
     ids[:, 0] = CLS
@@ -440,8 +453,17 @@ def _batch(b=64, length=30, seed=0):
 
 def _sample(ids, att, seed=0, p=0.5, **kw):
     g = torch.Generator().manual_seed(seed) if seed is not None else None
-    return MlmMask.sample(ids, att, vocab_size=VOCAB, mask_token_id=MASK, pad_token_id=PAD,
-                          cls_token_id=CLS, probability=p, generator=g, **kw)
+    return MlmMask.sample(
+        ids,
+        att,
+        vocab_size=VOCAB,
+        mask_token_id=MASK,
+        pad_token_id=PAD,
+        cls_token_id=CLS,
+        probability=p,
+        generator=g,
+        **kw,
+    )
 
 
 def test_mlm_mask_never_masks_pad_or_cls_and_follows_the_rates():
@@ -449,9 +471,9 @@ def test_mlm_mask_never_masks_pad_or_cls_and_follows_the_rates():
     m = _sample(ids, att)
     sel = m.labels != IGNORE_INDEX
     assert not sel[ids == PAD].any() and not sel[ids == CLS].any()
-    assert torch.equal(m.masked_ids[~sel], ids[~sel])            # unselected tokens untouched
-    assert torch.equal(m.labels[sel], ids[sel])                  # labels are the originals
-    assert sel[ids == SEP].any()                                  # [SEP] is maskable (GRIT/ALBEF)
+    assert torch.equal(m.masked_ids[~sel], ids[~sel])  # unselected tokens untouched
+    assert torch.equal(m.labels[sel], ids[sel])  # labels are the originals
+    assert sel[ids == SEP].any()  # [SEP] is maskable (GRIT/ALBEF)
     eligible = (ids != PAD) & (ids != CLS)
     frac = sel.sum().item() / eligible.sum().item()
     assert abs(frac - 0.5) < 0.02, frac
@@ -470,7 +492,7 @@ def test_mlm_mask_never_masks_pad_or_cls_and_follows_the_rates():
 def test_mlm_mask_respects_attention_mask_even_without_pad_ids():
     ids, att = _batch(b=50)
     ids2 = ids.clone()
-    ids2[att == 0] = 500                   # padding positions carry a normal id
+    ids2[att == 0] = 500  # padding positions carry a normal id
     m = _sample(ids2, att, p=1.0)
     assert not m.selected[att == 0].any()
     assert m.selected[(att == 1) & (ids2 != CLS)].all()
@@ -549,8 +571,16 @@ def test_mlm_loss_edge_cases_and_bf16():
 
 def test_mlm_mask_excludes_pad_ids_without_attention_mask():
     ids, _ = _batch(b=50)
-    m = MlmMask.sample(ids, None, vocab_size=VOCAB, mask_token_id=MASK, pad_token_id=PAD, cls_token_id=CLS,
-                       probability=1.0, generator=torch.Generator().manual_seed(0))
+    m = MlmMask.sample(
+        ids,
+        None,
+        vocab_size=VOCAB,
+        mask_token_id=MASK,
+        pad_token_id=PAD,
+        cls_token_id=CLS,
+        probability=1.0,
+        generator=torch.Generator().manual_seed(0),
+    )
     assert not m.selected[ids == PAD].any() and not m.selected[ids == CLS].any()
     assert m.selected[(ids != PAD) & (ids != CLS)].all()
 
@@ -571,7 +601,7 @@ def test_cuda_objectives_match_cpu_and_are_autocast_safe():
         neg = hardest_negatives(out.sim_i2t, out.sim_t2i)
         smp = sample_negatives(out.sim_i2t, out.sim_t2i, torch.Generator(dev).manual_seed(0))
     assert out.loss.dtype == torch.float32 and out.sim_i2t.dtype == torch.float32
-    assert torch.allclose(out.loss.cpu(), ref.loss, atol=0.05)   # bf16 inputs, fp32 math
+    assert torch.allclose(out.loss.cpu(), ref.loss, atol=0.05)  # bf16 inputs, fp32 math
     for a in (*neg, *smp):
         assert a.device.type == "cuda" and (a.cpu() != torch.arange(16)).all()
     q = MomentumQueue(32, 64).to(dev)
@@ -580,7 +610,7 @@ def test_cuda_objectives_match_cpu_and_are_autocast_safe():
     assert md.sim_i2t.shape == (16, 80) and int(q.ptr) == 16
     ids, att = _batch(b=8)
     m_cpu = _sample(ids, att, seed=5)
-    m_gpu = _sample(ids.to(dev), att.to(dev), seed=5)        # CPU generator, CUDA batch: same mask
+    m_gpu = _sample(ids.to(dev), att.to(dev), seed=5)  # CPU generator, CUDA batch: same mask
     assert m_gpu.labels.device.type == "cuda"
     assert torch.equal(m_gpu.labels.cpu(), m_cpu.labels) and torch.equal(m_gpu.masked_ids.cpu(), m_cpu.masked_ids)
     logits = torch.randn(8, ids.shape[1], VOCAB, device=dev)

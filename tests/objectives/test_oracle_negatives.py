@@ -67,7 +67,9 @@ def test_refused_without_an_oracle_or_beside_a_method(world, tmp_path):
     with pytest.raises(FalconError, match="not a shapes world.*oracle_negatives=keep"):
         excluded_negatives(settings(oracle_negatives="mask"), spec, world["records"])
     for recipe in ("shapes-mafa", "shapes-glofnd"):
-        with pytest.raises(FalconError, match="oracle_negatives=mask works on the in-batch ITC with false_negatives none"):
+        with pytest.raises(
+            FalconError, match="oracle_negatives=mask works on the in-batch ITC with false_negatives none"
+        ):
             load_recipe(recipe, ["pretrain.oracle_negatives=mask"])
     for recipe in ("shapes-diht", "shapes-glofnd"):
         with pytest.raises(FalconError, match="oracle_negatives=mask_itc works on the in-batch ITC"):
@@ -91,11 +93,25 @@ def test_masked_run_and_its_audit(tmp_path):
     from tests.conftest import run_cli
 
     run = tmp_path / "run"
-    proc = run_cli("pretrain", "--recipe", "shapes-demo", "--run-dir", run, f"data.dataset={tmp_path / 'world'}",
-                   "data.shapes.images=40", "data.tokenizer_vocab_size=200", "pretrain.epochs=2", "pretrain.batch_size=16",
-                   "pretrain.search_space_size=48", "pretrain.num_workers=0", "pretrain.warmup_steps=2",
-                   "pretrain.log_every=1", "pretrain.eval_split=null", "pretrain.oracle_negatives=mask",
-                   "pretrain.composer=grit")
+    proc = run_cli(
+        "pretrain",
+        "--recipe",
+        "shapes-demo",
+        "--run-dir",
+        run,
+        f"data.dataset={tmp_path / 'world'}",
+        "data.shapes.images=40",
+        "data.tokenizer_vocab_size=200",
+        "pretrain.epochs=2",
+        "pretrain.batch_size=16",
+        "pretrain.search_space_size=48",
+        "pretrain.num_workers=0",
+        "pretrain.warmup_steps=2",
+        "pretrain.log_every=1",
+        "pretrain.eval_split=null",
+        "pretrain.oracle_negatives=mask",
+        "pretrain.composer=grit",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     masked = [r["oracle_masked"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r]
     assert len(masked) == 20 and sum(masked) > 0

@@ -46,8 +46,12 @@ def test_sigmoid_loss_equals_open_clips_siglip_loss_with_its_gradients():
     from open_clip.loss import SigLipLoss
 
     image, text = _features(6, 16, seed=1)
-    ours_inputs = [image.clone().requires_grad_(), text.clone().requires_grad_(),
-                   torch.tensor(math.log(10.0), requires_grad=True), torch.tensor(-10.0, requires_grad=True)]
+    ours_inputs = [
+        image.clone().requires_grad_(),
+        text.clone().requires_grad_(),
+        torch.tensor(math.log(10.0), requires_grad=True),
+        torch.tensor(-10.0, requires_grad=True),
+    ]
     theirs_inputs = [t.detach().clone().requires_grad_() for t in ours_inputs]
     ours = sigmoid_loss(ours_inputs[0], ours_inputs[1], ours_inputs[2].exp(), ours_inputs[3])
     theirs = SigLipLoss()(theirs_inputs[0], theirs_inputs[1], theirs_inputs[2].exp(), theirs_inputs[3])
@@ -79,8 +83,10 @@ def _ring_worker(rank: int, world: int, store: str, image, text, out: str):
     scale, bias = torch.tensor(10.0, requires_grad=True), torch.tensor(-10.0, requires_grad=True)
     loss = distributed_sigmoid_loss(x, y, scale, bias)
     loss.backward()
-    torch.save({"loss": loss.detach(), "image": x.grad, "text": y.grad, "scale": scale.grad, "bias": bias.grad},
-               f"{out}.{rank}")
+    torch.save(
+        {"loss": loss.detach(), "image": x.grad, "text": y.grad, "scale": scale.grad, "bias": bias.grad},
+        f"{out}.{rank}",
+    )
     dist.destroy_process_group()
 
 
@@ -101,7 +107,7 @@ def test_the_ring_exchange_gives_the_global_batchs_loss_and_gradients(tmp_path, 
     assert sum(r["loss"] for r in results).item() / world == pytest.approx(reference.item(), rel=1e-5)
     b = 6 // world
     for rank, r in enumerate(results):
-        assert torch.allclose(r["image"] / world, x.grad[rank * b:(rank + 1) * b], atol=1e-6)
-        assert torch.allclose(r["text"] / world, y.grad[rank * b:(rank + 1) * b], atol=1e-6)
+        assert torch.allclose(r["image"] / world, x.grad[rank * b : (rank + 1) * b], atol=1e-6)
+        assert torch.allclose(r["text"] / world, y.grad[rank * b : (rank + 1) * b], atol=1e-6)
     assert sum(r["scale"] for r in results).item() / world == pytest.approx(scale.grad.item(), rel=1e-5)
     assert sum(r["bias"] for r in results).item() / world == pytest.approx(bias.grad.item(), rel=1e-5)

@@ -20,8 +20,15 @@ def batch(b=6, length=9, seed=0):
     attention = torch.ones_like(ids)
     attention[0, -3:] = 0
     ids[0, -3:] = 0
-    mask = MlmMask.sample(ids, attention, vocab_size=VOCAB, mask_token_id=4, pad_token_id=0, cls_token_id=2,
-                          generator=torch.Generator().manual_seed(seed))
+    mask = MlmMask.sample(
+        ids,
+        attention,
+        vocab_size=VOCAB,
+        mask_token_id=4,
+        pad_token_id=0,
+        cls_token_id=2,
+        generator=torch.Generator().manual_seed(seed),
+    )
     return images, ids, attention, mask
 
 
@@ -37,7 +44,15 @@ def test_loss_is_the_sum_and_every_part_gets_gradient(model):
     assert torch.allclose(out.loss, out.itc + out.itm + out.mlm)
     assert out.image_feat.shape == (6, 256) and not out.image_feat.requires_grad
     out.loss.backward()
-    for name in ("visual_encoder", "text_encoder", "fusion_encoder", "vision_proj", "text_proj", "itm_head", "mlm_head"):
+    for name in (
+        "visual_encoder",
+        "text_encoder",
+        "fusion_encoder",
+        "vision_proj",
+        "text_proj",
+        "itm_head",
+        "mlm_head",
+    ):
         grads = [p.grad for p in getattr(model, name).parameters() if p.requires_grad]
         assert grads and all(g is not None for g in grads) and any(g.abs().sum() > 0 for g in grads), name
     assert model.temp.grad is not None
@@ -108,6 +123,7 @@ def test_momentum_distillation_path(model):
 
 # --- false-negative methods: neutral settings reproduce plain ITC; active ones change what they say ---------
 
+
 def _losses(model, method, context, seed=3, consistency_weight=0.2):
     """One forward in eval mode (no dropout), so two objectives see identical activations. The
     consistency weight is fixed, so that only the method differs (each method's own default differs)."""
@@ -123,9 +139,13 @@ def test_each_false_negative_method_trains_its_papers_consistency_weight(model):
     from falcon_cli.objectives.itc import itc_grit
 
     aux = torch.nn.functional.normalize(torch.randn(6, 16, generator=torch.Generator().manual_seed(0)), dim=1)
-    methods = {"none": PlainItc(), "diht": Diht(beta=0.0), "srcl": Srcl(lambda pair_ids: (aux, aux), delta=0.0),
-               "glofnd": Glofnd(torch.arange(100, 110), alpha=0.1, start_epoch=5),
-               "mafa": Mafa(lambda i, t, epoch: torch.zeros(len(i)))}
+    methods = {
+        "none": PlainItc(),
+        "diht": Diht(beta=0.0),
+        "srcl": Srcl(lambda pair_ids: (aux, aux), delta=0.0),
+        "glofnd": Glofnd(torch.arange(100, 110), alpha=0.1, start_epoch=5),
+        "mafa": Mafa(lambda i, t, epoch: torch.zeros(len(i))),
+    }
     expected = {"none": 0.2, "diht": 0.0, "srcl": 0.0, "glofnd": 0.0, "mafa": 0.0}
     assert VlpObjective(model).consistency_weight == 0.2
     context = StepContext(torch.arange(100, 106), epoch=0, step=0, total_steps=10)
@@ -137,8 +157,11 @@ def test_each_false_negative_method_trains_its_papers_consistency_weight(model):
         with torch.no_grad():
             out = objective(*batch(seed=3), context=context)
         for weight in (0.0, 0.2):
-            same = torch.allclose(out.itc, itc_grit(out.image_feat, out.text_feat, out.temperature,
-                                                    consistency_weight=weight).loss, atol=1e-5)
+            same = torch.allclose(
+                out.itc,
+                itc_grit(out.image_feat, out.text_feat, out.temperature, consistency_weight=weight).loss,
+                atol=1e-5,
+            )
             assert same == (weight == expected[name]), (name, weight)
     model.train()
 
@@ -157,7 +180,7 @@ def test_an_extra_mlm_pair_listed_twice_counts_twice(model):
     n_batch, n_pair = int(mask.selected.sum()), int(mask.selected[2].sum())
     assert n_pair > 0
     total = plain * n_batch
-    pair = once * (n_batch + n_pair) - total                          # the extra row's summed token loss
+    pair = once * (n_batch + n_pair) - total  # the extra row's summed token loss
     assert torch.allclose(twice, (total + 2 * pair) / (n_batch + 2 * n_pair), atol=1e-5)
     assert not torch.allclose(twice, once)
     model.train()
@@ -170,10 +193,12 @@ def test_neutral_false_negative_methods_equal_plain_itc(model):
     context = StepContext(ids, epoch=0, step=0, total_steps=10)
     plain = _losses(model, PlainItc(), context)
     aux = torch.nn.functional.normalize(torch.randn(6, 16, generator=torch.Generator().manual_seed(0)), dim=1)
-    neutral = {"diht beta 0": Diht(beta=0.0, alpha=1.0),
-               "srcl delta 0": Srcl(lambda pair_ids: (aux, aux), delta=0.0),
-               "glofnd before its start epoch": Glofnd(torch.arange(100, 110), alpha=0.1, start_epoch=1),
-               "mafa, nothing matches": Mafa(lambda i, t, epoch: torch.zeros(len(i)))}
+    neutral = {
+        "diht beta 0": Diht(beta=0.0, alpha=1.0),
+        "srcl delta 0": Srcl(lambda pair_ids: (aux, aux), delta=0.0),
+        "glofnd before its start epoch": Glofnd(torch.arange(100, 110), alpha=0.1, start_epoch=1),
+        "mafa, nothing matches": Mafa(lambda i, t, epoch: torch.zeros(len(i))),
+    }
     for name, method in neutral.items():
         out = _losses(model, method, context)
         for part in ("itc", "itm", "mlm"):
@@ -197,7 +222,9 @@ def test_active_false_negative_methods_change_the_loss_and_report(model):
 
     mafa = Mafa(everything_matches, high=0.8, low=0.5, smoothing=0.5)
     out = _losses(model, mafa, context)
-    assert len(calls) == 1 and len(calls[0][0]) == 12 and calls[0][2] == 1, "one discriminator pass, 2B pairs, by pair id"
+    assert len(calls) == 1 and len(calls[0][0]) == 12 and calls[0][2] == 1, (
+        "one discriminator pass, 2B pairs, by pair id"
+    )
     assert set(calls[0][0]) <= set(ids.tolist()) and set(calls[0][1]) <= set(ids.tolist())
     assert mafa.stats["fn_converted_i2t"] == 6 and mafa.stats["fn_converted_t2i"] == 6
     assert mafa.mining.neg_labels.tolist() == [1] * 12, "converted pairs are ITM matches"
@@ -245,7 +272,7 @@ def test_match_probability_is_the_itm_heads_judgement_of_each_chosen_pair(model)
         got = objective.match_probability(out, ids, attention, image_index, text_index)
         text_tokens, _ = model.encode_text(ids, attention)
         for p, (i, j) in enumerate(zip(image_index.tolist(), text_index.tolist())):
-            fused = model.fuse(text_tokens[j:j + 1], attention[j:j + 1], out.image_tokens[i:i + 1])
+            fused = model.fuse(text_tokens[j : j + 1], attention[j : j + 1], out.image_tokens[i : i + 1])
             want = torch.softmax(model.itm_logits(fused), -1)[0, 1]
             assert got[p].item() == pytest.approx(want.item(), abs=1e-5), (i, j)
     assert got.shape == (8,) and not got.requires_grad

@@ -15,20 +15,26 @@ PACKAGES = ("falcon_cli", "stages")
 
 LAYERS: list[tuple[str, ...]] = [  # top to bottom; a module may import only from the layers below its own
     ("falcon_cli.__main__",),
-    ("falcon_cli.cli",),                      # the command line: parses, validates, hands a config to stages
-    ("stages",),                              # one module per pipeline stage
-    ("falcon_cli.audit",),                    # the false-negative audit
+    ("falcon_cli.cli",),  # the command line: parses, validates, hands a config to stages
+    ("stages",),  # one module per pipeline stage
+    ("falcon_cli.audit",),  # the false-negative audit
     ("falcon_cli.evaluation", "falcon_cli.reporting"),
     ("falcon_cli.config", "falcon_cli.method_rules"),  # the run's config schema and recipes (knows the models by
     # name); each false-negative method's settings by rule from its paper (docs/methods.md)
-    ("falcon_cli.frameworks",),               # what each model family trains and how it is scored
-    ("falcon_cli.objectives",),               # losses, rewards, the false-negative methods (MAFA asks a judge)
-    ("falcon_cli.judges",),                   # who decides whether a pair is a false negative: oracle, ITM, BLIP
+    ("falcon_cli.frameworks",),  # what each model family trains and how it is scored
+    ("falcon_cli.objectives",),  # losses, rewards, the false-negative methods (MAFA asks a judge)
+    ("falcon_cli.judges",),  # who decides whether a pair is a false negative: oracle, ITM, BLIP
     ("falcon_cli.models", "falcon_cli.sampling"),  # networks and their weights; batch composition
-    ("falcon_cli.data",),                     # datasets, tokenizers, transforms, the shapes world
-    ("falcon_cli.runtime",),                  # the running process: devices, ranks, run directory, checkpoints
-    ("falcon_cli.artifacts",),                # files: atomic writers, schemas, readers, checkpoint layout
-    ("falcon_cli.errors", "falcon_cli.method_weights", "falcon_cli.lazy_exports", "falcon_cli.field_docs", "falcon_cli"),  # error types; the
+    ("falcon_cli.data",),  # datasets, tokenizers, transforms, the shapes world
+    ("falcon_cli.runtime",),  # the running process: devices, ranks, run directory, checkpoints
+    ("falcon_cli.artifacts",),  # files: atomic writers, schemas, readers, checkpoint layout
+    (
+        "falcon_cli.errors",
+        "falcon_cli.method_weights",
+        "falcon_cli.lazy_exports",
+        "falcon_cli.field_docs",
+        "falcon_cli",
+    ),  # error types; the
     # papers' loss weights; a package's public names imported on first use; the version
 ]
 """Layers of one line are siblings: neither imports the other."""
@@ -54,7 +60,9 @@ def import_graph() -> dict[str, set[str]]:
                 if node.level:  # relative: from the module's package upwards
                     anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join(anchor + ([base] if base else []))
-                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+                targets = [
+                    f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names
+                ]
             for target in targets:
                 while target and target not in modules:  # `import falcon_cli.a.b` names a.b; attributes fall back
                     target = target.rpartition(".")[0]
@@ -119,8 +127,12 @@ def test_the_graph_sees_function_level_imports():
 
 def layer_of(module: str) -> tuple[int, str]:
     """``(layer index, entry)``: the longest entry of :data:`LAYERS` that is ``module`` or a package above it."""
-    found = [(len(entry), index, entry) for index, entries in enumerate(LAYERS) for entry in entries
-             if module == entry or module.startswith(entry + ".")]
+    found = [
+        (len(entry), index, entry)
+        for index, entries in enumerate(LAYERS)
+        for entry in entries
+        if module == entry or module.startswith(entry + ".")
+    ]
     if not found:
         raise AssertionError(f"{module} is in no layer: add it to LAYERS (and docs/architecture.md)")
     _, index, entry = max(found)
@@ -151,16 +163,22 @@ def test_the_layer_check_sees_an_upward_import():
     assert layer_of("falcon_cli.models") == (models, "falcon_cli.models")
     assert layer_of("falcon_cli") == (len(LAYERS) - 1, "falcon_cli") and layer_of("stages.pretrain") == (2, "stages")
     assert layer_of("falcon_cli.artifacts.atomic")[0] > layer_of("falcon_cli.runtime.checkpoint")[0]
-    assert layer_violations({"falcon_cli.runtime.checkpoint": {"falcon_cli.artifacts.atomic", "falcon_cli.runtime.hub"},
-                             "falcon_cli.models.weights": {"falcon_cli.sampling.cache", "falcon_cli.objectives.common"}}) == [
+    assert layer_violations(
+        {
+            "falcon_cli.runtime.checkpoint": {"falcon_cli.artifacts.atomic", "falcon_cli.runtime.hub"},
+            "falcon_cli.models.weights": {"falcon_cli.sampling.cache", "falcon_cli.objectives.common"},
+        }
+    ) == [
         "falcon_cli.models.weights imports falcon_cli.objectives.common (a layer above)",
-        "falcon_cli.models.weights imports falcon_cli.sampling.cache (a sibling)"]
+        "falcon_cli.models.weights imports falcon_cli.sampling.cache (a sibling)",
+    ]
 
 
 def test_no_module_imports_itself_back():
     found = cycles(import_graph())
     assert not found, "import cycles (break each by moving what both sides need below them):\n" + "\n".join(
-        " <-> ".join(c) for c in found)
+        " <-> ".join(c) for c in found
+    )
 
 
 def lazy_imports_without_reason() -> list[str]:
@@ -179,8 +197,9 @@ def lazy_imports_without_reason() -> list[str]:
                     above = node.lineno - 2
                     while above >= 0 and lines[above].strip().startswith(("from ", "import ")):
                         above -= 1
-                    said = "lazy" in lines[node.lineno - 1] or (above >= 0 and lines[above].strip().startswith("#")
-                                                                 and "lazy" in lines[above])
+                    said = "lazy" in lines[node.lineno - 1] or (
+                        above >= 0 and lines[above].strip().startswith("#") and "lazy" in lines[above]
+                    )
                     if not said:
                         found.append(f"{path.relative_to(REPO)}:{node.lineno} imports {node.module} inside a function")
     return found

@@ -46,9 +46,19 @@ TUTORIAL = REPO / "docs" / "tutorial-coco.md"
 BLOCK = re.compile(r"^```bash\n(.*?)^```", re.S | re.M)
 MARKER = re.compile(r"<!-- tutorial-test: (\w+)[^>]*-->")
 KINDS = ("variables", "run", "resolve", "skip")
-BASELINES = ("coco-albef", "coco-albef-uniform", "coco-albef-grit", "coco-albef-q0", "coco-albef-q05",
-             "coco-albef-hardening", "coco-albef-softening", "coco-albef-mafa", "coco-albef-srcl", "coco-albef-diht",
-             "coco-albef-glofnd")
+BASELINES = (
+    "coco-albef",
+    "coco-albef-uniform",
+    "coco-albef-grit",
+    "coco-albef-q0",
+    "coco-albef-q05",
+    "coco-albef-hardening",
+    "coco-albef-softening",
+    "coco-albef-mafa",
+    "coco-albef-srcl",
+    "coco-albef-diht",
+    "coco-albef-glofnd",
+)
 """The recipes users start from for Table 1 (FALCON and every baseline): the full section must train each."""
 
 
@@ -58,12 +68,13 @@ def tutorial_blocks() -> list[tuple[str, str]]:
     text = TUTORIAL.read_text(encoding="utf-8")
     blocks = []
     for match in BLOCK.finditer(text):
-        before = text[:match.start()].rstrip().splitlines()[-1]
+        before = text[: match.start()].rstrip().splitlines()[-1]
         marker = MARKER.fullmatch(before.strip())
-        line = text[:match.start()].count("\n") + 1
+        line = text[: match.start()].count("\n") + 1
         assert marker and marker.group(1) in KINDS, (
             f"docs/tutorial-coco.md line {line}: a bash block without a `<!-- tutorial-test: KIND -->` line before it "
-            f"(KIND: {', '.join(KINDS)}); found {before!r}")
+            f"(KIND: {', '.join(KINDS)}); found {before!r}"
+        )
         blocks.append((marker.group(1), match.group(1)))
     return blocks
 
@@ -99,9 +110,13 @@ BACKGROUNDS = {"white": (245, 245, 245), "black": (15, 15, 15), "grey": (128, 12
 
 
 def _captions(color: str, shape: str, background: str) -> list[str]:
-    return [f"a {color} {shape} on a {background} background", f"A {shape} that is {color}.",
-            f"{color} {shape} in front of {background}", f"a picture of a {color} {shape}",
-            f"the {background} background behind a {color} {shape}"]
+    return [
+        f"a {color} {shape} on a {background} background",
+        f"A {shape} that is {color}.",
+        f"{color} {shape} in front of {background}",
+        f"a picture of a {color} {shape}",
+        f"the {background} background behind a {color} {shape}",
+    ]
 
 
 def write_albef_coco(root: Path, train: int = 24, restval: int = 4, val: int = 6, test: int = 6, seed: int = 0) -> Path:
@@ -113,8 +128,12 @@ def write_albef_coco(root: Path, train: int = 24, restval: int = 4, val: int = 6
 
     rng = random.Random(seed)
     train_entries, splits, coco_images, coco_annotations = [], {"val": [], "test": []}, [], []
-    layout = [("train", "train2014")] * train + [("train", "val2014")] * restval + [("val", "val2014")] * val \
+    layout = (
+        [("train", "train2014")] * train
+        + [("train", "val2014")] * restval
+        + [("val", "val2014")] * val
         + [("test", "val2014")] * test
+    )
     caption_id = 1
     for image_id, (split, folder) in enumerate(layout, start=1):
         name = f"{folder}/COCO_{folder}_{image_id:012d}.jpg"
@@ -138,8 +157,9 @@ def write_albef_coco(root: Path, train: int = 24, restval: int = 4, val: int = 6
     (root / "coco_val.json").write_text(json.dumps(splits["val"]))
     (root / "coco_test.json").write_text(json.dumps(splits["test"]))
     (root / "annotations").mkdir()
-    (root / "annotations" / "captions_val2014.json").write_text(json.dumps(
-        {"info": {}, "licenses": [], "images": coco_images, "annotations": coco_annotations}))
+    (root / "annotations" / "captions_val2014.json").write_text(
+        json.dumps({"info": {}, "licenses": [], "images": coco_images, "annotations": coco_annotations})
+    )
     return root
 
 
@@ -149,25 +169,49 @@ def write_tiny_models(root: Path, texts: list[str]) -> dict[str, Path]:
     import torch
     from safetensors.torch import save_file
     from timm.models.vision_transformer import VisionTransformer
-    from transformers import (BertConfig, BertForMaskedLM, BlipConfig, BlipForImageTextRetrieval, BlipImageProcessor,
-                              BlipProcessor)
+    from transformers import (
+        BertConfig,
+        BertForMaskedLM,
+        BlipConfig,
+        BlipForImageTextRetrieval,
+        BlipImageProcessor,
+        BlipProcessor,
+    )
 
     from falcon_cli.data.tokenizer import train_wordpiece_tokenizer
 
     torch.manual_seed(0)
     tokenizer = train_wordpiece_tokenizer(texts, root / "bert", vocab_size=200)
-    BertForMaskedLM(BertConfig(vocab_size=len(tokenizer), hidden_size=192, num_hidden_layers=4, num_attention_heads=3,
-                               intermediate_size=768, max_position_embeddings=512)).save_pretrained(root / "bert")
+    BertForMaskedLM(
+        BertConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=192,
+            num_hidden_layers=4,
+            num_attention_heads=3,
+            intermediate_size=768,
+            max_position_embeddings=512,
+        )
+    ).save_pretrained(root / "bert")
     vit = VisionTransformer(img_size=64, patch_size=8, embed_dim=192, depth=4, num_heads=3, num_classes=10)
     save_file(vit.state_dict(), str(root / "deit.safetensors"))
     processor = BlipProcessor(BlipImageProcessor(size={"height": 32, "width": 32}), tokenizer)
-    text = dict(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                intermediate_size=64, max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id,
-                bos_token_id=tokenizer.cls_token_id, sep_token_id=tokenizer.sep_token_id)
-    vision = dict(hidden_size=32, image_size=32, patch_size=16, num_hidden_layers=1, num_attention_heads=2,
-                  intermediate_size=64)
-    BlipForImageTextRetrieval(BlipConfig(text_config=text, vision_config=vision, image_text_hidden_size=16,
-                                         projection_dim=16)).save_pretrained(root / "blip")
+    text = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.cls_token_id,
+        sep_token_id=tokenizer.sep_token_id,
+    )
+    vision = dict(
+        hidden_size=32, image_size=32, patch_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
+    )
+    BlipForImageTextRetrieval(
+        BlipConfig(text_config=text, vision_config=vision, image_text_hidden_size=16, projection_dim=16)
+    ).save_pretrained(root / "blip")
     processor.save_pretrained(root / "blip")
     return {"bert": root / "bert", "deit": root / "deit.safetensors", "blip": root / "blip"}
 
@@ -255,7 +299,7 @@ class Commands:
         if program == "torchrun":
             if self.mode != "resolve" or "-m" not in args or args[args.index("-m") + 1] != "falcon_cli":
                 return 2, "", f"torchrun here: {argv} (smoke blocks run plain falcon; torchrun runs -m falcon_cli)\n"
-            args = args[args.index("-m") + 2:]
+            args = args[args.index("-m") + 2 :]
         call = {"mode": self.mode, "program": program, "args": args, "cwd": cwd}
         self.calls.append(call)
         if self.mode == "run" or args[:2] == ["data", "check"]:
@@ -305,10 +349,20 @@ def shell(tiny):
 
     def run(code: str, mode: str, **variables) -> tuple[subprocess.CompletedProcess, list[dict]]:
         commands.mode, first = mode, len(commands.calls)
-        env = {**os.environ, **variables, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-               "FALCON_TUTORIAL_SOCKET": str(directory / "socket")}
-        proc = subprocess.run(["bash", "-c", "set -euxo pipefail\n" + code], cwd=work, env=env, capture_output=True,
-                              text=True, timeout=1200)
+        env = {
+            **os.environ,
+            **variables,
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+            "FALCON_TUTORIAL_SOCKET": str(directory / "socket"),
+        }
+        proc = subprocess.run(
+            ["bash", "-c", "set -euxo pipefail\n" + code],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1200,
+        )
         return proc, commands.calls[first:]
 
     with pytest.MonkeyPatch.context() as patch:  # what every falcon the shims start sees (the zygote's environment)
@@ -334,10 +388,21 @@ def test_the_tutorial_runs_as_written(tiny, shell):
     assert proc.returncode == 0, _failed(proc)
     commands = [call["args"][0] for call in calls]
     assert {name: commands.count(name) for name in set(commands)} == {
-        "data": 1, "pretrain": 5, "finetune": 1, "audit-false-negatives": 1, "evaluate": 5, "compare": 1}, commands
+        "data": 1,
+        "pretrain": 5,
+        "finetune": 1,
+        "audit-false-negatives": 1,
+        "evaluate": 5,
+        "compare": 1,
+    }, commands
     trained = sorted(path.name for path in smoke.glob("coco-albef*-s*"))
-    assert trained == ["coco-albef-grit-s0", "coco-albef-grit-s1", "coco-albef-mafa-s0", "coco-albef-s0",
-                       "coco-albef-s1"], trained
+    assert trained == [
+        "coco-albef-grit-s0",
+        "coco-albef-grit-s1",
+        "coco-albef-mafa-s0",
+        "coco-albef-s0",
+        "coco-albef-s1",
+    ], trained
     for name in trained:
         results = json.loads((smoke / name / "results" / "retrieval.json").read_text())
         assert {row["scoring"] for row in results["rows"]} == {"itc", "itc+itm@16"}, (name, results["rows"])
@@ -367,8 +432,13 @@ def test_the_tutorial_runs_as_written(tiny, shell):
     assert len({call["params"]["run_dir"] for call in pretrained}) == len(pretrained), "a run directory used twice"
     assert seeds == {recipe: {0, 1, 2} for recipe in BASELINES}, seeds
     done = {call.get("command") for call in calls}
-    assert {"falcon finetune", "falcon embed", "falcon audit-false-negatives", "falcon evaluate retrieval",
-            "falcon compare"} <= done, done
+    assert {
+        "falcon finetune",
+        "falcon embed",
+        "falcon audit-false-negatives",
+        "falcon evaluate retrieval",
+        "falcon compare",
+    } <= done, done
     compare = [call for call in calls if call.get("command") == "falcon compare"][0]
     assert compare["params"]["baseline"] == "coco-albef-grit" and "rerank:R@1" in compare["params"]["metric"], compare
 
@@ -409,8 +479,17 @@ def stand_in_runs(calls: list[dict], template: Path) -> dict[tuple[str, int], fl
             continue
         (run / "results").mkdir(parents=True)
         stages = {"pretrain": manifest["stages"]["pretrain"]} if command == "falcon pretrain" else {}
-        (run / "manifest.json").write_text(json.dumps({**manifest, "seed": config.seed, "world_size": 8,
-                                                       "config": config.model_dump(mode="json"), "stages": stages}))
+        (run / "manifest.json").write_text(
+            json.dumps(
+                {
+                    **manifest,
+                    "seed": config.seed,
+                    "world_size": 8,
+                    "config": config.model_dump(mode="json"),
+                    "stages": stages,
+                }
+            )
+        )
         if command == "falcon finetune":
             (run / "finetune" / "retrieval" / "best").mkdir(parents=True)
         elif command == "falcon embed":
@@ -437,8 +516,13 @@ def test_a_missing_karpathy_file_is_one_line_through_the_tutorials_commands(tiny
     (broken / "coco_val.json").unlink()
     blocks = tutorial_blocks()
     spec = next(code for kind, code in blocks if kind == "run" and "dataset.yaml" in code)
-    check = next(line for kind, code in blocks if kind == "run" for line in code.splitlines()
-                 if line.strip().startswith("falcon data check"))
+    check = next(
+        line
+        for kind, code in blocks
+        if kind == "run"
+        for line in code.splitlines()
+        if line.strip().startswith("falcon data check")
+    )
     variables = {**documented_variables(blocks), "COCO": str(broken)}
     proc, calls = shell(spec + "\n" + check, "run", **variables)
     assert proc.returncode == 1 and len(calls) == 1, _failed(proc)

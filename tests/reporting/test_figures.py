@@ -37,10 +37,14 @@ def test_q_over_training_writes_png_with_expected_content(tmp_path, captured):
     # Epoch 0 (no q) is labelled by its sampler.
     assert any(t.get_text() == "uniform" for t in ax.texts)
     # One box per epoch with q: the median of each box matches the data.
-    medians = [line for line in ax.get_lines() if line.get_label() != "mean q" and len(line.get_xdata()) == 2
-               and line.get_ydata()[0] == line.get_ydata()[1]]
+    medians = [
+        line
+        for line in ax.get_lines()
+        if line.get_label() != "mean q" and len(line.get_xdata()) == 2 and line.get_ydata()[0] == line.get_ydata()[1]
+    ]
     assert {round(float(m.get_ydata()[0]), 9) for m in medians} >= {
-        round(float(v), 9) for v in df.dropna(subset=["q"]).groupby("epoch")["q"].median()}
+        round(float(v), 9) for v in df.dropna(subset=["q"]).groupby("epoch")["q"].median()
+    }
 
 
 def test_q_over_training_replaces_existing_file(tmp_path):
@@ -60,8 +64,9 @@ def test_q_over_training_all_nan_still_writes_png(tmp_path, captured):
 
 
 def test_q_over_training_empty_table_and_missing_columns(tmp_path):
-    out = q_over_training(pd.DataFrame({"epoch": pd.Series([], dtype=int), "q": pd.Series([], dtype=float)}),
-                          tmp_path / "empty.png")
+    out = q_over_training(
+        pd.DataFrame({"epoch": pd.Series([], dtype=int), "q": pd.Series([], dtype=float)}), tmp_path / "empty.png"
+    )
     assert out.read_bytes().startswith(PNG_MAGIC)
     with pytest.raises(ValueError, match="q"):
         q_over_training(pd.DataFrame({"epoch": [0]}), tmp_path / "bad.png")

@@ -24,8 +24,16 @@ import pytest
 import torch
 
 from falcon_cli.runtime.metrics import read_metrics
-from tests.torchrun_nodes import (finish, free_port, kill_node, launch_nodes, one_node_reference, pretrain_args,
-                                  wait_for_step, worker)
+from tests.torchrun_nodes import (
+    finish,
+    free_port,
+    kill_node,
+    launch_nodes,
+    one_node_reference,
+    pretrain_args,
+    wait_for_step,
+    worker,
+)
 
 TIMEOUT = 20
 """``pretrain.dist_timeout`` of these runs (seconds)."""
@@ -83,8 +91,12 @@ def test_a_lost_worker_restarts_under_max_restarts_and_the_run_ends_as_if_uninte
     # (a generous bound: gloo notices the lost peer at once, and the restarted workers' connect, which the bound also
     # limits, took over 20 s on a loaded 2-core machine). A store of each attempt's own, as docs/cluster.md's script:
     # with the shared one, the restarted workers read the killed attempt's addresses, now and then (CI, 2026-11-28).
-    nodes = launch_nodes([pretrain_args(run_dir, world, "--resume", "pretrain.dist_timeout=120")] * 2,
-                         free_port(), torchrun=("--max-restarts", "1"), env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
+    nodes = launch_nodes(
+        [pretrain_args(run_dir, world, "--resume", "pretrain.dist_timeout=120")] * 2,
+        free_port(),
+        torchrun=("--max-restarts", "1"),
+        env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
+    )
     wait_for_step(run_dir / "metrics.jsonl", 10, nodes)
     killed_at = max(r.get("step", 0) for r in read_metrics(run_dir / "metrics.jsonl"))
     victim = next(w for w in map(worker, nodes) if w is not None and w[1] == 1)
@@ -198,10 +210,13 @@ def test_rank_zeros_refusal_stops_every_rank_with_its_line(world, tmp_path, refu
 
 # --- the watchdog's parts, in this process (a HashStore for the job's store) -----------------------------------------
 
+
 def gloo_closed() -> RuntimeError:
     """What a gloo collective raises when a peer's process is gone."""
-    return RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by peer "
-                        "[10.0.0.2]:12948. This is typically caused by a remote worker crashing.")
+    return RuntimeError(
+        "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by peer "
+        "[10.0.0.2]:12948. This is typically caused by a remote worker crashing."
+    )
 
 
 def job(monkeypatch, timeout_s: float = 10.0, store=None, world: int = 2):
@@ -228,7 +243,8 @@ def test_a_lost_nodes_ranks_are_named_by_node_and_host(monkeypatch):
     D.note_step(3, 10452)
     assert D._ranks_text([2, 5, 6, 7]) == "ranks 2, 5-7"
     assert D._lost_line(j, list(range(8, 16)), None).startswith(
-        "lost node 1 (gpu-1, ranks 8-15) in stage pretrain at epoch 3, step 10452: it stopped answering")
+        "lost node 1 (gpu-1, ranks 8-15) in stage pretrain at epoch 3, step 10452: it stopped answering"
+    )
     assert D._describe(j, [3, 9]) == "node 0 (gpu-0, rank 3) and node 1 (gpu-1, rank 9)"
 
 
@@ -243,7 +259,9 @@ def test_a_failed_collective_names_the_rank_whose_heartbeat_stopped_and_the_firs
         problem = D.surface(gloo_closed())
     finally:
         beating.set()
-    assert isinstance(problem, FalconError) and str(problem).startswith("lost node 0 (gpu-0, rank 1) in stage pretrain:")
+    assert isinstance(problem, FalconError) and str(problem).startswith(
+        "lost node 0 (gpu-0, rank 1) in stage pretrain:"
+    )
     assert D.surface(problem) is problem, "surfaced once"
     # Every later error on any rank finds that line published: a refusal raised after it does not replace it.
     assert D._published(j.store())["line"] == str(problem)
@@ -259,6 +277,7 @@ def threading_beat(j):
     def beat():
         while not stop.wait(j.interval / 2):
             j.beat(j.store())
+
     threading.Thread(target=beat, daemon=True).start()
     return stop
 
@@ -282,14 +301,16 @@ def test_a_store_that_is_gone_names_the_rendezvous_host(monkeypatch):
         def __getattr__(self, name):
             def fail(*args, **kwargs):
                 raise RuntimeError("[c10d] Connection reset by peer")
+
             return fail
 
     j = job(monkeypatch, store=Gone())
     monkeypatch.setattr(j, "client", lambda timeout_s: Gone())
     problem = D.surface(gloo_closed())
-    assert str(problem).startswith("the rendezvous host, node 0 (gpu-0), is unreachable before the first stage: the "
-                                   "job's store, which its torchrun agent holds, is gone")
-
+    assert str(problem).startswith(
+        "the rendezvous host, node 0 (gpu-0), is unreachable before the first stage: the "
+        "job's store, which its torchrun agent holds, is gone"
+    )
 
 
 def watch_until_exit(monkeypatch, j, limit_s: float) -> list[int]:
@@ -305,6 +326,7 @@ def watch_until_exit(monkeypatch, j, limit_s: float) -> list[int]:
         time.sleep(0.05)
     j.stop.set()
     return ended
+
 
 def test_the_watchdog_ends_a_stuck_rank_with_the_published_line(monkeypatch, capsys):
     """Another rank published its error and this rank's main thread never surfaces it (stuck in a collective that does

@@ -32,7 +32,7 @@ def test_compiled_encoders_match_eager_and_keep_parameter_names():
         text_tokens, text_feat = model.encode_text(ids, mask)
         fused = model.fuse(text_tokens, mask, tokens)
         loss = fused.square().mean() + (image_feat * text_feat).sum()
-        grad, = torch.autograd.grad(loss, images)
+        (grad,) = torch.autograd.grad(loss, images)
         outputs.append((fused.detach(), image_feat.detach(), text_feat.detach(), grad))
     for eager_out, compiled_out in zip(*outputs):
         torch.testing.assert_close(compiled_out, eager_out, rtol=1e-5, atol=1e-6)

@@ -17,9 +17,25 @@ from tests.stages.test_pretrain import TINY
 def test_two_process_ddp_run(tmp_path):
     run_dir, world = tmp_path / "run", tmp_path / "world"
     env = {**os.environ, "FALCON_PROGRESS": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-            "-m", "falcon_cli", "pretrain", "--recipe", "shapes-demo", "--run-dir", str(run_dir),
-            f"data.dataset={world}", *TINY, "pretrain.batch_size=8", "pretrain.device=cpu"]
+    args = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "falcon_cli",
+        "pretrain",
+        "--recipe",
+        "shapes-demo",
+        "--run-dir",
+        str(run_dir),
+        f"data.dataset={world}",
+        *TINY,
+        "pretrain.batch_size=8",
+        "pretrain.device=cpu",
+    ]
     proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "global batch 16" in proc.stderr

@@ -15,7 +15,7 @@ PAIRS = torch.arange(0, 40, 3)  # 14 pair ids, not contiguous
 def features(rank: int):
     g = torch.Generator().manual_seed(rank)
     image, text = torch.nn.functional.normalize(torch.randn(2, 6, 8, generator=g), dim=2)
-    return image, text, PAIRS[rank * 6:(rank + 1) * 6]  # disjoint batches, as the shards are
+    return image, text, PAIRS[rank * 6 : (rank + 1) * 6]  # disjoint batches, as the shards are
 
 
 def _rank(rank: int, out: str, adam_step: str) -> None:

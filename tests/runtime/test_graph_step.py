@@ -33,8 +33,11 @@ def objective_for(variant: str, seed: int = 0):
     p = load_recipe("shapes-demo", overrides)[0].pretrain
     torch.manual_seed(seed)
     model = create_model("albef-tiny", vocab_size=VOCAB)
-    method = {"diht": lambda: methods.Diht(beta=0.5), "glofnd": lambda: methods.Glofnd(list(range(PAIRS)), start_epoch=0),
-              "srcl": lambda: methods.Srcl(auxiliary_features().get, delta=5.0)}
+    method = {
+        "diht": lambda: methods.Diht(beta=0.5),
+        "glofnd": lambda: methods.Glofnd(list(range(PAIRS)), start_epoch=0),
+        "srcl": lambda: methods.Srcl(auxiliary_features().get, delta=5.0),
+    }
     objective = build_objective(model_framework("albef-tiny"), model, p, method.get(variant, lambda: None)())
     objective.eval()  # (dropout off: its draws are the one thing the two paths may not share)
     if variant == "momentum":
@@ -59,8 +62,9 @@ def step_inputs(variant: str, seed: int = 1):
     attention = torch.ones_like(ids)
     attention[0, 7:] = 0  # (a padded caption)
     ids[0, 7:] = 0
-    mask = MlmMask.sample(ids, attention, probability=0.3, generator=g, vocab_size=VOCAB, mask_token_id=3,
-                          pad_token_id=0, cls_token_id=1)
+    mask = MlmMask.sample(
+        ids, attention, probability=0.3, generator=g, vocab_size=VOCAB, mask_token_id=3, pad_token_id=0, cls_token_id=1
+    )
     same = None
     if variant == "same_image":
         same = torch.zeros(B, B, dtype=torch.bool)
@@ -101,8 +105,9 @@ def test_the_captured_step_computes_what_the_eager_one_does(variant):
     if variant == "glofnd":
         graphed.false_negatives.load_state_dict(eager.false_negatives.state_dict())
     inputs, context = step_inputs(variant)
-    forward = TrainingForward(graphed, "fp32", torch.device("cpu"), graph=True, sample_itm=variant == "sample",
-                              backend="aot_eager")
+    forward = TrainingForward(
+        graphed, "fp32", torch.device("cpu"), graph=True, sample_itm=variant == "sample", backend="aot_eager"
+    )
     generators = [torch.Generator().manual_seed(7) for _ in range(2)]
     results = []
     for step in range(2):  # (the second call replays the compiled graph: GloFND and the queue carry state)
@@ -122,7 +127,9 @@ def test_the_captured_step_computes_what_the_eager_one_does(variant):
     for name in state_eager:
         torch.testing.assert_close(state_graph[name], state_eager[name], msg=name)
     if variant == "glofnd":
-        torch.testing.assert_close(graphed.false_negatives.thresholds.lambda_image, eager.false_negatives.thresholds.lambda_image)
+        torch.testing.assert_close(
+            graphed.false_negatives.thresholds.lambda_image, eager.false_negatives.thresholds.lambda_image
+        )
 
 
 def test_the_captured_step_under_inductor_matches_too():
@@ -151,7 +158,10 @@ def test_mlm_over_every_position_equals_the_mean_over_the_masked_ones():
     torch.testing.assert_close(dense, gathered)
     reference = torch.nn.functional.cross_entropy(logits[labels != IGNORE_INDEX], labels[labels != IGNORE_INDEX])
     torch.testing.assert_close(dense, reference)
-    grads = [torch.autograd.grad(loss, logits)[0] for loss in (mlm_loss(logits, labels), mlm_loss(logits, labels, fixed_shape=True))]
+    grads = [
+        torch.autograd.grad(loss, logits)[0]
+        for loss in (mlm_loss(logits, labels), mlm_loss(logits, labels, fixed_shape=True))
+    ]
     torch.testing.assert_close(grads[1], grads[0])
     nothing = torch.full_like(labels, IGNORE_INDEX)
     assert float(mlm_loss(logits, nothing, fixed_shape=True).detach()) == 0.0  # (0, not NaN, as the gathered one)
@@ -162,16 +172,19 @@ def test_itm_negatives_drawn_from_uniforms_follow_the_weights_and_never_an_exclu
 
     weights = torch.tensor([[0.0, 1.0, 3.0, 0.0, 4.0], [2.0, 0.0, 0.0, 2.0, 0.0]])
     n = 200_000
-    draws = inverse_cdf_draw(weights.repeat_interleave(n, 0), torch.rand(2 * n, generator=torch.Generator().manual_seed(0)))
+    draws = inverse_cdf_draw(
+        weights.repeat_interleave(n, 0), torch.rand(2 * n, generator=torch.Generator().manual_seed(0))
+    )
     for row in range(2):
-        counts = torch.bincount(draws[row * n:(row + 1) * n], minlength=5).double() / n
+        counts = torch.bincount(draws[row * n : (row + 1) * n], minlength=5).double() / n
         torch.testing.assert_close(counts, (weights[row] / weights[row].sum()).double(), atol=5e-3, rtol=0)
     sim = torch.randn(6, 6)
     same = torch.zeros(6, 6, dtype=torch.bool)
     same[0, 1] = same[1, 0] = True
     for seed in range(50):
-        neg_text, neg_image = sample_negatives(sim, sim.t(), torch.rand(2, 6, generator=torch.Generator().manual_seed(seed)),
-                                               positive_mask=same)
+        neg_text, neg_image = sample_negatives(
+            sim, sim.t(), torch.rand(2, 6, generator=torch.Generator().manual_seed(seed)), positive_mask=same
+        )
         for negatives in (neg_text, neg_image):
             assert not bool((negatives == torch.arange(6)).any()), "never the positive"
             assert int(negatives[0]) != 1 and int(negatives[1]) != 0, "never a pair of the same image"
@@ -194,23 +207,40 @@ def test_captions_padded_to_one_length():
     assert torch.equal(fixed_attention[:, :8], attention)
 
 
-@pytest.mark.parametrize("overrides, expected", [
-    (["pretrain.false_negatives=mafa"], "cannot capture false_negatives=mafa: MAFA asks its judge"),
-    (["pretrain.compile=true"], "set one of them"),
-])
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["pretrain.false_negatives=mafa"], "cannot capture false_negatives=mafa: MAFA asks its judge"),
+        (["pretrain.compile=true"], "set one of them"),
+    ],
+)
 def test_what_the_captured_step_cannot_hold_is_refused_with_one_line(tmp_path, overrides, expected):
     from tests.conftest import run_cli
 
-    done = run_cli("pretrain", "--recipe", "shapes-demo", "--run-dir", str(tmp_path / "run"), "pretrain.graph_step=true",
-                   *overrides)
+    done = run_cli(
+        "pretrain",
+        "--recipe",
+        "shapes-demo",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "pretrain.graph_step=true",
+        *overrides,
+    )
     assert done.returncode == 2, done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and expected in errors[0] and "graph_step" in errors[0], done.stderr
     assert "Traceback" not in done.stderr
 
 
-GRAPHED = ["pretrain.composer=falcon", "pretrain.epochs=2", "pretrain.checkpoint_every=4", "pretrain.itm_negatives=sample",
-           "pretrain.graph_step=true", "pretrain.graph_backend=aot_eager", "pretrain.device=cpu"]
+GRAPHED = [
+    "pretrain.composer=falcon",
+    "pretrain.epochs=2",
+    "pretrain.checkpoint_every=4",
+    "pretrain.itm_negatives=sample",
+    "pretrain.graph_step=true",
+    "pretrain.graph_backend=aot_eager",
+    "pretrain.device=cpu",
+]
 
 
 def test_a_falcon_run_with_the_captured_step_resumes_exactly(tmp_path):
@@ -234,8 +264,15 @@ def test_a_falcon_run_with_the_captured_step_resumes_exactly(tmp_path):
     assert ref.keys() == got.keys() and all(torch.allclose(ref[k], got[k], rtol=1e-4, atol=1e-6) for k in ref)
 
 
-@pytest.mark.parametrize("recipe, model, srcl", [("shapes-demo", "albef-tiny", False), ("shapes-demo", "albef-tiny", True),
-                                                 ("shapes-blip2", "blip2-tiny", False), ("shapes-siglip", "dual-tiny", False)])
+@pytest.mark.parametrize(
+    "recipe, model, srcl",
+    [
+        ("shapes-demo", "albef-tiny", False),
+        ("shapes-demo", "albef-tiny", True),
+        ("shapes-blip2", "blip2-tiny", False),
+        ("shapes-siglip", "dual-tiny", False),
+    ],
+)
 def test_one_graph_serves_every_step_of_each_framework(recipe, model, srcl):
     """ALBEF (and with SRCL, whose mixing weight changes every step), BLIP-2 stage 1 and a dual encoder: three steps
     (a new step number, epoch and batch each time) through the captured step are one compile, with no graph break
@@ -281,10 +318,28 @@ def test_under_ddp_the_captured_step_trains_as_dynamo_alone_does(tmp_path):
     runs = {}
     for backend in ("eager", "aot_eager"):
         run_dir = tmp_path / backend
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                   "-m", "falcon_cli", *map(str, pretrain_args(run_dir, world, *GRAPHED[:3], "pretrain.batch_size=8",
-                                                               "pretrain.graph_step=true", "pretrain.device=cpu",
-                                                               f"pretrain.graph_backend={backend}"))]
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "falcon_cli",
+            *map(
+                str,
+                pretrain_args(
+                    run_dir,
+                    world,
+                    *GRAPHED[:3],
+                    "pretrain.batch_size=8",
+                    "pretrain.graph_step=true",
+                    "pretrain.device=cpu",
+                    f"pretrain.graph_backend={backend}",
+                ),
+            ),
+        ]
         done = subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
         runs[backend] = run_dir

@@ -29,8 +29,9 @@ def _png(path):
 
 
 def test_scalar_tags_are_the_numbers_of_a_record_grouped_by_kind():
-    assert scalar_tags({"step": 3, "epoch": 0, "loss": 1.5, "lr": 1e-4, "sampler": "grit", "reward": None,
-                        "flag": True, "bad": "nan"}) == {"train/loss": 1.5, "train/lr": 1e-4}
+    assert scalar_tags(
+        {"step": 3, "epoch": 0, "loss": 1.5, "lr": 1e-4, "sampler": "grit", "reward": None, "flag": True, "bad": "nan"}
+    ) == {"train/loss": 1.5, "train/lr": 1e-4}
     assert scalar_tags({"step": 3, "kind": "zero_shot", "mean": 40.0}) == {"zero_shot/mean": 40.0}
 
 
@@ -60,7 +61,13 @@ def test_tensorboard_gets_scalars_histograms_images_and_a_resume_purges_later_st
     metrics.close()
     assert [r["loss"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1.0, 2.0, 3.0, 40.0, 50.0]
     events = _events(tmp_path / "loggers" / "tensorboard")
-    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0), (5, 50.0)]
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [
+        (1, 1.0),
+        (2, 2.0),
+        (3, 3.0),
+        (4, 40.0),
+        (5, 50.0),
+    ]
 
 
 def test_wandb_writes_an_offline_run_in_the_run_directory_and_a_resume_continues_its_id(tmp_path, monkeypatch):
@@ -148,20 +155,31 @@ def test_a_missing_package_is_one_line_naming_the_extra(monkeypatch):
 
 
 def test_off_rank_zero_or_with_jsonl_alone_nothing_is_opened(tmp_path):
-    for loggers in (RunLoggers(["jsonl"], tmp_path / "loggers", what="pretrain.loggers", name="run"),
-                    RunLoggers(["tensorboard"], tmp_path / "loggers", what="pretrain.loggers", name="run", main=False)):
+    for loggers in (
+        RunLoggers(["jsonl"], tmp_path / "loggers", what="pretrain.loggers", name="run"),
+        RunLoggers(["tensorboard"], tmp_path / "loggers", what="pretrain.loggers", name="run", main=False),
+    ):
         assert not loggers
         MetricsLog(tmp_path / "metrics.jsonl", loggers).write(step=1, loss=1.0)
         loggers.histogram("q", [0.5], 1)
     assert not (tmp_path / "loggers").exists()
 
 
-@pytest.mark.parametrize("override, message", [
-    ("pretrain.loggers=[jsonl,tensorbord]", r"key 'pretrain.loggers\[1\]': expected one of jsonl, tensorboard, wandb or mlflow"),
-    ("finetune.loggers=[wandb,wandb]", r"key 'finetune.loggers': value error, loggers must be distinct"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "pretrain.loggers=[jsonl,tensorbord]",
+            r"key 'pretrain.loggers\[1\]': expected one of jsonl, tensorboard, wandb or mlflow",
+        ),
+        ("finetune.loggers=[wandb,wandb]", r"key 'finetune.loggers': value error, loggers must be distinct"),
+    ],
+)
 def test_config_rejects_unknown_and_repeated_loggers(override, message):
-    assert load_recipe("shapes-demo", ["pretrain.loggers=[jsonl,tensorboard,wandb,mlflow]"])[0].pretrain.loggers[-1] == "mlflow"
+    assert (
+        load_recipe("shapes-demo", ["pretrain.loggers=[jsonl,tensorboard,wandb,mlflow]"])[0].pretrain.loggers[-1]
+        == "mlflow"
+    )
     assert load_recipe("shapes-demo")[0].finetune.loggers == ["jsonl"]
     with pytest.raises(FalconError, match=message):
         load_recipe("shapes-demo", [override])
@@ -173,9 +191,17 @@ def test_a_tiny_pretraining_run_logs_to_tensorboard(tmp_path):
     from tests.stages.test_pretrain import pretrain_args
 
     run_dir = tmp_path / "run"
-    proc = run_cli(*pretrain_args(run_dir, tmp_path / "world", "pretrain.device=cpu", "pretrain.composer=quantile",
-                                  "pretrain.eval_split=null", "pretrain.max_steps_per_epoch=1",
-                                  "pretrain.loggers=[jsonl,tensorboard]"))
+    proc = run_cli(
+        *pretrain_args(
+            run_dir,
+            tmp_path / "world",
+            "pretrain.device=cpu",
+            "pretrain.composer=quantile",
+            "pretrain.eval_split=null",
+            "pretrain.max_steps_per_epoch=1",
+            "pretrain.loggers=[jsonl,tensorboard]",
+        )
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     events = _events(run_dir / "loggers" / "tensorboard")
     steps = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl") if "kind" not in r]

@@ -68,8 +68,10 @@ def test_two_nodes_killed_and_resumed_make_the_one_node_run(world, one_node_run,
         torch.testing.assert_close(new_state["scheduler"]["policy"][name], tensor, rtol=1e-5, atol=1e-7)
     from falcon_cli.runtime.checkpoint import load_rank_state
 
-    scales = [[load_rank_state(d / "checkpoints" / "00000012", r)["falcon"]["scheduler_running"]["scale"] for r in (0, 1)]
-              for d in (one_node_run, run_dir)]
+    scales = [
+        [load_rank_state(d / "checkpoints" / "00000012", r)["falcon"]["scheduler_running"]["scale"] for r in (0, 1)]
+        for d in (one_node_run, run_dir)
+    ]
     for ref, new in zip(*scales):  # each rank's running advantage scale, restored per rank on resume
         assert new["count"] == ref["count"] == 6 and new["value"] == pytest.approx(ref["value"], rel=1e-5)
     assert scales[0][0]["value"] != scales[0][1]["value"], "the ranks' scales differ (their own rewards)"
@@ -92,13 +94,20 @@ def test_a_node_with_another_config_is_refused_and_nothing_changes(world, one_no
     """Two launches that differ in one override: every rank stops before the run directory is touched, with one line
     naming the node that differs and the key."""
     before = {p: p.read_bytes() for p in one_node_run.rglob("*") if p.is_file()}
-    nodes = launch_nodes([pretrain_args(one_node_run, world, "--resume"),
-                          pretrain_args(one_node_run, world, "--resume", "pretrain.lr=1e-3")], free_port())
+    nodes = launch_nodes(
+        [
+            pretrain_args(one_node_run, world, "--resume"),
+            pretrain_args(one_node_run, world, "--resume", "pretrain.lr=1e-3"),
+        ],
+        free_port(),
+    )
     outputs = finish(nodes, timeout=120)
     assert all(code != 0 for code, _ in outputs)
     text = "".join(out for _, out in outputs)
-    line = r"error: node [01] \(.+, rank 1\) was launched with another config than rank 0 on node [01] \(.+, rank 0\): " \
-           r"pretrain\.lr is [0-9.e-]+ there and [0-9.e-]+ on rank 0; launch every node with the same recipe and overrides"
+    line = (
+        r"error: node [01] \(.+, rank 1\) was launched with another config than rank 0 on node [01] \(.+, rank 0\): "
+        r"pretrain\.lr is [0-9.e-]+ there and [0-9.e-]+ on rank 0; launch every node with the same recipe and overrides"
+    )
     import re
 
     assert re.search(line, text), text[-3000:]
@@ -114,9 +123,13 @@ def test_a_rank_that_cannot_see_rank_zeros_files_says_so(tmp_path):
     path.write_text("{}")
     assert _sees(path, "0" * 64, wait_s=0) == "holds other contents here"
     assert _sees(path, _file_digest(path), wait_s=0) is None
-    assert first_difference({"pretrain": {"lr": 1e-3, "epochs": 2}, "--resume": True},
-                            {"pretrain": {"lr": 3e-4, "epochs": 2}, "--resume": True}) == \
-        "pretrain.lr is 0.001 there and 0.0003 on rank 0"
+    assert (
+        first_difference(
+            {"pretrain": {"lr": 1e-3, "epochs": 2}, "--resume": True},
+            {"pretrain": {"lr": 3e-4, "epochs": 2}, "--resume": True},
+        )
+        == "pretrain.lr is 0.001 there and 0.0003 on rank 0"
+    )
 
 
 def test_a_run_directory_on_a_filesystem_without_locks_is_one_line(tmp_path, monkeypatch):
@@ -135,7 +148,6 @@ def test_a_run_directory_on_a_filesystem_without_locks_is_one_line(tmp_path, mon
         acquire_lock(tmp_path)
 
 
-
 def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step_and_resumes_exactly(world, one_node_run, tmp_path):
     """SIGUSR1 reaches only rank 1 (torchrun, two processes) inside the FALCON epoch: both ranks finish the same step,
     the checkpoint holds that exact point (every rank's state), both exit with the requeue status; --resume makes what
@@ -151,22 +163,34 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step_and_resumes_e
     from tests.torchrun_nodes import ENV, REPO, _read, children
 
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               *pretrain_args(run_dir, world)]
-    agent = subprocess.Popen(command, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             start_new_session=True)
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        *pretrain_args(run_dir, world),
+    ]
+    agent = subprocess.Popen(
+        command, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     metrics, deadline, rank1 = run_dir / "metrics.jsonl", time.time() + 300, None
     while time.time() < deadline and agent.poll() is None:
-        rank1 = rank1 or next((pid for pid in children(agent.pid)
-                               if "RANK=1" in _read(Path(f"/proc/{pid}/environ")).split("\0")), None)
+        rank1 = rank1 or next(
+            (pid for pid in children(agent.pid) if "RANK=1" in _read(Path(f"/proc/{pid}/environ")).split("\0")), None
+        )
         if rank1 and metrics.exists() and any(r.get("step", 0) >= 7 for r in read_metrics(metrics)):  # FALCON: 7-12
             os.kill(rank1, signal.SIGUSR1)
             break
         time.sleep(0.05)
     out = agent.communicate(timeout=300)[0]
     assert agent.returncode != 0, out[-3000:]
-    stops = re.findall(r"preempted: (SIGUSR1|a signal on another rank) at epoch 1, step (\d+) \(\d+ batches of the "
-                       r"epoch done\): (saved \S+|checkpoint saved by rank 0)", out)
+    stops = re.findall(
+        r"preempted: (SIGUSR1|a signal on another rank) at epoch 1, step (\d+) \(\d+ batches of the "
+        r"epoch done\): (saved \S+|checkpoint saved by rank 0)",
+        out,
+    )
     assert sorted(s[0] for s in stops) == ["SIGUSR1", "a signal on another rank"], out[-3000:]
     assert len({s[1] for s in stops}) == 1, "every rank stopped after the same step"
     step = int(stops[0][1])

@@ -55,8 +55,14 @@ print("still running", flush=True)
 
 def preempt(tmp_path: Path, grace: float, mode: str) -> tuple[int, str, float]:
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "checkpoints"), str(grace), mode], cwd=REPO,
-                          env=ENV, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path / "checkpoints"), str(grace), mode],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start
 
 
@@ -110,8 +116,9 @@ def test_the_loop_stops_after_the_step_and_checkpoints_it_once(tmp_path):
         stop = preemption.stop_after_step(state, 1, 3)
         assert isinstance(stop, Preempted) and stop.exit_code == REQUEUE_EXIT == 75
         assert state.saves == [(7, 1, 3)]
-        assert str(stop).startswith(f"SIGUSR2 at epoch 1, step 7 (3 batches of the epoch done): saved "
-                                    f"{state.directory / '00000007'} in ")
+        assert str(stop).startswith(
+            f"SIGUSR2 at epoch 1, step 7 (3 batches of the epoch done): saved {state.directory / '00000007'} in "
+        )
         # a signal during the checkpoint of the step itself: that checkpoint is the one, not saved twice
         state.step = 9
         preemption.save(state, 2, 0)
@@ -157,15 +164,18 @@ def test_a_forked_dataloader_worker_leaves_the_signal_to_its_parent(tmp_path):
         preemption.uninstall()
 
 
-@pytest.mark.parametrize("signum,expected", [
-    (signal.SIGUSR1, "SLURM job 4242 requeued"),
-    (signal.SIGTERM, None),  # preempted: SLURM requeues a --requeue job itself (or the user cancelled it)
-])
+@pytest.mark.parametrize(
+    "signum,expected",
+    [
+        (signal.SIGUSR1, "SLURM job 4242 requeued"),
+        (signal.SIGTERM, None),  # preempted: SLURM requeues a --requeue job itself (or the user cancelled it)
+    ],
+)
 def test_a_slurm_time_limit_notice_requeues_the_job(tmp_path, monkeypatch, signum, expected):
     calls = tmp_path / "calls"
     scontrol = tmp_path / "bin" / "scontrol"
     scontrol.parent.mkdir()
-    scontrol.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n")
+    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
     scontrol.chmod(0o755)
     monkeypatch.setenv("PATH", f"{scontrol.parent}:{os.environ['PATH']}")
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
@@ -176,6 +186,8 @@ def test_a_slurm_time_limit_notice_requeues_the_job(tmp_path, monkeypatch, signu
 def test_a_requeue_that_cannot_run_says_why(tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "7")
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert requeue_slurm_job(signal.SIGUSR1) == "SLURM job 7 not requeued: scontrol is not on PATH (requeue it yourself)"
+    assert (
+        requeue_slurm_job(signal.SIGUSR1) == "SLURM job 7 not requeued: scontrol is not on PATH (requeue it yourself)"
+    )
     monkeypatch.delenv("SLURM_JOB_ID")
     assert requeue_slurm_job(signal.SIGUSR1) is None

@@ -12,7 +12,10 @@ from torch import nn
 
 from falcon_cli.errors import FalconError
 from falcon_cli.runtime.checkpoint import (
-    latest_checkpoint, load_checkpoint_weights, load_training_state, save_checkpoint,
+    latest_checkpoint,
+    load_checkpoint_weights,
+    load_training_state,
+    save_checkpoint,
 )
 from falcon_cli.runtime.metrics import MetricsLog, read_metrics
 from falcon_cli.runtime.optim import learning_rate, parameter_groups
@@ -67,16 +70,24 @@ def test_checkpoint_roundtrip_latest_and_keep_last(tmp_path):
     model = Tiny()
     extra = nn.Linear(2, 2)
     for step in (10, 20, 30, 40):
-        save_checkpoint(tmp_path, step, {"model": model, "momentum": extra}, {"step": step, "rng": rng_state()},
-                        {"epoch": 0}, keep_last=2)
+        save_checkpoint(
+            tmp_path,
+            step,
+            {"model": model, "momentum": extra},
+            {"step": step, "rng": rng_state()},
+            {"epoch": 0},
+            keep_last=2,
+        )
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["00000030", "00000040"]
     latest = latest_checkpoint(tmp_path)
     assert latest.name == "00000040"
     assert json.loads((latest / "meta.json").read_text()) == {"step": 40, "epoch": 0}
     other, other_extra = Tiny(), nn.Linear(2, 2)
     load_checkpoint_weights(latest, {"model": other, "momentum": other_extra})
-    for a, b in zip([*model.state_dict().values(), *extra.state_dict().values()],
-                    [*other.state_dict().values(), *other_extra.state_dict().values()]):
+    for a, b in zip(
+        [*model.state_dict().values(), *extra.state_dict().values()],
+        [*other.state_dict().values(), *other_extra.state_dict().values()],
+    ):
         assert torch.equal(a, b)
     assert load_training_state(latest)["step"] == 40
 

@@ -23,8 +23,10 @@ def _rank(rank: int, out: str) -> None:
         scheduler = NegativeScheduler(quantiles=16, hidden=8, lr=1e-2)
         initial = [p.detach().clone() for p in scheduler.policy.parameters()]
         scheduler.update(record(rank), reward=0.5 + rank)  # different batches and rewards per rank
-        torch.save({"initial": initial, "after": [p.detach().clone() for p in scheduler.policy.parameters()]},
-                   f"{out}/rank{rank}.pt")
+        torch.save(
+            {"initial": initial, "after": [p.detach().clone() for p in scheduler.policy.parameters()]},
+            f"{out}/rank{rank}.pt",
+        )
         dist.barrier()  # both ranks done with the group before either tears it down
     finally:
         dist.destroy_process_group()

@@ -28,10 +28,16 @@ def make(tmp_path, seed=0, lines=None):
     torch.nn.init.constant_(model.weight, float(seed))
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
     parts = {"shared": Counter(), "mine": Counter(), "generators": Generators(a=torch.Generator().manual_seed(seed))}
-    state = TrainState(tmp_path / "checkpoints", {"model": model}, what="test",
-                       shared={"optimizer": optimizer, "counter": parts["shared"], "absent": None},
-                       per_rank={"rng": GlobalRng(), "generators": parts["generators"], "counter": parts["mine"]},
-                       keep_last=2, meta={"note": "x"}, say=(lines.append if lines is not None else print))
+    state = TrainState(
+        tmp_path / "checkpoints",
+        {"model": model},
+        what="test",
+        shared={"optimizer": optimizer, "counter": parts["shared"], "absent": None},
+        per_rank={"rng": GlobalRng(), "generators": parts["generators"], "counter": parts["mine"]},
+        keep_last=2,
+        meta={"note": "x"},
+        say=(lines.append if lines is not None else print),
+    )
     return state, model, optimizer, parts
 
 
@@ -110,8 +116,11 @@ def test_each_rank_has_its_own_file_and_a_damaged_one_is_passed_over(tmp_path):
     assert any("damaged checkpoints passed over" in line and "rank-0.pt" in line for line in lines)
     (newest / "rank-0.pt").unlink()
     (tmp_path / "checkpoints" / "00000004" / "rank-0.pt").rename(newest / "rank-0.pt")  # another step's file
-    with pytest.raises(Refused, match=r"rank-0.pt: holds rank 0 of 1 at step 4, expected rank 0 of 1 at step 8.*"
-                                      r"00000004.*rank-0.pt: missing"):
+    with pytest.raises(
+        Refused,
+        match=r"rank-0.pt: holds rank 0 of 1 at step 4, expected rank 0 of 1 at step 8.*"
+        r"00000004.*rank-0.pt: missing",
+    ):
         make(tmp_path)[0].begin(resume=True, overwrite=False)
 
 
@@ -121,13 +130,27 @@ def test_a_checkpoint_from_before_rank_files_is_still_read(tmp_path):
     from falcon_cli.runtime.checkpoint import save_checkpoint
 
     model = torch.nn.Linear(3, 2)
-    old = {"world_size": 1, "epoch": 1, "batch_index": 2, "global_step": 6, "values": {"best": 3},
-           "counter": {"value": 5}, "moved": {"value": 9}, "ranks": [{"counter": {"value": 7}}]}
+    old = {
+        "world_size": 1,
+        "epoch": 1,
+        "batch_index": 2,
+        "global_step": 6,
+        "values": {"best": 3},
+        "counter": {"value": 5},
+        "moved": {"value": 9},
+        "ranks": [{"counter": {"value": 7}}],
+    }
     save_checkpoint(tmp_path / "checkpoints", 6, {"model": model}, old, {"epoch": 1})
     shared, mine, moved = Counter(), Counter(), Counter()
-    state = TrainState(tmp_path / "checkpoints", {"model": torch.nn.Linear(3, 2)}, what="test",
-                       shared={"counter": shared}, per_rank={"counter": mine, "moved": moved}, keep_last=2,
-                       say=lambda line: None)
+    state = TrainState(
+        tmp_path / "checkpoints",
+        {"model": torch.nn.Linear(3, 2)},
+        what="test",
+        shared={"counter": shared},
+        per_rank={"counter": mine, "moved": moved},
+        keep_last=2,
+        say=lambda line: None,
+    )
     assert state.begin(resume=True, overwrite=False).name == "00000006"
     assert (state.epoch, state.batch_index, state.step, state.values) == (1, 2, 6, {"best": 3})
     assert (shared.value, mine.value, moved.value) == (5, 7, 9)

@@ -10,14 +10,17 @@ from falcon_cli.sampling.feed import FalconFeed, loader_settings
 from falcon_cli.sampling.quantile import QuantileSpaces
 
 
-@pytest.mark.parametrize("lag, workers, expected", [
-    (0, 4, {"num_workers": 0}),
-    (1, 4, {"num_workers": 1, "prefetch_factor": 1}),
-    (2, 2, {"num_workers": 2, "prefetch_factor": 1}),
-    (3, 2, {"num_workers": 1, "prefetch_factor": 3}),
-    (4, 2, {"num_workers": 2, "prefetch_factor": 2}),
-    (2, 0, {"num_workers": 1, "prefetch_factor": 2}),
-])
+@pytest.mark.parametrize(
+    "lag, workers, expected",
+    [
+        (0, 4, {"num_workers": 0}),
+        (1, 4, {"num_workers": 1, "prefetch_factor": 1}),
+        (2, 2, {"num_workers": 2, "prefetch_factor": 1}),
+        (3, 2, {"num_workers": 1, "prefetch_factor": 3}),
+        (4, 2, {"num_workers": 2, "prefetch_factor": 2}),
+        (2, 0, {"num_workers": 1, "prefetch_factor": 2}),
+    ],
+)
 def test_loader_settings_prefetch_exactly_lag_batches(lag, workers, expected):
     settings = loader_settings(lag, workers)
     assert settings == expected
@@ -31,8 +34,16 @@ def make_feed(ahead=None, start=0, seed=0):
     cache.update(ids, *torch.nn.functional.normalize(torch.randn(2, 30, 4, generator=g), dim=-1))
     spaces = QuantileSpaces(ids, cache, search_space_size=15, batch_size=4, generator=g)
     composed = []
-    feed = FalconFeed(spaces, 0.5, lambda pair_id: 100 + pair_id, g, lambda i, b: composed.append(i),
-                      start=start, stop=len(spaces), ahead=ahead)
+    feed = FalconFeed(
+        spaces,
+        0.5,
+        lambda pair_id: 100 + pair_id,
+        g,
+        lambda i, b: composed.append(i),
+        start=start,
+        stop=len(spaces),
+        ahead=ahead,
+    )
     return feed, spaces, composed, g
 
 
@@ -55,7 +66,7 @@ def test_ahead_state_resumes_with_the_same_batches():
     it = iter(feed)
     trained = next(it)
     feed.take(torch.tensor(trained) - 100)
-    ahead_batches = [next(it), next(it)]             # composed ahead, not trained: the checkpoint keeps them
+    ahead_batches = [next(it), next(it)]  # composed ahead, not trained: the checkpoint keeps them
     state, spaces_state, g_state = feed.ahead_state(), spaces.state_dict(), g.get_state()
     expected = list(it)
 

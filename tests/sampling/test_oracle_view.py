@@ -34,7 +34,7 @@ def random_truth(seed: int = 0, density: float = 0.3):
 def replay(batches, shuffled, width, image, text, world):
     """Per chained slot, what the oracle says, one candidate at a time: (safe q, density, is FN, and whether each
     fixed q's nearest-rank pick among the same candidates would have been one)."""
-    spaces = [shuffled[s:s + width].tolist() for s in range(0, len(shuffled), width)]
+    spaces = [shuffled[s : s + width].tolist() for s in range(0, len(shuffled), width)]
     used: set[int] = set()
     out = []
     for batch in batches:
@@ -45,8 +45,10 @@ def replay(batches, shuffled, width, image, text, world):
             anchor, chosen = int(batch.anchor_pair_id[t]), ids[t]
             fn = lambda j: bool(world[anchor - FIRST_ID, j - FIRST_ID] or world[j - FIRST_ID, anchor - FIRST_ID])
             left = [j for j in space if j not in used]
-            sim = {j: float(image[anchor - FIRST_ID] @ text[j - FIRST_ID] + text[anchor - FIRST_ID] @ image[j - FIRST_ID])
-                   for j in left}
+            sim = {
+                j: float(image[anchor - FIRST_ID] @ text[j - FIRST_ID] + text[anchor - FIRST_ID] @ image[j - FIRST_ID])
+                for j in left
+            }
             # ascending similarity, equal values by descending position in the space
             left.sort(key=lambda j: (sim[j], -space.index(j)))
             safe = [i for i, j in enumerate(left) if not fn(j)]
@@ -60,8 +62,16 @@ def replay(batches, shuffled, width, image, text, world):
 
 
 def logged(batches):
-    return [(float(b.safe_q[t]), float(b.anchor_fn_density[t]), float(b.chosen_is_fn[t]),
-             *(float(getattr(b, name)[t]) for name in FIXED_Q_FIELDS)) for b in batches for t in range(1, len(b))]
+    return [
+        (
+            float(b.safe_q[t]),
+            float(b.anchor_fn_density[t]),
+            float(b.chosen_is_fn[t]),
+            *(float(getattr(b, name)[t]) for name in FIXED_Q_FIELDS),
+        )
+        for b in batches
+        for t in range(1, len(b))
+    ]
 
 
 def close(expected, got):
@@ -111,8 +121,9 @@ def test_batch_log_keeps_the_oracle_view_and_reads_version_1_logs(tmp_path):
     cache, _, _ = make_cache(N)
     truth, _ = random_truth()
     g = torch.Generator().manual_seed(0)
-    batches = QuantileSpaces(cache.pair_ids, cache, search_space_size=20, batch_size=6, generator=g,
-                             truth=truth).compose_all(0.5, g)
+    batches = QuantileSpaces(
+        cache.pair_ids, cache, search_space_size=20, batch_size=6, generator=g, truth=truth
+    ).compose_all(0.5, g)
     log = BatchLog(tmp_path / "batches.parquet")
     log.extend(1, batches)
     log.write(1)
@@ -150,8 +161,9 @@ def test_composition_summary_against_plain_arithmetic():
     safe = np.where(rng.uniform(size=n) < 0.1, np.nan, rng.uniform(0, 1, n))
     q = rng.uniform(0, 1, n)
     fn = (rng.uniform(size=n) < 0.3).astype(float)
-    chained = pd.DataFrame({"q": q, "alpha": alpha, "beta": beta, "anchor_fn_density": density, "safe_q": safe,
-                            "chosen_is_fn": fn})
+    chained = pd.DataFrame(
+        {"q": q, "alpha": alpha, "beta": beta, "anchor_fn_density": density, "safe_q": safe, "chosen_is_fn": fn}
+    )
     first = pd.DataFrame({c: [np.nan] * 5 for c in chained.columns})  # first slots: not chained, left out
     summary = composition_summary(pd.concat([first, chained], ignore_index=True), rewards=[0.1, -0.3, 0.2])
     mean_q = alpha / (alpha + beta)
@@ -171,10 +183,16 @@ def test_composition_summary_against_plain_arithmetic():
     kept = judged[:5]
     assert seen["itm_fn_corr"] == pytest.approx(plain_pearson([p for p, _ in kept], [f for _, f in kept]))
     pairs = [(a, b) for a, fa in kept if fa for b, fb in kept if not fb]
-    assert seen["itm_fn_auc"] == pytest.approx(sum(1.0 if a > b else 0.5 if a == b else 0.0 for a, b in pairs) / len(pairs))
-    assert seen["charge_fn_auc"] == seen["itm_fn_auc"]  # (two columns: an older checkpoint, the charge was the probability)
+    assert seen["itm_fn_auc"] == pytest.approx(
+        sum(1.0 if a > b else 0.5 if a == b else 0.0 for a, b in pairs) / len(pairs)
+    )
+    assert (
+        seen["charge_fn_auc"] == seen["itm_fn_auc"]
+    )  # (two columns: an older checkpoint, the charge was the probability)
     # a third column: the charge paid (reward_itm_charge: excess), judged the same way and apart from the probability
-    charged = composition_summary(chained, judged=[[p, f, c] for (p, f), c in zip(judged, (0.1, 0.3, -0.2, 0.4, 0.0, 0.2))])
+    charged = composition_summary(
+        chained, judged=[[p, f, c] for (p, f), c in zip(judged, (0.1, 0.3, -0.2, 0.4, 0.0, 0.2))]
+    )
     assert charged["itm_fn_auc"] == seen["itm_fn_auc"] and charged["charge_fn_auc"] == pytest.approx(1 / 6)
     assert charged["charge_fn_corr"] == pytest.approx(plain_pearson([0.1, 0.3, -0.2, 0.4, 0.0], [f for _, f in kept]))
     # hardness alone as a judge: the pick's similarity to its anchor against the oracle (slots without one left out)
@@ -184,16 +202,22 @@ def test_composition_summary_against_plain_arithmetic():
     hard = composition_summary(chained.assign(similarity_to_anchor=similarity))
     keep = ~np.isnan(similarity)
     assert hard["hardness_fn_corr"] == pytest.approx(plain_pearson(list(similarity[keep]), list(fn[keep])))
-    pairs = [(a, b) for a, fa in zip(similarity[keep], fn[keep]) if fa for b, fb in zip(similarity[keep], fn[keep]) if not fb]
-    assert hard["hardness_fn_auc"] == pytest.approx(sum(1.0 if a > b else 0.5 if a == b else 0.0 for a, b in pairs) / len(pairs))
+    pairs = [
+        (a, b) for a, fa in zip(similarity[keep], fn[keep]) if fa for b, fb in zip(similarity[keep], fn[keep]) if not fb
+    ]
+    assert hard["hardness_fn_auc"] == pytest.approx(
+        sum(1.0 if a > b else 0.5 if a == b else 0.0 for a, b in pairs) / len(pairs)
+    )
     # a fixed q (no Beta): no correlation; no oracle columns: the oracle keys are None
     fixed = chained.assign(q=0.5, alpha=np.nan, beta=np.nan)
     assert composition_summary(fixed)["q_fn_density_corr"] is None
     assert composition_summary(fixed)["chain_fn_rate"] == pytest.approx(fn.mean())
     assert summary["frontier_fn_rate"] is None, "no counterfactual picks: no frontier"
     # the fixed-q frontier on the same slots: each level's FN rate, the curve at the epoch's mean q
-    picks = {name: (rng.uniform(size=n) < rate).astype(float)
-             for name, rate in zip(FIXED_Q_FIELDS, (0.1, 0.15, 0.2, 0.3, 0.5))}
+    picks = {
+        name: (rng.uniform(size=n) < rate).astype(float)
+        for name, rate in zip(FIXED_Q_FIELDS, (0.1, 0.15, 0.2, 0.3, 0.5))
+    }
     scored = composition_summary(chained.assign(**picks))
     rates = [picks[name].mean() for name in FIXED_Q_FIELDS]
     assert [scored[f"fn_rate_at_{name[6:]}"] for name in FIXED_Q_FIELDS] == pytest.approx(rates)
@@ -251,7 +275,8 @@ def test_the_best_mix_gives_each_group_its_cheap_hardness():
     # at 0.75 the second half must average q 0.5: half of it at q 1 (false), half at q 0 (true), not all at q 0.5
     assert best_mix_fn_rate(rates, np.array([5, 5]), 0.75) == pytest.approx(0.25)
     assert best_mix_fn_rate(np.array([[0.1, 0.4, 0.45, 0.5, 0.6]]), np.array([1]), 0.25) == pytest.approx(
-        0.1 + 0.25 * (0.6 - 0.1) / 1.0)  # (0.25, 0.4) lies above the chord from q 0 to q 1: the mix of those two wins
+        0.1 + 0.25 * (0.6 - 0.1) / 1.0
+    )  # (0.25, 0.4) lies above the chord from q 0 to q 1: the mix of those two wins
     rng = np.random.default_rng(3)
     for _ in range(20):
         rates, weights, q_mean = rng.uniform(size=(4, 5)), rng.integers(1, 9, 4), rng.uniform()

@@ -8,8 +8,14 @@ import pytest
 from falcon_cli.artifacts.tables import SEARCH_SPACES, read_table, write_table
 from falcon_cli.errors import FalconError
 from falcon_cli.sampling.partition import (
-    Partition, balanced_assignment, false_negatives_in_spaces, joint_embedding, kmeans_partition, partition_summary,
-    random_partition, within_space_cosines,
+    Partition,
+    balanced_assignment,
+    false_negatives_in_spaces,
+    joint_embedding,
+    kmeans_partition,
+    partition_summary,
+    random_partition,
+    within_space_cosines,
 )
 
 
@@ -40,6 +46,7 @@ def assert_valid(partition: Partition, n: int, size: int) -> None:
 
 # --- random ---------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("n,size", [(10, 3), (12, 4), (7, 7), (5, 1)])
 def test_random_partition_places_every_pair_once_in_spaces_of_size(n, size):
     ids = np.arange(100, 100 + n) * 3
@@ -67,6 +74,7 @@ def test_random_partition_is_deterministic_per_seed_and_independent_of_row_order
 
 # --- balanced assignment -----------------------------------------------------------------------
 
+
 def reference_assignment(points: np.ndarray, centroids: np.ndarray, capacity) -> list[int]:
     """The documented rule, with plain loops over a full similarity matrix."""
     scores = points.astype(np.float64) @ centroids.astype(np.float64).T
@@ -79,7 +87,7 @@ def reference_assignment(points: np.ndarray, centroids: np.ndarray, capacity) ->
                 best = max((c for c in range(len(centroids)) if remaining[c] > 0), key=lambda c: scores[p, c])
                 proposals.setdefault(best, []).append((-scores[p, best], p))
         for c, asked in proposals.items():
-            for _, p in sorted(asked)[:remaining[c]]:
+            for _, p in sorted(asked)[: remaining[c]]:
                 assign[p] = c
                 remaining[c] -= 1
     return assign
@@ -104,7 +112,10 @@ def test_balanced_assignment_refuses_capacities_that_do_not_add_up():
 
 # --- k-means --------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("n_per_cluster,size", [([60, 60, 60], 60), ([100, 50, 30, 20], 48), ([9, 8], 4), ([5, 4], 9), ([5, 4], 1)])
+
+@pytest.mark.parametrize(
+    "n_per_cluster,size", [([60, 60, 60], 60), ([100, 50, 30, 20], 48), ([9, 8], 4), ([5, 4], 9), ([5, 4], 1)]
+)
 def test_kmeans_partition_places_every_pair_once_in_spaces_of_size(n_per_cluster, size):
     image, text, _ = clustered(n_per_cluster)
     n = image.shape[0]
@@ -131,10 +142,16 @@ def test_kmeans_spaces_are_tighter_than_random_ones():
     ids = np.arange(image.shape[0])
     partitions = {"random": random_partition(ids, 48, seed=0), "kmeans": kmeans_partition(image, text, ids, 48, seed=0)}
     summary = partition_summary(partitions, image, text)
-    assert summary["kmeans"]["mean_cosine_joint"] > summary["random"]["mean_cosine_joint"] + 0.25  # measured 0.54 vs 0.23
+    assert (
+        summary["kmeans"]["mean_cosine_joint"] > summary["random"]["mean_cosine_joint"] + 0.25
+    )  # measured 0.54 vs 0.23
     assert summary["kmeans"]["mean_cosine_i2t"] > summary["random"]["mean_cosine_i2t"] + 0.15  # measured 0.34 vs 0.14
     for name in partitions:
-        assert summary[name]["spaces"] == 7 and summary[name]["size_max"] == 48 and summary[name]["size_min"] == 300 - 6 * 48
+        assert (
+            summary[name]["spaces"] == 7
+            and summary[name]["size_max"] == 48
+            and summary[name]["size_min"] == 300 - 6 * 48
+        )
 
 
 def test_kmeans_partition_is_deterministic_per_seed_and_independent_of_row_order():
@@ -151,6 +168,7 @@ def test_kmeans_partition_is_deterministic_per_seed_and_independent_of_row_order
 
 
 # --- summary and false negatives ---------------------------------------------------------------
+
 
 def test_within_space_cosines_equal_the_brute_force_mean():
     rng = np.random.default_rng(0)
@@ -176,7 +194,12 @@ def test_false_negatives_in_spaces_count_other_pairs_captions_true_of_the_image(
     got = false_negatives_in_spaces(partition, [0, 1, 2, 3, 0], [0, 1, 2, 3, 4], TableOracle())
     # pair 0: captions 1 and 4 describe image 0 -> 2; pair 1: caption 4 -> 1; pair 4: captions 0 (same image) and 1 -> 2;
     # pair 2: caption 3 -> 1; pair 3: caption 2 does not describe image 3 -> 0
-    assert got == {"pairs": 5, "mean_false_negatives": 1.2, "fraction_with_false_negatives": 0.8, "max_false_negatives": 2}
+    assert got == {
+        "pairs": 5,
+        "mean_false_negatives": 1.2,
+        "fraction_with_false_negatives": 0.8,
+        "max_false_negatives": 2,
+    }
 
 
 def test_partition_rows_round_trip_through_the_search_spaces_table(tmp_path):
@@ -192,20 +215,24 @@ def test_partition_rows_round_trip_through_the_search_spaces_table(tmp_path):
 
 # --- bad input ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("ids,size,message", [
-    (np.arange(5), 0, "must be a positive integer, got 0"),
-    (np.arange(5), 2.5, "must be a positive integer"),
-    (np.arange(5), 6, r"search space size 6 is larger than the number of pairs \(5\); choose a size <= 5"),
-    (np.array([1, 2, 2, 3]), 2, "pair_id 2 appears more than once"),
-    (np.array([], dtype=np.int64), 1, "no pairs to partition"),
-    (np.array([0.5, 1.5]), 1, "1-D integer array"),
-])
+
+@pytest.mark.parametrize(
+    "ids,size,message",
+    [
+        (np.arange(5), 0, "must be a positive integer, got 0"),
+        (np.arange(5), 2.5, "must be a positive integer"),
+        (np.arange(5), 6, r"search space size 6 is larger than the number of pairs \(5\); choose a size <= 5"),
+        (np.array([1, 2, 2, 3]), 2, "pair_id 2 appears more than once"),
+        (np.array([], dtype=np.int64), 1, "no pairs to partition"),
+        (np.array([0.5, 1.5]), 1, "1-D integer array"),
+    ],
+)
 def test_bad_inputs_raise_one_clear_error(ids, size, message):
     with pytest.raises(FalconError, match=message):
         random_partition(ids, size, seed=0)
     image = unit(np.ones((max(len(ids), 1), 4)))
     with pytest.raises(FalconError, match=message):
-        kmeans_partition(image[:len(ids)], image[:len(ids)], ids, size, seed=0)
+        kmeans_partition(image[: len(ids)], image[: len(ids)], ids, size, seed=0)
 
 
 def test_negative_seeds_are_refused():
@@ -227,6 +254,7 @@ def test_kmeans_refuses_embeddings_that_do_not_fit_the_ids():
 
 # --- k-means read by row: the same spaces as the whole-array implementation it replaced ----------------------
 
+
 def reference_kmeans_partition(image, text, pair_ids, size, seed, *, iterations=20, candidates=8):
     """The k-means partition as it was before it read by row (issue 61): the joint embedding of all N in memory,
     faiss subsampling it itself, one candidate search of all N, copies of the candidate lists. Kept verbatim (but
@@ -238,10 +266,10 @@ def reference_kmeans_partition(image, text, pair_ids, size, seed, *, iterations=
     def joint(rows):
         out = np.empty((rows.size, image.shape[1]), dtype=np.float32)
         for start in range(0, rows.size, 65536):
-            chunk = rows[start:start + 65536]
+            chunk = rows[start : start + 65536]
             both = image[chunk].astype(np.float32) + text[chunk].astype(np.float32)
             norms = np.linalg.norm(both, axis=1, keepdims=True)
-            out[start:start + chunk.size] = np.divide(both, norms, out=np.zeros_like(both), where=norms > 1e-12)
+            out[start : start + chunk.size] = np.divide(both, norms, out=np.zeros_like(both), where=norms > 1e-12)
         return out
 
     def assignment(points, centroids, capacity, nearest):
@@ -318,15 +346,19 @@ def random_pairs(n: int, dim: int, seed: int):
     return image, text, ids
 
 
-@pytest.mark.parametrize("n,size,candidates,seed", [
-    (3000, 100, 8, 0),     # 30 centroids, every point trains (n <= 256 k)
-    (3000, 97, 2, 1),      # 2 candidates: many points find all their candidates full
-    (6000, 1000, 8, 2),    # 6 centroids train on faiss's sample of 1,536 points
-    (4301, 450, 3, 3),     # sampled, refills, a remainder space
-])
+@pytest.mark.parametrize(
+    "n,size,candidates,seed",
+    [
+        (3000, 100, 8, 0),  # 30 centroids, every point trains (n <= 256 k)
+        (3000, 97, 2, 1),  # 2 candidates: many points find all their candidates full
+        (6000, 1000, 8, 2),  # 6 centroids train on faiss's sample of 1,536 points
+        (4301, 450, 3, 3),  # sampled, refills, a remainder space
+    ],
+)
 @pytest.mark.parametrize("pieces", ["default", "small"])
-def test_kmeans_partition_read_by_row_gives_the_spaces_of_the_whole_array_implementation(n, size, candidates, seed,
-                                                                                          pieces, request):
+def test_kmeans_partition_read_by_row_gives_the_spaces_of_the_whole_array_implementation(
+    n, size, candidates, seed, pieces, request
+):
     if pieces == "small":
         request.getfixturevalue("small_search_pieces")
     image, text, ids = random_pairs(n, 256, seed)  # D of the real cache: rounding differs between search paths
@@ -352,8 +384,9 @@ def test_kmeans_and_summary_read_from_the_file_equal_the_arrays_in_memory(tmp_pa
     from falcon_cli.sampling.partition import kmeans_partition_of, partition_summary_of
 
     image, text, ids = random_pairs(3500, 256, 5)
-    path = write_embeddings(tmp_path / "e.h5", image, text, ids, dict(model="m", checkpoint="", dataset="d", split="s",
-                                                                      epoch=0))
+    path = write_embeddings(
+        tmp_path / "e.h5", image, text, ids, dict(model="m", checkpoint="", dataset="d", split="s", epoch=0)
+    )
     with open_embeddings(path) as source:
         stored_image, stored_text = source.rows(0, source.n)  # (the file renormalises: compare with what it holds)
         got = kmeans_partition_of(source, 300, 0, candidates=3)

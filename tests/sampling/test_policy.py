@@ -30,8 +30,7 @@ def _s_hat(*shape: int, seed: int = 0) -> torch.Tensor:
 
 def _ref_log_prob(a: float, b: float, q: float) -> float:
     q = min(max(q, 1e-6), 1 - 1e-6)
-    return (math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
-            + (a - 1) * math.log(q) + (b - 1) * math.log(1 - q))
+    return math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + (a - 1) * math.log(q) + (b - 1) * math.log(1 - q)
 
 
 def _perturbed_policy(seed: int = 0) -> SchedulerPolicy:
@@ -44,6 +43,7 @@ def _perturbed_policy(seed: int = 0) -> SchedulerPolicy:
 
 
 # --- architecture and initialisation ---------------------------------------------------------
+
 
 def test_init_is_near_uniform_for_any_input():
     torch.manual_seed(0)
@@ -77,7 +77,7 @@ def test_rows_are_independent_and_order_equivariant():
     policy = _perturbed_policy()
     s = _s_hat(6, 100)
     alpha, beta = policy(s)
-    per_row = [policy(s[i:i + 1]) for i in range(6)]
+    per_row = [policy(s[i : i + 1]) for i in range(6)]
     assert torch.allclose(alpha, torch.cat([a for a, _ in per_row]), atol=1e-6)
     assert torch.allclose(beta, torch.cat([b for _, b in per_row]), atol=1e-6)
     perm = torch.tensor([3, 0, 5, 1, 4, 2])
@@ -104,12 +104,15 @@ def test_architecture_matches_reference_forward():
     ref = torch.log1p(torch.exp(raw)) + 1e-5
     alpha, beta = policy(x)
     assert torch.allclose(alpha, ref[:, 0], atol=1e-5) and torch.allclose(beta, ref[:, 1], atol=1e-5)
-    assert len([m for m in SchedulerPolicy(quantiles=10, hidden=8, blocks=3).modules() if isinstance(m, nn.Linear)]) == 5
+    assert (
+        len([m for m in SchedulerPolicy(quantiles=10, hidden=8, blocks=3).modules() if isinstance(m, nn.Linear)]) == 5
+    )
     with pytest.raises(ValueError):
         policy(torch.rand(2, 99))
 
 
 # --- log density -----------------------------------------------------------------------------
+
 
 def test_beta_log_prob_matches_lgamma_reference():
     qs = [0.0, 1e-9, 0.01, 0.2, 0.5, 0.77, 0.99, 1.0]
@@ -130,6 +133,7 @@ def test_beta_log_prob_matches_lgamma_reference():
 
 
 # --- REINFORCE -------------------------------------------------------------------------------
+
 
 def _log_prob_after_step(reward: float, perturbed: bool, baseline: float = 0.0) -> tuple[float, float]:
     """Summed log-prob of fixed sampled q before / after one SGD step on the REINFORCE loss.
@@ -204,6 +208,7 @@ def test_optimizer_settings():
 
 # --- sampling --------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("a,b", [(0.5, 0.5), (0.974, 0.974), (5.0, 5.0), (0.5, 5.0), (5.0, 0.5), (2.0, 3.0)])
 def test_sample_q_moments(a, b):
     n = 20_000
@@ -220,8 +225,11 @@ def test_sample_q_moments(a, b):
 @pytest.mark.parametrize("a,b", [(0.5, 0.5), (2.0, 5.0), (5.0, 0.5)])
 def test_sample_q_histogram_matches_pdf(a, b):
     n = 40_000
-    q = sample_q(torch.full((n,), a, dtype=torch.float64), torch.full((n,), b, dtype=torch.float64),
-                 torch.Generator().manual_seed(1))
+    q = sample_q(
+        torch.full((n,), a, dtype=torch.float64),
+        torch.full((n,), b, dtype=torch.float64),
+        torch.Generator().manual_seed(1),
+    )
     edges = torch.linspace(0, 1, 21, dtype=torch.float64)
     counts = torch.histc(q, bins=20, min=0.0, max=1.0)
     # Expected bin mass by a fine midpoint rule on the density from beta_log_prob.
@@ -287,6 +295,7 @@ def test_cuda_device_agnostic():
 
 # --- reward baseline -------------------------------------------------------------------------
 
+
 def test_reward_baseline_update_rule_and_state():
     bl = RewardBaseline(decay=0.9)
     assert bl.value == 0.0
@@ -321,8 +330,10 @@ def _flag_counts_reference(flagged, truth):
     return [tp, fp, fn, negatives]
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs CUDA"))])
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))],
+)
 def test_flag_counts_match_a_loop_and_stay_on_the_flags_device(device):
     """The flagged-vs-oracle counts: the oracle's truth comes from the CPU, the flags from the step's device."""
     from falcon_cli.objectives.false_negatives import flag_counts

@@ -17,8 +17,10 @@ def exact_features(n: int, dim: int = 8, seed: int = 0) -> tuple[torch.Tensor, t
     """Features that are multiples of 1/4 in [-1, 1]: every dot product is exact in float32, so the
     reference and the fast path see bit-identical similarities (and many ties, which tests tie order)."""
     g = torch.Generator().manual_seed(seed)
-    return (torch.randint(-4, 5, (n, dim), generator=g).float() / 4,
-            torch.randint(-4, 5, (n, dim), generator=g).float() / 4)
+    return (
+        torch.randint(-4, 5, (n, dim), generator=g).float() / 4,
+        torch.randint(-4, 5, (n, dim), generator=g).float() / 4,
+    )
 
 
 def make_cache(n: int, seed: int = 0, first_id: int = 100) -> tuple[EmbeddingCache, torch.Tensor, torch.Tensor]:
@@ -39,15 +41,18 @@ def plain_s_hat(row_without_diagonal, m=100):
     return torch.softmax(torch.quantile(row_without_diagonal.double(), levels).float(), 0)
 
 
-def reference(spaces_ids, img, txt, batch_size, source, generator, *, drop_last=False, level="instance",
-              scale="linear"):
+def reference(
+    spaces_ids, img, txt, batch_size, source, generator, *, drop_last=False, level="instance", scale="linear"
+):
     """Algorithm 1, one candidate at a time, over spaces in lockstep, with the fast path's order of
     random draws: per round one uniform per active space (its start), then per step the rule's draws.
     ``img``/``txt`` [S, W, D]: position k of space s has features img[s, k]. ``source``: a fixed q or
     a policy applied to plain Ŝ rows (torch.quantile of the row without its diagonal). ``scale``: ``linear``
     (the q-quantile's nearest rank) or ``log_rank`` (the k-th most similar, k = n^(1 - q) rounded)."""
-    sims = [[[float(img[s][a] @ txt[s][b] + txt[s][a] @ img[s][b]) for b in range(len(ids))]
-             for a in range(len(ids))] for s, ids in enumerate(spaces_ids)]
+    sims = [
+        [[float(img[s][a] @ txt[s][b] + txt[s][a] @ img[s][b]) for b in range(len(ids))] for a in range(len(ids))]
+        for s, ids in enumerate(spaces_ids)
+    ]
     available = [list(range(len(ids))) for ids in spaces_ids]
     out = [[] for _ in spaces_ids]
 
@@ -77,12 +82,16 @@ def reference(spaces_ids, img, txt, batch_size, source, generator, *, drop_last=
             elif level == "batch":
                 if batch_q is None:
                     params = [beta_params(source, sims[s], chains[s][0][0]) for s in active]
-                    draws = sample_q(torch.tensor([p[0] for p in params]), torch.tensor([p[1] for p in params]), q_generator)
+                    draws = sample_q(
+                        torch.tensor([p[0] for p in params]), torch.tensor([p[1] for p in params]), q_generator
+                    )
                     batch_q = {s: float(d) for s, d in zip(active, draws)}
                 qs = [batch_q[s] for s in going]
             else:
                 params = [beta_params(source, sims[s], last) for s, last in zip(going, lasts)]
-                draws = sample_q(torch.tensor([p[0] for p in params]), torch.tensor([p[1] for p in params]), q_generator)
+                draws = sample_q(
+                    torch.tensor([p[0] for p in params]), torch.tensor([p[1] for p in params]), q_generator
+                )
                 qs = [float(d) for d in draws]
             for s, last, q in zip(going, lasts, qs):
                 row = sims[s][last]
@@ -183,7 +192,7 @@ def test_fixed_q_one_space_at_a_time_equals_reference(q, scale):
     shuffled = cache.pair_ids[torch.randperm(45, generator=g2)]
     expected = []
     for s in range(3):
-        part = shuffled[s * 20:(s + 1) * 20]
+        part = shuffled[s * 20 : (s + 1) * 20]
         expected += reference([part], *space_features([part], image, text), 6, q, g2, scale=scale)[0]
     same(expected, got)
     assert sorted(p for b in got for p, _, _ in b) == list(range(100, 145)), "every pair exactly once"
@@ -196,13 +205,17 @@ def test_beta_rule_lockstep_equals_reference(level, width, scale):
     cache, image, text = make_cache(50, seed=2)
     rule = toy_policy
     g1, g2 = torch.Generator().manual_seed(11), torch.Generator().manual_seed(11)
-    spaces = QuantileSpaces(cache.pair_ids, cache, search_space_size=width, batch_size=7, generator=g1, level=level,
-                            scale=scale)
+    spaces = QuantileSpaces(
+        cache.pair_ids, cache, search_space_size=width, batch_size=7, generator=g1, level=level, scale=scale
+    )
     got = spaces.compose_all(rule, g1)
     shuffled = cache.pair_ids[torch.randperm(50, generator=g2)]
-    parts = [shuffled[s * width:(s + 1) * width] for s in range(math.ceil(50 / width))]
-    expected = [b for space in reference(parts, *space_features(parts, image, text), 7, rule, g2, level=level,
-                                         scale=scale) for b in space]
+    parts = [shuffled[s * width : (s + 1) * width] for s in range(math.ceil(50 / width))]
+    expected = [
+        b
+        for space in reference(parts, *space_features(parts, image, text), 7, rule, g2, level=level, scale=scale)
+        for b in space
+    ]
     same(expected, [batch_tuples(b) for b in got])
     if level == "batch":
         for b in got:
@@ -245,8 +258,10 @@ def test_one_space_epoch_batches_cover_everything_and_drop_last():
     assert len(set(ids.tolist())) == 48
 
 
-@pytest.mark.parametrize("n,width,batch,drop_last", [(160, 24, 16, False), (160, 24, 16, True), (50, 20, 8, False),
-                                                     (50, 64, 8, True), (7, 3, 2, False)])
+@pytest.mark.parametrize(
+    "n,width,batch,drop_last",
+    [(160, 24, 16, False), (160, 24, 16, True), (50, 20, 8, False), (50, 64, 8, True), (7, 3, 2, False)],
+)
 def test_batch_count_of_a_spaced_epoch(n, width, batch, drop_last):
     """The count the pretrain stage plans an epoch with (num_space_batches) is the count the composer makes:
     every pair once, each space ending in its own short batch (or dropping it)."""
@@ -254,8 +269,9 @@ def test_batch_count_of_a_spaced_epoch(n, width, batch, drop_last):
 
     cache, _, _ = make_cache(n, seed=n)
     g = torch.Generator().manual_seed(1)
-    spaces = QuantileSpaces(cache.pair_ids, cache, search_space_size=width, batch_size=batch, generator=g,
-                            drop_last=drop_last)
+    spaces = QuantileSpaces(
+        cache.pair_ids, cache, search_space_size=width, batch_size=batch, generator=g, drop_last=drop_last
+    )
     batches = spaces.compose_all(0.5, g)
     assert len(batches) == len(spaces) == num_space_batches(n, width, batch, drop_last)
     ids = torch.cat([b.pair_ids for b in batches]).tolist()
@@ -277,8 +293,9 @@ def test_resume_mid_epoch_recomposes_the_same_batches():
         uninterrupted.append(batch_tuples(spaces.next_batch(rule, g)[0]))
     # the cache moves on (this epoch's features) but the snapshot keeps the space as composed
     cache.update(cache.pair_ids, *exact_features(40, seed=99))
-    resumed = QuantileSpaces(cache.pair_ids, cache, search_space_size=20, batch_size=6,
-                             generator=torch.Generator().manual_seed(123))
+    resumed = QuantileSpaces(
+        cache.pair_ids, cache, search_space_size=20, batch_size=6, generator=torch.Generator().manual_seed(123)
+    )
     resumed.load_state_dict(state)
     g.set_state(g_state)
     rest = []
@@ -314,8 +331,9 @@ def test_level_record_is_what_every_level_would_have_picked_from_the_same_candid
 
     grid = [0.05, 0.35, 0.65, 0.95]
     plain = QuantileSpaces(cache.pair_ids, cache, 36, 9, torch.Generator().manual_seed(2), truth=truth)
-    spaces = QuantileSpaces(cache.pair_ids, cache, 36, 9, torch.Generator().manual_seed(2), truth=truth,
-                            credit_levels=grid)
+    spaces = QuantileSpaces(
+        cache.pair_ids, cache, 36, 9, torch.Generator().manual_seed(2), truth=truth, credit_levels=grid
+    )
     s = image @ text.T + text @ image.T
     g_plain, g = torch.Generator().manual_seed(4), torch.Generator().manual_seed(4)
     chosen: set[int] = set()
@@ -332,8 +350,9 @@ def test_level_record_is_what_every_level_would_have_picked_from_the_same_candid
         chosen.add(ids[0])
         for t in range(1, len(ids)):
             a = ids[t - 1]
-            candidates = sorted((j for j in range(36) if j not in chosen and j != a),
-                                key=lambda j: (float(s[a, j]), -local[j]))
+            candidates = sorted(
+                (j for j in range(36) if j not in chosen and j != a), key=lambda j: (float(s[a, j]), -local[j])
+            )
             for k, q in enumerate(grid):
                 pick = candidates[quantile.nearest_rank(q, len(candidates))]
                 assert float(record["level_hardness"][t - 1, k]) == pytest.approx(float(s[a, pick]), abs=1e-5)
@@ -380,6 +399,7 @@ def test_every_logged_column_is_what_it_says(level):
 
 # --- the quantile composers behind the one composer protocol ---------------------------------------------------
 
+
 def _composer(name, **kwargs):
     from falcon_cli.sampling.quantile_composer import QuantileComposer
 
@@ -412,8 +432,9 @@ def test_a_quantile_composers_epoch_is_its_spaces_composed_at_its_q():
     for name, epoch, q in (("quantile", 2, 0.5), ("progressive", 2, progressive_q(2, 4, 0.2, 0.8))):
         got = _composer(name).compose_epoch(epoch, cache.pair_ids, cache, torch.Generator().manual_seed(7))
         g = torch.Generator().manual_seed(7)
-        expected = QuantileSpaces(cache.pair_ids, cache, search_space_size=20, batch_size=6, generator=g,
-                                  sampler=name).compose_all(q, g)
+        expected = QuantileSpaces(
+            cache.pair_ids, cache, search_space_size=20, batch_size=6, generator=g, sampler=name
+        ).compose_all(q, g)
         same([batch_tuples(b) for b in expected], [batch_tuples(b) for b in got])
 
 
@@ -434,7 +455,10 @@ def test_the_log_rank_position_counts_from_the_most_similar():
             k = math.floor(n ** (1 - q) + 0.5)
             assert quantile.quantile_position(q, n, "log_rank") == n - k, (n, q)
             assert quantile.quantile_position(q, n, "linear") == quantile.nearest_rank(q, n)
-    assert quantile.quantile_position(1.0, 500, "log_rank") == 499 and quantile.quantile_position(0.0, 500, "log_rank") == 0
+    assert (
+        quantile.quantile_position(1.0, 500, "log_rank") == 499
+        and quantile.quantile_position(0.0, 500, "log_rank") == 0
+    )
     assert quantile.quantile_position(0.94, 500, "log_rank") == 499  # the most similar (500^0.06 = 1.45)
     assert quantile.quantile_position(0.9, 500, "log_rank") == 498  # the 2nd (500^0.1 = 1.86)
     assert quantile.nearest_rank(0.94, 500) == 469  # linearly: the 31st
@@ -451,8 +475,16 @@ def test_the_log_rank_recipe_reaches_the_composer(tmp_path):
     from tests.conftest import TINY_FRAMEWORK_RUN, run_cli
 
     run = tmp_path / "run"
-    proc = run_cli("pretrain", "--recipe", "shapes-falcon-margin-top", "--run-dir", run,
-                   f"data.dataset={tmp_path / 'world'}", *TINY_FRAMEWORK_RUN, "pretrain.epochs=2")
+    proc = run_cli(
+        "pretrain",
+        "--recipe",
+        "shapes-falcon-margin-top",
+        "--run-dir",
+        run,
+        f"data.dataset={tmp_path / 'world'}",
+        *TINY_FRAMEWORK_RUN,
+        "pretrain.epochs=2",
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     log = read_batch_log(run / "batches.parquet")
     chained = log[(log["epoch"] == 1) & log["q"].notna()]

@@ -80,8 +80,9 @@ def assert_batches_equal(a: list[Batch], b: list[Batch]) -> None:
             torch.testing.assert_close(getattr(x, name), getattr(y, name), rtol=0, atol=0, equal_nan=True)
 
 
-def reference_grit(ids: torch.Tensor, cache: EmbeddingCache, space: int, batch_size: int, drop_last: bool,
-                   generator: torch.Generator) -> list[tuple[list[int], list[int]]]:
+def reference_grit(
+    ids: torch.Tensor, cache: EmbeddingCache, space: int, batch_size: int, drop_last: bool, generator: torch.Generator
+) -> list[tuple[list[int], list[int]]]:
     """GRIT-VLP's grouping, one candidate at a time (slow, obviously correct): [(pair ids, anchors)] per batch.
 
     Draws from ``generator`` in the documented order: randperm(n), one float64 rand per
@@ -96,7 +97,7 @@ def reference_grit(ids: torch.Tensor, cache: EmbeddingCache, space: int, batch_s
     chain: list[int] = []
     anchors: list[int] = []
     for s in range(spaces):
-        members = shuffled[s * width: s * width + sizes[s]]
+        members = shuffled[s * width : s * width + sizes[s]]
         image, text = cache.get(torch.tensor(members))
         image, text = image.float(), text.float()
         m = len(members)
@@ -130,7 +131,9 @@ def reference_grit(ids: torch.Tensor, cache: EmbeddingCache, space: int, batch_s
         anchors += [-1] + [members[j] for j in local[:-1]]
     count = n // batch_size if drop_last else math.ceil(n / batch_size)
     order = torch.randperm(count, generator=generator).tolist()
-    return [(chain[i * batch_size:(i + 1) * batch_size], anchors[i * batch_size:(i + 1) * batch_size]) for i in order]
+    return [
+        (chain[i * batch_size : (i + 1) * batch_size], anchors[i * batch_size : (i + 1) * batch_size]) for i in order
+    ]
 
 
 def buggy_softmax_grit(image: torch.Tensor, text: torch.Tensor, temp: float, start: int) -> list[int]:
@@ -202,15 +205,18 @@ def test_composers_need_a_cpu_generator():
 
 
 # --- GRIT: fast path == reference loop ------------------------------------------------------------
-@pytest.mark.parametrize("n,space,batch,drop_last", [
-    (240, 48, 16, False),   # full spaces only, even |M|
-    (250, 48, 16, False),   # smaller last space (10), partial last batch
-    (251, 47, 16, True),    # odd |M| and odd tail, drop_last
-    (97, 33, 10, False),    # odd everything
-    (50, 64, 8, False),     # one space smaller than |M|
-    (131, 2, 6, False),     # spaces of two (and a last space of one)
-    (7, 1, 3, False),       # spaces of one: chains are single starts
-])
+@pytest.mark.parametrize(
+    "n,space,batch,drop_last",
+    [
+        (240, 48, 16, False),  # full spaces only, even |M|
+        (250, 48, 16, False),  # smaller last space (10), partial last batch
+        (251, 47, 16, True),  # odd |M| and odd tail, drop_last
+        (97, 33, 10, False),  # odd everything
+        (50, 64, 8, False),  # one space smaller than |M|
+        (131, 2, 6, False),  # spaces of two (and a last space of one)
+        (7, 1, 3, False),  # spaces of one: chains are single starts
+    ],
+)
 def test_grit_fast_path_matches_reference_loop(n, space, batch, drop_last):
     ids = sparse_ids(n, seed=n)
     cache = grid_cache(ids, seed=n)
@@ -268,7 +274,9 @@ def test_grit_groups_planted_near_duplicates():
     text = torch.nn.functional.normalize(image + 0.3 / math.sqrt(dim) * torch.randn(n, dim, generator=g), dim=1)
     planted = [(2 * i, 2 * i + 1) for i in range(0, 40, 2)]  # 20 near-duplicate pairs
     for a, b in planted:
-        image[b] = torch.nn.functional.normalize(image[a] + 0.05 / math.sqrt(dim) * torch.randn(dim, generator=g), dim=0)
+        image[b] = torch.nn.functional.normalize(
+            image[a] + 0.05 / math.sqrt(dim) * torch.randn(dim, generator=g), dim=0
+        )
         text[b] = torch.nn.functional.normalize(text[a] + 0.05 / math.sqrt(dim) * torch.randn(dim, generator=g), dim=0)
     ids = torch.arange(n) * 10
     cache = EmbeddingCache(ids, dim=dim)
@@ -462,7 +470,10 @@ def test_batch_log_rows_match_batches_and_append_epochs(tmp_path):
         log.extend(epoch, epochs[epoch], rank=0, start_step=100 * epoch)
         log.write(epoch)
     assert sorted(p.name for p in (tmp_path / "batches.parquet").iterdir()) == [
-        "epoch-000000.parquet", "epoch-000001.parquet", "epoch-000002.parquet"]
+        "epoch-000000.parquet",
+        "epoch-000001.parquet",
+        "epoch-000002.parquet",
+    ]
     frame = read_batch_log(tmp_path / "batches.parquet")
     assert len(frame) == 3 * 130 and list(frame.columns)[:4] == ["epoch", "step", "rank", "slot"]
     assert frame["q"].dtype == np.float32
@@ -472,8 +483,9 @@ def test_batch_log_rows_match_batches_and_append_epochs(tmp_path):
         assert part["pair_id"].tolist() == flat(batches).tolist()
         assert part["anchor_pair_id"].tolist() == torch.cat([b.anchor_pair_id for b in batches]).tolist()
         assert part["slot"].tolist() == [s for b in batches for s in range(len(b))]
-        np.testing.assert_array_equal(part["similarity_to_anchor"].to_numpy(),
-                                      torch.cat([b.similarity_to_anchor for b in batches]).numpy())
+        np.testing.assert_array_equal(
+            part["similarity_to_anchor"].to_numpy(), torch.cat([b.similarity_to_anchor for b in batches]).numpy()
+        )
         assert set(part["sampler"]) == {"uniform" if epoch == 0 else "grit"}
     assert read_batch_log(tmp_path / "batches.parquet", epochs=[1])["epoch"].unique().tolist() == [1]
     assert len(pd.read_parquet(tmp_path / "batches.parquet")) == 3 * 130  # plain pandas reads it too
@@ -505,8 +517,11 @@ def test_batch_log_per_rank_parts_state_and_validation(tmp_path):
         read_batch_log(path)
     (path / "epoch-000000.parquet").unlink()
     # a part that is not a batches table
-    write_table(path / "epoch-000005.parquet", {"pair_id": [1], "space_id": [0], "position": [0], "epoch": [5],
-                                                "method": ["grit"], "seed": [0]}, SEARCH_SPACES)
+    write_table(
+        path / "epoch-000005.parquet",
+        {"pair_id": [1], "space_id": [0], "position": [0], "epoch": [5], "method": ["grit"], "seed": [0]},
+        SEARCH_SPACES,
+    )
     with pytest.raises(FalconError, match="expected 'batches'"):
         read_batch_log(path)
     with pytest.raises(FalconError, match="not found"):

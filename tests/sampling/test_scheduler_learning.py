@@ -24,17 +24,28 @@ def _space(n: int = 30, dim: int = 8, seed: int = 0):
 def test_input_rows_match_a_plain_reference():
     image, text = _space()
     n, m = len(image), 7
-    tables = space_tables(image[None], text[None], torch.tensor([n]), quantiles=m, temperature=0.5,
-                          features=("softmax", "zscore", "positive", "spread"))
+    tables = space_tables(
+        image[None],
+        text[None],
+        torch.tensor([n]),
+        quantiles=m,
+        temperature=0.5,
+        features=("softmax", "zscore", "positive", "spread"),
+    )
     s = image @ text.T + text @ image.T
     for a in (0, 13, 29):
-        row = torch.cat([s[a, :a], s[a, a + 1:]])
+        row = torch.cat([s[a, :a], s[a, a + 1 :]])
         q = torch.quantile(row, torch.linspace(0, 1, m))
         mean, std = q.mean(), q.std(unbiased=False)
         above = float((row > s[a, a]).sum())
-        expected = torch.cat([torch.softmax(q / 0.5, 0), (q - mean) / std,
-                              torch.tensor([above / (n - 1), np.log1p(above) / np.log1p(n - 1), (s[a, a] - mean) / std]),
-                              torch.stack([std, q[-1] - q[0]])])
+        expected = torch.cat(
+            [
+                torch.softmax(q / 0.5, 0),
+                (q - mean) / std,
+                torch.tensor([above / (n - 1), np.log1p(above) / np.log1p(n - 1), (s[a, a] - mean) / std]),
+                torch.stack([std, q[-1] - q[0]]),
+            ]
+        )
         assert torch.allclose(tables.s_hat[0, a], expected.float(), atol=1e-4), a
     assert SchedulerFeatures(["softmax", "zscore", "positive", "spread"], m).dim == tables.s_hat.shape[-1] == 2 * m + 5
 
@@ -70,7 +81,9 @@ def test_positive_margin_rewards_match_a_plain_loop():
     torch.manual_seed(0)
     image = torch.nn.functional.normalize(torch.randn(9, 16), dim=-1)
     text = torch.nn.functional.normalize(image + 0.8 * torch.randn(9, 16), dim=-1)
-    image[4] = text[4] = image[3]  # slot 4 shows slot 3's image, and says exactly what it shows: above anchor 3's own pair
+    image[4] = text[4] = image[
+        3
+    ]  # slot 4 shows slot 3's image, and says exactly what it shows: above anchor 3's own pair
     for overshoot, margin in [(0.0, 0.0), (1.0, 0.0), (3.0, 0.0), (1.0, 0.4)]:
         got = positive_margin_rewards(image, text, overshoot, margin)
         want = [0.0]
@@ -154,11 +167,17 @@ def test_the_itm_charged_margin_needs_an_itm_head_and_per_pick_credit():
     with pytest.raises(ValueError, match=r"positive_margin\+itm .* needs scheduler_credit: chosen"):
         PretrainConfig(scheduler_credit="pair", reward="positive_margin+itm")
     with pytest.raises(ValueError, match="no ITM head to judge a pick: positive_margin stands in"):
-        PretrainConfig(model="dual-tiny-clip", composer="falcon", scheduler_credit="chosen", reward="positive_margin+itm")
+        PretrainConfig(
+            model="dual-tiny-clip", composer="falcon", scheduler_credit="chosen", reward="positive_margin+itm"
+        )
     # the oracle needs no head: every framework takes it (the shapes world is checked when the run starts)
     for model, extra in (("dual-tiny-clip", {"caption_weight": 0}), ("albef-tiny", {}), ("blip2-tiny", {})):
-        assert PretrainConfig(model=model, composer="falcon", scheduler_credit="chosen", reward="positive_margin+oracle",
-                              **extra).reward == "positive_margin+oracle"
+        assert (
+            PretrainConfig(
+                model=model, composer="falcon", scheduler_credit="chosen", reward="positive_margin+oracle", **extra
+            ).reward
+            == "positive_margin+oracle"
+        )
     with pytest.raises(ValueError, match=r"positive_margin\+oracle .* needs scheduler_credit: chosen"):
         PretrainConfig(scheduler_credit="pair", reward="positive_margin+oracle")
 
@@ -200,6 +219,7 @@ def test_concentration_cap_keeps_the_mean():
 
 def test_entropy_bonus_keeps_the_beta_wider():
     """The same rewards sharpen the Beta less with an entropy bonus."""
+
     def concentration(entropy: float) -> float:
         torch.manual_seed(0)
         rng = np.random.default_rng(0)
@@ -208,7 +228,7 @@ def test_entropy_bonus_keeps_the_beta_wider():
         for _ in range(60):
             a, b = scheduler.alpha_beta(x)
             q = torch.from_numpy(rng.beta(a.double().numpy(), b.double().numpy()))
-            r = -(q - 0.5) ** 2
+            r = -((q - 0.5) ** 2)
             scheduler.update({"s_hat": x, "q": q}, torch.cat([r, r[-1:]]))
         a, b = scheduler.alpha_beta(x)
         return float((a + b).mean())
@@ -259,8 +279,13 @@ def test_falcon_step_charges_the_oracle_verdict_with_no_pass_of_the_model(charge
     b, g = 6, torch.Generator().manual_seed(2)
     image = torch.nn.functional.normalize(torch.randn(b, 8, generator=g), dim=-1)
     text = torch.nn.functional.normalize(torch.randn(b, 8, generator=g), dim=-1)
-    p = PretrainConfig(scheduler_credit="chosen", reward="positive_margin+oracle", reward_margin=0.5,
-                       reward_itm_weight=3.0, reward_itm_charge=charge)
+    p = PretrainConfig(
+        scheduler_credit="chosen",
+        reward="positive_margin+oracle",
+        reward_margin=0.5,
+        reward_itm_weight=3.0,
+        reward_itm_charge=charge,
+    )
     scheduler = NegativeScheduler(quantiles=4, hidden=8, blocks=1, reward="positive_margin+oracle", credit="chosen")
     step = FalconStep(scheduler, p, "fp32", torch.device("cpu"))
     fn = torch.tensor([float("nan"), 1, 0, 0, 1, 0])
@@ -270,7 +295,9 @@ def test_falcon_step_charges_the_oracle_verdict_with_no_pass_of_the_model(charge
     step.after(SimpleNamespace(), out, {}, inputs, None, SimpleNamespace(chosen_is_fn=fn), record)
     margin = positive_margin_rewards(image, text, 1.0, 0.5)[1:]
     false = fn[1:].bool()
-    expected = torch.where(false, torch.full_like(margin, -3.0), margin) if charge == "expected" else margin - 3.0 * fn[1:]
+    expected = (
+        torch.where(false, torch.full_like(margin, -3.0), margin) if charge == "expected" else margin - 3.0 * fn[1:]
+    )
     np.testing.assert_allclose([r for r, _ in step.credited], expected.numpy(), atol=1e-5)
     assert [row[:2] for row in step.judged] == [[f, f] for f in fn[1:].tolist()]  # the judge is the truth itself
     assert oracle_match(SimpleNamespace(chosen_is_fn=fn), torch.device("cpu")).tolist() == [0, 1, 0, 0, 1, 0]
@@ -287,7 +314,13 @@ def test_falcon_step_charges_the_itm_judgement_it_is_configured_for(charge):
 
     from falcon_cli.config.schema import PretrainConfig
     from falcon_cli.sampling.falcon_step import FalconStep
-    from falcon_cli.sampling.scheduler import chain_hardness, chain_pairs, excess_over_hardness, pick_match, positive_margin_rewards
+    from falcon_cli.sampling.scheduler import (
+        chain_hardness,
+        chain_pairs,
+        excess_over_hardness,
+        pick_match,
+        positive_margin_rewards,
+    )
 
     b, g = 6, torch.Generator().manual_seed(1)
     image = torch.nn.functional.normalize(torch.randn(b, 8, generator=g), dim=-1)
@@ -307,10 +340,17 @@ def test_falcon_step_charges_the_itm_judgement_it_is_configured_for(charge):
             assert torch.equal(image_index, expected[0]) and torch.equal(text_index, expected[1])
             return pair_probability
 
-    p = PretrainConfig(scheduler_credit="chosen", reward="positive_margin+itm", reward_margin=0.5,
-                       reward_itm_weight=3.0, reward_itm_charge=charge, reward_baseline="batch_mean")
-    scheduler = NegativeScheduler(quantiles=4, hidden=8, blocks=1, reward="positive_margin+itm", credit="chosen",
-                                  baseline="batch_mean")
+    p = PretrainConfig(
+        scheduler_credit="chosen",
+        reward="positive_margin+itm",
+        reward_margin=0.5,
+        reward_itm_weight=3.0,
+        reward_itm_charge=charge,
+        reward_baseline="batch_mean",
+    )
+    scheduler = NegativeScheduler(
+        quantiles=4, hidden=8, blocks=1, reward="positive_margin+itm", credit="chosen", baseline="batch_mean"
+    )
     step = FalconStep(scheduler, p, "fp32", torch.device("cpu"))
     fn = torch.tensor([float("nan"), 1, 0, 0, 1, 0])
     record = {"s_hat": torch.rand(b - 1, 4, generator=g), "q": torch.rand(b - 1, generator=g)}
@@ -321,8 +361,9 @@ def test_falcon_step_charges_the_itm_judgement_it_is_configured_for(charge):
     match = pick_match(pair_probability, b)
     margin = positive_margin_rewards(image, text, 1.0, 0.5)
     if charge == "expected":  # written out: worth the margin when a true negative (1 - p), -3 when a match (p)
-        expected = torch.tensor([0.0] + [(1 - match[k].item()) * margin[k].item() - 3.0 * match[k].item()
-                                         for k in range(1, b)])
+        expected = torch.tensor(
+            [0.0] + [(1 - match[k].item()) * margin[k].item() - 3.0 * match[k].item() for k in range(1, b)]
+        )
         paid = (margin - expected) / 3.0
     else:
         paid = match if charge == "absolute" else excess_over_hardness(match, chain_hardness(image, text)[0])
@@ -355,8 +396,9 @@ def test_level_credit_moves_each_anchors_beta_toward_its_best_level():
     means = []
     for scale in (1.0, 1000.0):
         torch.manual_seed(0)
-        scheduler = NegativeScheduler(quantiles=4, hidden=16, blocks=1, lr=1e-2, credit="levels", levels=5,
-                                      normalize=True)
+        scheduler = NegativeScheduler(
+            quantiles=4, hidden=16, blocks=1, lr=1e-2, credit="levels", levels=5, normalize=True
+        )
         grid = scheduler.grid.double()
         best = torch.cat([torch.full((8,), 0.1), torch.full((8,), 0.9)]).double()
         for step in range(150):
@@ -379,7 +421,9 @@ def test_level_credit_learns_the_noise_free_bandit():
     held-out anchors within 400 updates, as the per-caption REINFORCE scheduler does without noise."""
     setting = bandit.SETTINGS["levels"]
     anchors = bandit.synthetic_anchors([(setting.features, 1.0)])
-    learned = bandit.run_bandit(anchors, setting, updates=400, batch=32, noise=0.0, common=3.0, every=400, hidden=64)[-1]
+    learned = bandit.run_bandit(anchors, setting, updates=400, batch=32, noise=0.0, common=3.0, every=400, hidden=64)[
+        -1
+    ]
     assert learned["corr"] > 0.8 and learned["r2"] > 0.5, learned
 
 
@@ -388,13 +432,19 @@ def test_level_credit_needs_a_reward_it_can_score_on_the_grid():
 
     ok = PretrainConfig(scheduler_credit="levels", reward="positive_margin")
     assert ok.scheduler_levels == 10
-    assert PretrainConfig(scheduler_credit="levels", reward="positive_margin+oracle",
-                          reward_itm_charge="expected").scheduler_credit == "levels"
-    for bad, match in [({"reward": "positive_margin+itm"}, "forward of every level's pick"),
-                       ({"reward": "mlm"}, "needs reward: positive_margin or positive_margin\\+oracle"),
-                       ({"reward": "positive_margin", "reward_baseline": "batch_mean"}, "its own baseline"),
-                       ({"reward": "positive_margin+oracle", "reward_itm_charge": "excess"}, "not a grid's"),
-                       ({"reward": "positive_margin", "scheduler_levels": 1}, "greater than or equal to 2")]:
+    assert (
+        PretrainConfig(
+            scheduler_credit="levels", reward="positive_margin+oracle", reward_itm_charge="expected"
+        ).scheduler_credit
+        == "levels"
+    )
+    for bad, match in [
+        ({"reward": "positive_margin+itm"}, "forward of every level's pick"),
+        ({"reward": "mlm"}, "needs reward: positive_margin or positive_margin\\+oracle"),
+        ({"reward": "positive_margin", "reward_baseline": "batch_mean"}, "its own baseline"),
+        ({"reward": "positive_margin+oracle", "reward_itm_charge": "excess"}, "not a grid's"),
+        ({"reward": "positive_margin", "scheduler_levels": 1}, "greater than or equal to 2"),
+    ]:
         with pytest.raises(ValueError, match=match):
             PretrainConfig(scheduler_credit="levels", **bad)
 
@@ -414,15 +464,26 @@ def test_falcon_step_scores_every_level_and_credits_the_pick_with_its_own_reward
     b, levels, g = 6, 3, torch.Generator().manual_seed(3)
     image = torch.nn.functional.normalize(torch.randn(b, 8, generator=g), dim=-1)
     text = torch.nn.functional.normalize(torch.randn(b, 8, generator=g), dim=-1)
-    p = PretrainConfig(scheduler_credit="levels", reward=reward, reward_margin=0.5, reward_itm_weight=2.0,
-                       reward_itm_charge="expected", scheduler_levels=levels)
+    p = PretrainConfig(
+        scheduler_credit="levels",
+        reward=reward,
+        reward_margin=0.5,
+        reward_itm_weight=2.0,
+        reward_itm_charge="expected",
+        scheduler_levels=levels,
+    )
     scheduler = NegativeScheduler(quantiles=4, hidden=8, blocks=1, reward=reward, credit="levels", levels=levels)
     step = FalconStep(scheduler, p, "fp32", torch.device("cpu"))
     hardness = torch.rand(b - 1, levels, generator=g) * 4 - 2
     own = torch.rand(b - 1, generator=g) * 2
     verdict = (torch.rand(b - 1, levels, generator=g) < 0.4).double()
-    record = {"s_hat": torch.rand(b - 1, 4, generator=g), "q": torch.rand(b - 1, generator=g).double(),
-              "level_hardness": hardness, "level_own": own, "level_fn": verdict}
+    record = {
+        "s_hat": torch.rand(b - 1, 4, generator=g),
+        "q": torch.rand(b - 1, generator=g).double(),
+        "level_hardness": hardness,
+        "level_own": own,
+        "level_fn": verdict,
+    }
     record["q"][-1] = float("nan")  # a step the batch did not take
     for name in ("level_hardness", "level_fn"):
         record[name][-1] = float("nan")
@@ -437,13 +498,19 @@ def test_falcon_step_scores_every_level_and_credits_the_pick_with_its_own_reward
     assert torch.isnan(got[-1]).all()
     fn = torch.tensor([float("nan"), 1, 0, 0, 1, 0])
     before = [q.detach().clone() for q in scheduler.policy.parameters()]
-    step.after(SimpleNamespace(), SimpleNamespace(image_feat=image, text_feat=text), {},
-               (None, torch.zeros(b, 3, dtype=torch.long), torch.ones(b, 3, dtype=torch.long)), None,
-               SimpleNamespace(chosen_is_fn=fn), record)
+    step.after(
+        SimpleNamespace(),
+        SimpleNamespace(image_feat=image, text_feat=text),
+        {},
+        (None, torch.zeros(b, 3, dtype=torch.long), torch.ones(b, 3, dtype=torch.long)),
+        None,
+        SimpleNamespace(chosen_is_fn=fn),
+        record,
+    )
     assert any(not torch.equal(x, y) for x, y in zip(before, scheduler.policy.parameters()))
-    own_pick = positive_margin_rewards(image, text, 1.0, 0.5)[1:b - 1]
+    own_pick = positive_margin_rewards(image, text, 1.0, 0.5)[1 : b - 1]
     if reward.endswith("oracle"):
-        own_pick = torch.where(fn[1:b - 1].bool(), torch.full_like(own_pick, -2.0), own_pick)
+        own_pick = torch.where(fn[1 : b - 1].bool(), torch.full_like(own_pick, -2.0), own_pick)
     np.testing.assert_allclose([r for r, _ in step.credited], own_pick.numpy(), atol=1e-5)
     if reward.endswith("oracle"):
         record["level_fn"] = torch.full_like(verdict, float("nan"))
@@ -465,19 +532,37 @@ def test_rank_hardness_pays_each_pick_its_rank_until_the_judge_charges_it():
     b, g = 5, torch.Generator().manual_seed(4)
     image = torch.nn.functional.normalize(torch.randn(b, 8, generator=g), dim=-1)
     text = torch.nn.functional.normalize(torch.randn(b, 8, generator=g), dim=-1)
-    p = PretrainConfig(scheduler_credit="chosen", reward="positive_margin+oracle", reward_hardness="rank",
-                       reward_itm_charge="expected", reward_itm_weight=1.0)
-    step = FalconStep(NegativeScheduler(quantiles=4, hidden=8, blocks=1, reward=p.reward, credit="chosen"), p, "fp32",
-                      torch.device("cpu"))
+    p = PretrainConfig(
+        scheduler_credit="chosen",
+        reward="positive_margin+oracle",
+        reward_hardness="rank",
+        reward_itm_charge="expected",
+        reward_itm_weight=1.0,
+    )
+    step = FalconStep(
+        NegativeScheduler(quantiles=4, hidden=8, blocks=1, reward=p.reward, credit="chosen"),
+        p,
+        "fp32",
+        torch.device("cpu"),
+    )
     fn = torch.tensor([float("nan"), 0, 1, 0, 0])
     rank = torch.tensor([float("nan"), 0.25, 0.9, 1.0, 0.0])
     record = {"s_hat": torch.rand(b - 1, 4, generator=g), "q": torch.rand(b - 1, generator=g)}
-    step.after(SimpleNamespace(), SimpleNamespace(image_feat=image, text_feat=text), {},
-               (None, torch.zeros(b, 3, dtype=torch.long), torch.ones(b, 3, dtype=torch.long)), None,
-               SimpleNamespace(chosen_is_fn=fn, quantile_rank=rank), record)
+    step.after(
+        SimpleNamespace(),
+        SimpleNamespace(image_feat=image, text_feat=text),
+        {},
+        (None, torch.zeros(b, 3, dtype=torch.long), torch.ones(b, 3, dtype=torch.long)),
+        None,
+        SimpleNamespace(chosen_is_fn=fn, quantile_rank=rank),
+        record,
+    )
     assert [r for r, _ in step.credited] == pytest.approx([0.25, -1.0, 1.0, 0.0])
     grid = torch.tensor([0.25, 0.75])
-    levels = {"level_hardness": torch.tensor([[5.0, -5.0], [float("nan")] * 2]), "level_own": torch.tensor([0.0, float("nan")]),
-              "level_fn": torch.tensor([[0.0, 1.0], [float("nan")] * 2])}
+    levels = {
+        "level_hardness": torch.tensor([[5.0, -5.0], [float("nan")] * 2]),
+        "level_own": torch.tensor([0.0, float("nan")]),
+        "level_fn": torch.tensor([[0.0, 1.0], [float("nan")] * 2]),
+    }
     got = level_rewards(levels, "positive_margin+oracle", 1.0, 0.5, 1.0, "expected", "rank", grid)
     assert got[0].tolist() == [0.25, -1.0] and torch.isnan(got[1]).all()

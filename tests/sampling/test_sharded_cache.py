@@ -84,7 +84,7 @@ def _simulated_training(rank: int, world: int, store: str, out: str) -> None:
                 assert cache.nbytes == expected["between_epochs_bytes"]
             steps = 2 if epoch % 2 else per // batch  # odd epochs leave most pairs untrained
             for step in range(steps):
-                mine = shard[step * batch:(step + 1) * batch]
+                mine = shard[step * batch : (step + 1) * batch]
                 gathered = D.all_gather_cat(mine)
                 image, text = features(gathered, epoch, step)
                 reference.update(gathered, image, text)
@@ -108,8 +108,10 @@ def _simulated_training(rank: int, world: int, store: str, out: str) -> None:
             held = cache.filling
             assert cache.reading is None and cache.rows == len(held), "between epochs: one cache"
             assert_rows_match(held, reference, f"epoch {epoch}: next epoch's rows after the hand-over")
-            path = cache.save(f"{out}/epoch_{epoch}.h5", {"model": "m", "checkpoint": "c", "dataset": "d",
-                                                          "split": "pretrain", "epoch": epoch})
+            path = cache.save(
+                f"{out}/epoch_{epoch}.h5",
+                {"model": "m", "checkpoint": "c", "dataset": "d", "split": "pretrain", "epoch": epoch},
+            )
             assert (path is not None) == (rank == 0)
             if rank == 0:
                 emb = read_embeddings(path)
@@ -182,6 +184,7 @@ def test_cache_bytes_per_rank_at_fourteen_million_pairs():
 
 # --- per-rank checkpoint files ----------------------------------------------------------------------------------
 
+
 class Part:
     """A stateful part holding a value and a tensor."""
 
@@ -201,8 +204,15 @@ def _state(directory, lines=None):
 
     model = torch.nn.Linear(2, 2)
     shared, mine = Part(), Part()
-    state = TrainState(directory, {"model": model}, what="test", shared={"shared": shared}, per_rank={"mine": mine},
-                       keep_last=3, say=(lines.append if lines is not None else lambda line: None))
+    state = TrainState(
+        directory,
+        {"model": model},
+        what="test",
+        shared={"shared": shared},
+        per_rank={"mine": mine},
+        keep_last=3,
+        say=(lines.append if lines is not None else lambda line: None),
+    )
     return state, model, shared, mine
 
 
@@ -223,8 +233,13 @@ def _checkpoints(rank: int, world: int, store: str, directory: str) -> None:
             path = state.save(1, step)
             assert (path == root / f"{step:08d}") if rank == 0 else path is None
         dist.barrier()
-        assert sorted(p.name for p in (root / "00000008").iterdir()) == ["meta.json", "model.safetensors", "rank-0.pt",
-                                                                        "rank-1.pt", "training_state.pt"]
+        assert sorted(p.name for p in (root / "00000008").iterdir()) == [
+            "meta.json",
+            "model.safetensors",
+            "rank-0.pt",
+            "rank-1.pt",
+            "training_state.pt",
+        ]
         assert "ranks" not in C.load_training_state(root / "00000008"), "nothing gathered on rank 0"
 
         # a rank that cannot write its part: every rank raises, no checkpoint 12, latest still on 8
@@ -261,8 +276,13 @@ def _checkpoints(rank: int, world: int, store: str, directory: str) -> None:
         assert third.begin(resume=True, overwrite=False) == root / "00000004"
         assert (third.step, shared3.value, mine3.value) == (4, 4, 400 + rank)
         if rank == 0:
-            assert any("damaged checkpoints passed over" in line and "00000008" in line and "rank-1.pt" in line
-                       and "on rank 1" in line for line in lines), lines
+            assert any(
+                "damaged checkpoints passed over" in line
+                and "00000008" in line
+                and "rank-1.pt" in line
+                and "on rank 1" in line
+                for line in lines
+            ), lines
         _leave()
     except BaseException:
         dist.destroy_process_group()

@@ -10,8 +10,15 @@ import numpy as np
 import pytest
 
 from falcon_cli.runtime.metrics import read_metrics
-from tests.conftest import (TINY_FRAMEWORK_RUN, assert_same_training, complete_run, kill_past_step, recipe_args, run_cli,
-                            run_torchrun)
+from tests.conftest import (
+    TINY_FRAMEWORK_RUN,
+    assert_same_training,
+    complete_run,
+    kill_past_step,
+    recipe_args,
+    run_cli,
+    run_torchrun,
+)
 
 TINY = [*TINY_FRAMEWORK_RUN, "evaluate.retrieval.k=4"]
 args = recipe_args("shapes-blip2-falcon", TINY)
@@ -84,12 +91,24 @@ def test_falcon_kill_and_resume_is_exact(world, falcon_run, tmp_path):
 @pytest.mark.parametrize("method", ["glofnd", "diht", "mafa", "none"])
 def test_false_negative_methods_train_a_blip2_model(world, falcon_run, tmp_path, method):
     """GloFND, DiHT and MAFA on GRIT batches; plain ITC on fixed-quantile batches with LAVIS's sampled ITM negatives."""
-    extra = {"glofnd": ["pretrain.glofnd.start_epoch=1", "pretrain.glofnd.alpha=0.2", "pretrain.composer=grit"],
-             "diht": ["pretrain.composer=grit"], "mafa": ["pretrain.mafa.judge=oracle", "pretrain.composer=grit"],
-             "none": ["pretrain.composer=quantile", "pretrain.quantile=0.5", "pretrain.itm_negatives=sample"]}[method]
-    proc = run_cli(*args(tmp_path / "run", world, f"pretrain.false_negatives={method}",
-                         "pretrain.epochs=2", "pretrain.max_steps_per_epoch=4", "pretrain.eval_split=null", *extra,
-                         recipe="shapes-blip2"))
+    extra = {
+        "glofnd": ["pretrain.glofnd.start_epoch=1", "pretrain.glofnd.alpha=0.2", "pretrain.composer=grit"],
+        "diht": ["pretrain.composer=grit"],
+        "mafa": ["pretrain.mafa.judge=oracle", "pretrain.composer=grit"],
+        "none": ["pretrain.composer=quantile", "pretrain.quantile=0.5", "pretrain.itm_negatives=sample"],
+    }[method]
+    proc = run_cli(
+        *args(
+            tmp_path / "run",
+            world,
+            f"pretrain.false_negatives={method}",
+            "pretrain.epochs=2",
+            "pretrain.max_steps_per_epoch=4",
+            "pretrain.eval_split=null",
+            *extra,
+            recipe="shapes-blip2",
+        )
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     steps = [r for r in records if "loss" in r]
@@ -113,8 +132,15 @@ def test_the_audit_judges_with_a_blip2_runs_own_itm_head(falcon_run, tmp_path):
 
 
 def test_two_gloo_processes_train_blip2(tmp_path):
-    proc = run_torchrun(args(tmp_path / "run", tmp_path / "world", "pretrain.batch_size=8", "pretrain.epochs=2",
-                             "pretrain.eval_split=null"))
+    proc = run_torchrun(
+        args(
+            tmp_path / "run",
+            tmp_path / "world",
+            "pretrain.batch_size=8",
+            "pretrain.epochs=2",
+            "pretrain.eval_split=null",
+        )
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "global batch 16" in proc.stderr
     records = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
@@ -137,8 +163,17 @@ def test_albef_only_stages_and_settings_refuse_blip2_in_one_line(falcon_run, wor
 
 
 def test_falcon_embed_reads_a_blip2_run(falcon_run, world, tmp_path):
-    proc = run_cli("embed", "--recipe", "shapes-blip2", "--run-dir", tmp_path / "emb", f"data.dataset={world}",
-                   *TINY[:2], f"embed.encoder=falcon:{falcon_run}", "embed.fp16=false")
+    proc = run_cli(
+        "embed",
+        "--recipe",
+        "shapes-blip2",
+        "--run-dir",
+        tmp_path / "emb",
+        f"data.dataset={world}",
+        *TINY[:2],
+        f"embed.encoder=falcon:{falcon_run}",
+        "embed.fp16=false",
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     from falcon_cli.artifacts.embeddings import read_embeddings
 

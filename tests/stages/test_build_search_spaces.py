@@ -25,8 +25,15 @@ SIZE = 48
 def recipe_args(world) -> list[str]:
     # One world serves shapes-demo and shapes-warmstart runs here, so their world settings must agree
     # (shapes-demo writes 3 NLVR2 statements per image).
-    return [f"data.dataset={world}", "data.shapes.images=40", "data.shapes.size=32", "pretrain.image_size=32", "data.tokenizer_vocab_size=200", "data.verify_images=false",
-            "data.shapes.nlvr2_statements_per_image=3"]
+    return [
+        f"data.dataset={world}",
+        "data.shapes.images=40",
+        "data.shapes.size=32",
+        "pretrain.image_size=32",
+        "data.tokenizer_vocab_size=200",
+        "data.verify_images=false",
+        "data.shapes.nlvr2_statements_per_image=3",
+    ]
 
 
 def test_help_shows_a_real_example():
@@ -54,11 +61,17 @@ def inputs(tmp_path_factory):
     text = image + 0.3 * rng.standard_normal((len(records), 32))
     order = rng.permutation(len(records))  # rows need not be in pair-id order
     path = root / "embeddings.h5"
-    attrs = dict(model="test", checkpoint="", dataset="shapes", split="pretrain", epoch=0,
-                 dataset_fingerprint=split_fingerprint(load_spec(world), "pretrain", None))
+    attrs = dict(
+        model="test",
+        checkpoint="",
+        dataset="shapes",
+        split="pretrain",
+        epoch=0,
+        dataset_fingerprint=split_fingerprint(load_spec(world), "pretrain", None),
+    )
     with EmbeddingsWriter(path, n=len(records), dim=32, attrs=attrs) as writer:
         for start in range(0, len(records), 64):
-            rows = order[start:start + 64]
+            rows = order[start : start + 64]
             writer.write(start, image[rows], text[rows], pair_ids[rows])
     return {"world": world, "embeddings": path, "pairs": len(records), "records": records}
 
@@ -66,8 +79,17 @@ def inputs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def built(inputs, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("run") / "run"
-    proc = run_cli("build-search-spaces", "--recipe", "shapes-demo", "--run-dir", run_dir, *recipe_args(inputs["world"]),
-                   f"search_spaces.embeddings={inputs['embeddings']}", f"search_spaces.size={SIZE}", "search_spaces.epochs=2")
+    proc = run_cli(
+        "build-search-spaces",
+        "--recipe",
+        "shapes-demo",
+        "--run-dir",
+        run_dir,
+        *recipe_args(inputs["world"]),
+        f"search_spaces.embeddings={inputs['embeddings']}",
+        f"search_spaces.size={SIZE}",
+        "search_spaces.epochs=2",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return run_dir, proc
 
@@ -101,13 +123,21 @@ def test_summary_manifest_and_table(inputs, built):
     assert "results/search_spaces_summary.json" in manifest["artifacts"]
     summary = json.loads((run_dir / "results" / "search_spaces_summary.json").read_text())
     assert manifest["stages"]["build_search_spaces"]["result"] == summary
-    assert (summary["pairs"], summary["dim"], summary["size"], summary["spaces"], summary["method"]) == (160, 32, SIZE, 4, "kmeans")
+    assert (summary["pairs"], summary["dim"], summary["size"], summary["spaces"], summary["method"]) == (
+        160,
+        32,
+        SIZE,
+        4,
+        "kmeans",
+    )
     kmeans, random = summary["epoch_0"]["kmeans"], summary["epoch_0"]["random"]
     assert kmeans["size_min"] == random["size_min"] == 16 and kmeans["size_max"] == random["size_max"] == SIZE
     assert kmeans["mean_cosine_joint"] > random["mean_cosine_joint"] + 0.05
     assert kmeans["mean_false_negatives"] > random["mean_false_negatives"], "k-means gathers an image's captions"
     assert summary["false_negatives"]["judge"] == "shapes oracle"
-    assert "search spaces: 160 pairs" in proc.stderr and "kmeans (written)" in proc.stderr and "FN per pair" in proc.stderr
+    assert (
+        "search spaces: 160 pairs" in proc.stderr and "kmeans (written)" in proc.stderr and "FN per pair" in proc.stderr
+    )
 
 
 def test_false_negative_density_matches_a_brute_force_count(inputs, built):
@@ -125,22 +155,44 @@ def test_false_negative_density_matches_a_brute_force_count(inputs, built):
             counts.append(int(truth.sum()))
     summary = json.loads((run_dir / "results" / "search_spaces_summary.json").read_text())
     assert summary["epoch_0"]["kmeans"]["mean_false_negatives"] == pytest.approx(np.mean(counts), abs=1e-4)
-    assert summary["epoch_0"]["kmeans"]["fraction_with_false_negatives"] == pytest.approx(np.mean(np.array(counts) > 0), abs=1e-4)
+    assert summary["epoch_0"]["kmeans"]["fraction_with_false_negatives"] == pytest.approx(
+        np.mean(np.array(counts) > 0), abs=1e-4
+    )
 
 
-@pytest.mark.parametrize("override,message", [
-    ("search_spaces.embeddings={missing}", "{missing}: embeddings file not found; set search_spaces.embeddings=PATH"),
-    ("search_spaces.size=500", "search_spaces.size=500 is larger than the 160 pairs in {embeddings}; choose search_spaces.size <= 160"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        (
+            "search_spaces.embeddings={missing}",
+            "{missing}: embeddings file not found; set search_spaces.embeddings=PATH",
+        ),
+        (
+            "search_spaces.size=500",
+            "search_spaces.size=500 is larger than the 160 pairs in {embeddings}; choose search_spaces.size <= 160",
+        ),
+    ],
+)
 def test_bad_input_is_one_line(inputs, built, tmp_path, override, message):
     run_dir = tmp_path / "run"
     shutil.copytree(built[0], run_dir)  # the data stage is done there: only this stage runs
     values = {"missing": tmp_path / "nope.h5", "embeddings": inputs["embeddings"]}
     args = [*recipe_args(inputs["world"]), f"search_spaces.embeddings={inputs['embeddings']}", "search_spaces.epochs=2"]
-    proc = run_cli("build-search-spaces", "--recipe", "shapes-demo", "--run-dir", run_dir, "--overwrite", *args, override.format(**values))
+    proc = run_cli(
+        "build-search-spaces",
+        "--recipe",
+        "shapes-demo",
+        "--run-dir",
+        run_dir,
+        "--overwrite",
+        *args,
+        override.format(**values),
+    )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and message.format(**values) in " ".join(proc.stderr.split())
+    assert (
+        len(lines) == 1 and lines[0].startswith("error: ") and message.format(**values) in " ".join(proc.stderr.split())
+    )
     assert read_manifest(run_dir)["stages"]["build_search_spaces"]["status"] == "failed"
 
 
@@ -153,8 +205,16 @@ def test_run_embeddings_by_default_random_method_and_no_oracle_elsewhere(inputs,
     spec = yaml.safe_load((plain / "dataset.yaml").read_text())
     spec.pop("shapes_world")
     (plain / "dataset.yaml").write_text(yaml.safe_dump(spec))
-    config, _ = load_recipe("shapes-demo", [f"data.dataset={plain}", "search_spaces.method=random", "search_spaces.compare=false",
-                                            "search_spaces.seed=9", "pretrain.search_space_size=64"])
+    config, _ = load_recipe(
+        "shapes-demo",
+        [
+            f"data.dataset={plain}",
+            "search_spaces.method=random",
+            "search_spaces.compare=false",
+            "search_spaces.seed=9",
+            "pretrain.search_space_size=64",
+        ],
+    )
     run = RunDirectory.open(tmp_path / "run", config=config.model_dump(mode="json"), seed=0)
     (run.path / "embeddings").mkdir()
     shutil.copy(inputs["embeddings"], run.path / "embeddings" / "embeddings.h5")
@@ -171,9 +231,16 @@ def test_embeddings_of_another_dataset_are_refused_before_any_work(inputs, tmp_p
     from falcon_cli.errors import FalconError
     from stages import run_stages
 
-    foreign = write_embeddings(tmp_path / "foreign.h5", np.eye(4, 8), np.eye(4, 8), np.array([5, 6, 7, 9999]),
-                               dict(model="test", checkpoint="", dataset="other", split="train", epoch=0))
-    config, _ = load_recipe("shapes-demo", [*recipe_args(inputs["world"]), f"search_spaces.embeddings={foreign}", "search_spaces.size=2"])
+    foreign = write_embeddings(
+        tmp_path / "foreign.h5",
+        np.eye(4, 8),
+        np.eye(4, 8),
+        np.array([5, 6, 7, 9999]),
+        dict(model="test", checkpoint="", dataset="other", split="train", epoch=0),
+    )
+    config, _ = load_recipe(
+        "shapes-demo", [*recipe_args(inputs["world"]), f"search_spaces.embeddings={foreign}", "search_spaces.size=2"]
+    )
     run = RunDirectory.open(tmp_path / "run", config=config.model_dump(mode="json"), seed=0)
     with pytest.raises(FalconError, match=f"{foreign}: pair_id 9999 is not a pretraining pair of .*another dataset"):
         run_stages(config, run, ["build_search_spaces"])
@@ -181,16 +248,33 @@ def test_embeddings_of_another_dataset_are_refused_before_any_work(inputs, tmp_p
 
 
 # --- warm start: pretraining's epoch 0 composed from the built spaces -------------------------------
-WARM = ["pretrain.epochs=1", "pretrain.batch_size=16", "pretrain.augment=test", "pretrain.num_workers=0",
-        "pretrain.log_every=1", "pretrain.warmup_steps=4", "pretrain.eval_split=null"]
+WARM = [
+    "pretrain.epochs=1",
+    "pretrain.batch_size=16",
+    "pretrain.augment=test",
+    "pretrain.num_workers=0",
+    "pretrain.log_every=1",
+    "pretrain.warmup_steps=4",
+    "pretrain.eval_split=null",
+]
 
 
 def warm_args(inputs, built, composer: str) -> list:
     """`falcon pretrain` warm-started from the built spaces (without --run-dir)."""
     run_dir, _ = built
-    return ["pretrain", "--recipe", "shapes-demo", *recipe_args(inputs["world"]), *WARM, f"pretrain.composer={composer}",
-            f"pretrain.search_spaces={run_dir / 'search_spaces.parquet'}", f"search_spaces.embeddings={inputs['embeddings']}",
-            "pretrain.quantile_levels=10", "pretrain.checkpoint_every=4", "pretrain.scheduler_lr=1e-2"]
+    return [
+        "pretrain",
+        "--recipe",
+        "shapes-demo",
+        *recipe_args(inputs["world"]),
+        *WARM,
+        f"pretrain.composer={composer}",
+        f"pretrain.search_spaces={run_dir / 'search_spaces.parquet'}",
+        f"search_spaces.embeddings={inputs['embeddings']}",
+        "pretrain.quantile_levels=10",
+        "pretrain.checkpoint_every=4",
+        "pretrain.scheduler_lr=1e-2",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -218,17 +302,29 @@ def test_warm_start_composes_epoch_0_inside_the_built_spaces(inputs, built, warm
     space = dict(zip(frame[frame["epoch"] == 0]["pair_id"], frame[frame["epoch"] == 0]["space_id"]))
     chained = log[log["anchor_pair_id"] >= 0]
     assert len(chained) > 100
-    assert all(space[int(a)] == space[int(b)] for a, b in zip(chained["anchor_pair_id"], chained["pair_id"])), \
+    assert all(space[int(a)] == space[int(b)] for a, b in zip(chained["anchor_pair_id"], chained["pair_id"])), (
         "every negative is chained from an anchor of its own built space"
+    )
     if composer == "falcon":
-        rewards = [r["reward"] for r in read_metrics(warm_runs[composer] / "metrics.jsonl") if r.get("reward") is not None]
+        rewards = [
+            r["reward"] for r in read_metrics(warm_runs[composer] / "metrics.jsonl") if r.get("reward") is not None
+        ]
         assert len(rewards) == 10, "the scheduler is applied and trained in a warm-started epoch 0"
 
 
 def test_warm_start_bad_input_is_one_line(inputs, built, tmp_path):
     run_dir, _ = built
-    proc = run_cli("pretrain", "--recipe", "shapes-demo", "--run-dir", tmp_path / "run", *recipe_args(inputs["world"]), *WARM,
-                   "pretrain.composer=uniform", f"pretrain.search_spaces={run_dir / 'search_spaces.parquet'}")
+    proc = run_cli(
+        "pretrain",
+        "--recipe",
+        "shapes-demo",
+        "--run-dir",
+        tmp_path / "run",
+        *recipe_args(inputs["world"]),
+        *WARM,
+        "pretrain.composer=uniform",
+        f"pretrain.search_spaces={run_dir / 'search_spaces.parquet'}",
+    )
     assert proc.returncode != 0
     assert "pretrain.search_spaces" in proc.stderr and "composer is uniform" in proc.stderr
 
@@ -248,14 +344,21 @@ def test_load_warm_start_checks_coverage_sizes_and_embeddings(inputs, built, tmp
     expected = frame.sort_values(["space_id", "position"])["pair_id"].tolist()
     assert warm.order.tolist() == expected and warm.width == SIZE and warm.cache.dim == 32
     with pytest.raises(FalconError, match=r"do not cover this dataset's pairs \(1 pairs in no space"):
-        load_warm_start(run_dir / "search_spaces.parquet", inputs["embeddings"], torch.cat([ids, torch.tensor([10**9])]))
-    with pytest.raises(FalconError, match=r"pretrain.search_spaces: .*missing.parquet not found; build it with `falcon build-search-spaces`"):
+        load_warm_start(
+            run_dir / "search_spaces.parquet", inputs["embeddings"], torch.cat([ids, torch.tensor([10**9])])
+        )
+    with pytest.raises(
+        FalconError,
+        match=r"pretrain.search_spaces: .*missing.parquet not found; build it with `falcon build-search-spaces`",
+    ):
         load_warm_start(tmp_path / "missing.parquet", inputs["embeddings"], ids)
     uneven = frame.copy()
     uneven.loc[uneven["space_id"] == 0, "space_id"] = 1  # space 1 now holds 2 x |M|
     uneven["position"] = uneven.groupby("space_id").cumcount()
     write_table(tmp_path / "uneven.parquet", uneven, SEARCH_SPACES)
-    with pytest.raises(FalconError, match=r"sizes \[16, 48, 96\]; composers need every space at \|M\| pairs except a smaller last one"):
+    with pytest.raises(
+        FalconError, match=r"sizes \[16, 48, 96\]; composers need every space at \|M\| pairs except a smaller last one"
+    ):
         load_warm_start(tmp_path / "uneven.parquet", inputs["embeddings"], ids)
 
 
@@ -273,11 +376,18 @@ def test_warm_started_falcon_epoch_0_resumes_exactly(inputs, built, warm_runs, t
     args, reference = warm_args(inputs, built, "falcon"), warm_runs["falcon"]
     killed = tmp_path / "killed"
     env = {**os.environ, "FALCON_PROGRESS": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "falcon_cli", args[0], "--run-dir", str(killed), *map(str, args[1:])],
-                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "falcon_cli", args[0], "--run-dir", str(killed), *map(str, args[1:])],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:
-        if (killed / "metrics.jsonl").exists() and any(r.get("step", 0) >= 6 for r in read_metrics(killed / "metrics.jsonl")):
+        if (killed / "metrics.jsonl").exists() and any(
+            r.get("step", 0) >= 6 for r in read_metrics(killed / "metrics.jsonl")
+        ):
             proc.send_signal(signal.SIGKILL)
             break
         time.sleep(0.05)
@@ -293,18 +403,37 @@ def test_warm_started_falcon_epoch_0_resumes_exactly(inputs, built, warm_runs, t
             if a.get(key) is not None:
                 assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a["step"], key)
     columns = ["epoch", "step", "slot", "pair_id", "anchor_pair_id"]
-    assert read_batch_log(reference / "batches.parquet")[columns].equals(read_batch_log(killed / "batches.parquet")[columns])
+    assert read_batch_log(reference / "batches.parquet")[columns].equals(
+        read_batch_log(killed / "batches.parquet")[columns]
+    )
 
 
 def test_shapes_warmstart_recipe_chains_embed_spaces_and_pretrain(inputs, warm_runs, tmp_path):
     """The recipe end to end, offline: a tiny falcon checkpoint stands in for open_clip's weights."""
     from falcon_cli.sampling.batch_log import read_batch_log
 
-    tiny = [*recipe_args(inputs["world"]), "pretrain.batch_size=16", "pretrain.augment=test", "pretrain.num_workers=0",
-            "pretrain.warmup_steps=4", "pretrain.eval_split=null", "pretrain.quantile_levels=10"]
-    chain = run_cli("run", "--recipe", "shapes-warmstart", "--run-dir", tmp_path / "w", *tiny, "pretrain.epochs=1",
-                    f"embed.encoder=falcon:{warm_runs['falcon']}", "embed.num_workers=0", f"search_spaces.size={SIZE}",
-                    "search_spaces.compare=false")
+    tiny = [
+        *recipe_args(inputs["world"]),
+        "pretrain.batch_size=16",
+        "pretrain.augment=test",
+        "pretrain.num_workers=0",
+        "pretrain.warmup_steps=4",
+        "pretrain.eval_split=null",
+        "pretrain.quantile_levels=10",
+    ]
+    chain = run_cli(
+        "run",
+        "--recipe",
+        "shapes-warmstart",
+        "--run-dir",
+        tmp_path / "w",
+        *tiny,
+        "pretrain.epochs=1",
+        f"embed.encoder=falcon:{warm_runs['falcon']}",
+        "embed.num_workers=0",
+        f"search_spaces.size={SIZE}",
+        "search_spaces.compare=false",
+    )
     assert chain.returncode == 0, chain.stdout + chain.stderr
     manifest = read_manifest(tmp_path / "w")
     assert [s for s in manifest["stages"]] == ["data", "embed", "build_search_spaces", "pretrain"]
@@ -336,8 +465,11 @@ def test_load_warm_start_checks_the_dataset_fingerprint(inputs, built, tmp_path)
     warnings.clear()
     load_warm_start(spaces, stamped, ids, fingerprint="a" * 64, dataset="world", warn=warnings.append)
     assert warnings == []
-    with pytest.raises(FalconError, match=rf"{stamped}: embeddings were computed on a different dataset than world .*"
-                                          r"re-run `falcon embed` for this dataset"):
+    with pytest.raises(
+        FalconError,
+        match=rf"{stamped}: embeddings were computed on a different dataset than world .*"
+        r"re-run `falcon embed` for this dataset",
+    ):
         load_warm_start(spaces, stamped, ids, fingerprint="b" * 64, dataset="world")
 
 
@@ -358,13 +490,18 @@ def reference_load_warm_start(spaces_path, embeddings_path, pair_ids):
     ids = pair_ids.cpu()
     take = np.array([rows_of[int(p)] for p in ids.tolist()], dtype=np.int64)
     cache = EmbeddingCache(ids, dim=int(embeddings.image.shape[1]))
-    cache.update(ids, torch.from_numpy(np.asarray(embeddings.image[take], dtype=np.float32)),
-                 torch.from_numpy(np.asarray(embeddings.text[take], dtype=np.float32)))
+    cache.update(
+        ids,
+        torch.from_numpy(np.asarray(embeddings.image[take], dtype=np.float32)),
+        torch.from_numpy(np.asarray(embeddings.text[take], dtype=np.float32)),
+    )
     return WarmStart(order=torch.tensor(rows["pair_id"].to_numpy(dtype=np.int64)), width=width, cache=cache)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
-def test_each_rank_warm_starts_from_its_block_and_composes_epoch_0_as_before(inputs, built, tmp_path, world, monkeypatch):
+def test_each_rank_warm_starts_from_its_block_and_composes_epoch_0_as_before(
+    inputs, built, tmp_path, world, monkeypatch
+):
     """Every rank's cache holds exactly its block of the spaces, with the features the whole-file reader gave, and
     epoch 0 (GRIT, a fixed quantile) composes the batches it composed from the cache of every pair."""
     import torch
@@ -391,11 +528,22 @@ def test_each_rank_warm_starts_from_its_block_and_composes_epoch_0_as_before(inp
         for make in (lambda: GritComposer(16, SIZE), lambda: QuantileComposer("quantile", 16, SIZE, quantile=0.7)):
             composed = []
             for start in (warm, reference):
-                epochs = EpochBatches(make(), ShardedCache(ids, 32, rank=rank, world=world), ids, rank=rank, world=world,
-                                      shard_generator=torch.Generator().manual_seed(0),
-                                      compose_generator=torch.Generator().manual_seed(1 + rank),
-                                      batch_log=BatchLog(tmp_path / f"log{len(composed)}", part_rank=rank), warm=start)
+                epochs = EpochBatches(
+                    make(),
+                    ShardedCache(ids, 32, rank=rank, world=world),
+                    ids,
+                    rank=rank,
+                    world=world,
+                    shard_generator=torch.Generator().manual_seed(0),
+                    compose_generator=torch.Generator().manual_seed(1 + rank),
+                    batch_log=BatchLog(tmp_path / f"log{len(composed)}", part_rank=rank),
+                    warm=start,
+                )
                 epochs.begin(0)
-                composed.append([(b.pair_ids.tolist(), b.anchor_pair_id.tolist(), b.q.nan_to_num(-1).tolist())
-                                 for b in epochs.batches])
+                composed.append(
+                    [
+                        (b.pair_ids.tolist(), b.anchor_pair_id.tolist(), b.q.nan_to_num(-1).tolist())
+                        for b in epochs.batches
+                    ]
+                )
             assert composed[0] == composed[1] and len(composed[0]) > 0

@@ -43,7 +43,11 @@ def test_config_checks():
         FinetuneConfig(tasks=["vqa", "vqa"])
     with pytest.raises(ValueError, match="at least one model"):
         EvaluateConfig(retrieval={"models": []})
-    assert FinetuneConfig().retrieval.lr == 1e-5 and FinetuneConfig().vqa.lr == 2e-5 and FinetuneConfig().nlvr2.batch_size == 16
+    assert (
+        FinetuneConfig().retrieval.lr == 1e-5
+        and FinetuneConfig().vqa.lr == 2e-5
+        and FinetuneConfig().nlvr2.batch_size == 16
+    )
 
 
 def test_coco_1k_takes_separate_t2i_scores():

@@ -11,8 +11,15 @@ import numpy as np
 import pytest
 
 from falcon_cli.runtime.metrics import read_metrics
-from tests.conftest import (TINY_FRAMEWORK_RUN, assert_same_training, complete_run, kill_past_step, recipe_args, run_cli,
-                            run_torchrun)
+from tests.conftest import (
+    TINY_FRAMEWORK_RUN,
+    assert_same_training,
+    complete_run,
+    kill_past_step,
+    recipe_args,
+    run_cli,
+    run_torchrun,
+)
 
 TINY = TINY_FRAMEWORK_RUN
 args = recipe_args("shapes-siglip-falcon", TINY)
@@ -38,7 +45,9 @@ def test_falcon_with_the_caption_reward_trains_audits_and_evaluates(falcon_run):
     assert all({"itc", "caption"} <= set(r) and "mlm" not in r and "itm" not in r for r in steps)
     assert np.isfinite([r["loss"] for r in steps]).all()
     assert [r["sampler"] for r in steps] == ["uniform"] * 10 + ["falcon"] * 20
-    assert all(r["reward"] is not None for r in steps[10:]), "every FALCON step is rewarded by the caption loss decrease"
+    assert all(r["reward"] is not None for r in steps[10:]), (
+        "every FALCON step is rewarded by the caption loss decrease"
+    )
     assert len({round(r["reward"], 6) for r in steps[10:]}) > 1
     summaries = [r for r in read_metrics(falcon_run / "metrics.jsonl") if r.get("kind") == "epoch_summary"]
     assert [r["epoch"] for r in summaries] == [1, 2]
@@ -56,7 +65,9 @@ def test_falcon_with_the_caption_reward_trains_audits_and_evaluates(falcon_run):
     assert (falcon_run / "audit" / "audit.parquet").is_file() and (falcon_run / "audit" / "audit.md").is_file()
     results = json.loads((falcon_run / "results" / "retrieval.json").read_text())
     scorings = [row["scoring"] for row in results["rows"]]
-    assert scorings == ["itc"] and results["meta"]["k"] is None, "a dual encoder ranks by its embedding similarity alone"
+    assert scorings == ["itc"] and results["meta"]["k"] is None, (
+        "a dual encoder ranks by its embedding similarity alone"
+    )
     assert results["meta"]["false_negatives"] == "oracle"
     assert all("oracle_i2t_R@1" in row for row in results["rows"])
 
@@ -87,21 +98,45 @@ def test_falcon_kill_and_resume_is_exact(world, falcon_run, tmp_path):
     assert_same_training(falcon_run, run_dir, ("loss", "itc", "caption", "reward", "temperature"))
 
 
-@pytest.mark.parametrize("method,model", [("glofnd", "dual-tiny"), ("diht", "dual-tiny"), ("mafa", "dual-tiny"),
-                                          ("srcl", "dual-tiny"), ("mafa", "dual-tiny-clip"), ("none", "dual-tiny-clip")])
+@pytest.mark.parametrize(
+    "method,model",
+    [
+        ("glofnd", "dual-tiny"),
+        ("diht", "dual-tiny"),
+        ("mafa", "dual-tiny"),
+        ("srcl", "dual-tiny"),
+        ("mafa", "dual-tiny-clip"),
+        ("none", "dual-tiny-clip"),
+    ],
+)
 def test_false_negative_methods_train_a_dual_encoder(world, falcon_run, tmp_path, method, model):
     """Every method on the sigmoid loss on GRIT batches (SRCL with the FALCON run's embeddings as its auxiliary
     model), and on CLIP's InfoNCE (dual-tiny-clip: MAFA; plain on fixed-quantile batches). Four steps an epoch:
     the methods act from the first step of epoch 1."""
-    extra = {"glofnd": ["pretrain.glofnd.start_epoch=1", "pretrain.glofnd.alpha=0.2", "pretrain.composer=grit"],
-             "diht": ["pretrain.composer=grit"], "mafa": ["pretrain.mafa.judge=oracle", "pretrain.composer=grit"],
-             "srcl": [f"pretrain.srcl.aux_embeddings={falcon_run / 'embeddings' / 'epoch_002.h5'}", "pretrain.composer=grit"],
-             "none": ["pretrain.composer=quantile", "pretrain.quantile=0.5"]}[method]
+    extra = {
+        "glofnd": ["pretrain.glofnd.start_epoch=1", "pretrain.glofnd.alpha=0.2", "pretrain.composer=grit"],
+        "diht": ["pretrain.composer=grit"],
+        "mafa": ["pretrain.mafa.judge=oracle", "pretrain.composer=grit"],
+        "srcl": [
+            f"pretrain.srcl.aux_embeddings={falcon_run / 'embeddings' / 'epoch_002.h5'}",
+            "pretrain.composer=grit",
+        ],
+        "none": ["pretrain.composer=quantile", "pretrain.quantile=0.5"],
+    }[method]
     if model == "dual-tiny-clip":  # no decoder
         extra += ["pretrain.model=dual-tiny-clip", "pretrain.caption_weight=0"]
-    proc = run_cli(*args(tmp_path / "run", world, f"pretrain.false_negatives={method}",
-                         "pretrain.epochs=2", "pretrain.max_steps_per_epoch=4", "pretrain.eval_split=null", *extra,
-                         recipe="shapes-siglip"))
+    proc = run_cli(
+        *args(
+            tmp_path / "run",
+            world,
+            f"pretrain.false_negatives={method}",
+            "pretrain.epochs=2",
+            "pretrain.max_steps_per_epoch=4",
+            "pretrain.eval_split=null",
+            *extra,
+            recipe="shapes-siglip",
+        )
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     steps = [r for r in records if "loss" in r]
@@ -123,8 +158,15 @@ def test_the_audit_refuses_a_checkpoint_judge_without_an_itm_head(falcon_run, tm
 
 
 def test_two_gloo_processes_train_a_dual_encoder_with_the_sigmoid_exchange(tmp_path):
-    proc = run_torchrun(args(tmp_path / "run", tmp_path / "world", "pretrain.batch_size=8", "pretrain.epochs=2",
-                             "pretrain.eval_split=null"))
+    proc = run_torchrun(
+        args(
+            tmp_path / "run",
+            tmp_path / "world",
+            "pretrain.batch_size=8",
+            "pretrain.epochs=2",
+            "pretrain.eval_split=null",
+        )
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "global batch 16" in proc.stderr
     records = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
@@ -143,16 +185,27 @@ def test_albef_only_stages_and_settings_refuse_a_dual_encoder_in_one_line(falcon
     from falcon_cli.config.recipes import load_recipe
     from falcon_cli.errors import FalconError
 
-    for override, message in (("pretrain.itc=momentum", "itc=momentum: not available for dual-encoder"),
-                              ("pretrain.text_weights=bert-base-uncased", "loads the whole open_clip model from vision_weights"),
-                              ("pretrain.model=dual-tiny-clip", "no captioning decoder")):
+    for override, message in (
+        ("pretrain.itc=momentum", "itc=momentum: not available for dual-encoder"),
+        ("pretrain.text_weights=bert-base-uncased", "loads the whole open_clip model from vision_weights"),
+        ("pretrain.model=dual-tiny-clip", "no captioning decoder"),
+    ):
         with pytest.raises(FalconError, match=message):
             load_recipe("shapes-siglip-falcon", [f"data.dataset={world}", override])
 
 
 def test_falcon_embed_reads_a_dual_encoder_run(falcon_run, world, tmp_path):
-    proc = run_cli("embed", "--recipe", "shapes-siglip", "--run-dir", tmp_path / "emb", f"data.dataset={world}",
-                   *TINY[:2], f"embed.encoder=falcon:{falcon_run}", "embed.fp16=false")
+    proc = run_cli(
+        "embed",
+        "--recipe",
+        "shapes-siglip",
+        "--run-dir",
+        tmp_path / "emb",
+        f"data.dataset={world}",
+        *TINY[:2],
+        f"embed.encoder=falcon:{falcon_run}",
+        "embed.fp16=false",
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     from falcon_cli.artifacts.embeddings import read_embeddings
 

@@ -62,9 +62,19 @@ def world(tmp_path_factory):
 def clip_run(world, tiny_clip, tmp_path_factory):
     """`falcon embed` with the tiny open_clip model (generates the world, runs the data stage first), fp32."""
     run_dir = tmp_path_factory.mktemp("clip_run") / "run"
-    code = in_process(*embed_args(run_dir, world, f"embed.encoder=open_clip:{CLIP_NAME}", f"embed.pretrained={tiny_clip}",
-                                  "embed.fp16=false", "embed.num_workers=0", "embed.batch_size=32", "embed.chunk_size=64",
-                                  "embed.device=cpu"))  # compared with the model's CPU fp32 features (no cuDNN TF32)
+    code = in_process(
+        *embed_args(
+            run_dir,
+            world,
+            f"embed.encoder=open_clip:{CLIP_NAME}",
+            f"embed.pretrained={tiny_clip}",
+            "embed.fp16=false",
+            "embed.num_workers=0",
+            "embed.batch_size=32",
+            "embed.chunk_size=64",
+            "embed.device=cpu",
+        )
+    )  # compared with the model's CPU fp32 features (no cuDNN TF32)
     assert code == 0
     return run_dir
 
@@ -147,13 +157,20 @@ def test_falcon_embeddings_are_the_checkpoints_projected_features(falcon_run, fa
     model = model_from_weights(checkpoint / "model.safetensors").eval()
     transform = build_transform("test", model.config.image_size)
     rows = [0, 5, len(pairs) - 1]
-    items = [{"image": transform(load_image(pairs[i].image)), "caption": pairs[i].caption, "pair_id": pairs[i].pair_id} for i in rows]
+    items = [
+        {"image": transform(load_image(pairs[i].image)), "caption": pairs[i].caption, "pair_id": pairs[i].pair_id}
+        for i in rows
+    ]
     batch = PretrainCollate(load_tokenizer(falcon_source / "data" / "tokenizer"), 25)(items)
     with torch.no_grad():
         _, image = model.encode_image(batch["images"])
         _, text = model.encode_text(batch["input_ids"], batch["attention_mask"])
-    np.testing.assert_allclose(emb.image[rows].astype(np.float32), torch.nn.functional.normalize(image, dim=-1).numpy(), atol=2e-3)
-    np.testing.assert_allclose(emb.text[rows].astype(np.float32), torch.nn.functional.normalize(text, dim=-1).numpy(), atol=2e-3)
+    np.testing.assert_allclose(
+        emb.image[rows].astype(np.float32), torch.nn.functional.normalize(image, dim=-1).numpy(), atol=2e-3
+    )
+    np.testing.assert_allclose(
+        emb.text[rows].astype(np.float32), torch.nn.functional.normalize(text, dim=-1).numpy(), atol=2e-3
+    )
 
 
 KILL_AFTER_TWO_CHUNKS = """
@@ -175,8 +192,14 @@ def test_kill_and_resume_gives_the_uninterrupted_file(falcon_run, falcon_source,
     run_dir = tmp_path / "run"
     args = embed_args(run_dir, world, f"embed.encoder=falcon:{falcon_source}", *FALCON_EMBED)
     env = {**os.environ, "FALCON_PROGRESS": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    killed = subprocess.run([sys.executable, "-c", KILL_AFTER_TWO_CHUNKS, *args], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=300)
+    killed = subprocess.run(
+        [sys.executable, "-c", KILL_AFTER_TWO_CHUNKS, *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     partial = run_dir / "embeddings" / "embeddings.h5.partial"
     assert sorted(p.name for p in partial.glob("chunk_*.npz")) == ["chunk_000000.npz", "chunk_000001.npz"]
@@ -211,7 +234,9 @@ def test_unreadable_images_are_skipped_and_counted_or_stop_the_stage(falcon_sour
     assert result["images_unreadable"] == result["images_failed"] == affected
 
     # Under on_missing=fail the same image stops the stage with one line naming it (the data stage's report precedes it).
-    proc = run_cli(*embed_args(tmp_path / "fail", copy, f"embed.encoder=falcon:{falcon_source}", "data.on_missing=fail"))
+    proc = run_cli(
+        *embed_args(tmp_path / "fail", copy, f"embed.encoder=falcon:{falcon_source}", "data.on_missing=fail")
+    )
     assert proc.returncode == 2, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and errors[0] == proc.stderr.strip().splitlines()[-1] and "Traceback" not in proc.stderr
@@ -228,8 +253,16 @@ def test_open_clip_local_dir_records_the_weights_it_loaded(clip_run, world, tiny
     (directory / "open_clip_config.json").write_text(json.dumps({"model_cfg": TINY_CLIP, "preprocess_cfg": {}}))
     shutil.copy(tiny_clip, directory / "open_clip_pytorch_model.bin")
     run_dir = tmp_path / "run"
-    code = in_process(*embed_args(run_dir, world, f"embed.encoder=open_clip:local-dir:{directory}", "embed.fp16=false",
-                                  "embed.num_workers=0", "embed.device=cpu"))  # embed.pretrained keeps its default tag
+    code = in_process(
+        *embed_args(
+            run_dir,
+            world,
+            f"embed.encoder=open_clip:local-dir:{directory}",
+            "embed.fp16=false",
+            "embed.num_workers=0",
+            "embed.device=cpu",
+        )
+    )  # embed.pretrained keeps its default tag
     assert code == 0
     emb = read_embeddings(run_dir / "embeddings" / "embeddings.h5")
     weights = str((directory / "open_clip_pytorch_model.bin").resolve())
@@ -245,7 +278,8 @@ def test_cli_error_is_one_line(clip_run, world, tmp_path):
     proc = run_cli(*embed_args(tmp_path / "run", world, "embed.encoder=falcon:/nonexistent/run"))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
-        "error: embed.encoder=falcon:/nonexistent/run: not found; give a falcon run directory or a checkpoint directory")
+        "error: embed.encoder=falcon:/nonexistent/run: not found; give a falcon run directory or a checkpoint directory"
+    )
 
 
 def test_encoder_errors_are_one_line(tmp_path, tiny_clip):
@@ -274,8 +308,18 @@ def test_retrieval_test_split_embeds_one_pair_per_caption(clip_run, world, tiny_
     from falcon_cli.data.spec import load_spec
 
     run_dir = tmp_path / "run"
-    code = in_process(*embed_args(run_dir, world, f"embed.encoder=open_clip:{CLIP_NAME}", f"embed.pretrained={tiny_clip}",
-                                  "embed.fp16=false", "embed.num_workers=0", "embed.split=test", "embed.device=cpu"))
+    code = in_process(
+        *embed_args(
+            run_dir,
+            world,
+            f"embed.encoder=open_clip:{CLIP_NAME}",
+            f"embed.pretrained={tiny_clip}",
+            "embed.fp16=false",
+            "embed.num_workers=0",
+            "embed.split=test",
+            "embed.device=cpu",
+        )
+    )
     assert code == 0
     emb = read_embeddings(run_dir / "embeddings" / "embeddings.h5")
     split = retrieval_dataset(load_spec(world), "test", transform=None)
@@ -297,7 +341,10 @@ def test_retrieval_test_split_embeds_one_pair_per_caption(clip_run, world, tiny_
 def test_pairs_fingerprint_is_stable_and_follows_ids_paths_and_captions(tmp_path):
     from falcon_cli.data.pairs import Pair, pairs_fingerprint
 
-    pairs = [Pair(0, tmp_path / "images" / "a.png", "a red circle"), Pair(1, tmp_path / "images" / "b.png", "a blue square")]
+    pairs = [
+        Pair(0, tmp_path / "images" / "a.png", "a red circle"),
+        Pair(1, tmp_path / "images" / "b.png", "a blue square"),
+    ]
     reference = pairs_fingerprint(pairs, tmp_path)
     assert reference == pairs_fingerprint(list(pairs), tmp_path) and len(reference) == 64
     moved = [Pair(p.pair_id, tmp_path / "elsewhere" / p.image.relative_to(tmp_path), p.caption) for p in pairs]
@@ -306,7 +353,9 @@ def test_pairs_fingerprint_is_stable_and_follows_ids_paths_and_captions(tmp_path
     assert pairs_fingerprint([pairs[0], Pair(2, pairs[1].image, pairs[1].caption)], tmp_path) != reference
     assert pairs_fingerprint(pairs[::-1], tmp_path) != reference
     multi = Pair(0, pairs[0].image, "a red circle", ("a red circle", "a ball"))
-    assert pairs_fingerprint([multi], tmp_path) != pairs_fingerprint([Pair(0, pairs[0].image, "a red circle")], tmp_path)
+    assert pairs_fingerprint([multi], tmp_path) != pairs_fingerprint(
+        [Pair(0, pairs[0].image, "a red circle")], tmp_path
+    )
 
 
 def test_embeddings_record_the_dataset_fingerprint(clip_run, world):
@@ -324,8 +373,19 @@ def test_embeddings_record_the_dataset_fingerprint(clip_run, world):
 
 
 def spaces_args(run_dir, world, embeddings, *extra):
-    return ["build-search-spaces", "--recipe", "shapes-demo", "--run-dir", run_dir, f"data.dataset={world}", *TINY_WORLD,
-            f"search_spaces.embeddings={embeddings}", "search_spaces.size=8", "search_spaces.compare=false", *extra]
+    return [
+        "build-search-spaces",
+        "--recipe",
+        "shapes-demo",
+        "--run-dir",
+        run_dir,
+        f"data.dataset={world}",
+        *TINY_WORLD,
+        f"search_spaces.embeddings={embeddings}",
+        "search_spaces.size=8",
+        "search_spaces.compare=false",
+        *extra,
+    ]
 
 
 def test_search_spaces_refuse_embeddings_of_another_dataset_of_the_same_size(clip_run, world, tmp_path):
@@ -342,7 +402,9 @@ def test_search_spaces_refuse_embeddings_of_another_dataset_of_the_same_size(cli
 
     proc = run_cli(*spaces_args(tmp_path / "run", other, embeddings, f"data.shapes.seed={seed}"))
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]  # (the data stage prints its table first)
+    errors = [
+        line for line in proc.stderr.splitlines() if line.startswith("error:")
+    ]  # (the data stage prints its table first)
     assert "Traceback" not in proc.stderr and len(errors) == 1 and proc.stderr.strip().endswith(errors[0]), proc.stderr
     assert str(embeddings) in errors[0] and str(other) in errors[0] and "different dataset" in errors[0]
     assert "re-run `falcon embed` for this dataset" in errors[0]

@@ -9,15 +9,35 @@ import torch
 
 from tests.conftest import run_cli
 
-TINY = ["data.shapes.images=40", "data.shapes.size=32", "pretrain.image_size=32", "data.tokenizer_vocab_size=200", "pretrain.epochs=1", "pretrain.batch_size=16",
-        "pretrain.max_steps_per_epoch=3", "finetune.retrieval.max_steps_per_epoch=3",
-        "pretrain.augment=test", "pretrain.num_workers=0", "pretrain.warmup_steps=2",
-        "finetune.num_workers=0", "finetune.retrieval.epochs=1", "finetune.retrieval.batch_size=8",
-        "finetune.retrieval.queue_size=32", "finetune.retrieval.select_k=4",
-        "finetune.vqa.epochs=1", "finetune.vqa.batch_size=16", "finetune.vqa.max_steps_per_epoch=2",
-        "finetune.nlvr2.epochs=2", "finetune.nlvr2.batch_size=8", "finetune.nlvr2.ta_batch_size=8",
-        "finetune.nlvr2.ta_max_steps=2", "finetune.nlvr2.max_steps_per_epoch=2",
-        "evaluate.num_workers=0", "evaluate.retrieval.k=4", "evaluate.batch_size=16"]
+TINY = [
+    "data.shapes.images=40",
+    "data.shapes.size=32",
+    "pretrain.image_size=32",
+    "data.tokenizer_vocab_size=200",
+    "pretrain.epochs=1",
+    "pretrain.batch_size=16",
+    "pretrain.max_steps_per_epoch=3",
+    "finetune.retrieval.max_steps_per_epoch=3",
+    "pretrain.augment=test",
+    "pretrain.num_workers=0",
+    "pretrain.warmup_steps=2",
+    "finetune.num_workers=0",
+    "finetune.retrieval.epochs=1",
+    "finetune.retrieval.batch_size=8",
+    "finetune.retrieval.queue_size=32",
+    "finetune.retrieval.select_k=4",
+    "finetune.vqa.epochs=1",
+    "finetune.vqa.batch_size=16",
+    "finetune.vqa.max_steps_per_epoch=2",
+    "finetune.nlvr2.epochs=2",
+    "finetune.nlvr2.batch_size=8",
+    "finetune.nlvr2.ta_batch_size=8",
+    "finetune.nlvr2.ta_max_steps=2",
+    "finetune.nlvr2.max_steps_per_epoch=2",
+    "evaluate.num_workers=0",
+    "evaluate.retrieval.k=4",
+    "evaluate.batch_size=16",
+]
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +45,16 @@ def run_dir(tmp_path_factory):
     """The shapes-demo chain (data → pretrain → finetune → evaluate), tiny, plus retrieval fine-tuning."""
     root = tmp_path_factory.mktemp("downstream")
     run = root / "run"
-    proc = run_cli("run", "--recipe", "shapes-demo", "--run-dir", run, f"data.dataset={root / 'world'}", *TINY,
-                   "finetune.tasks=[retrieval, vqa, nlvr2]")
+    proc = run_cli(
+        "run",
+        "--recipe",
+        "shapes-demo",
+        "--run-dir",
+        run,
+        f"data.dataset={root / 'world'}",
+        *TINY,
+        "finetune.tasks=[retrieval, vqa, nlvr2]",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return run
 
@@ -37,8 +65,9 @@ def rows(run, name):
 
 def test_recipe_chain_writes_every_result(run_dir):
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    assert [s for s in ("data", "pretrain", "finetune", "evaluate") if manifest["stages"][s]["status"] == "completed"] == \
-        ["data", "pretrain", "finetune", "evaluate"]
+    assert [
+        s for s in ("data", "pretrain", "finetune", "evaluate") if manifest["stages"][s]["status"] == "completed"
+    ] == ["data", "pretrain", "finetune", "evaluate"]
     for task in ("retrieval", "vqa", "nlvr2"):
         best = run_dir / "finetune" / task / "best"
         assert (best / "model.safetensors").is_file() and json.loads((best / "meta.json").read_text())["task"] == task
@@ -53,7 +82,10 @@ def test_recipe_chain_writes_every_result(run_dir):
     retrieval = rows(run_dir, "retrieval")
     assert retrieval["meta"]["false_negatives"] == "oracle" and retrieval["meta"]["units"] == "percent"
     assert "false_negatives_skipped" not in retrieval["meta"] and "coco_ids" not in retrieval["meta"]
-    assert [(r["model"], r["scoring"]) for r in retrieval["rows"]] == [("pretrained", "itc"), ("pretrained", "itc+itm@4")]
+    assert [(r["model"], r["scoring"]) for r in retrieval["rows"]] == [
+        ("pretrained", "itc"),
+        ("pretrained", "itc+itm@4"),
+    ]
     for row in retrieval["rows"]:
         for key in ("i2t_R@1", "t2i_R@10", "mean_R", "oracle_i2t_R@1", "oracle_t2i_R-P", "oracle_i2t_mAP@R"):
             assert 0.0 <= row[key] <= 100.0, key
@@ -64,8 +96,17 @@ def test_recipe_chain_writes_every_result(run_dir):
     assert [r["max_text_length"] for r in retrieval["rows"]] == [25, 25]
     zero_shot = rows(run_dir, "retrieval_zeroshot")["rows"][-1]
     # On a shapes world the zero-shot numbers come false-negative aware too, the same as evaluate's.
-    for key in ("i2t_R@1", "i2t_R@5", "t2i_R@1", "t2i_R@5", "mean_R", "oracle_i2t_R@1", "oracle_t2i_R@5",
-                "oracle_mean_R", "oracle_t2i_mAP@R"):
+    for key in (
+        "i2t_R@1",
+        "i2t_R@5",
+        "t2i_R@1",
+        "t2i_R@5",
+        "mean_R",
+        "oracle_i2t_R@1",
+        "oracle_t2i_R@5",
+        "oracle_mean_R",
+        "oracle_t2i_mAP@R",
+    ):
         assert retrieval["rows"][0][key] == pytest.approx(zero_shot[key], abs=1e-6), key
 
     # VQA: every test question answered once, from the candidate list, in the server's format.
@@ -92,12 +133,28 @@ def test_evaluate_a_checkpoint_and_both_models(run_dir):
     result = rows(run_dir, "retrieval")
     assert [(r["model"], r["scoring"]) for r in result["rows"]] == [(str(checkpoint), "itc")]
     assert not (run_dir / "results" / "near_misses.json").exists()  # the demo world has no near-miss families
-    proc = run_cli("evaluate", "retrieval", run_dir, "--model", "pretrained", "--model", "finetuned", "--rerank", "--k", "3",
-                   "--false-negatives", "none")
+    proc = run_cli(
+        "evaluate",
+        "retrieval",
+        run_dir,
+        "--model",
+        "pretrained",
+        "--model",
+        "finetuned",
+        "--rerank",
+        "--k",
+        "3",
+        "--false-negatives",
+        "none",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = rows(run_dir, "retrieval")
     assert [(r["model"], r["scoring"]) for r in result["rows"]] == [
-        ("pretrained", "itc"), ("pretrained", "itc+itm@3"), ("finetuned", "itc"), ("finetuned", "itc+itm@3")]
+        ("pretrained", "itc"),
+        ("pretrained", "itc+itm@3"),
+        ("finetuned", "itc"),
+        ("finetuned", "itc+itm@3"),
+    ]
     assert [r["max_text_length"] for r in result["rows"]] == [25, 25, 30, 30]  # pretrain's and finetune's limits
     assert "oracle_i2t_R@1" not in result["rows"][0] and result["meta"]["k"] == 3
     manifest = json.loads((run_dir / "manifest.json").read_text())
@@ -155,7 +212,9 @@ def test_a_preempted_fine_tuning_checkpoints_its_step_and_resumes_exactly(run_di
     log.unlink()  # (the fixture's own fine-tuning logged these steps already)
     code, stderr = signal_past_step([str(preempted) if a == "RUN" else a for a in args], log, 3, signal.SIGTERM)
     assert code == 75, stderr[-3000:]
-    line = re.search(r"preempted: SIGTERM at epoch 0, step (\d+) \((\d+) batches of the epoch done\): saved \S+", stderr)
+    line = re.search(
+        r"preempted: SIGTERM at epoch 0, step (\d+) \((\d+) batches of the epoch done\): saved \S+", stderr
+    )
     assert line and 3 <= int(line[1]) < 12 and line[1] == line[2], stderr[-3000:]
     resumed = run_cli("finetune", "--run-dir", preempted, "--task", "retrieval", "--resume", *longer)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
@@ -200,15 +259,28 @@ def test_finetuning_over_a_tasks_checkpoints_is_refused_without_resume_or_overwr
     assert {p.relative_to(task): p.read_bytes() for p in task.rglob("*") if p.is_file()} == before
 
 
-@pytest.mark.parametrize("args, message", [
-    (["evaluate", "retrieval", "/nonexistent/run"], "neither a falcon run directory"),
-    (["evaluate", "retrieval", "RUN", "--set", "pretrain.epochs=3"], "only evaluate.* keys"),
-    (["evaluate", "retrieval", "RUN", "--false-negatives", "eccv"], "COCO Karpathy 5K test split"),
-    (["evaluate", "retrieval", "RUN", "--false-negatives", "eccv", "--coco-captions", "/nonexistent/captions.json"],
-     "COCO Karpathy 5K test split"),
-    (["finetune", "--run-dir", "RUN", "--task", "captioning"], "--task captioning: unknown task"),
-    (["finetune", "--run-dir", "RUN", "finetune.retrieval.queue_size=30", "--task", "retrieval"], "not a multiple"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["evaluate", "retrieval", "/nonexistent/run"], "neither a falcon run directory"),
+        (["evaluate", "retrieval", "RUN", "--set", "pretrain.epochs=3"], "only evaluate.* keys"),
+        (["evaluate", "retrieval", "RUN", "--false-negatives", "eccv"], "COCO Karpathy 5K test split"),
+        (
+            [
+                "evaluate",
+                "retrieval",
+                "RUN",
+                "--false-negatives",
+                "eccv",
+                "--coco-captions",
+                "/nonexistent/captions.json",
+            ],
+            "COCO Karpathy 5K test split",
+        ),
+        (["finetune", "--run-dir", "RUN", "--task", "captioning"], "--task captioning: unknown task"),
+        (["finetune", "--run-dir", "RUN", "finetune.retrieval.queue_size=30", "--task", "retrieval"], "not a multiple"),
+    ],
+)
 def test_bad_input_is_one_line(run_dir, args, message):
     before = (run_dir / "manifest.json").read_text()
     proc = run_cli(*[str(run_dir) if a == "RUN" else a for a in args])
@@ -246,15 +318,33 @@ def test_an_official_albef_checkpoint_file_in_evaluate_finetune_and_pretrain(run
     (tmp_path / "cls").mkdir()
     save_weights(as_albef, tmp_path / "cls" / "model.safetensors")
 
-    proc = run_cli("evaluate", "retrieval", run, "--model", tmp_path / "cls", "--model", pth, "--itc-only",
-                   "--false-negatives", "none")
+    proc = run_cli(
+        "evaluate",
+        "retrieval",
+        run,
+        "--model",
+        tmp_path / "cls",
+        "--model",
+        pth,
+        "--itc-only",
+        "--false-negatives",
+        "none",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     same, official = rows(run, "retrieval")["rows"]
     assert official["model"] == str(pth) and official["checkpoint"] == str(pth)
     assert {k: v for k, v in official.items() if "R" in k} == {k: v for k, v in same.items() if "R" in k}
 
-    proc = run_cli("finetune", "--run-dir", run, "--task", "retrieval", f"finetune.checkpoint={pth}",
-                   "finetune.retrieval.epochs=0", "finetune.retrieval.image_size=null")
+    proc = run_cli(
+        "finetune",
+        "--run-dir",
+        run,
+        "--task",
+        "retrieval",
+        f"finetune.checkpoint={pth}",
+        "finetune.retrieval.epochs=0",
+        "finetune.retrieval.image_size=null",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     best = model_from_weights(run / "finetune" / "retrieval" / "best" / "model.safetensors")
     for key, value in as_albef.state_dict().items():
@@ -269,8 +359,16 @@ def test_an_official_albef_checkpoint_file_in_evaluate_finetune_and_pretrain(run
     # pretrain.init: a new run on the same world (same tokenizer) starts from the file, so its untrained
     # zero-shot retrieval is the source run's trained one.
     fresh = tmp_path / "fresh"
-    proc = run_cli("pretrain", "--recipe", "shapes-demo", "--run-dir", fresh, f"data.dataset={run_dir.parent / 'world'}",
-                   *TINY, f"pretrain.init={pth}")
+    proc = run_cli(
+        "pretrain",
+        "--recipe",
+        "shapes-demo",
+        "--run-dir",
+        fresh,
+        f"data.dataset={run_dir.parent / 'world'}",
+        *TINY,
+        f"pretrain.init={pth}",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     untrained = rows(fresh, "retrieval_zeroshot")["rows"][0]
     trained = rows(run_dir, "retrieval_zeroshot")["rows"][-1]

@@ -17,9 +17,19 @@ import yaml
 from falcon_cli.runtime.metrics import read_metrics
 from tests.conftest import REPO
 
-TINY = ["data.shapes.images=40", "pretrain.image_size=32", "data.tokenizer_vocab_size=200", "pretrain.epochs=2", "pretrain.batch_size=16",
-        "pretrain.search_space_size=48", "pretrain.augment=test", "pretrain.num_workers=0", "pretrain.log_every=1",
-        "pretrain.warmup_steps=4", "pretrain.lr=3e-4"]
+TINY = [
+    "data.shapes.images=40",
+    "pretrain.image_size=32",
+    "data.tokenizer_vocab_size=200",
+    "pretrain.epochs=2",
+    "pretrain.batch_size=16",
+    "pretrain.search_space_size=48",
+    "pretrain.augment=test",
+    "pretrain.num_workers=0",
+    "pretrain.log_every=1",
+    "pretrain.warmup_steps=4",
+    "pretrain.lr=3e-4",
+]
 
 
 def pretrain_args(run_dir, world, *extra):
@@ -49,8 +59,15 @@ def test_artifacts(reference_run):
     assert manifest["stages"]["data"]["status"] == manifest["stages"]["pretrain"]["status"] == "completed"
     result = manifest["stages"]["pretrain"]["result"]
     assert result["steps"] == 20 and result["world_size"] == 1
-    for path in ("metrics.jsonl", "batches.parquet", "embeddings/epoch_000.h5", "embeddings/epoch_001.h5",
-                 "results/retrieval_zeroshot.json", "results/retrieval_zeroshot.md", "results/retrieval_zeroshot.csv"):
+    for path in (
+        "metrics.jsonl",
+        "batches.parquet",
+        "embeddings/epoch_000.h5",
+        "embeddings/epoch_001.h5",
+        "results/retrieval_zeroshot.json",
+        "results/retrieval_zeroshot.md",
+        "results/retrieval_zeroshot.csv",
+    ):
         assert path in manifest["artifacts"], path
     from falcon_cli.artifacts.embeddings import read_embeddings
     from falcon_cli.sampling.batch_log import read_batch_log
@@ -68,7 +85,9 @@ def test_artifacts(reference_run):
     from falcon_cli.data.spec import load_spec
 
     world = json.loads((reference_run / "manifest.json").read_text())["config"]["data"]["dataset"]
-    assert emb.attrs["dataset_fingerprint"] == split_fingerprint(load_spec(world), "pretrain", None)  # as `falcon embed`'s
+    assert emb.attrs["dataset_fingerprint"] == split_fingerprint(
+        load_spec(world), "pretrain", None
+    )  # as `falcon embed`'s
     results = json.loads((reference_run / "results" / "retrieval_zeroshot.json").read_text())
     assert [row["model"] for row in results["rows"]] == ["untrained", "trained"] and "i2t_R@1" in results["rows"][1]
     assert results["meta"]["units"] == "percent" and results["meta"]["scoring"] == "itc"
@@ -89,7 +108,11 @@ def test_golden_losses(reference_run):
 # The first three total losses (ITC + ITM + MLM) of the tiny run above, on CPU in fp32. A change here
 # means the model, objectives, data order, masking or initialisation changed: if that was intended,
 # update the numbers and say why in the CHANGELOG.
-GOLDEN = [9.318, 9.252, 9.232]  # albef-tiny with mean pooling at 32 px. Until the evaluation before the first step had a
+GOLDEN = [
+    9.318,
+    9.252,
+    9.232,
+]  # albef-tiny with mean pooling at 32 px. Until the evaluation before the first step had a
 # loader generator of its own it drew from the global RNG, and the dropout and masks were other ones: 9.366, 9.275,
 # 9.172 (at 64 px, as before 0.2.x: 9.462, 9.389, 9.271)
 
@@ -100,17 +123,35 @@ def test_itm_probe_of_a_run_from_another_directory(reference_run, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "FALCON_PROGRESS": "0"}
     script = str(REPO / "benchmarks" / "itm_probe.py")
     run = os.path.relpath(reference_run, tmp_path)
-    proc = subprocess.run([sys.executable, script, run, "--out", "probe.json"], cwd=tmp_path,
-                          capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, script, run, "--out", "probe.json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads((tmp_path / "probe.json").read_text())
     assert result["images"] == 4  # the tiny world's test split
-    for key in ("itm_auc_random", "itm_auc_hardest", "itc_auc_random", "itc_auc_hardest", "mlm_own_image",
-                "mlm_random_image"):
+    for key in (
+        "itm_auc_random",
+        "itm_auc_hardest",
+        "itc_auc_random",
+        "itc_auc_hardest",
+        "mlm_own_image",
+        "mlm_random_image",
+    ):
         assert 0.0 <= result[key] <= 1.0, key
     assert "AUC against a random image" in proc.stdout
-    few = subprocess.run([sys.executable, script, run, "--steps", "4"], cwd=tmp_path, capture_output=True, text=True,
-                         env=env, timeout=300)  # (the training harness itself: tests/benchmarks/test_itm_probe.py)
+    few = subprocess.run(
+        [sys.executable, script, run, "--steps", "4"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )  # (the training harness itself: tests/benchmarks/test_itm_probe.py)
     assert few.returncode != 0 and "4 test images" in few.stderr and "--steps at least 8" in few.stderr
     bad = subprocess.run([sys.executable, script, "nowhere"], cwd=tmp_path, capture_output=True, text=True, env=env)
     assert bad.returncode != 0 and "nowhere: not a run directory" in bad.stderr
@@ -132,7 +173,9 @@ def test_a_refused_resume_changes_nothing_on_disk(world, reference_run, tmp_path
     state = torch.load(state_path, weights_only=True)
     state["world_size"] = 2  # as if trained by `torchrun --nproc_per_node 2`
     torch.save(state, state_path)
-    before = {name: (run_dir / name).read_bytes() for name in ("manifest.json", "config.yaml", "log.txt", "metrics.jsonl")}
+    before = {
+        name: (run_dir / name).read_bytes() for name in ("manifest.json", "config.yaml", "log.txt", "metrics.jsonl")
+    }
     proc = run_cli(*pretrain_args(run_dir, world, "pretrain.checkpoint_every=4", "pretrain.device=cpu"), "--resume")
     assert proc.returncode != 0 and "Traceback" not in proc.stdout + proc.stderr
     assert "saved with 2 processes, resuming with 1" in proc.stderr and "nothing was changed" in proc.stderr
@@ -162,7 +205,9 @@ def test_resume_passes_over_a_damaged_checkpoint_to_the_newest_intact_one(world,
     assert "damaged checkpoints passed over: 00000020" in " ".join(output.split()) and "weights_only" not in output
     assert "resumed from" in output and "00000016" in output
     reference = [r["loss"] for r in read_metrics(reference_run / "metrics.jsonl") if "loss" in r]
-    assert [r["loss"] for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r] == pytest.approx(reference, rel=1e-5)
+    assert [r["loss"] for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r] == pytest.approx(
+        reference, rel=1e-5
+    )
     for name in ("00000012", "00000016", "00000020"):
         (run_dir / "checkpoints" / name / "model.safetensors").write_bytes(b"garbage")
     manifest = (run_dir / "manifest.json").read_bytes()
@@ -186,7 +231,9 @@ def test_a_rerun_without_resume_is_refused_and_a_fresh_start_replaces_the_old_hi
     before = {name: (run_dir / name).read_bytes() for name in ("manifest.json", "metrics.jsonl")}
     proc = run_cli(*args)
     assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr
-    assert "already holds pretraining checkpoints (the newest after step 20): pass --resume" in " ".join(proc.stderr.split())
+    assert "already holds pretraining checkpoints (the newest after step 20): pass --resume" in " ".join(
+        proc.stderr.split()
+    )
     assert {name: (run_dir / name).read_bytes() for name in before} == before
     reference = [(r["step"], r["loss"]) for r in read_metrics(reference_run / "metrics.jsonl") if "loss" in r]
     assert run_cli(*args, "--overwrite").returncode == 0
@@ -200,7 +247,9 @@ def test_a_rerun_without_resume_is_refused_and_a_fresh_start_replaces_the_old_hi
     assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r] == [s for s, _ in reference]
 
 
-def test_a_diverged_run_stops_without_saving_and_resumes_from_the_last_usable_checkpoint(world, reference_run, tmp_path):
+def test_a_diverged_run_stops_without_saving_and_resumes_from_the_last_usable_checkpoint(
+    world, reference_run, tmp_path
+):
     """lr 1e6: the loss turns NaN at step 2. Nothing is saved at the NaN, the checkpoint whose weights gave
     it (step 2) is not what --resume continues from (step 1 is), the advice fits fp32 (no 'use fp32'), and
     --resume --overwrite with a sane lr finishes with one metrics record per step."""
@@ -219,8 +268,9 @@ def test_a_diverged_run_stops_without_saving_and_resumes_from_the_last_usable_ch
     resumed = run_cli(*pretrain_args(run_dir, world, *common, "pretrain.lr=3e-4"), "--resume", "--overwrite")
     assert resumed.returncode == 0 and "resumed from" in resumed.stderr, resumed.stdout + resumed.stderr
     steps = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r]
-    assert steps == list(range(1, 21)) and all(np.isfinite(r["loss"]) for r in read_metrics(run_dir / "metrics.jsonl")
-                                                if "loss" in r)
+    assert steps == list(range(1, 21)) and all(
+        np.isfinite(r["loss"]) for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r
+    )
 
 
 def test_a_non_finite_step_read_late_is_reported_as_the_first_and_never_applied(world, reference_run, tmp_path):
@@ -232,8 +282,16 @@ def test_a_non_finite_step_read_late_is_reported_as_the_first_and_never_applied(
     from falcon_cli.runtime.finite import NonFiniteGuard
     from tests.conftest import run_cli
 
-    proc = run_cli(*pretrain_args(tmp_path / "run", world, "pretrain.log_every=5", "pretrain.eval_split=null",
-                                  "pretrain.device=cpu", "pretrain.lr=1e6"))
+    proc = run_cli(
+        *pretrain_args(
+            tmp_path / "run",
+            world,
+            "pretrain.log_every=5",
+            "pretrain.eval_split=null",
+            "pretrain.device=cpu",
+            "pretrain.lr=1e6",
+        )
+    )
     line = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 2 and "loss is nan at epoch 0, step 2" in line and "no usable checkpoint" in line, line
     assert not (tmp_path / "run" / "metrics.jsonl").exists() or not read_metrics(tmp_path / "run" / "metrics.jsonl")
@@ -274,8 +332,12 @@ def test_kill_and_resume_is_exact(world, reference_run, tmp_path):
     run_dir = tmp_path / "run"
     env = {**os.environ, "FALCON_PROGRESS": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     # on the CPU, as the reference: a GPU run would differ from it in bf16 from the first step (found on an H100)
-    args = [sys.executable, "-m", "falcon_cli", *map(str, pretrain_args(run_dir, world, "pretrain.checkpoint_every=4",
-                                                                       "pretrain.device=cpu"))]
+    args = [
+        sys.executable,
+        "-m",
+        "falcon_cli",
+        *map(str, pretrain_args(run_dir, world, "pretrain.checkpoint_every=4", "pretrain.device=cpu")),
+    ]
     proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     metrics = run_dir / "metrics.jsonl"
     deadline = time.time() + 300
@@ -306,7 +368,9 @@ def test_kill_and_resume_is_exact(world, reference_run, tmp_path):
     from falcon_cli.sampling.batch_log import read_batch_log
 
     ref_log, new_log = read_batch_log(reference_run / "batches.parquet"), read_batch_log(run_dir / "batches.parquet")
-    assert ref_log[["epoch", "step", "slot", "pair_id", "anchor_pair_id"]].equals(new_log[["epoch", "step", "slot", "pair_id", "anchor_pair_id"]])
+    assert ref_log[["epoch", "step", "slot", "pair_id", "anchor_pair_id"]].equals(
+        new_log[["epoch", "step", "slot", "pair_id", "anchor_pair_id"]]
+    )
     ref_results = json.loads((reference_run / "results" / "retrieval_zeroshot.json").read_text())
     new_results = json.loads((run_dir / "results" / "retrieval_zeroshot.json").read_text())
     for key, value in ref_results["rows"][1].items():
@@ -318,19 +382,40 @@ def test_kill_and_resume_is_exact(world, reference_run, tmp_path):
 # --- FALCON: scheduler rewards logged, q recorded, exact resume mid FALCON epoch -------------------
 # with the improved scheduler's options (per-caption credit and its extra L_before pass, the running advantage
 # scale in the checkpoint, the positive-rank input, entropy and the α + β cap); LAGGED keeps the paper's
-PLUS = ["pretrain.scheduler_features=[positive,spread]", "pretrain.scheduler_credit=chosen",
-        "pretrain.reward_baseline=batch_mean", "pretrain.scheduler_advantage_norm=true", "pretrain.scheduler_entropy=1e-2",
-        "pretrain.scheduler_max_concentration=5"]
+PLUS = [
+    "pretrain.scheduler_features=[positive,spread]",
+    "pretrain.scheduler_credit=chosen",
+    "pretrain.reward_baseline=batch_mean",
+    "pretrain.scheduler_advantage_norm=true",
+    "pretrain.scheduler_entropy=1e-2",
+    "pretrain.scheduler_max_concentration=5",
+]
 # On the CPU on every machine: CUDA's kernels are not bitwise reproducible from run to run (on an H100 the reference
 # and the killed run's q drifted by 1e-5 while composing the same batches), and these tests check exactness.
-FALCON = ["pretrain.composer=falcon", "pretrain.epochs=3", "pretrain.search_space_size=80", "pretrain.checkpoint_every=8",
-          "pretrain.quantile_levels=20", "pretrain.scheduler_lr=1e-2", *PLUS, "pretrain.profile_steps=2", "pretrain.device=cpu"]
+FALCON = [
+    "pretrain.composer=falcon",
+    "pretrain.epochs=3",
+    "pretrain.search_space_size=80",
+    "pretrain.checkpoint_every=8",
+    "pretrain.quantile_levels=20",
+    "pretrain.scheduler_lr=1e-2",
+    *PLUS,
+    "pretrain.profile_steps=2",
+    "pretrain.device=cpu",
+]
 
 
 # scheduler_lag 2: batches composed two steps ahead, their items loading in worker processes; and the
 # other reward paths: two eval-mode passes, the second reusing the first's image tokens
-LAGGED = [*FALCON[:6], "pretrain.device=cpu", "pretrain.epochs=2", "pretrain.scheduler_lag=2", "pretrain.num_workers=2", "pretrain.reward_mode=eval",
-          "pretrain.reward_images=reuse"]
+LAGGED = [
+    *FALCON[:6],
+    "pretrain.device=cpu",
+    "pretrain.epochs=2",
+    "pretrain.scheduler_lag=2",
+    "pretrain.num_workers=2",
+    "pretrain.reward_mode=eval",
+    "pretrain.reward_images=reuse",
+]
 
 
 def _falcon_reference(world, tmp_path_factory, overrides):
@@ -386,7 +471,9 @@ def test_falcon_run_rewards_and_quantiles(falcon_run):
 
 def test_profile_steps_write_a_trace_and_a_summary_with_falcons_parts(falcon_run):
     summary = (falcon_run / "profile" / "summary.txt").read_text()
-    assert summary.startswith("2 steps from step 10: ") and " ms per step wall clock" in summary  # the first step of epoch 1 (10 uniform steps in epoch 0)
+    assert (
+        summary.startswith("2 steps from step 10: ") and " ms per step wall clock" in summary
+    )  # the first step of epoch 1 (10 uniform steps in epoch 0)
     assert "falcon/reward" in summary and "falcon/update" in summary
     trace = json.loads((falcon_run / "profile" / "trace.json").read_text())
     assert any(event.get("name") == "falcon/reward" for event in trace["traceEvents"])
@@ -422,7 +509,9 @@ def test_the_itm_charged_margin_pays_less_for_picks_the_model_judges_matches(wor
     """``reward: positive_margin+itm``: the positive margin less twice the ITM head's match probability of each
     pick with its anchor. Up to the first FALCON step both runs are the same, so that step's reward is the
     margin's less a charge in (0, 2]; from then on the scheduler learns from the charged reward."""
-    run = _falcon_reference(world, tmp_path_factory, [*FALCON, "pretrain.epochs=2", "pretrain.reward=positive_margin+itm"])
+    run = _falcon_reference(
+        world, tmp_path_factory, [*FALCON, "pretrain.epochs=2", "pretrain.reward=positive_margin+itm"]
+    )
 
     def falcon_steps(path):
         return [r for r in read_metrics(path / "metrics.jsonl") if "loss" in r and r["sampler"] == "falcon"]
@@ -439,7 +528,9 @@ def test_the_itm_charged_margin_pays_less_for_picks_the_model_judges_matches(wor
     assert config["pretrain"]["reward"] == "positive_margin+itm" and config["pretrain"]["reward_itm_weight"] == 2.0
 
 
-def test_the_oracle_judge_charges_exactly_the_false_picks_and_needs_a_shapes_world(world, reference_run, tmp_path_factory):
+def test_the_oracle_judge_charges_exactly_the_false_picks_and_needs_a_shapes_world(
+    world, reference_run, tmp_path_factory
+):
     """``reward: positive_margin+oracle`` with ``reward_itm_charge: expected`` (the diagnostic ceiling of a judge):
     every false pick is worth −2 and every true one its margin (within [−2, 2]), so the reward falls with a false
     pick far more than any model judge makes it, and the judge's AUC against the oracle is 1; the scheduler learns from
@@ -450,9 +541,19 @@ def test_the_oracle_judge_charges_exactly_the_false_picks_and_needs_a_shapes_wor
 
     from tests.conftest import run_cli
 
-    run = _falcon_reference(world, tmp_path_factory, [*FALCON, "pretrain.epochs=2", "pretrain.reward=positive_margin+oracle",
-                                                     "pretrain.reward_itm_charge=expected", "pretrain.scheduler_credit=levels",
-                                                     "pretrain.reward_baseline=none", "pretrain.scheduler_levels=5"])
+    run = _falcon_reference(
+        world,
+        tmp_path_factory,
+        [
+            *FALCON,
+            "pretrain.epochs=2",
+            "pretrain.reward=positive_margin+oracle",
+            "pretrain.reward_itm_charge=expected",
+            "pretrain.scheduler_credit=levels",
+            "pretrain.reward_baseline=none",
+            "pretrain.scheduler_levels=5",
+        ],
+    )
     assert json.loads((run / "manifest.json").read_text())["config"]["pretrain"]["scheduler_credit"] == "levels"
     summary = [r for r in read_metrics(run / "metrics.jsonl") if r.get("kind") == "epoch_summary"][-1]
     assert summary["itm_fn_auc"] == 1.0 and summary["itm_fn_corr"] == pytest.approx(1.0)
@@ -482,8 +583,16 @@ def test_every_pair_trained_each_epoch_when_the_search_space_is_not_a_multiple_o
     from tests.conftest import run_cli
 
     run_dir = tmp_path / "run"
-    proc = run_cli(*pretrain_args(run_dir, world, "pretrain.composer=falcon", "pretrain.reward_images=reuse",
-                                  "pretrain.search_space_size=24", "pretrain.eval_split=null"))
+    proc = run_cli(
+        *pretrain_args(
+            run_dir,
+            world,
+            "pretrain.composer=falcon",
+            "pretrain.reward_images=reuse",
+            "pretrain.search_space_size=24",
+            "pretrain.eval_split=null",
+        )
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     log = read_batch_log(run_dir / "batches.parquet")
     for epoch, rows in log.groupby("epoch"):
@@ -542,7 +651,9 @@ def test_a_preempted_falcon_run_checkpoints_the_step_it_was_in_and_resumes_exact
     from tests.conftest import assert_same_training, run_cli, signal_past_step
 
     run_dir = tmp_path / "run"
-    code, stderr = signal_past_step(pretrain_args(run_dir, world, *FALCON), run_dir / "metrics.jsonl", 11, signal.SIGUSR1)
+    code, stderr = signal_past_step(
+        pretrain_args(run_dir, world, *FALCON), run_dir / "metrics.jsonl", 11, signal.SIGUSR1
+    )
     assert code == 75, stderr[-3000:]
     lines = [line for line in stderr.splitlines() if line.startswith("preempted:")]
     assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
@@ -566,6 +677,7 @@ def test_a_preempted_falcon_run_checkpoints_the_step_it_was_in_and_resumes_exact
 
 # --- audit-false-negatives on the FALCON run: the oracle, the run's own ITM head, two runs side by side -------
 
+
 def test_audit_false_negatives_with_the_oracle(falcon_run, world, tmp_path):
     import shutil
 
@@ -585,11 +697,24 @@ def test_audit_false_negatives_with_the_oracle(falcon_run, world, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = run_dir / "audit"
     assert {p.name for p in out.iterdir()} == {
-        "audit.parquet", "audit.md", "summary.json", "fn_rate_by_q.csv", "fn_rate_by_step.csv", "fn_after_filter.csv",
-        "judge_vs_oracle.csv", "fn_rate_by_q.png", "fn_after_filter.png", "missed_examples.png",
-        "scheduler_vs_oracle.csv", "scheduler_vs_oracle.png", "candidate_risk.csv"}
+        "audit.parquet",
+        "audit.md",
+        "summary.json",
+        "fn_rate_by_q.csv",
+        "fn_rate_by_step.csv",
+        "fn_after_filter.csv",
+        "judge_vs_oracle.csv",
+        "fn_rate_by_q.png",
+        "fn_after_filter.png",
+        "missed_examples.png",
+        "scheduler_vs_oracle.csv",
+        "scheduler_vs_oracle.png",
+        "candidate_risk.csv",
+    }
     audit = read_table(out / "audit.parquet", AUDIT)
-    assert 0 < len(audit) <= 600 and set(audit["kind"]) == {"chain", "itm"} and set(audit["direction"]) == {"i2t", "t2i"}
+    assert (
+        0 < len(audit) <= 600 and set(audit["kind"]) == {"chain", "itm"} and set(audit["direction"]) == {"i2t", "t2i"}
+    )
 
     # The chain rows are the batch log's chain neighbours in the audited (whole) steps.
     expected = used_negatives(read_batch_log(run_dir / "batches.parquet"), kinds=("chain",))
@@ -635,15 +760,23 @@ def test_audit_false_negatives_with_the_oracle(falcon_run, world, tmp_path):
     cache = read_embeddings(run_dir / "embeddings" / f"epoch_{last:03d}.h5")
     image_ids = [records[int(p)].extra["image_id"] for p in cache.pair_id]
     truth = oracle.matrix(image_ids, [records[int(p)].extra["caption_id"] for p in cache.pair_id])  # every pair at once
-    want = candidate_risk(torch.as_tensor(cache.image), torch.as_tensor(cache.text), np.array(image_ids),
-                          lambda rows: truth[rows][:, rows],
-                          space_size=manifest["config"]["pretrain"]["search_space_size"], seed=manifest["config"]["seed"])
+    want = candidate_risk(
+        torch.as_tensor(cache.image),
+        torch.as_tensor(cache.text),
+        np.array(image_ids),
+        lambda rows: truth[rows][:, rows],
+        space_size=manifest["config"]["pretrain"]["search_space_size"],
+        seed=manifest["config"]["seed"],
+    )
     risk = pd.read_csv(out / "candidate_risk.csv").set_index("direction")
     assert list(risk.index) == ["t2i", "i2t", "both"] and (risk["epoch"] == last).all()
     for direction in risk.index:
         for rank in ("top-1", "top-10", "median", "random"):
             assert risk.loc[direction, rank] == pytest.approx(want[direction][rank])
-    assert summary["candidate_risk"][2]["direction"] == "both" and "How risky the hard candidates" in (out / "audit.md").read_text()
+    assert (
+        summary["candidate_risk"][2]["direction"] == "both"
+        and "How risky the hard candidates" in (out / "audit.md").read_text()
+    )
 
 
 def test_audit_false_negatives_of_two_runs_with_their_own_itm_head(falcon_run, tmp_path):
@@ -656,8 +789,18 @@ def test_audit_false_negatives_of_two_runs_with_their_own_itm_head(falcon_run, t
     runs = [tmp_path / "a", tmp_path / "b"]
     for run_dir in runs:
         shutil.copytree(falcon_run, run_dir)
-    proc = run_cli("audit-false-negatives", *map(str, runs), "--judge", "checkpoint", "--negatives", "itm", "--steps", "2",
-                   "--compare-dir", str(tmp_path / "cmp"))
+    proc = run_cli(
+        "audit-false-negatives",
+        *map(str, runs),
+        "--judge",
+        "checkpoint",
+        "--negatives",
+        "itm",
+        "--steps",
+        "2",
+        "--compare-dir",
+        str(tmp_path / "cmp"),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for run_dir in runs:
         audit = pd.read_parquet(run_dir / "audit" / "audit.parquet")
@@ -679,8 +822,10 @@ def test_audit_false_negatives_refuses_bad_input_without_touching_the_run(falcon
     run_dir = tmp_path / "run"
     shutil.copytree(falcon_run, run_dir)
     before = (run_dir / "manifest.json").read_bytes()
-    for args, message in ((["--negatives", "random"], "audit.negatives"),
-                          (["--set", "pretrain.epochs=5"], "only audit.* keys")):
+    for args, message in (
+        (["--negatives", "random"], "audit.negatives"),
+        (["--set", "pretrain.epochs=5"], "only audit.* keys"),
+    ):
         proc = run_cli("audit-false-negatives", str(run_dir), *args)
         assert proc.returncode == 2 and message in proc.stderr, (args, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
@@ -715,8 +860,14 @@ def test_audit_refuses_embeddings_of_another_dataset(falcon_run, tmp_path):
 # (tests/objectives/test_vlp_objective.py); SRCL's input is checked below, in process. -----------------------------------
 FN_METHODS = {
     "mafa": ["pretrain.false_negatives=mafa", "pretrain.mafa.judge=oracle"],
-    "glofnd": ["pretrain.false_negatives=glofnd", "pretrain.glofnd.alpha=0.3", "pretrain.glofnd.lr=0.5",
-               "pretrain.glofnd.start_epoch=1", "pretrain.checkpoint_every=1", "pretrain.keep_last=10"],
+    "glofnd": [
+        "pretrain.false_negatives=glofnd",
+        "pretrain.glofnd.alpha=0.3",
+        "pretrain.glofnd.lr=0.5",
+        "pretrain.glofnd.start_epoch=1",
+        "pretrain.checkpoint_every=1",
+        "pretrain.keep_last=10",
+    ],
     "diht": ["pretrain.false_negatives=diht", "pretrain.diht.beta=1.0"],
 }
 
@@ -746,10 +897,18 @@ def test_false_negative_methods_train_from_the_cli(world, reference_run, tmp_pat
             for key in ("", "i2t_", "t2i_"):
                 assert r[f"{key}weight_false"] > 0 and r[f"{key}weight_true"] > 0 and 0 < r[f"{key}false_share"] < 1
                 # the weights average 1 over each anchor's negatives
-                mean = r[f"{key}false_share"] * r[f"{key}weight_false"] + (1 - r[f"{key}false_share"]) * r[f"{key}weight_true"]
+                mean = (
+                    r[f"{key}false_share"] * r[f"{key}weight_false"]
+                    + (1 - r[f"{key}false_share"]) * r[f"{key}weight_true"]
+                )
                 assert mean == pytest.approx(1.0, abs=1e-6)
     elif method == "glofnd":  # thresholds learned from epoch 1 (steps 3, 4), with the authors' bias correction
-        assert [r["epoch"] for r in summaries] == [1] and [r["epoch"] for r in steps] == [0, 0, 1, 1]  # nothing flagged before
+        assert [r["epoch"] for r in summaries] == [1] and [r["epoch"] for r in steps] == [
+            0,
+            0,
+            1,
+            1,
+        ]  # nothing flagged before
         assert all(("glofnd_lambda_image" in r) == (r["epoch"] == 1) for r in steps)
         assert all(r["glofnd_lambda_image"] < 1.0 for r in steps[2:])
         _glofnd_resumes_exactly(run_dir, world, extra, steps)
@@ -768,10 +927,13 @@ def _glofnd_resumes_exactly(run_dir, world, extra, expected):
 
     checkpoints = run_dir / "checkpoints"
     final = load_file(checkpoints / "00000004" / "glofnd.safetensors")
-    assert bool(final["adam_step_by_epoch"]) and final["step_image"].max() == 1, "learned in epoch 1 only, one update each"
+    assert bool(final["adam_step_by_epoch"]) and final["step_image"].max() == 1, (
+        "learned in epoch 1 only, one update each"
+    )
     (checkpoints / "latest").write_text("00000003\n")
-    resumed = run_cli(*pretrain_args(run_dir, world, "pretrain.max_steps_per_epoch=2", "pretrain.eval_split=null", *extra),
-                      "--resume")
+    resumed = run_cli(
+        *pretrain_args(run_dir, world, "pretrain.max_steps_per_epoch=2", "pretrain.eval_split=null", *extra), "--resume"
+    )
     assert resumed.returncode == 0 and "resumed from" in resumed.stderr, resumed.stdout + resumed.stderr
     got = [r for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r]
     assert [r["step"] for r in got] == [r["step"] for r in expected] == [1, 2, 3, 4]
@@ -782,21 +944,35 @@ def _glofnd_resumes_exactly(run_dir, world, extra, expected):
                 assert b[key] == pytest.approx(a[key], rel=1e-5), (a["step"], key)
     again = load_file(checkpoints / "00000004" / "glofnd.safetensors")
     for name, value in final.items():
-        same = torch.allclose(again[name], value, rtol=0, atol=1e-6) if value.is_floating_point() else torch.equal(again[name], value)
+        same = (
+            torch.allclose(again[name], value, rtol=0, atol=1e-6)
+            if value.is_floating_point()
+            else torch.equal(again[name], value)
+        )
         assert same, name
     with pytest.raises(FalconError, match="learned with adam_step=epoch"):
-        load_weights(GlofndThresholds(final["ids"], alpha=0.3, adam_step="count"), checkpoints / "00000004" / "glofnd.safetensors")
+        load_weights(
+            GlofndThresholds(final["ids"], alpha=0.3, adam_step="count"),
+            checkpoints / "00000004" / "glofnd.safetensors",
+        )
 
 
-@pytest.mark.parametrize("overrides,weight", [
-    ([], 0.2), (["pretrain.false_negatives=glofnd"], 0.0), (["pretrain.false_negatives=diht"], 0.0),
-    (["pretrain.false_negatives=glofnd", "pretrain.glofnd.adam_step=count"], 0.0),
-    (["pretrain.false_negatives=mafa", "pretrain.mafa.judge=oracle", "pretrain.composer=falcon"], 0.0),
-    (["pretrain.false_negatives=mafa", "pretrain.mafa.judge=oracle", "pretrain.mafa.mlm_pairs=distinct"], 0.0),
-    (["pretrain.false_negatives=srcl", "AUX"], 0.0),
-    (["pretrain.false_negatives=glofnd", "pretrain.itc_consistency_weight=0.3"], 0.3)])
-def test_the_stage_hands_the_objective_the_methods_consistency_weight(world, reference_run, tmp_path, monkeypatch,
-                                                                       overrides, weight):
+@pytest.mark.parametrize(
+    "overrides,weight",
+    [
+        ([], 0.2),
+        (["pretrain.false_negatives=glofnd"], 0.0),
+        (["pretrain.false_negatives=diht"], 0.0),
+        (["pretrain.false_negatives=glofnd", "pretrain.glofnd.adam_step=count"], 0.0),
+        (["pretrain.false_negatives=mafa", "pretrain.mafa.judge=oracle", "pretrain.composer=falcon"], 0.0),
+        (["pretrain.false_negatives=mafa", "pretrain.mafa.judge=oracle", "pretrain.mafa.mlm_pairs=distinct"], 0.0),
+        (["pretrain.false_negatives=srcl", "AUX"], 0.0),
+        (["pretrain.false_negatives=glofnd", "pretrain.itc_consistency_weight=0.3"], 0.3),
+    ],
+)
+def test_the_stage_hands_the_objective_the_methods_consistency_weight(
+    world, reference_run, tmp_path, monkeypatch, overrides, weight
+):
     """In process: the pretrain stage builds its objective with the resolved weight (stopped right there)."""
     import shutil
 
@@ -844,8 +1020,9 @@ def test_srcl_reads_its_auxiliary_features_by_pair_id_and_refuses_a_missing_file
     spec = load_spec(world)
     dataset = pretrain_dataset(spec, transform=None)
     aux = reference_run / "embeddings" / "epoch_001.h5"
-    config, _ = load_recipe("shapes-demo", [f"data.dataset={world}", "pretrain.false_negatives=srcl",
-                                            f"pretrain.srcl.aux_embeddings={aux}"])
+    config, _ = load_recipe(
+        "shapes-demo", [f"data.dataset={world}", "pretrain.false_negatives=srcl", f"pretrain.srcl.aux_embeddings={aux}"]
+    )
     method, truth = build_false_negatives(config, spec, dataset, torch.device("cpu"), RunDirectory(tmp_path))
     assert method.name == "srcl" and truth is not None, "SRCL's weights are scored against the oracle"
     stored = read_embeddings(aux)
@@ -863,12 +1040,18 @@ def test_preloaded_images_train_exactly_like_per_step_decoding(world, reference_
     from tests.conftest import run_cli
 
     run_dir = tmp_path / "preloaded"
-    proc = run_cli(*pretrain_args(run_dir, world, "pretrain.checkpoint_every=4", "pretrain.device=cpu",
-                                  "pretrain.preload_images=true"))
+    proc = run_cli(
+        *pretrain_args(
+            run_dir, world, "pretrain.checkpoint_every=4", "pretrain.device=cpu", "pretrain.preload_images=true"
+        )
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "preloaded 32 images" in proc.stdout + proc.stderr
-    losses = lambda run: [(r["step"], r["loss"], r["itc"], r["itm"], r["mlm"])  # noqa: E731
-                          for r in read_metrics(run / "metrics.jsonl") if "loss" in r]
+    losses = lambda run: [
+        (r["step"], r["loss"], r["itc"], r["itm"], r["mlm"])  # noqa: E731
+        for r in read_metrics(run / "metrics.jsonl")
+        if "loss" in r
+    ]
     assert losses(run_dir) == losses(reference_run)
 
 

@@ -18,10 +18,27 @@ import pretrain_speed  # noqa: E402
 
 def test_a_smoke_run_measures_the_stage_and_writes_the_report(tmp_path):
     out = tmp_path / "speed"
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "pretrain_speed.py"), "--out", str(out), "--smoke",
-                           "--images", "24", "--only", "ceiling", "base-grit", "base-grit-jpeg", "blip2-grit", "compose-ops"],
-                          capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "FALCON_PROGRESS": "0"})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "pretrain_speed.py"),
+            "--out",
+            str(out),
+            "--smoke",
+            "--images",
+            "24",
+            "--only",
+            "ceiling",
+            "base-grit",
+            "base-grit-jpeg",
+            "blip2-grit",
+            "compose-ops",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "FALCON_PROGRESS": "0"},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = json.loads((out / "speed.json").read_text())
     assert results["device"] == "cpu" and results["ceiling_flops"] > 0
@@ -41,11 +58,25 @@ def test_a_smoke_run_measures_the_stage_and_writes_the_report(tmp_path):
 
 
 def test_the_report_states_each_target_as_a_ratio_of_one_run():
-    rates = {"base-grit": 1000.0, "base-grit-compile": 1200.0, "base-falcon-recompute": 1000.0,
-             "base-falcon-reuse": 1150.0, "base-grit-jpeg": 1100.0, "tiny-falcon-preload": 6000.0,
-             "tiny-falcon-decode": 900.0}
-    runs = {name: {"pairs_per_s": rate, "flops_per_pair": 2.3e11, "text_tokens": 20.0, "peak_memory_mib": None,
-                   "mfu": rate * 2.3e11 / 9e14} for name, rate in rates.items()}
+    rates = {
+        "base-grit": 1000.0,
+        "base-grit-compile": 1200.0,
+        "base-falcon-recompute": 1000.0,
+        "base-falcon-reuse": 1150.0,
+        "base-grit-jpeg": 1100.0,
+        "tiny-falcon-preload": 6000.0,
+        "tiny-falcon-decode": 900.0,
+    }
+    runs = {
+        name: {
+            "pairs_per_s": rate,
+            "flops_per_pair": 2.3e11,
+            "text_tokens": 20.0,
+            "peak_memory_mib": None,
+            "mfu": rate * 2.3e11 / 9e14,
+        }
+        for name, rate in rates.items()
+    }
     text = pretrain_speed.report({"device": "H100", "ceiling_flops": 9e14, "runs": runs})
     assert "FALCON (recompute) time per step / GRIT (compiled): 1.200 (target ≤ 1.26)" in text
     assert "FALCON (reuse) time per step / GRIT (compiled): 1.043 (target ≤ 1.06)" in text
@@ -80,10 +111,15 @@ def test_the_reward_runs_are_valid_configs_of_the_rewards_they_name():
     the lent machine, after minutes of its time)."""
     from falcon_cli.config.schema import PretrainConfig
 
-    for name, reward, charge in (("base-falcon-margin-eager", "positive_margin", "absolute"),
-                                 ("base-falcon-itm-eager", "positive_margin+itm", "excess")):
-        settings = dict(o.removeprefix("pretrain.").split("=", 1) for o in pretrain_speed.runs(False, 4)[name]
-                        if o.startswith("pretrain."))
+    for name, reward, charge in (
+        ("base-falcon-margin-eager", "positive_margin", "absolute"),
+        ("base-falcon-itm-eager", "positive_margin+itm", "excess"),
+    ):
+        settings = dict(
+            o.removeprefix("pretrain.").split("=", 1)
+            for o in pretrain_speed.runs(False, 4)[name]
+            if o.startswith("pretrain.")
+        )
         settings = {k: yaml.safe_load(v) for k, v in settings.items()}
         config = PretrainConfig(**settings)
         assert (config.composer, config.reward, config.reward_itm_charge) == ("falcon", reward, charge)
@@ -117,8 +153,17 @@ def test_the_steady_rate_is_the_median_step_and_a_one_off_stall_does_not_set_it(
         elapsed = 0.0
         for step in range(5, 45, 5):
             elapsed += 0.5 + (3.0 if (epoch, step) == (1, 35) else 0.0) + (2.0 if step == 40 else 0.0)
-            rows.append({"step": epoch * 40 + step, "epoch": epoch, "loss": 1.0, "elapsed_s": elapsed,
-                         "pairs_per_s": 0.0, "text_tokens": 25, "peak_memory_mib": 100.0 + step})
+            rows.append(
+                {
+                    "step": epoch * 40 + step,
+                    "epoch": epoch,
+                    "loss": 1.0,
+                    "elapsed_s": elapsed,
+                    "pairs_per_s": 0.0,
+                    "text_tokens": 25,
+                    "peak_memory_mib": 100.0 + step,
+                }
+            )
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     rate = pretrain_speed.steady_rate(tmp_path, 96)
     assert rate["pairs_per_s"] == pytest.approx(960.0) and rate["intervals"] == 12  # 6 intervals an epoch

@@ -15,10 +15,20 @@ from falcon_cli.runtime.metrics import read_metrics
 
 # FALCON on the tiny world with the per-caption reward paths of test_pretrain's FALCON runs (credit per pick, a
 # running advantage scale), checkpoints every 4 steps: 2 epochs of 10 steps, epoch 1 FALCON
-LAG1 = ["pretrain.composer=falcon", "pretrain.epochs=2", "pretrain.search_space_size=80", "pretrain.checkpoint_every=4",
-        "pretrain.quantile_levels=20", "pretrain.scheduler_lr=1e-2", "pretrain.scheduler_features=[positive,spread]",
-        "pretrain.scheduler_credit=chosen", "pretrain.reward_baseline=batch_mean", "pretrain.scheduler_advantage_norm=true",
-        "pretrain.device=cpu", "pretrain.scheduler_lag=1"]
+LAG1 = [
+    "pretrain.composer=falcon",
+    "pretrain.epochs=2",
+    "pretrain.search_space_size=80",
+    "pretrain.checkpoint_every=4",
+    "pretrain.quantile_levels=20",
+    "pretrain.scheduler_lr=1e-2",
+    "pretrain.scheduler_features=[positive,spread]",
+    "pretrain.scheduler_credit=chosen",
+    "pretrain.reward_baseline=batch_mean",
+    "pretrain.scheduler_advantage_norm=true",
+    "pretrain.device=cpu",
+    "pretrain.scheduler_lag=1",
+]
 OVERLAP = [*LAG1, "pretrain.scheduler_overlap=true", "pretrain.num_workers=0"]
 
 
@@ -66,9 +76,15 @@ def test_the_deferred_update_makes_the_lag_1_run(runs):
     # each FALCON step's record carries the update made during it: the previous step's (none in the epoch's first)
     falcon_steps = sorted(s for s, r in steps.items() if r.get("reward") is not None)
     assert later[falcon_steps[0]].get("reward") is None
-    assert [later[s]["reward"] for s in falcon_steps[1:]] == pytest.approx([steps[s]["reward"] for s in falcon_steps[:-1]])
-    summaries = [[r for r in read_metrics(d / "metrics.jsonl") if r.get("kind") == "epoch_summary"] for d in (loader, overlap)]
-    assert summaries[0] and [s["reward_mean"] for s in summaries[1]] == pytest.approx([s["reward_mean"] for s in summaries[0]])
+    assert [later[s]["reward"] for s in falcon_steps[1:]] == pytest.approx(
+        [steps[s]["reward"] for s in falcon_steps[:-1]]
+    )
+    summaries = [
+        [r for r in read_metrics(d / "metrics.jsonl") if r.get("kind") == "epoch_summary"] for d in (loader, overlap)
+    ]
+    assert summaries[0] and [s["reward_mean"] for s in summaries[1]] == pytest.approx(
+        [s["reward_mean"] for s in summaries[0]]
+    )
     final = f"{int((loader / 'checkpoints' / 'latest').read_text()):08d}"
     ref, new = (load_file(d / "checkpoints" / final / "model.safetensors") for d in (loader, overlap))
     assert all(torch.equal(ref[k], new[k]) for k in ref)
@@ -90,8 +106,9 @@ def test_a_preempted_overlapped_run_resumes_with_its_pending_update(runs, tmp_pa
 def test_overlap_needs_a_lag(tmp_path):
     from tests.conftest import run_cli
 
-    done = run_cli("pretrain", "--recipe", "shapes-demo", "--run-dir", str(tmp_path / "run"),
-                   "pretrain.scheduler_overlap=true")
+    done = run_cli(
+        "pretrain", "--recipe", "shapes-demo", "--run-dir", str(tmp_path / "run"), "pretrain.scheduler_overlap=true"
+    )
     assert done.returncode == 2 and "scheduler_overlap=true" in done.stderr and "scheduler_lag=1" in done.stderr
 
 
@@ -126,8 +143,9 @@ def test_overlapped_updates_come_one_step_late_and_none_after_a_non_finite_step(
     from falcon_cli.sampling.scheduler import NegativeScheduler
 
     b, g = 6, torch.Generator().manual_seed(2)
-    p = PretrainConfig(composer="falcon", scheduler_credit="chosen", reward="positive_margin", scheduler_lag=1,
-                       scheduler_overlap=True)
+    p = PretrainConfig(
+        composer="falcon", scheduler_credit="chosen", reward="positive_margin", scheduler_lag=1, scheduler_overlap=True
+    )
     scheduler = NegativeScheduler(quantiles=4, hidden=8, blocks=1, reward="positive_margin", credit="chosen")
     step = FalconStep(scheduler, p, "fp32", torch.device("cpu"))
 
@@ -135,8 +153,16 @@ def test_overlapped_updates_come_one_step_late_and_none_after_a_non_finite_step(
         image, text = (torch.nn.functional.normalize(torch.randn(b, 8, generator=g), dim=-1) for _ in range(2))
         record = {"s_hat": torch.rand(b - 1, 4, generator=g), "q": torch.rand(b - 1, generator=g)}
         inputs = (None, torch.zeros(b, 3, dtype=torch.long), torch.ones(b, 3, dtype=torch.long))
-        return step.after(SimpleNamespace(), SimpleNamespace(image_feat=image, text_feat=text), {}, inputs, None,
-                          SimpleNamespace(chosen_is_fn=torch.zeros(b)), record, halted=torch.tensor(halted))
+        return step.after(
+            SimpleNamespace(),
+            SimpleNamespace(image_feat=image, text_feat=text),
+            {},
+            inputs,
+            None,
+            SimpleNamespace(chosen_is_fn=torch.zeros(b)),
+            record,
+            halted=torch.tensor(halted),
+        )
 
     weights = lambda: [t.detach().clone() for t in scheduler.policy.parameters()]  # noqa: E731
     assert one_step(0.0) == {} and len(step.rewards) == 0, "the first step's update waits for the next launch"

@@ -11,11 +11,27 @@ from safetensors.torch import load_file
 
 from tests.conftest import run_cli
 
-TINY = ["data.shapes.images=40", "data.shapes.size=24", "pretrain.image_size=24", "data.tokenizer_vocab_size=200",
-        "data.verify_images=false", "unimodal.image_epochs=2", "unimodal.text_epochs=1", "unimodal.batch_size=8",
-        "pretrain.vision_weights=unimodal", "pretrain.text_weights=unimodal", "pretrain.epochs=2",
-        "pretrain.max_steps_per_epoch=2", "pretrain.batch_size=8", "pretrain.num_workers=0", "pretrain.augment=test",
-        "pretrain.warmup_steps=1", "pretrain.eval_every=1", "pretrain.device=cpu", "unimodal.device=cpu"]
+TINY = [
+    "data.shapes.images=40",
+    "data.shapes.size=24",
+    "pretrain.image_size=24",
+    "data.tokenizer_vocab_size=200",
+    "data.verify_images=false",
+    "unimodal.image_epochs=2",
+    "unimodal.text_epochs=1",
+    "unimodal.batch_size=8",
+    "pretrain.vision_weights=unimodal",
+    "pretrain.text_weights=unimodal",
+    "pretrain.epochs=2",
+    "pretrain.max_steps_per_epoch=2",
+    "pretrain.batch_size=8",
+    "pretrain.num_workers=0",
+    "pretrain.augment=test",
+    "pretrain.warmup_steps=1",
+    "pretrain.eval_every=1",
+    "pretrain.device=cpu",
+    "unimodal.device=cpu",
+]
 
 
 def ok(proc):
@@ -27,8 +43,18 @@ def ok(proc):
 def first(tmp_path_factory):
     """data → unimodal → pretrain on a world shared through data.dataset."""
     root = tmp_path_factory.mktemp("unimodal")
-    ok(run_cli("run", "--recipe", "shapes-demo", "--run-dir", root / "a", f"data.dataset={root / 'world'}",
-               "stages=[data, unimodal, pretrain]", *TINY))
+    ok(
+        run_cli(
+            "run",
+            "--recipe",
+            "shapes-demo",
+            "--run-dir",
+            root / "a",
+            f"data.dataset={root / 'world'}",
+            "stages=[data, unimodal, pretrain]",
+            *TINY,
+        )
+    )
     return root
 
 
@@ -62,8 +88,11 @@ def test_the_learning_curve_has_a_point_per_epoch_and_ends_at_the_final_result(f
 
     curve = [r for r in read_metrics(first / "a" / "metrics.jsonl") if r.get("kind") == "zero_shot"]
     assert [r["epoch"] for r in curve] == [0, 1]
-    final = next(r for r in json.loads((first / "a" / "results" / "retrieval_zeroshot.json").read_text())["rows"]
-                 if r["model"] == "trained")
+    final = next(
+        r
+        for r in json.loads((first / "a" / "results" / "retrieval_zeroshot.json").read_text())["rows"]
+        if r["model"] == "trained"
+    )
     for key in ("i2t_R@1", "t2i_R@5", "mean_R", "i2t_R@1_lo", "oracle_i2t_R@1", "oracle_t2i_R@1_hi"):
         assert curve[-1][key] == pytest.approx(final[key])
     for point in curve:  # (a shapes world: every true match counts too, so those recalls can only be higher)
@@ -73,19 +102,43 @@ def test_the_learning_curve_has_a_point_per_epoch_and_ends_at_the_final_result(f
 def test_another_run_of_the_same_world_and_seed_reuses_them_and_another_seed_does_not(first):
     (entry,) = entries(first / "world")
     before = (entry / "vision.safetensors").stat().st_mtime_ns
-    ok(run_cli("unimodal", "--recipe", "shapes-demo", "--run-dir", first / "b", f"data.dataset={first / 'world'}", *TINY))
+    ok(
+        run_cli(
+            "unimodal", "--recipe", "shapes-demo", "--run-dir", first / "b", f"data.dataset={first / 'world'}", *TINY
+        )
+    )
     assert json.loads((first / "b" / "results" / "unimodal.json").read_text())["rows"][0]["reused"] is True
     assert (entry / "vision.safetensors").stat().st_mtime_ns == before
-    ok(run_cli("unimodal", "--recipe", "shapes-demo", "--run-dir", first / "c", f"data.dataset={first / 'world'}", *TINY,
-               "seed=1"))
+    ok(
+        run_cli(
+            "unimodal",
+            "--recipe",
+            "shapes-demo",
+            "--run-dir",
+            first / "c",
+            f"data.dataset={first / 'world'}",
+            *TINY,
+            "seed=1",
+        )
+    )
     assert len(entries(first / "world")) == 2
 
 
 def test_pretraining_from_unimodal_weights_that_do_not_exist_is_one_line(first):
-    proc = run_cli("pretrain", "--recipe", "shapes-demo", "--run-dir", first / "d", f"data.dataset={first / 'world'}",
-                   *TINY, "unimodal.text_epochs=3")
+    proc = run_cli(
+        "pretrain",
+        "--recipe",
+        "shapes-demo",
+        "--run-dir",
+        first / "d",
+        f"data.dataset={first / 'world'}",
+        *TINY,
+        "unimodal.text_epochs=3",
+    )
     assert proc.returncode != 0
-    assert "holds no unimodal weights for this world, model and seed" in proc.stderr and "falcon unimodal" in proc.stderr
+    assert (
+        "holds no unimodal weights for this world, model and seed" in proc.stderr and "falcon unimodal" in proc.stderr
+    )
     last = proc.stderr.strip().splitlines()[-1]  # (after the data stage's own report)
     assert last.startswith("error: pretrain: vision_weights/text_weights=unimodal") and "Traceback" not in proc.stderr
 
@@ -106,7 +159,7 @@ def test_cell_pooling_weighs_each_patch_by_the_pixels_it_shares_with_the_cell(im
     # Each pixel's cell and patch, on a 3x finer grid so that cell borders at thirds fall between subpixels.
     fine = 3 * image_size
     axis = torch.arange(fine)
-    cell = (axis * 3) // fine                 # (pixel + k/3) lies in cell floor(3 * (pixel + k/3) / size)
+    cell = (axis * 3) // fine  # (pixel + k/3) lies in cell floor(3 * (pixel + k/3) / size)
     patch = axis // (3 * patch_size)
     grid = image_size // patch_size
     cells = (cell[:, None] * 3 + cell[None, :]).flatten()
@@ -125,23 +178,41 @@ def test_where_cells_line_up_with_patches_each_cell_pools_exactly_its_own():
 
     from falcon_cli.models.unimodal import cell_pooling
 
-    pool = cell_pooling(48, 8)             # cells line up with 2x2 patches at 48 px
+    pool = cell_pooling(48, 8)  # cells line up with 2x2 patches at 48 px
     assert ((pool > 0).sum(dim=1) == 4).all()
     top_left = pool[0].view(6, 6)
-    assert torch.allclose(top_left[:2, :2], torch.full((2, 2), 0.25)) and top_left[2:].sum() == 0 and top_left[:, 2:].sum() == 0
+    assert (
+        torch.allclose(top_left[:2, :2], torch.full((2, 2), 0.25))
+        and top_left[2:].sum() == 0
+        and top_left[:, 2:].sum() == 0
+    )
 
 
 def test_extra_images_and_a_shared_unimodal_seed(first):
     """`unimodal.extra_images` adds fresh scenes to the image encoder's training set; `unimodal.seed` makes runs of
     other seeds share one entry."""
     extra = [*TINY, "unimodal.extra_images=24", "unimodal.seed=5"]
-    ok(run_cli("unimodal", "--recipe", "shapes-demo", "--run-dir", first / "e", f"data.dataset={first / 'world'}", *extra))
+    ok(
+        run_cli(
+            "unimodal", "--recipe", "shapes-demo", "--run-dir", first / "e", f"data.dataset={first / 'world'}", *extra
+        )
+    )
     report = json.loads((first / "e" / "results" / "unimodal.json").read_text())
     row = report["rows"][0]
     assert row["reused"] is False and row["image_train_images"] == 32 + 24 and row["image_extra_images"] == 24
     assert 0 <= row["image_val_shape_accuracy_occupied"] <= 100
-    ok(run_cli("unimodal", "--recipe", "shapes-demo", "--run-dir", first / "f", f"data.dataset={first / 'world'}", *extra,
-               "seed=2"))
+    ok(
+        run_cli(
+            "unimodal",
+            "--recipe",
+            "shapes-demo",
+            "--run-dir",
+            first / "f",
+            f"data.dataset={first / 'world'}",
+            *extra,
+            "seed=2",
+        )
+    )
     again = json.loads((first / "f" / "results" / "unimodal.json").read_text())
     assert again["rows"][0]["reused"] is True and again["rows"][0]["weights"] == row["weights"]
     assert report["meta"]["seed"] == again["meta"]["seed"] == 5
@@ -186,8 +257,18 @@ def test_fit_clips_the_gradient_norm_and_reports_how_often():
 
 def test_the_clip_is_a_setting_of_the_cache_entry(first):
     """Encoders trained with another `unimodal.grad_clip` are another entry; the report records the clipping."""
-    ok(run_cli("unimodal", "--recipe", "shapes-demo", "--run-dir", first / "g", f"data.dataset={first / 'world'}", *TINY,
-               "unimodal.grad_clip=null"))
+    ok(
+        run_cli(
+            "unimodal",
+            "--recipe",
+            "shapes-demo",
+            "--run-dir",
+            first / "g",
+            f"data.dataset={first / 'world'}",
+            *TINY,
+            "unimodal.grad_clip=null",
+        )
+    )
     row = json.loads((first / "g" / "results" / "unimodal.json").read_text())["rows"][0]
     assert row["reused"] is False and row["image_clipped_steps"] == 0 and row["image_max_grad_norm"] > 0
     default = json.loads((first / "a" / "results" / "unimodal.json").read_text())["rows"][0]

@@ -11,8 +11,11 @@ importing any module of this package runs this file first.
 
 from falcon_cli.lazy_exports import lazy_exports
 
-__getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    "config": ("ShapesConfig",),
-    "oracle": ("ShapesOracle", "evaluate"),
-    "world": ("WorldSummary", "generate_world", "load_world_summary"),
-})
+__getattr__, __dir__, __all__ = lazy_exports(
+    __name__,
+    {
+        "config": ("ShapesConfig",),
+        "oracle": ("ShapesOracle", "evaluate"),
+        "world": ("WorldSummary", "generate_world", "load_world_summary"),
+    },
+)

@@ -63,7 +63,7 @@ def _bare_phrase(obj: dict, plural: bool, chooser: _WordChooser) -> str:
 
 
 def noun_phrase(obj: dict, chooser: _WordChooser) -> str:
-    """"a small red circle in the top left" (singular, with article)."""
+    """ "a small red circle in the top left" (singular, with article)."""
     bare = _bare_phrase(obj, False, chooser)
     return f"{article(bare)} {bare}"
 
@@ -74,11 +74,13 @@ def _number(n: int, chooser: _WordChooser) -> str:
 
 
 def counted_phrase(n: int, obj: dict, chooser: _WordChooser) -> str:
-    """"three red circles", "one square" (number agreement from ``n``)."""
+    """ "three red circles", "one square" (number agreement from ``n``)."""
     return f"{_number(n, chooser)} {_bare_phrase(obj, n != 1, chooser)}"
 
 
-def render_caption_detailed(lf: dict, rng: random.Random | None = None, paraphrase_prob: float = 0.0) -> tuple[str, bool]:
+def render_caption_detailed(
+    lf: dict, rng: random.Random | None = None, paraphrase_prob: float = 0.0
+) -> tuple[str, bool]:
     """Text of a logical form, and whether any synonym was used (see :func:`render_caption`)."""
     chooser = _WordChooser(rng, paraphrase_prob)
     kind = lf["type"]
@@ -195,7 +197,9 @@ def _kind_schedule(n: int, weights: list[float], rng: random.Random) -> list[int
     return schedule
 
 
-def _new_form(kind: str, objects: list[dict], rng: random.Random, min_attributes: int, seen: set[str], attempts: int = 12):
+def _new_form(
+    kind: str, objects: list[dict], rng: random.Random, min_attributes: int, seen: set[str], attempts: int = 12
+):
     """A form of ``kind`` not in ``seen`` if one turns up within ``attempts`` draws (else the last one drawn), and its key."""
     for _attempt in range(attempts):
         lf = sample_form(kind, objects, rng, min_attributes)

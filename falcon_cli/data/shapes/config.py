@@ -13,7 +13,16 @@ from falcon_cli.data.shapes.vocabulary import COLORS, SHAPES
 if TYPE_CHECKING:  # (numpy is imported where the splits are drawn: the config schema reads this module)
     import numpy as np
 
-__all__ = ["CAPTION_KINDS", "PRESETS", "SPLITS", "CaptionMix", "ShapesConfig", "SplitFractions", "assign_splits", "split_sizes"]
+__all__ = [
+    "CAPTION_KINDS",
+    "PRESETS",
+    "SPLITS",
+    "CaptionMix",
+    "ShapesConfig",
+    "SplitFractions",
+    "assign_splits",
+    "split_sizes",
+]
 
 CAPTION_KINDS: tuple[str, ...] = ("attribute", "combination", "position", "relation", "count", "full")
 """Caption kinds, in the order they are stored and reported."""
@@ -125,8 +134,10 @@ class ShapesConfig(_Section):
     @model_validator(mode="after")
     def _consistent(self) -> "ShapesConfig":
         if self.train_captions_per_image is not None and self.train_captions_per_image > self.captions_per_image:
-            raise ValueError(f"train_captions_per_image ({self.train_captions_per_image}) must be <= captions_per_image "
-                             f"({self.captions_per_image}): it keeps the first N of each training image's captions")
+            raise ValueError(
+                f"train_captions_per_image ({self.train_captions_per_image}) must be <= captions_per_image "
+                f"({self.captions_per_image}): it keeps the first N of each training image's captions"
+            )
         if self.min_objects > self.max_objects:
             raise ValueError(f"min_objects ({self.min_objects}) must be <= max_objects ({self.max_objects})")
         small = {name: n for name, n in smallest_split_sizes(self).items() if n < 2}

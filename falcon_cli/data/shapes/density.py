@@ -96,8 +96,15 @@ def judge_captions(
     return CaptionJudgement(images_described, pairs_described, near_misses, near_misses_described, own, pairs)
 
 
-def _summary(images: np.ndarray, pairs: np.ndarray, own_pairs: np.ndarray, split_images: int, split_pairs: int,
-             near: np.ndarray, near_described: np.ndarray) -> dict:
+def _summary(
+    images: np.ndarray,
+    pairs: np.ndarray,
+    own_pairs: np.ndarray,
+    split_images: int,
+    split_pairs: int,
+    near: np.ndarray,
+    near_described: np.ndarray,
+) -> dict:
     if images.size == 0:
         return {"captions": 0}
     with_near = near > 0
@@ -114,12 +121,19 @@ def _summary(images: np.ndarray, pairs: np.ndarray, own_pairs: np.ndarray, split
         "random_negative_fn_rate": round(float(((images - 1) / other_images).mean()), 6),
         "pair_negative_fn_rate": round(float(((pairs - 1) / other_pairs).mean()), 6),
         "same_image_pair_rate": round(float(((own_pairs - 1) / other_pairs).mean()), 6),
-        "near_miss_fn_rate": round(float((near_described[with_near] / near[with_near]).mean()), 6) if with_near.any() else None,
+        "near_miss_fn_rate": round(float((near_described[with_near] / near[with_near]).mean()), 6)
+        if with_near.any()
+        else None,
     }
 
 
-def density_statistics(judgement: CaptionJudgement, caption_split: np.ndarray, caption_kind: np.ndarray,
-                       caption_image_row: np.ndarray, split_sizes: dict[str, int]) -> dict:
+def density_statistics(
+    judgement: CaptionJudgement,
+    caption_split: np.ndarray,
+    caption_kind: np.ndarray,
+    caption_image_row: np.ndarray,
+    split_sizes: dict[str, int],
+) -> dict:
     """Per split, overall and per caption kind: how many images each caption describes, and how
     often a uniformly drawn negative is a false one.
 
@@ -147,11 +161,21 @@ def density_statistics(judgement: CaptionJudgement, caption_split: np.ndarray, c
         split_pairs = int(in_split.sum())
 
         def summary(rows: np.ndarray) -> dict:
-            return _summary(judgement.images_described[rows], judgement.pairs_described[rows], own_pairs[rows],
-                            split_sizes[split], split_pairs, judgement.near_misses[rows], judgement.near_misses_described[rows])
+            return _summary(
+                judgement.images_described[rows],
+                judgement.pairs_described[rows],
+                own_pairs[rows],
+                split_sizes[split],
+                split_pairs,
+                judgement.near_misses[rows],
+                judgement.near_misses_described[rows],
+            )
 
         stats = summary(in_split)
-        stats["by_kind"] = {kind: summary(in_split & (caption_kind == k))
-                            for k, kind in enumerate(CAPTION_KINDS) if (in_split & (caption_kind == k)).any()}
+        stats["by_kind"] = {
+            kind: summary(in_split & (caption_kind == k))
+            for k, kind in enumerate(CAPTION_KINDS)
+            if (in_split & (caption_kind == k)).any()
+        }
         out[split] = stats
     return out

@@ -23,7 +23,9 @@ def retrieval_train_entries(captions: list[dict], files: list[str]) -> list[dict
     return [{"image": files[c["image_id"]], "caption": c["text"], "image_id": c["image_id"]} for c in captions]
 
 
-def retrieval_eval_entries(image_ids: list[int], captions_by_image: dict[int, list[dict]], files: list[str]) -> list[dict]:
+def retrieval_eval_entries(
+    image_ids: list[int], captions_by_image: dict[int, list[dict]], files: list[str]
+) -> list[dict]:
     """Karpathy val/test format: one entry per image with all its captions (and their ids)."""
     return [
         {

@@ -81,16 +81,38 @@ def _image_job(job: tuple) -> tuple[int, list[list[dict]], list[list[dict]]]:
     captions, questions = [], []
     for k in range(len(paths)):
         i = start + k
-        image = render_scene(shape[k], color[k], size[k], stream_generator(config.seed, STREAM_PIXELS, i),
-                             image_size=config.size, background_noise=config.background_noise)
+        image = render_scene(
+            shape[k],
+            color[k],
+            size[k],
+            stream_generator(config.seed, STREAM_PIXELS, i),
+            image_size=config.size,
+            background_noise=config.background_noise,
+        )
         with open(paths[k], "wb") as handle:  # inside the temporary world dir: the final rename makes it atomic
             handle.write(png_bytes(image))
         objects = scene_objects(shape[k], color[k], size[k])
-        captions.append(sample_captions(objects, stream_random(config.seed, STREAM_CAPTIONS, i), count=config.captions_per_image,
-                                        kind_weights=weights, paraphrase_prob=config.paraphrase_prob,
-                                        min_attributes=config.min_attributes, scene_captions=config.scene_captions))
-        questions.append(sample_questions(objects, stream_random(config.seed, STREAM_QUESTIONS, i), count=config.vqa_questions_per_image,
-                                          num_shapes=config.num_shapes, num_colors=config.num_colors, variation=config.vqa_answer_variation))
+        captions.append(
+            sample_captions(
+                objects,
+                stream_random(config.seed, STREAM_CAPTIONS, i),
+                count=config.captions_per_image,
+                kind_weights=weights,
+                paraphrase_prob=config.paraphrase_prob,
+                min_attributes=config.min_attributes,
+                scene_captions=config.scene_captions,
+            )
+        )
+        questions.append(
+            sample_questions(
+                objects,
+                stream_random(config.seed, STREAM_QUESTIONS, i),
+                count=config.vqa_questions_per_image,
+                num_shapes=config.num_shapes,
+                num_colors=config.num_colors,
+                variation=config.vqa_answer_variation,
+            )
+        )
     return start, captions, questions
 
 
@@ -102,7 +124,14 @@ def _image_results(scenes: SceneArrays, config: ShapesConfig, paths: list[Path],
     other work (NLVR2 statements) before it consumes the results.
     """
     jobs = [
-        (s, scenes.shape[s : s + CHUNK], scenes.color[s : s + CHUNK], scenes.size[s : s + CHUNK], config, paths[s : s + CHUNK])
+        (
+            s,
+            scenes.shape[s : s + CHUNK],
+            scenes.color[s : s + CHUNK],
+            scenes.size[s : s + CHUNK],
+            config,
+            paths[s : s + CHUNK],
+        )
         for s in range(0, len(scenes), CHUNK)
     ]
     if workers <= 1 or len(scenes) < PARALLEL_MIN_IMAGES:
@@ -114,7 +143,9 @@ def _image_results(scenes: SceneArrays, config: ShapesConfig, paths: list[Path],
         yield pool.imap(_image_job, jobs)
 
 
-def _make_statements(config: ShapesConfig, image_split: np.ndarray, objects: list[list[dict]], files: list[str]) -> dict[str, list[dict]]:
+def _make_statements(
+    config: ShapesConfig, image_split: np.ndarray, objects: list[list[dict]], files: list[str]
+) -> dict[str, list[dict]]:
     """NLVR2 entries per split: labels alternate True/False, so each split is exactly balanced."""
     statements: dict[str, list[dict]] = {}
     for code, split in enumerate(SPLITS):
@@ -123,8 +154,14 @@ def _make_statements(config: ShapesConfig, image_split: np.ndarray, objects: lis
         entries = []
         for k in track(range(total), f"NLVR2 {split} statements"):
             label = k % 2 == 0
-            left, right, _statement, text = make_statement(label, rows, objects, stream_random(config.seed, STREAM_STATEMENTS, code, k),
-                                                          num_shapes=config.num_shapes, num_colors=config.num_colors)
+            left, right, _statement, text = make_statement(
+                label,
+                rows,
+                objects,
+                stream_random(config.seed, STREAM_STATEMENTS, code, k),
+                num_shapes=config.num_shapes,
+                num_colors=config.num_colors,
+            )
             entries.append(formats.nlvr2_entry(split, k, files[left], files[right], text, label))
         statements[split] = entries
     return statements
@@ -152,11 +189,17 @@ def _sample_scenes(config: ShapesConfig) -> SceneArrays:
     for i in track(range(n), "sampling scenes"):
         index, member = divmod(i, family_size)
         if member == 0:
-            drawn = sample_scene(stream_random(config.seed, STREAM_SCENES, index), min_objects=config.min_objects,
-                                 max_objects=config.max_objects, **vocabulary)
+            drawn = sample_scene(
+                stream_random(config.seed, STREAM_SCENES, index),
+                min_objects=config.min_objects,
+                max_objects=config.max_objects,
+                **vocabulary,
+            )
             family = [drawn]
         else:
-            drawn = near_miss(family[0], stream_random(config.seed, STREAM_NEAR_MISSES, index, member), avoid=family, **vocabulary)
+            drawn = near_miss(
+                family[0], stream_random(config.seed, STREAM_NEAR_MISSES, index, member), avoid=family, **vocabulary
+            )
             family.append(drawn)
         for arr, row in zip(arrays, drawn):
             arr[i] = row
@@ -198,17 +241,33 @@ def generate_content(config: ShapesConfig, root: Path, workers: int) -> WorldCon
     caption_split = np.array([c["split"] for c in captions], dtype=np.int8)
     caption_image = np.array([c["image_id"] for c in captions], dtype=np.int64)
     caption_kind = np.array([CAPTION_KINDS.index(c["kind"]) for c in captions], dtype=np.int8)
-    judgement = judge_captions(scene_index(scenes), image_split, forms, caption_form, caption_image, caption_split,
-                               family_size=config.near_misses + 1)
+    judgement = judge_captions(
+        scene_index(scenes),
+        image_split,
+        forms,
+        caption_form,
+        caption_image,
+        caption_split,
+        family_size=config.near_misses + 1,
+    )
     if not judgement.true_of_own_image.all():
         bad = captions[int(np.argmin(judgement.true_of_own_image))]
         raise RuntimeError(f"internal error: caption {bad['text']!r} is not true of its own image {bad['image_id']}")
     density = density_statistics(judgement, caption_split, caption_kind, caption_image, split_counts(image_split))
 
     return WorldContent(
-        config=config, files=files, scenes=scenes, image_split=image_split, captions=captions, caption_kind=caption_kind,
-        distinct_forms=int(len(keys)), judgement=judgement, density=density, duplicate_captions=duplicate_captions(captions),
-        questions=questions, statements=statements,
+        config=config,
+        files=files,
+        scenes=scenes,
+        image_split=image_split,
+        captions=captions,
+        caption_kind=caption_kind,
+        distinct_forms=int(len(keys)),
+        judgement=judgement,
+        density=density,
+        duplicate_captions=duplicate_captions(captions),
+        questions=questions,
+        statements=statements,
     )
 
 
@@ -247,10 +306,21 @@ def extra_scenes(config: ShapesConfig, count: int, seed: int) -> tuple[SceneArra
     arrays = [np.empty((count, len(POSITIONS)), dtype=np.int8) for _ in range(3)]
     pixels = np.empty((count, config.size, config.size, 3), dtype=np.uint8)
     for i in track(range(count), "drawing extra scenes"):
-        drawn = sample_scene(stream_random(config.seed, STREAM_EXTRA_SCENES, seed, i), min_objects=config.min_objects,
-                             max_objects=config.max_objects, num_shapes=config.num_shapes, num_colors=config.num_colors)
+        drawn = sample_scene(
+            stream_random(config.seed, STREAM_EXTRA_SCENES, seed, i),
+            min_objects=config.min_objects,
+            max_objects=config.max_objects,
+            num_shapes=config.num_shapes,
+            num_colors=config.num_colors,
+        )
         for arr, row in zip(arrays, drawn):
             arr[i] = row
-        pixels[i] = np.asarray(render_scene(*drawn, stream_generator(config.seed, STREAM_EXTRA_PIXELS, seed, i),
-                                            image_size=config.size, background_noise=config.background_noise))
+        pixels[i] = np.asarray(
+            render_scene(
+                *drawn,
+                stream_generator(config.seed, STREAM_EXTRA_PIXELS, seed, i),
+                image_size=config.size,
+                background_noise=config.background_noise,
+            )
+        )
     return SceneArrays(*arrays), pixels

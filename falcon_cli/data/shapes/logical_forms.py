@@ -33,29 +33,31 @@ _ALLOWED = {"size": SIZES, "color": COLORS, "shape": SHAPES, "position": POSITIO
 FORM_TYPES: tuple[str, ...] = ("exists", "count", "relation", "scene")
 
 
-def describe(size: str | None = None, color: str | None = None, shape: str | None = None, position: str | None = None) -> dict:
+def describe(
+    size: str | None = None, color: str | None = None, shape: str | None = None, position: str | None = None
+) -> dict:
     """An object description with only the given attributes (canonical key order)."""
     values = {"size": size, "color": color, "shape": shape, "position": position}
     return {key: values[key] for key in DESCRIPTION_KEYS if values[key] is not None}
 
 
 def exists(obj: dict) -> dict:
-    """"There is an object matching ``obj``"."""
+    """ "There is an object matching ``obj``"."""
     return {"type": "exists", "object": obj}
 
 
 def count(n: int, obj: dict) -> dict:
-    """"Exactly ``n`` objects match ``obj``"."""
+    """ "Exactly ``n`` objects match ``obj``"."""
     return {"type": "count", "count": int(n), "object": obj}
 
 
 def relation(rel: str, subject: dict, obj: dict) -> dict:
-    """"An object matching ``subject`` is ``rel`` a distinct object matching ``obj``"."""
+    """ "An object matching ``subject`` is ``rel`` a distinct object matching ``obj``"."""
     return {"type": "relation", "relation": rel, "subject": subject, "object": obj}
 
 
 def scene(objects: list[dict]) -> dict:
-    """"Exactly these objects": as many objects as descriptions, paired one-to-one."""
+    """ "Exactly these objects": as many objects as descriptions, paired one-to-one."""
     return {"type": "scene", "objects": list(objects)}
 
 
@@ -64,12 +66,16 @@ def _normalize_description(obj: Any, where: str) -> dict:
         raise FalconError(f"logical form: {where} must be an object description (a mapping), got {type(obj).__name__}")
     unknown = [key for key in obj if key not in _ALLOWED]
     if unknown:
-        raise FalconError(f"logical form: {where} has unknown key '{unknown[0]}' (allowed: {', '.join(DESCRIPTION_KEYS)})")
+        raise FalconError(
+            f"logical form: {where} has unknown key '{unknown[0]}' (allowed: {', '.join(DESCRIPTION_KEYS)})"
+        )
     out = {}
     for key in DESCRIPTION_KEYS:
         if key in obj and obj[key] is not None:
             if obj[key] not in _ALLOWED[key]:
-                raise FalconError(f"logical form: {where}.{key} = {obj[key]!r} is not one of {', '.join(_ALLOWED[key])}")
+                raise FalconError(
+                    f"logical form: {where}.{key} = {obj[key]!r} is not one of {', '.join(_ALLOWED[key])}"
+                )
             out[key] = obj[key]
     return out
 
@@ -96,7 +102,9 @@ def normalize(lf: dict | str) -> dict:
     if kind not in expected:
         raise FalconError(f"logical form: type {kind!r} is not one of {', '.join(FORM_TYPES)}")
     if set(lf) != expected[kind]:
-        raise FalconError(f"logical form of type '{kind}' needs exactly the keys {', '.join(sorted(expected[kind]))}, got {', '.join(sorted(lf))}")
+        raise FalconError(
+            f"logical form of type '{kind}' needs exactly the keys {', '.join(sorted(expected[kind]))}, got {', '.join(sorted(lf))}"
+        )
     if kind == "exists":
         return exists(_normalize_description(lf["object"], "object"))
     if kind == "count":
@@ -107,7 +115,11 @@ def normalize(lf: dict | str) -> dict:
     if kind == "relation":
         if lf["relation"] not in RELATIONS:
             raise FalconError(f"logical form: relation {lf['relation']!r} is not one of {', '.join(RELATIONS)}")
-        return relation(lf["relation"], _normalize_description(lf["subject"], "subject"), _normalize_description(lf["object"], "object"))
+        return relation(
+            lf["relation"],
+            _normalize_description(lf["subject"], "subject"),
+            _normalize_description(lf["object"], "object"),
+        )
     objects = lf["objects"]
     if not isinstance(objects, list) or not objects:
         raise FalconError("logical form: a scene needs a non-empty list of object descriptions")

@@ -54,8 +54,11 @@ def difference_kinds(scenes: SceneArrays, a: np.ndarray, b: np.ndarray) -> np.nd
     # Two objects swapped: two occupied cells changed, each holding the other's object.
     two = same_cells & (changed == 2)
     last = 8 - cell_differs[:, ::-1].argmax(axis=1)  # (and ``cell`` is the first changed one)
-    swapped = ((attrs_a[rows, cell] == attrs_b[rows, last]).all(axis=1)
-               & (attrs_a[rows, last] == attrs_b[rows, cell]).all(axis=1) & occupied_a[rows, cell])
+    swapped = (
+        (attrs_a[rows, cell] == attrs_b[rows, last]).all(axis=1)
+        & (attrs_a[rows, last] == attrs_b[rows, cell]).all(axis=1)
+        & occupied_a[rows, cell]
+    )
     kinds[two & swapped] = "swap"
 
     # One object moved: a cell emptied, another filled with the same object, every other cell unchanged.
@@ -66,8 +69,9 @@ def difference_kinds(scenes: SceneArrays, a: np.ndarray, b: np.ndarray) -> np.nd
     return kinds
 
 
-def family_pairs(scenes: SceneArrays, scene_rows: np.ndarray, image_ids: np.ndarray, size: int
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def family_pairs(
+    scenes: SceneArrays, scene_rows: np.ndarray, image_ids: np.ndarray, size: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every ordered pair ``(i, j)``, ``i != j``, of positions in ``image_ids`` whose images share a near-miss
     family of ``size`` images, with the kind of their difference: ``(i, j, kinds)``. ``scene_rows[i]`` is the row of
     ``image_ids[i]`` in ``scenes``. Empty arrays when ``size`` is 1 (no families)."""

@@ -85,7 +85,9 @@ class SceneIndex:
             return out
 
         occupied = (scenes.occupied * _CELL_BITS).sum(axis=1, dtype=np.uint16)
-        return cls(occupied, masks(scenes.shape, len(SHAPES)), masks(scenes.color, len(COLORS)), masks(scenes.size, len(SIZES)))
+        return cls(
+            occupied, masks(scenes.shape, len(SHAPES)), masks(scenes.color, len(COLORS)), masks(scenes.size, len(SIZES))
+        )
 
     def take(self, rows: np.ndarray) -> "SceneIndex":
         """The index restricted to scenes at ``rows``."""
@@ -98,7 +100,11 @@ class SceneIndex:
         description needs are gathered).
         """
         mask = self.occupied if rows is None else self.occupied[rows]
-        for key, table, vocab in (("size", self.size, SIZES), ("color", self.color, COLORS), ("shape", self.shape, SHAPES)):
+        for key, table, vocab in (
+            ("size", self.size, SIZES),
+            ("color", self.color, COLORS),
+            ("shape", self.shape, SHAPES),
+        ):
             if key in obj:
                 values = table[vocab.index(obj[key])]
                 mask = mask & (values if rows is None else values[rows])
@@ -242,7 +248,9 @@ class ShapesOracle:
         ):
             path = world_dir / name
             if not path.exists():
-                raise FalconError(f"{path}: not found; is {world_dir} a shapes world? (make one with `falcon data shapes --out DIR`)")
+                raise FalconError(
+                    f"{path}: not found; is {world_dir} a shapes world? (make one with `falcon data shapes --out DIR`)"
+                )
             try:
                 table = pq.read_table(path)
             except Exception as exc:  # pyarrow raises several types for corrupt files
@@ -269,7 +277,9 @@ class ShapesOracle:
         )
         unknown = np.setdiff1d(oracle.caption_image_ids, oracle.image_ids)
         if unknown.size:
-            raise FalconError(f"{world_dir / 'captions.parquet'}: caption refers to image_id {unknown[0]} not in scenes.parquet")
+            raise FalconError(
+                f"{world_dir / 'captions.parquet'}: caption refers to image_id {unknown[0]} not in scenes.parquet"
+            )
         return oracle
 
     # --- id lookup ----------------------------------------------------------------------
@@ -335,7 +345,9 @@ class ShapesOracle:
         image_rows = self.image_rows(image_ids)
         caption_rows = self.caption_rows(caption_ids)
         if image_rows.shape != caption_rows.shape:
-            raise FalconError(f"shapes oracle: matches() needs as many image ids as caption ids ({image_rows.size} vs {caption_rows.size})")
+            raise FalconError(
+                f"shapes oracle: matches() needs as many image ids as caption ids ({image_rows.size} vs {caption_rows.size})"
+            )
         forms = self.caption_form[caption_rows]
         order = np.argsort(forms, kind="stable")
         boundaries = np.flatnonzero(np.diff(forms[order])) + 1

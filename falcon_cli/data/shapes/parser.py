@@ -157,7 +157,9 @@ def _parse_list(tokens: Tokens) -> list[dict]:
 def parse_caption(text: str) -> dict:
     """The logical form of a caption in the shapes grammar (FalconError when the text is outside it)."""
     if not isinstance(text, str) or not text.strip():
-        raise FalconError(f"caption {text!r} is empty; a shapes caption names at least one object (e.g. 'a red circle')")
+        raise FalconError(
+            f"caption {text!r} is empty; a shapes caption names at least one object (e.g. 'a red circle')"
+        )
     tokens = Tokens(text)
     tokens.take(OPENINGS)
     if tokens.peek(EXACTLY) or tokens.peek(NUMBERS):

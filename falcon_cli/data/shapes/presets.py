@@ -62,8 +62,17 @@ PRESETS: dict[str, WorldPreset] = {
     ),
     "dense": WorldPreset(
         "the default world (every caption kind, 1-4 objects, 6 colours, 4 shapes): a random negative is false ~18% of the time",
-        {"min_objects": 1, "max_objects": 4, "num_colors": 6, "num_shapes": 4, "near_misses": 0, "min_attributes": 0,
-         "caption_mix": {kind: 1.0 for kind in ("attribute", "combination", "position", "relation", "count", "full")}},
+        {
+            "min_objects": 1,
+            "max_objects": 4,
+            "num_colors": 6,
+            "num_shapes": 4,
+            "near_misses": 0,
+            "min_attributes": 0,
+            "caption_mix": {
+                kind: 1.0 for kind in ("attribute", "combination", "position", "relation", "count", "full")
+            },
+        },
     ),
 }
 """Every preset by name (the values of ``ShapesConfig.preset``)."""

@@ -35,7 +35,9 @@ def make_contact_sheet(world_dir: Path, *, rows: int = 4, cols: int = 4) -> Imag
         by_image.setdefault(caption["image_id"], []).append(caption["text"])
     font = _font()
     line_height = 13
-    wrapped = {s["image_id"]: [textwrap.wrap(f"- {t}", TEXT_WIDTH) for t in by_image.get(s["image_id"], [])] for s in chosen}
+    wrapped = {
+        s["image_id"]: [textwrap.wrap(f"- {t}", TEXT_WIDTH) for t in by_image.get(s["image_id"], [])] for s in chosen
+    }
     text_lines = max((sum(len(lines) for lines in w) for w in wrapped.values()), default=0)
     pad = 8
     cell_w = max(TILE, TEXT_WIDTH * 6) + 2 * pad

@@ -141,7 +141,9 @@ def _question(kind: str, objects: list[dict], rng: random.Random, num_shapes: in
         yes = _own_description(rng, _pick(rng, objects), rng.choices([1, 2, 3], weights=[0.3, 0.5, 0.2])[0])
         no = None
         for _attempt in range(50):
-            candidate = _random_description(rng, num_shapes, num_colors, rng.choices([1, 2, 3], weights=[0.3, 0.5, 0.2])[0])
+            candidate = _random_description(
+                rng, num_shapes, num_colors, rng.choices([1, 2, 3], weights=[0.3, 0.5, 0.2])[0]
+            )
             if not _matching(objects, candidate):
                 no = candidate
                 break
@@ -194,5 +196,7 @@ def sample_questions(
                 if text in seen:
                     continue
                 seen.add(text)
-                questions.append({"type": kind, "question": text, "answer": answer, "answers": human_answers(answer, rng, variation)})
+                questions.append(
+                    {"type": kind, "question": text, "answer": answer, "answers": human_answers(answer, rng, variation)}
+                )
     return questions

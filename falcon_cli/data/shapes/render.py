@@ -27,8 +27,13 @@ RADIUS = {0: 0.22, 1: 0.40}
 _SUPERSAMPLE = 4
 
 
-def _regular_polygon(cx: float, cy: float, r: float, sides: int, rotation: float = -math.pi / 2) -> list[tuple[float, float]]:
-    return [(cx + r * math.cos(rotation + 2 * math.pi * k / sides), cy + r * math.sin(rotation + 2 * math.pi * k / sides)) for k in range(sides)]
+def _regular_polygon(
+    cx: float, cy: float, r: float, sides: int, rotation: float = -math.pi / 2
+) -> list[tuple[float, float]]:
+    return [
+        (cx + r * math.cos(rotation + 2 * math.pi * k / sides), cy + r * math.sin(rotation + 2 * math.pi * k / sides))
+        for k in range(sides)
+    ]
 
 
 def _draw_shape(draw: ImageDraw.ImageDraw, shape: str, cx: float, cy: float, r: float, fill) -> None:
@@ -91,7 +96,9 @@ def render_scene(
     pixels[:] = BACKGROUND_RGB
     if background_noise > 0:
         # Noise under the shapes is blended away below, so it only shows on the background.
-        pixels += (rng.standard_normal((image_size, image_size), dtype=np.float32) * (background_noise * 255.0))[:, :, None]
+        pixels += (rng.standard_normal((image_size, image_size), dtype=np.float32) * (background_noise * 255.0))[
+            :, :, None
+        ]
     for c in range(NUM_CELLS):
         if shape_row[c] == EMPTY:
             continue

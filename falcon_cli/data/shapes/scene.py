@@ -88,8 +88,15 @@ NEAR_MISS_CHANGES: tuple[str, ...] = ("color", "shape", "size", "move", "swap")
 empty cell; or two different objects swapping cells (which flips the relations between them)."""
 
 
-def near_miss(scene: tuple[np.ndarray, np.ndarray, np.ndarray], rng: random.Random, *, num_shapes: int, num_colors: int,
-              avoid: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = (), attempts: int = 20):
+def near_miss(
+    scene: tuple[np.ndarray, np.ndarray, np.ndarray],
+    rng: random.Random,
+    *,
+    num_shapes: int,
+    num_colors: int,
+    avoid: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = (),
+    attempts: int = 20,
+):
     """A scene that differs from ``scene`` in exactly one thing (one of :data:`NEAR_MISS_CHANGES`, drawn
     uniformly among those the scene allows), and from every scene in ``avoid`` if it can.
 
@@ -100,10 +107,13 @@ def near_miss(scene: tuple[np.ndarray, np.ndarray, np.ndarray], rng: random.Rand
     shape, color, size = scene
     cells = np.flatnonzero(shape != EMPTY).tolist()
     empty = np.flatnonzero(shape == EMPTY).tolist()
-    distinct_pairs = [(a, b) for i, a in enumerate(cells) for b in cells[i + 1:]
-                      if (shape[a], color[a], size[a]) != (shape[b], color[b], size[b])]
-    allowed = [c for c in NEAR_MISS_CHANGES
-               if (c != "move" or empty) and (c != "swap" or distinct_pairs)]
+    distinct_pairs = [
+        (a, b)
+        for i, a in enumerate(cells)
+        for b in cells[i + 1 :]
+        if (shape[a], color[a], size[a]) != (shape[b], color[b], size[b])
+    ]
+    allowed = [c for c in NEAR_MISS_CHANGES if (c != "move" or empty) and (c != "swap" or distinct_pairs)]
     candidate = None
     for _attempt in range(attempts):
         new = [shape.copy(), color.copy(), size.copy()]

@@ -124,7 +124,9 @@ def _description(rng: random.Random, pool: list[dict], k: int, num_shapes: int, 
     return lfs.describe(**values)
 
 
-def sample_statement(left: list[dict], right: list[dict], rng: random.Random, *, num_shapes: int, num_colors: int) -> dict:
+def sample_statement(
+    left: list[dict], right: list[dict], rng: random.Random, *, num_shapes: int, num_colors: int
+) -> dict:
     """A random statement about (left, right) scenes: ``{"template", "object"[, "count"]}`` (true or false)."""
     names = list(TEMPLATES)
     template = names[rng.randrange(len(names))]
@@ -156,7 +158,11 @@ def make_statement(
     for _attempt in range(1000):
         left, right = (int(image_rows[k]) for k in rng.sample(range(len(image_rows)), 2))
         statement = sample_statement(objects[left], objects[right], rng, num_shapes=num_shapes, num_colors=num_colors)
-        truth = statement_truth(statement, count_matching(objects[left], statement["object"]), count_matching(objects[right], statement["object"]))
+        truth = statement_truth(
+            statement,
+            count_matching(objects[left], statement["object"]),
+            count_matching(objects[right], statement["object"]),
+        )
         if truth == target:
             return left, right, statement, render_statement(statement)
     raise RuntimeError(f"could not draw an NLVR2 statement with label {target} in 1000 attempts")

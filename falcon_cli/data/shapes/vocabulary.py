@@ -39,9 +39,15 @@ SIZES: tuple[str, ...] = ("small", "large")
 # Cell index = 3 * row + col, row 0 at the top, col 0 on the left.
 
 POSITIONS: tuple[str, ...] = (
-    "top left", "top", "top right",
-    "left", "center", "right",
-    "bottom left", "bottom", "bottom right",
+    "top left",
+    "top",
+    "top right",
+    "left",
+    "center",
+    "right",
+    "bottom left",
+    "bottom",
+    "bottom right",
 )
 """Canonical names of the nine cells, indexed by ``3 * row + col``."""
 
@@ -64,7 +70,12 @@ SHAPE_WORDS: dict[str, list[tuple[str, str]]] = {
 }
 """(singular, plural) nouns per shape; canonical first."""
 
-GENERIC_WORDS: list[tuple[str, str]] = [("shape", "shapes"), ("object", "objects"), ("thing", "things"), ("item", "items")]
+GENERIC_WORDS: list[tuple[str, str]] = [
+    ("shape", "shapes"),
+    ("object", "objects"),
+    ("thing", "things"),
+    ("item", "items"),
+]
 """Nouns that name any object (no shape constraint); canonical first."""
 
 COLOR_WORDS: dict[str, list[str]] = {
@@ -94,7 +105,12 @@ POSITION_PHRASES: dict[str, list[str]] = {
     "right": ["on the right", "in the middle right", "at the right"],
     "bottom left": ["in the bottom left", "in the lower left", "in the bottom left corner", "in the lower left corner"],
     "bottom": ["at the bottom", "in the bottom middle", "at the bottom center"],
-    "bottom right": ["in the bottom right", "in the lower right", "in the bottom right corner", "in the lower right corner"],
+    "bottom right": [
+        "in the bottom right",
+        "in the lower right",
+        "in the bottom right corner",
+        "in the lower right corner",
+    ],
 }
 """Prepositional phrases naming exactly one cell; canonical first."""
 

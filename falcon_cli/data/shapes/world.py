@@ -42,10 +42,14 @@ class WorldSummary:
     @classmethod
     def from_world_json(cls, out_dir: Path, world: dict, *, reused: bool) -> "WorldSummary":
         """The summary of a world from the content of its ``world.json``."""
-        return cls(out_dir=out_dir, counts=world["counts"],
-                   false_negative_density=world["statistics"]["false_negative_density"],
-                   duplicate_captions=world["statistics"].get("duplicate_captions", {}),
-                   config=world["config"], reused=reused)
+        return cls(
+            out_dir=out_dir,
+            counts=world["counts"],
+            false_negative_density=world["statistics"]["false_negative_density"],
+            duplicate_captions=world["statistics"].get("duplicate_captions", {}),
+            config=world["config"],
+            reused=reused,
+        )
 
     @property
     def splits(self) -> dict[str, dict[str, int]]:
@@ -72,15 +76,34 @@ class WorldSummary:
             pair = percent(d, "pair_negative_fn_rate")
             if "same_image_pair_rate" in d:
                 pair += f" ({percent(d, 'same_image_pair_rate')})"
-            return [f"{d['mean']:.1f}", f"{d['median']:g}", f"{100 * d['fraction_with_false_negatives']:.0f}%",
-                    percent(d, "random_negative_fn_rate"), pair]
+            return [
+                f"{d['mean']:.1f}",
+                f"{d['median']:g}",
+                f"{100 * d['fraction_with_false_negatives']:.0f}%",
+                percent(d, "random_negative_fn_rate"),
+                pair,
+            ]
 
-        density = ("images a caption describes: mean", "median", "captions with FNs", "random negative is FN",
-                   "random pair is FN (same image)")
-        table = Table("split", "images", "captions", *density, box=None, header_style="bold",
-                      title=f"shapes world {self.out_dir}" + (" (reused)" if self.reused else ""))
+        density = (
+            "images a caption describes: mean",
+            "median",
+            "captions with FNs",
+            "random negative is FN",
+            "random pair is FN (same image)",
+        )
+        table = Table(
+            "split",
+            "images",
+            "captions",
+            *density,
+            box=None,
+            header_style="bold",
+            title=f"shapes world {self.out_dir}" + (" (reused)" if self.reused else ""),
+        )
         for split, counts in self.splits.items():
-            table.add_row(split, f"{counts['images']:,}", f"{counts['captions']:,}", *row(self.false_negative_density[split]))
+            table.add_row(
+                split, f"{counts['images']:,}", f"{counts['captions']:,}", *row(self.false_negative_density[split])
+            )
         for column in table.columns[1:]:
             column.justify = "right"
         console.print(table)
@@ -92,14 +115,18 @@ class WorldSummary:
         console.print(kinds)
         train = self.false_negative_density["train"]
         if train.get("near_miss_fn_rate") is not None:
-            console.print(f"near misses (train): a near miss of a caption's image is a false negative "
-                          f"{100 * train['near_miss_fn_rate']:.1f}% of the time, a random pair "
-                          f"{100 * train['pair_negative_fn_rate']:.2f}%")
+            console.print(
+                f"near misses (train): a near miss of a caption's image is a false negative "
+                f"{100 * train['near_miss_fn_rate']:.1f}% of the time, a random pair "
+                f"{100 * train['pair_negative_fn_rate']:.2f}%"
+            )
         repeats = self.duplicate_captions.get("same_logical_form", 0)
         if repeats:
-            console.print(f"[yellow]note[/]: {repeats:,} caption(s) on {self.duplicate_captions['images']:,} image(s) repeat another "
-                          f"caption of the same image in meaning ({self.duplicate_captions['same_text']:,} word for word); "
-                          "each such pair is the other's false negative (see docs/shapes.md, Duplicate captions)")
+            console.print(
+                f"[yellow]note[/]: {repeats:,} caption(s) on {self.duplicate_captions['images']:,} image(s) repeat another "
+                f"caption of the same image in meaning ({self.duplicate_captions['same_text']:,} word for word); "
+                "each such pair is the other's false negative (see docs/shapes.md, Duplicate captions)"
+            )
 
     def to_dict(self) -> dict:
         """JSON-ready form: ``out_dir``, ``reused``, ``splits`` (per-split counts), ``fn_density``
@@ -123,14 +150,18 @@ class WorldSummary:
 def _read_world_json(out_dir: Path) -> dict:
     path = out_dir / WORLD_FILE
     if not path.exists():
-        raise FalconError(f"{path}: not found; {out_dir} is not a shapes world (make one with `falcon data shapes --out DIR`)")
+        raise FalconError(
+            f"{path}: not found; {out_dir} is not a shapes world (make one with `falcon data shapes --out DIR`)"
+        )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise FalconError(f"{path}: cannot be read as JSON ({exc})") from None
     if not isinstance(data, dict) or data.get("schema_version") != WORLD_SCHEMA_VERSION:
         found = data.get("schema_version") if isinstance(data, dict) else None
-        raise FalconError(f"{path}: schema_version {found!r} is not {WORLD_SCHEMA_VERSION}; regenerate the world with --overwrite")
+        raise FalconError(
+            f"{path}: schema_version {found!r} is not {WORLD_SCHEMA_VERSION}; regenerate the world with --overwrite"
+        )
     for key in ("config", "counts", "statistics"):
         if key not in data:
             raise FalconError(f"{path}: missing key '{key}'; regenerate the world with --overwrite")
@@ -184,8 +215,10 @@ def _check_target(out_dir: Path, config: ShapesConfig, overwrite: bool) -> World
             if stored == wanted and not _repeats_captions(out_dir, summary):
                 return summary
             if stored == wanted:
-                reason = ("it was made by an older falcon that repeated captions of one image where this one "
-                          "draws another caption kind instead (same config, other captions)")
+                reason = (
+                    "it was made by an older falcon that repeated captions of one image where this one "
+                    "draws another caption kind instead (same config, other captions)"
+                )
             else:
                 diffs = config_differences(stored, wanted)
                 reason = f"it holds a shapes world with a different config ({'; '.join(diffs[:4])})"

@@ -40,31 +40,41 @@ def write_tables(content: WorldContent, root: Path) -> None:
     scenes, captions, judgement = content.scenes, content.captions, content.judgement
     n = len(scenes)
     split_names = np.array(SPLITS)
-    _write_parquet(root / "scenes.parquet", {
-        "image_id": pa.array(np.arange(n, dtype=np.int64)),
-        "split": pa.array(split_names[content.image_split].tolist(), pa.string()),
-        "file": pa.array(content.files, pa.string()),
-        "num_objects": pa.array(scenes.occupied.sum(axis=1).astype(np.int8)),
-        "objects": objects_column(scenes),
-    })
+    _write_parquet(
+        root / "scenes.parquet",
+        {
+            "image_id": pa.array(np.arange(n, dtype=np.int64)),
+            "split": pa.array(split_names[content.image_split].tolist(), pa.string()),
+            "file": pa.array(content.files, pa.string()),
+            "num_objects": pa.array(scenes.occupied.sum(axis=1).astype(np.int8)),
+            "objects": objects_column(scenes),
+        },
+    )
     caption_ids = np.array([c["caption_id"] for c in captions], dtype=np.int64)
-    _write_parquet(root / "captions.parquet", {
-        "caption_id": pa.array(caption_ids),
-        "image_id": pa.array(np.array([c["image_id"] for c in captions], dtype=np.int64)),
-        "split": pa.array(split_names[[c["split"] for c in captions]].tolist(), pa.string()),
-        "index": pa.array(np.array([c["index"] for c in captions], dtype=np.int8)),
-        "kind": pa.array([c["kind"] for c in captions], pa.string()),
-        "text": pa.array([c["text"] for c in captions], pa.string()),
-        "logical_form": pa.array([c["key"] for c in captions], pa.string()),
-        "specificity": pa.array(np.array([lfs.specificity(c["logical_form"]) for c in captions], dtype=np.int8)),
-        "paraphrased": pa.array([c["paraphrased"] for c in captions], pa.bool_()),
-        "images_described": pa.array(judgement.images_described),
-    })
+    _write_parquet(
+        root / "captions.parquet",
+        {
+            "caption_id": pa.array(caption_ids),
+            "image_id": pa.array(np.array([c["image_id"] for c in captions], dtype=np.int64)),
+            "split": pa.array(split_names[[c["split"] for c in captions]].tolist(), pa.string()),
+            "index": pa.array(np.array([c["index"] for c in captions], dtype=np.int8)),
+            "kind": pa.array([c["kind"] for c in captions], pa.string()),
+            "text": pa.array([c["text"] for c in captions], pa.string()),
+            "logical_form": pa.array([c["key"] for c in captions], pa.string()),
+            "specificity": pa.array(np.array([lfs.specificity(c["logical_form"]) for c in captions], dtype=np.int8)),
+            "paraphrased": pa.array([c["paraphrased"] for c in captions], pa.bool_()),
+            "images_described": pa.array(judgement.images_described),
+        },
+    )
     # The ground truth of FN-aware metrics: a versioned artifact that readers validate.
-    write_table(root / "compatibility_test.parquet", {
-        "image_id": judgement.test_pairs[:, 0].astype(np.int64),
-        "caption_id": caption_ids[judgement.test_pairs[:, 1]],
-    }, COMPATIBILITY)
+    write_table(
+        root / "compatibility_test.parquet",
+        {
+            "image_id": judgement.test_pairs[:, 0].astype(np.int64),
+            "caption_id": caption_ids[judgement.test_pairs[:, 1]],
+        },
+        COMPATIBILITY,
+    )
 
 
 def write_dataset_files(content: WorldContent, root: Path) -> dict:
@@ -78,7 +88,9 @@ def write_dataset_files(content: WorldContent, root: Path) -> dict:
     write_json(root / "retrieval_train.json", formats.retrieval_train_entries(by_split["train"], files), indent=None)
     for split in ("val", "test"):
         ids = np.flatnonzero(image_split == SPLITS.index(split)).tolist()
-        write_json(root / f"retrieval_{split}.json", formats.retrieval_eval_entries(ids, captions_by_image, files), indent=None)
+        write_json(
+            root / f"retrieval_{split}.json", formats.retrieval_eval_entries(ids, captions_by_image, files), indent=None
+        )
 
     vqa_counts, question_types, yes_no = {}, {t: 0 for t in QUESTION_TYPES}, {"yes": 0, "no": 0}
     for code, split in enumerate(SPLITS):
@@ -92,15 +104,23 @@ def write_dataset_files(content: WorldContent, root: Path) -> dict:
                     yes_no[q["answer"]] += 1
         write_json(root / f"vqa_{split}.json", entries, indent=None)
         vqa_counts[split] = len(entries)
-    answer_list = (["yes", "no"] + [str(k) for k in range(config.max_objects + 1)]
-                   + list(COLORS[: config.num_colors]) + list(SHAPES[: config.num_shapes]) + list(SIZES))
+    answer_list = (
+        ["yes", "no"]
+        + [str(k) for k in range(config.max_objects + 1)]
+        + list(COLORS[: config.num_colors])
+        + list(SHAPES[: config.num_shapes])
+        + list(SIZES)
+    )
     write_json(root / "answer_list.json", answer_list, indent=None)
 
     nlvr2_labels = {}
     for split, entries in content.statements.items():
         name = formats.NLVR2_SPLIT_NAMES[split]
         write_json(root / f"nlvr2_{name}.json", entries, indent=None)
-        nlvr2_labels[name] = {"True": sum(e["label"] == "True" for e in entries), "False": sum(e["label"] == "False" for e in entries)}
+        nlvr2_labels[name] = {
+            "True": sum(e["label"] == "True" for e in entries),
+            "False": sum(e["label"] == "False" for e in entries),
+        }
 
     write_text(root / "dataset.yaml", yaml.safe_dump(formats.dataset_spec(), sort_keys=False))
     counts = {
@@ -141,7 +161,9 @@ def world_record(content: WorldContent, dataset: dict) -> dict:
             "caption_kinds": {kind: int((content.caption_kind == k).sum()) for k, kind in enumerate(CAPTION_KINDS)},
             "paraphrased_fraction": round(float(np.mean([c["paraphrased"] for c in captions])), 4),
             "mean_specificity": round(float(np.mean([lfs.specificity(c["logical_form"]) for c in captions])), 4),
-            "objects_per_image": {str(k): int(objects_per_image[k]) for k in range(config.min_objects, config.max_objects + 1)},
+            "objects_per_image": {
+                str(k): int(objects_per_image[k]) for k in range(config.min_objects, config.max_objects + 1)
+            },
             **dataset["statistics"],
         },
     }
