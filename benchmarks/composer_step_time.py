@@ -33,8 +33,8 @@ from falcon_cli.objectives.mlm import MlmMask  # noqa: E402
 from falcon_cli.objectives.vlp import VlpObjective  # noqa: E402
 from falcon_cli.sampling.cache import EmbeddingCache  # noqa: E402
 from falcon_cli.sampling.composers import GritComposer, UniformComposer  # noqa: E402
-from falcon_cli.sampling.quantile import QuantileSpaces  # noqa: E402
 from falcon_cli.sampling.falcon_step import level_rewards  # noqa: E402
+from falcon_cli.sampling.quantile import QuantileSpaces  # noqa: E402
 from falcon_cli.sampling.scheduler import NegativeScheduler, chain_pairs, level_grid  # noqa: E402
 
 

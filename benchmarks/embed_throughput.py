@@ -39,11 +39,11 @@ def main() -> None:
 
     import torch
 
-    from falcon_cli.runtime.run_dir import RunDirectory
     from falcon_cli.config.recipes import load_recipe
     from falcon_cli.data.tokenizer import load_tokenizer
     from falcon_cli.models import create_model
     from falcon_cli.runtime.checkpoint import save_checkpoint
+    from falcon_cli.runtime.run_dir import RunDirectory
     from stages import run_stages
 
     torch.set_num_threads(args.threads)

@@ -27,7 +27,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from falcon_cli.artifacts.embeddings import EmbeddingsWriter  # noqa: E402
-from falcon_cli.runtime.run_dir import RunDirectory  # noqa: E402
 from falcon_cli.config.recipes import load_recipe  # noqa: E402
 from falcon_cli.data.collate import PretrainCollate  # noqa: E402
 from falcon_cli.data.datasets import pretrain_dataset  # noqa: E402
@@ -36,12 +35,13 @@ from falcon_cli.data.spec import load_spec  # noqa: E402
 from falcon_cli.data.tokenizer import train_wordpiece_tokenizer  # noqa: E402
 from falcon_cli.data.transforms import build_transform  # noqa: E402
 from falcon_cli.models.registry import create_model  # noqa: E402
+from falcon_cli.objectives.false_negative_builder import build_false_negatives  # noqa: E402
 from falcon_cli.objectives.false_negatives import StepContext  # noqa: E402
 from falcon_cli.objectives.mlm import MlmMask  # noqa: E402
 from falcon_cli.objectives.vlp import VlpObjective  # noqa: E402
 from falcon_cli.runtime.checkpoint import save_checkpoint  # noqa: E402
 from falcon_cli.runtime.precision import pick_device  # noqa: E402
-from falcon_cli.objectives.false_negative_builder import build_false_negatives  # noqa: E402
+from falcon_cli.runtime.run_dir import RunDirectory  # noqa: E402
 
 METHODS = {
     "none": [],

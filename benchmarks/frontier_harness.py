@@ -34,10 +34,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import scheduler_bandit  # noqa: E402
+
 from falcon_cli.sampling.policy import sample_q  # noqa: E402
 from falcon_cli.sampling.quantile import nearest_rank, space_tables  # noqa: E402
 from falcon_cli.sampling.scheduler import NegativeScheduler, level_grid  # noqa: E402
-import scheduler_bandit  # noqa: E402
 
 BEGIN, END = "<!-- frontier-harness:begin -->", "<!-- frontier-harness:end -->"
 FIXED = np.linspace(0, 1, 21)

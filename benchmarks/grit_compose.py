@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from benchmarks.memory import max_rss_mib, rss_mib  # noqa: E402
 from falcon_cli.sampling import EmbeddingCache, GritComposer  # noqa: E402
 from falcon_cli.sampling.composers import chunk_plan  # noqa: E402
-from benchmarks.memory import max_rss_mib, rss_mib  # noqa: E402
 
 
 def main() -> None:

@@ -35,11 +35,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.phase_sweep import ITM_PRIOR  # noqa: E402  (0.637: what a head that has learned nothing scores)
 from falcon_cli.audit.report import rank_auc  # noqa: E402
 from falcon_cli.objectives.itm import hardest_negatives, itm_loss, itm_pair_indices  # noqa: E402
 from falcon_cli.objectives.mlm import MlmMask  # noqa: E402
-
-from benchmarks.phase_sweep import ITM_PRIOR  # noqa: E402  (0.637: what a head that has learned nothing scores)
 
 MIN_IMAGES_TO_TRAIN = 8
 """``--steps`` trains on three quarters of the test images and measures on the rest, at least two of them."""

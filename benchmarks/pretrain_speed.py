@@ -285,8 +285,8 @@ def flops_per_pair(run: Path, text_tokens: float, reward_images: str | None, dev
     (:func:`counted_flops_per_pair`)."""
     from falcon_cli.data.tokenizer import load_run_tokenizer
     from falcon_cli.frameworks import model_framework
-    from falcon_cli.models.registry import resolve_model_config
     from falcon_cli.models.flops import pretrain_flops_per_pair
+    from falcon_cli.models.registry import resolve_model_config
 
     manifest = json.loads((run / "manifest.json").read_text())
     p = manifest["config"]["pretrain"]

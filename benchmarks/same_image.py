@@ -46,11 +46,11 @@ def in_batch_counts(run: Path) -> dict:
     import numpy as np
     import torch
 
-    from falcon_cli.runtime.run_dir import read_manifest
     from falcon_cli.data.datasets import pretrain_dataset
     from falcon_cli.data.shared_images import SharedImages
     from falcon_cli.data.spec import load_spec
     from falcon_cli.judges.oracle import in_batch_truth
+    from falcon_cli.runtime.run_dir import read_manifest
     from falcon_cli.sampling.batch_log import read_batch_log
 
     spec = load_spec(read_manifest(run)["config"]["data"]["dataset"])

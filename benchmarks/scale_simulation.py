@@ -184,6 +184,7 @@ def run_piece(args: argparse.Namespace) -> dict:
         )
     elif piece == "cache_memory":
         import torch
+
         from falcon_cli.sampling.cache import EmbeddingCache
 
         pool = torch.from_numpy(_pool(rng))
@@ -215,6 +216,7 @@ def run_piece(args: argparse.Namespace) -> dict:
         )
     elif piece == "cache_shard":
         import torch
+
         from falcon_cli.sampling.composers import shard_pair_ids
         from falcon_cli.sampling.sharded_cache import ShardedCache, cache_bytes_per_rank
 
@@ -284,6 +286,7 @@ def run_piece(args: argparse.Namespace) -> dict:
         )
     elif piece == "compose":
         import torch
+
         from falcon_cli.sampling.cache import EmbeddingCache
         from falcon_cli.sampling.composers import shard_pair_ids
         from falcon_cli.sampling.policy import SchedulerPolicy
@@ -333,6 +336,7 @@ def run_piece(args: argparse.Namespace) -> dict:
         out.unlink()
     elif piece == "warm_start_rank":
         import torch
+
         from falcon_cli.sampling.warm_start import load_warm_start
 
         base = rss_mib()

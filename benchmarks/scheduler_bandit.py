@@ -36,7 +36,6 @@ batch sizes. Writes ``bandit.csv`` (one row per setting × noise × batch × che
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -185,10 +184,10 @@ def shapes_run_world(run: Path, epoch: int | None = None):
     """A shapes run's embeddings of ``epoch`` (default the last) as (image, text) ``[N, D]`` and its world's oracle,
     ``truth(indices) -> bool [n, n]`` (entry [i, j]: caption j describes image i)."""
     from falcon_cli.artifacts.embeddings import read_embeddings
-    from falcon_cli.runtime.run_dir import read_manifest
     from falcon_cli.data.datasets import pretrain_dataset
     from falcon_cli.data.spec import load_spec
     from falcon_cli.judges.oracle import in_batch_truth
+    from falcon_cli.runtime.run_dir import read_manifest
 
     files = sorted((run / "embeddings").glob("epoch_*.h5"))
     if not files:

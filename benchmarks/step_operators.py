@@ -30,13 +30,13 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from falcon_compose_ops import NO_KERNEL  # noqa: E402  (beside this script)
+
 from falcon_cli.models.registry import create_model  # noqa: E402
 from falcon_cli.objectives.false_negatives import StepContext  # noqa: E402
 from falcon_cli.objectives.mlm import MlmMask  # noqa: E402
 from falcon_cli.objectives.vlp import VlpObjective  # noqa: E402
 from falcon_cli.runtime.optim import build_optimizer  # noqa: E402
-
-from falcon_compose_ops import NO_KERNEL  # noqa: E402  (beside this script)
 
 
 def count(prof) -> tuple[int, int, collections.Counter]:

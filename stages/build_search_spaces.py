@@ -27,7 +27,10 @@ from falcon_cli.artifacts.atomic import write_json
 from falcon_cli.artifacts.embeddings import FINGERPRINT_ATTR, EmbeddingsFile, check_fingerprint, open_embeddings
 from falcon_cli.artifacts.tables import SEARCH_SPACES, write_table
 from falcon_cli.config.schema import Recipe
+from falcon_cli.data.datasets import pretrain_dataset
+from falcon_cli.data.pairs import split_fingerprint
 from falcon_cli.data.shapes.oracle import ShapesOracle
+from falcon_cli.data.spec import load_spec
 from falcon_cli.errors import FalconError
 from falcon_cli.runtime.console import make_console
 from falcon_cli.runtime.distributed import on_rank_zero
@@ -39,9 +42,6 @@ from falcon_cli.sampling.partition import (
     partition_summary_of,
     random_partition,
 )
-from falcon_cli.data.datasets import pretrain_dataset
-from falcon_cli.data.pairs import split_fingerprint
-from falcon_cli.data.spec import load_spec
 
 console = make_console(stderr=True)
 

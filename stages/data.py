@@ -15,8 +15,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from falcon_cli.runtime.console import make_console
-
 from falcon_cli.artifacts.atomic import atomic_dir, write_json
 from falcon_cli.config.schema import Recipe
 from falcon_cli.data.check import check_dataset
@@ -26,6 +24,7 @@ from falcon_cli.data.shards import load_index
 from falcon_cli.data.spec import load_spec
 from falcon_cli.data.tokenizer import RUN_TOKENIZER_DIR, load_tokenizer, train_wordpiece_tokenizer
 from falcon_cli.errors import FalconError
+from falcon_cli.runtime.console import make_console
 from falcon_cli.runtime.distributed import on_rank_zero
 from falcon_cli.runtime.run_dir import RunDirectory
 

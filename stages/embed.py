@@ -33,7 +33,6 @@ from torch.utils.data import DataLoader, Dataset
 
 from falcon_cli.artifacts.atomic import atomic_path, write_json
 from falcon_cli.artifacts.embeddings import EMBEDDINGS_SCHEMA_VERSION, EmbeddingsWriter
-from falcon_cli.runtime.run_dir import RunDirectory
 from falcon_cli.config.schema import Recipe
 from falcon_cli.data.images import load_image
 from falcon_cli.data.pairs import Pair, pairs_fingerprint, split_pairs  # noqa: F401 (Pair, split_pairs: re-exported)
@@ -44,6 +43,7 @@ from falcon_cli.runtime.console import make_console
 from falcon_cli.runtime.distributed import is_main_process, on_rank_zero
 from falcon_cli.runtime.precision import autocast, pick_device, resolve_precision
 from falcon_cli.runtime.progress import track
+from falcon_cli.runtime.run_dir import RunDirectory
 
 console = make_console(stderr=True)
 

@@ -48,9 +48,8 @@ from falcon_cli.data.spec import load_spec
 from falcon_cli.data.tokenizer import load_run_tokenizer
 from falcon_cli.data.transforms import build_transform
 from falcon_cli.errors import FalconError
-from falcon_cli.evaluation.downstream import answer_questions, nlvr2_accuracy
-from falcon_cli.runtime.run_dir import RunDirectory
 from falcon_cli.evaluation import eccv  # (called through the module: the seam where tests stand in for eccv_caption)
+from falcon_cli.evaluation.downstream import answer_questions, nlvr2_accuracy
 from falcon_cli.evaluation.eccv import COCO_TEST_IMAGES
 from falcon_cli.evaluation.multi_positive import fn_aware_retrieval, perfect_recall_at_1
 from falcon_cli.evaluation.near_misses import near_miss_confusion
@@ -70,6 +69,7 @@ from falcon_cli.models.pretrained import (
 from falcon_cli.runtime import distributed as D
 from falcon_cli.runtime.console import make_console
 from falcon_cli.runtime.precision import autocast, pick_device, resolve_precision
+from falcon_cli.runtime.run_dir import RunDirectory
 
 console = make_console(stderr=True)
 

@@ -35,7 +35,6 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
 from falcon_cli.artifacts.atomic import atomic_dir, write_json
-from falcon_cli.runtime.run_dir import RunDirectory
 from falcon_cli.config.schema import Recipe, TaskTraining
 from falcon_cli.data.collate import Nlvr2Collate, PretrainCollate, RetrievalCollate, VqaCollate
 from falcon_cli.data.datasets import nlvr2_dataset, pretrain_dataset, retrieval_dataset, vqa_dataset
@@ -63,12 +62,14 @@ from falcon_cli.objectives.retrieval import RetrievalObjective
 from falcon_cli.objectives.text_assignment import text_assignment_loss, text_assignment_pairs
 from falcon_cli.runtime import distributed as D
 from falcon_cli.runtime.console import make_console
-from falcon_cli.runtime.loggers import RunLoggers, require as require_loggers
+from falcon_cli.runtime.loggers import RunLoggers
+from falcon_cli.runtime.loggers import require as require_loggers
 from falcon_cli.runtime.metrics import MetricsLog
 from falcon_cli.runtime.optim import build_optimizer, learning_rate, set_learning_rate
 from falcon_cli.runtime.precision import autocast, grad_scaler, pick_device, resolve_precision
 from falcon_cli.runtime.preemption import Preemption
 from falcon_cli.runtime.progress import log_epoch, track
+from falcon_cli.runtime.run_dir import RunDirectory
 from falcon_cli.runtime.seeding import seed_everything
 from falcon_cli.runtime.train_state import Generators, GlobalRng, TrainState, refuse_training_over
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+
 from rich.markup import escape
 
 from falcon_cli.errors import FalconError

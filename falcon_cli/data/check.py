@@ -17,7 +17,7 @@ from rich.markup import escape
 
 from falcon_cli.data.images import ImageStatus, resolve_image_path, scan_images
 from falcon_cli.data.json_io import read_json_list
-from falcon_cli.data.loading import SHOWN_PATHS, root_function, missing_images_message
+from falcon_cli.data.loading import SHOWN_PATHS, missing_images_message, root_function
 from falcon_cli.data.schema import EntryIssue, nonempty_string
 from falcon_cli.data.shards import index_path, load_index, shard_records
 from falcon_cli.data.sources import SourceRef, spec_file, spec_sources

@@ -6,6 +6,7 @@ from typing import Sequence
 
 import numpy as np
 import torch
+
 from falcon_cli.data.vqa import vqa_collate
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 from falcon_cli.data.images import load_image
-from falcon_cli.data.loading import LoadedDataset, LoadReport, LoadedSource
+from falcon_cli.data.loading import LoadedDataset, LoadedSource, LoadReport
 from falcon_cli.data.schema import EntryFormat, Field, identifier, nonempty_string, one_of, string_pair
 from falcon_cli.data.text import DEFAULT_MAX_WORDS, pre_caption
 

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
+
 from falcon_cli.data.datasets import pretrain_dataset, retrieval_dataset
 from falcon_cli.data.text import pre_caption
 

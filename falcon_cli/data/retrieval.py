@@ -16,7 +16,7 @@ from typing import Any, Callable, Hashable
 
 from falcon_cli.data.images import load_image
 from falcon_cli.data.json_io import json_type_name, read_json
-from falcon_cli.data.loading import LoadedDataset, LoadReport, LoadedSource
+from falcon_cli.data.loading import LoadedDataset, LoadedSource, LoadReport
 from falcon_cli.data.schema import EntryFormat, Field, identifier, nonempty_string, string_or_strings
 from falcon_cli.data.text import DEFAULT_MAX_WORDS, pre_caption
 from falcon_cli.errors import FalconError

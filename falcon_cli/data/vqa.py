@@ -20,7 +20,7 @@ import torch
 
 from falcon_cli.data.images import load_image
 from falcon_cli.data.json_io import read_json_list
-from falcon_cli.data.loading import LoadedDataset, LoadReport, LoadedSource
+from falcon_cli.data.loading import LoadedDataset, LoadedSource, LoadReport
 from falcon_cli.data.schema import EntryFormat, Field, answer_value, identifier, nonempty_string
 from falcon_cli.data.text import DEFAULT_MAX_WORDS, pre_caption
 from falcon_cli.errors import FalconError

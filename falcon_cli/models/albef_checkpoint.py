@@ -26,8 +26,7 @@ from torch import nn
 
 from falcon_cli.errors import FalconError
 from falcon_cli.models.albef import ALBEF
-from falcon_cli.models.config import AlbefConfig
-from falcon_cli.models.config import apply_overrides
+from falcon_cli.models.config import AlbefConfig, apply_overrides
 from falcon_cli.models.registry import get_model_config
 from falcon_cli.models.vision import resize_pos_embed
 from falcon_cli.models.weights import bert_name_mapping, check_vocabulary, read_state_dict

@@ -28,7 +28,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -25,7 +25,10 @@ import torch.nn.functional as F
 from PIL import Image
 
 from falcon_cli.artifacts.checkpoints import WEIGHTS, latest_checkpoint
+from falcon_cli.data.collate import tokenize
+from falcon_cli.data.tokenizer import load_tokenizer
 from falcon_cli.errors import FalconError
+from falcon_cli.models.dual import open_clip_image, open_clip_text
 from falcon_cli.models.open_clip_names import (
     HF_HUB,
     LOCAL_DIR,
@@ -35,9 +38,6 @@ from falcon_cli.models.open_clip_names import (
     note_open_clip,
     pinned_open_clip,
 )
-from falcon_cli.data.collate import tokenize
-from falcon_cli.data.tokenizer import load_tokenizer
-from falcon_cli.models.dual import open_clip_image, open_clip_text
 from falcon_cli.models.pretrained import tokenizer_vocabulary, trained_text_length
 from falcon_cli.models.registry import model_from_weights
 from falcon_cli.models.similarity import paired_image_feature

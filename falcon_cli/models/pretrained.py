@@ -24,8 +24,13 @@ from falcon_cli.models.nlvr2 import AlbefNLVR2
 from falcon_cli.models.registry import build_model
 from falcon_cli.models.vision import resize_pos_embed
 from falcon_cli.models.vqa import AlbefVQA
-from falcon_cli.models.weights import check_vocabulary, read_state_dict, read_weights_config, without_weight_sources  # noqa: F401
-from falcon_cli.models.weights import load_weights
+from falcon_cli.models.weights import (  # noqa: F401
+    check_vocabulary,
+    load_weights,
+    read_state_dict,
+    read_weights_config,
+    without_weight_sources,
+)
 
 POS_EMBED = "visual_encoder.pos_embed"
 

@@ -31,9 +31,7 @@ from falcon_cli.artifacts.state_dicts import (
     _first_line,
     _names,
     clean_state_dict,  # noqa: F401
-    load_weights,
     read_state_dict,
-    save_weights,
 )
 from falcon_cli.errors import FalconError
 from falcon_cli.models.config import AlbefConfig, make_config

@@ -23,7 +23,6 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-
 from falcon_cli.method_weights import BLIP2_ITC_LABEL_SMOOTHING
 from falcon_cli.objectives.captioning import caption_loss
 from falcon_cli.objectives.common import alignment_loss, paired_image_feature

@@ -16,6 +16,9 @@ import torch
 from torch import Tensor, nn
 
 from falcon_cli.models.albef import pooled_features
+from falcon_cli.objectives.common import alignment_loss
+from falcon_cli.objectives.contract import PretrainObjective
+from falcon_cli.objectives.false_negatives import ITC_CONSISTENCY_WEIGHT, FalseNegatives, PlainItc, StepContext
 from falcon_cli.objectives.itc import (
     MomentumQueue,
     copy_to_momentum,
@@ -23,9 +26,6 @@ from falcon_cli.objectives.itc import (
     itc_momentum_distillation,
     momentum_update,
 )
-from falcon_cli.objectives.common import alignment_loss
-from falcon_cli.objectives.contract import PretrainObjective
-from falcon_cli.objectives.false_negatives import ITC_CONSISTENCY_WEIGHT, FalseNegatives, PlainItc, StepContext
 from falcon_cli.objectives.itm import mined_itm_loss
 from falcon_cli.objectives.mlm import MlmMask, mlm_loss
 from falcon_cli.runtime.distributed import all_gather_cat

@@ -330,8 +330,9 @@ class _Job:
     def client(self, timeout_s: float):
         """A store connection of its own (the watchdog's must never queue behind the main thread's), under this
         job's prefix."""
-        import torch.distributed as dist
         from datetime import timedelta
+
+        import torch.distributed as dist
 
         if self.address is None:
             return dist.PrefixStore(self.prefix, self._shared)

@@ -39,7 +39,6 @@ from falcon_cli.sampling.scheduler import (
     step_rewards,
 )
 
-
 JUDGED_REWARDS = ("positive_margin+itm", "positive_margin+oracle")
 """The rewards that charge each pick a judge's belief that it matches its anchor (``reward_itm_charge``)."""
 

@@ -16,11 +16,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from falcon_cli.artifacts.atomic import atomic_open, write_json
-from falcon_cli.artifacts.embeddings import EmbeddingsWriter, open_embeddings, read_embeddings, write_embeddings
-from falcon_cli.runtime.run_dir import RunDirectory, read_manifest, sha256_file
 from falcon_cli.artifacts.config_diff import config_differences, with_missing_keys
+from falcon_cli.artifacts.embeddings import EmbeddingsWriter, open_embeddings, read_embeddings, write_embeddings
 from falcon_cli.artifacts.tables import BATCHES, SEARCH_SPACES, read_table, write_table
 from falcon_cli.errors import FalconError
+from falcon_cli.runtime.run_dir import RunDirectory, read_manifest, sha256_file
 
 ATTRS = dict(model="albef-tiny", checkpoint="ckpt/10", dataset="shapes", split="train", epoch=1)
 

@@ -11,6 +11,7 @@ from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import frontier_harness as harness  # noqa: E402
+
 from falcon_cli.sampling.quantile import nearest_rank  # noqa: E402
 from falcon_cli.sampling.scheduler import level_grid  # noqa: E402
 

@@ -13,7 +13,6 @@ import pytest
 from benchmarks import phase_sweep as sweep
 from tests.conftest import REPO
 
-
 CONFIG = {
     "data": {"shapes": {"images": 3000, "size": 32, "splits": {"train": 0.3, "test": 0.7}}},
     "pretrain": {"epochs": 12, "batch_size": 64, "lr": 3e-4, "min_lr": 1e-5, "search_space_size": 500},

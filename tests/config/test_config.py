@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import functools
-
 from pathlib import Path
 
 import pytest
-
-from falcon_cli.field_docs import field_docstrings
 
 from falcon_cli.config.recipes import (
     STUDY_DIR,
@@ -24,6 +21,7 @@ from falcon_cli.config.recipes import (
 )
 from falcon_cli.config.schema import Recipe
 from falcon_cli.errors import FalconError
+from falcon_cli.field_docs import field_docstrings
 
 
 def write(path: Path, text: str) -> Path:

@@ -8,13 +8,13 @@ import random
 import numpy as np
 import pytest
 
-from falcon_cli.errors import FalconError
 from falcon_cli.data.shapes import logical_forms as lfs
 from falcon_cli.data.shapes.captions import render_caption, sample_captions
 from falcon_cli.data.shapes.oracle import evaluate
 from falcon_cli.data.shapes.parser import parse_caption
 from falcon_cli.data.shapes.scene import SceneArrays, scene_objects
 from falcon_cli.data.shapes.vocabulary import COLORS, POSITIONS, RELATIONS, SHAPES, SIZES
+from falcon_cli.errors import FalconError
 
 
 def obj(size, color, shape, position):

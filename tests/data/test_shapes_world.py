@@ -12,16 +12,14 @@ import pyarrow.parquet as pq
 import pydantic
 import pytest
 
-from falcon_cli.field_docs import field_docstrings
-
-from falcon_cli.errors import FalconError
-from falcon_cli.data.shapes import ShapesConfig, ShapesOracle, WorldSummary, generate_world
-from falcon_cli.data.shapes import generation, writing
+from falcon_cli.data.shapes import ShapesConfig, ShapesOracle, WorldSummary, generate_world, generation, writing
 from falcon_cli.data.shapes.parser import parse_caption
 from falcon_cli.data.shapes.statements import parse_statement, statement_truth
 from falcon_cli.data.shapes.vocabulary import COLOR_WORDS, POSITION_PHRASES, SHAPE_WORDS, SIZE_WORDS
 from falcon_cli.data.shapes.world import load_world_summary
 from falcon_cli.data.spec import load_spec
+from falcon_cli.errors import FalconError
+from falcon_cli.field_docs import field_docstrings
 
 SMALL = dict(images=120, seed=3, vqa_questions_per_image=4, nlvr2_statements_per_image=1.5)
 

@@ -7,11 +7,11 @@ import shutil
 
 import pytest
 
-from falcon_cli.runtime.run_dir import RunDirectory, read_manifest
 from falcon_cli.config.recipes import validate_config
 from falcon_cli.data.shapes import ShapesConfig, generate_world
 from falcon_cli.data.tokenizer import train_wordpiece_tokenizer
 from falcon_cli.errors import FalconError
+from falcon_cli.runtime.run_dir import RunDirectory, read_manifest
 from stages import run_stages
 
 

@@ -105,9 +105,9 @@ def tiny_blip(world, pairs, tmp_path_factory):
     """A tiny random BlipForImageTextRetrieval and its BlipProcessor (a WordPiece tokenizer trained on the
     world's captions, 32-pixel images) saved to a directory. The ITM head is scaled up and centred on the
     test pairs, so their scores spread around 0.5 instead of all rounding to the same value."""
-    from falcon_cli.data.images import load_image
     from transformers import BlipConfig, BlipForImageTextRetrieval, BlipImageProcessor, BlipProcessor
 
+    from falcon_cli.data.images import load_image
     from falcon_cli.data.tokenizer import train_wordpiece_tokenizer
 
     root = tmp_path_factory.mktemp("blip")

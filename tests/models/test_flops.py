@@ -6,15 +6,15 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from falcon_cli.models.registry import create_model, resolve_model_config
-from falcon_cli.objectives.mlm import MlmMask
-from falcon_cli.objectives.vlp import VlpObjective
 from falcon_cli.models.flops import (
     fusion_forward_flops,
     pretrain_flops_per_pair,
     text_forward_flops,
     vision_forward_flops,
 )
+from falcon_cli.models.registry import create_model, resolve_model_config
+from falcon_cli.objectives.mlm import MlmMask
+from falcon_cli.objectives.vlp import VlpObjective
 
 
 def counted(fn) -> int:

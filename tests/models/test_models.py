@@ -7,12 +7,11 @@ import logging
 import os
 
 import pytest
-
-from falcon_cli.field_docs import field_docstrings
 import torch
 from torch import nn
 
 from falcon_cli.errors import FalconError
+from falcon_cli.field_docs import field_docstrings
 from falcon_cli.models import (
     ALBEF,
     AlbefConfig,

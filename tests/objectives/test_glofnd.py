@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from falcon_cli.objectives import itc_grit
 from falcon_cli.errors import FalconError
+from falcon_cli.objectives import itc_grit
 from falcon_cli.objectives.false_negatives import Glofnd, StepContext
 from falcon_cli.objectives.glofnd import (
     GlofndThresholds,

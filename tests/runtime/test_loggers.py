@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import builtins
 
-import numpy as np
 import pytest
 from PIL import Image
 

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
+from falcon_cli.sampling import quantile
 from falcon_cli.sampling.cache import EmbeddingCache
 from falcon_cli.sampling.policy import numpy_generator, sample_q
-from falcon_cli.sampling import quantile
 from falcon_cli.sampling.quantile import QuantileSpaces, _sorted_rows, space_tables, unified_similarity
 
 

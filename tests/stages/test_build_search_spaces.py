@@ -10,13 +10,13 @@ import pytest
 import yaml
 
 from falcon_cli.artifacts.embeddings import EmbeddingsWriter
-from falcon_cli.runtime.run_dir import RunDirectory, read_manifest, sha256_file
 from falcon_cli.artifacts.tables import SEARCH_SPACES, read_table
 from falcon_cli.config.recipes import load_recipe
 from falcon_cli.data.datasets import pretrain_dataset
 from falcon_cli.data.pairs import split_fingerprint
 from falcon_cli.data.shapes import ShapesOracle, generate_world
 from falcon_cli.data.spec import load_spec
+from falcon_cli.runtime.run_dir import RunDirectory, read_manifest, sha256_file
 from tests.conftest import run_cli
 
 SIZE = 48

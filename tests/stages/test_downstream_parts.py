@@ -10,8 +10,8 @@ from falcon_cli.errors import FalconError
 from falcon_cli.evaluation.eccv import coco_1k_recalls
 from falcon_cli.models.pretrained import albef_from_checkpoint, at_resolution, find_checkpoint
 from falcon_cli.models.registry import create_model
-from falcon_cli.runtime.checkpoint import WEIGHTS
 from falcon_cli.models.weights import save_weights
+from falcon_cli.runtime.checkpoint import WEIGHTS
 
 
 def test_checkpoint_at_another_resolution(tmp_path):

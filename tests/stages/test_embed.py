@@ -89,6 +89,7 @@ def dataset_pairs(world):
 
 def test_open_clip_embeddings_are_the_models_features(clip_run, world, tiny_clip):
     import open_clip
+
     from falcon_cli.data.images import load_image
 
     emb = read_embeddings(clip_run / "embeddings" / "embeddings.h5")
@@ -359,11 +360,9 @@ def test_pairs_fingerprint_is_stable_and_follows_ids_paths_and_captions(tmp_path
 
 
 def test_embeddings_record_the_dataset_fingerprint(clip_run, world):
-    from falcon_cli.data.pairs import pairs_fingerprint
-    from falcon_cli.data.spec import load_spec
-
     from falcon_cli.data.datasets import pretrain_dataset
-    from falcon_cli.data.pairs import records_fingerprint
+    from falcon_cli.data.pairs import pairs_fingerprint, records_fingerprint
+    from falcon_cli.data.spec import load_spec
 
     emb = read_embeddings(clip_run / "embeddings" / "embeddings.h5")
     spec = load_spec(world)

@@ -977,8 +977,8 @@ def test_the_stage_hands_the_objective_the_methods_consistency_weight(
     import shutil
 
     import stages.pretrain as stage
-    from falcon_cli.runtime.run_dir import RunDirectory
     from falcon_cli.config.recipes import load_recipe
+    from falcon_cli.runtime.run_dir import RunDirectory
 
     class Built(Exception):
         pass
@@ -1010,12 +1010,12 @@ def test_srcl_reads_its_auxiliary_features_by_pair_id_and_refuses_a_missing_file
     import torch
 
     from falcon_cli.artifacts.embeddings import read_embeddings
-    from falcon_cli.runtime.run_dir import RunDirectory
     from falcon_cli.config.recipes import load_recipe
     from falcon_cli.data.datasets import pretrain_dataset
     from falcon_cli.data.spec import load_spec
     from falcon_cli.errors import FalconError
     from falcon_cli.objectives.false_negative_builder import build_false_negatives
+    from falcon_cli.runtime.run_dir import RunDirectory
 
     spec = load_spec(world)
     dataset = pretrain_dataset(spec, transform=None)

@@ -7,7 +7,6 @@ preemption that falls between a step and its deferred update, and needs a lag.""
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from falcon_cli.errors import FalconError
 from falcon_cli.data.shapes.vocabulary import COLORS, POSITIONS, RELATIONS, SHAPES, SIZES
+from falcon_cli.errors import FalconError
 
 DESCRIPTION_KEYS: tuple[str, ...] = ("size", "color", "shape", "position")
 """Keys of an object description, in canonical order."""

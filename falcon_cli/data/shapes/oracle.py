@@ -27,11 +27,11 @@ from typing import Iterable
 import numpy as np
 import pyarrow.parquet as pq
 
-from falcon_cli.errors import FalconError
 from falcon_cli.data.shapes import logical_forms as lfs
 from falcon_cli.data.shapes.parser import parse_caption
 from falcon_cli.data.shapes.scene import SceneArrays, scenes_from_objects_column
 from falcon_cli.data.shapes.vocabulary import COLORS, GRID, NUM_CELLS, POSITIONS, SHAPES, SIZES
+from falcon_cli.errors import FalconError
 
 _NUM_MASKS = 1 << NUM_CELLS
 _CELL_BITS = (1 << np.arange(NUM_CELLS)).astype(np.uint16)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import re
 from typing import TypeVar
 
-from falcon_cli.errors import FalconError
 from falcon_cli.data.shapes import logical_forms as lfs
 from falcon_cli.data.shapes.vocabulary import (
     COLOR_WORDS,
@@ -31,6 +30,7 @@ from falcon_cli.data.shapes.vocabulary import (
     SHAPE_WORDS,
     SIZE_WORDS,
 )
+from falcon_cli.errors import FalconError
 
 V = TypeVar("V")
 Table = dict[tuple[str, ...], object]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 
 from falcon_cli.data.shapes import logical_forms as lfs
-from falcon_cli.data.shapes.captions import _WordChooser, _bare_phrase
+from falcon_cli.data.shapes.captions import _bare_phrase, _WordChooser
 from falcon_cli.data.shapes.vocabulary import (
     COLOR_WORDS,
     COLORS,

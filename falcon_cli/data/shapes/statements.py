@@ -27,11 +27,11 @@ import random
 
 import numpy as np
 
-from falcon_cli.errors import FalconError
 from falcon_cli.data.shapes import logical_forms as lfs
-from falcon_cli.data.shapes.captions import _WordChooser, _bare_phrase, counted_phrase, noun_phrase
+from falcon_cli.data.shapes.captions import _bare_phrase, _WordChooser, counted_phrase, noun_phrase
 from falcon_cli.data.shapes.parser import NUMBERS, Tokens, parse_description, parse_single, tokenize
 from falcon_cli.data.shapes.vocabulary import COLORS, SHAPES, SIZES
+from falcon_cli.errors import FalconError
 
 TEMPLATES: dict[str, str] = {
     "both": "both images contain {one}",
