@@ -31,7 +31,9 @@ from falcon_cli.artifacts.state_dicts import (
     _first_line,
     _names,
     clean_state_dict,  # noqa: F401
+    load_weights,  # noqa: F401 (re-exported: the weights' public names live here too)
     read_state_dict,
+    save_weights,  # noqa: F401
 )
 from falcon_cli.errors import FalconError
 from falcon_cli.models.config import AlbefConfig, make_config
