@@ -92,14 +92,14 @@ def write_report(
         f"**Command:** `{command}`  ",
         f"**Commits:** {', '.join(commits)}; {platform.machine()}, {os.cpu_count()} CPU cores, {jobs} runs at a time; "
         f"{len(table)} runs{f' of {planned} planned (in progress)' if planned > len(table) else ''}.  ",
-        f"**Budget `{budget_name}`:** the scheduler sweep's world ({budget.images} images, {budget.size} px), dual-tiny "
-        f"from scratch (open_clip towers, sigmoid loss + captioning decoder at weight 1), {budget.epochs} epochs of batch "
-        f"{budget.batch}, |M| {budget.spaces['medium']}: about {scheduler_updates(budget):,} scheduler updates per FALCON "
-        f"run (reward: the caption loss's decrease); {seeds_phrase(table['seed'])}.",
+        f"**Budget `{budget_name}`:** the scheduler sweep's world ({budget.images} images, {budget.size} px), "
+        f"dual-tiny from scratch (open_clip towers, sigmoid loss + captioning decoder at weight 1), {budget.epochs} "
+        f"epochs of batch {budget.batch}, |M| {budget.spaces['medium']}: about {scheduler_updates(budget):,} "
+        f"scheduler updates per FALCON run (reward: the caption loss's decrease); {seeds_phrase(table['seed'])}.",
         "",
         "Mean ± std over seeds. R@1: zero-shot retrieval by embedding similarity on the test split (%, the mean of i2t "
-        "and t2i, then each); FN-aware: every item the oracle says matches counts as a positive; the composition columns "
-        "as in the scheduler sweep above (— where a composer has no such number).",
+        "and t2i, then each); FN-aware: every item the oracle says matches counts as a positive; the composition "
+        "columns as in the scheduler sweep above (— where a composer has no such number).",
         "",
         summary_table(table, list(METHODS), DUAL_COLUMNS).rstrip(),
         "",

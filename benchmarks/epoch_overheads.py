@@ -89,7 +89,8 @@ def main() -> None:
     all_s, cpu_s = timed(seed_all, args.repeats, "cpu"), timed(seed_cpu, args.repeats, "cpu")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.device}")
     print(
-        f"ranks, {args.images:,} x {n_texts:,}: sorted {sort_s:.3f} s, counted {count_s:.3f} s ({sort_s / count_s:.0f}x)"
+        f"ranks, {args.images:,} x {n_texts:,}: sorted {sort_s:.3f} s, counted {count_s:.3f} s "
+        f"({sort_s / count_s:.0f}x)"
     )
     print(
         f"item seeding, {args.items:,} items: torch.manual_seed {all_s:.3f} s, CPU generator {cpu_s:.4f} s "

@@ -66,7 +66,8 @@ ITC_CEILING = "uniform-oracle-itc"
 RULE_ARMS = {"glofnd-rule": "glofnd", "mafa-rule": "mafa", "srcl-rule": "srcl", "diht-rule": "diht"}
 """Arm -> the method (``pretrain.false_negatives``) it runs at its settings by rule."""
 ARMS = (BASE, CONTROL, *RULE_ARMS, ITC_CEILING)
-"""Every arm of the evaluation world, in the order the issue asks for (the base's seeds first: two methods read them)."""
+"""Every arm of the evaluation world, in the order the issue asks for (the base's seeds first: two methods read
+them)."""
 CEILING = {"glofnd": ITC_CEILING, "srcl": ITC_CEILING, "diht": ITC_CEILING, "mafa": "uniform-oracle"}
 """Each method's ceiling: the oracle arm that masks what the method can act on (MAFA relabels ITM's pairs too, so
 its ceiling masks ITC and ITM: the ledger's H200 ``uniform-oracle``, usable only if the device moves uniform by
@@ -245,7 +246,8 @@ def report_lines(table, tuning: dict, command: str) -> list[str]:
     against its base and its ceiling, its flags, and the tuning it was given."""
     lines = [
         f"**Command:** `{command}`  ",
-        f"**Runs:** {len(table)} ({', '.join(f'{a} {len(table[table.method == a])}' for a in dict.fromkeys(table['method']))}); "
+        f"**Runs:** {len(table)} "
+        f"({', '.join(f'{a} {len(table[table.method == a])}' for a in dict.fromkeys(table['method']))}); "
         f"commits {', '.join(sorted(set(table['commit'])))}; {'; '.join(sorted(set(table['machine'])))}.",
         "",
     ]
@@ -273,7 +275,8 @@ def report_lines(table, tuning: dict, command: str) -> list[str]:
     ]
     head = (
         "| arm | seeds | ITC R@1 | FN-aware ITC R@1 | FN-aware re-ranked R@1 | ITM loss, last epoch | "
-        "Δ FN-aware ITC vs control | Δ FN-aware re-ranked vs control | Δ ITC R@1 vs control | share of its ceiling's gain |"
+        "Δ FN-aware ITC vs control | Δ FN-aware re-ranked vs control | Δ ITC R@1 vs control | "
+        "share of its ceiling's gain |"
     )
     lines += [head, "|---" * (head.count("|") - 1) + "|"]
     for arm in [
@@ -343,7 +346,8 @@ def _flag_lines(table, arms: list[str]) -> list[str]:
         rows = table[table["method"] == arm]
         lines.append(
             f"| `{arm}` | {_m(rows, 'flags_flagged', 0)} | {_m(rows, 'flags_precision', 3)} | "
-            f"{_m(rows, 'flags_recall', 3)} | {_m(rows, 'flags_i2t_precision', 3)} / {_m(rows, 'flags_i2t_recall', 3)} | "
+            f"{_m(rows, 'flags_recall', 3)} | "
+            f"{_m(rows, 'flags_i2t_precision', 3)} / {_m(rows, 'flags_i2t_recall', 3)} | "
             f"{_m(rows, 'flags_t2i_precision', 3)} / {_m(rows, 'flags_t2i_recall', 3)} | "
             f"{_m(rows, 'flags_weight_false', 3)} / {_m(rows, 'flags_weight_true', 3)} |"
         )

@@ -89,7 +89,8 @@ def main() -> None:
     per_batch = lambda keys: sum(e.count for e in events if keys(e.key)) / args.batches  # noqa: E731
     print(f"|M| {args.space}, B {args.batch}, {args.device}: per composed batch and scheduler update")
     print(
-        f"  aten operators {per_batch(lambda k: True):,.0f}, of them with a kernel {per_batch(lambda k: k not in NO_KERNEL):,.0f}"
+        f"  aten operators {per_batch(lambda k: True):,.0f}, "
+        f"of them with a kernel {per_batch(lambda k: k not in NO_KERNEL):,.0f}"
     )
     print(
         f"  host reads (.item(), .cpu(), nonzero) {per_batch(lambda k: k in HOST_READS):,.0f}; "

@@ -1,11 +1,12 @@
 """Benchmark: the extra cost per training step of each false-negative method, measured in one run.
 
-Every method is built exactly as the pretrain stage builds it (``falcon_cli.objectives.false_negative_builder.build_false_negatives``)
-on a shapes world, and one training step (forward, backward, AdamW step) of albef-tiny is timed on real
-batches (images loaded and transformed, captions tokenised) for each: plain ITC, DiHT, SRCL (the auxiliary
-features looked up from an embeddings.h5), GloFND (thresholds updated every step), MAFA with the oracle as
-discriminator, and MAFA with a frozen falcon checkpoint as discriminator (the paper's Con-D: it re-reads the
-2B judged pairs' images and runs its own encoders and fusion on them). The ratios to plain ITC are printed.
+Every method is built exactly as the pretrain stage builds it
+(``falcon_cli.objectives.false_negative_builder.build_false_negatives``) on a shapes world, and one training step
+(forward, backward, AdamW step) of albef-tiny is timed on real batches (images loaded and transformed, captions
+tokenised) for each: plain ITC, DiHT, SRCL (the auxiliary features looked up from an embeddings.h5), GloFND (thresholds
+updated every step), MAFA with the oracle as discriminator, and MAFA with a frozen falcon checkpoint as discriminator
+(the paper's Con-D: it re-reads the 2B judged pairs' images and runs its own encoders and fusion on them). The ratios to
+plain ITC are printed.
 
     PYTHONPATH=. .venv/bin/python benchmarks/false_negative_step_time.py                    # CPU, about 2 minutes
     PYTHONPATH=. .venv/bin/python benchmarks/false_negative_step_time.py --batch 96 --device cuda

@@ -1,6 +1,7 @@
 """Can a scheduler's picks go below the fixed-q frontier? Real anchors, a perfect judge, no training of the model.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/frontier_harness.py --run runs/scheduler-itm/runs/falcon-plus-margin-0.5-s0 \\
+    PYTHONPATH=. .venv/bin/python benchmarks/frontier_harness.py \\
+        --run runs/scheduler-itm/runs/falcon-plus-margin-0.5-s0 \\
         --epoch 5 --weights 1 2 4 --credits chosen levels --seeds 0 1 2     # a trained run's anchors (~10 min)
     PYTHONPATH=. .venv/bin/python benchmarks/frontier_harness.py --synthetic --updates 300 --seeds 0   # a minute
 

@@ -193,7 +193,8 @@ def train_fusion(
             losses = []
             curve.append(point)
             log(
-                f"step {step:>6}: ITM loss {point['loss']:.3f}  AUC against a random image {point['itm_auc_random']:.3f}, "
+                f"step {step:>6}: ITM loss {point['loss']:.3f}  "
+                f"AUC against a random image {point['itm_auc_random']:.3f}, "
                 f"against the ITC-hardest {point['itm_auc_hardest']:.3f}  ({time.time() - start:.0f} s)"
             )
     return curve

@@ -63,7 +63,8 @@ def main() -> None:
         seconds = time.perf_counter() - start
         rates[size] = args.images / seconds
         print(
-            f"{size:>8}: {np.mean([len(f) for f in files]) / 1024:6.1f} KiB/file, decode {decode / args.images * 1e3:5.2f} ms, "
+            f"{size:>8}: {np.mean([len(f) for f in files]) / 1024:6.1f} KiB/file, "
+            f"decode {decode / args.images * 1e3:5.2f} ms, "
             f"decode + transform {seconds / args.images * 1e3:5.2f} ms -> {rates[size]:6.1f} images/s per core "
             f"(x{rates[size] / rates[args.sizes[0]]:.2f})"
         )

@@ -11,7 +11,8 @@ captions, "567K"), 256-d, |M| = 5664 (FALCON's COCO setting): k = 101 spaces.
     PYTHONPATH=. .venv/bin/python benchmarks/kmeans_partition.py --pairs 100000 --space 1920
 
 Peak memory: the process's max RSS (``ru_maxrss``) at the end, and its growth over the
-resident memory once the embeddings exist (libraries and the fp16 embeddings included there). Options: --seed, --iterations (k-means), --topics.
+resident memory once the embeddings exist (libraries and the fp16 embeddings included there). Options: --seed,
+--iterations (k-means), --topics.
 """
 
 from __future__ import annotations
@@ -85,14 +86,17 @@ def main() -> None:
         f"sizes {sizes.min()}..{sizes.max()} (last {sizes[-1]})"
     )
     print(
-        f"kmeans_partition {kmeans_seconds:.1f} s, random_partition {random_seconds:.2f} s, partition_summary {summary_seconds:.1f} s"
+        f"kmeans_partition {kmeans_seconds:.1f} s, random_partition {random_seconds:.2f} s, "
+        f"partition_summary {summary_seconds:.1f} s"
     )
     print(
-        f"peak RSS {peak:.0f} MiB ({peak - base_rss:+.0f} MiB over the {base_rss:.0f} MiB with the embeddings in memory)"
+        f"peak RSS {peak:.0f} MiB ({peak - base_rss:+.0f} MiB over the {base_rss:.0f} MiB "
+        "with the embeddings in memory)"
     )
     for name, stats in summary.items():
         print(
-            f"  {name:7s} mean within-space cosine: joint {stats['mean_cosine_joint']:.4f}, i2t {stats['mean_cosine_i2t']:.4f}"
+            f"  {name:7s} mean within-space cosine: joint {stats['mean_cosine_joint']:.4f}, "
+            f"i2t {stats['mean_cosine_i2t']:.4f}"
         )
 
 

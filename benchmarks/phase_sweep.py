@@ -1,11 +1,14 @@
 """Where does choosing negatives by hardness help, and where do false negatives take the gain away?
 
     PYTHONPATH=. .venv/bin/python benchmarks/phase_sweep.py --out runs/phase --gate                    # the gate first
-    PYTHONPATH=. .venv/bin/python benchmarks/phase_sweep.py --out runs/phase --report docs/results.md   # the phase diagram
-    PYTHONPATH=. .venv/bin/python benchmarks/phase_sweep.py --out runs/phase --presets medium --only falcon falcon-margin falcon-itm
+    PYTHONPATH=. .venv/bin/python benchmarks/phase_sweep.py --out runs/phase \\
+        --report docs/results.md   # the phase diagram
+    PYTHONPATH=. .venv/bin/python benchmarks/phase_sweep.py --out runs/phase --presets medium \\
+        --only falcon falcon-margin falcon-itm
     PYTHONPATH=. .venv/bin/python benchmarks/phase_sweep.py --out /tmp/phase --budget quick            # a smoke test
     PYTHONPATH=. .venv/bin/python benchmarks/phase_sweep.py --out runs/gpu --gate --collect --report docs/results.md
-    PYTHONPATH=. .venv/bin/python benchmarks/phase_sweep.py --out runs/phase --presets medium --seeds 0 --curves grit grit-oracle
+    PYTHONPATH=. .venv/bin/python benchmarks/phase_sweep.py --out runs/phase --presets medium --seeds 0 \\
+        --curves grit grit-oracle
 
 Methods x world regimes (``falcon data shapes --preset``: ``coco-like``, ``medium``, ``dense``) x paired seeds.
 Every run of a regime starts from the same unimodal encoders (the ``unimodal`` stage: the world's DeiT and BERT
@@ -268,15 +271,15 @@ BUDGETS: dict[str, PhaseBudget] = {
 }
 """``cpu``: per regime 4,500 training pairs (``dense``: 900 images with five captions each; ``coco-like`` and
 ``medium``: 4,500 images with one each, :meth:`PhaseBudget.world_size`) and about 2,010 test images (10,050
-captions: a binomial std of about 0.45 points for t2i R@1 near 30%) of 32 pixels, 36 epochs of batch 64, from unimodal encoders trained on 20,000
-extra scenes; the evaluation also re-ranks ITC's top 8 by the ITM head. Sized by pilots on ``coco-like``, uniform,
-seed 0 (issue 34's notes; i2t / t2i R@1 on the test split): from encoders that had seen the world's 900 images alone,
-6 epochs of batch 32 levelled off at 5.2 / 3.7; from the encoders with extra scenes (shape read right in 97% of
-occupied cells, against chance before) the same 6 epochs reach 21.6 / 14.5, 12 epochs 28.6 / 15.2, and 12 epochs of
-batch 64 30.2 / 15.4. ITC retrieval stops rising after about 12 epochs, but the ITM head is then still at its prior
-(0.633 against 0.637; `benchmarks/itm_probe.py`: its hardest in-batch negatives hold it on a plateau): over 36 epochs
-uniform's ITM loss leaves the prior near epoch 10 and ends at 0.38, GRIT's (harder batches) near epoch 16, ending
-at 0.56, and re-ranking by ITM then lifts uniform's t2i R@1 from 15.5 to 20.9 (docs/results.md). A 36-epoch run
+captions: a binomial std of about 0.45 points for t2i R@1 near 30%) of 32 pixels, 36 epochs of batch 64, from unimodal
+encoders trained on 20,000 extra scenes; the evaluation also re-ranks ITC's top 8 by the ITM head. Sized by pilots on
+``coco-like``, uniform, seed 0 (issue 34's notes; i2t / t2i R@1 on the test split): from encoders that had seen the
+world's 900 images alone, 6 epochs of batch 32 levelled off at 5.2 / 3.7; from the encoders with extra scenes (shape
+read right in 97% of occupied cells, against chance before) the same 6 epochs reach 21.6 / 14.5, 12 epochs 28.6 / 15.2,
+and 12 epochs of batch 64 30.2 / 15.4. ITC retrieval stops rising after about 12 epochs, but the ITM head is then still
+at its prior (0.633 against 0.637; `benchmarks/itm_probe.py`: its hardest in-batch negatives hold it on a plateau): over
+36 epochs uniform's ITM loss leaves the prior near epoch 10 and ends at 0.38, GRIT's (harder batches) near epoch 16,
+ending at 0.56, and re-ranking by ITM then lifts uniform's t2i R@1 from 15.5 to 20.9 (docs/results.md). A 36-epoch run
 takes 68 minutes with another beside it on the 2 cores, so the gate's coco-like half (10 runs) takes about 6 hours
 here: split it with ``--seeds`` (an interrupted run continues from its last epoch), or run it on a GPU (on an H200
 ten runs at once took about 20 s an epoch each before two host costs were fixed: docs/results.md). The cosine
@@ -612,9 +615,10 @@ def merge_ledgers(rows: list[dict], ledgers: list[Path]) -> list[dict]:
             other = next((r for r in mine if r.get(column) != first.get(column)), None)
             if other is not None:
                 raise SystemExit(
-                    f"--rows: {preset} {other['method']} seed {other['seed']} ran on another {column} than {first['method']} "
-                    f"seed {first['seed']} ({other.get(column)!s:.80} vs {first.get(column)!s:.80}); paired differences need "
-                    "one world and one budget per preset: drop the stale rows or use another --out"
+                    f"--rows: {preset} {other['method']} seed {other['seed']} ran on another {column} than "
+                    f"{first['method']} seed {first['seed']} ({other.get(column)!s:.80} vs {first.get(column)!s:.80}); "
+                    "paired differences need one world and one budget per preset: "
+                    "drop the stale rows or use another --out"
                 )
     return merged
 
@@ -887,9 +891,10 @@ def curve_figure(curve_table, out: Path) -> Path:
 
 
 def paired(table, preset: str, method: str, reference: str, metric: str = "R@1") -> dict | None:
-    """``method`` minus ``reference`` seed by seed on ``preset`` (``falcon_cli.evaluation.intervals.paired_difference``):
-    mean, std over seeds (ddof 1), the paired-t 95% interval (``lo``, ``hi``), the seeds both ran, on how many the
-    difference is positive, and the verdict (``higher`` / ``lower`` only where the interval excludes zero)."""
+    """``method`` minus ``reference`` seed by seed on ``preset``
+    (``falcon_cli.evaluation.intervals.paired_difference``): mean, std over seeds (ddof 1), the paired-t 95% interval
+    (``lo``, ``hi``), the seeds both ran, on how many the difference is positive, and the verdict (``higher`` /
+    ``lower`` only where the interval excludes zero)."""
     if metric not in table:  # (no run has the number yet: uniform composes no chain)
         return None
     rows = table[table["preset"] == preset]
@@ -1333,8 +1338,8 @@ def budget_phrase(manifest: dict) -> str:
     return (
         f"worlds of {world['images']:,} images of {world['size']} px (splits {splits}); albef-tiny from the unimodal "
         f"encoders ({u['image_epochs']} image epochs on {u['extra_images']:,} extra scenes, {u['text_epochs']} text "
-        f"epochs{clip}), {p['epochs']} epochs of batch {p['batch_size']} at lr {p['lr']:g} (cosine to {p['min_lr']:g}), "
-        f"|M| {p['search_space_size']}"
+        f"epochs{clip}), {p['epochs']} epochs of batch {p['batch_size']} at lr {p['lr']:g} "
+        f"(cosine to {p['min_lr']:g}), |M| {p['search_space_size']}"
     )
 
 

@@ -35,9 +35,9 @@ One command measures every speed target of issue 22 on the local GPU and writes 
   update (``falcon_compose_ops.py``), and its time on the GPU;
 * ``compose``: one COCO-scale FALCON composition epoch (``falcon_compose.py``, 567K pairs, |M| 5,664).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/pretrain_speed.py --out runs/speed                # on a GPU, all of it
+    PYTHONPATH=. .venv/bin/python benchmarks/pretrain_speed.py --out runs/speed           # on a GPU, all of it
     PYTHONPATH=. .venv/bin/python benchmarks/pretrain_speed.py --out runs/speed --only base-grit base-grit-compile
-    PYTHONPATH=. .venv/bin/python benchmarks/pretrain_speed.py --out /tmp/speed --smoke        # CPU, tiny: checks the script
+    PYTHONPATH=. .venv/bin/python benchmarks/pretrain_speed.py --out /tmp/speed --smoke   # CPU, tiny: checks the script
 
 ``--smoke`` runs the same runs with albef-tiny (blip2-tiny, dual-tiny) at 32 px on a 60-image world in fp32 (a
 few minutes on 2 cores): its numbers say nothing about speed, only that every part works. Finished runs are
@@ -312,9 +312,9 @@ def counted_flops_per_pair(run: Path, text_tokens: float, device: str, batch: in
     logged mean padded length (a dual encoder that pads captions to its context does so itself), one forward under
     the run's precision and ``loss.backward()``, divided by ``batch``. What is frozen (BLIP-2's ViT) runs no
     backward, and the count sees that. Attention runs PyTorch's math kernel under the counter (its products are
-    counted on every device; not every fused kernel has a FLOP formula, none on a CPU). The in-batch B x B similarity products are
-    the only part that grows with the batch: a negligible share at B 96. FALCON's reward passes are not counted
-    (these runs are GRIT's). The model is built on ``device`` and freed after."""
+    counted on every device; not every fused kernel has a FLOP formula, none on a CPU). The in-batch B x B similarity
+    products are the only part that grows with the batch: a negligible share at B 96. FALCON's reward passes are not
+    counted (these runs are GRIT's). The model is built on ``device`` and freed after."""
     import gc
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -495,7 +495,8 @@ def report(results: dict) -> str:
         if ceiling
         else f"Device: {results['device']}",
         "",
-        "| run | pairs/s | GFLOP/pair | MFU | caption tokens | peak MiB | FLOPs | vocabulary | last half-epoch pairs/s |",
+        "| run | pairs/s | GFLOP/pair | MFU | caption tokens | peak MiB | FLOPs | vocabulary "
+        "| last half-epoch pairs/s |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in rows.items():

@@ -1,7 +1,8 @@
 """Retrieval scoring cost: ITC ranking alone vs the top k re-ranked by ITM, on random split embeddings.
 
     PYTHONPATH=. .venv/bin/python benchmarks/retrieval_rerank.py --images 100 --texts 500 --k 16 64
-    PYTHONPATH=. .venv/bin/python benchmarks/retrieval_rerank.py --model albef-base --images 200 --texts 1000 --k 16 --device cuda
+    PYTHONPATH=. .venv/bin/python benchmarks/retrieval_rerank.py --model albef-base --images 200 --texts 1000 \\
+        --k 16 --device cuda
 
 Reports seconds and re-ranked (image, text) pairs per second for each k, and the ratio to the
 ITC-only ranking measured in the same run. Re-ranking fuses 2 × k × (images + texts) / 2 pairs:
@@ -56,7 +57,8 @@ def main() -> None:
     timed(None, 64)
     itc = min(timed(None, 64) for _ in range(3))
     print(
-        f"{args.model} on {device} ({precision}): {args.images} images, {args.texts} texts; ITC ranking {itc * 1e3:.1f} ms"
+        f"{args.model} on {device} ({precision}): {args.images} images, {args.texts} texts; "
+        f"ITC ranking {itc * 1e3:.1f} ms"
     )
     print(f"{'k':>5} {'batch':>6} {'pairs':>8} {'seconds':>8} {'pairs/s':>9} {'x ITC':>8}")
     for k in args.k:

@@ -5,8 +5,9 @@ file they share (``results/*.json``, ``audit/summary.json``), compared value by 
 
 What a speed change must leave alone (issue 67: cutting a `dense` run's per-epoch evaluation must not move its
 numbers): prints each difference (at most 20) and exits 1 if there is one, else one line and 0. Timing keys
-(seconds, pairs per second, memory), the paths that name each run's own directory, and the learning-curve records (``kind: zero_shot``, which a run evaluated less
-often has fewer of) are not compared; where both runs have a curve record of an epoch, it is.
+(seconds, pairs per second, memory), the paths that name each run's own directory, and the learning-curve records
+(``kind: zero_shot``, which a run evaluated less often has fewer of) are not compared; where both runs have a curve
+record of an epoch, it is.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def numbers(value):
 
 
 def step_records(run: Path) -> dict[tuple, dict]:
-    """``{(kind, epoch, step): record}`` of a run's ``metrics.jsonl`` (a record written again counts once, the later)."""
+    """``{(kind, epoch, step): record}`` of a run's ``metrics.jsonl`` (a record written again counts once, the
+    later)."""
     from falcon_cli.runtime.metrics import read_metrics
 
     return {(r.get("kind"), r.get("epoch"), r.get("step")): r for r in read_metrics(run / "metrics.jsonl")}

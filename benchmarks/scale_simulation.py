@@ -41,7 +41,8 @@ A piece whose predicted peak exceeds ``--max-gb`` or what the machine has availa
 whose file would not fit the disk, is not run: its row says ``skipped`` and why. Rows ``extrapolated`` come
 from fits to the measured sizes of the same piece: seconds and disk bytes ``a N^b``, peak RSS ``c + k N`` (``b``,
 ``c`` and ``k`` are printed and written to the markdown). Extrapolation needs the small sizes in the same call
-(e.g. ``--pairs 100000 1000000 4000000 14000000``). Outputs: ``--out`` (CSV) and the same table as markdown beside it (``.md``).
+(e.g. ``--pairs 100000 1000000 4000000 14000000``). Outputs: ``--out`` (CSV) and the same table as markdown beside it
+(``.md``).
 """
 
 from __future__ import annotations
@@ -591,7 +592,8 @@ def write(rows: list[dict], fits: dict, args: argparse.Namespace) -> None:
         "",
         "Growth (N: pairs; compose, cache_shard: the rank's share): seconds = a N^b, peak RSS = c + k N, disk = a N^b.",
         "",
-        "| piece | dtype | seconds: b | peak RSS: c GiB | peak RSS: GiB per 1M pairs | disk: bytes per pair at the largest N |",
+        "| piece | dtype | seconds: b | peak RSS: c GiB | peak RSS: GiB per 1M pairs "
+        "| disk: bytes per pair at the largest N |",
         "|---|---|---|---|---|---|",
     ]
     for piece, dtype in sorted({(p, d) for p, d, _ in fits}):

@@ -1,6 +1,7 @@
 """Can FALCON's scheduler learn an anchor-dependent hardness? A contextual bandit with a known optimum.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/same_image.py --out runs/same-image --only uniform --seeds 0   # the run (~5 min)
+    PYTHONPATH=. .venv/bin/python benchmarks/same_image.py --out runs/same-image \\
+        --only uniform --seeds 0   # the run (~5 min)
     PYTHONPATH=. .venv/bin/python benchmarks/scheduler_bandit.py --run runs/same-image/runs/uniform-s0 \\
         --out runs/bandit --report docs/results.md          # real shapes embeddings, the full grid (~15 min)
     PYTHONPATH=. .venv/bin/python benchmarks/scheduler_bandit.py --synthetic --updates 600   # a minute

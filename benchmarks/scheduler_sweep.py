@@ -1,7 +1,7 @@
 """Does FALCON's scheduler learn, and does it win? The seeded comparison at a budget where learning can happen.
 
     PYTHONPATH=. .venv/bin/python benchmarks/scheduler_sweep.py --out runs/scheduler --report docs/results.md  # ~75 min
-    PYTHONPATH=. .venv/bin/python benchmarks/scheduler_sweep.py --out /tmp/scheduler --budget quick            # ~6-minute smoke
+    PYTHONPATH=. .venv/bin/python benchmarks/scheduler_sweep.py --out /tmp/scheduler --budget quick  # ~6-minute smoke
     PYTHONPATH=. .venv/bin/python benchmarks/scheduler_sweep.py --out runs/scheduler-gpu --budget gpu --jobs 1  # a GPU
 
 Paper-exact FALCON (``shapes-falcon``) and the improved scheduler (``shapes-falcon-plus``) against GRIT,
@@ -425,7 +425,8 @@ def frontier_table(table) -> str:
         values = 100 * fixed.loc[fixed["method"] == method, "chain_fn_rate"].astype(float).dropna()
         if len(values):
             lines.append(
-                f"| {level:g} | {len(values)} | {values.mean():.1f} ± {values.std(ddof=1) if len(values) > 1 else 0:.1f} |"
+                f"| {level:g} | {len(values)} | {values.mean():.1f} ± "
+                f"{values.std(ddof=1) if len(values) > 1 else 0:.1f} |"
             )
     points = frontier_rows(table)
     if points.empty:
@@ -637,16 +638,17 @@ def write_report(
         f"scratch, {budget.epochs} epochs of batch {budget.batch}, |M| {budget.spaces['medium']}: about {updates:,} "
         f"scheduler updates per FALCON run; {seeds_phrase(table['seed'])}.",
         "",
-        "Mean ± std over seeds. R@1: zero-shot ITC retrieval on the test split (mean of i2t and t2i, %); FN-aware: every "
-        "item the oracle says matches counts as a positive. The rest is the last epoch's composition, scored by the oracle "
-        "on every chained slot: *chain FN % (audit)* the false negatives among the chain neighbours the audit judged "
-        "(`falcon audit-false-negatives --judge oracle`, every epoch, one direction per pair: the only chain number GRIT has); "
-        "*chain FN %* the picks that are false negatives of their anchor, against *FN % of a "
+        "Mean ± std over seeds. R@1: zero-shot ITC retrieval on the test split (mean of i2t and t2i, %); FN-aware: "
+        "every item the oracle says matches counts as a positive. The rest is the last epoch's composition, scored by "
+        "the oracle on every chained slot: *chain FN % (audit)* the false negatives among the chain neighbours the "
+        "audit judged (`falcon audit-false-negatives --judge oracle`, every epoch, one direction per pair: the only "
+        "chain number GRIT has); *chain FN %* the picks that are false negatives of their anchor, against *FN % of a "
         "random pick* (the anchors' density); *corr(E[q], FN density)* across slots (FALCON's claim: below 0), also "
         "averaged over the second half of the epochs; *std E[q]* how much the scheduler tells anchors apart; *safe q* "
         "the highest q whose pick would have been a true negative, and how often q went past it; *corr(reward, FN "
         "pick)* whether the reward pays less for a false-negative pick (it must, for the scheduler to learn to avoid "
-        "them). — where the method has no such number (GRIT and uniform compose no quantile chain; q = 0.5 has no Beta).",
+        "them). — where the method has no such number (GRIT and uniform compose no quantile chain; q = 0.5 has no "
+        "Beta).",
         "",
         summary_table(table).rstrip(),
         "",
@@ -654,9 +656,9 @@ def write_report(
         "",
         *verdict(table),
         "",
-        "**The fixed-q frontier.** Chain FN % of each fixed-q run; each scheduler run's last-epoch point (mean q, chain "
-        "FN %) against the line through its own seed's fixed-q runs (the gap: below 0, fewer false negatives at the "
-        "same mean q; the issue's target is −5 points on every seed):",
+        "**The fixed-q frontier.** Chain FN % of each fixed-q run; each scheduler run's last-epoch point (mean q, "
+        "chain FN %) against the line through its own seed's fixed-q runs (the gap: below 0, fewer false negatives "
+        "at the same mean q; the issue's target is −5 points on every seed):",
         "",
         frontier_table(table).rstrip(),
         "",

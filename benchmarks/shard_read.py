@@ -5,9 +5,9 @@
 Writes ``--pairs`` JPEGs (``--size`` px, CC3M-like 20-40 KB) as files with a pretraining JSON, converts them
 with ``falcon data shards`` (the same bytes in tars of ``--per-shard`` pairs) and its index, then reads the
 pairs in a random order of ids per round, each pair read from both layouts back to back (taking turns at going
-first: this machine is noisy, so the ratio is taken within a round, and the median over rounds reported). Two reads: the encoded bytes only, and the bytes
-decoded to RGB (:func:`falcon_cli.data.images.load_image`, what a DataLoader worker does before the transform).
-The page cache is warm for both (the first round is a warm-up and is not counted).
+first: this machine is noisy, so the ratio is taken within a round, and the median over rounds reported). Two reads: the
+encoded bytes only, and the bytes decoded to RGB (:func:`falcon_cli.data.images.load_image`, what a DataLoader worker
+does before the transform). The page cache is warm for both (the first round is a warm-up and is not counted).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The docstrings under config fields (``epochs: int = 20`` followed by ``\"\"\"Training epochs.\"\"\"``), read when asked.
+"""The docstrings under config fields (``epochs: int = 20`` followed by ``\"\"\"Training epochs.\"\"\"``), read when
+asked.
 
 pydantic's ``use_attribute_docstrings`` reads them when each class is created, parsing its source again: about a
 tenth of a second over falcon's config classes, paid by every command that validates a config (``falcon recipes

@@ -1,6 +1,6 @@
 """Model families ("frameworks") behind one seam: what the pretrain stage, retrieval and the checks need to
-know about ALBEF, BLIP-2 or a dual encoder (CLIP / SigLIP on open_clip), so the composers, the embedding cache, the scheduler, the batch log and the
-audit never learn which one they serve.
+know about ALBEF, BLIP-2 or a dual encoder (CLIP / SigLIP on open_clip), so the composers, the embedding cache, the
+scheduler, the batch log and the audit never learn which one they serve.
 
 A framework says, for a model family:
 

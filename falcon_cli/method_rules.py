@@ -250,7 +250,8 @@ RULES: dict[str, MethodRules] = {
         settings=(
             Setting(
                 "pretrain.diht.beta",
-                "β, the hardness: not in the FALCON paper, which re-implemented the loss; DiHT's suggested sweep {0.25, 0.5, 1}",
+                "β, the hardness: not in the FALCON paper, which re-implemented the loss; "
+                "DiHT's suggested sweep {0.25, 0.5, 1}",
                 "tuned",
                 None,
                 "the two lower values of the sweep: a search space's hardest candidate is a true match about half "

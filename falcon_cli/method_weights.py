@@ -1,5 +1,5 @@
-"""The papers' per-method loss weights that the config schema, the framework records and the objectives read: plain data,
-below every package (importing it loads nothing), so that validating a config does not load the objectives."""
+"""The papers' per-method loss weights that the config schema, the framework records and the objectives read: plain
+data, below every package (importing it loads nothing), so that validating a config does not load the objectives."""
 
 ITC_CONSISTENCY_WEIGHT: dict[str, float] = {"none": 0.2, "mafa": 0.0, "srcl": 0.0, "diht": 0.0, "glofnd": 0.0}
 """Each method's own weight of GRIT-VLP's ITC consistency term, the value ``pretrain.itc_consistency_weight``

@@ -116,7 +116,8 @@ def run_stages(config: Recipe, run: RunDirectory, stages: list[str] | None = Non
         # the same on every node (a shared filesystem); then every rank must run the same stages with the same config.
         D.check_shared_file(run.path / MANIFEST, "run directory")
         D.check_same_launch(launch(config, run.path, stages=stages or list(config.stages), **options))
-        # The optional loggers' packages before the first stage, not after the data stage's minutes: one line naming the extra.
+        # The optional loggers' packages before the first stage, not after the data stage's minutes: one line
+        # naming the extra.
         for stage, section in (("pretrain", config.pretrain), ("finetune", config.finetune)):
             if stage in (stages or config.stages):
                 require_loggers(section.loggers, f"{stage}.loggers")

@@ -87,7 +87,8 @@ def _build_from(config: Recipe, run: RunDirectory, path: Path, embeddings: Embed
     pair_ids = embeddings.pair_id
     if size > len(pair_ids):
         raise FalconError(
-            f"{size_key}={size} is larger than the {len(pair_ids)} pairs in {path}; choose {size_key} <= {len(pair_ids)}"
+            f"{size_key}={size} is larger than the {len(pair_ids)} pairs in {path}; "
+            f"choose {size_key} <= {len(pair_ids)}"
         )
     seed = s.seed if s.seed is not None else config.seed
     judge = _oracle_for(config, path, pair_ids)  # on the shapes world: the oracle and each pair's ids
@@ -175,7 +176,10 @@ def _oracle_for(
     """On a shapes world: (oracle, image id, caption id of each pair); elsewhere the reason there is no oracle."""
     spec = load_spec(config.data.dataset)
     if spec.shapes_world is None:
-        return f"{config.data.dataset} is not a shapes world (no shapes_world in its dataset.yaml): no oracle to judge false negatives"
+        return (
+            f"{config.data.dataset} is not a shapes world (no shapes_world in its dataset.yaml): "
+            "no oracle to judge false negatives"
+        )
     oracle = ShapesOracle.load(spec.resolve(spec.shapes_world))
     # The embeddings name pairs by pair_id; the oracle judges (image_id, caption_id).
     records = {r.pair_id: r for r in pretrain_dataset(spec, transform=None, on_missing=config.data.on_missing).records}

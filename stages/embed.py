@@ -53,7 +53,8 @@ PROGRESS = "progress.json"
 
 
 def run(config: Recipe, run: RunDirectory, *, resume: bool = False) -> dict:
-    """Embed the configured split into ``embeddings/embeddings.h5`` (rank 0 works, other ranks wait); returns the summary."""
+    """Embed the configured split into ``embeddings/embeddings.h5`` (rank 0 works, other ranks wait); returns the
+    summary."""
     return on_rank_zero(lambda: _embed(config, run, resume))
 
 

@@ -96,7 +96,8 @@ class Context:
         return autocast(self.precision, self.device)
 
     def text_length(self, checkpoint: Path) -> int:
-        """``evaluate.max_text_length``, else the limit ``checkpoint`` was trained with (ALBEF's 30 if it does not say)."""
+        """``evaluate.max_text_length``, else the limit ``checkpoint`` was trained with (ALBEF's 30 if it does not
+        say)."""
         return self.e.max_text_length or trained_text_length(checkpoint) or UNSTATED_TEXT_LENGTH
 
     def finetuned(self, task: str, checkpoint: str | None = None) -> Path:
@@ -255,7 +256,8 @@ def write_near_misses(ctx: Context, rows: list[dict], meta: dict) -> str:
 
 
 def resolve_model(ctx: Context, name: str) -> Path:
-    """The checkpoint an ``evaluate.retrieval.models`` entry names: a directory, or an ALBEF/GRIT-VLP/MAFA ``.pth`` file."""
+    """The checkpoint an ``evaluate.retrieval.models`` entry names: a directory, or an ALBEF/GRIT-VLP/MAFA ``.pth``
+    file."""
     if name == "pretrained":
         return find_checkpoint(ctx.run.path, "evaluate.retrieval.models: pretrained")
     if name == "finetuned":
@@ -273,7 +275,10 @@ def false_negative_truth(ctx: Context, dataset) -> tuple[str, Callable | None, d
     if wanted == "auto" and ctx.spec.shapes_world is not None:
         wanted = "oracle"
     if wanted == "auto" and r.split == "pretrain":
-        skipped = "ECCV Caption, CxC and COCO 1K/5K metrics skipped: they annotate the COCO 5K test split, not pretraining pairs"
+        skipped = (
+            "ECCV Caption, CxC and COCO 1K/5K metrics skipped: they annotate the COCO 5K test split, "
+            "not pretraining pairs"
+        )
         return "none", None, {"false_negatives_skipped": skipped}
     if wanted == "none":
         return "none", None, {}

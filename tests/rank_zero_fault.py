@@ -1,6 +1,7 @@
 """``python -m tests.rank_zero_fault STEP ARGS...``: the ``falcon ARGS`` command in which rank 0 alone raises a
 :class:`FalconError` when its training loop logs step STEP, while the other ranks go on to the step's collectives (as
-an error in what rank 0 alone does: its metrics, its evaluation, its artifacts). tests/runtime/test_cluster_faults.py."""
+an error in what rank 0 alone does: its metrics, its evaluation, its artifacts).
+tests/runtime/test_cluster_faults.py."""
 
 from __future__ import annotations
 

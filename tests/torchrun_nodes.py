@@ -1,6 +1,7 @@
-"""Two 'nodes' on this machine, for the multi-node tests (tests/runtime/test_multinode.py, tests/runtime/test_cluster_faults.py):
-each node is its own ``torchrun`` (one gloo process each, ``pretrain.device=cpu``) meeting the other at a c10d
-rendezvous on localhost, in its own session so that a node, or only its worker, can be killed."""
+"""Two 'nodes' on this machine, for the multi-node tests (tests/runtime/test_multinode.py,
+tests/runtime/test_cluster_faults.py): each node is its own ``torchrun`` (one gloo process each,
+``pretrain.device=cpu``) meeting the other at a c10d rendezvous on localhost, in its own session so that a node, or
+only its worker, can be killed."""
 
 from __future__ import annotations
 

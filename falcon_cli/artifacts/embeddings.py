@@ -138,7 +138,9 @@ class EmbeddingsFile:
 class EmbeddingsWriter:
     """Write ``embeddings.h5`` chunk by chunk; the file appears only when :meth:`close` succeeds.
 
-    >>> with EmbeddingsWriter(path, n=10, dim=256, attrs=dict(model="albef-tiny", checkpoint="", dataset="shapes", split="train", epoch=0)) as w:
+    >>> with EmbeddingsWriter(
+    ...     path, n=10, dim=256, attrs=dict(model="albef-tiny", checkpoint="", dataset="shapes", split="train", epoch=0)
+    ... ) as w:
     ...     w.write(0, image_chunk, text_chunk, pair_ids)
     """
 
@@ -168,7 +170,8 @@ class EmbeddingsWriter:
         stop = start + len(image)
         if image.shape != text.shape or image.shape[1:] != (self.dim,) or len(pair_id) != len(image) or stop > self.n:
             raise ValueError(
-                f"chunk shapes image {image.shape}, text {text.shape}, pair_id {len(pair_id)} do not fit rows {start}:{stop} of [{self.n}, {self.dim}]"
+                f"chunk shapes image {image.shape}, text {text.shape}, pair_id {len(pair_id)} "
+                f"do not fit rows {start}:{stop} of [{self.n}, {self.dim}]"
             )
         self._file["image"][start:stop] = image / np.maximum(np.linalg.norm(image, axis=1, keepdims=True), 1e-12)
         self._file["text"][start:stop] = text / np.maximum(np.linalg.norm(text, axis=1, keepdims=True), 1e-12)

@@ -151,7 +151,8 @@ def _to_arrow(data: pd.DataFrame | Mapping[str, Any], schema: TableSchema, where
     extra = [c for c in frame.columns if c not in schema.names]
     if missing or extra:
         raise FalconError(
-            f"{where}: columns do not match schema '{schema.name}' v{schema.version} (missing {missing}, unexpected {extra})"
+            f"{where}: columns do not match schema '{schema.name}' v{schema.version} "
+            f"(missing {missing}, unexpected {extra})"
         )
     try:
         return pa.Table.from_pandas(frame[schema.names], schema=schema.arrow, preserve_index=False)

@@ -21,7 +21,8 @@ import pandas as pd
 import torch
 
 RANKS = ("top-1", "top-10", "median", "random")
-"""The candidates whose truth is read: the hardest, the 10th hardest, the median one, and any one (the mean over all)."""
+"""The candidates whose truth is read: the hardest, the 10th hardest, the median one, and any one (the mean over
+all)."""
 
 
 def candidate_risk(

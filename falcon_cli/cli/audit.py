@@ -62,7 +62,7 @@ def audit_false_negatives(
     Settings come from the run's own audit section; the options here change it (recorded in the manifest).
 
     Example: falcon audit-false-negatives runs/q1 runs/q05 runs/q0 --judge oracle
-    """
+    """  # noqa: E501 (Rich keeps a line break in help text: one line per paragraph)
     from falcon_cli.audit.compare import write_comparison  # (lazy: pandas and figures; keep `falcon --help` fast)
 
     options = {

@@ -70,7 +70,7 @@ def compare(
 
     Example: falcon compare runs/uniform-s* runs/falcon-s* --metric rerank:R@1
     Example: falcon compare runs/*-s* --baseline shapes-uniform
-    """
+    """  # noqa: E501 (Rich keeps a line break in help text: one line per paragraph)
     # (lazy: pandas and matplotlib; keep `falcon --help` fast)
     from falcon_cli.evaluation.compare import compare_runs, label_runs, metric_names, read_run, write_comparison
 

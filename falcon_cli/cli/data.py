@@ -13,7 +13,8 @@ from falcon_cli.errors import FalconError
 from falcon_cli.runtime.console import make_console
 
 app = typer.Typer(
-    help="Generate the shapes world; check a dataset.\n\nExample: falcon data shapes --out data/shapes --images 300 --seed 1",
+    help="Generate the shapes world; check a dataset.\n\n"
+    "Example: falcon data shapes --out data/shapes --images 300 --seed 1",
     no_args_is_help=True,
 )
 console = make_console()
@@ -44,7 +45,7 @@ def shapes(
 
     Example: falcon data shapes --out data/shapes --images 300 --seed 1 --preview
     Example: falcon data shapes --out data/coco-like --preset coco-like --size 32
-    """
+    """  # noqa: E501 (Rich keeps a line break in help text: one line per paragraph)
     # (lazy: the config schema (pydantic), and the world's writers (pandas, PIL); keep `falcon --help` fast)
     from falcon_cli.config.recipes import apply_overrides, validate_config
     from falcon_cli.data.shapes.config import ShapesConfig
@@ -101,7 +102,7 @@ def shards(
     Each pair becomes {pair_id}.jpg/.png + .txt + .json, the image bytes unchanged; the new dataset.yaml names the shards, and its other sections point back at the original files. Pair ids are kept.
 
     Example: falcon data shards data/shapes --out data/shapes-shards
-    """
+    """  # noqa: E501 (Rich keeps a line break in help text: one line per paragraph)
     # (lazy: the dataset readers import torch and PIL; keep `falcon --help` fast)
     from falcon_cli.data.datasets import pretrain_records
     from falcon_cli.data.shards import convert_to_shards

@@ -34,7 +34,7 @@ def embed(
     Runs the data stage first when the run directory has not done it.
 
     Example: falcon embed --recipe shapes-demo embed.encoder=falcon:runs/demo
-    """
+    """  # noqa: E501 (Rich keeps a line break in help text: one line per paragraph)
     run_single_stage(
         "embed", recipe, run_dir, overrides, overwrite=overwrite, output="embeddings/embeddings.h5", resume=resume
     )

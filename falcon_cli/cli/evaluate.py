@@ -73,7 +73,7 @@ def retrieval(
     Scores TR/IR R@1/5/10 and false-negative-aware metrics: the shapes oracle's, or ECCV Caption / CxC / COCO 1K on COCO 5K. Writes results/retrieval.{json,csv,md} (with --split pretrain: results/retrieval_pretrain.*).
 
     Example: falcon evaluate retrieval runs/demo -m pretrained -m finetuned
-    """
+    """  # noqa: E501 (Rich keeps a line break in help text: one line per paragraph)
     run_dir, checkpoint = _locate(target)
     models = list(model or ([str(checkpoint)] if checkpoint is not None else []))
     _evaluate(
@@ -108,7 +108,7 @@ def vqa(
     Writes results/vqa_result_<split>.json (the server's format) and, where the split has answers, the local VQA accuracy (results/vqa.{json,csv,md}).
 
     Example: falcon evaluate vqa runs/shapes-demo --split test
-    """
+    """  # noqa: E501 (Rich keeps a line break in help text: one line per paragraph)
     run_dir, checkpoint = _locate(target)
     _evaluate("vqa", run_dir, {"split": split, "k": k, "checkpoint": checkpoint}, device, batch_size, settings)
 

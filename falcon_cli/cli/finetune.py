@@ -50,7 +50,7 @@ def finetune(
     Writes RUN_DIR/finetune/<task>/: checkpoints/, best/ (the kept weights) and metrics.jsonl. A task that already has checkpoints is refused unless --resume (continue it) or --overwrite (train it again). Under torchrun the batch size is per process.
 
     Example: falcon finetune --run-dir runs/demo --task vqa finetune.vqa.epochs=2
-    """
+    """  # noqa: E501 (Rich keeps a line break in help text: one line per paragraph)
     tasks = _tasks(task)
     settings = list(overrides or []) + ([f"finetune.tasks=[{', '.join(tasks)}]"] if tasks else [])
     if recipe is not None:

@@ -31,5 +31,5 @@ def pretrain(
 
     Example: falcon pretrain --recipe shapes-demo pretrain.epochs=2
     Example: torchrun --nproc_per_node 2 -m falcon_cli pretrain -r shapes-demo
-    """
+    """  # noqa: E501 (Rich keeps a line break in help text: one line per paragraph)
     run_single_stage("pretrain", recipe, run_dir, overrides, overwrite=overwrite, output="manifest.json", resume=resume)

@@ -25,7 +25,7 @@ def list_() -> None:
     The demo, COCO per framework and method, the shapes world per method, then the studies (recipes/studies/) and your own ($FALCON_RECIPE_PATH).
 
     Example: falcon recipes list
-    """
+    """  # noqa: E501 (Rich keeps a line break in help text: one line per paragraph)
     from falcon_cli.config.recipes import RECIPE_GROUPS, list_recipes, read_recipe, recipe_group  # (lazy: fast --help)
 
     groups: dict[str, list[tuple[str, str]]] = {}

@@ -1,4 +1,5 @@
-"""``falcon build-search-spaces``: the build-search-spaces stage on its own (after the data stage, if the run lacks it)."""
+"""``falcon build-search-spaces``: the build-search-spaces stage on its own (after the data stage, if the run lacks
+it)."""
 
 from __future__ import annotations
 

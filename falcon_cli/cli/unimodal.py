@@ -29,5 +29,5 @@ def unimodal(
     Runs the data stage first when the run directory has not done it.
 
     Example: falcon unimodal --recipe shapes-demo unimodal.image_epochs=10
-    """
+    """  # noqa: E501 (Rich keeps a line break in help text: one line per paragraph)
     run_single_stage("unimodal", recipe, run_dir, overrides, overwrite=overwrite, output="results/unimodal.md")

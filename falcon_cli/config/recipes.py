@@ -47,7 +47,8 @@ that the recipe's name starts with (so the more specific prefixes come first).""
 
 
 def recipe_dirs() -> list[Path]:
-    """Directories searched for recipes by name: ``$FALCON_RECIPE_PATH`` (os.pathsep-separated), then the shipped ones."""
+    """Directories searched for recipes by name: ``$FALCON_RECIPE_PATH`` (os.pathsep-separated), then the shipped
+    ones."""
     extra = [Path(p) for p in os.environ.get("FALCON_RECIPE_PATH", "").split(os.pathsep) if p]
     return [*extra, RECIPE_DIR]
 

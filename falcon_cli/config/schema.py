@@ -63,7 +63,8 @@ Loggers = Annotated[list[LoggerName], AfterValidator(_distinct_loggers)]
 
 
 class Section(BaseModel):
-    """Base of every config section: unknown keys are errors, every field has a docstring (read by falcon_cli.field_docs, not at class creation: a fast CLI)."""
+    """Base of every config section: unknown keys are errors, every field has a docstring (read by
+    falcon_cli.field_docs, not at class creation: a fast CLI)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -222,7 +223,8 @@ class PretrainConfig(Section):
 
     # -- objectives ------------------------------------------------------------------------
     itc: Literal["grit", "momentum"] = "grit"
-    """ITC variant: ``grit`` (in-batch, soft pseudo targets, FALCON's default) or ``momentum`` (ALBEF's distillation)."""
+    """ITC variant: ``grit`` (in-batch, soft pseudo targets, FALCON's default) or ``momentum`` (ALBEF's
+    distillation)."""
     itc_consistency_weight: float | None = Field(None, ge=0.0)
     """Weight of GRIT-VLP's ITC consistency (soft pseudo target) term. None (the default) = the
     method's own (``false_negatives``): 0.2 for ``none`` (GRIT-VLP, FALCON), 0 for ``mafa``, ``srcl``,
@@ -271,7 +273,8 @@ class PretrainConfig(Section):
     progressive_end: float = Field(1.0, ge=0, le=1)
     """q of ``composer: progressive`` at the last epoch (linear in between)."""
     scheduler_level: Literal["instance", "batch"] = "instance"
-    """FALCON: one q per anchor (``instance``, the paper's default) or one per batch, drawn from its first pair's Beta."""
+    """FALCON: one q per anchor (``instance``, the paper's default) or one per batch, drawn from its first pair's
+    Beta."""
     quantile_scale: Literal["linear", "log_rank"] = "linear"
     """How a quantile composer's q picks among a step's n candidates (every composer that draws q: fixed,
     progressive, FALCON): ``linear``, the paper's, the q-quantile of their similarities (q = 0.94 of 500 is the 31st
@@ -317,14 +320,14 @@ class PretrainConfig(Section):
     ``mlm`` and ``itc+itm+mlm`` for ALBEF models, ``itg`` and ``itc+itm+itg`` for BLIP-2 (which has no MLM:
     the paper's Table 3 uses its image-grounded text generation loss), ``caption``, ``itc`` and ``itc+caption`` for
     dual encoders (``caption``: the decoder's captioning loss, SigLIP 2's reward in the later FALCON paper; ``itc``:
-    the model's contrastive loss, sigmoid or InfoNCE). ``alignment`` (ours): the rise of each pair's own image-text cosine (a false negative next to it pulls
-    its pair apart), per pair with a per-step ``scheduler_credit``. ``positive_margin`` (ours): no loss
-    decrease but each pick's similarity to its anchor, charged ``1 + reward_overshoot`` times for every bit
-    it rises above the anchor's own pair (a likely false negative); read from the training forward's
-    features (no extra pass), with ``scheduler_credit: chosen``. ``positive_margin+itm`` (ours, ALBEF and BLIP-2):
-    the positive margin less ``reward_itm_weight`` times the model's own ITM match probability of the pick with
-    its anchor (the mean over anchor image with pick caption and pick image with anchor caption), so a pick the
-    model itself believes matches its anchor (a likely false negative) pays less, at any hardness; one no-grad
+    the model's contrastive loss, sigmoid or InfoNCE). ``alignment`` (ours): the rise of each pair's own image-text
+    cosine (a false negative next to it pulls its pair apart), per pair with a per-step ``scheduler_credit``.
+    ``positive_margin`` (ours): no loss decrease but each pick's similarity to its anchor, charged
+    ``1 + reward_overshoot`` times for every bit it rises above the anchor's own pair (a likely false negative); read
+    from the training forward's features (no extra pass), with ``scheduler_credit: chosen``. ``positive_margin+itm``
+    (ours, ALBEF and BLIP-2): the positive margin less ``reward_itm_weight`` times the model's own ITM match probability
+    of the pick with its anchor (the mean over anchor image with pick caption and pick image with anchor caption), so a
+    pick the model itself believes matches its anchor (a likely false negative) pays less, at any hardness; one no-grad
     eval-mode pass of the fusion layers over the batch's 2(B - 1) chained pairs. A dual encoder has no ITM head:
     there ``positive_margin`` stands in, since its only judgement of a pair is the similarity the margin reads.
     ``positive_margin+oracle`` (ours, a diagnostic on a shapes world, every framework): the same charge with the
@@ -338,8 +341,8 @@ class PretrainConfig(Section):
     the composer's similarity S, which spans [-2, 2]): a larger margin moves every anchor's best q down."""
     reward_itm_weight: float = Field(2.0, ge=0)
     """``reward: positive_margin+itm`` (or ``+oracle``): the charge per unit of the judge's match probability of a
-    pick with its anchor (0: the positive margin alone). 2 spans the composer's similarity S (in [-2, 2]), so a pick the head is
-    sure of loses as much as the hardest pick can win."""
+    pick with its anchor (0: the positive margin alone). 2 spans the composer's similarity S (in [-2, 2]), so a pick the
+    head is sure of loses as much as the hardest pick can win."""
     reward_hardness: Literal["margin", "rank"] = "margin"
     """``reward: positive_margin+itm`` (or ``+oracle``): what a pick's hardness is worth before its judge's charge.
     ``margin``: the positive margin (its similarity to the anchor, charged past the anchor's own pair less
@@ -431,7 +434,8 @@ class PretrainConfig(Section):
     num_workers: int = Field(2, ge=0)
     """DataLoader worker processes per rank."""
     augment: Literal["pretrain", "test"] = "pretrain"
-    """Image transform: ALBEF's pretraining augmentation, or ``test`` (resize only; shapes recipes, whose captions name sizes and positions)."""
+    """Image transform: ALBEF's pretraining augmentation, or ``test`` (resize only; shapes recipes, whose captions name
+    sizes and positions)."""
     hflip: bool = True
     """Random horizontal flips in ``augment: pretrain`` (flips swap "left of" and "right of")."""
     preload_images: bool = False
@@ -726,7 +730,8 @@ class UnimodalConfig(Section):
 
 
 class EmbedConfig(Section):
-    """The ``embed`` stage: embed every pair of a dataset split with a pretrained encoder (``embeddings/embeddings.h5``)."""
+    """The ``embed`` stage: embed every pair of a dataset split with a pretrained encoder
+    (``embeddings/embeddings.h5``)."""
 
     encoder: Annotated[str, InputPath(prefixes=("falcon:", "open_clip:local-dir:"))] = "open_clip:ViT-B-32"
     """Which encoder: ``open_clip:<model name>`` (an open_clip architecture, weights from ``pretrained``)
@@ -988,7 +993,8 @@ class FinetuneConfig(Section):
 
 
 class RetrievalEvalConfig(Section):
-    """Retrieval evaluation (ALBEF's and BLIP-2's protocol): ITC similarity of all pairs, the top k re-ranked by the ITM head."""
+    """Retrieval evaluation (ALBEF's and BLIP-2's protocol): ITC similarity of all pairs, the top k re-ranked by the ITM
+    head."""
 
     models: Annotated[list[str], InputPath(keywords=("pretrained", "finetuned"))] = ["pretrained"]
     """Which weights to evaluate, one row each: ``pretrained`` (the run's latest pretraining checkpoint:

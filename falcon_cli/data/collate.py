@@ -24,7 +24,8 @@ class CaptionTokens:
     gives exactly :func:`tokenize`'s ``(input_ids, attention_mask)``: each caption truncated to ``max_length``
     tokens, padded on the right with the pad id to the batch's longest (a left-padding tokenizer: :func:`tokenize`
     itself). The memory is one int32 array per distinct caption (COCO's 567K: about 90 MB). ``fixed_length``: every
-    batch padded to ``max_length`` instead (``pretrain.graph_step``: one shape, so one captured graph, for every step)."""
+    batch padded to ``max_length`` instead (``pretrain.graph_step``: one shape, so one captured graph, for every
+    step)."""
 
     def __init__(self, tokenizer, max_length: int, *, fixed_length: bool = False):
         self.tokenizer, self.max_length, self.fixed_length = tokenizer, max_length, fixed_length

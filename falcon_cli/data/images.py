@@ -76,7 +76,8 @@ def _shard_fd(path: Path) -> int:
 
 @dataclass(frozen=True)
 class ShardImage:
-    """An image stored inside a tar shard, addressed by byte range (from the shard index, :mod:`falcon_cli.data.shards`).
+    """An image stored inside a tar shard, addressed by byte range (from the shard index,
+    :mod:`falcon_cli.data.shards`).
 
     It stands where an image path stands: ``str()`` / ``os.fspath()`` give ``shard.tar#member`` (what manifests,
     fingerprints and audit tables record), :func:`load_image` and :func:`probe_image` read it.

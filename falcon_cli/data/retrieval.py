@@ -209,7 +209,8 @@ class SplitIds:
 
 
 def ids_from_entries(records: list[dict]) -> SplitIds | None:
-    """The ids the entries carry (``image_id`` and one ``caption_ids`` item per caption); None if any entry lacks them."""
+    """The ids the entries carry (``image_id`` and one ``caption_ids`` item per caption); None if any entry lacks
+    them."""
     if not all("image_id" in rec and "caption_ids" in rec for rec in records):
         return None
     image_ids, caption_ids = [], []

@@ -374,10 +374,10 @@ def _absolute(spec, value):
 
 
 def convert_to_shards(spec, records: Sequence, out: Path, *, samples_per_shard: int = 1000) -> ShardIndex:
-    """Write a spec's pretraining pairs (``records``, from :func:`falcon_cli.data.datasets.pretrain_records`) as shards under ``out/shards`` with a ``dataset.yaml`` naming them and their
-    index (``falcon data shards``); the other sections of the spec point back at the original files. Built in a
-    temporary directory and renamed into place whole. Pair ids are kept when no pair was skipped (keys are
-    ``{pair_id:09d}``; the index numbers keys by position)."""
+    """Write a spec's pretraining pairs (``records``, from :func:`falcon_cli.data.datasets.pretrain_records`) as shards
+    under ``out/shards`` with a ``dataset.yaml`` naming them and their index (``falcon data shards``); the other
+    sections of the spec point back at the original files. Built in a temporary directory and renamed into place whole.
+    Pair ids are kept when no pair was skipped (keys are ``{pair_id:09d}``; the index numbers keys by position)."""
     raw = spec.model_dump(mode="json", exclude={"base_dir", "pretrain", "shard_index"}, exclude_none=True)
     for key in ("image_root", "shapes_world", "retrieval", "vqa", "nlvr2"):
         if key in raw:

@@ -47,7 +47,10 @@ FLAGS_FILE = Path("metrics.jsonl")
 a shapes world, a false-negative method's decisions against the oracle (``flags:precision``, ``flags:recall``,
 ``flags:i2t_precision``, ...; ``flags:weight_false`` / ``flags:weight_true`` for the methods that weight)."""
 
-FLAG_PRODUCERS = "MAFA and GloFND flag (flags:precision, flags:recall, flags:flagged), SRCL and DiHT weight (flags:weight_false, flags:weight_true)"
+FLAG_PRODUCERS = (
+    "MAFA and GloFND flag (flags:precision, flags:recall, flags:flagged), "
+    "SRCL and DiHT weight (flags:weight_false, flags:weight_true)"
+)
 
 IDENTITY_IGNORED = (
     "seed",

@@ -214,9 +214,9 @@ def coco_1k_recalls(
     """COCO 1K recall: the mean of ``recall_at_k``'s R@K over ``folds`` consecutive image folds.
 
     Images are split in order into ``folds`` equal folds (5 x 1000 on COCO 5K, in Karpathy
-    order); a fold's texts are its images' captions (``scores_t2i``: see :func:`eccv_metrics`). Keys are ``recall_at_k``'s prefixed
-    with ``coco1k_`` (``coco1k_i2t_R@1``, ``coco1k_t2i_R@5``, ``coco1k_mean_R``), in percent, each R@K with its 95%
-    interval over all the direction's queries (``coco1k_i2t_R@1_lo`` / ``_hi``).
+    order); a fold's texts are its images' captions (``scores_t2i``: see :func:`eccv_metrics`). Keys are
+    ``recall_at_k``'s prefixed with ``coco1k_`` (``coco1k_i2t_R@1``, ``coco1k_t2i_R@5``, ``coco1k_mean_R``), in percent,
+    each R@K with its 95% interval over all the direction's queries (``coco1k_i2t_R@1_lo`` / ``_hi``).
     """
     n_images, n_texts = scores_i2t.shape
     if folds < 1 or n_images % folds:

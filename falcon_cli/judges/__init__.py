@@ -41,7 +41,8 @@ def load_judge(
     run directory or checkpoint directory. ``device``, ``fp16`` (CUDA only) and
     ``batch_size`` apply to the model judges. Problems are one-line :class:`FalconError` s.
     """
-    # (lazy: each judge's module pulls its own libraries, torchvision and transformers among them; load only the one asked for)
+    # (lazy: each judge's module pulls its own libraries, torchvision and transformers among them; load only
+    # the one asked for)
     if kind == "blip":
         from falcon_cli.judges.blip import BlipJudge  # (lazy: see above)
 

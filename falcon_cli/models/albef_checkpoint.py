@@ -279,7 +279,8 @@ def albef_from_file(path: str | os.PathLike, image_size: int | None = None, what
 
 
 def is_albef_file(path: str | os.PathLike) -> bool:
-    """Whether ``path`` names a file that finetune/evaluate read as an ALBEF-layout checkpoint (``.pth``/``.pt``/``.bin``)."""
+    """Whether ``path`` names a file that finetune/evaluate read as an ALBEF-layout checkpoint
+    (``.pth``/``.pt``/``.bin``)."""
     path = Path(path).expanduser()
     return path.is_file() and path.suffix in (".pth", ".pt", ".bin", ".ckpt")
 

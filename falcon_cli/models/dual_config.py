@@ -122,7 +122,8 @@ class DualConfig(BaseModel):
 
 
 def is_coca_name(name: str | None) -> bool:
-    """Whether the open_clip model ``name`` is a CoCa, read without importing open_clip (see :attr:`DualConfig.is_coca`)."""
+    """Whether the open_clip model ``name`` is a CoCa, read without importing open_clip (see
+    :attr:`DualConfig.is_coca`)."""
     if not name:
         return False
     if name.startswith(LOCAL_DIR):

@@ -66,7 +66,8 @@ class PairEncoder(Protocol):
     """Captions -> a dict of batched tensors that :meth:`encode` accepts."""
 
     def encode(self, images: torch.Tensor, text: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Images [B, 3, H, W] and tokenised captions -> (image features [B, D], text features [B, D]), unit norm, float32."""
+        """Images [B, 3, H, W] and tokenised captions -> (image features [B, D], text features [B, D]), unit norm,
+        float32."""
         ...
 
 
@@ -86,8 +87,9 @@ class OpenClipEncoder:
     ``name`` is an architecture (``ViT-B-32``, weights from ``pretrained``: a tag or a file) or
     carries its own weights: ``local-dir:DIR`` (``DIR/open_clip_config.json`` and a weights file)
     or ``hf-hub:ORG/REPO``; for those two open_clip ignores ``pretrained``, and so does this class.
-    ``hf-hub:ORG/REPO@REV`` and ``TAG@REV`` pin a revision (:func:`~falcon_cli.models.open_clip_names.pinned_open_clip`).
-    ``checkpoint`` records what the weights were actually read from.
+    ``hf-hub:ORG/REPO@REV`` and ``TAG@REV`` pin a revision
+    (:func:`~falcon_cli.models.open_clip_names.pinned_open_clip`). ``checkpoint`` records what the weights were actually
+    read from.
     """
 
     def __init__(self, name: str, pretrained: str | None, device: torch.device):
@@ -149,7 +151,8 @@ class FalconTokenizer:
 
 
 class FalconEncoder:
-    """A falcon checkpoint (ALBEF, BLIP-2 or a dual encoder): the projected, normalised ITC features of its image and text encoders."""
+    """A falcon checkpoint (ALBEF, BLIP-2 or a dual encoder): the projected, normalised ITC features of its image and
+    text encoders."""
 
     def __init__(self, path: str | Path, device: torch.device):
         from falcon_cli.data.transforms import build_transform  # (lazy: torchvision and torch._dynamo, ~1.2 s)
@@ -220,7 +223,8 @@ def locate_falcon_checkpoint(path: str | Path) -> tuple[Path, Path | None]:
         checkpoint = latest_checkpoint(path / "checkpoints")
         if checkpoint is None:
             raise FalconError(
-                f"{path / 'checkpoints'}: no checkpoint (no 'latest' pointer); pretrain first or give a checkpoint directory"
+                f"{path / 'checkpoints'}: no checkpoint (no 'latest' pointer); "
+                "pretrain first or give a checkpoint directory"
             )
         return checkpoint, path
     raise FalconError(

@@ -113,7 +113,8 @@ def pinned_open_clip(
     repo, filename, url = _tag_hub_file(name, ref.repo, open_clip)
     if repo is None:
         raise FalconError(
-            f"{what_weights}={pretrained}: open_clip takes {name}'s {ref.repo} weights from {url or 'no hub repository'}, "
+            f"{what_weights}={pretrained}: open_clip takes {name}'s {ref.repo} weights "
+            f"from {url or 'no hub repository'}, "
             f"not the Hugging Face hub, so no revision can be pinned; drop '@{ref.revision}'"
         )
     cfg = open_clip.get_pretrained_cfg(name, ref.repo)

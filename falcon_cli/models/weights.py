@@ -95,8 +95,8 @@ def load_vision_weights(encoder: nn.Module, source: str, what: str = "vision_wei
 
     ``source`` is ``timm:<model name>`` (pretrained weights via timm: hub or its cache; ``@REVISION`` pins
     the hub repository's revision) or a local file/directory (see :func:`read_state_dict`); checkpoints
-    with a ``visual_encoder.`` prefix (ALBEF) are accepted. Position embeddings are resampled to the encoder's grid as ALBEF does
-    (:func:`~falcon_cli.models.vision.resize_pos_embed`), patch embeddings to its patch size by
+    with a ``visual_encoder.`` prefix (ALBEF) are accepted. Position embeddings are resampled to the encoder's grid as
+    ALBEF does (:func:`~falcon_cli.models.vision.resize_pos_embed`), patch embeddings to its patch size by
     timm's checkpoint filter; the classifier head is dropped.
     Missing/unexpected keys are logged on one line; an incompatible source is a FalconError.
     """

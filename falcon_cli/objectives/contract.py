@@ -2,8 +2,8 @@
 FLOP count rely on, and the parts the three objectives share, written once.
 
 An objective (ALBEF's :class:`~falcon_cli.objectives.vlp.VlpObjective`, BLIP-2's
-:class:`~falcon_cli.objectives.qformer.Blip2Objective`, a dual encoder's :class:`~falcon_cli.objectives.dual.DualObjective`)
-is a :class:`PretrainObjective`:
+:class:`~falcon_cli.objectives.qformer.Blip2Objective`, a dual encoder's
+:class:`~falcon_cli.objectives.dual.DualObjective`) is a :class:`PretrainObjective`:
 
 * ``model``: the network it trains (``encode_image`` gives ``(tokens, features)``);
 * ``false_negatives``: the false-negative method its contrastive loss runs through (plain ITC by default);

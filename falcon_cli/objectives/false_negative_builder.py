@@ -1,7 +1,8 @@
 """The run's false-negative method, built from the pretrain settings with every input checked before any
 training: MAFA's judge, SRCL's auxiliary features, GloFND's per-pair thresholds, DiHT's weights, or the
-framework's plain ITC (``false_negatives: none``, built with the objective). On a shapes world every method but the plain ITC also gets the
-oracle, so what it flags (MAFA, GloFND) or how it weights (SRCL, DiHT) can be measured against the truth."""
+framework's plain ITC (``false_negatives: none``, built with the objective). On a shapes world every method but the
+plain ITC also gets the oracle, so what it flags (MAFA, GloFND) or how it weights (SRCL, DiHT) can be measured against
+the truth."""
 
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ def build_false_negatives(
     """The run's false-negative method (``config.pretrain.false_negatives``; ``none``: None, the framework's plain
     ITC, which :func:`falcon_cli.frameworks.build_objective` supplies), every input checked now, and on a shapes
     world ``truth(pair_ids) -> bool [B, B]`` (image i truly described by caption j, off the diagonal) for the
-    methods scored against it (:data:`SCORED_METHODS`); None elsewhere. ``run``: the run directory (SRCL's default features are its
-    ``embeddings/embeddings.h5``); ``warn``: prints a warning line."""
+    methods scored against it (:data:`SCORED_METHODS`); None elsewhere. ``run``: the run directory (SRCL's default
+    features are its ``embeddings/embeddings.h5``); ``warn``: prints a warning line."""
     p = config.pretrain
     world = spec.resolve(spec.shapes_world) if spec.shapes_world is not None else None
     truth = (
@@ -127,8 +128,8 @@ def excluded_negatives(
     if oracle:  # (it holds every same-image pair too, so it stands for both)
         if spec.shapes_world is None:
             raise FalconError(
-                f"pretrain.oracle_negatives={p.oracle_negatives}: the dataset in {spec.base_dir} is not a shapes world (its "
-                "dataset.yaml names no shapes_world), so no oracle knows its false negatives; set "
+                f"pretrain.oracle_negatives={p.oracle_negatives}: the dataset in {spec.base_dir} is not a shapes world "
+                "(its dataset.yaml names no shapes_world), so no oracle knows its false negatives; set "
                 "pretrain.oracle_negatives=keep"
             )
         truth = in_batch_truth(spec.resolve(spec.shapes_world), records)  # (on the host: a diagnostic, not for speed)

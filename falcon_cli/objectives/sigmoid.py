@@ -43,7 +43,8 @@ SIGLIP_LOGIT_BIAS_INIT = -10.0
 
 
 def sigmoid_labels(n: int, device: torch.device, positive_mask: Tensor | None = None) -> Tensor:
-    """float32 [n, n] labels: +1 on the diagonal and where ``positive_mask`` (bool, rows images) is True, -1 elsewhere."""
+    """float32 [n, n] labels: +1 on the diagonal and where ``positive_mask`` (bool, rows images) is True, -1
+    elsewhere."""
     positives = torch.eye(n, dtype=torch.bool, device=device)
     if positive_mask is not None:
         positives = positives | positive_mask.to(device).bool()
@@ -133,9 +134,9 @@ def distributed_sigmoid_loss(
     negative_weights: Tensor | None = None,
 ) -> Tensor:
     """:func:`sigmoid_loss` of this rank's images against every rank's texts (module docstring): its own batch
-    (with the false-negative ``positive_mask``/``exclude``/``negative_weights`` of its own pairs), then each other rank's texts as
-    negatives, passed around the ring. Plain :func:`sigmoid_loss` without an initialised process group or
-    with one process."""
+    (with the false-negative ``positive_mask``/``exclude``/``negative_weights`` of its own pairs), then each other
+    rank's texts as negatives, passed around the ring. Plain :func:`sigmoid_loss` without an initialised process group
+    or with one process."""
     loss = sigmoid_loss(
         image_feat,
         text_feat,

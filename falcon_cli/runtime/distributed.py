@@ -65,7 +65,8 @@ def init_distributed(device_type: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> 
                 raise FalconError(
                     f"torchrun started local rank {local_rank()} but this node has "
                     f"{torch.cuda.device_count()} CUDA device(s); use --nproc_per_node "
-                    f"<= {torch.cuda.device_count()}, or set the stage's device=cpu (e.g. pretrain.device=cpu) for gloo processes"
+                    f"<= {torch.cuda.device_count()}, or set the stage's device=cpu (e.g. pretrain.device=cpu) "
+                    "for gloo processes"
                 )
             torch.cuda.set_device(local_rank())
         from datetime import timedelta
@@ -85,8 +86,9 @@ def restart_store_warning(env) -> str | None:
     """The line to warn with when torchrun may restart workers (``--max-restarts``) over the store its rendezvous
     shares with them, None otherwise. torchrun keeps that store across restarts and each agent counts its own
     restarts, so a restarted worker can read the previous attempt's addresses from it and fail to connect, or with
-    NCCL connect to a stale id (pytorch/pytorch#135712, #167288; it failed this way in tests/runtime/test_cluster_faults.py).
-    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` in torchrun's environment gives every attempt a store of its own."""
+    NCCL connect to a stale id (pytorch/pytorch#135712, #167288; it failed this way in
+    tests/runtime/test_cluster_faults.py). ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` in torchrun's environment gives
+    every attempt a store of its own."""
     if int(env.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) <= 0 or env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
     return (

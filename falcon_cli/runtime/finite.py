@@ -41,8 +41,8 @@ class NonFiniteGuard:
         skip: bool = True,
     ) -> None:
         """Record whether this step's ``loss`` (and gradient ``norm``) are finite, with the loss ``parts``
-        (in the order of the guard's names) of the first step that was not; with ``skip``, make the optimizer skip this update
-        (and every later one) on the device once any step was non-finite."""
+        (in the order of the guard's names) of the first step that was not; with ``skip``, make the optimizer skip this
+        update (and every later one) on the device once any step was non-finite."""
         bad = ~torch.isfinite(loss.detach())
         if norm is not None:
             bad = bad | ~torch.isfinite(norm.detach())

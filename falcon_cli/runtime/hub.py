@@ -258,7 +258,8 @@ def note_hub(ref: HubRef, what: str, repo: str | None = None) -> dict:
         fix = (
             f"pin it as {ref.prefix}{ref.repo}@{sha}"
             if sha
-            else f"the local cache does not say which commit it resolved to; pin it as {ref.prefix}{ref.repo}@<commit sha>"
+            else "the local cache does not say which commit it resolved to; "
+            f"pin it as {ref.prefix}{ref.repo}@<commit sha>"
         )
         log.warning("%s '%s' loaded %s from %s: %s (docs/pretraining.md, pinning hub ids)", what, ref, asked, repo, fix)
     return entry
@@ -272,7 +273,8 @@ def note_local(path: str | os.PathLike, what: str) -> dict:
 
 
 def note_url(source: str, url: str, what: str) -> dict:
-    """Note that ``source`` (a timm name, an open_clip tag) was downloaded from ``url``, not the hub (no revision there)."""
+    """Note that ``source`` (a timm name, an open_clip tag) was downloaded from ``url``, not the hub (no revision
+    there)."""
     entry = {"key": what, "source": source, "url": url}
     _sources.append(entry)
     return entry

@@ -80,7 +80,8 @@ class StepProfiler:
             else None
         )  # (kernels and copies: an operator's self time or a named range repeats them)
         head = (
-            f"{self.steps} steps from step {self.first}: {wall * 1e3 / self.steps:.2f} ms per step wall clock (profiler on)"
+            f"{self.steps} steps from step {self.first}: {wall * 1e3 / self.steps:.2f} ms per step wall clock "
+            "(profiler on)"
             + (
                 f", device busy {busy / self.steps:.2f} ms per step ({busy / (wall * 1e3):.0%})"
                 if busy is not None

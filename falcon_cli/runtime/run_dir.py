@@ -315,8 +315,8 @@ may open the same run directory again, as the tests and nested stages do)."""
 
 def acquire_lock(run_dir: Path) -> None:
     """Lock ``run_dir`` for this process: an exclusive record lock on ``run_dir/.lock``, which the OS
-    drops when the process ends (a kill never leaves a stale lock) and forked children do not inherit. A second writer gets one line
-    naming the holder's pid and command."""
+    drops when the process ends (a kill never leaves a stale lock) and forked children do not inherit. A second writer
+    gets one line naming the holder's pid and command."""
     key = str(Path(run_dir).resolve())
     if key in _HELD_LOCKS:
         _HELD_LOCKS[key][1] += 1

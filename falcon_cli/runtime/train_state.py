@@ -155,7 +155,8 @@ class TrainState:
         self.checkpoint = checkpoint
         if main:
             self.say(
-                f"resumed {self.name + ' ' if self.name else ''}from {checkpoint} (epoch {self.epoch}, step {self.step})"
+                f"resumed {self.name + ' ' if self.name else ''}from {checkpoint} "
+                f"(epoch {self.epoch}, step {self.step})"
             )
         return checkpoint
 

@@ -84,7 +84,8 @@ class Partition:
         return np.bincount(self.space_id, minlength=self.num_spaces).astype(np.int64)
 
     def columns(self, pair_ids: np.ndarray, *, epoch: int, method: str, seed: int) -> dict[str, np.ndarray]:
-        """The rows of ``search_spaces.parquet`` for this partition (``SEARCH_SPACES`` columns), sorted by space and position."""
+        """The rows of ``search_spaces.parquet`` for this partition (``SEARCH_SPACES`` columns), sorted by space and
+        position."""
         order = np.lexsort((self.position, self.space_id))
         n = len(order)
         return {
@@ -503,7 +504,8 @@ def within_space_cosines(space_id: np.ndarray, image: np.ndarray, text: np.ndarr
 
 
 def partition_summary(partitions: Mapping[str, Partition], image: np.ndarray, text: np.ndarray) -> dict[str, dict]:
-    """:func:`partition_summary_of` embeddings in memory (``image`` / ``text`` rows aligned with the partitions' pairs)."""
+    """:func:`partition_summary_of` embeddings in memory (``image`` / ``text`` rows aligned with the partitions'
+    pairs)."""
     _check_embeddings(image, text)
     return partition_summary_of(partitions, _in_memory(image, text))
 

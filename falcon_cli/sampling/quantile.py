@@ -213,9 +213,9 @@ def space_tables(
     Rows ``>= size[s]`` of space ``s`` are padding (their features are ignored). Each row's
     quantiles are taken over its ``size - 1`` real off-diagonal entries (a space of one pair
     has none: its Ŝ row is uniform). ``features``: the groups of the scheduler's input rows
-    (:class:`~falcon_cli.sampling.scheduler_features.SchedulerFeatures`; the paper's ``softmax``). Similarities are computed a panel of rows at a time, so
-    beyond the int16 order (|M| = 28,320: 1.6 GB) only ``panel_bytes`` are needed; on CPU the
-    panel's rows are sorted in cache-sized blocks, one per core at a time.
+    (:class:`~falcon_cli.sampling.scheduler_features.SchedulerFeatures`; the paper's ``softmax``). Similarities are
+    computed a panel of rows at a time, so beyond the int16 order (|M| = 28,320: 1.6 GB) only ``panel_bytes`` are
+    needed; on CPU the panel's rows are sorted in cache-sized blocks, one per core at a time.
     """
     spaces, width, _ = image.shape
     device = image.device
@@ -585,9 +585,9 @@ def compose_round(
     ``generator``, in order: one float64 uniform per active space (the batch's first pair,
     uniform over its available pairs); then, with a policy, one :func:`numpy_generator`
     seed, from which per step one :func:`sample_q` call draws for the spaces that still
-    have candidates (batch level: one call at the first step, for all active spaces). Returns per-slot columns ``[A, B]`` (A active spaces) and the scheduler record
-    ``{"s_hat": [A, k, m], "q": [A, k]}`` (k = B - 1 at instance level, 1 at batch level;
-    NaN q = step not taken).
+    have candidates (batch level: one call at the first step, for all active spaces). Returns per-slot columns
+    ``[A, B]`` (A active spaces) and the scheduler record ``{"s_hat": [A, k, m], "q": [A, k]}`` (k = B - 1 at instance
+    level, 1 at batch level; NaN q = step not taken).
 
     ``credit_levels`` (a policy at instance level: ``scheduler_credit: levels``): the record also holds, per step,
     the picks each of these q's would have made for the same anchor among the same available candidates (the
@@ -724,7 +724,6 @@ def _round_columns(
     chosen, anchor = steps["chosen"], steps["anchor"]
     go = n > 0
     taken = go.shape[1]
-    pad = batch_size - 1 - taken
 
     def column(
         values: np.ndarray, fill: float, first_slot: float, dtype=np.float32

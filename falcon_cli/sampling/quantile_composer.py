@@ -49,7 +49,8 @@ class QuantileComposer:
         source: where FALCON's q comes from when a whole epoch is composed at once (the scheduler's
             ``alpha_beta``); the on-demand path passes it to the feed instead.
         level: ``instance`` (a q per anchor) or ``batch`` (one q per batch); FALCON's ``scheduler_level``.
-        quantiles, temperature, features: the scheduler's input rows (:func:`~falcon_cli.sampling.quantile.space_tables`).
+        quantiles, temperature, features: the scheduler's input rows
+            (:func:`~falcon_cli.sampling.quantile.space_tables`).
         truth: the oracle (a shapes world): every batch then carries its view of the chained slots.
         credit_levels: FALCON's ``scheduler_credit: levels`` grid: each on-demand batch's scheduler record also
             carries every level's pick per step (:class:`~falcon_cli.sampling.quantile.QuantileSpaces`).

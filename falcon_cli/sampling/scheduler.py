@@ -408,7 +408,8 @@ class NegativeScheduler:
     def running_state(self) -> dict[str, Any]:
         """The reward baseline's and the advantage scale's running values. Under torchrun they follow this rank's own
         rewards, so they differ between ranks (φ and its optimizer do not): checkpoints keep one per rank
-        (:class:`~falcon_cli.sampling.falcon_step.FalconStep` saves them), or a resume would give every rank rank 0's."""
+        (:class:`~falcon_cli.sampling.falcon_step.FalconStep` saves them), or a resume would give every
+        rank rank 0's."""
         return {
             "baseline": self.baseline.state_dict() if self.baseline is not None else None,
             "scale": self.scale.state_dict() if self.scale is not None else None,

@@ -1,4 +1,5 @@
-"""Tests for falcon_cli.reporting.audit_figures: the false-negative audit figures are real PNGs with the right content."""
+"""Tests for falcon_cli.reporting.audit_figures: the false-negative audit figures are real PNGs with the right
+content."""
 
 from __future__ import annotations
 

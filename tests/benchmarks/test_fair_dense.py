@@ -1,5 +1,6 @@
 """benchmarks/fair_dense.py: the order and dependencies of its runs, and its report's arithmetic on a table whose
-differences are known (the runs themselves are the sweep's; tests/config/test_method_rules.py checks the arms' settings)."""
+differences are known (the runs themselves are the sweep's; tests/config/test_method_rules.py checks the arms'
+settings)."""
 
 from __future__ import annotations
 

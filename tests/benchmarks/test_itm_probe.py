@@ -31,9 +31,12 @@ def synthetic_split(
     image_codes, text_codes = torch.randn(classes, width, generator=g), torch.randn(classes, width, generator=g)
     image_tokens = image_codes[label][:, None] + 0.3 * torch.randn(images, tokens, width, generator=g)
     text_tokens = text_codes[caption_label][:, None] + 0.3 * torch.randn(2 * images, length, width, generator=g)
-    onehot = lambda y: torch.nn.functional.normalize(
-        torch.eye(classes)[y] + 0.1 * torch.randn(len(y), classes, generator=g), dim=-1
-    )
+
+    def onehot(y):
+        return torch.nn.functional.normalize(
+            torch.eye(classes)[y] + 0.1 * torch.randn(len(y), classes, generator=g), dim=-1
+        )
+
     e = SplitEmbeddings(
         image_tokens,
         onehot(label),

@@ -364,7 +364,8 @@ def test_collect_rebuilds_the_tables_and_report_from_runs_made_elsewhere_and_run
     assert "| grit | 2 | 21.5 ± 0.7 |" in page and "**+1.00 [+1.00, +1.00]** (2/2 +)" in page
     assert "2 CPU cores (cpu, fp32); 4 runs" in page  # (no "runs at a time": collected, not run here)
     assert (
-        "top 8 ITC candidates re-ranked by the ITM head (ALBEF's evaluation): uniform 25.5 ± 0.7 (FN-aware 25.5 ± 0.7); "
+        "top 8 ITC candidates re-ranked by the ITM head (ALBEF's evaluation): "
+        "uniform 25.5 ± 0.7 (FN-aware 25.5 ± 0.7); "
         "grit 24.5 ± 1.4 (FN-aware 24.5 ± 1.4, -1.00 [-7.35, +5.35] (0/2 +) against uniform)"
     ) in page
     paired = pd.read_csv(out / "paired.csv")
@@ -438,8 +439,8 @@ def test_near_miss_lines_give_each_methods_confusions_and_its_paired_difference_
     table = pd.DataFrame(rows)
     lines = sweep.near_miss_lines(table, "coco-like")
     assert (
-        "| uniform | 2 | 4.0 | 5.0 / -5.0 | 5.0 / -5.0 | 5.0 / -5.0 | 5.0 / -5.0 | 50.0 / 40.0 | 5.0 / -5.0 | 5.0 / -5.0 |"
-        in lines
+        "| uniform | 2 | 4.0 | 5.0 / -5.0 | 5.0 / -5.0 | 5.0 / -5.0 | 5.0 / -5.0 | 50.0 / 40.0 | "
+        "5.0 / -5.0 | 5.0 / -5.0 |" in lines
     )
     assert "| grit | 2 | 20.5 | " in "\n".join(lines) and "47.5 / 37.5" in "\n".join(lines)
     grit = next(line for line in lines if line.startswith("- `grit` − `uniform`"))
@@ -943,7 +944,7 @@ def test_the_epoch_table_sets_each_epochs_composition_beside_the_r1_scored_after
     assert list(pd.read_csv(csv)["R@1"]) == [15.0, 30.0]
 
 
-def test_a_run_scores_its_training_pairs_while_its_checkpoints_are_there_and_the_report_sets_them_beside_a_perfect_model(
+def test_a_run_scores_its_training_pairs_while_its_checkpoints_exist_and_the_report_sets_them_beside_a_perfect_model(
     tmp_path, monkeypatch
 ):
     import dataclasses
@@ -988,7 +989,7 @@ def test_a_run_scores_its_training_pairs_while_its_checkpoints_are_there_and_the
     assert calls == []  # scored once
     assert (row["train_t2i_R@1"], row["train_perfect_t2i_R@1"], row["train_images"]) == (61.0, 27.5, 300)
     table = pd.DataFrame([{**row, "method": "grit", "seed": 0}])
-    (line,) = [l for l in sweep.memorisation_lines(table, "coco-like") if l]
+    (line,) = [text for text in sweep.memorisation_lines(table, "coco-like") if text]
     assert (
         "300 training images" in line
         and "scores 27.5 there" in line
@@ -996,7 +997,7 @@ def test_a_run_scores_its_training_pairs_while_its_checkpoints_are_there_and_the
     )
     assert sweep.memorisation_lines(table, "dense") == []
     older = table.assign(**{"train_perfect_t2i_R@1": None})  # scored before the results carried the perfect model's
-    (line,) = [l for l in sweep.memorisation_lines(older, "coco-like") if l]
+    (line,) = [text for text in sweep.memorisation_lines(older, "coco-like") if text]
     assert "perfect" not in line and "grit 61.0 ± 0.0 on them" in line
 
 

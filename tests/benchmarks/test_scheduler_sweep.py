@@ -220,7 +220,8 @@ def test_write_report_rewrites_only_its_own_block_and_names_its_files_after_it(t
     page = tmp_path / "docs" / "results.md"
     page.parent.mkdir()
     page.write_text(
-        "<!-- scheduler:begin -->\nissue 20\n<!-- scheduler:end -->\n\n<!-- frontier:begin -->\nold\n<!-- frontier:end -->\n"
+        "<!-- scheduler:begin -->\nissue 20\n<!-- scheduler:end -->\n\n"
+        "<!-- frontier:begin -->\nold\n<!-- frontier:end -->\n"
     )
     sweep.write_report(
         page, out, table, sweep.BUDGETS["learning"], "learning", "the command", 2, 3, figure, block_name="frontier"

@@ -98,7 +98,8 @@ def test_falcon_run_with_a_relative_run_dir(work):
 
 
 def test_readers_from_another_working_directory(work):
-    """The run's recorded dataset and checkpoints are found from elsewhere; a checkpoint named by a relative path too."""
+    """The run's recorded dataset and checkpoints are found from elsewhere; a checkpoint named by a relative path
+    too."""
     elsewhere, run = work / "elsewhere", "../work/runs/demo"
     latest = (work / "work" / "runs" / "demo" / "checkpoints" / "latest").read_text().strip()
     ok(

@@ -121,7 +121,10 @@ def test_counts_are_exact(text, expected):
     assert truth(text) == expected
 
 
-FULL_A = "three shapes: a large red circle in the top left, a small blue square in the center and a large green triangle in the bottom right"
+FULL_A = (
+    "three shapes: a large red circle in the top left, a small blue square in the center and a large green triangle "
+    "in the bottom right"
+)
 
 
 @pytest.mark.parametrize(
@@ -132,7 +135,8 @@ FULL_A = "three shapes: a large red circle in the top left, a small blue square 
         # asserts the exact object count: a true subset of the objects is not enough
         ("two shapes: a large red circle in the top left and a small blue square in the center", set()),
         (
-            "three shapes: a large red circle in the top left, a small blue square in the center and a small green triangle in the bottom right",
+            "three shapes: a large red circle in the top left, a small blue square in the center and a small green "
+            "triangle in the bottom right",
             set(),
         ),
         ("one shape: a large yellow diamond in the center", {"C"}),

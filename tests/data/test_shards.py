@@ -1,4 +1,5 @@
-"""Webdataset shards read by pair id: the index, its checks, the CLI, and training that cannot tell shards from files."""
+"""Webdataset shards read by pair id: the index, its checks, the CLI, and training that cannot tell shards from
+files."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """`pretrain.graph_step`: the step captured whole, checked on the CPU.
 
 * Dynamo captures ALBEF's forward and every loss with 0 graph breaks, for the plain ITC, DiHT, GloFND, the momentum
-  ITC, SRCL, sampled ITM negatives and the same-image mask (the composers only choose which pairs come in: the step is the
-  same for all of them; FALCON's whole run is the CLI test below).
+  ITC, SRCL, sampled ITM negatives and the same-image mask (the composers only choose which pairs come in: the step
+  is the same for all of them; FALCON's whole run is the CLI test below).
 * The captured step computes what the eager one does (losses and every gradient, within 1e-5).
 * The pieces that make its shapes fixed equal what they replace: MLM weighting its masked positions, ITM negatives
   drawn from uniforms, captions padded to one length.

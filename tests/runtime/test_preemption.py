@@ -1,8 +1,9 @@
 """Preemption (falcon_cli/runtime/preemption.py): the signal becomes a stop after the step, a second signal or the
 end of the grace period an exit at once, with the previous checkpoint whole; SLURM time-limit notices requeue.
 
-The end-to-end runs are beside the tests they compare with: a preempted FALCON run in tests/stages/test_pretrain.py, a
-preempted fine-tuning in tests/stages/test_finetune_evaluate.py, two torchrun processes in tests/runtime/test_multinode.py."""
+The end-to-end runs are beside the tests they compare with: a preempted FALCON run in tests/stages/test_pretrain.py,
+a preempted fine-tuning in tests/stages/test_finetune_evaluate.py, two torchrun processes in
+tests/runtime/test_multinode.py."""
 
 from __future__ import annotations
 

@@ -43,7 +43,10 @@ def replay(batches, shuffled, width, image, text, world):
         used.add(ids[0])
         for t in range(1, len(ids)):
             anchor, chosen = int(batch.anchor_pair_id[t]), ids[t]
-            fn = lambda j: bool(world[anchor - FIRST_ID, j - FIRST_ID] or world[j - FIRST_ID, anchor - FIRST_ID])
+
+            def fn(j):
+                return bool(world[anchor - FIRST_ID, j - FIRST_ID] or world[j - FIRST_ID, anchor - FIRST_ID])
+
             left = [j for j in space if j not in used]
             sim = {
                 j: float(image[anchor - FIRST_ID] @ text[j - FIRST_ID] + text[anchor - FIRST_ID] @ image[j - FIRST_ID])

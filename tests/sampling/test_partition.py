@@ -192,8 +192,9 @@ def test_false_negatives_in_spaces_count_other_pairs_captions_true_of_the_image(
     # pairs (image, caption): 0:(0,0) 1:(1,1) 2:(2,2) 3:(3,3) 4:(0,4); spaces {0, 1, 4} and {2, 3}
     partition = Partition(np.array([0, 0, 1, 1, 0]), np.array([0, 1, 0, 1, 2]))
     got = false_negatives_in_spaces(partition, [0, 1, 2, 3, 0], [0, 1, 2, 3, 4], TableOracle())
-    # pair 0: captions 1 and 4 describe image 0 -> 2; pair 1: caption 4 -> 1; pair 4: captions 0 (same image) and 1 -> 2;
-    # pair 2: caption 3 -> 1; pair 3: caption 2 does not describe image 3 -> 0
+    # pair 0: captions 1 and 4 describe image 0 -> 2; pair 1: caption 4 -> 1;
+    # pair 4: captions 0 (same image) and 1 -> 2; pair 2: caption 3 -> 1;
+    # pair 3: caption 2 does not describe image 3 -> 0
     assert got == {
         "pairs": 5,
         "mean_false_negatives": 1.2,

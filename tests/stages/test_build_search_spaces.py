@@ -197,7 +197,8 @@ def test_bad_input_is_one_line(inputs, built, tmp_path, override, message):
 
 
 def test_run_embeddings_by_default_random_method_and_no_oracle_elsewhere(inputs, tmp_path):
-    """In-process: the run's embeddings/embeddings.h5 is read by default; a dataset without an oracle skips the density."""
+    """In-process: the run's embeddings/embeddings.h5 is read by default; a dataset without an oracle skips the
+    density."""
     from stages import run_stages
 
     plain = tmp_path / "plain"

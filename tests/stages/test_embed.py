@@ -234,7 +234,8 @@ def test_unreadable_images_are_skipped_and_counted_or_stop_the_stage(falcon_sour
     result = json.loads((tmp_path / "skip" / "manifest.json").read_text())["stages"]["embed"]["result"]
     assert result["images_unreadable"] == result["images_failed"] == affected
 
-    # Under on_missing=fail the same image stops the stage with one line naming it (the data stage's report precedes it).
+    # Under on_missing=fail the same image stops the stage with one line naming it (the data stage's report precedes
+    # it).
     proc = run_cli(
         *embed_args(tmp_path / "fail", copy, f"embed.encoder=falcon:{falcon_source}", "data.on_missing=fail")
     )

@@ -239,7 +239,7 @@ def test_a_rerun_without_resume_is_refused_and_a_fresh_start_replaces_the_old_hi
     assert run_cli(*args, "--overwrite").returncode == 0
     again = [(r["step"], r["loss"]) for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r]
     assert [s for s, _ in again] == [s for s, _ in reference]
-    assert [l for _, l in again] == pytest.approx([l for _, l in reference], rel=1e-5)
+    assert [loss for _, loss in again] == pytest.approx([loss for _, loss in reference], rel=1e-5)
     # killed before the first checkpoint: only metrics lines, no checkpoint; --resume starts from scratch
     shutil.rmtree(run_dir / "checkpoints")
     proc = run_cli(*args, "--resume")
@@ -857,7 +857,7 @@ def test_audit_refuses_embeddings_of_another_dataset(falcon_run, tmp_path):
 
 
 # --- false-negative methods from the command line (two short epochs each). DiHT and SRCL change only the ITC
-# (tests/objectives/test_vlp_objective.py); SRCL's input is checked below, in process. -----------------------------------
+# (tests/objectives/test_vlp_objective.py); SRCL's input is checked below, in process. ---------------------------------
 FN_METHODS = {
     "mafa": ["pretrain.false_negatives=mafa", "pretrain.mafa.judge=oracle"],
     "glofnd": [
@@ -1047,11 +1047,14 @@ def test_preloaded_images_train_exactly_like_per_step_decoding(world, reference_
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "preloaded 32 images" in proc.stdout + proc.stderr
-    losses = lambda run: [
-        (r["step"], r["loss"], r["itc"], r["itm"], r["mlm"])  # noqa: E731
-        for r in read_metrics(run / "metrics.jsonl")
-        if "loss" in r
-    ]
+
+    def losses(run):
+        return [
+            (r["step"], r["loss"], r["itc"], r["itm"], r["mlm"])  # noqa: E731
+            for r in read_metrics(run / "metrics.jsonl")
+            if "loss" in r
+        ]
+
     assert losses(run_dir) == losses(reference_run)
 
 

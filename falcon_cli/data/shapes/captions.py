@@ -200,7 +200,8 @@ def _kind_schedule(n: int, weights: list[float], rng: random.Random) -> list[int
 def _new_form(
     kind: str, objects: list[dict], rng: random.Random, min_attributes: int, seen: set[str], attempts: int = 12
 ):
-    """A form of ``kind`` not in ``seen`` if one turns up within ``attempts`` draws (else the last one drawn), and its key."""
+    """A form of ``kind`` not in ``seen`` if one turns up within ``attempts`` draws (else the last one drawn), and its
+    key."""
     for _attempt in range(attempts):
         lf = sample_form(kind, objects, rng, min_attributes)
         key = lfs.form_key(lf)

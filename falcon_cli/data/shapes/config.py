@@ -86,7 +86,8 @@ class ShapesConfig(_Section):
     """Everything that determines a shapes world; the same config gives byte-identical files."""
 
     preset: Optional[Literal["coco-like", "medium", "dense"]] = None
-    """A named false-negative regime (``coco-like``, ``medium``, ``dense``; see ``presets.py`` and docs/shapes.md): sets the caption mix, caption detail, objects per scene, vocabulary and near misses, unless given next to it."""
+    """A named false-negative regime (``coco-like``, ``medium``, ``dense``; see ``presets.py`` and docs/shapes.md): sets
+    the caption mix, caption detail, objects per scene, vocabulary and near misses, unless given next to it."""
     images: int = Field(2000, ge=6)
     """Number of images (scenes) in the world, over all splits."""
     seed: int = Field(0, ge=0)
@@ -98,9 +99,11 @@ class ShapesConfig(_Section):
     max_objects: int = Field(4, ge=1, le=9)
     """Most objects in an image (at most 9: one per grid cell)."""
     num_colors: int = Field(6, ge=2, le=len(COLORS))
-    """How many colours the world uses: the first N of red, green, blue, yellow, purple, orange, pink, cyan, white, brown."""
+    """How many colours the world uses: the first N of red, green, blue, yellow, purple, orange, pink, cyan, white,
+    brown."""
     num_shapes: int = Field(4, ge=2, le=len(SHAPES))
-    """How many shapes the world uses: the first N of circle, square, triangle, diamond, star, hexagon, cross, pentagon."""
+    """How many shapes the world uses: the first N of circle, square, triangle, diamond, star, hexagon, cross,
+    pentagon."""
     paraphrase_prob: float = Field(0.2, ge=0, le=1)
     """Probability that each word slot of a caption uses a synonym ("ball" for circle, "crimson" for red)."""
     caption_mix: CaptionMix = CaptionMix()
@@ -108,23 +111,33 @@ class ShapesConfig(_Section):
     captions_per_image: int = Field(5, ge=1, le=20)
     """Captions per image (kinds drawn without replacement while enough kinds are enabled)."""
     train_captions_per_image: Optional[int] = Field(None, ge=1, le=20)
-    """Captions kept per training image: the first N of the ``captions_per_image`` drawn for it (in the order ``scene_captions`` shuffles them into), so the kept ones follow the same mix. Val and test images keep all. None: all. 1 makes a training batch hold each image once, as in CC3M and the other web corpora the papers pretrain on, where another caption of the anchor's own image, a false negative by construction, is rare."""
+    """Captions kept per training image: the first N of the ``captions_per_image`` drawn for it (in the order
+    ``scene_captions`` shuffles them into), so the kept ones follow the same mix. Val and test images keep all. None:
+    all. 1 makes a training batch hold each image once, as in CC3M and the other web corpora the papers pretrain on,
+    where another caption of the anchor's own image, a false negative by construction, is rare."""
     scene_captions: int = Field(0, ge=0, le=20)
-    """How many of each image's captions are whole-scene descriptions, each listing the objects in another order (as each of COCO's five captions describes the whole image); at most the scene's orderings (2 for two objects, 6 for three) and ``captions_per_image``; the other captions follow ``caption_mix``. 0: whole-scene descriptions only as ``caption_mix`` draws them (one per scene)."""
+    """How many of each image's captions are whole-scene descriptions, each listing the objects in another order (as
+    each of COCO's five captions describes the whole image); at most the scene's orderings (2 for two objects, 6 for
+    three) and ``captions_per_image``; the other captions follow ``caption_mix``. 0: whole-scene descriptions only as
+    ``caption_mix`` draws them (one per scene)."""
     splits: SplitFractions = SplitFractions()
     """Fractions of images in train / val / test."""
     vqa_questions_per_image: int = Field(3, ge=0, le=10)
     """VQA questions per image (colour, shape, size, count, existence, colour-at-position)."""
     vqa_answer_variation: float = Field(0.2, ge=0, le=0.4)
-    """Probability that each of the 10 human answers uses a synonym ("crimson", "two" for "2"); the canonical answer stays the majority."""
+    """Probability that each of the 10 human answers uses a synonym ("crimson", "two" for "2"); the canonical answer
+    stays the majority."""
     nlvr2_statements_per_image: float = Field(1.0, ge=0, le=20)
     """NLVR2 statements per split = this x images in the split, rounded up to an even number (half True, half False)."""
     background_noise: float = Field(0.03, ge=0, le=0.5)
     """Standard deviation of Gaussian noise on background pixels, as a fraction of full intensity (0 = plain)."""
     near_misses: int = Field(0, ge=0, le=8)
-    """Near misses per drawn scene: scenes that differ from it in one thing (an object's colour, shape or size, an object's cell, or two objects swapped). A scene and its near misses form a family that shares a split; they are the hard negatives of each other, and the false negatives where a caption does not mention the difference."""
+    """Near misses per drawn scene: scenes that differ from it in one thing (an object's colour, shape or size, an
+    object's cell, or two objects swapped). A scene and its near misses form a family that shares a split; they are the
+    hard negatives of each other, and the false negatives where a caption does not mention the difference."""
     min_attributes: int = Field(0, ge=0, le=3)
-    """Fewest of size / colour / shape that the object descriptions of relation and position captions name (0: as drawn, relations 1-3 per object and positions 0-3; higher makes captions more specific and false negatives rarer)."""
+    """Fewest of size / colour / shape that the object descriptions of relation and position captions name (0: as drawn,
+    relations 1-3 per object and positions 0-3; higher makes captions more specific and false negatives rarer)."""
 
     @model_validator(mode="before")
     @classmethod

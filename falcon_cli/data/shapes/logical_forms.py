@@ -103,7 +103,8 @@ def normalize(lf: dict | str) -> dict:
         raise FalconError(f"logical form: type {kind!r} is not one of {', '.join(FORM_TYPES)}")
     if set(lf) != expected[kind]:
         raise FalconError(
-            f"logical form of type '{kind}' needs exactly the keys {', '.join(sorted(expected[kind]))}, got {', '.join(sorted(lf))}"
+            f"logical form of type '{kind}' needs exactly the keys {', '.join(sorted(expected[kind]))}, "
+            f"got {', '.join(sorted(lf))}"
         )
     if kind == "exists":
         return exists(_normalize_description(lf["object"], "object"))

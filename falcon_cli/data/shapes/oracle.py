@@ -346,7 +346,8 @@ class ShapesOracle:
         caption_rows = self.caption_rows(caption_ids)
         if image_rows.shape != caption_rows.shape:
             raise FalconError(
-                f"shapes oracle: matches() needs as many image ids as caption ids ({image_rows.size} vs {caption_rows.size})"
+                f"shapes oracle: matches() needs as many image ids as caption ids "
+                f"({image_rows.size} vs {caption_rows.size})"
             )
         forms = self.caption_form[caption_rows]
         order = np.argsort(forms, kind="stable")

@@ -42,7 +42,8 @@ class WorldPreset:
 
 
 _NEAR_MISS_SCENES = {"min_objects": 2, "max_objects": 4, "num_colors": 8, "num_shapes": 6, "near_misses": 3}
-"""The scenes of the two sparse regimes: 2-4 objects from a larger vocabulary, each drawn scene with three near misses."""
+"""The scenes of the two sparse regimes: 2-4 objects from a larger vocabulary, each drawn scene with three near
+misses."""
 _WEB_PAIRS = {"train_captions_per_image": 1}
 """Training pairs of the two sparse regimes: one caption per training image (its captions' first, so the same mix as
 the test split's), as in the web corpora the papers pretrain on, so a batch never holds the anchor's own image twice."""
@@ -53,15 +54,18 @@ _SCENE_CAPTIONS = {"attribute": 0.0, "combination": 0.0, "position": 0.0, "relat
 
 PRESETS: dict[str, WorldPreset] = {
     "coco-like": WorldPreset(
-        "four whole-scene captions and one relation per image, one of them kept per training image: a random negative is false ~0.02% of the time (COCO: ~0.15%); near misses are the hard negatives",
+        "four whole-scene captions and one relation per image, one of them kept per training image: a random negative "
+        "is false ~0.02% of the time (COCO: ~0.15%); near misses are the hard negatives",
         {**_NEAR_MISS_SCENES, **_WEB_PAIRS, "min_attributes": 3, "caption_mix": _SCENE_CAPTIONS, "scene_captions": 4},
     ),
     "medium": WorldPreset(
-        "the same scenes with broader captions (objects named by 1-3 attributes), one per training image: a random negative is false ~3.3% of the time",
+        "the same scenes with broader captions (objects named by 1-3 attributes), one per training image: "
+        "a random negative is false ~3.3% of the time",
         {**_NEAR_MISS_SCENES, **_WEB_PAIRS, "min_attributes": 1, "caption_mix": _SPECIFIC_KINDS},
     ),
     "dense": WorldPreset(
-        "the default world (every caption kind, 1-4 objects, 6 colours, 4 shapes): a random negative is false ~18% of the time",
+        "the default world (every caption kind, 1-4 objects, 6 colours, 4 shapes): "
+        "a random negative is false ~18% of the time",
         {
             "min_objects": 1,
             "max_objects": 4,

@@ -109,7 +109,8 @@ def _exists_question(description: dict) -> str:
 
 
 def _question(kind: str, objects: list[dict], rng: random.Random, num_shapes: int, num_colors: int):
-    """One question of ``kind`` as ``(text, canonical answer)``, or for existence ``{"yes": ..., "no": ...}``; None if not askable."""
+    """One question of ``kind`` as ``(text, canonical answer)``, or for existence ``{"yes": ..., "no": ...}``; None if
+    not askable."""
     if kind == "color":
         options = _unique_descriptions(objects, [("shape",), ("size", "shape")])
         if not options:

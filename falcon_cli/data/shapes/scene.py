@@ -53,7 +53,8 @@ class SceneArrays:
 
     @classmethod
     def from_objects(cls, scenes: list[list[dict]]) -> "SceneArrays":
-        """Build from object lists (``{"shape", "color", "size", "position"}`` names, as :func:`scene_objects` gives)."""
+        """Build from object lists (``{"shape", "color", "size", "position"}`` names, as :func:`scene_objects`
+        gives)."""
         n = len(scenes)
         arrays = [np.full((n, NUM_CELLS), EMPTY, dtype=np.int8) for _ in range(3)]
         for i, objects in enumerate(scenes):
@@ -139,7 +140,8 @@ def near_miss(
 
 
 def scene_objects(shape_row: np.ndarray, color_row: np.ndarray, size_row: np.ndarray) -> list[dict]:
-    """One scene as a list of objects in cell order: ``{"shape", "color", "size", "position", "row", "col", "cell"}``."""
+    """One scene as a list of objects in cell order:
+    ``{"shape", "color", "size", "position", "row", "col", "cell"}``."""
     objects = []
     for cell in range(NUM_CELLS):
         if shape_row[cell] == EMPTY:

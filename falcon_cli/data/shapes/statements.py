@@ -52,18 +52,18 @@ _CANONICAL = _WordChooser(None, 0.0)
 
 def statement_truth(statement: dict, left_count: int, right_count: int) -> bool:
     """Truth of a statement given how many objects match its description in each image."""
-    l, r = left_count, right_count
+    left, right = left_count, right_count
     template = statement["template"]
     return {
-        "both": lambda: l > 0 and r > 0,
-        "exactly_one": lambda: (l > 0) != (r > 0),
-        "neither": lambda: l == 0 and r == 0,
-        "left": lambda: l > 0,
-        "right": lambda: r > 0,
-        "more": lambda: l > r,
-        "fewer": lambda: l < r,
-        "same": lambda: l == r,
-        "total": lambda: l + r == statement["count"],
+        "both": lambda: left > 0 and right > 0,
+        "exactly_one": lambda: (left > 0) != (right > 0),
+        "neither": lambda: left == 0 and right == 0,
+        "left": lambda: left > 0,
+        "right": lambda: right > 0,
+        "more": lambda: left > right,
+        "fewer": lambda: left < right,
+        "same": lambda: left == right,
+        "total": lambda: left + right == statement["count"],
     }[template]()
 
 

@@ -123,8 +123,9 @@ class WorldSummary:
         repeats = self.duplicate_captions.get("same_logical_form", 0)
         if repeats:
             console.print(
-                f"[yellow]note[/]: {repeats:,} caption(s) on {self.duplicate_captions['images']:,} image(s) repeat another "
-                f"caption of the same image in meaning ({self.duplicate_captions['same_text']:,} word for word); "
+                f"[yellow]note[/]: {repeats:,} caption(s) on {self.duplicate_captions['images']:,} image(s) "
+                f"repeat another caption of the same image in meaning "
+                f"({self.duplicate_captions['same_text']:,} word for word); "
                 "each such pair is the other's false negative (see docs/shapes.md, Duplicate captions)"
             )
 
