@@ -1,6 +1,7 @@
 # falcon: the two set-up commands (each creates .venv if missing).
-#   make demo   install everything, then run the shapes-world demo on CPU
-#   make test   install everything, then run the whole test suite
+#   make demo       install everything, then run the shapes-world demo on CPU
+#   make test       install everything, then ruff and every test but the slow tier (at most 10 minutes on 2 cores)
+#   make test-all   the same with the slow tier (torchrun jobs, compile, the longest CLI runs): what CI runs
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -9,7 +10,7 @@ BIN    := $(VENV)/bin
 export PIP_FIND_LINKS :=
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test install clean
+.PHONY: demo test test-all lint install clean
 
 install: $(VENV)/.installed
 
@@ -22,7 +23,14 @@ $(VENV)/.installed: pyproject.toml
 demo: install
 	$(BIN)/falcon run --recipe shapes-demo --run-dir runs/shapes-demo --overwrite
 
-test: install
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow"
+
+test-all: lint
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 clean:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # (a benchmark's smoke run: `make test-all`)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -108,6 +108,7 @@ def _sharded(rank: int, out: str, k: int) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # (two processes: `make test-all`)
 def test_sharded_scores_equal_single_process(tmp_path):
     mp.spawn(_sharded, args=(str(tmp_path), 3), nprocs=2, join=True)
     model, e = _tiny_split(5, 9)

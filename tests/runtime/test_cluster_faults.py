@@ -35,6 +35,8 @@ from tests.torchrun_nodes import (
     worker,
 )
 
+pytestmark = pytest.mark.slow  # (torchrun jobs: `make test-all`)
+
 TIMEOUT = 20
 """``pretrain.dist_timeout`` of these runs (seconds)."""
 MARGIN = 25

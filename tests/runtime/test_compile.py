@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from falcon_cli.models.registry import create_model
+
+pytestmark = pytest.mark.slow  # (torch.compile: `make test-all`)
 
 
 def test_compiled_encoders_match_eager_and_keep_parameter_names():

@@ -8,10 +8,13 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from falcon_cli.runtime.metrics import read_metrics
 from tests.conftest import REPO
 from tests.stages.test_pretrain import TINY
+
+pytestmark = pytest.mark.slow  # (torchrun jobs: `make test-all`)
 
 
 def test_two_process_ddp_run(tmp_path):

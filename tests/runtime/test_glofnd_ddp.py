@@ -9,6 +9,8 @@ import torch.multiprocessing as mp
 
 from falcon_cli.objectives.false_negatives import Glofnd, StepContext
 
+pytestmark = pytest.mark.slow  # (two processes: `make test-all`)
+
 PAIRS = torch.arange(0, 40, 3)  # 14 pair ids, not contiguous
 
 

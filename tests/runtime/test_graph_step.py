@@ -24,6 +24,8 @@ from falcon_cli.objectives import false_negatives as methods
 from falcon_cli.objectives.mlm import IGNORE_INDEX, MlmMask, mlm_loss
 from falcon_cli.runtime.graph_step import TrainingForward
 
+pytestmark = pytest.mark.slow  # (torch.compile: `make test-all`)
+
 B, L, VOCAB, PAIRS = 6, 10, 120, 40
 
 

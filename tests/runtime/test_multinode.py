@@ -14,6 +14,8 @@ import torch
 from falcon_cli.runtime.metrics import read_metrics
 from tests.torchrun_nodes import finish, free_port, kill_node, launch_nodes, one_node_reference, pretrain_args
 
+pytestmark = pytest.mark.slow  # (torchrun jobs: `make test-all`)
+
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):

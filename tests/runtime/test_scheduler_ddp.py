@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from falcon_cli.sampling.scheduler import NegativeScheduler
+
+pytestmark = pytest.mark.slow  # (two processes: `make test-all`)
 
 
 def record(seed: int) -> dict[str, torch.Tensor]:

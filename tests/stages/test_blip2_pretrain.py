@@ -131,6 +131,7 @@ def test_the_audit_judges_with_a_blip2_runs_own_itm_head(falcon_run, tmp_path):
     assert audit["oracle"].notna().all(), "the shapes oracle's verdict beside the judge's"
 
 
+@pytest.mark.slow  # (two processes under torchrun: `make test-all`)
 def test_two_gloo_processes_train_blip2(tmp_path):
     proc = run_torchrun(
         args(

@@ -157,6 +157,7 @@ def test_the_audit_refuses_a_checkpoint_judge_without_an_itm_head(falcon_run, tm
     assert "ITM" in proc.stderr, proc.stderr[-1000:]
 
 
+@pytest.mark.slow  # (two processes under torchrun: `make test-all`)
 def test_two_gloo_processes_train_a_dual_encoder_with_the_sigmoid_exchange(tmp_path):
     proc = run_torchrun(
         args(

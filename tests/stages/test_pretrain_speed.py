@@ -16,6 +16,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import pretrain_speed  # noqa: E402
 
 
+@pytest.mark.slow  # (a benchmark's smoke run: `make test-all`)
 def test_a_smoke_run_measures_the_stage_and_writes_the_report(tmp_path):
     out = tmp_path / "speed"
     proc = subprocess.run(
