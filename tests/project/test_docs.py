@@ -4,6 +4,7 @@ CHANGELOG is a list of versioned releases whose newest is the package's version.
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -51,5 +52,15 @@ def test_the_changelog_is_versioned_releases_the_newest_being_the_packages_versi
     assert releases[0].group(1) == falcon_cli.__version__
     pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
     assert f'version = "{falcon_cli.__version__}"' in pyproject
+    # Each release names its commit on the line under its heading (git tags do not travel with a clone); where the
+    # history is here (not a shallow clone), that commit is the release: its pyproject.toml has the version.
+    shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=ROOT, capture_output=True, text=True)
+    for release in re.finditer(r"^## \[(\d+\.\d+\.\d+)\] - \S+\n\nCommit `([0-9a-f]{7,40})`", text, flags=re.M):
+        version, commit = release.groups()
+        if shallow.returncode == 0 and shallow.stdout.strip() == "false":
+            old = subprocess.run(["git", "show", f"{commit}:pyproject.toml"], cwd=ROOT, capture_output=True, text=True)
+            assert old.returncode == 0 and f'version = "{version}"' in old.stdout, (version, commit, old.stderr)
+    named = re.findall(r"^## \[(\d+\.\d+\.\d+)\] - \S+\n\nCommit `[0-9a-f]{7,40}`", text, flags=re.M)
+    assert named == [r.group(1) for r in releases], f"a release without its commit on the line under it: {named}"
     for section in re.findall(r"^### (.+)$", text, flags=re.M):
         assert section in {"Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"}, section
