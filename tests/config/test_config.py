@@ -165,7 +165,7 @@ def test_each_method_trains_its_papers_itc_consistency_weight():
     assert (p.composer, p.itc_consistency_weight) == ("falcon", 0.0)
     # ... and back: a baseline recipe switched to plain ITC trains GRIT's term again
     assert load_recipe("coco-albef-glofnd", ["pretrain.false_negatives=none"])[0].pretrain.itc_consistency_weight == 0.2
-    from falcon_cli.config.schema import ITC_CONSISTENCY_WEIGHT
+    from falcon_cli.method_weights import ITC_CONSISTENCY_WEIGHT
 
     assert ITC_CONSISTENCY_WEIGHT == PAPER_CONSISTENCY_WEIGHT
 
