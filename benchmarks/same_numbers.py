@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 TIMING = ("elapsed_s", "pairs_per_s", "peak_memory_mib", "seconds", "time", "start", "end")
-WHERE = ("checkpoint", "run", "path")
+WHERE = ("checkpoint", "run", "path", "weights")
 """Keys that name a run's own directory, not a number it computed."""
 
 

@@ -26,8 +26,9 @@ process; scoring is sharded across the processes).
 from __future__ import annotations
 
 import itertools
+import math
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NoReturn
 
 import torch
 from rich.markup import escape
@@ -72,6 +73,7 @@ from falcon_cli.runtime.progress import log_epoch, track
 from falcon_cli.runtime.run_dir import RunDirectory
 from falcon_cli.runtime.seeding import seed_everything
 from falcon_cli.runtime.train_state import Generators, GlobalRng, TrainState, refuse_training_over
+from falcon_cli.runtime.update import UpdateStep
 
 console = make_console(stderr=True)
 
@@ -255,6 +257,7 @@ def finetune_nlvr2(ctx: Context, start: Path) -> dict:
             warmup_lr=t.warmup_lr,
             warmup_steps=0,
             weight_decay=t.weight_decay,
+            grad_clip=t.grad_clip,
             batch_size=t.ta_batch_size,
             image_size=t.ta_image_size,
             max_steps_per_epoch=t.ta_max_steps,
@@ -388,6 +391,18 @@ def fit(
     )
     optimizer = build_optimizer(trainable, t.lr, t.weight_decay)
     scaler = grad_scaler(ctx.precision, device)
+    task = name.split("/")[0]
+
+    def stop(bad: dict) -> NoReturn:  # (a non-finite step: the run stops, nothing saved since the last epoch's end)
+        what = f"loss is {bad['loss']}" if not math.isfinite(bad["loss"]) else f"the gradient norm is {bad['norm']}"
+        raise FalconError(
+            f"finetune {name}: {what} at epoch {bad['epoch']}, step {bad['step']}; lower finetune.{task}.lr"
+            + ("" if t.grad_clip is not None else f", set finetune.{task}.grad_clip=1.0")
+            + " or use precision=fp32"
+        )
+
+    # Backward, clipping, the non-finite guard on the device, the optimizer (the same step as every loop's).
+    update = UpdateStep(trainable, optimizer, scaler, ctx.precision, grad_clip=t.grad_clip, stop=stop)
     metrics = MetricsLog(
         out / "metrics.jsonl",
         RunLoggers(
@@ -452,22 +467,17 @@ def fit(
             batch = {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
             with ctx.autocast():
                 loss, parts = runner(batch, epoch, index, steps)
-            if not torch.isfinite(loss):
-                raise FalconError(
-                    f"finetune {name}: loss is {loss.item()} at epoch {epoch}, step {step}; "
-                    f"lower finetune.{name.split('/')[0]}.lr or use precision=fp32"
-                )
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
+            logged = (step + 1) % f.log_every == 0 or index == steps - 1  # (the verdict is read where the loop syncs)
+            update(loss, parts, epoch, step, sync=logged)
             step += 1
             D.note_step(epoch, step)  # (under torchrun: the line a lost rank's peers print names this step)
-            if step % f.log_every == 0 or index == steps - 1:
+            if logged:
                 metrics.write(step=step, epoch=epoch, loss=loss.detach().float(), lr=lr, **parts)
             if preemption.requested():  # (a host-side all-reduce under torchrun: every rank stops after this step)
+                update.check()  # (never a checkpoint of weights a non-finite step gave)
                 state.step, state.values = step, {"best": best, "history": history}
                 raise preemption.stop_after_step(state, epoch, index + 1)
+        update.check()
         scores = select() if select is not None else {}
         value = scores.get(metric) if metric else None
         improved = best is None or value is None or value > best["score"]

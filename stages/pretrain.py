@@ -28,6 +28,7 @@ import logging
 import math
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -59,7 +60,6 @@ from falcon_cli.reporting.figures import q_over_training
 from falcon_cli.runtime import distributed as D
 from falcon_cli.runtime.checkpoint import latest_checkpoint, rewind_latest
 from falcon_cli.runtime.console import make_console
-from falcon_cli.runtime.finite import NonFiniteGuard
 from falcon_cli.runtime.graph_step import TrainingForward
 from falcon_cli.runtime.loggers import RunLoggers
 from falcon_cli.runtime.metrics import MetricsLog
@@ -71,6 +71,7 @@ from falcon_cli.runtime.progress import log_epoch, track
 from falcon_cli.runtime.run_dir import RunDirectory
 from falcon_cli.runtime.seeding import seed_everything
 from falcon_cli.runtime.train_state import Generators, GlobalRng, TrainState
+from falcon_cli.runtime.update import UpdateStep
 from falcon_cli.sampling.batch_log import BatchLog, part_name, read_batch_log
 from falcon_cli.sampling.epochs import EpochBatches, build_composer
 from falcon_cli.sampling.falcon_step import FalconStep
@@ -227,7 +228,16 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
     state.begin(resume=resume, overwrite=overwrite)
     metrics.truncate_after(state.step)  # what the killed run logged after its checkpoint goes (the loggers start here)
     results = state.values.setdefault("results", {})
-    update_model = ModelUpdate(objective, optimizer, scaler, precision, p, framework.losses, state)
+    # Backward, clipping, the non-finite guard on the device, the optimizer (the same step as every loop's).
+    update_model = UpdateStep(
+        objective,
+        optimizer,
+        scaler,
+        precision,
+        grad_clip=p.grad_clip,
+        stop=lambda bad: stop_non_finite(bad, state, precision, p, framework.losses),
+        parts=framework.losses,
+    )
     profiler = StepProfiler(
         run.path / "profile",
         p.profile_steps,
@@ -318,6 +328,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
                 out.loss,
                 losses,
                 epoch,
+                state.step,
                 sync=(falcon_epoch and not p.scheduler_overlap)
                 or after % p.log_every == 0
                 or index == total - 1
@@ -335,7 +346,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
                     halted=update_model.guard.halted if p.scheduler_overlap else None,
                 )
                 if update.get("halted"):  # (scheduler_overlap: a step after a non-finite one updates nothing)
-                    update_model.stop_if_non_finite()
+                    update_model.check()
             # Every rank's features: a rank's next shard holds pairs the other ranks train now.
             cache.update(D.all_gather_cat(pair_ids), D.all_gather_cat(out.image_feat), D.all_gather_cat(out.text_feat))
             if flags is not None:  # what the method flagged vs the oracle
@@ -368,7 +379,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
                 raise preemption.stop_after_step(state, epoch, index + 1)
 
         if falcon_epoch and falcon.flush().get("halted"):  # (scheduler_overlap: the epoch's last update, still waiting)
-            update_model.stop_if_non_finite()
+            update_model.check()
         flagged = flags.epoch_summary() if flags is not None else None  # precision / recall against the oracle
         if flagged is not None:
             metrics.write(step=state.step, epoch=epoch, kind="false_negatives", **flagged)
@@ -628,69 +639,20 @@ def warm_start(
     )
 
 
-class ModelUpdate:
-    """Backward, gradient clipping, the non-finite guard and the optimizer's step of one training step.
-
-    A non-finite loss or gradient stops the run, saving nothing: the weights that gave it are not worth
-    resuming, and a save would push intact checkpoints out. The verdict stays on the device (no host sync per
-    step): from the first non-finite step on the optimizer skips every update, and the verdict is read where
-    the loop syncs anyway (``sync``: logging, checkpoints, FALCON's scheduler; every step under fp16, whose
-    scaler skips steps with inf gradients itself)."""
-
-    def __init__(
-        self,
-        objective: torch.nn.Module,
-        optimizer,
-        scaler,
-        precision: str,
-        p,
-        losses: tuple[str, ...],
-        state: TrainState,
-    ):
-        self.objective, self.optimizer, self.scaler, self.precision, self.p, self.state = (
-            objective,
-            optimizer,
-            scaler,
-            precision,
-            p,
-            state,
-        )
-        self.losses = losses
-        self.guard = NonFiniteGuard(next(objective.parameters()).device, losses)
-
-    def __call__(self, loss: torch.Tensor, losses: dict[str, torch.Tensor], epoch: int, *, sync: bool) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-        self.scaler.scale(loss).backward()
-        norm, fp16 = None, self.precision == "fp16"
-        if self.p.grad_clip is not None:
-            self.scaler.unscale_(self.optimizer)
-            norm = torch.nn.utils.clip_grad_norm_(self.objective.parameters(), self.p.grad_clip)
-        elif not fp16:
-            norm = torch.nn.utils.get_total_norm([q.grad for q in self.objective.parameters() if q.grad is not None])
-        self.guard.observe(
-            self.optimizer, epoch, self.state.step, loss, tuple(losses.values()), None if fp16 else norm, skip=not fp16
-        )
-        if sync or fp16:
-            self.stop_if_non_finite()
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-
-    def stop_if_non_finite(self) -> None:
-        """Stop with one line at the run's first non-finite step, if there was one (a host sync)."""
-        bad = self.guard.first()
-        if bad is None:
-            return
-        directory = self.state.directory
-        latest = latest_checkpoint(directory) if D.is_main_process() else None
-        if latest is not None and int(latest.name) == bad["step"] and self.precision == "fp32":
-            latest = rewind_latest(directory, bad["step"])  # its weights gave this loss
-        what = (
-            f"loss is {bad['loss']}"
-            if not math.isfinite(bad["loss"])
-            else f"the gradient norm is {bad['norm']} (loss {bad['loss']:.4g})"
-        )
-        parts = ", ".join(f"{name} {bad[name]:.4g}" for name in self.losses)
-        raise FalconError(non_finite_stop(what, bad["epoch"], bad["step"], parts, self.precision, self.p, latest))
+def stop_non_finite(bad: dict, state: TrainState, precision: str, p, losses: tuple[str, ...]) -> NoReturn:
+    """Stop with one line at the run's first non-finite step ``bad`` (:meth:`UpdateStep.check`): where, and what to
+    resume from. The checkpoint of that very step is rewound past (in fp32 its weights gave the loss)."""
+    directory = state.directory
+    latest = latest_checkpoint(directory) if D.is_main_process() else None
+    if latest is not None and int(latest.name) == bad["step"] and precision == "fp32":
+        latest = rewind_latest(directory, bad["step"])  # its weights gave this loss
+    what = (
+        f"loss is {bad['loss']}"
+        if not math.isfinite(bad["loss"])
+        else f"the gradient norm is {bad['norm']} (loss {bad['loss']:.4g})"
+    )
+    parts = ", ".join(f"{name} {bad[name]:.4g}" for name in losses)
+    raise FalconError(non_finite_stop(what, bad["epoch"], bad["step"], parts, precision, p, latest))
 
 
 def non_finite_stop(what: str, epoch: int, step: int, parts: str, precision: str, p, latest: Path | None) -> str:

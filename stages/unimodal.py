@@ -23,6 +23,7 @@ import json
 import math
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -58,10 +59,11 @@ from falcon_cli.objectives.mlm import MlmMask
 from falcon_cli.runtime.console import make_console
 from falcon_cli.runtime.distributed import on_rank_zero
 from falcon_cli.runtime.optim import build_optimizer, set_learning_rate
-from falcon_cli.runtime.precision import pick_device
+from falcon_cli.runtime.precision import grad_scaler, pick_device
 from falcon_cli.runtime.progress import log_epoch, track
 from falcon_cli.runtime.run_dir import RunDirectory
 from falcon_cli.runtime.seeding import seed_everything
+from falcon_cli.runtime.update import UpdateStep
 
 console = make_console(stderr=True)
 
@@ -218,6 +220,25 @@ def _fit(
     module.train()
     optimizer = build_optimizer(module, lr, weight_decay)
     parameters = [q for q in module.parameters() if q.requires_grad]
+
+    def stop(bad: dict) -> NoReturn:  # (a non-finite step: stop before the weights are saved)
+        problem = f"loss is {bad['loss']}" if not math.isfinite(bad["loss"]) else f"the gradient norm is {bad['norm']}"
+        raise FalconError(
+            f"{what}: {problem} at epoch {bad['epoch']}, step {bad['step']}; "
+            "lower unimodal.image_lr or unimodal.text_lr"
+        )
+
+    # Backward, clipping, the non-finite guard on the device, the optimizer (the same step as every loop's; fp32,
+    # so the scaler is a no-op). Clipping to infinity measures the norm (every gradient times 1.0: unchanged).
+    update = UpdateStep(
+        module,
+        optimizer,
+        grad_scaler("fp32", parameters[0].device),
+        "fp32",
+        grad_clip=math.inf if grad_clip is None else grad_clip,
+        stop=stop,
+        parts=(),
+    )
     n = len(train[0])  # (the first of ``train`` is a tensor)
     steps_per_epoch = max(1, n // batch_size)
     total = max(1, epochs * steps_per_epoch)
@@ -234,12 +255,10 @@ def _fit(
             warm = min(1.0, (done + 1) / steps_per_epoch)
             set_learning_rate(optimizer, lr * warm * (0.01 + 0.99 * 0.5 * (1 + math.cos(math.pi * done / total))))
             loss, _ = step(*(_take(t, rows) for t in train))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            norm = torch.nn.utils.clip_grad_norm_(parameters, limit)  # (the norm before clipping)
+            norm = update(loss, {}, epoch, done, sync=False)  # (the norm before clipping)
             epoch_largest, epoch_clipped = torch.maximum(epoch_largest, norm), epoch_clipped + (norm > limit)
-            optimizer.step()
             done += 1
+        update.check()  # (the epoch's end syncs anyway)
         largest, clipped = max(largest, float(epoch_largest)), clipped + int(epoch_clipped)
         log_epoch(
             what,

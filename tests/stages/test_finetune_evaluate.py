@@ -244,6 +244,25 @@ def test_finetuning_again_from_scratch_replaces_the_earlier_history(run_dir, tmp
     assert [(r.get("kind"), r["step"]) for r in read_metrics(log)] == before  # once, not twice
 
 
+def test_fine_tuning_clips_the_gradient_norm_when_asked(run_dir, tmp_path):
+    """``finetune.<task>.grad_clip`` (the shared update step's clipping): a tiny limit changes every step after the
+    first; unset, the steps are the ones fine-tuning always made."""
+    import shutil
+
+    from falcon_cli.runtime.metrics import read_metrics
+
+    losses = {}
+    for clip in (None, 1e-4):
+        copy = tmp_path / f"run-{clip}"
+        shutil.copytree(run_dir, copy)
+        extra = [] if clip is None else [f"finetune.vqa.grad_clip={clip}"]
+        proc = run_cli("finetune", "--run-dir", copy, "--task", "vqa", "--overwrite", "finetune.log_every=1", *extra)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        losses[clip] = [r["loss"] for r in read_metrics(copy / "finetune" / "vqa" / "metrics.jsonl") if "loss" in r]
+    assert len(losses[None]) == len(losses[1e-4]) >= 2
+    assert losses[None][0] == losses[1e-4][0] and losses[None][1:] != losses[1e-4][1:]
+
+
 def test_finetuning_over_a_tasks_checkpoints_is_refused_without_resume_or_overwrite(run_dir, tmp_path):
     """Like pretraining: a task's checkpoints are never trained over by accident; nothing changes."""
     import shutil
