@@ -31,18 +31,18 @@ def _stop(bad):
     raise Stopped(bad)
 
 
+def _update_step(model: torch.nn.Module, clip: float | None) -> UpdateStep:
+    """An fp32 update of ``model`` (AdamW at 1e-2, no weight decay) whose stop raises :class:`Stopped`."""
+    scaler = grad_scaler("fp32", torch.device("cpu"))
+    return UpdateStep(
+        model, build_optimizer(model, 1e-2, 0.0), scaler, "fp32", grad_clip=clip, stop=_stop, parts=("mse",)
+    )
+
+
 @pytest.mark.parametrize("clip", [None, 0.01])
 def test_an_update_is_a_plain_adamw_step_with_the_norm_clipped_or_measured(clip):
     mine, plain = _model(), _model()
-    update = UpdateStep(
-        mine,
-        build_optimizer(mine, 1e-2, 0.0),
-        grad_scaler("fp32", torch.device("cpu")),
-        "fp32",
-        grad_clip=clip,
-        stop=_stop,
-        parts=("mse",),
-    )
+    update = _update_step(mine, clip)
     reference = build_optimizer(plain, 1e-2, 0.0)
     for step in range(3):
         loss = _loss(mine)
@@ -62,15 +62,7 @@ def test_an_update_is_a_plain_adamw_step_with_the_norm_clipped_or_measured(clip)
 
 def test_a_non_finite_loss_skips_every_update_and_stops_only_where_the_loop_syncs():
     model = _model()
-    update = UpdateStep(
-        model,
-        build_optimizer(model, 1e-2, 0.0),
-        grad_scaler("fp32", torch.device("cpu")),
-        "fp32",
-        grad_clip=None,
-        stop=_stop,
-        parts=("mse",),
-    )
+    update = _update_step(model, None)
     loss = _loss(model)
     update(loss, {"mse": loss}, 0, 0, sync=False)
     before = [q.detach().clone() for q in model.parameters()]
