@@ -362,8 +362,8 @@ class PretrainConfig(Section):
     ``false_negatives: none``."""
 
     @model_validator(mode="after")
-    def _check_false_negatives(self) -> "PretrainConfig":
-        framework = self._framework()
+    def _check_false_negative_methods(self) -> "PretrainConfig":
+        """Each false-negative method, and the oracle's masks, on the ITC they work on."""
         if self.false_negatives != "none" and self.itc != "grit":
             raise ValueError(f"false_negatives={self.false_negatives} works on the in-batch ITC; set itc: grit")
         if self.same_image == "mask" and (self.itc != "grit" or self.false_negatives not in ("none", "glofnd")):
@@ -389,11 +389,6 @@ class PretrainConfig(Section):
                     "with composer falcon"
                 )
             )
-        if self.quantile_scale != "linear" and self.composer in ("uniform", "grit"):
-            raise ValueError(
-                f"quantile_scale={self.quantile_scale} changes how a drawn q picks: composer {self.composer} "
-                "draws none; use it with composer quantile, progressive or falcon"
-            )
         if self.false_negatives == "glofnd" and self.glofnd.start_epoch >= self.epochs:
             raise ValueError(
                 f"glofnd.start_epoch={self.glofnd.start_epoch} is past the last epoch (epochs={self.epochs}: "
@@ -402,25 +397,44 @@ class PretrainConfig(Section):
             )
         if self.mafa.low > self.mafa.high:
             raise ValueError(f"mafa.low ({self.mafa.low}) must not exceed mafa.high ({self.mafa.high})")
-        if self.graph_step and self.false_negatives == "mafa":
-            raise ValueError(
-                "graph_step=true cannot capture false_negatives=mafa: MAFA asks its judge, on the host, about "
-                "pairs mined in the middle of the step; set graph_step=false"
-            )
-        if self.scheduler_overlap and self.scheduler_lag < 1:
-            raise ValueError(
-                "scheduler_overlap=true makes the scheduler's update one step late, which is a "
-                "scheduler_lag of at least 1: set scheduler_lag=1 (or more)"
-            )
-        if self.graph_step and self.compile:
-            raise ValueError(
-                "graph_step=true compiles the whole step, compile=true the encoders alone: set one of them"
-            )
+        return self
+
+    @model_validator(mode="after")
+    def _fill_itc_consistency_weight(self) -> "PretrainConfig":
+        """The one place a method's own ITC consistency weight is filled in (its paper's)."""
+        framework = self._framework()
         if self.itc_consistency_weight is None:  # the one place a method's own loss is filled in
             self.itc_consistency_weight = (
                 framework.consistency_weight
                 if self.false_negatives == "none"
                 else ITC_CONSISTENCY_WEIGHT[self.false_negatives]
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_composer(self) -> "PretrainConfig":
+        """The composer's settings: a q scale where a q is drawn, search spaces that hold a batch."""
+        if self.quantile_scale != "linear" and self.composer in ("uniform", "grit"):
+            raise ValueError(
+                f"quantile_scale={self.quantile_scale} changes how a drawn q picks: composer {self.composer} "
+                "draws none; use it with composer quantile, progressive or falcon"
+            )
+        if self.composer != "uniform" and self.search_space_size < self.batch_size:
+            raise ValueError(
+                f"search_space_size ({self.search_space_size}) is smaller than batch_size ({self.batch_size}): "
+                f"the {self.composer} composer builds each batch inside one search space; use a "
+                f"search_space_size of at least {self.batch_size}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_scheduler_and_reward(self) -> "PretrainConfig":
+        """FALCON's scheduler and its reward: each credit with the rewards it can use."""
+        framework = self._framework()
+        if self.scheduler_overlap and self.scheduler_lag < 1:
+            raise ValueError(
+                "scheduler_overlap=true makes the scheduler's update one step late, which is a "
+                "scheduler_lag of at least 1: set scheduler_lag=1 (or more)"
             )
         if self.reward_baseline == "batch_mean" and self.scheduler_credit == "batch":
             raise ValueError(
@@ -473,16 +487,34 @@ class PretrainConfig(Section):
                     "scheduler_credit=levels with reward_itm_charge=excess: the excess is fitted over a "
                     "batch's picks, not a grid's; use reward_itm_charge: expected or absolute"
                 )
-        if self.composer != "uniform" and self.search_space_size < self.batch_size:
-            raise ValueError(
-                f"search_space_size ({self.search_space_size}) is smaller than batch_size ({self.batch_size}): "
-                f"the {self.composer} composer builds each batch inside one search space; use a "
-                f"search_space_size of at least {self.batch_size}"
-            )
-        if self.min_lr > self.lr or self.warmup_lr > self.lr:
-            raise ValueError(f"min_lr ({self.min_lr}) and warmup_lr ({self.warmup_lr}) must not exceed lr ({self.lr})")
         if len(set(self.scheduler_features)) != len(self.scheduler_features):
             raise ValueError(f"scheduler_features lists a group twice: {self.scheduler_features}")
+        return self
+
+    @model_validator(mode="after")
+    def _check_step_capture(self) -> "PretrainConfig":
+        """What a captured step (graph_step) can hold, and one compiler at a time."""
+        if self.graph_step and self.false_negatives == "mafa":
+            raise ValueError(
+                "graph_step=true cannot capture false_negatives=mafa: MAFA asks its judge, on the host, about "
+                "pairs mined in the middle of the step; set graph_step=false"
+            )
+        if self.graph_step and self.compile:
+            raise ValueError(
+                "graph_step=true compiles the whole step, compile=true the encoders alone: set one of them"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_schedule(self) -> "PretrainConfig":
+        """The learning-rate schedule: its start and end do not exceed the peak."""
+        if self.min_lr > self.lr or self.warmup_lr > self.lr:
+            raise ValueError(f"min_lr ({self.min_lr}) and warmup_lr ({self.warmup_lr}) must not exceed lr ({self.lr})")
+        return self
+
+    @model_validator(mode="after")
+    def _check_weights_and_images(self) -> "PretrainConfig":
+        """Where the weights come from, and preloaded images with the fixed transform."""
         if self.preload_images and self.augment != "test":
             raise ValueError(
                 "preload_images=true transforms each image once, so it needs the fixed transform: set "
@@ -490,6 +522,12 @@ class PretrainConfig(Section):
             )
         if self.init is not None and (self.vision_weights or self.text_weights):
             raise ValueError("init loads every weight; leave vision_weights and text_weights unset with it")
+        return self
+
+    @model_validator(mode="after")
+    def _check_framework_settings(self) -> "PretrainConfig":
+        """What the model's framework (ALBEF, BLIP-2, dual encoder) allows."""
+        framework = self._framework()
         if not framework.frozen_image_encoder and self.vision_trainable_epochs:
             raise ValueError(
                 f"vision_trainable_epochs={self.vision_trainable_epochs}: a BLIP-2 setting (its frozen image "
