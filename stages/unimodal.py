@@ -220,6 +220,7 @@ def _fit(
     module.train()
     optimizer = build_optimizer(module, lr, weight_decay)
     parameters = [q for q in module.parameters() if q.requires_grad]
+    limit = math.inf if grad_clip is None else grad_clip
 
     def stop(bad: dict) -> NoReturn:  # (a non-finite step: stop before the weights are saved)
         problem = f"loss is {bad['loss']}" if not math.isfinite(bad["loss"]) else f"the gradient norm is {bad['norm']}"
@@ -235,7 +236,7 @@ def _fit(
         optimizer,
         grad_scaler("fp32", parameters[0].device),
         "fp32",
-        grad_clip=math.inf if grad_clip is None else grad_clip,
+        grad_clip=limit,
         stop=stop,
         parts=(),
     )
@@ -243,7 +244,6 @@ def _fit(
     steps_per_epoch = max(1, n // batch_size)
     total = max(1, epochs * steps_per_epoch)
     order = torch.Generator().manual_seed(seed)
-    limit = math.inf if grad_clip is None else grad_clip
     loss, done, largest, clipped = None, 0, 0.0, 0
     for epoch in range(epochs):
         tick = time.perf_counter()

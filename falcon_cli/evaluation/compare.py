@@ -236,22 +236,21 @@ def _input_keys() -> tuple:
     return input_path_keys(Recipe)
 
 
+def _under(key: str, prefixes: Sequence[str]) -> bool:
+    """Whether ``key`` is one of ``prefixes`` or lies inside one of them (``pretrain.device`` inside ``pretrain``)."""
+    return any(key == prefix or key.startswith(prefix + ".") for prefix in prefixes)
+
+
 def _method_key(key: str) -> bool:
     """Whether a config key can make a method (:data:`IDENTITY_IGNORED` and :data:`BUDGET_KEYS` cannot)."""
-    return not any(key == k or key.startswith(k + ".") for k in IDENTITY_IGNORED + BUDGET_KEYS)
+    return not _under(key, IDENTITY_IGNORED + BUDGET_KEYS)
 
 
-def _artifacts(config: dict, keys: Sequence[str] | None = None) -> dict[str, Path]:
+def _artifacts(config: dict) -> dict[str, Path]:
     """``{key: path}`` of the input-path values of a resolved config that name a file or directory (not a hub id, a
-    keyword or a name), among ``keys`` (default: every input-path key)."""
+    keyword or a name)."""
     flat = _flat(config)
-    return {
-        key: path
-        for key, marker in _input_keys()
-        if (keys is None or key in keys)
-        for path in [marker.artifact(flat.get(key))]
-        if path is not None
-    }
+    return {key: path for key, marker in _input_keys() for path in [marker.artifact(flat.get(key))] if path is not None}
 
 
 def _run_holding(path: Path) -> Path | None:
@@ -274,17 +273,11 @@ def input_source(path: Path, within: Sequence[Path] = (), depth: int = 0) -> tup
     manifest = _read_json(producer / "manifest.json", producer)
     config = {**(manifest.get("config") or {}), "world_size": manifest.get("world_size", 1)}
     flat = _flat(config)
-    own = {
-        k: p
-        for k, p in _artifacts(config).items()
-        if not any(k == i or k.startswith(i + ".") for i in PRODUCER_IGNORED)
-    }
+    own = {k: p for k, p in _artifacts(config).items() if not _under(k, PRODUCER_IGNORED)}
     settings = {
         k: v
         for k, v in flat.items()
-        if k not in own
-        and k.rpartition(".")[2] not in EXECUTION_FIELDS
-        and not any(k == i or k.startswith(i + ".") for i in PRODUCER_IGNORED)
+        if k not in own and k.rpartition(".")[2] not in EXECUTION_FIELDS and not _under(k, PRODUCER_IGNORED)
     }
     words, nested, producers = [], [], [(producer, tuple(_dataset_identities(manifest).items()))]
     for key, inner in sorted(own.items()):
@@ -570,8 +563,10 @@ def check_inputs_alike(runs: Sequence[Run]) -> None:
 
 def _first_difference(a: tuple, b: tuple) -> str | None:
     """The first setting that tells two :attr:`RunInput.identity` apart, in words."""
-    if a[0] != b[0] or len(a) < 3 or len(b) < 3:
-        return f"a {b[0]} run vs a {a[0]} run" if len(a) > 1 and len(b) > 1 else None
+    if len(a) < 3 or len(b) < 3:  # (a missing file, or one outside any run: the words already say so)
+        return None
+    if a[0] != b[0]:
+        return f"a {b[0]} run vs a {a[0]} run"
     settings_a, settings_b = dict(a[1]), dict(b[1])
     for key in sorted(set(settings_a) | set(settings_b)):
         if settings_a.get(key) != settings_b.get(key):
