@@ -22,6 +22,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from falcon_cli.artifacts.renamed_keys import upgrade_stored  # noqa: E402
 from falcon_cli.runtime.metrics import read_metrics  # noqa: E402
 from falcon_cli.sampling.batch_log import read_batch_log  # noqa: E402
 
@@ -29,10 +30,11 @@ INITIAL_BETA_PARAMETER = 0.974
 
 
 def describe(run: Path) -> list[str]:
-    config = yaml.safe_load((run / "config.yaml").read_text())["pretrain"]
+    config = upgrade_stored(yaml.safe_load((run / "config.yaml").read_text()), "config.yaml")["pretrain"]
+    s = config["scheduler"]
     lines = [
-        f"{run}: reward {config['reward']}, baseline {config['reward_baseline']}, "
-        f"scheduler lr {config['scheduler_lr']}, level {config['scheduler_level']}, lag {config['scheduler_lag']}"
+        f"{run}: reward {s['reward']['name']}, baseline {s['update']['baseline']}, "
+        f"scheduler lr {s['lr']}, level {s['level']}, lag {s['lag']}"
     ]
     log = read_batch_log(run / "batches.parquet")
     chained = log[(log["sampler"] == "falcon") & log["q"].notna()]

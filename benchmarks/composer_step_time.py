@@ -9,7 +9,7 @@ REINFORCE update. The positive-margin rewards make no pass (the training forward
 `falcon-margin` is the step, composition and update alone; `falcon-margin-itm` adds the ITM head's
 judgement of each pick with its anchor (`reward: positive_margin+itm`: the captions through the text
 encoder once, the fusion layers and head on 2(B - 1) pairs, no gradient); `falcon-margin-levels`
-(`scheduler_credit: levels`) composes with the 10 level picks per step and their margins from the cache, and
+(`scheduler.update.credit: levels`) composes with the 10 level picks per step and their margins from the cache, and
 updates the scheduler from all of them. Everything is timed in the same process; the ratios are printed.
 
     PYTHONPATH=. .venv/bin/python benchmarks/composer_step_time.py                 # shapes-demo scale

@@ -39,8 +39,8 @@ from falcon_cli.evaluation.intervals import paired_by_seed
 ONLY_TRAIN = "stages=[data,pretrain]"  # evaluation and audit as the other sweeps run them (run_one)
 METHODS: dict[str, tuple[str, list[str]]] = {
     "siglip-uniform": ("shapes-siglip", [ONLY_TRAIN]),
-    "siglip-grit": ("shapes-siglip", [ONLY_TRAIN, "pretrain.composer=grit"]),
-    "siglip-q05": ("shapes-siglip", [ONLY_TRAIN, "pretrain.composer=quantile", "pretrain.quantile=0.5"]),
+    "siglip-grit": ("shapes-siglip", [ONLY_TRAIN, "pretrain.composer.name=grit"]),
+    "siglip-q05": ("shapes-siglip", [ONLY_TRAIN, "pretrain.composer.name=quantile", "pretrain.composer.quantile=0.5"]),
     "siglip-falcon": ("shapes-siglip-falcon", [ONLY_TRAIN]),
 }
 """Method -> (shipped recipe, extra overrides): the four composers the issue names, on the same dual encoder."""

@@ -64,7 +64,7 @@ BASE = "uniform-cpu"
 CONTROL = "uniform-c0"
 ITC_CEILING = "uniform-oracle-itc"
 RULE_ARMS = {"glofnd-rule": "glofnd", "mafa-rule": "mafa", "srcl-rule": "srcl", "diht-rule": "diht"}
-"""Arm -> the method (``pretrain.false_negatives``) it runs at its settings by rule."""
+"""Arm -> the method (``pretrain.false_negatives.method``) it runs at its settings by rule."""
 ARMS = (BASE, CONTROL, *RULE_ARMS, ITC_CEILING)
 """Every arm of the evaluation world, in the order the issue asks for (the base's seeds first: two methods read
 them)."""
@@ -105,19 +105,22 @@ def arm_spec(
     if arm == BASE:
         return "shapes-uniform", [], None
     if arm == CONTROL:
-        return "shapes-uniform", ["pretrain.itc_consistency_weight=0"], None
+        return "shapes-uniform", ["pretrain.losses.itc_consistency_weight=0"], None
     if arm == ITC_CEILING:
-        return "shapes-uniform", ["pretrain.oracle_negatives=mask_itc"], None
+        return "shapes-uniform", ["pretrain.false_negatives.oracle=mask_itc"], None
     settings = rules.method_settings(method, value, testbed)
     overrides = [
-        "pretrain.composer=uniform",
-        f"pretrain.false_negatives={method}",
+        "pretrain.composer.name=uniform",
+        f"pretrain.false_negatives.method={method}",
         *(f"{k}={v}" for k, v in settings.items()),
     ]
     auxiliary = None
     if method == "mafa":  # its Con-D: the same seed's uniform run, trained on the same pairs
         con_d = run_dir(out, PRESET, BASE, seed)
-        overrides += ["pretrain.mafa.judge=checkpoint", f"pretrain.mafa.judge_model={con_d}"]
+        overrides += [
+            "pretrain.false_negatives.mafa.judge=checkpoint",
+            f"pretrain.false_negatives.mafa.judge_model={con_d}",
+        ]
     elif method == "srcl":  # its frozen auxiliary model: the same seed's uniform run, embedded first
         auxiliary = BASE
     return f"shapes-{method}", overrides, auxiliary

@@ -46,11 +46,14 @@ from falcon_cli.runtime.run_dir import RunDirectory  # noqa: E402
 
 METHODS = {
     "none": [],
-    "diht": ["pretrain.false_negatives=diht"],
-    "srcl": ["pretrain.false_negatives=srcl"],
-    "glofnd": ["pretrain.false_negatives=glofnd", "pretrain.glofnd.start_epoch=0"],
-    "mafa (oracle)": ["pretrain.false_negatives=mafa", "pretrain.mafa.judge=oracle"],
-    "mafa (checkpoint Con-D)": ["pretrain.false_negatives=mafa", "pretrain.mafa.judge=checkpoint"],
+    "diht": ["pretrain.false_negatives.method=diht"],
+    "srcl": ["pretrain.false_negatives.method=srcl"],
+    "glofnd": ["pretrain.false_negatives.method=glofnd", "pretrain.false_negatives.glofnd.start_epoch=0"],
+    "mafa (oracle)": ["pretrain.false_negatives.method=mafa", "pretrain.false_negatives.mafa.judge=oracle"],
+    "mafa (checkpoint Con-D)": [
+        "pretrain.false_negatives.method=mafa",
+        "pretrain.false_negatives.mafa.judge=checkpoint",
+    ],
 }
 
 
@@ -109,9 +112,9 @@ def main() -> None:
             "shapes-demo",
             [
                 f"data.dataset={world}",
-                f"pretrain.srcl.aux_embeddings={tmp / 'aux.h5'}",
-                f"pretrain.mafa.judge_model={tmp / 'run'}",
-                f"pretrain.device={device}",
+                f"pretrain.false_negatives.srcl.aux_embeddings={tmp / 'aux.h5'}",
+                f"pretrain.false_negatives.mafa.judge_model={tmp / 'run'}",
+                f"pretrain.runtime.device={device}",
                 *overrides,
             ],
         )

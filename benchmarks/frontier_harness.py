@@ -9,16 +9,16 @@ The anchors are a shapes run's pairs at one epoch (``--run``, its embeddings and
 search spaces of |M| as the composer splits them, each with the scheduler's input row (``[positive, spread]``, as
 ``shapes-falcon-plus``) and, from the oracle, whether the pick each q would make (every other pair of its space
 available) is a false negative. The reward is the one of ``reward: positive_margin+oracle`` with
-``reward_hardness: rank`` and ``reward_itm_charge: expected``: a true pick is worth its q, a false one −w. The
-model is frozen, so the only thing learned is the policy, and the measurement is the issue's: the false-negative
-rate of the policy's picks on held-out anchors (q drawn from each anchor's Beta) against the fixed-q frontier at
-the same mean q on the same anchors (the line through the FN rates of 21 fixed q's), in points (below 0: fewer
-false negatives than one q for every anchor).
+``scheduler.reward.hardness: rank`` and ``scheduler.reward.itm_charge: expected``: a true pick is worth its q, a false
+one −w. The model is frozen, so the only thing learned is the policy, and the measurement is the issue's: the
+false-negative rate of the policy's picks on held-out anchors (q drawn from each anchor's Beta) against the fixed-q
+frontier at the same mean q on the same anchors (the line through the FN rates of 21 fixed q's), in points (below 0:
+fewer false negatives than one q for every anchor).
 
 ``--credits``: ``chosen`` (REINFORCE on each anchor's drawn q, the reward of its pick, a leave-one-out baseline:
-``shapes-falcon-oracle`` with ``reward_hardness: rank``) and ``levels`` (every level of a 10-q grid scored for each
-anchor: ``scheduler_credit: levels``), both with ``shapes-falcon-plus``'s normalisation, entropy and cap. Each
-update takes B − 1 = 15 anchors drawn from the training spaces. Writes ``frontier.csv`` to OUT and prints a
+``shapes-falcon-oracle`` with ``scheduler.reward.hardness: rank``) and ``levels`` (every level of a 10-q grid scored for
+each anchor: ``scheduler.update.credit: levels``), both with ``shapes-falcon-plus``'s normalisation, entropy and cap.
+Each update takes B − 1 = 15 anchors drawn from the training spaces. Writes ``frontier.csv`` to OUT and prints a
 table; ``--report`` rewrites the block of docs/results.md between ``frontier-harness:begin`` / ``:end``.
 """
 

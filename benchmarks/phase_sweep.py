@@ -65,6 +65,7 @@ from benchmarks.shapes_sweep import (
     train,
 )
 from falcon_cli.artifacts.checkpoints import WEIGHTS
+from falcon_cli.artifacts.renamed_keys import upgrade_stored
 from falcon_cli.data.shapes.near_misses import NEAR_MISS_KINDS, family_size
 from falcon_cli.evaluation.compare import shapes_world_fingerprint
 from falcon_cli.evaluation.intervals import paired_by_seed
@@ -85,13 +86,13 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "falcon-itm-excess": ("shapes-falcon-itm-excess", []),
     "falcon-itm-expected": ("shapes-falcon-itm-expected", []),
     "falcon-oracle": ("shapes-falcon-oracle", []),
-    "falcon-itm-expected-top": ("shapes-falcon-itm-expected", ["pretrain.quantile_scale=log_rank"]),
-    "falcon-oracle-top": ("shapes-falcon-oracle", ["pretrain.quantile_scale=log_rank"]),
+    "falcon-itm-expected-top": ("shapes-falcon-itm-expected", ["pretrain.composer.quantile_scale=log_rank"]),
+    "falcon-oracle-top": ("shapes-falcon-oracle", ["pretrain.composer.quantile_scale=log_rank"]),
     "srcl": ("shapes-srcl", []),
     "diht": ("shapes-diht", []),
-    "grit-mask": ("shapes-grit", ["pretrain.same_image=mask"]),
-    "grit-oracle": ("shapes-grit", ["pretrain.oracle_negatives=mask"]),
-    "uniform-oracle": ("shapes-uniform", ["pretrain.oracle_negatives=mask"]),
+    "grit-mask": ("shapes-grit", ["pretrain.false_negatives.same_image=mask"]),
+    "grit-oracle": ("shapes-grit", ["pretrain.false_negatives.oracle=mask"]),
+    "uniform-oracle": ("shapes-uniform", ["pretrain.false_negatives.oracle=mask"]),
 }
 """Method -> (shipped recipe, extra overrides): uniform batches, GRIT (q = 1), a fixed q = 0.5, MAFA and GloFND
 (the false-negative methods), paper-exact FALCON, FALCON with the positive-margin reward and FALCON with that
@@ -99,14 +100,14 @@ margin less the model's ITM match probability of each pick (issue 35's reward), 
 probability's excess over picks of the same hardness (``falcon-itm-excess``), or with each pick's margin paid only
 as far as the head calls it a true negative (``falcon-itm-expected``); and ``grit-mask``, a
 diagnostic run only when named (``--only``): GRIT with the pairs that share the anchor's image kept out of the ITC
-denominators and ITM mining (``pretrain.same_image: mask``), which tells how much of GRIT's result is those pairs;
-and ``grit-oracle``, GRIT with every pair the oracle says truly matches kept out the same way
-(``pretrain.oracle_negatives: mask``): what the false negatives cost GRIT, the most a false-negative method could win;
-``uniform-oracle`` the same for uniform batches (beside ``grit-oracle``: what hardness gives once no negative is false);
-``falcon-oracle``, the expected-worth reward with the oracle as its judge (``shapes-falcon-oracle``): what a perfect
-judge of the picks would buy the scheduler; ``falcon-margin-top``, the positive margin with q on a log-rank scale
-(``pretrain.quantile_scale: log_rank``: q = 0.94 is the most similar candidate, not the 31st of 500), and on that
-scale the margin paid only as far as the ITM head (``falcon-itm-expected-top``) or, a diagnostic, the oracle
+denominators and ITM mining (``pretrain.false_negatives.same_image: mask``), which tells how much of GRIT's result is
+those pairs; and ``grit-oracle``, GRIT with every pair the oracle says truly matches kept out the same way
+(``pretrain.false_negatives.oracle: mask``): what the false negatives cost GRIT, the most a false-negative method could
+win; ``uniform-oracle`` the same for uniform batches (beside ``grit-oracle``: what hardness gives once no negative is
+false); ``falcon-oracle``, the expected-worth reward with the oracle as its judge (``shapes-falcon-oracle``): what a
+perfect judge of the picks would buy the scheduler; ``falcon-margin-top``, the positive margin with q on a log-rank
+scale (``pretrain.composer.quantile_scale: log_rank``: q = 0.94 is the most similar candidate, not the 31st of 500), and
+on that scale the margin paid only as far as the ITM head (``falcon-itm-expected-top``) or, a diagnostic, the oracle
 (``falcon-oracle-top``) calls a pick a true negative: rewards that need not charge a scene's true near misses;
 ``srcl`` (its auxiliary model: the same seed's uniform run, so the
 sweep trains uniform first) and ``diht`` (HN-NCE on uniform batches), the other false-negative-aware methods."""
@@ -142,7 +143,7 @@ class PhaseBudget:
     warmup: int = 20
     lr: float = 3e-4
     min_lr: float | None = None
-    """Where the per-epoch cosine ends (``pretrain.min_lr``); None = the recipe's (a third of ``lr``)."""
+    """Where the per-epoch cosine ends (``pretrain.optim.min_lr``); None = the recipe's (a third of ``lr``)."""
     unimodal_image_epochs: int = 30
     unimodal_text_epochs: int = 20
     unimodal_extra_images: int = 0
@@ -151,8 +152,8 @@ class PhaseBudget:
     """One pair of unimodal encoders per regime for every seed (as every ALBEF run starts from the same DeiT and
     BERT; the encoders cost more than a run); None = one per seed."""
     max_text_length: int = 25
-    """Caption tokens kept in training and evaluation (``pretrain.max_text_length``; ALBEF's 25). The ``cpu`` and
-    ``gpu`` budgets keep 48: a ``coco-like`` whole-scene caption of four objects is 40-43 tokens, and cut at 25 it
+    """Caption tokens kept in training and evaluation (``pretrain.encoders.max_text_length``; ALBEF's 25). The ``cpu``
+    and ``gpu`` budgets keep 48: a ``coco-like`` whole-scene caption of four objects is 40-43 tokens, and cut at 25 it
     would name fewer objects than the oracle judges it by."""
     eval_every: int = 1
     train_scale: float = 1.0
@@ -199,8 +200,8 @@ class PhaseBudget:
             "data.shapes.nlvr2_statements_per_image=1",
             "data.tokenizer_vocab_size=1000",
             *(f"data.shapes.splits.{split}={fraction!r}" for split, fraction in splits.items()),
-            f"pretrain.image_size={self.size}",
-            f"pretrain.max_text_length={self.max_text_length}",
+            f"pretrain.encoders.image_size={self.size}",
+            f"pretrain.encoders.max_text_length={self.max_text_length}",
             f"unimodal.image_epochs={self.unimodal_image_epochs}",
             f"unimodal.text_epochs={self.unimodal_text_epochs}",
             f"unimodal.extra_images={self.unimodal_extra_images}",
@@ -216,17 +217,17 @@ class PhaseBudget:
         return [
             f"seed={seed}",
             *self.data_overrides(preset, out),
-            "pretrain.vision_weights=unimodal",
-            "pretrain.text_weights=unimodal",
+            "pretrain.encoders.vision_weights=unimodal",
+            "pretrain.encoders.text_weights=unimodal",
             f"pretrain.epochs={self.epochs}",
             f"pretrain.batch_size={self.batch}",
-            f"pretrain.search_space_size={self.space}",
-            f"pretrain.warmup_steps={self.warmup}",
-            f"pretrain.lr={self.lr}",
-            *([f"pretrain.min_lr={self.min_lr}"] if self.min_lr is not None else []),
-            "pretrain.num_workers=0",
-            "pretrain.eval_split=test",
-            f"pretrain.eval_every={self.eval_every}",
+            f"pretrain.composer.search_space_size={self.space}",
+            f"pretrain.optim.warmup_steps={self.warmup}",
+            f"pretrain.optim.lr={self.lr}",
+            *([f"pretrain.optim.min_lr={self.min_lr}"] if self.min_lr is not None else []),
+            "pretrain.loader.num_workers=0",
+            "pretrain.eval.split=test",
+            f"pretrain.eval.every={self.eval_every}",
         ]
 
 
@@ -1216,7 +1217,7 @@ def oracle_lines(table, preset: str) -> list[str]:
         return []
     return [
         "",
-        "What the false negatives cost (a diagnostic: `pretrain.oracle_negatives: mask`, the oracle's ground "
+        "What the false negatives cost (a diagnostic: `pretrain.false_negatives.oracle: mask`, the oracle's ground "
         "truth, which no real run has; paired seeds):",
         *lines,
     ]
@@ -1328,7 +1329,7 @@ def machine(manifest: dict) -> str:
 def budget_phrase(manifest: dict) -> str:
     """A run's world and training budget in words, read from its manifest (what it ran with, whatever the
     ``BUDGETS`` entry says today)."""
-    config = manifest["config"]
+    config = upgrade_stored(manifest["config"], "a run's manifest")  # (a run made before 0.3.0: its new keys)
     world, p, u = config["data"]["shapes"], config["pretrain"], config["unimodal"]
     splits = ", ".join(f"{k} {v:g}" for k, v in world["splits"].items())
     # Encoders trained with a gradient clip start another comparison (the third coco-like's unclipped encoder read
@@ -1338,8 +1339,8 @@ def budget_phrase(manifest: dict) -> str:
     return (
         f"worlds of {world['images']:,} images of {world['size']} px (splits {splits}); albef-tiny from the unimodal "
         f"encoders ({u['image_epochs']} image epochs on {u['extra_images']:,} extra scenes, {u['text_epochs']} text "
-        f"epochs{clip}), {p['epochs']} epochs of batch {p['batch_size']} at lr {p['lr']:g} "
-        f"(cosine to {p['min_lr']:g}), |M| {p['search_space_size']}"
+        f"epochs{clip}), {p['epochs']} epochs of batch {p['batch_size']} at lr {p['optim']['lr']:g} "
+        f"(cosine to {p['optim']['min_lr']:g}), |M| {p['composer']['search_space_size']}"
     )
 
 

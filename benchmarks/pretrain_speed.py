@@ -5,18 +5,18 @@ One command measures every speed target of issue 22 on the local GPU and writes 
 
 * ``ceiling``: the bf16 matrix-product rate of this GPU (8192³ GEMMs), the denominator of MFU;
 * ``base-*``: albef-base at 256 px, batch 96 per GPU, bf16, on a shapes world whose images are
-  preloaded onto the GPU (``pretrain.preload_images``: in-memory data, no decoding): GRIT batches
+  preloaded onto the GPU (``pretrain.loader.preload_images``: in-memory data, no decoding): GRIT batches
   eager, compiled and compiled with CUDA graphs (``base-grit-graphs``), FALCON with the exact reward
-  (``reward_images: recompute``) and with ``reuse``, compiled and eager (``-eager``: no minutes of
+  (``scheduler.reward.images: recompute``) and with ``reuse``, compiled and eager (``-eager``: no minutes of
   compiling, where device time is short); ``base-falcon-margin-eager`` and ``base-falcon-itm-eager``: the
   rewards read from the training forward (``positive_margin``, and ``positive_margin+itm`` with the ITM head's
-  judgement of every pick, ``reward_itm_charge: excess``), eager, against ``base-grit`` (target ≤ 1.06).
+  judgement of every pick, ``scheduler.reward.itm_charge: excess``), eager, against ``base-grit`` (target ≤ 1.06).
   Each run's steady rate is read from its second epoch (the composer's own batches) in
   ``metrics.jsonl``; MFU = pairs/s x the analytic FLOPs per pair (:mod:`falcon_cli.models.flops`, at
   the logged caption lengths) / the ceiling;
 * ``base-grit-jpeg``: the same GRIT run on a copy of the world as 640x480 JPEGs, decoded and
   augmented (ALBEF's pretraining transform) by DataLoader workers on every core, as COCO would be;
-  ``base-grit-jpeg-eager`` the same without ``pretrain.compile`` (to compare with ``base-grit`` in one call);
+  ``base-grit-jpeg-eager`` the same without ``pretrain.runtime.compile`` (to compare with ``base-grit`` in one call);
 * ``blip2-grit``: BLIP-2 stage 1 (blip2-base: frozen EVA ViT-g/14 at 224 px, the Q-Former), and ``siglip-grit``:
   a SigLIP 2 dual encoder (siglip2-b16, open_clip's ViT-B-16-SigLIP2, 224 px, its captioning decoder), both random
   init, B 96, bf16, preloaded, GRIT batches, eager (the config refuses ``compile`` for them), profiled. Their
@@ -62,6 +62,7 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
+from falcon_cli.artifacts.renamed_keys import upgrade_stored  # noqa: E402
 from falcon_cli.runtime.metrics import read_metrics  # noqa: E402
 
 
@@ -90,64 +91,71 @@ def runs(smoke: bool, workers: int) -> dict[str, list[str]]:
         if smoke:
             return [
                 f"pretrain.model={model}",
-                "pretrain.image_size=32",
+                "pretrain.encoders.image_size=32",
                 "pretrain.batch_size=8",
-                "pretrain.search_space_size=16",
-                "pretrain.precision=fp32",
+                "pretrain.composer.search_space_size=16",
+                "pretrain.runtime.precision=fp32",
             ]
         return [
             f"pretrain.model={model}",
-            f"pretrain.image_size={size}",
+            f"pretrain.encoders.image_size={size}",
             "pretrain.batch_size=96",
-            "pretrain.search_space_size=960",
-            "pretrain.precision=bf16",
+            "pretrain.composer.search_space_size=960",
+            "pretrain.runtime.precision=bf16",
         ]
 
     base = shape("albef-tiny" if smoke else "albef-base", 256)
     # BLIP-2 stage 1 and a SigLIP 2 dual encoder, random init (no hub weights: the GPU machine has no network)
     blip2 = [
         *shape("blip2-tiny" if smoke else "blip2-base", 224),
-        "pretrain.vision_weights=null",
-        "pretrain.text_weights=null",
+        "pretrain.encoders.vision_weights=null",
+        "pretrain.encoders.text_weights=null",
     ]
     siglip = [
         *shape("dual-tiny" if smoke else "siglip2-b16", 224),
-        "pretrain.vision_weights=null",
-        "pretrain.caption_weight=1.0",
+        "pretrain.encoders.vision_weights=null",
+        "pretrain.losses.caption_weight=1.0",
     ]  # sigmoid + caption loss, as SigLIP 2
-    preload = ["pretrain.preload_images=true", "pretrain.augment=test"]
-    falcon = ["pretrain.composer=falcon", "pretrain.reward=mlm"]
-    margin = ["pretrain.composer=falcon", "pretrain.scheduler_credit=chosen", "pretrain.reward=positive_margin"]
-    tiny = ["--recipe", "shapes-falcon", "pretrain.precision=fp32", "pretrain.epochs=2"]
+    preload = ["pretrain.loader.preload_images=true", "pretrain.loader.augment=test"]
+    falcon = ["pretrain.composer.name=falcon", "pretrain.scheduler.reward.name=mlm"]
+    margin = [
+        "pretrain.composer.name=falcon",
+        "pretrain.scheduler.update.credit=chosen",
+        "pretrain.scheduler.reward.name=positive_margin",
+    ]
+    tiny = ["--recipe", "shapes-falcon", "pretrain.runtime.precision=fp32", "pretrain.epochs=2"]
     # the first steps of epoch 1 profiled (profile/summary.txt: where each millisecond goes); the rate is read later
-    profile = ["pretrain.profile_steps=3"]
-    compile_ = [] if smoke else ["pretrain.compile=true"]  # (compiling on a CPU takes minutes and tells nothing)
-    # the whole step captured (pretrain.graph_step; on CUDA replayed as CUDA graphs); a smoke run only captures it
-    graph = ["pretrain.graph_step=true", *(["pretrain.graph_backend=eager"] if smoke else [])]
-    overlap = ["pretrain.scheduler_lag=1", "pretrain.scheduler_overlap=true", "pretrain.num_workers=0"]
+    profile = ["pretrain.runtime.profile_steps=3"]
+    compile_ = (
+        [] if smoke else ["pretrain.runtime.compile=true"]
+    )  # (compiling on a CPU takes minutes and tells nothing)
+    # the whole step captured (pretrain.runtime.graph_step; on CUDA replayed as CUDA graphs); a smoke run only
+    # captures it
+    graph = ["pretrain.runtime.graph_step=true", *(["pretrain.runtime.graph_backend=eager"] if smoke else [])]
+    overlap = ["pretrain.scheduler.lag=1", "pretrain.scheduler.overlap=true", "pretrain.loader.num_workers=0"]
     return {
-        "base-grit": [*base, *preload, "pretrain.composer=grit", *profile],
-        "base-grit-compile": [*base, *preload, "pretrain.composer=grit", *compile_, *profile],
+        "base-grit": [*base, *preload, "pretrain.composer.name=grit", *profile],
+        "base-grit-compile": [*base, *preload, "pretrain.composer.name=grit", *compile_, *profile],
         # the encoders' kernels replayed from CUDA graphs (the H100's profiles: the host's launches set the step)
         "base-grit-graphs": [
             *base,
             *preload,
-            "pretrain.composer=grit",
+            "pretrain.composer.name=grit",
             *compile_,
             *profile,
-            *([] if smoke else ["pretrain.compile_mode=reduce-overhead"]),
+            *([] if smoke else ["pretrain.runtime.compile_mode=reduce-overhead"]),
         ],
         "base-falcon-reuse-graphs": [
             *base,
             *preload,
             *falcon,
-            "pretrain.reward_images=reuse",
+            "pretrain.scheduler.reward.images=reuse",
             *compile_,
             *profile,
-            *([] if smoke else ["pretrain.compile_mode=reduce-overhead"]),
+            *([] if smoke else ["pretrain.runtime.compile_mode=reduce-overhead"]),
         ],
-        "base-falcon-recompute-eager": [*base, *preload, *falcon, "pretrain.reward_images=recompute"],
-        "base-falcon-reuse-eager": [*base, *preload, *falcon, "pretrain.reward_images=reuse", *profile],
+        "base-falcon-recompute-eager": [*base, *preload, *falcon, "pretrain.scheduler.reward.images=recompute"],
+        "base-falcon-reuse-eager": [*base, *preload, *falcon, "pretrain.scheduler.reward.images=reuse", *profile],
         # issue 35's rewards, read from the training forward (no loss passes): the positive margin alone, and less the
         # ITM head's judgement of each pick (one no-grad pass of the fusion layers over the 2(B - 1) chained pairs)
         "base-falcon-margin-eager": [*base, *preload, *margin, *profile],
@@ -155,50 +163,75 @@ def runs(smoke: bool, workers: int) -> dict[str, list[str]]:
             *base,
             *preload,
             *margin[:-1],
-            "pretrain.reward=positive_margin+itm",
-            "pretrain.reward_itm_charge=excess",
+            "pretrain.scheduler.reward.name=positive_margin+itm",
+            "pretrain.scheduler.reward.itm_charge=excess",
             *profile,
         ],
-        "base-falcon-recompute": [*base, *preload, *falcon, "pretrain.reward_images=recompute", *compile_, *profile],
-        "base-falcon-reuse": [*base, *preload, *falcon, "pretrain.reward_images=reuse", *compile_, *profile],
+        "base-falcon-recompute": [
+            *base,
+            *preload,
+            *falcon,
+            "pretrain.scheduler.reward.images=recompute",
+            *compile_,
+            *profile,
+        ],
+        "base-falcon-reuse": [*base, *preload, *falcon, "pretrain.scheduler.reward.images=reuse", *compile_, *profile],
         "base-grit-jpeg": [
             *base,
-            "pretrain.composer=grit",
+            "pretrain.composer.name=grit",
             *compile_,
-            "pretrain.augment=pretrain",
-            "pretrain.preload_images=false",
-            f"pretrain.num_workers={workers}",
+            "pretrain.loader.augment=pretrain",
+            "pretrain.loader.preload_images=false",
+            f"pretrain.loader.num_workers={workers}",
             "data.dataset=JPEG",
         ],
         "base-grit-jpeg-eager": [
             *base,
-            "pretrain.composer=grit",
-            "pretrain.augment=pretrain",
-            "pretrain.preload_images=false",
-            f"pretrain.num_workers={workers}",
+            "pretrain.composer.name=grit",
+            "pretrain.loader.augment=pretrain",
+            "pretrain.loader.preload_images=false",
+            f"pretrain.loader.num_workers={workers}",
             "data.dataset=JPEG",
         ],
-        "blip2-grit": [*blip2, *preload, "pretrain.composer=grit", *profile],
-        "siglip-grit": [*siglip, *preload, "pretrain.composer=grit", *profile],
-        "tiny-falcon-preload": [*tiny, "pretrain.preload_images=true", *profile],
-        "tiny-grit-preload": [*tiny, "pretrain.preload_images=true", "pretrain.composer=grit", *profile],
-        "tiny-falcon-decode": [*tiny, "pretrain.preload_images=false", f"pretrain.num_workers={min(workers, 4)}"],
+        "blip2-grit": [*blip2, *preload, "pretrain.composer.name=grit", *profile],
+        "siglip-grit": [*siglip, *preload, "pretrain.composer.name=grit", *profile],
+        "tiny-falcon-preload": [*tiny, "pretrain.loader.preload_images=true", *profile],
+        "tiny-grit-preload": [*tiny, "pretrain.loader.preload_images=true", "pretrain.composer.name=grit", *profile],
+        "tiny-falcon-decode": [
+            *tiny,
+            "pretrain.loader.preload_images=false",
+            f"pretrain.loader.num_workers={min(workers, 4)}",
+        ],
         "tiny-falcon-graphs": [
             *tiny,
-            "pretrain.preload_images=true",
+            "pretrain.loader.preload_images=true",
             *compile_,
-            *([] if smoke else ["pretrain.compile_mode=reduce-overhead"]),
+            *([] if smoke else ["pretrain.runtime.compile_mode=reduce-overhead"]),
         ],
         # issue 62: the step captured whole, GRIT beside FALCON (both reward paths), the tiny model, BLIP-2, SigLIP 2
-        "base-grit-step": [*base, *preload, "pretrain.composer=grit", *graph, *profile],
-        "base-falcon-reuse-step": [*base, *preload, *falcon, "pretrain.reward_images=reuse", *graph, *profile],
-        "base-falcon-recompute-step": [*base, *preload, *falcon, "pretrain.reward_images=recompute", *graph, *profile],
+        "base-grit-step": [*base, *preload, "pretrain.composer.name=grit", *graph, *profile],
+        "base-falcon-reuse-step": [
+            *base,
+            *preload,
+            *falcon,
+            "pretrain.scheduler.reward.images=reuse",
+            *graph,
+            *profile,
+        ],
+        "base-falcon-recompute-step": [
+            *base,
+            *preload,
+            *falcon,
+            "pretrain.scheduler.reward.images=recompute",
+            *graph,
+            *profile,
+        ],
         # the same with the scheduler's update after the next step's launch (the host's FALCON work beside the step)
         "base-falcon-reuse-step-overlap": [
             *base,
             *preload,
             *falcon,
-            "pretrain.reward_images=reuse",
+            "pretrain.scheduler.reward.images=reuse",
             *graph,
             *overlap,
             *profile,
@@ -207,14 +240,14 @@ def runs(smoke: bool, workers: int) -> dict[str, list[str]]:
             *base,
             *preload,
             *falcon,
-            "pretrain.reward_images=recompute",
+            "pretrain.scheduler.reward.images=recompute",
             *graph,
             *overlap,
             *profile,
         ],
-        "tiny-falcon-step": [*tiny, "pretrain.preload_images=true", *graph],
-        "blip2-grit-step": [*blip2, *preload, "pretrain.composer=grit", *graph, *profile],
-        "siglip-grit-step": [*siglip, *preload, "pretrain.composer=grit", *graph, *profile],
+        "tiny-falcon-step": [*tiny, "pretrain.loader.preload_images=true", *graph],
+        "blip2-grit-step": [*blip2, *preload, "pretrain.composer.name=grit", *graph, *profile],
+        "siglip-grit-step": [*siglip, *preload, "pretrain.composer.name=grit", *graph, *profile],
     }
 
 
@@ -289,17 +322,17 @@ def flops_per_pair(run: Path, text_tokens: float, reward_images: str | None, dev
     from falcon_cli.models.registry import resolve_model_config
 
     manifest = json.loads((run / "manifest.json").read_text())
-    p = manifest["config"]["pretrain"]
+    p = upgrade_stored(manifest["config"], "a run's manifest")["pretrain"]
     if model_framework(p["model"]).name != "albef":
         return counted_flops_per_pair(run, text_tokens, device)
     overrides = {"vocab_size": len(load_run_tokenizer(run, manifest["name"]))}
-    if p.get("image_size"):
-        overrides["image_size"] = p["image_size"]
+    if p["encoders"].get("image_size"):
+        overrides["image_size"] = p["encoders"]["image_size"]
     length = round(text_tokens)
     flops = pretrain_flops_per_pair(
         resolve_model_config(p["model"], **overrides),
         length,
-        p["mlm_probability"] * (length - 1),
+        p["losses"]["mlm_probability"] * (length - 1),
         reward_images=reward_images,
     )["total"]
     return {"flops_per_pair": flops, "flops_method": "analytic", "vocab_size": overrides["vocab_size"]}
@@ -326,7 +359,7 @@ def counted_flops_per_pair(run: Path, text_tokens: float, device: str, batch: in
     from falcon_cli.runtime.precision import autocast, resolve_precision
 
     manifest = json.loads((run / "manifest.json").read_text())
-    p = manifest["config"]["pretrain"]
+    p = upgrade_stored(manifest["config"], "a run's manifest")["pretrain"]
     tokenizer = load_run_tokenizer(run, manifest["name"])
     framework = model_framework(p["model"])
     torch.manual_seed(0)
@@ -335,11 +368,11 @@ def counted_flops_per_pair(run: Path, text_tokens: float, device: str, batch: in
         len(tokenizer),
         vision_weights=None,
         text_weights=None,
-        image_size=p.get("image_size"),
+        image_size=p["encoders"].get("image_size"),
         pad_token_id=tokenizer.pad_token_id,
     )
     model = create_model(p["model"], **overrides)
-    objective = build_objective(framework, model, SimpleNamespace(**p))  # the stage's objective, plain ITC
+    objective = build_objective(framework, model, SimpleNamespace(**p["losses"]))  # the stage's objective, plain ITC
     target = torch.device(device)
     objective = objective.to(target).train()
     generator = torch.Generator().manual_seed(0)
@@ -355,7 +388,7 @@ def counted_flops_per_pair(run: Path, text_tokens: float, device: str, batch: in
     images = torch.randn(batch, 3, size, size, generator=generator).to(target)
     itm_generator = torch.Generator(device=target).manual_seed(0)
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
-        with autocast(resolve_precision(p["precision"], target), target):
+        with autocast(resolve_precision(p["runtime"]["precision"], target), target):
             out = objective(images, input_ids, attention_mask, None, 0.0, itm_generator, None)
         out.loss.backward()
     flops = counter.get_total_flops() / batch
@@ -394,11 +427,11 @@ def main() -> None:
         "data.shapes.size=64",
         f"data.shapes.images={images}",
         "data.tokenizer_vocab_size=1000",
-        "pretrain.eval_split=null",
+        "pretrain.eval.split=null",
         "pretrain.epochs=2",
-        "pretrain.log_every=5" if not args.smoke else "pretrain.log_every=1",
-        "pretrain.warmup_steps=10",
-        f"pretrain.device={device}",
+        "pretrain.logging.every=5" if not args.smoke else "pretrain.logging.every=1",
+        "pretrain.optim.warmup_steps=10",
+        f"pretrain.runtime.device={device}",
     ]
     env = {**os.environ, "FALCON_PROGRESS": "0", "PYTHONPATH": str(REPO)}
     results.setdefault("runs", {})
@@ -446,9 +479,9 @@ def main() -> None:
             wall = time.perf_counter() - started
         else:
             wall = results["runs"].get(name, {}).get("wall_s")
-        config = json.loads((run_dir / "manifest.json").read_text())["config"]["pretrain"]
+        config = upgrade_stored(json.loads((run_dir / "manifest.json").read_text())["config"], "manifest")["pretrain"]
         rate = steady_rate(run_dir, config["batch_size"])
-        reward = config["reward_images"] if config["composer"] == "falcon" else None
+        reward = config["scheduler"]["reward"]["images"] if config["composer"]["name"] == "falcon" else None
         rate.update(flops_per_pair(run_dir, rate["text_tokens"], reward, device))
         rate["wall_s"] = wall
         if results.get("ceiling_flops") and device == "cuda":  # (a CPU has no comparable ceiling: no MFU there)

@@ -7,7 +7,7 @@ A pretraining set holds several pairs per image (COCO five, the shapes world a f
 hold two captions of one image, each a negative of the other's image although it describes it.
 Hard-negative composers chain the most similar text to an image, often another caption of it. On
 the sweep's shapes world and budget (``benchmarks/shapes_sweep.py``'s FULL), this trains uniform,
-GRIT and FALCON batches with ``pretrain.same_image: negative`` (the papers' behaviour) and GRIT and
+GRIT and FALCON batches with ``pretrain.false_negatives.same_image: negative`` (the papers' behaviour) and GRIT and
 FALCON with ``mask``, scores and audits them like the sweep, and measures with the oracle, over
 every ordered in-batch (image, caption) pair of every batch the run trained on (the ITC
 denominators), how many are false negatives and how many of those share the image. The audit
@@ -31,8 +31,8 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "uniform": ("shapes-uniform", []),
     "grit": ("shapes-grit", []),
     "falcon": ("shapes-falcon", []),
-    "grit-mask": ("shapes-grit", ["pretrain.same_image=mask"]),
-    "falcon-mask": ("shapes-falcon", ["pretrain.same_image=mask"]),
+    "grit-mask": ("shapes-grit", ["pretrain.false_negatives.same_image=mask"]),
+    "falcon-mask": ("shapes-falcon", ["pretrain.false_negatives.same_image=mask"]),
 }
 """Name -> (recipe, overrides): the papers' batches, and GRIT / FALCON with the same-image pairs masked."""
 

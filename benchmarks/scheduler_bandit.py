@@ -8,7 +8,7 @@
 
 The anchors are real: every pair of a trained shapes run's embeddings (``--run``, its last epoch)
 is an anchor of a search space of |M| pairs, with the scheduler input row the composer would
-build (``pretrain.scheduler_features``) and, from the world's oracle, its **safe quantile** q*:
+build (``pretrain.scheduler.features``) and, from the world's oracle, its **safe quantile** q*:
 the highest q whose nearest-rank pick among all of the space's other pairs is a true negative
 (what the scheduler should choose if hard negatives help until they are false ones). The reward
 is made, so its optimum is known: an anchor's reward for q is ``−(q − q*)²`` (scaled to unit
@@ -77,8 +77,8 @@ SETTINGS: dict[str, Setting] = {
     "levels": Setting(PLUS_FEATURES, options={**PAPER, "credit": "levels", "normalize": True, **STEADY}),
 }
 """Name -> setting: the paper's scheduler, each change alone, and ``plus`` (every change: ``shapes-falcon-plus``)
-with one part taken back at a time; ``levels`` (``scheduler_credit: levels``): every anchor's reward known at each
-q of a grid (noise drawn apart per level, the batch's shock the same for all), not only at the q it drew."""
+with one part taken back at a time; ``levels`` (``scheduler.update.credit: levels``): every anchor's reward known at
+each q of a grid (noise drawn apart per level, the batch's shock the same for all), not only at the q it drew."""
 
 
 # --- the anchors --------------------------------------------------------------------------------

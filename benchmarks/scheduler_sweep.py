@@ -53,47 +53,61 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "falcon-plus": ("shapes-falcon-plus", []),
     "falcon-plus-alignment": (
         "shapes-falcon-plus",
-        ["pretrain.reward=alignment", "pretrain.scheduler_credit=pair", "pretrain.reward_mode=eval"],
+        [
+            "pretrain.scheduler.reward.name=alignment",
+            "pretrain.scheduler.update.credit=pair",
+            "pretrain.scheduler.reward.mode=eval",
+        ],
     ),
-    "falcon-plus-margin-0": ("shapes-falcon-plus", ["pretrain.reward=positive_margin"]),
+    "falcon-plus-margin-0": ("shapes-falcon-plus", ["pretrain.scheduler.reward.name=positive_margin"]),
     "falcon-plus-margin-0.25": (
         "shapes-falcon-plus",
-        ["pretrain.reward=positive_margin", "pretrain.reward_margin=0.25"],
+        ["pretrain.scheduler.reward.name=positive_margin", "pretrain.scheduler.reward.margin=0.25"],
     ),
-    "falcon-plus-margin-0.5": ("shapes-falcon-plus", ["pretrain.reward=positive_margin", "pretrain.reward_margin=0.5"]),
+    "falcon-plus-margin-0.5": (
+        "shapes-falcon-plus",
+        ["pretrain.scheduler.reward.name=positive_margin", "pretrain.scheduler.reward.margin=0.5"],
+    ),
     "falcon-plus-margin-0.5-itm": (
         "shapes-falcon-plus",
-        ["pretrain.reward=positive_margin+itm", "pretrain.reward_margin=0.5"],
+        ["pretrain.scheduler.reward.name=positive_margin+itm", "pretrain.scheduler.reward.margin=0.5"],
     ),
     "falcon-plus-margin-0.5-itm-w6": (
         "shapes-falcon-plus",
-        ["pretrain.reward=positive_margin+itm", "pretrain.reward_margin=0.5", "pretrain.reward_itm_weight=6"],
+        [
+            "pretrain.scheduler.reward.name=positive_margin+itm",
+            "pretrain.scheduler.reward.margin=0.5",
+            "pretrain.scheduler.reward.itm_weight=6",
+        ],
     ),
     "falcon-plus-margin-0.5-itm-excess": ("shapes-falcon-itm-excess", []),
     "falcon-plus-margin-0.5-itm-expected": ("shapes-falcon-itm-expected", []),
     "falcon-plus-margin-0.5-oracle-expected": ("shapes-falcon-oracle", []),
-    "falcon-plus-margin-0.5-oracle-expected-w0.5": ("shapes-falcon-oracle", ["pretrain.reward_itm_weight=0.5"]),
+    "falcon-plus-margin-0.5-oracle-expected-w0.5": (
+        "shapes-falcon-oracle",
+        ["pretrain.scheduler.reward.itm_weight=0.5"],
+    ),
     "falcon-plus-margin-0.5-levels": ("shapes-falcon-levels", []),
     "falcon-plus-margin-0.5-oracle-levels": (
         "shapes-falcon-levels",
-        ["pretrain.reward=positive_margin+oracle", "pretrain.reward_itm_charge=expected"],
+        ["pretrain.scheduler.reward.name=positive_margin+oracle", "pretrain.scheduler.reward.itm_charge=expected"],
     ),
-    "falcon-plus-rank-oracle": ("shapes-falcon-oracle", ["pretrain.reward_hardness=rank"]),
+    "falcon-plus-rank-oracle": ("shapes-falcon-oracle", ["pretrain.scheduler.reward.hardness=rank"]),
     "falcon-plus-rank-oracle-levels": (
         "shapes-falcon-levels",
         [
-            "pretrain.reward=positive_margin+oracle",
-            "pretrain.reward_itm_charge=expected",
-            "pretrain.reward_hardness=rank",
+            "pretrain.scheduler.reward.name=positive_margin+oracle",
+            "pretrain.scheduler.reward.itm_charge=expected",
+            "pretrain.scheduler.reward.hardness=rank",
         ],
     ),
     "grit": ("shapes-grit", []),
     "uniform": ("shapes-uniform", []),
     "q05": ("shapes-q05", []),
-    "q0": ("shapes-q05", ["pretrain.quantile=0"]),
-    "q025": ("shapes-q05", ["pretrain.quantile=0.25"]),
-    "q075": ("shapes-q05", ["pretrain.quantile=0.75"]),
-    "q1": ("shapes-q05", ["pretrain.quantile=1"]),
+    "q0": ("shapes-q05", ["pretrain.composer.quantile=0"]),
+    "q025": ("shapes-q05", ["pretrain.composer.quantile=0.25"]),
+    "q075": ("shapes-q05", ["pretrain.composer.quantile=0.75"]),
+    "q1": ("shapes-q05", ["pretrain.composer.quantile=1"]),
 }
 """Method -> (shipped recipe, extra overrides). FALCON paper-exact, the improved scheduler with its MLM reward
 credited per caption and with the alignment reward (each pair's own image-text cosine, eval mode, credited to
@@ -101,16 +115,16 @@ the q whose pick sat next to it) and with the positive-margin reward (each pick'
 charged once it comes within a margin of 0, 0.25 or 0.5 of the anchor's own pair; credited to the q that chose
 it), the same at margin 0.5 less twice the model's own ITM match probability of each pick with its anchor
 (``positive_margin+itm``: a reward that sees which picks the model believes are matches; ``-w6`` charges six times
-the probability; ``-excess`` six times its excess over the batch's picks of the same hardness, ``reward_itm_charge:
-excess``; ``-expected`` the margin paid only as far as the head calls the pick a true negative, a match worth -2,
-``reward_itm_charge: expected``; ``-oracle-expected`` the same with the world's oracle as the judge, a diagnostic:
-the ceiling of any judge; ``-w0.5`` a false pick worth -0.5, so that the scheduler trades at harder q; ``-levels``
-the margin scored at every q of a 10-level grid per anchor, ``scheduler_credit: levels``, and ``-oracle-levels`` the
-same with the oracle's charge, expected, w = 2; ``-rank-oracle`` a pick worth its rank among the anchor's candidates
-when the oracle calls it a true negative and -2 when not, ``reward_hardness: rank``, REINFORCE on the drawn q, and
-``-rank-oracle-levels`` the same scored at every level), and the
-baselines the issue names (GRIT, uniform = no chain, q = 0.5); q = 0, 0.25, 0.75 and 1 (the quantile composer,
-q = 1 GRIT's chain with the oracle's view) draw the fixed-q frontier with q = 0.5."""
+the probability; ``-excess`` six times its excess over the batch's picks of the same hardness,
+``scheduler.reward.itm_charge: excess``; ``-expected`` the margin paid only as far as the head calls the pick a true
+negative, a match worth -2, ``scheduler.reward.itm_charge: expected``; ``-oracle-expected`` the same with the world's
+oracle as the judge, a diagnostic: the ceiling of any judge; ``-w0.5`` a false pick worth -0.5, so that the scheduler
+trades at harder q; ``-levels`` the margin scored at every q of a 10-level grid per anchor, ``scheduler.update.credit:
+levels``, and ``-oracle-levels`` the same with the oracle's charge, expected, w = 2; ``-rank-oracle`` a pick worth its
+rank among the anchor's candidates when the oracle calls it a true negative and -2 when not,
+``scheduler.reward.hardness: rank``, REINFORCE on the drawn q, and ``-rank-oracle-levels`` the same scored at every
+level), and the baselines the issue names (GRIT, uniform = no chain, q = 0.5); q = 0, 0.25, 0.75 and 1 (the quantile
+composer, q = 1 GRIT's chain with the oracle's view) draw the fixed-q frontier with q = 0.5."""
 
 BASELINES = ("grit", "uniform", "q05")
 """What the improved scheduler must beat."""

@@ -56,10 +56,10 @@ METHODS: dict[str, str] = {
 """Method name -> its shipped shapes recipe (every method the issue lists)."""
 
 FIXES: dict[str, tuple[str, list[str]]] = {
-    "falcon-ema-lr1e-2": ("shapes-falcon-ema", ["pretrain.scheduler_lr=1e-2"]),
+    "falcon-ema-lr1e-2": ("shapes-falcon-ema", ["pretrain.scheduler.lr=1e-2"]),
     "falcon-itc-itm-ema-lr1e-2": (
         "shapes-falcon-reward-itc-itm",
-        ["pretrain.reward_baseline=ema", "pretrain.scheduler_lr=1e-2"],
+        ["pretrain.scheduler.update.baseline=ema", "pretrain.scheduler.lr=1e-2"],
     ),
 }
 """Variants that the analysis pointed to (docs/results.md). First: FALCON's q distribution did not move in its
@@ -120,13 +120,13 @@ class Budget:
             f"data.shapes.images={self.images}",
             f"data.shapes.size={self.size}",
             *(f"data.shapes.splits.{split}={fraction}" for split, fraction in SPLITS.items()),
-            f"pretrain.image_size={self.size}",
+            f"pretrain.encoders.image_size={self.size}",
             f"pretrain.epochs={self.epochs}",
             f"pretrain.batch_size={self.batch}",
-            f"pretrain.search_space_size={self.spaces['medium']}",
-            f"pretrain.warmup_steps={self.warmup}",
-            "pretrain.num_workers=0",
-            "pretrain.eval_split=test",
+            f"pretrain.composer.search_space_size={self.spaces['medium']}",
+            f"pretrain.optim.warmup_steps={self.warmup}",
+            "pretrain.loader.num_workers=0",
+            "pretrain.eval.split=test",
             f"audit.step_windows={self.step_windows}",
         ]
 
@@ -243,7 +243,7 @@ def run_one(
     recipe, extra = recipe or FIXES.get(variant.method, (METHODS.get(variant.method), []))
     overrides = [f"seed={seed}", *budget.overrides(out), *extra]
     if variant.space != "medium":
-        overrides.append(f"pretrain.search_space_size={budget.spaces[variant.space]}")
+        overrides.append(f"pretrain.composer.search_space_size={budget.spaces[variant.space]}")
     if variant.method == "srcl":
         waits[("uniform", seed)].result()  # the auxiliary model must be trained first
         overrides.append(f"embed.encoder=falcon:{out / 'runs' / f'uniform-s{seed}'}")
@@ -267,17 +267,19 @@ def run_one(
 
 def collect(variant: Variant, seed: int, run: Path) -> dict:
     """One run's numbers: retrieval (standard and oracle), FN rate of the used negatives, time per epoch."""
+    from falcon_cli.artifacts.renamed_keys import upgrade_stored  # (lazy, as this script's other falcon imports)
+
     manifest = json.loads((run / "manifest.json").read_text())
     stage = manifest["stages"]["pretrain"]
     seconds = _seconds(stage["start"], stage["end"])
-    config = manifest["config"]["pretrain"]
+    config = upgrade_stored(manifest["config"], "a run's manifest")["pretrain"]
     retrieval = json.loads((run / EVALUATED).read_text())["rows"][0]
     audit = {row["kind"]: row for row in json.loads((run / AUDITED).read_text())["overall"]}
     row = {
         "method": variant.name,
         "base_method": variant.method,
         "space": variant.space,
-        "search_space_size": config["search_space_size"],
+        "search_space_size": config["composer"]["search_space_size"],
         "seed": seed,
         "pretrain_seconds": seconds,
         "seconds_per_epoch": seconds / config["epochs"],

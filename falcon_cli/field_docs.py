@@ -23,7 +23,13 @@ def field_docstrings(cls: type) -> dict[str, str]:
     for klass in reversed(cls.__mro__):
         if not klass.__module__.startswith("falcon_cli"):
             continue  # (BaseModel, object: no falcon fields)
-        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        try:
+            source = inspect.getsource(klass)
+        except OSError:  # (a class built at run time, e.g. the false-negative section: its fields' descriptions)
+            fields = getattr(klass, "__pydantic_fields__", {})
+            docs.update({name: field.description for name, field in fields.items() if field.description})
+            continue
+        body = ast.parse(textwrap.dedent(source)).body[0].body
         for statement, below in zip(body, body[1:]):
             if (
                 isinstance(statement, ast.AnnAssign)

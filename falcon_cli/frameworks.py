@@ -43,7 +43,7 @@ class Framework:
     losses: tuple[str, ...]
     """The training losses of a step (their sum is the loss), in the order the metrics log records them."""
     rewards: tuple[str, ...]
-    """The ``pretrain.reward`` values FALCON's scheduler may use with this framework."""
+    """The ``pretrain.scheduler.reward.name`` values FALCON's scheduler may use with this framework."""
     masked_language: bool
     """Whether each batch needs an MLM mask (drawn outside the model, so a reward re-scores the batch with
     the identical mask)."""
@@ -58,14 +58,15 @@ class Framework:
     consistency_weight: float
     """Default weight of GRIT's ITC consistency term under ``false_negatives: none`` (0.2 GRIT-VLP, 0 BLIP-2)."""
     objective: Callable[[Any, Any, Any], Any]
-    """``objective(model, p, false_negatives)``: the training objective around a model (see :func:`build_objective`)."""
+    """``objective(model, losses, false_negatives)``: the training objective around a model, with the losses' settings
+    (``pretrain.losses``; see :func:`build_objective`)."""
     weight_fields: dict[str, str | None]
     """Which model-config field each of the stage's weight sources sets (``vision_weights``, ``text_weights``;
     None: the framework has no such source)."""
     pad_token: bool
     """The model config takes the run tokenizer's padding id (``pad_token_id``)."""
     frozen_image_encoder: bool
-    """Its image encoder is frozen in pretraining (BLIP-2), so ``vision_trainable_epochs`` applies."""
+    """Its image encoder is frozen in pretraining (BLIP-2), so ``encoders.vision_trainable_epochs`` applies."""
     fixed_settings: tuple[tuple[str, Any], ...] = ()
     """``pretrain`` settings its models do not offer, each with the only value allowed (ALBEF's momentum ITC,
     official-checkpoint ``init`` and ``compile``)."""
@@ -88,42 +89,42 @@ class Framework:
 
 # The objectives, imported when built (lazy): every config validation reads this module (`falcon recipes
 # validate` included) and needs no loss.
-def _albef_objective(model: Any, p: Any, false_negatives: Any) -> Any:
+def _albef_objective(model: Any, losses: Any, false_negatives: Any) -> Any:
     """ALBEF's ITC (GRIT's in-batch or a momentum queue) + ITM + MLM."""
     from falcon_cli.objectives.vlp import VlpObjective  # (lazy: see above)
 
     return VlpObjective(
         model,
-        itc=p.itc,
-        consistency_weight=p.itc_consistency_weight,
-        itm_negatives=p.itm_negatives,
-        momentum=p.momentum,
-        queue_size=p.queue_size,
+        itc=losses.itc,
+        consistency_weight=losses.itc_consistency_weight,
+        itm_negatives=losses.itm_negatives,
+        momentum=losses.momentum,
+        queue_size=losses.queue_size,
         false_negatives=false_negatives,
     )
 
 
-def _blip2_objective(model: Any, p: Any, false_negatives: Any) -> Any:
+def _blip2_objective(model: Any, losses: Any, false_negatives: Any) -> Any:
     """BLIP-2 stage 1 (LAVIS): ITC + ITM + ITG."""
     from falcon_cli.objectives.qformer import Blip2Objective  # (lazy: see above)
 
     return Blip2Objective(
         model,
-        consistency_weight=p.itc_consistency_weight,
-        itm_negatives=p.itm_negatives,
+        consistency_weight=losses.itc_consistency_weight,
+        itm_negatives=losses.itm_negatives,
         false_negatives=false_negatives,
     )
 
 
-def _dual_objective(model: Any, p: Any, false_negatives: Any) -> Any:
+def _dual_objective(model: Any, losses: Any, false_negatives: Any) -> Any:
     """A dual encoder's sigmoid or InfoNCE contrastive loss + its decoder's captioning loss."""
     from falcon_cli.objectives.dual import DualObjective  # (lazy: see above)
 
-    return DualObjective(model, caption_weight=p.caption_weight, false_negatives=false_negatives)
+    return DualObjective(model, caption_weight=losses.caption_weight, false_negatives=false_negatives)
 
 
-NOT_ALBEF = (("itc", "grit"), ("init", None), ("compile", False))
-"""ALBEF-only pretrain settings and the value other frameworks must leave them at."""
+NOT_ALBEF = (("losses.itc", "grit"), ("encoders.init", None), ("runtime.compile", False))
+"""ALBEF-only pretrain settings (dotted keys below ``pretrain``) and the value other frameworks must leave them at."""
 
 FRAMEWORKS: dict[str, Framework] = {
     "albef": Framework(
@@ -205,13 +206,14 @@ def model_framework(model_name: str) -> Framework:
     return framework_of(get_model_config(model_name))
 
 
-def build_objective(framework: Framework, model: Any, p: Any, false_negatives: Any = None) -> Any:
-    """The training objective of ``framework`` around ``model``, with the pretrain settings ``p`` (a
-    ``PretrainConfig``, or anything with its fields): BLIP-2's ITC + ITM + ITG (LAVIS's stage 1), a dual
-    encoder's sigmoid or InfoNCE contrastive loss + its decoder's captioning loss, ALBEF's ITC + ITM + MLM.
-    ``false_negatives``: the method's :class:`~falcon_cli.objectives.false_negatives.FalseNegatives` (None: the
-    framework's plain ITC, :meth:`Framework.plain_itc`)."""
-    return framework.objective(model, p, false_negatives if false_negatives is not None else framework.plain_itc())
+def build_objective(framework: Framework, model: Any, losses: Any, false_negatives: Any = None) -> Any:
+    """The training objective of ``framework`` around ``model``, with the losses' settings ``losses``
+    (``pretrain.losses``, a :class:`~falcon_cli.config.schema.LossesConfig`, or anything with its fields): BLIP-2's ITC
+    + ITM + ITG (LAVIS's stage 1), a dual encoder's sigmoid or InfoNCE contrastive loss + its decoder's captioning loss,
+    ALBEF's ITC + ITM + MLM. ``false_negatives``: the method's
+    :class:`~falcon_cli.objectives.false_negatives.FalseNegatives` (None: the framework's plain ITC,
+    :meth:`Framework.plain_itc`)."""
+    return framework.objective(model, losses, false_negatives if false_negatives is not None else framework.plain_itc())
 
 
 def model_overrides(

@@ -106,7 +106,7 @@ class MethodRules:
     """A false-negative method's settings on a testbed, each by its rule."""
 
     method: str
-    """``pretrain.false_negatives``."""
+    """``pretrain.false_negatives.method``."""
     paper: str
     settings: tuple[Setting, ...]
     needs_run: str | None = None
@@ -126,7 +126,7 @@ def _glofnd_start(testbed: Testbed) -> tuple[int, int]:
 def _glofnd_lr(testbed: Testbed, tuned: dict) -> float:
     """The paper's 0.05 over the updates a threshold gets from its start epoch (one per epoch: each pair is in one
     batch an epoch, there and here), carried to the testbed's start."""
-    start = tuned["pretrain.glofnd.start_epoch"]
+    start = tuned["pretrain.false_negatives.glofnd.start_epoch"]
     paper_start = {s: p for s, p in zip(_glofnd_start(testbed), (15, 20))}[start]
     return rate(0.05, 37 - paper_start, testbed.epochs - start)
 
@@ -137,7 +137,7 @@ RULES: dict[str, MethodRules] = {
         "GloFND (Balmaseda et al.), bimodal CC3M: 37 epochs, global batch 1,024 (App. D.2)",
         settings=(
             Setting(
-                "pretrain.glofnd.start_epoch",
+                "pretrain.false_negatives.glofnd.start_epoch",
                 "after 15 (SogCLR) or 20 (FastCLIP) of 37 epochs, tuned over {15, 20} (D.2)",
                 "tuned",
                 None,
@@ -146,14 +146,14 @@ RULES: dict[str, MethodRules] = {
                 candidates=_glofnd_start,
             ),
             Setting(
-                "pretrain.glofnd.lr",
+                "pretrain.false_negatives.glofnd.lr",
                 "0.05 (Adam, β 0.9 / 0.98), λ from 1 (D.2)",
                 "rate",
                 _glofnd_lr,
                 "0.05 × (37 − paper start) / (epochs − start): one update per threshold per epoch in both",
             ),
             Setting(
-                "pretrain.glofnd.alpha",
+                "pretrain.false_negatives.glofnd.alpha",
                 "5e-4 (SogCLR) or 1e-3 (FastCLIP) of a batch's negatives (D.2)",
                 "data",
                 lambda t, tuned: round(t.false_negative_rate, 3),
@@ -161,7 +161,7 @@ RULES: dict[str, MethodRules] = {
                 "(the share α asks GloFND to take as false); one α for every anchor, as in the paper",
             ),
             Setting(
-                "pretrain.glofnd.adam_step",
+                "pretrain.false_negatives.glofnd.adam_step",
                 "t = epoch + 1 in Adam's bias correction (the authors' code)",
                 "paper",
                 lambda t, tuned: "epoch",
@@ -175,7 +175,7 @@ RULES: dict[str, MethodRules] = {
         "MAFA (Byun et al.), ALBEF on 4M: 20 epochs, batch 96, GRIT batches (§5.1)",
         settings=(
             Setting(
-                "pretrain.mafa.high",
+                "pretrain.false_negatives.mafa.high",
                 "τ = 0.8 (§4.1, its code); FALCON's COCO reproduction needed 0.98 (0.8 collapsed; FALCON Tab. 7)",
                 "tuned",
                 None,
@@ -184,21 +184,21 @@ RULES: dict[str, MethodRules] = {
                 candidates=lambda t: (0.8, 0.98),
             ),
             Setting(
-                "pretrain.mafa.low",
+                "pretrain.false_negatives.mafa.low",
                 "0.5: ambiguous band 0.5 < p < τ (§4.1)",
                 "paper",
                 lambda t, tuned: 0.5,
                 "a probability of the discriminator's: not tied to data or schedule",
             ),
             Setting(
-                "pretrain.mafa.smoothing",
+                "pretrain.false_negatives.mafa.smoothing",
                 "S-ITC α = 0.5 (its code, Tab. 2; robust over 0.1–0.7, Tab. 18)",
                 "paper",
                 lambda t, tuned: 0.5,
                 "a label-smoothing mass: not tied to data or schedule",
             ),
             Setting(
-                "pretrain.mafa.judge",
+                "pretrain.false_negatives.mafa.judge",
                 "Con-D: the same architecture trained on the same pretraining data "
                 "(GRIT + S-ITC), fine-tuned on COCO retrieval (§4.1)",
                 "base",
@@ -219,7 +219,7 @@ RULES: dict[str, MethodRules] = {
         "SRCL, ALBEF on 4M: 30 epochs, batch 512 (App. D)",
         settings=(
             Setting(
-                "pretrain.srcl.delta",
+                "pretrain.false_negatives.srcl.delta",
                 "δ, the weights' scale: not given (App. D); false negatives weighted about 0.12 (App. F)",
                 "tuned",
                 None,
@@ -228,14 +228,14 @@ RULES: dict[str, MethodRules] = {
                 candidates=lambda t: (5.0, 10.0),
             ),
             Setting(
-                "pretrain.srcl.mix_until",
+                "pretrain.false_negatives.srcl.mix_until",
                 "α falls from 1 as training goes on (§3.2.1; schedule not given)",
                 "schedule",
                 lambda t, tuned: 1.0,
                 "linearly from 1 to 0 over the whole training (S-2): the fraction 1.0",
             ),
             Setting(
-                "pretrain.srcl.aux_embeddings",
+                "pretrain.false_negatives.srcl.aux_embeddings",
                 "H_β: the same structure trained with InfoNCE on COCO (§3.2.1)",
                 "base",
                 lambda t, tuned: "the same seed's uniform run",
@@ -249,7 +249,7 @@ RULES: dict[str, MethodRules] = {
         "DiHT's HN-NCE (Radenovic et al., 2023), as the FALCON paper re-implemented it in ALBEF (App. C.3)",
         settings=(
             Setting(
-                "pretrain.diht.beta",
+                "pretrain.false_negatives.diht.beta",
                 "β, the hardness: not in the FALCON paper, which re-implemented the loss; "
                 "DiHT's suggested sweep {0.25, 0.5, 1}",
                 "tuned",
@@ -259,7 +259,7 @@ RULES: dict[str, MethodRules] = {
                 candidates=lambda t: (0.25, 0.5),
             ),
             Setting(
-                "pretrain.diht.alpha",
+                "pretrain.false_negatives.diht.alpha",
                 "α = 1 (the positive's weight; sweep {0.999, 1})",
                 "paper",
                 lambda t, tuned: 1.0,
@@ -272,7 +272,7 @@ RULES: dict[str, MethodRules] = {
         "FALCON (Kim et al.), ALBEF on COCO: 20 epochs, batch 96 × 4 GPUs (Tab. 5)",
         settings=(
             Setting(
-                "pretrain.scheduler_lr",
+                "pretrain.scheduler.lr",
                 "1e-4 (Adam), one update per step from epoch 1 (Tab. 5)",
                 "rate",
                 lambda t, tuned: rate(1e-4, 566_747 // 384 * 19, t.steps_per_epoch * (t.epochs - 1)),
@@ -280,7 +280,7 @@ RULES: dict[str, MethodRules] = {
                 "updated once per step after the first epoch",
             ),
             Setting(
-                "pretrain.search_space_size",
+                "pretrain.composer.search_space_size",
                 "search spaces of 1,920 pairs (Tab. 5)",
                 "base",
                 lambda t, tuned: 500,
@@ -300,7 +300,7 @@ TUNING_METRIC = "oracle_R@1"
 """What the tuning runs are compared by: the mean of i2t and t2i false-negative-aware ITC R@1 on the tuning world's
 test split (the number that can move in a world this dense; docs/results.md)."""
 
-TUNED: dict[str, dict[str, object]] = {"glofnd": {"pretrain.glofnd.start_epoch": 15}}
+TUNED: dict[str, dict[str, object]] = {"glofnd": {"pretrain.false_negatives.glofnd.start_epoch": 15}}
 """The values the tuning runs chose on the `dense` tuning world (``{method: {key: value}}``), recorded with the runs
 they were chosen from in docs/results/dense_tuning.csv; a method missing here is chosen from the tuning runs."""
 

@@ -2,7 +2,7 @@
 data, below every package (importing it loads nothing), so that validating a config does not load the objectives."""
 
 ITC_CONSISTENCY_WEIGHT: dict[str, float] = {"none": 0.2, "mafa": 0.0, "srcl": 0.0, "diht": 0.0, "glofnd": 0.0}
-"""Each method's own weight of GRIT-VLP's ITC consistency term, the value ``pretrain.itc_consistency_weight``
+"""Each method's own weight of GRIT-VLP's ITC consistency term, the value ``pretrain.losses.itc_consistency_weight``
 takes when it is left unset: GRIT-VLP trains the term at 0.2 (hard-coded in its code), and so do the
 composers built on it (FALCON, quantiles, uniform); MAFA's code removes it; SRCL, DiHT and GloFND
 have no such term (docs/methods.md, "Which losses each method trains")."""

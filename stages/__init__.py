@@ -38,9 +38,9 @@ def join_processes(config: Recipe, run_dir, command: str, **options) -> None:
     resolved config, run directory, command and options, before anything is written to the run directory
     (:func:`~falcon_cli.runtime.distributed.check_same_launch`: one line naming the node that differs). A no-op
     in a single process. The CLI calls it before opening the run directory; :func:`run_stages` checks again.
-    ``pretrain.dist_timeout`` bounds every collective of the command, and a lost rank stops every other
+    ``pretrain.runtime.dist_timeout`` bounds every collective of the command, and a lost rank stops every other
     (:func:`~falcon_cli.runtime.distributed.init_distributed`)."""
-    D.init_distributed(pick_device(config.pretrain.device).type, config.pretrain.dist_timeout)
+    D.init_distributed(pick_device(config.pretrain.runtime.device).type, config.pretrain.runtime.dist_timeout)
     D.check_same_launch(launch(config, run_dir, command=command, **options))
 
 
@@ -49,8 +49,8 @@ def needed_splits(config: Recipe, stages: list[str]) -> list[tuple[str, str, str
     it)``: pretraining's evaluation split (its pairs the data stage checks), each fine-tuning task's training and
     selection splits, each evaluated task's splits."""
     needs = []
-    if "pretrain" in stages and config.pretrain.eval_split is not None:
-        needs.append(("retrieval", config.pretrain.eval_split, "pretrain.eval_split"))
+    if "pretrain" in stages and config.pretrain.eval.split is not None:
+        needs.append(("retrieval", config.pretrain.eval.split, "pretrain.eval.split"))
     if "finetune" in stages:
         f = config.finetune
         for task in f.tasks:
@@ -108,7 +108,7 @@ def run_stages(config: Recipe, run: RunDirectory, stages: list[str] | None = Non
     """
     # Under torchrun every rank runs the stages: join the process group first, so stages can
     # leave shared work (generating data, writing artifacts) to rank 0 and wait at a barrier.
-    D.init_distributed(pick_device(config.pretrain.device).type, config.pretrain.dist_timeout)
+    D.init_distributed(pick_device(config.pretrain.runtime.device).type, config.pretrain.runtime.dist_timeout)
     place_dataset(config, run.path)  # (the CLI placed it before recording the config; this serves direct callers)
     results: dict[str, dict] = {}
     try:
@@ -118,9 +118,12 @@ def run_stages(config: Recipe, run: RunDirectory, stages: list[str] | None = Non
         D.check_same_launch(launch(config, run.path, stages=stages or list(config.stages), **options))
         # The optional loggers' packages before the first stage, not after the data stage's minutes: one line
         # naming the extra.
-        for stage, section in (("pretrain", config.pretrain), ("finetune", config.finetune)):
+        for stage, loggers, key in (
+            ("pretrain", config.pretrain.logging.loggers, "pretrain.logging.loggers"),
+            ("finetune", config.finetune.loggers, "finetune.loggers"),
+        ):
             if stage in (stages or config.stages):
-                require_loggers(section.loggers, f"{stage}.loggers")
+                require_loggers(loggers, key)
         order = stages or list(config.stages)
         for i, name in enumerate(order):
             if name != "data" and all(earlier == "data" for earlier in order[:i]):

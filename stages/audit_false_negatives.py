@@ -78,7 +78,9 @@ def _audit(config: Recipe, run: RunDirectory) -> dict:
         )
     log = read_batch_log(log_path)
     # The figures also go to the pretraining run's loggers (TensorBoard, wandb, MLflow), their packages checked now.
-    loggers = RunLoggers(config.pretrain.loggers, run.path / "loggers", what="pretrain.loggers", name=run.path.name)
+    loggers = RunLoggers(
+        config.pretrain.logging.loggers, run.path / "loggers", what="pretrain.logging.loggers", name=run.path.name
+    )
     spec = load_spec(config.data.dataset)
     world = spec.resolve(spec.shapes_world) if spec.shapes_world is not None else None
     kind = a.judge if a.judge != "auto" else ("oracle" if world is not None else "blip")
@@ -128,7 +130,7 @@ def _audit(config: Recipe, run: RunDirectory) -> dict:
         features=features,
         max_pairs=a.max_pairs,
         max_steps=a.steps,
-        same_image=excluded_negatives(config.pretrain, spec, dataset.records, itm=True),
+        same_image=excluded_negatives(config.pretrain.false_negatives, spec, dataset.records, itm=True),
     )
     if negatives.empty:
         raise FalconError(
@@ -162,7 +164,12 @@ def _audit(config: Recipe, run: RunDirectory) -> dict:
     if oracle is not None:
         last = int(log["epoch"].max())
         risk = oracle_candidate_risk(
-            features(last), pair_at, oracle.oracle, last, space_size=config.pretrain.search_space_size, seed=config.seed
+            features(last),
+            pair_at,
+            oracle.oracle,
+            last,
+            space_size=config.pretrain.composer.search_space_size,
+            seed=config.seed,
         )
     # How often the composer put near misses together (worlds with near-miss families).
     size = family_size(world) if world is not None else 1
@@ -180,7 +187,7 @@ def _audit(config: Recipe, run: RunDirectory) -> dict:
             "the judge is the oracle itself, so its filter curve and precision/recall are perfect by "
             "construction; audit with --judge checkpoint or --judge blip to see how a model judge does"
         )
-    if "itm" in a.negatives and config.pretrain.itm_negatives == "sample":
+    if "itm" in a.negatives and config.pretrain.losses.itm_negatives == "sample":
         notes.append(
             "this run sampled its ITM negatives (itm_negatives: sample); the itm rows are the most likely draw"
         )

@@ -79,7 +79,7 @@ def _build_from(config: Recipe, run: RunDirectory, path: Path, embeddings: Embed
     size_key, size = (
         ("search_spaces.size", s.size)
         if s.size is not None
-        else ("pretrain.search_space_size", config.pretrain.search_space_size)
+        else ("pretrain.composer.search_space_size", config.pretrain.composer.search_space_size)
     )
     if size < 1:
         raise FalconError(f"{size_key}={size}: a search space needs at least 1 pair")

@@ -37,7 +37,7 @@ from rich.markup import escape
 from falcon_cli.artifacts.embeddings import FINGERPRINT_ATTR
 from falcon_cli.artifacts.results import write_results as write_results_table
 from falcon_cli.artifacts.tables import BATCHES
-from falcon_cli.config.schema import Recipe
+from falcon_cli.config.schema import Recipe, SchedulerConfig
 from falcon_cli.config.unimodal import unimodal_weights
 from falcon_cli.data.collate import PretrainCollate
 from falcon_cli.data.datasets import pretrain_dataset, retrieval_dataset
@@ -56,6 +56,7 @@ from falcon_cli.objectives.false_negative_builder import build_false_negatives, 
 from falcon_cli.objectives.false_negatives import FlagsAgainstOracle, StepContext
 from falcon_cli.objectives.itc import alpha_ramp
 from falcon_cli.objectives.mlm import MlmMask
+from falcon_cli.registry import COMPOSERS
 from falcon_cli.reporting.figures import q_over_training
 from falcon_cli.runtime import distributed as D
 from falcon_cli.runtime.checkpoint import latest_checkpoint, rewind_latest
@@ -76,7 +77,6 @@ from falcon_cli.sampling.batch_log import BatchLog, part_name, read_batch_log
 from falcon_cli.sampling.epochs import EpochBatches, build_composer
 from falcon_cli.sampling.falcon_step import FalconStep
 from falcon_cli.sampling.oracle_view import composition_summary
-from falcon_cli.sampling.quantile_composer import QUANTILE_COMPOSERS
 from falcon_cli.sampling.scheduler import NegativeScheduler
 from falcon_cli.sampling.scheduler_features import SchedulerFeatures
 from falcon_cli.sampling.sharded_cache import ShardedCache
@@ -91,16 +91,16 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
     p = config.pretrain
 
     # 1. Processes, device, precision, seeds. Every rank draws its own randomness (seed + rank).
-    device = pick_device(p.device)
+    device = pick_device(p.runtime.device)
     distributed = D.init_distributed(device.type)  # already joined by run_stages under torchrun
     rank, world, main = D.rank(), D.world_size(), D.is_main_process()
-    precision = resolve_precision(p.precision, device)
+    precision = resolve_precision(p.runtime.precision, device)
     seed_everything(config.seed + rank)
     # The run's loggers besides metrics.jsonl (TensorBoard, wandb, MLflow): their packages checked now, before any work.
     loggers = RunLoggers(
-        p.loggers,
+        p.logging.loggers,
         run.path / "loggers",
-        what="pretrain.loggers",
+        what="pretrain.logging.loggers",
         name=run.path.name,
         config=config.model_dump(mode="json"),
         main=main,
@@ -120,16 +120,20 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
             len(tokenizer),
             vision_weights=vision_weights,
             text_weights=text_weights,
-            image_size=p.image_size,
+            image_size=p.encoders.image_size,
             pad_token_id=tokenizer.pad_token_id,
         ),
     )
-    if p.init is not None:  # a whole official ALBEF/GRIT-VLP/MAFA checkpoint (docs/pretraining.md)
-        load_albef_checkpoint(model, p.init)
-    if p.vision_trainable_epochs:  # BLIP-2 without a pretrained image encoder: it trains first (so AdamW holds it)
+    if p.encoders.init is not None:  # a whole official ALBEF/GRIT-VLP/MAFA checkpoint (docs/pretraining.md)
+        load_albef_checkpoint(model, p.encoders.init)
+    if (
+        p.encoders.vision_trainable_epochs
+    ):  # BLIP-2 without a pretrained image encoder: it trains first (so AdamW holds it)
         model.set_image_encoder_trainable(True)
     resolution = model.config.image_size
-    dataset = pretrain_dataset(spec, build_transform(p.augment, resolution, hflip=p.hflip), seed=config.seed)
+    dataset = pretrain_dataset(
+        spec, build_transform(p.loader.augment, resolution, hflip=p.loader.hflip), seed=config.seed
+    )
     fingerprint = records_fingerprint(dataset.records, spec.base_dir)  # which pairs: recorded in every embeddings file
     # The false-negative method (MAFA, SRCL, DiHT, GloFND, or the plain ITC), checked before any training; on
     # the shapes world the oracle measures what it flags. `same_image: mask` keeps pairs that show the same
@@ -137,19 +141,19 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
     method, truth = build_false_negatives(
         config, spec, dataset, device, run, warn=lambda line: console.print(f"[yellow]warning:[/] {escape(line)}")
     )
-    # `oracle_negatives: mask` (a diagnostic) keeps every truly matching pair out the same way.
-    excluded = excluded_negatives(p, spec, dataset.records, device, check=False)
-    masked_key = "same_image_masked" if p.oracle_negatives == "keep" else "oracle_masked"  # (metrics.jsonl)
-    objective = build_objective(framework, model, p, method).to(device)
+    # `false_negatives.oracle: mask` (a diagnostic) keeps every truly matching pair out the same way.
+    excluded = excluded_negatives(p.false_negatives, spec, dataset.records, device, check=False)
+    masked_key = "same_image_masked" if p.false_negatives.oracle == "keep" else "oracle_masked"  # (metrics.jsonl)
+    objective = build_objective(framework, model, p.losses, method).to(device)
     false_negatives = objective.false_negatives  # (the method, or the framework's plain ITC)
-    if p.compile:
+    if p.runtime.compile:
         model.compile_encoders(mode=p.compile_mode)
-    optimizer = build_optimizer(objective, p.lr, p.weight_decay)
+    optimizer = build_optimizer(objective, p.optim.lr, p.optim.weight_decay)
     scaler = grad_scaler(precision, device)
     trainer = data_parallel(objective, device) if distributed else objective
-    # The step's forward, eager or captured whole (`graph_step`: one shape for every step, so captions padded).
+    # The step's forward, eager or captured whole (`runtime.graph_step`: one shape for every step, so captions padded).
     forward = training_forward(trainer, p, precision, device)
-    collate = PretrainCollate(tokenizer, p.max_text_length, fixed_length=p.graph_step)
+    collate = PretrainCollate(tokenizer, p.encoders.max_text_length, fixed_length=p.runtime.graph_step)
     special = dict(
         vocab_size=len(tokenizer),
         mask_token_id=tokenizer.mask_token_id,
@@ -163,21 +167,21 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
     # rank's cache holds its shards only, this epoch's and the next one's (about 2N / world rows).
     all_ids = torch.tensor(dataset.pair_ids, dtype=torch.long)
     cache = ShardedCache(all_ids, model.config.embed_dim, device=device, rank=rank, world=world)
-    warm = warm_start(config, run, all_ids, device, fingerprint) if p.search_spaces is not None else None
-    scheduler = build_scheduler(p, device) if p.composer == "falcon" else None
-    falcon = FalconStep(scheduler, p, precision, device) if scheduler is not None else None
+    warm = warm_start(config, run, all_ids, device, fingerprint) if p.composer.search_spaces is not None else None
+    scheduler = build_scheduler(p.scheduler, device) if p.composer.name == "falcon" else None
+    falcon = FalconStep(scheduler, p.scheduler, precision, device) if scheduler is not None else None
     # On a shapes world the quantile composers log the oracle's view of every chained slot (the anchor's
     # false-negative density, the safe q, whether the pick is one): it changes no choice.
     chain_truth = (
         truth or in_batch_truth(spec.resolve(spec.shapes_world), dataset.records)
-        if spec.shapes_world is not None and p.composer in QUANTILE_COMPOSERS
+        if spec.shapes_world is not None and COMPOSERS.get(p.composer.name).draws_q
         else None
     )
-    if scheduler is not None and p.reward == "positive_margin+oracle" and chain_truth is None:
+    if scheduler is not None and p.scheduler.reward.name == "positive_margin+oracle" and chain_truth is None:
         raise FalconError(
-            f"pretrain.reward=positive_margin+oracle: the dataset in {spec.base_dir} is not a shapes world "
-            "(its dataset.yaml names no shapes_world), so no oracle judges the picks; use "
-            "pretrain.reward=positive_margin+itm (the model's own ITM head)"
+            f"pretrain.scheduler.reward.name=positive_margin+oracle: the dataset in {spec.base_dir} is not a "
+            "shapes world (its dataset.yaml names no shapes_world), so no oracle judges the picks; use "
+            "pretrain.scheduler.reward.name=positive_margin+itm (the model's own ITM head)"
         )
     composer = build_composer(p, truth=chain_truth, source=scheduler.alpha_beta if scheduler is not None else None)
     generators = run_generators(config.seed, rank, device)
@@ -211,7 +215,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
         run.path / "checkpoints",
         checkpoint_weights(model, objective, false_negatives),
         what="pretraining",
-        keep_last=p.keep_last,
+        keep_last=p.checkpoints.keep_last,
         say=console.print,
         shared={"optimizer": optimizer, "scaler": scaler, "composer": composer, "scheduler": scheduler},
         # (the cache before epoch_batches: a resumed FALCON epoch's spaces read it)
@@ -223,7 +227,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
             "falcon": falcon,
             "flags": flags,
         },
-        meta={"model": p.model, "image_size": resolution, "max_text_length": p.max_text_length},
+        meta={"model": p.model, "image_size": resolution, "max_text_length": p.encoders.max_text_length},
     )
     state.begin(resume=resume, overwrite=overwrite)
     metrics.truncate_after(state.step)  # what the killed run logged after its checkpoint goes (the loggers start here)
@@ -234,41 +238,48 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
         optimizer,
         scaler,
         precision,
-        grad_clip=p.grad_clip,
+        grad_clip=p.optim.grad_clip,
         stop=lambda bad: stop_non_finite(bad, state, precision, p, framework.losses),
         parts=framework.losses,
     )
     profiler = StepProfiler(
         run.path / "profile",
-        p.profile_steps,
+        p.runtime.profile_steps,
         device=device,
         enabled=main,
-        start=epochs.steps(0) if p.epochs > 1 else min(10, max(epochs.steps(0) - p.profile_steps, 0)),
+        start=epochs.steps(0) if p.epochs > 1 else min(10, max(epochs.steps(0) - p.runtime.profile_steps, 0)),
     )
 
     # Only rank 0 evaluates, so only rank 0 loads the eval split.
     # On a shapes world every number also comes false-negative aware (any true match counts), as `falcon evaluate`'s.
     eval_split = (
-        retrieval_dataset(spec, p.eval_split, build_transform("test", resolution)) if p.eval_split and main else None
+        retrieval_dataset(spec, p.eval.split, build_transform("test", resolution)) if p.eval.split and main else None
     )
     positives = oracle_positives(spec, eval_split) if eval_split is not None else None
     if eval_split is not None and state.checkpoint is None:
         results["untrained"] = zero_shot_retrieval(
-            model, eval_split, tokenizer, device, positives=positives, max_length=p.max_text_length
+            model, eval_split, tokenizer, device, positives=positives, max_length=p.encoders.max_text_length
         )
-    preloaded = preload_images(dataset, device, p.num_workers) if p.preload_images else None
+    preloaded = preload_images(dataset, device, p.loader.num_workers) if p.loader.preload_images else None
     D.barrier()
     # A preemption notice (SIGTERM, SIGUSR1, SIGUSR2) stops every rank after the same step, checkpointed exactly
     # there, with the requeue exit status (runtime/preemption.py; docs/cluster.md).
     preemption = Preemption(
-        p.preempt_grace_s, key="pretrain.preempt_grace_s", checkpoints=state.directory, say=console.print
+        p.runtime.preempt_grace_s,
+        key="pretrain.runtime.preempt_grace_s",
+        checkpoints=state.directory,
+        say=console.print,
     ).install()
 
     # 5. Train. Each epoch is composed from the cache of the previous one (FALCON: one batch at a time, as
     # batch k + 1 depends on the scheduler after step k); the cache fills from the training forward itself.
     for epoch in range(state.epoch, p.epochs):
         dataset.set_epoch(epoch)
-        if p.vision_trainable_epochs and epoch >= p.vision_trainable_epochs and model.vision_trainable:
+        if (
+            p.encoders.vision_trainable_epochs
+            and epoch >= p.encoders.vision_trainable_epochs
+            and model.vision_trainable
+        ):
             model.set_image_encoder_trainable(False)  # frozen from here on, as BLIP-2's; DDP wraps what still trains
             trainer = data_parallel(objective, device) if distributed else objective
             forward = training_forward(trainer, p, precision, device)
@@ -284,8 +295,8 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
             dataset,
             collate,
             state.batch_index,
-            num_workers=p.num_workers,
-            lag=p.scheduler_lag - p.scheduler_overlap,
+            num_workers=p.loader.num_workers,
+            lag=p.scheduler.lag - p.scheduler.overlap,
             pin_memory=device.type == "cuda",
             seed=config.seed + epoch,
         )
@@ -299,11 +310,11 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
             lr = learning_rate(
                 state.step,
                 epoch,
-                lr=p.lr,
-                min_lr=p.min_lr,
-                warmup_lr=p.warmup_lr,
-                warmup_steps=p.warmup_steps,
-                cosine_epochs=p.cosine_epochs or p.epochs,
+                lr=p.optim.lr,
+                min_lr=p.optim.min_lr,
+                warmup_lr=p.optim.warmup_lr,
+                warmup_steps=p.optim.warmup_steps,
+                cosine_epochs=p.optim.cosine_epochs or p.epochs,
             )
             set_learning_rate(optimizer, lr)
             inputs, pair_ids = step_inputs(
@@ -311,16 +322,16 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
                 device,
                 preloaded,
                 generators["mask"] if framework.masked_language else None,
-                p.mlm_probability,
+                p.losses.mlm_probability,
                 special,
             )
             same_image = excluded(pair_ids) if excluded is not None else None
             if falcon_epoch:  # L(θ_k) from a no-grad pass, where the reward needs one
                 falcon.before(objective, inputs, same_image)
             context = StepContext(
-                pair_ids, epoch, state.step, total_steps, same_image, mask_itm=p.oracle_negatives != "mask_itc"
+                pair_ids, epoch, state.step, total_steps, same_image, mask_itm=p.false_negatives.oracle != "mask_itc"
             )
-            out = forward(inputs, alpha_ramp(p.distill_alpha, index, total, epoch), generators["itm"], context)
+            out = forward(inputs, alpha_ramp(p.losses.distill_alpha, index, total, epoch), generators["itm"], context)
             losses = {name: getattr(out, name) for name in framework.losses}  # (itc, itm, and mlm or itg)
             after = state.step + 1  # (reading the non-finite verdict is a host sync: only where the loop syncs anyway;
             # FALCON's reward read syncs every step, except under scheduler_overlap, whose update reads the verdict)
@@ -329,10 +340,10 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
                 losses,
                 epoch,
                 state.step,
-                sync=(falcon_epoch and not p.scheduler_overlap)
-                or after % p.log_every == 0
+                sync=(falcon_epoch and not p.scheduler.overlap)
+                or after % p.logging.every == 0
                 or index == total - 1
-                or bool(p.checkpoint_every and after % p.checkpoint_every == 0),
+                or bool(p.checkpoints.every and after % p.checkpoints.every == 0),
             )
             update = {}
             if falcon_epoch:  # the reward of this batch, and the scheduler's REINFORCE update
@@ -343,7 +354,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
                     inputs,
                     same_image,
                     *epochs.take(batch["pair_ids"]),
-                    halted=update_model.guard.halted if p.scheduler_overlap else None,
+                    halted=update_model.guard.halted if p.scheduler.overlap else None,
                 )
                 if update.get("halted"):  # (scheduler_overlap: a step after a non-finite one updates nothing)
                     update_model.check()
@@ -356,7 +367,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
             seen += len(pair_ids) * world
             profiler.after(state.step)
 
-            if state.step % p.log_every == 0 or index == total - 1:
+            if state.step % p.logging.every == 0 or index == total - 1:
                 elapsed = time.perf_counter() - tick
                 metrics.write(
                     step=state.step,
@@ -373,7 +384,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
                     **({masked_key: same_image.sum()} if same_image is not None else {}),
                     **false_negatives.stats,
                 )
-            if p.checkpoint_every and state.step % p.checkpoint_every == 0 and index + 1 < total:
+            if p.checkpoints.every and state.step % p.checkpoints.every == 0 and index + 1 < total:
                 preemption.save(state, epoch, index + 1)
             if preemption.requested():  # (a host-side all-reduce under torchrun: every rank stops after this step)
                 raise preemption.stop_after_step(state, epoch, index + 1)
@@ -391,7 +402,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
                 **composition_summary(batch_log.rows(epoch), falcon.rewards, falcon.credited, falcon.judged),
             )
         epochs.end()
-        if loggers and p.composer in QUANTILE_COMPOSERS:  # the epoch's q's (this rank's), as a histogram
+        if loggers and COMPOSERS.get(p.composer.name).draws_q:  # the epoch's q's (this rank's), as a histogram
             metrics.histogram(
                 "epoch_summary/q", read_batch_log(batch_log.path / part_name(epoch, rank))["q"], state.step
             )
@@ -409,9 +420,9 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
         )
         if main:
             run.add_artifact(path, schema="embeddings", schema_version=1)
-        if eval_split is not None and p.eval_every and (epoch + 1) % p.eval_every == 0 and epoch + 1 < p.epochs:
+        if eval_split is not None and p.eval.every and (epoch + 1) % p.eval.every == 0 and epoch + 1 < p.epochs:
             curve = zero_shot_retrieval(
-                model, eval_split, tokenizer, device, positives=positives, max_length=p.max_text_length
+                model, eval_split, tokenizer, device, positives=positives, max_length=p.encoders.max_text_length
             )
             metrics.write(step=state.step, epoch=epoch, kind="zero_shot", **curve)  # the learning curve
         preemption.save(state, epoch + 1, 0)
@@ -434,14 +445,14 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
     # 6. Zero-shot retrieval with the trained model (ITC only; ITM re-ranking is `falcon evaluate`).
     if eval_split is not None:
         results["trained"] = zero_shot_retrieval(
-            model, eval_split, tokenizer, device, positives=positives, max_length=p.max_text_length
+            model, eval_split, tokenizer, device, positives=positives, max_length=p.encoders.max_text_length
         )
-        if p.eval_every:  # the curve's last point
+        if p.eval.every:  # the curve's last point
             metrics.write(step=state.step, epoch=p.epochs - 1, kind="zero_shot", **results["trained"])
-        write_results(run, results, split=p.eval_split, resolution=resolution, step=state.step)
+        write_results(run, results, split=p.eval.split, resolution=resolution, step=state.step)
     D.barrier()
     if main:
-        record_artifacts(run, with_q_figure=p.composer in QUANTILE_COMPOSERS)
+        record_artifacts(run, with_q_figure=COMPOSERS.get(p.composer.name).draws_q)
         metrics.image(Q_FIGURE, run.path / f"{Q_FIGURE}.png", state.step)
     metrics.close()
     return {
@@ -471,15 +482,16 @@ def run_generators(seed: int, rank: int, device: torch.device) -> Generators:
 
 
 def training_forward(trainer: torch.nn.Module, p, precision: str, device: torch.device) -> TrainingForward:
-    """The step's forward through ``trainer`` with the pretrain settings ``p``: eager, or captured (``graph_step``)."""
+    """The step's forward through ``trainer`` with the pretrain settings ``p``: eager, or captured
+    (``runtime.graph_step``)."""
     return TrainingForward(
         trainer,
         precision,
         device,
-        graph=p.graph_step,
-        sample_itm=p.itm_negatives == "sample",
-        mode=p.compile_mode,
-        backend=p.graph_backend,
+        graph=p.runtime.graph_step,
+        sample_itm=p.losses.itm_negatives == "sample",
+        mode=p.runtime.compile_mode,
+        backend=p.runtime.graph_backend,
     )
 
 
@@ -490,7 +502,7 @@ def checkpoint_weights(model: torch.nn.Module, objective, false_negatives) -> di
 
 
 def preload_images(dataset, device: torch.device, num_workers: int) -> PreloadedImages:
-    """The dataset's images decoded once onto the device with its fixed transform (``preload_images``), gathered
+    """The dataset's images decoded once onto the device with its fixed transform (``loader.preload_images``), gathered
     per batch there; the loader then reads captions only."""
     preloaded = PreloadedImages(dataset.records, dataset.transform, device, num_workers=num_workers)
     dataset.load_images = False
@@ -539,11 +551,11 @@ def data_parallel(objective: torch.nn.Module, device: torch.device) -> torch.nn.
 
 
 def weight_sources(config: Recipe, run: RunDirectory, tokenizer) -> tuple[str | None, str | None]:
-    """``pretrain.vision_weights`` and ``text_weights`` with the keyword ``unimodal`` replaced by the files the
+    """``pretrain.encoders.vision_weights`` and ``text_weights`` with the keyword ``unimodal`` replaced by the files the
     unimodal stage wrote for this run's world, model, tokenizer and seed (refused when it has not run)."""
     p = config.pretrain
-    if "unimodal" not in (p.vision_weights, p.text_weights):
-        return p.vision_weights, p.text_weights
+    if "unimodal" not in (p.encoders.vision_weights, p.encoders.text_weights):
+        return p.encoders.vision_weights, p.encoders.text_weights
     weights = unimodal_weights(config, tokenizer.get_vocab())
     if not weights.complete():
         raise FalconError(
@@ -552,8 +564,8 @@ def weight_sources(config: Recipe, run: RunDirectory, tokenizer) -> tuple[str | 
             f"`falcon unimodal --recipe {config.name} --run-dir {run.path}` first"
         )
     return (
-        str(weights.vision) if p.vision_weights == "unimodal" else p.vision_weights,
-        str(weights.text) if p.text_weights == "unimodal" else p.text_weights,
+        str(weights.vision) if p.encoders.vision_weights == "unimodal" else p.encoders.vision_weights,
+        str(weights.text) if p.encoders.text_weights == "unimodal" else p.encoders.text_weights,
     )
 
 
@@ -586,25 +598,25 @@ def step_inputs(
     return (images, input_ids, attention_mask, mask), pair_ids
 
 
-def build_scheduler(p, device: torch.device) -> NegativeScheduler:
-    """FALCON's scheduler φ with the pretrain settings ``p``: its inputs, network, optimizer and reward."""
-    inputs = SchedulerFeatures(p.scheduler_features, p.quantile_levels, p.quantile_temperature)
+def build_scheduler(s: SchedulerConfig, device: torch.device) -> NegativeScheduler:
+    """FALCON's scheduler φ from its settings (``pretrain.scheduler``): its inputs, network, optimizer and reward."""
+    inputs = SchedulerFeatures(s.features, s.quantile_levels, s.quantile_temperature)
     return NegativeScheduler(
         quantiles=inputs.dim,
-        hidden=p.scheduler_hidden,
-        blocks=p.scheduler_blocks,
-        lr=p.scheduler_lr,
-        weight_decay=p.scheduler_weight_decay,
-        reward=p.reward,
-        reward_mode=p.reward_mode,
-        credit=p.scheduler_credit,
-        baseline=p.reward_baseline,
-        baseline_decay=p.reward_baseline_decay,
-        normalize=p.scheduler_advantage_norm,
-        entropy=p.scheduler_entropy,
-        max_concentration=p.scheduler_max_concentration,
-        grad_clip=p.scheduler_grad_clip,
-        levels=p.scheduler_levels,
+        hidden=s.hidden,
+        blocks=s.blocks,
+        lr=s.lr,
+        weight_decay=s.weight_decay,
+        reward=s.reward.name,
+        reward_mode=s.reward.mode,
+        credit=s.update.credit,
+        baseline=s.update.baseline,
+        baseline_decay=s.update.baseline_decay,
+        normalize=s.update.advantage_norm,
+        entropy=s.update.entropy,
+        max_concentration=s.max_concentration,
+        grad_clip=s.grad_clip,
+        levels=s.update.levels,
         device=device,
     )
 
@@ -612,14 +624,16 @@ def build_scheduler(p, device: torch.device) -> NegativeScheduler:
 def warm_start(
     config: Recipe, run: RunDirectory, all_ids: torch.Tensor, device: torch.device, fingerprint: str
 ) -> WarmStart:
-    """Epoch 0 from built search spaces (``pretrain.search_spaces``) and the embeddings that built them."""
+    """Epoch 0 from built search spaces (``pretrain.composer.search_spaces``) and the embeddings that built them."""
     p = config.pretrain
-    if p.composer == "uniform":
+    if p.composer.name == "uniform":
         raise FalconError(
-            f"pretrain.search_spaces={p.search_spaces} needs a composer that uses search spaces "
-            "(grit, quantile, progressive, falcon); pretrain.composer is uniform"
+            f"pretrain.composer.search_spaces={p.composer.search_spaces} needs a composer that uses search spaces "
+            "(grit, quantile, progressive, falcon); pretrain.composer.name is uniform"
         )
-    spaces_path = run.path / "search_spaces.parquet" if p.search_spaces == "run" else Path(p.search_spaces)
+    spaces_path = (
+        run.path / "search_spaces.parquet" if p.composer.search_spaces == "run" else Path(p.composer.search_spaces)
+    )
     embeddings_path = (
         Path(config.search_spaces.embeddings)
         if config.search_spaces.embeddings is not None
@@ -658,11 +672,11 @@ def stop_non_finite(bad: dict, state: TrainState, precision: str, p, losses: tup
 def non_finite_stop(what: str, epoch: int, step: int, parts: str, precision: str, p, latest: Path | None) -> str:
     """The one line a non-finite loss or gradient stops a run with: where, what to resume from, and what
     to change for this run's precision and settings."""
-    changes = [f"pretrain.lr={p.lr / 10:g}"]
-    if p.grad_clip is None:
-        changes.append("pretrain.grad_clip=1.0")
+    changes = [f"pretrain.optim.lr={p.optim.lr / 10:g}"]
+    if p.optim.grad_clip is None:
+        changes.append("pretrain.optim.grad_clip=1.0")
     if precision in ("fp16", "bf16"):
-        changes.append("pretrain.precision=fp32")
+        changes.append("pretrain.runtime.precision=fp32")
     advice = " and/or ".join(f"'{c}'" for c in changes)
     if latest is not None:
         where = (

@@ -5,7 +5,7 @@ shapes run that starts from random weights ends where the choice of negatives ba
 stage gives the shapes runs the same kind of start. Reads top to bottom:
 
 1. settings: the world (a shapes world: its scenes are the image labels), the architecture of
-   ``pretrain.model`` at ``pretrain.image_size``, the run's tokenizer, and the cache entry those and the
+   ``pretrain.model`` at ``pretrain.encoders.image_size``, the run's tokenizer, and the cache entry those and the
    seed name (:func:`falcon_cli.config.unimodal.unimodal_weights`). A complete entry is reused as it is;
 2. the image encoder: the model's ViT classifies, per grid cell, the shape, the colour and the size
    (or "empty") of the world's training images and of ``unimodal.extra_images`` scenes drawn afresh
@@ -14,8 +14,8 @@ stage gives the shapes runs the same kind of start. Reads top to bottom:
    masked language modelling on the training captions; masked-token accuracy on the validation captions;
 4. both written atomically into the cache entry with ``report.json``; the run gets ``results/unimodal.*``.
 
-Pretraining loads them with ``pretrain.vision_weights: unimodal`` and ``pretrain.text_weights: unimodal``.
-"""
+Pretraining loads them with ``pretrain.encoders.vision_weights: unimodal`` and ``pretrain.encoders.text_weights:
+unimodal``."""
 
 from __future__ import annotations
 
@@ -144,7 +144,7 @@ def _unimodal(config: Recipe, run: RunDirectory) -> dict:
     # 3. The text encoder: masked language modelling on the training captions, cut where pretraining cuts them.
     captions = pq.read_table(world / "captions.parquet", columns=["split", "text"]).to_pydict()
     texts = {name: [t for s, t in zip(captions["split"], captions["text"]) if s == name] for name in ("train", "val")}
-    tokens = {name: tokenize(tokenizer, texts[name], p.max_text_length) for name in texts}
+    tokens = {name: tokenize(tokenizer, texts[name], p.encoders.max_text_length) for name in texts}
     bert = masked_language_model(model_config, len(tokenizer), tokenizer.pad_token_id).to(device)
     special = dict(
         vocab_size=len(tokenizer),

@@ -250,12 +250,12 @@ TINY_FRAMEWORK_RUN = [
     "data.tokenizer_vocab_size=200",
     "pretrain.epochs=3",
     "pretrain.batch_size=16",
-    "pretrain.search_space_size=48",
-    "pretrain.log_every=1",
-    "pretrain.warmup_steps=4",
-    "pretrain.checkpoint_every=8",
-    "pretrain.quantile_levels=20",
-    "pretrain.device=cpu",
+    "pretrain.composer.search_space_size=48",
+    "pretrain.logging.every=1",
+    "pretrain.optim.warmup_steps=4",
+    "pretrain.checkpoints.every=8",
+    "pretrain.scheduler.quantile_levels=20",
+    "pretrain.runtime.device=cpu",
     "audit.max_pairs=2000",
 ]
 """The tiny run the BLIP-2 and dual-encoder pipeline tests train: 40 images, 3 epochs of batch 16, a checkpoint

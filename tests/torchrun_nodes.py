@@ -1,7 +1,7 @@
 """Two 'nodes' on this machine, for the multi-node tests (tests/runtime/test_multinode.py,
 tests/runtime/test_cluster_faults.py): each node is its own ``torchrun`` (one gloo process each,
-``pretrain.device=cpu``) meeting the other at a c10d rendezvous on localhost, in its own session so that a node, or
-only its worker, can be killed."""
+``pretrain.runtime.device=cpu``) meeting the other at a c10d rendezvous on localhost, in its own session so that a node,
+or only its worker, can be killed."""
 
 from __future__ import annotations
 
@@ -22,16 +22,16 @@ FALCON = [
     *TINY,
     "pretrain.batch_size=8",
     "pretrain.max_steps_per_epoch=6",
-    "pretrain.checkpoint_every=4",
-    "pretrain.composer=falcon",
-    "pretrain.search_space_size=40",
-    "pretrain.quantile_levels=20",
-    "pretrain.scheduler_lr=1e-2",
-    "pretrain.scheduler_features=[positive,spread]",
-    "pretrain.scheduler_credit=chosen",
-    "pretrain.reward_baseline=batch_mean",
-    "pretrain.scheduler_advantage_norm=true",
-    "pretrain.device=cpu",
+    "pretrain.checkpoints.every=4",
+    "pretrain.composer.name=falcon",
+    "pretrain.composer.search_space_size=40",
+    "pretrain.scheduler.quantile_levels=20",
+    "pretrain.scheduler.lr=1e-2",
+    "pretrain.scheduler.features=[positive,spread]",
+    "pretrain.scheduler.update.credit=chosen",
+    "pretrain.scheduler.update.baseline=batch_mean",
+    "pretrain.scheduler.update.advantage_norm=true",
+    "pretrain.runtime.device=cpu",
 ]
 ENV = {**os.environ, "FALCON_PROGRESS": "0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
 

@@ -14,7 +14,7 @@ losses (``i2t``: an image against a wrong caption; ``t2i``: a caption against a 
   pair by ITC similarity (:func:`~falcon_cli.objectives.itm.hardest_negatives`, the same
   function training calls), from the epoch's embedding cache ``embeddings/epoch_<e>.h5``,
   which pretraining fills from the training forward of that very step. (A run trained with
-  ``itm_negatives: sample`` drew its ITM negatives from the softmax of these similarities;
+  ``losses.itm_negatives: sample`` drew its ITM negatives from the softmax of these similarities;
   the audit takes the most likely draw.) Its hardness is the anchor's own slot hardness: the
   q at which the batch around it was composed.
 """
@@ -72,8 +72,8 @@ def used_negatives(
     composer's similarity to the anchor; itm: the ITC cosine of the judged pair), ``sampler``.
     ``features(epoch)``: that epoch's embedding cache (needed for ``itm``). ``same_image(pair_ids)``:
     bool [B, B] of the batch's pairs that share an image, for a run that kept them out of ITM mining
-    (``pretrain.same_image: mask``; :meth:`~falcon_cli.data.shared_images.SharedImages.mask`). ``max_pairs`` /
-    ``max_steps``: keep whole training steps, evenly spaced from the first to the last, so that
+    (``pretrain.false_negatives.same_image: mask``; :meth:`~falcon_cli.data.shared_images.SharedImages.mask`).
+    ``max_pairs`` / ``max_steps``: keep whole training steps, evenly spaced from the first to the last, so that
     at most this many rows / steps remain (a long run audits in bounded time).
     """
     unknown = [k for k in kinds if k not in KINDS]

@@ -1,7 +1,8 @@
-"""``falcon recipes list|show|validate``: the shipped recipes and their keys."""
+"""``falcon recipes list|show|validate|upgrade``: the shipped recipes, their keys, and a recipe's keys renamed."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import List, Optional
 
 import typer
@@ -13,7 +14,7 @@ from falcon_cli.errors import FalconError
 from falcon_cli.runtime.console import make_console
 
 app = typer.Typer(
-    help="List, show and validate recipes.\n\nExample: falcon recipes show shapes-demo", no_args_is_help=True
+    help="List, show, validate and upgrade recipes.\n\nExample: falcon recipes show shapes-demo", no_args_is_help=True
 )
 console = make_console()
 
@@ -89,3 +90,34 @@ def validate(
             console.print(f"[green]✓[/] {escape(f'{name} ({path})')}")
     if failures:
         raise FalconError(f"{failures} of {len(names)} recipes are invalid")
+
+
+@app.command("upgrade")
+def upgrade(
+    files: List[Path] = typer.Argument(..., help="Recipe files to rewrite in place."),
+    check: bool = typer.Option(False, "--check", help="Only say which keys would move; exit 1 if any would."),
+) -> None:
+    """Rewrite recipe files' keys renamed in 0.3.0 to their new names, keeping comments and order.
+
+    pretrain.scheduler.lr becomes pretrain.scheduler.lr, pretrain.composer.name: falcon becomes pretrain.composer.name: falcon, and so on (CHANGELOG 0.3.0 lists them). The file is checked to read as the same settings before it is replaced, atomically. Old keys still work in 0.3.0, with one deprecation line each.
+
+    Example: falcon recipes upgrade my-recipe.yaml
+    """  # noqa: E501 (Rich keeps a line break in help text: one line per paragraph)
+    from falcon_cli.config.upgrade import upgrade_file  # (lazy: a fast --help)
+
+    moved_any = False
+    for path in files:
+        if not path.is_file():
+            raise FalconError(f"recipe file {path} not found")
+        moves = upgrade_file(path, check=check)
+        moved_any = moved_any or bool(moves)
+        verb = "would move" if check else "moved"
+        if moves:
+            shown = ", ".join(f"{old} -> {new}" for old, new in moves[:3]) + (
+                f", and {len(moves) - 3} more" if len(moves) > 3 else ""
+            )
+            console.print(f"{escape(str(path))}: {verb} {len(moves)} key(s): {escape(shown)}")
+        else:
+            console.print(f"{escape(str(path))}: already uses the 0.3.0 keys")
+    if check and moved_any:
+        raise typer.Exit(1)

@@ -31,7 +31,7 @@ def build_search_spaces(
 
     Input: the run's embeddings/embeddings.h5, or the file named by search_spaces.embeddings.
 
-    |M| defaults to pretrain.search_space_size.
+    |M| defaults to pretrain.composer.search_space_size.
 
     Summary: space sizes, mean within-space similarity, and on the shapes world the oracle's false negatives.
 

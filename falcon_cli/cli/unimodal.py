@@ -24,7 +24,7 @@ def unimodal(
 ) -> None:
     """Train the shapes world's DeiT and BERT analogues for pretrain.model, or reuse them.
 
-    The image encoder learns to classify each grid cell's shape, colour and size, the text encoder masked language modelling on the training captions. They are kept once per world, model, tokenizer, settings and seed (<world>/unimodal/<key>/); pretraining starts from them with pretrain.vision_weights=unimodal pretrain.text_weights=unimodal.
+    The image encoder learns to classify each grid cell's shape, colour and size, the text encoder masked language modelling on the training captions. They are kept once per world, model, tokenizer, settings and seed (<world>/unimodal/<key>/); pretraining starts from them with pretrain.encoders.vision_weights=unimodal pretrain.encoders.text_weights=unimodal.
 
     Runs the data stage first when the run directory has not done it.
 

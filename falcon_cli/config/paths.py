@@ -111,7 +111,8 @@ def _path_fields(model: type[BaseModel]) -> tuple[tuple[str, InputPath | None], 
 @functools.cache
 def input_path_keys(model: type[BaseModel]) -> tuple[tuple[str, InputPath], ...]:
     """``(dotted key, marker)`` of every input-path field of a config class and its sections
-    (``pretrain.srcl.aux_embeddings``): what ``falcon compare`` reads as a run's inputs rather than its method."""
+    (``pretrain.false_negatives.srcl.aux_embeddings``): what ``falcon compare`` reads as a run's inputs rather than its
+    method."""
     found: list[tuple[str, InputPath]] = []
     for name, marker in _path_fields(model):
         if marker is not None:

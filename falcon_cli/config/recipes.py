@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from falcon_cli.artifacts.config_diff import with_missing_keys
+from falcon_cli.artifacts.renamed_keys import upgrade_mapping, upgrade_override, upgrade_stored
 from falcon_cli.config.paths import absolute_input_paths, section_type
 from falcon_cli.errors import FalconError
 
@@ -218,6 +219,7 @@ def apply_overrides(
     given: dict[str, str] = {}
     for text in overrides:
         key, value = parse_override(text)
+        key = upgrade_override(key, value, f"override '{text}'")  # (a key renamed in 0.3.0: its new name)
         if key not in valid_keys(model):
             raise _unknown_key_error(key, f"override '{text}'", model)
         node = result
@@ -258,7 +260,8 @@ def _describe(err: dict[str, Any]) -> str:
         expected = "one of " + err.get("ctx", {}).get("expected", "").replace("'", "")
     if expected:
         return f"expected {expected}, got {err.get('input')!r}"
-    return err["msg"][0].lower() + err["msg"][1:]
+    message = err["msg"].removeprefix("Value error, ")  # (a validator's own line, as it wrote it)
+    return message[0].lower() + message[1:]
 
 
 def _error_key(err: dict[str, Any]) -> str:
@@ -277,6 +280,7 @@ def as_current_config(stored: dict[str, Any]) -> dict[str, Any]:
     """A run's recorded config with the fields the schema gained since it was written filled with their defaults
     (the defaults of new fields keep the behaviour runs had before them), every recorded value as it was; the
     recorded config unchanged where today's schema no longer accepts it (its differences are then reported)."""
+    stored = upgrade_stored(stored, "a run's config")
     try:
         current = recipe_schema().model_validate(stored).model_dump(mode="json")
     except (ValueError, TypeError):  # (pydantic's ValidationError is a ValueError)
@@ -308,7 +312,10 @@ def validate_config(
 def read_recipe(path: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     """A recipe file's mapping; with ``base: <recipe>`` it is that recipe's mapping with this
     file's keys merged over it, section by section (sibling recipes state only what differs)."""
-    raw = read_yaml(path)
+    try:
+        raw = upgrade_mapping(read_yaml(path), str(path))  # (keys renamed in 0.3.0: their new names, one line each)
+    except ValueError as exc:
+        raise FalconError(f"{path}: {exc}") from None
     base = raw.pop("base", None)
     if base is None:
         return raw

@@ -15,13 +15,15 @@ from falcon_cli.models.unimodal import CACHE_DIR, UnimodalWeights
 
 
 def unimodal_model_config(config: Recipe, tokenizer_length: int) -> AlbefConfig:
-    """The architecture the unimodal encoders take: ``pretrain.model`` at ``pretrain.image_size`` with the run
+    """The architecture the unimodal encoders take: ``pretrain.model`` at ``pretrain.encoders.image_size`` with the run
     tokenizer's vocabulary, as pretraining builds it (no weight sources)."""
     p = config.pretrain
     framework = model_framework(p.model)
     return resolve_model_config(
         p.model,
-        **model_overrides(framework, tokenizer_length, vision_weights=None, text_weights=None, image_size=p.image_size),
+        **model_overrides(
+            framework, tokenizer_length, vision_weights=None, text_weights=None, image_size=p.encoders.image_size
+        ),
     )
 
 
@@ -45,7 +47,9 @@ def unimodal_weights(config: Recipe, vocabulary: dict[str, int]) -> UnimodalWeig
     """The cache entry of ``config``'s world, model, tokenizer (``vocabulary``), unimodal settings and seed."""
     u = config.unimodal
     settings = u.model_dump(mode="json", exclude={"cache_dir", "device", "seed"})
-    settings["max_text_length"] = config.pretrain.max_text_length  # captions are cut where pretraining cuts them
+    settings["max_text_length"] = (
+        config.pretrain.encoders.max_text_length
+    )  # captions are cut where pretraining cuts them
     return UnimodalWeights.for_run(
         u.cache_dir or Path(config.data.dataset) / CACHE_DIR,
         world=world_config(config.data.dataset),

@@ -24,7 +24,7 @@ class CaptionTokens:
     gives exactly :func:`tokenize`'s ``(input_ids, attention_mask)``: each caption truncated to ``max_length``
     tokens, padded on the right with the pad id to the batch's longest (a left-padding tokenizer: :func:`tokenize`
     itself). The memory is one int32 array per distinct caption (COCO's 567K: about 90 MB). ``fixed_length``: every
-    batch padded to ``max_length`` instead (``pretrain.graph_step``: one shape, so one captured graph, for every
+    batch padded to ``max_length`` instead (``pretrain.runtime.graph_step``: one shape, so one captured graph, for every
     step)."""
 
     def __init__(self, tokenizer, max_length: int, *, fixed_length: bool = False):
@@ -65,7 +65,7 @@ class PretrainCollate(TextCollate):
     """Turn pretraining items into ``{"images", "input_ids", "attention_mask", "pair_ids"}`` (the reference
     truncates captions to 25 tokens). ``images`` is None when the items carry none (preloaded images). Each
     caption is tokenised once (:class:`CaptionTokens`): the next epochs read its ids. ``fixed_length``: every
-    batch's captions padded to ``max_length`` (``pretrain.graph_step``)."""
+    batch's captions padded to ``max_length`` (``pretrain.runtime.graph_step``)."""
 
     def __init__(self, tokenizer, max_length: int = 25, *, fixed_length: bool = False):
         super().__init__(tokenizer, max_length)

@@ -1,4 +1,4 @@
-"""Training images decoded once into one device tensor (``pretrain.preload_images``).
+"""Training images decoded once into one device tensor (``pretrain.loader.preload_images``).
 
 With a fixed transform (``augment: test``) an image's pixels are the same every epoch, so
 decoding a PNG or JPEG for every step is wasted work: on a GPU it is what sets the pace of a

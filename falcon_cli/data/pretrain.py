@@ -110,7 +110,8 @@ class PretrainDataset(LoadedDataset):
         self.load_reports = list(load_reports)
         self._position = {r.pair_id: i for i, r in enumerate(self.records)}
         self.load_images = True
-        """False: items carry no ``image`` (the images are preloaded on the device: ``pretrain.preload_images``)."""
+        """False: items carry no ``image`` (the images are preloaded on the device:
+        ``pretrain.loader.preload_images``)."""
 
     def __len__(self) -> int:
         return len(self.records)

@@ -4,7 +4,7 @@ COCO has five captions per image, so a pretraining set holds five pairs per imag
 shapes world several. Two such pairs in one batch make each other's caption a negative of an
 image it describes. Hard-negative composers make this likely: the text most similar to an
 image is usually another caption of that very image. :class:`SharedImages` finds these pairs
-for a batch on its device, so the objective can mask them (``pretrain.same_image: mask``)
+for a batch on its device, so the objective can mask them (``pretrain.false_negatives.same_image: mask``)
 and the audit can count them.
 
 Pairs share an image when their entries carry the same ``image_id`` (if every entry carries

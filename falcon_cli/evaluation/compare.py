@@ -28,7 +28,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from falcon_cli.artifacts.atomic import atomic_dir, atomic_path, write_text
+from falcon_cli.artifacts.renamed_keys import upgrade_stored
 from falcon_cli.config.paths import input_path_keys
+from falcon_cli.config.recipes import as_current_config
 from falcon_cli.config.schema import Recipe
 from falcon_cli.errors import FalconError
 from falcon_cli.evaluation.intervals import Z95, interval_verdict, mean_interval, paired_by_seed, wilson_interval
@@ -61,19 +63,19 @@ IDENTITY_IGNORED = (
     "evaluate",
     "audit",
     "finetune",
-    "pretrain.device",
-    "pretrain.precision",
-    "pretrain.num_workers",
-    "pretrain.log_every",
-    "pretrain.loggers",
-    "pretrain.checkpoint_every",
-    "pretrain.keep_last",
-    "pretrain.profile_steps",
-    "pretrain.eval_split",
-    "pretrain.eval_every",
-    "pretrain.compile",
-    "pretrain.compile_mode",
-    "pretrain.preload_images",
+    "pretrain.runtime.device",
+    "pretrain.runtime.precision",
+    "pretrain.loader.num_workers",
+    "pretrain.logging.every",
+    "pretrain.logging.loggers",
+    "pretrain.checkpoints.every",
+    "pretrain.checkpoints.keep_last",
+    "pretrain.runtime.profile_steps",
+    "pretrain.eval.split",
+    "pretrain.eval.every",
+    "pretrain.runtime.compile",
+    "pretrain.runtime.compile_mode",
+    "pretrain.loader.preload_images",
 )
 """Config keys that do not make a method: the seed, where the data lives and how it is read (the pretraining pairs
 are checked by their fingerprint instead), the unimodal start and the later stages (the evaluation settings are
@@ -81,13 +83,13 @@ checked on the results), and how a run is executed and logged."""
 
 BUDGET_KEYS = (
     "pretrain.model",
-    "pretrain.image_size",
+    "pretrain.encoders.image_size",
     "pretrain.epochs",
     "pretrain.batch_size",
     "pretrain.max_steps_per_epoch",
-    "pretrain.max_text_length",
-    "pretrain.vision_weights",
-    "pretrain.text_weights",
+    "pretrain.encoders.max_text_length",
+    "pretrain.encoders.vision_weights",
+    "pretrain.encoders.text_weights",
     "world_size",
 )
 """What every compared run must share: the model, its inputs and the training it got (``world_size`` times
@@ -115,7 +117,7 @@ EXECUTION_FIELDS = frozenset(
         "chunk_size",
     }
 )
-"""The last part of any key (``pretrain.device``, ``embed.num_workers``) that says how a stage ran, not what it
+"""The last part of any key (``pretrain.runtime.device``, ``embed.num_workers``) that says how a stage ran, not what it
 computed."""
 
 EVALUATION_KEYS = {
@@ -143,7 +145,7 @@ class RunInput:
     """One input of a run that names a file or directory (:func:`run_inputs`), and what made it."""
 
     key: str
-    """The config key (``pretrain.srcl.aux_embeddings``)."""
+    """The config key (``pretrain.false_negatives.srcl.aux_embeddings``)."""
     path: Path
     source: str
     """What made it, in words: ``coco-albef-grit run (finetune.checkpoint from coco-albef-grit run)``; ``a file
@@ -190,12 +192,18 @@ def _flat(config: dict, prefix: str = "") -> dict:
 
 
 def _read_json(path: Path, run: Path) -> dict:
+    """A run's manifest, its ``config`` under today's keys and with today's fields (a run written by an earlier
+    release too: :func:`~falcon_cli.config.recipes.as_current_config`, as a resumed run is read)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        manifest = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise FalconError(
             f"{path}: line {exc.lineno}: invalid JSON ({exc.msg}); write it again (falcon evaluate ... {run})"
         ) from None
+    if isinstance(manifest, dict) and isinstance(manifest.get("config"), dict):
+        # (today's keys; a field added since the run was made gets its default, which is what the run did)
+        manifest["config"] = as_current_config(upgrade_stored(manifest["config"], str(path)))
+    return manifest
 
 
 def read_run(path: str | Path) -> Run:
@@ -237,7 +245,8 @@ def _input_keys() -> tuple:
 
 
 def _under(key: str, prefixes: Sequence[str]) -> bool:
-    """Whether ``key`` is one of ``prefixes`` or lies inside one of them (``pretrain.device`` inside ``pretrain``)."""
+    """Whether ``key`` is one of ``prefixes`` or lies inside one of them (``pretrain.runtime.device`` inside
+    ``pretrain``)."""
     return any(key == prefix or key.startswith(prefix + ".") for prefix in prefixes)
 
 
@@ -297,8 +306,8 @@ def input_source(path: Path, within: Sequence[Path] = (), depth: int = 0) -> tup
 
 def run_inputs(config: dict, path: Path) -> list[RunInput]:
     """The inputs of a run that other runs wrote: the input-path settings that could make a method
-    (``pretrain.mafa.judge_model``, ``pretrain.srcl.aux_embeddings``, ``embed.encoder``, ``pretrain.init``, ...) and
-    name a file or directory outside the run itself."""
+    (``pretrain.false_negatives.mafa.judge_model``, ``pretrain.false_negatives.srcl.aux_embeddings``, ``embed.encoder``,
+    ``pretrain.encoders.init``, ...) and name a file or directory outside the run itself."""
     found = []
     for key, artifact in _artifacts(config).items():
         if not _method_key(key) or _run_holding(artifact) == path:
@@ -495,9 +504,9 @@ def check_comparable(runs: Sequence[Run], metrics: Sequence[str], allow_mismatch
             available = ", ".join(metric_names(runs)[:12]) or "none in common"
             raise FalconError(f"--metric {metric}: no run has it; the runs' results give: {available}")
         if missing and metric.startswith("flags:"):
-            method = _flat(missing[0].config).get("pretrain.false_negatives") or "none"
+            method = _flat(missing[0].config).get("pretrain.false_negatives.method") or "none"
             raise FalconError(
-                f"{missing[0].path}: its method (pretrain.false_negatives={method}) gives no {metric}: "
+                f"{missing[0].path}: its method (pretrain.false_negatives.method={method}) gives no {metric}: "
                 f"{FLAG_PRODUCERS}, on a shapes world only; compare the runs whose method gives it"
             )
         if missing:

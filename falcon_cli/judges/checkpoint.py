@@ -22,7 +22,7 @@ class CheckpointJudge:
     ``path`` is a falcon run directory (its latest checkpoint is used) or one checkpoint
     directory inside ``<run>/checkpoints/``. Images go through the ``test`` transform at the
     checkpoint's resolution and captions through the run's own tokenizer (truncated to the
-    run's ``pretrain.max_text_length``), as in pretraining.
+    run's ``pretrain.encoders.max_text_length``), as in pretraining.
     """
 
     def __init__(self, path: str | Path, *, device: str = "auto", fp16: bool = False, batch_size: int = 64):

@@ -245,7 +245,7 @@ def read_albef_checkpoint(path: str | os.PathLike, what: str = "ALBEF checkpoint
     return sd
 
 
-def load_albef_checkpoint(model: nn.Module, path: str | os.PathLike, what: str = "pretrain.init") -> None:
+def load_albef_checkpoint(model: nn.Module, path: str | os.PathLike, what: str = "pretrain.encoders.init") -> None:
     """Load every weight of ``model`` (an ALBEF built for the run: its size, resolution and vocabulary)
     from an ALBEF/GRIT-VLP/MAFA checkpoint file; ``what`` names the setting in error lines."""
     sd = read_albef_checkpoint(path, what)

@@ -28,7 +28,7 @@ class DualConfig(BaseModel):
     open_clip_weights: str | None = None
     """The open_clip model's weights: a pretrained tag (``openai``, ``webli``; fetched by open_clip or taken from its
     cache) or a checkpoint file. None: random init (``local-dir:``/``hf-hub:`` models hold their own weights).
-    ``pretrain.vision_weights`` sets it."""
+    ``pretrain.encoders.vision_weights`` sets it."""
 
     # --- towers built here (open_clip_model unset) ---------------------------------------------------
     image_size: int = 224

@@ -48,7 +48,7 @@ FALCON_PREFIX = "falcon:"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth")
 """Weight files open_clip looks for in a ``local-dir:`` directory."""
 TOKENIZER_DIR = Path("data/tokenizer")
-DEFAULT_MAX_TEXT_LENGTH = 25  # falcon's pretrain.max_text_length default
+DEFAULT_MAX_TEXT_LENGTH = 25  # falcon's pretrain.encoders.max_text_length default
 
 
 class PairEncoder(Protocol):

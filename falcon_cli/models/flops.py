@@ -21,7 +21,7 @@ masked text + fusion     2.1 + 6.2  MLM
 MLM head                 0.6        12.5 masked tokens x (768^2 + 768 x 30,522)
 =====================  ==========  =============================================
 
-76.2 GFLOP forward, 229 GFLOP per trained pair; FALCON's exact reward (``reward_images:
+76.2 GFLOP forward, 229 GFLOP per trained pair; FALCON's exact reward (``scheduler.reward.images:
 recompute``) adds a no-grad image encoder + MLM path (55.4 GFLOP, 1.24x), ``reuse`` only
 the MLM path (9.0 GFLOP, 1.04x). ``tests/models/test_flops.py`` checks the counts against PyTorch's own
 ``FlopCounterMode`` on a real forward and a real training step.
@@ -75,7 +75,7 @@ def pretrain_flops_per_pair(
     by part, forward and backward together (``total``: their sum).
 
     ``masked_tokens``: the mean number of masked tokens per caption (MLM probability x real tokens).
-    ``reward_images``: None for a plain step; ``recompute`` or ``reuse`` adds FALCON's no-grad reward pass
+    ``scheduler.reward.images``: None for a plain step; ``recompute`` or ``reuse`` adds FALCON's no-grad reward pass
     (the image encoder again, or not, plus the masked text, its fusion and the MLM head) as ``reward``.
     """
     train = 3.0  # forward + a backward of twice its cost

@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from falcon_cli.artifacts.checkpoints import META, WEIGHTS, latest_checkpoint
+from falcon_cli.artifacts.renamed_keys import upgrade_stored
 from falcon_cli.errors import FalconError
 from falcon_cli.models.albef import ALBEF
 from falcon_cli.models.albef_checkpoint import albef_from_file, is_albef_file
@@ -140,7 +141,7 @@ UNSTATED_TEXT_LENGTH = 30
 def trained_text_length(checkpoint: str | Path) -> int | None:
     """The token limit a checkpoint's captions were cut at in training: its ``meta.json``'s
     ``max_text_length``; for checkpoints written before that key, its run's ``config.yaml``
-    (``pretrain.max_text_length`` for ``<run>/checkpoints/<step>``, ``finetune.max_text_length`` for
+    (``pretrain.encoders.max_text_length`` for ``<run>/checkpoints/<step>``, ``finetune.max_text_length`` for
     ``<run>/finetune/<task>/best``); None when neither says (an official ``.pth`` file)."""
     path = Path(checkpoint)
     meta = path / META
@@ -157,7 +158,10 @@ def trained_text_length(checkpoint: str | Path) -> int | None:
     config = run_dir / "config.yaml"
     if not config.is_file():
         return None
-    value = ((yaml.safe_load(config.read_text(encoding="utf-8")) or {}).get(section) or {}).get("max_text_length")
+    stored = upgrade_stored(yaml.safe_load(config.read_text(encoding="utf-8")) or {}, str(config))
+    settings = stored.get(section) or {}
+    value = (settings.get("encoders") or {}).get("max_text_length") if section == "pretrain" else None
+    value = value if value is not None else settings.get("max_text_length")
     return int(value) if value is not None else None
 
 

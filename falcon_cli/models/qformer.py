@@ -113,7 +113,7 @@ class Blip2QFormer(nn.Module):
 
     def set_image_encoder_trainable(self, trainable: bool) -> None:
         """Train the image encoder (``True``: gradients, and train mode with the model) or freeze it (BLIP-2:
-        no gradient, eval mode); the pretrain stage's ``vision_trainable_epochs`` switches it once."""
+        no gradient, eval mode); the pretrain stage's ``encoders.vision_trainable_epochs`` switches it once."""
         self.vision_trainable = bool(trainable)
         self.visual_encoder.requires_grad_(self.vision_trainable)
         self.visual_encoder.train(self.training and self.vision_trainable)

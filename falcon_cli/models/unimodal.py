@@ -12,8 +12,8 @@ encoder BERT (masked language modelling on books and Wikipedia). The shapes anal
 
 :class:`UnimodalWeights` says where the two are cached: one directory per (world, model architecture,
 tokenizer, training settings, seed), so every method of a comparison starts from the same weights and
-they are trained once. Pretraining takes them with ``pretrain.vision_weights: unimodal`` and
-``pretrain.text_weights: unimodal``.
+they are trained once. Pretraining takes them with ``pretrain.encoders.vision_weights: unimodal`` and
+``pretrain.encoders.text_weights: unimodal``.
 """
 
 from __future__ import annotations

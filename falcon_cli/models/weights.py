@@ -193,7 +193,7 @@ def _read_bert(source: str, what: str):
     if path.is_file():
         raise FalconError(
             f"{what} '{source}': a file, but {what} takes a BERT hub id or a save_pretrained directory; "
-            "to start from a whole ALBEF/GRIT-VLP/MAFA checkpoint (.pth) set pretrain.init to it instead"
+            "to start from a whole ALBEF/GRIT-VLP/MAFA checkpoint (.pth) set pretrain.encoders.init to it instead"
         )
     if looks_local and not path.is_dir():
         raise FalconError(

@@ -35,7 +35,7 @@ class PretrainObjective(nn.Module):
     default part of :meth:`measure`, and with ``alignment`` the only one ``per_pair`` allows."""
 
     fixed_shapes: bool = False
-    """Every loss over shapes that the batch's contents do not change (set by ``pretrain.graph_step``, whose
+    """Every loss over shapes that the batch's contents do not change (set by ``pretrain.runtime.graph_step``, whose
     captured step cannot hold a data-dependent shape): ALBEF's MLM weights the masked positions instead of
     gathering them."""
 
@@ -63,7 +63,7 @@ class PretrainObjective(nn.Module):
         """The named losses ``parts`` (default: the generative one) of a batch without gradient, in the model's
         current train/eval mode: FALCON's reward re-scores the batch it just trained on (ALBEF: with the
         identical MLM ``mask``). ``image``: (tokens, features) to use instead of encoding ``images`` again
-        (``reward_images: reuse``). ``same_image``: bool [B, B] of pairs sharing an image, removed as in
+        (``scheduler.reward.images: reuse``). ``same_image``: bool [B, B] of pairs sharing an image, removed as in
         training. ``per_pair``: one value per caption ``[B]`` (FALCON's per-step credit), for the generative
         part or ``alignment`` alone. ``alignment`` is minus each pair's own image-text cosine."""
         parts = (self.generative,) if parts is None else tuple(parts)

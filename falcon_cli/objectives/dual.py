@@ -75,7 +75,8 @@ class DualObjective(PretrainObjective):
         itm_generator: torch.Generator | None = None,
         context: StepContext | None = None,
     ) -> DualLosses:
-        """Losses of one batch (``mask``, ``distill_alpha`` and ``itm_generator`` are ALBEF's and ignored here)."""
+        """Losses of one batch (``mask``, ``losses.distill_alpha`` and ``itm_generator`` are ALBEF's and ignored
+        here)."""
         model = self.model
         image_tokens, image_feat = model.encode_image(images)
         text_tokens, text_feat = model.encode_text(input_ids, attention_mask)

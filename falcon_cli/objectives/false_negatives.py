@@ -33,7 +33,6 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from falcon_cli.method_weights import ITC_CONSISTENCY_WEIGHT  # noqa: F401 (each method's default, beside the methods)
 from falcon_cli.objectives.common import as_temperature, image_text_similarity
 from falcon_cli.objectives.glofnd import GlofndThresholds, cosine_matrices, glofnd_active, glofnd_drop_masks, itc_glofnd
 from falcon_cli.objectives.itc import ItcOutput, itc_grit
@@ -64,13 +63,13 @@ class StepContext:
     """Optimiser steps in the whole run."""
     same_image: Tensor | None = None
     """bool [B, B]: pairs i != j of the batch that show the same image, to remove from the ITC
-    denominators (``pretrain.same_image: mask``); None = none removed."""
+    denominators (``pretrain.false_negatives.same_image: mask``); None = none removed."""
     mask_itm: bool = True
-    """Whether ITM's negative mining skips the ``same_image`` pairs too (``pretrain.oracle_negatives: mask_itc``
+    """Whether ITM's negative mining skips the ``same_image`` pairs too (``pretrain.false_negatives.oracle: mask_itc``
     keeps them out of the ITC alone: the ceiling of a method that changes only the ITC)."""
     progress: Tensor | None = None
-    """``step / total_steps`` as a 0-d float tensor on the device (``pretrain.graph_step``: a captured step reads
-    the schedule from it, so one graph serves every step); None: the methods read ``step`` and ``total_steps``."""
+    """``step / total_steps`` as a 0-d float tensor on the device (``pretrain.runtime.graph_step``: a captured step
+    reads the schedule from it, so one graph serves every step); None: the methods read ``step`` and ``total_steps``."""
 
     @property
     def itm_excluded(self) -> Tensor | None:

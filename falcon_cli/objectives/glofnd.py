@@ -233,7 +233,7 @@ class GlofndThresholds(nn.Module):
         if saved != self.adam_step:
             raise FalconError(
                 f"GloFND thresholds were learned with adam_step={saved}, this run uses "
-                f"adam_step={self.adam_step}; continue them with pretrain.glofnd.adam_step={saved}"
+                f"adam_step={self.adam_step}; continue them with pretrain.false_negatives.glofnd.adam_step={saved}"
             )
         if mode is None:
             state_dict = {**state_dict, key: self.adam_step_by_epoch}
@@ -246,7 +246,9 @@ class GlofndThresholds(nn.Module):
         """Buffer index (int64, on the buffers' device) of each id; ValueError names an unknown id."""
         ids = as_id_tensor(pair_ids, device=self.ids.device)
         pos = torch.searchsorted(self.ids, ids).clamp_(max=len(self.ids) - 1)
-        if torch.compiler.is_compiling():  # (pretrain.graph_step: the checks read the device; ids are the dataset's)
+        if (
+            torch.compiler.is_compiling()
+        ):  # (pretrain.runtime.graph_step: the checks read the device; ids are the dataset's)
             return pos
         bad = self.ids[pos] != ids
         if bool(bad.any()):
@@ -355,7 +357,7 @@ def itc_glofnd(
         lambda_text: [B] thresholds of the text anchors (``lambda_T``).
         consistency_weight: weight of GRIT's consistency term (0 = plain filtered InfoNCE).
         exclude: optional bool [B, B] (rows images, columns texts) of further entries to remove
-            in both directions (pairs sharing an image, ``pretrain.same_image: mask``).
+            in both directions (pairs sharing an image, ``pretrain.false_negatives.same_image: mask``).
 
     With ``cos = v @ t^T`` (:func:`cosine_matrices`): image anchor ``i`` drops the texts
     ``j != i`` with ``cos[i, j] > lambda_I[i]``, text anchor ``i`` drops the images

@@ -112,7 +112,7 @@ def itc_grit(
         label_smoothing: eps in ``(1 - eps) * targets + eps / B`` (MAFA S-ITC: 0.5 after epoch 0).
         exclude: optional bool [B, B], rows images, columns texts; True removes the entry from
             the image anchor's softmax (its logit becomes ``-inf``): GloFND's dropped false
-            negatives, pairs that share an image (``pretrain.same_image: mask``). The diagonal
+            negatives, pairs that share an image (``pretrain.false_negatives.same_image: mask``). The diagonal
             is never removed. Targets (hard and consistency) are restricted to the kept
             entries and renormalised, so no target mass sits on a removed entry.
         exclude_t2i: optional bool [B, B], rows texts, columns images; default ``exclude.T``.
@@ -247,7 +247,7 @@ class MomentumQueue(nn.Module):
         if self.has_idx and idx is None:
             raise ValueError("this queue keeps ids: pass idx [B] to enqueue")
         # The columns from the pointer on, as an index tensor: the pointer is never read on the host (no sync, and
-        # pretrain.graph_step's captured step holds the write).
+        # pretrain.runtime.graph_step's captured step holds the write).
         columns = (self.ptr + torch.arange(b, device=self.ptr.device)) % self.size
         self.image_queue.index_copy_(1, columns, image_feat.detach().t().to(self.image_queue.dtype))
         self.text_queue.index_copy_(1, columns, text_feat.detach().t().to(self.text_queue.dtype))

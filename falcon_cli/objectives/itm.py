@@ -93,7 +93,7 @@ def sample_negatives(
     mass even when the softmax underflows) with the diagonal and ``positive_mask`` entries
     set to 0. ``generator`` must live on the device of the similarities; a seeded generator
     makes the draw reproducible. A float tensor ``[2, B]`` of uniforms in [0, 1) instead draws each anchor's
-    negative by the inverse of its weights' CDF (the same distribution; ``pretrain.graph_step`` draws the
+    negative by the inverse of its weights' CDF (the same distribution; ``pretrain.runtime.graph_step`` draws the
     uniforms outside its captured step, which cannot hold a generator).
 
     Returns ``(neg_text_for_image, neg_image_for_text)``, both int64 [B] (same meaning as

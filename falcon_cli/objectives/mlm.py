@@ -134,7 +134,7 @@ def mlm_loss(logits: Tensor, labels: Tensor, *, per_sample: bool = False, fixed_
     (not NaN), still connected to the graph. Only the predicted positions are cast to
     float32, so the [B, L, V] logits are never copied in full.
 
-    ``fixed_shape`` (the scalar only; ``pretrain.graph_step``): the same mean computed over every position, the
+    ``fixed_shape`` (the scalar only; ``pretrain.runtime.graph_step``): the same mean computed over every position, the
     unpredicted ones weighted 0, so that no shape depends on the mask (a gather of the selected positions is a
     data-dependent shape, which a captured graph cannot hold); it costs the float32 copy of all the logits.
     """

@@ -103,7 +103,7 @@ class Blip2Objective(PretrainObjective):
         itm_generator: torch.Generator | None = None,
         context: StepContext | None = None,
     ) -> Blip2Losses:
-        """Losses of one batch (``mask`` and ``distill_alpha`` are ALBEF's and ignored here); ``context`` (the
+        """Losses of one batch (``mask`` and ``losses.distill_alpha`` are ALBEF's and ignored here); ``context`` (the
         batch's pair ids, epoch, progress) is what the false-negative methods need."""
         model = self.model
         enc = model(images, input_ids, attention_mask)

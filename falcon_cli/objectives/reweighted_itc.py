@@ -194,7 +194,9 @@ def srcl_log_weights(
     _check_pair(aux_image_feat, aux_text_feat, "auxiliary features")
     if aux_image_feat.shape[0] != n:
         raise ValueError(f"auxiliary features have batch size {aux_image_feat.shape[0]}, expected {n}")
-    if not isinstance(mix, Tensor):  # (a 0-d tensor: pretrain.graph_step's, computed on the device from the step)
+    if not isinstance(
+        mix, Tensor
+    ):  # (a 0-d tensor: pretrain.runtime.graph_step's, computed on the device from the step)
         mix = _check_finite("mix", mix)
         if not 0.0 <= mix <= 1.0:
             raise ValueError(f"mix must lie in [0, 1], got {mix}")

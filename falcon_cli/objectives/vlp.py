@@ -15,10 +15,11 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from falcon_cli.method_weights import ITC_CONSISTENCY_WEIGHT
 from falcon_cli.models.albef import pooled_features
 from falcon_cli.objectives.common import alignment_loss
 from falcon_cli.objectives.contract import PretrainObjective
-from falcon_cli.objectives.false_negatives import ITC_CONSISTENCY_WEIGHT, FalseNegatives, PlainItc, StepContext
+from falcon_cli.objectives.false_negatives import FalseNegatives, PlainItc, StepContext
 from falcon_cli.objectives.itc import (
     MomentumQueue,
     copy_to_momentum,
@@ -28,6 +29,7 @@ from falcon_cli.objectives.itc import (
 )
 from falcon_cli.objectives.itm import mined_itm_loss
 from falcon_cli.objectives.mlm import MlmMask, mlm_loss
+from falcon_cli.registry import FALSE_NEGATIVE_METHODS
 from falcon_cli.runtime.distributed import all_gather_cat
 
 
@@ -109,9 +111,14 @@ class VlpObjective(PretrainObjective):
         object.__setattr__(self, "false_negatives", false_negatives if false_negatives is not None else PlainItc())
         self.model = model
         self.itc_kind = itc
-        self.consistency_weight = float(
-            ITC_CONSISTENCY_WEIGHT[self.false_negatives.name] if consistency_weight is None else consistency_weight
-        )
+        if consistency_weight is None:  # (the method's paper's: GRIT-VLP's 0.2 for the plain ITC)
+            name = self.false_negatives.name
+            consistency_weight = (
+                ITC_CONSISTENCY_WEIGHT["none"]
+                if name == "none"
+                else FALSE_NEGATIVE_METHODS.get(name).consistency_weight
+            )
+        self.consistency_weight = float(consistency_weight)
         self.itm_negatives = itm_negatives
         self.momentum = momentum
         if itc == "momentum":

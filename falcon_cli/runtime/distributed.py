@@ -22,7 +22,7 @@ from falcon_cli.errors import FalconError, Preempted, Refused, causes
 from falcon_cli.runtime.console import make_console
 
 DEFAULT_TIMEOUT_S = 600.0
-"""How long any collective may wait when the caller names no bound (``pretrain.dist_timeout``'s default)."""
+"""How long any collective may wait when the caller names no bound (``pretrain.runtime.dist_timeout``'s default)."""
 
 
 def rank() -> int:
@@ -48,8 +48,8 @@ def local_rank() -> int:
 def init_distributed(device_type: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
     """Join the process group torchrun set up (NCCL on CUDA, gloo on CPU); False when single-process.
 
-    ``timeout_s`` (``pretrain.dist_timeout``) bounds every collective, and this rank's watchdog starts: it keeps a
-    heartbeat in the job's store, and makes the process exit with one line when another rank is lost or publishes an
+    ``timeout_s`` (``pretrain.runtime.dist_timeout``) bounds every collective, and this rank's watchdog starts: it keeps
+    a heartbeat in the job's store, and makes the process exit with one line when another rank is lost or publishes an
     error (:func:`surface`), even when this rank is stuck inside a collective. A no-op when already joined."""
     import torch
     import torch.distributed as dist
@@ -65,7 +65,7 @@ def init_distributed(device_type: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> 
                 raise FalconError(
                     f"torchrun started local rank {local_rank()} but this node has "
                     f"{torch.cuda.device_count()} CUDA device(s); use --nproc_per_node "
-                    f"<= {torch.cuda.device_count()}, or set the stage's device=cpu (e.g. pretrain.device=cpu) "
+                    f"<= {torch.cuda.device_count()}, or set the stage's device=cpu (e.g. pretrain.runtime.device=cpu) "
                     "for gloo processes"
                 )
             torch.cuda.set_device(local_rank())
@@ -113,8 +113,8 @@ def on_rank_zero(work: Callable[[], dict]) -> dict:
     embed, search spaces, the audit, opening the run directory).
 
     The other ranks wait on the job's store, not in a collective: rank 0's work may take longer than
-    ``pretrain.dist_timeout`` (embedding a dataset), and the watchdog notices if rank 0 is lost meanwhile. Call it on
-    every rank, in the same order."""
+    ``pretrain.runtime.dist_timeout`` (embedding a dataset), and the watchdog notices if rank 0 is lost meanwhile. Call
+    it on every rank, in the same order."""
     job = _job
     if job is None:  # single-process, or no watchdog (then a barrier, as before)
         if not is_main_process():
@@ -364,8 +364,8 @@ _timeout_s = DEFAULT_TIMEOUT_S
 
 
 def collective_timeout_s() -> float:
-    """The bound on any collective this command waits (``pretrain.dist_timeout``), for a process group made later
-    (``dist.new_group(timeout=...)``: torch gives those gloo's 30 minutes otherwise)."""
+    """The bound on any collective this command waits (``pretrain.runtime.dist_timeout``), for a process group made
+    later (``dist.new_group(timeout=...)``: torch gives those gloo's 30 minutes otherwise)."""
     return _timeout_s
 
 
@@ -508,7 +508,7 @@ def surface(exc: BaseException) -> BaseException:
       by itself);
     * a backend error (gloo's closed connection or timeout, NCCL's, the store's) becomes one line: the error another
       rank published, else the rank(s) whose heartbeat stopped (node, host, rank; the stage, epoch and step), else the
-      rendezvous host when the store is gone, else a collective that outwaited ``pretrain.dist_timeout``;
+      rendezvous host when the store is gone, else a collective that outwaited ``pretrain.runtime.dist_timeout``;
     * any other exception is published as ``node N (host, rank R) failed ...: Type: message`` and raised as it is
       (its traceback stays on this rank).
 
@@ -660,7 +660,7 @@ def _store_lost_line(job: _Job) -> str:
 
 def _slow_line(job: _Job) -> str:
     return (
-        f"a collective waited longer than pretrain.dist_timeout ({job.timeout_s:g} s) {_during(job.progress)}, "
-        "yet every rank is alive: one rank's work between two collectives took longer; raise pretrain.dist_timeout "
-        "(docs/cluster.md)"
+        f"a collective waited longer than pretrain.runtime.dist_timeout ({job.timeout_s:g} s) {_during(job.progress)}, "
+        "yet every rank is alive: one rank's work between two collectives took longer; raise "
+        "pretrain.runtime.dist_timeout (docs/cluster.md)"
     )

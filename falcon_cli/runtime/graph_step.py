@@ -1,4 +1,4 @@
-"""The training step's forward through the objective: eager, or captured whole (``pretrain.graph_step``).
+"""The training step's forward through the objective: eager, or captured whole (``pretrain.runtime.graph_step``).
 
 An eager step on a GPU is set by the host: albef-base launches about 24,000 operators a step at about 7 µs each
 (benchmarks/README.md). Captured, the forward with every loss, ITM mining and MLM is one
@@ -35,10 +35,10 @@ class TrainingForward:
     Args:
         trainer: the objective, or the objective under DDP.
         precision, device: the run's (autocast around the forward).
-        graph: capture it (``pretrain.graph_step``); else eager, exactly as the loop always ran it.
-        sample_itm: ITM negatives are sampled (``itm_negatives: sample``): uniforms are drawn for them.
+        graph: capture it (``pretrain.runtime.graph_step``); else eager, exactly as the loop always ran it.
+        sample_itm: ITM negatives are sampled (``losses.itm_negatives: sample``): uniforms are drawn for them.
         mode: ``torch.compile`` mode (None: ``reduce-overhead`` on CUDA, the default elsewhere).
-        backend: ``inductor``, ``aot_eager`` or ``eager`` (``pretrain.graph_backend``).
+        backend: ``inductor``, ``aot_eager`` or ``eager`` (``pretrain.runtime.graph_backend``).
     """
 
     def __init__(

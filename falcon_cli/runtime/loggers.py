@@ -1,6 +1,6 @@
 """Where a training run's numbers go besides ``metrics.jsonl``: TensorBoard, Weights & Biases, MLflow.
 
-``pretrain.loggers`` / ``finetune.loggers`` name them (``jsonl`` is always written). :class:`RunLoggers`
+``pretrain.logging.loggers`` / ``finetune.loggers`` name them (``jsonl`` is always written). :class:`RunLoggers`
 holds the configured sinks of one training log (rank 0 only) and gives each the same three things:
 
 - scalars: every numeric value of every ``metrics.jsonl`` record, tagged ``<kind>/<key>`` (``train/loss``,
@@ -46,7 +46,7 @@ EXTRAS = {
 
 def require(names: Iterable[str], what: str) -> None:
     """Import every optional logger of ``names`` now (before training); a missing one is a one-line
-    FalconError naming ``what`` (the config key, e.g. ``pretrain.loggers``) and the extra to install."""
+    FalconError naming ``what`` (the config key, e.g. ``pretrain.logging.loggers``) and the extra to install."""
     for name in names:
         if name in EXTRAS:
             _import(name, what)
@@ -194,9 +194,9 @@ class RunLoggers:
     :meth:`open` opens them at step 0. Closed by :meth:`close`, or at exit.
 
     Args:
-        names: the configured loggers (``pretrain.loggers``).
+        names: the configured loggers (``pretrain.logging.loggers``).
         directory: where each sink writes its ``<name>/`` directory (``<run>/loggers``).
-        what: the config key, for errors (``pretrain.loggers``).
+        what: the config key, for errors (``pretrain.logging.loggers``).
         name: the run's name in wandb and MLflow.
         config: the run's settings, recorded by wandb.
         main: whether this process writes (rank 0).

@@ -36,11 +36,11 @@ def learning_rate(
     """The reference schedule (ALBEF/GRIT ``scheduler/cosine_lr.py`` with warm-up in iterations).
 
     * During the first ``warmup_steps`` optimizer steps: linear from ``warmup_lr`` to ``lr``.
-    * After that: a per-epoch cosine from ``lr`` toward ``min_lr`` over ``cosine_epochs``
+    * After that: a per-epoch cosine from ``lr`` toward ``min_lr`` over ``optim.cosine_epochs``
       epochs, evaluated at the current epoch (the reference steps it once per epoch).
 
     GRIT builds the cosine for 30 epochs and trains 20, so its last epoch runs at about
-    3.7e-5 rather than 1e-5; recipes reproduce that with ``cosine_epochs: 30``.
+    3.7e-5 rather than 1e-5; recipes reproduce that with ``optim.cosine_epochs: 30``.
     """
     if step < warmup_steps:
         return warmup_lr + (lr - warmup_lr) * step / max(1, warmup_steps)

@@ -54,7 +54,7 @@ class Preemption:
     """The preemption signals while a training loop runs (a context manager; see the module docstring).
 
     Args:
-        grace_s: seconds from the first signal to the kill that follows it (``pretrain.preempt_grace_s``).
+        grace_s: seconds from the first signal to the kill that follows it (``pretrain.runtime.preempt_grace_s``).
         key: the config key that sets ``grace_s``, for messages.
         checkpoints: the loop's ``checkpoints/`` directory (the lines that exit without a new checkpoint name
             the one ``--resume`` will continue from).

@@ -1,4 +1,4 @@
-"""``pretrain.profile_steps``: a torch.profiler trace of a few training steps, and its summary.
+"""``pretrain.runtime.profile_steps``: a torch.profiler trace of a few training steps, and its summary.
 
 The profiler starts at the first step of the second epoch (epoch 0 is uniform batches for every
 composer; later epochs are where GRIT, the quantile composers and FALCON do their work) — or at

@@ -28,6 +28,7 @@ import yaml
 from falcon_cli.artifacts.atomic import write_bytes, write_json, write_text
 from falcon_cli.artifacts.config_diff import config_differences
 from falcon_cli.artifacts.provenance import git_state, host_info, package_versions
+from falcon_cli.artifacts.renamed_keys import upgrade_stored
 from falcon_cli.errors import FalconError
 from falcon_cli.runtime.distributed import is_main_process, on_rank_zero, world_size
 from falcon_cli.runtime.hub import forget_sources, take_sources
@@ -378,7 +379,8 @@ def remove_stale_temporaries(run_dir: Path) -> list[Path]:
 
 
 def read_manifest(run_dir: str | Path) -> dict[str, Any]:
-    """Read and check a run's ``manifest.json`` (one-line error if missing, malformed or of another version)."""
+    """Read and check a run's ``manifest.json`` (one-line error if missing, malformed or of another version); its
+    ``config`` under today's keys (:func:`~falcon_cli.artifacts.renamed_keys.upgrade_stored`)."""
     path = Path(run_dir) / MANIFEST
     if not path.exists():
         raise FalconError(f"{path}: not found; is {run_dir} a falcon run directory?")
@@ -389,4 +391,6 @@ def read_manifest(run_dir: str | Path) -> dict[str, Any]:
     version = manifest.get("schema_version") if isinstance(manifest, dict) else None
     if version != MANIFEST_SCHEMA_VERSION:
         raise FalconError(f"{path}: manifest schema_version {version!r}, this falcon reads {MANIFEST_SCHEMA_VERSION}")
+    if isinstance(manifest.get("config"), dict):  # (a run written before 0.3.0: its keys under their new names)
+        manifest["config"] = upgrade_stored(manifest["config"], str(path))
     return manifest

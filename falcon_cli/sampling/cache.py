@@ -124,7 +124,7 @@ class EmbeddingCache:
         rows, found = self.lookup(ids)
         if (
             torch.compiler.is_compiling()
-        ):  # (inside pretrain.graph_step's captured step: no host read; ids are the dataset's)
+        ):  # (inside pretrain.runtime.graph_step's captured step: no host read; ids are the dataset's)
             return rows
         bad = ~found
         if bool(bad.any()):

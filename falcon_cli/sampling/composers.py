@@ -316,7 +316,7 @@ class GritComposer:
     Per epoch (epoch 0, or no cache: uniform batches, logged as ``uniform``):
 
     1. Example-level shuffle: ``randperm(n)`` of the pair ids.
-    2. Split into search spaces of ``search_space_size`` = |M| consecutive ids (the last one
+    2. Split into search spaces of ``composer.search_space_size`` = |M| consecutive ids (the last one
        holds the remainder and may be smaller).
     3. In each space, start at a uniformly random pair (one float64 ``rand`` per space, all
        spaces drawn at once) and chain: slot ``k`` (k = 1, 2, ...) is the pair whose **text**

@@ -5,7 +5,7 @@ GRIT, a fixed or progressive q; or one batch at a time as the loader asks: FALCO
 hands the loop a ``DataLoader`` over the epoch from any batch on, and checkpoints where the epoch stands,
 so a resumed run trains exactly the batches the uninterrupted run would have.
 
-An epoch with a warm start (epoch 0 with ``pretrain.search_spaces``) takes the built spaces in order
+An epoch with a warm start (epoch 0 with ``pretrain.composer.search_spaces``) takes the built spaces in order
 (under DDP each rank gets a contiguous block of them) and the embeddings that built them; every other
 epoch shuffles the pair ids with the shard generator (identical on every rank, so shards are disjoint)
 and composes from the model's own cache of the previous epoch. Under DDP that cache is sharded
@@ -21,12 +21,11 @@ from typing import Any, Callable
 import torch
 from torch.utils.data import DataLoader
 
+from falcon_cli.registry import COMPOSERS
 from falcon_cli.sampling.batch_log import BatchLog
 from falcon_cli.sampling.composers import (
     Batch,
     BatchComposer,
-    GritComposer,
-    UniformComposer,
     batches_from_state,
     batches_state,
     shard_pair_ids,
@@ -34,8 +33,7 @@ from falcon_cli.sampling.composers import (
 from falcon_cli.sampling.feed import FalconFeed, loader_settings
 from falcon_cli.sampling.oracle_view import composition_summary
 from falcon_cli.sampling.quantile import QSource, QuantileSpaces
-from falcon_cli.sampling.quantile_composer import QUANTILE_COMPOSERS, QuantileComposer
-from falcon_cli.sampling.scheduler import level_grid
+from falcon_cli.sampling.quantile_composer import QUANTILE_COMPOSERS
 from falcon_cli.sampling.sharded_cache import ShardedCache
 from falcon_cli.sampling.warm_start import WarmStart
 
@@ -43,31 +41,11 @@ from falcon_cli.sampling.warm_start import WarmStart
 def build_composer(
     p: Any, *, truth: Callable[[torch.Tensor], torch.Tensor] | None = None, source: QSource | None = None
 ) -> BatchComposer:
-    """The composer ``pretrain.composer`` names, with the pretrain settings ``p`` (a ``PretrainConfig``).
-    ``truth``: the oracle of a shapes world (quantile composers log its view of every chained slot; it
-    changes no choice); ``source``: FALCON's q source (the scheduler's ``alpha_beta``)."""
-    if p.composer == "uniform":
-        return UniformComposer(p.batch_size, drop_last=p.drop_last)
-    if p.composer == "grit":
-        return GritComposer(p.batch_size, p.search_space_size, drop_last=p.drop_last)
-    return QuantileComposer(
-        p.composer,
-        p.batch_size,
-        p.search_space_size,
-        drop_last=p.drop_last,
-        quantile=p.quantile,
-        progressive=(p.progressive_start, p.progressive_end, p.epochs),
-        source=source,
-        level=p.scheduler_level if p.composer == "falcon" else "instance",
-        quantiles=p.quantile_levels,
-        temperature=p.quantile_temperature,
-        features=p.scheduler_features,
-        truth=truth,
-        scale=p.quantile_scale,
-        credit_levels=(
-            level_grid(p.scheduler_levels) if p.composer == "falcon" and p.scheduler_credit == "levels" else None
-        ),
-    )
+    """The composer ``pretrain.composer.name`` names, found in the registry (falcon's own: falcon_cli/methods/
+    composers.py), with the pretrain settings ``p`` (a ``PretrainConfig``). ``truth``: the oracle of a shapes world
+    (quantile composers log its view of every chained slot; it changes no choice); ``source``: FALCON's q source
+    (the scheduler's ``alpha_beta``)."""
+    return COMPOSERS.get(p.composer.name).build(p, truth, source)
 
 
 class EpochBatches:

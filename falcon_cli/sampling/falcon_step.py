@@ -6,13 +6,13 @@ pair, read from the step's own forward (no extra pass; ``positive_margin+itm`` a
 ITM match probability of each pick with its anchor, one no-grad pass of the fusion layers, and
 ``positive_margin+oracle`` the shapes world's ground truth of it, a diagnostic); then one
 REINFORCE update of the scheduler with the q's batch k was composed with. Per-step credit
-(``scheduler_credit``) scores each caption apart, each q credited with the Δ of the pair it chose; ``levels``
+(``scheduler.update.credit``) scores each caption apart, each q credited with the Δ of the pair it chose; ``levels``
 scores, per anchor, the pick of every q of a grid (the composer's record: :func:`level_rewards`) and updates the
 scheduler with those instead of the drawn q's.
 
 The model's side is reached only through the objective (duck-typed: the framework's): ``measure`` (the
 reward's losses without gradient), ``model.encode_image`` and ``image_state`` (the training forward's image
-tokens and features, for ``reward_images: reuse``), ``match_probability`` (the ITM head's judgement of pairs).
+tokens and features, for ``scheduler.reward.images: reuse``), ``match_probability`` (the ITM head's judgement of pairs).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from falcon_cli.sampling.scheduler import (
 )
 
 JUDGED_REWARDS = ("positive_margin+itm", "positive_margin+oracle")
-"""The rewards that charge each pick a judge's belief that it matches its anchor (``reward_itm_charge``)."""
+"""The rewards that charge each pick a judge's belief that it matches its anchor (``scheduler.reward.itm_charge``)."""
 
 
 def oracle_match(composed: Batch, device: torch.device) -> torch.Tensor:
@@ -68,7 +68,7 @@ def level_rewards(
     hardness: str = "margin",
     grid: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``scheduler_credit: levels``: the reward ``[k, L]`` of every level's pick for each step's anchor, from the
+    """``scheduler.update.credit: levels``: the reward ``[k, L]`` of every level's pick for each step's anchor, from the
     composer's record (``level_hardness``, ``level_own``: the epoch's cached features; ``level_fn``: the oracle's
     verdict), as the training forward's own picks are scored: the positive margin (:func:`margin_worth`), and with
     ``positive_margin+oracle`` the judge's charge (``expected``: (1 − p)·margin − w·p; ``absolute``: margin − w·p).
@@ -108,7 +108,7 @@ def measure_reward_loss(
 ) -> tuple[torch.Tensor, tuple]:
     """The reward's loss on ``inputs`` (no gradient; per caption ``[B]`` with ``per_pair``), in eval mode or
     the current train mode, and the image (tokens, features) it used: ``image`` if given
-    (``reward_images: reuse``), else encoded now. ``same_image``: the pairs removed from ITC/ITM in
+    (``scheduler.reward.images: reuse``), else encoded now. ``same_image``: the pairs removed from ITC/ITM in
     training (``same_image: mask``), removed here too."""
     if eval_mode:
         objective.eval()
@@ -128,24 +128,31 @@ class FalconStep:
 
     Args:
         scheduler: FALCON's :class:`~falcon_cli.sampling.scheduler.NegativeScheduler`.
-        p: the pretrain settings (``reward``, ``reward_mode``, ``reward_images``, ``reward_overshoot``,
-            ``reward_margin``, ``reward_itm_weight``, ``reward_itm_charge``).
+        settings: the scheduler's settings (``pretrain.scheduler``: its ``reward`` section and ``overlap``).
         precision, device: the training step's.
 
-    ``p.scheduler_overlap``: the update of step k waits until step k + 1 has been launched (:meth:`settle`), so the
+    ``settings.overlap``: the update of step k waits until step k + 1 has been launched (:meth:`settle`), so the
     device runs step k + 1 while the host reads step k's reward, updates the scheduler and composes the next batch;
     on CUDA that host work runs on a stream of its own, so its reads wait for step k's reward, not for step k + 1.
     """
 
-    def __init__(self, scheduler: NegativeScheduler, p: Any, precision: str, device: torch.device):
+    def __init__(self, scheduler: NegativeScheduler, settings: Any, precision: str, device: torch.device):
         self.scheduler, self.precision, self.device = scheduler, precision, device
-        self.overlap = bool(getattr(p, "scheduler_overlap", False))
+        self.overlap = settings.overlap
         self.pending: dict[str, Any] | None = None
         """(``overlap``) the last step's reward, whose update waits for the next step's launch."""
         self.side = torch.cuda.Stream(device) if self.overlap and device.type == "cuda" else None
-        self.reward, self.eval_mode, self.reuse = p.reward, p.reward_mode == "eval", p.reward_images == "reuse"
-        self.overshoot, self.margin, self.itm_weight = p.reward_overshoot, p.reward_margin, p.reward_itm_weight
-        self.itm_charge, self.hardness = p.reward_itm_charge, p.reward_hardness
+        self.reward, self.eval_mode, self.reuse = (
+            settings.reward.name,
+            settings.reward.mode == "eval",
+            settings.reward.images == "reuse",
+        )
+        self.overshoot, self.margin, self.itm_weight = (
+            settings.reward.overshoot,
+            settings.reward.margin,
+            settings.reward.itm_weight,
+        )
+        self.itm_charge, self.hardness = settings.reward.itm_charge, settings.reward.hardness
         self.per_pair = scheduler.per_step
         self.rewards: list[float] = []
         """This epoch's mean reward per step (kept in checkpoints for the epoch summary)."""

@@ -76,7 +76,7 @@ def composition_summary(
       match probability with its anchor, 1.0 if a false negative else 0.0]), the correlation of the two and the
       chance a false pick outscores a true one (0.5: the judge sees nothing): the judge alone, apart from the margin.
       ``charge_fn_corr`` / ``charge_fn_auc``: the same for the charge the reward paid (``judged``' third column;
-      with ``reward_itm_charge: excess`` the probability's excess over picks of the same hardness).
+      with ``scheduler.reward.itm_charge: excess`` the probability's excess over picks of the same hardness).
     - ``expected_q_mean`` / ``expected_q_std``: E[q] of the Betas over the chained slots (std = how much
       the scheduler tells anchors apart).
     - ``q_fn_density_corr``: Pearson correlation over chained slots of E[q] (FALCON) or q (fixed /

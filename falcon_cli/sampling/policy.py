@@ -54,7 +54,7 @@ class SchedulerPolicy(nn.Module):
     that is the paper's 4-layer network. Every row is processed independently.
 
     ``quantiles`` is the input width: m for the paper's Ŝ, more with other
-    ``scheduler_features``. ``max_concentration`` (None: the paper, no cap) caps α + β: larger
+    ``scheduler.features``. ``max_concentration`` (None: the paper, no cap) caps α + β: larger
     pairs are scaled down to it, keeping the mean α / (α + β), so the Beta cannot sharpen past
     that before it has learned where its mean should be.
     """

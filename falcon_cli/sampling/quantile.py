@@ -82,7 +82,7 @@ def nearest_rank(q, n) -> np.ndarray:
 
 
 QUANTILE_SCALES = ("linear", "log_rank")
-"""How q maps to a candidate (``pretrain.quantile_scale``): see :func:`quantile_position`."""
+"""How q maps to a candidate (``pretrain.composer.quantile_scale``): see :func:`quantile_position`."""
 
 
 def quantile_position(q, n, scale: str = "linear") -> np.ndarray:
@@ -317,7 +317,7 @@ class QuantileSpaces:
             every batch then carries the oracle's view of its chained slots (``safe_q``,
             ``anchor_fn_density``, ``chosen_is_fn``, and ``fn_at_q0`` … ``fn_at_q100``: what each fixed q would have
             picked for the same anchor). It changes no choice and draws no randomness.
-        credit_levels: FALCON's ``scheduler_credit: levels``: the grid of q's whose picks each on-demand batch's
+        credit_levels: FALCON's ``scheduler.update.credit: levels``: the grid of q's whose picks each on-demand batch's
             scheduler record also carries for every step (``level_hardness``, ``level_own``, ``level_fn``: what each
             q would have picked for the same anchor, from the same candidates; see :func:`compose_round`). Changes
             no choice and draws no randomness.
@@ -589,8 +589,8 @@ def compose_round(
     ``[A, B]`` (A active spaces) and the scheduler record ``{"s_hat": [A, k, m], "q": [A, k]}`` (k = B - 1 at instance
     level, 1 at batch level; NaN q = step not taken).
 
-    ``credit_levels`` (a policy at instance level: ``scheduler_credit: levels``): the record also holds, per step,
-    the picks each of these q's would have made for the same anchor among the same available candidates (the
+    ``credit_levels`` (a policy at instance level: ``scheduler.update.credit: levels``): the record also holds, per
+    step, the picks each of these q's would have made for the same anchor among the same available candidates (the
     nearest rank, as the chain's own pick): ``level_hardness`` ``[A, k, L]`` their similarity S = I_a·T_j + T_a·I_j
     to the anchor and ``level_own`` ``[A, k]`` the anchor's own pair on that scale, 2 I_a·T_a (from ``features``,
     the epoch's snapshot), and ``level_fn`` ``[A, k, L]`` the oracle's verdict on each (1.0: a false negative;
@@ -804,7 +804,7 @@ def _level_record(
     fn: np.ndarray,
     device: torch.device,
 ) -> dict[str, torch.Tensor]:
-    """``scheduler_credit: levels``: the record's ``level_hardness`` ``[a, k, L]``, ``level_own`` ``[a, k]`` and
+    """``scheduler.update.credit: levels``: the record's ``level_hardness`` ``[a, k, L]``, ``level_own`` ``[a, k]`` and
     ``level_fn`` ``[a, k, L]`` (see :func:`compose_round`) from the grid's picks ``pick`` (local, -1: not taken),
     one gather of the snapshot's features on their device."""
     image, text = (t.reshape(-1, t.shape[-1]) for t in features)

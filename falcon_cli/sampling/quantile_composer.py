@@ -35,7 +35,7 @@ from falcon_cli.sampling.quantile import QSource, QuantileSpaces
 from falcon_cli.sampling.scheduler import progressive_q
 
 QUANTILE_COMPOSERS = ("quantile", "progressive", "falcon")
-"""The composers that pick at a quantile (``pretrain.composer`` values)."""
+"""The composers that pick at a quantile (``pretrain.composer.name`` values)."""
 
 
 class QuantileComposer:
@@ -48,13 +48,13 @@ class QuantileComposer:
         progressive: ``(start, end, epochs)`` of the progressive schedule (``progressive``).
         source: where FALCON's q comes from when a whole epoch is composed at once (the scheduler's
             ``alpha_beta``); the on-demand path passes it to the feed instead.
-        level: ``instance`` (a q per anchor) or ``batch`` (one q per batch); FALCON's ``scheduler_level``.
+        level: ``instance`` (a q per anchor) or ``batch`` (one q per batch); FALCON's ``scheduler.level``.
         quantiles, temperature, features: the scheduler's input rows
             (:func:`~falcon_cli.sampling.quantile.space_tables`).
         truth: the oracle (a shapes world): every batch then carries its view of the chained slots.
-        credit_levels: FALCON's ``scheduler_credit: levels`` grid: each on-demand batch's scheduler record also
+        credit_levels: FALCON's ``scheduler.update.credit: levels`` grid: each on-demand batch's scheduler record also
             carries every level's pick per step (:class:`~falcon_cli.sampling.quantile.QuantileSpaces`).
-        scale: how q picks among a step's candidates (``pretrain.quantile_scale``: ``linear`` or ``log_rank``;
+        scale: how q picks among a step's candidates (``pretrain.composer.quantile_scale``: ``linear`` or ``log_rank``;
             :func:`~falcon_cli.sampling.quantile.quantile_position`).
     """
 

@@ -5,9 +5,9 @@ Algorithm 2 (methods.md §1.6): after the VLP update on batch k,
     Δ_k = L(batch; θ_k) − L(batch; θ_{k+1})        (same pairs, identical MLM mask)
     loss_φ = −(Δ_k − b) · Σ log Beta(q_i; α_φ(Ŝ_i), β_φ(Ŝ_i))   over the q's batch k used
 
-with ``b = 0`` (the paper) or a moving average of Δ (``reward_baseline: ema``).
+with ``b = 0`` (the paper) or a moving average of Δ (``scheduler.update.baseline: ema``).
 
-Which passes give the two losses (A-7), ``reward_mode``:
+Which passes give the two losses (A-7), ``scheduler.reward.mode``:
 
 * ``train`` (default): L_before is the training forward's own loss (train mode, its
   dropout), L_after one extra no-grad forward in train mode after the update. Both carry
@@ -75,8 +75,8 @@ grid of q's whose picks were all scored for the same anchor (:func:`level_loss`)
 
 
 def level_grid(count: int) -> np.ndarray:
-    """The q's ``scheduler_credit: levels`` scores for every anchor: the centres of ``count`` equal bins of [0, 1],
-    (k + 1/2) / count (float64), inside (0, 1) so that every Beta density is finite there."""
+    """The q's ``scheduler.update.credit: levels`` scores for every anchor: the centres of ``count`` equal bins of [0,
+    1], (k + 1/2) / count (float64), inside (0, 1) so that every Beta density is finite there."""
     if count < 2:
         raise ValueError(f"a level grid needs at least 2 levels, got {count}")
     return (np.arange(count, dtype=np.float64) + 0.5) / count
@@ -89,7 +89,7 @@ def level_weights(alpha: Tensor, beta: Tensor, grid: Tensor) -> Tensor:
 
 
 def level_loss(alpha: Tensor, beta: Tensor, grid: Tensor, advantage: Tensor) -> Tensor:
-    """``scheduler_credit: levels``' loss: minus the expected advantage over the grid, −Σ_steps Σ_l w_l·A_l with
+    """``scheduler.update.credit: levels``' loss: minus the expected advantage over the grid, −Σ_steps Σ_l w_l·A_l with
     w = :func:`level_weights`. Where REINFORCE learns from the one q each anchor drew (whose reward mixes the
     anchor's level with everything else the step did), this compares, for the same anchor, every q of the grid:
     its gradient moves each Beta's mass toward the levels that scored above the anchor's mean, and vanishes when
@@ -124,7 +124,8 @@ def positive_margin_rewards(
 
 def charged_margin(hardness: Tensor, own: Tensor, overshoot: float = 1.0, margin: float = 0.0) -> Tensor:
     """:func:`positive_margin_rewards` from the chain's :func:`chain_hardness` (for a caller that also needs the
-    hardness itself, e.g. ``reward_itm_charge: excess``): :func:`margin_worth` per slot, slot 0 (no pick) 0."""
+    hardness itself, e.g. ``scheduler.reward.itm_charge: excess``): :func:`margin_worth` per slot, slot 0 (no pick)
+    0."""
     out = torch.zeros_like(hardness)
     out[1:] = margin_worth(hardness[1:], own[1:], overshoot, margin)
     return out
@@ -167,8 +168,8 @@ def excess_over_hardness(match: Tensor, hardness: Tensor) -> Tensor:
 
 
 def expected_worth(margin: Tensor, match: Tensor, worth_of_match: float) -> Tensor:
-    """Per slot ``[b]``, ``reward_itm_charge: expected``: what a pick is worth if the judge is right about it. With
-    probability ``match`` it matches its anchor (a false negative, worth ``-worth_of_match``), otherwise it is a
+    """Per slot ``[b]``, ``scheduler.reward.itm_charge: expected``: what a pick is worth if the judge is right about it.
+    With probability ``match`` it matches its anchor (a false negative, worth ``-worth_of_match``), otherwise it is a
     true negative worth its ``margin`` reward (:func:`charged_margin`): (1 − p)·margin − w·p. Unlike a charge
     added to the margin, the hardness stops paying where the judge starts charging: a pick the head is sure of
     is worth −w however hard it is. Slot 0 (no pick) 0."""

@@ -3,10 +3,10 @@
 The paper feeds the policy Ŝ = softmax(Q / τ), Q the ``m`` sorted quantiles of the anchor's row of
 ``S = I Tᵀ + T Iᵀ`` (τ = 1). At τ = 1 those rows are nearly flat (entries in [0.0077, 0.0128] on the
 shapes world, anchors differing by ~1% of the mean), so the policy cannot tell anchors apart
-(docs/pretraining.md, "Making the scheduler learn"). ``pretrain.scheduler_features`` picks the input
+(docs/pretraining.md, "Making the scheduler learn"). ``pretrain.scheduler.features`` picks the input
 from named groups, concatenated in the order given:
 
-* ``softmax`` (m values): the paper's Ŝ = softmax(Q / τ), τ = ``pretrain.quantile_temperature``.
+* ``softmax`` (m values): the paper's Ŝ = softmax(Q / τ), τ = ``pretrain.scheduler.quantile_temperature``.
 * ``zscore`` (m values): the row's quantiles standardised, ``(Q − mean(Q)) / std(Q)``: the row's
   shape with its location and scale removed.
 * ``positive`` (3 values): where the anchor's own pair sits in its row. ``above``: the share of

@@ -1,6 +1,6 @@
 """Warm start: epoch 0 composed from built search spaces and the embeddings that built them.
 
-Without it, epoch 0 is uniform (there are no features yet). With ``pretrain.search_spaces``
+Without it, epoch 0 is uniform (there are no features yet). With ``pretrain.composer.search_spaces``
 (a ``search_spaces.parquet`` from ``falcon build-search-spaces``) the composers see epoch 0
 like any later epoch, except that the pairs come already grouped (the built spaces, in
 order, instead of a shuffle cut into spaces) and the features are the embeddings' (any
@@ -65,8 +65,8 @@ def load_warm_start(
     block's rows by ascending row in chunks of :data:`FILL_ROWS`."""
     if not Path(spaces_path).exists():
         raise FalconError(
-            f"pretrain.search_spaces: {spaces_path} not found; build it with `falcon build-search-spaces` "
-            "(or chain build_search_spaces before pretrain and set pretrain.search_spaces=run)"
+            f"pretrain.composer.search_spaces: {spaces_path} not found; build it with `falcon build-search-spaces` "
+            "(or chain build_search_spaces before pretrain and set pretrain.composer.search_spaces=run)"
         )
     table = read_table(spaces_path, SEARCH_SPACES)
     rows = table[table["epoch"] == 0]

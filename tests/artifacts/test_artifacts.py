@@ -104,9 +104,9 @@ def test_the_cli_says_disk_full_and_read_only_in_one_line(small_mount, tmp_path)
         "data.tokenizer_vocab_size=200",
         "pretrain.epochs=1",
         "pretrain.batch_size=16",
-        "pretrain.search_space_size=48",
-        "pretrain.num_workers=0",
-        "pretrain.eval_split=null",
+        "pretrain.composer.search_space_size=48",
+        "pretrain.loader.num_workers=0",
+        "pretrain.eval.split=null",
         f"data.dataset={tmp_path / 'world'}",
     ]
     full = small_mount("rw") / "run"
@@ -193,9 +193,9 @@ def test_a_finished_run_on_a_read_only_disk_gives_one_line_to_every_command(smal
         "data.tokenizer_vocab_size=200",
         "pretrain.epochs=1",
         "pretrain.batch_size=16",
-        "pretrain.search_space_size=48",
-        "pretrain.num_workers=0",
-        "pretrain.eval_split=null",
+        "pretrain.composer.search_space_size=48",
+        "pretrain.loader.num_workers=0",
+        "pretrain.eval.split=null",
         f"data.dataset={tmp_path / 'world'}",
     ]
     assert run_cli("pretrain", "--recipe", "shapes-demo", "--run-dir", run_dir, *world).returncode == 0

@@ -38,7 +38,11 @@ def test_tuning_is_chosen_on_the_tuning_world_and_waits_for_every_candidate(tmp_
     assert "diht" not in fair.tuning_results(tmp_path) and fair.tuned_value("diht", tmp_path) is None  # one of two
     evaluated("diht", 0.5, 61.0, 70.0)
     found = fair.tuning_results(tmp_path)["diht"]
-    assert found["value"] == 0.5 and found["runs"] == {0.25: 65.0, 0.5: 65.5} and found["key"] == "pretrain.diht.beta"
+    assert (
+        found["value"] == 0.5
+        and found["runs"] == {0.25: 65.0, 0.5: 65.5}
+        and found["key"] == "pretrain.false_negatives.diht.beta"
+    )
     assert fair.tuned_value("diht", tmp_path) == 0.5
 
 
@@ -76,7 +80,9 @@ def _table():
 
 def test_report_states_the_noise_the_control_and_each_methods_share_of_its_ceiling():
     lines = fair.report_lines(
-        _table(), {"glofnd": {"key": "pretrain.glofnd.start_epoch", "value": 15, "runs": {15: 60.1, 19: 59.0}}}, "cmd"
+        _table(),
+        {"glofnd": {"key": "pretrain.false_negatives.glofnd.start_epoch", "value": 15, "runs": {15: 60.1, 19: 59.0}}},
+        "cmd",
     )
     text = "\n".join(lines)
     device = next(line for line in lines if line.startswith("*The device's own effect*"))
@@ -113,9 +119,9 @@ def test_every_arm_is_a_shipped_recipe(arm, tmp_path):
     value = rules.candidates(method)[0] if method else None
     recipe, overrides, _ = fair.arm_spec(arm, method, value, tmp_path, 0)
     p = load_recipe(recipe, [*overrides, "pretrain.epochs=36"])[0].pretrain
-    assert p.composer == "uniform"
-    assert p.itc_consistency_weight == (0.2 if arm in (fair.BASE, fair.ITC_CEILING) else 0.0)
-    assert p.oracle_negatives == ("mask_itc" if arm == fair.ITC_CEILING else "keep")
+    assert p.composer.name == "uniform"
+    assert p.losses.itc_consistency_weight == (0.2 if arm in (fair.BASE, fair.ITC_CEILING) else 0.0)
+    assert p.false_negatives.oracle == ("mask_itc" if arm == fair.ITC_CEILING else "keep")
 
 
 def test_same_numbers_finds_a_moved_loss_and_ignores_timing_paths_and_curve_spacing(tmp_path):

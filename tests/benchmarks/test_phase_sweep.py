@@ -15,7 +15,12 @@ from tests.conftest import REPO
 
 CONFIG = {
     "data": {"shapes": {"images": 3000, "size": 32, "splits": {"train": 0.3, "test": 0.7}}},
-    "pretrain": {"epochs": 12, "batch_size": 64, "lr": 3e-4, "min_lr": 1e-5, "search_space_size": 500},
+    "pretrain": {
+        "epochs": 12,
+        "batch_size": 64,
+        "optim": {"lr": 3e-4, "min_lr": 1e-5},
+        "composer": {"search_space_size": 500},
+    },
     "unimodal": {"image_epochs": 12, "extra_images": 20000, "text_epochs": 20},
 }
 """The parts of a run's resolved config that the report's budget line reads."""
@@ -283,9 +288,9 @@ def test_every_seed_of_a_regime_starts_from_one_pair_of_unimodal_encoders(tmp_pa
     assert "unimodal.seed=0" in shared and f"unimodal.extra_images={cpu.unimodal_extra_images}" in shared
     assert shared == [o for o in cpu.run_overrides("coco-like", tmp_path, 4) if o.startswith("unimodal.")]
     assert {cpu.unimodal_seed_of(s) for s in range(5)} == {0}
-    assert "pretrain.min_lr=1e-05" in cpu.run_overrides("coco-like", tmp_path, 3)  # ALBEF's end of the cosine
+    assert "pretrain.optim.min_lr=1e-05" in cpu.run_overrides("coco-like", tmp_path, 3)  # ALBEF's end of the cosine
     recipes = replace(cpu, min_lr=None).run_overrides("coco-like", tmp_path, 3)
-    assert not any(o.startswith("pretrain.min_lr=") for o in recipes)  # None: the recipe's own
+    assert not any(o.startswith("pretrain.optim.min_lr=") for o in recipes)  # None: the recipe's own
     own = replace(cpu, unimodal_seed=None)
     assert "unimodal.seed=null" in own.run_overrides("coco-like", tmp_path, 3)
     assert [own.unimodal_seed_of(s) for s in range(3)] == [0, 1, 2]
@@ -510,9 +515,9 @@ def test_the_budgets_keep_every_word_of_a_coco_like_caption(tmp_path):
     longest = max(len(re.findall(r"\w+|[^\w\s]", c)) + 2 for c in captions)
     assert longest > 25  # (the check means something: the default limit would cut)
     for name in ("cpu", "gpu"):
-        assert f"pretrain.max_text_length={sweep.BUDGETS[name].max_text_length}" in sweep.BUDGETS[name].run_overrides(
-            "coco-like", tmp_path, 0
-        )
+        assert f"pretrain.encoders.max_text_length={sweep.BUDGETS[name].max_text_length}" in sweep.BUDGETS[
+            name
+        ].run_overrides("coco-like", tmp_path, 0)
         assert longest <= sweep.BUDGETS[name].max_text_length
 
 
@@ -656,13 +661,13 @@ def test_the_diagnostic_arm_runs_only_when_named():
     assert "grit-mask" not in sweep.selected_methods(False, None)
     diagnostics = ("grit-mask", "grit-oracle", "uniform-oracle", "falcon-oracle", "falcon-oracle-top")
     assert sweep.selected_methods(False, None) == [m for m in sweep.METHODS if m not in diagnostics]
-    assert sweep.METHODS["falcon-oracle-top"] == ("shapes-falcon-oracle", ["pretrain.quantile_scale=log_rank"])
+    assert sweep.METHODS["falcon-oracle-top"] == ("shapes-falcon-oracle", ["pretrain.composer.quantile_scale=log_rank"])
     assert sweep.selected_methods(False, ["uniform-oracle", "grit-oracle"]) == ["grit-oracle", "uniform-oracle"]
-    assert sweep.METHODS["uniform-oracle"] == ("shapes-uniform", ["pretrain.oracle_negatives=mask"])
-    assert sweep.METHODS["grit-oracle"] == ("shapes-grit", ["pretrain.oracle_negatives=mask"])
+    assert sweep.METHODS["uniform-oracle"] == ("shapes-uniform", ["pretrain.false_negatives.oracle=mask"])
+    assert sweep.METHODS["grit-oracle"] == ("shapes-grit", ["pretrain.false_negatives.oracle=mask"])
     assert sweep.selected_methods(True, None) == list(sweep.GATE_METHODS)
     assert sweep.selected_methods(False, ["grit-mask", "uniform"]) == ["uniform", "grit-mask"]
-    assert sweep.METHODS["grit-mask"] == ("shapes-grit", ["pretrain.same_image=mask"])
+    assert sweep.METHODS["grit-mask"] == ("shapes-grit", ["pretrain.false_negatives.same_image=mask"])
     assert sweep.METHODS["falcon-oracle"] == ("shapes-falcon-oracle", [])
 
 

@@ -23,8 +23,8 @@ def test_the_plan_covers_every_method_and_the_space_sweep():
     assert [v.name for v, _ in sweep.plan(sweep.FULL, [0], ["srcl"])] == ["uniform", "srcl"]
     assert [v.name for v, _ in sweep.plan(sweep.FULL, [0], ["falcon-ema-lr1e-2"])] == ["falcon-ema-lr1e-2"]
     overrides = sweep.FULL.overrides(sweep.Path("/x"))
-    assert "pretrain.search_space_size=350" in overrides and "data.dataset=/x/world" in overrides
-    assert {"data.shapes.size=32", "pretrain.image_size=32"} <= set(overrides)  # the world and the model agree
+    assert "pretrain.composer.search_space_size=350" in overrides and "data.dataset=/x/world" in overrides
+    assert {"data.shapes.size=32", "pretrain.encoders.image_size=32"} <= set(overrides)  # the world and the model agree
     assert sweep.FULL.world_args(sweep.Path("/x"))[4:8] == ["--images", "700", "--size", "32"]
     assert sweep.FULL.spaces["large"] == int(sweep.FULL.images * sweep.SPLITS["train"]) * 5  # one space per epoch
     assert [o for o in overrides if "splits" in o] == [

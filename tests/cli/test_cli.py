@@ -233,16 +233,18 @@ def test_run_recipe_end_to_end(cli, tmp_path):
     assert len(json.loads((run_dir / "manifest.json").read_text())["history"]) == 2
     other = cli(*args[:-1], "data.tokenizer_vocab_size=300")
     assert other.returncode == 2 and "different config (data.tokenizer_vocab_size: 200 -> 300)" in other.stderr
-    # A run recorded before a field existed (here pretrain.oracle_negatives) continues: the field's default is what
-    # the run did. A recorded value that differs from today's still counts.
+    # A run recorded before a field existed (here pretrain.false_negatives.oracle) continues: the field's default is
+    # what the run did. A recorded value that differs from today's still counts.
     recorded = json.loads((run_dir / "manifest.json").read_text())
-    del recorded["config"]["pretrain"]["oracle_negatives"]
+    del recorded["config"]["pretrain"]["false_negatives"]["oracle"]
     (run_dir / "manifest.json").write_text(json.dumps(recorded))
     older = cli(*args)
     assert older.returncode == 0, older.stderr
-    assert json.loads((run_dir / "manifest.json").read_text())["config"]["pretrain"]["oracle_negatives"] == "keep"
+    assert (
+        json.loads((run_dir / "manifest.json").read_text())["config"]["pretrain"]["false_negatives"]["oracle"] == "keep"
+    )
     recorded = json.loads((run_dir / "manifest.json").read_text())
-    recorded["config"]["pretrain"]["oracle_negatives"] = "mask"
+    recorded["config"]["pretrain"]["false_negatives"]["oracle"] = "mask"
     (run_dir / "manifest.json").write_text(json.dumps(recorded))
     changed = cli(*args)
-    assert changed.returncode == 2 and "pretrain.oracle_negatives: 'mask' -> 'keep'" in changed.stderr
+    assert changed.returncode == 2 and "pretrain.false_negatives.oracle: 'mask' -> 'keep'" in changed.stderr

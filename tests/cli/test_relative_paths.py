@@ -20,16 +20,16 @@ TINY = [
     "data.dataset=data/w",
     "data.shapes.images=40",
     "data.shapes.size=32",
-    "pretrain.image_size=32",
+    "pretrain.encoders.image_size=32",
     "data.tokenizer_vocab_size=200",
     "data.verify_images=false",
     "pretrain.epochs=2",
     "pretrain.batch_size=16",
-    "pretrain.search_space_size=32",
-    "pretrain.augment=test",
-    "pretrain.num_workers=0",
-    "pretrain.warmup_steps=2",
-    "pretrain.checkpoint_every=2",
+    "pretrain.composer.search_space_size=32",
+    "pretrain.loader.augment=test",
+    "pretrain.loader.num_workers=0",
+    "pretrain.optim.warmup_steps=2",
+    "pretrain.checkpoints.every=2",
     "finetune.num_workers=0",
     "finetune.vqa.epochs=1",
     "finetune.vqa.batch_size=16",
@@ -127,7 +127,7 @@ def test_stage_commands_with_default_and_relative_run_dirs(work):
     """`falcon pretrain` without --run-dir (runs/<recipe>), resumed; embed from a relative `falcon:` run; search
     spaces from relative embeddings; a warm-started SRCL run reading both through relative paths."""
     cwd = work / "work"
-    short = [*TINY, "pretrain.eval_split=null", "pretrain.epochs=1", "pretrain.max_steps_per_epoch=2"]
+    short = [*TINY, "pretrain.eval.split=null", "pretrain.epochs=1", "pretrain.max_steps_per_epoch=2"]
     ok(run_cli("pretrain", "--recipe", "shapes-demo", *short, cwd=cwd))
     default = cwd / "runs" / "shapes-demo"
     check_run(default)
@@ -176,16 +176,16 @@ def test_stage_commands_with_default_and_relative_run_dirs(work):
             "--run-dir",
             "../runs/warm",
             *[a.replace("data/w", "../data/w") for a in short],
-            "pretrain.composer=grit",
-            "pretrain.search_spaces=../runs/spaces/search_spaces.parquet",
+            "pretrain.composer.name=grit",
+            "pretrain.composer.search_spaces=../runs/spaces/search_spaces.parquet",
             f"search_spaces.embeddings=../{embeddings}",
-            "pretrain.false_negatives=srcl",
-            f"pretrain.srcl.aux_embeddings=../{embeddings}",
+            "pretrain.false_negatives.method=srcl",
+            f"pretrain.false_negatives.srcl.aux_embeddings=../{embeddings}",
             cwd=sub,
         )
     )
     manifest = check_run(cwd / "runs" / "warm")
-    assert manifest["config"]["pretrain"]["srcl"]["aux_embeddings"] == str(
+    assert manifest["config"]["pretrain"]["false_negatives"]["srcl"]["aux_embeddings"] == str(
         cwd / "runs" / "emb" / "embeddings" / "embeddings.h5"
     )
 

@@ -42,7 +42,7 @@ def test_needed_splits_follow_the_tasks_of_each_stage():
         ("nlvr2", "dev"),
         ("vqa", "test"),
     }
-    assert needed_splits(config, ["pretrain"]) == [("retrieval", "test", "pretrain.eval_split")]
+    assert needed_splits(config, ["pretrain"]) == [("retrieval", "test", "pretrain.eval.split")]
 
 
 def test_a_missing_split_is_one_line_naming_the_file_the_key_and_who_needs_it(retrieval_only):
@@ -88,7 +88,7 @@ def test_falcon_run_stops_before_pretraining(retrieval_only, tmp_path):
         "stages=[data, pretrain]",
         "pretrain.epochs=1",
         "pretrain.max_steps_per_epoch=2",
-        "pretrain.image_size=32",
+        "pretrain.encoders.image_size=32",
         "--overwrite",
     )
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from falcon_cli.artifacts.renamed_keys import renamed_key
 from falcon_cli.config.recipes import (
     STUDY_DIR,
     apply_overrides,
@@ -22,6 +23,29 @@ from falcon_cli.config.recipes import (
 from falcon_cli.config.schema import Recipe
 from falcon_cli.errors import FalconError
 from falcon_cli.field_docs import field_docstrings
+
+
+def flat(mapping: dict, prefix: str = "") -> dict:
+    """A nested mapping's leaves by dotted key."""
+    out = {}
+    for key, value in mapping.items():
+        out.update(flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return out
+
+
+def changed(base: dict, other: dict) -> dict:
+    """The dotted leaves of ``other`` (a pretrain section's dump) that differ from ``base``'s."""
+    base, other = flat(base), flat(other)
+    return {k: v for k, v in other.items() if base.get(k) != v}
+
+
+def renamed(base: dict, changes: dict) -> dict:
+    """``changes`` written with the 0.2.0 keys (their sections whole), as the dotted leaves they change of ``base``."""
+    moved = {}
+    for key, value in flat(changes).items():
+        moved[(renamed_key(f"pretrain.{key}", value) or f"pretrain.{key}").removeprefix("pretrain.")] = value
+    base = flat(base)
+    return {k: v for k, v in moved.items() if base.get(k) != v}
 
 
 def write(path: Path, text: str) -> Path:
@@ -41,9 +65,20 @@ def test_every_shipped_recipe_validates_and_documents_its_command():
 
 def test_coco_albef_is_falcon_with_the_papers_hyperparameters_and_siblings_differ_only_as_named():
     p = load_recipe("coco-albef")[0].pretrain
-    assert (p.composer, p.batch_size, p.search_space_size, p.quantile_levels, p.epochs) == ("falcon", 96, 5664, 100, 20)
-    assert (p.scheduler_hidden, p.scheduler_blocks, p.scheduler_lr, p.scheduler_weight_decay) == (256, 2, 1e-4, 0.01)
-    assert (p.reward, p.scheduler_level, p.mlm_probability, p.lr) == ("mlm", "instance", 0.5, 1e-4)
+    assert (p.composer.name, p.batch_size, p.composer.search_space_size, p.scheduler.quantile_levels, p.epochs) == (
+        "falcon",
+        96,
+        5664,
+        100,
+        20,
+    )
+    assert (p.scheduler.hidden, p.scheduler.blocks, p.scheduler.lr, p.scheduler.weight_decay) == (256, 2, 1e-4, 0.01)
+    assert (p.scheduler.reward.name, p.scheduler.level, p.losses.mlm_probability, p.optim.lr) == (
+        "mlm",
+        "instance",
+        0.5,
+        1e-4,
+    )
     base = p.model_dump()
     expected = {
         "coco-albef-uniform": {"composer": "uniform"},
@@ -61,7 +96,7 @@ def test_coco_albef_is_falcon_with_the_papers_hyperparameters_and_siblings_diffe
     }
     defaults = p.model_dump()
     for section, values in {"mafa": {"judge": "checkpoint", "high": 0.98}}.items():
-        expected_section = {**defaults[section], **values}
+        expected_section = {**defaults["false_negatives"][section], **values}
         expected.setdefault(f"coco-albef-{section}", {})[section] = expected_section
     expected["coco-albef-mafa"].update(
         composer="grit", search_space_size=1920, itc_consistency_weight=0.0, false_negatives="mafa"
@@ -73,50 +108,56 @@ def test_coco_albef_is_falcon_with_the_papers_hyperparameters_and_siblings_diffe
         "composer": "uniform",
         "false_negatives": "glofnd",
         "itc_consistency_weight": 0.0,
-        "glofnd": {**defaults["glofnd"], "start_epoch": 8, "lr": 0.09167, "alpha": 0.001},
+        "glofnd": {**defaults["false_negatives"]["glofnd"], "start_epoch": 8, "lr": 0.09167, "alpha": 0.001},
     }
     for name, changes in expected.items():
         sibling = load_recipe(name)[0].pretrain.model_dump()
-        assert {k: v for k, v in sibling.items() if base[k] != v} == changes, name
+        assert changed(base, sibling) == renamed(base, changes), name
     shapes, plus = (load_recipe(name)[0].pretrain.model_dump() for name in ("shapes-falcon", "shapes-falcon-plus"))
-    assert {k: v for k, v in plus.items() if shapes[k] != v} == PLUS_SCHEDULER
+    assert changed(shapes, plus) == renamed(shapes, PLUS_SCHEDULER)
     for plus_name, margin_name in [
         ("shapes-falcon-plus", "shapes-falcon-margin"),
         ("coco-albef-plus", "coco-albef-margin"),
     ]:
         plus, margin = (load_recipe(name)[0].pretrain.model_dump() for name in (plus_name, margin_name))
-        assert {k: v for k, v in margin.items() if plus[k] != v} == {"reward": "positive_margin", "reward_margin": 0.5}
+        assert changed(plus, margin) == renamed(plus, {"reward": "positive_margin", "reward_margin": 0.5})
     # the ITM-charged margin: one key over the margin recipes; for BLIP-2, the improved scheduler and both keys
     for margin_name, itm_name in [
         ("shapes-falcon-margin", "shapes-falcon-itm"),
         ("coco-albef-margin", "coco-albef-itm"),
     ]:
         margin, itm = (load_recipe(name)[0].pretrain.model_dump() for name in (margin_name, itm_name))
-        assert {k: v for k, v in itm.items() if margin[k] != v} == {"reward": "positive_margin+itm"}
+        assert changed(margin, itm) == renamed(margin, {"reward": "positive_margin+itm"})
     itm, excess = (
         load_recipe(name)[0].pretrain.model_dump() for name in ("shapes-falcon-itm", "shapes-falcon-itm-excess")
     )
-    assert {k: v for k, v in excess.items() if itm[k] != v} == {"reward_itm_charge": "excess", "reward_itm_weight": 6.0}
+    assert changed(itm, excess) == renamed(itm, {"reward_itm_charge": "excess", "reward_itm_weight": 6.0})
     expected = load_recipe("shapes-falcon-itm-expected")[0].pretrain.model_dump()
-    assert {k: v for k, v in expected.items() if itm[k] != v} == {"reward_itm_charge": "expected"}
+    assert changed(itm, expected) == renamed(itm, {"reward_itm_charge": "expected"})
     oracle = load_recipe("shapes-falcon-oracle")[0].pretrain.model_dump()  # the same reward, the oracle as judge
-    assert {k: v for k, v in oracle.items() if expected[k] != v} == {"reward": "positive_margin+oracle"}
+    assert changed(expected, oracle) == renamed(expected, {"reward": "positive_margin+oracle"})
     margin, levels = (
         load_recipe(name)[0].pretrain.model_dump() for name in ("shapes-falcon-margin", "shapes-falcon-levels")
     )
-    assert {k: v for k, v in levels.items() if margin[k] != v} == {
-        "scheduler_credit": "levels",
-        "reward_baseline": "none",
-    }
+    assert changed(margin, levels) == renamed(
+        margin,
+        {
+            "scheduler_credit": "levels",
+            "reward_baseline": "none",
+        },
+    )
     top = load_recipe("shapes-falcon-margin-top")[0].pretrain.model_dump()  # the margin with q on the log-rank scale
-    assert {k: v for k, v in top.items() if margin[k] != v} == {"quantile_scale": "log_rank"}
+    assert changed(margin, top) == renamed(margin, {"quantile_scale": "log_rank"})
     for base_name, itm_name in [("shapes-blip2-falcon", "shapes-blip2-falcon-itm"), ("coco-blip2", "coco-blip2-itm")]:
         base_p, itm = (load_recipe(name)[0].pretrain.model_dump() for name in (base_name, itm_name))
-        assert {k: v for k, v in itm.items() if base_p[k] != v} == {
-            **PLUS_SCHEDULER,
-            "reward": "positive_margin+itm",
-            "reward_margin": 0.5,
-        }, itm_name
+        assert changed(base_p, itm) == renamed(
+            base_p,
+            {
+                **PLUS_SCHEDULER,
+                "reward": "positive_margin+itm",
+                "reward_margin": 0.5,
+            },
+        ), itm_name
 
 
 PLUS_SCHEDULER = {
@@ -152,19 +193,24 @@ def test_each_method_trains_its_papers_itc_consistency_weight():
     )
     for name, method in shipped.items():
         config = load_recipe(name)[0]
-        assert config.pretrain.false_negatives == method, name
-        assert config.pretrain.itc_consistency_weight == PAPER_CONSISTENCY_WEIGHT[method], name
+        assert config.pretrain.false_negatives.method == method, name
+        assert config.pretrain.losses.itc_consistency_weight == PAPER_CONSISTENCY_WEIGHT[method], name
         # what `falcon recipes show` prints and the run records is the number trained, not a placeholder
         assert f"itc_consistency_weight: {PAPER_CONSISTENCY_WEIGHT[method]}" in resolved_yaml(config), name
     # a method picked on the command line brings its own weight, whatever recipe it is put on
     for base in ("coco-albef", "coco-albef-grit", "shapes-demo", "shapes-falcon"):
         for method, weight in PAPER_CONSISTENCY_WEIGHT.items():
-            p = load_recipe(base, [f"pretrain.false_negatives={method}"])[0].pretrain
-            assert p.itc_consistency_weight == weight, (base, method)
-    p = load_recipe("coco-albef", ["pretrain.composer=falcon", "pretrain.false_negatives=mafa"])[0].pretrain
-    assert (p.composer, p.itc_consistency_weight) == ("falcon", 0.0)
+            p = load_recipe(base, [f"pretrain.false_negatives.method={method}"])[0].pretrain
+            assert p.losses.itc_consistency_weight == weight, (base, method)
+    p = load_recipe("coco-albef", ["pretrain.composer.name=falcon", "pretrain.false_negatives.method=mafa"])[0].pretrain
+    assert (p.composer.name, p.losses.itc_consistency_weight) == ("falcon", 0.0)
     # ... and back: a baseline recipe switched to plain ITC trains GRIT's term again
-    assert load_recipe("coco-albef-glofnd", ["pretrain.false_negatives=none"])[0].pretrain.itc_consistency_weight == 0.2
+    assert (
+        load_recipe("coco-albef-glofnd", ["pretrain.false_negatives.method=none"])[
+            0
+        ].pretrain.losses.itc_consistency_weight
+        == 0.2
+    )
     from falcon_cli.method_weights import ITC_CONSISTENCY_WEIGHT
 
     assert ITC_CONSISTENCY_WEIGHT == PAPER_CONSISTENCY_WEIGHT
@@ -179,20 +225,23 @@ def test_an_explicit_itc_consistency_weight_wins_over_the_methods_own(tmp_path, 
         ("coco-albef-diht", "null", 0.0),
         ("coco-albef", "null", 0.2),
     ):
-        p = load_recipe(recipe, [f"pretrain.itc_consistency_weight={override}"])[0].pretrain
-        assert p.itc_consistency_weight == weight, (recipe, override)
-    p = load_recipe("coco-albef", ["pretrain.itc_consistency_weight=0.2", "pretrain.false_negatives=srcl"])[0].pretrain
-    assert p.itc_consistency_weight == 0.2
+        p = load_recipe(recipe, [f"pretrain.losses.itc_consistency_weight={override}"])[0].pretrain
+        assert p.losses.itc_consistency_weight == weight, (recipe, override)
+    p = load_recipe(
+        "coco-albef", ["pretrain.losses.itc_consistency_weight=0.2", "pretrain.false_negatives.method=srcl"]
+    )[0].pretrain
+    assert p.losses.itc_consistency_weight == 0.2
     monkeypatch.setenv("FALCON_RECIPE_PATH", str(tmp_path))
     write(tmp_path / "lab-srcl-grit.yaml", "base: coco-albef-srcl\npretrain: {itc_consistency_weight: 0.1}\n")
-    assert load_recipe("lab-srcl-grit")[0].pretrain.itc_consistency_weight == 0.1
+    assert load_recipe("lab-srcl-grit")[0].pretrain.losses.itc_consistency_weight == 0.1
     # the resolved config validates again to the same weight (a run's config.yaml, a resume)
     resolved = load_recipe("coco-albef-glofnd")[0]
-    assert Recipe.model_validate(resolved.model_dump()).pretrain.itc_consistency_weight == 0.0
+    assert Recipe.model_validate(resolved.model_dump()).pretrain.losses.itc_consistency_weight == 0.0
     with pytest.raises(
-        FalconError, match=r"override 'pretrain.itc_consistency_weight=-1': key 'pretrain.itc_consistency_weight'"
+        FalconError,
+        match=r"override 'pretrain.losses.itc_consistency_weight=-1': key 'pretrain.losses.itc_consistency_weight'",
     ):
-        load_recipe("coco-albef", ["pretrain.itc_consistency_weight=-1"])
+        load_recipe("coco-albef", ["pretrain.losses.itc_consistency_weight=-1"])
 
 
 def test_every_config_field_has_a_docstring():
@@ -224,9 +273,9 @@ def test_recipe_base_merges_sections_and_refuses_cycles(tmp_path, monkeypatch):
     monkeypatch.setenv("FALCON_RECIPE_PATH", str(tmp_path))
     write(tmp_path / "lab-base.yaml", "seed: 3\ndata: {dataset: x}\npretrain: {batch_size: 8, epochs: 4}\n")
     write(tmp_path / "lab-child.yaml", "# falcon pretrain --recipe lab-child\nbase: lab-base\npretrain: {epochs: 2}\n")
-    config, path = load_recipe("lab-child", ["pretrain.lr=0.01"])
+    config, path = load_recipe("lab-child", ["pretrain.optim.lr=0.01"])
     assert config.name == "lab-child" and config.seed == 3 and config.data.dataset == Path.cwd() / "x"
-    assert (config.pretrain.batch_size, config.pretrain.epochs, config.pretrain.lr) == (8, 2, 0.01)
+    assert (config.pretrain.batch_size, config.pretrain.epochs, config.pretrain.optim.lr) == (8, 2, 0.01)
     write(tmp_path / "lab-a.yaml", "base: lab-b\n")
     write(tmp_path / "lab-b.yaml", "base: lab-a\n")
     with pytest.raises(FalconError, match="cycle"):
@@ -328,12 +377,18 @@ def test_every_numeric_config_field_has_its_range():
         ("pretrain.batch_size=-4", "pretrain.batch_size': input should be greater than or equal to 2"),
         ("pretrain.epochs=0", "pretrain.epochs': input should be greater than or equal to 1"),
         ("pretrain.epochs=-1", "pretrain.epochs': input should be greater than or equal to 1"),
-        ("pretrain.lr=-1", "pretrain.lr': input should be greater than 0"),
-        ("pretrain.log_every=0", "pretrain.log_every': input should be greater than or equal to 1"),
-        ("pretrain.checkpoint_every=-1", "pretrain.checkpoint_every': input should be greater than or equal to 0"),
-        ("pretrain.keep_last=-1", "pretrain.keep_last': input should be greater than or equal to 1"),
+        ("pretrain.optim.lr=-1", "pretrain.optim.lr': input should be greater than 0"),
+        ("pretrain.logging.every=0", "pretrain.logging.every': input should be greater than or equal to 1"),
+        ("pretrain.checkpoints.every=-1", "pretrain.checkpoints.every': input should be greater than or equal to 0"),
+        (
+            "pretrain.checkpoints.keep_last=-1",
+            "pretrain.checkpoints.keep_last': input should be greater than or equal to 1",
+        ),
         ("audit.filter_thresholds=[0.5,1.5]", "audit.filter_thresholds[1]': input should be less than or equal to 1"),
-        ("pretrain.quantile_scale=log", "pretrain.quantile_scale': expected one of linear or log_rank, got 'log'"),
+        (
+            "pretrain.composer.quantile_scale=log",
+            "pretrain.composer.quantile_scale': expected one of linear or log_rank, got 'log'",
+        ),
     ],
 )
 def test_values_the_code_cannot_run_with_are_refused_by_the_schema(override, message):
@@ -344,18 +399,20 @@ def test_values_the_code_cannot_run_with_are_refused_by_the_schema(override, mes
 
 def test_rules_across_fields_name_the_overrides_that_broke_them():
     with pytest.raises(FalconError) as err:
-        load_recipe("shapes-demo", ["pretrain.search_space_size=8"])
-    assert "with 'pretrain.search_space_size=8'" in str(
+        load_recipe("shapes-demo", ["pretrain.composer.search_space_size=8"])
+    assert "with 'pretrain.composer.search_space_size=8'" in str(
         err.value
     ) and "search_space_size (8) is smaller than batch_size (32)" in str(err.value)
-    assert load_recipe("shapes-demo", ["pretrain.search_space_size=8", "pretrain.composer=uniform"])[0]
+    assert load_recipe("shapes-demo", ["pretrain.composer.search_space_size=8", "pretrain.composer.name=uniform"])[0]
     with pytest.raises(FalconError, match=r"min_lr .* must not exceed lr"):
-        load_recipe("shapes-demo", ["pretrain.lr=1e-6"])
+        load_recipe("shapes-demo", ["pretrain.optim.lr=1e-6"])
     with pytest.raises(
         FalconError, match="quantile_scale=log_rank changes how a drawn q picks: composer grit draws none"
     ):
-        load_recipe("shapes-demo", ["pretrain.quantile_scale=log_rank"])  # (the demo's composer is GRIT)
-    assert load_recipe("shapes-demo", ["pretrain.quantile_scale=log_rank", "pretrain.composer=quantile"])[0]
+        load_recipe("shapes-demo", ["pretrain.composer.quantile_scale=log_rank"])  # (the demo's composer is GRIT)
+    assert load_recipe("shapes-demo", ["pretrain.composer.quantile_scale=log_rank", "pretrain.composer.name=quantile"])[
+        0
+    ]
 
 
 def test_bad_values_stop_the_cli_before_the_run_directory_exists(tmp_path):
@@ -411,24 +468,26 @@ def test_input_paths_become_absolute_against_the_working_directory(tmp_path, mon
         "shapes-demo",
         [
             "data.dataset=data/w",
-            "pretrain.text_weights=bert-local",
-            "pretrain.vision_weights=timm:deit_tiny_patch16_224",
-            "pretrain.srcl.aux_embeddings=../elsewhere/aux.h5",
+            "pretrain.encoders.text_weights=bert-local",
+            "pretrain.encoders.vision_weights=timm:deit_tiny_patch16_224",
+            "pretrain.false_negatives.srcl.aux_embeddings=../elsewhere/aux.h5",
             "embed.encoder=falcon:runs/demo",
             "audit.judge_model=Salesforce/blip-itm-base-coco",
             "evaluate.retrieval.models=[pretrained, runs/demo/checkpoints/1]",
-            "pretrain.search_spaces=run",
+            "pretrain.composer.search_spaces=run",
             "finetune.checkpoint=/abs/run",
         ],
     )
     assert config.data.dataset == tmp_path / "data" / "w"
-    assert config.pretrain.text_weights == str(tmp_path / "bert-local")  # exists: a local directory
-    assert config.pretrain.vision_weights == "timm:deit_tiny_patch16_224"  # a name, not a file here
-    assert config.pretrain.srcl.aux_embeddings == tmp_path.parent / "elsewhere" / "aux.h5"  # '..' folded
+    assert config.pretrain.encoders.text_weights == str(tmp_path / "bert-local")  # exists: a local directory
+    assert config.pretrain.encoders.vision_weights == "timm:deit_tiny_patch16_224"  # a name, not a file here
+    assert (
+        config.pretrain.false_negatives.srcl.aux_embeddings == tmp_path.parent / "elsewhere" / "aux.h5"
+    )  # '..' folded
     assert config.embed.encoder == f"falcon:{tmp_path / 'runs' / 'demo'}"
     assert config.audit.judge_model == "Salesforce/blip-itm-base-coco"  # a hub id
     assert config.evaluate.retrieval.models == ["pretrained", str(tmp_path / "runs/demo/checkpoints/1")]
-    assert config.pretrain.search_spaces == "run" and config.finetune.checkpoint == "/abs/run"
+    assert config.pretrain.composer.search_spaces == "run" and config.finetune.checkpoint == "/abs/run"
     assert config.data.tokenizer == "wordpiece"
     # Resolving again (a stored config read from another directory) changes nothing that is absolute.
     again = absolute_input_paths(config.model_copy(deep=True), tmp_path / "other")
@@ -437,9 +496,12 @@ def test_input_paths_become_absolute_against_the_working_directory(tmp_path, mon
     from falcon_cli.config.paths import input_path_keys
 
     markers = dict(input_path_keys(Recipe))
-    assert {"pretrain.mafa.judge_model", "pretrain.srcl.aux_embeddings", "embed.encoder", "data.dataset"} <= set(
-        markers
-    )
+    assert {
+        "pretrain.false_negatives.mafa.judge_model",
+        "pretrain.false_negatives.srcl.aux_embeddings",
+        "embed.encoder",
+        "data.dataset",
+    } <= set(markers)
     assert "pretrain.epochs" not in markers
     dumped = config.model_dump()
     found = {
@@ -448,9 +510,11 @@ def test_input_paths_become_absolute_against_the_working_directory(tmp_path, mon
         if (value := functools.reduce(lambda d, k: d.get(k) if isinstance(d, dict) else None, key.split("."), dumped))
     }
     assert found["embed.encoder"] == tmp_path / "runs" / "demo" and found["finetune.checkpoint"] == Path("/abs/run")
-    assert found["pretrain.srcl.aux_embeddings"] == tmp_path.parent / "elsewhere" / "aux.h5"
-    assert found["audit.judge_model"] is None and found["pretrain.vision_weights"] is None  # a hub id, a timm name
-    assert found["pretrain.search_spaces"] is None and found["data.tokenizer"] is None  # keywords
+    assert found["pretrain.false_negatives.srcl.aux_embeddings"] == tmp_path.parent / "elsewhere" / "aux.h5"
+    assert (
+        found["audit.judge_model"] is None and found["pretrain.encoders.vision_weights"] is None
+    )  # a hub id, a timm name
+    assert found["pretrain.composer.search_spaces"] is None and found["data.tokenizer"] is None  # keywords
 
 
 def test_study_recipes_live_apart_but_resolve_by_name_and_list_in_their_group():
@@ -458,7 +522,7 @@ def test_study_recipes_live_apart_but_resolve_by_name_and_list_in_their_group():
     assert recipes["shapes-falcon-margin"].parent.name == STUDY_DIR
     assert recipes["coco-albef-grit"].parent.name == "recipes"
     assert (
-        load_recipe("shapes-falcon-margin")[0].pretrain.reward == "positive_margin"
+        load_recipe("shapes-falcon-margin")[0].pretrain.scheduler.reward.name == "positive_margin"
     )  # (its base, shapes-falcon-plus, too)
     assert recipe_group("shapes-falcon-margin", recipes["shapes-falcon-margin"]).startswith("Studies")
     assert recipe_group("coco-albef-grit", recipes["coco-albef-grit"]).startswith("COCO, ALBEF")

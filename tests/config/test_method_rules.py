@@ -22,20 +22,20 @@ def test_the_rules_themselves():
     # at the paper's own schedule a rule gives the paper's value back
     cc3m = rules.Testbed("cc3m", epochs=37, batch=1024, pairs=2_900_000, false_negative_rate=0.001)
     assert rules.candidates("glofnd", cc3m) == (15, 20)
-    assert rules.method_settings("glofnd", 15, cc3m)["pretrain.glofnd.lr"] == 0.05
+    assert rules.method_settings("glofnd", 15, cc3m)["pretrain.false_negatives.glofnd.lr"] == 0.05
     coco = rules.Testbed("coco", epochs=20, batch=384, pairs=566_747, false_negative_rate=0.001)
-    assert rules.method_settings("falcon", None, coco)["pretrain.scheduler_lr"] == 1e-4
+    assert rules.method_settings("falcon", None, coco)["pretrain.scheduler.lr"] == 1e-4
 
 
 def test_dense_settings_follow_the_rules():
     glofnd = rules.method_settings("glofnd", 15)
     assert glofnd == {
-        "pretrain.glofnd.start_epoch": 15,
-        "pretrain.glofnd.lr": rules.rate(0.05, 22, 21),
-        "pretrain.glofnd.alpha": 0.179,
-        "pretrain.glofnd.adam_step": "epoch",
+        "pretrain.false_negatives.glofnd.start_epoch": 15,
+        "pretrain.false_negatives.glofnd.lr": rules.rate(0.05, 22, 21),
+        "pretrain.false_negatives.glofnd.alpha": 0.179,
+        "pretrain.false_negatives.glofnd.adam_step": "epoch",
     }
-    assert rules.method_settings("glofnd", 19)["pretrain.glofnd.lr"] == 0.05  # 17 updates in both
+    assert rules.method_settings("glofnd", 19)["pretrain.false_negatives.glofnd.lr"] == 0.05  # 17 updates in both
     assert rules.DENSE.false_negative_rate == pytest.approx(0.178827)  # the tuning world's, as measured
     with pytest.raises(ValueError, match="not one of the tuning candidates"):
         rules.method_settings("diht", 1.0)
@@ -68,14 +68,17 @@ def test_sweep_arms_and_recipes_take_the_rules_values(arm, tmp_path):
         config = load_recipe(recipe, [*overrides, "pretrain.epochs=36"])[0]
         p = config.pretrain
         for key, expected in rules.method_settings(method, value).items():
-            section, name = (
-                key.removeprefix("pretrain.").split(".") if key.count(".") == 2 else (None, key.split(".")[1])
-            )
-            got = getattr(getattr(p, section), name) if section else getattr(p, name)
+            got = p.setting(key.removeprefix("pretrain."))
             assert got == expected, (key, got, expected)
-        assert p.composer == "uniform" and p.false_negatives == method and p.itc_consistency_weight == 0.0
+        assert (
+            p.composer.name == "uniform"
+            and p.false_negatives.method == method
+            and p.losses.itc_consistency_weight == 0.0
+        )
         if method == "mafa":  # the same seed's uniform run as Con-D, never the oracle
-            assert p.mafa.judge == "checkpoint" and p.mafa.judge_model.endswith("uniform-cpu-s3")
+            assert p.false_negatives.mafa.judge == "checkpoint" and p.false_negatives.mafa.judge_model.endswith(
+                "uniform-cpu-s3"
+            )
         assert auxiliary == ("uniform-cpu" if method == "srcl" else None)
     recipe, overrides, _ = arm_spec(CONTROL, None, None, tmp_path, 3)
     control = load_recipe(recipe, [*overrides, "pretrain.epochs=36"])[0].pretrain
@@ -89,17 +92,22 @@ def test_a_start_epoch_past_the_last_is_refused(tmp_path):
     from tests.conftest import run_cli
 
     proc = run_cli(
-        "pretrain", "--recipe", "shapes-glofnd", "--run-dir", tmp_path / "run", "pretrain.glofnd.start_epoch=3"
+        "pretrain",
+        "--recipe",
+        "shapes-glofnd",
+        "--run-dir",
+        tmp_path / "run",
+        "pretrain.false_negatives.glofnd.start_epoch=3",
     )
     assert proc.returncode == 2 and not (tmp_path / "run").exists(), proc.stdout + proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert "glofnd.start_epoch=3 is past the last epoch (epochs=3" in line
     with pytest.raises(FalconError, match=r"glofnd.start_epoch=36 is past the last epoch \(epochs=36"):
-        load_recipe("shapes-glofnd", ["pretrain.epochs=36", "pretrain.glofnd.start_epoch=36"])
+        load_recipe("shapes-glofnd", ["pretrain.epochs=36", "pretrain.false_negatives.glofnd.start_epoch=36"])
     assert (
-        load_recipe("shapes-glofnd", ["pretrain.epochs=36", "pretrain.glofnd.start_epoch=35"])[
+        load_recipe("shapes-glofnd", ["pretrain.epochs=36", "pretrain.false_negatives.glofnd.start_epoch=35"])[
             0
-        ].pretrain.glofnd.start_epoch
+        ].pretrain.false_negatives.glofnd.start_epoch
         == 35
     )
 
@@ -112,6 +120,5 @@ def test_coco_recipes_take_the_rules_values(method):
     p = load_recipe(recipe)[0].pretrain
     assert p.epochs == rules.COCO.epochs and p.batch_size * 4 == rules.COCO.batch
     for key, expected in rules.method_settings(method, value, rules.COCO).items():
-        *sections, name = key.removeprefix("pretrain.").split(".")
-        got = getattr(getattr(p, sections[0]) if sections else p, name)
+        got = p.setting(key.removeprefix("pretrain."))
         assert got == expected, (recipe, key, got, expected)

@@ -1,4 +1,5 @@
-"""``pretrain.same_image: mask``: pairs that show the same image leave the ITC denominators and ITM mining."""
+"""``pretrain.false_negatives.same_image: mask``: pairs that show the same image leave the ITC denominators and ITM
+mining."""
 
 from __future__ import annotations
 
@@ -162,13 +163,21 @@ def test_config_refuses_mask_where_it_does_not_apply():
     from falcon_cli.config.recipes import load_recipe
     from falcon_cli.errors import FalconError
 
-    assert load_recipe("shapes-grit", ["pretrain.same_image=mask"])[0].pretrain.same_image == "mask"
-    assert load_recipe("shapes-glofnd", ["pretrain.same_image=mask"])[0].pretrain.same_image == "mask"
+    assert (
+        load_recipe("shapes-grit", ["pretrain.false_negatives.same_image=mask"])[0].pretrain.false_negatives.same_image
+        == "mask"
+    )
+    assert (
+        load_recipe("shapes-glofnd", ["pretrain.false_negatives.same_image=mask"])[
+            0
+        ].pretrain.false_negatives.same_image
+        == "mask"
+    )
     for recipe in ("shapes-mafa", "shapes-srcl", "shapes-diht"):
-        with pytest.raises(FalconError, match="same_image=mask works on the in-batch ITC"):
-            load_recipe(recipe, ["pretrain.same_image=mask"])
+        with pytest.raises(FalconError, match="same_image=mask works with method none or glofnd"):
+            load_recipe(recipe, ["pretrain.false_negatives.same_image=mask"])
     with pytest.raises(FalconError, match="expected one of negative or mask"):
-        load_recipe("shapes-grit", ["pretrain.same_image=drop"])
+        load_recipe("shapes-grit", ["pretrain.false_negatives.same_image=drop"])
 
 
 def test_masked_run_and_its_audit(tmp_path):
@@ -192,15 +201,15 @@ def test_masked_run_and_its_audit(tmp_path):
         "data.tokenizer_vocab_size=200",
         "pretrain.epochs=2",
         "pretrain.batch_size=16",
-        "pretrain.search_space_size=48",
-        "pretrain.num_workers=0",
-        "pretrain.warmup_steps=2",
-        "pretrain.log_every=1",
-        "pretrain.eval_split=null",
-        "pretrain.same_image=mask",
-        "pretrain.composer=falcon",
-        "pretrain.reward=itc+itm",
-        "pretrain.reward_mode=eval",
+        "pretrain.composer.search_space_size=48",
+        "pretrain.loader.num_workers=0",
+        "pretrain.optim.warmup_steps=2",
+        "pretrain.logging.every=1",
+        "pretrain.eval.split=null",
+        "pretrain.false_negatives.same_image=mask",
+        "pretrain.composer.name=falcon",
+        "pretrain.scheduler.reward.name=itc+itm",
+        "pretrain.scheduler.reward.mode=eval",
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     masked = [r["same_image_masked"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r]

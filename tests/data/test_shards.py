@@ -168,13 +168,13 @@ TINY = [
     "data.verify_images=false",
     "pretrain.epochs=2",
     "pretrain.batch_size=16",
-    "pretrain.search_space_size=48",
-    "pretrain.log_every=1",
-    "pretrain.warmup_steps=4",
-    "pretrain.quantile_levels=10",
-    "pretrain.device=cpu",
-    "pretrain.num_workers=0",
-    "pretrain.eval_split=null",
+    "pretrain.composer.search_space_size=48",
+    "pretrain.logging.every=1",
+    "pretrain.optim.warmup_steps=4",
+    "pretrain.scheduler.quantile_levels=10",
+    "pretrain.runtime.device=cpu",
+    "pretrain.loader.num_workers=0",
+    "pretrain.eval.split=null",
 ]
 
 

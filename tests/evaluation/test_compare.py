@@ -111,13 +111,13 @@ def test_mean_and_paired_intervals_against_the_formula():
 TINY = [
     "data.shapes.images=40",
     "data.shapes.size=32",
-    "pretrain.image_size=32",
+    "pretrain.encoders.image_size=32",
     "data.tokenizer_vocab_size=200",
     "pretrain.epochs=1",
     "pretrain.batch_size=16",
     "pretrain.max_steps_per_epoch=2",
-    "pretrain.num_workers=0",
-    "pretrain.warmup_steps=1",
+    "pretrain.loader.num_workers=0",
+    "pretrain.optim.warmup_steps=1",
     "stages=[data, pretrain, evaluate]",
     "evaluate.tasks=[retrieval]",
     "evaluate.num_workers=0",
@@ -153,7 +153,7 @@ def make_run(source: Path, target: Path, method: str, seed: int, values: tuple[f
     shutil.copytree(source / "results", target / "results")
     manifest = json.loads((source / "manifest.json").read_text())
     manifest["seed"] = manifest["config"]["seed"] = seed
-    manifest["config"]["pretrain"]["composer"] = method
+    manifest["config"]["pretrain"]["composer"]["name"] = method
     (target / "manifest.json").write_text(json.dumps(manifest))
     if values is not None:
         path = target / "results" / "retrieval.json"
@@ -192,8 +192,8 @@ def test_compare_pairs_seeds_and_matches_the_reference(runs):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     table = pd.read_csv(runs / "cmp" / "comparison.csv")
     assert list(table["method"].unique()) == [
-        "shapes-demo pretrain.composer=uniform",
-        "shapes-demo pretrain.composer=grit",
+        "shapes-demo pretrain.composer.name=uniform",
+        "shapes-demo pretrain.composer.name=grit",
     ]
     t2 = 4.302652729749464  # t(0.975, 2)
     for metric, pick in (("rerank:R@1", lambda v: (v[0] + v[1]) / 2), ("itc:t2i_R@1", lambda v: v[1] - 10)):
@@ -202,7 +202,7 @@ def test_compare_pairs_seeds_and_matches_the_reference(runs):
             values = [pick(VALUES[(method, s)]) for s in range(3)]
             mean = sum(values) / 3
             std = math.sqrt(sum((v - mean) ** 2 for v in values) / 2)
-            row = rows.loc[f"shapes-demo pretrain.composer={method}"]
+            row = rows.loc[f"shapes-demo pretrain.composer.name={method}"]
             assert row["seeds"] == 3 and row["mean"] == pytest.approx(mean, abs=1e-6)
             assert (row["lo"], row["hi"]) == pytest.approx(
                 (mean - t2 * std / math.sqrt(3), mean + t2 * std / math.sqrt(3)), abs=1e-6
@@ -210,7 +210,7 @@ def test_compare_pairs_seeds_and_matches_the_reference(runs):
         diff = [pick(VALUES[("grit", s)]) - pick(VALUES[("uniform", s)]) for s in range(3)]
         mean = sum(diff) / 3
         half = t2 * math.sqrt(sum((d - mean) ** 2 for d in diff) / 2) / math.sqrt(3)
-        row = rows.loc["shapes-demo pretrain.composer=grit"]
+        row = rows.loc["shapes-demo pretrain.composer.name=grit"]
         assert row["paired_seeds"] == 3 and row["positive"] == sum(d > 0 for d in diff)
         assert (row["difference"], row["difference_lo"], row["difference_hi"]) == pytest.approx(
             (mean, mean - half, mean + half), abs=1e-6
@@ -425,7 +425,7 @@ def test_flag_metrics_compare_and_a_method_without_them_is_refused(runs):
         for seed in range(3):
             run = runs / "runs" / f"{method}-s{seed}"
             manifest = json.loads((run / "manifest.json").read_text())
-            manifest["config"]["pretrain"]["false_negatives"] = "glofnd"
+            manifest["config"]["pretrain"]["false_negatives"]["method"] = "glofnd"
             (run / "manifest.json").write_text(json.dumps(manifest))
             records = [
                 {"kind": "false_negatives", "epoch": 0, "step": 2, "precision": 0.9, "flagged": 4},
@@ -468,7 +468,7 @@ def test_flag_metrics_compare_and_a_method_without_them_is_refused(runs):
     )
     assert proc.returncode == 2 and not (runs / "cmp2").exists()
     (line,) = proc.stderr.strip().splitlines()
-    assert "grit-s2: its method (pretrain.false_negatives=glofnd) gives no flags:precision" in line
+    assert "grit-s2: its method (pretrain.false_negatives.method=glofnd) gives no flags:precision" in line
 
 
 def _with_inputs(runs: Path, method: str, seed: int, values: tuple[float, float], **inputs) -> Path:
@@ -477,9 +477,9 @@ def _with_inputs(runs: Path, method: str, seed: int, values: tuple[float, float]
     shutil.copytree(runs / "runs" / f"grit-s{seed}", run)
     manifest = json.loads((run / "manifest.json").read_text())
     pretrain = manifest["config"]["pretrain"]
-    pretrain["false_negatives"] = method
+    pretrain["false_negatives"]["method"] = method
     for key, path in inputs.items():
-        pretrain[method][key] = str(path)
+        pretrain["false_negatives"][method][key] = str(path)
     (run / "manifest.json").write_text(json.dumps(manifest))
     result = json.loads((run / "results" / "retrieval.json").read_text())
     for row in result["rows"]:
@@ -513,7 +513,7 @@ def test_per_seed_inputs_do_not_make_a_method_but_what_made_them_must_agree(runs
     table = pd.read_csv(runs / "cmp" / "comparison.csv")
     assert len(table) == 3 and list(table["seeds"]) == [3, 3, 3], table
     assert not any("/" in method for method in table["method"]), list(table["method"])  # (no path in a label)
-    paired = table.set_index("method").filter(like="false_negatives=mafa", axis=0).iloc[0]
+    paired = table.set_index("method").filter(like="false_negatives.method=mafa", axis=0).iloc[0]
     assert paired["paired_seeds"] == 3 and paired["difference"] == pytest.approx(2.0)
 
     # SRCL seed 1's auxiliary model was trained on another world: refused, and nothing written.
@@ -525,7 +525,10 @@ def test_per_seed_inputs_do_not_make_a_method_but_what_made_them_must_agree(runs
     proc = run_cli("compare", *(n for n in names if "srcl" in n), "--metric", "rerank:R@1", "--out", "bad", cwd=runs)
     (line,) = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and not (runs / "bad").exists(), proc.stderr
-    assert "srcl-s1: its pretrain.srcl.aux_embeddings comes from" in line and "trained on other pairs" in line, line
+    assert (
+        "srcl-s1: its pretrain.false_negatives.srcl.aux_embeddings comes from" in line
+        and "trained on other pairs" in line
+    ), line
     uniform.write_text(kept)
 
     # SRCL seed 2's auxiliary model is a GRIT run, the other seeds' a uniform one: one line, naming both.
@@ -535,7 +538,8 @@ def test_per_seed_inputs_do_not_make_a_method_but_what_made_them_must_agree(runs
     (line,) = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and not (runs / "bad").exists(), proc.stderr
     assert (
-        "srcl-s2's pretrain.srcl.aux_embeddings was made otherwise than runs/srcl-s0's (embed.encoder: " in line
-        and "pretrain.composer: grit vs uniform" in line
+        "srcl-s2's pretrain.false_negatives.srcl.aux_embeddings was made otherwise than runs/srcl-s0's (embed.encoder: "
+        in line
+        and "pretrain.composer.name: grit vs uniform" in line
         and "--label" in line
     ), line

@@ -143,10 +143,10 @@ def coco_like_run(tmp_path_factory):
         "data.tokenizer_vocab_size=200",
         "pretrain.epochs=1",
         "pretrain.batch_size=16",
-        "pretrain.search_space_size=32",
-        "pretrain.num_workers=0",
-        "pretrain.warmup_steps=2",
-        "pretrain.eval_split=null",
+        "pretrain.composer.search_space_size=32",
+        "pretrain.loader.num_workers=0",
+        "pretrain.optim.warmup_steps=2",
+        "pretrain.eval.split=null",
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return run, world

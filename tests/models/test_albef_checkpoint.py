@@ -81,7 +81,7 @@ def test_every_tensor_of_an_albef_file_loads(albef_pth, source, caplog):
             rtol=0,
         )
 
-    # Into a model the run built (pretrain.init): albef-tiny's own config, same shapes.
+    # Into a model the run built (pretrain.encoders.init): albef-tiny's own config, same shapes.
     built = create_model("albef-tiny", vocab_size=VOCAB)
     load_albef_checkpoint(built, albef_pth)
     assert_same_weights(built, source)
@@ -188,7 +188,7 @@ def test_a_file_that_does_not_match_fails_with_one_line(source, albef_pth, tmp_p
     torch.save(source.state_dict(), tmp_path / "falcon.pth")  # falcon's own names are not ALBEF's layout
     assert "not in the ALBEF/GRIT-VLP/MAFA layout" in first_line_error(lambda: albef_from_file(tmp_path / "falcon.pth"))
     message = first_line_error(lambda: create_model("albef-tiny", text_weights=str(albef_pth)))
-    assert "pretrain.init" in message and "no such directory" not in message
+    assert "pretrain.encoders.init" in message and "no such directory" not in message
     config = first_line_error(
         lambda: albef_config_from_state({"visual_encoder.pos_embed": torch.zeros(1, 5, 4)}, "x.pth")
     )
@@ -198,6 +198,6 @@ def test_a_file_that_does_not_match_fails_with_one_line(source, albef_pth, tmp_p
 def test_pretrain_init_excludes_the_part_sources():
     from falcon_cli.config.schema import PretrainConfig
 
-    assert PretrainConfig(init="ALBEF.pth").init == "ALBEF.pth"
+    assert PretrainConfig(init="ALBEF.pth").encoders.init == "ALBEF.pth"
     with pytest.raises(ValueError, match="leave vision_weights and text_weights unset"):
         PretrainConfig(init="ALBEF.pth", text_weights="bert-base-uncased")

@@ -100,9 +100,9 @@ def test_recipes_are_checked_against_their_models_framework():
     from falcon_cli.errors import FalconError
 
     with pytest.raises(FalconError, match="whose rewards are"):
-        load_recipe("shapes-falcon", ["pretrain.reward=itg"])
+        load_recipe("shapes-falcon", ["pretrain.scheduler.reward.name=itg"])
     config, _ = load_recipe("shapes-falcon", [])
-    assert config.pretrain.itc_consistency_weight == 0.2
+    assert config.pretrain.losses.itc_consistency_weight == 0.2
     with pytest.raises(FalconError, match="unknown model 'albef-tinyy'"):
         load_recipe("shapes-falcon", ["pretrain.model=albef-tinyy"])
 
@@ -155,8 +155,8 @@ def test_the_record_builds_each_frameworks_objective_with_its_plain_itc():
         ("dual-tiny", "DualObjective", 0.0, False),
     ):
         framework = model_framework(name)
-        config, _ = load_recipe("shapes-demo", [f"pretrain.model={name}", "pretrain.caption_weight=0"])
-        objective = build_objective(framework, create_model(name, vocab_size=40), config.pretrain)
+        config, _ = load_recipe("shapes-demo", [f"pretrain.model={name}", "pretrain.losses.caption_weight=0"])
+        objective = build_objective(framework, create_model(name, vocab_size=40), config.pretrain.losses)
         assert type(objective).__name__ == kind and isinstance(objective, PretrainObjective)
         plain = objective.false_negatives
         assert (plain.name, plain.label_smoothing, plain.stop_gradient) == ("none", smoothing, stop)

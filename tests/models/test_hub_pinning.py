@@ -113,9 +113,13 @@ def test_hub_ids_parse_into_repository_and_revision():
 )
 def test_a_malformed_revision_is_one_line_naming_the_key(text):
     with pytest.raises(FalconError) as caught:
-        HubRef.parse(text, "pretrain.text_weights")
+        HubRef.parse(text, "pretrain.encoders.text_weights")
     message = str(caught.value)
-    assert "\n" not in message and message.startswith(f"pretrain.text_weights={text!r}:") and "NAME@REVISION" in message
+    assert (
+        "\n" not in message
+        and message.startswith(f"pretrain.encoders.text_weights={text!r}:")
+        and "NAME@REVISION" in message
+    )
 
 
 def test_every_loader_names_its_key_for_a_malformed_revision(hf_cache, tmp_path):

@@ -356,7 +356,7 @@ def test_thresholds_continue_only_in_the_mode_they_were_learned_in():
     with pytest.raises(
         FalconError,
         match="learned with adam_step=epoch, this run uses adam_step=count; "
-        "continue them with pretrain.glofnd.adam_step=epoch",
+        "continue them with pretrain.false_negatives.glofnd.adam_step=epoch",
     ):
         count_mode.load_state_dict(epoch_mode.state_dict())
     # a state dict saved before adam_step existed was learned in count mode: loads there, refused in epoch mode

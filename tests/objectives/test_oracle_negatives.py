@@ -1,4 +1,4 @@
-"""``pretrain.oracle_negatives: mask``: every in-batch pair the shapes oracle says truly matches leaves the ITC
+"""``pretrain.false_negatives.oracle: mask``: every in-batch pair the shapes oracle says truly matches leaves the ITC
 denominators and ITM mining (a diagnostic bound: what the false negatives cost a composer)."""
 
 from __future__ import annotations
@@ -23,21 +23,21 @@ def world(tiny_shapes_world):
 
 
 def settings(**changes):
-    """The pretrain settings of shapes-grit with ``changes``."""
-    overrides = [f"pretrain.{key}={value}" for key, value in changes.items()]
-    return load_recipe("shapes-grit", overrides)[0].pretrain
+    """The false-negative settings of shapes-grit (``pretrain.false_negatives``) with ``changes``."""
+    overrides = [f"pretrain.false_negatives.{key}={value}" for key, value in changes.items()]
+    return load_recipe("shapes-grit", overrides)[0].pretrain.false_negatives
 
 
 def test_oracle_mask_is_the_oracle_truth_off_the_diagonal(world):
     """Entry [i, j] is True exactly when pair j's caption truly describes pair i's image (checked pair by pair
     against the oracle), never on the diagonal, and it holds every same-image pair."""
     records = world["records"]
-    exclude = excluded_negatives(settings(oracle_negatives="mask"), world["spec"], records)
+    exclude = excluded_negatives(settings(oracle="mask"), world["spec"], records)
     oracle = ShapesOracle.load(world["dir"])
     # `mask_itc`: the same pairs leave the ITC; ITM's mining (and the audit's replay of it) keeps them
-    itc_only = settings(oracle_negatives="mask_itc")
+    itc_only = settings(oracle="mask_itc")
     assert excluded_negatives(itc_only, world["spec"], records, itm=True) is None
-    assert excluded_negatives(settings(oracle_negatives="mask"), world["spec"], records, itm=True) is not None
+    assert excluded_negatives(settings(oracle="mask"), world["spec"], records, itm=True) is not None
     batch = torch.tensor([records[k].pair_id for k in range(0, len(records), 3)][:24])
     got = exclude(batch)
     assert excluded_negatives(itc_only, world["spec"], records)(batch).equal(got)
@@ -50,7 +50,7 @@ def test_oracle_mask_is_the_oracle_truth_off_the_diagonal(world):
     assert not got.equal(got.t())  # rows images, columns texts: a caption may describe only one of the two images
     shared = SharedImages(records).mask(batch)
     assert bool((got | ~shared).all())  # a superset of the same-image pairs
-    both = excluded_negatives(settings(oracle_negatives="mask", same_image="mask"), world["spec"], records)
+    both = excluded_negatives(settings(oracle="mask", same_image="mask"), world["spec"], records)
     assert both(batch).equal(got)
 
 
@@ -64,22 +64,22 @@ def test_nothing_excluded_by_default_and_same_image_alone(world):
 
 def test_refused_without_an_oracle_or_beside_a_method(world, tmp_path):
     spec = world["spec"].model_copy(update={"shapes_world": None})
-    with pytest.raises(FalconError, match="not a shapes world.*oracle_negatives=keep"):
-        excluded_negatives(settings(oracle_negatives="mask"), spec, world["records"])
+    with pytest.raises(FalconError, match="not a shapes world.*false_negatives.oracle=keep"):
+        excluded_negatives(settings(oracle="mask"), spec, world["records"])
     for recipe in ("shapes-mafa", "shapes-glofnd"):
-        with pytest.raises(
-            FalconError, match="oracle_negatives=mask works on the in-batch ITC with false_negatives none"
-        ):
-            load_recipe(recipe, ["pretrain.oracle_negatives=mask"])
+        with pytest.raises(FalconError, match=r"oracle=mask works with method none \(got"):
+            load_recipe(recipe, ["pretrain.false_negatives.oracle=mask"])
     for recipe in ("shapes-diht", "shapes-glofnd"):
-        with pytest.raises(FalconError, match="oracle_negatives=mask_itc works on the in-batch ITC"):
-            load_recipe(recipe, ["pretrain.oracle_negatives=mask_itc"])
-    with pytest.raises(FalconError, match="oracle_negatives=mask_itc keeps ITM's mining as it is"):
-        load_recipe("shapes-uniform", ["pretrain.oracle_negatives=mask_itc", "pretrain.same_image=mask"])
+        with pytest.raises(FalconError, match=r"oracle=mask_itc works with method none \(got"):
+            load_recipe(recipe, ["pretrain.false_negatives.oracle=mask_itc"])
+    with pytest.raises(FalconError, match="oracle=mask_itc keeps ITM's mining as it is"):
+        load_recipe(
+            "shapes-uniform", ["pretrain.false_negatives.oracle=mask_itc", "pretrain.false_negatives.same_image=mask"]
+        )
     with pytest.raises(FalconError, match="FALCON's reward would measure ITM with the pairs masked"):
-        load_recipe("shapes-falcon", ["pretrain.oracle_negatives=mask_itc"])
+        load_recipe("shapes-falcon", ["pretrain.false_negatives.oracle=mask_itc"])
     with pytest.raises(FalconError, match="expected one of keep, mask or mask_itc"):
-        load_recipe("shapes-grit", ["pretrain.oracle_negatives=drop"])
+        load_recipe("shapes-grit", ["pretrain.false_negatives.oracle=drop"])
 
 
 def test_masked_run_and_its_audit(tmp_path):
@@ -104,13 +104,13 @@ def test_masked_run_and_its_audit(tmp_path):
         "data.tokenizer_vocab_size=200",
         "pretrain.epochs=2",
         "pretrain.batch_size=16",
-        "pretrain.search_space_size=48",
-        "pretrain.num_workers=0",
-        "pretrain.warmup_steps=2",
-        "pretrain.log_every=1",
-        "pretrain.eval_split=null",
-        "pretrain.oracle_negatives=mask",
-        "pretrain.composer=grit",
+        "pretrain.composer.search_space_size=48",
+        "pretrain.loader.num_workers=0",
+        "pretrain.optim.warmup_steps=2",
+        "pretrain.logging.every=1",
+        "pretrain.eval.split=null",
+        "pretrain.false_negatives.oracle=mask",
+        "pretrain.composer.name=grit",
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     masked = [r["oracle_masked"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r]

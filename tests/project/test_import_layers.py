@@ -19,6 +19,7 @@ LAYERS: list[tuple[str, ...]] = [  # top to bottom; a module may import only fro
     ("stages",),  # one module per pipeline stage
     ("falcon_cli.audit",),  # the false-negative audit
     ("falcon_cli.evaluation", "falcon_cli.reporting"),
+    ("falcon_cli.methods",),  # falcon's own false-negative methods, one file each, registered by name
     ("falcon_cli.config", "falcon_cli.method_rules"),  # the run's config schema and recipes (knows the models by
     # name); each false-negative method's settings by rule from its paper (docs/methods.md)
     ("falcon_cli.frameworks",),  # what each model family trains and how it is scored
@@ -28,6 +29,7 @@ LAYERS: list[tuple[str, ...]] = [  # top to bottom; a module may import only fro
     ("falcon_cli.data",),  # datasets, tokenizers, transforms, the shapes world
     ("falcon_cli.runtime",),  # the running process: devices, ranks, run directory, checkpoints
     ("falcon_cli.artifacts",),  # files: atomic writers, schemas, readers, checkpoint layout
+    ("falcon_cli.registry",),  # false-negative methods and composers by name; the plugins that add them
     (
         "falcon_cli.errors",
         "falcon_cli.method_weights",

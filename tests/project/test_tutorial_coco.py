@@ -409,7 +409,7 @@ def test_the_tutorial_runs_as_written(tiny, shell):
         assert results["meta"]["images"] == 6 and results["meta"]["false_negatives_skipped"], results["meta"]
     mafa = yaml.safe_load((smoke / "coco-albef-mafa-s0" / "config.yaml").read_text())
     con_d = smoke / "con-d-s0" / "finetune" / "retrieval" / "best"  # GRIT fine-tuned at its own resolution
-    assert mafa["pretrain"]["mafa"]["judge_model"] == str(con_d), mafa["pretrain"]["mafa"]
+    assert mafa["pretrain"]["false_negatives"]["mafa"]["judge_model"] == str(con_d), mafa["pretrain"]
     assert json.loads((con_d / "meta.json").read_text())["image_size"] == 32  # the test scale's pretraining size
     for name in ("coco-albef-s0", "coco-albef-grit-s0"):
         summary = json.loads((smoke / name / "audit" / "summary.json").read_text())

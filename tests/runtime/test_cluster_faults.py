@@ -4,10 +4,10 @@ refuses".
 
 * One node's worker is SIGKILLed inside the FALCON epoch: under ``torchrun --max-restarts 1`` the job restarts by
   itself, resumes from the last checkpoint (losing at most ``checkpoint_every`` steps) and ends with the uninterrupted
-  run's weights, losses and batch log; without restarts the surviving node stops within ``pretrain.dist_timeout``
-  plus a margin, with one line naming the lost rank (or the rendezvous host, when node 0 goes whole).
-* Rank 0 refuses the run directory, fails the data check, or fails in its training loop alone: every rank stops
-  within seconds, each with rank 0's line.
+  run's weights, losses and batch log; without restarts the surviving node stops within
+  ``pretrain.runtime.dist_timeout`` plus a margin, with one line naming the lost rank (or the rendezvous host, when node
+0 goes whole). * Rank 0 refuses the run directory, fails the data check, or fails in its training loop alone: every rank
+  stops within seconds, each with rank 0's line.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from tests.torchrun_nodes import (
 pytestmark = pytest.mark.slow  # (torchrun jobs: `make test-all`)
 
 TIMEOUT = 20
-"""``pretrain.dist_timeout`` of these runs (seconds)."""
+"""``pretrain.runtime.dist_timeout`` of these runs (seconds)."""
 MARGIN = 25
 """What a surviving node may take beyond it to stop (start-up of the line, torchrun's agent, a loaded machine)."""
 
@@ -94,7 +94,7 @@ def test_a_lost_worker_restarts_under_max_restarts_and_the_run_ends_as_if_uninte
     # limits, took over 20 s on a loaded 2-core machine). A store of each attempt's own, as docs/cluster.md's script:
     # with the shared one, the restarted workers read the killed attempt's addresses, now and then (CI, 2026-11-28).
     nodes = launch_nodes(
-        [pretrain_args(run_dir, world, "--resume", "pretrain.dist_timeout=120")] * 2,
+        [pretrain_args(run_dir, world, "--resume", "pretrain.runtime.dist_timeout=120")] * 2,
         free_port(),
         torchrun=("--max-restarts", "1"),
         env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
@@ -133,11 +133,11 @@ def test_a_lost_worker_restarts_under_max_restarts_and_the_run_ends_as_if_uninte
 
 @pytest.mark.parametrize("lost", ["node 1's worker", "node 0 whole"])
 def test_without_restarts_the_surviving_node_stops_within_the_bound_with_one_line(world, tmp_path, lost):
-    """No restarts: the other node stops within pretrain.dist_timeout + a margin, its worker with one line naming the
-    lost rank; when node 0 (whose torchrun agent holds the job's store) goes whole, the line names the rendezvous
-    host."""
+    """No restarts: the other node stops within pretrain.runtime.dist_timeout + a margin, its worker with one line
+    naming the lost rank; when node 0 (whose torchrun agent holds the job's store) goes whole, the line names the
+    rendezvous host."""
     run_dir = tmp_path / "run"
-    nodes = launch_nodes([pretrain_args(run_dir, world, f"pretrain.dist_timeout={TIMEOUT}")] * 2, free_port())
+    nodes = launch_nodes([pretrain_args(run_dir, world, f"pretrain.runtime.dist_timeout={TIMEOUT}")] * 2, free_port())
     wait_for_step(run_dir / "metrics.jsonl", 3, nodes)  # inside epoch 0
     workers = [worker(node) for node in nodes]
     victim = [w[1] for w in workers].index(1 if lost == "node 1's worker" else 0)

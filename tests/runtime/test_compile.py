@@ -1,4 +1,4 @@
-"""`pretrain.compile`: the compiled encoders compute what the eager ones do and keep their names."""
+"""`pretrain.runtime.compile`: the compiled encoders compute what the eager ones do and keep their names."""
 
 from __future__ import annotations
 

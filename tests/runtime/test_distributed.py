@@ -37,7 +37,7 @@ def test_two_process_ddp_run(tmp_path):
         f"data.dataset={world}",
         *TINY,
         "pretrain.batch_size=8",
-        "pretrain.device=cpu",
+        "pretrain.runtime.device=cpu",
     ]
     proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

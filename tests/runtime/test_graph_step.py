@@ -1,4 +1,4 @@
-"""`pretrain.graph_step`: the step captured whole, checked on the CPU.
+"""`pretrain.runtime.graph_step`: the step captured whole, checked on the CPU.
 
 * Dynamo captures ALBEF's forward and every loss with 0 graph breaks, for the plain ITC, DiHT, GloFND, the momentum
   ITC, SRCL, sampled ITM negatives and the same-image mask (the composers only choose which pairs come in: the step
@@ -31,7 +31,9 @@ B, L, VOCAB, PAIRS = 6, 10, 120, 40
 
 def objective_for(variant: str, seed: int = 0):
     """albef-tiny's objective with the shapes-demo settings, for one captured-step variant."""
-    overrides = {"momentum": ["pretrain.itc=momentum"], "sample": ["pretrain.itm_negatives=sample"]}.get(variant, [])
+    overrides = {"momentum": ["pretrain.losses.itc=momentum"], "sample": ["pretrain.losses.itm_negatives=sample"]}.get(
+        variant, []
+    )
     p = load_recipe("shapes-demo", overrides)[0].pretrain
     torch.manual_seed(seed)
     model = create_model("albef-tiny", vocab_size=VOCAB)
@@ -40,7 +42,7 @@ def objective_for(variant: str, seed: int = 0):
         "glofnd": lambda: methods.Glofnd(list(range(PAIRS)), start_epoch=0),
         "srcl": lambda: methods.Srcl(auxiliary_features().get, delta=5.0),
     }
-    objective = build_objective(model_framework("albef-tiny"), model, p, method.get(variant, lambda: None)())
+    objective = build_objective(model_framework("albef-tiny"), model, p.losses, method.get(variant, lambda: None)())
     objective.eval()  # (dropout off: its draws are the one thing the two paths may not share)
     if variant == "momentum":
         objective.queue = type(objective.queue)(model.config.embed_dim, 4 * B)  # (a queue a few batches long)
@@ -212,8 +214,8 @@ def test_captions_padded_to_one_length():
 @pytest.mark.parametrize(
     "overrides, expected",
     [
-        (["pretrain.false_negatives=mafa"], "cannot capture false_negatives=mafa: MAFA asks its judge"),
-        (["pretrain.compile=true"], "set one of them"),
+        (["pretrain.false_negatives.method=mafa"], "cannot capture false_negatives=mafa: MAFA asks its judge"),
+        (["pretrain.runtime.compile=true"], "set one of them"),
     ],
 )
 def test_what_the_captured_step_cannot_hold_is_refused_with_one_line(tmp_path, overrides, expected):
@@ -225,7 +227,7 @@ def test_what_the_captured_step_cannot_hold_is_refused_with_one_line(tmp_path, o
         "shapes-demo",
         "--run-dir",
         str(tmp_path / "run"),
-        "pretrain.graph_step=true",
+        "pretrain.runtime.graph_step=true",
         *overrides,
     )
     assert done.returncode == 2, done.stderr
@@ -235,13 +237,13 @@ def test_what_the_captured_step_cannot_hold_is_refused_with_one_line(tmp_path, o
 
 
 GRAPHED = [
-    "pretrain.composer=falcon",
+    "pretrain.composer.name=falcon",
     "pretrain.epochs=2",
-    "pretrain.checkpoint_every=4",
-    "pretrain.itm_negatives=sample",
-    "pretrain.graph_step=true",
-    "pretrain.graph_backend=aot_eager",
-    "pretrain.device=cpu",
+    "pretrain.checkpoints.every=4",
+    "pretrain.losses.itm_negatives=sample",
+    "pretrain.runtime.graph_step=true",
+    "pretrain.runtime.graph_backend=aot_eager",
+    "pretrain.runtime.device=cpu",
 ]
 
 
@@ -289,7 +291,7 @@ def test_one_graph_serves_every_step_of_each_framework(recipe, model, srcl):
     framework = model_framework(model)
     torch.manual_seed(0)
     method = methods.Srcl(auxiliary_features().get) if srcl else None
-    objective = build_objective(framework, create_model(model, vocab_size=VOCAB), p, method)
+    objective = build_objective(framework, create_model(model, vocab_size=VOCAB), p.losses, method)
     forward = TrainingForward(objective, "fp32", torch.device("cpu"), graph=True, backend=counting_backend)
     for step in range(3):
         (images, ids, attention, mask), _ = step_inputs("none", seed=step)
@@ -336,9 +338,9 @@ def test_under_ddp_the_captured_step_trains_as_dynamo_alone_does(tmp_path):
                     world,
                     *GRAPHED[:3],
                     "pretrain.batch_size=8",
-                    "pretrain.graph_step=true",
-                    "pretrain.device=cpu",
-                    f"pretrain.graph_backend={backend}",
+                    "pretrain.runtime.graph_step=true",
+                    "pretrain.runtime.device=cpu",
+                    f"pretrain.runtime.graph_backend={backend}",
                 ),
             ),
         ]

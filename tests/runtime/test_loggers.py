@@ -1,4 +1,4 @@
-"""Pluggable loggers (``pretrain.loggers`` / ``finetune.loggers``): each sink read back from what it wrote, the
+"""Pluggable loggers (``pretrain.logging.loggers`` / ``finetune.loggers``): each sink read back from what it wrote, the
 one-line error when a package is missing, config validation, and one tiny CLI run with TensorBoard."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def test_scalar_tags_are_the_numbers_of_a_record_grouped_by_kind():
 
 def test_tensorboard_gets_scalars_histograms_images_and_a_resume_purges_later_steps(tmp_path):
     pytest.importorskip("tensorboard")
-    loggers = RunLoggers(["jsonl", "tensorboard"], tmp_path / "loggers", what="pretrain.loggers", name="run")
+    loggers = RunLoggers(["jsonl", "tensorboard"], tmp_path / "loggers", what="pretrain.logging.loggers", name="run")
     metrics = MetricsLog(tmp_path / "metrics.jsonl", loggers)
     metrics.truncate_after(0)
     for step in range(1, 7):
@@ -52,7 +52,7 @@ def test_tensorboard_gets_scalars_histograms_images_and_a_resume_purges_later_st
     assert events.Images("figures/q_over_training")[0].width == 8
 
     # Resumed from a checkpoint at step 3: metrics.jsonl and TensorBoard both forget steps 4-6.
-    loggers = RunLoggers(["tensorboard"], tmp_path / "loggers", what="pretrain.loggers", name="run")
+    loggers = RunLoggers(["tensorboard"], tmp_path / "loggers", what="pretrain.logging.loggers", name="run")
     metrics = MetricsLog(tmp_path / "metrics.jsonl", loggers)
     metrics.truncate_after(3)
     for step in (4, 5):
@@ -74,7 +74,9 @@ def test_wandb_writes_an_offline_run_in_the_run_directory_and_a_resume_continues
     for key in ("WANDB_MODE", "WANDB_PROJECT", "WANDB_API_KEY", "WANDB_DIR"):
         monkeypatch.delenv(key, raising=False)
     folder = tmp_path / "loggers" / "wandb"
-    loggers = RunLoggers(["wandb"], tmp_path / "loggers", what="pretrain.loggers", name="run", config={"seed": 1})
+    loggers = RunLoggers(
+        ["wandb"], tmp_path / "loggers", what="pretrain.logging.loggers", name="run", config={"seed": 1}
+    )
     loggers.open(0)
     loggers.scalars({"step": 2, "epoch": 0, "loss": 1.25})
     loggers.histogram("epoch_summary/q", [0.2, 0.4], 2)
@@ -82,7 +84,7 @@ def test_wandb_writes_an_offline_run_in_the_run_directory_and_a_resume_continues
     run_id = (folder / "run_id").read_text().strip()
     [history] = folder.glob(f"wandb/offline-run-*-{run_id}/run-{run_id}.wandb")
     assert b"train/loss" in history.read_bytes()
-    resumed = RunLoggers(["wandb"], tmp_path / "loggers", what="pretrain.loggers", name="run")
+    resumed = RunLoggers(["wandb"], tmp_path / "loggers", what="pretrain.logging.loggers", name="run")
     resumed.open(2)
     resumed.scalars({"step": 3, "loss": 1.0})
     resumed.close()
@@ -97,12 +99,12 @@ def test_mlflow_writes_a_file_store_in_the_run_directory(tmp_path, monkeypatch):
     for key in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    loggers = RunLoggers(["mlflow"], tmp_path / "loggers", what="pretrain.loggers", name="run")
+    loggers = RunLoggers(["mlflow"], tmp_path / "loggers", what="pretrain.logging.loggers", name="run")
     loggers.open(0)
     loggers.scalars({"step": 1, "loss": 2.0})
     loggers.image("figures/q_over_training", _png(tmp_path / "q_over_training.png"), 1)
     loggers.close()
-    resumed = RunLoggers(["mlflow"], tmp_path / "loggers", what="pretrain.loggers", name="run")
+    resumed = RunLoggers(["mlflow"], tmp_path / "loggers", what="pretrain.logging.loggers", name="run")
     resumed.open(1)
     resumed.scalars({"step": 2, "loss": 1.0})
     resumed.close()
@@ -145,18 +147,18 @@ def test_a_missing_package_stops_a_pipeline_before_its_first_stage(monkeypatch, 
 def test_a_missing_package_is_one_line_naming_the_extra(monkeypatch):
     _without_wandb(monkeypatch)
     with pytest.raises(FalconError) as error:
-        RunLoggers(["jsonl", "wandb"], "unused", what="pretrain.loggers", name="run")
+        RunLoggers(["jsonl", "wandb"], "unused", what="pretrain.logging.loggers", name="run")
     message = str(error.value)
     assert "\n" not in message
-    assert message.startswith("pretrain.loggers names 'wandb' but the package is not installed")
+    assert message.startswith("pretrain.logging.loggers names 'wandb' but the package is not installed")
     assert message.endswith("pip install 'falcon-vlp[wandb]'")
     require(["jsonl"], "finetune.loggers")  # jsonl needs nothing
 
 
 def test_off_rank_zero_or_with_jsonl_alone_nothing_is_opened(tmp_path):
     for loggers in (
-        RunLoggers(["jsonl"], tmp_path / "loggers", what="pretrain.loggers", name="run"),
-        RunLoggers(["tensorboard"], tmp_path / "loggers", what="pretrain.loggers", name="run", main=False),
+        RunLoggers(["jsonl"], tmp_path / "loggers", what="pretrain.logging.loggers", name="run"),
+        RunLoggers(["tensorboard"], tmp_path / "loggers", what="pretrain.logging.loggers", name="run", main=False),
     ):
         assert not loggers
         MetricsLog(tmp_path / "metrics.jsonl", loggers).write(step=1, loss=1.0)
@@ -168,15 +170,17 @@ def test_off_rank_zero_or_with_jsonl_alone_nothing_is_opened(tmp_path):
     "override, message",
     [
         (
-            "pretrain.loggers=[jsonl,tensorbord]",
-            r"key 'pretrain.loggers\[1\]': expected one of jsonl, tensorboard, wandb or mlflow",
+            "pretrain.logging.loggers=[jsonl,tensorbord]",
+            r"key 'pretrain.logging.loggers\[1\]': expected one of jsonl, tensorboard, wandb or mlflow",
         ),
-        ("finetune.loggers=[wandb,wandb]", r"key 'finetune.loggers': value error, loggers must be distinct"),
+        ("finetune.loggers=[wandb,wandb]", r"key 'finetune.loggers': loggers must be distinct"),
     ],
 )
 def test_config_rejects_unknown_and_repeated_loggers(override, message):
     assert (
-        load_recipe("shapes-demo", ["pretrain.loggers=[jsonl,tensorboard,wandb,mlflow]"])[0].pretrain.loggers[-1]
+        load_recipe("shapes-demo", ["pretrain.logging.loggers=[jsonl,tensorboard,wandb,mlflow]"])[
+            0
+        ].pretrain.logging.loggers[-1]
         == "mlflow"
     )
     assert load_recipe("shapes-demo")[0].finetune.loggers == ["jsonl"]
@@ -194,11 +198,11 @@ def test_a_tiny_pretraining_run_logs_to_tensorboard(tmp_path):
         *pretrain_args(
             run_dir,
             tmp_path / "world",
-            "pretrain.device=cpu",
-            "pretrain.composer=quantile",
-            "pretrain.eval_split=null",
+            "pretrain.runtime.device=cpu",
+            "pretrain.composer.name=quantile",
+            "pretrain.eval.split=null",
             "pretrain.max_steps_per_epoch=1",
-            "pretrain.loggers=[jsonl,tensorboard]",
+            "pretrain.logging.loggers=[jsonl,tensorboard]",
         )
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr

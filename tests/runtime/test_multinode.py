@@ -99,7 +99,7 @@ def test_a_node_with_another_config_is_refused_and_nothing_changes(world, one_no
     nodes = launch_nodes(
         [
             pretrain_args(one_node_run, world, "--resume"),
-            pretrain_args(one_node_run, world, "--resume", "pretrain.lr=1e-3"),
+            pretrain_args(one_node_run, world, "--resume", "pretrain.optim.lr=1e-3"),
         ],
         free_port(),
     )
@@ -130,7 +130,7 @@ def test_a_rank_that_cannot_see_rank_zeros_files_says_so(tmp_path):
             {"pretrain": {"lr": 1e-3, "epochs": 2}, "--resume": True},
             {"pretrain": {"lr": 3e-4, "epochs": 2}, "--resume": True},
         )
-        == "pretrain.lr is 0.001 there and 0.0003 on rank 0"
+        == "pretrain.optim.lr is 0.001 there and 0.0003 on rank 0"
     )
 
 

@@ -36,7 +36,7 @@ from falcon_cli.runtime.preemption import Preemption
 directory, grace, mode = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
 model = torch.nn.Linear(2, 2)
 checkpoint.save_checkpoint(directory, 1, {"model": model}, {"step": 1}, {"epoch": 0})
-preemption = Preemption(grace, key="pretrain.preempt_grace_s", checkpoints=directory).install()
+preemption = Preemption(grace, key="pretrain.runtime.preempt_grace_s", checkpoints=directory).install()
 print("ready", flush=True)
 os.kill(os.getpid(), signal.SIGTERM)
 if mode == "same-notice":
@@ -73,7 +73,7 @@ def test_the_grace_period_ends_the_process_before_the_kill_with_one_line(tmp_pat
     assert 3.2 < seconds < 15, seconds  # 4 s less the margin (a tenth of it), plus the interpreter's start
     line = [line for line in out.splitlines() if line.startswith("preempted:")]
     assert len(line) == 1, out
-    assert "did not finish within pretrain.preempt_grace_s=4 s of SIGTERM" in line[0]
+    assert "did not finish within pretrain.runtime.preempt_grace_s=4 s of SIGTERM" in line[0]
     assert f"--resume continues from checkpoint {tmp_path / 'checkpoints' / '00000001'}, which is whole" in line[0]
 
 
@@ -108,7 +108,7 @@ class FakeState:
 
 def test_the_loop_stops_after_the_step_and_checkpoints_it_once(tmp_path):
     state = FakeState(tmp_path / "checkpoints")
-    preemption = Preemption(30, key="pretrain.preempt_grace_s", checkpoints=state.directory).install()
+    preemption = Preemption(30, key="pretrain.runtime.preempt_grace_s", checkpoints=state.directory).install()
     try:
         state.step = 7
         assert not preemption.requested()

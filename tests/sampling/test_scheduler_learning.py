@@ -65,12 +65,12 @@ def test_bad_feature_names_are_refused():
 
     with pytest.raises(ValueError, match="batch_mean needs a per-step"):
         PretrainConfig(reward_baseline="batch_mean")
-    with pytest.raises(ValueError, match="needs reward: mlm or alignment or positive_margin"):
+    with pytest.raises(ValueError, match="needs a per-pair reward.name"):
         PretrainConfig(scheduler_credit="chosen", reward="itc+itm")
-    assert PretrainConfig(scheduler_credit="pair", reward="alignment").reward == "alignment"
-    with pytest.raises(ValueError, match="positive_margin .* needs scheduler_credit: chosen"):
+    assert PretrainConfig(scheduler_credit="pair", reward="alignment").scheduler.reward.name == "alignment"
+    with pytest.raises(ValueError, match="positive_margin .* needs update.credit: chosen"):
         PretrainConfig(scheduler_credit="pair", reward="positive_margin")
-    assert PretrainConfig(scheduler_credit="chosen", reward="positive_margin").reward_overshoot == 1.0
+    assert PretrainConfig(scheduler_credit="chosen", reward="positive_margin").scheduler.reward.overshoot == 1.0
 
 
 def test_positive_margin_rewards_match_a_plain_loop():
@@ -163,8 +163,8 @@ def test_chain_pairs_and_pick_match_fold_both_directions_back_to_the_pick():
 def test_the_itm_charged_margin_needs_an_itm_head_and_per_pick_credit():
     from falcon_cli.config.schema import PretrainConfig
 
-    assert PretrainConfig(scheduler_credit="chosen", reward="positive_margin+itm").reward_itm_weight == 2.0
-    with pytest.raises(ValueError, match=r"positive_margin\+itm .* needs scheduler_credit: chosen"):
+    assert PretrainConfig(scheduler_credit="chosen", reward="positive_margin+itm").scheduler.reward.itm_weight == 2.0
+    with pytest.raises(ValueError, match=r"positive_margin\+itm .* needs update.credit: chosen"):
         PretrainConfig(scheduler_credit="pair", reward="positive_margin+itm")
     with pytest.raises(ValueError, match="no ITM head to judge a pick: positive_margin stands in"):
         PretrainConfig(
@@ -175,10 +175,10 @@ def test_the_itm_charged_margin_needs_an_itm_head_and_per_pick_credit():
         assert (
             PretrainConfig(
                 model=model, composer="falcon", scheduler_credit="chosen", reward="positive_margin+oracle", **extra
-            ).reward
+            ).scheduler.reward.name
             == "positive_margin+oracle"
         )
-    with pytest.raises(ValueError, match=r"positive_margin\+oracle .* needs scheduler_credit: chosen"):
+    with pytest.raises(ValueError, match=r"positive_margin\+oracle .* needs update.credit: chosen"):
         PretrainConfig(scheduler_credit="pair", reward="positive_margin+oracle")
 
 
@@ -287,7 +287,7 @@ def test_falcon_step_charges_the_oracle_verdict_with_no_pass_of_the_model(charge
         reward_itm_charge=charge,
     )
     scheduler = NegativeScheduler(quantiles=4, hidden=8, blocks=1, reward="positive_margin+oracle", credit="chosen")
-    step = FalconStep(scheduler, p, "fp32", torch.device("cpu"))
+    step = FalconStep(scheduler, p.scheduler, "fp32", torch.device("cpu"))
     fn = torch.tensor([float("nan"), 1, 0, 0, 1, 0])
     record = {"s_hat": torch.rand(b - 1, 4, generator=g), "q": torch.rand(b - 1, generator=g)}
     out = SimpleNamespace(image_feat=image, text_feat=text)
@@ -351,7 +351,7 @@ def test_falcon_step_charges_the_itm_judgement_it_is_configured_for(charge):
     scheduler = NegativeScheduler(
         quantiles=4, hidden=8, blocks=1, reward="positive_margin+itm", credit="chosen", baseline="batch_mean"
     )
-    step = FalconStep(scheduler, p, "fp32", torch.device("cpu"))
+    step = FalconStep(scheduler, p.scheduler, "fp32", torch.device("cpu"))
     fn = torch.tensor([float("nan"), 1, 0, 0, 1, 0])
     record = {"s_hat": torch.rand(b - 1, 4, generator=g), "q": torch.rand(b - 1, generator=g)}
     out = SimpleNamespace(image_feat=image, text_feat=text)
@@ -431,16 +431,16 @@ def test_level_credit_needs_a_reward_it_can_score_on_the_grid():
     from falcon_cli.config.schema import PretrainConfig
 
     ok = PretrainConfig(scheduler_credit="levels", reward="positive_margin")
-    assert ok.scheduler_levels == 10
+    assert ok.scheduler.update.levels == 10
     assert (
         PretrainConfig(
             scheduler_credit="levels", reward="positive_margin+oracle", reward_itm_charge="expected"
-        ).scheduler_credit
+        ).scheduler.update.credit
         == "levels"
     )
     for bad, match in [
         ({"reward": "positive_margin+itm"}, "forward of every level's pick"),
-        ({"reward": "mlm"}, "needs reward: positive_margin or positive_margin\\+oracle"),
+        ({"reward": "mlm"}, "needs reward.name: positive_margin or positive_margin\\+oracle"),
         ({"reward": "positive_margin", "reward_baseline": "batch_mean"}, "its own baseline"),
         ({"reward": "positive_margin+oracle", "reward_itm_charge": "excess"}, "not a grid's"),
         ({"reward": "positive_margin", "scheduler_levels": 1}, "greater than or equal to 2"),
@@ -473,7 +473,7 @@ def test_falcon_step_scores_every_level_and_credits_the_pick_with_its_own_reward
         scheduler_levels=levels,
     )
     scheduler = NegativeScheduler(quantiles=4, hidden=8, blocks=1, reward=reward, credit="levels", levels=levels)
-    step = FalconStep(scheduler, p, "fp32", torch.device("cpu"))
+    step = FalconStep(scheduler, p.scheduler, "fp32", torch.device("cpu"))
     hardness = torch.rand(b - 1, levels, generator=g) * 4 - 2
     own = torch.rand(b - 1, generator=g) * 2
     verdict = (torch.rand(b - 1, levels, generator=g) < 0.4).double()
@@ -527,7 +527,7 @@ def test_rank_hardness_pays_each_pick_its_rank_until_the_judge_charges_it():
     from falcon_cli.config.schema import PretrainConfig
     from falcon_cli.sampling.falcon_step import FalconStep, level_rewards
 
-    with pytest.raises(ValueError, match="needs reward: positive_margin\\+itm or positive_margin\\+oracle"):
+    with pytest.raises(ValueError, match="needs name: positive_margin\\+itm or positive_margin\\+oracle"):
         PretrainConfig(scheduler_credit="chosen", reward="positive_margin", reward_hardness="rank")
     b, g = 5, torch.Generator().manual_seed(4)
     image = torch.nn.functional.normalize(torch.randn(b, 8, generator=g), dim=-1)
@@ -540,8 +540,8 @@ def test_rank_hardness_pays_each_pick_its_rank_until_the_judge_charges_it():
         reward_itm_weight=1.0,
     )
     step = FalconStep(
-        NegativeScheduler(quantiles=4, hidden=8, blocks=1, reward=p.reward, credit="chosen"),
-        p,
+        NegativeScheduler(quantiles=4, hidden=8, blocks=1, reward=p.scheduler.reward.name, credit="chosen"),
+        p.scheduler,
         "fp32",
         torch.device("cpu"),
     )

@@ -92,19 +92,27 @@ def test_falcon_kill_and_resume_is_exact(world, falcon_run, tmp_path):
 def test_false_negative_methods_train_a_blip2_model(world, falcon_run, tmp_path, method):
     """GloFND, DiHT and MAFA on GRIT batches; plain ITC on fixed-quantile batches with LAVIS's sampled ITM negatives."""
     extra = {
-        "glofnd": ["pretrain.glofnd.start_epoch=1", "pretrain.glofnd.alpha=0.2", "pretrain.composer=grit"],
-        "diht": ["pretrain.composer=grit"],
-        "mafa": ["pretrain.mafa.judge=oracle", "pretrain.composer=grit"],
-        "none": ["pretrain.composer=quantile", "pretrain.quantile=0.5", "pretrain.itm_negatives=sample"],
+        "glofnd": [
+            "pretrain.false_negatives.glofnd.start_epoch=1",
+            "pretrain.false_negatives.glofnd.alpha=0.2",
+            "pretrain.composer.name=grit",
+        ],
+        "diht": ["pretrain.composer.name=grit"],
+        "mafa": ["pretrain.false_negatives.mafa.judge=oracle", "pretrain.composer.name=grit"],
+        "none": [
+            "pretrain.composer.name=quantile",
+            "pretrain.composer.quantile=0.5",
+            "pretrain.losses.itm_negatives=sample",
+        ],
     }[method]
     proc = run_cli(
         *args(
             tmp_path / "run",
             world,
-            f"pretrain.false_negatives={method}",
+            f"pretrain.false_negatives.method={method}",
             "pretrain.epochs=2",
             "pretrain.max_steps_per_epoch=4",
-            "pretrain.eval_split=null",
+            "pretrain.eval.split=null",
             *extra,
             recipe="shapes-blip2",
         )
@@ -139,7 +147,7 @@ def test_two_gloo_processes_train_blip2(tmp_path):
             tmp_path / "world",
             "pretrain.batch_size=8",
             "pretrain.epochs=2",
-            "pretrain.eval_split=null",
+            "pretrain.eval.split=null",
         )
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -153,14 +161,14 @@ def test_two_gloo_processes_train_blip2(tmp_path):
 def test_albef_only_stages_and_settings_refuse_blip2_in_one_line(falcon_run, world, tmp_path):
     proc = run_cli("finetune", "--run-dir", falcon_run, "--task", "vqa")
     assert proc.returncode != 0 and "blip2 checkpoint" in proc.stderr and "Traceback" not in proc.stderr
-    proc = run_cli(*args(tmp_path / "run", world, "pretrain.reward=mlm"))
+    proc = run_cli(*args(tmp_path / "run", world, "pretrain.scheduler.reward.name=mlm"))
     assert proc.returncode != 0 and "BLIP-2 has no MLM: its reward is itg" in proc.stderr
     assert not (tmp_path / "run").exists(), "refused before anything is written"
     from falcon_cli.config.recipes import load_recipe  # the same recipe check, in-process
     from falcon_cli.errors import FalconError
 
     with pytest.raises(FalconError, match="itc=momentum: not available for BLIP-2"):
-        load_recipe("shapes-blip2-falcon", [f"data.dataset={world}", "pretrain.itc=momentum"])
+        load_recipe("shapes-blip2-falcon", [f"data.dataset={world}", "pretrain.losses.itc=momentum"])
 
 
 def test_falcon_embed_reads_a_blip2_run(falcon_run, world, tmp_path):

@@ -29,7 +29,7 @@ def recipe_args(world) -> list[str]:
         f"data.dataset={world}",
         "data.shapes.images=40",
         "data.shapes.size=32",
-        "pretrain.image_size=32",
+        "pretrain.encoders.image_size=32",
         "data.tokenizer_vocab_size=200",
         "data.verify_images=false",
         "data.shapes.nlvr2_statements_per_image=3",
@@ -213,7 +213,7 @@ def test_run_embeddings_by_default_random_method_and_no_oracle_elsewhere(inputs,
             "search_spaces.method=random",
             "search_spaces.compare=false",
             "search_spaces.seed=9",
-            "pretrain.search_space_size=64",
+            "pretrain.composer.search_space_size=64",
         ],
     )
     run = RunDirectory.open(tmp_path / "run", config=config.model_dump(mode="json"), seed=0)
@@ -252,11 +252,11 @@ def test_embeddings_of_another_dataset_are_refused_before_any_work(inputs, tmp_p
 WARM = [
     "pretrain.epochs=1",
     "pretrain.batch_size=16",
-    "pretrain.augment=test",
-    "pretrain.num_workers=0",
-    "pretrain.log_every=1",
-    "pretrain.warmup_steps=4",
-    "pretrain.eval_split=null",
+    "pretrain.loader.augment=test",
+    "pretrain.loader.num_workers=0",
+    "pretrain.logging.every=1",
+    "pretrain.optim.warmup_steps=4",
+    "pretrain.eval.split=null",
 ]
 
 
@@ -269,12 +269,12 @@ def warm_args(inputs, built, composer: str) -> list:
         "shapes-demo",
         *recipe_args(inputs["world"]),
         *WARM,
-        f"pretrain.composer={composer}",
-        f"pretrain.search_spaces={run_dir / 'search_spaces.parquet'}",
+        f"pretrain.composer.name={composer}",
+        f"pretrain.composer.search_spaces={run_dir / 'search_spaces.parquet'}",
         f"search_spaces.embeddings={inputs['embeddings']}",
-        "pretrain.quantile_levels=10",
-        "pretrain.checkpoint_every=4",
-        "pretrain.scheduler_lr=1e-2",
+        "pretrain.scheduler.quantile_levels=10",
+        "pretrain.checkpoints.every=4",
+        "pretrain.scheduler.lr=1e-2",
     ]
 
 
@@ -323,11 +323,11 @@ def test_warm_start_bad_input_is_one_line(inputs, built, tmp_path):
         tmp_path / "run",
         *recipe_args(inputs["world"]),
         *WARM,
-        "pretrain.composer=uniform",
-        f"pretrain.search_spaces={run_dir / 'search_spaces.parquet'}",
+        "pretrain.composer.name=uniform",
+        f"pretrain.composer.search_spaces={run_dir / 'search_spaces.parquet'}",
     )
     assert proc.returncode != 0
-    assert "pretrain.search_spaces" in proc.stderr and "composer is uniform" in proc.stderr
+    assert "pretrain.composer.search_spaces" in proc.stderr and "pretrain.composer.name is uniform" in proc.stderr
 
 
 def test_load_warm_start_checks_coverage_sizes_and_embeddings(inputs, built, tmp_path):
@@ -350,7 +350,8 @@ def test_load_warm_start_checks_coverage_sizes_and_embeddings(inputs, built, tmp
         )
     with pytest.raises(
         FalconError,
-        match=r"pretrain.search_spaces: .*missing.parquet not found; build it with `falcon build-search-spaces`",
+        match=r"pretrain.composer.search_spaces: .*missing.parquet not found; "
+        r"build it with `falcon build-search-spaces`",
     ):
         load_warm_start(tmp_path / "missing.parquet", inputs["embeddings"], ids)
     uneven = frame.copy()
@@ -416,11 +417,11 @@ def test_shapes_warmstart_recipe_chains_embed_spaces_and_pretrain(inputs, warm_r
     tiny = [
         *recipe_args(inputs["world"]),
         "pretrain.batch_size=16",
-        "pretrain.augment=test",
-        "pretrain.num_workers=0",
-        "pretrain.warmup_steps=4",
-        "pretrain.eval_split=null",
-        "pretrain.quantile_levels=10",
+        "pretrain.loader.augment=test",
+        "pretrain.loader.num_workers=0",
+        "pretrain.optim.warmup_steps=4",
+        "pretrain.eval.split=null",
+        "pretrain.scheduler.quantile_levels=10",
     ]
     chain = run_cli(
         "run",

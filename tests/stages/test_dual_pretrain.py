@@ -114,25 +114,29 @@ def test_false_negative_methods_train_a_dual_encoder(world, falcon_run, tmp_path
     model), and on CLIP's InfoNCE (dual-tiny-clip: MAFA; plain on fixed-quantile batches). Four steps an epoch:
     the methods act from the first step of epoch 1."""
     extra = {
-        "glofnd": ["pretrain.glofnd.start_epoch=1", "pretrain.glofnd.alpha=0.2", "pretrain.composer=grit"],
-        "diht": ["pretrain.composer=grit"],
-        "mafa": ["pretrain.mafa.judge=oracle", "pretrain.composer=grit"],
-        "srcl": [
-            f"pretrain.srcl.aux_embeddings={falcon_run / 'embeddings' / 'epoch_002.h5'}",
-            "pretrain.composer=grit",
+        "glofnd": [
+            "pretrain.false_negatives.glofnd.start_epoch=1",
+            "pretrain.false_negatives.glofnd.alpha=0.2",
+            "pretrain.composer.name=grit",
         ],
-        "none": ["pretrain.composer=quantile", "pretrain.quantile=0.5"],
+        "diht": ["pretrain.composer.name=grit"],
+        "mafa": ["pretrain.false_negatives.mafa.judge=oracle", "pretrain.composer.name=grit"],
+        "srcl": [
+            f"pretrain.false_negatives.srcl.aux_embeddings={falcon_run / 'embeddings' / 'epoch_002.h5'}",
+            "pretrain.composer.name=grit",
+        ],
+        "none": ["pretrain.composer.name=quantile", "pretrain.composer.quantile=0.5"],
     }[method]
     if model == "dual-tiny-clip":  # no decoder
-        extra += ["pretrain.model=dual-tiny-clip", "pretrain.caption_weight=0"]
+        extra += ["pretrain.model=dual-tiny-clip", "pretrain.losses.caption_weight=0"]
     proc = run_cli(
         *args(
             tmp_path / "run",
             world,
-            f"pretrain.false_negatives={method}",
+            f"pretrain.false_negatives.method={method}",
             "pretrain.epochs=2",
             "pretrain.max_steps_per_epoch=4",
-            "pretrain.eval_split=null",
+            "pretrain.eval.split=null",
             *extra,
             recipe="shapes-siglip",
         )
@@ -165,7 +169,7 @@ def test_two_gloo_processes_train_a_dual_encoder_with_the_sigmoid_exchange(tmp_p
             tmp_path / "world",
             "pretrain.batch_size=8",
             "pretrain.epochs=2",
-            "pretrain.eval_split=null",
+            "pretrain.eval.split=null",
         )
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -179,7 +183,7 @@ def test_two_gloo_processes_train_a_dual_encoder_with_the_sigmoid_exchange(tmp_p
 def test_albef_only_stages_and_settings_refuse_a_dual_encoder_in_one_line(falcon_run, world, tmp_path):
     proc = run_cli("finetune", "--run-dir", falcon_run, "--task", "vqa")
     assert proc.returncode != 0 and "dual checkpoint" in proc.stderr and "Traceback" not in proc.stderr
-    proc = run_cli(*args(tmp_path / "run", world, "pretrain.reward=mlm"))
+    proc = run_cli(*args(tmp_path / "run", world, "pretrain.scheduler.reward.name=mlm"))
     assert proc.returncode != 0 and "whose rewards are caption, itc" in proc.stderr
     assert not (tmp_path / "run").exists(), "refused before anything is written"
     # the recipe checks behind those lines, in-process (the same validation every command runs first)
@@ -187,8 +191,11 @@ def test_albef_only_stages_and_settings_refuse_a_dual_encoder_in_one_line(falcon
     from falcon_cli.errors import FalconError
 
     for override, message in (
-        ("pretrain.itc=momentum", "itc=momentum: not available for dual-encoder"),
-        ("pretrain.text_weights=bert-base-uncased", "loads the whole open_clip model from vision_weights"),
+        ("pretrain.losses.itc=momentum", "itc=momentum: not available for dual-encoder"),
+        (
+            "pretrain.encoders.text_weights=bert-base-uncased",
+            "loads the whole open_clip model from encoders.vision_weights",
+        ),
         ("pretrain.model=dual-tiny-clip", "no captioning decoder"),
     ):
         with pytest.raises(FalconError, match=message):

@@ -12,15 +12,15 @@ from tests.conftest import run_cli
 TINY = [
     "data.shapes.images=40",
     "data.shapes.size=32",
-    "pretrain.image_size=32",
+    "pretrain.encoders.image_size=32",
     "data.tokenizer_vocab_size=200",
     "pretrain.epochs=1",
     "pretrain.batch_size=16",
     "pretrain.max_steps_per_epoch=3",
     "finetune.retrieval.max_steps_per_epoch=3",
-    "pretrain.augment=test",
-    "pretrain.num_workers=0",
-    "pretrain.warmup_steps=2",
+    "pretrain.loader.augment=test",
+    "pretrain.loader.num_workers=0",
+    "pretrain.optim.warmup_steps=2",
     "finetune.num_workers=0",
     "finetune.retrieval.epochs=1",
     "finetune.retrieval.batch_size=8",
@@ -92,7 +92,7 @@ def test_recipe_chain_writes_every_result(run_dir):
         # Every own caption is also a true match, so the oracle's R@K can only be higher.
         assert row["oracle_i2t_R@1"] >= row["i2t_R@1"] and row["oracle_t2i_R@5"] >= row["t2i_R@5"]
     # The ITC row is the same ranking the pretrain stage's zero-shot evaluation measured: captions are cut
-    # where pretraining cut them (pretrain.max_text_length, 25), not at a length of evaluate's own.
+    # where pretraining cut them (pretrain.encoders.max_text_length, 25), not at a length of evaluate's own.
     assert [r["max_text_length"] for r in retrieval["rows"]] == [25, 25]
     zero_shot = rows(run_dir, "retrieval_zeroshot")["rows"][-1]
     # On a shapes world the zero-shot numbers come false-negative aware too, the same as evaluate's.
@@ -320,7 +320,8 @@ def test_vqa_needs_a_finetuned_model(tmp_path, run_dir):
 
 def test_an_official_albef_checkpoint_file_in_evaluate_finetune_and_pretrain(run_dir, tmp_path):
     """The run's pretrained weights saved as ALBEF saves them (.pth, its key names): evaluated with --model,
-    fine-tuned from with finetune.checkpoint, pretrained from with pretrain.init; each sees exactly those weights."""
+    fine-tuned from with finetune.checkpoint, pretrained from with pretrain.encoders.init; each sees exactly those
+    weights."""
     import shutil
 
     from falcon_cli.models import ALBEF, create_model, model_from_weights, save_weights
@@ -375,7 +376,7 @@ def test_an_official_albef_checkpoint_file_in_evaluate_finetune_and_pretrain(run
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "vocabulary has 333 tokens but the run's tokenizer has" in proc.stderr and "bert-base-uncased" in proc.stderr
 
-    # pretrain.init: a new run on the same world (same tokenizer) starts from the file, so its untrained
+    # pretrain.encoders.init: a new run on the same world (same tokenizer) starts from the file, so its untrained
     # zero-shot retrieval is the source run's trained one.
     fresh = tmp_path / "fresh"
     proc = run_cli(
@@ -386,7 +387,7 @@ def test_an_official_albef_checkpoint_file_in_evaluate_finetune_and_pretrain(run
         fresh,
         f"data.dataset={run_dir.parent / 'world'}",
         *TINY,
-        f"pretrain.init={pth}",
+        f"pretrain.encoders.init={pth}",
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     untrained = rows(fresh, "retrieval_zeroshot")["rows"][0]

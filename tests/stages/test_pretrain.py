@@ -19,16 +19,16 @@ from tests.conftest import REPO
 
 TINY = [
     "data.shapes.images=40",
-    "pretrain.image_size=32",
+    "pretrain.encoders.image_size=32",
     "data.tokenizer_vocab_size=200",
     "pretrain.epochs=2",
     "pretrain.batch_size=16",
-    "pretrain.search_space_size=48",
-    "pretrain.augment=test",
-    "pretrain.num_workers=0",
-    "pretrain.log_every=1",
-    "pretrain.warmup_steps=4",
-    "pretrain.lr=3e-4",
+    "pretrain.composer.search_space_size=48",
+    "pretrain.loader.augment=test",
+    "pretrain.loader.num_workers=0",
+    "pretrain.logging.every=1",
+    "pretrain.optim.warmup_steps=4",
+    "pretrain.optim.lr=3e-4",
 ]
 
 
@@ -48,7 +48,7 @@ def reference_run(world, tmp_path_factory):
 
     run_dir = tmp_path_factory.mktemp("ref") / "run"
     # CPU fp32 on every machine: the golden losses are CPU numbers (a GPU run would use bf16 autocast).
-    proc = run_cli(*pretrain_args(run_dir, world, "pretrain.checkpoint_every=4", "pretrain.device=cpu"))
+    proc = run_cli(*pretrain_args(run_dir, world, "pretrain.checkpoints.every=4", "pretrain.runtime.device=cpu"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return run_dir
 
@@ -176,7 +176,9 @@ def test_a_refused_resume_changes_nothing_on_disk(world, reference_run, tmp_path
     before = {
         name: (run_dir / name).read_bytes() for name in ("manifest.json", "config.yaml", "log.txt", "metrics.jsonl")
     }
-    proc = run_cli(*pretrain_args(run_dir, world, "pretrain.checkpoint_every=4", "pretrain.device=cpu"), "--resume")
+    proc = run_cli(
+        *pretrain_args(run_dir, world, "pretrain.checkpoints.every=4", "pretrain.runtime.device=cpu"), "--resume"
+    )
     assert proc.returncode != 0 and "Traceback" not in proc.stdout + proc.stderr
     assert "saved with 2 processes, resuming with 1" in proc.stderr and "nothing was changed" in proc.stderr
     assert {name: (run_dir / name).read_bytes() for name in before} == before
@@ -198,7 +200,7 @@ def test_resume_passes_over_a_damaged_checkpoint_to_the_newest_intact_one(world,
     assert kept == ["00000012", "00000016", "00000020"]
     state = run_dir / "checkpoints" / "00000020" / "training_state.pt"
     state.write_bytes(state.read_bytes()[:1000])
-    args = pretrain_args(run_dir, world, "pretrain.checkpoint_every=4", "pretrain.device=cpu")
+    args = pretrain_args(run_dir, world, "pretrain.checkpoints.every=4", "pretrain.runtime.device=cpu")
     proc = run_cli(*args, "--resume")
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
@@ -227,7 +229,7 @@ def test_a_rerun_without_resume_is_refused_and_a_fresh_start_replaces_the_old_hi
 
     run_dir = tmp_path / "run"
     shutil.copytree(reference_run, run_dir)
-    args = pretrain_args(run_dir, world, "pretrain.checkpoint_every=4", "pretrain.device=cpu")
+    args = pretrain_args(run_dir, world, "pretrain.checkpoints.every=4", "pretrain.runtime.device=cpu")
     before = {name: (run_dir / name).read_bytes() for name in ("manifest.json", "metrics.jsonl")}
     proc = run_cli(*args)
     assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr
@@ -257,15 +259,15 @@ def test_a_diverged_run_stops_without_saving_and_resumes_from_the_last_usable_ch
     from tests.conftest import run_cli
 
     run_dir = tmp_path / "run"
-    common = ["pretrain.checkpoint_every=1", "pretrain.eval_split=null", "pretrain.device=cpu"]
-    proc = run_cli(*pretrain_args(run_dir, world, *common, "pretrain.lr=1e6"))
+    common = ["pretrain.checkpoints.every=1", "pretrain.eval.split=null", "pretrain.runtime.device=cpu"]
+    proc = run_cli(*pretrain_args(run_dir, world, *common, "pretrain.optim.lr=1e6"))
     assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     line = proc.stderr.strip().splitlines()[-1]
     assert "loss is nan at epoch 0, step 2" in line and "nothing was saved" in line and "in fp32" in line
-    assert "--resume continues from checkpoint 00000001" in line and "pretrain.lr=100000" in line
+    assert "--resume continues from checkpoint 00000001" in line and "pretrain.optim.lr=100000" in line
     assert "precision=fp32" not in line
     assert latest_checkpoint(run_dir / "checkpoints").name == "00000001"
-    resumed = run_cli(*pretrain_args(run_dir, world, *common, "pretrain.lr=3e-4"), "--resume", "--overwrite")
+    resumed = run_cli(*pretrain_args(run_dir, world, *common, "pretrain.optim.lr=3e-4"), "--resume", "--overwrite")
     assert resumed.returncode == 0 and "resumed from" in resumed.stderr, resumed.stdout + resumed.stderr
     steps = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r]
     assert steps == list(range(1, 21)) and all(
@@ -286,10 +288,10 @@ def test_a_non_finite_step_read_late_is_reported_as_the_first_and_never_applied(
         *pretrain_args(
             tmp_path / "run",
             world,
-            "pretrain.log_every=5",
-            "pretrain.eval_split=null",
-            "pretrain.device=cpu",
-            "pretrain.lr=1e6",
+            "pretrain.logging.every=5",
+            "pretrain.eval.split=null",
+            "pretrain.runtime.device=cpu",
+            "pretrain.optim.lr=1e6",
         )
     )
     line = proc.stderr.strip().splitlines()[-1]
@@ -319,7 +321,7 @@ def test_the_non_finite_advice_fits_the_precision_and_what_is_left(tmp_path):
     from stages.pretrain import non_finite_stop
 
     bf16 = non_finite_stop("loss is nan", 1, 7, "itc 1", "bf16", PretrainConfig(lr=1e-4, grad_clip=1.0), None)
-    assert "pretrain.precision=fp32" in bf16 and "grad_clip" not in bf16 and "no usable checkpoint" in bf16
+    assert "pretrain.runtime.precision=fp32" in bf16 and "grad_clip" not in bf16 and "no usable checkpoint" in bf16
     for step in (3, 6, 9):
         (tmp_path / f"{step:08d}").mkdir()
         (tmp_path / f"{step:08d}" / "model.safetensors").write_bytes(b"x")
@@ -336,7 +338,7 @@ def test_kill_and_resume_is_exact(world, reference_run, tmp_path):
         sys.executable,
         "-m",
         "falcon_cli",
-        *map(str, pretrain_args(run_dir, world, "pretrain.checkpoint_every=4", "pretrain.device=cpu")),
+        *map(str, pretrain_args(run_dir, world, "pretrain.checkpoints.every=4", "pretrain.runtime.device=cpu")),
     ]
     proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     metrics = run_dir / "metrics.jsonl"
@@ -352,7 +354,9 @@ def test_kill_and_resume_is_exact(world, reference_run, tmp_path):
 
     from tests.conftest import run_cli
 
-    resumed = run_cli(*pretrain_args(run_dir, world, "pretrain.checkpoint_every=4", "pretrain.device=cpu"), "--resume")
+    resumed = run_cli(
+        *pretrain_args(run_dir, world, "pretrain.checkpoints.every=4", "pretrain.runtime.device=cpu"), "--resume"
+    )
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "resumed from" in resumed.stderr
     expected = read_metrics(reference_run / "metrics.jsonl")
@@ -383,25 +387,25 @@ def test_kill_and_resume_is_exact(world, reference_run, tmp_path):
 # with the improved scheduler's options (per-caption credit and its extra L_before pass, the running advantage
 # scale in the checkpoint, the positive-rank input, entropy and the α + β cap); LAGGED keeps the paper's
 PLUS = [
-    "pretrain.scheduler_features=[positive,spread]",
-    "pretrain.scheduler_credit=chosen",
-    "pretrain.reward_baseline=batch_mean",
-    "pretrain.scheduler_advantage_norm=true",
-    "pretrain.scheduler_entropy=1e-2",
-    "pretrain.scheduler_max_concentration=5",
+    "pretrain.scheduler.features=[positive,spread]",
+    "pretrain.scheduler.update.credit=chosen",
+    "pretrain.scheduler.update.baseline=batch_mean",
+    "pretrain.scheduler.update.advantage_norm=true",
+    "pretrain.scheduler.update.entropy=1e-2",
+    "pretrain.scheduler.max_concentration=5",
 ]
 # On the CPU on every machine: CUDA's kernels are not bitwise reproducible from run to run (on an H100 the reference
 # and the killed run's q drifted by 1e-5 while composing the same batches), and these tests check exactness.
 FALCON = [
-    "pretrain.composer=falcon",
+    "pretrain.composer.name=falcon",
     "pretrain.epochs=3",
-    "pretrain.search_space_size=80",
-    "pretrain.checkpoint_every=8",
-    "pretrain.quantile_levels=20",
-    "pretrain.scheduler_lr=1e-2",
+    "pretrain.composer.search_space_size=80",
+    "pretrain.checkpoints.every=8",
+    "pretrain.scheduler.quantile_levels=20",
+    "pretrain.scheduler.lr=1e-2",
     *PLUS,
-    "pretrain.profile_steps=2",
-    "pretrain.device=cpu",
+    "pretrain.runtime.profile_steps=2",
+    "pretrain.runtime.device=cpu",
 ]
 
 
@@ -409,12 +413,12 @@ FALCON = [
 # other reward paths: two eval-mode passes, the second reusing the first's image tokens
 LAGGED = [
     *FALCON[:6],
-    "pretrain.device=cpu",
+    "pretrain.runtime.device=cpu",
     "pretrain.epochs=2",
-    "pretrain.scheduler_lag=2",
-    "pretrain.num_workers=2",
-    "pretrain.reward_mode=eval",
-    "pretrain.reward_images=reuse",
+    "pretrain.scheduler.lag=2",
+    "pretrain.loader.num_workers=2",
+    "pretrain.scheduler.reward.mode=eval",
+    "pretrain.scheduler.reward.images=reuse",
 ]
 
 
@@ -481,7 +485,9 @@ def test_profile_steps_write_a_trace_and_a_summary_with_falcons_parts(falcon_run
 
 @pytest.fixture(scope="module")
 def margin_run(world, reference_run, tmp_path_factory):
-    return _falcon_reference(world, tmp_path_factory, [*FALCON, "pretrain.epochs=2", "pretrain.reward=positive_margin"])
+    return _falcon_reference(
+        world, tmp_path_factory, [*FALCON, "pretrain.epochs=2", "pretrain.scheduler.reward.name=positive_margin"]
+    )
 
 
 def test_positive_margin_reward_scores_each_pick_from_the_training_forward(margin_run):
@@ -510,7 +516,7 @@ def test_the_itm_charged_margin_pays_less_for_picks_the_model_judges_matches(wor
     pick with its anchor. Up to the first FALCON step both runs are the same, so that step's reward is the
     margin's less a charge in (0, 2]; from then on the scheduler learns from the charged reward."""
     run = _falcon_reference(
-        world, tmp_path_factory, [*FALCON, "pretrain.epochs=2", "pretrain.reward=positive_margin+itm"]
+        world, tmp_path_factory, [*FALCON, "pretrain.epochs=2", "pretrain.scheduler.reward.name=positive_margin+itm"]
     )
 
     def falcon_steps(path):
@@ -525,7 +531,8 @@ def test_the_itm_charged_margin_pays_less_for_picks_the_model_judges_matches(wor
     assert 0 <= summary["itm_fn_auc"] <= 1 and -1 <= summary["itm_fn_corr"] <= 1  # the tiny world has false picks
     assert "itm_fn_corr" in summary and margin_summary(margin_run)["itm_fn_corr"] is None  # only the ITM reward judges
     config = yaml.safe_load((run / "config.yaml").read_text())
-    assert config["pretrain"]["reward"] == "positive_margin+itm" and config["pretrain"]["reward_itm_weight"] == 2.0
+    assert config["pretrain"]["scheduler"]["reward"]["name"] == "positive_margin+itm"
+    assert config["pretrain"]["scheduler"]["reward"]["itm_weight"] == 2.0
 
 
 def test_the_oracle_judge_charges_exactly_the_false_picks_and_needs_a_shapes_world(
@@ -547,14 +554,17 @@ def test_the_oracle_judge_charges_exactly_the_false_picks_and_needs_a_shapes_wor
         [
             *FALCON,
             "pretrain.epochs=2",
-            "pretrain.reward=positive_margin+oracle",
-            "pretrain.reward_itm_charge=expected",
-            "pretrain.scheduler_credit=levels",
-            "pretrain.reward_baseline=none",
-            "pretrain.scheduler_levels=5",
+            "pretrain.scheduler.reward.name=positive_margin+oracle",
+            "pretrain.scheduler.reward.itm_charge=expected",
+            "pretrain.scheduler.update.credit=levels",
+            "pretrain.scheduler.update.baseline=none",
+            "pretrain.scheduler.update.levels=5",
         ],
     )
-    assert json.loads((run / "manifest.json").read_text())["config"]["pretrain"]["scheduler_credit"] == "levels"
+    assert (
+        json.loads((run / "manifest.json").read_text())["config"]["pretrain"]["scheduler"]["update"]["credit"]
+        == "levels"
+    )
     summary = [r for r in read_metrics(run / "metrics.jsonl") if r.get("kind") == "epoch_summary"][-1]
     assert summary["itm_fn_auc"] == 1.0 and summary["itm_fn_corr"] == pytest.approx(1.0)
     assert summary["reward_fn_corr"] < -0.5, summary["reward_fn_corr"]
@@ -567,10 +577,10 @@ def test_the_oracle_judge_charges_exactly_the_false_picks_and_needs_a_shapes_wor
     spec.pop("shapes_world")
     (plain / "dataset.yaml").write_text(yaml.safe_dump(spec))
     run_dir = tmp_path_factory.mktemp("plain-run") / "run"
-    proc = run_cli(*pretrain_args(run_dir, plain, *FALCON, "pretrain.reward=positive_margin+oracle"))
+    proc = run_cli(*pretrain_args(run_dir, plain, *FALCON, "pretrain.scheduler.reward.name=positive_margin+oracle"))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and "reward=positive_margin+oracle" in lines[0] and str(plain) in lines[0], proc.stderr
+    assert len(lines) == 1 and "reward.name=positive_margin+oracle" in lines[0] and str(plain) in lines[0], proc.stderr
     assert "positive_margin+itm" in lines[0] and not (run_dir / "checkpoints").exists()
 
 
@@ -587,10 +597,10 @@ def test_every_pair_trained_each_epoch_when_the_search_space_is_not_a_multiple_o
         *pretrain_args(
             run_dir,
             world,
-            "pretrain.composer=falcon",
-            "pretrain.reward_images=reuse",
-            "pretrain.search_space_size=24",
-            "pretrain.eval_split=null",
+            "pretrain.composer.name=falcon",
+            "pretrain.scheduler.reward.images=reuse",
+            "pretrain.composer.search_space_size=24",
+            "pretrain.eval.split=null",
         )
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -765,7 +775,7 @@ def test_audit_false_negatives_with_the_oracle(falcon_run, world, tmp_path):
         torch.as_tensor(cache.text),
         np.array(image_ids),
         lambda rows: truth[rows][:, rows],
-        space_size=manifest["config"]["pretrain"]["search_space_size"],
+        space_size=manifest["config"]["pretrain"]["composer"]["search_space_size"],
         seed=manifest["config"]["seed"],
     )
     risk = pd.read_csv(out / "candidate_risk.csv").set_index("direction")
@@ -859,16 +869,16 @@ def test_audit_refuses_embeddings_of_another_dataset(falcon_run, tmp_path):
 # --- false-negative methods from the command line (two short epochs each). DiHT and SRCL change only the ITC
 # (tests/objectives/test_vlp_objective.py); SRCL's input is checked below, in process. ---------------------------------
 FN_METHODS = {
-    "mafa": ["pretrain.false_negatives=mafa", "pretrain.mafa.judge=oracle"],
+    "mafa": ["pretrain.false_negatives.method=mafa", "pretrain.false_negatives.mafa.judge=oracle"],
     "glofnd": [
-        "pretrain.false_negatives=glofnd",
-        "pretrain.glofnd.alpha=0.3",
-        "pretrain.glofnd.lr=0.5",
-        "pretrain.glofnd.start_epoch=1",
-        "pretrain.checkpoint_every=1",
-        "pretrain.keep_last=10",
+        "pretrain.false_negatives.method=glofnd",
+        "pretrain.false_negatives.glofnd.alpha=0.3",
+        "pretrain.false_negatives.glofnd.lr=0.5",
+        "pretrain.false_negatives.glofnd.start_epoch=1",
+        "pretrain.checkpoints.every=1",
+        "pretrain.checkpoints.keep_last=10",
     ],
-    "diht": ["pretrain.false_negatives=diht", "pretrain.diht.beta=1.0"],
+    "diht": ["pretrain.false_negatives.method=diht", "pretrain.false_negatives.diht.beta=1.0"],
 }
 
 
@@ -878,7 +888,7 @@ def test_false_negative_methods_train_from_the_cli(world, reference_run, tmp_pat
 
     extra = list(FN_METHODS[method])
     run_dir = tmp_path / method
-    proc = run_cli(*pretrain_args(run_dir, world, "pretrain.max_steps_per_epoch=2", "pretrain.eval_split=null", *extra))
+    proc = run_cli(*pretrain_args(run_dir, world, "pretrain.max_steps_per_epoch=2", "pretrain.eval.split=null", *extra))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     records = read_metrics(run_dir / "metrics.jsonl")
     steps = [r for r in records if "loss" in r]
@@ -932,7 +942,7 @@ def _glofnd_resumes_exactly(run_dir, world, extra, expected):
     )
     (checkpoints / "latest").write_text("00000003\n")
     resumed = run_cli(
-        *pretrain_args(run_dir, world, "pretrain.max_steps_per_epoch=2", "pretrain.eval_split=null", *extra), "--resume"
+        *pretrain_args(run_dir, world, "pretrain.max_steps_per_epoch=2", "pretrain.eval.split=null", *extra), "--resume"
     )
     assert resumed.returncode == 0 and "resumed from" in resumed.stderr, resumed.stdout + resumed.stderr
     got = [r for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r]
@@ -961,13 +971,27 @@ def _glofnd_resumes_exactly(run_dir, world, extra, expected):
     "overrides,weight",
     [
         ([], 0.2),
-        (["pretrain.false_negatives=glofnd"], 0.0),
-        (["pretrain.false_negatives=diht"], 0.0),
-        (["pretrain.false_negatives=glofnd", "pretrain.glofnd.adam_step=count"], 0.0),
-        (["pretrain.false_negatives=mafa", "pretrain.mafa.judge=oracle", "pretrain.composer=falcon"], 0.0),
-        (["pretrain.false_negatives=mafa", "pretrain.mafa.judge=oracle", "pretrain.mafa.mlm_pairs=distinct"], 0.0),
-        (["pretrain.false_negatives=srcl", "AUX"], 0.0),
-        (["pretrain.false_negatives=glofnd", "pretrain.itc_consistency_weight=0.3"], 0.3),
+        (["pretrain.false_negatives.method=glofnd"], 0.0),
+        (["pretrain.false_negatives.method=diht"], 0.0),
+        (["pretrain.false_negatives.method=glofnd", "pretrain.false_negatives.glofnd.adam_step=count"], 0.0),
+        (
+            [
+                "pretrain.false_negatives.method=mafa",
+                "pretrain.false_negatives.mafa.judge=oracle",
+                "pretrain.composer.name=falcon",
+            ],
+            0.0,
+        ),
+        (
+            [
+                "pretrain.false_negatives.method=mafa",
+                "pretrain.false_negatives.mafa.judge=oracle",
+                "pretrain.false_negatives.mafa.mlm_pairs=distinct",
+            ],
+            0.0,
+        ),
+        (["pretrain.false_negatives.method=srcl", "AUX"], 0.0),
+        (["pretrain.false_negatives.method=glofnd", "pretrain.losses.itc_consistency_weight=0.3"], 0.3),
     ],
 )
 def test_the_stage_hands_the_objective_the_methods_consistency_weight(
@@ -990,19 +1014,21 @@ def test_the_stage_hands_the_objective_the_methods_consistency_weight(
         raise Built
 
     monkeypatch.setattr("falcon_cli.objectives.vlp.VlpObjective", objective)  # what frameworks.build_objective builds
-    aux = f"pretrain.srcl.aux_embeddings={reference_run / 'embeddings' / 'epoch_001.h5'}"
+    aux = f"pretrain.false_negatives.srcl.aux_embeddings={reference_run / 'embeddings' / 'epoch_001.h5'}"
     overrides = [aux if o == "AUX" else o for o in overrides]
-    config, _ = load_recipe("shapes-demo", [f"data.dataset={world}", *TINY, "pretrain.device=cpu", *overrides])
-    assert config.pretrain.itc_consistency_weight == weight
+    config, _ = load_recipe("shapes-demo", [f"data.dataset={world}", *TINY, "pretrain.runtime.device=cpu", *overrides])
+    assert config.pretrain.losses.itc_consistency_weight == weight
     run_dir = tmp_path / "run"
     shutil.copytree(reference_run / "data" / "tokenizer", run_dir / "data" / "tokenizer")  # all it reads before
     with pytest.raises(Built):
         stage.run(config, RunDirectory(run_dir))
-    assert seen["consistency_weight"] == weight and seen["false_negatives"].name == config.pretrain.false_negatives
-    if config.pretrain.false_negatives == "glofnd":  # and GloFND its threshold Adam's bias-correction mode
-        assert seen["false_negatives"].thresholds.adam_step == config.pretrain.glofnd.adam_step
-    if config.pretrain.false_negatives == "mafa":  # and MAFA which extra MLM pairs it adds
-        assert seen["false_negatives"].mlm_pairs == config.pretrain.mafa.mlm_pairs
+    assert (
+        seen["consistency_weight"] == weight and seen["false_negatives"].name == config.pretrain.false_negatives.method
+    )
+    if config.pretrain.false_negatives.method == "glofnd":  # and GloFND its threshold Adam's bias-correction mode
+        assert seen["false_negatives"].thresholds.adam_step == config.pretrain.false_negatives.glofnd.adam_step
+    if config.pretrain.false_negatives.method == "mafa":  # and MAFA which extra MLM pairs it adds
+        assert seen["false_negatives"].mlm_pairs == config.pretrain.false_negatives.mafa.mlm_pairs
 
 
 def test_srcl_reads_its_auxiliary_features_by_pair_id_and_refuses_a_missing_file(world, reference_run, tmp_path):
@@ -1021,7 +1047,12 @@ def test_srcl_reads_its_auxiliary_features_by_pair_id_and_refuses_a_missing_file
     dataset = pretrain_dataset(spec, transform=None)
     aux = reference_run / "embeddings" / "epoch_001.h5"
     config, _ = load_recipe(
-        "shapes-demo", [f"data.dataset={world}", "pretrain.false_negatives=srcl", f"pretrain.srcl.aux_embeddings={aux}"]
+        "shapes-demo",
+        [
+            f"data.dataset={world}",
+            "pretrain.false_negatives.method=srcl",
+            f"pretrain.false_negatives.srcl.aux_embeddings={aux}",
+        ],
     )
     method, truth = build_false_negatives(config, spec, dataset, torch.device("cpu"), RunDirectory(tmp_path))
     assert method.name == "srcl" and truth is not None, "SRCL's weights are scored against the oracle"
@@ -1030,7 +1061,7 @@ def test_srcl_reads_its_auxiliary_features_by_pair_id_and_refuses_a_missing_file
     image, text = method.aux_features(ids)
     assert torch.allclose(image[0].float(), torch.from_numpy(stored.image[5]).float(), atol=1e-3)
     assert torch.allclose(text[1].float(), torch.from_numpy(stored.text[0]).float(), atol=1e-3)
-    config, _ = load_recipe("shapes-demo", [f"data.dataset={world}", "pretrain.false_negatives=srcl"])
+    config, _ = load_recipe("shapes-demo", [f"data.dataset={world}", "pretrain.false_negatives.method=srcl"])
     with pytest.raises(FalconError, match="SRCL needs the frozen auxiliary model's features"):
         build_false_negatives(config, spec, dataset, torch.device("cpu"), RunDirectory(tmp_path))
 
@@ -1042,7 +1073,11 @@ def test_preloaded_images_train_exactly_like_per_step_decoding(world, reference_
     run_dir = tmp_path / "preloaded"
     proc = run_cli(
         *pretrain_args(
-            run_dir, world, "pretrain.checkpoint_every=4", "pretrain.device=cpu", "pretrain.preload_images=true"
+            run_dir,
+            world,
+            "pretrain.checkpoints.every=4",
+            "pretrain.runtime.device=cpu",
+            "pretrain.loader.preload_images=true",
         )
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -1061,6 +1096,10 @@ def test_preloaded_images_train_exactly_like_per_step_decoding(world, reference_
 def test_preloading_needs_the_fixed_transform(world, tmp_path):
     from tests.conftest import run_cli
 
-    proc = run_cli(*pretrain_args(tmp_path / "run", world, "pretrain.preload_images=true", "pretrain.augment=pretrain"))
+    proc = run_cli(
+        *pretrain_args(
+            tmp_path / "run", world, "pretrain.loader.preload_images=true", "pretrain.loader.augment=pretrain"
+        )
+    )
     assert proc.returncode != 0 and "preload_images=true" in proc.stderr and "augment: test" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()

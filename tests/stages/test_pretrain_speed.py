@@ -51,7 +51,9 @@ def test_a_smoke_run_measures_the_stage_and_writes_the_report(tmp_path):
     assert blip2["flops_method"] == "counted" and blip2["flops_per_pair"] > 1e7 and blip2["pairs_per_s"] > 0
     assert blip2["vocab_size"] == results["runs"]["base-grit"]["vocab_size"] + 1  # the run tokenizer + [DEC]
     manifest = json.loads((out / "runs" / "base-grit-jpeg" / "manifest.json").read_text())
-    assert manifest["config"]["pretrain"]["augment"] == "pretrain"  # the JPEG run decodes and augments every step
+    assert (
+        manifest["config"]["pretrain"]["loader"]["augment"] == "pretrain"
+    )  # the JPEG run decodes and augments every step
     assert all(p.suffix == ".jpg" for p in (out / "world-jpeg" / "images").iterdir())
     report = (out / "speed.md").read_text()
     assert "JPEG data through the stage / preloaded" in report
@@ -121,10 +123,21 @@ def test_the_reward_runs_are_valid_configs_of_the_rewards_they_name():
             for o in pretrain_speed.runs(False, 4)[name]
             if o.startswith("pretrain.")
         )
-        settings = {k: yaml.safe_load(v) for k, v in settings.items()}
-        config = PretrainConfig(**settings)
-        assert (config.composer, config.reward, config.reward_itm_charge) == ("falcon", reward, charge)
-        assert config.model == "albef-base" and config.precision == "bf16" and config.scheduler_credit == "chosen"
+        nested: dict = {}
+        for key, value in settings.items():  # (dotted keys below pretrain, as the command line gives them)
+            *sections, name = key.split(".")
+            node = nested
+            for section in sections:
+                node = node.setdefault(section, {})
+            node[name] = yaml.safe_load(value)
+        config = PretrainConfig(**nested)
+        assert (config.composer.name, config.scheduler.reward.name, config.scheduler.reward.itm_charge) == (
+            "falcon",
+            reward,
+            charge,
+        )
+        assert config.model == "albef-base" and config.runtime.precision == "bf16"
+        assert config.scheduler.update.credit == "chosen"
 
 
 def test_the_captured_step_runs_are_valid_configs():
@@ -141,9 +154,9 @@ def test_the_captured_step_runs_are_valid_configs():
             if overrides[:1] == ["--recipe"]:
                 recipe, overrides = overrides[1], overrides[2:]
             config = load_recipe(recipe, overrides)[0].pretrain
-            assert config.graph_step and config.compile is False
-            assert config.scheduler_overlap == name.endswith("-overlap")
-            assert (config.graph_backend == "eager") == smoke
+            assert config.runtime.graph_step and config.runtime.compile is False
+            assert config.scheduler.overlap == name.endswith("-overlap")
+            assert (config.runtime.graph_backend == "eager") == smoke
 
 
 def test_the_steady_rate_is_the_median_step_and_a_one_off_stall_does_not_set_it(tmp_path):

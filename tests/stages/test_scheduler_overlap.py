@@ -1,4 +1,4 @@
-"""`pretrain.scheduler_overlap`: FALCON's update of step k made after step k + 1 is launched.
+"""`pretrain.scheduler.overlap`: FALCON's update of step k made after step k + 1 is launched.
 
 Taking one step of ``scheduler_lag`` from the scheduler instead of the loader changes nothing the run computes: a
 lag-1 run with it (no loader look-ahead, no worker process) composes the same batches, makes the same updates and
@@ -15,20 +15,20 @@ from falcon_cli.runtime.metrics import read_metrics
 # FALCON on the tiny world with the per-caption reward paths of test_pretrain's FALCON runs (credit per pick, a
 # running advantage scale), checkpoints every 4 steps: 2 epochs of 10 steps, epoch 1 FALCON
 LAG1 = [
-    "pretrain.composer=falcon",
+    "pretrain.composer.name=falcon",
     "pretrain.epochs=2",
-    "pretrain.search_space_size=80",
-    "pretrain.checkpoint_every=4",
-    "pretrain.quantile_levels=20",
-    "pretrain.scheduler_lr=1e-2",
-    "pretrain.scheduler_features=[positive,spread]",
-    "pretrain.scheduler_credit=chosen",
-    "pretrain.reward_baseline=batch_mean",
-    "pretrain.scheduler_advantage_norm=true",
-    "pretrain.device=cpu",
-    "pretrain.scheduler_lag=1",
+    "pretrain.composer.search_space_size=80",
+    "pretrain.checkpoints.every=4",
+    "pretrain.scheduler.quantile_levels=20",
+    "pretrain.scheduler.lr=1e-2",
+    "pretrain.scheduler.features=[positive,spread]",
+    "pretrain.scheduler.update.credit=chosen",
+    "pretrain.scheduler.update.baseline=batch_mean",
+    "pretrain.scheduler.update.advantage_norm=true",
+    "pretrain.runtime.device=cpu",
+    "pretrain.scheduler.lag=1",
 ]
-OVERLAP = [*LAG1, "pretrain.scheduler_overlap=true", "pretrain.num_workers=0"]
+OVERLAP = [*LAG1, "pretrain.scheduler.overlap=true", "pretrain.loader.num_workers=0"]
 
 
 @pytest.fixture(scope="module")
@@ -106,9 +106,9 @@ def test_overlap_needs_a_lag(tmp_path):
     from tests.conftest import run_cli
 
     done = run_cli(
-        "pretrain", "--recipe", "shapes-demo", "--run-dir", str(tmp_path / "run"), "pretrain.scheduler_overlap=true"
+        "pretrain", "--recipe", "shapes-demo", "--run-dir", str(tmp_path / "run"), "pretrain.scheduler.overlap=true"
     )
-    assert done.returncode == 2 and "scheduler_overlap=true" in done.stderr and "scheduler_lag=1" in done.stderr
+    assert done.returncode == 2 and "overlap=true" in done.stderr and "scheduler.lag=1" in done.stderr
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the side stream and its events")
@@ -122,7 +122,7 @@ def test_on_cuda_the_side_stream_composes_the_same_batches(tmp_path):
     world = tmp_path / "world"
     logs = []
     for name, overrides in (("loader", LAG1), ("overlap", OVERLAP)):
-        overrides = [o for o in overrides if o != "pretrain.device=cpu"] + ["pretrain.device=cuda"]
+        overrides = [o for o in overrides if o != "pretrain.runtime.device=cpu"] + ["pretrain.runtime.device=cuda"]
         done = run_cli(*pretrain_args(tmp_path / name, world, *overrides))
         assert done.returncode == 0, done.stderr[-3000:]
         logs.append(read_batch_log(tmp_path / name / "batches.parquet"))
@@ -146,7 +146,7 @@ def test_overlapped_updates_come_one_step_late_and_none_after_a_non_finite_step(
         composer="falcon", scheduler_credit="chosen", reward="positive_margin", scheduler_lag=1, scheduler_overlap=True
     )
     scheduler = NegativeScheduler(quantiles=4, hidden=8, blocks=1, reward="positive_margin", credit="chosen")
-    step = FalconStep(scheduler, p, "fp32", torch.device("cpu"))
+    step = FalconStep(scheduler, p.scheduler, "fp32", torch.device("cpu"))
 
     def one_step(halted: float) -> dict:
         image, text = (torch.nn.functional.normalize(torch.randn(b, 8, generator=g), dim=-1) for _ in range(2))

@@ -1,5 +1,5 @@
 """The unimodal stage: the shapes world's DeiT and BERT, cached per world, model and seed, and loaded by pretraining;
-and the learning curve (`pretrain.eval_every`) of a run that starts from them."""
+and the learning curve (`pretrain.eval.every`) of a run that starts from them."""
 
 from __future__ import annotations
 
@@ -14,22 +14,22 @@ from tests.conftest import run_cli
 TINY = [
     "data.shapes.images=40",
     "data.shapes.size=24",
-    "pretrain.image_size=24",
+    "pretrain.encoders.image_size=24",
     "data.tokenizer_vocab_size=200",
     "data.verify_images=false",
     "unimodal.image_epochs=2",
     "unimodal.text_epochs=1",
     "unimodal.batch_size=8",
-    "pretrain.vision_weights=unimodal",
-    "pretrain.text_weights=unimodal",
+    "pretrain.encoders.vision_weights=unimodal",
+    "pretrain.encoders.text_weights=unimodal",
     "pretrain.epochs=2",
     "pretrain.max_steps_per_epoch=2",
     "pretrain.batch_size=8",
-    "pretrain.num_workers=0",
-    "pretrain.augment=test",
-    "pretrain.warmup_steps=1",
-    "pretrain.eval_every=1",
-    "pretrain.device=cpu",
+    "pretrain.loader.num_workers=0",
+    "pretrain.loader.augment=test",
+    "pretrain.optim.warmup_steps=1",
+    "pretrain.eval.every=1",
+    "pretrain.runtime.device=cpu",
     "unimodal.device=cpu",
 ]
 
@@ -77,13 +77,13 @@ def test_the_stage_trains_both_encoders_and_pretraining_starts_from_them(first):
     assert f"text weights from {entry / 'text'}: loaded" in log
     manifest = json.loads((first / "a" / "manifest.json").read_text())
     assert manifest["stages"]["unimodal"]["result"]["reused"] is False
-    assert manifest["config"]["pretrain"]["vision_weights"] == "unimodal"  # the keyword stays on record
+    assert manifest["config"]["pretrain"]["encoders"]["vision_weights"] == "unimodal"  # the keyword stays on record
     row = json.loads((first / "a" / "results" / "unimodal.json").read_text())["rows"][0]
     assert row["weights"] == str(entry) and row["reused"] is False
 
 
 def test_the_learning_curve_has_a_point_per_epoch_and_ends_at_the_final_result(first):
-    """`pretrain.eval_every: 1`: zero-shot retrieval after every epoch, in metrics.jsonl (kind zero_shot)."""
+    """`pretrain.eval.every: 1`: zero-shot retrieval after every epoch, in metrics.jsonl (kind zero_shot)."""
     from falcon_cli.runtime.metrics import read_metrics
 
     curve = [r for r in read_metrics(first / "a" / "metrics.jsonl") if r.get("kind") == "zero_shot"]
@@ -144,7 +144,7 @@ def test_pretraining_from_unimodal_weights_that_do_not_exist_is_one_line(first):
 
 
 def test_unimodal_weights_are_for_albef_models_only():
-    proc = run_cli("recipes", "show", "shapes-siglip", "pretrain.vision_weights=unimodal")
+    proc = run_cli("recipes", "show", "shapes-siglip", "pretrain.encoders.vision_weights=unimodal")
     assert proc.returncode != 0 and "unimodal stage trains ALBEF's encoders" in proc.stderr
 
 

@@ -13,13 +13,7 @@ from falcon_cli.config.schema.base import STAGE_ORDER, Loggers, Section, StageNa
 from falcon_cli.config.schema.data import DataConfig
 from falcon_cli.config.schema.embed import EmbedConfig, SearchSpacesConfig
 from falcon_cli.config.schema.evaluate import EvaluateConfig, Nlvr2EvalConfig, RetrievalEvalConfig, VqaEvalConfig
-from falcon_cli.config.schema.false_negatives import (
-    DihtConfig,
-    FalseNegativeMethod,
-    GlofndConfig,
-    MafaConfig,
-    SrclConfig,
-)
+from falcon_cli.config.schema.false_negatives import FalseNegativeMethod, FalseNegativesConfig
 from falcon_cli.config.schema.finetune import (
     FinetuneConfig,
     Nlvr2FinetuneConfig,
@@ -27,32 +21,53 @@ from falcon_cli.config.schema.finetune import (
     TaskTraining,
     VqaFinetuneConfig,
 )
-from falcon_cli.config.schema.pretrain import PER_PAIR_REWARDS, PretrainConfig
+from falcon_cli.config.schema.pretrain import (
+    CheckpointsConfig,
+    ComposerConfig,
+    EncodersConfig,
+    LoaderConfig,
+    LoggingConfig,
+    LossesConfig,
+    OptimizerConfig,
+    PretrainConfig,
+    PretrainEvalConfig,
+    RuntimeConfig,
+)
 from falcon_cli.config.schema.recipe import Recipe
+from falcon_cli.config.schema.scheduler import PER_PAIR_REWARDS, RewardConfig, SchedulerConfig, SchedulerUpdateConfig
 from falcon_cli.config.schema.unimodal import UnimodalConfig
 
 __all__ = [
     "AuditConfig",
+    "CheckpointsConfig",
+    "ComposerConfig",
     "DataConfig",
-    "DihtConfig",
     "EmbedConfig",
+    "EncodersConfig",
     "EvaluateConfig",
     "FalseNegativeMethod",
+    "FalseNegativesConfig",
     "FinetuneConfig",
-    "GlofndConfig",
+    "LoaderConfig",
     "Loggers",
-    "MafaConfig",
+    "LoggingConfig",
+    "LossesConfig",
     "Nlvr2EvalConfig",
     "Nlvr2FinetuneConfig",
+    "OptimizerConfig",
     "PER_PAIR_REWARDS",
     "PretrainConfig",
+    "PretrainEvalConfig",
     "Recipe",
     "RetrievalEvalConfig",
     "RetrievalFinetuneConfig",
-    "STAGE_ORDER",
+    "RewardConfig",
+    "RuntimeConfig",
+    "SchedulerConfig",
+    "SchedulerUpdateConfig",
     "SearchSpacesConfig",
     "Section",
-    "SrclConfig",
+    "STAGE_ORDER",
     "StageName",
     "TaskName",
     "TaskTraining",

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic import AfterValidator
 
+from falcon_cli.config.section import Section
 from falcon_cli.runtime.loggers import LoggerName
+
+__all__ = ["STAGE_ORDER", "Loggers", "Section", "StageName", "TaskName"]
 
 StageName = Literal[
     "data", "unimodal", "embed", "build_search_spaces", "pretrain", "audit_false_negatives", "finetune", "evaluate"
@@ -36,10 +39,3 @@ def _distinct_loggers(names: list[str]) -> list[str]:
 
 Loggers = Annotated[list[LoggerName], AfterValidator(_distinct_loggers)]
 """``pretrain.loggers`` / ``finetune.loggers``: where the metrics go (:mod:`falcon_cli.runtime.loggers`)."""
-
-
-class Section(BaseModel):
-    """Base of every config section: unknown keys are errors, every field has a docstring (read by
-    falcon_cli.field_docs, not at class creation: a fast CLI)."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)

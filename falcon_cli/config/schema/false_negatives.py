@@ -1,95 +1,101 @@
-"""The false-negative methods' sections: ``pretrain.mafa``, ``.srcl``, ``.diht`` and ``.glofnd``."""
+"""``pretrain.false_negatives``: which method treats likely false negatives, and each registered method's own
+section (``.mafa``, ``.srcl``, ``.diht``, ``.glofnd``, and a plugin's: :mod:`falcon_cli.registry`).
+
+The section is built when the schema is imported, from the methods registered then (falcon's own, from
+``falcon_cli/methods/``, and those of ``$FALCON_PLUGINS`` and installed entry points), so a contributor's method is
+validated, resolved and recorded like a built-in one."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field, create_model, model_validator
 
-from falcon_cli.config.paths import InputPath
-from falcon_cli.config.schema.base import Section
+from falcon_cli.config.section import Section
+from falcon_cli.registry import FALSE_NEGATIVE_METHODS, unknown_name_message
 
-FalseNegativeMethod = Literal["none", "mafa", "srcl", "diht", "glofnd"]
-"""The values of ``pretrain.false_negatives``."""
-
-
-class MafaConfig(Section):
-    """MAFA (``pretrain.false_negatives: mafa``): efficient connection mining with a frozen
-    connection discriminator, plus S-ITC label smoothing (docs/methods.md)."""
-
-    judge: Literal["oracle", "blip", "checkpoint"] = "checkpoint"
-    """The connection discriminator that scores each anchor's hardest in-batch candidate: a falcon
-    ``checkpoint``'s ITM head (the paper's Con-D), ``blip`` (a BLIP ITM head), or the shapes world's
-    ``oracle`` (an upper bound: a perfect discriminator)."""
-
-    judge_model: Annotated[str | None, InputPath(when="exists")] = None
-    """``checkpoint``: a falcon run or checkpoint directory (required); ``blip``: a hub id or local
-    directory (None = ``Salesforce/blip-itm-base-coco``)."""
-
-    high: float = Field(0.8, ge=0.0, le=1.0)
-    """p(match) above this turns the hardest negative into a positive (ITC target, ITM label, extra MLM
-    pair). MAFA: 0.8; FALCON's COCO reproduction needed 0.98."""
-
-    low: float = Field(0.5, ge=0.0, le=1.0)
-    """Between ``low`` and ``high`` the candidate is ambiguous: ITM uses the second-hardest negative."""
-
-    smoothing: float = Field(0.5, ge=0.0, le=1.0)
-    """S-ITC label smoothing α of the ITC targets, from epoch 1 on (0 in epoch 0)."""
-
-    mlm_pairs: Literal["per_direction", "distinct"] = "per_direction"
-    """Extra MLM pairs: one per conversion (``per_direction``, MAFA's code: a pair converted from
-    both its image and its caption joins the MLM set twice) or one per distinct converted pair
-    (``distinct``). Extra pairs reuse their caption's mask (MAFA masks each appended row afresh)."""
-
-    batch_size: int = Field(64, ge=1)
-    """Pairs per discriminator forward pass (model discriminators)."""
-
-    fp16: bool = False
-    """Run a model discriminator in fp16 autocast (CUDA only)."""
+NO_METHOD = "none"
+"""``false_negatives.method: none``: the framework's plain ITC, no method."""
 
 
-class SrclConfig(Section):
-    """SRCL (``pretrain.false_negatives: srcl``): negatives weighted by a frozen auxiliary model's and
-    the current model's similarity (a reconstruction; docs/methods.md)."""
-
-    aux_embeddings: Annotated[Path | None, InputPath()] = None
-    """The frozen auxiliary model's features of every pretraining pair, an ``embeddings.h5`` from
-    ``falcon embed``; None = the run's own ``embeddings/embeddings.h5``."""
-
-    delta: float = Field(5.0, ge=0.0)
-    """Sharpness of the weights ``w = (N - 1) softmax_j(-delta * cos_mix)``: 0 = plain InfoNCE; larger
-    down-weights negatives that look like the anchor more strongly."""
-
-    mix_until: float = Field(1.0, gt=0.0)
-    """The auxiliary model's share α falls linearly from 1 to 0 over this fraction of training."""
+def _registered(name: str) -> str:
+    if name != NO_METHOD and name not in FALSE_NEGATIVE_METHODS:
+        raise ValueError(
+            unknown_name_message("false-negative method", name, [NO_METHOD, *FALSE_NEGATIVE_METHODS.names()])
+        )
+    return name
 
 
-class DihtConfig(Section):
-    """DiHT's HN-NCE (``pretrain.false_negatives: diht``): importance-weighted hard negatives."""
-
-    beta: float = Field(0.5, ge=0.0)
-    """Hardness β of both directions: negatives weighted by ``(N - 1) softmax_j(β · logits)``; 0 = InfoNCE."""
-
-    alpha: float = Field(1.0, gt=0.0, le=1.0)
-    """Weight α of the positive in the denominator (1 = InfoNCE's)."""
+FalseNegativeMethod = Annotated[str, AfterValidator(_registered)]
+"""The values of ``pretrain.false_negatives.method``: ``none`` or a registered method's name."""
 
 
-class GlofndConfig(Section):
-    """GloFND (``pretrain.false_negatives: glofnd``): per-pair learned similarity thresholds; negatives
-    above them are dropped from the ITC denominators."""
+class FalseNegativesBase(Section):
+    """``pretrain.false_negatives``: the method that treats likely false negatives (it combines with any composer),
+    the same-image pairs, the oracle's diagnostic masks; :data:`FalseNegativesConfig` adds each registered method's
+    own settings."""
 
-    alpha: float = Field(0.01, gt=0.0, lt=1.0)
-    """The fraction of each anchor's negatives taken as false: λ tracks the (1 − α)-quantile of its similarities."""
+    method: FalseNegativeMethod = NO_METHOD
+    """How the losses treat likely false negatives (combines with any composer): ``mafa`` (connection
+    mining + S-ITC), ``srcl`` (similarity-regulated weights), ``diht`` (HN-NCE), ``glofnd`` (learned
+    thresholds), or a plugin's (docs/extending.md); ``none`` = plain ITC. All need ``losses.itc: grit``."""
+    same_image: Literal["negative", "mask"] = "negative"
+    """Pairs of a batch that show the same image (COCO: five captions per image; entries with the same
+    ``image_id``, or else the same image file): ``negative`` treats them as every other in-batch pair, as
+    ALBEF, GRIT-VLP and FALCON do, although each is a false negative by construction; ``mask`` removes them
+    from the ITC softmax denominators and from ITM negative mining (and from FALCON's ITC/ITM rewards).
+    ``mask`` needs ``losses.itc: grit`` and ``false_negatives.method`` ``none`` or ``glofnd``."""
+    oracle: Literal["keep", "mask", "mask_itc"] = "keep"
+    """A diagnostic on a shapes world, not a method: ``mask`` removes every in-batch pair that the world's oracle
+    says truly matches (pairs that show the same image included) from the ITC denominators and ITM mining, as
+    ``false_negatives.same_image: mask`` does for shared images. It reads the ground truth no real run has, so it
+    measures what the false negatives cost a composer: the most any false-negative method could win back.
+    ``mask_itc`` removes them from the ITC denominators alone (ITM mines its negatives as usual): the ceiling of a
+    method that changes only the ITC (GloFND, SRCL, DiHT). ``keep``: train as usual. Both masks need a shapes
+    world, ``losses.itc: grit`` and ``false_negatives.method: none``."""
 
-    lr: float = Field(0.05, gt=0.0)
-    """Adam learning rate of the thresholds (betas 0.9, 0.98)."""
+    def settings(self):
+        """The chosen method's own section (None for ``none``)."""
+        return None if self.method == NO_METHOD else getattr(self, self.method)
 
-    start_epoch: int = Field(1, ge=0)
-    """First epoch in which thresholds are learned and negatives dropped."""
+    @model_validator(mode="after")
+    def _check_method_and_masks(self) -> "FalseNegativesBase":
+        """The masks beside the methods."""
+        if self.same_image == "mask" and self.method != NO_METHOD:
+            if not FALSE_NEGATIVE_METHODS.get(self.method).same_image_mask:
+                raise ValueError(
+                    f"same_image=mask works with method none or glofnd (got {self.method}): MAFA, SRCL and DiHT "
+                    "handle false negatives their own way"
+                )
+        if self.oracle != "keep" and self.method != NO_METHOD:
+            raise ValueError(
+                f"oracle={self.oracle} works with method none (got {self.method}): it is the bound the "
+                "false-negative methods are measured against, not one to combine with them"
+            )
+        if self.oracle == "mask_itc" and self.same_image == "mask":
+            raise ValueError(
+                "oracle=mask_itc keeps ITM's mining as it is, and same_image=mask would change it: set one of "
+                "them (the oracle's ITC mask already holds every same-image pair)"
+            )
+        return self
 
-    adam_step: Literal["epoch", "count"] = "epoch"
-    """The step count t of the threshold Adam's bias correction (1 − β^t): ``epoch`` = the 0-based
-    training epoch + 1 for every pair (the authors' code, so the baseline reproduces it); ``count`` =
-    each pair's own number of updates (textbook per-index Adam). They differ when ``start_epoch`` > 0:
-    ``epoch`` takes smaller first steps (0.74 × lr from epoch 1, 0.46 × lr from epoch 15)."""
+
+def _with_method_sections() -> type[FalseNegativesBase]:
+    """:class:`FalseNegativesBase` with one section per registered method, named for it."""
+    names = FALSE_NEGATIVE_METHODS.names()  # (loads the plugins: falcon's own methods first)
+    fields = {
+        name: (
+            FALSE_NEGATIVE_METHODS.get(name).config,
+            Field(
+                default_factory=FALSE_NEGATIVE_METHODS.get(name).config,
+                description=f"{name}'s settings ({FALSE_NEGATIVE_METHODS.get(name).description}; "
+                f"{FALSE_NEGATIVE_METHODS.origins[name]}).",
+            ),
+        )
+        for name in names
+    }
+    return create_model("FalseNegativesConfig", __base__=FalseNegativesBase, __module__=__name__, **fields)
+
+
+FalseNegativesConfig = _with_method_sections()
+"""``pretrain.false_negatives``, with a section for each registered method (``.mafa``, ``.glofnd``, ...)."""
