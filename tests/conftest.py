@@ -245,6 +245,22 @@ def assert_same_training(reference: Path, run_dir: Path, keys: tuple[str, ...]) 
     assert (ref_log["q"].fillna(-1) - new_log["q"].fillna(-1)).abs().max() < 1e-5
 
 
+TINY_SHAPES_RUN = [
+    "data.shapes.images=40",
+    "data.tokenizer_vocab_size=200",
+    "data.verify_images=false",
+    "pretrain.epochs=2",
+    "pretrain.batch_size=16",
+    "pretrain.composer.search_space_size=48",
+    "pretrain.optim.warmup_steps=4",
+    "pretrain.logging.every=1",
+    "pretrain.runtime.device=cpu",
+    "pretrain.loader.num_workers=0",
+]
+"""A shapes recipe's smallest whole run: 40 images, 2 epochs of batch 16 on the CPU (the 0.2.0 fixture's runs and the
+plugin's test runs)."""
+
+
 TINY_FRAMEWORK_RUN = [
     "data.shapes.images=40",
     "data.tokenizer_vocab_size=200",

@@ -13,21 +13,10 @@ import pytest
 import yaml
 
 from falcon_cli.config.recipes import load_recipe
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, TINY_SHAPES_RUN, run_cli
 
 FIXTURE = REPO / "tests" / "fixtures" / "runs-0.2.0"
-OVERRIDES = [  # the fixture's command line (tiny runs), in today's keys
-    "data.shapes.images=40",
-    "data.tokenizer_vocab_size=200",
-    "data.verify_images=false",
-    "pretrain.epochs=2",
-    "pretrain.batch_size=16",
-    "pretrain.composer.search_space_size=48",
-    "pretrain.optim.warmup_steps=4",
-    "pretrain.logging.every=1",
-    "pretrain.runtime.device=cpu",
-    "pretrain.loader.num_workers=0",
-]
+OVERRIDES = TINY_SHAPES_RUN  # (the fixture's command line, in today's keys)
 R1 = {
     ("grit", 0): 40.0,
     ("grit", 1): 44.0,

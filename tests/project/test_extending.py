@@ -12,21 +12,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, TINY_SHAPES_RUN, run_cli
 
 PAGE = REPO / "docs" / "extending.md"
-TINY = [
-    "data.shapes.images=40",
-    "data.tokenizer_vocab_size=200",
-    "data.verify_images=false",
-    "pretrain.epochs=2",
-    "pretrain.batch_size=16",
-    "pretrain.composer.search_space_size=48",
-    "pretrain.optim.warmup_steps=4",
-    "pretrain.logging.every=1",
-    "pretrain.runtime.device=cpu",
-    "pretrain.loader.num_workers=0",
-]
+TINY = TINY_SHAPES_RUN
 
 
 def page_block(language: str, first_line: str) -> str:
