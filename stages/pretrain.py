@@ -147,7 +147,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
     objective = build_objective(framework, model, p.losses, method).to(device)
     false_negatives = objective.false_negatives  # (the method, or the framework's plain ITC)
     if p.runtime.compile:
-        model.compile_encoders(mode=p.compile_mode)
+        model.compile_encoders(mode=p.runtime.compile_mode)
     optimizer = build_optimizer(objective, p.optim.lr, p.optim.weight_decay)
     scaler = grad_scaler(precision, device)
     trainer = data_parallel(objective, device) if distributed else objective
@@ -205,7 +205,7 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
         console.print(
             f"[bold]pretrain[/] {p.model} ({model.num_parameters() / 1e6:.1f}M parameters) on {device}, "
             f"{precision}; {len(dataset):,} pairs; batch {p.batch_size} × {world} processes = "
-            f"global batch {p.batch_size * world}; composer {p.composer}; {p.epochs} epochs"
+            f"global batch {p.batch_size * world}; composer {p.composer.name}; {p.epochs} epochs"
         )
 
     # 4. Checkpoints hold everything, so a resumed run continues exactly: the model alone (loadable by every

@@ -38,4 +38,4 @@ def _distinct_loggers(names: list[str]) -> list[str]:
 
 
 Loggers = Annotated[list[LoggerName], AfterValidator(_distinct_loggers)]
-"""``pretrain.loggers`` / ``finetune.loggers``: where the metrics go (:mod:`falcon_cli.runtime.loggers`)."""
+"""``pretrain.logging.loggers`` / ``finetune.loggers``: where the metrics go (:mod:`falcon_cli.runtime.loggers`)."""

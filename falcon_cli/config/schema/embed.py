@@ -57,7 +57,7 @@ class SearchSpacesConfig(Section):
 
     size: int | None = Field(None, ge=1)
     """Search-space size |M|: pairs per space (the last space holds the remainder); None =
-    ``pretrain.search_space_size``, the |M| the batch composers use."""
+    ``pretrain.composer.search_space_size``, the |M| the batch composers use."""
 
     seed: int | None = Field(None, ge=0)
     """Seed of the partition (epoch e uses seed + e); None = the recipe's ``seed``."""

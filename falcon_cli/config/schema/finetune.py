@@ -130,10 +130,10 @@ class FinetuneConfig(Section):
     log_every: int = Field(10, ge=1)
     """Write a ``finetune/<task>/metrics.jsonl`` record every N steps."""
     preempt_grace_s: float = Field(30.0, gt=0)
-    """As ``pretrain.preempt_grace_s``: on SIGTERM, SIGUSR1 or SIGUSR2 every rank finishes its step, the task
+    """As ``pretrain.runtime.preempt_grace_s``: on SIGTERM, SIGUSR1 or SIGUSR2 every rank finishes its step, the task
     checkpoints that exact point and the command exits with status 75 (``--resume`` continues from it)."""
     loggers: Loggers = ["jsonl"]
-    """Where the metrics go, as ``pretrain.loggers``: ``jsonl`` (always written), ``tensorboard``, ``wandb``,
+    """Where the metrics go, as ``pretrain.logging.loggers``: ``jsonl`` (always written), ``tensorboard``, ``wandb``,
     ``mlflow``, each task's under ``finetune/<task>/loggers/<name>/`` (docs/monitoring.md)."""
 
     @model_validator(mode="after")

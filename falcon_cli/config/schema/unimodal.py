@@ -13,9 +13,9 @@ from falcon_cli.config.schema.base import Section
 
 class UnimodalConfig(Section):
     """The ``unimodal`` stage (shapes worlds): ALBEF's DeiT and BERT in miniature, trained once per world, model
-    and seed and cached (``falcon_cli/models/unimodal.py``); pretraining takes them with ``pretrain.vision_weights:
-    unimodal`` and ``pretrain.text_weights: unimodal``. The encoders have ``pretrain.model``'s architecture at
-    ``pretrain.image_size``."""
+    and seed and cached (``falcon_cli/models/unimodal.py``); pretraining takes them with
+    ``pretrain.encoders.vision_weights: unimodal`` and ``pretrain.encoders.text_weights: unimodal``. The encoders have
+    ``pretrain.model``'s architecture at ``pretrain.encoders.image_size``."""
 
     image_epochs: int = Field(30, ge=0)
     """Epochs of the image encoder over the world's training images: per grid cell, classify the shape, the colour
