@@ -214,7 +214,7 @@ def test_captions_padded_to_one_length():
 @pytest.mark.parametrize(
     "overrides, expected",
     [
-        (["pretrain.false_negatives.method=mafa"], "cannot capture false_negatives=mafa: MAFA asks its judge"),
+        (["pretrain.false_negatives.method=mafa"], "cannot capture false_negatives.method=mafa: it asks the host"),
         (["pretrain.runtime.compile=true"], "set one of them"),
     ],
 )
