@@ -1,20 +1,23 @@
 """The pretrain stage: ALBEF (ITC + ITM + MLM), BLIP-2 stage-1 (ITC + ITM + ITG) or dual-encoder (sigmoid or InfoNCE
 contrastive + captioning) pretraining with a batch composer.
 
-``run`` reads top to bottom:
+It is built, then trained, as a torchtune recipe is: ``run`` is ``train(build(config, run))``.
+
+:func:`build` reads top to bottom:
 1. processes, device, precision and seeds (torchrun or a plain process);
 2. data, the run's tokenizer, the model, the false-negative method and the objective (the framework
    record builds them: falcon_cli/frameworks.py), optimizer and scaler;
 3. the batch composer (uniform, GRIT, a fixed or progressive quantile, or FALCON with its learned
-   scheduler; one protocol), the embedding cache it reads, and the epoch's batches
-   (:class:`~falcon_cli.sampling.epochs.EpochBatches`);
+   scheduler; found by name, falcon_cli/methods/composers.py), the embedding cache it reads, the epoch's batches
+   (:class:`~falcon_cli.sampling.epochs.EpochBatches`), and the composer's hooks around each step
+   (:mod:`falcon_cli.sampling.step_hooks`: FALCON's reward and scheduler update; nothing for the others);
 4. the training state (:class:`~falcon_cli.runtime.train_state.TrainState`): every stateful part named
-   once, restored on ``--resume`` so the run continues exactly where it stopped;
-5. the epoch loop: compose the epoch's batches from the cache of the previous epoch (FALCON: one
-   batch at a time, because batch k + 1 depends on the scheduler after step k), train on them,
-   reward and update the scheduler (FALCON, :class:`~falcon_cli.sampling.falcon_step.FalconStep`),
-   fill the cache from the training forward itself (no extra pass), checkpoint, write the cache to
-   ``embeddings/epoch_<e>.h5``;
+   once, restored on ``--resume`` so the run continues exactly where it stopped.
+
+:func:`train` is the loop:
+5. each epoch composed from the cache of the previous epoch (FALCON: one batch at a time, because batch k + 1
+   depends on the scheduler after step k); each step's forward, update and hooks; the cache filled from the
+   training forward itself (no extra pass); checkpoints; the cache written to ``embeddings/epoch_<e>.h5``;
 6. zero-shot ITC retrieval on the test split, before and after training.
 
 Single process: ``falcon pretrain --recipe shapes-demo``. Several: ``torchrun
@@ -27,8 +30,9 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -76,18 +80,72 @@ from falcon_cli.runtime.update import UpdateStep
 from falcon_cli.sampling.batch_log import BatchLog, part_name, read_batch_log
 from falcon_cli.sampling.epochs import EpochBatches, build_composer
 from falcon_cli.sampling.falcon_step import FalconStep
-from falcon_cli.sampling.oracle_view import composition_summary
 from falcon_cli.sampling.scheduler import NegativeScheduler
 from falcon_cli.sampling.scheduler_features import SchedulerFeatures
 from falcon_cli.sampling.sharded_cache import ShardedCache
+from falcon_cli.sampling.step_hooks import STEP_LOGGED, step_hooks
 from falcon_cli.sampling.warm_start import WarmStart, load_warm_start
 
 log = logging.getLogger("falcon")
 console = make_console(stderr=True)
 
 
+@dataclass
+class Pretraining:
+    """Everything :func:`build` assembled for :func:`train`: the process, the data, the model and its objective, the
+    batches and their composer's hooks, the training state, the logs."""
+
+    config: Any
+    run: Any
+    p: Any
+    device: Any
+    distributed: Any
+    rank: Any
+    world: Any
+    main: Any
+    precision: Any
+    loggers: Any
+    spec: Any
+    tokenizer: Any
+    framework: Any
+    model: Any
+    resolution: Any
+    dataset: Any
+    fingerprint: Any
+    excluded: Any
+    masked_key: Any
+    objective: Any
+    false_negatives: Any
+    optimizer: Any
+    trainer: Any
+    forward: Any
+    collate: Any
+    special: Any
+    cache: Any
+    epochs: Any
+    batch_log: Any
+    hooks: Any
+    generators: Any
+    flags: Any
+    metrics: Any
+    total_steps: Any
+    state: Any
+    results: Any
+    update_model: Any
+    profiler: Any
+    eval_split: Any
+    positives: Any
+    preloaded: Any
+    preemption: Any
+
+
 def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: bool = False) -> dict:
     """Pretrain according to ``config.pretrain``; returns the summary recorded in the manifest."""
+    return train(build(config, run, resume=resume, overwrite=overwrite))
+
+
+def build(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: bool = False) -> Pretraining:
+    """Every part of the pretraining, restored from the latest checkpoint on ``resume`` (steps 1 to 4 above)."""
     p = config.pretrain
 
     # 1. Processes, device, precision, seeds. Every rank draws its own randomness (seed + rank).
@@ -198,6 +256,9 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
         warm=warm,
         max_steps=p.max_steps_per_epoch,
     )
+    hooks = step_hooks(
+        falcon, epochs, batch_log, lag=p.scheduler.lag, overlap=p.scheduler.overlap
+    )  # (FALCON's work around each step)
     flags = FlagsAgainstOracle(false_negatives, truth, device) if truth is not None else None
     metrics = MetricsLog(run.path / "metrics.jsonl", loggers)
     total_steps = sum(epochs.steps(e) for e in range(p.epochs))
@@ -270,200 +331,251 @@ def run(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite: b
         checkpoints=state.directory,
         say=console.print,
     ).install()
+    return Pretraining(
+        config=config,
+        run=run,
+        p=p,
+        device=device,
+        distributed=distributed,
+        rank=rank,
+        world=world,
+        main=main,
+        precision=precision,
+        loggers=loggers,
+        spec=spec,
+        tokenizer=tokenizer,
+        framework=framework,
+        model=model,
+        resolution=resolution,
+        dataset=dataset,
+        fingerprint=fingerprint,
+        excluded=excluded,
+        masked_key=masked_key,
+        objective=objective,
+        false_negatives=false_negatives,
+        optimizer=optimizer,
+        trainer=trainer,
+        forward=forward,
+        collate=collate,
+        special=special,
+        cache=cache,
+        epochs=epochs,
+        batch_log=batch_log,
+        hooks=hooks,
+        generators=generators,
+        flags=flags,
+        metrics=metrics,
+        total_steps=total_steps,
+        state=state,
+        results=results,
+        update_model=update_model,
+        profiler=profiler,
+        eval_split=eval_split,
+        positives=positives,
+        preloaded=preloaded,
+        preemption=preemption,
+    )
 
-    # 5. Train. Each epoch is composed from the cache of the previous one (FALCON: one batch at a time, as
-    # batch k + 1 depends on the scheduler after step k); the cache fills from the training forward itself.
+
+def train(t: Pretraining) -> dict:
+    """The epoch loop (step 5), then zero-shot retrieval (step 6); returns the summary recorded in the manifest. Each
+    epoch is composed from the cache of the previous one; the cache fills from the training forward itself. What a
+    composer does around each step is behind ``t.hooks`` (:mod:`falcon_cli.sampling.step_hooks`)."""
+    p, state, epochs, metrics, hooks = t.p, t.state, t.epochs, t.metrics, t.hooks
     for epoch in range(state.epoch, p.epochs):
-        dataset.set_epoch(epoch)
-        if (
-            p.encoders.vision_trainable_epochs
-            and epoch >= p.encoders.vision_trainable_epochs
-            and model.vision_trainable
-        ):
-            model.set_image_encoder_trainable(False)  # frozen from here on, as BLIP-2's; DDP wraps what still trains
-            trainer = data_parallel(objective, device) if distributed else objective
-            forward = training_forward(trainer, p, precision, device)
+        t.dataset.set_epoch(epoch)
+        if p.encoders.vision_trainable_epochs and epoch >= p.encoders.vision_trainable_epochs:
+            freeze_image_encoder(t)  # (BLIP-2 without a pretrained image encoder: frozen from here on)
         if epochs.begin(epoch):  # composed now (not resumed in the middle of it)
             state.batch_index = 0
-            if falcon is not None:
-                falcon.reset()
+            hooks.epoch_composed()
             if epochs.summary is not None:  # a quantile epoch composed up front: its q and the oracle's view
                 metrics.write(step=state.step, epoch=epoch, kind="epoch_summary", **epochs.summary)
-        falcon_epoch = falcon is not None and epochs.on_demand(epoch)
-        # (scheduler_overlap: one step of the lag is the scheduler's own, the loader composes the rest ahead)
+        hooks.begin_epoch(epoch)
         loader, total = epochs.loader(
-            dataset,
-            collate,
+            t.dataset,
+            t.collate,
             state.batch_index,
             num_workers=p.loader.num_workers,
-            lag=p.scheduler.lag - p.scheduler.overlap,
-            pin_memory=device.type == "cuda",
-            seed=config.seed + epoch,
+            lag=hooks.lag,
+            pin_memory=t.device.type == "cuda",
+            seed=t.config.seed + epoch,
         )
-        if falcon_epoch:  # (composition is FALCON's host work: on its own stream under scheduler_overlap)
-            loader = falcon.compose_within(loader)
         tick, seen = time.perf_counter(), 0
         for index, batch in enumerate(
-            track(loader, f"epoch {epoch}", total=total - state.batch_index), start=state.batch_index
+            track(hooks.loader(loader), f"epoch {epoch}", total=total - state.batch_index), start=state.batch_index
         ):
-            profiler.before(state.step)
-            lr = learning_rate(
-                state.step,
-                epoch,
-                lr=p.optim.lr,
-                min_lr=p.optim.min_lr,
-                warmup_lr=p.optim.warmup_lr,
-                warmup_steps=p.optim.warmup_steps,
-                cosine_epochs=p.optim.cosine_epochs or p.epochs,
-            )
-            set_learning_rate(optimizer, lr)
-            inputs, pair_ids = step_inputs(
-                batch,
-                device,
-                preloaded,
-                generators["mask"] if framework.masked_language else None,
-                p.losses.mlm_probability,
-                special,
-            )
-            same_image = excluded(pair_ids) if excluded is not None else None
-            if falcon_epoch:  # L(θ_k) from a no-grad pass, where the reward needs one
-                falcon.before(objective, inputs, same_image)
+            t.profiler.before(state.step)
+            lr = step_learning_rate(p, state.step, epoch)
+            set_learning_rate(t.optimizer, lr)
+            mask = t.generators["mask"] if t.framework.masked_language else None
+            inputs, pair_ids = step_inputs(batch, t.device, t.preloaded, mask, p.losses.mlm_probability, t.special)
+            same_image = t.excluded(pair_ids) if t.excluded is not None else None
+            hooks.before_step(t.objective, inputs, same_image)
             context = StepContext(
-                pair_ids, epoch, state.step, total_steps, same_image, mask_itm=p.false_negatives.oracle != "mask_itc"
+                pair_ids, epoch, state.step, t.total_steps, same_image, mask_itm=p.false_negatives.oracle != "mask_itc"
             )
-            out = forward(inputs, alpha_ramp(p.losses.distill_alpha, index, total, epoch), generators["itm"], context)
-            losses = {name: getattr(out, name) for name in framework.losses}  # (itc, itm, and mlm or itg)
-            after = state.step + 1  # (reading the non-finite verdict is a host sync: only where the loop syncs anyway;
-            # FALCON's reward read syncs every step, except under scheduler_overlap, whose update reads the verdict)
-            update_model(
+            ramp = alpha_ramp(p.losses.distill_alpha, index, total, epoch)
+            out = t.forward(inputs, ramp, t.generators["itm"], context)
+            losses = {name: getattr(out, name) for name in t.framework.losses}  # (itc, itm, and mlm or itg)
+            after = state.step + 1  # (the non-finite verdict is a host sync: read only where the loop syncs anyway)
+            t.update_model(
                 out.loss,
                 losses,
                 epoch,
                 state.step,
-                sync=(falcon_epoch and not p.scheduler.overlap)
+                sync=hooks.syncs
                 or after % p.logging.every == 0
                 or index == total - 1
                 or bool(p.checkpoints.every and after % p.checkpoints.every == 0),
             )
-            update = {}
-            if falcon_epoch:  # the reward of this batch, and the scheduler's REINFORCE update
-                update = falcon.after(
-                    objective,
-                    out,
-                    losses,
-                    inputs,
-                    same_image,
-                    *epochs.take(batch["pair_ids"]),
-                    halted=update_model.guard.halted if p.scheduler.overlap else None,
-                )
-                if update.get("halted"):  # (scheduler_overlap: a step after a non-finite one updates nothing)
-                    update_model.check()
+            halted = t.update_model.guard.halted
+            logged = hooks.after_step(t.objective, out, losses, inputs, same_image, batch["pair_ids"], halted)
+            if logged.get("halted"):  # (an update that waited for this step found a non-finite one before it)
+                t.update_model.check()
             # Every rank's features: a rank's next shard holds pairs the other ranks train now.
-            cache.update(D.all_gather_cat(pair_ids), D.all_gather_cat(out.image_feat), D.all_gather_cat(out.text_feat))
-            if flags is not None:  # what the method flagged vs the oracle
-                flags.observe(batch["pair_ids"])
+            t.cache.update(
+                D.all_gather_cat(pair_ids), D.all_gather_cat(out.image_feat), D.all_gather_cat(out.text_feat)
+            )
+            if t.flags is not None:  # what the method flagged vs the oracle
+                t.flags.observe(batch["pair_ids"])
             state.step += 1
             D.note_step(epoch, state.step)  # (under torchrun: the line a lost rank's peers print names this step)
-            seen += len(pair_ids) * world
-            profiler.after(state.step)
-
+            seen += len(pair_ids) * t.world
+            t.profiler.after(state.step)
             if state.step % p.logging.every == 0 or index == total - 1:
-                elapsed = time.perf_counter() - tick
-                metrics.write(
-                    step=state.step,
-                    epoch=epoch,
-                    **mean_over_ranks(out.loss, losses),
-                    lr=lr,
-                    temperature=out.temperature,
-                    pairs_per_s=seen / max(elapsed, 1e-9),
-                    elapsed_s=elapsed,
-                    text_tokens=inputs[1].shape[1],
-                    peak_memory_mib=peak_memory_mib(device),
-                    sampler=epochs.sampler(index),
-                    **{k: update.get(k) for k in FALCON_LOGGED},
-                    **({masked_key: same_image.sum()} if same_image is not None else {}),
-                    **false_negatives.stats,
-                )
+                log_step(t, epoch, index, out, losses, lr, logged, same_image, inputs, seen, tick)
             if p.checkpoints.every and state.step % p.checkpoints.every == 0 and index + 1 < total:
-                preemption.save(state, epoch, index + 1)
-            if preemption.requested():  # (a host-side all-reduce under torchrun: every rank stops after this step)
-                raise preemption.stop_after_step(state, epoch, index + 1)
+                t.preemption.save(state, epoch, index + 1)
+            if t.preemption.requested():  # (a host-side all-reduce under torchrun: every rank stops after this step)
+                raise t.preemption.stop_after_step(state, epoch, index + 1)
+        end_epoch(t, epoch, seen, tick, out)
+    t.preemption.uninstall()
+    return finish(t)
 
-        if falcon_epoch and falcon.flush().get("halted"):  # (scheduler_overlap: the epoch's last update, still waiting)
-            update_model.check()
-        flagged = flags.epoch_summary() if flags is not None else None  # precision / recall against the oracle
-        if flagged is not None:
-            metrics.write(step=state.step, epoch=epoch, kind="false_negatives", **flagged)
-        if falcon_epoch:  # what the scheduler did this epoch (this rank)
-            metrics.write(
-                step=state.step,
-                epoch=epoch,
-                kind="epoch_summary",
-                **composition_summary(batch_log.rows(epoch), falcon.rewards, falcon.credited, falcon.judged),
-            )
-        epochs.end()
-        if loggers and COMPOSERS.get(p.composer.name).draws_q:  # the epoch's q's (this rank's), as a histogram
-            metrics.histogram(
-                "epoch_summary/q", read_batch_log(batch_log.path / part_name(epoch, rank))["q"], state.step
-            )
-        # (every rank: rank 0 gathers the ranks' rows and writes them)
-        path = cache.save(
-            run.path / "embeddings" / f"epoch_{epoch:03d}.h5",
-            {
-                "model": p.model,
-                "checkpoint": f"step {state.step}",
-                "dataset": spec.name,
-                "split": "pretrain",
-                "epoch": epoch,
-                FINGERPRINT_ATTR: fingerprint,
-            },
+
+def freeze_image_encoder(t: Pretraining) -> None:
+    """BLIP-2's image encoder frozen from ``pretrain.encoders.vision_trainable_epochs`` on; DDP wraps what still
+    trains, and the step's forward is built again around it."""
+    if not t.model.vision_trainable:
+        return
+    t.model.set_image_encoder_trainable(False)
+    t.trainer = data_parallel(t.objective, t.device) if t.distributed else t.objective
+    t.forward = training_forward(t.trainer, t.p, t.precision, t.device)
+
+
+def step_learning_rate(p, step: int, epoch: int) -> float:
+    """The VLP model's learning rate at ``step`` (``pretrain.optim``: warm-up, then the per-epoch cosine)."""
+    o = p.optim
+    return learning_rate(
+        step,
+        epoch,
+        lr=o.lr,
+        min_lr=o.min_lr,
+        warmup_lr=o.warmup_lr,
+        warmup_steps=o.warmup_steps,
+        cosine_epochs=o.cosine_epochs or p.epochs,
+    )
+
+
+def log_step(t: Pretraining, epoch, index, out, losses, lr, logged, same_image, inputs, seen, tick) -> None:
+    """One ``metrics.jsonl`` record of the step just trained (the losses averaged over ranks)."""
+    elapsed = time.perf_counter() - tick
+    t.metrics.write(
+        step=t.state.step,
+        epoch=epoch,
+        **mean_over_ranks(out.loss, losses),
+        lr=lr,
+        temperature=out.temperature,
+        pairs_per_s=seen / max(elapsed, 1e-9),
+        elapsed_s=elapsed,
+        text_tokens=inputs[1].shape[1],
+        peak_memory_mib=peak_memory_mib(t.device),
+        sampler=t.epochs.sampler(index),
+        **{k: logged.get(k) for k in STEP_LOGGED},
+        **({t.masked_key: same_image.sum()} if same_image is not None else {}),
+        **t.false_negatives.stats,
+    )
+
+
+def end_epoch(t: Pretraining, epoch: int, seen: int, tick: float, out) -> None:
+    """What ends an epoch: the composer's and the method's records, the cache written to ``embeddings/``, the learning
+    curve's point, a checkpoint at the next epoch's start."""
+    p, state, metrics = t.p, t.state, t.metrics
+    halted, record = t.hooks.end_epoch(epoch)
+    if halted:  # (scheduler.overlap: the epoch's last update, still waiting, found a non-finite step)
+        t.update_model.check()
+    flagged = t.flags.epoch_summary() if t.flags is not None else None  # precision / recall against the oracle
+    if flagged is not None:
+        metrics.write(step=state.step, epoch=epoch, kind="false_negatives", **flagged)
+    if record is not None:  # what the scheduler did this epoch (this rank)
+        metrics.write(step=state.step, epoch=epoch, kind="epoch_summary", **record)
+    t.epochs.end()
+    if t.loggers and COMPOSERS.get(p.composer.name).draws_q:  # the epoch's q's (this rank's), as a histogram
+        q = read_batch_log(t.batch_log.path / part_name(epoch, t.rank))["q"]
+        metrics.histogram("epoch_summary/q", q, state.step)
+    # (every rank: rank 0 gathers the ranks' rows and writes them)
+    path = t.cache.save(
+        t.run.path / "embeddings" / f"epoch_{epoch:03d}.h5",
+        {
+            "model": p.model,
+            "checkpoint": f"step {state.step}",
+            "dataset": t.spec.name,
+            "split": "pretrain",
+            "epoch": epoch,
+            FINGERPRINT_ATTR: t.fingerprint,
+        },
+    )
+    if t.main:
+        t.run.add_artifact(path, schema="embeddings", schema_version=1)
+    if t.eval_split is not None and p.eval.every and (epoch + 1) % p.eval.every == 0 and epoch + 1 < p.epochs:
+        metrics.write(step=state.step, epoch=epoch, kind="zero_shot", **zero_shot(t))  # the learning curve
+    t.preemption.save(state, epoch + 1, 0)
+    if t.preemption.requested():  # (during the epoch's end: its checkpoint is the place to continue from)
+        raise t.preemption.stop_after_step(state, epoch + 1, 0)
+    if seen:  # (log.txt shows each epoch even with no progress bar: sweeps, cluster jobs)
+        elapsed = time.perf_counter() - tick
+        log_epoch(
+            "pretrain",
+            epoch,
+            p.epochs,
+            steps=state.step,
+            loss=float(out.loss.detach()),
+            pairs_per_s=seen / elapsed,
+            seconds=elapsed,
         )
-        if main:
-            run.add_artifact(path, schema="embeddings", schema_version=1)
-        if eval_split is not None and p.eval.every and (epoch + 1) % p.eval.every == 0 and epoch + 1 < p.epochs:
-            curve = zero_shot_retrieval(
-                model, eval_split, tokenizer, device, positives=positives, max_length=p.encoders.max_text_length
-            )
-            metrics.write(step=state.step, epoch=epoch, kind="zero_shot", **curve)  # the learning curve
-        preemption.save(state, epoch + 1, 0)
-        if preemption.requested():  # (during the epoch's end: its checkpoint is the place to continue from)
-            raise preemption.stop_after_step(state, epoch + 1, 0)
-        if seen:  # (log.txt shows each epoch even with no progress bar: sweeps, cluster jobs)
-            elapsed = time.perf_counter() - tick
-            log_epoch(
-                "pretrain",
-                epoch,
-                p.epochs,
-                steps=state.step,
-                loss=float(out.loss.detach()),
-                pairs_per_s=seen / elapsed,
-                seconds=elapsed,
-            )
 
-    preemption.uninstall()
 
-    # 6. Zero-shot retrieval with the trained model (ITC only; ITM re-ranking is `falcon evaluate`).
-    if eval_split is not None:
-        results["trained"] = zero_shot_retrieval(
-            model, eval_split, tokenizer, device, positives=positives, max_length=p.encoders.max_text_length
-        )
+def zero_shot(t: Pretraining) -> dict:
+    """Zero-shot ITC retrieval of the model as it is, on the eval split (rank 0)."""
+    return zero_shot_retrieval(
+        t.model, t.eval_split, t.tokenizer, t.device, positives=t.positives, max_length=t.p.encoders.max_text_length
+    )
+
+
+def finish(t: Pretraining) -> dict:
+    """Step 6: zero-shot retrieval with the trained model (ITC only; ITM re-ranking is `falcon evaluate`), the run's
+    figures; the summary recorded in the manifest."""
+    p, state = t.p, t.state
+    if t.eval_split is not None:
+        t.results["trained"] = zero_shot(t)
         if p.eval.every:  # the curve's last point
-            metrics.write(step=state.step, epoch=p.epochs - 1, kind="zero_shot", **results["trained"])
-        write_results(run, results, split=p.eval.split, resolution=resolution, step=state.step)
+            t.metrics.write(step=state.step, epoch=p.epochs - 1, kind="zero_shot", **t.results["trained"])
+        write_results(t.run, t.results, split=p.eval.split, resolution=t.resolution, step=state.step)
     D.barrier()
-    if main:
-        record_artifacts(run, with_q_figure=COMPOSERS.get(p.composer.name).draws_q)
-        metrics.image(Q_FIGURE, run.path / f"{Q_FIGURE}.png", state.step)
-    metrics.close()
+    if t.main:
+        record_artifacts(t.run, with_q_figure=COMPOSERS.get(p.composer.name).draws_q)
+        t.metrics.image(Q_FIGURE, t.run.path / f"{Q_FIGURE}.png", state.step)
+    t.metrics.close()
     return {
         "steps": state.step,
         "epochs": p.epochs,
-        "pairs": len(dataset),
-        "world_size": world,
-        "precision": precision,
-        "device": str(device),
-        "retrieval": results,
-        "dataset_fingerprint": fingerprint,
+        "pairs": len(t.dataset),
+        "world_size": t.world,
+        "precision": t.precision,
+        "device": str(t.device),
+        "retrieval": t.results,
+        "dataset_fingerprint": t.fingerprint,
     }  # (`falcon compare` refuses runs of other pairs)
 
 
@@ -511,7 +623,6 @@ def preload_images(dataset, device: torch.device, num_workers: int) -> Preloaded
     return preloaded
 
 
-FALCON_LOGGED = ("reward", "advantage", "concentration")
 """What a step's record says of FALCON's update (None outside FALCON epochs)."""
 
 
