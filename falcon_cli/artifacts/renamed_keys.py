@@ -155,12 +155,16 @@ def renamed_key(key: str, value: Any = None) -> str | None:
     if key in RENAMED:
         old = key.removeprefix("pretrain.")
         return None if old in _SECTION_NAMES and isinstance(value, dict) else RENAMED[key]
-    head, _, rest = key.rpartition(".")
+    head = key.rpartition(".")[0]
     while head:  # a key inside a renamed section (pretrain.mafa.high); not inside a new one that kept its name
         if head in RENAMED and head.removeprefix("pretrain.") not in _SECTION_NAMES:
             return f"{RENAMED[head]}.{key[len(head) + 1 :]}"
-        head, _, rest = head.rpartition(".")
+        head = head.rpartition(".")[0]
     return None
+
+
+def _tell_renamed(source: str, old: str, new: str) -> None:
+    _tell(f"{source}: '{old}' is '{new}' since {RENAMED_IN} (the old key is read until the next release)")
 
 
 def upgrade_override(key: str, value: Any, source: str) -> str:
@@ -168,7 +172,7 @@ def upgrade_override(key: str, value: Any, source: str) -> str:
     new = renamed_key(key, value)
     if new is None:
         return key
-    _tell(f"{source}: '{key}' is '{new}' since {RENAMED_IN} (the old key is read until the next release)")
+    _tell_renamed(source, key, new)
     return new
 
 
@@ -200,16 +204,22 @@ def _moved(pretrain: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[str, st
     return out, moves
 
 
-def upgrade_mapping(raw: dict[str, Any], source: str) -> dict[str, Any]:
-    """A recipe mapping (one file, or a whole config) with every old ``pretrain`` key under its new name; one line
-    on stderr per old key, naming the new one. Raises ValueError when a key is set under both names."""
+def renamed_mapping(raw: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """A recipe mapping (one file, or a whole config) with every old ``pretrain`` key under its new name, and the
+    ``(old, new)`` keys moved; nothing printed. Raises ValueError when a key is set under both names."""
     pretrain = raw.get("pretrain")
     if not isinstance(pretrain, dict):
-        return raw
+        return raw, []
     moved, moves = _moved(pretrain)
+    return ({**raw, "pretrain": moved} if moves else raw), moves
+
+
+def upgrade_mapping(raw: dict[str, Any], source: str) -> dict[str, Any]:
+    """:func:`renamed_mapping`, with one line on stderr per old key, naming the new one."""
+    upgraded, moves = renamed_mapping(raw)
     for old, new in moves:
-        _tell(f"{source}: '{old}' is '{new}' since {RENAMED_IN} (the old key is read until the next release)")
-    return {**raw, "pretrain": moved} if moves else raw
+        _tell_renamed(source, old, new)
+    return upgraded
 
 
 def upgrade_stored(config: dict[str, Any], source: str) -> dict[str, Any]:

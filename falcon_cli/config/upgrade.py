@@ -9,8 +9,6 @@ anything is written, and written atomically).
 
 from __future__ import annotations
 
-import contextlib
-import io
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from falcon_cli.artifacts.atomic import write_text
-from falcon_cli.artifacts.renamed_keys import renamed_key, upgrade_mapping
+from falcon_cli.artifacts.renamed_keys import renamed_key, renamed_mapping
 from falcon_cli.errors import FalconError
 
 _KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][A-Za-z0-9_]*):(?P<rest>.*)$")
@@ -108,7 +106,7 @@ def upgrade_text(text: str, source: str) -> tuple[str, list[tuple[str, str]]]:
         )
     out: list[str] = []
 
-    def emit(items: list[_Entry], depth: int, prefix: list[str]) -> None:
+    def emit(items: list[_Entry], depth: int) -> None:
         placed: set[str] = set()
         for entry in items:
             if len(entry.target) == depth + 1 or not entry.target:
@@ -124,13 +122,9 @@ def upgrade_text(text: str, source: str) -> tuple[str, list[tuple[str, str]]]:
                 continue
             placed.add(section)
             out.append(" " * (indent * (depth + 1)) + f"{section}:")
-            emit(
-                [e for e in items if e.target[depth : depth + 1] == [section] and len(e.target) > depth],
-                depth + 1,
-                [*prefix, section],
-            )
+            emit([e for e in items if e.target[depth : depth + 1] == [section]], depth + 1)
 
-    emit(entries, 0, [])
+    emit(entries, 0)
     new_text = "\n".join([*lines[:start], *out, *lines[end:]]) + ("\n" if text.endswith("\n") else "")
     return new_text, moves
 
@@ -142,9 +136,7 @@ def upgrade_file(path: Path, check: bool = False) -> list[tuple[str, str]]:
     new_text, moves = upgrade_text(text, str(path))
     if not moves:
         return []
-    with contextlib.redirect_stderr(io.StringIO()):  # (upgrade_mapping's own deprecation lines: not the point here)
-        expected = upgrade_mapping(yaml.safe_load(text) or {}, str(path))
-    if yaml.safe_load(new_text) != expected:
+    if yaml.safe_load(new_text) != renamed_mapping(yaml.safe_load(text) or {})[0]:
         raise FalconError(
             f"{path}: cannot rewrite its keys keeping its comments (an unusual layout); move them by hand "
             "(CHANGELOG 0.3.0 lists them)"

@@ -82,17 +82,16 @@ class FalseNegativesBase(Section):
 
 def _with_method_sections() -> type[FalseNegativesBase]:
     """:class:`FalseNegativesBase` with one section per registered method, named for it."""
-    names = FALSE_NEGATIVE_METHODS.names()  # (loads the plugins: falcon's own methods first)
+    FALSE_NEGATIVE_METHODS.names()  # (loads the plugins: falcon's own methods first)
     fields = {
         name: (
-            FALSE_NEGATIVE_METHODS.get(name).config,
+            method.config,
             Field(
-                default_factory=FALSE_NEGATIVE_METHODS.get(name).config,
-                description=f"{name}'s settings ({FALSE_NEGATIVE_METHODS.get(name).description}; "
-                f"{FALSE_NEGATIVE_METHODS.origins[name]}).",
+                default_factory=method.config,
+                description=f"{name}'s settings ({method.description}; {FALSE_NEGATIVE_METHODS.origins[name]}).",
             ),
         )
-        for name in names
+        for name, method in FALSE_NEGATIVE_METHODS.entries.items()
     }
     return create_model("FalseNegativesConfig", __base__=FalseNegativesBase, __module__=__name__, **fields)
 
