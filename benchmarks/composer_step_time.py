@@ -28,12 +28,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from falcon_cli.config.schema import RewardConfig  # noqa: E402
 from falcon_cli.models.registry import create_model  # noqa: E402
 from falcon_cli.objectives.mlm import MlmMask  # noqa: E402
 from falcon_cli.objectives.vlp import VlpObjective  # noqa: E402
+from falcon_cli.registry import REWARDS  # noqa: E402
 from falcon_cli.sampling.cache import EmbeddingCache  # noqa: E402
 from falcon_cli.sampling.composers import GritComposer, UniformComposer  # noqa: E402
-from falcon_cli.sampling.falcon_step import level_rewards  # noqa: E402
 from falcon_cli.sampling.quantile import QuantileSpaces  # noqa: E402
 from falcon_cli.sampling.scheduler import NegativeScheduler, chain_pairs, level_grid  # noqa: E402
 
@@ -82,13 +83,15 @@ def main() -> None:
             ids, cache, args.space, args.batch, generator, credit_levels=level_grid(10) if levels else None
         )
         compose_s = update_s = 0.0
+        reward, margin_levels = (
+            RewardConfig(name="positive_margin", margin=0.5),
+            REWARDS.get("positive_margin").score_levels,
+        )
         while spaces.has_next():
             start = time.perf_counter()
             _, record = spaces.next_batch(learner.alpha_beta, generator)
             middle = time.perf_counter()
-            learner.update(
-                record, level_rewards(record, "positive_margin", 1.0, 0.5, 2.0, "expected") if levels else 0.01
-            )
+            learner.update(record, margin_levels(record, reward, learner.grid) if levels else 0.01)
             compose_s, update_s = compose_s + middle - start, update_s + time.perf_counter() - middle
         prefix = "levels_" if levels else ""
         falcon_parts.update({prefix + "compose": compose_s, prefix + "update": update_s})
@@ -128,7 +131,7 @@ def main() -> None:
         out = objective(images, input_ids, attention, mask)
     pairs = chain_pairs(args.batch)
 
-    def itm_judgement():  # reward: positive_margin+itm, in eval mode as FalconStep.pick_match
+    def itm_judgement():  # reward: positive_margin+itm, in eval mode as falcon_cli/methods/positive_margin.itm_match
         objective.eval()
         objective.match_probability(out, input_ids, attention, *pairs)
         objective.train()

@@ -93,6 +93,10 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "grit-mask": ("shapes-grit", ["pretrain.false_negatives.same_image=mask"]),
     "grit-oracle": ("shapes-grit", ["pretrain.false_negatives.oracle=mask"]),
     "uniform-oracle": ("shapes-uniform", ["pretrain.false_negatives.oracle=mask"]),
+    "falcon-start-top": ("shapes-falcon-start-top", []),
+    "falcon-rank-oracle": ("shapes-falcon-rank-oracle", []),
+    "falcon-rank-itm": ("shapes-falcon-rank-itm", []),
+    "falcon-itm-progress": ("shapes-falcon-itm-progress", []),
 }
 """Method -> (shipped recipe, extra overrides): uniform batches, GRIT (q = 1), a fixed q = 0.5, MAFA and GloFND
 (the false-negative methods), paper-exact FALCON, FALCON with the positive-margin reward and FALCON with that
@@ -110,13 +114,18 @@ scale (``pretrain.composer.quantile_scale: log_rank``: q = 0.94 is the most simi
 on that scale the margin paid only as far as the ITM head (``falcon-itm-expected-top``) or, a diagnostic, the oracle
 (``falcon-oracle-top``) calls a pick a true negative: rewards that need not charge a scene's true near misses;
 ``srcl`` (its auxiliary model: the same seed's uniform run, so the
-sweep trains uniform first) and ``diht`` (HN-NCE on uniform batches), the other false-negative-aware methods."""
+sweep trains uniform first) and ``diht`` (HN-NCE on uniform batches), the other false-negative-aware methods; and issue
+70's candidate schedulers (:data:`PILOTS`, ``benchmarks/scheduler_pilots.py``), run only when named."""
 
 AUXILIARY = {"srcl": "uniform"}
 """Methods whose run embeds the pairs with another method's finished run of the same (regime, seed) first (SRCL's
 frozen auxiliary model: ``embed.encoder=falcon:RUN``)."""
 
-DIAGNOSTICS = ("grit-mask", "grit-oracle", "uniform-oracle", "falcon-oracle", "falcon-oracle-top")
+PILOTS = ("falcon-start-top", "falcon-rank-oracle", "falcon-rank-itm", "falcon-itm-progress")
+"""Issue 70's candidate schedulers: A (``scheduler.init_q`` at the top, the paper's reward), B (the rank paid, a false
+pick charged by the oracle or by the ITM head) and C (``reward: itm_progress``), all with q on the log-rank scale."""
+
+DIAGNOSTICS = ("grit-mask", "grit-oracle", "uniform-oracle", "falcon-oracle", "falcon-oracle-top", *PILOTS)
 """Methods the sweep runs only when ``--only`` names them (not part of the phase diagram)."""
 
 GATE_METHODS = ("uniform", "grit", "q05")

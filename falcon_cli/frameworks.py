@@ -16,7 +16,8 @@ A framework says, for a model family:
   ``loss``, one field per name in :attr:`Framework.losses`, ``image_feat``/``text_feat`` (one vector per
   pair: what the cache and the composers use), ``temperature`` and ``image_tokens``; its ``measure``
   computes any of :attr:`Framework.losses` (the reward's parts) on the same inputs without gradient;
-* the rewards FALCON's scheduler may use with it (:attr:`Framework.rewards`);
+* the rewards FALCON's scheduler may use with it (:attr:`Framework.rewards`: those of
+  :data:`~falcon_cli.registry.REWARDS` that name it);
 * how retrieval scores a pair: the models' ``encode_image``/``encode_text``, the one similarity function
   (:func:`falcon_cli.objectives.common.image_text_similarity`: a dot product, or BLIP-2's best query), and
   ``match_logits`` for ITM re-ranking, added to the ITC similarity where :attr:`Framework.rerank` says so.
@@ -30,6 +31,7 @@ from typing import Any, Callable
 from falcon_cli.method_weights import BLIP2_ITC_LABEL_SMOOTHING, ITC_CONSISTENCY_WEIGHT
 from falcon_cli.models.families import FAMILIES, ModelFamily, model_family
 from falcon_cli.models.registry import get_model_config
+from falcon_cli.registry import REWARDS
 
 
 @dataclass(frozen=True)
@@ -42,8 +44,6 @@ class Framework:
     """The model side: config class, builder, capabilities (:mod:`falcon_cli.models.families`)."""
     losses: tuple[str, ...]
     """The training losses of a step (their sum is the loss), in the order the metrics log records them."""
-    rewards: tuple[str, ...]
-    """The ``pretrain.scheduler.reward.name`` values FALCON's scheduler may use with this framework."""
     masked_language: bool
     """Whether each batch needs an MLM mask (drawn outside the model, so a reward re-scores the batch with
     the identical mask)."""
@@ -73,6 +73,13 @@ class Framework:
     unimodal_init: bool = False
     """Whether the ``unimodal`` stage's encoders (a timm ViT and a BERT, :mod:`falcon_cli.models.unimodal`) load into
     its models as ``vision_weights`` / ``text_weights``: ALBEF's do."""
+
+    @property
+    def rewards(self) -> tuple[str, ...]:
+        """The ``pretrain.scheduler.reward.name`` values FALCON's scheduler may use with this framework: the registered
+        rewards (:data:`~falcon_cli.registry.REWARDS`, plugins' too) that name it."""
+        names = [name for name in REWARDS.names() if self.name in REWARDS.get(name).frameworks]
+        return tuple(sorted(names, key=lambda name: REWARDS.get(name).score is not None))  # loss decreases first
 
     @property
     def title(self) -> str:
@@ -131,15 +138,6 @@ FRAMEWORKS: dict[str, Framework] = {
         "albef",
         FAMILIES["albef"],
         losses=("itc", "itm", "mlm"),
-        rewards=(
-            "mlm",
-            "itc+itm",
-            "itc+itm+mlm",
-            "alignment",
-            "positive_margin",
-            "positive_margin+itm",
-            "positive_margin+oracle",
-        ),
         masked_language=True,
         rerank="itm",
         itc_label_smoothing=0.0,
@@ -155,15 +153,6 @@ FRAMEWORKS: dict[str, Framework] = {
         "blip2",
         FAMILIES["blip2"],
         losses=("itc", "itm", "itg"),
-        rewards=(
-            "itg",
-            "itc+itm",
-            "itc+itm+itg",
-            "alignment",
-            "positive_margin",
-            "positive_margin+itm",
-            "positive_margin+oracle",
-        ),
         masked_language=False,
         rerank="itm+itc",
         itc_label_smoothing=BLIP2_ITC_LABEL_SMOOTHING,
@@ -180,7 +169,6 @@ FRAMEWORKS: dict[str, Framework] = {
         "dual",
         FAMILIES["dual"],
         losses=("itc", "caption"),
-        rewards=("caption", "itc", "itc+caption", "alignment", "positive_margin", "positive_margin+oracle"),
         masked_language=False,
         rerank="none",
         itc_label_smoothing=0.0,

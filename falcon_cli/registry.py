@@ -1,14 +1,15 @@
-"""Registries: false-negative methods and batch composers, each found by name.
+"""Registries: false-negative methods, batch composers and FALCON's rewards, each found by name.
 
 A method is one file: its settings (a config section) and a function that builds it, registered with
-:func:`false_negative_method`; a composer is a function registered with :func:`composer`. falcon's own register the
-same way, from ``falcon_cli/methods/``, which is loaded as the first plugin; a contributor's file is loaded from
-``$FALCON_PLUGINS`` (paths to ``.py`` files or importable module names, separated by ``os.pathsep``) or from a
+:func:`false_negative_method`; a composer is a function registered with :func:`composer`; a reward is a loss whose
+decrease is paid (:func:`loss_decrease_reward`) or a function that scores each pick (:func:`pick_reward`). falcon's own
+register the same way, from ``falcon_cli/methods/``, which is loaded as the first plugin; a contributor's file is loaded
+from ``$FALCON_PLUGINS`` (paths to ``.py`` files or importable module names, separated by ``os.pathsep``) or from a
 package's ``falcon.plugins`` entry point (docs/extending.md). Plugins are loaded once, the first time a registry is
 read.
 
-Every problem is one line naming the file and the name: a plugin that fails to import, a name registered twice,
-an unknown name (with the nearest registered names)."""
+Every problem is one line naming the file and the name: a plugin that fails to import, a name registered twice, an
+unknown name (with the nearest registered names)."""
 
 from __future__ import annotations
 
@@ -159,6 +160,89 @@ def composer(name: str, **properties: Any) -> Callable:
     def register(build: Callable) -> Callable:
         COMPOSERS.register(name, Composer(name=name, build=build, **properties), _origin())
         return build
+
+    return register
+
+
+@dataclass(frozen=True)
+class Reward:
+    """A FALCON reward: what the scheduler is paid for a batch it composed (``pretrain.scheduler.reward.name``).
+
+    Of one of two kinds. A *loss decrease* (``parts``): Algorithm 2's Δ, the fall of the sum of these losses (names
+    the objective's ``measure`` returns) on the batch over the model's update, per pair when ``per_pair``. A *pick
+    score* (``score``): ``score(context)`` (a :class:`PickScoring`) returns the worth of each slot's pick ``[b]``
+    (slot 0, no pick: 0) and what the judge said of each pick (``[b - 1, 2]``: its match probability and the charge
+    per unit of weight) or None, read from the step's own forward; with ``score_levels(record, settings, grid)`` it
+    can also score the pick every q of a grid would have made (``scheduler.update.credit: levels``)."""
+
+    name: str
+    parts: tuple[str, ...] = ()
+    """A loss decrease: the losses whose sum's decrease is paid."""
+    score: Callable[[Any], Any] | None = None
+    """A pick score: ``score(PickScoring) -> (worth [b], judged [b - 1, 2] | None)``."""
+    score_levels: Callable[..., Any] | None = None
+    """``score_levels(record, settings, grid) -> [k, L]``: every level's pick scored from the composer's record."""
+    prepare: Callable[[Any], Any] | None = None
+    """A pick score's measurement before the model's update: ``prepare(PickScoring)`` (its ``out`` and ``composed``
+    None) returns what ``score`` then finds in ``PickScoring.prepared`` (a per-pick loss at θ_k, say)."""
+    from_training_loss: bool = True
+    """A loss decrease whose L(θ_k) is the training forward's own loss (False: a no-grad pass measures it before the
+    update, as ``alignment``'s, which is no training loss)."""
+    per_pair: bool = True
+    """Measured per pair, so that a per-step ``scheduler.update.credit`` can hand it to single q's."""
+    frameworks: tuple[str, ...] = ("albef", "blip2", "dual")
+    """The frameworks whose models have what it measures."""
+    judged: bool = False
+    """It charges a judge's verdict on each pick (``scheduler.reward.hardness: rank`` and ``itm_charge`` apply)."""
+    oracle: bool = False
+    """Its judge is a shapes world's oracle: the dataset must name its world."""
+    description: str = ""
+
+    @property
+    def credits(self) -> tuple[str, ...]:
+        """The ``scheduler.update.credit`` values it can be credited with."""
+        if self.score is not None:
+            return ("chosen", "levels") if self.score_levels is not None else ("chosen",)
+        return ("batch", "anchor", "chosen", "pair") if self.per_pair else ("batch",)
+
+
+@dataclass(frozen=True)
+class PickScoring:
+    """What a pick-scoring reward's ``score`` is given for one step, after the model's update."""
+
+    objective: Any
+    """The framework's objective (``match_probability``: its ITM head's judgement of pairs)."""
+    out: Any
+    """The training forward's output (``image_feat``, ``text_feat``: θ_k's features of the batch)."""
+    inputs: tuple
+    """(images, input_ids, attention_mask, mlm mask) of the batch."""
+    composed: Any
+    """The composer's :class:`~falcon_cli.sampling.composers.Batch` (``quantile_rank``, ``q``, ``chosen_is_fn``)."""
+    settings: Any
+    """``pretrain.scheduler.reward``."""
+    precision: str
+    device: Any
+    prepared: Any = None
+    """What the reward's ``prepare`` measured before the update (None without one)."""
+
+
+REWARDS: Registry[Reward] = Registry("reward")
+"""``pretrain.scheduler.reward.name``: what FALCON's scheduler is paid."""
+
+
+def loss_decrease_reward(name: str, parts: tuple[str, ...], **properties: Any) -> None:
+    """Register the reward ``name``: the decrease of the sum of the losses ``parts`` over the model's update
+    (``properties``: the other fields of :class:`Reward`)."""
+    REWARDS.register(name, Reward(name=name, parts=tuple(parts), **properties), _origin())
+
+
+def pick_reward(name: str, **properties: Any) -> Callable:
+    """Register the decorated ``score(PickScoring)`` as the reward ``name`` (``properties``: the other fields of
+    :class:`Reward`, ``score_levels`` among them)."""
+
+    def register(score: Callable) -> Callable:
+        REWARDS.register(name, Reward(name=name, score=score, **properties), _origin())
+        return score
 
     return register
 

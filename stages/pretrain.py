@@ -60,7 +60,7 @@ from falcon_cli.objectives.false_negative_builder import build_false_negatives, 
 from falcon_cli.objectives.false_negatives import FlagsAgainstOracle, StepContext
 from falcon_cli.objectives.itc import alpha_ramp
 from falcon_cli.objectives.mlm import MlmMask
-from falcon_cli.registry import COMPOSERS
+from falcon_cli.registry import COMPOSERS, REWARDS
 from falcon_cli.reporting.figures import q_over_training
 from falcon_cli.runtime import distributed as D
 from falcon_cli.runtime.checkpoint import latest_checkpoint, rewind_latest
@@ -235,9 +235,9 @@ def build(config: Recipe, run: RunDirectory, *, resume: bool = False, overwrite:
         if spec.shapes_world is not None and COMPOSERS.get(p.composer.name).draws_q
         else None
     )
-    if scheduler is not None and p.scheduler.reward.name == "positive_margin+oracle" and chain_truth is None:
+    if scheduler is not None and REWARDS.get(p.scheduler.reward.name).oracle and chain_truth is None:
         raise FalconError(
-            f"pretrain.scheduler.reward.name=positive_margin+oracle: the dataset in {spec.base_dir} is not a "
+            f"pretrain.scheduler.reward.name={p.scheduler.reward.name}: the dataset in {spec.base_dir} is not a "
             "shapes world (its dataset.yaml names no shapes_world), so no oracle judges the picks; use "
             "pretrain.scheduler.reward.name=positive_margin+itm (the model's own ITM head)"
         )
@@ -728,6 +728,7 @@ def build_scheduler(s: SchedulerConfig, device: torch.device) -> NegativeSchedul
         max_concentration=s.max_concentration,
         grad_clip=s.grad_clip,
         levels=s.update.levels,
+        init_q=s.init_q,
         device=device,
     )
 

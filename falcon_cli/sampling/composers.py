@@ -66,16 +66,17 @@ class Batch:
     - ``q`` (float32): the quantile used to pick the slot (GRIT: 1.0, the argmax); NaN where none.
     - ``alpha``, ``beta`` (float32): the Beta parameters ``q`` was drawn from; NaN where none.
     - ``similarity_to_anchor`` (float32): the cosine similarity to the anchor at composition time; NaN where none.
-    - ``quantile_rank`` (float32): the slot's rank among the anchor's remaining candidates,
-      in [0, 1], 1 = the hardest; NaN where none.
+    - ``quantile_rank`` (float32): the slot's rank among the anchor's remaining candidates, in [0, 1], 1 = the
+      hardest, on the q scale the chain picked with (``composer.quantile_scale``: under ``log_rank`` the k-th most
+      similar of n is 1 − ln k / ln n; :func:`~falcon_cli.sampling.quantile.scale_rank`); NaN where none.
 
     ``sampler`` names the rule that actually composed the batch (``uniform``, ``grit``, ...).
 
     The oracle's view of each chained slot (float32; NaN where unknown: no oracle, not a quantile
     chain, a batch's first slot), filled by the quantile composers on a shapes world:
 
-    - ``safe_q``: the highest q whose nearest-rank pick among the anchor's remaining candidates
-      would have been a true negative (NaN if every remaining candidate is a false negative).
+    - ``safe_q``: the highest q (on the chain's scale, as ``quantile_rank``) whose pick among the anchor's remaining
+      candidates would have been a true negative (NaN if every remaining candidate is a false negative).
     - ``anchor_fn_density``: the share of the anchor's search space that are its false negatives.
     - ``chosen_is_fn``: 1.0 if the slot is a false negative of its anchor, else 0.0.
     - ``fn_at_q0`` … ``fn_at_q100``: 1.0 if the pick one fixed q (:data:`FIXED_Q_LEVELS`) would have made for

@@ -1,14 +1,12 @@
 """FALCON's part of a training step: the reward of the batch just trained, and the scheduler's update.
 
-Algorithm 2: after the model's update on batch k, the reward Δ = L(θ_k) − L(θ_{k+1}) on that batch (the
-identical MLM mask), or, with ``reward: positive_margin``, each pick's hardness charged past its anchor's own
-pair, read from the step's own forward (no extra pass; ``positive_margin+itm`` also charges the model's own
-ITM match probability of each pick with its anchor, one no-grad pass of the fusion layers, and
-``positive_margin+oracle`` the shapes world's ground truth of it, a diagnostic); then one
-REINFORCE update of the scheduler with the q's batch k was composed with. Per-step credit
-(``scheduler.update.credit``) scores each caption apart, each q credited with the Δ of the pair it chose; ``levels``
-scores, per anchor, the pick of every q of a grid (the composer's record: :func:`level_rewards`) and updates the
-scheduler with those instead of the drawn q's.
+Algorithm 2: after the model's update on batch k, the reward (``scheduler.reward.name``, a
+:data:`~falcon_cli.registry.REWARDS` entry): a loss decrease Δ = L(θ_k) − L(θ_{k+1}) on that batch (the identical MLM
+mask), or a pick score read from the step's own forward (``positive_margin`` and its judged kin,
+``falcon_cli/methods/positive_margin.py``); then one REINFORCE update of the scheduler with the q's batch k was
+composed with. Per-step credit (``scheduler.update.credit``) scores each caption apart, each q credited with the Δ
+of the pair it chose; ``levels`` scores, per anchor, the pick of every q of a grid (the reward's ``score_levels`` of
+the composer's record) and updates the scheduler with those instead of the drawn q's.
 
 The model's side is reached only through the objective (duck-typed: the framework's): ``measure`` (the
 reward's losses without gradient), ``model.encode_image`` and ``image_state`` (the training forward's image
@@ -23,75 +21,10 @@ from typing import Any
 import torch
 from torch.profiler import record_function
 
-from falcon_cli.errors import FalconError
+from falcon_cli.registry import REWARDS, PickScoring, Reward
 from falcon_cli.runtime.precision import autocast
 from falcon_cli.sampling.composers import Batch
-from falcon_cli.sampling.scheduler import (
-    NegativeScheduler,
-    chain_hardness,
-    chain_pairs,
-    charged_margin,
-    excess_over_hardness,
-    expected_worth,
-    judged_worth,
-    margin_worth,
-    pick_match,
-    step_rewards,
-)
-
-JUDGED_REWARDS = ("positive_margin+itm", "positive_margin+oracle")
-"""The rewards that charge each pick a judge's belief that it matches its anchor (``scheduler.reward.itm_charge``)."""
-
-
-def oracle_match(composed: Batch, device: torch.device) -> torch.Tensor:
-    """Per slot ``[b]`` on ``device``, ``reward: positive_margin+oracle``: 1.0 where the shapes world's oracle says the
-    pick truly matches its anchor (``Batch.chosen_is_fn``), else 0.0; slot 0 (no pick) 0. A chained slot the oracle
-    did not judge is an error (the composer was built without the world's truth)."""
-    truth = composed.chosen_is_fn.float()
-    if len(truth) > 1 and torch.isnan(truth[1:]).any():
-        raise FalconError(
-            "reward=positive_margin+oracle: the batch's picks carry no oracle verdict (the dataset is not "
-            "a shapes world, or the composer was built without its truth); use reward=positive_margin+itm"
-        )
-    out = torch.zeros(len(truth), dtype=torch.float32)
-    out[1:] = truth[1:]
-    return out.to(device)
-
-
-def level_rewards(
-    record: dict[str, torch.Tensor],
-    reward: str,
-    overshoot: float,
-    margin: float,
-    weight: float,
-    charge: str,
-    hardness: str = "margin",
-    grid: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``scheduler.update.credit: levels``: the reward ``[k, L]`` of every level's pick for each step's anchor, from the
-    composer's record (``level_hardness``, ``level_own``: the epoch's cached features; ``level_fn``: the oracle's
-    verdict), as the training forward's own picks are scored: the positive margin (:func:`margin_worth`), and with
-    ``positive_margin+oracle`` the judge's charge (``expected``: (1 − p)·margin − w·p; ``absolute``: margin − w·p).
-    ``hardness: rank``: each level's pick is worth its level's q (``grid``, ``[L]``) instead of the margin.
-    Steps not taken stay NaN (the scheduler leaves them out); a taken step whose level the oracle did not judge is
-    an error."""
-    level_hardness = record["level_hardness"].float()
-    if hardness == "rank":  # the level itself, where a step was taken
-        worth = grid.to(level_hardness.device).float().expand_as(level_hardness)
-        worth = worth.masked_fill(torch.isnan(level_hardness), float("nan"))
-    else:
-        worth = margin_worth(level_hardness, record["level_own"].float()[..., None], overshoot, margin)
-    if reward == "positive_margin+oracle":
-        verdict = record["level_fn"].to(worth.device)
-        if torch.isnan(verdict).logical_and(~torch.isnan(worth)).any():
-            raise FalconError(
-                "reward=positive_margin+oracle: the composer's level picks carry no oracle verdict (the "
-                "dataset is not a shapes world); use reward=positive_margin"
-            )
-        p = verdict.nan_to_num(0.0)
-        worth = judged_worth(worth, p, weight) if charge == "expected" else worth - weight * p
-        worth = worth.masked_fill(torch.isnan(verdict), float("nan"))
-    return worth
+from falcon_cli.sampling.scheduler import NegativeScheduler, step_rewards
 
 
 def measure_reward_loss(
@@ -142,17 +75,9 @@ class FalconStep:
         self.pending: dict[str, Any] | None = None
         """(``overlap``) the last step's reward, whose update waits for the next step's launch."""
         self.side = torch.cuda.Stream(device) if self.overlap and device.type == "cuda" else None
-        self.reward, self.eval_mode, self.reuse = (
-            settings.reward.name,
-            settings.reward.mode == "eval",
-            settings.reward.images == "reuse",
-        )
-        self.overshoot, self.margin, self.itm_weight = (
-            settings.reward.overshoot,
-            settings.reward.margin,
-            settings.reward.itm_weight,
-        )
-        self.itm_charge, self.hardness = settings.reward.itm_charge, settings.reward.hardness
+        self.settings = settings.reward
+        self.reward: Reward = REWARDS.get(settings.reward.name)
+        self.eval_mode, self.reuse = settings.reward.mode == "eval", settings.reward.images == "reuse"
         self.per_pair = scheduler.per_step
         self.rewards: list[float] = []
         """This epoch's mean reward per step (kept in checkpoints for the epoch summary)."""
@@ -165,25 +90,13 @@ class FalconStep:
         weight)]: does the judge see the false picks, apart from the margin?"""
         self._before: torch.Tensor | None = None
         self._image: tuple | None = None
+        self._prepared: Any = None
 
     @property
     def from_forward(self) -> bool:
-        """The reward is read from the training forward itself (``positive_margin``, ``+itm``, ``+oracle``):
+        """The reward scores each pick from the training forward itself (a pick score, e.g. ``positive_margin``):
         no reward passes of the losses."""
-        return self.reward.startswith("positive_margin")
-
-    def pick_match(self, objective, out, inputs: tuple) -> torch.Tensor:
-        """Per-slot ITM match probability ``[b]`` of each pick with its anchor (slot 0: 0), in eval mode (the
-        head's judgement without dropout noise), under the training step's precision."""
-        b = len(inputs[1])
-        image_index, text_index = chain_pairs(b, inputs[1].device)
-        objective.eval()
-        try:
-            with record_function("falcon/reward"), autocast(self.precision, self.device):
-                pairs = objective.match_probability(out, inputs[1], inputs[2], image_index, text_index)
-        finally:
-            objective.train()
-        return pick_match(pairs, b)
+        return self.reward.score is not None
 
     def _measure(self, objective, inputs: tuple, same_image, image=None) -> tuple[torch.Tensor, tuple]:
         with record_function("falcon/reward"):
@@ -202,8 +115,13 @@ class FalconStep:
     def before(self, objective, inputs: tuple, same_image: torch.Tensor | None) -> None:
         """Before the update: L(θ_k) from a no-grad pass where the training forward cannot give it (eval mode,
         per-caption credit, the alignment reward). ``inputs``: (images, input_ids, attention_mask, mlm mask)."""
-        self._before = self._image = None
-        if not self.from_forward and (self.eval_mode or self.per_pair or self.reward == "alignment"):
+        self._before = self._image = self._prepared = None
+        if self.reward.prepare is not None:  # a pick score measured before the update as well (θ_k)
+            with record_function("falcon/reward"):
+                self._prepared = self.reward.prepare(
+                    PickScoring(objective, None, inputs, None, self.settings, self.precision, self.device)
+                )
+        if not self.from_forward and (self.eval_mode or self.per_pair or not self.reward.from_training_loss):
             self._before, self._image = self._measure(objective, inputs, same_image)
 
     def after(
@@ -254,28 +172,12 @@ class FalconStep:
         batch's scheduler ``record`` and what the update's bookkeeping needs (whether each pick was a false
         negative; the judge's match and charge). Enqueued right after the step, before the next one."""
         judged = None
-        if self.from_forward:  # each pick's hardness, charged past its anchor's own pair (θ_k's features)
-            hardness, own = chain_hardness(out.image_feat, out.text_feat)
-            if self.hardness == "rank":  # each pick's rank among its anchor's candidates (slot 0, no pick: 0)
-                delta = composed.quantile_rank.float().nan_to_num(0.0).to(hardness.device)
-                delta[:1] = 0
-            else:
-                delta = charged_margin(hardness, own, self.overshoot, self.margin)
-            if self.reward in JUDGED_REWARDS:  # a pick its judge (the ITM head, or the oracle) calls a match pays
-                match = (
-                    self.pick_match(objective, out, inputs)
-                    if self.reward == "positive_margin+itm"
-                    else oracle_match(composed, delta.device)
+        if self.from_forward:  # each pick scored from θ_k's forward (and its judge's record)
+            delta, judged = self.reward.score(
+                PickScoring(
+                    objective, out, inputs, composed, self.settings, self.precision, self.device, self._prepared
                 )
-                if self.itm_charge == "expected":  # the margin only as far as the judge calls the pick a true negative
-                    worth = expected_worth(delta, match, self.itm_weight)
-                    charge, delta = (delta - worth) / (self.itm_weight or 1.0), worth
-                else:
-                    charge = match
-                    if self.itm_charge == "excess":  # only what its hardness does not explain (the margin prices that)
-                        charge = excess_over_hardness(match, hardness)
-                    delta = delta - self.itm_weight * charge
-                judged = torch.stack([match[1:].double(), charge[1:].double()], 1)
+            )
         else:
             before, image = self._before, self._image
             if before is None:  # L(θ_k) is the training forward's own loss, and its image
@@ -332,16 +234,7 @@ class FalconStep:
         levels = self.scheduler.grid is not None
         with record_function("falcon/update"):
             target = (
-                level_rewards(
-                    record,
-                    self.reward,
-                    self.overshoot,
-                    self.margin,
-                    self.itm_weight,
-                    self.itm_charge,
-                    self.hardness,
-                    self.scheduler.grid,
-                )
+                self.reward.score_levels(record, self.settings, self.scheduler.grid)
                 if levels
                 else delta
                 if self.per_pair
@@ -405,4 +298,4 @@ def _to_device(value: Any, device: torch.device) -> Any:
     return value
 
 
-__all__ = ["JUDGED_REWARDS", "FalconStep", "level_rewards", "measure_reward_loss", "oracle_match"]
+__all__ = ["FalconStep", "measure_reward_loss"]

@@ -56,7 +56,8 @@ class SchedulerPolicy(nn.Module):
     ``quantiles`` is the input width: m for the paper's Ŝ, more with other
     ``scheduler.features``. ``max_concentration`` (None: the paper, no cap) caps α + β: larger
     pairs are scaled down to it, keeping the mean α / (α + β), so the Beta cannot sharpen past
-    that before it has learned where its mean should be.
+    that before it has learned where its mean should be. ``init_q`` (None: the paper's Beta(0.97, 0.97), mean 0.5)
+    starts every anchor's Beta at that mean with the same α + β (``scheduler.init_q``).
     """
 
     def __init__(
@@ -67,6 +68,7 @@ class SchedulerPolicy(nn.Module):
         eps: float = 1e-5,
         init_bias: float = 0.5,
         max_concentration: float | None = None,
+        init_q: float | None = None,
     ):
         super().__init__()
         if quantiles < 1 or hidden < 1 or blocks < 0:
@@ -86,6 +88,13 @@ class SchedulerPolicy(nn.Module):
         # the start, so early training is not biased towards easy or hard negatives.
         nn.init.zeros_(self.head.weight)
         nn.init.constant_(self.head.bias, init_bias)
+        if init_q is not None:  # the same concentration α + β, its mean moved to init_q (scheduler.init_q)
+            if not 0 < init_q < 1:
+                raise ValueError(f"init_q must be in (0, 1), got {init_q}")
+            total = 2 * (F.softplus(torch.tensor(float(init_bias), dtype=torch.float64)) + self.eps)
+            target = torch.tensor([init_q, 1 - init_q], dtype=torch.float64) * total - self.eps
+            with torch.no_grad():  # softplus⁻¹(y) = y + log(1 − e^(−y))
+                self.head.bias.copy_((target + torch.log(-torch.expm1(-target))).float())
 
     def forward(self, s_hat: Tensor) -> tuple[Tensor, Tensor]:
         """Return (α, β), each of shape ``s_hat.shape[:-1]``, in float32 even under autocast."""

@@ -102,6 +102,22 @@ def quantile_position(q, n, scale: str = "linear") -> np.ndarray:
     return np.clip(np.nan_to_num(position, nan=0.0), 0, None).astype(np.int64)
 
 
+def scale_rank(position, n, scale: str = "linear") -> np.ndarray:
+    """The inverse of :func:`quantile_position`: the q on ``scale`` whose pick among ``n`` candidates is at
+    ``position`` (0 = the least similar), float64. ``linear``: position / (n − 1); ``log_rank``: 1 − ln k / ln n with
+    k = n − position (1 = the most similar), so that ``quantile_position(scale_rank(p, n), n) == p``. A lone candidate
+    is the hardest (1.0, as in GRIT); NaN positions stay NaN."""
+    if scale not in QUANTILE_SCALES:
+        raise ValueError(f"scale must be one of {QUANTILE_SCALES}, got {scale!r}")
+    position, n = np.asarray(position, dtype=np.float64), np.asarray(n, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if scale == "linear":
+            q = position / np.maximum(n - 1, 1)
+        else:
+            q = 1.0 - np.log(np.fmax(n - position, 1.0)) / np.log(np.fmax(n, 2.0))
+        return np.where(np.isnan(position), np.nan, np.where(n > 1, q, 1.0))
+
+
 def unified_similarity(image: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
     """``S = I Tᵀ + T Iᵀ`` for features ``[..., W, D]`` (float32): image-to-text plus text-to-image."""
     image, text = image.float(), text.float()
@@ -702,7 +718,15 @@ def compose_round(
     if counterfactual:
         steps.update(level_pick=level_pick, level_fn=level_fn)
     return _round_columns(
-        tables, features, group_np, first, steps, batch_size, level, None if policy is None else (alpha_np, beta_np)
+        tables,
+        features,
+        group_np,
+        first,
+        steps,
+        batch_size,
+        level,
+        None if policy is None else (alpha_np, beta_np),
+        scale,
     )
 
 
@@ -715,9 +739,12 @@ def _round_columns(
     batch_size: int,
     level: str,
     alpha_beta: tuple[np.ndarray, np.ndarray] | None,
+    scale: str = "linear",
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The per-slot columns (CPU tensors ``[a, B]``: the chain's results, read on the host) and the scheduler
-    record (on the tables' device, where the scheduler learns) of a round, from its per-step arrays ``[a, taken]``."""
+    record (on the tables' device, where the scheduler learns) of a round, from its per-step arrays ``[a, taken]``.
+    A pick's rank and the oracle's safe q are on the q scale the chain picked with (``scale``), so that they compare
+    with its q."""
     device, (a,) = tables.s_hat.device, first.shape
     width, m = tables.order.shape[-1], tables.s_hat.shape[-1]
     n, r, q = steps["n"], steps["r"].astype(np.float64), steps["q"].astype(np.float64)
@@ -734,9 +761,8 @@ def _round_columns(
         return torch.from_numpy(out)
 
     nan = float("nan")
-    # rank among the remaining candidates, 1 = hardest (a lone candidate is the hardest, as in GRIT)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        rank = np.where(n > 1, r / np.maximum(n - 1, 1), 1.0)
+    # rank among the remaining candidates on the chain's q scale, 1 = hardest (a lone candidate is the hardest)
+    rank = scale_rank(r, n, scale)
     # the pair's similarity to its anchor (the unified S / 2), from the features on their device: one gather
     row_of = (group * width)[:, None]
     pairs = torch.from_numpy(np.stack([(row_of + anchor).reshape(-1), (row_of + np.maximum(chosen, 0)).reshape(-1)]))
@@ -760,10 +786,9 @@ def _round_columns(
         "rank": column(rank, nan, nan),
         "length": torch.from_numpy(1 + go.sum(1)),
     }
-    if "safe" in steps:  # the oracle's view: safe q (nearest rank r <-> q = r / (n - 1)), density, FN pick
+    if "safe" in steps:  # the oracle's view: safe q (on the chain's scale: its last safe rank), density, FN pick
         safe = steps["safe"].astype(np.float64)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            safe_q = np.where(safe < 0, nan, np.where(n > 1, safe / np.maximum(n - 1, 1), 1.0))
+        safe_q = np.where(safe < 0, nan, scale_rank(np.fmax(safe, 0), n, scale))
         density = tables.false_negative_density()[group]  # [a, W]
         columns.update(
             safe_q=column(safe_q, nan, nan),

@@ -16,9 +16,9 @@ Which passes give the two losses (A-7), ``scheduler.reward.mode``:
 * ``eval``: two no-grad forwards in eval mode, before and after the update: no dropout
   noise, one more forward.
 
-Rewards (``reward``) are a registry: ``mlm`` (default), ``itc+itm``, ``itc+itm+mlm`` (the
-paper's ablation), BLIP-2's ``itg`` (image-grounded text generation: the paper's Table 3) and
-``itc+itm+itg``; :func:`register_reward` adds more.
+Rewards (``reward``) are found by name in :data:`falcon_cli.registry.REWARDS`: ``mlm`` (default), ``itc+itm``,
+``itc+itm+mlm`` (the paper's ablation), BLIP-2's ``itg`` (image-grounded text generation: the paper's Table 3),
+``itc+itm+itg``, ours (``falcon_cli/methods/``); a plugin adds more (docs/extending.md).
 
 The log-probabilities are recomputed with gradient at update time from the Ŝ rows the
 composer recorded: φ has not changed since the batch was composed (composition happens
@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from falcon_cli.registry import REWARDS
 from falcon_cli.sampling.policy import (
     RewardBaseline,
     SchedulerPolicy,
@@ -42,32 +43,6 @@ from falcon_cli.sampling.policy import (
     build_policy_optimizer,
     reinforce_loss,
 )
-
-REWARDS: dict[str, tuple[str, ...]] = {
-    "mlm": ("mlm",),
-    "itg": ("itg",),
-    "itc+itm": ("itc", "itm"),
-    "itc+itm+mlm": ("itc", "itm", "mlm"),
-    "itc+itm+itg": ("itc", "itm", "itg"),
-    "caption": ("caption",),
-    "itc": ("itc",),
-    "itc+caption": ("itc", "caption"),
-    "alignment": ("alignment",),
-    "positive_margin": (),
-    "positive_margin+itm": (),
-    "positive_margin+oracle": (),
-}
-"""Reward name -> the losses whose decrease is the reward (``alignment``: minus each pair's own image-text
-cosine, so its decrease is the rise of that cosine). ``positive_margin`` measures no loss: it is
-:func:`positive_margin_rewards` of the training forward's features; ``positive_margin+itm`` charges that
-the model's ITM match probability of each pick (:func:`chain_pairs`), ``positive_margin+oracle`` the shapes world's
-ground truth of it (a diagnostic: what a perfect judge would buy)."""
-
-
-def register_reward(name: str, parts: tuple[str, ...]) -> None:
-    """Add a reward: the decrease of the sum of ``parts`` (names :meth:`VlpObjective.measure` returns)."""
-    REWARDS[name] = tuple(parts)
-
 
 CREDITS = ("batch", "anchor", "chosen", "pair", "levels")
 """Which q's log-probability a reward multiplies (see :func:`step_rewards`); ``levels``: not the drawn q's, but a
@@ -235,7 +210,8 @@ class NegativeScheduler:
         quantiles: the policy's input width (m = 100 for the paper's Ŝ). hidden, blocks: its
             MLP (256, 2 in the paper).
         lr, weight_decay: AdamW (1e-4, 0.01).
-        reward: a :data:`REWARDS` name. reward_mode: ``train`` or ``eval`` (see module doc).
+        reward: a :data:`~falcon_cli.registry.REWARDS` name (an unknown one is a FalconError).
+        reward_mode: ``train`` or ``eval`` (see module doc).
         credit: ``batch`` (the paper: one reward for every q of the batch), a per-step credit
             of :func:`step_rewards` (rewards passed per slot), or ``levels`` (rewards passed per step and level of
             the grid, :func:`level_loss`).
@@ -248,6 +224,7 @@ class NegativeScheduler:
         entropy: weight of the Beta's mean entropy in the loss (keeps the policy from sharpening early).
         max_concentration: cap on α + β (:class:`SchedulerPolicy`); None: no cap.
         grad_clip: clip the policy's gradient norm (None: no clipping, as the paper states).
+        init_q: every anchor's initial mean q (:class:`SchedulerPolicy`; None: 0.5, the paper's Beta(0.97, 0.97)).
     """
 
     def __init__(
@@ -268,10 +245,9 @@ class NegativeScheduler:
         max_concentration: float | None = None,
         grad_clip: float | None = None,
         levels: int = 10,
+        init_q: float | None = None,
         device: torch.device | str = "cpu",
     ):
-        if reward not in REWARDS:
-            raise ValueError(f"unknown reward {reward!r}; known: {', '.join(REWARDS)}")
         if credit not in CREDITS or baseline not in BASELINES:
             raise ValueError(
                 f"credit must be one of {CREDITS} and baseline one of {BASELINES}; got {credit!r}, {baseline!r}"
@@ -286,13 +262,13 @@ class NegativeScheduler:
                 f"credit 'levels' is its own baseline (each step's mean over the grid); got baseline {baseline!r}"
             )
         self.policy = SchedulerPolicy(
-            quantiles=quantiles, hidden=hidden, blocks=blocks, max_concentration=max_concentration
+            quantiles=quantiles, hidden=hidden, blocks=blocks, max_concentration=max_concentration, init_q=init_q
         ).to(device)
         if _world() > 1:  # every rank starts from rank 0's φ (ranks seed differently), as DDP does for the model
             for p in self.policy.parameters():
                 dist.broadcast(p.data, src=0)
         self.optimizer = build_policy_optimizer(self.policy, lr, weight_decay)
-        self.parts = REWARDS[reward]
+        self.parts = REWARDS.get(reward).parts  # (a pick score measures no loss: none)
         self.reward_mode = reward_mode
         self.credit = credit
         self.baseline_kind = baseline

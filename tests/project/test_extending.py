@@ -117,3 +117,58 @@ def test_the_plugins_bad_input_is_one_line_and_writes_nothing(plugin, tmp_path):
     failed = falcon("run", "--recipe", "shapes-grit", "--run-dir", run_dir, plugins=str(broken), cwd=tmp_path)
     assert failed.returncode == 2 and str(broken) in failed.stderr and "a_package_nobody_has" in failed.stderr
     assert len(failed.stderr.strip().splitlines()) == 1 and not run_dir.exists()
+
+
+FLAT_REWARD = """# flat_reward.py: every pick is worth half a point, however hard (a reward that cannot teach).
+import torch
+
+from falcon_cli.registry import pick_reward
+
+
+@pick_reward("flat_half", frameworks=("albef",), description="every pick worth 0.5")
+def flat_half(c):
+    worth = torch.full((len(c.inputs[1]),), 0.5, device=c.out.image_feat.device)
+    worth[:1] = 0  # (slot 0 has no pick)
+    return worth, None
+"""
+
+
+@pytest.fixture()
+def reward_plugin(tmp_path):
+    path = tmp_path / "flat_reward.py"
+    path.write_text(FLAT_REWARD, encoding="utf-8")
+    return path
+
+
+def test_a_reward_from_outside_the_package_is_checked_like_a_built_in_one(reward_plugin, tmp_path):
+    """A plugin's pick score is found by name; the schema checks its credit and framework against its entry."""
+    name = "pretrain.scheduler.reward.name"
+    shown = falcon("recipes", "show", "shapes-falcon", f"{name}=flat_half", "pretrain.scheduler.update.credit=chosen",
+                   plugins=str(reward_plugin), cwd=tmp_path)  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert "name: flat_half" in shown.stdout, shown.stdout
+    for override, said in (
+        (f"{name}=flat_halg", "did you mean 'flat_half'"),
+        (
+            "pretrain.scheduler.update.credit=batch",
+            "cannot credit reward.name=flat_half, which can be credited by chosen",
+        ),
+        ("pretrain.model=dual-tiny-clip", "whose rewards are"),
+    ):
+        overrides = [f"{name}=flat_half", "pretrain.scheduler.update.credit=chosen", override]
+        bad = falcon("recipes", "show", "shapes-falcon", *overrides, plugins=str(reward_plugin), cwd=tmp_path)
+        assert bad.returncode == 2 and said in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+@pytest.mark.slow  # (one tiny FALCON training, about a minute: `make test-all`)
+def test_a_reward_from_outside_the_package_pays_the_scheduler(reward_plugin, tmp_path):
+    run = tmp_path / "flat"
+    proc = falcon(
+        "run", "--recipe", "shapes-falcon", "--run-dir", run, f"data.dataset={tmp_path / 'world'}",
+        "stages=[data,pretrain]", *TINY, "pretrain.scheduler.reward.name=flat_half",
+        "pretrain.scheduler.update.credit=chosen", plugins=str(reward_plugin), cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = list(map(json.loads, (run / "metrics.jsonl").read_text().splitlines()))
+    paid = [r["reward"] for r in rows if r.get("reward") is not None]
+    assert paid and all(r == pytest.approx(0.5) for r in paid), paid

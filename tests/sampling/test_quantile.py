@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -469,8 +470,11 @@ def test_the_log_rank_position_counts_from_the_most_similar():
 
 
 def test_the_log_rank_recipe_reaches_the_composer(tmp_path):
-    """`shapes-falcon-margin-top` end to end (tiny): its chained picks sit far higher in their candidates' order
-    than their q (a q-quantile would put them at q on average), and the batch log says so."""
+    """`shapes-falcon-margin-top` end to end (tiny): every chained pick's logged rank is the log-rank scale's rank of
+    the pick its q made among some number of candidates left (1 − ln k / ln n, k = round(n^(1 − q))), which a linear
+    quantile's rank is not."""
+    import yaml
+
     from falcon_cli.sampling.batch_log import read_batch_log
     from tests.conftest import TINY_FRAMEWORK_RUN, run_cli
 
@@ -489,4 +493,63 @@ def test_the_log_rank_recipe_reaches_the_composer(tmp_path):
     log = read_batch_log(run / "batches.parquet")
     chained = log[(log["epoch"] == 1) & log["q"].notna()]
     assert len(chained) > 20
-    assert chained["quantile_rank"].mean() > chained["q"].mean() + 0.15
+    width = yaml.safe_load((run / "config.yaml").read_text())["pretrain"]["composer"]["search_space_size"]
+
+    def made_at(q, rank, scale):  # some n of candidates left at which q's pick has this rank on this scale
+        n = np.arange(2, width + 1)
+        ranks = quantile.scale_rank(quantile.quantile_position(np.full(len(n), q), n, scale), n, scale)
+        return bool(np.isclose(ranks, rank, atol=1e-5).any())
+
+    pairs = list(zip(chained["q"].astype(float), chained["quantile_rank"].astype(float)))
+    assert all(made_at(q, rank, "log_rank") for q, rank in pairs)
+    assert not all(made_at(q, rank, "linear") for q, rank in pairs)
+
+
+def test_scale_rank_inverts_the_position_on_either_scale():
+    """``scale_rank`` is the q whose pick is at a position: ``quantile_position(scale_rank(p, n), n) == p`` for every
+    position, on both scales; under ``log_rank`` the 1st and the 15th most similar of 500 are 0.44 apart, where the
+    linear rank puts them 0.028 apart (issue 70's question about the rank a pick is worth)."""
+    for scale in ("linear", "log_rank"):
+        for n in (2, 3, 7, 48, 500):
+            positions = np.arange(n)
+            assert (quantile.quantile_position(quantile.scale_rank(positions, n, scale), n, scale) == positions).all()
+    assert quantile.scale_rank(0, 1, "log_rank") == 1.0 and np.isnan(quantile.scale_rank(np.nan, 5, "log_rank"))
+    first, fifteenth = quantile.scale_rank([499, 485], 500, "log_rank")
+    assert first == 1.0 and first - fifteenth == pytest.approx(math.log(15) / math.log(500))
+    assert np.diff(quantile.scale_rank([485, 499], 500, "linear"))[0] == pytest.approx(14 / 499)
+
+
+@pytest.mark.parametrize("scale", ["linear", "log_rank"])
+def test_a_picks_rank_and_safe_q_are_on_the_chains_q_scale(scale):
+    """Each pick's ``quantile_rank`` (what ``reward.hardness: rank`` pays under ``credit: chosen``) and the oracle's
+    ``safe_q`` are on the scale the chain picked with: a chain at a fixed q logs, for every pick, the rank whose pick
+    is the one q made, the very q the levels path scores that pick at when the grid holds it."""
+    cache, image, text = make_cache(60, seed=4)
+    truth_table = torch.rand(60, 60, generator=torch.Generator().manual_seed(3)) < 0.2
+    index = {int(p): i for i, p in enumerate(cache.pair_ids)}
+
+    def truth(ids):
+        local = torch.tensor([index[int(i)] for i in ids])
+        return truth_table[local][:, local]
+
+    g = torch.Generator().manual_seed(1)
+    spaces = QuantileSpaces(cache.pair_ids, cache, 60, 12, g, truth=truth, scale=scale)
+    q, seen = 0.5, 0
+    while spaces.has_next():
+        batch, _ = spaces.next_batch(q, g)
+        for t in range(1, len(batch.pair_ids)):
+            left = 60 - seen - t  # candidates when slot t was chosen
+            position = quantile.quantile_position(q, left, scale)
+            assert float(batch.quantile_rank[t]) == pytest.approx(float(quantile.scale_rank(position, left, scale)))
+            assert quantile.quantile_position(float(batch.quantile_rank[t]), left, scale) == position
+            safe = float(batch.safe_q[t])
+            if not math.isnan(safe):  # a rank on the chain's scale, at or above every true negative's pick
+                back = quantile.scale_rank(quantile.quantile_position(safe, left, scale), left, scale)
+                assert float(back) == pytest.approx(safe, abs=1e-6)
+                if float(batch.chosen_is_fn[t]) == 0.0:
+                    assert safe >= float(batch.quantile_rank[t]) - 1e-6
+        seen += len(batch.pair_ids)
+    if scale == "log_rank":  # of 59 candidates, q = 0.5 is the 8th most similar: its linear rank would be 0.88
+        assert float(quantile.scale_rank(quantile.quantile_position(0.5, 59, scale), 59, scale)) == pytest.approx(
+            1 - math.log(8) / math.log(59)
+        )

@@ -65,10 +65,10 @@ def test_bad_feature_names_are_refused():
 
     with pytest.raises(ValueError, match="batch_mean needs a per-step"):
         PretrainConfig(reward_baseline="batch_mean")
-    with pytest.raises(ValueError, match="needs a per-pair reward.name"):
+    with pytest.raises(ValueError, match="cannot credit reward.name=itc\\+itm.*it needs a per-pair reward"):
         PretrainConfig(scheduler_credit="chosen", reward="itc+itm")
     assert PretrainConfig(scheduler_credit="pair", reward="alignment").scheduler.reward.name == "alignment"
-    with pytest.raises(ValueError, match="positive_margin .* needs update.credit: chosen"):
+    with pytest.raises(ValueError, match="reward.name=positive_margin, which can be credited by chosen or levels"):
         PretrainConfig(scheduler_credit="pair", reward="positive_margin")
     assert PretrainConfig(scheduler_credit="chosen", reward="positive_margin").scheduler.reward.overshoot == 1.0
 
@@ -164,7 +164,7 @@ def test_the_itm_charged_margin_needs_an_itm_head_and_per_pick_credit():
     from falcon_cli.config.schema import PretrainConfig
 
     assert PretrainConfig(scheduler_credit="chosen", reward="positive_margin+itm").scheduler.reward.itm_weight == 2.0
-    with pytest.raises(ValueError, match=r"positive_margin\+itm .* needs update.credit: chosen"):
+    with pytest.raises(ValueError, match=r"reward.name=positive_margin\+itm, which can be credited by chosen \("):
         PretrainConfig(scheduler_credit="pair", reward="positive_margin+itm")
     with pytest.raises(ValueError, match="no ITM head to judge a pick: positive_margin stands in"):
         PretrainConfig(
@@ -178,7 +178,7 @@ def test_the_itm_charged_margin_needs_an_itm_head_and_per_pick_credit():
             ).scheduler.reward.name
             == "positive_margin+oracle"
         )
-    with pytest.raises(ValueError, match=r"positive_margin\+oracle .* needs update.credit: chosen"):
+    with pytest.raises(ValueError, match=r"reward.name=positive_margin\+oracle, which can be credited by chosen or"):
         PretrainConfig(scheduler_credit="pair", reward="positive_margin+oracle")
 
 
@@ -273,7 +273,8 @@ def test_falcon_step_charges_the_oracle_verdict_with_no_pass_of_the_model(charge
 
     from falcon_cli.config.schema import PretrainConfig
     from falcon_cli.errors import FalconError
-    from falcon_cli.sampling.falcon_step import FalconStep, oracle_match
+    from falcon_cli.methods.positive_margin import oracle_match
+    from falcon_cli.sampling.falcon_step import FalconStep
     from falcon_cli.sampling.scheduler import positive_margin_rewards
 
     b, g = 6, torch.Generator().manual_seed(2)
@@ -440,7 +441,7 @@ def test_level_credit_needs_a_reward_it_can_score_on_the_grid():
     )
     for bad, match in [
         ({"reward": "positive_margin+itm"}, "forward of every level's pick"),
-        ({"reward": "mlm"}, "needs reward.name: positive_margin or positive_margin\\+oracle"),
+        ({"reward": "mlm"}, "rewards it can credit: positive_margin, positive_margin\\+oracle \\["),
         ({"reward": "positive_margin", "reward_baseline": "batch_mean"}, "its own baseline"),
         ({"reward": "positive_margin+oracle", "reward_itm_charge": "excess"}, "not a grid's"),
         ({"reward": "positive_margin", "scheduler_levels": 1}, "greater than or equal to 2"),
@@ -458,7 +459,8 @@ def test_falcon_step_scores_every_level_and_credits_the_pick_with_its_own_reward
 
     from falcon_cli.config.schema import PretrainConfig
     from falcon_cli.errors import FalconError
-    from falcon_cli.sampling.falcon_step import FalconStep, level_rewards
+    from falcon_cli.registry import REWARDS
+    from falcon_cli.sampling.falcon_step import FalconStep
     from falcon_cli.sampling.scheduler import positive_margin_rewards
 
     b, levels, g = 6, 3, torch.Generator().manual_seed(3)
@@ -488,7 +490,7 @@ def test_falcon_step_scores_every_level_and_credits_the_pick_with_its_own_reward
     for name in ("level_hardness", "level_fn"):
         record[name][-1] = float("nan")
     record["level_own"][-1] = float("nan")
-    got = level_rewards(record, reward, 1.0, 0.5, 2.0, "expected")
+    got = REWARDS.get(reward).score_levels(record, p.scheduler.reward, scheduler.grid)
     for t in range(b - 2):
         for k in range(levels):
             s, line = float(hardness[t, k]), float(own[t]) - 0.5
@@ -515,7 +517,7 @@ def test_falcon_step_scores_every_level_and_credits_the_pick_with_its_own_reward
     if reward.endswith("oracle"):
         record["level_fn"] = torch.full_like(verdict, float("nan"))
         with pytest.raises(FalconError, match="no oracle verdict"):
-            level_rewards(record, reward, 1.0, 0.5, 2.0, "expected")
+            REWARDS.get(reward).score_levels(record, p.scheduler.reward, scheduler.grid)
 
 
 def test_rank_hardness_pays_each_pick_its_rank_until_the_judge_charges_it():
@@ -525,9 +527,10 @@ def test_rank_hardness_pays_each_pick_its_rank_until_the_judge_charges_it():
     from types import SimpleNamespace
 
     from falcon_cli.config.schema import PretrainConfig
-    from falcon_cli.sampling.falcon_step import FalconStep, level_rewards
+    from falcon_cli.registry import REWARDS
+    from falcon_cli.sampling.falcon_step import FalconStep
 
-    with pytest.raises(ValueError, match="needs name: positive_margin\\+itm or positive_margin\\+oracle"):
+    with pytest.raises(ValueError, match="needs a judged reward \\(positive_margin\\+itm or positive_margin\\+oracle"):
         PretrainConfig(scheduler_credit="chosen", reward="positive_margin", reward_hardness="rank")
     b, g = 5, torch.Generator().manual_seed(4)
     image = torch.nn.functional.normalize(torch.randn(b, 8, generator=g), dim=-1)
@@ -564,5 +567,5 @@ def test_rank_hardness_pays_each_pick_its_rank_until_the_judge_charges_it():
         "level_own": torch.tensor([0.0, float("nan")]),
         "level_fn": torch.tensor([[0.0, 1.0], [float("nan")] * 2]),
     }
-    got = level_rewards(levels, "positive_margin+oracle", 1.0, 0.5, 1.0, "expected", "rank", grid)
+    got = REWARDS.get("positive_margin+oracle").score_levels(levels, p.scheduler.reward, grid)
     assert got[0].tolist() == [0.25, -1.0] and torch.isnan(got[1]).all()

@@ -34,7 +34,7 @@ from falcon_cli.config.schema.pretrain import (
     RuntimeConfig,
 )
 from falcon_cli.config.schema.recipe import Recipe
-from falcon_cli.config.schema.scheduler import PER_PAIR_REWARDS, RewardConfig, SchedulerConfig, SchedulerUpdateConfig
+from falcon_cli.config.schema.scheduler import RewardConfig, SchedulerConfig, SchedulerUpdateConfig
 from falcon_cli.config.schema.unimodal import UnimodalConfig
 
 __all__ = [
@@ -55,7 +55,6 @@ __all__ = [
     "Nlvr2EvalConfig",
     "Nlvr2FinetuneConfig",
     "OptimizerConfig",
-    "PER_PAIR_REWARDS",
     "PretrainConfig",
     "PretrainEvalConfig",
     "Recipe",

@@ -14,7 +14,7 @@ from falcon_cli.artifacts.renamed_keys import upgrade_mapping
 from falcon_cli.config.paths import InputPath
 from falcon_cli.config.schema.base import Loggers, Section
 from falcon_cli.config.schema.false_negatives import NO_METHOD, FalseNegativesConfig
-from falcon_cli.config.schema.scheduler import PER_PAIR_REWARDS, SchedulerConfig
+from falcon_cli.config.schema.scheduler import SchedulerConfig
 from falcon_cli.errors import FalconError
 from falcon_cli.frameworks import model_framework
 from falcon_cli.models.registry import get_model_config
@@ -364,26 +364,32 @@ class PretrainConfig(Section):
 
     @model_validator(mode="after")
     def _check_reward_for_model(self) -> "PretrainConfig":
-        """FALCON's reward, one the model's framework has."""
+        """FALCON's reward, one the model's framework has; FALCON's own start and reward only where FALCON runs."""
         framework = self._framework()
         reward = self.scheduler.reward.name
+        if self.composer.name != "falcon":
+            for key, value, is_set in (
+                ("scheduler.init_q", self.scheduler.init_q, self.scheduler.init_q is not None),
+                ("scheduler.reward.name", reward, reward == "itm_progress"),
+            ):
+                if is_set:
+                    raise ValueError(
+                        f"{key}={value} is a setting of FALCON's scheduler, which composer.name={self.composer.name} "
+                        "does not run: set composer.name: falcon, or remove it"
+                    )
         if self.composer.name == "falcon" and reward not in framework.rewards:
             raise ValueError(
                 f"scheduler.reward.name={reward}: {self.model} is a {framework.name} model, whose rewards are "
                 f"{', '.join(framework.rewards)}"
                 + (
                     " (BLIP-2 has no MLM: its reward is itg)"
-                    if reward == "mlm"
+                    if reward == "mlm" and framework.name == "blip2"
                     else " (it has no ITM head to judge a pick: positive_margin stands in)"
                     if reward.endswith("+itm")
+                    else " (it has no ITM head)"
+                    if "itm" not in framework.losses
                     else ""
                 )
-            )
-        credit = self.scheduler.update.credit
-        if credit != "batch" and reward not in framework.rewards:
-            raise ValueError(
-                f"scheduler.update.credit={credit} needs a per-pair reward of {self.model}'s framework "
-                f"({', '.join(n for n in PER_PAIR_REWARDS if n in framework.rewards)}); got {reward}"
             )
         return self
 

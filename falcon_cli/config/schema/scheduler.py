@@ -5,57 +5,30 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from falcon_cli.config.schema.base import Section
-
-PER_PAIR_REWARDS = (
-    "mlm",
-    "itg",
-    "caption",
-    "alignment",
-    "positive_margin",
-    "positive_margin+itm",
-    "positive_margin+oracle",
-)
-"""Rewards measured per pair, which a per-step ``scheduler.update.credit`` can hand to single q's."""
+from falcon_cli.registry import REWARDS, unknown_name_message
 
 
 class RewardConfig(Section):
     """``pretrain.scheduler.reward``: what the scheduler is paid for a batch it composed (FALCON's Δ, or ours)."""
 
-    name: Literal[
-        "mlm",
-        "itg",
-        "caption",
-        "itc",
-        "itc+itm",
-        "itc+itm+mlm",
-        "itc+itm+itg",
-        "itc+caption",
-        "alignment",
-        "positive_margin",
-        "positive_margin+itm",
-        "positive_margin+oracle",
-    ] = "mlm"
-    """The scheduler's reward: the decrease of this loss on the batch, before vs after the VLP update.
-    ``mlm`` and ``itc+itm+mlm`` for ALBEF models, ``itg`` and ``itc+itm+itg`` for BLIP-2 (which has no MLM:
-    the paper's Table 3 uses its image-grounded text generation loss), ``caption``, ``itc`` and ``itc+caption`` for
-    dual encoders (``caption``: the decoder's captioning loss, SigLIP 2's reward in the later FALCON paper; ``itc``:
-    the model's contrastive loss, sigmoid or InfoNCE). ``alignment`` (ours): the rise of each pair's own image-text
-    cosine (a false negative next to it pulls its pair apart), per pair with a per-step ``scheduler.update.credit``.
-    ``positive_margin`` (ours): no loss decrease but each pick's similarity to its anchor, charged
-    ``1 + scheduler.reward.overshoot`` times for every bit it rises above the anchor's own pair (a likely false
-    negative); read from the training forward's features (no extra pass), with ``scheduler.update.credit: chosen``.
-    ``positive_margin+itm`` (ours, ALBEF and BLIP-2): the positive margin less ``scheduler.reward.itm_weight`` times the
-    model's own ITM match probability of the pick with its anchor (the mean over anchor image with pick caption and pick
-    image with anchor caption), so a pick the model itself believes matches its anchor (a likely false negative) pays
-    less, at any hardness; one no-grad eval-mode pass of the fusion layers over the batch's 2(B - 1) chained pairs. A
-    dual encoder has no ITM head: there ``positive_margin`` stands in, since its only judgement of a pair is the
-    similarity the margin reads. ``positive_margin+oracle`` (ours, a diagnostic on a shapes world, every framework): the
-    same charge with the world's ground truth as the judge (p = 1 for a pick that truly matches its anchor, else 0),
-    which no real run has: what a perfect judge of the picks would buy the scheduler, the ceiling of every ``+itm``
-    charge."""
+    name: str = "mlm"
+    """The scheduler's reward, a registered name (:data:`falcon_cli.registry.REWARDS`; a plugin adds one). A loss
+    decrease, Algorithm 2's Δ: ``mlm`` (the paper's, ALBEF), ``itg`` (BLIP-2, which has no MLM: the paper's Table 3),
+    ``caption`` and ``itc`` (dual encoders: the decoder's captioning loss, SigLIP 2's reward in the later FALCON
+    paper, and the contrastive loss), the sums ``itc+itm``, ``itc+itm+mlm``, ``itc+itm+itg``, ``itc+caption``, and
+    ``alignment`` (ours: the rise of each pair's own image-text cosine, which a false negative next to it pulls apart;
+    per pair with a per-step ``scheduler.update.credit``). A pick score, each pick scored from the training forward (no
+    extra pass) and credited to the q that chose it (``scheduler.update.credit: chosen`` or ``levels``):
+    ``positive_margin`` (ours: each pick's similarity to its anchor, charged ``1 + scheduler.reward.overshoot`` times
+    for every bit it rises above the anchor's own pair, a likely false negative); ``positive_margin+itm`` (ALBEF and
+    BLIP-2: less ``scheduler.reward.itm_weight`` times the model's own ITM match probability of the pick with its
+    anchor, one no-grad eval-mode pass of the fusion layers over the batch's 2(B - 1) chained pairs; a dual encoder has
+    no ITM head, and its only judgement of a pair is the similarity the margin reads); ``positive_margin+oracle`` (a
+    diagnostic on a shapes world: the same charge with the world's ground truth as the judge, which no real run has,
+    the ceiling of every ``+itm`` charge)."""
     overshoot: float = Field(1.0, ge=0)
     """``scheduler.reward.name: positive_margin``: how much more a pick loses per unit of similarity above its anchor's
     own pair than it gains per unit below (0: the reward falls flat past the pair)."""
@@ -92,13 +65,22 @@ class RewardConfig(Section):
     those of the L_before pass (θ_k): Δ then credits the text and fusion update only, for a reward pass
     without the image encoder (most of its cost: falcon/grit per-step time 1.22 -> 1.08 on albef-tiny, CPU)."""
 
+    @field_validator("name")
+    @classmethod
+    def _known_reward(cls, name: str) -> str:
+        """A registered reward (one line with the nearest names otherwise)."""
+        if name not in REWARDS:
+            raise ValueError(unknown_name_message("reward", name, REWARDS.names()))
+        return name
+
     @model_validator(mode="after")
     def _check_hardness(self) -> "RewardConfig":
         """A rank-valued hardness needs a judge to charge it."""
-        if self.hardness == "rank" and self.name not in ("positive_margin+itm", "positive_margin+oracle"):
+        if self.hardness == "rank" and not REWARDS.get(self.name).judged:
+            judged = [n for n in REWARDS.names() if REWARDS.get(n).judged]
             raise ValueError(
-                f"hardness=rank pays for harder picks until a judge charges them: it needs name: "
-                f"positive_margin+itm or positive_margin+oracle (got {self.name})"
+                f"hardness=rank pays for harder picks until a judge charges them: it needs a judged reward "
+                f"({' or '.join(judged)}; got {self.name})"
             )
         return self
 
@@ -171,6 +153,11 @@ class SchedulerConfig(Section):
     """Residual blocks of the scheduler MLP (2: four linear layers)."""
     lr: float = Field(1e-4, gt=0)
     """Scheduler AdamW learning rate."""
+    init_q: float | None = Field(None, gt=0, lt=1)
+    """Every anchor's initial mean q: the Beta head starts at this mean, with the paper's concentration α + β ≈ 1.95
+    (None: the paper's Beta(0.97, 0.97), mean 0.5). On the composer's q scale (``composer.quantile_scale``): under
+    ``log_rank``, 0.9 is about the 2nd most similar of 500 candidates. Where hardness helps, the scheduler then starts
+    there, and the reward has to earn any back-off (issue 70's candidate A)."""
     weight_decay: float = Field(0.01, ge=0)
     """Scheduler AdamW weight decay."""
     grad_clip: float | None = Field(None, gt=0)
@@ -201,29 +188,32 @@ class SchedulerConfig(Section):
                 "overlap=true makes the scheduler's update one step late, which is a lag of at least 1: "
                 "set scheduler.lag=1 (or more)"
             )
-        reward, credit = self.reward.name, self.update.credit
-        if credit != "batch" and (reward not in PER_PAIR_REWARDS or self.level != "instance"):
+        reward, credit = REWARDS.get(self.reward.name), self.update.credit
+        if credit not in reward.credits:
+            able = [name for name in REWARDS.names() if credit in REWARDS.get(name).credits]
             raise ValueError(
-                f"update.credit={credit} credits each q with one pair's reward: it needs a per-pair reward.name "
-                f"({', '.join(PER_PAIR_REWARDS)}) and level: instance (got {reward}, {self.level})"
+                f"update.credit={credit} cannot credit reward.name={reward.name}, which can be credited by "
+                f"{' or '.join(reward.credits)}"
+                + (
+                    " (it scores each pick for the anchor that chose it)"
+                    if reward.score is not None
+                    else " (a per-step credit hands one pair's reward to one q: it needs a per-pair reward)"
+                )
+                + (
+                    "; credit=levels scores every level's pick from cached features (the ITM head would need a "
+                    "forward of every level's pick)"
+                    if credit == "levels"
+                    else ""
+                )
+                + f"; rewards it can credit: {', '.join(able)}"
             )
-        if reward.startswith("positive_margin") and credit not in ("chosen", "levels"):
+        if credit != "batch" and self.level != "instance":
+            raise ValueError(f"update.credit={credit} credits each anchor's q: it needs level: instance (got batch)")
+        if credit == "levels" and reward.judged and self.reward.itm_charge == "excess":
             raise ValueError(
-                f"reward.name={reward} scores each pick for the anchor that chose it: it needs "
-                f"update.credit: chosen or levels (got {credit})"
+                "update.credit=levels with reward.itm_charge=excess: the excess is fitted over a "
+                "batch's picks, not a grid's; use reward.itm_charge: expected or absolute"
             )
-        if credit == "levels":
-            if reward not in ("positive_margin", "positive_margin+oracle"):
-                raise ValueError(
-                    f"update.credit=levels scores the pick of every level from cached features: it needs "
-                    f"reward.name: positive_margin or positive_margin+oracle (got {reward}; the ITM head "
-                    "would need a forward of every level's pick)"
-                )
-            if reward == "positive_margin+oracle" and self.reward.itm_charge == "excess":
-                raise ValueError(
-                    "update.credit=levels with reward.itm_charge=excess: the excess is fitted over a "
-                    "batch's picks, not a grid's; use reward.itm_charge: expected or absolute"
-                )
         if len(set(self.features)) != len(self.features):
             raise ValueError(f"features lists a group twice: {self.features}")
         return self
