@@ -1,3 +1,3 @@
 """falcon: false-negative-aware vision-language pretraining (FALCON and its baselines)."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
