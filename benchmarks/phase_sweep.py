@@ -93,6 +93,7 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "grit-mask": ("shapes-grit", ["pretrain.false_negatives.same_image=mask"]),
     "grit-oracle": ("shapes-grit", ["pretrain.false_negatives.oracle=mask"]),
     "uniform-oracle": ("shapes-uniform", ["pretrain.false_negatives.oracle=mask"]),
+    "falcon-paper-rate": ("shapes-falcon", ["pretrain.scheduler.lr=1.144e-3"]),
     "falcon-start-top": ("shapes-falcon-start-top", []),
     "falcon-rank-oracle": ("shapes-falcon-rank-oracle", []),
     "falcon-rank-itm": ("shapes-falcon-rank-itm", []),
@@ -115,7 +116,8 @@ on that scale the margin paid only as far as the ITM head (``falcon-itm-expected
 (``falcon-oracle-top``) calls a pick a true negative: rewards that need not charge a scene's true near misses;
 ``srcl`` (its auxiliary model: the same seed's uniform run, so the
 sweep trains uniform first) and ``diht`` (HN-NCE on uniform batches), the other false-negative-aware methods; and issue
-70's candidate schedulers (:data:`PILOTS`, ``benchmarks/scheduler_pilots.py``), run only when named."""
+70's candidate schedulers (:data:`PILOTS`, ``benchmarks/scheduler_pilots.py``) and ``falcon-paper-rate``, paper-exact
+FALCON at the paper's scheduler learning rate mapped to the testbed's updates (docs/methods.md), run only when named."""
 
 AUXILIARY = {"srcl": "uniform"}
 """Methods whose run embeds the pairs with another method's finished run of the same (regime, seed) first (SRCL's
@@ -125,7 +127,15 @@ PILOTS = ("falcon-start-top", "falcon-rank-oracle", "falcon-rank-itm", "falcon-i
 """Issue 70's candidate schedulers: A (``scheduler.init_q`` at the top, the paper's reward), B (the rank paid, a false
 pick charged by the oracle or by the ITM head) and C (``reward: itm_progress``), all with q on the log-rank scale."""
 
-DIAGNOSTICS = ("grit-mask", "grit-oracle", "uniform-oracle", "falcon-oracle", "falcon-oracle-top", *PILOTS)
+DIAGNOSTICS = (
+    "grit-mask",
+    "grit-oracle",
+    "uniform-oracle",
+    "falcon-oracle",
+    "falcon-oracle-top",
+    "falcon-paper-rate",
+    *PILOTS,
+)
 """Methods the sweep runs only when ``--only`` names them (not part of the phase diagram)."""
 
 GATE_METHODS = ("uniform", "grit", "q05")

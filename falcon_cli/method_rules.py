@@ -287,7 +287,12 @@ RULES: dict[str, MethodRules] = {
                 "the composers' shared search-space size (GRIT's and q = 0.5's arms use it too)",
             ),
         ),
-        notes=("FALCON in `dense` is another issue's; the row fixes its rules.",),
+        notes=(
+            "Paper-exact FALCON in `dense` (issue 70) runs at this rate: `shapes-falcon` with "
+            "`pretrain.scheduler.lr=1.144e-3` (`benchmarks/phase_sweep.py`'s `falcon-paper-rate`); the `shapes-falcon` "
+            "recipe keeps 1e-3, set for the demo's 250 FALCON steps. Issue 70's candidate A "
+            "(`shapes-falcon-start-top`) uses it too.",
+        ),
     ),
 }
 """Every false-negative method's rules (and FALCON's), in docs/methods.md's order."""

@@ -660,7 +660,9 @@ def test_the_diagnostic_arm_runs_only_when_named():
     when named: they are not part of the phase diagram or the gate."""
     assert "grit-mask" not in sweep.selected_methods(False, None)
     diagnostics = ("grit-mask", "grit-oracle", "uniform-oracle", "falcon-oracle", "falcon-oracle-top")
-    assert sweep.selected_methods(False, None) == [m for m in sweep.METHODS if m not in diagnostics]
+    pilots = ("falcon-paper-rate", "falcon-start-top", "falcon-rank-oracle", "falcon-rank-itm", "falcon-itm-progress")
+    assert sweep.selected_methods(False, None) == [m for m in sweep.METHODS if m not in diagnostics + pilots]
+    assert sweep.METHODS["falcon-paper-rate"] == ("shapes-falcon", ["pretrain.scheduler.lr=1.144e-3"])
     assert sweep.METHODS["falcon-oracle-top"] == ("shapes-falcon-oracle", ["pretrain.composer.quantile_scale=log_rank"])
     assert sweep.selected_methods(False, ["uniform-oracle", "grit-oracle"]) == ["grit-oracle", "uniform-oracle"]
     assert sweep.METHODS["uniform-oracle"] == ("shapes-uniform", ["pretrain.false_negatives.oracle=mask"])

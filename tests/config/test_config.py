@@ -148,6 +148,17 @@ def test_coco_albef_is_falcon_with_the_papers_hyperparameters_and_siblings_diffe
     )
     top = load_recipe("shapes-falcon-margin-top")[0].pretrain.model_dump()  # the margin with q on the log-rank scale
     assert changed(margin, top) == renamed(margin, {"quantile_scale": "log_rank"})
+    # issue 70's candidates, each on the log-rank scale: A over paper-exact FALCON, B over the expected-worth judges,
+    # C over the improved scheduler
+    log_rank = {"quantile_scale": "log_rank"}
+    for base_name, name, changes in [
+        ("shapes-falcon", "shapes-falcon-start-top", {**log_rank, "scheduler.init_q": 0.9, "scheduler_lr": 1.144e-3}),
+        ("shapes-falcon-oracle", "shapes-falcon-rank-oracle", {**log_rank, "reward_hardness": "rank"}),
+        ("shapes-falcon-itm-expected", "shapes-falcon-rank-itm", {**log_rank, "reward_hardness": "rank"}),
+        ("shapes-falcon-plus", "shapes-falcon-itm-progress", {**log_rank, "reward": "itm_progress"}),
+    ]:
+        base_p, candidate = (load_recipe(n)[0].pretrain.model_dump() for n in (base_name, name))
+        assert changed(base_p, candidate) == renamed(base_p, changes), name
     for base_name, itm_name in [("shapes-blip2-falcon", "shapes-blip2-falcon-itm"), ("coco-blip2", "coco-blip2-itm")]:
         base_p, itm = (load_recipe(name)[0].pretrain.model_dump() for name in (base_name, itm_name))
         assert changed(base_p, itm) == renamed(
