@@ -211,16 +211,8 @@ def main(argv: list[str] | None = None) -> int:
                         flush=True,
                     )
     frame = pd.DataFrame(rows)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        frame.to_csv(args.out / "candidates.csv", index=False, float_format="%.4f")
-    command = "PYTHONPATH=. .venv/bin/python benchmarks/candidate_harness.py " + " ".join(
-        sys.argv[1:] if argv is None else argv
-    )
-    lines = markdown(frame, command, time.time() - start)
-    print("\n".join(lines))
-    if args.report is not None:
-        scheduler_bandit.replace_block(args.report, lines, BEGIN, END)
+    lines = markdown(frame, scheduler_bandit.command_line("candidate_harness.py", argv), time.time() - start)
+    scheduler_bandit.publish(frame, lines, out=args.out, csv="candidates.csv", report=args.report, begin=BEGIN, end=END)
     return 0
 
 

@@ -219,16 +219,9 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
     frame = pd.DataFrame(rows)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        frame.to_csv(args.out / "frontier.csv", index=False, float_format="%.4f")
-    command = "PYTHONPATH=. .venv/bin/python benchmarks/frontier_harness.py " + " ".join(
-        sys.argv[1:] if argv is None else argv
-    )
+    command = scheduler_bandit.command_line("frontier_harness.py", argv)
     lines = markdown(frame, command, f"{torch.get_num_threads()} CPU threads", time.time() - start, anchors)
-    print("\n".join(lines))
-    if args.report is not None:
-        scheduler_bandit.replace_block(args.report, lines, BEGIN, END)
+    scheduler_bandit.publish(frame, lines, out=args.out, csv="frontier.csv", report=args.report, begin=BEGIN, end=END)
     return 0
 
 

@@ -385,6 +385,22 @@ def replace_block(report: Path, lines: list[str], begin: str = BEGIN, end: str =
     shapes_sweep.replace_block(report, begin, end, lines)
 
 
+def command_line(script: str, argv: list[str] | None) -> str:
+    """How a harness was run, for its report: ``PYTHONPATH=. .venv/bin/python benchmarks/SCRIPT ARGS``."""
+    return f"PYTHONPATH=. .venv/bin/python benchmarks/{script} " + " ".join(sys.argv[1:] if argv is None else argv)
+
+
+def publish(frame, lines: list[str], *, out: Path | None, csv: str, report: Path | None, begin: str, end: str) -> None:
+    """A harness's results: ``frame`` as OUT/``csv`` (when ``out``), ``lines`` printed and put between the markers of
+    ``report`` (when given)."""
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        frame.to_csv(out / csv, index=False, float_format="%.4f")
+    print("\n".join(lines))
+    if report is not None:
+        replace_block(report, lines, begin, end)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)
