@@ -143,6 +143,11 @@ def run_candidate(anchors: HarnessAnchors, candidate: str, *, updates: int = 250
     }
 
 
+def _signed(value: float) -> str:
+    """``+0.12``, or — where there is nothing to correlate (no false pick in the world)."""
+    return "—" if value != value else f"{value:+.2f}"
+
+
 def verdict(world: str, row: dict) -> bool:
     """Whether one run passes its world (:data:`PASS`)."""
     if world == "safe-top":
@@ -163,7 +168,7 @@ def markdown(frame, command: str, seconds: float) -> list[str]:
         lines.append(
             f"| {world} | {candidate} | {len(sub)} | {sub.mean_expected_q.mean():.2f} | "
             f"{100 * sub.top_share.mean():.1f} | {100 * sub.false_share.mean():.1f} | "
-            f"{sub.reward_false_corr.mean():+.2f} | "
+            f"{_signed(sub.reward_false_corr.mean())} | "
             f"{'yes' if sub.passes.all() else 'no'} ({int(sub.passes.sum())}/{len(sub)}) |"
         )
     lines += ["", "Pass: " + "; ".join(f"`{w}`: {rule}" for w, rule in PASS.items()) + "."]

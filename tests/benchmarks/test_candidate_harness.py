@@ -51,17 +51,23 @@ def test_a_short_run_writes_its_table_and_report_block(tmp_path):
     assert harness.BEGIN in text and "| false-top | rank-oracle | 1 |" in text
 
 
-@pytest.mark.slow  # (six schedulers of 600 updates: about two minutes)
+@pytest.mark.slow  # (eight schedulers of 600 updates: about three minutes)
 @pytest.mark.parametrize(
-    "candidate, passes",
-    [("paper", {"safe-top": False, "false-top": True}), ("rank-oracle", {"safe-top": True, "false-top": True})],
+    "candidate, sigma, passes",
+    [
+        ("paper", None, {"safe-top": False, "false-top": True}),
+        ("rank-oracle", None, {"safe-top": True, "false-top": True}),
+        ("itm-progress", 0.05, {"safe-top": True, "false-top": True}),
+        ("itm-progress", 1.0, {"safe-top": False, "false-top": True}),
+    ],
 )
-def test_each_candidate_passes_or_fails_its_known_optimum(candidate, passes):
+def test_each_candidate_passes_or_fails_its_known_optimum(candidate, sigma, passes):
     """Candidate B (the rank paid, a false pick charged by the oracle) reaches the top where nothing is false and backs
     off where the top is; candidate A (the paper's one noisy reward per update, started at q = 0.9) drifts off the top
-    where the top is best: Adam's steps are as large for noise as for signal."""
+    where the top is best: Adam's steps are as large for noise as for signal; candidate C reaches the top where its
+    per-pick rank signal is 0.4 of its noise (slope 0.02, σ 0.05), not where it is 0.02 (σ 1)."""
     image, text, _ = small_world()
     for world, expected in passes.items():
         anchors = harness.harness_anchors(image, text, 100, world)
-        row = harness.run_candidate(anchors, candidate, updates=600, seed=0)
+        row = harness.run_candidate(anchors, candidate, updates=600, seed=0, progress=(0.02, 0.04, sigma or 0.2))
         assert harness.verdict(world, row) == expected, (world, row)
