@@ -112,3 +112,31 @@ def test_itm_progress_pays_each_pick_the_fall_of_its_itm_losses_over_the_update(
         want = plain_itm_loss(w_before, images, captions, k) - plain_itm_loss(w_after, images, captions, k)
         assert float(worth[k]) == pytest.approx(want, abs=1e-5), k
     assert judge.modes[-1] == "train", "the objective is back in train mode"
+
+
+@pytest.mark.slow  # (two tiny FALCON trainings, about two minutes: `make test-all`)
+def test_the_candidates_recipes_train_through_the_cli(tmp_path):
+    """`shapes-falcon-start-top` composes its first FALCON epoch near q 0.9 (the paper's start would be 0.5), and
+    `shapes-falcon-itm-progress` pays the scheduler a finite reward every step, both through `falcon run`."""
+    import json
+
+    from falcon_cli.sampling.batch_log import read_batch_log
+    from tests.conftest import TINY_SHAPES_RUN, run_cli
+
+    world = tmp_path / "world"
+    for recipe in ("shapes-falcon-start-top", "shapes-falcon-itm-progress"):
+        run = tmp_path / recipe
+        proc = run_cli(
+            "run", "--recipe", recipe, "--run-dir", run, f"data.dataset={world}", "stages=[data,pretrain]",
+            *TINY_SHAPES_RUN,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        rewards = [
+            r["reward"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "reward" in r
+        ]
+        paid = [r for r in rewards if r is not None]
+        assert paid and all(math.isfinite(r) for r in paid), rewards
+        log = read_batch_log(run / "batches.parquet")
+        q = log.loc[(log["epoch"] == 1) & log["q"].notna(), "q"]
+        if recipe.endswith("start-top"):
+            assert len(q) > 10 and q.mean() > 0.75, q.describe()
