@@ -81,6 +81,11 @@ def passes(preset: str, row: dict) -> bool:
     return bool(row["chain_fn_rate"] <= 0.3 and row["q_fn_density_corr"] <= -0.3)
 
 
+def _cell(value: float, spec: str) -> str:
+    """A table cell: the number, or — where the run has none (no near-miss families in `dense`)."""
+    return "—" if value != value else format(value, spec)
+
+
 def _number(value) -> float:
     return float("nan") if value is None else float(value)
 
@@ -97,8 +102,9 @@ def markdown(frame) -> list[str]:
     ]
     for row in frame.itertuples():
         lines.append(
-            f"| {row.preset} | {row.method} | {100 * row.top_share:.1f} | {100 * row.sibling_share:.1f} | "
-            f"{100 * row.chain_fn_rate:.1f} | {row.q_fn_density_corr:+.2f} | {row.q_mean:.2f} | "
+            f"| {row.preset} | {row.method} | {_cell(100 * row.top_share, '.1f')} | "
+            f"{_cell(100 * row.sibling_share, '.1f')} | {_cell(100 * row.chain_fn_rate, '.1f')} | "
+            f"{_cell(row.q_fn_density_corr, '+.2f')} | {_cell(row.q_mean, '.2f')} | "
             f"{'yes' if row.passes else 'no'} |"
         )
     verdicts = frame.groupby("method")["passes"].agg(["all", "size"])
