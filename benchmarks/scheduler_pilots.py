@@ -37,6 +37,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.phase_sweep import PILOTS  # noqa: E402
 from benchmarks.scheduler_bandit import replace_block  # noqa: E402
 from benchmarks.scheduler_sweep import epoch_rows  # noqa: E402
+from benchmarks.shapes_sweep import Variant, collect  # noqa: E402
 
 BEGIN, END = "<!-- scheduler-pilots:begin -->", "<!-- scheduler-pilots:end -->"
 PRESETS = ("coco-like", "dense")
@@ -60,10 +61,13 @@ def pilot_row(preset: str, method: str, run: Path) -> dict:
     summary = epochs[-1] if epochs else {}
     audit = json.loads((run / "audit" / "summary.json").read_text())
     shares = [s for s in audit.get("near_misses_in_batch") or [] if int(s["epoch"]) == last]
+    retrieval = collect(Variant(method), SEED, run)  # (ITC R@1 and its false-negative-aware version, for the record)
     row = {
         "preset": preset,
         "method": method,
         "epoch": last,
+        "R@1": retrieval["R@1"],
+        "oracle_R@1": retrieval["oracle_R@1"],
         "top_share": float((chained["quantile_rank"] >= 1.0).mean()) if len(chained) else float("nan"),
         "sibling_share": float(shares[0]["share"]) if shares else float("nan"),
         "chain_fn_rate": _number(summary.get("chain_fn_rate")),
@@ -97,15 +101,17 @@ def markdown(frame) -> list[str]:
         f"docs/results.md`: one seed, {EPOCHS} epochs (the uniform epoch, then FALCON), the `cpu` budget otherwise.",
         "",
         "| world | candidate | top candidate, % of picks | siblings in batch, % of rows | chain FN % | "
-        "corr(E[q], FN density) | mean q | passes |",
-        "|---|---|---|---|---|---|---|---|",
+        "corr(E[q], FN density) | mean q | ITC R@1 | FN-aware ITC R@1 | passes |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for row in frame.itertuples():
+    for row in frame.to_dict("records"):
+        nan = float("nan")
         lines.append(
-            f"| {row.preset} | {row.method} | {_cell(100 * row.top_share, '.1f')} | "
-            f"{_cell(100 * row.sibling_share, '.1f')} | {_cell(100 * row.chain_fn_rate, '.1f')} | "
-            f"{_cell(row.q_fn_density_corr, '+.2f')} | {_cell(row.q_mean, '.2f')} | "
-            f"{'yes' if row.passes else 'no'} |"
+            f"| {row['preset']} | {row['method']} | {_cell(100 * row['top_share'], '.1f')} | "
+            f"{_cell(100 * row['sibling_share'], '.1f')} | {_cell(100 * row['chain_fn_rate'], '.1f')} | "
+            f"{_cell(row['q_fn_density_corr'], '+.2f')} | {_cell(row['q_mean'], '.2f')} | "
+            f"{_cell(row.get('R@1', nan), '.1f')} | {_cell(row.get('oracle_R@1', nan), '.1f')} | "
+            f"{'yes' if row['passes'] else 'no'} |"
         )
     verdicts = frame.groupby("method")["passes"].agg(["all", "size"])
     both = [m for m, v in verdicts.iterrows() if v["all"] and v["size"] == len(PRESETS)]

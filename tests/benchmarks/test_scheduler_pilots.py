@@ -36,7 +36,7 @@ def test_the_table_reports_every_pilot_and_who_passes_both():
     lines = pilots.markdown(pd.DataFrame(rows))
     assert sum(line.startswith("| coco-like") or line.startswith("| dense") for line in lines) == 3
     assert lines[-1].endswith("Passes both: a.")
-    assert "| dense | a | 10.0 | — | 20.0 | -0.50 | 0.60 | yes |" in lines
+    assert "| dense | a | 10.0 | — | 20.0 | -0.50 | 0.60 | — | — | yes |" in lines
     assert pilots.markdown(pd.DataFrame(rows[2:]))[-1].endswith("No candidate passes both (yet).")
 
 
