@@ -40,9 +40,13 @@ __all__ = [
     "build_policy_optimizer",
 ]
 
-#: q is kept in ``[Q_CLAMP, 1 - Q_CLAMP]``: Beta samples can land on the float boundary,
-#: where the log density is infinite.
-Q_CLAMP = 1e-6
+#: q is kept in ``[Q_CLAMP, 1 - Q_CLAMP]``: Beta samples can land on the float boundary, where the log density is
+#: infinite. The clamp must be far out in the tails: every clamped sample's score is wrong, and a Beta with β < 1
+#: (mean near 1, where hardness helps) puts real mass there. At 1e-6, Beta(1.75, 0.195) (mean q 0.9) clamped 7.9% of
+#: its draws and E[∂ log p / ∂β] was +0.40 instead of 0, so a positive reward pushed β up and q down with no signal
+#: at all (issue 70). q is float64 from the draw to the log density, so 1e-15 (a few float64 steps from 1) is
+#: representable; the bias left is under 0.01 (tests/sampling/test_policy.py).
+Q_CLAMP = 1e-15
 
 
 class SchedulerPolicy(nn.Module):
@@ -122,16 +126,14 @@ class SchedulerPolicy(nn.Module):
 
 
 def beta_log_prob(alpha: Tensor, beta: Tensor, q: Tensor) -> Tensor:
-    """Log density of Beta(α, β) at ``q`` (broadcast), with q clamped to ``[1e-6, 1 - 1e-6]``.
+    """Log density of Beta(α, β) at ``q`` (broadcast), float64, with q clamped to ``[Q_CLAMP, 1 - Q_CLAMP]`` (see
+    :data:`Q_CLAMP`: in float32 the clamp would round to 1).
 
     Differentiable in α and β (the REINFORCE gradient). The clamp keeps the value finite
     for samples that hit 0 or 1 in floating point.
     """
-    dtype = torch.promote_types(torch.promote_types(alpha.dtype, beta.dtype), q.dtype)
-    if not dtype.is_floating_point:
-        dtype = torch.get_default_dtype()
-    alpha, beta = alpha.to(dtype), beta.to(dtype)
-    q = q.to(device=alpha.device, dtype=dtype).clamp(Q_CLAMP, 1.0 - Q_CLAMP)
+    alpha, beta = alpha.to(torch.float64), beta.to(torch.float64)
+    q = q.to(device=alpha.device, dtype=torch.float64).clamp(Q_CLAMP, 1.0 - Q_CLAMP)
     with fp32_region(alpha.device):
         return torch.distributions.Beta(alpha, beta, validate_args=False).log_prob(q)
 
@@ -150,7 +152,7 @@ def check_beta_parameters(alpha: np.ndarray, beta: np.ndarray) -> None:
 
 
 def draw_q(alpha: np.ndarray, beta: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """q ~ Beta(α, β) for checked float64 arrays, clamped to ``[1e-6, 1 - 1e-6]`` (numpy's exact sampler)."""
+    """q ~ Beta(α, β) for checked float64 arrays, clamped to ``[Q_CLAMP, 1 - Q_CLAMP]`` (numpy's exact sampler)."""
     return np.clip(rng.beta(alpha, beta), Q_CLAMP, 1.0 - Q_CLAMP)
 
 
@@ -162,7 +164,8 @@ def sample_q(alpha: Tensor, beta: Tensor, generator: torch.Generator | np.random
     ~50 small kernels). ``generator``: a torch generator (one seed is drawn from it per
     call, see :func:`numpy_generator`) or a numpy generator derived from one (composition
     derives one per batch round). α and β broadcast; the result has their broadcast shape,
-    α's dtype and device, no gradient, and is clamped to ``[1e-6, 1 - 1e-6]``.
+    α's dtype and device (float64 keeps the clamp: in float32, 1 − 1e-15 rounds to 1; composition draws float64 with
+    :func:`draw_q`), no gradient, clamped to ``[Q_CLAMP, 1 - Q_CLAMP]``.
     """
     alpha, beta = torch.broadcast_tensors(alpha.detach(), beta.detach())
     a, b = alpha.double().cpu().numpy(), beta.double().cpu().numpy()
@@ -182,9 +185,12 @@ def reinforce_loss(reward: Tensor | float, log_prob: Tensor, baseline: Tensor | 
     """
 
     def detached(value: Tensor | float) -> Tensor | float:
-        return value.detach().to(device=log_prob.device, dtype=log_prob.dtype) if isinstance(value, Tensor) else value
+        return value.detach().to(device=log_prob.device) if isinstance(value, Tensor) else value
 
-    return -((detached(reward) - detached(baseline)) * log_prob).sum()
+    advantage = detached(reward) - detached(baseline)  # (in the reward's own precision: equal is exactly 0)
+    if isinstance(advantage, Tensor):
+        advantage = advantage.to(log_prob.dtype)
+    return -(advantage * log_prob).sum()
 
 
 class RewardBaseline:

@@ -320,7 +320,8 @@ class NegativeScheduler:
         """
         device = next(self.policy.parameters()).device  # a lagged feed's records come from CPU workers
         used = ~torch.isnan(record["q"])
-        s_hat, q = record["s_hat"][used].to(device), record["q"][used].to(device).float()
+        # (q in float64: a draw near 0 or 1 keeps its distance from the edge, so its score is right: policy.Q_CLAMP)
+        s_hat, q = record["s_hat"][used].to(device), record["q"][used].to(device).double()
         k = int(used.sum())
         alpha, beta = self.policy(s_hat)
         log_prob = beta_log_prob(alpha, beta, q)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from falcon_cli.sampling.policy import (
+    Q_CLAMP,
     RewardBaseline,
     SchedulerPolicy,
     beta_log_prob,
@@ -29,7 +31,7 @@ def _s_hat(*shape: int, seed: int = 0) -> torch.Tensor:
 
 
 def _ref_log_prob(a: float, b: float, q: float) -> float:
-    q = min(max(q, 1e-6), 1 - 1e-6)
+    q = min(max(q, Q_CLAMP), 1 - Q_CLAMP)
     return math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + (a - 1) * math.log(q) + (b - 1) * math.log(1 - q)
 
 
@@ -125,11 +127,26 @@ def test_beta_log_prob_matches_lgamma_reference():
     assert torch.isfinite(got).all()
     ref = torch.tensor([[_ref_log_prob(pa, pb, qq) for qq in qs] for pa, pb in params], dtype=torch.float64)
     assert torch.allclose(got, ref, rtol=1e-9, atol=1e-9)
-    # float32 path too (finite at the boundary; compared inside it, where 1 - 1e-6 is not
-    # representable in float32 and log(1 - q) legitimately differs).
+    # float32 parameters and q too: the density is computed in float64 all the same (in float32 the clamp would
+    # round to 1 and q = 1 would be infinite), equal to the reference where float32 holds q exactly
     got32 = beta_log_prob(a.float(), b.float(), q.float())
-    assert got32.dtype == torch.float32 and torch.isfinite(got32).all()
-    assert torch.allclose(got32.double()[:, :-1], ref[:, :-1], rtol=1e-4, atol=1e-3)
+    assert got32.dtype == torch.float64 and torch.isfinite(got32).all()
+    assert torch.allclose(got32[:, [0, 4, 7]], ref[:, [0, 4, 7]], rtol=1e-6, atol=1e-6)
+
+
+def test_the_score_of_a_beta_near_the_top_is_unbiased():
+    """E[∂ log p(q) / ∂(α, β)] = 0 for q ~ Beta(α, β): a clamp too close to the body of the density breaks it. At
+    the 1e-6 clamp, Beta(1.75, 0.195) (mean 0.9: issue 70's start at the top) clamped 7.9% of its draws and the β score
+    averaged +0.40, so a positive reward pushed q down with no signal at all."""
+    rng = np.random.default_rng(0)
+    for a, b in [(1.753, 0.195), (0.195, 1.753), (0.974, 0.974), (5.0, 0.3)]:
+        alpha, beta = torch.tensor(a, requires_grad=True), torch.tensor(b, requires_grad=True)
+        q = sample_q(
+            torch.full((200_000,), a, dtype=torch.float64), torch.full((200_000,), b, dtype=torch.float64), rng
+        )
+        assert q.dtype == torch.float64
+        beta_log_prob(alpha, beta, q).mean().backward()
+        assert abs(float(alpha.grad)) < 0.03 and abs(float(beta.grad)) < 0.03, (a, b, alpha.grad, beta.grad)
 
 
 # --- REINFORCE -------------------------------------------------------------------------------
@@ -214,7 +231,7 @@ def test_sample_q_moments(a, b):
     n = 20_000
     q = sample_q(torch.full((n,), a), torch.full((n,), b), torch.Generator().manual_seed(0))
     assert q.shape == (n,) and q.dtype == torch.float32
-    assert (q >= 1e-6).all() and (q <= 1 - 1e-6).all()
+    assert (q >= Q_CLAMP).all() and (q <= 1 - Q_CLAMP).all()
     mean = a / (a + b)
     var = a * b / ((a + b) ** 2 * (a + b + 1))
     # ~4.5 standard errors for the mean; ~10% relative for the variance.
@@ -274,7 +291,7 @@ def test_sample_q_is_deterministic_per_generator_and_broadcasts():
 
 def test_sample_q_tiny_shape_stays_in_range():
     q = sample_q(torch.full((1000,), 1e-3), torch.full((1000,), 1e-3), torch.Generator().manual_seed(0))
-    assert torch.isfinite(q).all() and (q >= 1e-6).all() and (q <= 1 - 1e-6).all()
+    assert torch.isfinite(q).all() and (q >= Q_CLAMP).all() and (q <= 1).all()
     with pytest.raises(ValueError):
         sample_q(torch.tensor([0.0]), torch.tensor([1.0]), torch.Generator())
     with pytest.raises(ValueError):
