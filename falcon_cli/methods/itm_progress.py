@@ -12,6 +12,8 @@ pairs and one or two image encodings a step."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from falcon_cli.registry import PickScoring, pick_reward
 
 
@@ -40,7 +42,7 @@ def itm_losses(c: PickScoring, image_tokens=None):
             negative_image, negative_text = chain_pairs(b, input_ids.device)
             own = torch.arange(b - 1, device=input_ids.device)  # each pick's anchor, with its own caption
             image_index, text_index = torch.cat([negative_image, own]), torch.cat([negative_text, own])
-            state = _Tokens(image_tokens)
+            state = SimpleNamespace(image_tokens=image_tokens)  # (what an ITM judgement reads of a training forward)
             p = objective.match_probability(state, input_ids, attention_mask, image_index, text_index).float()
     finally:
         objective.train()
@@ -48,13 +50,6 @@ def itm_losses(c: PickScoring, image_tokens=None):
     negative = -torch.log1p(-p[: 2 * (b - 1)])
     out[1:] = (negative[: b - 1] + negative[b - 1 :]) / 2 - torch.log(p[2 * (b - 1) :])
     return out, image_tokens
-
-
-class _Tokens:
-    """The part of a training forward's output an ITM judgement reads: the image tokens."""
-
-    def __init__(self, image_tokens):
-        self.image_tokens = image_tokens
 
 
 def prepare(c: PickScoring):

@@ -739,7 +739,7 @@ def _round_columns(
     batch_size: int,
     level: str,
     alpha_beta: tuple[np.ndarray, np.ndarray] | None,
-    scale: str = "linear",
+    scale: str,
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The per-slot columns (CPU tensors ``[a, B]``: the chain's results, read on the host) and the scheduler
     record (on the tables' device, where the scheduler learns) of a round, from its per-step arrays ``[a, taken]``.
