@@ -24,6 +24,12 @@ What each candidate is paid, per pick at rank ρ (its q on the log-rank scale) t
 * ``rank-oracle`` (candidate B, the oracle as the judge): each pick worth (1 − f)·ρ − 2f, credited to the q that
   chose it, with a leave-one-out baseline, normalised advantages, entropy 0.01 and α + β ≤ 50 (``shapes-falcon-plus``'s
   settings, as the frontier harness).
+* ``rank-judge`` (candidate B with a judge that errs, as the run's ITM head does): B's worth with the judge's
+  match probability p in place of f, (1 − p)·ρ − 2p (``reward.itm_charge: expected``), p = sigmoid(z), z ~ N(−d, 1)
+  for a true negative and N(0, 1) for a false one, d = √2·Φ⁻¹(AUROC) for each of ``--judge-auc`` (default 0.6, 0.75,
+  0.9): how well the judge must separate false picks from true ones for B to learn. Its errors here do not depend
+  on a pick's rank; a real head's may (it confuses near misses more often), which the pilot measures and this does
+  not. A pilot's ``itm_fn_auc`` (its epoch summaries) places its ITM head on this scale.
 * ``itm-progress`` (candidate C): each pick worth a·ρ − c·f + noise N(0, σ²), credited as B's; a and c are
   ``--progress a c`` (default 0.02 0.04), σ each of ``--noise`` (default 0.2: a per-pick signal a tenth of its
   noise). What a training run's reward really carries is unknown here; the table's corr(reward, false) in training is
@@ -61,6 +67,7 @@ STEADY = dict(credit="chosen", baseline="batch_mean", lr=1e-3, normalize=True, e
 CANDIDATES = {
     "paper": dict(credit="batch", lr=1.144e-3, init_q=0.9),
     "rank-oracle": STEADY,
+    "rank-judge": STEADY,
     "itm-progress": STEADY,
 }
 """Candidate -> :class:`NegativeScheduler` options."""
@@ -101,9 +108,23 @@ def picks(anchors: HarnessAnchors, index: np.ndarray, q: np.ndarray) -> tuple[np
     return position, scale_rank(position, n, SCALE), anchors.false[index, position]
 
 
+def judge_match(false: np.ndarray, auc: float, rng: np.random.Generator) -> np.ndarray:
+    """A judge's match probability for picks that are ``false`` or not, its AUROC ``auc`` (``rank-judge``):
+    sigmoid(z), z ~ N(−d, 1) for a true negative and N(0, 1) for a false one, d = √2·Φ⁻¹(auc)."""
+    from statistics import NormalDist
+
+    if not 0.5 <= auc < 1:
+        raise ValueError(f"a judge's AUROC must lie in [0.5, 1), got {auc}")
+    d = 2**0.5 * NormalDist().inv_cdf(auc)
+    z = rng.normal(0.0, 1.0, false.shape) - d * (1 - false.astype(np.float64))
+    return 1 / (1 + np.exp(-z))
+
+
 def run_candidate(anchors: HarnessAnchors, candidate: str, *, updates: int = 2500, batch: int = 64, seed: int = 0,
-                  progress: tuple[float, float, float] = (0.02, 0.04, 0.2), draws: int = 10) -> dict:  # fmt: skip
-    """Train a fresh scheduler with ``candidate``'s reward on the training anchors; score its picks on the held-out."""
+                  progress: tuple[float, float, float] = (0.02, 0.04, 0.2), judge_auc: float = 0.9,
+                  draws: int = 10) -> dict:  # fmt: skip
+    """Train a fresh scheduler with ``candidate``'s reward on the training anchors; score its picks on the held-out.
+    ``progress`` is ``itm-progress``'s (a, c, σ), ``judge_auc`` ``rank-judge``'s judge."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     scheduler = NegativeScheduler(quantiles=anchors.rows.shape[1], **CANDIDATES[candidate])
@@ -120,6 +141,9 @@ def run_candidate(anchors: HarnessAnchors, candidate: str, *, updates: int = 250
         else:
             if candidate == "rank-oracle":
                 worth = (1 - false) * rank - 2.0 * false
+            elif candidate == "rank-judge":
+                p = judge_match(false, judge_auc, rng)
+                worth = (1 - p) * rank - 2.0 * p
             else:
                 a, c, sigma = progress
                 worth = a * rank - c * false + rng.normal(0, sigma, len(index))
@@ -175,6 +199,15 @@ def markdown(frame, command: str, seconds: float) -> list[str]:
     return lines
 
 
+def variants(candidate: str, args: argparse.Namespace) -> list[dict]:
+    """The settings a candidate runs at, each in turn: C at each ``--noise``, B's judge at each ``--judge-auc``."""
+    if candidate == "itm-progress":
+        return [{"progress": (*args.progress, sigma)} for sigma in args.noise]
+    if candidate == "rank-judge":
+        return [{"judge_auc": auc} for auc in args.judge_auc]
+    return [{}]
+
+
 def main(argv: list[str] | None = None) -> int:
     import pandas as pd
 
@@ -187,10 +220,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--updates", type=int, default=2500, help="scheduler updates (the testbed's: ~2,500)")
     parser.add_argument("--progress", type=float, nargs=2, default=[0.02, 0.04], metavar=("A", "C"))
     parser.add_argument("--noise", type=float, nargs="+", default=[0.2], help="itm-progress's σ, each in turn")
+    parser.add_argument(
+        "--judge-auc", type=float, nargs="+", default=[0.6, 0.75, 0.9], help="rank-judge's judge AUROC, each in turn"
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--report", type=Path, default=None)
     args = parser.parse_args(argv)
+    if any(not 0.5 <= auc < 1 for auc in args.judge_auc):
+        parser.error(f"--judge-auc: each AUROC must lie in [0.5, 1) (a judge at 0.5 is a coin), got {args.judge_auc}")
 
     start = time.time()
     image, text, _ = (
@@ -201,16 +239,17 @@ def main(argv: list[str] | None = None) -> int:
     for world in args.worlds:
         anchors = harness_anchors(image, text, width, world)
         for candidate in args.candidates:
-            for sigma in args.noise if candidate == "itm-progress" else [None]:
+            for setting in variants(candidate, args):
                 for seed in args.seeds:
-                    progress = (*args.progress, sigma)
-                    row = run_candidate(anchors, candidate, updates=args.updates, seed=seed, progress=progress)
+                    row = run_candidate(anchors, candidate, updates=args.updates, seed=seed, **setting)
                     row.update(world=world, passes=verdict(world, row))
-                    if sigma is not None:
-                        row["candidate"] = f"itm-progress, σ {sigma:g}"
+                    if "progress" in setting:
+                        row["candidate"] = f"itm-progress, σ {setting['progress'][2]:g}"
+                    elif "judge_auc" in setting:
+                        row["candidate"] = f"rank-judge, AUROC {setting['judge_auc']:g}"
                     rows.append(row)
                     print(
-                        f"{world:9s} {row['candidate']:12s} seed {seed}: E[q] {row['mean_expected_q']:.3f}, top "
+                        f"{world:9s} {row['candidate']:20s} seed {seed}: E[q] {row['mean_expected_q']:.3f}, top "
                         f"{100 * row['top_share']:.1f}%, false {100 * row['false_share']:.1f}%: "
                         f"{'passes' if row['passes'] else 'fails'}",
                         flush=True,

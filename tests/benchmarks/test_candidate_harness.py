@@ -42,33 +42,58 @@ def test_the_worlds_verdicts_and_each_qs_pick():
 def test_a_short_run_writes_its_table_and_report_block(tmp_path):
     report = tmp_path / "results.md"
     report.write_text("# Results\n")
-    args = ["--updates", "5", "--width", "60", "--out", str(tmp_path / "out"), "--report", str(report)]
-    assert harness.main(args) == 0
+    args = ["--updates", "5", "--width", "60", "--judge-auc", "0.8", "--out", str(tmp_path / "out")]
+    assert harness.main([*args, "--report", str(report)]) == 0
     frame = pd.read_csv(tmp_path / "out" / "candidates.csv")
-    assert len(frame) == 6 and set(frame.world) == set(harness.WORLDS)
-    assert set(frame.candidate) == {"paper", "rank-oracle", "itm-progress, σ 0.2"}
+    assert len(frame) == 8 and set(frame.world) == set(harness.WORLDS)
+    assert set(frame.candidate) == {"paper", "rank-oracle", "rank-judge, AUROC 0.8", "itm-progress, σ 0.2"}
     text = report.read_text()
     assert harness.BEGIN in text and "| false-top | rank-oracle | 1 |" in text
 
 
-@pytest.mark.slow  # (eight schedulers of 600 updates: about three minutes)
+def test_a_judge_whose_auroc_is_out_of_range_is_refused_in_one_line(capsys):
+    with pytest.raises(SystemExit) as done:
+        harness.main(["--judge-auc", "0.9", "1.2"])
+    assert done.value.code == 2
+    assert "--judge-auc: each AUROC must lie in [0.5, 1)" in capsys.readouterr().err
+
+
+def test_the_simulated_judge_has_the_auroc_it_is_given():
+    """Against a plain Mann-Whitney count: the share of (false, true) pick pairs the judge orders rightly."""
+    rng = np.random.default_rng(0)
+    false = rng.random(4000) < 0.2
+    for auc in (0.5, 0.75, 0.95):
+        p = harness.judge_match(false, auc, rng)
+        assert ((0 < p) & (p < 1)).all()
+        hit, miss = p[false], p[~false]
+        measured = (hit[:, None] > miss[None, :]).mean()
+        assert abs(measured - auc) < 0.02, (auc, measured)
+    assert p[false].mean() > 0.4 > 0.15 > p[~false].mean(), "a good judge's p is small for a true negative"
+    with pytest.raises(ValueError, match="AUROC"):
+        harness.judge_match(false, 1.0, rng)
+
+
+@pytest.mark.slow  # (twelve schedulers of 600 updates: about four minutes)
 @pytest.mark.parametrize(
-    "candidate, sigma, passes",
+    "candidate, setting, passes",
     [
-        ("paper", None, {"safe-top": True, "false-top": False}),
-        ("rank-oracle", None, {"safe-top": True, "false-top": True}),
-        ("itm-progress", 0.05, {"safe-top": True, "false-top": True}),
-        ("itm-progress", 1.0, {"safe-top": False, "false-top": True}),
+        ("paper", {}, {"safe-top": True, "false-top": False}),
+        ("rank-oracle", {}, {"safe-top": True, "false-top": True}),
+        ("rank-judge", {"judge_auc": 0.75}, {"safe-top": True, "false-top": True}),
+        ("rank-judge", {"judge_auc": 0.6}, {"safe-top": True, "false-top": False}),
+        ("itm-progress", {"progress": (0.02, 0.04, 0.05)}, {"safe-top": True, "false-top": True}),
+        ("itm-progress", {"progress": (0.02, 0.04, 1.0)}, {"safe-top": False, "false-top": True}),
     ],
 )
-def test_each_candidate_passes_or_fails_its_known_optimum(candidate, sigma, passes):
+def test_each_candidate_passes_or_fails_its_known_optimum(candidate, setting, passes):
     """Candidate B (the rank paid, a false pick charged by the oracle) reaches the top where nothing is false and backs
     off where the top is; candidate A (the paper's one noisy reward per update, started at q = 0.9) does not learn: on
     this seed it keeps the top in both worlds, its false picks included (on others it drifts anywhere, to 0 too);
     candidate C reaches the top where its
-    per-pick rank signal is 0.4 of its noise (slope 0.02, σ 0.05), not where it is 0.02 (σ 1)."""
+    per-pick rank signal is 0.4 of its noise (slope 0.02, σ 0.05), not where it is 0.02 (σ 1); B with a judge that errs
+    (independently of rank) still learns both at AUROC 0.75, and at 0.6 keeps the top where it is false."""
     image, text, _ = small_world()
     for world, expected in passes.items():
         anchors = harness.harness_anchors(image, text, 100, world)
-        row = harness.run_candidate(anchors, candidate, updates=600, seed=0, progress=(0.02, 0.04, sigma or 0.2))
+        row = harness.run_candidate(anchors, candidate, updates=600, seed=0, **setting)
         assert harness.verdict(world, row) == expected, (world, row)
