@@ -4,6 +4,8 @@ and on ``dense``, judged by criteria fixed before any run.
     PYTHONPATH=. .venv/bin/python benchmarks/scheduler_pilots.py --out runs/pilots \\
         --reuse runs/phase-dense --jobs 1 --threads 1          # train what is missing, then the table
     PYTHONPATH=. .venv/bin/python benchmarks/scheduler_pilots.py --out runs/pilots --collect --report docs/results.md
+    PYTHONPATH=. .venv/bin/python benchmarks/scheduler_pilots.py \
+        --charges runs/pilots/runs/dense/falcon-rank-oracle-s0 --report docs/results.md   # what B's charge asks
 
 The runs are ``benchmarks/phase_sweep.py``'s, with its ``cpu`` budget at 9 epochs (``--set epochs=9``; the cosine
 schedule spans the 9), seed 0, the candidates of :data:`~benchmarks.phase_sweep.PILOTS` (``--only`` picks some), and
@@ -19,7 +21,12 @@ The criteria (issue 70, fixed before the first pilot), read from each run's last
   corr(E[q], the anchor's false-negative density) is at most −0.3.
 
 A candidate goes on to five paired seeds only if it passes both. ``--report`` rewrites the block of
-docs/results.md between ``scheduler-pilots:begin`` / ``:end``; ``pilots.csv`` is written to OUT.
+docs/results.md between ``scheduler-pilots:begin`` / ``:end``; ``pilots.csv`` is written to OUT. The follow-up
+pilots (:data:`~benchmarks.phase_sweep.FOLLOW_UPS`, run when ``--only`` names them) are marked as such.
+
+``--charges RUN`` reads what a candidate-B run's reward asks for (:func:`charge_window`): for each charge w of a false
+pick, the pilots' `dense` criterion applied to the best learner of that reward that knew each anchor's false-negative
+density; ``--report`` then rewrites the block between ``charge-window:begin`` / ``:end``.
 """
 
 from __future__ import annotations
@@ -34,12 +41,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.phase_sweep import PILOTS  # noqa: E402
+from benchmarks.phase_sweep import FOLLOW_UPS, PILOTS  # noqa: E402
 from benchmarks.scheduler_bandit import replace_block  # noqa: E402
 from benchmarks.scheduler_sweep import epoch_rows  # noqa: E402
 from benchmarks.shapes_sweep import Variant, collect  # noqa: E402
 
 BEGIN, END = "<!-- scheduler-pilots:begin -->", "<!-- scheduler-pilots:end -->"
+CHARGE_BEGIN, CHARGE_END = "<!-- charge-window:begin -->", "<!-- charge-window:end -->"
+CHARGES = (0.1, 0.25, 0.5, 0.6, 0.75, 1.0, 2.0)
+"""The charges of a false pick :func:`charge_window` tries (candidate B's recipes charge 2)."""
 PRESETS = ("coco-like", "dense")
 EPOCHS = 9
 """The uniform epoch, then 8 FALCON epochs."""
@@ -106,8 +116,9 @@ def markdown(frame) -> list[str]:
     ]
     for row in frame.to_dict("records"):
         nan = float("nan")
+        name = f"{row['method']} (follow-up)" if row["method"] in FOLLOW_UPS else row["method"]
         lines.append(
-            f"| {row['preset']} | {row['method']} | {_cell(100 * row['top_share'], '.1f')} | "
+            f"| {row['preset']} | {name} | {_cell(100 * row['top_share'], '.1f')} | "
             f"{_cell(100 * row['sibling_share'], '.1f')} | {_cell(100 * row['chain_fn_rate'], '.1f')} | "
             f"{_cell(row['q_fn_density_corr'], '+.2f')} | {_cell(row['q_mean'], '.2f')} | "
             f"{_cell(row.get('R@1', nan), '.1f')} | {_cell(row.get('oracle_R@1', nan), '.1f')} | "
@@ -122,6 +133,62 @@ def markdown(frame) -> list[str]:
         + ". "
         + (f"Passes both: {', '.join(both)}." if both else "No candidate passes both (yet)."),
     ]
+    return lines
+
+
+def charge_window(log, charges=CHARGES, *, last_epochs: int = 3, bins: int = 10):
+    """What candidate B's reward asks of the best learner that knew each anchor's false-negative density, from a
+    run's batch log (its chained slots in the last ``last_epochs`` epochs).
+
+    For each charge w: the anchors are split into ``bins`` quantiles of their false-negative density; each bin takes
+    the one of the logged fixed q's (:data:`~falcon_cli.sampling.composers.FIXED_Q_LEVELS`; the ``fn_at_q*`` fields
+    say whether that q's pick would be false) with the highest mean worth (1 − f)·q − w·f (B's worth with a perfect
+    judge, a pick's rank on the chain's scale taken as its q; ties go to the easier q). The choices give the chain's
+    false-negative rate, corr(q, density) and the mean q, and the pilots' `dense` criterion is applied to them.
+    In-sample and limited to five q's: what the reward rewards, not what a scheduler reaches."""
+    import numpy as np
+    import pandas as pd
+
+    from falcon_cli.sampling.composers import FIXED_Q_FIELDS, FIXED_Q_LEVELS
+
+    chained = log[log["q"].notna() & log["anchor_fn_density"].notna()]
+    chained = chained[chained["epoch"] > int(chained["epoch"].max()) - last_epochs]
+    density = chained["anchor_fn_density"].to_numpy(np.float64)
+    group = pd.qcut(density, bins, labels=False, duplicates="drop")
+    levels = np.asarray(FIXED_Q_LEVELS, dtype=np.float64)
+    false = chained[list(FIXED_Q_FIELDS)].to_numpy(np.float64)  # [rows, levels]
+    rows = []
+    for w in charges:
+        chosen = np.empty(len(chained))
+        chosen_false = np.empty(len(chained))
+        for g in np.unique(group):
+            inside = group == g
+            worth = ((1 - false[inside]) * levels - w * false[inside]).mean(0)
+            best = int(np.argmax(worth))
+            chosen[inside], chosen_false[inside] = levels[best], false[inside, best]
+        corr = float(np.corrcoef(chosen, density)[0, 1]) if chosen.std() > 0 else float("nan")
+        row = {"charge": w, "chain_fn_rate": float(chosen_false.mean()), "q_fn_density_corr": corr,
+               "q_mean": float(chosen.mean())}  # fmt: skip
+        row["passes"] = passes("dense", row)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def charge_markdown(frame, run: Path) -> list[str]:
+    """The ``--charges`` block: per charge, what its best density-aware learner gives and the dense verdict."""
+    lines = [
+        f"Generated by `PYTHONPATH=. .venv/bin/python benchmarks/scheduler_pilots.py --charges {run} --report "
+        "docs/results.md`: the run's chained picks in its last 3 epochs, anchors in 10 quantiles of their "
+        "false-negative density, each quantile at its best of q ∈ {0, 0.25, 0.5, 0.75, 1} under (1 − f)·q − w·f.",
+        "",
+        "| charge w of a false pick | chain FN % | corr(q, FN density) | mean q | passes `dense` |",
+        "|---|---|---|---|---|",
+    ]
+    for row in frame.to_dict("records"):
+        lines.append(
+            f"| {row['charge']:g} | {100 * row['chain_fn_rate']:.1f} | {_cell(row['q_fn_density_corr'], '+.2f')} | "
+            f"{row['q_mean']:.2f} | {'yes' if row['passes'] else 'no'} |"
+        )
     return lines
 
 
@@ -142,9 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     import pandas as pd
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path)
     parser.add_argument("--presets", nargs="+", default=list(PRESETS), choices=PRESETS)
-    parser.add_argument("--only", nargs="+", default=list(PILOTS), choices=PILOTS)
+    parser.add_argument("--only", nargs="+", default=list(PILOTS), choices=PILOTS + FOLLOW_UPS)
+    parser.add_argument("--charges", type=Path, metavar="RUN", help="what a candidate-B run's charge asks for")
     parser.add_argument("--reuse", type=Path, help="an earlier sweep's OUT whose worlds and encoders to link")
     parser.add_argument("--budget", default="cpu", help="phase_sweep's budget (quick: a smoke test of the chain)")
     parser.add_argument("--jobs", type=int, default=1)
@@ -152,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--collect", action="store_true", help="train nothing: only the table")
     parser.add_argument("--report", type=Path)
     args = parser.parse_args(argv)
+    if args.charges is not None:
+        return report_charges(args.charges, args.report)
+    if args.out is None:
+        parser.error("--out is required (or --charges RUN)")
 
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -179,6 +251,21 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(lines))
     if args.report is not None:
         replace_block(args.report, lines, BEGIN, END)
+    return 0
+
+
+def report_charges(run: Path, report: Path | None) -> int:
+    """``--charges``: print (and with ``report`` write) :func:`charge_window`'s table for ``run``."""
+    from falcon_cli.sampling.batch_log import read_batch_log
+
+    log_path = run / "batches.parquet"
+    if not log_path.exists():
+        print(f"scheduler_pilots: {log_path} does not exist: --charges needs a finished FALCON run", file=sys.stderr)
+        return 2
+    lines = charge_markdown(charge_window(read_batch_log(log_path)), run)
+    print("\n".join(lines))
+    if report is not None:
+        replace_block(report, lines, CHARGE_BEGIN, CHARGE_END)
     return 0
 
 

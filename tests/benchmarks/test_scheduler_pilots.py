@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
+import numpy as np
 import pandas as pd
+import pytest
 
 from tests.conftest import REPO
 
@@ -50,3 +53,41 @@ def test_an_earlier_sweeps_worlds_and_encoders_are_linked_not_copied(tmp_path):
     assert not (out / "worlds" / "coco-like").is_symlink()
     pilots.link_reused(out, earlier)  # (again: nothing changes)
     assert (out / "worlds" / "dense").resolve() == (earlier / "worlds" / "dense").resolve()
+
+
+def _chain(density: float, false_at: list[int], rows: int, epoch: int = 5) -> list[dict]:
+    """``rows`` chained slots of anchors at ``density`` whose pick at each fixed q is false (1) or not (0)."""
+    fields = dict(zip(("fn_at_q0", "fn_at_q25", "fn_at_q50", "fn_at_q75", "fn_at_q100"), map(float, false_at)))
+    return [dict(epoch=epoch, q=0.5, anchor_fn_density=density, **fields) for _ in range(rows)]
+
+
+def test_the_charge_window_picks_each_density_groups_best_q_by_hand():
+    """Two groups of anchors: the sparse ones never pick a false negative, the dense ones do above q = 0 half the time.
+    Worth (1 − f)·q − w·f: the sparse group's best is q = 1 at any charge; the dense group's q = 1 is worth
+    0.5 − 0.5w against 0 at q = 0, so it goes to the top below w = 1 (half its picks false) and to q = 0 above."""
+    log = pd.DataFrame(
+        _chain(0.05, [0, 0, 0, 0, 0], 10)
+        + [{**row, "fn_at_q25": float(i % 2), "fn_at_q50": float(i % 2), "fn_at_q75": float(i % 2),
+            "fn_at_q100": float(i % 2)} for i, row in enumerate(_chain(0.6, [0, 0, 0, 0, 0], 10))]
+        + _chain(0.9, [1, 1, 1, 1, 1], 4, epoch=1)  # (an early epoch: not read)
+    )  # fmt: skip
+    frame = pilots.charge_window(log, charges=(0.5, 2.0), bins=2).set_index("charge")
+    low = frame.loc[0.5]
+    assert low.q_mean == 1.0 and low.chain_fn_rate == 0.25 and np.isnan(low.q_fn_density_corr) and not low.passes
+    high = frame.loc[2.0]
+    assert high.q_mean == 0.5 and high.chain_fn_rate == 0.0 and high.q_fn_density_corr == pytest.approx(-1.0)
+    assert high.passes, "no false pick and q falls with density: the dense criterion holds"
+    lines = pilots.charge_markdown(pilots.charge_window(log, charges=(0.5, 2.0), bins=2), Path("RUN"))
+    assert "| 0.5 | 25.0 | — | 1.00 | no |" in lines and "| 2 | 0.0 | -1.00 | 0.50 | yes |" in lines
+
+
+def test_a_follow_up_pilot_is_marked_in_the_table():
+    row = dict(preset="dense", method="falcon-rank-oracle-w0.75", top_share=0.0, sibling_share=float("nan"),
+               chain_fn_rate=0.2, q_fn_density_corr=-0.4, q_mean=0.1, passes=True)  # fmt: skip
+    assert any("| falcon-rank-oracle-w0.75 (follow-up) |" in line for line in pilots.markdown(pd.DataFrame([row])))
+
+
+def test_charges_of_a_run_without_a_batch_log_is_one_line_and_exit_2(tmp_path, capsys):
+    assert pilots.main(["--charges", str(tmp_path / "nothing")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "batches.parquet does not exist" in err
