@@ -211,7 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path)
     parser.add_argument("--presets", nargs="+", default=list(PRESETS), choices=PRESETS)
-    parser.add_argument("--only", nargs="+", default=list(PILOTS), choices=PILOTS + FOLLOW_UPS)
+    parser.add_argument(
+        "--only", nargs="+", choices=PILOTS + FOLLOW_UPS, help="train these (default the pre-registered pilots)"
+    )
     parser.add_argument("--charges", type=Path, metavar="RUN", help="what a candidate-B run's charge asks for")
     parser.add_argument("--reuse", type=Path, help="an earlier sweep's OUT whose worlds and encoders to link")
     parser.add_argument("--budget", default="cpu", help="phase_sweep's budget (quick: a smoke test of the chain)")
@@ -232,14 +234,15 @@ def main(argv: list[str] | None = None) -> int:
     if not args.collect:
         epochs = [] if args.budget == "quick" else ["--set", f"epochs={EPOCHS}"]
         command = [sys.executable, str(REPO / "benchmarks" / "phase_sweep.py"), "--out", str(out), "--budget",
-                   args.budget, *epochs, "--presets", *args.presets, "--seeds", str(SEED), "--only", *args.only,
+                   args.budget, *epochs, "--presets", *args.presets, "--seeds", str(SEED), "--only",
+                   *(args.only or PILOTS),
                    "--jobs", str(args.jobs)] + (["--threads", str(args.threads)] if args.threads else [])  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         subprocess.run(command, check=True, cwd=REPO, env=env)
     rows = [
         pilot_row(preset, method, out / "runs" / preset / f"{method}-s{SEED}")
         for preset in args.presets
-        for method in args.only
+        for method in args.only or PILOTS + FOLLOW_UPS  # (the table: every finished pilot, follow-ups too)
         if (out / "runs" / preset / f"{method}-s{SEED}" / "audit" / "summary.json").exists()
     ]
     if not rows:
