@@ -91,3 +91,25 @@ def test_charges_of_a_run_without_a_batch_log_is_one_line_and_exit_2(tmp_path, c
     assert pilots.main(["--charges", str(tmp_path / "nothing")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "batches.parquet does not exist" in err
+
+
+@pytest.mark.slow  # (a tiny world, its encoders and one pilot of two epochs: about two minutes)
+def test_a_pilot_runs_end_to_end_and_its_charges_read_its_own_chain(tmp_path):
+    """The real chain at the `quick` budget: world, encoders, the follow-up pilot trained, evaluated and audited, its
+    row in pilots.csv and the report block; then ``--charges`` on the run it trained."""
+    import subprocess
+
+    out, report = tmp_path / "out", tmp_path / "results.md"
+    report.write_text("# Results\n")
+    command = [sys.executable, str(REPO / "benchmarks" / "scheduler_pilots.py"), "--out", str(out), "--budget",
+               "quick", "--presets", "dense", "--only", "falcon-rank-oracle-w0.75", "--threads", "1", "--report",
+               str(report)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (row,) = pd.read_csv(out / "pilots.csv").to_dict("records")
+    assert row["method"] == "falcon-rank-oracle-w0.75" and row["preset"] == "dense" and 0 <= row["chain_fn_rate"] <= 1
+    assert "| dense | falcon-rank-oracle-w0.75 (follow-up) |" in report.read_text()
+    run = out / "runs" / "dense" / "falcon-rank-oracle-w0.75-s0"
+    assert pilots.main(["--charges", str(run), "--report", str(report)]) == 0
+    text = report.read_text()
+    assert pilots.CHARGE_BEGIN in text and text.count("| 0.75 |") == 1
