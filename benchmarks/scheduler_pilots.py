@@ -136,31 +136,26 @@ def markdown(frame) -> list[str]:
     return lines
 
 
-def charge_window(log, charges=CHARGES, *, last_epochs: int = 3, bins: int = 10):
-    """What candidate B's reward asks of the best learner that knew each anchor's false-negative density, from a
-    run's batch log (its chained slots in the last ``last_epochs`` epochs).
+def best_density_policy(false, levels, density, charges=CHARGES, *, bins: int = 10):
+    """What candidate B's reward asks of the best learner that knew each anchor's false-negative density.
 
-    For each charge w: the anchors are split into ``bins`` quantiles of their false-negative density; each bin takes
-    the one of the logged fixed q's (:data:`~falcon_cli.sampling.composers.FIXED_Q_LEVELS`; the ``fn_at_q*`` fields
-    say whether that q's pick would be false) with the highest mean worth (1 − f)·q − w·f (B's worth with a perfect
-    judge, a pick's rank on the chain's scale taken as its q; ties go to the easier q). The choices give the chain's
-    false-negative rate, corr(q, density) and the mean q, and the pilots' `dense` criterion is applied to them.
-    In-sample and limited to five q's: what the reward rewards, not what a scheduler reaches."""
+    ``false`` ``[rows, L]``: whether each row's pick at each of the q ``levels`` ``[L]`` would be a false negative;
+    ``density`` ``[rows]``: its anchor's false-negative density. For each charge w the rows are split into ``bins``
+    quantiles of density; each bin takes the level with the highest mean worth (1 − f)·q − w·f (B's worth with a
+    perfect judge, a pick's rank on the chain's scale taken as its q; ties go to the easier q). The choices give the
+    chain's false-negative rate, corr(q, density) and the mean q, and the pilots' `dense` criterion is applied to
+    them. In-sample and limited to the levels given: what the reward rewards, not what a scheduler reaches."""
     import numpy as np
     import pandas as pd
 
-    from falcon_cli.sampling.composers import FIXED_Q_FIELDS, FIXED_Q_LEVELS
-
-    chained = log[log["q"].notna() & log["anchor_fn_density"].notna()]
-    chained = chained[chained["epoch"] > int(chained["epoch"].max()) - last_epochs]
-    density = chained["anchor_fn_density"].to_numpy(np.float64)
+    false = np.asarray(false, dtype=np.float64)
+    levels = np.asarray(levels, dtype=np.float64)
+    density = np.asarray(density, dtype=np.float64)
     group = pd.qcut(density, bins, labels=False, duplicates="drop")
-    levels = np.asarray(FIXED_Q_LEVELS, dtype=np.float64)
-    false = chained[list(FIXED_Q_FIELDS)].to_numpy(np.float64)  # [rows, levels]
     rows = []
     for w in charges:
-        chosen = np.empty(len(chained))
-        chosen_false = np.empty(len(chained))
+        chosen = np.empty(len(density))
+        chosen_false = np.empty(len(density))
         for g in np.unique(group):
             inside = group == g
             worth = ((1 - false[inside]) * levels - w * false[inside]).mean(0)
@@ -172,6 +167,40 @@ def charge_window(log, charges=CHARGES, *, last_epochs: int = 3, bins: int = 10)
         row["passes"] = passes("dense", row)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def charge_window(log, charges=CHARGES, *, last_epochs: int = 3, bins: int = 10):
+    """:func:`best_density_policy` from a run's batch log: its chained slots in the last ``last_epochs`` epochs, the
+    five fixed q's every batch logs (:data:`~falcon_cli.sampling.composers.FIXED_Q_LEVELS`; the ``fn_at_q*`` fields
+    say whether that q's pick, among the anchor's remaining candidates, would be false) on the chain's scale."""
+    from falcon_cli.sampling.composers import FIXED_Q_FIELDS, FIXED_Q_LEVELS
+
+    chained = log[log["q"].notna() & log["anchor_fn_density"].notna()]
+    chained = chained[chained["epoch"] > int(chained["epoch"].max()) - last_epochs]
+    false = chained[list(FIXED_Q_FIELDS)].to_numpy()
+    return best_density_policy(false, FIXED_Q_LEVELS, chained["anchor_fn_density"].to_numpy(), charges, bins=bins)
+
+
+def space_counterfactuals(image, text, truth, width: int, levels, scale: str, *, seed: int = 0):
+    """Every anchor's pick at each of ``levels`` on ``scale`` among all the other pairs of its space (spaces of
+    ``width``, the composer's order: ascending unified similarity), and whether it is false, with the anchor's
+    false-negative density: ``(false [N, L] bool, density [N])``. From a run's embeddings and its world's oracle
+    (:func:`benchmarks.scheduler_bandit.shapes_run_world`), at any grid of q, where a batch log holds five."""
+    import numpy as np
+    import torch
+
+    from benchmarks.scheduler_bandit import full_spaces, space_false_negatives
+    from falcon_cli.sampling.quantile import quantile_position, space_tables
+
+    n = width - 1
+    position = torch.as_tensor(quantile_position(np.asarray(levels, dtype=np.float64), n, scale)).long()
+    false, density = [], []
+    for members in full_spaces(len(image), width, seed):
+        fn = space_false_negatives(truth, members)
+        order = space_tables(image[members][None], text[members][None], torch.tensor([width])).order[0, :, :n].long()
+        false.append(fn.gather(1, order[:, position]))  # [W, L]
+        density.append(fn.float().sum(1) / n)
+    return torch.cat(false).numpy(), torch.cat(density).numpy()
 
 
 def charge_markdown(frame, run: Path) -> list[str]:
@@ -215,6 +244,12 @@ def main(argv: list[str] | None = None) -> int:
         "--only", nargs="+", choices=PILOTS + FOLLOW_UPS, help="train these (default the pre-registered pilots)"
     )
     parser.add_argument("--charges", type=Path, metavar="RUN", help="what a candidate-B run's charge asks for")
+    parser.add_argument(
+        "--embeddings-epoch", type=int, metavar="E",
+        help="--charges from RUN's embeddings of epoch E and its world's oracle, on a 21-q grid (any run)",
+    )  # fmt: skip
+    parser.add_argument("--scale", choices=("linear", "log_rank"), default="log_rank", help="with --embeddings-epoch")
+    parser.add_argument("--width", type=int, default=500, help="with --embeddings-epoch: |M| (the testbed's 500)")
     parser.add_argument("--reuse", type=Path, help="an earlier sweep's OUT whose worlds and encoders to link")
     parser.add_argument("--budget", default="cpu", help="phase_sweep's budget (quick: a smoke test of the chain)")
     parser.add_argument("--jobs", type=int, default=1)
@@ -223,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", type=Path)
     args = parser.parse_args(argv)
     if args.charges is not None:
+        if args.embeddings_epoch is not None:
+            return report_space_charges(args.charges, args.embeddings_epoch, args.scale, args.width, args.report)
         return report_charges(args.charges, args.report)
     if args.out is None:
         parser.error("--out is required (or --charges RUN)")
@@ -269,6 +306,37 @@ def report_charges(run: Path, report: Path | None) -> int:
     print("\n".join(lines))
     if report is not None:
         replace_block(report, lines, CHARGE_BEGIN, CHARGE_END)
+    return 0
+
+
+GRID = tuple(round(0.05 * k, 2) for k in range(21))
+"""The q's ``--embeddings-epoch`` tries: 0, 0.05, …, 1."""
+
+
+def report_space_charges(run: Path, epoch: int, scale: str, width: int, report: Path | None) -> int:
+    """``--charges RUN --embeddings-epoch E``: :func:`best_density_policy` over :func:`space_counterfactuals` of the
+    run's embeddings of epoch ``epoch`` on ``scale``; printed, and with ``report`` written to the block between
+    ``charge-grid-SCALE:begin`` / ``:end`` (a block per scale)."""
+    from benchmarks.scheduler_bandit import shapes_run_world
+
+    if not (run / "embeddings" / f"epoch_{epoch:03d}.h5").exists():
+        print(f"scheduler_pilots: {run}/embeddings/epoch_{epoch:03d}.h5 does not exist: pass an epoch the run "
+              f"embedded (ls {run}/embeddings)", file=sys.stderr)  # fmt: skip
+        return 2
+    image, text, truth = shapes_run_world(run, epoch)
+    false, density = space_counterfactuals(image, text, truth, width, GRID, scale)
+    frame = best_density_policy(false, GRID, density)
+    lines = [
+        f"`{scale}`, epoch {epoch}: generated by `PYTHONPATH=. .venv/bin/python benchmarks/scheduler_pilots.py "
+        f"--charges {run} --embeddings-epoch {epoch} --scale {scale} --report docs/results.md`: {len(density):,} "
+        f"anchors in spaces of {width}, each pick among all the other pairs of its space, q ∈ {{0, 0.05, …, 1}}.",
+        "",
+        *charge_markdown(frame, run)[2:],
+    ]
+    print("\n".join(lines))
+    if report is not None:
+        begin, end = f"<!-- charge-grid-{scale}:begin -->", f"<!-- charge-grid-{scale}:end -->"
+        replace_block(report, lines, begin, end)
     return 0
 
 

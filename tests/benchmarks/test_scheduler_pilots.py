@@ -113,3 +113,47 @@ def test_a_pilot_runs_end_to_end_and_its_charges_read_its_own_chain(tmp_path):
     assert pilots.main(["--charges", str(run), "--report", str(report)]) == 0
     text = report.read_text()
     assert pilots.CHARGE_BEGIN in text and text.count("| 0.75 |") == 1
+
+
+def test_a_spaces_counterfactual_picks_match_a_plain_sort_per_anchor():
+    """Each anchor's pick at each q, written out: its space's other pairs sorted by the unified similarity
+    S = I·Tᵀ + T·Iᵀ (ascending), the nearest-rank position on the scale, the oracle's verdict either way."""
+    import scheduler_bandit
+    import torch
+
+    from falcon_cli.sampling.quantile import quantile_position
+
+    generator = torch.Generator().manual_seed(1)
+    concept = torch.arange(120) % 7  # pairs of one concept truly match: about 1 in 7 of a space is a false negative
+    centre = torch.randn(7, 8, generator=generator)
+    image = centre[concept] + 0.8 * torch.randn(120, 8, generator=generator)
+    text = centre[concept] + 0.8 * torch.randn(120, 8, generator=generator)
+
+    def truth(index):
+        return concept[index][:, None] == concept[index][None, :]
+
+    levels = np.array([0.0, 0.3, 0.7, 0.95, 1.0])
+    for scale in ("linear", "log_rank"):
+        false, density = pilots.space_counterfactuals(image, text, truth, 40, levels, scale, seed=2)
+        assert false.shape == (120, 5) and density.shape == (120,)
+        row = 0
+        for members in scheduler_bandit.full_spaces(120, 40, 2):
+            fn = scheduler_bandit.space_false_negatives(truth, members).numpy()
+            i, t = image[members].double(), text[members].double()
+            similarity = (i @ t.T + t @ i.T).numpy()
+            for a in range(40):
+                others = [j for j in range(40) if j != a]
+                ranked = sorted(others, key=lambda j: (similarity[a, j], -j))  # ascending; ties by descending index
+                for k, q in enumerate(levels):
+                    pick = ranked[int(quantile_position(np.array([q]), 39, scale)[0])]
+                    assert false[row, k] == fn[a, pick], (scale, a, q)
+                assert density[row] == pytest.approx(fn[a].sum() / 39)
+                row += 1
+        assert 0 < false.mean() < 1, "the world has false negatives and true ones at these q's"
+
+
+def test_charges_from_the_embeddings_of_an_epoch_the_run_lacks_is_one_line_and_exit_2(tmp_path, capsys):
+    (tmp_path / "embeddings").mkdir()
+    assert pilots.main(["--charges", str(tmp_path), "--embeddings-epoch", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "epoch_003.h5 does not exist" in err
