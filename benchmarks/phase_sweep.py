@@ -99,6 +99,7 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "falcon-rank-itm": ("shapes-falcon-rank-itm", []),
     "falcon-itm-progress": ("shapes-falcon-itm-progress", []),
     "falcon-rank-oracle-w0.75": ("shapes-falcon-rank-oracle", ["pretrain.scheduler.reward.itm_weight=0.75"]),
+    "falcon-rank-oracle-quadratic": ("shapes-falcon-rank-oracle", ["pretrain.composer.quantile_scale=quadratic_rank"]),
 }
 """Method -> (shipped recipe, extra overrides): uniform batches, GRIT (q = 1), a fixed q = 0.5, MAFA and GloFND
 (the false-negative methods), paper-exact FALCON, FALCON with the positive-margin reward and FALCON with that
@@ -128,13 +129,15 @@ PILOTS = ("falcon-start-top", "falcon-rank-oracle", "falcon-rank-itm", "falcon-i
 """Issue 70's candidate schedulers: A (``scheduler.init_q`` at the top, the paper's reward), B (the rank paid, a false
 pick charged by the oracle or by the ITM head) and C (``reward: itm_progress``), all with q on the log-rank scale."""
 
-FOLLOW_UPS = ("falcon-rank-oracle-w0.75",)
+FOLLOW_UPS = ("falcon-rank-oracle-w0.75", "falcon-rank-oracle-quadratic")
 """Pilots added after the pre-registered ones: candidate B with the oracle as judge and a false pick charged 0.75
 instead of 2, the charge chosen from B's own `dense` pilot's training chain (``benchmarks/scheduler_pilots.py
 --charges``: at 2, the reward's best q is the easiest pick for every anchor, so no learner can meet the criterion's
 correlation; at 0.75 a learner that knew each anchor's density would meet both). Reported apart from the
 pre-registered pilots. (No ITM-judged twin: B with the ITM head went to the top at a charge of 2, and a smaller charge
-only pays the rank more.)"""
+only pays the rank more.) ``falcon-rank-oracle-quadratic``: B with the oracle at its recipe's charge on the
+``quadratic_rank`` scale, chosen from ``--charges RUN --embeddings-epoch E --scale …`` (on log-rank every safe pick of
+`dense` lies below q 0.05; the quadratic scale spreads them over q 0.06–0.36 and still reaches the top at q 0.98)."""
 
 DIAGNOSTICS = (
     "grit-mask",

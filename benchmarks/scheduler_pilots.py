@@ -45,6 +45,7 @@ from benchmarks.phase_sweep import FOLLOW_UPS, PILOTS  # noqa: E402
 from benchmarks.scheduler_bandit import replace_block  # noqa: E402
 from benchmarks.scheduler_sweep import epoch_rows  # noqa: E402
 from benchmarks.shapes_sweep import Variant, collect  # noqa: E402
+from falcon_cli.sampling.quantile import QUANTILE_SCALES  # noqa: E402
 
 BEGIN, END = "<!-- scheduler-pilots:begin -->", "<!-- scheduler-pilots:end -->"
 CHARGE_BEGIN, CHARGE_END = "<!-- charge-window:begin -->", "<!-- charge-window:end -->"
@@ -248,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         "--embeddings-epoch", type=int, metavar="E",
         help="--charges from RUN's embeddings of epoch E and its world's oracle, on a 21-q grid (any run)",
     )  # fmt: skip
-    parser.add_argument("--scale", choices=("linear", "log_rank"), default="log_rank", help="with --embeddings-epoch")
+    parser.add_argument("--scale", choices=QUANTILE_SCALES, default="log_rank", help="with --embeddings-epoch")
     parser.add_argument("--width", type=int, default=500, help="with --embeddings-epoch: |M| (the testbed's 500)")
     parser.add_argument("--reuse", type=Path, help="an earlier sweep's OUT whose worlds and encoders to link")
     parser.add_argument("--budget", default="cpu", help="phase_sweep's budget (quick: a smoke test of the chain)")

@@ -81,7 +81,7 @@ def nearest_rank(q, n) -> np.ndarray:
     return np.fmax(np.floor(q * (n - 1) + 0.5), 0).astype(np.int64)  # (fmax: NaN -> 0)
 
 
-QUANTILE_SCALES = ("linear", "log_rank")
+QUANTILE_SCALES = ("linear", "log_rank", "quadratic_rank")
 """How q maps to a candidate (``pretrain.composer.quantile_scale``): see :func:`quantile_position`."""
 
 
@@ -90,14 +90,20 @@ def quantile_position(q, n, scale: str = "linear") -> np.ndarray:
     similarity. ``linear``: the q-quantile's nearest rank (:func:`nearest_rank`, the paper's). ``log_rank``: the k-th
     most similar with k = round(n^(1 - q)), so q = 1 is the most similar, q = 0 the least, and the top ranks take a
     share of q's range that does not shrink with n (of 500 candidates q = 0.94 is the most similar and q = 0.9 the
-    2nd, where linearly q = 0.94 is the 31st). A NaN q (a step not taken) or no candidate gives 0."""
+    2nd, where linearly q = 0.94 is the 31st). ``quadratic_rank``: the k-th most similar with
+    k − 1 = round((n − 1)(1 − q)²), between the two: of 500 candidates q = 0.9 is the 6th most similar and q = 0.98
+    the most similar, while q 0–0.5 still spans the least similar three quarters (issue 70: where false negatives are
+    dense, log-rank squeezes every safe pick below q 0.05). A NaN q (a step not taken) or no candidate gives 0."""
     if scale == "linear":
         return nearest_rank(q, n)
-    if scale != "log_rank":
+    if scale not in QUANTILE_SCALES:
         raise ValueError(f"scale must be one of {QUANTILE_SCALES}, got {scale!r}")
     q, n = np.asarray(q, dtype=np.float64), np.asarray(n, dtype=np.float64)
     with np.errstate(invalid="ignore"):
-        from_top = np.floor(np.power(np.fmax(n, 1.0), 1.0 - q) + 0.5)  # k: 1 = the most similar
+        if scale == "log_rank":
+            from_top = np.floor(np.power(np.fmax(n, 1.0), 1.0 - q) + 0.5)  # k: 1 = the most similar
+        else:
+            from_top = 1.0 + np.floor(np.fmax(n - 1, 0.0) * np.square(1.0 - q) + 0.5)
         position = np.where(n >= 1, n - from_top, 0.0)
     return np.clip(np.nan_to_num(position, nan=0.0), 0, None).astype(np.int64)
 
@@ -105,16 +111,19 @@ def quantile_position(q, n, scale: str = "linear") -> np.ndarray:
 def scale_rank(position, n, scale: str = "linear") -> np.ndarray:
     """The inverse of :func:`quantile_position`: the q on ``scale`` whose pick among ``n`` candidates is at
     ``position`` (0 = the least similar), float64. ``linear``: position / (n − 1); ``log_rank``: 1 − ln k / ln n with
-    k = n − position (1 = the most similar), so that ``quantile_position(scale_rank(p, n), n) == p``. A lone candidate
-    is the hardest (1.0, as in GRIT); NaN positions stay NaN."""
+    k = n − position (1 = the most similar); ``quadratic_rank``: 1 − √((n − 1 − position) / (n − 1)); so that
+    ``quantile_position(scale_rank(p, n), n) == p``. A lone candidate is the hardest (1.0, as in GRIT); NaN positions
+    stay NaN."""
     if scale not in QUANTILE_SCALES:
         raise ValueError(f"scale must be one of {QUANTILE_SCALES}, got {scale!r}")
     position, n = np.asarray(position, dtype=np.float64), np.asarray(n, dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         if scale == "linear":
             q = position / np.maximum(n - 1, 1)
-        else:
+        elif scale == "log_rank":
             q = 1.0 - np.log(np.fmax(n - position, 1.0)) / np.log(np.fmax(n, 2.0))
+        else:
+            q = 1.0 - np.sqrt(np.fmax(n - 1 - position, 0.0) / np.maximum(n - 1, 1))
         return np.where(np.isnan(position), np.nan, np.where(n > 1, q, 1.0))
 
 

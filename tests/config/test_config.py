@@ -398,7 +398,7 @@ def test_every_numeric_config_field_has_its_range():
         ("audit.filter_thresholds=[0.5,1.5]", "audit.filter_thresholds[1]': input should be less than or equal to 1"),
         (
             "pretrain.composer.quantile_scale=log",
-            "pretrain.composer.quantile_scale': expected one of linear or log_rank, got 'log'",
+            "pretrain.composer.quantile_scale': expected one of linear, log_rank or quadratic_rank, got 'log'",
         ),
     ],
 )

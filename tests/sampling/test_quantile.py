@@ -99,8 +99,10 @@ def reference(
                 candidates = sorted(available[s], key=lambda j: (row[j], -j))
                 if scale == "linear":
                     r = min(math.floor(q * (len(candidates) - 1) + 0.5), len(candidates) - 1)
-                else:  # counted from the most similar: k = 1 is the last of the ascending order
+                elif scale == "log_rank":  # counted from the most similar: k = 1 is the last of the ascending order
                     r = len(candidates) - math.floor(len(candidates) ** (1 - q) + 0.5)
+                else:  # quadratic_rank: k - 1 = round((n - 1)(1 - q)^2) from the most similar
+                    r = len(candidates) - 1 - math.floor((len(candidates) - 1) * (1 - q) ** 2 + 0.5)
                 chosen = candidates[r]
                 available[s].remove(chosen)
                 chains[s].append((chosen, last, q))
@@ -179,7 +181,7 @@ def test_quantile_features_do_not_depend_on_candidate_order():
     assert torch.allclose(a[perm], b, atol=1e-6)
 
 
-@pytest.mark.parametrize("scale", ["linear", "log_rank"])
+@pytest.mark.parametrize("scale", ["linear", "log_rank", "quadratic_rank"])
 @pytest.mark.parametrize("q", [0.0, 0.3, 0.5, 0.94, 1.0])
 def test_fixed_q_one_space_at_a_time_equals_reference(q, scale):
     cache, image, text = make_cache(45)
@@ -200,7 +202,10 @@ def test_fixed_q_one_space_at_a_time_equals_reference(q, scale):
     assert [len(b) for b in got] == [6, 6, 6, 2, 6, 6, 6, 2, 5]
 
 
-@pytest.mark.parametrize("level, scale", [("instance", "linear"), ("batch", "linear"), ("instance", "log_rank")])
+@pytest.mark.parametrize(
+    "level, scale",
+    [("instance", "linear"), ("batch", "linear"), ("instance", "log_rank"), ("instance", "quadratic_rank")],
+)
 @pytest.mark.parametrize("width", [20, 15])  # last batches of 6 and 3; of 1 (no step at all) and 5
 def test_beta_rule_lockstep_equals_reference(level, width, scale):
     cache, image, text = make_cache(50, seed=2)
@@ -509,7 +514,7 @@ def test_scale_rank_inverts_the_position_on_either_scale():
     """``scale_rank`` is the q whose pick is at a position: ``quantile_position(scale_rank(p, n), n) == p`` for every
     position, on both scales; under ``log_rank`` the 1st and the 15th most similar of 500 are 0.44 apart, where the
     linear rank puts them 0.028 apart (issue 70's question about the rank a pick is worth)."""
-    for scale in ("linear", "log_rank"):
+    for scale in ("linear", "log_rank", "quadratic_rank"):
         for n in (2, 3, 7, 48, 500):
             positions = np.arange(n)
             assert (quantile.quantile_position(quantile.scale_rank(positions, n, scale), n, scale) == positions).all()
@@ -517,9 +522,12 @@ def test_scale_rank_inverts_the_position_on_either_scale():
     first, fifteenth = quantile.scale_rank([499, 485], 500, "log_rank")
     assert first == 1.0 and first - fifteenth == pytest.approx(math.log(15) / math.log(500))
     assert np.diff(quantile.scale_rank([485, 499], 500, "linear"))[0] == pytest.approx(14 / 499)
+    # quadratic_rank, written out: of 500, q = 0.98 the most similar, 0.9 the 6th, 0.5 the 126th, 0 the least
+    picks = quantile.quantile_position(np.array([1.0, 0.98, 0.9, 0.5, 0.0, np.nan]), 500, "quadratic_rank")
+    assert picks.tolist() == [499, 499, 494, 374, 0, 0]
 
 
-@pytest.mark.parametrize("scale", ["linear", "log_rank"])
+@pytest.mark.parametrize("scale", ["linear", "log_rank", "quadratic_rank"])
 def test_a_picks_rank_and_safe_q_are_on_the_chains_q_scale(scale):
     """Each pick's ``quantile_rank`` (what ``reward.hardness: rank`` pays under ``credit: chosen``) and the oracle's
     ``safe_q`` are on the scale the chain picked with: a chain at a fixed q logs, for every pick, the rank whose pick

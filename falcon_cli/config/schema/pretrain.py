@@ -120,12 +120,15 @@ class ComposerConfig(Section):
     ``composer.progressive_end: 0``)."""
     progressive_end: float = Field(1.0, ge=0, le=1)
     """q of ``composer.name: progressive`` at the last epoch (linear in between)."""
-    quantile_scale: Literal["linear", "log_rank"] = "linear"
+    quantile_scale: Literal["linear", "log_rank", "quadratic_rank"] = "linear"
     """How a quantile composer's q picks among a step's n candidates (every composer that draws q: fixed,
     progressive, FALCON): ``linear``, the paper's, the q-quantile of their similarities (q = 0.94 of 500 is the 31st
     most similar); ``log_rank``, the k-th most similar with k = round(n^(1 - q)) (q = 1 the most similar, q = 0 the
     least; q = 0.94 of 500 the most similar, q = 0.9 the 2nd), so that a Beta over q can put real mass on the top
-    few candidates, where GRIT's picks are (docs/results.md: FALCON in the testbed, five paired seeds)."""
+    few candidates, where GRIT's picks are (docs/results.md: FALCON in the testbed, five paired seeds);
+    ``quadratic_rank``, between the two, the k-th most similar with k − 1 = round((n − 1)(1 − q)²) (of 500, q = 0.98
+    the most similar, q = 0.9 the 6th, q = 0.5 the 126th), so that the middle of the list keeps a real share of q too
+    (where false negatives are dense, log-rank puts every safe pick below q 0.05: docs/results.md, issue 70)."""
 
     @model_validator(mode="after")
     def _check_scale(self) -> "ComposerConfig":
