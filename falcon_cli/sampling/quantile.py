@@ -346,8 +346,8 @@ class QuantileSpaces:
             scheduler record also carries for every step (``level_hardness``, ``level_own``, ``level_fn``: what each
             q would have picked for the same anchor, from the same candidates; see :func:`compose_round`). Changes
             no choice and draws no randomness.
-        scale: how q picks among a step's candidates, ``linear`` (the paper's quantile) or ``log_rank`` (the k-th
-            most similar, k = n^(1 - q)); :func:`quantile_position`.
+        scale: how q picks among a step's candidates, ``linear`` (the paper's quantile), ``log_rank`` (the k-th
+            most similar, k = n^(1 - q)) or ``quadratic_rank`` (k - 1 = (n - 1)(1 - q)^2); :func:`quantile_position`.
     """
 
     def __init__(

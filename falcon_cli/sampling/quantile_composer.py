@@ -54,8 +54,8 @@ class QuantileComposer:
         truth: the oracle (a shapes world): every batch then carries its view of the chained slots.
         credit_levels: FALCON's ``scheduler.update.credit: levels`` grid: each on-demand batch's scheduler record also
             carries every level's pick per step (:class:`~falcon_cli.sampling.quantile.QuantileSpaces`).
-        scale: how q picks among a step's candidates (``pretrain.composer.quantile_scale``: ``linear`` or ``log_rank``;
-            :func:`~falcon_cli.sampling.quantile.quantile_position`).
+        scale: how q picks among a step's candidates (``pretrain.composer.quantile_scale``: ``linear``, ``log_rank`` or
+            ``quadratic_rank``; :func:`~falcon_cli.sampling.quantile.quantile_position`).
     """
 
     def __init__(
