@@ -139,10 +139,8 @@ def run_candidate(anchors: HarnessAnchors, candidate: str, *, updates: int = 250
             reward = 0.006 + 0.0012 * (rank.mean() - 0.5) - 0.0024 * false.mean() + rng.normal(0, 0.017)
             paid.append([reward]), was_false.append([false.mean()])
         else:
-            if candidate == "rank-oracle":
-                worth = (1 - false) * rank - 2.0 * false
-            elif candidate == "rank-judge":
-                p = judge_match(false, judge_auc, rng)
+            if candidate.startswith("rank-"):  # B: (1 − p)·ρ − 2p, p the oracle's verdict or an erring judge's
+                p = false.astype(np.float64) if candidate == "rank-oracle" else judge_match(false, judge_auc, rng)
                 worth = (1 - p) * rank - 2.0 * p
             else:
                 a, c, sigma = progress

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -77,7 +76,8 @@ def test_the_charge_window_picks_each_density_groups_best_q_by_hand():
     high = frame.loc[2.0]
     assert high.q_mean == 0.5 and high.chain_fn_rate == 0.0 and high.q_fn_density_corr == pytest.approx(-1.0)
     assert high.passes, "no false pick and q falls with density: the dense criterion holds"
-    lines = pilots.charge_markdown(pilots.charge_window(log, charges=(0.5, 2.0), bins=2), Path("RUN"))
+    lines = pilots.charge_markdown(pilots.charge_window(log, charges=(0.5, 2.0), bins=2), "RUN's charges")
+    assert lines[0] == "RUN's charges"
     assert "| 0.5 | 25.0 | — | 1.00 | no |" in lines and "| 2 | 0.0 | -1.00 | 0.50 | yes |" in lines
 
 
