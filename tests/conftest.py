@@ -75,6 +75,35 @@ def pytest_sessionstart(session):
             shutil.rmtree(old, ignore_errors=True)
 
 
+FAILED_MODULES: set[str] = set()
+"""The test modules with a failed setup, call or teardown: their temporary directories are kept for a look."""
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.failed:
+        FAILED_MODULES.add(item.module.__name__)
+    return report
+
+
+@pytest.fixture(scope="module", autouse=True)
+def module_temporary_directories(request, tmp_path_factory):
+    """Delete the directories a module's tests made once its last test is done (unless one failed, as pytest keeps
+    a failed test's): pytest itself deletes a passed test's ``tmp_path`` at once, but a module-scoped fixture's
+    ``tmp_path_factory.mktemp`` directories (worlds, runs with their checkpoints) only at exit, and together they
+    filled a CI runner's disk near the suite's end. Every ``mktemp`` in tests/ is module-scoped or narrower, and
+    this fixture, autouse at module scope, is set up before the module's others and so torn down after them."""
+    base = tmp_path_factory.getbasetemp()
+    before = set(base.iterdir())
+    yield
+    if request.module.__name__ in FAILED_MODULES:
+        return
+    for path in set(base.iterdir()) - before:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+
+
 class CliZygote:
     """A process that has imported falcon once (``tests/cli_zygote.py``) and forks one child per command line:
     each child runs the real ``falcon`` entry point in its own process, working directory, environment and
