@@ -23,6 +23,8 @@ The criteria (issue 70, fixed before the first pilot), read from each run's last
 A candidate goes on to five paired seeds only if it passes both. ``--report`` rewrites the block of
 docs/results.md between ``scheduler-pilots:begin`` / ``:end``; ``pilots.csv`` is written to OUT. The follow-up
 pilots (:data:`~benchmarks.phase_sweep.FOLLOW_UPS`, run when ``--only`` names them) are marked as such.
+``--keep-rows CSV`` keeps an earlier pilots.csv's rows whose runs OUT does not hold (rebuilt on a machine that lost
+them), a finished run's row replacing its old one.
 
 ``--charges RUN`` reads what a candidate-B run's reward asks for (:func:`charge_window`): for each charge w of a false
 pick, the pilots' `dense` criterion applied to the best learner of that reward that knew each anchor's false-negative
@@ -262,6 +264,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--collect", action="store_true", help="train nothing: only the table")
     parser.add_argument("--report", type=Path)
+    parser.add_argument(
+        "--keep-rows", type=Path, metavar="CSV",
+        help="an earlier pilots.csv: its rows whose runs are not in OUT stay in the table (runs lost with a machine)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.charges is not None:
         return report_charges(args.charges, args.report, args.embeddings_epoch, args.scale, args.width)
@@ -286,12 +292,36 @@ def main(argv: list[str] | None = None) -> int:
         for method in args.only or PILOTS + FOLLOW_UPS  # (the table: every finished pilot, follow-ups too)
         if (out / "runs" / preset / f"{method}-s{SEED}" / "audit" / "summary.json").exists()
     ]
+    if args.keep_rows is not None:
+        rows = kept_rows(rows, args.keep_rows)
     if not rows:
         print("no finished pilot yet", file=sys.stderr)
         return 0
     frame = pd.DataFrame(rows)
     publish(frame, markdown(frame), out=out, csv="pilots.csv", report=args.report, begin=BEGIN, end=END)
     return 0
+
+
+def kept_rows(rows: list[dict], earlier: Path) -> list[dict]:
+    """``rows`` with an earlier table's rows of the pilots they lack, in the table's order (world, then the pilots'
+    and follow-ups' order): ``--keep-rows``, for a table rebuilt where some runs no longer are. A row of ``rows``
+    replaces the earlier one of the same world and candidate."""
+    import pandas as pd
+
+    if not earlier.is_file():
+        raise SystemExit(f"scheduler_pilots: --keep-rows {earlier}: no such file (an earlier run's pilots.csv)")
+    frame = pd.read_csv(earlier)
+    missing = {"preset", "method"} - set(frame.columns)
+    if missing:
+        raise SystemExit(
+            f"scheduler_pilots: --keep-rows {earlier}: no {', '.join(sorted(missing))} column: not a pilots.csv"
+        )
+    have = {(row["preset"], row["method"]) for row in rows}
+    old = [row for row in frame.to_dict("records") if (row["preset"], row["method"]) not in have]
+    for row in old:
+        row["passes"] = bool(row["passes"])
+    order = {name: i for i, name in enumerate(PILOTS + FOLLOW_UPS)}
+    return sorted(rows + old, key=lambda r: (PRESETS.index(r["preset"]), order.get(r["method"], len(order))))
 
 
 def report_charges(run: Path, report: Path | None, epoch: int | None, scale: str, width: int) -> int:

@@ -42,6 +42,34 @@ def test_the_table_reports_every_pilot_and_who_passes_both():
     assert pilots.markdown(pd.DataFrame(rows[2:]))[-1].endswith("No candidate passes both (yet).")
 
 
+def test_an_earlier_tables_rows_stay_where_their_runs_are_gone(tmp_path):
+    row = dict(top_share=0.1, sibling_share=float("nan"), chain_fn_rate=0.5, q_fn_density_corr=0.0, q_mean=0.5)
+    earlier = tmp_path / "pilots.csv"
+    pd.DataFrame(
+        [
+            dict(preset="dense", method="falcon-itm-progress", **row, passes=False),
+            dict(preset="dense", method="falcon-rank-oracle-quadratic", **row, passes=False),
+            dict(preset="dense", method="falcon-start-top", **row, passes=True),
+        ]
+    ).to_csv(earlier, index=False)
+    fresh = [dict(preset="dense", method="falcon-rank-oracle-quadratic", **{**row, "chain_fn_rate": 0.2}, passes=True)]
+    kept = pilots.kept_rows(fresh, earlier)
+    assert [r["method"] for r in kept] == [  # the pilots' order, then the follow-ups'
+        "falcon-start-top",
+        "falcon-itm-progress",
+        "falcon-rank-oracle-quadratic",
+    ]
+    assert kept[2]["chain_fn_rate"] == 0.2 and kept[2]["passes"] is True, "a finished run's row replaces the old one"
+    assert kept[0]["passes"] is True and "| dense | falcon-start-top |" in "\n".join(
+        pilots.markdown(pd.DataFrame(kept))
+    )
+    with pytest.raises(SystemExit, match="no such file"):
+        pilots.kept_rows(fresh, tmp_path / "missing.csv")
+    (tmp_path / "other.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(SystemExit, match="no method, preset column"):
+        pilots.kept_rows(fresh, tmp_path / "other.csv")
+
+
 def test_an_earlier_sweeps_worlds_and_encoders_are_linked_not_copied(tmp_path):
     earlier, out = tmp_path / "earlier", tmp_path / "out"
     (earlier / "worlds" / "dense").mkdir(parents=True)
