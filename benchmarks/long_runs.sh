@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The open issues' long CPU runs, each from a clone pinned at one commit outside the work tree (so a refactor of the
+# work tree cannot change or break a run half-way), niced, resumable: run the same line again after a stop and every
+# finished part is skipped, an interrupted run resumes from its last checkpoint. Start or restart one campaign:
+#
+#   benchmarks/long_runs.sh CAMPAIGN COMMIT ROOT      # e.g. benchmarks/long_runs.sh dense70 9ba6ec3 /work/evidence
+#
+# CAMPAIGN:
+#   pilots      issue 70: the four pre-registered scheduler pilots in `dense` and `coco-like`, then the follow-ups
+#   followup    issue 70: the follow-up pilots alone, in `dense` (FOLLOW_UPS in benchmarks/phase_sweep.py)
+#   dense70     issue 70: paper-exact FALCON (falcon-paper-rate), GRIT and q = 0.5 in `dense`, seeds 0-4, 36 epochs
+#   fair-dense  issue 67: the tuning runs, then every arm of benchmarks/fair_dense.py, seeds 0-4
+#
+# ROOT gets the clone (ROOT/falcon-COMMIT), the runs (ROOT/pilots70, ROOT/dense70, ROOT/fair-dense[-tune]) and a log
+# per campaign (ROOT/CAMPAIGN.log). The python is this checkout's .venv (make install): the clone comes first on
+# PYTHONPATH, so the clone's falcon_cli runs. The world and unimodal encoders of `dense` are made once, by whichever
+# campaign needs them first in ROOT/pilots70, and linked into the others when they start (what exists then; a campaign
+# makes what is still missing itself). Collecting the results into docs/ is each benchmark's own --collect (see its docstring).
+set -euo pipefail
+if [ $# -ne 3 ]; then
+    echo "usage: benchmarks/long_runs.sh pilots|followup|dense70|fair-dense COMMIT ROOT" >&2
+    exit 2
+fi
+campaign=$1 commit=$2 root=$(realpath -m "$3")
+case $campaign in
+    pilots | followup | dense70 | fair-dense) ;;
+    *) echo "long_runs.sh: no campaign $campaign: pilots, followup, dense70 or fair-dense" >&2; exit 2 ;;
+esac
+here=$(cd "$(dirname "$0")/.." && pwd)
+python=$here/.venv/bin/python
+[ -x "$python" ] || { echo "long_runs.sh: $python is missing: run make install in $here first" >&2; exit 2; }
+full=$(git -C "$here" rev-parse --verify --quiet "$commit^{commit}") ||
+    { echo "long_runs.sh: $commit is not a commit of $here" >&2; exit 2; }
+clone=$root/falcon-${full:0:7}
+mkdir -p "$root"
+if [ ! -d "$clone" ]; then
+    git clone --quiet "$here" "$clone.partial"
+    git -C "$clone.partial" checkout --quiet "$full"
+    mv "$clone.partial" "$clone"
+fi
+[ "$(git -C "$clone" rev-parse HEAD)" = "$full" ] || { echo "long_runs.sh: $clone is not at $full" >&2; exit 2; }
+
+link_dense() {  # the pilots' `dense` world, its world run and every seed's encoders, linked into $1 (what it lacks)
+    local source
+    for source in "$root"/pilots70/worlds/dense "$root"/pilots70/world-runs/dense "$root"/pilots70/unimodal/dense-s*; do
+        local target=$1/${source#"$root"/pilots70/}
+        if [ -e "$source" ] && [ ! -e "$target" ]; then
+            mkdir -p "$(dirname "$target")"
+            ln -s "$source" "$target"
+        fi
+    done
+}
+
+run() { (cd "$clone" && nice -n 10 env PYTHONPATH=. "$python" "$@") >>"$root/$campaign.log" 2>&1; }
+
+echo "$(date -u +%FT%TZ) $campaign at ${full:0:7}" >>"$root/$campaign.log"
+case $campaign in
+    pilots)
+        run benchmarks/scheduler_pilots.py --out "$root/pilots70" --presets dense coco-like --jobs 1 --threads 2
+        ;;
+    followup)
+        followups=$(cd "$clone" && PYTHONPATH=. "$python" -c \
+            "from benchmarks.phase_sweep import FOLLOW_UPS; print(' '.join(FOLLOW_UPS))")
+        # shellcheck disable=SC2086  # (the names: one word each)
+        run benchmarks/scheduler_pilots.py --out "$root/pilots70" --presets dense --only $followups --jobs 1 --threads 2
+        ;;
+    dense70)
+        link_dense "$root/dense70"
+        run benchmarks/phase_sweep.py --out "$root/dense70" --budget cpu --presets dense \
+            --only falcon-paper-rate grit q05 --seeds 0 1 2 3 4 --jobs 1 --threads 2
+        ;;
+    fair-dense)
+        link_dense "$root/fair-dense"
+        run benchmarks/fair_dense.py --out "$root/fair-dense" --tune-out "$root/fair-dense-tune" --jobs 1 --threads 2
+        ;;
+esac
+echo "$(date -u +%FT%TZ) $campaign done" >>"$root/$campaign.log"

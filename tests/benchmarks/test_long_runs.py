@@ -1,0 +1,63 @@
+"""benchmarks/long_runs.sh: a campaign starts from a clone pinned at its commit; bad input is one line, exit 2."""
+
+from __future__ import annotations
+
+import subprocess
+
+from tests.conftest import REPO
+
+SCRIPT = REPO / "benchmarks" / "long_runs.sh"
+
+
+def long_runs(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_bad_input_is_one_line_and_makes_nothing(tmp_path):
+    root = tmp_path / "evidence"
+    for args, words in (
+        ((), "usage: benchmarks/long_runs.sh"),
+        (("sweep", "HEAD", str(root)), "no campaign sweep: pilots, followup, dense70 or fair-dense"),
+        (("dense70", "0000000", str(root)), "0000000 is not a commit of"),
+    ):
+        done = long_runs(*args)
+        assert done.returncode == 2 and words in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
+    assert not root.exists()
+
+
+def test_the_clone_is_pinned_and_the_dense_world_is_linked_not_made_twice(tmp_path):
+    """The campaign's python is replaced by one that records what it was asked (no training here)."""
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    root = tmp_path / "evidence"
+    for part in ("worlds/dense", "world-runs/dense", "unimodal/dense-s0", "unimodal/dense-s3"):
+        (root / "pilots70" / part).mkdir(parents=True)
+    checkout = tmp_path / "checkout"
+    subprocess.run(["git", "clone", "--quiet", str(REPO), str(checkout)], check=True)
+    (checkout / "benchmarks" / "long_runs.sh").write_text(SCRIPT.read_text())  # (this tree's script, uncommitted)
+    (checkout / ".venv" / "bin").mkdir(parents=True)
+    fake = checkout / ".venv" / "bin" / "python"
+    fake.write_text('#!/usr/bin/env bash\necho "python $PWD $PYTHONPATH $*"\n')
+    fake.chmod(0o755)
+    done = subprocess.run(
+        ["bash", str(checkout / "benchmarks" / "long_runs.sh"), "dense70", head.strip()[:9], str(root)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    clone = root / f"falcon-{head.strip()[:7]}"
+    pinned = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    assert pinned == head
+    log = (root / "dense70.log").read_text()
+    assert f"python {clone} . benchmarks/phase_sweep.py --out {root}/dense70 --budget cpu --presets dense" in log
+    assert log.rstrip().endswith("dense70 done")
+    for part in ("worlds/dense", "world-runs/dense", "unimodal/dense-s0", "unimodal/dense-s3"):
+        assert (root / "dense70" / part).is_symlink(), part
+    again = subprocess.run(  # (a restart: the clone and links are reused)
+        ["bash", str(checkout / "benchmarks" / "long_runs.sh"), "dense70", head.strip(), str(root)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert again.returncode == 0, again.stderr
+    assert (root / "dense70.log").read_text().count("dense70 done") == 2
