@@ -24,7 +24,8 @@ The tuning runs go first, in their own ``--tune-out`` (the tuning world: the sam
 :data:`~falcon_cli.method_rules.TUNING_WORLD_SEED`, its own unimodal encoders): per method, each of its (at most two)
 candidate values once, seed 0, beside that world's ``uniform-cpu`` seed 0 (MAFA's and SRCL's model). The value with
 the higher FN-aware ITC R@1 on that world's test split is kept (``tuning.json``); nothing is chosen on the
-evaluation world.
+evaluation world. A tuning run recorded in docs/results/dense_tuning.csv (:data:`TUNING_LEDGER`) is not run again; its
+row stands for its directory.
 
 Writes to OUT: the runs (``runs/dense/<arm>-s<seed>/``), ``results.csv`` (a row per run), ``flags.csv`` (per run
 and epoch: what the method flagged or how it weighted, both directions, against the oracle), ``paired.csv``,
@@ -74,6 +75,9 @@ its ceiling masks ITC and ITM: the ledger's H200 ``uniform-oracle``, usable only
 less than :data:`DEVICE_TOLERANCE`)."""
 LEDGER = Path("docs/results/fair_dense_results.csv")
 """This sweep's rows as last reported (``--report``): they stand for runs whose directories are gone."""
+TUNING_LEDGER = Path("docs/results/dense_tuning.csv")
+"""The tuning runs' results as last reported: a tuning run recorded here is not run again, and its row stands for its
+directory when that is gone."""
 EVAL_EVERY = 3
 """The learning curve's spacing in epochs (every epoch costs 10% more, and changes no other number)."""
 DEVICE_TOLERANCE = 0.5
@@ -131,9 +135,28 @@ def needs(method: str | None) -> str | None:
     return BASE if method in ("mafa", "srcl") else None
 
 
-def tuning_results(tune_out: Path, testbed: rules.Testbed = rules.DENSE) -> dict[str, dict]:
-    """Per method whose tuning runs have all finished: ``{"key", "value" (chosen), "runs": {value: metric}}``."""
-    chosen = {}
+def recorded_tuning(ledger: Path = TUNING_LEDGER) -> dict[tuple[str, float], float]:
+    """``{(method, value): metric}`` of the tuning runs in ``ledger`` (none when it does not exist)."""
+    import pandas as pd
+
+    if not ledger.exists():
+        return {}
+    frame = pd.read_csv(ledger)
+    return {(m, float(v)): float(r) for m, v, r in zip(frame["method"], frame["value"], frame["metric"])}
+
+
+def tuning_to_run(testbed: rules.Testbed = rules.DENSE, ledger: Path = TUNING_LEDGER) -> list[tuple[str, str, object]]:
+    """:func:`tuning_plan`'s runs that ``ledger`` does not record (a recorded one is not run again)."""
+    recorded = recorded_tuning(ledger)
+    return [(arm, m, v) for arm, m, v in tuning_plan(testbed) if (m, float(v)) not in recorded]
+
+
+def tuning_results(
+    tune_out: Path, testbed: rules.Testbed = rules.DENSE, ledger: Path = TUNING_LEDGER
+) -> dict[str, dict]:
+    """Per method whose tuning runs have all finished: ``{"key", "value" (chosen), "runs": {value: metric}}``; a run
+    whose directory ``tune_out`` lacks counts by its row in ``ledger``."""
+    chosen, recorded = {}, recorded_tuning(ledger)
     for method in RULE_ARMS.values():
         results = {}
         tried = tuple(dict.fromkeys(rules.candidates(method, testbed)))
@@ -142,6 +165,8 @@ def tuning_results(tune_out: Path, testbed: rules.Testbed = rules.DENSE) -> dict
             if (run / EVALUATED).exists():
                 row = json.loads((run / EVALUATED).read_text())["rows"][0]
                 results[value] = (row["oracle_i2t_R@1"] + row["oracle_t2i_R@1"]) / 2
+            elif (method, float(value)) in recorded:
+                results[value] = recorded[method, float(value)]
         if results and len(results) == len(tried):
             chosen[method] = {"key": rules.RULES[method].tuned.key, "value": rules.select(results), "runs": results}
     return chosen
@@ -473,12 +498,13 @@ def main() -> None:
 
             # The order the issue asks for, with what a run reads trained before it: the base's seed 0 and the tuning
             # world's, the tuning runs, then every arm's seeds (the base's first: MAFA and SRCL read them).
-            if "tune" in wanted:
+            to_tune = tuning_to_run(testbed)
+            if "tune" in wanted and any(needs(m) for _, m, _ in to_tune):
                 submit(tune_out, tune_budget, BASE, None, None, rules.TUNING_SEED)
             if BASE in wanted:
                 submit(out, budget, BASE, None, None, args.seeds[0])
             if "tune" in wanted:
-                for arm, method, value in tuning_plan(testbed):
+                for arm, method, value in to_tune:
                     after = [futures[("tune", BASE, rules.TUNING_SEED)]] if needs(method) else []
                     submit(tune_out, tune_budget, arm, method, value, rules.TUNING_SEED, after)
             for arm in [a for a in ARMS if a in wanted]:

@@ -46,6 +46,37 @@ def test_tuning_is_chosen_on_the_tuning_world_and_waits_for_every_candidate(tmp_
     assert fair.tuned_value("diht", tmp_path) == 0.5
 
 
+def test_a_recorded_tuning_run_is_not_run_again_and_stands_for_its_directory(tmp_path):
+    import json
+
+    ledger = tmp_path / "dense_tuning.csv"
+    assert fair.tuning_to_run(ledger=ledger) == fair.tuning_plan()  # (no ledger: every run)
+    pd.DataFrame(
+        [
+            dict(method="glofnd", key="k", value=15.0, metric=63.5, chosen=True, world_seed=1, seed=0),
+            dict(method="glofnd", key="k", value=19.0, metric=62.9, chosen=False, world_seed=1, seed=0),
+            dict(method="diht", key="k", value=0.25, metric=61.0, chosen=False, world_seed=1, seed=0),
+        ]
+    ).to_csv(ledger, index=False)
+    left = fair.tuning_to_run(ledger=ledger)
+    assert [(m, v) for _, m, v in left] == [(m, v) for m in ("mafa", "srcl") for v in rules.candidates(m)] + [
+        ("diht", 0.5)
+    ]
+    assert fair.tuning_results(tmp_path / "none", ledger=ledger)["glofnd"] == {
+        "key": "pretrain.false_negatives.glofnd.start_epoch",
+        "value": 15,
+        "runs": {15: 63.5, 19: 62.9},
+    }
+    assert "diht" not in fair.tuning_results(tmp_path / "none", ledger=ledger)  # (0.5 has not run)
+    run = fair.run_dir(tmp_path, fair.PRESET, fair.tuning_arm("diht", 0.5), rules.TUNING_SEED)
+    (run / "results").mkdir(parents=True)
+    (run / "results" / "retrieval.json").write_text(
+        json.dumps({"rows": [{"oracle_i2t_R@1": 60, "oracle_t2i_R@1": 61}]})
+    )
+    assert fair.tuning_results(tmp_path, ledger=ledger)["diht"]["runs"] == {0.25: 61.0, 0.5: 60.5}
+    assert fair.tuning_results(tmp_path, ledger=ledger)["diht"]["value"] == 0.25
+
+
 def _table():
     """Rows of three seeds: the control 1 point above uniform, GloFND 2 above the control on FN-aware R@1 (with a
     per-seed wobble), the ITC-only oracle 8 above uniform, the H200 uniform 0.1 below the CPU one."""
