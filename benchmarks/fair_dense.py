@@ -527,6 +527,7 @@ def main() -> None:
                 )
     tuning = tuning_results(tune_out, testbed)
     if tuning:
+        tune_out.mkdir(parents=True, exist_ok=True)
         (tune_out / "tuning.json").write_text(json.dumps(tuning, indent=1, default=str) + "\n")
     done = finished(out, ARMS)
     ledgers = [p for p in args.rows if p.exists()]
@@ -544,6 +545,7 @@ def main() -> None:
             have = {(a, s) for a, s, _ in done}
             earlier = earlier[[(a, s) not in have for a, s in zip(earlier["arm"], earlier["seed"])]]
             flags = pd.concat([flags, earlier], ignore_index=True) if len(flags) else earlier
+        out.mkdir(parents=True, exist_ok=True)  # (--collect of the ledgers alone, on a machine without the runs)
         table.to_csv(out / "results.csv", index=False, float_format="%.4f")
         if len(flags):
             flags.to_csv(out / "flags.csv", index=False, float_format="%.4f")
