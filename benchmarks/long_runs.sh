@@ -6,7 +6,7 @@
 #   benchmarks/long_runs.sh CAMPAIGN COMMIT ROOT      # e.g. benchmarks/long_runs.sh dense70 9ba6ec3 /work/evidence
 #
 # CAMPAIGN:
-#   pilots      issue 70: the four pre-registered scheduler pilots in `dense` and `coco-like`, then the follow-ups
+#   pilots      issue 70: the four pre-registered scheduler pilots in `coco-like`, then in `dense`
 #   followup    issue 70: the follow-up pilots alone, in `dense` (FOLLOW_UPS in benchmarks/phase_sweep.py)
 #   dense70     issue 70: paper-exact FALCON (falcon-paper-rate), GRIT and q = 0.5 in `dense`, seeds 0-4, 36 epochs
 #   fair-dense  issue 67: the tuning runs, then every arm of benchmarks/fair_dense.py, seeds 0-4
@@ -56,7 +56,9 @@ run() { (cd "$clone" && nice -n 10 env PYTHONPATH=. "$python" "$@") >>"$root/$ca
 echo "$(date -u +%FT%TZ) $campaign at ${full:0:7}" >>"$root/$campaign.log"
 case $campaign in
     pilots)
-        run benchmarks/scheduler_pilots.py --out "$root/pilots70" --presets dense coco-like --jobs 1 --threads 2
+        # (coco-like first: the dense pilots' rows are in docs/results/scheduler_pilots.csv already)
+        run benchmarks/scheduler_pilots.py --out "$root/pilots70" --presets coco-like --jobs 1 --threads 2
+        run benchmarks/scheduler_pilots.py --out "$root/pilots70" --presets dense --jobs 1 --threads 2
         ;;
     followup)
         followups=$(cd "$clone" && PYTHONPATH=. "$python" -c \
