@@ -75,9 +75,9 @@ its ceiling masks ITC and ITM: the ledger's H200 ``uniform-oracle``, usable only
 less than :data:`DEVICE_TOLERANCE`)."""
 LEDGER = Path("docs/results/fair_dense_results.csv")
 """This sweep's rows as last reported (``--report``): they stand for runs whose directories are gone."""
-TUNING_LEDGER = Path("docs/results/dense_tuning.csv")
-"""The tuning runs' results as last reported: a tuning run recorded here is not run again, and its row stands for its
-directory when that is gone."""
+TUNING_LEDGER = Path(__file__).resolve().parents[1] / "docs" / "results" / "dense_tuning.csv"
+"""The tuning runs' results as last reported (this checkout's, wherever the command runs from): a tuning run recorded
+here is not run again, and its row stands for its directory when that is gone."""
 EVAL_EVERY = 3
 """The learning curve's spacing in epochs (every epoch costs 10% more, and changes no other number)."""
 DEVICE_TOLERANCE = 0.5
