@@ -274,6 +274,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is None:
         parser.error("--out is required (or --charges RUN)")
 
+    try:  # (read before any training: a wrong path is said now, not after hours)
+        if args.keep_rows is not None:
+            kept_rows([], args.keep_rows)
+    except ValueError as error:
+        print(error, file=sys.stderr)
+        return 2
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     if args.reuse is not None:
@@ -293,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         if (out / "runs" / preset / f"{method}-s{SEED}" / "audit" / "summary.json").exists()
     ]
     if args.keep_rows is not None:
-        rows = kept_rows(rows, args.keep_rows)
+        rows = kept_rows(rows, args.keep_rows)  # (checked above)
     if not rows:
         print("no finished pilot yet", file=sys.stderr)
         return 0
@@ -309,11 +315,11 @@ def kept_rows(rows: list[dict], earlier: Path) -> list[dict]:
     import pandas as pd
 
     if not earlier.is_file():
-        raise SystemExit(f"scheduler_pilots: --keep-rows {earlier}: no such file (an earlier run's pilots.csv)")
+        raise ValueError(f"scheduler_pilots: --keep-rows {earlier}: no such file (an earlier run's pilots.csv)")
     frame = pd.read_csv(earlier)
     missing = {"preset", "method"} - set(frame.columns)
     if missing:
-        raise SystemExit(
+        raise ValueError(
             f"scheduler_pilots: --keep-rows {earlier}: no {', '.join(sorted(missing))} column: not a pilots.csv"
         )
     have = {(row["preset"], row["method"]) for row in rows}

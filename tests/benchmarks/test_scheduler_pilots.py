@@ -63,11 +63,13 @@ def test_an_earlier_tables_rows_stay_where_their_runs_are_gone(tmp_path):
     assert kept[0]["passes"] is True and "| dense | falcon-start-top |" in "\n".join(
         pilots.markdown(pd.DataFrame(kept))
     )
-    with pytest.raises(SystemExit, match="no such file"):
+    with pytest.raises(ValueError, match="no such file"):
         pilots.kept_rows(fresh, tmp_path / "missing.csv")
     (tmp_path / "other.csv").write_text("a,b\n1,2\n")
-    with pytest.raises(SystemExit, match="no method, preset column"):
+    with pytest.raises(ValueError, match="no method, preset column"):
         pilots.kept_rows(fresh, tmp_path / "other.csv")
+    assert pilots.main(["--out", str(tmp_path / "out"), "--keep-rows", str(tmp_path / "missing.csv")]) == 2
+    assert not (tmp_path / "out").exists(), "nothing trained or written"
 
 
 def test_an_earlier_sweeps_worlds_and_encoders_are_linked_not_copied(tmp_path):
