@@ -4,6 +4,7 @@ one-line error when a package is missing, config validation, and one tiny CLI ru
 from __future__ import annotations
 
 import builtins
+import time
 
 import pytest
 from PIL import Image
@@ -83,6 +84,11 @@ def test_wandb_writes_an_offline_run_in_the_run_directory_and_a_resume_continues
     loggers.close()
     run_id = (folder / "run_id").read_text().strip()
     [history] = folder.glob(f"wandb/offline-run-*-{run_id}/run-{run_id}.wandb")
+    # wandb's own service process writes the file: on a loaded machine `finish()` returned while it held only the
+    # 7-byte header (a newcomer's `make test`), so the record is waited for, not assumed written at once
+    deadline = time.monotonic() + 60
+    while b"train/loss" not in history.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert b"train/loss" in history.read_bytes()
     resumed = RunLoggers(["wandb"], tmp_path / "loggers", what="pretrain.logging.loggers", name="run")
     resumed.open(2)
