@@ -9,22 +9,24 @@
 #   pilots      issue 70: the four pre-registered scheduler pilots in `coco-like`, then in `dense`
 #   followup    issue 70: the follow-up pilots alone, in `dense` (FOLLOW_UPS in benchmarks/phase_sweep.py)
 #   dense70     issue 70: paper-exact FALCON (falcon-paper-rate), GRIT and q = 0.5 in `dense`, seeds 0-4, 36 epochs
+#   candidate   issue 70: the follow-up that passed both pilots (falcon-rank-oracle-quadratic-w1), seeds 0-4, 36 epochs:
+#               against GRIT and uniform in `coco-like`, against GRIT and q = 0.5 in `dense` (dense70's GRIT and q = 0.5
+#               runs are the same runs: the two campaigns share ROOT/five, so run them one after the other)
 #   fair-dense  issue 67: the tuning runs, then every arm of benchmarks/fair_dense.py, seeds 0-4
 #
-# ROOT gets the clone (ROOT/falcon-COMMIT), the runs (ROOT/pilots70, ROOT/dense70, ROOT/fair-dense[-tune]) and a log
+# ROOT gets the clone (ROOT/falcon-COMMIT), the runs (ROOT/pilots70, ROOT/five, ROOT/fair-dense[-tune]) and a log
 # per campaign (ROOT/CAMPAIGN.log). The python is this checkout's .venv (make install): the clone comes first on
-# PYTHONPATH, so the clone's falcon_cli runs. The world and unimodal encoders of `dense` are made once, by whichever
-# campaign needs them first in ROOT/pilots70, and linked into the others when they start (what exists then; a campaign
+# PYTHONPATH, so the clone's falcon_cli runs. The worlds and unimodal encoders the pilots made in ROOT/pilots70 are and linked into the others when they start (what exists then; a campaign
 # makes what is still missing itself). Collecting the results into docs/ is each benchmark's own --collect (see its docstring).
 set -euo pipefail
 if [ $# -ne 3 ]; then
-    echo "usage: benchmarks/long_runs.sh pilots|followup|dense70|fair-dense COMMIT ROOT" >&2
+    echo "usage: benchmarks/long_runs.sh pilots|followup|dense70|candidate|fair-dense COMMIT ROOT" >&2
     exit 2
 fi
 campaign=$1 commit=$2 root=$(realpath -m "$3")
 case $campaign in
-    pilots | followup | dense70 | fair-dense) ;;
-    *) echo "long_runs.sh: no campaign $campaign: pilots, followup, dense70 or fair-dense" >&2; exit 2 ;;
+    pilots | followup | dense70 | candidate | fair-dense) ;;
+    *) echo "long_runs.sh: no campaign $campaign: pilots, followup, dense70, candidate or fair-dense" >&2; exit 2 ;;
 esac
 here=$(cd "$(dirname "$0")/.." && pwd)
 python=$here/.venv/bin/python
@@ -40,9 +42,9 @@ if [ ! -d "$clone" ]; then
 fi
 [ "$(git -C "$clone" rev-parse HEAD)" = "$full" ] || { echo "long_runs.sh: $clone is not at $full" >&2; exit 2; }
 
-link_dense() {  # the pilots' `dense` world, its world run and every seed's encoders, linked into $1 (what it lacks)
+link_worlds() {  # the pilots' worlds, world runs and every seed's encoders, linked into $1 (what it lacks)
     local source
-    for source in "$root"/pilots70/worlds/dense "$root"/pilots70/world-runs/dense "$root"/pilots70/unimodal/dense-s*; do
+    for source in "$root"/pilots70/worlds/* "$root"/pilots70/world-runs/* "$root"/pilots70/unimodal/*; do
         local target=$1/${source#"$root"/pilots70/}
         if [ -e "$source" ] && [ ! -e "$target" ]; then
             mkdir -p "$(dirname "$target")"
@@ -67,12 +69,19 @@ case $campaign in
         run benchmarks/scheduler_pilots.py --out "$root/pilots70" --presets dense --only $followups --jobs 1 --threads 2
         ;;
     dense70)
-        link_dense "$root/dense70"
-        run benchmarks/phase_sweep.py --out "$root/dense70" --budget cpu --presets dense \
+        link_worlds "$root/five"
+        run benchmarks/phase_sweep.py --out "$root/five" --budget cpu --presets dense \
             --only falcon-paper-rate grit q05 --seeds 0 1 2 3 4 --jobs 1 --threads 2
         ;;
+    candidate)
+        link_worlds "$root/five"
+        run benchmarks/phase_sweep.py --out "$root/five" --budget cpu --presets coco-like \
+            --only falcon-rank-oracle-quadratic-w1 grit uniform --seeds 0 1 2 3 4 --jobs 1 --threads 2
+        run benchmarks/phase_sweep.py --out "$root/five" --budget cpu --presets dense \
+            --only falcon-rank-oracle-quadratic-w1 grit q05 --seeds 0 1 2 3 4 --jobs 1 --threads 2
+        ;;
     fair-dense)
-        link_dense "$root/fair-dense"
+        link_worlds "$root/fair-dense"
         run benchmarks/fair_dense.py --out "$root/fair-dense" --tune-out "$root/fair-dense-tune" --jobs 1 --threads 2
         ;;
 esac

@@ -17,7 +17,7 @@ def test_bad_input_is_one_line_and_makes_nothing(tmp_path):
     root = tmp_path / "evidence"
     for args, words in (
         ((), "usage: benchmarks/long_runs.sh"),
-        (("sweep", "HEAD", str(root)), "no campaign sweep: pilots, followup, dense70 or fair-dense"),
+        (("sweep", "HEAD", str(root)), "no campaign sweep: pilots, followup, dense70, candidate or fair-dense"),
         (("dense70", "0000000", str(root)), "0000000 is not a commit of"),
     ):
         done = long_runs(*args)
@@ -49,10 +49,10 @@ def test_the_clone_is_pinned_and_the_dense_world_is_linked_not_made_twice(tmp_pa
     pinned = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
     assert pinned == head
     log = (root / "dense70.log").read_text()
-    assert f"python {clone} . benchmarks/phase_sweep.py --out {root}/dense70 --budget cpu --presets dense" in log
+    assert f"python {clone} . benchmarks/phase_sweep.py --out {root}/five --budget cpu --presets dense" in log
     assert log.rstrip().endswith("dense70 done")
     for part in ("worlds/dense", "world-runs/dense", "unimodal/dense-s0", "unimodal/dense-s3"):
-        assert (root / "dense70" / part).is_symlink(), part
+        assert (root / "five" / part).is_symlink(), part
     again = subprocess.run(  # (a restart: the clone and links are reused)
         ["bash", str(checkout / "benchmarks" / "long_runs.sh"), "dense70", head.strip(), str(root)],
         capture_output=True,
@@ -61,3 +61,13 @@ def test_the_clone_is_pinned_and_the_dense_world_is_linked_not_made_twice(tmp_pa
     )
     assert again.returncode == 0, again.stderr
     assert (root / "dense70.log").read_text().count("dense70 done") == 2
+    candidate = subprocess.run(  # (the candidate's five seeds: its two worlds, in the same runs directory)
+        ["bash", str(checkout / "benchmarks" / "long_runs.sh"), "candidate", head.strip(), str(root)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert candidate.returncode == 0, candidate.stderr
+    log = (root / "candidate.log").read_text()
+    for preset, arms in (("coco-like", "grit uniform"), ("dense", "grit q05")):
+        assert f"--presets {preset} --only falcon-rank-oracle-quadratic-w1 {arms} --seeds 0 1 2 3 4" in log
