@@ -104,6 +104,10 @@ METHODS: dict[str, tuple[str, list[str]]] = {
         "shapes-falcon-rank-oracle",
         ["pretrain.composer.quantile_scale=quadratic_rank", "pretrain.scheduler.reward.itm_weight=1"],
     ),
+    "falcon-rank-itm-quadratic-w1": (
+        "shapes-falcon-rank-itm",
+        ["pretrain.composer.quantile_scale=quadratic_rank", "pretrain.scheduler.reward.itm_weight=1"],
+    ),
 }
 """Method -> (shipped recipe, extra overrides): uniform batches, GRIT (q = 1), a fixed q = 0.5, MAFA and GloFND
 (the false-negative methods), paper-exact FALCON, FALCON with the positive-margin reward and FALCON with that
@@ -133,7 +137,12 @@ PILOTS = ("falcon-start-top", "falcon-rank-oracle", "falcon-rank-itm", "falcon-i
 """Issue 70's candidate schedulers: A (``scheduler.init_q`` at the top, the paper's reward), B (the rank paid, a false
 pick charged by the oracle or by the ITM head) and C (``reward: itm_progress``), all with q on the log-rank scale."""
 
-FOLLOW_UPS = ("falcon-rank-oracle-w0.75", "falcon-rank-oracle-quadratic", "falcon-rank-oracle-quadratic-w1")
+FOLLOW_UPS = (
+    "falcon-rank-oracle-w0.75",
+    "falcon-rank-oracle-quadratic",
+    "falcon-rank-oracle-quadratic-w1",
+    "falcon-rank-itm-quadratic-w1",
+)
 """Pilots added after the pre-registered ones: candidate B with the oracle as judge and a false pick charged 0.75
 instead of 2, the charge chosen from B's own `dense` pilot's training chain (``benchmarks/scheduler_pilots.py
 --charges``: at 2, the reward's best q is the easiest pick for every anchor, so no learner can meet the criterion's
@@ -145,7 +154,8 @@ only pays the rank more.) ``falcon-rank-oracle-quadratic``: B with the oracle at
 ``falcon-rank-oracle-quadratic-w1``: the same at a charge of 1, chosen from that pilot's own charge tables (at 2 its
 learner went to q 0.01 for every anchor, and the reward's density-aware optimum there is itself mean q 0.03–0.09; at 1
 it is mean q 0.08–0.40, corr −0.52 to −0.64, and passes on the chain's last three epochs and on its epoch-2 and
-epoch-8 embeddings alike)."""
+epoch-8 embeddings alike). ``falcon-rank-itm-quadratic-w1``: its twin judged by the run's own ITM head, run once the
+oracle-judged one had passed both pilots (the issue's order: the oracle as the ceiling, then the ITM head)."""
 
 DIAGNOSTICS = (
     "grit-mask",

@@ -662,6 +662,7 @@ def test_the_diagnostic_arm_runs_only_when_named():
     diagnostics = ("grit-mask", "grit-oracle", "uniform-oracle", "falcon-oracle", "falcon-oracle-top")
     pilots = ("falcon-paper-rate", "falcon-start-top", "falcon-rank-oracle", "falcon-rank-itm", "falcon-itm-progress")
     pilots += ("falcon-rank-oracle-w0.75", "falcon-rank-oracle-quadratic", "falcon-rank-oracle-quadratic-w1")
+    pilots += ("falcon-rank-itm-quadratic-w1",)
     assert sweep.selected_methods(False, None) == [m for m in sweep.METHODS if m not in diagnostics + pilots]
     assert sweep.METHODS["falcon-paper-rate"] == ("shapes-falcon", ["pretrain.scheduler.lr=1.144e-3"])
     assert sweep.METHODS["falcon-oracle-top"] == ("shapes-falcon-oracle", ["pretrain.composer.quantile_scale=log_rank"])
