@@ -147,7 +147,7 @@ FOLLOW_UPS = (
 instead of 2, the charge chosen from B's own `dense` pilot's training chain (``benchmarks/scheduler_pilots.py
 --charges``: at 2, the reward's best q is the easiest pick for every anchor, so no learner can meet the criterion's
 correlation; at 0.75 a learner that knew each anchor's density would meet both). Reported apart from the
-pre-registered pilots. (No ITM-judged twin of this one: B with the ITM head went to the top at a charge of 2, and a smaller charge
+pre-registered pilots. (No ITM-judged twin: B with the ITM head went to the top at a charge of 2, and a smaller charge
 only pays the rank more.) ``falcon-rank-oracle-quadratic``: B with the oracle at its recipe's charge on the
 ``quadratic_rank`` scale, chosen from ``--charges RUN --embeddings-epoch E --scale …`` (on log-rank every safe pick of
 `dense` lies below q 0.05; the quadratic scale spreads them over q 0.06–0.36 and still reaches the top at q 0.98).
@@ -155,7 +155,8 @@ only pays the rank more.) ``falcon-rank-oracle-quadratic``: B with the oracle at
 learner went to q 0.01 for every anchor, and the reward's density-aware optimum there is itself mean q 0.03–0.09; at 1
 it is mean q 0.08–0.40, corr −0.52 to −0.64, and passes on the chain's last three epochs and on its epoch-2 and
 epoch-8 embeddings alike). ``falcon-rank-itm-quadratic-w1``: its twin judged by the run's own ITM head, run once the
-oracle-judged one had passed both pilots (the issue's order: the oracle as the ceiling, then the ITM head)."""
+oracle-judged one had passed both pilots (the issue's order: the oracle as the ceiling, then the ITM head; the
+no-twin remark above is about the w0.75 follow-up alone)."""
 
 DIAGNOSTICS = (
     "grit-mask",
