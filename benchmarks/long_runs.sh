@@ -56,6 +56,9 @@ link_worlds() {  # the pilots' worlds, world runs and every seed's encoders, lin
 # Two runs at a time on one thread each: on this 2-core machine two 1-thread coco-like runs took 107-112 s an epoch each
 # side by side, one 2-thread run 66 s alone (1.2x the runs per hour; 2026-12-02).
 parallel=(--jobs 2 --threads 1)
+# The 36-epoch runs' learning curve every third epoch, as fair_dense.py's (10% of a run; an evaluation does not change
+# the training: benchmarks/README.md, "A `dense` run's CPU time").
+curve=(--set eval_every=3)
 
 run() { (cd "$clone" && nice -n 10 env PYTHONPATH=. "$python" "$@") >>"$root/$campaign.log" 2>&1; }
 
@@ -75,14 +78,14 @@ case $campaign in
     dense70)
         link_worlds "$root/five"
         run benchmarks/phase_sweep.py --out "$root/five" --budget cpu --presets dense \
-            --only falcon-paper-rate grit q05 --seeds 0 1 2 3 4 "${parallel[@]}"
+            --only falcon-paper-rate grit q05 --seeds 0 1 2 3 4 "${curve[@]}" "${parallel[@]}"
         ;;
     candidate)
         link_worlds "$root/five"
         run benchmarks/phase_sweep.py --out "$root/five" --budget cpu --presets coco-like \
-            --only falcon-rank-oracle-quadratic-w1 grit uniform --seeds 0 1 2 3 4 "${parallel[@]}"
+            --only falcon-rank-oracle-quadratic-w1 grit uniform --seeds 0 1 2 3 4 "${curve[@]}" "${parallel[@]}"
         run benchmarks/phase_sweep.py --out "$root/five" --budget cpu --presets dense \
-            --only falcon-rank-oracle-quadratic-w1 grit q05 --seeds 0 1 2 3 4 "${parallel[@]}"
+            --only falcon-rank-oracle-quadratic-w1 grit q05 --seeds 0 1 2 3 4 "${curve[@]}" "${parallel[@]}"
         ;;
     fair-dense)
         link_worlds "$root/fair-dense"

@@ -71,4 +71,4 @@ def test_the_clone_is_pinned_and_the_dense_world_is_linked_not_made_twice(tmp_pa
     log = (root / "candidate.log").read_text()
     for preset, arms in (("coco-like", "grit uniform"), ("dense", "grit q05")):
         assert f"--presets {preset} --only falcon-rank-oracle-quadratic-w1 {arms} --seeds 0 1 2 3 4" in log
-        assert f"{arms} --seeds 0 1 2 3 4 --jobs 2 --threads 1\n" in log  # (two 1-thread runs at once)
+        assert f"{arms} --seeds 0 1 2 3 4 --set eval_every=3 --jobs 2 --threads 1\n" in log  # (two 1-thread runs)
