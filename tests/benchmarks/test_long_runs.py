@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+from pathlib import Path
 
 from tests.conftest import REPO
 
@@ -36,7 +38,11 @@ def test_the_clone_is_pinned_and_the_dense_world_is_linked_not_made_twice(tmp_pa
     (checkout / "benchmarks" / "long_runs.sh").write_text(SCRIPT.read_text())  # (this tree's script, uncommitted)
     (checkout / ".venv" / "bin").mkdir(parents=True)
     fake = checkout / ".venv" / "bin" / "python"
-    fake.write_text('#!/usr/bin/env bash\necho "python $PWD $PYTHONPATH $*"\n')
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        'echo "python $PWD $PYTHONPATH $*"\n'
+        'echo "session $(ps -o sid= -p $$ | tr -d " ") group $(cat /proc/self/autogroup 2>/dev/null)"\n'
+    )
     fake.chmod(0o755)
     done = subprocess.run(
         ["bash", str(checkout / "benchmarks" / "long_runs.sh"), "dense70", head.strip()[:9], str(root)],
@@ -51,6 +57,12 @@ def test_the_clone_is_pinned_and_the_dense_world_is_linked_not_made_twice(tmp_pa
     log = (root / "dense70.log").read_text()
     assert f"python {clone} . benchmarks/phase_sweep.py --out {root}/five --budget cpu --presets dense" in log
     assert log.rstrip().endswith("dense70 done")
+    # its own session (where the kernel groups the CPU by session, nice alone would not yield to the shell's work),
+    # niced as a group where the kernel has groups; the log says how to stop it
+    session = int(log.split("session ")[1].split()[0])
+    assert session != os.getsid(0) and f"(to stop it and its runs: kill -- -{session})" in log.splitlines()[0]
+    if Path("/proc/self/autogroup").exists():
+        assert "nice 10" in log.split("session ")[1].splitlines()[0], log
     for part in ("worlds/dense", "world-runs/dense", "unimodal/dense-s0", "unimodal/dense-s3"):
         assert (root / "five" / part).is_symlink(), part
     again = subprocess.run(  # (a restart: the clone and links are reused)

@@ -198,7 +198,9 @@ def test_every_hub_id_fails_in_seconds_and_cached_or_local_models_load(tmp_path)
     present = [("text_weights", cached, BERT_SIZES)]  # found in the cache once the process is offline
     results = load_in_subprocesses(missing + present, hub_env(tmp_path, closed_port()))
     for (what, source, _), result in zip(missing, results):
-        assert not result["ok"] and result["seconds"] < 15, (what, result)  # 67-228 s of retries before
+        # 67-228 s of retries before the fix; the timed part imports falcon's model code too (15.3 s once, on 2 cores
+        # shared with two training runs): the bound tells seconds from the retries' minutes, not a fast machine
+        assert not result["ok"] and result["seconds"] < 45, (what, result)
         error = result["error"]
         assert "\n" not in error and "is unreachable" in error and "not in the local cache" in error, (what, error)
         assert "HF_HUB_OFFLINE=1" in error and "local directory" in error, (what, error)
