@@ -173,8 +173,10 @@ def plan(budget: Budget, seeds: list[int], only: list[str] | None) -> list[tuple
     return out
 
 
-def falcon(*args: str, log: Path, threads: int) -> None:
-    """Run ``falcon ARGS`` (appending its output to ``log``); raise with the log's tail on failure."""
+def falcon_env(threads: int, preload: str | None = None) -> dict[str, str]:
+    """The whole environment of a sweep's ``falcon`` process: nothing of the caller's but ``PATH``, ``HOME`` and the
+    libraries preloaded (``preload``, else the caller's ``LD_PRELOAD``): a memory allocator such as tcmalloc changes a
+    CPU run's speed, never its numbers (benchmarks/cpu_allocator.py)."""
     env = {
         "PYTHONPATH": str(REPO),
         "FALCON_PROGRESS": "0",
@@ -183,6 +185,16 @@ def falcon(*args: str, log: Path, threads: int) -> None:
         "MKL_NUM_THREADS": str(threads),
         "HOME": os.environ.get("HOME", "/tmp"),
     }
+    preload = os.environ.get("LD_PRELOAD", "") if preload is None else preload
+    if preload:
+        env["LD_PRELOAD"] = preload
+    return env
+
+
+def falcon(*args: str, log: Path, threads: int, preload: str | None = None) -> None:
+    """Run ``falcon ARGS`` (appending its output to ``log``) in :func:`falcon_env`; raise with the log's tail on
+    failure."""
+    env = falcon_env(threads, preload)
     with log.open("a") as out:
         out.write(f"\n$ falcon {' '.join(args)}\n")
         out.flush()

@@ -68,8 +68,9 @@ def package_versions() -> dict[str, str | None]:
 
 
 def host_info() -> dict:
-    """Host name, platform, CPU count and the names of the visible GPUs (empty without CUDA, or where torch is not
-    imported yet: importing it costs seconds)."""
+    """Host name, platform, CPU count, the names of the visible GPUs (empty without CUDA, or where torch is not
+    imported yet: importing it costs seconds) and the libraries preloaded into the process (``LD_PRELOAD``'s file
+    names: a memory allocator such as tcmalloc changes a CPU run's speed, not its numbers)."""
     torch = sys.modules.get("torch")
     gpus = (
         [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
@@ -81,4 +82,5 @@ def host_info() -> dict:
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
         "gpus": gpus,
+        "preloaded": [Path(lib).name for lib in os.environ.get("LD_PRELOAD", "").replace(":", " ").split()],
     }

@@ -6,6 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from benchmarks.cpu_allocator import find_library
 from tests.conftest import REPO
 
 SCRIPT = REPO / "benchmarks" / "long_runs.sh"
@@ -42,6 +43,7 @@ def test_the_clone_is_pinned_and_the_dense_world_is_linked_not_made_twice(tmp_pa
         "#!/usr/bin/env bash\n"
         'echo "python $PWD $PYTHONPATH $*"\n'
         'echo "session $(ps -o sid= -p $$ | tr -d " ") group $(cat /proc/self/autogroup 2>/dev/null)"\n'
+        'echo "preload [$LD_PRELOAD]"\n'
     )
     fake.chmod(0o755)
     done = subprocess.run(
@@ -49,6 +51,7 @@ def test_the_clone_is_pinned_and_the_dense_world_is_linked_not_made_twice(tmp_pa
         capture_output=True,
         text=True,
         timeout=300,
+        env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"},
     )
     assert done.returncode == 0, done.stderr
     clone = root / f"falcon-{head.strip()[:7]}"
@@ -63,16 +66,22 @@ def test_the_clone_is_pinned_and_the_dense_world_is_linked_not_made_twice(tmp_pa
     assert session != os.getsid(0) and f"(to stop it and its runs: kill -- -{session})" in log.splitlines()[0]
     if Path("/proc/self/autogroup").exists():
         assert "nice 10" in log.split("session ")[1].splitlines()[0], log
+    # tcmalloc preloaded where the machine has it (faster, the same numbers: benchmarks/cpu_allocator.py)
+    tcmalloc = find_library("libtcmalloc_minimal.so.4") or ""
+    assert f"preload [{tcmalloc}]" in log and f"allocator {tcmalloc or 'glibc'}" in log.splitlines()[0], log
     for part in ("worlds/dense", "world-runs/dense", "unimodal/dense-s0", "unimodal/dense-s3"):
         assert (root / "five" / part).is_symlink(), part
+    libc = find_library("libc.so.6")
     again = subprocess.run(  # (a restart: the clone and links are reused)
         ["bash", str(checkout / "benchmarks" / "long_runs.sh"), "dense70", head.strip(), str(root)],
         capture_output=True,
         text=True,
         timeout=300,
+        env={**os.environ, "LD_PRELOAD": libc},  # (the caller's LD_PRELOAD is kept)
     )
     assert again.returncode == 0, again.stderr
-    assert (root / "dense70.log").read_text().count("dense70 done") == 2
+    log = (root / "dense70.log").read_text()
+    assert log.count("dense70 done") == 2 and f"preload [{libc}]" in log and f"allocator {libc} " in log
     candidate = subprocess.run(  # (the candidate's five seeds: its two worlds, in the same runs directory)
         ["bash", str(checkout / "benchmarks" / "long_runs.sh"), "candidate", head.strip(), str(root)],
         capture_output=True,
