@@ -555,7 +555,8 @@ def main() -> None:
         print("\n".join(lines))
         if args.report:
             report = args.report.resolve()
-            results = report.parent / "results"
+            results = report.parent / "results"  # (beside the page, as docs/results/ is beside docs/results.md)
+            results.mkdir(exist_ok=True)
             table[table["method"].isin(ARMS)].to_csv(
                 results / "fair_dense_results.csv", index=False, float_format="%.4f"
             )
