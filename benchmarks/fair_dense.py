@@ -172,13 +172,13 @@ def tuning_results(
     return chosen
 
 
-def tuned_value(method: str, tune_out: Path, testbed: rules.Testbed = rules.DENSE):
-    """The method's tuned value: :data:`falcon_cli.method_rules.TUNED`'s, else the tuning runs' choice; None while
-    they have not finished."""
+def tuned_value(method: str, tune_out: Path, testbed: rules.Testbed = rules.DENSE, ledger: Path = TUNING_LEDGER):
+    """The method's tuned value: :data:`falcon_cli.method_rules.TUNED`'s, else the tuning runs' choice (in
+    ``tune_out``, or recorded in ``ledger``); None while they have not finished."""
     recorded = rules.TUNED.get(method)
     if recorded is not None:
         return next(iter(recorded.values()))
-    found = tuning_results(tune_out, testbed).get(method)
+    found = tuning_results(tune_out, testbed, ledger).get(method)
     return None if found is None else found["value"]
 
 

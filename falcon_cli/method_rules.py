@@ -309,6 +309,7 @@ TUNED: dict[str, dict[str, object]] = {
     "glofnd": {"pretrain.false_negatives.glofnd.start_epoch": 15},
     "mafa": {"pretrain.false_negatives.mafa.high": 0.98},
     "srcl": {"pretrain.false_negatives.srcl.delta": 10.0},
+    "diht": {"pretrain.false_negatives.diht.beta": 0.5},
 }
 """The values the tuning runs chose on the `dense` tuning world (``{method: {key: value}}``), recorded with the runs
 they were chosen from in docs/results/dense_tuning.csv; a method missing here is chosen from the tuning runs."""

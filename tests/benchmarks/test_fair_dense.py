@@ -24,8 +24,11 @@ def test_tuning_plan_gives_every_method_its_two_candidates_once():
     assert fair.needs("glofnd") is None and fair.needs(None) is None
 
 
-def test_tuning_is_chosen_on_the_tuning_world_and_waits_for_every_candidate(tmp_path):
+def test_tuning_is_chosen_on_the_tuning_world_and_waits_for_every_candidate(tmp_path, monkeypatch):
     import json
+
+    monkeypatch.delitem(rules.TUNED, "diht")  # (as before DiHT's choice was recorded)
+    none = tmp_path / "no-ledger.csv"
 
     def evaluated(method, value, i2t, t2i):
         run = fair.run_dir(tmp_path, fair.PRESET, fair.tuning_arm(method, value), rules.TUNING_SEED)
@@ -35,15 +38,16 @@ def test_tuning_is_chosen_on_the_tuning_world_and_waits_for_every_candidate(tmp_
         )
 
     evaluated("diht", 0.25, 60.0, 70.0)
-    assert "diht" not in fair.tuning_results(tmp_path) and fair.tuned_value("diht", tmp_path) is None  # one of two
+    assert "diht" not in fair.tuning_results(tmp_path, ledger=none)  # (one of two)
+    assert fair.tuned_value("diht", tmp_path, ledger=none) is None
     evaluated("diht", 0.5, 61.0, 70.0)
-    found = fair.tuning_results(tmp_path)["diht"]
+    found = fair.tuning_results(tmp_path, ledger=none)["diht"]
     assert (
         found["value"] == 0.5
         and found["runs"] == {0.25: 65.0, 0.5: 65.5}
         and found["key"] == "pretrain.false_negatives.diht.beta"
     )
-    assert fair.tuned_value("diht", tmp_path) == 0.5
+    assert fair.tuned_value("diht", tmp_path, ledger=none) == 0.5
 
 
 def test_a_recorded_tuning_run_is_not_run_again_and_stands_for_its_directory(tmp_path):
