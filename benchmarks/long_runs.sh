@@ -4,6 +4,7 @@
 # finished part is skipped, an interrupted run resumes from its last checkpoint. Start or restart one campaign:
 #
 #   benchmarks/long_runs.sh CAMPAIGN COMMIT ROOT      # e.g. benchmarks/long_runs.sh dense70 9ba6ec3 /work/evidence
+#   benchmarks/long_runs.sh fair-dense,candidate COMMIT ROOT   # one after the other (the next starts when one ends)
 #
 # CAMPAIGN:
 #   pilots      issue 70: the four pre-registered scheduler pilots in `coco-like`, then in `dense`
@@ -16,18 +17,26 @@
 #
 # ROOT gets the clone (ROOT/falcon-COMMIT), the runs (ROOT/pilots70, ROOT/five, ROOT/fair-dense[-tune]) and a log
 # per campaign (ROOT/CAMPAIGN.log). The python is this checkout's .venv (make install): the clone comes first on
-# PYTHONPATH, so the clone's falcon_cli runs. The worlds and unimodal encoders the pilots made in ROOT/pilots70 are and linked into the others when they start (what exists then; a campaign
-# makes what is still missing itself). Collecting the results into docs/ is each benchmark's own --collect (see its docstring).
+# PYTHONPATH, so the clone's falcon_cli runs. The worlds and unimodal encoders the pilots made in ROOT/pilots70 are
+# linked into the others when they start (what exists then; a campaign makes what is still missing itself). Collecting
+# the results into docs/ is each benchmark's own --collect (see its docstring). Campaigns chained with commas run in
+# order in one session (one kill stops them all); one that fails is logged and the next starts all the same.
 set -euo pipefail
 if [ $# -ne 3 ]; then
-    echo "usage: benchmarks/long_runs.sh pilots|followup|dense70|candidate|fair-dense COMMIT ROOT" >&2
+    echo "usage: benchmarks/long_runs.sh pilots|followup|dense70|candidate|fair-dense[,...] COMMIT ROOT" >&2
     exit 2
 fi
 campaign=$1 commit=$2 root=$(realpath -m "$3")
-case $campaign in
-    pilots | followup | dense70 | candidate | fair-dense) ;;
-    *) echo "long_runs.sh: no campaign $campaign: pilots, followup, dense70, candidate or fair-dense" >&2; exit 2 ;;
+case ",$campaign," in
+    *,,*) echo "long_runs.sh: $campaign: a campaign's name is missing (commas separate the names)" >&2; exit 2 ;;
 esac
+IFS=, read -ra chain <<<"$campaign"
+for one in "${chain[@]}"; do
+    case $one in
+        pilots | followup | dense70 | candidate | fair-dense) ;;
+        *) echo "long_runs.sh: no campaign $one: pilots, followup, dense70, candidate or fair-dense" >&2; exit 2 ;;
+    esac
+done
 # Where the kernel shares the CPU between sessions first (sched_autogroup, the default of most distributions), `nice`
 # ranks a process only within its own session: a campaign started from a shell took half the cores from that
 # shell's work, niced or not. So the campaign runs in a session of its own, and that session's group is niced too
@@ -42,6 +51,13 @@ python=$here/.venv/bin/python
 [ -x "$python" ] || { echo "long_runs.sh: $python is missing: run make install in $here first" >&2; exit 2; }
 full=$(git -C "$here" rev-parse --verify --quiet "$commit^{commit}") ||
     { echo "long_runs.sh: $commit is not a commit of $here" >&2; exit 2; }
+if [ ${#chain[@]} -gt 1 ]; then  # a chain: each campaign in turn, in this session (LONG_RUNS_OWN_SESSION is set)
+    mkdir -p "$root"
+    for one in "${chain[@]}"; do
+        bash "$0" "$one" "$commit" "$root" || echo "$(date -u +%FT%TZ) $one failed (exit $?)" >>"$root/$one.log"
+    done
+    exit 0
+fi
 clone=$root/falcon-${full:0:7}
 mkdir -p "$root"
 if [ ! -d "$clone" ]; then
@@ -80,7 +96,8 @@ allocator=${LD_PRELOAD:-"glibc's malloc"}
 
 run() { (cd "$clone" && nice -n 10 env PYTHONPATH=. "$python" "$@") >>"$root/$campaign.log" 2>&1; }
 
-echo "$(date -u +%FT%TZ) $campaign at ${full:0:7}, allocator $allocator (to stop it and its runs: kill -- -$$)" \
+group=$(ps -o pgid= -p $$ | tr -d ' ')  # (the session's: a chain's campaigns share it)
+echo "$(date -u +%FT%TZ) $campaign at ${full:0:7}, allocator $allocator (to stop it and its runs: kill -- -$group)" \
     >>"$root/$campaign.log"
 case $campaign in
     pilots)

@@ -22,6 +22,11 @@ def test_bad_input_is_one_line_and_makes_nothing(tmp_path):
         ((), "usage: benchmarks/long_runs.sh"),
         (("sweep", "HEAD", str(root)), "no campaign sweep: pilots, followup, dense70, candidate or fair-dense"),
         (("dense70", "0000000", str(root)), "0000000 is not a commit of"),
+        (("dense70,candidate", "0000000", str(root)), "0000000 is not a commit of"),  # (before any campaign starts)
+        (("dense70,sweep", "HEAD", str(root)), "no campaign sweep:"),
+        (("dense70,", "HEAD", str(root)), "dense70,: a campaign's name is missing (commas separate the names)"),
+        ((",dense70", "HEAD", str(root)), "a campaign's name is missing"),
+        (("", "HEAD", str(root)), "a campaign's name is missing"),
     ):
         done = long_runs(*args)
         assert done.returncode == 2 and words in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
@@ -82,14 +87,17 @@ def test_the_clone_is_pinned_and_the_dense_world_is_linked_not_made_twice(tmp_pa
     assert again.returncode == 0, again.stderr
     log = (root / "dense70.log").read_text()
     assert log.count("dense70 done") == 2 and f"preload [{libc}]" in log and f"allocator {libc} " in log
-    candidate = subprocess.run(  # (the candidate's five seeds: its two worlds, in the same runs directory)
-        ["bash", str(checkout / "benchmarks" / "long_runs.sh"), "candidate", head.strip(), str(root)],
+    candidate = subprocess.run(  # (chained: dense70 a third time, then the candidate's five seeds in both worlds)
+        ["bash", str(checkout / "benchmarks" / "long_runs.sh"), "dense70,candidate", head.strip(), str(root)],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert candidate.returncode == 0, candidate.stderr
-    log = (root / "candidate.log").read_text()
+    dense70, log = (root / "dense70.log").read_text(), (root / "candidate.log").read_text()
+    assert dense70.count("dense70 done") == 3 and log.rstrip().endswith("candidate done")
+    first = [line for line in dense70.splitlines() if "(to stop it" in line][-1]
+    assert first.split("kill -- -")[1] == log.splitlines()[0].split("kill -- -")[1]  # (one session: one kill)
     for preset, arms in (("coco-like", "grit uniform"), ("dense", "grit q05")):
         assert f"--presets {preset} --only falcon-rank-oracle-quadratic-w1 {arms} --seeds 0 1 2 3 4" in log
         assert f"{arms} --seeds 0 1 2 3 4 --set eval_every=3 --jobs 2 --threads 1\n" in log  # (two 1-thread runs)
