@@ -92,7 +92,7 @@ if [ -z "${LD_PRELOAD:-}" ]; then
     LD_PRELOAD=$(PATH=$PATH:/sbin:/usr/sbin ldconfig -p 2>/dev/null | awk '$1 == "libtcmalloc_minimal.so.4" { print $NF; exit }')
 fi
 export LD_PRELOAD
-allocator=${LD_PRELOAD:-"glibc's malloc"}
+allocator=${LD_PRELOAD:-"glibc's malloc (tcmalloc trains 8-12% faster: apt install libtcmalloc-minimal4)"}
 
 run() { (cd "$clone" && nice -n 10 env PYTHONPATH=. "$python" "$@") >>"$root/$campaign.log" 2>&1; }
 
