@@ -27,19 +27,20 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.phase_sweep import BUDGETS, METHODS, PhaseBudget, generate_world, prepare  # noqa: E402
 from benchmarks.same_numbers import differences  # noqa: E402
+from benchmarks.scheduler_pilots import link_reused  # noqa: E402
 from benchmarks.shapes_sweep import falcon  # noqa: E402
+from falcon_cli.runtime.metrics import read_metrics  # noqa: E402
 
 ALLOCATORS = {"tcmalloc": "libtcmalloc_minimal.so.4", "jemalloc": "libjemalloc.so.2"}
 """Allocator name -> the shared library preloaded for it."""
 PRESET, METHOD, SEED = "dense", "uniform", 0
-SHARED = ("worlds", "world-runs", "unimodal")
-"""What every run of a sweep reads and none writes: linked, not copied, into each run's directory."""
 
 
 def find_library(soname: str) -> str | None:
@@ -58,8 +59,7 @@ def find_library(soname: str) -> str | None:
 def epoch_seconds(run: Path) -> list[float]:
     """Every epoch's training seconds: its last step record's ``elapsed_s`` (which starts again with each epoch)."""
     last: dict[int, float] = {}
-    for line in (run / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
+    for record in read_metrics(run / "metrics.jsonl"):
         if "elapsed_s" in record and record.get("kind") is None:
             last[record["epoch"]] = record["elapsed_s"]
     return [last[e] for e in sorted(last)]
@@ -67,20 +67,8 @@ def epoch_seconds(run: Path) -> list[float]:
 
 def stage_seconds(run: Path) -> float:
     """The pretrain stage's wall time (its start to its end in the manifest: the learning curve included)."""
-    from datetime import datetime
-
     stage = json.loads((run / "manifest.json").read_text())["stages"]["pretrain"]
     return (datetime.fromisoformat(stage["end"]) - datetime.fromisoformat(stage["start"])).total_seconds()
-
-
-def link_shared(source: Path, target: Path) -> None:
-    """``source``'s worlds, world runs and encoders, linked into ``target`` (what it lacks)."""
-    for part in SHARED:
-        for item in sorted((source / part).glob("*")):
-            link = target / part / item.name
-            if not link.exists():
-                link.parent.mkdir(parents=True, exist_ok=True)
-                link.symlink_to(item.resolve())
 
 
 def train(out: Path, budget: PhaseBudget, preload: str) -> Path:
@@ -109,7 +97,7 @@ def compare(out: Path, budget: PhaseBudget, name: str, library: str) -> dict:
     arms = {"glibc": "", name: library}
     for arm in arms:
         (out / name / arm / "runs").mkdir(parents=True, exist_ok=True)
-        link_shared(out / "shared", out / name / arm)
+        link_reused(out / name / arm, out / "shared")
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=2) as pool:
         runs = dict(zip(arms, pool.map(lambda a: train(out / name / a, budget, arms[a]), arms), strict=True))
@@ -143,7 +131,7 @@ def main() -> None:
     shared = out / "shared"
     (shared / "logs").mkdir(parents=True, exist_ok=True)
     if args.worlds is not None:
-        link_shared(args.worlds.resolve(), shared)
+        link_reused(shared, args.worlds.resolve())
     generate_world(PRESET, shared, budget, threads=2)  # (each skipped where --worlds has it)
     prepare(PRESET, SEED, shared, budget, threads=2)
     results = []

@@ -86,13 +86,13 @@ parallel=(--jobs 2 --threads 1)
 curve=(--set eval_every=3)
 
 # tcmalloc where it is installed (apt install libtcmalloc-minimal4), unless LD_PRELOAD says otherwise: the same run
-# side by side under it and under glibc's malloc trained 6-12% faster, with bitwise the same numbers (2026-12-02;
+# side by side under it and under glibc's malloc trained 7-12% faster, with bitwise the same numbers (2026-12-02;
 # benchmarks/cpu_allocator.py). The sweeps pass LD_PRELOAD on to every falcon process; each run's manifest records it.
 if [ -z "${LD_PRELOAD:-}" ]; then
     LD_PRELOAD=$(PATH=$PATH:/sbin:/usr/sbin ldconfig -p 2>/dev/null | awk '$1 == "libtcmalloc_minimal.so.4" { print $NF; exit }')
 fi
 export LD_PRELOAD
-allocator=${LD_PRELOAD:-"glibc's malloc (tcmalloc trains 8-12% faster: apt install libtcmalloc-minimal4)"}
+allocator=${LD_PRELOAD:-"glibc's malloc (tcmalloc trains 7-12% faster: apt install libtcmalloc-minimal4)"}
 
 run() { (cd "$clone" && nice -n 10 env PYTHONPATH=. "$python" "$@") >>"$root/$campaign.log" 2>&1; }
 
