@@ -73,6 +73,9 @@ CEILING = {"glofnd": ITC_CEILING, "srcl": ITC_CEILING, "diht": ITC_CEILING, "maf
 """Each method's ceiling: the oracle arm that masks what the method can act on (MAFA relabels ITM's pairs too, so
 its ceiling masks ITC and ITM: the ledger's H200 ``uniform-oracle``, usable only if the device moves uniform by
 less than :data:`DEVICE_TOLERANCE`)."""
+BASE_OF = {CONTROL: BASE, ITC_CEILING: BASE, "uniform-oracle": "uniform", **dict.fromkeys(RULE_ARMS, CONTROL)}
+"""Each arm's base: the arm it differs from in one thing (a method: the control, since every method drops GRIT's
+consistency term; an oracle arm: uniform with the term, on its own device)."""
 LEDGER = Path("docs/results/fair_dense_results.csv")
 """This sweep's rows as last reported (``--report``): they stand for runs whose directories are gone."""
 TUNING_LEDGER = Path(__file__).resolve().parents[1] / "docs" / "results" / "dense_tuning.csv"
@@ -302,44 +305,45 @@ def report_lines(table, tuning: dict, command: str) -> list[str]:
         "",
     ]
     head = (
-        "| arm | seeds | ITC R@1 | FN-aware ITC R@1 | FN-aware re-ranked R@1 | ITM loss, last epoch | "
-        "Δ FN-aware ITC vs control | Δ FN-aware re-ranked vs control | Δ ITC R@1 vs control | "
-        "share of its ceiling's gain |"
+        "| arm | its base | seeds | ITC R@1 | FN-aware ITC R@1 | FN-aware re-ranked R@1 | ITM loss, last epoch | "
+        "Δ FN-aware ITC vs its base | Δ FN-aware re-ranked vs its base | Δ ITC R@1 vs its base | "
+        "share of its ceiling's gain: FN-aware ITC | share: FN-aware re-ranked |"
     )
     lines += [head, "|---" * (head.count("|") - 1) + "|"]
     for arm in [
         a for a in (BASE, CONTROL, *RULE_ARMS, ITC_CEILING, "uniform", "uniform-oracle") if a in set(table["method"])
     ]:
         rows = table[table["method"] == arm]
-        method = RULE_ARMS.get(arm)
+        method, base = RULE_ARMS.get(arm), BASE_OF.get(arm)
         cells = [
             f"`{arm}`",
+            f"`{base}`" if base else "",
             str(len(rows)),
             _m(rows, "R@1"),
             _m(rows, "oracle_R@1"),
             _m(rows, "rerank_oracle_R@1"),
             _m(rows, "itm_final", 3),
         ]
-        if method is None:
-            cells += ["", "", "", ""]
+        if base is None:
+            cells += ["", "", "", "", ""]
         else:
-            gain = _pairs(table, arm, CONTROL, "oracle_R@1")
-            ceiling = _pairs(table, CEILING[method], BASE, "oracle_R@1")
-            share = "—"
-            if gain is not None and ceiling is not None and (CEILING[method] != "uniform-oracle" or usable):
-                share = f"{100 * gain.mean / ceiling.mean:.0f}% of {ceiling.mean:+.2f}"
-            cells += [
-                _d(gain),
-                _d(_pairs(table, arm, CONTROL, "rerank_oracle_R@1")),
-                _d(_pairs(table, arm, CONTROL, "R@1")),
-                share,
-            ]
+            cells += [_d(_pairs(table, arm, base, m)) for m in ("oracle_R@1", "rerank_oracle_R@1", "R@1")]
+            if method is None:
+                cells += ["", ""]
+            else:
+                usable_ceiling = CEILING[method] != "uniform-oracle" or usable
+                cells += [
+                    _share(table, arm, method, m) if usable_ceiling else "—"
+                    for m in ("oracle_R@1", "rerank_oracle_R@1")
+                ]
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
-        f"ITM loss: a head that has learned nothing but the label rate scores {ITM_PRIOR:.3f}. Share of its "
-        "ceiling's gain: the method's mean FN-aware ITC gain over the control, over the mean gain of its ceiling "
-        f"(`{ITC_CEILING}` for the ITC-only methods, the full oracle for MAFA) over uniform.",
+        f"ITM loss: a head that has learned nothing but the label rate scores {ITM_PRIOR:.3f}. Its base: what the arm "
+        "differs from in one thing (each method drops GRIT's consistency term, so its base is the control). Share of "
+        "its ceiling's gain: the method's mean gain over its base, over the mean gain of its ceiling "
+        f"(`{ITC_CEILING}` for the ITC-only methods, the full oracle for MAFA) over uniform; shown only where the "
+        "ceiling's gain is above zero by its interval.",
         "",
     ]
     flagging = [a for a in RULE_ARMS if a in set(table["method"])]
@@ -358,6 +362,18 @@ def report_lines(table, tuning: dict, command: str) -> list[str]:
             lines.append(f"- {method}: {tried}; kept {found['value']}.")
         lines.append("")
     return lines
+
+
+def _share(table, arm: str, method: str, metric: str) -> str:
+    """The arm's mean gain over its base as a share of its ceiling's mean gain over uniform, in ``metric``; a
+    ceiling whose gain is not above zero by its interval has no share to give (the ratio would be noise)."""
+    gain = _pairs(table, arm, BASE_OF[arm], metric)
+    ceiling = _pairs(table, CEILING[method], BASE_OF[CEILING[method]], metric)
+    if gain is None or ceiling is None:
+        return "—"
+    if ceiling.n >= 2 and not math.isnan(ceiling.lo) and ceiling.lo <= 0:
+        return f"— (its ceiling's gain {ceiling.mean:+.2f} [{ceiling.lo:+.2f}, {ceiling.hi:+.2f}] is not above 0)"
+    return f"{100 * gain.mean / ceiling.mean:.0f}% of {ceiling.mean:+.2f}"
 
 
 def _flag_lines(table, arms: list[str]) -> list[str]:

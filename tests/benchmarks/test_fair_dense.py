@@ -133,6 +133,23 @@ def test_report_states_the_noise_the_control_and_each_methods_share_of_its_ceili
     assert "glofnd: start_epoch = 15: 60.10, start_epoch = 19: 59.00; kept 15." in text
 
 
+def test_report_gives_each_arm_its_base_and_no_share_of_a_ceiling_that_gained_nothing():
+    table = _table()
+    ceiling = table["method"] == "uniform-oracle-itc"
+    table.loc[ceiling, "rerank_oracle_R@1"] = 48.0 + pd.Series([-1.0, 0.5, 0.8], index=table.index[ceiling])
+    lines = fair.report_lines(table, {}, "cmd")
+    main = [line.split(" | ") for line in lines if line.startswith("| `") and line.count(" | ") == 11]
+    rows = {cells[0].strip("| `"): cells for cells in main}
+    assert rows["glofnd-rule"][1] == "`uniform-c0`" and rows["uniform-c0"][1] == "`uniform-cpu`"
+    assert rows["uniform-oracle-itc"][1] == "`uniform-cpu`" and rows["uniform-cpu"][1] == ""
+    # the ceiling's own gain over uniform, with its interval, in the same columns
+    assert rows["uniform-oracle-itc"][7] == "**+8.00 [+8.00, +8.00]** (3/3 +)"
+    assert rows["uniform-c0"][7] == "**+1.00 [+1.00, +1.00]** (3/3 +)"
+    # FN-aware ITC: 2 of the ceiling's 8; re-ranked: the ceiling's gain (-1, +0.5, +0.8) is not above zero
+    assert rows["glofnd-rule"][10] == "25% of +8.00"
+    assert rows["glofnd-rule"][11].startswith("— (its ceiling's gain +0.10 [")
+
+
 def test_report_without_the_device_check_subtracts_no_h200_ceiling():
     table = _table()
     table.loc[table["method"] == "uniform", "oracle_R@1"] += [2.0, -1.5, 3.0]  # the device moves uniform a lot
