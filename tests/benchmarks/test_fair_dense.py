@@ -146,6 +146,8 @@ def test_report_gives_each_arm_its_base_and_no_share_of_a_ceiling_that_gained_no
     assert rows["uniform-oracle-itc"][7] == "**+8.00 [+8.00, +8.00]** (3/3 +)"
     assert rows["uniform-c0"][7] == "**+1.00 [+1.00, +1.00]** (3/3 +)"
     # FN-aware ITC: 2 of the ceiling's 8; re-ranked: the ceiling's gain (-1, +0.5, +0.8) is not above zero
+    assert rows["glofnd-rule"][6] == "0.630 ± 0.000 (at the prior)"  # 0.63 against 0.637: nothing learned
+    assert fair._head(pd.DataFrame({"itm_final": [0.30, 0.32]})) == " (left the prior)"
     assert rows["glofnd-rule"][10] == "25% of +8.00"
     assert rows["glofnd-rule"][11].startswith("— (its ceiling's gain +0.10 [")
 
