@@ -343,9 +343,9 @@ def report_lines(table, tuning: dict, command: str) -> list[str]:
         f"ITM loss: a head that has learned nothing but the label rate scores {ITM_PRIOR:.3f}; it has left that "
         f"prior where its mean over seeds is {GATE_HEAD_MARGIN} or more below it (the gate's criterion). Its base: "
         "what the arm differs from in one thing (each method drops GRIT's consistency term, so its base is the "
-        "control). Share of its ceiling's gain: the method's mean gain over its base, over the mean gain of its ceiling "
-        f"(`{ITC_CEILING}` for the ITC-only methods, the full oracle for MAFA) over uniform; shown only where the "
-        "ceiling's gain is above zero by its interval.",
+        "control). Share of its ceiling's gain: the method's mean gain over its base, over the mean gain of its "
+        f"ceiling (`{ITC_CEILING}` for the ITC-only methods, the full oracle for MAFA) over uniform; shown only "
+        "where the ceiling's gain is above zero by its interval.",
         "",
     ]
     flagging = [a for a in RULE_ARMS if a in set(table["method"])]
