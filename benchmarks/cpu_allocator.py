@@ -71,8 +71,9 @@ def stage_seconds(run: Path) -> float:
     return (datetime.fromisoformat(stage["end"]) - datetime.fromisoformat(stage["start"])).total_seconds()
 
 
-def train(out: Path, budget: PhaseBudget, preload: str) -> Path:
-    """The campaigns' uniform run in ``out`` under ``preload`` ('' = glibc's malloc), one thread, from scratch."""
+def train(out: Path, budget: PhaseBudget, preload: str, overrides: tuple[str, ...] = ()) -> Path:
+    """The campaigns' uniform run in ``out`` under ``preload`` ('' = glibc's malloc), one thread, from scratch, with
+    ``overrides`` after the budget's (``pretrain.runtime.precision=bf16``)."""
     run = out / "runs" / PRESET / f"{METHOD}-s{SEED}"
     recipe, extra = METHODS[METHOD]
     falcon(
@@ -85,6 +86,7 @@ def train(out: Path, budget: PhaseBudget, preload: str) -> Path:
         "stages=[data, pretrain]",
         *budget.run_overrides(PRESET, out, SEED),
         *extra,
+        *overrides,
         log=out / "train.log",
         threads=1,
         preload=preload,

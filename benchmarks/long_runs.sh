@@ -5,6 +5,7 @@
 #
 #   benchmarks/long_runs.sh CAMPAIGN COMMIT ROOT      # e.g. benchmarks/long_runs.sh dense70 9ba6ec3 /work/evidence
 #   benchmarks/long_runs.sh fair-dense,candidate COMMIT ROOT   # one after the other (the next starts when one ends)
+#   benchmarks/long_runs.sh fair-dense,candidate@8c59b39 e3dd650 ROOT   # a campaign's own commit after its name
 #
 # CAMPAIGN:
 #   pilots      issue 70: the four pre-registered scheduler pilots in `coco-like`, then in `dense`
@@ -12,10 +13,12 @@
 #   dense70     issue 70: paper-exact FALCON (falcon-paper-rate), GRIT and q = 0.5 in `dense`, seeds 0-4, 36 epochs
 #   candidate   issue 70: the follow-up that passed both pilots (falcon-rank-oracle-quadratic-w1), seeds 0-4, 36 epochs:
 #               against GRIT and uniform in `coco-like`, against GRIT and q = 0.5 in `dense` (dense70's GRIT and q = 0.5
-#               runs are the same runs: the two campaigns share ROOT/five, so run them one after the other)
+#               runs are the same runs: the two campaigns share ROOT/five-bf16, so run them one after the other)
+#               Both train in bf16 (every arm of them alike; the evaluations stay fp32), which a CPU with native bf16
+#               trains about 1.5x faster (benchmarks/cpu_precision.py): their commit must have it (8c59b39 or later).
 #   fair-dense  issue 67: the tuning runs, then every arm of benchmarks/fair_dense.py, seeds 0-4
 #
-# ROOT gets the clone (ROOT/falcon-COMMIT), the runs (ROOT/pilots70, ROOT/five, ROOT/fair-dense[-tune]) and a log
+# ROOT gets the clone (ROOT/falcon-COMMIT), the runs (ROOT/pilots70, ROOT/five-bf16, ROOT/fair-dense[-tune]) and a log
 # per campaign (ROOT/CAMPAIGN.log). The python is this checkout's .venv (make install): the clone comes first on
 # PYTHONPATH, so the clone's falcon_cli runs. The worlds and unimodal encoders the pilots made in ROOT/pilots70 are
 # linked into the others when they start (what exists then; a campaign makes what is still missing itself). Collecting
@@ -23,7 +26,7 @@
 # order in one session (one kill stops them all); one that fails is logged and the next starts all the same.
 set -euo pipefail
 if [ $# -ne 3 ]; then
-    echo "usage: benchmarks/long_runs.sh pilots|followup|dense70|candidate|fair-dense[,...] COMMIT ROOT" >&2
+    echo "usage: benchmarks/long_runs.sh pilots|followup|dense70|candidate|fair-dense[@COMMIT][,...] COMMIT ROOT" >&2
     exit 2
 fi
 campaign=$1 commit=$2 root=$(realpath -m "$3")
@@ -32,9 +35,9 @@ case ",$campaign," in
 esac
 IFS=, read -ra chain <<<"$campaign"
 for one in "${chain[@]}"; do
-    case $one in
+    case ${one%%@*} in
         pilots | followup | dense70 | candidate | fair-dense) ;;
-        *) echo "long_runs.sh: no campaign $one: pilots, followup, dense70, candidate or fair-dense" >&2; exit 2 ;;
+        *) echo "long_runs.sh: no campaign ${one%%@*}: pilots, followup, dense70, candidate or fair-dense" >&2; exit 2 ;;
     esac
 done
 # Where the kernel shares the CPU between sessions first (sched_autogroup, the default of most distributions), `nice`
@@ -49,15 +52,25 @@ fi
 here=$(cd "$(dirname "$0")/.." && pwd)
 python=$here/.venv/bin/python
 [ -x "$python" ] || { echo "long_runs.sh: $python is missing: run make install in $here first" >&2; exit 2; }
-full=$(git -C "$here" rev-parse --verify --quiet "$commit^{commit}") ||
-    { echo "long_runs.sh: $commit is not a commit of $here" >&2; exit 2; }
+own_commit() {  # the commit a chain's campaign runs at: its own after @, else the one given for all
+    if [[ $1 == *@* ]]; then echo "${1#*@}"; else echo "$commit"; fi
+}
+for one in "${chain[@]}"; do  # (every commit checked before the first campaign starts)
+    own=$(own_commit "$one")
+    [ -n "$own" ] || { echo "long_runs.sh: $one: the commit after @ is missing" >&2; exit 2; }
+    git -C "$here" rev-parse --verify --quiet "$own^{commit}" >/dev/null ||
+        { echo "long_runs.sh: $own is not a commit of $here" >&2; exit 2; }
+done
 if [ ${#chain[@]} -gt 1 ]; then  # a chain: each campaign in turn, in this session (LONG_RUNS_OWN_SESSION is set)
     mkdir -p "$root"
     for one in "${chain[@]}"; do
-        bash "$0" "$one" "$commit" "$root" || echo "$(date -u +%FT%TZ) $one failed (exit $?)" >>"$root/$one.log"
+        bash "$0" "${one%%@*}" "$(own_commit "$one")" "$root" ||
+            echo "$(date -u +%FT%TZ) ${one%%@*} failed (exit $?)" >>"$root/${one%%@*}.log"
     done
     exit 0
 fi
+commit=$(own_commit "$campaign") campaign=${campaign%%@*}
+full=$(git -C "$here" rev-parse --verify "$commit^{commit}")
 clone=$root/falcon-${full:0:7}
 mkdir -p "$root"
 if [ ! -d "$clone" ]; then
@@ -112,16 +125,16 @@ case $campaign in
         run benchmarks/scheduler_pilots.py --out "$root/pilots70" --presets dense --only $followups "${parallel[@]}"
         ;;
     dense70)
-        link_worlds "$root/five"
-        run benchmarks/phase_sweep.py --out "$root/five" --budget cpu --presets dense \
-            --only falcon-paper-rate grit q05 --seeds 0 1 2 3 4 "${curve[@]}" "${parallel[@]}"
+        link_worlds "$root/five-bf16"
+        run benchmarks/phase_sweep.py --out "$root/five-bf16" --budget cpu --presets dense \
+            --only falcon-paper-rate grit q05 --seeds 0 1 2 3 4 "${curve[@]}" precision=bf16 "${parallel[@]}"
         ;;
     candidate)
-        link_worlds "$root/five"
-        run benchmarks/phase_sweep.py --out "$root/five" --budget cpu --presets coco-like \
-            --only falcon-rank-oracle-quadratic-w1 grit uniform --seeds 0 1 2 3 4 "${curve[@]}" "${parallel[@]}"
-        run benchmarks/phase_sweep.py --out "$root/five" --budget cpu --presets dense \
-            --only falcon-rank-oracle-quadratic-w1 grit q05 --seeds 0 1 2 3 4 "${curve[@]}" "${parallel[@]}"
+        link_worlds "$root/five-bf16"
+        run benchmarks/phase_sweep.py --out "$root/five-bf16" --budget cpu --presets coco-like --only \
+            falcon-rank-oracle-quadratic-w1 grit uniform --seeds 0 1 2 3 4 "${curve[@]}" precision=bf16 "${parallel[@]}"
+        run benchmarks/phase_sweep.py --out "$root/five-bf16" --budget cpu --presets dense --only \
+            falcon-rank-oracle-quadratic-w1 grit q05 --seeds 0 1 2 3 4 "${curve[@]}" precision=bf16 "${parallel[@]}"
         ;;
     fair-dense)
         link_worlds "$root/fair-dense"

@@ -221,6 +221,16 @@ class PhaseBudget:
     rerank_k: int = 0
     """The evaluation also re-ranks each query's top ``rerank_k`` ITC candidates by the ITM head (ALBEF's retrieval
     evaluation, reported beside the ITC ranking); 0 = ITC only."""
+    precision: str = "auto"
+    """The runs' training precision (``pretrain.runtime.precision``): ``auto`` (fp32 on a CPU, bf16 on a GPU),
+    ``fp32``, or ``bf16``, which a CPU with native bf16 (AVX512-BF16, AMX) trains about 1.5x faster
+    (benchmarks/cpu_precision.py). The evaluations keep their own (``auto``), so runs of either precision are measured
+    alike. Runs of another precision belong in another ``--out``: there, a finished run of the first is not trained
+    again, and a stopped one would resume in the second."""
+
+    def __post_init__(self) -> None:
+        if self.precision not in ("auto", "fp32", "bf16"):
+            raise ValueError(f"precision {self.precision!r}: one of auto, fp32, bf16")
 
     def world_size(self, preset: str) -> tuple[int, dict[str, float]]:
         """Images and split fractions of ``preset``'s world. ``images`` and ``splits`` hold for a preset whose
@@ -279,6 +289,7 @@ class PhaseBudget:
             "pretrain.loader.num_workers=0",
             "pretrain.eval.split=test",
             f"pretrain.eval.every={self.eval_every}",
+            *([f"pretrain.runtime.precision={self.precision}"] if self.precision != "auto" else []),
         ]
 
 
@@ -363,7 +374,10 @@ def changed_budget(budget: PhaseBudget, settings: list[str]) -> PhaseBudget:
             changes[name] = kind(value)
         except ValueError:
             raise SystemExit(f"--set {setting}: {value!r} is not a {kind.__name__}") from None
-    return dataclasses.replace(budget, **changes)
+    try:
+        return dataclasses.replace(budget, **changes)
+    except ValueError as error:  # (a value of the right type that the budget refuses)
+        raise SystemExit(f"--set {' '.join(settings)}: {error}") from None
 
 
 def selected_methods(gate: bool, only: list[str] | None) -> list[str]:

@@ -1,8 +1,8 @@
-"""Device and mixed precision: bf16 or fp16 autocast on CUDA, fp32 on CPU.
+"""Device and mixed precision: bf16 or fp16 autocast on CUDA, bf16 autocast on a CPU with native bf16, else fp32.
 
 ``precision`` vocabulary follows open_clip/torchtune: ``fp32``, ``bf16`` (autocast, no
 scaler), ``fp16`` (autocast + GradScaler), ``auto`` (bf16 where the GPU supports it, else
-fp16 on CUDA, fp32 on CPU).
+fp16 on CUDA, fp32 on CPU: a CPU run is bf16 only when asked, so CPU runs keep their numbers).
 """
 
 from __future__ import annotations
@@ -45,11 +45,27 @@ def resolve_precision(precision: Precision, device: torch.device) -> str:
         if device.type != "cuda":
             return "fp32"
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    if precision == "bf16" and device.type == "cpu":
+        if not cpu_has_bf16():
+            raise FalconError(
+                "precision=bf16 on the CPU needs native bf16 matrix units (AVX512-BF16 or AMX, as oneDNN reports: "
+                "torch.ops.mkldnn._is_mkldnn_bf16_supported()), which this CPU lacks; use precision=fp32 or auto"
+            )
+        return precision
     if precision in ("bf16", "fp16") and device.type != "cuda":
         raise FalconError(
             f"precision={precision} needs a CUDA device (this run is on {device}); use precision=fp32 or auto"
         )
     return precision
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU multiplies bf16 matrices natively (AVX512-BF16 or AMX, through oneDNN): only then is bf16
+    autocast on the CPU a speed-up rather than an emulation."""
+    try:
+        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a build without oneDNN's operators
+        return False
 
 
 def autocast(precision: str, device: torch.device):

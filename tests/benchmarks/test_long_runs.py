@@ -27,6 +27,10 @@ def test_bad_input_is_one_line_and_makes_nothing(tmp_path):
         (("dense70,", "HEAD", str(root)), "dense70,: a campaign's name is missing (commas separate the names)"),
         ((",dense70", "HEAD", str(root)), "a campaign's name is missing"),
         (("", "HEAD", str(root)), "a campaign's name is missing"),
+        (("dense70@0000000", "HEAD", str(root)), "0000000 is not a commit of"),
+        (("fair-dense,dense70@0000000", "HEAD", str(root)), "0000000 is not a commit of"),  # (before the first)
+        (("fair-dense,dense70@", "HEAD", str(root)), "dense70@: the commit after @ is missing"),
+        (("sweep@HEAD", "HEAD", str(root)), "no campaign sweep:"),
     ):
         done = long_runs(*args)
         assert done.returncode == 2 and words in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
@@ -63,7 +67,7 @@ def test_the_clone_is_pinned_and_the_dense_world_is_linked_not_made_twice(tmp_pa
     pinned = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
     assert pinned == head
     log = (root / "dense70.log").read_text()
-    assert f"python {clone} . benchmarks/phase_sweep.py --out {root}/five --budget cpu --presets dense" in log
+    assert f"python {clone} . benchmarks/phase_sweep.py --out {root}/five-bf16 --budget cpu --presets dense" in log
     assert log.rstrip().endswith("dense70 done")
     # its own session (where the kernel groups the CPU by session, nice alone would not yield to the shell's work),
     # niced as a group where the kernel has groups; the log says how to stop it
@@ -75,7 +79,7 @@ def test_the_clone_is_pinned_and_the_dense_world_is_linked_not_made_twice(tmp_pa
     tcmalloc = find_library("libtcmalloc_minimal.so.4") or ""
     assert f"preload [{tcmalloc}]" in log and f"allocator {tcmalloc or 'glibc'}" in log.splitlines()[0], log
     for part in ("worlds/dense", "world-runs/dense", "unimodal/dense-s0", "unimodal/dense-s3"):
-        assert (root / "five" / part).is_symlink(), part
+        assert (root / "five-bf16" / part).is_symlink(), part
     libc = find_library("libc.so.6")
     again = subprocess.run(  # (a restart: the clone and links are reused)
         ["bash", str(checkout / "benchmarks" / "long_runs.sh"), "dense70", head.strip(), str(root)],
@@ -87,8 +91,10 @@ def test_the_clone_is_pinned_and_the_dense_world_is_linked_not_made_twice(tmp_pa
     assert again.returncode == 0, again.stderr
     log = (root / "dense70.log").read_text()
     assert log.count("dense70 done") == 2 and f"preload [{libc}]" in log and f"allocator {libc} " in log
+    parent = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD~1"], capture_output=True, text=True).stdout
+    chain = f"dense70,candidate@{parent.strip()[:9]}"  # (the candidate at a commit of its own)
     candidate = subprocess.run(  # (chained: dense70 a third time, then the candidate's five seeds in both worlds)
-        ["bash", str(checkout / "benchmarks" / "long_runs.sh"), "dense70,candidate", head.strip(), str(root)],
+        ["bash", str(checkout / "benchmarks" / "long_runs.sh"), chain, head.strip(), str(root)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -98,6 +104,10 @@ def test_the_clone_is_pinned_and_the_dense_world_is_linked_not_made_twice(tmp_pa
     assert dense70.count("dense70 done") == 3 and log.rstrip().endswith("candidate done")
     first = [line for line in dense70.splitlines() if "(to stop it" in line][-1]
     assert first.split("kill -- -")[1] == log.splitlines()[0].split("kill -- -")[1]  # (one session: one kill)
+    assert f"dense70 at {head[:7]}," in first
+    assert log.splitlines()[0].split()[1:4] == ["candidate", "at", parent[:7] + ","]
+    assert f"python {root}/falcon-{parent[:7]} . benchmarks/phase_sweep.py" in log and "candidate@" not in log
     for preset, arms in (("coco-like", "grit uniform"), ("dense", "grit q05")):
         assert f"--presets {preset} --only falcon-rank-oracle-quadratic-w1 {arms} --seeds 0 1 2 3 4" in log
-        assert f"{arms} --seeds 0 1 2 3 4 --set eval_every=3 --jobs 2 --threads 1\n" in log  # (two 1-thread runs)
+        # (two 1-thread runs; every arm in bf16, which a CPU with native bf16 trains about 1.5x faster)
+        assert f"{arms} --seeds 0 1 2 3 4 --set eval_every=3 precision=bf16 --jobs 2 --threads 1\n" in log

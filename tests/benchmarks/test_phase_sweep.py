@@ -487,9 +487,17 @@ def test_set_changes_budget_fields_with_their_types_and_names_a_bad_one():
         (["splits=1"], "FIELD one of"),
         (["epochs"], "expected FIELD=VALUE"),
         (["epochs=none"], "'none' is not a int"),
+        (["precision=fp16"], "precision 'fp16': one of auto, fp32, bf16"),
     ):
         with pytest.raises(SystemExit, match=says):
             sweep.changed_budget(cpu, bad)
+
+
+def test_a_budgets_precision_reaches_every_run_and_auto_adds_nothing(tmp_path):
+    cpu = sweep.BUDGETS["cpu"]
+    assert not any(o.startswith("pretrain.runtime.precision") for o in cpu.run_overrides("dense", tmp_path, 0))
+    bf16 = sweep.changed_budget(cpu, ["precision=bf16"])
+    assert bf16.run_overrides("dense", tmp_path, 3)[-1] == "pretrain.runtime.precision=bf16"
 
 
 def test_encoders_that_train_alone_get_every_core():

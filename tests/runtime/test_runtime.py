@@ -144,3 +144,23 @@ def test_a_tracked_loop_inside_a_tracked_loop_draws_one_bar(monkeypatch):
     assert seen == [(i, j) for i in range(3) for j in range(2)]
     assert len(drawn) == 1, "rich allows one live display: the inner loops run without a bar"
     assert list(progress.track(range(2), "after")) == [0, 1] and len(drawn) == 2
+
+
+def test_precision_on_the_cpu_is_fp32_unless_bf16_is_asked_of_a_cpu_that_has_it(monkeypatch):
+    from falcon_cli.runtime import precision
+
+    cpu = torch.device("cpu")
+    assert precision.resolve_precision("auto", cpu) == "fp32"  # (never bf16 unasked: CPU runs keep their numbers)
+    assert precision.resolve_precision("fp32", cpu) == "fp32"
+    with pytest.raises(FalconError, match="needs a CUDA device"):
+        precision.resolve_precision("fp16", cpu)
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: True)
+    assert precision.resolve_precision("bf16", cpu) == "bf16"
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: False)
+    with pytest.raises(FalconError, match=r"bf16 on the CPU needs native bf16 .*use precision=fp32") as info:
+        precision.resolve_precision("bf16", cpu)
+    assert "\n" not in str(info.value)
+    monkeypatch.undo()
+    assert isinstance(precision.cpu_has_bf16(), bool)
+    with precision.autocast("bf16", cpu):  # the context the step runs in: bf16 matrix products on the CPU
+        assert (torch.ones(2, 3) @ torch.ones(3, 2)).dtype == torch.bfloat16
