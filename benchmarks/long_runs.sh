@@ -5,7 +5,7 @@
 #
 #   benchmarks/long_runs.sh CAMPAIGN COMMIT ROOT      # e.g. benchmarks/long_runs.sh dense70 9ba6ec3 /work/evidence
 #   benchmarks/long_runs.sh fair-dense,candidate COMMIT ROOT   # one after the other (the next starts when one ends)
-#   benchmarks/long_runs.sh fair-dense,candidate@8c59b39 e3dd650 ROOT   # a campaign's own commit after its name
+#   benchmarks/long_runs.sh fair-dense,candidate@1e71084 e3dd650 ROOT   # a campaign's own commit after its name
 #
 # CAMPAIGN:
 #   pilots      issue 70: the four pre-registered scheduler pilots in `coco-like`, then in `dense`
@@ -15,7 +15,7 @@
 #               against GRIT and uniform in `coco-like`, against GRIT and q = 0.5 in `dense` (dense70's GRIT and q = 0.5
 #               runs are the same runs: the two campaigns share ROOT/five-bf16, so run them one after the other)
 #               Both train in bf16 (every arm of them alike; the evaluations stay fp32), which a CPU with native bf16
-#               trains about 1.5x faster (benchmarks/cpu_precision.py): their commit must have it (8c59b39 or later).
+#               trains about 1.5x faster (benchmarks/cpu_precision.py): their commit must have it (1e71084 or later).
 #   fair-dense  issue 67: the tuning runs, then every arm of benchmarks/fair_dense.py, seeds 0-4
 #
 # ROOT gets the clone (ROOT/falcon-COMMIT), the runs (ROOT/pilots70, ROOT/five-bf16, ROOT/fair-dense[-tune]) and a log
