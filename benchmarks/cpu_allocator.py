@@ -94,6 +94,18 @@ def train(out: Path, budget: PhaseBudget, preload: str, overrides: tuple[str, ..
     return run
 
 
+def shared_world(out: Path, budget: PhaseBudget, worlds: Path | None) -> Path:
+    """``out`` with the `dense` world and seed 0's unimodal encoders in ``out/shared``: linked from ``worlds`` (a
+    phase_sweep ``--out``) where it has them, else made there; each pair of runs links them in turn."""
+    shared = out / "shared"
+    (shared / "logs").mkdir(parents=True, exist_ok=True)
+    if worlds is not None:
+        link_reused(shared, worlds.resolve())
+    generate_world(PRESET, shared, budget, threads=2)  # (each skipped where ``worlds`` has it)
+    prepare(PRESET, SEED, shared, budget, threads=2)
+    return out
+
+
 def compare(out: Path, budget: PhaseBudget, name: str, library: str) -> dict:
     """glibc's malloc and ``library`` side by side; their times, and whether their numbers are the same."""
     arms = {"glibc": "", name: library}
@@ -129,13 +141,7 @@ def main() -> None:
     found = {name: find_library(ALLOCATORS[name]) for name in args.allocators}
     if not any(found.values()):
         sys.exit(f"cpu_allocator.py: none of {', '.join(ALLOCATORS[n] for n in args.allocators)} is installed")
-    out = args.out.resolve()
-    shared = out / "shared"
-    (shared / "logs").mkdir(parents=True, exist_ok=True)
-    if args.worlds is not None:
-        link_reused(shared, args.worlds.resolve())
-    generate_world(PRESET, shared, budget, threads=2)  # (each skipped where --worlds has it)
-    prepare(PRESET, SEED, shared, budget, threads=2)
+    out = shared_world(args.out.resolve(), budget, args.worlds)
     results = []
     for name, library in found.items():
         if library is None:

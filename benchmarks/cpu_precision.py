@@ -30,14 +30,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.cpu_allocator import ALLOCATORS, PRESET, epoch_seconds, find_library, stage_seconds, train  # noqa: E402
-from benchmarks.phase_sweep import BUDGETS, PhaseBudget, generate_world, prepare  # noqa: E402
+from benchmarks.cpu_allocator import ALLOCATORS, epoch_seconds, find_library, shared_world, stage_seconds, train  # noqa: E402
+from benchmarks.phase_sweep import BUDGETS, PhaseBudget  # noqa: E402
 from benchmarks.scheduler_pilots import link_reused  # noqa: E402
 from falcon_cli.runtime.metrics import read_metrics  # noqa: E402
 from falcon_cli.runtime.precision import cpu_has_bf16  # noqa: E402
 
 PRECISIONS = ("fp32", "bf16")
-SEED = 0
 
 
 def epoch_losses(run: Path) -> list[dict[str, float]]:
@@ -93,13 +92,7 @@ def main() -> None:
         print("cpu_precision.py: this CPU has no native bf16 matrix units (AVX512-BF16 or AMX)", file=sys.stderr)
         sys.exit(2)
     budget = replace(BUDGETS["quick" if args.smoke else "cpu"], epochs=args.epochs)
-    out = args.out.resolve()
-    shared = out / "shared"
-    (shared / "logs").mkdir(parents=True, exist_ok=True)
-    if args.worlds is not None:
-        link_reused(shared, args.worlds.resolve())
-    generate_world(PRESET, shared, budget, threads=2)  # (each skipped where --worlds has it)
-    prepare(PRESET, SEED, shared, budget, threads=2)
+    out = shared_world(args.out.resolve(), budget, args.worlds)
     preload = find_library(ALLOCATORS["tcmalloc"]) or ""  # (as the campaigns run)
     result = compare(out, budget, preload)
     fp32, bf16 = result["epoch_seconds"]["fp32"], result["epoch_seconds"]["bf16"]

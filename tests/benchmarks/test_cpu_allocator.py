@@ -15,6 +15,18 @@ from falcon_cli.artifacts.provenance import host_info
 from tests.conftest import REPO
 
 
+def smoke_run(script: str, out) -> subprocess.CompletedProcess:
+    """``benchmarks/SCRIPT --out OUT --smoke`` as a user runs it, from OUT."""
+    return subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / script), "--out", str(out), "--smoke"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=out,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+
+
 def test_find_library_finds_what_the_linker_would_and_nothing_else():
     libc = bench.find_library("libc.so.6")
     assert libc is not None and os.path.exists(libc) and libc.endswith("/libc.so.6")
@@ -56,14 +68,7 @@ def test_epoch_seconds_are_each_epochs_last_step_record(tmp_path):
 @pytest.mark.slow  # (two pairs of tiny runs: about a minute on 2 cores)
 @pytest.mark.skipif(not any(map(bench.find_library, bench.ALLOCATORS.values())), reason="no tcmalloc or jemalloc")
 def test_the_smoke_run_preloads_each_allocator_and_finds_the_numbers_the_same(tmp_path):
-    done = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "cpu_allocator.py"), "--out", str(tmp_path), "--smoke"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
+    done = smoke_run("cpu_allocator.py", tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     results = json.loads((tmp_path / "allocators.json").read_text())
     assert results

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 
 import pytest
 
 from benchmarks import cpu_precision as bench
 from falcon_cli.runtime.precision import cpu_has_bf16
-from tests.conftest import REPO
+from tests.benchmarks.test_cpu_allocator import smoke_run
 
 
 def test_each_epochs_last_losses_and_the_learning_curve(tmp_path):
@@ -42,14 +40,7 @@ def test_a_cpu_without_native_bf16_is_told_so_in_one_line(tmp_path, monkeypatch)
 @pytest.mark.slow  # (a pair of tiny runs: about a minute on 2 cores)
 @pytest.mark.skipif(not cpu_has_bf16(), reason="this CPU has no native bf16")
 def test_the_smoke_run_trains_both_precisions_side_by_side(tmp_path):
-    done = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "cpu_precision.py"), "--out", str(tmp_path), "--smoke"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
+    done = smoke_run("cpu_precision.py", tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads((tmp_path / "precision.json").read_text())
     assert result["ran_in"] == {"fp32": "fp32", "bf16": "bf16"}
