@@ -22,7 +22,7 @@ from falcon_cli.data.spec import load_spec
 from falcon_cli.errors import FalconError, Preempted, Refused
 from falcon_cli.runtime import distributed as D
 from falcon_cli.runtime.loggers import require as require_loggers
-from falcon_cli.runtime.precision import pick_device
+from falcon_cli.runtime.precision import pick_device, resolve_precision
 from falcon_cli.runtime.run_dir import MANIFEST, RunDirectory, now
 
 log = logging.getLogger("falcon")
@@ -39,8 +39,14 @@ def join_processes(config: Recipe, run_dir, command: str, **options) -> None:
     (:func:`~falcon_cli.runtime.distributed.check_same_launch`: one line naming the node that differs). A no-op
     in a single process. The CLI calls it before opening the run directory; :func:`run_stages` checks again.
     ``pretrain.runtime.dist_timeout`` bounds every collective of the command, and a lost rank stops every other
-    (:func:`~falcon_cli.runtime.distributed.init_distributed`)."""
-    D.init_distributed(pick_device(config.pretrain.runtime.device).type, config.pretrain.runtime.dist_timeout)
+    (:func:`~falcon_cli.runtime.distributed.init_distributed`). A pretraining precision the device cannot train in is
+    refused here too, before anything is written."""
+    runtime = config.pretrain.runtime
+    if command == "pretrain" or (command == "run" and "pretrain" in config.stages):
+        # a precision this machine cannot train in (fp16 on a CPU, bf16 on one without native bf16): refused before
+        # the run directory or the data stage is written, not when the pretrain stage starts
+        resolve_precision(runtime.precision, pick_device(runtime.device))
+    D.init_distributed(pick_device(runtime.device).type, runtime.dist_timeout)
     D.check_same_launch(launch(config, run_dir, command=command, **options))
 
 

@@ -1131,6 +1131,17 @@ def test_bf16_on_a_cpu_with_native_bf16_trains_like_fp32_and_says_so(world, refe
         assert a == pytest.approx(b, abs=0.005 if epoch == 0 else 0.3)
 
 
+def test_a_precision_the_cpu_cannot_train_in_is_refused_before_anything_is_written(world, tmp_path):
+    from tests.conftest import run_cli
+
+    for command in ("pretrain", "run"):
+        run_dir = tmp_path / command
+        args = pretrain_args(run_dir, world, "pretrain.runtime.device=cpu", "pretrain.runtime.precision=fp16")
+        proc = run_cli(command, *args[1:])
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert "precision=fp16 needs a CUDA device" in proc.stderr and not run_dir.exists()
+
+
 def test_preloading_needs_the_fixed_transform(world, tmp_path):
     from tests.conftest import run_cli
 
