@@ -56,13 +56,18 @@ def find_library(soname: str) -> str | None:
     return None
 
 
+def closing_steps(run: Path) -> list[dict]:
+    """Each epoch's last step record (a record of no ``kind``: the losses, ``elapsed_s``), epoch by epoch."""
+    last: dict[int, dict] = {}
+    for record in read_metrics(run / "metrics.jsonl"):
+        if record.get("kind") is None and "loss" in record:
+            last[record["epoch"]] = record
+    return [last[e] for e in sorted(last)]
+
+
 def epoch_seconds(run: Path) -> list[float]:
     """Every epoch's training seconds: its last step record's ``elapsed_s`` (which starts again with each epoch)."""
-    last: dict[int, float] = {}
-    for record in read_metrics(run / "metrics.jsonl"):
-        if "elapsed_s" in record and record.get("kind") is None:
-            last[record["epoch"]] = record["elapsed_s"]
-    return [last[e] for e in sorted(last)]
+    return [record["elapsed_s"] for record in closing_steps(run)]
 
 
 def stage_seconds(run: Path) -> float:

@@ -30,7 +30,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.cpu_allocator import ALLOCATORS, epoch_seconds, find_library, shared_world, stage_seconds, train  # noqa: E402
+from benchmarks.cpu_allocator import (  # noqa: E402
+    ALLOCATORS,
+    closing_steps,
+    epoch_seconds,
+    find_library,
+    shared_world,
+    stage_seconds,
+    train,
+)
 from benchmarks.phase_sweep import BUDGETS, PhaseBudget  # noqa: E402
 from benchmarks.scheduler_pilots import link_reused  # noqa: E402
 from falcon_cli.runtime.metrics import read_metrics  # noqa: E402
@@ -41,11 +49,7 @@ PRECISIONS = ("fp32", "bf16")
 
 def epoch_losses(run: Path) -> list[dict[str, float]]:
     """Every epoch's last logged losses (the step record that closes it)."""
-    last: dict[int, dict] = {}
-    for record in read_metrics(run / "metrics.jsonl"):
-        if record.get("kind") is None and "loss" in record:
-            last[record["epoch"]] = {k: record[k] for k in ("loss", "itc", "itm", "mlm") if k in record}
-    return [last[e] for e in sorted(last)]
+    return [{k: r[k] for k in ("loss", "itc", "itm", "mlm") if k in r} for r in closing_steps(run)]
 
 
 def zero_shot_r1(run: Path) -> list[float]:

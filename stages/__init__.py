@@ -42,11 +42,12 @@ def join_processes(config: Recipe, run_dir, command: str, **options) -> None:
     (:func:`~falcon_cli.runtime.distributed.init_distributed`). A pretraining precision the device cannot train in is
     refused here too, before anything is written."""
     runtime = config.pretrain.runtime
+    device = pick_device(runtime.device)
     if command == "pretrain" or (command == "run" and "pretrain" in config.stages):
         # a precision this machine cannot train in (fp16 on a CPU, bf16 on one without native bf16): refused before
         # the run directory or the data stage is written, not when the pretrain stage starts
-        resolve_precision(runtime.precision, pick_device(runtime.device))
-    D.init_distributed(pick_device(runtime.device).type, runtime.dist_timeout)
+        resolve_precision(runtime.precision, device)
+    D.init_distributed(device.type, runtime.dist_timeout)
     D.check_same_launch(launch(config, run_dir, command=command, **options))
 
 
