@@ -25,7 +25,9 @@ The tuning runs go first, in their own ``--tune-out`` (the tuning world: the sam
 candidate values once, seed 0, beside that world's ``uniform-cpu`` seed 0 (MAFA's and SRCL's model). The value with
 the higher FN-aware ITC R@1 on that world's test split is kept (``tuning.json``); nothing is chosen on the
 evaluation world. A tuning run recorded in docs/results/dense_tuning.csv (:data:`TUNING_LEDGER`) is not run again; its
-row stands for its directory.
+row stands for its directory. So does an evaluation run recorded in docs/results/fair_dense_results.csv (:data:`LEDGER`,
+read while it is among ``--rows``), unless a run still to train reads its directory (:func:`eval_plan`): on a new
+machine the campaign trains only what the page does not have yet.
 
 Writes to OUT: the runs (``runs/dense/<arm>-s<seed>/``), ``results.csv`` (a row per run), ``flags.csv`` (per run
 and epoch: what the method flagged or how it weighted, both directions, against the oracle), ``paired.csv``,
@@ -184,6 +186,37 @@ def tuned_value(method: str, tune_out: Path, testbed: rules.Testbed = rules.DENS
         return next(iter(recorded.values()))
     found = tuning_results(tune_out, testbed, ledger).get(method)
     return None if found is None else found["value"]
+
+
+def recorded_runs(ledger: Path = LEDGER) -> set[tuple[str, int]]:
+    """(arm, seed) of the evaluation world's runs that ``ledger`` records (none when it does not exist)."""
+    import pandas as pd
+
+    if not ledger.exists():
+        return set()
+    frame = pd.read_csv(ledger, usecols=["method", "seed"])
+    return {(arm, int(seed)) for arm, seed in zip(frame["method"], frame["seed"])}
+
+
+def eval_plan(arms, seeds, recorded: set[tuple[str, int]] = frozenset()) -> list[tuple[str, int]]:
+    """(arm, seed) of the evaluation world's runs to train, in the order they are submitted to the pool.
+
+    A run ``recorded`` in the ledger is not trained again (its row stands for its directory, as a tuning run's does),
+    unless an arm still to train reads its directory: MAFA's Con-D and SRCL's auxiliary model are the same seed's
+    base run, whose checkpoint a new machine does not have. So the base's unrecorded runs go first (every arm is
+    compared with them), then the arms that read nothing, then, two seeds at a time, the base runs that are read
+    and their readers: a base run is never trained long before the runs that need it (a session that ends between
+    them loses it), and a reader never waits in the pool behind its own base run."""
+    arms = [a for a in ARMS if a in set(arms)]
+    todo = [(a, s) for a in arms for s in seeds if (a, s) not in recorded]
+    readers = [a for a in arms if needs(RULE_ARMS.get(a))]
+    plan = [(a, s) for a, s in todo if a == BASE]
+    plan += [(a, s) for a, s in todo if a != BASE and a not in readers]
+    for pair in (seeds[i : i + 2] for i in range(0, len(seeds), 2)):
+        read = [(r, s) for s in pair for r in readers if (r, s) in todo]
+        plan += [(BASE, s) for s in pair if any(rs == s for _, rs in read) and (BASE, s) not in plan]
+        plan += read
+    return plan
 
 
 def run_arm(arm: str, method: str | None, value, seed: int, out: Path, budget: PhaseBudget, threads: int) -> dict:
@@ -523,29 +556,31 @@ def main() -> None:
                 key = ("tune" if directory == tune_out else "eval", arm, seed)
                 futures[key] = pool.submit(task, directory, b, arm, method, value, seed, list(after))
 
-            # The order the issue asks for, with what a run reads trained before it: the base's seed 0 and the tuning
-            # world's, the tuning runs, then every arm's seeds (the base's first: MAFA and SRCL read them).
+            # What a run reads is trained before it: the base's seed 0 and the tuning world's, the tuning runs, then
+            # the evaluation world's runs in eval_plan's order (a run the ledger records is not trained again).
             to_tune = tuning_to_run(testbed)
+            plan = eval_plan(wanted, args.seeds, recorded_runs() if LEDGER in args.rows else set())
             if "tune" in wanted and any(needs(m) for _, m, _ in to_tune):
                 submit(tune_out, tune_budget, BASE, None, None, rules.TUNING_SEED)
-            if BASE in wanted:
-                submit(out, budget, BASE, None, None, args.seeds[0])
+            if plan and plan[0][0] == BASE:
+                submit(out, budget, BASE, None, None, plan[0][1])
             if "tune" in wanted:
                 for arm, method, value in to_tune:
                     after = [futures[("tune", BASE, rules.TUNING_SEED)]] if needs(method) else []
                     submit(tune_out, tune_budget, arm, method, value, rules.TUNING_SEED, after)
-            for arm in [a for a in ARMS if a in wanted]:
+            for arm, seed in plan:
+                if ("eval", arm, seed) in futures:
+                    continue
                 method = RULE_ARMS.get(arm)
-                for seed in args.seeds:
-                    if ("eval", arm, seed) in futures:
-                        continue
-                    after = [f for f in (futures.get(("eval", BASE, seed)),) if f is not None and needs(method)]
-                    after += [
-                        futures[("tune", a, rules.TUNING_SEED)]
-                        for a, m, _ in tuning_plan(testbed)
-                        if m == method and ("tune", a, rules.TUNING_SEED) in futures
-                    ]
-                    submit(out, budget, arm, method, None, seed, after)
+                after = [f for f in (futures.get(("eval", BASE, seed)),) if f is not None and needs(method)]
+                after += [
+                    futures[("tune", a, rules.TUNING_SEED)]
+                    for a, m, _ in tuning_plan(testbed)
+                    if m == method and ("tune", a, rules.TUNING_SEED) in futures
+                ]
+                submit(out, budget, arm, method, None, seed, after)
+            if not plan:
+                print(f"every run of {', '.join(a for a in ARMS if a in wanted)} is recorded in {LEDGER}", flush=True)
             for (world, arm, seed), row in finished_futures(futures, failures):
                 print(
                     f"[{time.perf_counter() - start:6.0f} s] {world} {arm} seed {seed}: R@1 {row['R@1']:.1f}, "

@@ -203,3 +203,35 @@ def test_same_numbers_finds_a_moved_loss_and_ignores_timing_paths_and_curve_spac
     assert differences(every, third) == []
     moved = run("moved", 4.5000001, [1], 35.0)
     assert differences(every, moved) == ["metrics.jsonl (None, 1, 50): loss 4.5 vs 4.5000001"]
+
+
+def test_eval_plan_trains_what_the_ledger_lacks_and_a_read_base_run_beside_its_readers(tmp_path):
+    seeds = [0, 1, 2, 3, 4]
+    everything = fair.eval_plan(fair.ARMS, seeds)  # (an empty ledger: every run, the base's first)
+    assert everything[:5] == [(fair.BASE, s) for s in seeds] and len(everything) == len(fair.ARMS) * 5
+    assert len(set(everything)) == len(everything)
+
+    ledger = tmp_path / "fair_dense_results.csv"
+    assert fair.recorded_runs(ledger) == set()
+    pd.DataFrame(
+        [dict(method=fair.BASE, seed=s, preset="dense") for s in seeds]
+        + [dict(method=fair.CONTROL, seed=s, preset="dense") for s in (0, 1)]
+        + [dict(method="mafa-rule", seed=0, preset="dense")]
+    ).to_csv(ledger, index=False)
+    recorded = fair.recorded_runs(ledger)
+    assert (fair.CONTROL, 1) in recorded and (fair.CONTROL, 2) not in recorded
+
+    plan = fair.eval_plan(fair.ARMS, seeds, recorded)
+    assert not set(plan) & (recorded - {(fair.BASE, s) for s in seeds})  # (nothing recorded trains again...)
+    # ...but the base runs MAFA and SRCL read, and those only, each beside its readers, two seeds at a time
+    assert plan[:3] == [(fair.CONTROL, s) for s in (2, 3, 4)]
+    readers = plan[-14:]
+    assert readers == [
+        (fair.BASE, 0), (fair.BASE, 1), ("srcl-rule", 0), ("mafa-rule", 1), ("srcl-rule", 1),
+        (fair.BASE, 2), (fair.BASE, 3), ("mafa-rule", 2), ("srcl-rule", 2), ("mafa-rule", 3), ("srcl-rule", 3),
+        (fair.BASE, 4), ("mafa-rule", 4), ("srcl-rule", 4),
+    ]  # fmt: skip
+    assert plan.index((fair.BASE, 0)) > plan.index(("diht-rule", 4))  # (the arms that read nothing go first)
+    # an arm that reads nothing never brings the base back; all recorded: nothing to train
+    assert fair.eval_plan(["glofnd-rule"], [0, 1], recorded) == [("glofnd-rule", 0), ("glofnd-rule", 1)]
+    assert fair.eval_plan([fair.BASE, fair.CONTROL], [0, 1], recorded) == []
