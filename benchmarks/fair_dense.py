@@ -530,14 +530,14 @@ def main() -> None:
     wanted = set(args.only or [*ARMS, "tune"])
     start, failures = time.perf_counter(), []
     if not args.collect:
-        for directory, b in ((out, budget), (tune_out, tune_budget)):
+        to_tune = tuning_to_run(testbed) if "tune" in wanted else []
+        # (the tuning world is made only while a tuning run is left to train in it)
+        worlds = [(out, budget), *([(tune_out, tune_budget)] if to_tune else [])]
+        for directory, b in worlds:
             (directory / "logs").mkdir(parents=True, exist_ok=True)
             generate_world(PRESET, directory, b, os.cpu_count() or 1)
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            ready = {
-                d: pool.submit(prepare, PRESET, 0, d, b, args.threads * args.jobs)
-                for d, b in ((out, budget), (tune_out, tune_budget))
-            }
+            ready = {d: pool.submit(prepare, PRESET, 0, d, b, args.threads * args.jobs) for d, b in worlds}
             futures: dict = {}
 
             def task(
@@ -558,16 +558,14 @@ def main() -> None:
 
             # What a run reads is trained before it: the base's seed 0 and the tuning world's, the tuning runs, then
             # the evaluation world's runs in eval_plan's order (a run the ledger records is not trained again).
-            to_tune = tuning_to_run(testbed)
             plan = eval_plan(wanted, args.seeds, recorded_runs() if LEDGER in args.rows else set())
-            if "tune" in wanted and any(needs(m) for _, m, _ in to_tune):
+            if any(needs(m) for _, m, _ in to_tune):
                 submit(tune_out, tune_budget, BASE, None, None, rules.TUNING_SEED)
             if plan and plan[0][0] == BASE:
                 submit(out, budget, BASE, None, None, plan[0][1])
-            if "tune" in wanted:
-                for arm, method, value in to_tune:
-                    after = [futures[("tune", BASE, rules.TUNING_SEED)]] if needs(method) else []
-                    submit(tune_out, tune_budget, arm, method, value, rules.TUNING_SEED, after)
+            for arm, method, value in to_tune:
+                after = [futures[("tune", BASE, rules.TUNING_SEED)]] if needs(method) else []
+                submit(tune_out, tune_budget, arm, method, value, rules.TUNING_SEED, after)
             for arm, seed in plan:
                 if ("eval", arm, seed) in futures:
                     continue
