@@ -392,6 +392,52 @@ def plan(presets, methods, seeds) -> list[tuple[str, str, int]]:
     return [(preset, method, seed) for preset in presets for seed in seeds for method in methods]
 
 
+def to_train(runs: list, recorded: set, reads) -> list:
+    """``runs`` (in their order) less those a ledger records (``recorded``: their rows stand for their directories,
+    which a new machine does not have), except a recorded run that a run still to train reads (``reads(run)``: the
+    run whose checkpoint it needs, or None), which is trained again for it."""
+    left = [r for r in runs if r not in recorded]
+    read = {reads(r) for r in left} - {None}
+    return [r for r in runs if r not in recorded or r in read]
+
+
+def ledger_run_keys(ledger: Path) -> set[tuple[str, str, int]]:
+    """(preset, method, seed) of every run ``ledger`` records (none when it does not exist yet)."""
+    import pandas as pd
+
+    if not ledger.exists():
+        return set()
+    frame = pd.read_csv(ledger, usecols=list(LEDGER_KEYS))
+    return {(p, m, int(s)) for p, m, s in frame[list(LEDGER_KEYS)].itertuples(index=False)}
+
+
+def keep_ledger(out: Path, ledger: Path) -> None:
+    """Write every finished run of ``out`` into ``ledger`` (``--ledger``), beside the rows it already holds (a run in
+    ``out`` replaces its own), and their learning curves beside it (:func:`curves_beside`); both atomically."""
+    import pandas as pd
+
+    from falcon_cli.artifacts.atomic import atomic_path
+
+    rows = merge_ledgers(finished_rows(out), [ledger] if ledger.exists() else [])
+    if not rows:
+        return
+    table = pd.DataFrame(rows)
+    ledger.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(ledger) as tmp:
+        table.to_csv(tmp, index=False, float_format="%.4f")
+    curve_table = ledger_curves(pd.DataFrame(curves(out, table)), [ledger])
+    if len(curve_table):
+        with atomic_path(curves_beside(ledger)) as tmp:
+            curve_table.to_csv(tmp, index=False, float_format="%.4f")
+
+
+def curves_beside(ledger: Path) -> Path:
+    """The learning curves kept beside a ledger of rows: ``phase_results.csv`` → ``phase_curves.csv``,
+    ``results.csv`` → ``curves.csv``, ``kept.csv`` → ``kept_curves.csv``."""
+    name = ledger.name
+    return ledger.with_name(name.replace("results", "curves", 1) if "results" in name else f"{ledger.stem}_curves.csv")
+
+
 def run_dir(out: Path, preset: str, method: str, seed: int) -> Path:
     return out / "runs" / preset / f"{method}-s{seed}"
 
@@ -835,8 +881,8 @@ def curves(out: Path, table) -> list[dict]:
 
 
 def ledger_curves(curve_table, ledgers: list[Path]):
-    """``curve_table`` with the learning curves an earlier report kept beside each ``--rows`` CSV (its
-    ``phase_curves.csv``) for the runs whose directories are gone: a run with its directory in OUT keeps its own."""
+    """``curve_table`` with the learning curves an earlier report kept beside each ``--rows`` CSV
+    (:func:`curves_beside`) for the runs whose directories are gone: a run with its directory in OUT keeps its own."""
     import pandas as pd
 
     keys = ["preset", "method", "seed"]
@@ -845,7 +891,7 @@ def ledger_curves(curve_table, ledgers: list[Path]):
     )
     parts = [curve_table]
     for ledger in ledgers:
-        path = ledger.parent / "phase_curves.csv"
+        path = curves_beside(ledger)
         if path.is_file():
             earlier = pd.read_csv(path)
             kept = [(p, m, int(s)) not in have for p, m, s in earlier[keys].itertuples(index=False)]
@@ -1509,6 +1555,15 @@ def main() -> None:
         "must share one world and budget.",
     )
     parser.add_argument(
+        "--ledger",
+        type=Path,
+        metavar="CSV",
+        help="This sweep's own record, kept where a new machine finds it (a file on main, e.g. "
+        "docs/results/five_bf16_results.csv): a run it records is not trained again (unless SRCL still has to "
+        "read it), its rows count as --rows do, and every finished run's row is written back to it, with the "
+        "learning curves beside it.",
+    )
+    parser.add_argument(
         "--curves",
         nargs="+",
         choices=list(METHODS),
@@ -1550,14 +1605,21 @@ def main() -> None:
     methods = selected_methods(args.gate, args.only)
     seeds = args.seeds[:1] if args.budget == "quick" else args.seeds
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
+    ledger = args.ledger.resolve() if args.ledger else None
+    if ledger is not None and ledger.exists() and ledger not in args.rows:
+        args.rows = [*args.rows, ledger]
     merge_ledgers([], args.rows)  # (a bad --rows file fails now, not after the runs)
+    recorded = ledger_run_keys(ledger) if ledger is not None else set()
+    runs = [] if args.collect else plan(presets, methods, seeds)  # (--collect: nothing to prepare or run)
+    runs = to_train(runs, recorded, lambda r: (r[0], AUXILIARY[r[1]], r[2]) if r[1] in AUXILIARY else None)
+    if recorded and not runs and not args.collect:
+        print(f"every run asked for is recorded in {ledger}", flush=True)
+    presets = [p for p in presets if any(r[0] == p for r in runs)]
     start, failures = time.perf_counter(), []
-    if args.collect:
-        presets = []  # (nothing to prepare or run)
     for preset in presets:  # the worlds first, one at a time; then a regime's runs wait for its own encoders only
         generate_world(preset, out, budget, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        encoders = {(p, budget.unimodal_seed_of(s)) for p in presets for s in seeds}  # (each trained once)
+        encoders = {(p, budget.unimodal_seed_of(s)) for p, _, s in runs}  # (each trained once)
         encoder_threads = args.threads or threads_per_encoder(os.cpu_count() or 1, args.jobs, len(encoders))
         ready = {key: pool.submit(prepare, *key, out, budget, encoder_threads) for key in sorted(encoders)}
 
@@ -1569,7 +1631,7 @@ def main() -> None:
                 futures[(preset, AUXILIARY[method], seed)].result()
             return run_one(preset, method, seed, out, budget, threads)
 
-        for key in plan(presets, methods, seeds):
+        for key in runs:
             futures[key] = pool.submit(after_prepare, *key)
         for (preset, method, seed), row in finished_futures(futures, failures):
             print(
@@ -1579,6 +1641,8 @@ def main() -> None:
             )
     # Every finished run in OUT (earlier invocations' too: the sweep is split with --only), and the rows of earlier
     # sweeps whose run directories are gone (--rows).
+    if ledger is not None:
+        keep_ledger(out, ledger)
     rows = merge_ledgers(finished_rows(out), args.rows)
     if rows:
         table = pd.DataFrame(rows)

@@ -798,6 +798,7 @@ def test_collect_writes_the_learning_curves_and_the_report_shows_them_only_for_r
     # stale ones.
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
+    (out / "curves.csv").unlink()  # (a sweep's results.csv keeps its curves beside it, as curves.csv)
     proc = _collect(elsewhere, report, "--rows", str(out / "results.csv"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "Learning curves" not in report.read_text() and not (tmp_path / "results" / "phase_curves.png").exists()
@@ -1045,3 +1046,57 @@ def test_srcl_embeds_the_pairs_with_the_same_seeds_uniform_run_first(tmp_path, m
     with pytest.raises(Trained):
         sweep.run_one("dense", "diht", 3, tmp_path, sweep.BUDGETS["quick"], threads=1)
     assert calls[-1][0] == "shapes-diht" and calls[-1][1][0] == "stages=[data, pretrain]"
+
+
+def test_to_train_skips_what_a_ledger_records_unless_a_run_left_reads_it():
+    runs = sweep.plan(["dense"], ["uniform", "grit", "srcl"], [0, 1])
+    reads = lambda r: ("dense", "uniform", r[2]) if r[1] == "srcl" else None  # noqa: E731
+    assert sweep.to_train(runs, set(), reads) == runs
+    recorded = {("dense", m, s) for m in ("uniform", "grit") for s in (0, 1)} | {("dense", "srcl", 0)}
+    # seed 1's SRCL is left and reads seed 1's uniform: that one trains again, beside it; seed 0's does not
+    assert sweep.to_train(runs, recorded, reads) == [("dense", "uniform", 1), ("dense", "srcl", 1)]
+    assert sweep.to_train(runs, set(runs), reads) == []
+    assert sweep.curves_beside(sweep.Path("docs/results/phase_results.csv")).name == "phase_curves.csv"
+    assert sweep.curves_beside(sweep.Path("x/five_bf16_results.csv")).name == "five_bf16_curves.csv"
+    assert sweep.curves_beside(sweep.Path("x/results.csv")).name == "curves.csv"
+    assert sweep.curves_beside(sweep.Path("x/ledger.csv")).name == "ledger_curves.csv"
+
+
+def test_a_ledger_keeps_every_finished_run_across_machines_and_its_runs_are_not_trained_again(tmp_path):
+    """`--ledger`: one machine's finished runs are written into it; the next machine (a new OUT) adds its own, and a
+    sweep asking for nothing the ledger lacks trains nothing (no world is generated)."""
+    report = tmp_path / "results.md"
+    report.write_text("<!-- phase:begin -->\n<!-- phase:end -->\n")
+    first, second = tmp_path / "first", tmp_path / "second"
+    for out, seed in ((first, 0), (second, 1)):
+        for method in sweep.GATE_METHODS:
+            run = sweep.run_dir(out, "dense", method, seed)
+            _finished_run(run, method, 20.0 + seed, 25.0)
+            with (run / "metrics.jsonl").open("a") as f:
+                f.write("".join(json.dumps(_zero_shot(e, 10.0 + seed, 10.0 + seed)) + "\n" for e in range(2)))
+    assert _collect(first, report, "--ledger", "kept.csv", cwd=tmp_path).returncode == 0
+    kept = pd.read_csv(tmp_path / "kept.csv")
+    assert sorted(zip(kept["method"], kept["seed"])) == sorted((m, 0) for m in sweep.GATE_METHODS)
+    assert len(pd.read_csv(tmp_path / "kept_curves.csv")) == 6  # (each run's two epochs, beside it)
+    proc = _collect(second, report, "--ledger", "kept.csv", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    kept = pd.read_csv(tmp_path / "kept.csv")
+    assert sorted(zip(kept["method"], kept["seed"])) == sorted((m, s) for m in sweep.GATE_METHODS for s in (0, 1))
+    assert sorted(set(kept["R@1"])) == [20.0, 21.0]
+    curves = pd.read_csv(tmp_path / "kept_curves.csv")
+    assert len(curves) == 12 and sorted(set(curves["R@1"])) == [10.0, 11.0]  # (the first machine's curves kept)
+    assert "| grit | 2 |" in report.read_text()  # (the page counts both machines' runs)
+
+    repo = sweep.Path(sweep.__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, str(repo / "benchmarks" / "phase_sweep.py"), "--out", str(tmp_path / "third"), "--gate"]
+        + ["--presets", "dense", "--seeds", "0", "1", "--budget", "quick", "--ledger", "kept.csv"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(repo), "PATH": os.environ["PATH"], "MPLBACKEND": "Agg"},
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "every run asked for is recorded in" in proc.stdout
+    assert not (tmp_path / "third" / "worlds").exists()
