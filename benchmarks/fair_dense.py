@@ -26,8 +26,8 @@ candidate values once, seed 0, beside that world's ``uniform-cpu`` seed 0 (MAFA'
 the higher FN-aware ITC R@1 on that world's test split is kept (``tuning.json``); nothing is chosen on the
 evaluation world. A tuning run recorded in docs/results/dense_tuning.csv (:data:`TUNING_LEDGER`) is not run again; its
 row stands for its directory. So does an evaluation run recorded in docs/results/fair_dense_results.csv (:data:`LEDGER`,
-read while it is among ``--rows``), unless a run still to train reads its directory (:func:`eval_plan`): on a new
-machine the campaign trains only what the page does not have yet.
+or ``--ledger``'s, read while it is among ``--rows``), unless a run still to train reads its directory
+(:func:`eval_plan`): on a new machine the campaign trains only what the page does not have yet.
 
 Writes to OUT: the runs (``runs/dense/<arm>-s<seed>/``), ``results.csv`` (a row per run), ``flags.csv`` (per run
 and epoch: what the method flagged or how it weighted, both directions, against the oracle), ``paired.csv``,
@@ -515,11 +515,23 @@ def main() -> None:
         "arms of the same world, and this sweep's own rows as last reported (its "
         "per-epoch flags beside them, in fair_dense_flags.csv).",
     )
+    parser.add_argument(
+        "--ledger",
+        type=Path,
+        default=LEDGER,
+        metavar="CSV",
+        help="This sweep's rows as last reported (default: this checkout's docs/results/fair_dense_results.csv; a "
+        "campaign run from a pinned clone reads main's): a run it records is not trained again, and its rows stand "
+        "for runs whose directories are gone, while it is among --rows.",
+    )
     parser.add_argument("--collect", action="store_true", help="Run nothing: the tables, figure and --report only.")
     parser.add_argument("--report", type=Path, help="Rewrite this page's fair block (docs/results.md).")
     args = parser.parse_args()
 
     from benchmarks.phase_sweep import changed_budget
+
+    ledger = args.ledger
+    args.rows = [ledger if p == LEDGER else p for p in args.rows]  # (--ledger stands in for the default's)
 
     out = args.out.resolve()
     tune_out = (args.tune_out or out.parent / f"{out.name}-tune").resolve()
@@ -531,8 +543,11 @@ def main() -> None:
     start, failures = time.perf_counter(), []
     if not args.collect:
         to_tune = tuning_to_run(testbed) if "tune" in wanted else []
-        # (the tuning world is made only while a tuning run is left to train in it)
-        worlds = [(out, budget), *([(tune_out, tune_budget)] if to_tune else [])]
+        plan = eval_plan(wanted, args.seeds, recorded_runs(ledger) if ledger in args.rows else set())
+        if not plan:
+            print(f"every run of {', '.join(a for a in ARMS if a in wanted)} is recorded in {ledger}", flush=True)
+        # (a world is made only while a run is left to train in it)
+        worlds = [*([(out, budget)] if plan else []), *([(tune_out, tune_budget)] if to_tune else [])]
         for directory, b in worlds:
             (directory / "logs").mkdir(parents=True, exist_ok=True)
             generate_world(PRESET, directory, b, os.cpu_count() or 1)
@@ -558,7 +573,6 @@ def main() -> None:
 
             # What a run reads is trained before it: the base's seed 0 and the tuning world's, the tuning runs, then
             # the evaluation world's runs in eval_plan's order (a run the ledger records is not trained again).
-            plan = eval_plan(wanted, args.seeds, recorded_runs() if LEDGER in args.rows else set())
             if any(needs(m) for _, m, _ in to_tune):
                 submit(tune_out, tune_budget, BASE, None, None, rules.TUNING_SEED)
             if plan and plan[0][0] == BASE:
@@ -577,8 +591,6 @@ def main() -> None:
                     if m == method and ("tune", a, rules.TUNING_SEED) in futures
                 ]
                 submit(out, budget, arm, method, None, seed, after)
-            if not plan:
-                print(f"every run of {', '.join(a for a in ARMS if a in wanted)} is recorded in {LEDGER}", flush=True)
             for (world, arm, seed), row in finished_futures(futures, failures):
                 print(
                     f"[{time.perf_counter() - start:6.0f} s] {world} {arm} seed {seed}: R@1 {row['R@1']:.1f}, "
@@ -591,7 +603,7 @@ def main() -> None:
         (tune_out / "tuning.json").write_text(json.dumps(tuning, indent=1, default=str) + "\n")
     done = finished(out, ARMS)
     ledgers = [p for p in args.rows if p.exists()]
-    if not done and LEDGER not in ledgers:
+    if not done and ledger not in ledgers:
         print("no finished runs yet")
     else:
         rows = merge_ledgers([fair_row(arm, seed, run) for arm, seed, run in done], ledgers)
@@ -599,8 +611,8 @@ def main() -> None:
             [r for r in rows if r["preset"] == PRESET and r["method"] in (*ARMS, "uniform", "uniform-oracle")]
         )
         flags = pd.DataFrame([f for arm, seed, run in done for f in flag_rows(arm, seed, run)])
-        flag_ledger = LEDGER.with_name("fair_dense_flags.csv")
-        if LEDGER in ledgers and flag_ledger.exists():  # the per-epoch flags of runs whose directories are gone
+        flag_ledger = ledger.with_name("fair_dense_flags.csv")
+        if ledger in ledgers and flag_ledger.exists():  # the per-epoch flags of runs whose directories are gone
             earlier = pd.read_csv(flag_ledger)
             have = {(a, s) for a, s, _ in done}
             earlier = earlier[[(a, s) not in have for a, s in zip(earlier["arm"], earlier["seed"])]]

@@ -15,8 +15,10 @@
 #               against GRIT and uniform in `coco-like`, against GRIT and q = 0.5 in `dense` (dense70's GRIT and q = 0.5
 #               runs are the same runs: the two campaigns share ROOT/five-bf16, so run them one after the other)
 #               Both train in bf16 (every arm of them alike; the evaluations stay fp32), which a CPU with native bf16
-#               trains about 1.5x faster (benchmarks/cpu_precision.py): their commit must have it (1e71084 or later).
-#   fair-dense  issue 67: the tuning runs, then every arm of benchmarks/fair_dense.py, seeds 0-4
+#               trains about 1.5x faster (benchmarks/cpu_precision.py). Their commit must have it and phase_sweep.py's
+#               --ledger (ddb5519 or later): their rows go to docs/results/five_bf16_results.csv of this checkout.
+#   fair-dense  issue 67: the tuning runs, then every arm of benchmarks/fair_dense.py, seeds 0-4, less what the page's
+#               ledger (docs/results/fair_dense_results.csv of this checkout) records; its commit must have --ledger
 #
 # ROOT gets the clone (ROOT/falcon-COMMIT), the runs (ROOT/pilots70, ROOT/five-bf16, ROOT/fair-dense[-tune]) and a log
 # per campaign (ROOT/CAMPAIGN.log). The python is this checkout's .venv (make install): the clone comes first on
@@ -91,6 +93,11 @@ link_worlds() {  # the pilots' worlds, world runs and every seed's encoders, lin
     done
 }
 
+# A machine may not outlive its session, so each campaign reads the ledger on main (this checkout's docs/results/, not
+# the clone's) and trains only what it lacks: fair_dense.py's the page's rows; the bf16 campaigns' a ledger of their
+# own, which phase_sweep.py writes back as runs finish (commit it before the session ends).
+bf16_ledger=$here/docs/results/five_bf16_results.csv
+
 # Two runs at a time on one thread each: on this 2-core machine two 1-thread coco-like runs took 107-112 s an epoch each
 # side by side, one 2-thread run 66 s alone (1.2x the runs per hour; 2026-12-02).
 parallel=(--jobs 2 --threads 1)
@@ -126,19 +133,22 @@ case $campaign in
         ;;
     dense70)
         link_worlds "$root/five-bf16"
-        run benchmarks/phase_sweep.py --out "$root/five-bf16" --budget cpu --presets dense \
+        run benchmarks/phase_sweep.py --out "$root/five-bf16" --budget cpu --presets dense --ledger "$bf16_ledger" \
             --only falcon-paper-rate grit q05 --seeds 0 1 2 3 4 "${curve[@]}" precision=bf16 "${parallel[@]}"
         ;;
     candidate)
         link_worlds "$root/five-bf16"
-        run benchmarks/phase_sweep.py --out "$root/five-bf16" --budget cpu --presets coco-like --only \
-            falcon-rank-oracle-quadratic-w1 grit uniform --seeds 0 1 2 3 4 "${curve[@]}" precision=bf16 "${parallel[@]}"
-        run benchmarks/phase_sweep.py --out "$root/five-bf16" --budget cpu --presets dense --only \
-            falcon-rank-oracle-quadratic-w1 grit q05 --seeds 0 1 2 3 4 "${curve[@]}" precision=bf16 "${parallel[@]}"
+        run benchmarks/phase_sweep.py --out "$root/five-bf16" --budget cpu --presets coco-like --ledger "$bf16_ledger" \
+            --only falcon-rank-oracle-quadratic-w1 grit uniform --seeds 0 1 2 3 4 "${curve[@]}" precision=bf16 \
+            "${parallel[@]}"
+        run benchmarks/phase_sweep.py --out "$root/five-bf16" --budget cpu --presets dense --ledger "$bf16_ledger" \
+            --only falcon-rank-oracle-quadratic-w1 grit q05 --seeds 0 1 2 3 4 "${curve[@]}" precision=bf16 \
+            "${parallel[@]}"
         ;;
     fair-dense)
         link_worlds "$root/fair-dense"
-        run benchmarks/fair_dense.py --out "$root/fair-dense" --tune-out "$root/fair-dense-tune" "${parallel[@]}"
+        run benchmarks/fair_dense.py --out "$root/fair-dense" --tune-out "$root/fair-dense-tune" "${parallel[@]}" \
+            --ledger "$here/docs/results/fair_dense_results.csv"
         ;;
 esac
 echo "$(date -u +%FT%TZ) $campaign done" >>"$root/$campaign.log"

@@ -235,3 +235,32 @@ def test_eval_plan_trains_what_the_ledger_lacks_and_a_read_base_run_beside_its_r
     # an arm that reads nothing never brings the base back; all recorded: nothing to train
     assert fair.eval_plan(["glofnd-rule"], [0, 1], recorded) == [("glofnd-rule", 0), ("glofnd-rule", 1)]
     assert fair.eval_plan([fair.BASE, fair.CONTROL], [0, 1], recorded) == []
+
+
+def test_a_campaign_on_a_new_machine_trains_nothing_its_ledger_records(tmp_path):
+    """`--ledger` (main's, read from a pinned clone): every run asked for is recorded there, so nothing is trained
+    and no world is made; the block is collected from the ledger's rows."""
+    import os
+    import subprocess
+    import sys
+
+    repo = fair.Path(fair.__file__).resolve().parents[1]
+    ledger = tmp_path / "main" / "fair_dense_results.csv"
+    ledger.parent.mkdir()
+    (tmp_path / "main" / "fair_dense_flags.csv").write_text("arm,seed,epoch,flagged\n")
+    table = _table()
+    table["world"], table["budget"] = "w", "b"
+    table[table["method"] == "uniform-c0"].to_csv(ledger, index=False)
+    proc = subprocess.run(
+        [sys.executable, str(repo / "benchmarks" / "fair_dense.py"), "--out", str(tmp_path / "out")]
+        + ["--only", "uniform-c0", "--seeds", "0", "1", "2", "--budget", "quick", "--ledger", str(ledger)]
+        + ["--rows", str(ledger)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(repo), "PATH": os.environ["PATH"], "MPLBACKEND": "Agg"},
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"every run of uniform-c0 is recorded in {ledger}" in proc.stdout
+    assert not (tmp_path / "out" / "worlds").exists() and not (tmp_path / "out" / "runs").exists()

@@ -108,6 +108,17 @@ def test_the_clone_is_pinned_and_the_dense_world_is_linked_not_made_twice(tmp_pa
     assert log.splitlines()[0].split()[1:4] == ["candidate", "at", parent[:7] + ","]
     assert f"python {root}/falcon-{parent[:7]} . benchmarks/phase_sweep.py" in log and "candidate@" not in log
     for preset, arms in (("coco-like", "grit uniform"), ("dense", "grit q05")):
-        assert f"--presets {preset} --only falcon-rank-oracle-quadratic-w1 {arms} --seeds 0 1 2 3 4" in log
+        # (each reads and writes the bf16 ledger of the checkout it was started from, not the clone's: on main)
+        ledger = f"--ledger {checkout}/docs/results/five_bf16_results.csv"
+        assert f"--presets {preset} {ledger} --only falcon-rank-oracle-quadratic-w1 {arms} --seeds 0 1 2 3 4" in log
         # (two 1-thread runs; every arm in bf16, which a CPU with native bf16 trains about 1.5x faster)
         assert f"{arms} --seeds 0 1 2 3 4 --set eval_every=3 precision=bf16 --jobs 2 --threads 1\n" in log
+    fair = subprocess.run(  # (issue 67's campaign: the page's ledger on main says what is left to train)
+        ["bash", str(checkout / "benchmarks" / "long_runs.sh"), "fair-dense", head.strip(), str(root)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert fair.returncode == 0, fair.stderr
+    log = (root / "fair-dense.log").read_text()
+    assert f"--jobs 2 --threads 1 --ledger {checkout}/docs/results/fair_dense_results.csv\n" in log, log
