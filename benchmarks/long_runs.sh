@@ -95,8 +95,10 @@ link_worlds() {  # the pilots' worlds, world runs and every seed's encoders, lin
 
 # A machine may not outlive its session, so each campaign reads the ledger on main (this checkout's docs/results/, not
 # the clone's) and trains only what it lacks: fair_dense.py's the page's rows; the bf16 campaigns' a ledger of their
-# own, which phase_sweep.py writes back as runs finish (commit it before the session ends).
+# own, which phase_sweep.py writes back as runs finish; the pilots' their table (collect both and commit them before
+# the session ends).
 bf16_ledger=$here/docs/results/five_bf16_results.csv
+pilots=$here/docs/results/scheduler_pilots.csv  # (the pilots' table: a pilot it holds is not trained again)
 
 # Two runs at a time on one thread each: on this 2-core machine two 1-thread coco-like runs took 107-112 s an epoch each
 # side by side, one 2-thread run 66 s alone (1.2x the runs per hour; 2026-12-02).
@@ -122,14 +124,15 @@ echo "$(date -u +%FT%TZ) $campaign at ${full:0:7}, allocator $allocator (to stop
 case $campaign in
     pilots)
         # (coco-like first: the dense pilots' rows are in docs/results/scheduler_pilots.csv already)
-        run benchmarks/scheduler_pilots.py --out "$root/pilots70" --presets coco-like "${parallel[@]}"
-        run benchmarks/scheduler_pilots.py --out "$root/pilots70" --presets dense "${parallel[@]}"
+        run benchmarks/scheduler_pilots.py --out "$root/pilots70" --presets coco-like "${parallel[@]}" --keep-rows "$pilots"
+        run benchmarks/scheduler_pilots.py --out "$root/pilots70" --presets dense "${parallel[@]}" --keep-rows "$pilots"
         ;;
     followup)
         followups=$(cd "$clone" && PYTHONPATH=. "$python" -c \
             "from benchmarks.phase_sweep import FOLLOW_UPS; print(' '.join(FOLLOW_UPS))")
         # shellcheck disable=SC2086  # (the names: one word each)
-        run benchmarks/scheduler_pilots.py --out "$root/pilots70" --presets dense --only $followups "${parallel[@]}"
+        run benchmarks/scheduler_pilots.py --out "$root/pilots70" --presets dense --only $followups "${parallel[@]}" \
+            --keep-rows "$pilots"
         ;;
     dense70)
         link_worlds "$root/five-bf16"

@@ -24,7 +24,7 @@ A candidate goes on to five paired seeds only if it passes both. ``--report`` re
 docs/results.md between ``scheduler-pilots:begin`` / ``:end``; ``pilots.csv`` is written to OUT. The follow-up
 pilots (:data:`~benchmarks.phase_sweep.FOLLOW_UPS`, run when ``--only`` names them) are marked as such.
 ``--keep-rows CSV`` keeps an earlier pilots.csv's rows whose runs OUT does not hold (rebuilt on a machine that lost
-them), a finished run's row replacing its old one.
+them), a finished run's row replacing its old one; a pilot it holds is not trained again.
 
 ``--charges RUN`` reads what a candidate-B run's reward asks for (:func:`charge_window`): for each charge w of a false
 pick, the pilots' `dense` criterion applied to the best learner of that reward that knew each anchor's false-negative
@@ -266,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", type=Path)
     parser.add_argument(
         "--keep-rows", type=Path, metavar="CSV",
-        help="an earlier pilots.csv: its rows whose runs are not in OUT stay in the table (runs lost with a machine)",
+        help="an earlier pilots.csv: its rows whose runs are not in OUT stay in the table (runs lost with a machine), "
+        "and its pilots are not trained again",
     )  # fmt: skip
     args = parser.parse_args(argv)
     if args.charges is not None:
@@ -275,8 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--out is required (or --charges RUN)")
 
     try:  # (read before any training: a wrong path is said now, not after hours)
-        if args.keep_rows is not None:
-            kept_rows([], args.keep_rows)
+        kept = {(r["preset"], r["method"]) for r in kept_rows([], args.keep_rows)} if args.keep_rows else set()
     except ValueError as error:
         print(error, file=sys.stderr)
         return 2
@@ -284,11 +284,15 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.reuse is not None:
         link_reused(out, args.reuse.resolve())
-    if not args.collect:
+    for preset in [] if args.collect else args.presets:
+        # a pilot the kept table records is not trained again (its row stands for its run, gone with a machine)
+        left = [m for m in args.only or PILOTS if (preset, m) not in kept]
+        if not left:
+            print(f"every pilot asked for in {preset} is in {args.keep_rows}", flush=True)
+            continue
         epochs = [] if args.budget == "quick" else ["--set", f"epochs={EPOCHS}"]
         command = [sys.executable, str(REPO / "benchmarks" / "phase_sweep.py"), "--out", str(out), "--budget",
-                   args.budget, *epochs, "--presets", *args.presets, "--seeds", str(SEED), "--only",
-                   *(args.only or PILOTS),
+                   args.budget, *epochs, "--presets", preset, "--seeds", str(SEED), "--only", *left,
                    "--jobs", str(args.jobs)] + (["--threads", str(args.threads)] if args.threads else [])  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         subprocess.run(command, check=True, cwd=REPO, env=env)

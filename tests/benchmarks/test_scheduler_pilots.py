@@ -42,7 +42,7 @@ def test_the_table_reports_every_pilot_and_who_passes_both():
     assert pilots.markdown(pd.DataFrame(rows[2:]))[-1].endswith("No candidate passes both (yet).")
 
 
-def test_an_earlier_tables_rows_stay_where_their_runs_are_gone(tmp_path):
+def test_an_earlier_tables_rows_stay_where_their_runs_are_gone(tmp_path, monkeypatch):
     row = dict(top_share=0.1, sibling_share=float("nan"), chain_fn_rate=0.5, q_fn_density_corr=0.0, q_mean=0.5)
     earlier = tmp_path / "pilots.csv"
     pd.DataFrame(
@@ -70,6 +70,23 @@ def test_an_earlier_tables_rows_stay_where_their_runs_are_gone(tmp_path):
         pilots.kept_rows(fresh, tmp_path / "other.csv")
     assert pilots.main(["--out", str(tmp_path / "out"), "--keep-rows", str(tmp_path / "missing.csv")]) == 2
     assert not (tmp_path / "out").exists(), "nothing trained or written"
+
+    # a kept pilot is not trained again (on a new machine the table is the record): nothing left, nothing trained
+    done = ["--presets", "dense", "--only", "falcon-start-top", "falcon-itm-progress", "--keep-rows", str(earlier)]
+    assert pilots.main(["--out", str(tmp_path / "again"), *done]) == 0
+    assert not (tmp_path / "again" / "worlds").exists() and not (tmp_path / "again" / "runs").exists()
+    table = pd.read_csv(tmp_path / "again" / "pilots.csv")
+    assert sorted(table["method"]) == ["falcon-itm-progress", "falcon-rank-oracle-quadratic", "falcon-start-top"]
+    # one kept, one not: only the other is trained, world by world
+    asked = []
+    monkeypatch.setattr(pilots.subprocess, "run", lambda command, **_: asked.append(command))
+    both = ["--presets", "coco-like", "dense", "--only", "falcon-start-top", "falcon-rank-oracle"]
+    assert pilots.main(["--out", str(tmp_path / "third"), *both, "--keep-rows", str(earlier)]) == 0
+    assert [c[c.index("--presets") + 1 : c.index("--seeds")] for c in asked] == [["coco-like"], ["dense"]]
+    assert [c[c.index("--only") + 1 : c.index("--jobs")] for c in asked] == [
+        ["falcon-start-top", "falcon-rank-oracle"],
+        ["falcon-rank-oracle"],
+    ]
 
 
 def test_an_earlier_sweeps_worlds_and_encoders_are_linked_not_copied(tmp_path):
