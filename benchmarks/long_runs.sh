@@ -124,8 +124,9 @@ echo "$(date -u +%FT%TZ) $campaign at ${full:0:7}, allocator $allocator (to stop
 case $campaign in
     pilots)
         # (coco-like first: the dense pilots' rows are in docs/results/scheduler_pilots.csv already)
-        run benchmarks/scheduler_pilots.py --out "$root/pilots70" --presets coco-like "${parallel[@]}" --keep-rows "$pilots"
-        run benchmarks/scheduler_pilots.py --out "$root/pilots70" --presets dense "${parallel[@]}" --keep-rows "$pilots"
+        local_pilots=(--out "$root/pilots70" "${parallel[@]}" --keep-rows "$pilots")
+        run benchmarks/scheduler_pilots.py --presets coco-like "${local_pilots[@]}"
+        run benchmarks/scheduler_pilots.py --presets dense "${local_pilots[@]}"
         ;;
     followup)
         followups=$(cd "$clone" && PYTHONPATH=. "$python" -c \
