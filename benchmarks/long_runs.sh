@@ -124,9 +124,9 @@ echo "$(date -u +%FT%TZ) $campaign at ${full:0:7}, allocator $allocator (to stop
 case $campaign in
     pilots)
         # (coco-like first: the dense pilots' rows are in docs/results/scheduler_pilots.csv already)
-        local_pilots=(--out "$root/pilots70" "${parallel[@]}" --keep-rows "$pilots")
-        run benchmarks/scheduler_pilots.py --presets coco-like "${local_pilots[@]}"
-        run benchmarks/scheduler_pilots.py --presets dense "${local_pilots[@]}"
+        pilot_args=(--out "$root/pilots70" "${parallel[@]}" --keep-rows "$pilots")
+        run benchmarks/scheduler_pilots.py --presets coco-like "${pilot_args[@]}"
+        run benchmarks/scheduler_pilots.py --presets dense "${pilot_args[@]}"
         ;;
     followup)
         followups=$(cd "$clone" && PYTHONPATH=. "$python" -c \
