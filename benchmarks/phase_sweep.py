@@ -45,6 +45,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -1464,32 +1465,35 @@ def budget_lines(table) -> str:
     return "; ".join(f"`{preset}`: {'; '.join(budgets[preset])}" for preset in order)
 
 
-def write_report(report: Path, out: Path, table, command: str, jobs: int, figure_path: Path, curve_table=None) -> None:
-    """Rewrite the page's ``phase`` block from the sweep's table; copy the CSVs and figures to ``docs/results/``
-    (the learning curves too when OUT holds the runs' directories; an earlier report's curves are removed when not,
-    so the page never shows curves of other runs)."""
+def write_report(
+    report: Path, out: Path, table, command: str, jobs: int, figure_path: Path, curve_table=None, block: str = "phase"
+) -> None:
+    """Rewrite the page's ``block`` (``phase``: the phase sweep's) from the sweep's table; copy the CSVs and figures to
+    ``docs/results/`` under the block's name (``phase_results.csv``, ``phase_diagram.png``; the learning curves too
+    when OUT holds the runs' directories; an earlier report's curves are removed when not, so the page never shows
+    curves of other runs)."""
     import shutil
 
     assets = report.parent / "results"
     assets.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(out / "results.csv", assets / "phase_results.csv")
-    shutil.copyfile(figure_path, assets / "phase_diagram.png")
+    shutil.copyfile(out / "results.csv", assets / f"{block}_results.csv")
+    shutil.copyfile(figure_path, assets / f"{block}_diagram.png")
     curve_lines = []
     if curve_table is not None and len(curve_table):
-        shutil.copyfile(out / "curves.csv", assets / "phase_curves.csv")
-        shutil.copyfile(out / "phase_curves.png", assets / "phase_curves.png")
+        shutil.copyfile(out / "curves.csv", assets / f"{block}_curves.csv")
+        shutil.copyfile(out / "phase_curves.png", assets / f"{block}_curves.png")
         runs = curve_table.groupby(["preset", "method", "seed"]).ngroups
         curve_lines = [
             "",
             f"**Learning curves** (zero-shot test R@1 after every epoch, {runs} of the {len(table)} runs; "
-            "`results/phase_curves.csv`):",
+            f"`results/{block}_curves.csv`):",
             "",
             *[f"- {line}" for line in convergence_lines(curve_table)],
             "",
-            "![the learning curves](results/phase_curves.png)",
+            f"![the learning curves](results/{block}_curves.png)",
         ]
     else:
-        for name in ("phase_curves.csv", "phase_curves.png"):
+        for name in (f"{block}_curves.csv", f"{block}_curves.png"):
             (assets / name).unlink(missing_ok=True)
     commits = sorted({f"`{c[:7]}`{c[7:]}" for c in table["commit"]})
     machines = sorted(set(table["machine"]))
@@ -1510,10 +1514,10 @@ def write_report(report: Path, out: Path, table, command: str, jobs: int, figure
         "",
         *summary_lines(table, out),
         "",
-        "![the phase diagram](results/phase_diagram.png)",
+        f"![the phase diagram](results/{block}_diagram.png)",
         *curve_lines,
     ]
-    replace_block(report, "<!-- phase:begin -->", "<!-- phase:end -->", lines)
+    replace_block(report, f"<!-- {block}:begin -->", f"<!-- {block}:end -->", lines)
 
 
 def main() -> None:
@@ -1544,6 +1548,13 @@ def main() -> None:
         help="Torch threads per run instead of cores / jobs (e.g. with a second sweep beside this one).",
     )
     parser.add_argument("--report", type=Path, help="Also rewrite this page's phase block (e.g. docs/results.md).")
+    parser.add_argument(
+        "--block",
+        default="phase",
+        help="With --report: the page's block to rewrite (<!-- BLOCK:begin -->) and the name of its files in "
+        "docs/results/ (BLOCK_results.csv, BLOCK_diagram.png, BLOCK_curves.*): another campaign's sweep reports "
+        "beside the phase sweep's, never over it (issue 70's bf16 runs: five_bf16).",
+    )
     parser.add_argument(
         "--rows",
         type=Path,
@@ -1605,6 +1616,17 @@ def main() -> None:
     methods = selected_methods(args.gate, args.only)
     seeds = args.seeds[:1] if args.budget == "quick" else args.seeds
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_]*", args.block):
+        raise SystemExit(
+            f"--block {args.block}: lower-case letters, digits and _ only (it names files in docs/results/)"
+        )
+    if args.report and args.report.exists():  # (said now: not after the runs, with docs/results/ half written)
+        text = args.report.read_text()
+        if f"<!-- {args.block}:begin -->" not in text or f"<!-- {args.block}:end -->" not in text:
+            raise SystemExit(
+                f"--report {args.report}: no <!-- {args.block}:begin --> ... <!-- {args.block}:end --> block; "
+                "add the two markers where the tables go"
+            )
     ledger = args.ledger.resolve() if args.ledger else None
     if ledger is not None and ledger.exists() and ledger not in args.rows:
         args.rows = [*args.rows, ledger]
@@ -1670,9 +1692,8 @@ def main() -> None:
             print("\n".join(convergence_lines(curve_table)))
         if args.report:
             command = "PYTHONPATH=. .venv/bin/python benchmarks/phase_sweep.py " + " ".join(sys.argv[1:])
-            write_report(
-                args.report.resolve(), out, table, command, 0 if args.collect else args.jobs, path, curve_table
-            )
+            jobs = 0 if args.collect else args.jobs
+            write_report(args.report.resolve(), out, table, command, jobs, path, curve_table, block=args.block)
     if failures:
         raise SystemExit(f"{len(failures)} run(s) failed:\n" + "\n".join(failures))
 

@@ -1100,3 +1100,34 @@ def test_a_ledger_keeps_every_finished_run_across_machines_and_its_runs_are_not_
     assert proc.returncode == 0, proc.stderr
     assert "every run asked for is recorded in" in proc.stdout
     assert not (tmp_path / "third" / "worlds").exists()
+
+
+def test_another_campaigns_block_reports_beside_the_phase_sweeps_never_over_it(tmp_path):
+    """`--block five_bf16`: its own markers and its own files in docs/results/; the phase block and phase_results.csv
+    are left as they were. A page without the block's markers, or a bad name, is refused in one line, nothing
+    written."""
+    out = tmp_path / "five"
+    for method in sweep.GATE_METHODS:
+        _finished_run(sweep.run_dir(out, "dense", method, 0), method, 20.0, 25.0)
+    report = tmp_path / "results.md"
+    phase = "<!-- phase:begin -->\nthe phase sweep's\n<!-- phase:end -->\n"
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "phase_results.csv").write_text("the phase ledger\n")
+    report.write_text(phase)
+    proc = _collect(out, report, "--block", "five_bf16", cwd=tmp_path)
+    assert proc.returncode != 0 and proc.stderr.strip().splitlines()[-1] == (
+        f"--report {report}: no <!-- five_bf16:begin --> ... <!-- five_bf16:end --> block; add the two markers where "
+        "the tables go"
+    )
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["phase_results.csv"]
+    proc = _collect(out, report, "--block", "Five bf16", cwd=tmp_path)
+    assert proc.returncode != 0 and "--block Five bf16: lower-case letters, digits and _ only" in proc.stderr
+
+    report.write_text(phase + "<!-- five_bf16:begin -->\n<!-- five_bf16:end -->\n")
+    proc = _collect(out, report, "--block", "five_bf16", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    page = report.read_text()
+    assert page.startswith(phase) and "![the phase diagram](results/five_bf16_diagram.png)" in page
+    assert (tmp_path / "results" / "phase_results.csv").read_text() == "the phase ledger\n"
+    assert len(pd.read_csv(tmp_path / "results" / "five_bf16_results.csv")) == 3
+    assert (tmp_path / "results" / "five_bf16_diagram.png").stat().st_size > 0
