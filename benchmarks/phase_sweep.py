@@ -1661,6 +1661,8 @@ def main() -> None:
                 f"FN-aware {row['oracle_R@1']:.1f}",
                 flush=True,
             )
+            if ledger is not None:  # (as each run finishes: a session may end before the sweep does)
+                keep_ledger(out, ledger)
     # Every finished run in OUT (earlier invocations' too: the sweep is split with --only), and the rows of earlier
     # sweeps whose run directories are gone (--rows).
     if ledger is not None:
