@@ -1131,3 +1131,31 @@ def test_another_campaigns_block_reports_beside_the_phase_sweeps_never_over_it(t
     assert (tmp_path / "results" / "phase_results.csv").read_text() == "the phase ledger\n"
     assert len(pd.read_csv(tmp_path / "results" / "five_bf16_results.csv")) == 3
     assert (tmp_path / "results" / "five_bf16_diagram.png").stat().st_size > 0
+
+
+def test_the_ledger_is_written_as_each_run_finishes_not_only_when_the_sweep_ends(tmp_path, monkeypatch):
+    """A session may end while a sweep still trains: each finished run is in the ledger by then (training faked)."""
+    out, ledger = tmp_path / "out", tmp_path / "kept.csv"
+    written = []
+
+    def run_one(preset, method, seed, out, budget, threads, **_):
+        run = sweep.run_dir(out, preset, method, seed)
+        _finished_run(run, method, 20.0, 25.0)
+        return sweep.run_row(preset, method, seed, run)
+
+    def keep_ledger(out, ledger):
+        written.append(len(sweep.finished_rows(out)))
+        real_keep(out, ledger)
+
+    real_keep = sweep.keep_ledger
+    monkeypatch.setattr(sweep, "generate_world", lambda *a, **k: None)
+    monkeypatch.setattr(sweep, "prepare", lambda *a, **k: None)
+    monkeypatch.setattr(sweep, "run_one", run_one)
+    monkeypatch.setattr(sweep, "keep_ledger", keep_ledger)
+    argv = ["phase_sweep.py", "--out", str(out), "--gate", "--presets", "dense", "--seeds", "0", "--jobs", "1"]
+    monkeypatch.setattr(sweep.sys, "argv", [*argv, "--ledger", str(ledger)])
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    sweep.main()
+    # once as each of the three runs finishes (the pool may finish the next before it is written), once at the end
+    assert len(written) == 4 and written[0] >= 1 and written == sorted(written) and written[-1] == 3
+    assert sorted(pd.read_csv(ledger)["method"]) == sorted(sweep.GATE_METHODS)
