@@ -66,8 +66,9 @@ done
 if [ ${#chain[@]} -gt 1 ]; then  # a chain: each campaign in turn, in this session (LONG_RUNS_OWN_SESSION is set)
     mkdir -p "$root"
     for one in "${chain[@]}"; do
+        # (the status read before $(date) runs: a command substitution resets $?)
         bash "$0" "${one%%@*}" "$(own_commit "$one")" "$root" ||
-            echo "$(date -u +%FT%TZ) ${one%%@*} failed (exit $?)" >>"$root/${one%%@*}.log"
+            { status=$?; echo "$(date -u +%FT%TZ) ${one%%@*} failed (exit $status)" >>"$root/${one%%@*}.log"; }
     done
     exit 0
 fi
