@@ -111,8 +111,11 @@ curve=(--set eval_every=3)
 # tcmalloc where it is installed (apt install libtcmalloc-minimal4), unless LD_PRELOAD says otherwise: the same run
 # side by side under it and under glibc's malloc trained 7-12% faster, with bitwise the same numbers (2026-12-02;
 # benchmarks/cpu_allocator.py). The sweeps pass LD_PRELOAD on to every falcon process; each run's manifest records it.
+# (awk reads ldconfig's list to its end: had it exited at the match, ldconfig could be killed by SIGPIPE mid-write, and
+# under pipefail and set -e that ended the campaign before its first log line, at random)
 if [ -z "${LD_PRELOAD:-}" ]; then
-    LD_PRELOAD=$(PATH=$PATH:/sbin:/usr/sbin ldconfig -p 2>/dev/null | awk '$1 == "libtcmalloc_minimal.so.4" { print $NF; exit }')
+    LD_PRELOAD=$(PATH=$PATH:/sbin:/usr/sbin ldconfig -p 2>/dev/null |
+        awk '$1 == "libtcmalloc_minimal.so.4" && !found { print $NF; found = 1 }')
 fi
 export LD_PRELOAD
 allocator=${LD_PRELOAD:-"glibc's malloc (tcmalloc trains 7-12% faster: apt install libtcmalloc-minimal4)"}

@@ -37,12 +37,8 @@ def test_bad_input_is_one_line_and_makes_nothing(tmp_path):
     assert not root.exists()
 
 
-def test_the_clone_is_pinned_and_the_dense_world_is_linked_not_made_twice(tmp_path):
-    """The campaign's python is replaced by one that records what it was asked (no training here)."""
-    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
-    root = tmp_path / "evidence"
-    for part in ("worlds/dense", "world-runs/dense", "unimodal/dense-s0", "unimodal/dense-s3"):
-        (root / "pilots70" / part).mkdir(parents=True)
+def checkout_with_a_fake_python(tmp_path: Path) -> Path:
+    """A clone of this repository with this tree's script, whose python records what it was asked (no training)."""
     checkout = tmp_path / "checkout"
     subprocess.run(["git", "clone", "--quiet", str(REPO), str(checkout)], check=True)
     (checkout / "benchmarks" / "long_runs.sh").write_text(SCRIPT.read_text())  # (this tree's script, uncommitted)
@@ -55,6 +51,44 @@ def test_the_clone_is_pinned_and_the_dense_world_is_linked_not_made_twice(tmp_pa
         'echo "preload [$LD_PRELOAD]"\n'
     )
     fake.chmod(0o755)
+    return checkout
+
+
+def test_the_allocator_is_found_however_long_the_library_list(tmp_path):
+    """ldconfig's list read to its end: a reader that left at the match got ldconfig killed by SIGPIPE, and under
+    pipefail and set -e the campaign ended before its first log line (at random, where the list fits a pipe)."""
+    checkout = checkout_with_a_fake_python(tmp_path)
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    libc = find_library("libc.so.6")  # (a library that loads, standing in for tcmalloc)
+    ldconfig = tools / "ldconfig"  # (the match first, then far more than a pipe holds)
+    ldconfig.write_text(
+        "#!/usr/bin/env bash\n"
+        f'echo "\tlibtcmalloc_minimal.so.4 (libc6,x86-64) => {libc}"\n'
+        'for i in $(seq 20000); do echo "\tlibother$i.so.1 (libc6,x86-64) => /lib/libother$i.so.1"; done\n'
+    )
+    ldconfig.chmod(0o755)
+    root = tmp_path / "evidence"
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    done = subprocess.run(
+        ["bash", str(checkout / "benchmarks" / "long_runs.sh"), "dense70", "HEAD", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**env, "PATH": f"{tools}:{env['PATH']}"},
+    )
+    assert done.returncode == 0, done.stderr
+    log = (root / "dense70.log").read_text()
+    assert f"allocator {libc} " in log.splitlines()[0] and f"preload [{libc}]" in log and "dense70 done" in log, log
+
+
+def test_the_clone_is_pinned_and_the_dense_world_is_linked_not_made_twice(tmp_path):
+    """The campaign's python is replaced by one that records what it was asked (no training here)."""
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    root = tmp_path / "evidence"
+    for part in ("worlds/dense", "world-runs/dense", "unimodal/dense-s0", "unimodal/dense-s3"):
+        (root / "pilots70" / part).mkdir(parents=True)
+    checkout = checkout_with_a_fake_python(tmp_path)
     done = subprocess.run(
         ["bash", str(checkout / "benchmarks" / "long_runs.sh"), "dense70", head.strip()[:9], str(root)],
         capture_output=True,
