@@ -1139,8 +1139,12 @@ def test_the_ledger_is_written_as_each_run_finishes_not_only_when_the_sweep_ends
     written = []
 
     def run_one(preset, method, seed, out, budget, threads, **_):
-        run = sweep.run_dir(out, preset, method, seed)
-        _finished_run(run, method, 20.0, 25.0)
+        # (made whole elsewhere, then moved in: the ledger is read while the pool makes the next run, and a run the
+        # fake had half written looked finished without its metrics, which a real run logs before it is evaluated)
+        run, staged = sweep.run_dir(out, preset, method, seed), tmp_path / "staging" / f"{method}-s{seed}"
+        _finished_run(staged, method, 20.0, 25.0)
+        run.parent.mkdir(parents=True, exist_ok=True)
+        staged.rename(run)
         return sweep.run_row(preset, method, seed, run)
 
     def keep_ledger(out, ledger):
