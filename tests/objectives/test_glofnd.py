@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from falcon_cli.errors import FalconError
+from falcon_cli.method_rules import DENSE, TUNED, method_settings
 from falcon_cli.objectives import itc_grit
 from falcon_cli.objectives.false_negatives import Glofnd, StepContext
 from falcon_cli.objectives.glofnd import (
@@ -107,19 +108,22 @@ def test_lambda_converges_to_quantile(alpha, adam_step):
 
 
 def test_at_the_papers_schedule_momentum_carries_the_thresholds_past_the_quantile():
-    """docs/results.md (issue 67): GloFND at its rule settings in `dense` flags 44% of the negatives for α 0.179. Its
-    thresholds start at 1 and take one Adam step an epoch from epoch 15 of 36 (lr 0.05238, β 0.9 / 0.98): on a batch
-    that never changes, they cross the (1 − α) quantile late and Adam's first moment carries them on, to about
+    """docs/results.md (issue 67): GloFND at its rule settings in `dense` flags about 45% of the negatives for α 0.179.
+    Its thresholds start at 1 and take one Adam step an epoch from epoch 15 of 36 (the rule's lr, β 0.9 / 0.98): on a
+    batch that never changes, they cross the (1 − α) quantile late and Adam's first moment carries them on, to about
     1.8 α by the last epoch. Without the momentum (β1 0) the same steps stop at α."""
-    b, alpha = 64, 0.179
+    key = "pretrain.false_negatives.glofnd."
+    start = TUNED["glofnd"][key + "start_epoch"]
+    rule = method_settings("glofnd", start, DENSE)  # (the settings the `dense` arm trained with)
+    b, alpha = 64, rule[key + "alpha"]
     ids = torch.arange(b)
     cos_i2t, cos_t2i = _cos(b, 1)
     off = ~torch.eye(b, dtype=torch.bool)
 
     def shares(beta1: float) -> list[float]:
-        th = GlofndThresholds(ids, alpha=alpha, lr=0.05238, betas=(beta1, 0.98), dtype=torch.float64)
+        th = GlofndThresholds(ids, alpha=alpha, lr=rule[key + "lr"], betas=(beta1, 0.98), dtype=torch.float64)
         out = []
-        for epoch in range(15, 36):
+        for epoch in range(start, DENSE.epochs):
             lam = th.update(ids, cos_i2t, cos_t2i, epoch=epoch)[0]
             out.append(float(((cos_i2t > lam[:, None]) & off).sum() / off.sum()))
         return out
