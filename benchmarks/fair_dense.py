@@ -410,12 +410,15 @@ def _head(rows) -> str:
 
 def _share(table, arm: str, method: str, metric: str) -> str:
     """The arm's mean gain over its base as a share of its ceiling's mean gain over uniform, in ``metric``; a
-    ceiling whose gain is not above zero by its interval has no share to give (the ratio would be noise)."""
+    ceiling whose gain is not above zero by its interval, or has no interval yet (one seed), has no share to give (the
+    ratio would be noise)."""
     gain = _pairs(table, arm, BASE_OF[arm], metric)
     ceiling = _pairs(table, CEILING[method], BASE_OF[CEILING[method]], metric)
     if gain is None or ceiling is None:
         return "—"
-    if ceiling.n >= 2 and not math.isnan(ceiling.lo) and ceiling.lo <= 0:
+    if ceiling.n < 2 or math.isnan(ceiling.lo):
+        return f"— (its ceiling has {ceiling.n} seed{'s' if ceiling.n != 1 else ''}: no interval yet)"
+    if ceiling.lo <= 0:
         return f"— (its ceiling's gain {ceiling.mean:+.2f} [{ceiling.lo:+.2f}, {ceiling.hi:+.2f}] is not above 0)"
     return f"{100 * gain.mean / ceiling.mean:.0f}% of {ceiling.mean:+.2f}"
 

@@ -152,6 +152,14 @@ def test_report_gives_each_arm_its_base_and_no_share_of_a_ceiling_that_gained_no
     assert rows["glofnd-rule"][11].startswith("— (its ceiling's gain +0.10 [")
 
 
+def test_a_ceiling_of_one_seed_gives_no_share_yet():
+    table = _table()
+    table = table[(table["method"] != "uniform-oracle-itc") | (table["seed"] == 0)]
+    lines = fair.report_lines(table, {}, "cmd")
+    glofnd = next(line for line in lines if line.startswith("| `glofnd-rule`")).removesuffix(" |").split(" | ")
+    assert glofnd[10] == glofnd[11] == "— (its ceiling has 1 seed: no interval yet)"
+
+
 def test_report_without_the_device_check_subtracts_no_h200_ceiling():
     table = _table()
     table.loc[table["method"] == "uniform", "oracle_R@1"] += [2.0, -1.5, 3.0]  # the device moves uniform a lot
