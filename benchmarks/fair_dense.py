@@ -381,6 +381,7 @@ def report_lines(table, tuning: dict, command: str) -> list[str]:
         "where the ceiling's gain is above zero by its interval.",
         "",
     ]
+    lines += _top1_lines(table)
     flagging = [a for a in RULE_ARMS if a in set(table["method"])]
     if not flagging:
         lines += ["*What each method flagged or weighted, against the oracle*: no method's run has finished yet.", ""]
@@ -397,6 +398,31 @@ def report_lines(table, tuning: dict, command: str) -> list[str]:
             lines.append(f"- {method}: {tried}; kept {found['value']}.")
         lines.append("")
     return lines
+
+
+def _top1_lines(table) -> list[str]:
+    """Where each arm's top-1 went: the labelled pair (plain R@1), another true match (FN-aware − plain R@1: the two
+    differ only in counting a true but unlabelled match as a hit) or a wrong one (100 − FN-aware R@1). A method that
+    stops pushing false negatives away can lose plain R@1 to the middle column without ranking worse."""
+    table = table.assign(
+        **{"other_true_R@1": table["oracle_R@1"] - table["R@1"], "wrong_R@1": 100 - table["oracle_R@1"]}
+    )
+    head = (
+        "| arm | top-1 the labelled pair | top-1 another true match | top-1 wrong | "
+        "Δ another true match vs its base | Δ wrong vs its base |"
+    )
+    lines = [
+        "*Where each arm's top-1 went* (% of queries, both directions averaged; mean ± std over seeds):",
+        "",
+        head,
+        "|---" * (head.count("|") - 1) + "|",
+    ]
+    for arm in [a for a in (BASE, CONTROL, *RULE_ARMS, ITC_CEILING) if a in set(table["method"])]:
+        rows, base = table[table["method"] == arm], BASE_OF.get(arm)
+        cells = [f"`{arm}`", _m(rows, "R@1"), _m(rows, "other_true_R@1"), _m(rows, "wrong_R@1")]
+        cells += [_d(_pairs(table, arm, base, m)) if base else "" for m in ("other_true_R@1", "wrong_R@1")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def _head(rows) -> str:

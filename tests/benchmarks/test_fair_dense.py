@@ -152,6 +152,28 @@ def test_report_gives_each_arm_its_base_and_no_share_of_a_ceiling_that_gained_no
     assert rows["glofnd-rule"][11].startswith("— (its ceiling's gain +0.10 [")
 
 
+def test_report_says_where_each_arms_top1_went():
+    lines = fair.report_lines(_table(), {}, "cmd")
+    start = lines.index(next(line for line in lines if line.startswith("*Where each arm's top-1 went*")))
+    rows = {}
+    for line in lines[start + 4 :]:
+        if not line.startswith("| `"):
+            break
+        cells = line.removesuffix(" |").split(" | ")
+        rows[cells[0].strip("| `")] = cells
+    # uniform-cpu, seeds 0-2: plain R@1 17.0, FN-aware 60, 61, 62 -> another true match 43, 44, 45; wrong 40, 39, 38
+    assert rows["uniform-cpu"][1:4] == ["17.0 ± 0.0", "44.0 ± 1.0", "39.0 ± 1.0"]
+    # GloFND over the control: shifts of 2 + wobble in FN-aware R@1, a tenth of that in plain R@1
+    t2 = 4.302652729749464
+    half = 0.9 * t2 * 0.5 / math.sqrt(3)
+    assert rows["glofnd-rule"][4] == f"**+1.80 [{1.8 - half:+.2f}, {1.8 + half:+.2f}]** (3/3 +)"
+    assert (
+        rows["glofnd-rule"][5]
+        == f"**-2.00 [{-2 - t2 * 0.5 / math.sqrt(3):+.2f}, {-2 + t2 * 0.5 / math.sqrt(3):+.2f}]** (0/3 +)"
+    )
+    assert rows["uniform-cpu"][4] == rows["uniform-cpu"][5] == ""
+
+
 def test_a_ceiling_of_one_seed_gives_no_share_yet():
     table = _table()
     table = table[(table["method"] != "uniform-oracle-itc") | (table["seed"] == 0)]
