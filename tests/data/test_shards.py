@@ -178,6 +178,7 @@ TINY = [
 ]
 
 
+@pytest.mark.slow  # (two tiny trainings, shards and files: about 45 s on 2 cores)
 def test_training_on_shards_is_training_on_files(tiny_shapes_world, shards, tmp_path):
     """The same world as shards and as files trains to the same losses and batches (same seed, one thread), and
     the stages after pretraining (embed, k-means search spaces, the audit) run on shards."""

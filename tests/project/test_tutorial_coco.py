@@ -378,6 +378,7 @@ def _failed(proc) -> str:
     return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}\n--- stderr\n{proc.stderr[-8000:]}"
 
 
+@pytest.mark.slow  # (the whole tutorial, every stage on a tiny COCO: about 100 s on 2 cores)
 def test_the_tutorial_runs_as_written(tiny, shell):
     blocks = tutorial_blocks()
     variables = {**documented_variables(blocks), "COCO": str(tiny["coco"])}

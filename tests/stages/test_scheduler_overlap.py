@@ -89,6 +89,7 @@ def test_the_deferred_update_makes_the_lag_1_run(runs):
     assert all(torch.equal(ref[k], new[k]) for k in ref)
 
 
+@pytest.mark.slow  # (a preempted run and its resume: about 35 s on 2 cores)
 def test_a_preempted_overlapped_run_resumes_with_its_pending_update(runs, tmp_path):
     """Preempted inside the FALCON epoch, the checkpoint holds the reward whose update the next step makes; resumed,
     the run is the uninterrupted one."""
