@@ -61,7 +61,7 @@ from benchmarks.phase_sweep import (
 )
 from benchmarks.shapes_sweep import AUDITED, finished_futures, replace_block
 from falcon_cli import method_rules as rules
-from falcon_cli.evaluation.intervals import paired_by_seed
+from falcon_cli.evaluation.intervals import paired_by_seed, paired_ratio
 
 PRESET = "dense"
 BASE = "uniform-cpu"
@@ -377,8 +377,9 @@ def report_lines(table, tuning: dict, command: str) -> list[str]:
         f"prior where its mean over seeds is {GATE_HEAD_MARGIN} or more below it (the gate's criterion). Its base: "
         "what the arm differs from in one thing (each method drops GRIT's consistency term, so its base is the "
         "control). Share of its ceiling's gain: the method's mean gain over its base, over the mean gain of its "
-        f"ceiling (`{ITC_CEILING}` for the ITC-only methods, the full oracle for MAFA) over uniform; shown only "
-        "where the ceiling's gain is above zero by its interval.",
+        f"ceiling (`{ITC_CEILING}` for the ITC-only methods, the full oracle for MAFA) over uniform, with Fieller's "
+        "95% interval (the two gains paired by seed); shown only where the ceiling's gain is above zero by its "
+        "interval.",
         "",
     ]
     lines += _top1_lines(table)
@@ -435,9 +436,10 @@ def _head(rows) -> str:
 
 
 def _share(table, arm: str, method: str, metric: str) -> str:
-    """The arm's mean gain over its base as a share of its ceiling's mean gain over uniform, in ``metric``; a
-    ceiling whose gain is not above zero by its interval, or has no interval yet (one seed), has no share to give (the
-    ratio would be noise)."""
+    """The arm's mean gain over its base as a share of its ceiling's mean gain over uniform, in ``metric``, with
+    Fieller's 95% interval over the seeds both have (:func:`~falcon_cli.evaluation.intervals.paired_ratio`: the two
+    gains are paired by seed). A ceiling whose gain is not above zero by its interval, or has no interval yet (one
+    seed), has no share to give (the ratio would be noise over noise, its interval unbounded)."""
     gain = _pairs(table, arm, BASE_OF[arm], metric)
     ceiling = _pairs(table, CEILING[method], BASE_OF[CEILING[method]], metric)
     if gain is None or ceiling is None:
@@ -446,7 +448,20 @@ def _share(table, arm: str, method: str, metric: str) -> str:
         return f"— (its ceiling has {ceiling.n} seed{'s' if ceiling.n != 1 else ''}: no interval yet)"
     if ceiling.lo <= 0:
         return f"— (its ceiling's gain {ceiling.mean:+.2f} [{ceiling.lo:+.2f}, {ceiling.hi:+.2f}] is not above 0)"
-    return f"{100 * gain.mean / ceiling.mean:.0f}% of {ceiling.mean:+.2f}"
+    gains = _by_seed(table, arm, BASE_OF[arm], metric)
+    ceilings = _by_seed(table, CEILING[method], BASE_OF[CEILING[method]], metric)
+    seeds = sorted(set(gains) & set(ceilings))
+    if len(seeds) < 2:
+        return f"{100 * gain.mean / ceiling.mean:.0f}% of {ceiling.mean:+.2f} ({len(seeds)} seed(s) in common)"
+    share = paired_ratio([gains[s] for s in seeds], [ceilings[s] for s in seeds])
+    return f"{100 * share.ratio:.0f}% [{100 * share.lo:.0f}%, {100 * share.hi:.0f}%] of {ceiling.mean:+.2f}"
+
+
+def _by_seed(table, arm: str, reference: str, metric: str) -> dict:
+    """``arm − reference`` in ``metric`` keyed by the seeds both have (missing values leave their seed out)."""
+    a, b = table[table["method"] == arm], table[table["method"] == reference]
+    a, b = dict(zip(a["seed"], a[metric])), dict(zip(b["seed"], b[metric]))
+    return {s: float(a[s]) - float(b[s]) for s in set(a) & set(b) if a[s] == a[s] and b[s] == b[s]}
 
 
 def _flag_lines(table, arms: list[str]) -> list[str]:

@@ -187,3 +187,46 @@ def paired_by_seed(a: Mapping, b: Mapping, level: float = 0.95) -> PairedDiffere
     if not seeds:
         return None
     return paired_difference([a[s] for s in seeds], [b[s] for s in seeds], level)
+
+
+class RatioInterval(NamedTuple):
+    """``mean(a) / mean(b)`` over ``n`` seeds with Fieller's interval; ``lo``/``hi`` are nan with one seed, and
+    -inf/+inf where the interval is unbounded (``mean(b)`` is not away from zero by its own t interval)."""
+
+    n: int
+    ratio: float
+    lo: float
+    hi: float
+
+    @property
+    def bounded(self) -> bool:
+        """Whether the interval is finite: only then is the ratio a measurement rather than noise over noise."""
+        return math.isfinite(self.lo) and math.isfinite(self.hi)
+
+
+def paired_ratio(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> RatioInterval:
+    """Fieller's ``level`` interval for the ratio of means ``mean(a) / mean(b)``, where ``a[i]`` and ``b[i]`` come
+    from the same seed i (a method's gain and its ceiling's gain, say): every ratio r for which the paired t interval
+    of ``a[i] - r·b[i]`` holds zero. With q = t²/n that is (ā − r·b̄)² ≤ q·var(a − r·b), a quadratic in r whose set
+    is a finite interval exactly when b̄ is away from zero by its own t interval (b̄² > q·var(b)); otherwise the set
+    is unbounded and so is the interval."""
+    if len(a) != len(b):
+        raise ValueError(f"paired_ratio: {len(a)} values against {len(b)}; pair them by seed first")
+    a, b = [float(x) for x in a], [float(y) for y in b]
+    n = len(a)
+    if n == 0:
+        raise ValueError("paired_ratio: no values")
+    mean_a, mean_b = sum(a) / n, sum(b) / n
+    ratio = mean_a / mean_b if mean_b != 0 else float("nan")
+    if n == 1:
+        return RatioInterval(1, ratio, float("nan"), float("nan"))
+    var_a = sum((x - mean_a) ** 2 for x in a) / (n - 1)
+    var_b = sum((y - mean_b) ** 2 for y in b) / (n - 1)
+    cov = sum((x - mean_a) * (y - mean_b) for x, y in zip(a, b)) / (n - 1)
+    q = t_quantile(1.0 - (1.0 - level) / 2.0, n - 1) ** 2 / n
+    # (ā − r·b̄)² − q·(var_a − 2r·cov + r²·var_b) ≤ 0  ⇔  A·r² − 2B·r + C ≤ 0
+    A, B, C = mean_b**2 - q * var_b, mean_a * mean_b - q * cov, mean_a**2 - q * var_a
+    if A <= 0:
+        return RatioInterval(n, ratio, -math.inf, math.inf)
+    root = math.sqrt(max(B * B - A * C, 0.0))  # ≥ 0: r = ā/b̄ satisfies the inequality
+    return RatioInterval(n, ratio, (B - root) / A, (B + root) / A)

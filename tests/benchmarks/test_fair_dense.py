@@ -128,7 +128,9 @@ def test_report_states_the_noise_the_control_and_each_methods_share_of_its_ceili
     t2 = 4.302652729749464  # t(0.975, 2): the per-seed differences from the control are 1.5, 2, 2.5
     half = t2 * 0.5 / math.sqrt(3)
     assert f"**+2.00 [{2 - half:+.2f}, {2 + half:+.2f}]** (3/3 +)" in glofnd
-    assert "25% of +8.00" in glofnd  # its 2 points of the ITC-only ceiling's 8
+    # its 2 points of the ITC-only ceiling's 8; that ceiling's gain has no spread, so Fieller's interval is the
+    # gain's own t interval over 8
+    assert f"25% [{100 * (2 - half) / 8:.0f}%, {100 * (2 + half) / 8:.0f}%] of +8.00" in glofnd
     assert "| `glofnd-rule` | 100 ± 0 | 0.400 ± 0.000 | 0.300 ± 0.000 |" in text
     assert "glofnd: start_epoch = 15: 60.10, start_epoch = 19: 59.00; kept 15." in text
 
@@ -148,7 +150,7 @@ def test_report_gives_each_arm_its_base_and_no_share_of_a_ceiling_that_gained_no
     # FN-aware ITC: 2 of the ceiling's 8; re-ranked: the ceiling's gain (-1, +0.5, +0.8) is not above zero
     assert rows["glofnd-rule"][6] == "0.630 ± 0.000 (at the prior)"  # 0.63 against 0.637: nothing learned
     assert fair._head(pd.DataFrame({"itm_final": [0.30, 0.32]})) == " (left the prior)"
-    assert rows["glofnd-rule"][10] == "25% of +8.00"
+    assert rows["glofnd-rule"][10] == "25% [9%, 41%] of +8.00"  # (2 ± 1.24) / 8
     assert rows["glofnd-rule"][11].startswith("— (its ceiling's gain +0.10 [")
 
 

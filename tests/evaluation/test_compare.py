@@ -543,3 +543,37 @@ def test_per_seed_inputs_do_not_make_a_method_but_what_made_them_must_agree(runs
         and "pretrain.composer.name: grit vs uniform" in line
         and "--label" in line
     ), line
+
+
+def _t_holds_zero(a, b, r):
+    """The reference: the paired t interval of a − r·b holds zero (straight from mean_interval)."""
+    m = mean_interval([x - r * y for x, y in zip(a, b)])
+    return m.lo <= 0.0 <= m.hi
+
+
+def test_fiellers_interval_is_every_ratio_whose_paired_difference_holds_zero():
+    from falcon_cli.evaluation.intervals import paired_ratio
+
+    a, b = [6.1, 5.3, 7.0, 6.4, 5.9], [9.0, 3.8, 15.2, 10.1, 10.2]  # a gain and its ceiling's, correlated by seed
+    found = paired_ratio(a, b)
+    assert found.bounded and found.ratio == pytest.approx(sum(a) / sum(b))
+    assert found.lo < found.ratio < found.hi
+    grid = [i / 10_000 for i in range(0, 30_000)]
+    inside = [r for r in grid if _t_holds_zero(a, b, r)]
+    assert min(inside) == pytest.approx(found.lo, abs=2e-4) and max(inside) == pytest.approx(found.hi, abs=2e-4)
+    # a ceiling with no spread: the ratio's interval is the numerator's t interval over the constant
+    constant = paired_ratio(a, [4.0] * 5)
+    m = mean_interval(a)
+    assert (constant.lo, constant.hi) == (pytest.approx(m.lo / 4.0), pytest.approx(m.hi / 4.0))
+
+
+def test_fiellers_interval_is_unbounded_where_the_denominator_is_not_away_from_zero():
+    from falcon_cli.evaluation.intervals import paired_ratio
+
+    a, b = [6.1, 5.3, 7.0], [20.0, -5.0, 15.0]  # b's own t interval holds zero
+    assert mean_interval(b).lo < 0 < mean_interval(b).hi
+    found = paired_ratio(a, b)
+    assert not found.bounded and (found.lo, found.hi) == (-math.inf, math.inf)
+    assert not paired_ratio([1.0], [2.0]).bounded and paired_ratio([1.0], [2.0]).ratio == 0.5
+    with pytest.raises(ValueError, match="pair them by seed"):
+        paired_ratio([1.0, 2.0], [1.0])
