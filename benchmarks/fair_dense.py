@@ -55,6 +55,7 @@ from benchmarks.phase_sweep import (
     has_checkpoint,
     merge_ledgers,
     prepare,
+    retrained_runs,
     run_dir,
     run_one,
     run_row,
@@ -306,9 +307,10 @@ def _m(rows, key: str, digits: int = 1) -> str:
     return f"{values.mean():.{digits}f}" + (f" ± {values.std(ddof=1):.{digits}f}" if len(values) > 1 else "")
 
 
-def report_lines(table, tuning: dict, command: str) -> list[str]:
+def report_lines(table, tuning: dict, command: str, retrained=None) -> list[str]:
     """The page's block: the device's effect and the control first (the noise and the setup), then each method
-    against its base and its ceiling, its flags, and the tuning it was given."""
+    against its base and its ceiling, its flags, and the tuning it was given; last, the recorded runs trained again
+    (``retrained``: :func:`~benchmarks.phase_sweep.retrained_runs`' rows) against their recorded rows."""
     lines = [
         f"**Command:** `{command}`  ",
         f"**Runs:** {len(table)} "
@@ -397,6 +399,23 @@ def report_lines(table, tuning: dict, command: str) -> list[str]:
         for method, found in tuning.items():
             tried = ", ".join(f"{found['key'].rsplit('.', 1)[-1]} = {v}: {r:.2f}" for v, r in found["runs"].items())
             lines.append(f"- {method}: {tried}; kept {found['value']}.")
+        lines.append("")
+    if retrained is not None and len(retrained):
+        lines += [
+            "*Runs trained again* (recorded in the ledger, trained again because a method reads their checkpoint; "
+            "every measurement against the recorded row at its four decimals, times aside):",
+            "",
+        ]
+        for r in retrained.sort_values(["method", "seed"]).to_dict("records"):
+            where = f"{r['commit']}, {r['machine']}; recorded from {r['ledger_commit']}, {r['ledger_machine']}"
+            if r["differing"] == 0:
+                found = f"all {r['measurements']} measurements equal the recorded ones"
+            else:
+                found = (
+                    f"{r['differing']} of {r['measurements']} measurements differ, by at most {r['largest']:.4f} "
+                    f"({r['changes']})"
+                )
+            lines.append(f"- `{r['method']}` seed {r['seed']} ({where}): {found}.")
         lines.append("")
     return lines
 
@@ -650,7 +669,16 @@ def main() -> None:
     if not done and ledger not in ledgers:
         print("no finished runs yet")
     else:
-        rows = merge_ledgers([fair_row(arm, seed, run) for arm, seed, run in done], ledgers)
+        mine = [fair_row(arm, seed, run) for arm, seed, run in done]
+        rows = merge_ledgers(mine, ledgers)
+        # a recorded run trained again (a method reads its checkpoint) against its recorded row, kept once found:
+        # the ledger is rewritten with the new row below, so the comparison cannot be made again later
+        retrained = pd.DataFrame(retrained_runs(mine, ledgers))
+        retrained_ledger = ledger.with_name("fair_dense_retrained.csv")
+        if ledger in ledgers and retrained_ledger.exists():
+            earlier = pd.read_csv(retrained_ledger, dtype={"commit": str, "ledger_commit": str})
+            retrained = pd.concat([earlier, retrained], ignore_index=True) if len(retrained) else earlier
+            retrained = retrained.drop_duplicates(["method", "seed", "commit", "pretrain_seconds"], keep="first")
         table = pd.DataFrame(
             [r for r in rows if r["preset"] == PRESET and r["method"] in (*ARMS, "uniform", "uniform-oracle")]
         )
@@ -667,7 +695,7 @@ def main() -> None:
             flags.to_csv(out / "flags.csv", index=False, float_format="%.4f")
         figure = flag_figure(flags, out / "flags.png")
         command = "PYTHONPATH=. .venv/bin/python benchmarks/fair_dense.py " + " ".join(sys.argv[1:])
-        lines = report_lines(table, tuning, command)
+        lines = report_lines(table, tuning, command, retrained)
         print("\n".join(lines))
         if args.report:
             report = args.report.resolve()
@@ -678,6 +706,8 @@ def main() -> None:
             )
             if len(flags):
                 flags.to_csv(results / "fair_dense_flags.csv", index=False, float_format="%.4f")
+            if len(retrained):
+                retrained.to_csv(results / "fair_dense_retrained.csv", index=False, float_format="%.4f")
             if figure is not None:
                 import shutil
 

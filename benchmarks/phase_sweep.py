@@ -736,6 +736,64 @@ def merge_ledgers(rows: list[dict], ledgers: list[Path]) -> list[dict]:
     return merged
 
 
+RUN_TIMES = ("pretrain_seconds", "seconds_per_epoch")
+"""A row's columns that say how long its run took, not what it measured: a run trained again differs there."""
+
+
+def retrained_runs(rows: list[dict], ledgers: list[Path], shown: int = 4) -> list[dict]:
+    """Each of ``rows`` that a ledger already records (the same preset, method and seed) and that was trained again
+    (its time differs from the recorded one: the same run collected twice is no re-run), against its recorded row.
+
+    Every measurement both rows have (a number in each, times aside) is compared at the ledger's four decimals, as
+    the ledger writes it: ``measurements`` says how many, ``differing`` how many differ, ``largest`` the largest
+    difference and ``changes`` the first ``shown`` of them (``name old → new``). A run that reproduces its recorded
+    row has ``differing`` 0: the setup reproduces itself, across machines where they differ."""
+    import pandas as pd
+
+    recorded = {}
+    for ledger in ledgers:
+        if ledger.is_file():
+            table = pd.read_csv(ledger, dtype={"commit": str, "machine": str, "budget": str, "world": str})
+            for row in table.to_dict("records"):
+                recorded.setdefault((row["preset"], row["method"], int(row["seed"])), row)
+
+    def number(value) -> float | None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            return None
+        return float(value)
+
+    found = []
+    for row in rows:
+        old = recorded.get(tuple(row[k] for k in LEDGER_KEYS))
+        if old is None or number(old.get("pretrain_seconds")) == float(f"{row.get('pretrain_seconds') or 0:.4f}"):
+            continue
+        changes, compared = [], 0
+        for key in row:
+            if key in RUN_TIMES or key in LEDGER_KEYS or key not in old:
+                continue
+            new_value, old_value = number(row[key]), number(old[key])
+            if new_value is None or old_value is None:
+                continue
+            compared += 1
+            if float(f"{new_value:.4f}") != old_value:
+                changes.append((abs(new_value - old_value), key, old_value, new_value))
+        found.append(
+            {
+                **{k: row[k] for k in LEDGER_KEYS},
+                "commit": row.get("commit"),
+                "machine": row.get("machine"),
+                "pretrain_seconds": row.get("pretrain_seconds"),
+                "ledger_commit": old.get("commit"),
+                "ledger_machine": old.get("machine"),
+                "measurements": compared,
+                "differing": len(changes),
+                "largest": max((c[0] for c in changes), default=0.0),
+                "changes": "; ".join(f"{k} {a:.4f} → {b:.4f}" for _, k, a, b in sorted(changes, reverse=True)[:shown]),
+            }
+        )
+    return found
+
+
 ITM_PRIOR = -(math.log(1 / 3) / 3 + 2 * math.log(2 / 3) / 3)
 """The ITM loss of a head that has learned nothing but the label rate: one positive per two negatives, so the
 entropy of 1/3 (0.637)."""

@@ -293,3 +293,42 @@ def test_a_campaign_on_a_new_machine_trains_nothing_its_ledger_records(tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert f"every run of uniform-c0 is recorded in {ledger}" in proc.stdout
     assert not (tmp_path / "out" / "worlds").exists() and not (tmp_path / "out" / "runs").exists()
+
+
+def test_report_says_whether_each_run_trained_again_reproduced_its_recorded_row():
+    retrained = pd.DataFrame(
+        [
+            dict(
+                method="uniform-cpu",
+                seed=1,
+                commit="d17c622",
+                machine="m2",
+                ledger_commit="e3dd650",
+                ledger_machine="m1",
+                measurements=60,
+                differing=2,
+                largest=0.12,
+                changes="oracle_R@1 59.5000 → 59.6200; itm_final 0.6330 → 0.6331",
+            ),
+            dict(
+                method="uniform-cpu",
+                seed=0,
+                commit="d17c622",
+                machine="m2",
+                ledger_commit="e3dd650",
+                ledger_machine="m1",
+                measurements=60,
+                differing=0,
+                largest=0.0,
+                changes="",
+            ),
+        ]
+    )
+    lines = fair.report_lines(_table(), {}, "cmd", retrained)
+    start = lines.index(next(line for line in lines if line.startswith("*Runs trained again*")))
+    assert lines[start + 2 : start + 4] == [
+        "- `uniform-cpu` seed 0 (d17c622, m2; recorded from e3dd650, m1): all 60 measurements equal the recorded ones.",
+        "- `uniform-cpu` seed 1 (d17c622, m2; recorded from e3dd650, m1): 2 of 60 measurements differ, by at most "
+        "0.1200 (oracle_R@1 59.5000 → 59.6200; itm_final 0.6330 → 0.6331).",
+    ]
+    assert not any(line.startswith("*Runs trained again*") for line in fair.report_lines(_table(), {}, "cmd"))

@@ -1163,3 +1163,37 @@ def test_the_ledger_is_written_as_each_run_finishes_not_only_when_the_sweep_ends
     # once as each of the three runs finishes (the pool may finish the next before it is written), once at the end
     assert len(written) == 4 and written[0] >= 1 and written == sorted(written) and written[-1] == 3
     assert sorted(pd.read_csv(ledger)["method"]) == sorted(sweep.GATE_METHODS)
+
+
+def _recorded(tmp_path, **changes):
+    row = {
+        "preset": "dense",
+        "method": "uniform-cpu",
+        "seed": 0,
+        "R@1": 17.23456,
+        "oracle_R@1": 59.5,
+        "itm_final": 0.633,
+        "pretrain_seconds": 4000.0,
+        "commit": "aaaaaaa",
+        "machine": "m1",
+        "world": "w",
+        "budget": "b",
+    }
+    ledger = tmp_path / "ledger.csv"
+    pd.DataFrame([row]).to_csv(ledger, index=False, float_format="%.4f")  # as a ledger is written: four decimals
+    return ledger, {**row, **changes}
+
+
+def test_retrained_runs_compare_every_measurement_at_the_ledgers_decimals(tmp_path):
+    ledger, same = _recorded(tmp_path, pretrain_seconds=5123.7, commit="bbbbbbb", machine="m2")
+    (found,) = sweep.retrained_runs([same], [ledger])
+    # R@1, oracle_R@1 and itm_final (seed and the times are not measurements; 17.23456 is recorded as 17.2346)
+    assert (found["measurements"], found["differing"], found["largest"]) == (3, 0, 0.0)
+    assert (found["commit"], found["ledger_commit"], found["ledger_machine"]) == ("bbbbbbb", "aaaaaaa", "m1")
+    moved = {**same, "oracle_R@1": 59.62, "itm_final": 0.6331}
+    (found,) = sweep.retrained_runs([moved], [ledger])
+    assert found["differing"] == 2 and found["largest"] == pytest.approx(0.12)
+    assert found["changes"] == "oracle_R@1 59.5000 → 59.6200; itm_final 0.6330 → 0.6331"
+    # the recorded run itself, collected again (its time is the recorded one): no re-run; another seed: not recorded
+    _, itself = _recorded(tmp_path)
+    assert sweep.retrained_runs([itself, {**same, "seed": 1}], [ledger]) == []
