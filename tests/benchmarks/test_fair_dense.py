@@ -296,32 +296,12 @@ def test_a_campaign_on_a_new_machine_trains_nothing_its_ledger_records(tmp_path)
 
 
 def test_report_says_whether_each_run_trained_again_reproduced_its_recorded_row():
+    run = dict(method="uniform-cpu", commit="d17c622", machine="m2", ledger_commit="e3dd650", ledger_machine="m1")
+    changes = "oracle_R@1 59.5000 → 59.6200; itm_final 0.6330 → 0.6331"
     retrained = pd.DataFrame(
         [
-            dict(
-                method="uniform-cpu",
-                seed=1,
-                commit="d17c622",
-                machine="m2",
-                ledger_commit="e3dd650",
-                ledger_machine="m1",
-                measurements=60,
-                differing=2,
-                largest=0.12,
-                changes="oracle_R@1 59.5000 → 59.6200; itm_final 0.6330 → 0.6331",
-            ),
-            dict(
-                method="uniform-cpu",
-                seed=0,
-                commit="d17c622",
-                machine="m2",
-                ledger_commit="e3dd650",
-                ledger_machine="m1",
-                measurements=60,
-                differing=0,
-                largest=0.0,
-                changes="",
-            ),
+            {**run, "seed": 1, "measurements": 60, "differing": 2, "largest": 0.12, "changes": changes},
+            {**run, "seed": 0, "measurements": 60, "differing": 0, "largest": 0.0, "changes": ""},
         ]
     )
     lines = fair.report_lines(_table(), {}, "cmd", retrained)
