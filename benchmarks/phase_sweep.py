@@ -693,6 +693,8 @@ def world_fingerprint(manifest: dict) -> str:
 
 
 LEDGER_KEYS = ("preset", "method", "seed")
+LEDGER_TEXT = {"commit": str, "machine": str, "budget": str, "world": str}
+"""A ledger's columns read as text (a commit like ``1234567`` would otherwise be read as a number)."""
 
 
 def merge_ledgers(rows: list[dict], ledgers: list[Path]) -> list[dict]:
@@ -707,7 +709,7 @@ def merge_ledgers(rows: list[dict], ledgers: list[Path]) -> list[dict]:
     for ledger in ledgers:
         if not ledger.is_file():
             raise SystemExit(f"--rows {ledger}: no such file (a results.csv written by this sweep)")
-        table = pd.read_csv(ledger, dtype={"commit": str, "machine": str, "budget": str, "world": str})
+        table = pd.read_csv(ledger, dtype=LEDGER_TEXT)
         missing = [k for k in (*LEDGER_KEYS, "world", "budget", "R@1") if k not in table]
         if missing:
             raise SystemExit(
@@ -753,7 +755,7 @@ def retrained_runs(rows: list[dict], ledgers: list[Path], shown: int = 4) -> lis
     recorded = {}
     for ledger in ledgers:
         if ledger.is_file():
-            table = pd.read_csv(ledger, dtype={"commit": str, "machine": str, "budget": str, "world": str})
+            table = pd.read_csv(ledger, dtype=LEDGER_TEXT)
             for row in table.to_dict("records"):
                 recorded.setdefault((row["preset"], row["method"], int(row["seed"])), row)
 
@@ -782,7 +784,7 @@ def retrained_runs(rows: list[dict], ledgers: list[Path], shown: int = 4) -> lis
                 **{k: row[k] for k in LEDGER_KEYS},
                 "commit": row.get("commit"),
                 "machine": row.get("machine"),
-                "pretrain_seconds": row.get("pretrain_seconds"),
+                "pretrain_seconds": float(f"{row.get('pretrain_seconds') or 0:.4f}"),  # (as recorded)
                 "ledger_commit": old.get("commit"),
                 "ledger_machine": old.get("machine"),
                 "measurements": compared,
