@@ -186,6 +186,8 @@ def cached_tiny_bert(tmp_path) -> str:
     return "falcon-test/tiny-bert"
 
 
+@pytest.mark.slow  # (six fresh processes importing the model libraries: about 60 s on 2 cores; make test keeps
+# the CLI's one line for an unreachable hub, below)
 def test_every_hub_id_fails_in_seconds_and_cached_or_local_models_load(tmp_path):
     cached = cached_tiny_bert(tmp_path)  # local directories never reach the check (test_models covers them)
     missing = [

@@ -189,6 +189,7 @@ def test_resume_after_the_last_epoch_trains_nothing(run_dir):
     assert "resumed nlvr2" in proc.stderr and best.read_text() == before
 
 
+@pytest.mark.slow  # (about 35 s on 2 cores; make test keeps pretraining's preempted runs)
 def test_a_preempted_fine_tuning_checkpoints_its_step_and_resumes_exactly(run_dir, tmp_path):
     """SIGTERM in the middle of retrieval fine-tuning's first epoch: the step is finished and checkpointed, exit 75;
     --resume continues from that batch: the losses of every step and the kept weights are the uninterrupted run's."""

@@ -117,6 +117,7 @@ GOLDEN = [
 # 9.172 (at 64 px, as before 0.2.x: 9.462, 9.389, 9.271)
 
 
+@pytest.mark.slow  # (a benchmark's script over a trained run: about 35 s on 2 cores)
 def test_itm_probe_of_a_run_from_another_directory(reference_run, tmp_path):
     """benchmarks/itm_probe.py on a trained run, given by a relative path: the probe's numbers and its JSON; too few
     test images to train on, or a directory that is not a run, get one line."""
@@ -612,11 +613,8 @@ def test_every_pair_trained_each_epoch_when_the_search_space_is_not_a_multiple_o
     assert steps[-1]["step"] == 10 + 13 and len(steps) == 23
 
 
-@pytest.mark.parametrize(
-    "lagged",
-    # lag-2's own run and its resume: about 45 s on 2 cores, so `make test-all` (on-demand covers the same resume)
-    [pytest.param(False, id="on-demand"), pytest.param(True, id="lag-2", marks=pytest.mark.slow)],
-)
+@pytest.mark.slow  # (each about 45-50 s on 2 cores; make test keeps the preempted FALCON run's exact resume below)
+@pytest.mark.parametrize("lagged", [pytest.param(False, id="on-demand"), pytest.param(True, id="lag-2")])
 def test_falcon_kill_and_resume_is_exact(world, request, tmp_path, lagged):
     overrides = LAGGED if lagged else FALCON
     falcon_run = request.getfixturevalue("lagged_falcon_run" if lagged else "falcon_run")
