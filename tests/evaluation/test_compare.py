@@ -558,9 +558,12 @@ def test_fiellers_interval_is_every_ratio_whose_paired_difference_holds_zero():
     found = paired_ratio(a, b)
     assert found.bounded and found.ratio == pytest.approx(sum(a) / sum(b))
     assert found.lo < found.ratio < found.hi
-    grid = [i / 10_000 for i in range(0, 30_000)]
-    inside = [r for r in grid if _t_holds_zero(a, b, r)]
-    assert min(inside) == pytest.approx(found.lo, abs=2e-4) and max(inside) == pytest.approx(found.hi, abs=2e-4)
+    # every ratio on a grid is inside exactly when its paired difference holds zero, and each bound is an edge of
+    # that set to 1e-4 (the reference's own answer on either side of it)
+    for r in (i / 100 for i in range(0, 300)):
+        assert _t_holds_zero(a, b, r) == (found.lo <= r <= found.hi), r
+    for edge, inward in ((found.lo, 1e-4), (found.hi, -1e-4)):
+        assert _t_holds_zero(a, b, edge + inward) and not _t_holds_zero(a, b, edge - inward), edge
     # a ceiling with no spread: the ratio's interval is the numerator's t interval over the constant
     constant = paired_ratio(a, [4.0] * 5)
     m = mean_interval(a)
