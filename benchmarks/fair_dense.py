@@ -281,13 +281,17 @@ def finished(out: Path, arms) -> list[tuple[str, int, Path]]:
 # --- the report -----------------------------------------------------------------------------------------
 
 
+def _seed_values(table, method: str, metric: str) -> dict:
+    """``method``'s ``metric`` keyed by seed; empty where it has no run with it."""
+    rows = table[table["method"] == method]
+    return dict(zip(rows["seed"], rows[metric])) if metric in rows else {}
+
+
 def _pairs(table, arm: str, reference: str, metric: str):
     """``arm − reference`` in ``metric``, seed by seed (:func:`~falcon_cli.evaluation.intervals.paired_by_seed`);
     None where either has no run with it."""
-    a, b = table[table["method"] == arm], table[table["method"] == reference]
-    if a.empty or b.empty or metric not in a or metric not in b:
-        return None
-    return paired_by_seed(dict(zip(a["seed"], a[metric])), dict(zip(b["seed"], b[metric])))
+    a, b = _seed_values(table, arm, metric), _seed_values(table, reference, metric)
+    return paired_by_seed(a, b) if a and b else None
 
 
 def _d(d, digits: int = 2) -> str:
@@ -478,8 +482,7 @@ def _share(table, arm: str, method: str, metric: str) -> str:
 
 def _by_seed(table, arm: str, reference: str, metric: str) -> dict:
     """``arm − reference`` in ``metric`` keyed by the seeds both have (missing values leave their seed out)."""
-    a, b = table[table["method"] == arm], table[table["method"] == reference]
-    a, b = dict(zip(a["seed"], a[metric])), dict(zip(b["seed"], b[metric]))
+    a, b = _seed_values(table, arm, metric), _seed_values(table, reference, metric)
     return {s: float(a[s]) - float(b[s]) for s in set(a) & set(b) if a[s] == a[s] and b[s] == b[s]}
 
 

@@ -767,7 +767,8 @@ def retrained_runs(rows: list[dict], ledgers: list[Path], shown: int = 4) -> lis
     found = []
     for row in rows:
         old = recorded.get(tuple(row[k] for k in LEDGER_KEYS))
-        if old is None or number(old.get("pretrain_seconds")) == float(f"{row.get('pretrain_seconds') or 0:.4f}"):
+        seconds = float(f"{row.get('pretrain_seconds') or 0:.4f}")  # (as the ledger records it)
+        if old is None or number(old.get("pretrain_seconds")) == seconds:
             continue
         changes, compared = [], 0
         for key in row:
@@ -784,7 +785,7 @@ def retrained_runs(rows: list[dict], ledgers: list[Path], shown: int = 4) -> lis
                 **{k: row[k] for k in LEDGER_KEYS},
                 "commit": row.get("commit"),
                 "machine": row.get("machine"),
-                "pretrain_seconds": float(f"{row.get('pretrain_seconds') or 0:.4f}"),  # (as recorded)
+                "pretrain_seconds": seconds,
                 "ledger_commit": old.get("commit"),
                 "ledger_machine": old.get("machine"),
                 "measurements": compared,
