@@ -926,6 +926,73 @@ def test_false_negative_methods_train_from_the_cli(world, reference_run, tmp_pat
         _glofnd_resumes_exactly(run_dir, world, extra, steps)
 
 
+@pytest.mark.slow  # (a MAFA run with a model Con-D, and two replays: about 40 s on 2 cores)
+def test_mafa_decisions_replays_a_runs_con_d_decisions_and_scores_them(world, reference_run, tmp_path):
+    """benchmarks/mafa_decisions.py on a MAFA run whose Con-D is another run's ITM head (the fair runs' setting),
+    from another directory: the replay gives the run's logged conversions and swaps on every step, scores them
+    against the oracle and leaves the run as it was; a run whose log says otherwise is refused, exit 1."""
+    import shutil
+
+    from tests.conftest import run_cli
+
+    run_dir = tmp_path / "mafa"
+    extra = [
+        "pretrain.max_steps_per_epoch=2",
+        "pretrain.eval.split=null",
+        "pretrain.false_negatives.method=mafa",
+        "pretrain.false_negatives.mafa.judge=checkpoint",
+        f"pretrain.false_negatives.mafa.judge_model={reference_run}",
+        "pretrain.false_negatives.mafa.low=0.0",  # every candidate not converted is swapped: both decisions occur
+        "pretrain.false_negatives.mafa.high=0.285",  # (mid-way through this Con-D's p(match), 0.27-0.30 here)
+    ]
+    proc = run_cli(*pretrain_args(run_dir, world, *extra))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    steps = [r for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r]
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "FALCON_PROGRESS": "0"}
+    script = str(REPO / "benchmarks" / "mafa_decisions.py")
+
+    def replay(run, out):
+        return subprocess.run(
+            [sys.executable, script, run, "--out", out],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+
+    proc = replay("mafa", "decisions")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads((tmp_path / "decisions" / "decisions.json").read_text())
+    assert result["logged_steps_checked"] == len(steps) == 4 and result["steps_replayed"] == 4
+    both = result["both"]
+    converted = sum(r["fn_converted_i2t"] + r["fn_converted_t2i"] for r in steps)
+    swapped = sum(r["fn_swapped_i2t"] + r["fn_swapped_t2i"] for r in steps)
+    assert (both["converted"]["count"], both["swapped"]["count"]) == (converted, swapped)
+    assert converted + swapped == both["candidates"] == 4 * 2 * 16  # low 0: every candidate is one or the other
+    for what in ("converted", "swapped"):
+        assert both[what]["count"] > 0 and 0.0 <= both[what]["precision"] <= 1.0
+    assert "the replay gives the run's logged counts on all 4 logged steps" in proc.stdout
+    assert not (run_dir / "audit").exists()
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
+
+    # a log that says otherwise: one line naming the step, exit 1
+    shutil.copytree(run_dir, tmp_path / "told", symlinks=True)
+    lines = (tmp_path / "told" / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    first = next(i for i, r in enumerate(records) if "loss" in r)
+    records[first]["fn_swapped_t2i"] += 1
+    (tmp_path / "told" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    told = replay("told", "told-decisions")
+    assert told.returncode == 1, told.stdout + told.stderr
+    assert "the replay is not the run's decisions: step 0:" in told.stderr
+    assert not (tmp_path / "told-decisions" / "decisions.json").exists()
+    # the first --out holds another run's replay: refused, not reused
+    other = replay("told", "decisions")
+    assert other.returncode != 0 and "holds the replay of" in other.stderr
+
+
 def _glofnd_resumes_exactly(run_dir, world, extra, expected):
     """Back to the checkpoint after step 3 (inside epoch 1), --resume retrains step 4 to the same losses and
     thresholds; the saved thresholds refuse the other adam_step."""
