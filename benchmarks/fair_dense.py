@@ -477,6 +477,8 @@ def _share(table, arm: str, method: str, metric: str) -> str:
     if len(seeds) < 2:
         return f"{100 * gain.mean / ceiling.mean:.0f}% of {ceiling.mean:+.2f} ({len(seeds)} seed(s) in common)"
     share = paired_ratio([gains[s] for s in seeds], [ceilings[s] for s in seeds])
+    if math.isinf(share.lo) or math.isinf(share.hi):  # (the ceiling's gain over these seeds alone is not away from 0)
+        return f"{100 * share.ratio:.0f}% (no bound yet over the {len(seeds)} seeds in common) of {ceiling.mean:+.2f}"
     return f"{100 * share.ratio:.0f}% [{100 * share.lo:.0f}%, {100 * share.hi:.0f}%] of {ceiling.mean:+.2f}"
 
 

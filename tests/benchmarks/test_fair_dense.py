@@ -181,6 +181,19 @@ def test_a_ceiling_of_one_seed_gives_no_share_yet():
     assert glofnd[10] == glofnd[11] == "— (its ceiling has 1 seed: no interval yet)"
 
 
+def test_a_share_over_too_few_seeds_in_common_says_it_has_no_bound_yet():
+    """The ceiling's gain is above zero over its three seeds (7, 9, 8), but over the two it shares with the arm
+    (7, 9) it is not away from zero by its own interval: Fieller's set is the whole line, said in words."""
+    table = _table()
+    oracle = table["method"] == "uniform-oracle-itc"
+    table.loc[oracle, "oracle_R@1"] = table.loc[oracle, "seed"].map({0: 67.0, 1: 70.0, 2: 70.0})  # gains 7, 9, 8
+    table = table[(table["method"] != "glofnd-rule") | (table["seed"] < 2)]
+    lines = fair.report_lines(table, {}, "cmd")
+    glofnd = next(line for line in lines if line.startswith("| `glofnd-rule`")).removesuffix(" |").split(" | ")
+    ratio = 100 * ((1.5 + 2.0) / 2) / ((7 + 9) / 2)  # GloFND's gains over the control: 1.5 and 2.0
+    assert glofnd[10] == f"{ratio:.0f}% (no bound yet over the 2 seeds in common) of +8.00"
+
+
 def test_report_without_the_device_check_subtracts_no_h200_ceiling():
     table = _table()
     table.loc[table["method"] == "uniform", "oracle_R@1"] += [2.0, -1.5, 3.0]  # the device moves uniform a lot
