@@ -31,7 +31,9 @@ or ``--ledger``'s, read while it is among ``--rows``), unless a run still to tra
 
 Writes to OUT: the runs (``runs/dense/<arm>-s<seed>/``), ``results.csv`` (a row per run), ``flags.csv`` (per run
 and epoch: what the method flagged or how it weighted, both directions, against the oracle), ``paired.csv``,
-``flags.png``; with ``--report``, the page's block between ``<!-- fair:begin -->`` and ``<!-- fair:end -->``.
+``flags.png``; with ``--report``, the page's block between ``<!-- fair:begin -->`` and ``<!-- fair:end -->``. It reads
+MAFA's replayed decisions where ``benchmarks/mafa_decisions.py`` wrote them, ``OUT/mafa-decisions/s<seed>/``
+(:func:`decision_rows`), and keeps them in docs/results/fair_dense_mafa_decisions.csv for when they are gone.
 """
 
 from __future__ import annotations
@@ -311,7 +313,7 @@ def _m(rows, key: str, digits: int = 1) -> str:
     return f"{values.mean():.{digits}f}" + (f" ± {values.std(ddof=1):.{digits}f}" if len(values) > 1 else "")
 
 
-def report_lines(table, tuning: dict, command: str, retrained=None) -> list[str]:
+def report_lines(table, tuning: dict, command: str, retrained=None, decisions=None) -> list[str]:
     """The page's block: the device's effect and the control first (the noise and the setup), then each method
     against its base and its ceiling, its flags, and the tuning it was given; last, the recorded runs trained again
     (``retrained``: :func:`~benchmarks.phase_sweep.retrained_runs`' rows) against their recorded rows."""
@@ -394,6 +396,8 @@ def report_lines(table, tuning: dict, command: str, retrained=None) -> list[str]
         lines += ["*What each method flagged or weighted, against the oracle*: no method's run has finished yet.", ""]
     else:
         lines += _flag_lines(table, flagging)
+    if decisions is not None and len(decisions):
+        lines += _decision_lines(decisions)
     if tuning:
         lines += [
             "*The tuning* (the tuning world, world seed "
@@ -508,6 +512,62 @@ def _flag_lines(table, arms: list[str]) -> list[str]:
             f"{_m(rows, 'flags_weight_false', 3)} / {_m(rows, 'flags_weight_true', 3)} |"
         )
     return lines + ["", "![flags over training](results/fair_dense_flags.png)", ""]
+
+
+MAFA_DECISIONS = "mafa-decisions"
+"""Under ``--out``: ``s<seed>/decisions.json``, ``benchmarks/mafa_decisions.py``'s replay of ``mafa-rule``'s runs."""
+
+
+def decision_rows(out: Path) -> list[dict]:
+    """A row per replayed ``mafa-rule`` seed (``OUT/mafa-decisions/s<seed>/decisions.json``): its conversions and
+    swaps against the oracle, and how many logged steps the replay was checked on."""
+    rows = []
+    for path in sorted((out / MAFA_DECISIONS).glob("s*/decisions.json")):
+        d = json.loads(path.read_text())
+        both = d["both"]
+        rows.append(
+            {
+                "arm": "mafa-rule",
+                "seed": int(path.parent.name[1:]),
+                "candidates": both["candidates"],
+                "false_negative_rate": both["false_negative_rate"],
+                "converted": both["converted"]["count"],
+                "converted_precision": both["converted"]["precision"],
+                "swapped": both["swapped"]["count"],
+                "swapped_share": both["swapped"]["share"],
+                "swapped_precision": both["swapped"]["precision"],
+                "swapped_recall": both["swapped"]["recall"],
+                "i2t_swapped_precision": d["i2t"]["swapped"]["precision"],
+                "t2i_swapped_precision": d["t2i"]["swapped"]["precision"],
+                "auc": both["auc"],
+                "max_p": both["max_p"],
+                "logged_steps_checked": d["logged_steps_checked"],
+                "steps_replayed": d["steps_replayed"],
+            }
+        )
+    return rows
+
+
+def _decision_lines(decisions) -> list[str]:
+    """MAFA's replayed decisions (:func:`decision_rows`), mean ± std over the seeds replayed."""
+    seeds = ", ".join(str(s) for s in sorted(decisions["seed"]))
+    return [
+        "*MAFA's decisions, replayed* (`benchmarks/mafa_decisions.py` on each seed's run: its Con-D on the run's own "
+        "hardest candidates, the replay checked against the run's logged conversions and swaps on every logged step "
+        "it covers, and stopped had one differed; mean ± std over the seeds replayed):",
+        "",
+        "| seeds | steps replayed / logged steps matched | candidates that are false negatives | converted | Con-D's "
+        "max p(match) | swapped (share of anchors) | swaps' precision | i2t / t2i | recall | Con-D's AUC, false "
+        "against true negatives |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| {seeds} | {_m(decisions, 'steps_replayed', 0)} / {_m(decisions, 'logged_steps_checked', 0)} | "
+        f"{_m(decisions, 'false_negative_rate', 3)} | {_m(decisions, 'converted', 0)} | "
+        f"{_m(decisions, 'max_p', 2)} | {_m(decisions, 'swapped_share', 4)} | "
+        f"{_m(decisions, 'swapped_precision', 3)} | "
+        f"{_m(decisions, 'i2t_swapped_precision', 3)} / {_m(decisions, 't2i_swapped_precision', 3)} | "
+        f"{_m(decisions, 'swapped_recall', 3)} | {_m(decisions, 'auc', 3)} |",
+        "",
+    ]
 
 
 def flag_figure(flags, path: Path) -> Path | None:
@@ -694,13 +754,20 @@ def main() -> None:
             have = {(a, s) for a, s, _ in done}
             earlier = earlier[[(a, s) not in have for a, s in zip(earlier["arm"], earlier["seed"])]]
             flags = pd.concat([flags, earlier], ignore_index=True) if len(flags) else earlier
+        decisions = pd.DataFrame(decision_rows(out))
+        decision_ledger = ledger.with_name("fair_dense_mafa_decisions.csv")
+        if ledger in ledgers and decision_ledger.exists():  # the replays of runs whose directories are gone
+            earlier = pd.read_csv(decision_ledger)
+            if len(decisions):
+                earlier = earlier[~earlier["seed"].isin(decisions["seed"])]
+            decisions = pd.concat([decisions, earlier], ignore_index=True) if len(decisions) else earlier
         out.mkdir(parents=True, exist_ok=True)  # (--collect of the ledgers alone, on a machine without the runs)
         table.to_csv(out / "results.csv", index=False, float_format="%.4f")
         if len(flags):
             flags.to_csv(out / "flags.csv", index=False, float_format="%.4f")
         figure = flag_figure(flags, out / "flags.png")
         command = "PYTHONPATH=. .venv/bin/python benchmarks/fair_dense.py " + " ".join(sys.argv[1:])
-        lines = report_lines(table, tuning, command, retrained)
+        lines = report_lines(table, tuning, command, retrained, decisions)
         print("\n".join(lines))
         if args.report:
             report = args.report.resolve()
@@ -713,6 +780,10 @@ def main() -> None:
                 flags.to_csv(results / "fair_dense_flags.csv", index=False, float_format="%.4f")
             if len(retrained):
                 retrained.to_csv(results / "fair_dense_retrained.csv", index=False, float_format="%.4f")
+            if len(decisions):
+                decisions.sort_values("seed").to_csv(
+                    results / "fair_dense_mafa_decisions.csv", index=False, float_format="%.4f"
+                )
             if figure is not None:
                 import shutil
 

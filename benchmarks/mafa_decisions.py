@@ -1,7 +1,7 @@
 """What MAFA's connection discriminator decided in a finished run, every decision scored against the oracle.
 
     PYTHONPATH=. .venv/bin/python benchmarks/mafa_decisions.py runs/fair-dense/runs/dense/mafa-rule-s0 \\
-        --out runs/mafa-decisions/s0                      # every step: about 20 CPU minutes at one thread
+        --out runs/fair-dense/mafa-decisions/s0                      # every step: about 20 CPU minutes at one thread
 
 A MAFA run makes two decisions per anchor, both on the anchor's hardest in-batch candidate by ITC similarity, from
 its Con-D's p(match) (docs/methods.md): above ``high`` the candidate becomes a positive (a *conversion*); between

@@ -4,6 +4,7 @@ settings)."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pandas as pd
@@ -25,7 +26,6 @@ def test_tuning_plan_gives_every_method_its_two_candidates_once():
 
 
 def test_tuning_is_chosen_on_the_tuning_world_and_waits_for_every_candidate(tmp_path, monkeypatch):
-    import json
 
     monkeypatch.delitem(rules.TUNED, "diht")  # (as before DiHT's choice was recorded)
     none = tmp_path / "no-ledger.csv"
@@ -51,7 +51,6 @@ def test_tuning_is_chosen_on_the_tuning_world_and_waits_for_every_candidate(tmp_
 
 
 def test_a_recorded_tuning_run_is_not_run_again_and_stands_for_its_directory(tmp_path):
-    import json
 
     ledger = tmp_path / "dense_tuning.csv"
     assert fair.tuning_to_run(ledger=ledger) == fair.tuning_plan()  # (no ledger: every run)
@@ -194,6 +193,32 @@ def test_a_share_over_too_few_seeds_in_common_says_it_has_no_bound_yet():
     assert glofnd[10] == f"{ratio:.0f}% (no bound yet over the 2 seeds in common) of +8.00"
 
 
+def test_mafas_replayed_decisions_are_read_per_seed_and_summarised_in_the_block(tmp_path):
+    def decisions(swapped: int, hits: int) -> dict:
+        part = {
+            "candidates": 1000,
+            "false_negative_rate": 0.45,
+            "converted": {"count": 0, "share": 0.0, "precision": None, "recall": 0.0},
+            "swapped": {"count": swapped, "share": swapped / 1000, "precision": hits / swapped, "recall": hits / 450},
+            "auc": 0.33,
+            "max_p": 0.8,
+        }
+        return {"logged_steps_checked": 9, "steps_replayed": 80, "both": part, "i2t": part, "t2i": part}
+
+    for seed, (swapped, hits) in enumerate([(10, 8), (20, 18)]):
+        (tmp_path / "mafa-decisions" / f"s{seed}").mkdir(parents=True)
+        (tmp_path / "mafa-decisions" / f"s{seed}" / "decisions.json").write_text(json.dumps(decisions(swapped, hits)))
+    rows = pd.DataFrame(fair.decision_rows(tmp_path))
+    assert rows["seed"].tolist() == [0, 1] and rows["swapped"].tolist() == [10, 20]
+    assert rows["swapped_precision"].tolist() == [0.8, 0.9] and rows["converted_precision"].isna().all()
+    lines = fair.report_lines(_table(), {}, "cmd", decisions=rows)
+    at = next(i for i, line in enumerate(lines) if line.startswith("*MAFA's decisions, replayed*"))
+    cells = lines[at + 4].strip("| ").split(" | ")
+    assert cells[0] == "0, 1" and cells[1] == "80 ± 0 / 9 ± 0" and cells[3] == "0 ± 0" and cells[5] == "0.0150 ± 0.0071"
+    assert cells[6] == "0.850 ± 0.071" and cells[8] == f"{(8 / 450 + 18 / 450) / 2:.3f} ± 0.016"
+    assert not any(line.startswith("*MAFA's decisions") for line in fair.report_lines(_table(), {}, "cmd"))
+
+
 def test_report_without_the_device_check_subtracts_no_h200_ceiling():
     table = _table()
     table.loc[table["method"] == "uniform", "oracle_R@1"] += [2.0, -1.5, 3.0]  # the device moves uniform a lot
@@ -221,7 +246,6 @@ def test_every_arm_is_a_shipped_recipe(arm, tmp_path):
 
 
 def test_same_numbers_finds_a_moved_loss_and_ignores_timing_paths_and_curve_spacing(tmp_path):
-    import json
 
     from benchmarks.same_numbers import differences
 
