@@ -236,8 +236,9 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"--out {args.out}: inside the run; give a directory outside it (the run stays untouched)")
 
     audit = replay(run, args.out / "view", settings, args.max_pairs, args.device)
-    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    logged = logged_counts(metrics)
+    from falcon_cli.runtime.metrics import read_metrics
+
+    logged = logged_counts(read_metrics(run / "metrics.jsonl"))
     try:
         checked = check_replay(logged, replayed_counts(audit, settings["high"], settings["low"]))
     except ReplayMismatch as error:
