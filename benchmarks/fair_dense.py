@@ -270,6 +270,30 @@ def fair_row(arm: str, seed: int, run: Path) -> dict:
     return row
 
 
+def as_recorded(frame, arm_column: str = "method"):
+    """``frame`` as its ledger keeps it: every number at the ledger's four decimals (``float_format="%.4f"``), the
+    rows in :data:`ARMS`' order (then the H200 arms), by seed and epoch. So a collect from the run directories and a
+    collect from the ledgers alone (the directories gone with a machine) write the same page and the same files."""
+    import pandas as pd
+
+    if not len(frame):
+        return frame
+    frame = frame.copy()
+    for column in frame.columns:
+        values = frame[column]
+        if not pd.api.types.is_numeric_dtype(values):  # (a column of None and numbers comes out of records as object)
+            if not all(v is None or isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+                continue
+            values = pd.to_numeric(values)
+        if pd.api.types.is_float_dtype(values):  # (exactly what "%.4f" writes and read_csv reads back)
+            values = values.map(lambda v: v if v != v else float(f"{v:.4f}"))
+        frame[column] = values
+    order = {arm: i for i, arm in enumerate((*ARMS, "uniform", "uniform-oracle"))}
+    frame["_order"] = frame[arm_column].map(lambda a: order.get(a, len(order)))
+    keys = ["_order", arm_column, *(k for k in ("seed", "epoch") if k in frame.columns)]
+    return frame.sort_values(keys, kind="stable").drop(columns="_order").reset_index(drop=True)
+
+
 def finished(out: Path, arms) -> list[tuple[str, int, Path]]:
     done = []
     for arm in arms:
@@ -744,8 +768,10 @@ def main() -> None:
             earlier = pd.read_csv(retrained_ledger, dtype={"commit": str, "ledger_commit": str})
             retrained = pd.concat([earlier, retrained], ignore_index=True) if len(retrained) else earlier
             retrained = retrained.drop_duplicates(["method", "seed", "commit", "pretrain_seconds"], keep="first")
-        table = pd.DataFrame(
-            [r for r in rows if r["preset"] == PRESET and r["method"] in (*ARMS, "uniform", "uniform-oracle")]
+        table = as_recorded(
+            pd.DataFrame(
+                [r for r in rows if r["preset"] == PRESET and r["method"] in (*ARMS, "uniform", "uniform-oracle")]
+            )
         )
         flags = pd.DataFrame([f for arm, seed, run in done for f in flag_rows(arm, seed, run)])
         flag_ledger = ledger.with_name("fair_dense_flags.csv")
@@ -761,6 +787,7 @@ def main() -> None:
             if len(decisions):
                 earlier = earlier[~earlier["seed"].isin(decisions["seed"])]
             decisions = pd.concat([decisions, earlier], ignore_index=True) if len(decisions) else earlier
+        flags, decisions = as_recorded(flags, "arm"), as_recorded(decisions, "arm")
         out.mkdir(parents=True, exist_ok=True)  # (--collect of the ledgers alone, on a machine without the runs)
         table.to_csv(out / "results.csv", index=False, float_format="%.4f")
         if len(flags):
@@ -781,9 +808,7 @@ def main() -> None:
             if len(retrained):
                 retrained.to_csv(results / "fair_dense_retrained.csv", index=False, float_format="%.4f")
             if len(decisions):
-                decisions.sort_values("seed").to_csv(
-                    results / "fair_dense_mafa_decisions.csv", index=False, float_format="%.4f"
-                )
+                decisions.to_csv(results / "fair_dense_mafa_decisions.csv", index=False, float_format="%.4f")
             if figure is not None:
                 import shutil
 

@@ -219,6 +219,50 @@ def test_mafas_replayed_decisions_are_read_per_seed_and_summarised_in_the_block(
     assert not any(line.startswith("*MAFA's decisions") for line in fair.report_lines(_table(), {}, "cmd"))
 
 
+def test_a_collect_from_the_ledgers_alone_writes_what_one_from_the_directories_wrote(tmp_path):
+    # From the directories: full-precision numbers, rows in the order the runs were found, a column of None and
+    # numbers (a method that acted in some epochs only). From the ledger: those rows as "%.4f" wrote them. A new
+    # machine collects from the ledger alone, and must write the same page and files, not a reordered or
+    # re-rounded one.
+    rng = __import__("random").Random(0)
+    rows = [
+        {
+            "method": method,
+            "seed": seed,
+            "preset": "dense",
+            "R@1": 17.0 + rng.random() / 3,
+            "oracle_R@1": 60.0 + seed + shift + rng.random() / 7,
+            "rerank_oracle_R@1": 48.0 + shift + rng.random() / 9,
+            "itm_final": 0.63 + rng.random() / 1000,
+            "flags_precision": None if method != "glofnd-rule" else 0.4 + rng.random() / 11,
+            "commit": "abc1234",
+            "machine": "2 CPU cores (cpu, fp32)",
+        }
+        for method, shift in (("uniform", -0.1), ("glofnd-rule", 3.0), ("uniform-cpu", 0.0), ("uniform-c0", 1.0))
+        for seed in (2, 0, 1)
+    ]
+    from_runs = fair.as_recorded(pd.DataFrame(rows))
+    pd.DataFrame(rows).to_csv(tmp_path / "ledger.csv", index=False, float_format="%.4f")
+    from_ledger = fair.as_recorded(pd.read_csv(tmp_path / "ledger.csv"))
+    pd.testing.assert_frame_equal(from_runs, from_ledger)
+    assert from_runs["method"].tolist()[::3] == ["uniform-cpu", "uniform-c0", "glofnd-rule", "uniform"]
+    assert from_runs["seed"].tolist()[:3] == [0, 1, 2]
+    assert fair.report_lines(from_runs, {}, "cmd") == fair.report_lines(from_ledger, {}, "cmd")
+    # the per-epoch flags and the replays are kept the same way, in the arms' order, by seed and epoch
+    flags = fair.as_recorded(
+        pd.DataFrame(
+            [
+                {"arm": "glofnd-rule", "seed": 1, "epoch": 2, "precision": 1 / 3},
+                {"arm": "glofnd-rule", "seed": 1, "epoch": 1, "precision": None},
+                {"arm": "uniform-c0", "seed": 0, "epoch": 1, "precision": None},
+            ]
+        ),
+        "arm",
+    )
+    assert flags[["arm", "epoch"]].values.tolist() == [["uniform-c0", 1], ["glofnd-rule", 1], ["glofnd-rule", 2]]
+    assert flags["precision"].iloc[2] == 0.3333
+
+
 def test_report_without_the_device_check_subtracts_no_h200_ceiling():
     table = _table()
     table.loc[table["method"] == "uniform", "oracle_R@1"] += [2.0, -1.5, 3.0]  # the device moves uniform a lot
