@@ -20,6 +20,10 @@
 #   fair-dense  issue 67: the tuning runs, then every arm of benchmarks/fair_dense.py, seeds 0-4, less what the page's
 #               ledger (docs/results/fair_dense_results.csv of this checkout) records; its commit must have --ledger
 #
+# A campaign trains only on the kind of CPU its rows were trained on (fair-dense: an Intel Xeon with AMX; candidate
+# and dense70: an AMD EPYC), since another kind trains other numbers from the same commit and seed; on another kind it
+# logs why and the chain goes on (LONG_RUNS_CPUINFO: a cpuinfo file to read instead of /proc/cpuinfo, for tests).
+#
 # ROOT gets the clone (ROOT/falcon-COMMIT), the runs (ROOT/pilots70, ROOT/five-bf16, ROOT/fair-dense[-tune]) and a log
 # per campaign (ROOT/CAMPAIGN.log). The python is this checkout's .venv (make install): the clone comes first on
 # PYTHONPATH, so the clone's falcon_cli runs. The worlds and unimodal encoders the pilots made in ROOT/pilots70 are
@@ -121,6 +125,27 @@ export LD_PRELOAD
 allocator=${LD_PRELOAD:-"glibc's malloc (tcmalloc trains 7-12% faster: apt install libtcmalloc-minimal4)"}
 
 run() { (cd "$clone" && nice -n 10 env PYTHONPATH=. "$python" "$@") >>"$root/$campaign.log" 2>&1; }
+
+# The CPU a campaign's rows were trained on. The same commit, seed and config trains other numbers on another CPU
+# model: fair-dense's uniform seed 2, trained again on an AMD EPYC (2026-12-04), differed from its row (trained, and
+# reproduced bitwise, on Intel Xeons with AMX) in 41 of its 47 measurements, ITC R@1 by 1.3 points. A paired
+# comparison keeps each seed's arms on one kind of CPU, so a campaign trains only on its own kind and logs why it
+# skips on another (the chain goes on to the next). The kind: the vendor, and AMX where the CPU has it.
+cpu_kind() {
+    awk -F': ' '/^vendor_id/ && !v { v = $2 } /^flags/ && !f { f = " " $2 " " }
+        END { print v (f ~ / amx_tile / ? " amx" : "") }' "${LONG_RUNS_CPUINFO:-/proc/cpuinfo}"
+}
+case $campaign in
+    fair-dense) wanted="GenuineIntel amx" ;;  # (every CPU row of its ledger, 2026-11-30 to 2026-12-03)
+    candidate | dense70) wanted="AuthenticAMD" ;;  # (their first rows, 2026-12-04; the pilots judge runs alone)
+    *) wanted="" ;;
+esac
+kind=$(cpu_kind)
+if [ -n "$wanted" ] && [ "$kind" != "$wanted" ]; then
+    echo "$(date -u +%FT%TZ) $campaign skipped: its rows were trained on a CPU of kind '$wanted', this one is '$kind'" \
+        "(another kind of CPU trains other numbers, and a seed's arms must share one)" >>"$root/$campaign.log"
+    exit 0
+fi
 
 group=$(ps -o pgid= -p $$ | tr -d ' ')  # (the session's: a chain's campaigns share it)
 echo "$(date -u +%FT%TZ) $campaign at ${full:0:7}, allocator $allocator (to stop it and its runs: kill -- -$group)" \

@@ -1488,13 +1488,15 @@ def figure(table, out: Path) -> Path:
 
 
 def machine(manifest: dict) -> str:
-    """Where a run trained, from its manifest: CPU cores, GPU (if any), device and precision."""
+    """Where a run trained, from its manifest: CPU cores, GPU (if any), or else the CPU's model where the run recorded
+    it (another CPU model trains other numbers), device and precision."""
     stage = manifest["stages"]["pretrain"]
     host, result = stage.get("host") or manifest.get("host", {}), stage.get("result", {})
     gpus = host.get("gpus") or []
+    cpu = host.get("cpu") if result.get("device", "cpu") == "cpu" else None
     return (
         f"{host.get('cpus', '?')} CPU cores"
-        + (f", {gpus[0]}" if gpus else "")
+        + (f", {gpus[0]}" if gpus else f", {cpu}" if cpu else "")
         + f" ({result.get('device', '?')}, {result.get('precision', '?')})"
     )
 

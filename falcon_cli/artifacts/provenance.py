@@ -67,10 +67,24 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name (``/proc/cpuinfo``'s first ``model name``; the platform's processor field elsewhere, or
+    ``unknown``). Another CPU model can train other numbers from the same commit, seed and config (its kernels take
+    other code paths), so a CPU run records it."""
+    try:
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def host_info() -> dict:
-    """Host name, platform, CPU count, the names of the visible GPUs (empty without CUDA, or where torch is not
-    imported yet: importing it costs seconds) and the libraries preloaded into the process (``LD_PRELOAD``'s file
-    names: a memory allocator such as tcmalloc changes a CPU run's speed, not its numbers)."""
+    """Host name, platform, CPU count and model (:func:`cpu_model`), the names of the visible GPUs (empty without
+    CUDA, or where torch is not imported yet: importing it costs seconds) and the libraries preloaded into the process
+    (``LD_PRELOAD``'s file names: a memory allocator such as tcmalloc changes a CPU run's speed, not its numbers)."""
     torch = sys.modules.get("torch")
     gpus = (
         [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
@@ -81,6 +95,7 @@ def host_info() -> dict:
         "hostname": socket.gethostname(),
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
+        "cpu": cpu_model(),
         "gpus": gpus,
         "preloaded": [Path(lib).name for lib in os.environ.get("LD_PRELOAD", "").replace(":", " ").split()],
     }

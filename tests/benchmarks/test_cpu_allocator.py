@@ -77,3 +77,22 @@ def test_the_smoke_run_preloads_each_allocator_and_finds_the_numbers_the_same(tm
         assert result["preloaded"] == {"glibc": [], name: [bench.ALLOCATORS[name]]}
         assert result["differences"] == [] and len(result["epoch_ratio"]) == 2
         assert "bitwise the same" in done.stdout
+
+
+def test_the_manifest_records_the_cpu_model_and_a_cpu_rows_machine_names_it(tmp_path):
+    """Another CPU model trains other numbers from the same commit, seed and config: a CPU run's row says which."""
+    from benchmarks.phase_sweep import machine
+    from falcon_cli.artifacts.provenance import cpu_model
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC\nflags\t\t: fpu\n\n" * 2)
+    assert cpu_model(info) == "AMD EPYC"
+    assert cpu_model(tmp_path / "none") and host_info()["cpu"]  # (the platform's field, or "unknown")
+
+    def manifest(host: dict, device: str) -> dict:
+        return {"stages": {"pretrain": {"host": host, "result": {"device": device, "precision": "fp32"}}}}
+
+    assert machine(manifest({"cpus": 2, "gpus": [], "cpu": "AMD EPYC"}, "cpu")) == "2 CPU cores, AMD EPYC (cpu, fp32)"
+    assert machine(manifest({"cpus": 2, "gpus": []}, "cpu")) == "2 CPU cores (cpu, fp32)"  # (a run from before)
+    on_gpu = manifest({"cpus": 16, "gpus": ["NVIDIA H200"], "cpu": "AMD EPYC"}, "cuda:0")
+    assert machine(on_gpu) == "16 CPU cores, NVIDIA H200 (cuda:0, fp32)"  # (the GPU's numbers, whatever the CPU)

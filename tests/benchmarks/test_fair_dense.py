@@ -390,6 +390,10 @@ def test_report_says_whether_each_run_trained_again_reproduced_its_recorded_row(
     assert lines[start + 2 : start + 4] == [
         "- `uniform-cpu` seed 0 (d17c622, m2; recorded from e3dd650, m1): all 60 measurements equal the recorded ones.",
         "- `uniform-cpu` seed 1 (d17c622, m2; recorded from e3dd650, m1): 2 of 60 measurements differ, by at most "
-        "0.1200 (oracle_R@1 59.5000 → 59.6200; itm_final 0.6330 → 0.6331).",
+        "0.1200 (oracle_R@1 59.5000 → 59.6200; itm_final 0.6330 → 0.6331); the recorded row stands.",
     ]
+    # the one that differs does not replace its recorded row (the seed's other arms trained beside that run)
+    assert fair.apart_from_their_rows(retrained) == {("uniform-cpu", 1)}
+    assert fair.apart_from_their_rows(retrained[retrained["seed"] == 0]) == set()
+    assert fair.apart_from_their_rows(pd.DataFrame()) == set() and fair.apart_from_their_rows(None) == set()
     assert not any(line.startswith("*Runs trained again*") for line in fair.report_lines(_table(), {}, "cmd"))
