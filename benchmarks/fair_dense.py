@@ -270,15 +270,17 @@ def fair_row(arm: str, seed: int, run: Path) -> dict:
     return row
 
 
-def as_recorded(frame, arm_column: str = "method"):
+def as_recorded(frame, arm_column: str = "method", header: list[str] | None = None):
     """``frame`` as its ledger keeps it: every number at the ledger's four decimals (``float_format="%.4f"``), the
-    rows in :data:`ARMS`' order (then the H200 arms), by seed and epoch. So a collect from the run directories and a
-    collect from the ledgers alone (the directories gone with a machine) write the same page and the same files."""
+    rows in :data:`ARMS`' order (then the H200 arms), by seed and epoch, and the columns in ``header``'s order (the
+    ledger's own, where it exists; a column it lacks goes last). So a collect from the run directories and a collect
+    from the ledgers alone (the directories gone with a machine) write the same page and the same files."""
     import pandas as pd
 
     if not len(frame):
         return frame
-    frame = frame.copy()
+    header = [c for c in header or [] if c in frame.columns]
+    frame = frame[[*header, *(c for c in frame.columns if c not in header)]].copy()
     for column in frame.columns:
         values = frame[column]
         if not pd.api.types.is_numeric_dtype(values):  # (a column of None and numbers comes out of records as object)
@@ -787,7 +789,8 @@ def main() -> None:
         table = as_recorded(
             pd.DataFrame(
                 [r for r in rows if r["preset"] == PRESET and r["method"] in (*ARMS, "uniform", "uniform-oracle")]
-            )
+            ),
+            header=list(pd.read_csv(ledger, nrows=0).columns) if ledger in ledgers else None,
         )
         flags = pd.DataFrame([f for arm, seed, run in done for f in flag_rows(arm, seed, run)])
         flag_ledger = ledger.with_name("fair_dense_flags.csv")

@@ -128,7 +128,7 @@ run() { (cd "$clone" && nice -n 10 env PYTHONPATH=. "$python" "$@") >>"$root/$ca
 
 # The CPU a campaign's rows were trained on. The same commit, seed and config trains other numbers on another CPU
 # model: fair-dense's uniform seed 2, trained again on an AMD EPYC (2026-12-04), differed from its row (trained, and
-# reproduced bitwise, on Intel Xeons with AMX) in 41 of its 47 measurements, ITC R@1 by 1.3 points. A paired
+# reproduced to four decimals, on Intel Xeons with AMX) in 41 of its 47 measurements, ITC R@1 by 1.3 points. A paired
 # comparison keeps each seed's arms on one kind of CPU, so a campaign trains only on its own kind and logs why it
 # skips on another (the chain goes on to the next). The kind: the vendor, and AMX where the CPU has it.
 cpu_kind() {
@@ -136,7 +136,7 @@ cpu_kind() {
         END { print v (f ~ / amx_tile / ? " amx" : "") }' "${LONG_RUNS_CPUINFO:-/proc/cpuinfo}"
 }
 case $campaign in
-    fair-dense) wanted="GenuineIntel amx" ;;  # (every CPU row of its ledger, 2026-11-30 to 2026-12-03)
+    fair-dense) wanted="GenuineIntel amx" ;;  # (every CPU row of its ledger, before 2026-12-04)
     candidate | dense70) wanted="AuthenticAMD" ;;  # (their first rows, 2026-12-04; the pilots judge runs alone)
     *) wanted="" ;;
 esac

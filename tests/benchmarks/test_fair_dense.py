@@ -248,6 +248,12 @@ def test_a_collect_from_the_ledgers_alone_writes_what_one_from_the_directories_w
     assert from_runs["method"].tolist()[::3] == ["uniform-cpu", "uniform-c0", "glofnd-rule", "uniform"]
     assert from_runs["seed"].tolist()[:3] == [0, 1, 2]
     assert fair.report_lines(from_runs, {}, "cmd") == fair.report_lines(from_ledger, {}, "cmd")
+    # the columns in the ledger's order, whichever ledger's row came first (a column it lacks last)
+    header = ["seed", "method", "R@1"]
+    shuffled = fair.as_recorded(
+        pd.read_csv(tmp_path / "ledger.csv")[["itm_final", "R@1", "method", "seed"]], header=header
+    )
+    assert list(shuffled.columns) == [*header, "itm_final"]
     # the per-epoch flags and the replays are kept the same way, in the arms' order, by seed and epoch
     flags = fair.as_recorded(
         pd.DataFrame(
