@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -92,6 +93,41 @@ EVAL_EVERY = 3
 DEVICE_TOLERANCE = 0.5
 """Points of R@1 within which the device's own effect (CPU uniform − H200 uniform, paired by seed: its 95%
 interval) must lie before an H200 arm of the ledger stands in for a CPU one."""
+CPU_ORDER = ("Intel", "AMD")
+"""The kinds of CPU this sweep's runs trained on (:func:`cpu_family`), in the order the page prefers them where a
+seed's two arms trained on both: the first kind is the one every arm's five seeds trained on."""
+
+
+def cpu_family(model: str | None) -> str:
+    """The kind of CPU whose numbers a CPU run's are, from the model name its manifest records
+    (:func:`~falcon_cli.artifacts.provenance.cpu_model`): ``Intel``, ``AMD``, or the model itself for another maker.
+    The same commit, seed and config train other numbers on another kind (uniform's seed 2: 41 of 47 measurements
+    differ between an AMD EPYC and the Intel Xeons that trained, and reproduced, its row), so a paired difference keeps
+    each seed on one kind. No model (a run from before runs recorded it): ``Intel``, since every such CPU row of this
+    sweep trained on Intel Xeons with AMX (benchmarks/README.md)."""
+    if not model:
+        return "Intel"
+    return next((family for family in CPU_ORDER if family in model), model)
+
+
+def numerics(machine: str) -> str:
+    """The kind of machine whose numbers a row's are, from its ``machine`` column
+    (:func:`benchmarks.phase_sweep.machine`): a CPU row's :func:`cpu_family`, a GPU row's machine itself; a row
+    without one (a ledger from before rows recorded it: CPU runs) is a CPU row that names no model."""
+    if not isinstance(machine, str):
+        return cpu_family(None)
+    cpu = re.fullmatch(r".+? CPU cores(?:, (.+))? \(cpu, [^)]*\)", machine)
+    return cpu_family(cpu.group(1)) if cpu else machine
+
+
+def _kind_rank(kind: str) -> int:
+    return CPU_ORDER.index(kind) if kind in CPU_ORDER else len(CPU_ORDER)
+
+
+def row_key(row: dict) -> tuple:
+    """A row's identity in this sweep's ledgers: preset, arm, seed and the kind of machine it trained on
+    (:func:`numerics`): a seed trained again on another kind of CPU is another run, not the same one again."""
+    return (row["preset"], row["method"], int(row["seed"]), numerics(row.get("machine")))
 
 
 def tuning_arm(method: str, value) -> str:
@@ -191,32 +227,48 @@ def tuned_value(method: str, tune_out: Path, testbed: rules.Testbed = rules.DENS
     return None if found is None else found["value"]
 
 
-def recorded_runs(ledger: Path = LEDGER) -> set[tuple[str, int]]:
-    """(arm, seed) of the evaluation world's runs that ``ledger`` records (none when it does not exist)."""
+def recorded_runs(ledger: Path = LEDGER) -> set[tuple[str, int, str]]:
+    """(arm, seed, kind of machine: :func:`numerics`) of the evaluation world's runs that ``ledger`` records (none when
+    it does not exist; a ledger without a ``machine`` column: rows from before runs recorded their CPU)."""
     import pandas as pd
 
     if not ledger.exists():
         return set()
-    frame = pd.read_csv(ledger, usecols=["method", "seed"])
-    return {(arm, int(seed)) for arm, seed in zip(frame["method"], frame["seed"])}
+    frame = pd.read_csv(ledger, dtype={"machine": str})
+    machines = frame["machine"] if "machine" in frame else [None] * len(frame)
+    return {(arm, int(seed), numerics(m)) for arm, seed, m in zip(frame["method"], frame["seed"], machines)}
 
 
-def eval_plan(arms, seeds, recorded: set[tuple[str, int]] = frozenset()) -> list[tuple[str, int]]:
-    """(arm, seed) of the evaluation world's runs to train, in the order they are submitted to the pool.
+def eval_plan(
+    arms, seeds, recorded: set[tuple[str, int, str]] = frozenset(), here: str = CPU_ORDER[0]
+) -> list[tuple[str, int]]:
+    """(arm, seed) of the evaluation world's runs to train on this machine (its kind: ``here``, a
+    :func:`cpu_family`), in the order they are submitted to the pool.
 
     A run ``recorded`` in the ledger is not trained again (its row stands for its directory, as a tuning run's does),
-    unless an arm still to train reads its directory: MAFA's Con-D and SRCL's auxiliary model are the same seed's
-    base run, whose checkpoint a new machine does not have. So the base's unrecorded runs go first (every arm is
-    compared with them), then the arms that read nothing, then, two seeds at a time, the base runs that are read
-    and their readers: a base run is never trained long before the runs that need it (a session that ends between
-    them loses it), and a reader never waits in the pool behind its own base run."""
-    arms = [a for a in ARMS if a in set(arms)]
-    todo = [(a, s) for a in arms for s in seeds if (a, s) not in recorded]
-    readers = [a for a in arms if needs(RULE_ARMS.get(a))]
+    unless a run still to train needs it on this kind of CPU: its base (:data:`BASE_OF`, and the base's base: a
+    method is compared with the control, the control with uniform) and what it reads (MAFA's Con-D and SRCL's
+    auxiliary model, the same seed's base run) are trained here again where they were recorded on another kind only,
+    since a paired difference keeps each seed on one kind of CPU (:func:`cpu_family`); and a recorded base run a
+    method reads is trained again where a new machine lacks its checkpoint. So the base's runs to train go first
+    (every arm is compared with them), then the arms that read nothing, then, two seeds at a time, the recorded base
+    runs that are read and their readers: a base run is never trained long before the runs that need it (a session
+    that ends between them loses it), and a reader never waits in the pool behind its own base run."""
+    anywhere = {(a, s) for a, s, _ in recorded}
+    new = [(a, s) for a in ARMS if a in set(arms) for s in seeds if (a, s) not in anywhere]
+    wanted = set(new)
+    for arm, seed in new:  # (each new run's bases, down to uniform, where this kind of CPU has not trained them)
+        base = BASE_OF.get(arm)
+        while base in ARMS:
+            if (base, seed, here) not in recorded:
+                wanted.add((base, seed))
+            base = BASE_OF.get(base)
+    todo = [(a, s) for a in ARMS for s in seeds if (a, s) in wanted]
+    readers = [a for a in ARMS if needs(RULE_ARMS.get(a))]
     plan = [(a, s) for a, s in todo if a == BASE]
     plan += [(a, s) for a, s in todo if a != BASE and a not in readers]
     for pair in (seeds[i : i + 2] for i in range(0, len(seeds), 2)):
-        read = [(r, s) for s in pair for r in readers if (r, s) in todo]
+        read = [(r, s) for s in pair for r in readers if (r, s) in wanted]
         plan += [(BASE, s) for s in pair if any(rs == s for _, rs in read) and (BASE, s) not in plan]
         plan += read
     return plan
@@ -296,16 +348,15 @@ def as_recorded(frame, arm_column: str = "method", header: list[str] | None = No
     return frame.sort_values(keys, kind="stable").drop(columns="_order").reset_index(drop=True)
 
 
-def apart_from_their_rows(retrained) -> set[tuple[str, int]]:
-    """(arm, seed) of the recorded runs trained again whose measurements differ from their recorded rows
-    (:func:`~benchmarks.phase_sweep.retrained_runs`' ``differing``): their rows stand, and the new runs are only
-    reported. Another kind of CPU trains other numbers from the same commit, seed and config (uniform's seed 2 on an
-    AMD EPYC: 41 of 47 measurements differ from its row, trained on Intel Xeons), and every other arm of that seed was
-    trained beside the recorded run: a paired difference keeps a seed on one machine."""
+def apart_from_their_rows(retrained) -> set[tuple[str, int, str]]:
+    """(arm, seed, kind of machine: :func:`numerics`) of the recorded runs trained again on their own kind of machine
+    whose measurements differ from their recorded rows (:func:`~benchmarks.phase_sweep.retrained_runs`'
+    ``differing``): their rows stand, and the new runs are only reported (every other arm of that seed was trained
+    beside the recorded run: a paired difference keeps a seed on one machine)."""
     if retrained is None or not len(retrained):
         return set()
     differ = retrained[retrained["differing"] > 0]
-    return {(m, int(s)) for m, s in zip(differ["method"], differ["seed"])}
+    return {(m, int(s), numerics(k)) for m, s, k in zip(differ["method"], differ["seed"], differ["machine"])}
 
 
 def finished(out: Path, arms) -> list[tuple[str, int, Path]]:
@@ -321,17 +372,81 @@ def finished(out: Path, arms) -> list[tuple[str, int, Path]]:
 # --- the report -----------------------------------------------------------------------------------------
 
 
-def _seed_values(table, method: str, metric: str) -> dict:
-    """``method``'s ``metric`` keyed by seed; empty where it has no run with it."""
+def _by_kind(table, method: str, metric: str) -> dict[int, dict[str, float]]:
+    """``method``'s ``metric`` keyed by seed, then by the kind of machine the seed trained on (:func:`numerics`)."""
     rows = table[table["method"] == method]
-    return dict(zip(rows["seed"], rows[metric])) if metric in rows else {}
+    if metric not in rows:
+        return {}
+    found: dict = {}
+    for seed, machine, value in zip(rows["seed"], rows["machine"], rows[metric]):
+        found.setdefault(int(seed), {})[numerics(machine)] = value
+    return found
+
+
+def paired_values(table, arm: str, reference: str, metric: str) -> tuple[dict, dict]:
+    """``arm``'s and ``reference``'s ``metric`` keyed by the seeds both have, each seed taken on one kind of machine:
+    one both trained it on (the first of :data:`CPU_ORDER` where they share several), else each arm's first (the
+    device's own effect: a CPU arm against the ledger's H200 one)."""
+    a, b = _by_kind(table, arm, metric), _by_kind(table, reference, metric)
+    left, right = {}, {}
+    for seed in sorted(set(a) & set(b)):
+        shared = sorted(set(a[seed]) & set(b[seed]), key=_kind_rank)
+        mine = shared[0] if shared else min(a[seed], key=_kind_rank)
+        theirs = shared[0] if shared else min(b[seed], key=_kind_rank)
+        left[seed], right[seed] = a[seed][mine], b[seed][theirs]
+    return left, right
 
 
 def _pairs(table, arm: str, reference: str, metric: str):
-    """``arm − reference`` in ``metric``, seed by seed (:func:`~falcon_cli.evaluation.intervals.paired_by_seed`);
-    None where either has no run with it."""
-    a, b = _seed_values(table, arm, metric), _seed_values(table, reference, metric)
+    """``arm − reference`` in ``metric``, seed by seed on one kind of machine (:func:`paired_values`,
+    :func:`~falcon_cli.evaluation.intervals.paired_by_seed`); None where either has no run with it."""
+    a, b = paired_values(table, arm, reference, metric)
     return paired_by_seed(a, b) if a and b else None
+
+
+def own_rows(table):
+    """A row per arm and seed: the seed on the first kind of machine the arm trained it on (:data:`CPU_ORDER`). An
+    arm's means over seeds are over these; a seed it trained again on another kind of CPU only pairs there with the
+    runs that need it (:func:`eval_plan`)."""
+    if not len(table):
+        return table
+    rank = table["machine"].map(lambda m: _kind_rank(numerics(m)))
+    return (
+        table.assign(_rank=rank)
+        .sort_values(["_rank"], kind="stable")
+        .drop_duplicates(["method", "seed"])[list(table.columns)]
+        .sort_index()
+    )
+
+
+def _other_kinds(table) -> list[str]:
+    """A line naming the runs a seed trained on a second kind of CPU, and what they pair with; none without any."""
+    own = set(own_rows(table).index)
+    extra = table[~table.index.isin(own)]
+    if not len(extra):
+        return []
+    where = []
+    for kind, rows in extra.groupby(extra["machine"].map(numerics), sort=False):
+        runs = "; ".join(
+            f"`{arm}` seed{'s' if len(r) > 1 else ''} {', '.join(str(s) for s in sorted(r['seed']))}"
+            for arm, r in rows.groupby("method", sort=False)
+        )
+        where.append(f"{runs} ({kind}: {'; '.join(sorted(set(rows['machine'])))})")
+    readers = sorted(
+        {
+            f"`{a}`"
+            for a, s, m in zip(table["method"], table["seed"], table["machine"])
+            if a in RULE_ARMS and numerics(m) in set(extra["machine"].map(numerics))
+        }
+    )
+    return [
+        f"*Seeds on a second kind of CPU:* {' and '.join(where)} trained again there, for "
+        f"{', '.join(readers) or 'the arms'} of those seeds: another kind of CPU trains other numbers from the same "
+        "commit, seed and config, so each seed of an arm is paired with its base on the kind both trained it on "
+        f"({CPU_ORDER[0]} where both trained it on each). An arm's columns above average its runs on the first kind "
+        "of machine it trained each seed on; these runs enter only its pairs.",
+        "",
+    ]
 
 
 def _d(d, digits: int = 2) -> str:
@@ -355,11 +470,23 @@ def report_lines(table, tuning: dict, command: str, retrained=None, decisions=No
     """The page's block: the device's effect and the control first (the noise and the setup), then each method
     against its base and its ceiling, its flags, and the tuning it was given; last, the recorded runs trained again
     (``retrained``: :func:`~benchmarks.phase_sweep.retrained_runs`' rows) against their recorded rows."""
+    own = own_rows(table)
+    machines = sorted(set(table["machine"]), key=lambda m: (_kind_rank(numerics(m)), m))
     lines = [
         f"**Command:** `{command}`  ",
         f"**Runs:** {len(table)} "
         f"({', '.join(f'{a} {len(table[table.method == a])}' for a in dict.fromkeys(table['method']))}); "
-        f"commits {', '.join(sorted(set(table['commit'])))}; {'; '.join(sorted(set(table['machine'])))}.",
+        f"commits {', '.join(sorted(set(table['commit'])))}; "
+        + "; ".join(
+            # (a CPU row that names no CPU model trained before runs recorded it, on Intel Xeons: cpu_family)
+            f"{m} (Intel Xeons with AMX: the runs from before runs named their CPU)"
+            if re.fullmatch(r".+? CPU cores \(cpu, [^)]*\)", m)
+            else f"{m} ({numerics(m)})"
+            if numerics(m) in CPU_ORDER
+            else m
+            for m in machines
+        )
+        + ".",
         "",
     ]
     device = _pairs(table, BASE, "uniform", "oracle_R@1")
@@ -393,7 +520,7 @@ def report_lines(table, tuning: dict, command: str, retrained=None, decisions=No
     for arm in [
         a for a in (BASE, CONTROL, *RULE_ARMS, ITC_CEILING, "uniform", "uniform-oracle") if a in set(table["method"])
     ]:
-        rows = table[table["method"] == arm]
+        rows = own[own["method"] == arm]
         method, base = RULE_ARMS.get(arm), BASE_OF.get(arm)
         cells = [
             f"`{arm}`",
@@ -417,8 +544,8 @@ def report_lines(table, tuning: dict, command: str, retrained=None, decisions=No
                     for m in ("oracle_R@1", "rerank_oracle_R@1")
                 ]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", *_other_kinds(table)]
     lines += [
-        "",
         f"ITM loss: a head that has learned nothing but the label rate scores {ITM_PRIOR:.3f}; it has left that "
         f"prior where its mean over seeds is {GATE_HEAD_MARGIN} or more below it (the gate's criterion). Its base: "
         "what the arm differs from in one thing (each method drops GRIT's consistency term, so its base is the "
@@ -483,8 +610,9 @@ def _top1_lines(table) -> list[str]:
         head,
         "|---" * (head.count("|") - 1) + "|",
     ]
+    own = own_rows(table)
     for arm in [a for a in (BASE, CONTROL, *RULE_ARMS, ITC_CEILING) if a in set(table["method"])]:
-        rows, base = table[table["method"] == arm], BASE_OF.get(arm)
+        rows, base = own[own["method"] == arm], BASE_OF.get(arm)
         cells = [f"`{arm}`", _m(rows, "R@1"), _m(rows, "other_true_R@1"), _m(rows, "wrong_R@1")]
         cells.append(_d(_pairs(table, arm, base, "other_true_R@1")) if base else "")
         lines.append("| " + " | ".join(cells) + " |")
@@ -526,7 +654,7 @@ def _share(table, arm: str, method: str, metric: str) -> str:
 
 def _by_seed(table, arm: str, reference: str, metric: str) -> dict:
     """``arm − reference`` in ``metric`` keyed by the seeds both have (missing values leave their seed out)."""
-    a, b = _seed_values(table, arm, metric), _seed_values(table, reference, metric)
+    a, b = paired_values(table, arm, reference, metric)
     return {s: float(a[s]) - float(b[s]) for s in set(a) & set(b) if a[s] == a[s] and b[s] == b[s]}
 
 
@@ -540,8 +668,9 @@ def _flag_lines(table, arms: list[str]) -> list[str]:
         "mean weight, false / true negatives |",
         "|---|---|---|---|---|---|---|",
     ]
+    own = own_rows(table)
     for arm in arms:
-        rows = table[table["method"] == arm]
+        rows = own[own["method"] == arm]
         lines.append(
             f"| `{arm}` | {_m(rows, 'flags_flagged', 0)} | {_m(rows, 'flags_precision', 3)} | "
             f"{_m(rows, 'flags_recall', 3)} | "
@@ -709,9 +838,16 @@ def main() -> None:
     start, failures = time.perf_counter(), []
     if not args.collect:
         to_tune = tuning_to_run(testbed) if "tune" in wanted else []
-        plan = eval_plan(wanted, args.seeds, recorded_runs(ledger) if ledger in args.rows else set())
+        from falcon_cli.artifacts.provenance import cpu_model
+
+        here = cpu_family(cpu_model())  # (a seed's runs on another kind of CPU pair with their own bases only)
+        plan = eval_plan(wanted, args.seeds, recorded_runs(ledger) if ledger in args.rows else set(), here)
         if not plan:
-            print(f"every run of {', '.join(a for a in ARMS if a in wanted)} is recorded in {ledger}", flush=True)
+            print(
+                f"every run of {', '.join(a for a in ARMS if a in wanted)} is recorded in {ledger} "
+                f"(for this kind of CPU: {here})",
+                flush=True,
+            )
         # (a world is made only while a run is left to train in it)
         worlds = [*([(out, budget)] if plan else []), *([(tune_out, tune_budget)] if to_tune else [])]
         for directory, b in worlds:
@@ -775,12 +911,12 @@ def main() -> None:
         mine = [fair_row(arm, seed, run) for arm, seed, run in done]
         # a recorded run trained again (a method reads its checkpoint) against its recorded row, kept once found:
         # the ledger is rewritten with the new row below, so the comparison cannot be made again later
-        retrained = pd.DataFrame(retrained_runs(mine, ledgers))
+        retrained = pd.DataFrame(retrained_runs(mine, ledgers, key=row_key))
         # one that differs does not replace its recorded row (:func:`apart_from_their_rows`)
         apart = apart_from_their_rows(retrained)
-        mine = [r for r in mine if (r["method"], r["seed"]) not in apart]
-        done = [(a, s, run) for a, s, run in done if (a, s) not in apart]
-        rows = merge_ledgers(mine, ledgers)
+        kept = [(row, run) for row, run in zip(mine, done) if row_key(row)[1:] not in apart]
+        mine, done = [row for row, _ in kept], [run for _, run in kept]
+        rows = merge_ledgers(mine, ledgers, key=row_key)
         retrained_ledger = ledger.with_name("fair_dense_retrained.csv")
         if ledger in ledgers and retrained_ledger.exists():
             earlier = pd.read_csv(retrained_ledger, dtype={"commit": str, "ledger_commit": str})

@@ -20,9 +20,11 @@
 #   fair-dense  issue 67: the tuning runs, then every arm of benchmarks/fair_dense.py, seeds 0-4, less what the page's
 #               ledger (docs/results/fair_dense_results.csv of this checkout) records; its commit must have --ledger
 #
-# A campaign trains only on the kind of CPU its rows were trained on (fair-dense: an Intel Xeon with AMX; candidate
-# and dense70: an AMD EPYC), since another kind trains other numbers from the same commit and seed; on another kind it
-# logs why and the chain goes on (LONG_RUNS_CPUINFO: a cpuinfo file to read instead of /proc/cpuinfo, for tests).
+# A campaign trains only on the kind of CPU its rows were trained on (candidate and dense70: an AMD EPYC), since
+# another kind trains other numbers from the same commit and seed; on another kind it logs why and the chain goes on
+# (LONG_RUNS_CPUINFO: a cpuinfo file to read instead of /proc/cpuinfo, for tests). fair-dense trains on an Intel Xeon
+# with AMX or an AMD EPYC: its rows say which, and a seed trained on the second kind trains its bases there too
+# (fair_dense.py's eval_plan; its commit must have that: 2026-12-04 or later).
 #
 # ROOT gets the clone (ROOT/falcon-COMMIT), the runs (ROOT/pilots70, ROOT/five-bf16, ROOT/fair-dense[-tune]) and a log
 # per campaign (ROOT/CAMPAIGN.log). The python is this checkout's .venv (make install): the clone comes first on
@@ -135,13 +137,13 @@ cpu_kind() {
     awk -F': ' '/^vendor_id/ && !v { v = $2 } /^flags/ && !f { f = " " $2 " " }
         END { print v (f ~ / amx_tile / ? " amx" : "") }' "${LONG_RUNS_CPUINFO:-/proc/cpuinfo}"
 }
-case $campaign in
-    fair-dense) wanted="GenuineIntel amx" ;;  # (every CPU row of its ledger, before 2026-12-04)
+case $campaign in  # (the kinds, separated by commas)
+    fair-dense) wanted="GenuineIntel amx,AuthenticAMD" ;;  # (Intel: every CPU row before 2026-12-04; then AMD seeds)
     candidate | dense70) wanted="AuthenticAMD" ;;  # (their first rows, 2026-12-04; the pilots judge runs alone)
     *) wanted="" ;;
 esac
 kind=$(cpu_kind)
-if [ -n "$wanted" ] && [ "$kind" != "$wanted" ]; then
+if [ -n "$wanted" ] && [[ ",$wanted," != *",$kind,"* ]]; then
     echo "$(date -u +%FT%TZ) $campaign skipped: its rows were trained on a CPU of kind '$wanted', this one is '$kind'" \
         "(another kind of CPU trains other numbers, and a seed's arms must share one)" >>"$root/$campaign.log"
     exit 0

@@ -697,15 +697,20 @@ LEDGER_TEXT = {"commit": str, "machine": str, "budget": str, "world": str}
 """A ledger's columns read as text (a commit like ``1234567`` would otherwise be read as a number)."""
 
 
-def merge_ledgers(rows: list[dict], ledgers: list[Path]) -> list[dict]:
-    """``rows`` (the finished runs in OUT) and the rows of earlier sweeps' ``results.csv`` files whose (preset,
+def ledger_key(row: dict) -> tuple:
+    """A row's identity in a ledger: its preset, method and seed (:data:`LEDGER_KEYS`)."""
+    return tuple(row[k] for k in LEDGER_KEYS)
+
+
+def merge_ledgers(rows: list[dict], ledgers: list[Path], key=ledger_key) -> list[dict]:
+    """``rows`` (the finished runs in OUT) and the rows of earlier sweeps' ``results.csv`` files whose ``key`` (preset,
     method, seed) OUT does not hold: runs whose directories are gone (another session, another machine). Every
     row of a preset must share one world and one budget, or paired differences would compare unlike runs: a
     ledger that breaks this is refused with one line naming it, the run and what differs."""
     import pandas as pd
 
     merged = list(rows)
-    have = {tuple(r[k] for k in LEDGER_KEYS) for r in rows}
+    have = {key(r) for r in rows}
     for ledger in ledgers:
         if not ledger.is_file():
             raise SystemExit(f"--rows {ledger}: no such file (a results.csv written by this sweep)")
@@ -719,10 +724,9 @@ def merge_ledgers(rows: list[dict], ledgers: list[Path]) -> list[dict]:
         for row in table.to_dict("records"):
             row = {k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()}
             row["seed"] = int(row["seed"])
-            key = tuple(row[k] for k in LEDGER_KEYS)
-            if key not in have:
+            if key(row) not in have:
                 merged.append(row)
-                have.add(key)
+                have.add(key(row))
     for preset in sorted({r["preset"] for r in merged}):
         mine = [r for r in merged if r["preset"] == preset]
         for column in ("world", "budget"):
@@ -742,9 +746,10 @@ RUN_TIMES = ("pretrain_seconds", "seconds_per_epoch")
 """A row's columns that say how long its run took, not what it measured: a run trained again differs there."""
 
 
-def retrained_runs(rows: list[dict], ledgers: list[Path], shown: int = 4) -> list[dict]:
-    """Each of ``rows`` that a ledger already records (the same preset, method and seed) and that was trained again
-    (its time differs from the recorded one: the same run collected twice is no re-run), against its recorded row.
+def retrained_runs(rows: list[dict], ledgers: list[Path], shown: int = 4, key=ledger_key) -> list[dict]:
+    """Each of ``rows`` that a ledger already records (the same ``key``: preset, method and seed) and that was trained
+    again (its time differs from the recorded one: the same run collected twice is no re-run), against its recorded
+    row.
 
     Every measurement both rows have (a number in each, times aside) is compared at the ledger's four decimals, as
     the ledger writes it: ``measurements`` says how many, ``differing`` how many differ, ``largest`` the largest
@@ -757,7 +762,7 @@ def retrained_runs(rows: list[dict], ledgers: list[Path], shown: int = 4) -> lis
         if ledger.is_file():
             table = pd.read_csv(ledger, dtype=LEDGER_TEXT)
             for row in table.to_dict("records"):
-                recorded.setdefault((row["preset"], row["method"], int(row["seed"])), row)
+                recorded.setdefault(key({**row, "seed": int(row["seed"])}), row)
 
     def number(value) -> float | None:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
@@ -766,7 +771,7 @@ def retrained_runs(rows: list[dict], ledgers: list[Path], shown: int = 4) -> lis
 
     found = []
     for row in rows:
-        old = recorded.get(tuple(row[k] for k in LEDGER_KEYS))
+        old = recorded.get(key(row))
         seconds = float(f"{row.get('pretrain_seconds') or 0:.4f}")  # (as the ledger records it)
         if old is None or number(old.get("pretrain_seconds")) == seconds:
             continue

@@ -334,11 +334,12 @@ def test_eval_plan_trains_what_the_ledger_lacks_and_a_read_base_run_beside_its_r
         + [dict(method=fair.CONTROL, seed=s, preset="dense") for s in (0, 1)]
         + [dict(method="mafa-rule", seed=0, preset="dense")]
     ).to_csv(ledger, index=False)
-    recorded = fair.recorded_runs(ledger)
-    assert (fair.CONTROL, 1) in recorded and (fair.CONTROL, 2) not in recorded
+    recorded = fair.recorded_runs(ledger)  # (a ledger without machines: rows from Intel Xeons, cpu_family)
+    assert (fair.CONTROL, 1, "Intel") in recorded and (fair.CONTROL, 2, "Intel") not in recorded
 
     plan = fair.eval_plan(fair.ARMS, seeds, recorded)
-    assert not set(plan) & (recorded - {(fair.BASE, s) for s in seeds})  # (nothing recorded trains again...)
+    # (nothing recorded trains again...)
+    assert not set(plan) & ({(a, s) for a, s, _ in recorded} - {(fair.BASE, s) for s in seeds})
     # ...but the base runs MAFA and SRCL read, and those only, each beside its readers, two seeds at a time
     assert plan[:3] == [(fair.CONTROL, s) for s in (2, 3, 4)]
     readers = plan[-14:]
@@ -399,7 +400,86 @@ def test_report_says_whether_each_run_trained_again_reproduced_its_recorded_row(
         "0.1200 (oracle_R@1 59.5000 → 59.6200; itm_final 0.6330 → 0.6331); the recorded row stands.",
     ]
     # the one that differs does not replace its recorded row (the seed's other arms trained beside that run)
-    assert fair.apart_from_their_rows(retrained) == {("uniform-cpu", 1)}
+    assert fair.apart_from_their_rows(retrained) == {("uniform-cpu", 1, "m2")}
     assert fair.apart_from_their_rows(retrained[retrained["seed"] == 0]) == set()
     assert fair.apart_from_their_rows(pd.DataFrame()) == set() and fair.apart_from_their_rows(None) == set()
     assert not any(line.startswith("*Runs trained again*") for line in fair.report_lines(_table(), {}, "cmd"))
+
+
+AMD = "2 CPU cores, AMD EPYC 9R14 96-Core Processor (cpu, fp32)"
+
+
+def test_the_kind_of_machine_a_row_trained_on_is_read_from_its_machine():
+    assert fair.numerics("2 CPU cores (cpu, fp32)") == "Intel"  # (before runs recorded their CPU: Intel Xeons)
+    assert fair.numerics(AMD) == fair.cpu_family("AMD EPYC 9R14 96-Core Processor") == "AMD"
+    assert fair.numerics("2 CPU cores, Intel(R) Xeon(R) Platinum 8488C (cpu, bf16)") == "Intel"
+    assert fair.numerics("8 CPU cores, Apple M3 (cpu, fp32)") == "Apple M3"
+    assert fair.numerics("16 CPU cores, NVIDIA H200 (cuda, bf16)") == "16 CPU cores, NVIDIA H200 (cuda, bf16)"
+    assert fair.cpu_family(None) == "Intel"
+
+
+def test_on_another_kind_of_cpu_a_new_run_brings_its_bases_there_and_nothing_else(tmp_path):
+    """MAFA and SRCL lack seeds 2-4, everything else is recorded on Intel: on an AMD EPYC, those seeds' uniform (MAFA's
+    Con-D, SRCL's model, the control's base) and control (the methods' base) train there again first, the readers
+    beside their uniform runs; on an Intel Xeon only the read uniform runs come back (a new machine's checkpoints)."""
+    seeds = [0, 1, 2, 3, 4]
+    ledger = tmp_path / "fair_dense_results.csv"
+    pd.DataFrame(
+        [
+            dict(method=a, seed=s, preset="dense", machine="2 CPU cores (cpu, fp32)")
+            for a in fair.ARMS
+            for s in seeds
+            if a not in ("mafa-rule", "srcl-rule") or s < 2
+        ]
+        + [dict(method=fair.BASE, seed=2, preset="dense", machine=AMD)]  # (one already trained there)
+    ).to_csv(ledger, index=False)
+    recorded = fair.recorded_runs(ledger)
+    assert (fair.BASE, 2, "AMD") in recorded and (fair.CONTROL, 2, "AMD") not in recorded
+    plan = fair.eval_plan(fair.ARMS, seeds, recorded, here="AMD")
+    assert plan == [
+        (fair.BASE, 3), (fair.BASE, 4), (fair.CONTROL, 2), (fair.CONTROL, 3), (fair.CONTROL, 4),
+        (fair.BASE, 2), ("mafa-rule", 2), ("srcl-rule", 2), ("mafa-rule", 3), ("srcl-rule", 3),
+        ("mafa-rule", 4), ("srcl-rule", 4),
+    ]  # fmt: skip
+    assert fair.eval_plan(fair.ARMS, seeds, recorded, here="Intel") == [
+        (fair.BASE, 2), (fair.BASE, 3), ("mafa-rule", 2), ("srcl-rule", 2), ("mafa-rule", 3), ("srcl-rule", 3),
+        (fair.BASE, 4), ("mafa-rule", 4), ("srcl-rule", 4),
+    ]  # fmt: skip
+    # an arm recorded on Intel alone is not trained on AMD for its own sake, nor its bases
+    assert fair.eval_plan(["glofnd-rule", fair.CONTROL], seeds, recorded, here="AMD") == []
+
+
+def test_a_seed_on_a_second_kind_of_cpu_pairs_with_its_base_there_and_stays_out_of_the_arms_means():
+    """Three seeds on Intel; seed 2 of MAFA on AMD alone, beside that seed's uniform and control trained again there,
+    5 points higher than on Intel. MAFA is 1 above the control on the AMD seed and on each Intel one: paired across
+    the two kinds it would be 6 above on seed 2."""
+    table = _table()
+    table = table[table["method"] != "glofnd-rule"]
+    mafa = table[table["method"] == "uniform-c0"].assign(method="mafa-rule")
+    mafa["oracle_R@1"] += 1
+    amd = table[table["seed"] == 2].query("method in ('uniform-cpu', 'uniform-c0')").assign(machine=AMD)
+    amd["oracle_R@1"] += 5
+    mafa.loc[mafa["seed"] == 2, ["machine", "oracle_R@1"]] = [AMD, float(amd["oracle_R@1"].iloc[1]) + 1]
+    table = pd.concat([table, mafa, amd], ignore_index=True)
+
+    assert fair.paired_values(table, "mafa-rule", fair.CONTROL, "oracle_R@1") == (
+        {0: 62.0, 1: 63.0, 2: 69.0},
+        {0: 61.0, 1: 62.0, 2: 68.0},
+    )
+    # the control against uniform: both on each kind, so every seed on the first (Intel)
+    assert fair.paired_values(table, fair.CONTROL, fair.BASE, "oracle_R@1")[0] == {0: 61.0, 1: 62.0, 2: 63.0}
+    # the device's effect: CPU uniform (Intel where a seed has both) against the H200's
+    assert fair.paired_values(table, fair.BASE, "uniform", "oracle_R@1")[0] == {0: 60.0, 1: 61.0, 2: 62.0}
+    lines = fair.report_lines(table, {}, "cmd")
+    mafa_row = next(line for line in lines if line.startswith("| `mafa-rule`"))
+    assert "| `mafa-rule` | `uniform-c0` | 3 |" in mafa_row and "**+1.00 [+1.00, +1.00]** (3/3 +)" in mafa_row
+    control_row = next(line for line in lines if line.startswith("| `uniform-c0`"))
+    assert "| `uniform-c0` | `uniform-cpu` | 3 | 17.1 ± 0.0 | 62.0 ± 1.0 |" in control_row  # (Intel's three)
+    other = next(line for line in lines if line.startswith("*Seeds on a second kind of CPU:*"))
+    assert "`uniform-cpu` seed 2; `uniform-c0` seed 2 (AMD: " in other and "for `mafa-rule` of those seeds" in other
+    runs = next(line for line in lines if line.startswith("**Runs:**"))
+    assert (
+        "2 CPU cores (cpu, fp32) (Intel Xeons with AMX: the runs from before runs named their CPU); " + AMD + " (AMD)."
+        in runs
+    )
+    assert not any(line.startswith("*Seeds on a second") for line in fair.report_lines(_table(), {}, "cmd"))
