@@ -50,10 +50,12 @@ from pathlib import Path
 
 from benchmarks.phase_sweep import (
     BUDGETS,
+    CPU_ORDER,
     EVALUATED,
     GATE_HEAD_MARGIN,
     ITM_PRIOR,
     PhaseBudget,
+    cpu_family,
     generate_world,
     has_checkpoint,
     merge_ledgers,
@@ -93,21 +95,6 @@ EVAL_EVERY = 3
 DEVICE_TOLERANCE = 0.5
 """Points of R@1 within which the device's own effect (CPU uniform − H200 uniform, paired by seed: its 95%
 interval) must lie before an H200 arm of the ledger stands in for a CPU one."""
-CPU_ORDER = ("Intel", "AMD")
-"""The kinds of CPU this sweep's runs trained on (:func:`cpu_family`), in the order the page prefers them where a
-seed's two arms trained on both: the first kind is the one every arm's five seeds trained on."""
-
-
-def cpu_family(model: str | None) -> str:
-    """The kind of CPU whose numbers a CPU run's are, from the model name its manifest records
-    (:func:`~falcon_cli.artifacts.provenance.cpu_model`): ``Intel``, ``AMD``, or the model itself for another maker.
-    The same commit, seed and config train other numbers on another kind (uniform's seed 2: 41 of 47 measurements
-    differ between an AMD EPYC and the Intel Xeons that trained, and reproduced, its row), so a paired difference keeps
-    each seed on one kind. No model (a run from before runs recorded it): ``Intel``, since every such CPU row of this
-    sweep trained on Intel Xeons with AMX (benchmarks/README.md)."""
-    if not model:
-        return "Intel"
-    return next((family for family in CPU_ORDER if family in model), model)
 
 
 def numerics(machine: str) -> str:

@@ -514,6 +514,7 @@ def run_one(
             )
         stages, extra = "stages=[data, embed, pretrain]", [*extra, f"embed.encoder=falcon:{aux_run}"]
     if not completed(run, "pretrain"):
+        set_aside_if_started_elsewhere(run)
         train(run, recipe, stages, *budget.run_overrides(preset, out, seed), *extra, log=log, threads=threads)
     if not evaluated(run, budget.rerank_k, out / "worlds" / preset):
         ranking = ["--rerank", "--k", str(budget.rerank_k)] if budget.rerank_k else ["--itc-only"]
@@ -547,6 +548,47 @@ def run_one(
 
 MEMORISATION = Path("results") / "retrieval_pretrain.json"
 """``falcon evaluate retrieval --split pretrain``: the run's training pairs scored as a split."""
+
+
+CPU_ORDER = ("Intel", "AMD")
+"""The kinds of CPU the sweeps' runs trained on (:func:`cpu_family`), in the order the page prefers them where a
+seed's two arms trained on both: the first kind is the one every arm's five seeds trained on."""
+
+
+def cpu_family(model: str | None) -> str:
+    """The kind of CPU whose numbers a CPU run's are, from the model name its manifest records
+    (:func:`~falcon_cli.artifacts.provenance.cpu_model`): ``Intel``, ``AMD``, or the model itself for another maker.
+    The same commit, seed and config train other numbers on another kind (uniform's seed 2: 41 of 47 measurements
+    differ between an AMD EPYC and the Intel Xeons that trained, and reproduced, its row), so a paired difference keeps
+    each seed on one kind. No model (a run from before runs recorded it): ``Intel``, since every such CPU row of the
+    sweeps trained on Intel Xeons with AMX (benchmarks/README.md)."""
+    if not model:
+        return "Intel"
+    return next((family for family in CPU_ORDER if family in model), model)
+
+
+def set_aside_if_started_elsewhere(run: Path) -> Path | None:
+    """Move a half-trained ``run`` that started on another kind of CPU (:func:`cpu_family` of the model its manifest
+    records) aside, to ``<run>.started-on-<kind>``, and return where: resumed here, its epochs would mix two kinds'
+    numbers under one row (a machine's disk may outlive its CPU). A run whose manifest names no CPU (from before runs
+    recorded it) or a GPU resumes, as does any run on a machine that names no CPU of its own."""
+    from falcon_cli.artifacts.provenance import cpu_model
+
+    manifest = run / "manifest.json"
+    if not manifest.exists():
+        return None
+    stored = json.loads(manifest.read_text())
+    host = stored.get("stages", {}).get("pretrain", {}).get("host") or stored.get("host") or {}
+    here = cpu_model()
+    if not host.get("cpu") or host.get("gpus") or here == "unknown":
+        return None
+    kind = cpu_family(host["cpu"])
+    if kind == cpu_family(here):
+        return None
+    aside = run.with_name(f"{run.name}.started-on-{re.sub(r'[^A-Za-z0-9]+', '-', kind)}")
+    run.rename(aside)
+    print(f"{run}: started on {host['cpu']} ({kind}), this machine is {here}: moved to {aside}, trained afresh")
+    return aside
 
 
 def has_checkpoint(run: Path) -> bool:

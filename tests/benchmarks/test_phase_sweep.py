@@ -1197,3 +1197,26 @@ def test_retrained_runs_compare_every_measurement_at_the_ledgers_decimals(tmp_pa
     # the recorded run itself, collected again (its time is the recorded one): no re-run; another seed: not recorded
     _, itself = _recorded(tmp_path)
     assert sweep.retrained_runs([itself, {**same, "seed": 1}], [ledger]) == []
+
+
+def test_a_half_trained_run_from_another_kind_of_cpu_is_set_aside_not_resumed(tmp_path, monkeypatch):
+    """A disk that outlives its CPU: the run's epochs so far came from an AMD EPYC, this machine is an Intel Xeon, so
+    it trains afresh (resumed, one row would mix two kinds' numbers); the same kind, or a manifest naming no CPU,
+    resumes."""
+    from falcon_cli.artifacts import provenance
+
+    def half_trained(name: str, cpu: str | None) -> sweep.Path:
+        run = tmp_path / name
+        run.mkdir()
+        host = {"cpus": 2, "gpus": [], **({"cpu": cpu} if cpu else {})}
+        (run / "manifest.json").write_text(json.dumps({"host": host, "stages": {"pretrain": {"host": host}}}))
+        return run
+
+    monkeypatch.setattr(provenance, "cpu_model", lambda: "Intel(R) Xeon(R) Platinum 8488C")
+    run = half_trained("uniform-cpu-s2", "AMD EPYC 9R14 96-Core Processor")
+    aside = sweep.set_aside_if_started_elsewhere(run)
+    assert aside == tmp_path / "uniform-cpu-s2.started-on-AMD" and (aside / "manifest.json").exists()
+    assert not run.exists()
+    for name, cpu in (("same-s0", "Intel(R) Xeon(R) Gold 6455B"), ("before-s0", None)):
+        assert sweep.set_aside_if_started_elsewhere(half_trained(name, cpu)) is None and (tmp_path / name).exists()
+    assert sweep.set_aside_if_started_elsewhere(tmp_path / "never-started") is None
