@@ -18,7 +18,8 @@
 #               trains about 1.5x faster (benchmarks/cpu_precision.py). Their commit must have it and phase_sweep.py's
 #               --ledger (ddb5519 or later): their rows go to docs/results/five_bf16_results.csv of this checkout.
 #   fair-dense  issue 67: the tuning runs, then every arm of benchmarks/fair_dense.py, seeds 0-4, less what the page's
-#               ledger (docs/results/fair_dense_results.csv of this checkout) records; its commit must have --ledger
+#               ledger (docs/results/fair_dense_results.csv of this checkout) records; its commit must have --ledger;
+#               then each finished MAFA run's decisions replayed (mafa_decisions.py) and its Con-D probed (itm_probe.py)
 #
 # A campaign trains only on the kind of CPU its rows were trained on (candidate and dense70: an AMD EPYC), since
 # another kind trains other numbers from the same commit and seed; on another kind it logs why and the chain goes on
@@ -184,6 +185,19 @@ case $campaign in
         link_worlds "$root/fair-dense"
         run benchmarks/fair_dense.py --out "$root/fair-dense" --tune-out "$root/fair-dense-tune" "${parallel[@]}" \
             --ledger "$here/docs/results/fair_dense_results.csv"
+        # Then, while the runs' directories are here (a machine may not outlive its session): each finished MAFA run's
+        # decisions replayed and scored against the oracle (about 20 minutes a seed), and its Con-D's ITM head probed
+        # (the same seed's uniform run); fair_dense.py --collect reads the replays, the page quotes the probes.
+        for mafa in "$root"/fair-dense/runs/dense/mafa-rule-s*; do
+            seed=${mafa##*-s}
+            [[ $seed =~ ^[0-9]+$ ]] && [ -e "$mafa/results/retrieval.json" ] || continue
+            replay=$root/fair-dense/mafa-decisions/s$seed probe=$root/fair-dense/itm-probe/uniform-cpu-s$seed.json
+            [ -e "$replay/decisions.json" ] || run benchmarks/mafa_decisions.py "$mafa" --out "$replay" ||
+                echo "$(date -u +%FT%TZ) mafa-rule seed $seed: the replay failed" >>"$root/$campaign.log"
+            mkdir -p "$(dirname "$probe")"
+            [ -e "$probe" ] || run benchmarks/itm_probe.py "$root/fair-dense/runs/dense/uniform-cpu-s$seed" \
+                --out "$probe" || echo "$(date -u +%FT%TZ) uniform-cpu seed $seed: the probe failed" >>"$root/$campaign.log"
+        done
         ;;
 esac
 echo "$(date -u +%FT%TZ) $campaign done" >>"$root/$campaign.log"

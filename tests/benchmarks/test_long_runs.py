@@ -192,6 +192,13 @@ def test_the_clone_is_pinned_and_the_dense_world_is_linked_not_made_twice(tmp_pa
         assert f"--presets {preset} {ledger} --only falcon-rank-oracle-quadratic-w1 {arms} --seeds 0 1 2 3 4" in log
         # (two 1-thread runs; every arm in bf16, which a CPU with native bf16 trains about 1.5x faster)
         assert f"{arms} --seeds 0 1 2 3 4 --set eval_every=3 precision=bf16 --jobs 2 --threads 1\n" in log
+    dense = root / "fair-dense" / "runs" / "dense"  # (two finished MAFA runs, one replayed already, one unfinished)
+    for seed in (2, 3, 4):
+        (dense / f"mafa-rule-s{seed}" / "results").mkdir(parents=True)
+        if seed != 4:
+            (dense / f"mafa-rule-s{seed}" / "results" / "retrieval.json").write_text("{}")
+    (root / "fair-dense" / "mafa-decisions" / "s3").mkdir(parents=True)
+    (root / "fair-dense" / "mafa-decisions" / "s3" / "decisions.json").write_text("{}")
     fair = subprocess.run(  # (issue 67's campaign: the page's ledger on main says what is left to train)
         ["bash", str(checkout / "benchmarks" / "long_runs.sh"), "fair-dense", head.strip(), str(root)],
         capture_output=True,
@@ -202,3 +209,11 @@ def test_the_clone_is_pinned_and_the_dense_world_is_linked_not_made_twice(tmp_pa
     assert fair.returncode == 0, fair.stderr
     log = (root / "fair-dense.log").read_text()
     assert f"--jobs 2 --threads 1 --ledger {checkout}/docs/results/fair_dense_results.csv\n" in log, log
+    # then the finished MAFA runs' decisions replayed (those not replayed yet) and their Con-Ds probed
+    fair_runs = f"{root}/fair-dense"
+    assert f"mafa_decisions.py {dense}/mafa-rule-s2 --out {fair_runs}/mafa-decisions/s2\n" in log, log
+    assert "mafa-rule-s3 --out" not in log and "mafa-rule-s4" not in log
+    for seed in (2, 3):
+        probe = f"itm_probe.py {dense}/uniform-cpu-s{seed} --out {fair_runs}/itm-probe/uniform-cpu-s{seed}.json\n"
+        assert probe in log, log
+    assert log.rstrip().endswith("fair-dense done")
