@@ -480,7 +480,8 @@ def report_lines(table, tuning: dict, command: str, retrained=None, decisions=No
     device_r1 = _pairs(table, BASE, "uniform", "R@1")
     usable = device is not None and device.n >= 2 and -DEVICE_TOLERANCE <= device.lo and device.hi <= DEVICE_TOLERANCE
     lines += [
-        "*The device's own effect* (uniform on these 2 CPU cores, fp32, − the ledger's uniform on an H200, bf16, "
+        "*The device's own effect* (uniform on 2 CPU cores, fp32, each seed on the first kind of CPU that trained it, "
+        "− the ledger's uniform on an H200, bf16, "
         f"paired by seed): FN-aware ITC R@1 {_d(device)}, ITC R@1 {_d(device_r1)}. "
         + (
             "Within ±0.5: the ledger's H200 oracle arms stand in for CPU ones."
