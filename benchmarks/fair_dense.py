@@ -428,10 +428,10 @@ def _other_kinds(table) -> list[str]:
     )
     return [
         f"*Seeds on a second kind of CPU:* {' and '.join(where)} trained again there, for "
-        f"{', '.join(readers) or 'the arms'} of those seeds: another kind of CPU trains other numbers from the same "
-        "commit, seed and config, so each seed of an arm is paired with its base on the kind both trained it on "
-        f"({CPU_ORDER[0]} where both trained it on each). An arm's columns above average its runs on the first kind "
-        "of machine it trained each seed on; these runs enter only its pairs.",
+        f"{', '.join(readers) or 'the arms still to train'} of those seeds: another kind of CPU trains other "
+        "numbers from the same commit, seed and config, so each seed of an arm is paired with its base on the kind "
+        f"both trained it on ({CPU_ORDER[0]} where both trained it on each). An arm's columns above average its runs "
+        "on the first kind of machine it trained each seed on; these runs enter only its pairs.",
         "",
     ]
 
