@@ -433,6 +433,33 @@ def _other_kinds(table) -> list[str]:
         f"both trained it on ({CPU_ORDER[0]} where both trained it on each). An arm's columns above average its runs "
         "on the first kind of machine it trained each seed on; these runs enter only its pairs.",
         "",
+        *_kind_effect(table, extra),
+    ]
+
+
+def _kind_effect(table, extra) -> list[str]:
+    """The kind of CPU's own effect: each arm trained on both kinds, its second kind's run − its first's, paired by
+    seed (the same arm, commit, seed and config: nothing differs but the CPU and the encoders it trained)."""
+    effects = []
+    for arm in dict.fromkeys(extra["method"]):
+        for kind in dict.fromkeys(extra[extra["method"] == arm]["machine"].map(numerics)):
+            cells = []
+            for metric, name in (
+                ("R@1", "ITC R@1"),
+                ("oracle_R@1", "FN-aware ITC R@1"),
+                ("rerank_oracle_R@1", "FN-aware re-ranked R@1"),
+            ):
+                values = _by_kind(table, arm, metric)
+                first = {s: min(v.items(), key=lambda kv: _kind_rank(kv[0])) for s, v in values.items()}
+                a = {s: v[kind] for s, v in values.items() if kind in v and first[s][0] != kind}
+                b = {s: first[s][1] for s in a}
+                cells.append(f"{name} {_d(paired_by_seed(a, b) if a else None)}")
+            effects.append(f"`{arm}` on {kind}: {', '.join(cells)}")
+    return [
+        "*The kind of CPU's own effect* (an arm's run on the second kind − its run on the first, paired by seed): "
+        + "; ".join(effects)
+        + ".",
+        "",
     ]
 
 

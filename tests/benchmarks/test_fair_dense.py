@@ -477,9 +477,14 @@ def test_a_seed_on_a_second_kind_of_cpu_pairs_with_its_base_there_and_stays_out_
     assert "| `uniform-c0` | `uniform-cpu` | 3 | 17.1 ± 0.0 | 62.0 ± 1.0 |" in control_row  # (Intel's three)
     other = next(line for line in lines if line.startswith("*Seeds on a second kind of CPU:*"))
     assert "`uniform-cpu` seed 2; `uniform-c0` seed 2 (AMD: " in other and "for `mafa-rule` of those seeds" in other
+    effect = next(line for line in lines if line.startswith("*The kind of CPU's own effect*"))
+    assert "`uniform-cpu` on AMD: ITC R@1 +0.00 (1 seed), FN-aware ITC R@1 +5.00 (1 seed)" in effect, effect
+    assert "; `uniform-c0` on AMD: " in effect and "mafa-rule" not in effect  # (MAFA trained each seed on one kind)
     runs = next(line for line in lines if line.startswith("**Runs:**"))
     assert (
         "2 CPU cores (cpu, fp32) (Intel Xeons with AMX: the runs from before runs named their CPU); " + AMD + " (AMD)."
         in runs
     )
-    assert not any(line.startswith("*Seeds on a second") for line in fair.report_lines(_table(), {}, "cmd"))
+    assert not any(
+        line.startswith(("*Seeds on a second", "*The kind of CPU")) for line in fair.report_lines(_table(), {}, "cmd")
+    )
