@@ -58,6 +58,7 @@ from benchmarks.phase_sweep import (
     cpu_family,
     generate_world,
     has_checkpoint,
+    measurement_changes,
     merge_ledgers,
     prepare,
     retrained_runs,
@@ -454,7 +455,14 @@ def _kind_effect(table, extra) -> list[str]:
                 a = {s: v[kind] for s, v in values.items() if kind in v and first[s][0] != kind}
                 b = {s: first[s][1] for s in a}
                 cells.append(f"{name} {_d(paired_by_seed(a, b) if a else None)}")
-            effects.append(f"`{arm}` on {kind}: {', '.join(cells)}")
+            rows = table[table["method"] == arm]
+            same = []
+            for seed in sorted(set(rows["seed"])):
+                runs = {numerics(r["machine"]): r for r in rows[rows["seed"] == seed].to_dict("records")}
+                if kind in runs and min(runs, key=_kind_rank) != kind:
+                    compared, changes = measurement_changes(runs[kind], runs[min(runs, key=_kind_rank)])
+                    same.append(f"seed {seed} {len(changes)} of {compared}")
+            effects.append(f"`{arm}` on {kind}: {', '.join(cells)} (measurements that differ: {', '.join(same)})")
     return [
         "*The kind of CPU's own effect* (an arm's run on the second kind − its run on the first, paired by seed): "
         + "; ".join(effects)

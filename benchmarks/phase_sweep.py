@@ -788,6 +788,28 @@ RUN_TIMES = ("pretrain_seconds", "seconds_per_epoch")
 """A row's columns that say how long its run took, not what it measured: a run trained again differs there."""
 
 
+def _number(value) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        return None
+    return float(value)
+
+
+def measurement_changes(row: dict, old: dict) -> tuple[int, list[tuple[float, str, float, float]]]:
+    """How many measurements ``row`` and ``old`` both have (a number in each; times and the ledger's keys aside), and
+    those that differ at the ledger's four decimals (``old`` as a ledger keeps it): (size, name, old, new) each."""
+    changes, compared = [], 0
+    for name in row:
+        if name in RUN_TIMES or name in LEDGER_KEYS or name not in old:
+            continue
+        new_value, old_value = _number(row[name]), _number(old[name])
+        if new_value is None or old_value is None:
+            continue
+        compared += 1
+        if float(f"{new_value:.4f}") != float(f"{old_value:.4f}"):
+            changes.append((abs(new_value - old_value), name, old_value, new_value))
+    return compared, changes
+
+
 def retrained_runs(rows: list[dict], ledgers: list[Path], shown: int = 4, key=ledger_key) -> list[dict]:
     """Each of ``rows`` that a ledger already records (the same ``key``: preset, method and seed) and that was trained
     again (its time differs from the recorded one: the same run collected twice is no re-run), against its recorded
@@ -806,27 +828,13 @@ def retrained_runs(rows: list[dict], ledgers: list[Path], shown: int = 4, key=le
             for row in table.to_dict("records"):
                 recorded.setdefault(key({**row, "seed": int(row["seed"])}), row)
 
-    def number(value) -> float | None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-            return None
-        return float(value)
-
     found = []
     for row in rows:
         old = recorded.get(key(row))
         seconds = float(f"{row.get('pretrain_seconds') or 0:.4f}")  # (as the ledger records it)
-        if old is None or number(old.get("pretrain_seconds")) == seconds:
+        if old is None or _number(old.get("pretrain_seconds")) == seconds:
             continue
-        changes, compared = [], 0
-        for key in row:
-            if key in RUN_TIMES or key in LEDGER_KEYS or key not in old:
-                continue
-            new_value, old_value = number(row[key]), number(old[key])
-            if new_value is None or old_value is None:
-                continue
-            compared += 1
-            if float(f"{new_value:.4f}") != old_value:
-                changes.append((abs(new_value - old_value), key, old_value, new_value))
+        compared, changes = measurement_changes(row, old)
         found.append(
             {
                 **{k: row[k] for k in LEDGER_KEYS},

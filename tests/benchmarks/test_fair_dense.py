@@ -480,6 +480,7 @@ def test_a_seed_on_a_second_kind_of_cpu_pairs_with_its_base_there_and_stays_out_
     effect = next(line for line in lines if line.startswith("*The kind of CPU's own effect*"))
     assert "`uniform-cpu` on AMD: ITC R@1 +0.00 (1 seed), FN-aware ITC R@1 +5.00 (1 seed)" in effect, effect
     assert "; `uniform-c0` on AMD: " in effect and "mafa-rule" not in effect  # (MAFA trained each seed on one kind)
+    assert effect.count("(measurements that differ: seed 2 1 of ") == 2  # (FN-aware ITC R@1 alone moved)
     runs = next(line for line in lines if line.startswith("**Runs:**"))
     assert (
         "2 CPU cores (cpu, fp32) (Intel Xeons with AMX: the runs from before runs named their CPU); " + AMD + " (AMD)."

@@ -1197,6 +1197,10 @@ def test_retrained_runs_compare_every_measurement_at_the_ledgers_decimals(tmp_pa
     # the recorded run itself, collected again (its time is the recorded one): no re-run; another seed: not recorded
     _, itself = _recorded(tmp_path)
     assert sweep.retrained_runs([itself, {**same, "seed": 1}], [ledger]) == []
+    # two runs trained again, under a key of the caller's (the key is not lost to the first run's comparison)
+    twice = sweep.retrained_runs([moved, same], [ledger], key=lambda r: (r["method"], int(r["seed"])))
+    assert [r["differing"] for r in twice] == [2, 0]
+    assert sweep.measurement_changes(moved, same)[0] == 3
 
 
 def test_a_half_trained_run_from_another_kind_of_cpu_is_set_aside_not_resumed(tmp_path, monkeypatch):
