@@ -98,14 +98,27 @@ DEVICE_TOLERANCE = 0.5
 interval) must lie before an H200 arm of the ledger stands in for a CPU one."""
 
 
+CPU_ROW = re.compile(r".+? CPU cores(?:, (.+))? \(cpu, [^)]*\)")
+"""A CPU row's ``machine`` (:func:`benchmarks.phase_sweep.machine`), with the CPU's model where the run recorded it."""
+
+
 def numerics(machine: str) -> str:
     """The kind of machine whose numbers a row's are, from its ``machine`` column
     (:func:`benchmarks.phase_sweep.machine`): a CPU row's :func:`cpu_family`, a GPU row's machine itself; a row
     without one (a ledger from before rows recorded it: CPU runs) is a CPU row that names no model."""
     if not isinstance(machine, str):
         return cpu_family(None)
-    cpu = re.fullmatch(r".+? CPU cores(?:, (.+))? \(cpu, [^)]*\)", machine)
+    cpu = CPU_ROW.fullmatch(machine)
     return cpu_family(cpu.group(1)) if cpu else machine
+
+
+def _machine_label(machine: str) -> str:
+    """A machine as the block names it: a CPU row with its kind (one that names no model trained before runs
+    recorded it, on Intel Xeons: :func:`cpu_family`)."""
+    cpu = CPU_ROW.fullmatch(machine)
+    if cpu and cpu.group(1) is None:
+        return f"{machine} (Intel Xeons with AMX: the runs from before runs named their CPU)"
+    return f"{machine} ({numerics(machine)})" if numerics(machine) in CPU_ORDER else machine
 
 
 def _kind_rank(kind: str) -> int:
@@ -420,13 +433,8 @@ def _other_kinds(table) -> list[str]:
             for arm, r in rows.groupby("method", sort=False)
         )
         where.append(f"{runs} ({kind}: {'; '.join(sorted(set(rows['machine'])))})")
-    readers = sorted(
-        {
-            f"`{a}`"
-            for a, s, m in zip(table["method"], table["seed"], table["machine"])
-            if a in RULE_ARMS and numerics(m) in set(extra["machine"].map(numerics))
-        }
-    )
+    there = table["machine"].map(numerics).isin(set(extra["machine"].map(numerics)))
+    readers = sorted({f"`{a}`" for a in table[there & table["method"].isin(RULE_ARMS)]["method"]})
     return [
         f"*Seeds on a second kind of CPU:* {' and '.join(where)} trained again there, for "
         f"{', '.join(readers) or 'the arms still to train'} of those seeds: another kind of CPU trains other "
@@ -439,30 +447,28 @@ def _other_kinds(table) -> list[str]:
 
 
 def _kind_effect(table, extra) -> list[str]:
-    """The kind of CPU's own effect: each arm trained on both kinds, its second kind's run − its first's, paired by
-    seed (the same arm, commit, seed and config: nothing differs but the CPU and the encoders it trained)."""
+    """The kind of CPU's own effect: each arm's runs on a second kind (``extra``) − its runs of the same seeds on the
+    first (:func:`own_rows`), paired by seed, and how many measurements each seed's two runs differ in (the same arm,
+    commit, seed and config: nothing differs but the CPU and the encoders it trained)."""
+    own = own_rows(table).set_index(["method", "seed"])
     effects = []
-    for arm in dict.fromkeys(extra["method"]):
-        for kind in dict.fromkeys(extra[extra["method"] == arm]["machine"].map(numerics)):
-            cells = []
+    for (arm, kind), rows in extra.groupby([extra["method"], extra["machine"].map(numerics)], sort=False):
+        rows = rows.sort_values("seed")
+        first = own.loc[arm].loc[list(rows["seed"])]
+        cells = [
+            f"{name} {_d(paired_by_seed(dict(zip(rows['seed'], rows[metric])), first[metric].to_dict()))}"
             for metric, name in (
                 ("R@1", "ITC R@1"),
                 ("oracle_R@1", "FN-aware ITC R@1"),
                 ("rerank_oracle_R@1", "FN-aware re-ranked R@1"),
-            ):
-                values = _by_kind(table, arm, metric)
-                first = {s: min(v.items(), key=lambda kv: _kind_rank(kv[0])) for s, v in values.items()}
-                a = {s: v[kind] for s, v in values.items() if kind in v and first[s][0] != kind}
-                b = {s: first[s][1] for s in a}
-                cells.append(f"{name} {_d(paired_by_seed(a, b) if a else None)}")
-            rows = table[table["method"] == arm]
-            same = []
-            for seed in sorted(set(rows["seed"])):
-                runs = {numerics(r["machine"]): r for r in rows[rows["seed"] == seed].to_dict("records")}
-                if kind in runs and min(runs, key=_kind_rank) != kind:
-                    compared, changes = measurement_changes(runs[kind], runs[min(runs, key=_kind_rank)])
-                    same.append(f"seed {seed} {len(changes)} of {compared}")
-            effects.append(f"`{arm}` on {kind}: {', '.join(cells)} (measurements that differ: {', '.join(same)})")
+            )
+            if metric in rows
+        ]
+        differ = []
+        for row in rows.to_dict("records"):
+            compared, changes = measurement_changes(row, first.loc[row["seed"]].to_dict())
+            differ.append(f"seed {row['seed']} {len(changes)} of {compared}")
+        effects.append(f"`{arm}` on {kind}: {', '.join(cells)} (measurements that differ: {', '.join(differ)})")
     return [
         "*The kind of CPU's own effect* (an arm's run on the second kind − its run on the first, paired by seed): "
         + "; ".join(effects)
@@ -498,17 +504,7 @@ def report_lines(table, tuning: dict, command: str, retrained=None, decisions=No
         f"**Command:** `{command}`  ",
         f"**Runs:** {len(table)} "
         f"({', '.join(f'{a} {len(table[table.method == a])}' for a in dict.fromkeys(table['method']))}); "
-        f"commits {', '.join(sorted(set(table['commit'])))}; "
-        + "; ".join(
-            # (a CPU row that names no CPU model trained before runs recorded it, on Intel Xeons: cpu_family)
-            f"{m} (Intel Xeons with AMX: the runs from before runs named their CPU)"
-            if re.fullmatch(r".+? CPU cores \(cpu, [^)]*\)", m)
-            else f"{m} ({numerics(m)})"
-            if numerics(m) in CPU_ORDER
-            else m
-            for m in machines
-        )
-        + ".",
+        f"commits {', '.join(sorted(set(table['commit'])))}; {'; '.join(_machine_label(m) for m in machines)}.",
         "",
     ]
     device = _pairs(table, BASE, "uniform", "oracle_R@1")
