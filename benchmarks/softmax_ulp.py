@@ -29,6 +29,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.shapes_sweep import falcon_env  # noqa: E402
 
 SITECUSTOMIZE = """\
 import os
@@ -51,12 +53,10 @@ ARMS = {"control": 0.0, "uniform": 0.2}
 def train(config: Path, run_dir: Path, weight: float, ulp: bool, epochs: int, site: Path) -> None:
     """One run of ``config`` (a run's resolved ``config.yaml``) for ``epochs`` epochs at consistency ``weight``,
     with ``F.softmax`` moved one ulp up where ``ulp``; one thread, no evaluation before the end."""
-    env = {
-        **os.environ,
+    env = {  # (the sweeps' own environment, with the patch's folder first on the path)
+        **falcon_env(threads=1),
         "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)]),
         "FALCON_SOFTMAX_ULP": "1" if ulp else "0",
-        "OMP_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
     }
     command = [
         sys.executable, "-m", "falcon_cli", "run", "--recipe", str(config), "--run-dir", str(run_dir), "--overwrite",
